@@ -1,0 +1,102 @@
+"""Turn the user's way of saying "where is each token" into the one form the kernels take.
+
+A kernel sees a position *mode* (a compile-time switch), one integer and at most one integer tensor:
+
+=====================  ====================================================  ==============================
+mode                   position of token ``s`` of sequence ``b``              what the kernel reads
+=====================  ====================================================  ==============================
+``SCALAR_OFFSET`` (0)  ``offset + s``                                        a host integer
+``SEQ_OFFSETS``   (1)  ``offsets[b] + s``                                    ``(batch,)`` tensor on the GPU
+``POSITION_IDS``  (2)  ``position_ids[b, s]`` (strides may be 0: broadcast)  ``(batch, seq)`` strided view
+=====================  ====================================================  ==============================
+
+Varlen packing (``cu_seqlens``) is orthogonal: ``b`` is then the sequence index, ``s`` counts from that sequence's
+start, and a position-id tensor is indexed by the packed token. Nothing here expands positions into a per-token
+tensor or adds a launch: decode steps stay capturable in a CUDA graph (offsets live on the GPU, no host sync).
+
+This module also holds the position helpers for M-RoPE (Qwen2-VL) and context parallelism, which produce ordinary
+position ids or cos/sin rows for the same kernel.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+__all__ = [
+    "SCALAR_OFFSET",
+    "SEQ_OFFSETS",
+    "POSITION_IDS",
+    "PositionSpec",
+    "resolve_positions",
+]
+
+SCALAR_OFFSET, SEQ_OFFSETS, POSITION_IDS = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class PositionSpec:
+    """What a kernel launch needs to know about positions (see the module docstring)."""
+
+    mode: int = SCALAR_OFFSET
+    offset: int = 0
+    tensor: torch.Tensor | None = None  # SEQ_OFFSETS: (batch,); POSITION_IDS: (batch, seq) or (tokens,) for varlen
+    cu_seqlens: torch.Tensor | None = None  # (n_seqs + 1,) int32/int64, varlen only
+    max_seqlen: int | None = None  # host int, varlen only
+
+    @property
+    def is_varlen(self) -> bool:
+        return self.cu_seqlens is not None
+
+
+def resolve_positions(*, batch: int, seqlen: int, positions=None, cu_seqlens=None, max_seqlen=None,
+                      device=None) -> PositionSpec:
+    """Classify ``positions`` (None, int, (batch,) offsets or position ids) into a :class:`PositionSpec`.
+
+    ``batch``/``seqlen`` are the token shape of q (for varlen: ``batch`` = number of sequences and ``seqlen`` the
+    packed token count). Position ids of any shape that broadcasts to ``(batch, seqlen)`` are turned into a strided
+    view with zero strides, never copied. Raises ``TypeError``/``ValueError`` naming ``positions``.
+    """
+    if cu_seqlens is not None:
+        if max_seqlen is None:
+            raise ValueError("max_seqlen (a host int, the longest sequence) is required with cu_seqlens")
+    if positions is None:
+        return PositionSpec(SCALAR_OFFSET, 0, None, cu_seqlens, max_seqlen)
+    if isinstance(positions, bool):
+        raise TypeError("positions must be None, an int offset or an integer tensor, got a bool")
+    if isinstance(positions, int):
+        return PositionSpec(SCALAR_OFFSET, positions, None, cu_seqlens, max_seqlen)
+    if not isinstance(positions, torch.Tensor):
+        raise TypeError(f"positions must be None, an int offset or an integer tensor, got {type(positions).__name__}")
+    if positions.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"positions must be an int32 or int64 tensor, got {positions.dtype}")
+    if device is not None and positions.device != torch.device(device):
+        raise ValueError(f"positions is on {positions.device} but q is on {device}")
+    if positions.ndim == 0:
+        # A 0-d tensor is a per-batch offset broadcast to every sequence (stays on the device: no .item()).
+        return PositionSpec(SEQ_OFFSETS, 0, positions.reshape(1).expand(batch), cu_seqlens, max_seqlen)
+    if cu_seqlens is not None:
+        if positions.ndim == 1 and positions.shape[0] == batch:
+            return PositionSpec(SEQ_OFFSETS, 0, positions, cu_seqlens, max_seqlen)
+        if positions.ndim == 1 and positions.shape[0] == seqlen:
+            return PositionSpec(POSITION_IDS, 0, positions, cu_seqlens, max_seqlen)
+        raise ValueError(f"with cu_seqlens, positions must have shape ({batch},) (per-sequence offsets) or "
+                         f"({seqlen},) (per-token position ids), got {tuple(positions.shape)}")
+    if positions.ndim == 1 and positions.shape[0] == batch and not (batch == seqlen and batch > 1):
+        # (batch,) is a per-sequence offset. When batch == seqlen > 1 the shape is ambiguous; a 1-D tensor of
+        # length seq is treated as position ids shared by the batch (HF's convention), so use offsets.reshape(-1, 1)
+        # ... or pass a (batch, 1) tensor for offsets.
+        return PositionSpec(SEQ_OFFSETS, 0, positions, None, None)
+    if positions.ndim <= 2:
+        try:
+            view = positions.expand(batch, seqlen)
+        except RuntimeError:
+            view = None
+        if positions.ndim == 2 and positions.shape[1] == 1 and positions.shape[0] == batch and seqlen != 1:
+            # (batch, 1): an offset per sequence, written the way that broadcasts.
+            return PositionSpec(SEQ_OFFSETS, 0, positions[:, 0], None, None)
+        if view is not None:
+            return PositionSpec(POSITION_IDS, 0, view, None, None)
+    raise ValueError(f"positions of shape {tuple(positions.shape)} do not broadcast to (batch, seq) = "
+                     f"({batch}, {seqlen}) and are not per-sequence offsets of shape ({batch},)")

@@ -1,0 +1,169 @@
+"""Float64 references: the single definition of "correct" for every test and notebook.
+
+Everything here is plain PyTorch in float64, written to be read rather than to be fast.
+
+Vocabulary
+----------
+* A head vector ``x`` of ``head_dim`` channels; the first ``rotary_dim`` of them are rotated, the tail passes through.
+* The rotated channels form ``rotary_dim / 2`` pairs. Pair ``i`` turns by the angle ``position * inv_freq[i]``.
+* **NeoX pairing** (``rotate_half``, Llama/HF default): pair ``i`` is channels ``(i, i + rotary_dim/2)``.
+* **GPT-J pairing** (interleaved): pair ``i`` is channels ``(2i, 2i + 1)``.
+* The forward rotates by ``+θ``; its backward (and its inverse) rotates by ``-θ`` (the conjugate rotation).
+
+Tensors are ``(batch, seq, heads, head_dim)`` ("bshd") or packed ``(tokens, heads, head_dim)`` ("thd"); the
+position of every token is an integer tensor of the token shape (``(batch, seq)`` or ``(tokens,)``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .frequencies import inverse_frequencies
+
+__all__ = [
+    "token_positions",
+    "varlen_positions",
+    "angles",
+    "rotate_pairs",
+    "rope",
+    "rope_backward",
+    "rope_from_cos_sin",
+    "rotate_half",
+    "rope_rotate_half",
+    "rope_complex",
+    "rope_matrix",
+]
+
+
+def token_positions(batch: int, seqlen: int, *, offsets=0, position_ids=None) -> torch.Tensor:
+    """Positions of a ``(batch, seqlen)`` block of tokens, as int64 ``(batch, seqlen)``.
+
+    ``offsets`` is a scalar (every sequence starts there) or a ``(batch,)`` tensor (per-sequence start, e.g. the
+    length of each KV cache in decode). ``position_ids`` (anything that broadcasts to ``(batch, seqlen)``) wins over
+    offsets when given.
+    """
+    if position_ids is not None:
+        return torch.as_tensor(position_ids).to(torch.int64).cpu().expand(batch, seqlen).clone()
+    base = torch.arange(seqlen, dtype=torch.int64).expand(batch, seqlen)
+    offsets = torch.as_tensor(offsets, dtype=torch.int64).cpu()
+    return base + offsets.reshape(-1, 1) if offsets.ndim else base + offsets
+
+
+def varlen_positions(cu_seqlens, *, offsets=0) -> torch.Tensor:
+    """Positions of packed sequences: token ``t`` of sequence ``j`` sits at ``t - cu_seqlens[j] + offsets[j]``."""
+    cu_seqlens = torch.as_tensor(cu_seqlens, dtype=torch.int64).cpu()
+    lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).tolist()
+    offsets = torch.as_tensor(offsets, dtype=torch.int64).cpu().expand(len(lengths))
+    parts = [torch.arange(n, dtype=torch.int64) + int(o) for n, o in zip(lengths, offsets)]
+    return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.int64)
+
+
+def angles(positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
+    """``θ[..., i] = position * inv_freq[i]`` in float64 (shape: positions.shape + (rotary_dim/2,))."""
+    return positions.to(torch.float64).cpu()[..., None] * inv_freq.to(torch.float64).cpu()
+
+
+def _pairs(x: torch.Tensor, interleaved: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    if interleaved:
+        return x[..., 0::2], x[..., 1::2]
+    half = x.shape[-1] // 2
+    return x[..., :half], x[..., half:]
+
+
+def _unpairs(first: torch.Tensor, second: torch.Tensor, interleaved: bool) -> torch.Tensor:
+    if interleaved:
+        return torch.stack((first, second), dim=-1).flatten(-2)
+    return torch.cat((first, second), dim=-1)
+
+
+def rotate_pairs(x_rot: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, interleaved: bool = False,
+                 conjugate: bool = False) -> torch.Tensor:
+    """Rotate the pairs of ``x_rot`` (last dim = rotary_dim) by angles whose cos/sin broadcast to ``(..., rotary_dim/2)``.
+
+    ``(a, b) -> (a cos θ - b sin θ, b cos θ + a sin θ)``; ``conjugate`` rotates by ``-θ`` instead.
+    """
+    x_rot = x_rot.to(torch.float64)
+    cos, sin = cos.to(torch.float64), sin.to(torch.float64)
+    if conjugate:
+        sin = -sin
+    a, b = _pairs(x_rot, interleaved)
+    return _unpairs(a * cos - b * sin, b * cos + a * sin, interleaved)
+
+
+def rope(x: torch.Tensor, positions: torch.Tensor, *, base: float = 10000.0, rotary_dim: int | None = None,
+         inv_freq: torch.Tensor | None = None, interleaved: bool = False, conjugate: bool = False,
+         attention_scaling: float = 1.0) -> torch.Tensor:
+    """Rotary embedding of ``x`` (``(..., heads, head_dim)``) at integer ``positions`` (x's token shape), in float64.
+
+    Returns a float64 tensor on the CPU. ``inv_freq`` overrides ``base`` (used for the scaled rope types);
+    ``attention_scaling`` multiplies cos and sin (YaRN / LongRoPE's attention factor).
+    """
+    head_dim = x.shape[-1]
+    rotary_dim = head_dim if rotary_dim is None else rotary_dim
+    if rotary_dim > head_dim or rotary_dim % 2:
+        raise ValueError(f"rotary_dim must be even and <= head_dim ({head_dim}), got {rotary_dim}")
+    freqs = inverse_frequencies(rotary_dim, base) if inv_freq is None else inv_freq
+    theta = angles(positions, freqs)[..., None, :]  # broadcast over heads
+    cos, sin = torch.cos(theta) * attention_scaling, torch.sin(theta) * attention_scaling
+    x64 = x.detach().to(torch.float64).cpu()
+    rotated = rotate_pairs(x64[..., :rotary_dim], cos, sin, interleaved=interleaved, conjugate=conjugate)
+    return torch.cat((rotated, x64[..., rotary_dim:]), dim=-1)
+
+
+def rope_backward(grad_out: torch.Tensor, positions: torch.Tensor, **kwargs) -> torch.Tensor:
+    """Gradient of :func:`rope` w.r.t. its input: the rotation is orthogonal, so the backward is the rotation by -θ."""
+    kwargs["conjugate"] = not kwargs.get("conjugate", False)
+    return rope(grad_out, positions, **kwargs)
+
+
+def rope_from_cos_sin(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, interleaved: bool = False,
+                      conjugate: bool = False) -> torch.Tensor:
+    """Rotary embedding with full-width cos/sin that broadcast to ``x[..., :rotary_dim]`` (HF's layout), in float64.
+
+    Channel ``j`` of the output is ``x_j cos_j + partner(x)_j sin_j`` where the partner of the first channel of a pair
+    is ``-second`` and of the second is ``+first``: exactly ``x * cos + rotate_half(x) * sin`` for NeoX pairing.
+    """
+    rotary_dim = cos.shape[-1]
+    x64 = x.detach().to(torch.float64).cpu()
+    cos, sin = cos.detach().to(torch.float64).cpu(), sin.detach().to(torch.float64).cpu()
+    if conjugate:
+        sin = -sin
+    a, b = _pairs(x64[..., :rotary_dim], interleaved)
+    partner = _unpairs(-b, a, interleaved)
+    return torch.cat((x64[..., :rotary_dim] * cos + partner * sin, x64[..., rotary_dim:]), dim=-1)
+
+
+# --- Three more ways to write the same rotation; the tests check that all of them agree. -------------------------
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """Hugging Face's helper: ``(x1, x2) -> (-x2, x1)`` over the two halves of the last dim."""
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def rope_rotate_half(x: torch.Tensor, positions: torch.Tensor, *, base: float = 10000.0) -> torch.Tensor:
+    """NeoX rotation as transformers writes it: ``x * cos + rotate_half(x) * sin`` with full-width cos/sin."""
+    theta = angles(positions, inverse_frequencies(x.shape[-1], base))[..., None, :]
+    theta = torch.cat((theta, theta), dim=-1)
+    x = x.to(torch.float64).cpu()
+    return x * torch.cos(theta) + rotate_half(x) * torch.sin(theta)
+
+
+def rope_complex(x: torch.Tensor, positions: torch.Tensor, *, base: float = 10000.0) -> torch.Tensor:
+    """GPT-J rotation as the RoFormer paper writes it: each pair is a complex number multiplied by ``e^{iθ}``."""
+    theta = angles(positions, inverse_frequencies(x.shape[-1], base))[..., None, :]
+    z = torch.view_as_complex(x.to(torch.float64).cpu().reshape(*x.shape[:-1], -1, 2).contiguous())
+    return torch.view_as_real(z * torch.polar(torch.ones_like(theta), theta)).flatten(-2)
+
+
+def rope_matrix(x: torch.Tensor, positions: torch.Tensor, *, base: float = 10000.0) -> torch.Tensor:
+    """GPT-J rotation as a block-diagonal matrix ``R(θ)`` of 2x2 rotations applied to each head vector."""
+    head_dim = x.shape[-1]
+    theta = angles(positions, inverse_frequencies(head_dim, base))  # (..., head_dim/2)
+    c, s = torch.cos(theta), torch.sin(theta)
+    blocks = torch.stack((torch.stack((c, -s), -1), torch.stack((s, c), -1)), -2)  # (..., head_dim/2, 2, 2)
+    rotation = torch.zeros(*theta.shape[:-1], head_dim, head_dim, dtype=torch.float64)
+    for i in range(head_dim // 2):
+        rotation[..., 2 * i:2 * i + 2, 2 * i:2 * i + 2] = blocks[..., i, :, :]
+    # one rotation matrix per token, shared by all heads
+    return torch.einsum("...ij,...hj->...hi", rotation, x.to(torch.float64).cpu())

@@ -1,0 +1,8 @@
+"""The Triton kernel ladder: v1 (the math) -> v2 (strides, dtypes) -> v3 (tiles) -> v4 (production).
+
+Each module holds one kernel and one launcher; vN differs from vN-1 by one idea.
+"""
+
+from . import v4
+
+__all__ = ["v4"]

@@ -1,0 +1,255 @@
+"""v4 — the production kernel: every feature as a compile-time switch of one kernel.
+
+New since v3 (tiles of tokens x heads that share cos/sin rows):
+
+* **q and k in one launch.** The head-block axis of the grid covers q's head blocks, then k's; q and k may have
+  different head counts (GQA/MQA) and k may be absent.
+* **Pairing** ``INTERLEAVED``: NeoX halves ``(i, i + R/2)`` or GPT-J neighbours ``(2i, 2i+1)``. GPT-J loads the rotary
+  channels as one contiguous block and splits it into pairs in registers (``tl.reshape`` + ``tl.split``), so both
+  pairings read memory the same way.
+* **Partial rotary**: only ``ROTARY_DIM <= HEAD_DIM`` channels turn; out of place, ``COPY_TAIL`` copies the rest.
+* **Positions** ``POS_MODE`` (scalar offset / per-sequence offsets / position ids, see ``ropekit.positions``) and
+  ``IS_VARLEN`` (packed ``thd`` with ``cu_seqlens``). Positions live on the device: no host sync, graph-capturable.
+* **cos/sin** from the half-width float32 table indexed by position, or (``COS_PER_TOKEN``) full-width rows given per
+  token in any float dtype, the way transformers passes them (this covers M-RoPE and the HF drop-in).
+* ``CONJUGATE`` rotates by -θ: the backward pass is the same kernel.
+* In place (out pointer == in pointer) or out of place; addresses in int64 so tensors past 2**31 elements work.
+* Positions outside the table are never read (masked loads); such tokens come out as NaN so the error is loud.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import device as _device
+from ..positions import POSITION_IDS, PositionSpec
+
+__all__ = ["rope_v4_kernel", "rope_v4", "launch_config"]
+
+log = logging.getLogger("ropekit")
+
+
+@triton.jit
+def _rotate_head_block(
+    X, OUT, stride_b, stride_s, stride_h, stride_d, out_stride_b, out_stride_s, out_stride_h, out_stride_d,
+    batch_index, token_rows, token_mask, first_head, n_heads,
+    cos_a, sin_a, cos_b, sin_b,
+    ROTARY_DIM: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr,
+    BLOCK_HALF: tl.constexpr, BLOCK_TAIL: tl.constexpr, INTERLEAVED: tl.constexpr, COPY_TAIL: tl.constexpr, MATH_DTYPE: tl.constexpr,
+):
+    """Rotate BLOCK_H heads of BLOCK_S tokens of one tensor (q or k). cos/sin come in as [BLOCK_S, BLOCK_HALF]."""
+    heads = first_head + tl.arange(0, BLOCK_H)
+    # [BLOCK_S, BLOCK_H] start of every head vector, in int64 so that huge tensors address correctly.
+    row_in = batch_index * stride_b + token_rows[:, None] * stride_s + heads[None, :].to(tl.int64) * stride_h
+    row_out = batch_index * out_stride_b + token_rows[:, None] * out_stride_s + heads[None, :].to(tl.int64) * out_stride_h
+    row_mask = token_mask[:, None] & (heads < n_heads)[None, :]
+    # cos/sin are shared by every head of a token: broadcast [BLOCK_S, 1, BLOCK_HALF].
+    cos_a, sin_a = cos_a[:, None, :], sin_a[:, None, :]
+    cos_b, sin_b = cos_b[:, None, :], sin_b[:, None, :]
+    if INTERLEAVED:
+        # The 2*BLOCK_HALF rotary channels are contiguous: load them in one go, pair neighbours in registers.
+        channels = tl.arange(0, 2 * BLOCK_HALF)
+        mask = row_mask[:, :, None] & (channels < ROTARY_DIM)[None, None, :]
+        x = tl.load(X + row_in[:, :, None] + channels[None, None, :] * stride_d, mask=mask, other=0.0)
+        x = tl.reshape(x.to(MATH_DTYPE), [BLOCK_S, BLOCK_H, BLOCK_HALF, 2])
+        x_a, x_b = tl.split(x)
+        out_a = x_a * cos_a - x_b * sin_a
+        out_b = x_b * cos_b + x_a * sin_b
+        out = tl.reshape(tl.join(out_a, out_b), [BLOCK_S, BLOCK_H, 2 * BLOCK_HALF])
+        tl.store(OUT + row_out[:, :, None] + channels[None, None, :] * out_stride_d,
+                 out.to(OUT.dtype.element_ty), mask=mask)
+    else:
+        # NeoX: pair i is (i, i + ROTARY_DIM/2): two contiguous half-rows.
+        pairs = tl.arange(0, BLOCK_HALF)
+        mask = row_mask[:, :, None] & (pairs < ROTARY_DIM // 2)[None, None, :]
+        ptr_a = X + row_in[:, :, None] + pairs[None, None, :] * stride_d
+        x_a = tl.load(ptr_a, mask=mask, other=0.0).to(MATH_DTYPE)
+        x_b = tl.load(ptr_a + (ROTARY_DIM // 2) * stride_d, mask=mask, other=0.0).to(MATH_DTYPE)
+        out_a = x_a * cos_a - x_b * sin_a
+        out_b = x_b * cos_b + x_a * sin_b
+        out_ptr_a = OUT + row_out[:, :, None] + pairs[None, None, :] * out_stride_d
+        tl.store(out_ptr_a, out_a.to(OUT.dtype.element_ty), mask=mask)
+        tl.store(out_ptr_a + (ROTARY_DIM // 2) * out_stride_d, out_b.to(OUT.dtype.element_ty), mask=mask)
+    if COPY_TAIL:
+        # Partial rotary, out of place: the channels past ROTARY_DIM pass through unchanged.
+        tail = ROTARY_DIM + tl.arange(0, BLOCK_TAIL)
+        tail_mask = row_mask[:, :, None] & (tail < HEAD_DIM)[None, None, :]
+        x_tail = tl.load(X + row_in[:, :, None] + tail[None, None, :] * stride_d, mask=tail_mask)
+        tl.store(OUT + row_out[:, :, None] + tail[None, None, :] * out_stride_d, x_tail, mask=tail_mask)
+
+
+@triton.jit
+def rope_v4_kernel(
+    Q, K, OUT_Q, OUT_K, COS, SIN, POSITIONS, CU_SEQLENS,
+    seqlen, n_heads_q, n_heads_k, n_head_blocks_q, table_len, position_offset,
+    stride_qb, stride_qs, stride_qh, stride_qd,
+    stride_kb, stride_ks, stride_kh, stride_kd,
+    stride_oqb, stride_oqs, stride_oqh, stride_oqd,
+    stride_okb, stride_oks, stride_okh, stride_okd,
+    stride_cos_b, stride_cos_s, stride_cos_d,
+    stride_pos_b, stride_pos_s,
+    ROTARY_DIM: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_TAIL: tl.constexpr,
+    INTERLEAVED: tl.constexpr, CONJUGATE: tl.constexpr, POS_MODE: tl.constexpr, IS_VARLEN: tl.constexpr,
+    COS_PER_TOKEN: tl.constexpr, COPY_TAIL: tl.constexpr, HAS_K: tl.constexpr, MATH_DTYPE: tl.constexpr,
+):
+    """Grid: (token blocks, head blocks of q then of k, batch or sequence)."""
+    pid_s = tl.program_id(0)
+    pid_h = tl.program_id(1)
+    pid_b = tl.program_id(2)
+
+    # --- which tokens: rows of the (batch, seq) view, or of the packed (tokens,) view for varlen -----------------
+    if IS_VARLEN:
+        seq_start = tl.load(CU_SEQLENS + pid_b).to(tl.int64)
+        seq_len_b = tl.load(CU_SEQLENS + pid_b + 1).to(tl.int64) - seq_start
+        batch_index = 0  # the packed tensor has no batch axis
+    else:
+        seq_start = 0
+        seq_len_b = seqlen
+        batch_index = pid_b.to(tl.int64)
+    if pid_s * BLOCK_S >= seq_len_b:
+        return  # varlen: this sequence is shorter than the longest one
+    s_local = pid_s * BLOCK_S + tl.arange(0, BLOCK_S)
+    token_mask = s_local < seq_len_b
+    token_rows = seq_start + s_local.to(tl.int64)
+
+    # --- cos/sin rows for these tokens, loaded once and reused by every head ------------------------------------
+    pairs = tl.arange(0, BLOCK_HALF)
+    pair_mask = pairs < ROTARY_DIM // 2
+    if COS_PER_TOKEN:
+        # Full-width rows (HF layout): channel j of x uses cos[..., j]; pair i of NeoX reads columns i and i + R/2,
+        # pair i of GPT-J reads columns 2i and 2i + 1.
+        cs_row = pid_b.to(tl.int64) * stride_cos_b + token_rows * stride_cos_s  # stride_cos_b is 0 for varlen
+        cs_mask = token_mask[:, None] & pair_mask[None, :]
+        if INTERLEAVED:
+            col_a = 2 * pairs
+            col_b = 2 * pairs + 1
+        else:
+            col_a = pairs
+            col_b = pairs + ROTARY_DIM // 2
+        offs_a = cs_row[:, None] + col_a[None, :] * stride_cos_d
+        offs_b = cs_row[:, None] + col_b[None, :] * stride_cos_d
+        cos_a = tl.load(COS + offs_a, mask=cs_mask, other=0.0).to(MATH_DTYPE)
+        sin_a = tl.load(SIN + offs_a, mask=cs_mask, other=0.0).to(MATH_DTYPE)
+        cos_b = tl.load(COS + offs_b, mask=cs_mask, other=0.0).to(MATH_DTYPE)
+        sin_b = tl.load(SIN + offs_b, mask=cs_mask, other=0.0).to(MATH_DTYPE)
+    else:
+        if POS_MODE == 0:
+            position = s_local.to(tl.int64) + position_offset
+        elif POS_MODE == 1:
+            position = s_local.to(tl.int64) + tl.load(POSITIONS + pid_b * stride_pos_b).to(tl.int64)
+        else:
+            position = tl.load(POSITIONS + batch_index * stride_pos_b + token_rows * stride_pos_s,
+                               mask=token_mask, other=0).to(tl.int64)
+        in_table = (position >= 0) & (position < table_len)
+        # Never read outside the table; out-of-range tokens get NaN (loud) instead of a neighbour's angle.
+        cs_mask = (token_mask & in_table)[:, None] & pair_mask[None, :]
+        offs = position[:, None] * stride_cos_s + pairs[None, :] * stride_cos_d
+        cos_a = tl.load(COS + offs, mask=cs_mask, other=float("nan")).to(MATH_DTYPE)
+        sin_a = tl.load(SIN + offs, mask=cs_mask, other=float("nan")).to(MATH_DTYPE)
+        cos_b = cos_a
+        sin_b = sin_a
+    if CONJUGATE:
+        sin_a = -sin_a
+        sin_b = -sin_b
+
+    # --- one head block of q, or of k ---------------------------------------------------------------------------
+    if pid_h < n_head_blocks_q:
+        _rotate_head_block(
+            Q, OUT_Q, stride_qb, stride_qs, stride_qh, stride_qd, stride_oqb, stride_oqs, stride_oqh, stride_oqd,
+            batch_index, token_rows, token_mask, pid_h * BLOCK_H, n_heads_q, cos_a, sin_a, cos_b, sin_b,
+            ROTARY_DIM, HEAD_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_TAIL, INTERLEAVED, COPY_TAIL, MATH_DTYPE)
+    elif HAS_K:
+        _rotate_head_block(
+            K, OUT_K, stride_kb, stride_ks, stride_kh, stride_kd, stride_okb, stride_oks, stride_okh, stride_okd,
+            batch_index, token_rows, token_mask, (pid_h - n_head_blocks_q) * BLOCK_H, n_heads_k,
+            cos_a, sin_a, cos_b, sin_b,
+            ROTARY_DIM, HEAD_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_TAIL, INTERLEAVED, COPY_TAIL, MATH_DTYPE)
+
+
+def launch_config(n_tokens: int, n_heads: int, head_dim: int, rotary_dim: int) -> tuple[int, int, int]:
+    """(BLOCK_S, BLOCK_H, num_warps), chosen by measurement on the H100 (see docs/benchmarks.md).
+
+    A tile is BLOCK_S tokens x BLOCK_H heads; each tile moves one cos/sin row per token and reuses it across heads.
+    Under the interpreter every program costs Python overhead, so tiles are as large as the shape allows.
+    """
+    block_h = min(triton.next_power_of_2(max(n_heads, 1)), 8 if _device.INTERPRET else 4)
+    if _device.INTERPRET:
+        return min(triton.next_power_of_2(max(n_tokens, 1)), 16), block_h, 4
+    # ~2K rotary elements per tile on the GPU: enough bytes in flight per program, enough programs per SM.
+    per_token = block_h * triton.next_power_of_2(rotary_dim)
+    block_s = max(1, min(triton.next_power_of_2(max(n_tokens, 1)), 2048 // per_token))
+    return block_s, block_h, 4
+
+
+_MATH_DTYPE = {torch.float64: tl.float64}
+
+
+def rope_v4(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor, *,
+            out_q: torch.Tensor, out_k: torch.Tensor | None, positions: PositionSpec, rotary_dim: int,
+            interleaved: bool = False, conjugate: bool = False, cos_per_token: bool = False,
+            copy_tail: bool = True) -> None:
+    """Launch v4. q/k/out are 4-D ``(batch, seq, heads, head_dim)`` views with any strides, or 3-D ``(tokens, heads,
+    head_dim)`` when ``positions.is_varlen``. cos/sin: ``(table_len, rotary_dim/2)`` tables, or with
+    ``cos_per_token`` full-width rows ``(batch, seq, rotary_dim)`` (``(tokens, rotary_dim)`` for varlen).
+
+    The launcher trusts its caller (``ropekit.api`` validates); it only normalises shapes and picks block sizes.
+    """
+    if positions.is_varlen:
+        q, out_q = q.unsqueeze(0), out_q.unsqueeze(0)
+        if k is not None:
+            k, out_k = k.unsqueeze(0), out_k.unsqueeze(0)
+        n_batch = positions.cu_seqlens.shape[0] - 1
+        seqlen = positions.max_seqlen
+        if cos_per_token:
+            cos, sin = cos.unsqueeze(0), sin.unsqueeze(0)
+    else:
+        n_batch, seqlen = q.shape[0], q.shape[1]
+    head_dim = q.shape[-1]
+    n_heads_q = q.shape[2]
+    n_heads_k = k.shape[2] if k is not None else 0
+    block_s, block_h, num_warps = launch_config(n_batch * seqlen, max(n_heads_q, n_heads_k), head_dim, rotary_dim)
+    n_head_blocks_q = triton.cdiv(n_heads_q, block_h)
+    n_head_blocks_k = triton.cdiv(n_heads_k, block_h)
+    grid = (triton.cdiv(seqlen, block_s), n_head_blocks_q + n_head_blocks_k, n_batch)
+    if grid[0] == 0 or n_batch == 0 or q.numel() == 0:
+        return
+    if cos_per_token:
+        cos_strides = (0 if positions.is_varlen else cos.stride(0), cos.stride(1), cos.stride(2))
+        table_len = 0
+    else:
+        cos_strides = (0, cos.stride(0), cos.stride(1))
+        table_len = cos.shape[0]
+    pos_tensor = positions.tensor
+    if pos_tensor is None:
+        pos_strides = (0, 0)
+    elif pos_tensor.ndim == 1:
+        # per-sequence offsets (batch,) are indexed by sequence, varlen position ids (tokens,) by packed token
+        pos_strides = (0, pos_tensor.stride(0)) if positions.mode == POSITION_IDS else (pos_tensor.stride(0), 0)
+    else:
+        pos_strides = (pos_tensor.stride(0), pos_tensor.stride(1))
+    k_args = k if k is not None else q
+    out_k_args = out_k if out_k is not None else out_q
+    log.debug("ropekit triton v4: grid=%s BLOCK_S=%d BLOCK_H=%d warps=%d q=%s k=%s dtype=%s rotary_dim=%d "
+              "interleaved=%s conjugate=%s pos_mode=%d varlen=%s cos_per_token=%s", grid, block_s, block_h,
+              num_warps, tuple(q.shape), None if k is None else tuple(k.shape), q.dtype, rotary_dim, interleaved,
+              conjugate, positions.mode, positions.is_varlen, cos_per_token)
+    rope_v4_kernel[grid](
+        q, k_args, out_q, out_k_args, cos, sin,
+        pos_tensor if pos_tensor is not None else cos,  # an unused pointer still needs a tensor
+        positions.cu_seqlens if positions.cu_seqlens is not None else cos,
+        seqlen, n_heads_q, n_heads_k, n_head_blocks_q, table_len, positions.offset,
+        *q.stride(), *k_args.stride(), *out_q.stride(), *out_k_args.stride(),
+        *cos_strides, *pos_strides,
+        ROTARY_DIM=rotary_dim, HEAD_DIM=head_dim,
+        BLOCK_S=block_s, BLOCK_H=block_h, BLOCK_HALF=triton.next_power_of_2(rotary_dim // 2),
+        BLOCK_TAIL=triton.next_power_of_2(max(head_dim - rotary_dim, 1)),
+        INTERLEAVED=interleaved, CONJUGATE=conjugate, POS_MODE=positions.mode, IS_VARLEN=positions.is_varlen,
+        COS_PER_TOKEN=cos_per_token, COPY_TAIL=copy_tail and rotary_dim < head_dim, HAS_K=k is not None,
+        MATH_DTYPE=_MATH_DTYPE.get(q.dtype, tl.float32),
+        num_warps=num_warps,
+    )
