@@ -1,8 +1,36 @@
-"""ropekit: Rotary Position Embedding kernels (Triton v1-v4, CUDA C++) and the course that builds them."""
+"""ropekit: Rotary Position Embedding kernels (Triton v1-v4, CUDA C++) and the course that builds them.
+
+    import ropekit
+    rope = ropekit.RotaryEmbedding(head_dim=128, base=500000.0)
+    q, k = rope(q, k, positions=cache_lengths)          # (batch, seq, heads, head_dim), any dtype
+"""
 
 from . import device  # first: decides CUDA vs the Triton interpreter before any kernel module imports triton
 
-from . import frequencies, positions, reference
-from . import triton
+from . import frequencies, positions, reference  # noqa: E402
+from . import triton  # noqa: E402
+from .api import apply_rope  # noqa: E402
+from .frequencies import cos_sin_table, inverse_frequencies, rope_init  # noqa: E402
+from .hf import apply_rotary_pos_emb, mrope_cos_sin  # noqa: E402
+from .module import RopeTable, RotaryEmbedding  # noqa: E402
+from .positions import context_parallel_positions, context_parallel_shard  # noqa: E402
 
 __version__ = "0.1.0"
+
+__all__ = [
+    "apply_rope",
+    "RotaryEmbedding",
+    "RopeTable",
+    "cos_sin_table",
+    "inverse_frequencies",
+    "rope_init",
+    "apply_rotary_pos_emb",
+    "mrope_cos_sin",
+    "context_parallel_positions",
+    "context_parallel_shard",
+    "reference",
+    "frequencies",
+    "positions",
+    "triton",
+    "device",
+]

@@ -30,6 +30,9 @@ __all__ = [
     "POSITION_IDS",
     "PositionSpec",
     "resolve_positions",
+    "context_parallel_positions",
+    "context_parallel_shard",
+    "context_parallel_varlen_positions",
 ]
 
 SCALAR_OFFSET, SEQ_OFFSETS, POSITION_IDS = 0, 1, 2
@@ -100,3 +103,43 @@ def resolve_positions(*, batch: int, seqlen: int, positions=None, cu_seqlens=Non
             return PositionSpec(POSITION_IDS, 0, view, None, None)
     raise ValueError(f"positions of shape {tuple(positions.shape)} do not broadcast to (batch, seq) = "
                      f"({batch}, {seqlen}) and are not per-sequence offsets of shape ({batch},)")
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Context parallelism (Transformer Engine's load-balanced split).
+# --------------------------------------------------------------------------------------------------------------------
+
+def _cp_chunks(seqlen: int, cp_size: int, cp_rank: int) -> tuple[range, range]:
+    if cp_size < 1 or not 0 <= cp_rank < cp_size:
+        raise ValueError(f"cp_rank must be in [0, cp_size), got cp_rank={cp_rank}, cp_size={cp_size}")
+    if seqlen % (2 * cp_size):
+        raise ValueError(f"seqlen ({seqlen}) must be divisible by 2 * cp_size ({2 * cp_size})")
+    chunk = seqlen // (2 * cp_size)
+    first, second = cp_rank, 2 * cp_size - 1 - cp_rank
+    return range(first * chunk, (first + 1) * chunk), range(second * chunk, (second + 1) * chunk)
+
+
+def context_parallel_positions(seqlen: int, cp_size: int, cp_rank: int, *, device=None) -> torch.Tensor:
+    """Positions of the tokens rank ``cp_rank`` holds when a sequence of ``seqlen`` is split over ``cp_size`` ranks.
+
+    The sequence is cut into ``2 * cp_size`` chunks and rank ``r`` holds chunks ``r`` and ``2*cp_size - 1 - r`` (so
+    that causal attention work is balanced). Pass the result as ``positions=`` (position ids, shared by the batch).
+    """
+    first, second = _cp_chunks(seqlen, cp_size, cp_rank)
+    return torch.cat((torch.arange(first.start, first.stop), torch.arange(second.start, second.stop))).to(device)
+
+
+def context_parallel_shard(x: torch.Tensor, cp_size: int, cp_rank: int, *, seq_dim: int = 1) -> torch.Tensor:
+    """The slice of ``x`` (full sequence along ``seq_dim``) that rank ``cp_rank`` holds, in the same order as
+    :func:`context_parallel_positions`."""
+    first, second = _cp_chunks(x.shape[seq_dim], cp_size, cp_rank)
+    return torch.cat((x.narrow(seq_dim, first.start, len(first)), x.narrow(seq_dim, second.start, len(second))),
+                     dim=seq_dim)
+
+
+def context_parallel_varlen_positions(cu_seqlens: torch.Tensor, cp_size: int, cp_rank: int) -> torch.Tensor:
+    """Per-token positions of rank ``cp_rank``'s share of a packed batch: every sequence is split as above
+    (each length divisible by ``2 * cp_size``). Returns a ``(tokens_on_rank,)`` tensor for ``layout="thd"``."""
+    lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).tolist()
+    parts = [context_parallel_positions(n, cp_size, cp_rank) for n in lengths]
+    return torch.cat(parts).to(cu_seqlens.device) if parts else torch.zeros(0, dtype=torch.int64)

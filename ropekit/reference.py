@@ -105,7 +105,7 @@ def rope(x: torch.Tensor, positions: torch.Tensor, *, base: float = 10000.0, rot
     freqs = inverse_frequencies(rotary_dim, base) if inv_freq is None else inv_freq
     theta = angles(positions, freqs)[..., None, :]  # broadcast over heads
     cos, sin = torch.cos(theta) * attention_scaling, torch.sin(theta) * attention_scaling
-    x64 = x.detach().to(torch.float64).cpu()
+    x64 = x.to(torch.float64).cpu()  # differentiable: gradcheck runs on the reference too
     rotated = rotate_pairs(x64[..., :rotary_dim], cos, sin, interleaved=interleaved, conjugate=conjugate)
     return torch.cat((rotated, x64[..., rotary_dim:]), dim=-1)
 
@@ -124,7 +124,7 @@ def rope_from_cos_sin(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, 
     is ``-second`` and of the second is ``+first``: exactly ``x * cos + rotate_half(x) * sin`` for NeoX pairing.
     """
     rotary_dim = cos.shape[-1]
-    x64 = x.detach().to(torch.float64).cpu()
+    x64 = x.to(torch.float64).cpu()  # differentiable: gradcheck runs on the reference too
     cos, sin = cos.detach().to(torch.float64).cpu(), sin.detach().to(torch.float64).cpu()
     if conjugate:
         sin = -sin

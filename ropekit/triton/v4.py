@@ -34,12 +34,46 @@ log = logging.getLogger("ropekit")
 
 
 @triton.jit
+def _round_to(x, DTYPE: tl.constexpr):
+    """Round fp32 ``x`` to the nearest ``DTYPE`` value (ties to even), kept in fp32.
+
+    bf16 is rounded with integer arithmetic on the fp32 bits, because the Triton interpreter truncates fp32 -> bf16
+    casts; this way the interpreter and the GPU give the same bits. (NaN/Inf pass through unchanged.)
+    """
+    if DTYPE == tl.bfloat16:
+        bits = x.to(tl.uint32, bitcast=True)
+        rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        finite = (bits & 0x7F800000) != 0x7F800000
+        return tl.where(finite, rounded, bits).to(tl.float32, bitcast=True)
+    else:
+        return x.to(DTYPE).to(x.dtype)
+
+
+@triton.jit
+def _rotate(x_a, x_b, cos_a, sin_a, cos_b, sin_b, OUT_DTYPE: tl.constexpr, EAGER_ROUNDING: tl.constexpr):
+    """(a, b) -> (a cos - b sin, b cos + a sin), rounded once to the output dtype by the caller.
+
+    EAGER_ROUNDING reproduces eager PyTorch's ``x * cos + rotate_half(x) * sin`` in a half dtype bit for bit: each
+    product and the sum are rounded to the output dtype, as three separate elementwise ops would. Only the
+    transformers drop-in asks for it ("same result"); everywhere else one rounding of the fp32 result is more exact.
+    """
+    if EAGER_ROUNDING:
+        out_a = _round_to(x_a * cos_a, OUT_DTYPE) - _round_to(x_b * sin_a, OUT_DTYPE)
+        out_b = _round_to(x_b * cos_b, OUT_DTYPE) + _round_to(x_a * sin_b, OUT_DTYPE)
+    else:
+        out_a = x_a * cos_a - x_b * sin_a
+        out_b = x_b * cos_b + x_a * sin_b
+    return out_a, out_b
+
+
+@triton.jit
 def _rotate_head_block(
     X, OUT, stride_b, stride_s, stride_h, stride_d, out_stride_b, out_stride_s, out_stride_h, out_stride_d,
     batch_index, token_rows, token_mask, first_head, n_heads,
     cos_a, sin_a, cos_b, sin_b,
     ROTARY_DIM: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr,
-    BLOCK_HALF: tl.constexpr, BLOCK_TAIL: tl.constexpr, INTERLEAVED: tl.constexpr, COPY_TAIL: tl.constexpr, MATH_DTYPE: tl.constexpr,
+    BLOCK_HALF: tl.constexpr, BLOCK_TAIL: tl.constexpr, INTERLEAVED: tl.constexpr, COPY_TAIL: tl.constexpr,
+    MATH_DTYPE: tl.constexpr, EAGER_ROUNDING: tl.constexpr,
 ):
     """Rotate BLOCK_H heads of BLOCK_S tokens of one tensor (q or k). cos/sin come in as [BLOCK_S, BLOCK_HALF]."""
     heads = first_head + tl.arange(0, BLOCK_H)
@@ -57,8 +91,7 @@ def _rotate_head_block(
         x = tl.load(X + row_in[:, :, None] + channels[None, None, :] * stride_d, mask=mask, other=0.0)
         x = tl.reshape(x.to(MATH_DTYPE), [BLOCK_S, BLOCK_H, BLOCK_HALF, 2])
         x_a, x_b = tl.split(x)
-        out_a = x_a * cos_a - x_b * sin_a
-        out_b = x_b * cos_b + x_a * sin_b
+        out_a, out_b = _rotate(x_a, x_b, cos_a, sin_a, cos_b, sin_b, OUT.dtype.element_ty, EAGER_ROUNDING)
         out = tl.reshape(tl.join(out_a, out_b), [BLOCK_S, BLOCK_H, 2 * BLOCK_HALF])
         tl.store(OUT + row_out[:, :, None] + channels[None, None, :] * out_stride_d,
                  out.to(OUT.dtype.element_ty), mask=mask)
@@ -69,8 +102,7 @@ def _rotate_head_block(
         ptr_a = X + row_in[:, :, None] + pairs[None, None, :] * stride_d
         x_a = tl.load(ptr_a, mask=mask, other=0.0).to(MATH_DTYPE)
         x_b = tl.load(ptr_a + (ROTARY_DIM // 2) * stride_d, mask=mask, other=0.0).to(MATH_DTYPE)
-        out_a = x_a * cos_a - x_b * sin_a
-        out_b = x_b * cos_b + x_a * sin_b
+        out_a, out_b = _rotate(x_a, x_b, cos_a, sin_a, cos_b, sin_b, OUT.dtype.element_ty, EAGER_ROUNDING)
         out_ptr_a = OUT + row_out[:, :, None] + pairs[None, None, :] * out_stride_d
         tl.store(out_ptr_a, out_a.to(OUT.dtype.element_ty), mask=mask)
         tl.store(out_ptr_a + (ROTARY_DIM // 2) * out_stride_d, out_b.to(OUT.dtype.element_ty), mask=mask)
@@ -96,6 +128,7 @@ def rope_v4_kernel(
     BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_TAIL: tl.constexpr,
     INTERLEAVED: tl.constexpr, CONJUGATE: tl.constexpr, POS_MODE: tl.constexpr, IS_VARLEN: tl.constexpr,
     COS_PER_TOKEN: tl.constexpr, COPY_TAIL: tl.constexpr, HAS_K: tl.constexpr, MATH_DTYPE: tl.constexpr,
+    EAGER_ROUNDING: tl.constexpr,
 ):
     """Grid: (token blocks, head blocks of q then of k, batch or sequence)."""
     pid_s = tl.program_id(0)
@@ -162,13 +195,15 @@ def rope_v4_kernel(
         _rotate_head_block(
             Q, OUT_Q, stride_qb, stride_qs, stride_qh, stride_qd, stride_oqb, stride_oqs, stride_oqh, stride_oqd,
             batch_index, token_rows, token_mask, pid_h * BLOCK_H, n_heads_q, cos_a, sin_a, cos_b, sin_b,
-            ROTARY_DIM, HEAD_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_TAIL, INTERLEAVED, COPY_TAIL, MATH_DTYPE)
+            ROTARY_DIM, HEAD_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_TAIL, INTERLEAVED, COPY_TAIL, MATH_DTYPE,
+            EAGER_ROUNDING)
     elif HAS_K:
         _rotate_head_block(
             K, OUT_K, stride_kb, stride_ks, stride_kh, stride_kd, stride_okb, stride_oks, stride_okh, stride_okd,
             batch_index, token_rows, token_mask, (pid_h - n_head_blocks_q) * BLOCK_H, n_heads_k,
             cos_a, sin_a, cos_b, sin_b,
-            ROTARY_DIM, HEAD_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_TAIL, INTERLEAVED, COPY_TAIL, MATH_DTYPE)
+            ROTARY_DIM, HEAD_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_TAIL, INTERLEAVED, COPY_TAIL, MATH_DTYPE,
+            EAGER_ROUNDING)
 
 
 def launch_config(n_tokens: int, n_heads: int, head_dim: int, rotary_dim: int) -> tuple[int, int, int]:
@@ -192,7 +227,7 @@ _MATH_DTYPE = {torch.float64: tl.float64}
 def rope_v4(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor, *,
             out_q: torch.Tensor, out_k: torch.Tensor | None, positions: PositionSpec, rotary_dim: int,
             interleaved: bool = False, conjugate: bool = False, cos_per_token: bool = False,
-            copy_tail: bool = True) -> None:
+            copy_tail: bool = True, eager_rounding: bool = False) -> None:
     """Launch v4. q/k/out are 4-D ``(batch, seq, heads, head_dim)`` views with any strides, or 3-D ``(tokens, heads,
     head_dim)`` when ``positions.is_varlen``. cos/sin: ``(table_len, rotary_dim/2)`` tables, or with
     ``cos_per_token`` full-width rows ``(batch, seq, rotary_dim)`` (``(tokens, rotary_dim)`` for varlen).
@@ -250,6 +285,6 @@ def rope_v4(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: tor
         BLOCK_TAIL=triton.next_power_of_2(max(head_dim - rotary_dim, 1)),
         INTERLEAVED=interleaved, CONJUGATE=conjugate, POS_MODE=positions.mode, IS_VARLEN=positions.is_varlen,
         COS_PER_TOKEN=cos_per_token, COPY_TAIL=copy_tail and rotary_dim < head_dim, HAS_K=k is not None,
-        MATH_DTYPE=_MATH_DTYPE.get(q.dtype, tl.float32),
+        MATH_DTYPE=_MATH_DTYPE.get(q.dtype, tl.float32), EAGER_ROUNDING=eager_rounding,
         num_warps=num_warps,
     )

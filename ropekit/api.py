@@ -1,0 +1,335 @@
+"""The public entry point: ``apply_rope`` — validation, the ``torch.library`` custom ops, autograd.
+
+Data flows one way: the user's call -> ``_prepare`` (every check, before any write) -> one launcher (Triton v4 or CUDA)
+-> one kernel. Layouts become strides here, once; the kernels only see ``(batch, seq, heads, head_dim)`` views.
+
+Three ways in, one kernel:
+
+* eager inference (no grad, not compiling): the launcher is called directly — no dispatcher on the hot path;
+* autograd or ``torch.compile``: the functional custom op ``ropekit::rope`` (fake impl for tracing; its backward is the
+  same op with ``conjugate`` flipped);
+* ``inplace=True``: the mutating op ``ropekit::rope_`` (no autograd: ``torch.library`` registers none for mutating ops).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Optional
+
+import torch
+
+from . import device as _device  # noqa: F401  (interpreter switch before triton is imported)
+from .positions import POSITION_IDS, SCALAR_OFFSET, SEQ_OFFSETS, PositionSpec, resolve_positions
+from .triton.v4 import rope_v4
+
+__all__ = ["apply_rope", "LAYOUTS", "BACKENDS"]
+
+log = logging.getLogger("ropekit")
+
+LAYOUTS = ("bshd", "sbhd", "bhsd", "thd")
+BACKENDS = ("triton", "cuda")
+_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+# How each layout's axes map onto the kernel's (batch, seq, heads, head_dim) view.
+_TO_BSHD = {"bshd": (0, 1, 2, 3), "sbhd": (1, 0, 2, 3), "bhsd": (0, 2, 1, 3)}
+
+
+def _check_mode() -> bool:
+    """Opt-in checks of values inside device tensors (they cost a host sync, which CUDA graphs forbid)."""
+    return os.environ.get("ROPEKIT_CHECK", "") not in ("", "0")
+
+
+def _launcher(backend: str):
+    if backend == "triton":
+        return rope_v4
+    from .cuda import rope_cuda  # built on first use; raises a clear error when no GPU / nvcc
+
+    return rope_cuda
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Validation: everything about shapes, dtypes, devices and host integers, before anything is written.
+# --------------------------------------------------------------------------------------------------------------------
+
+def _check_tensor(name: str, x, ndim: int) -> None:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in _FLOAT_DTYPES:
+        raise TypeError(f"{name} must be float16, bfloat16, float32 or float64, got {x.dtype}")
+    if x.ndim != ndim:
+        raise ValueError(f"{name} must have {ndim} dimensions for this layout, got shape {tuple(x.shape)}")
+
+
+def _prepare(q, k, cos, sin, positions, layout, interleaved, rotary_dim, cu_seqlens, max_seqlen, per_token,
+             eager_rounding, backend, table=None):
+    """Validate the call and return (q4, k4, cos, sin, spec, rotary_dim): kernel views and the position spec."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if eager_rounding and backend != "triton":
+        raise ValueError("eager_rounding is implemented by backend='triton' only")
+    varlen = layout == "thd"
+    _check_tensor("q", q, 3 if varlen else 4)
+    if k is not None:
+        _check_tensor("k", k, q.ndim)
+        if k.dtype != q.dtype:
+            raise TypeError(f"q and k must have the same dtype, got q {q.dtype} and k {k.dtype}")
+        if k.device != q.device:
+            raise ValueError(f"q and k must be on the same device, got q on {q.device} and k on {k.device}")
+        if k.shape[-1] != q.shape[-1]:
+            raise ValueError(f"k's head_dim ({k.shape[-1]}) must equal q's head_dim ({q.shape[-1]})")
+    for name, t in (("cos", cos), ("sin", sin)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a tensor (or pass table=...), got {type(t).__name__}")
+        if t.dtype not in _FLOAT_DTYPES:
+            raise TypeError(f"{name} must be a floating tensor, got {t.dtype}")
+        if t.device != q.device:
+            raise ValueError(f"{name} is on {t.device} but q is on {q.device}")
+    if cos.shape != sin.shape:
+        raise ValueError(f"cos and sin must have the same shape, got {tuple(cos.shape)} and {tuple(sin.shape)}")
+
+    if varlen:
+        if cu_seqlens is None:
+            raise ValueError("layout 'thd' needs cu_seqlens (cumulative sequence lengths, shape (n_seqs + 1,))")
+        if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dtype not in (torch.int32, torch.int64):
+            raise TypeError("cu_seqlens must be an int32 or int64 tensor")
+        if cu_seqlens.ndim != 1 or cu_seqlens.shape[0] < 1:
+            raise ValueError(f"cu_seqlens must be 1-D with n_seqs + 1 entries, got shape {tuple(cu_seqlens.shape)}")
+        if cu_seqlens.device != q.device:
+            raise ValueError(f"cu_seqlens is on {cu_seqlens.device} but q is on {q.device}")
+        if k is not None and k.shape[0] != q.shape[0]:
+            raise ValueError(f"q and k must hold the same tokens, got {q.shape[0]} and {k.shape[0]}")
+        if max_seqlen is None:
+            # A host sync: pass max_seqlen (a host int) to keep the call capturable in a CUDA graph.
+            max_seqlen = int((cu_seqlens[1:] - cu_seqlens[:-1]).max().item()) if cu_seqlens.shape[0] > 1 else 0
+        if isinstance(max_seqlen, bool) or not isinstance(max_seqlen, int) or max_seqlen < 0:
+            raise TypeError(f"max_seqlen must be a non-negative host int, got {max_seqlen!r}")
+        q4, k4 = q, k
+        n_batch, seqlen = cu_seqlens.shape[0] - 1, q.shape[0]
+    else:
+        if cu_seqlens is not None:
+            raise ValueError(f"cu_seqlens is only for layout 'thd', got layout {layout!r}")
+        order = _TO_BSHD[layout]
+        q4 = q.permute(order)
+        k4 = None if k is None else k.permute(order)
+        if k4 is not None and k4.shape[:2] != q4.shape[:2]:
+            raise ValueError(f"q and k must share (batch, seq) = {tuple(q4.shape[:2])} in layout {layout!r}, "
+                             f"got k with {tuple(k4.shape[:2])}")
+        n_batch, seqlen = q4.shape[0], q4.shape[1]
+
+    head_dim = q.shape[-1]
+    if per_token:
+        rotary_dim_from_cos = cos.shape[-1]
+    else:
+        if cos.ndim != 2:
+            raise ValueError(f"cos/sin tables must be 2-D (max_positions, rotary_dim/2), got shape {tuple(cos.shape)}"
+                             " (pass per_token=True for per-token cos/sin rows in transformers' layout)")
+        rotary_dim_from_cos = 2 * cos.shape[-1]
+    if rotary_dim is None:
+        rotary_dim = rotary_dim_from_cos
+    if isinstance(rotary_dim, bool) or not isinstance(rotary_dim, int):
+        raise TypeError(f"rotary_dim must be an int, got {type(rotary_dim).__name__}")
+    if rotary_dim <= 0 or rotary_dim % 2:
+        raise ValueError(f"rotary_dim must be a positive even number, got {rotary_dim}")
+    if rotary_dim > head_dim:
+        raise ValueError(f"rotary_dim ({rotary_dim}) must be <= head_dim ({head_dim})")
+    if rotary_dim > rotary_dim_from_cos:
+        raise ValueError(f"rotary_dim ({rotary_dim}) needs cos/sin with {rotary_dim // 2 if not per_token else rotary_dim}"
+                         f" columns, got {cos.shape[-1]}")
+
+    if per_token:
+        # Full-width rows per token, broadcast to the token shape without copying.
+        token_shape = (seqlen,) if varlen else (n_batch, seqlen)
+        try:
+            cos = cos.expand(*token_shape, cos.shape[-1])
+            sin = sin.expand(*token_shape, sin.shape[-1])
+        except RuntimeError:
+            raise ValueError(f"per-token cos/sin of shape {tuple(cos.shape)} do not broadcast to the tokens "
+                             f"{token_shape} + (rotary_dim,)") from None
+        spec = PositionSpec(SCALAR_OFFSET, 0, None, cu_seqlens, max_seqlen if varlen else None)
+    else:
+        spec = resolve_positions(batch=n_batch, seqlen=seqlen, positions=positions,
+                                 cu_seqlens=cu_seqlens if varlen else None, max_seqlen=max_seqlen, device=q.device)
+        if spec.mode == SCALAR_OFFSET:
+            # Host-known positions: check (or grow) the table before launching.
+            last = spec.offset + (max_seqlen if varlen else seqlen) - 1
+            if spec.offset < 0:
+                raise ValueError(f"positions (offset) must be >= 0, got {spec.offset}")
+            if last >= cos.shape[0] and (max_seqlen if varlen else seqlen) > 0:
+                if table is not None:
+                    table.ensure(last + 1)
+                    cos, sin = table.cos, table.sin
+                else:
+                    raise ValueError(f"positions reach {last} but the cos/sin table has {cos.shape[0]} rows; pass a "
+                                     "longer table, or a ropekit.RopeTable / RotaryEmbedding that can grow")
+        if _check_mode():
+            _check_device_values(spec, cos.shape[0], seqlen)
+    return q4, k4, cos, sin, spec, rotary_dim
+
+
+def _check_device_values(spec: PositionSpec, table_len: int, n_tokens: int) -> None:
+    """ROPEKIT_CHECK=1: values inside device tensors (a host sync; never inside CUDA-graph capture)."""
+    if spec.cu_seqlens is not None:
+        cu = spec.cu_seqlens.cpu()
+        if int(cu[0]) != 0 or bool((cu[1:] < cu[:-1]).any()) or int(cu[-1]) != n_tokens:
+            raise ValueError(f"cu_seqlens must start at 0, never decrease and end at the token count {n_tokens}, "
+                             f"got {cu.tolist()}")
+        if spec.max_seqlen < int((cu[1:] - cu[:-1]).max()):
+            raise ValueError(f"max_seqlen ({spec.max_seqlen}) is shorter than the longest sequence")
+    if spec.tensor is not None:
+        pos = spec.tensor.cpu()
+        lengths = ((spec.cu_seqlens[1:] - spec.cu_seqlens[:-1]).cpu() if spec.cu_seqlens is not None
+                   else torch.full_like(pos, n_tokens))
+        last = pos + lengths - 1 if spec.mode == SEQ_OFFSETS else pos
+        if bool((pos < 0).any()) or (last.numel() and int(last.max()) >= table_len):
+            raise ValueError(f"positions reach {int(last.max())} but the cos/sin table has {table_len} rows")
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Launch: one function both the custom ops and the eager fast path call.
+# --------------------------------------------------------------------------------------------------------------------
+
+def _new_output(x: torch.Tensor) -> torch.Tensor:
+    # The output is contiguous in the caller's layout, whatever the input's strides (documented in docs/api.md).
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+
+
+def _launch(q, k, cos, sin, positions, pos_mode, cu_seqlens, position_offset, max_seqlen, rotary_dim, layout,
+            interleaved, conjugate, per_token, eager_rounding, backend, out_q, out_k):
+    """Run the kernel for already-validated arguments; q/k/out are in the caller's layout."""
+    if layout == "thd":
+        q4, k4, oq4, ok4 = q, k, out_q, out_k
+        spec = PositionSpec(pos_mode, position_offset, positions, cu_seqlens, max_seqlen)
+        token_shape = (q.shape[0],)
+    else:
+        order = _TO_BSHD[layout]
+        q4, oq4 = q.permute(order), out_q.permute(order)
+        k4 = None if k is None else k.permute(order)
+        ok4 = None if out_k is None else out_k.permute(order)
+        spec = PositionSpec(pos_mode, position_offset, positions)
+        token_shape = q4.shape[:2]
+    if per_token:
+        cos, sin = cos.expand(*token_shape, cos.shape[-1]), sin.expand(*token_shape, sin.shape[-1])
+    _launcher(backend)(q4, k4, cos, sin, out_q=oq4, out_k=ok4, positions=spec, rotary_dim=rotary_dim,
+                       interleaved=interleaved, conjugate=conjugate, cos_per_token=per_token,
+                       copy_tail=out_q.data_ptr() != q.data_ptr(),
+                       **({"eager_rounding": True} if eager_rounding else {}))
+
+
+@torch.library.custom_op("ropekit::rope", mutates_args=())
+def _rope_op(q: torch.Tensor, k: Optional[torch.Tensor], cos: torch.Tensor, sin: torch.Tensor,
+             positions: Optional[torch.Tensor], pos_mode: int, cu_seqlens: Optional[torch.Tensor],
+             position_offset: int, max_seqlen: int, rotary_dim: int, layout: str, interleaved: bool,
+             conjugate: bool, per_token: bool, eager_rounding: bool, backend: str) -> tuple[torch.Tensor, torch.Tensor]:
+    out_q = _new_output(q)
+    out_k = _new_output(k) if k is not None else q.new_empty(0)
+    _launch(q, k, cos, sin, positions, pos_mode, cu_seqlens, position_offset, max_seqlen, rotary_dim, layout, interleaved,
+            conjugate, per_token, eager_rounding, backend, out_q, out_k if k is not None else None)
+    return out_q, out_k
+
+
+@_rope_op.register_fake
+def _rope_op_fake(q, k, cos, sin, positions, pos_mode, cu_seqlens, position_offset, max_seqlen, rotary_dim,
+                  layout, interleaved, conjugate, per_token, eager_rounding, backend):
+    return _new_output(q), (_new_output(k) if k is not None else q.new_empty(0))
+
+
+def _rope_setup_context(ctx, inputs, output):
+    (_, k, cos, sin, positions, pos_mode, cu_seqlens, position_offset, max_seqlen, rotary_dim, layout, interleaved,
+     conjugate, per_token, eager_rounding, backend) = inputs
+    ctx.save_for_backward(cos, sin, positions, cu_seqlens)
+    ctx.has_k = k is not None
+    ctx.args = (pos_mode, position_offset, max_seqlen, rotary_dim, layout, interleaved, conjugate, per_token,
+                eager_rounding, backend)
+
+
+def _rope_backward(ctx, grad_q, grad_k):
+    # The rotation is orthogonal: its vector-Jacobian product is the rotation by -θ, i.e. the same kernel with
+    # CONJUGATE flipped. Incoming gradients may be non-contiguous or even zero-stride (loss = out.sum()): the kernel
+    # reads any strides.
+    cos, sin, positions, cu_seqlens = ctx.saved_tensors
+    (pos_mode, position_offset, max_seqlen, rotary_dim, layout, interleaved, conjugate, per_token, eager_rounding,
+     backend) = ctx.args
+    dq, dk = _rope_op(grad_q, grad_k if ctx.has_k else None, cos, sin, positions, pos_mode, cu_seqlens,
+                      position_offset, max_seqlen, rotary_dim, layout, interleaved, not conjugate, per_token,
+                      eager_rounding, backend)
+    return (dq, dk if ctx.has_k else None) + (None,) * 14
+
+
+_rope_op.register_autograd(_rope_backward, setup_context=_rope_setup_context)
+
+
+@torch.library.custom_op("ropekit::rope_", mutates_args=("q", "k"))
+def _rope_inplace_op(q: torch.Tensor, k: Optional[torch.Tensor], cos: torch.Tensor, sin: torch.Tensor,
+                     positions: Optional[torch.Tensor], pos_mode: int, cu_seqlens: Optional[torch.Tensor],
+                     position_offset: int, max_seqlen: int, rotary_dim: int, layout: str, interleaved: bool, conjugate: bool,
+                     per_token: bool, eager_rounding: bool, backend: str) -> None:
+    _launch(q, k, cos, sin, positions, pos_mode, cu_seqlens, position_offset, max_seqlen, rotary_dim, layout, interleaved,
+            conjugate, per_token, eager_rounding, backend, q, k)
+
+
+@_rope_inplace_op.register_fake
+def _rope_inplace_fake(q, k, cos, sin, positions, pos_mode, cu_seqlens, position_offset, max_seqlen, rotary_dim,
+                       layout, interleaved, conjugate, per_token, eager_rounding, backend):
+    return None
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The public function.
+# --------------------------------------------------------------------------------------------------------------------
+
+def apply_rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, cos: Optional[torch.Tensor] = None,
+               sin: Optional[torch.Tensor] = None, *, table=None, positions=None, layout: str = "bshd",
+               interleaved: bool = False, rotary_dim: Optional[int] = None, inplace: bool = False,
+               cu_seqlens: Optional[torch.Tensor] = None, max_seqlen: Optional[int] = None, per_token: bool = False,
+               conjugate: bool = False, eager_rounding: bool = False, backend: str = "triton"):
+    """Rotate q (and k) by their positions. Returns ``(q_out, k_out)`` (``k_out`` is None when k is None).
+
+    Args:
+        q, k: ``layout``-shaped tensors (fp16/bf16/fp32/fp64; any strides). k may have fewer heads (GQA/MQA) or be None.
+        cos, sin: half-width tables ``(max_positions, rotary_dim/2)`` (float32 from ``ropekit.cos_sin_table``), or
+            with ``per_token=True`` full-width rows in transformers' layout that broadcast to ``(batch, seq,
+            rotary_dim)`` (``(tokens, rotary_dim)`` for thd).
+        table: a :class:`ropekit.RopeTable` instead of cos/sin (grows for host-known positions).
+        positions: None (0..S-1), an int offset, a ``(batch,)`` tensor of per-sequence offsets (decode with a KV
+            cache), or position ids that broadcast to ``(batch, seq)`` (``(tokens,)`` for thd).
+        layout: "bshd", "sbhd", "bhsd" or "thd" (packed varlen; needs ``cu_seqlens`` and ideally ``max_seqlen``).
+        interleaved: GPT-J pairing (2i, 2i+1) instead of NeoX halves (i, i + rotary_dim/2).
+        rotary_dim: rotate only the first ``rotary_dim`` channels (default: all that cos/sin cover).
+        inplace: write into q and k (no autograd); the tail past rotary_dim is left untouched.
+        conjugate: rotate by -θ (the inverse rotation).
+        eager_rounding: round like eager PyTorch's ``x * cos + rotate_half(x) * sin`` (each product and the sum
+            rounded to q's dtype), bit-compatible with transformers in fp16/bf16; default: one rounding (more exact).
+        backend: "triton" (v4) or "cuda" (the hand-written CUDA C++ kernel).
+
+    Raises ``TypeError``/``ValueError`` naming the argument, before anything is written.
+    """
+    if table is not None:
+        if cos is not None or sin is not None:
+            raise ValueError("pass either cos/sin or table=, not both")
+        cos, sin = table.cos, table.sin
+    elif cos is None or sin is None:
+        raise TypeError("apply_rope needs cos and sin tables (or table=ropekit.RopeTable(...))")
+    _, _, cos, sin, spec, rotary_dim = _prepare(q, k, cos, sin, positions, layout, interleaved, rotary_dim,
+                                                cu_seqlens, max_seqlen, per_token, eager_rounding, backend,
+                                                table)
+    args = (cos, sin, spec.tensor, spec.mode, spec.cu_seqlens, spec.offset, spec.max_seqlen or 0, rotary_dim, layout,
+            interleaved, conjugate, per_token, eager_rounding, backend)
+    if inplace:
+        if torch.is_grad_enabled() and (q.requires_grad or (k is not None and k.requires_grad)):
+            raise ValueError("inplace=True does not support autograd; use inplace=False when q or k requires grad")
+        if torch.compiler.is_compiling():
+            _rope_inplace_op(q, k, *args)
+        else:
+            _launch(q, k, *args, q, k)
+        return q, k
+    needs_grad = torch.is_grad_enabled() and (q.requires_grad or (k is not None and k.requires_grad))
+    if needs_grad or torch.compiler.is_compiling():
+        out_q, out_k = _rope_op(q, k, *args)
+        return out_q, (out_k if k is not None else None)
+    # Eager inference: skip the dispatcher (host time matters for decode).
+    out_q = _new_output(q)
+    out_k = _new_output(k) if k is not None else None
+    _launch(q, k, *args, out_q, out_k)
+    return out_q, out_k

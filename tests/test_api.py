@@ -1,0 +1,401 @@
+"""The public API as a specification: layouts, positions, GQA, pairings, partial rotary, in place, autograd, compile,
+errors and logging — every output compared with the float64 reference."""
+
+import logging
+
+import pytest
+import torch
+
+import ropekit
+from ropekit import reference as ref
+from ropekit.testing import assert_close_to_reference
+from conftest import DEVICE, FULL, gpu_only
+
+TO_BSHD = {"bshd": (0, 1, 2, 3), "sbhd": (1, 0, 2, 3), "bhsd": (0, 2, 1, 3)}
+FROM_BSHD = {"bshd": (0, 1, 2, 3), "sbhd": (1, 0, 2, 3), "bhsd": (0, 2, 1, 3)}  # these permutations are involutions
+
+
+def make(layout, batch, seqlen, heads, head_dim, dtype, *, noncontiguous=False):
+    """A random tensor in ``layout``; optionally a non-contiguous view (a slice of a wider head_dim)."""
+    shape_bshd = (batch, seqlen, heads, head_dim + (16 if noncontiguous else 0))
+    x = torch.randn(shape_bshd, dtype=torch.float32, device=DEVICE).to(dtype)
+    x = x.permute(FROM_BSHD[layout]).contiguous()
+    return x[..., :head_dim] if noncontiguous else x
+
+
+def expected(x, layout, positions_bs, **kwargs):
+    """Reference output in x's layout, from a (batch, seq) position tensor."""
+    x_bshd = x.permute(TO_BSHD[layout])
+    return ref.rope(x_bshd, positions_bs, **kwargs).permute(FROM_BSHD[layout])
+
+
+def table(rows=64, rotary_dim=32, base=10000.0):
+    return ropekit.cos_sin_table(rows, rotary_dim, base=base, device=DEVICE)
+
+
+# Readable cases: (id, layout, batch, seq, hq, hk, head_dim, rotary_dim, interleaved, positions-kind, dtype)
+CASES = [
+    ("bshd-neox-none-fp32", "bshd", 2, 5, 4, 2, 32, 32, False, "none", torch.float32),
+    ("sbhd-gptj-offset-fp32", "sbhd", 2, 5, 4, 4, 32, 32, True, "int", torch.float32),
+    ("bhsd-neox-seqoffsets-bf16", "bhsd", 3, 4, 4, 1, 32, 32, False, "offsets", torch.bfloat16),
+    ("bshd-gptj-ids-fp16", "bshd", 2, 6, 2, 2, 48, 48, True, "ids", torch.float16),
+    ("bshd-neox-partial-ids1d-fp32", "bshd", 2, 6, 4, 2, 64, 32, False, "ids1d", torch.float32),
+    ("sbhd-gptj-partial-offsets-bf16", "sbhd", 2, 3, 2, 1, 40, 24, True, "offsets", torch.bfloat16),
+    ("bshd-neox-hd80-none-fp64", "bshd", 1, 3, 2, 2, 80, 80, False, "none", torch.float64),
+    ("bshd-neox-decode-offsets-fp16", "bshd", 4, 1, 4, 2, 32, 32, False, "offsets", torch.float16),
+]
+
+
+def positions_for(kind, batch, seqlen):
+    """(argument passed to apply_rope, (batch, seq) positions for the reference)."""
+    if kind == "none":
+        return None, ref.token_positions(batch, seqlen)
+    if kind == "int":
+        return 7, ref.token_positions(batch, seqlen, offsets=7)
+    if kind == "offsets":
+        offsets = torch.randint(0, 40, (batch,))
+        return offsets.to(DEVICE), ref.token_positions(batch, seqlen, offsets=offsets)
+    if kind == "ids":
+        ids = torch.randint(0, 60, (batch, seqlen))
+        return ids.to(DEVICE), ids
+    if kind == "ids1d":
+        ids = torch.randperm(60)[:seqlen]
+        return ids.to(DEVICE), ids.expand(batch, seqlen)
+    raise AssertionError(kind)
+
+
+@pytest.mark.parametrize("inplace", [False, True], ids=["out-of-place", "in-place"])
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_apply_rope_matches_reference(case, inplace):
+    _, layout, batch, seqlen, hq, hk, head_dim, rotary_dim, interleaved, kind, dtype = case
+    q = make(layout, batch, seqlen, hq, head_dim, dtype)
+    k = make(layout, batch, seqlen, hk, head_dim, dtype)
+    cos, sin = table(64, rotary_dim)
+    arg, pos = positions_for(kind, batch, seqlen)
+    q_in, k_in = q.clone(), k.clone()
+    out_q, out_k = ropekit.apply_rope(q, k, cos, sin, positions=arg, layout=layout, interleaved=interleaved,
+                                      rotary_dim=rotary_dim, inplace=inplace)
+    kw = dict(rotary_dim=rotary_dim, interleaved=interleaved)
+    assert_close_to_reference(out_q, expected(q_in, layout, pos, **kw))
+    assert_close_to_reference(out_k, expected(k_in, layout, pos, **kw))
+    if inplace:
+        assert out_q.data_ptr() == q.data_ptr() and out_k.data_ptr() == k.data_ptr()
+        # the tail of a partial rotary is untouched, bit for bit
+        assert torch.equal(q[..., rotary_dim:], q_in[..., rotary_dim:])
+    else:
+        assert torch.equal(q, q_in) and torch.equal(k, k_in), "out-of-place call modified its inputs"
+        assert out_q.is_contiguous() and out_q.shape == q.shape
+
+
+def test_noncontiguous_views_and_k_none():
+    q = make("bshd", 2, 4, 3, 32, torch.float32, noncontiguous=True)
+    assert not q.is_contiguous()
+    cos, sin = table()
+    out_q, out_k = ropekit.apply_rope(q, None, cos, sin, positions=3)
+    assert out_k is None
+    assert_close_to_reference(out_q, expected(q, "bshd", ref.token_positions(2, 4, offsets=3)))
+    # a transposed view: bhsd storage seen as bshd
+    qt = make("bhsd", 2, 4, 3, 32, torch.float32).transpose(1, 2)
+    out_q, _ = ropekit.apply_rope(qt, None, cos, sin)
+    assert_close_to_reference(out_q, expected(qt, "bshd", ref.token_positions(2, 4)))
+
+
+@pytest.mark.parametrize("kind", ["none", "offsets", "ids"])
+@pytest.mark.parametrize("interleaved", [False, True], ids=["neox", "gptj"])
+def test_varlen_thd(kind, interleaved):
+    lengths = [3, 1, 5]
+    cu = torch.tensor([0, 3, 4, 9], dtype=torch.int32, device=DEVICE)
+    total = sum(lengths)
+    q = torch.randn(total, 4, 32, device=DEVICE)
+    k = torch.randn(total, 2, 32, device=DEVICE)
+    cos, sin = table()
+    if kind == "none":
+        arg, pos = None, ref.varlen_positions(cu)
+    elif kind == "offsets":
+        offsets = torch.tensor([2, 10, 0])
+        arg, pos = offsets.to(DEVICE), ref.varlen_positions(cu, offsets=offsets)
+    else:
+        ids = torch.randint(0, 60, (total,))
+        arg, pos = ids.to(DEVICE), ids
+    out_q, out_k = ropekit.apply_rope(q, k, cos, sin, positions=arg, layout="thd", cu_seqlens=cu, max_seqlen=5,
+                                      interleaved=interleaved)
+    assert_close_to_reference(out_q, ref.rope(q, pos, interleaved=interleaved))
+    assert_close_to_reference(out_k, ref.rope(k, pos, interleaved=interleaved))
+
+
+# --- autograd -------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("loss_shape", ["broadcast-scalar", "full"])
+@pytest.mark.parametrize("layout", ["bshd", "sbhd"])
+def test_gradients_match_reference(loss_shape, layout):
+    q = make(layout, 2, 4, 4, 32, torch.float32, noncontiguous=True).requires_grad_()
+    k = make(layout, 2, 4, 2, 32, torch.float32).requires_grad_()
+    cos, sin = table(64, 24)
+    offsets = torch.tensor([1, 9], device=DEVICE)
+    out_q, out_k = ropekit.apply_rope(q, k, cos, sin, positions=offsets, layout=layout, rotary_dim=24)
+    if loss_shape == "broadcast-scalar":
+        # Transformer Engine's first loss: a sum, whose gradient reaches the op as an expanded (stride-0) tensor.
+        (out_q.sum() + out_k.sum()).backward()
+        grad_q, grad_k = torch.ones_like(q), torch.ones_like(k)
+    else:
+        grad_q, grad_k = torch.randn_like(out_q), torch.randn_like(out_k)
+        torch.autograd.backward((out_q, out_k), (grad_q, grad_k))
+    pos = ref.token_positions(2, 4, offsets=offsets.cpu())
+    pos_bs = pos
+    want_q = ref.rope_backward(grad_q.permute(TO_BSHD[layout]), pos_bs, rotary_dim=24).permute(FROM_BSHD[layout])
+    want_k = ref.rope_backward(grad_k.permute(TO_BSHD[layout]), pos_bs, rotary_dim=24).permute(FROM_BSHD[layout])
+    assert_close_to_reference(q.grad, want_q)
+    assert_close_to_reference(k.grad, want_k)
+
+
+def test_gradcheck_through_the_kernel_in_float64():
+    q = torch.randn(1, 3, 2, 8, dtype=torch.float64, device=DEVICE, requires_grad=True)
+    k = torch.randn(1, 3, 1, 8, dtype=torch.float64, device=DEVICE, requires_grad=True)
+    cos, sin = table(16, 8)
+
+    def f(q, k):
+        return ropekit.apply_rope(q, k, cos, sin, positions=2, interleaved=True)
+
+    assert torch.autograd.gradcheck(f, (q, k), eps=1e-6, atol=1e-6)
+
+
+def test_gradcheck_on_the_reference_path():
+    x = torch.randn(1, 3, 2, 8, dtype=torch.float64, requires_grad=True)
+    pos = ref.token_positions(1, 3, offsets=5)
+    assert torch.autograd.gradcheck(lambda x: ref.rope(x, pos, rotary_dim=6), (x,))
+
+
+# --- torch.compile --------------------------------------------------------------------------------------------------
+
+def test_torch_compile_fullgraph_no_graph_break():
+    cos, sin = table()
+
+    def step(q, k, offsets):
+        q2, k2 = ropekit.apply_rope(q, k, cos, sin, positions=offsets)
+        return (q2 * 2).sum(-1), k2
+
+    # aot_eager on the CPU keeps the test fast; the GPU run uses inductor (test_cuda_graph_and_inductor).
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager" if DEVICE == "cpu" else "inductor")
+    q, k = make("bshd", 2, 3, 4, 32, torch.float32), make("bshd", 2, 3, 2, 32, torch.float32)
+    offsets = torch.tensor([4, 0], device=DEVICE)
+    got_q, got_k = compiled(q, k, offsets)
+    want_q, want_k = step(q, k, offsets)
+    torch.testing.assert_close(got_q, want_q)
+    torch.testing.assert_close(got_k, want_k)
+
+
+def test_torch_compile_training_step():
+    cos, sin = table()
+    q = make("bshd", 2, 3, 4, 32, torch.float32).requires_grad_()
+
+    def loss(q):
+        return ropekit.apply_rope(q, None, cos, sin, positions=1)[0].square().sum()
+
+    compiled = torch.compile(loss, fullgraph=True, backend="aot_eager" if DEVICE == "cpu" else "inductor")
+    compiled(q).backward()
+    grad = q.grad.clone()
+    q.grad = None
+    loss(q).backward()
+    torch.testing.assert_close(grad, q.grad)
+
+
+@gpu_only
+def test_cuda_graph_replays_with_new_positions():
+    cos, sin = table(8192, 128)
+    q = torch.randn(64, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(64, 1, 8, 128, device="cuda", dtype=torch.bfloat16)
+    offsets = torch.randint(0, 8000, (64,), device="cuda")
+    out = {}
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):  # warm up (compile) outside the capture
+            ropekit.apply_rope(q, k, cos, sin, positions=offsets)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out["q"], out["k"] = ropekit.apply_rope(q, k, cos, sin, positions=offsets)
+    for _ in range(3):
+        offsets.copy_(torch.randint(0, 8000, (64,), device="cuda"))
+        q.copy_(torch.randn_like(q))
+        graph.replay()
+        torch.cuda.synchronize()
+        pos = ref.token_positions(64, 1, offsets=offsets.cpu())
+        assert_close_to_reference(out["q"], ref.rope(q, pos))
+        assert_close_to_reference(out["k"], ref.rope(k, pos))
+
+
+# --- the module and its table --------------------------------------------------------------------------------------
+
+def test_rotary_embedding_module_grows_its_table():
+    rope = ropekit.RotaryEmbedding(32, base=500000.0, max_positions=8, device=DEVICE)
+    q, k = make("bshd", 1, 6, 2, 32, torch.float32), make("bshd", 1, 6, 1, 32, torch.float32)
+    out_q, out_k = rope(q, k, positions=20)  # needs rows up to 25: the table grows (host-known)
+    assert len(rope.table) >= 26
+    pos = ref.token_positions(1, 6, offsets=20)
+    assert_close_to_reference(out_q, ref.rope(q, pos, base=500000.0))
+    assert_close_to_reference(out_k, ref.rope(k, pos, base=500000.0))
+
+
+def test_rotary_embedding_with_llama3_scaling_matches_reference():
+    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 64}
+    rope = ropekit.RotaryEmbedding(32, base=500000.0, scaling=scaling, max_positions=128, device=DEVICE)
+    inv_freq, attention = ropekit.rope_init(dict(scaling, rope_theta=500000.0), 32)
+    q = make("bshd", 1, 5, 2, 32, torch.float32)
+    out_q, _ = rope(q, positions=100)
+    pos = ref.token_positions(1, 5, offsets=100)
+    assert_close_to_reference(out_q, ref.rope(q, pos, inv_freq=inv_freq, attention_scaling=attention))
+
+
+# --- transformers compatibility -------------------------------------------------------------------------------------
+
+transformers = pytest.importorskip("transformers", reason="transformers is not installed")
+
+
+@pytest.mark.parametrize("unsqueeze_dim", [1, 2])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_hf_drop_in_matches_transformers(unsqueeze_dim, dtype):
+    from transformers.models.llama import modeling_llama
+
+    batch, seqlen, heads, head_dim = 2, 5, 4, 32
+    shape = (batch, heads, seqlen, head_dim) if unsqueeze_dim == 1 else (batch, seqlen, heads, head_dim)
+    q = torch.randn(shape, device=DEVICE).to(dtype)
+    k = torch.randn(shape[:1] + ((2,) + shape[2:] if unsqueeze_dim == 1 else shape[1:2] + (2,) + shape[3:]),
+                    device=DEVICE).to(dtype)
+    theta = ref.angles(torch.randint(0, 100, (batch, seqlen)), ref.inverse_frequencies(head_dim))
+    theta = torch.cat((theta, theta), -1)
+    cos, sin = theta.cos().to(DEVICE).to(dtype), theta.sin().to(DEVICE).to(dtype)
+    got = ropekit.apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
+    want = modeling_llama.apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w)
+
+
+def test_tiny_llama_logits_unchanged_with_ropekit_patched_in():
+    config = transformers.LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).to(DEVICE).eval()
+    ids = torch.randint(0, 97, (2, 7), device=DEVICE)
+    with torch.no_grad():
+        want = model(ids).logits
+        with ropekit.hf.patched("transformers.models.llama.modeling_llama"):
+            got = model(ids).logits
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_mrope_matches_qwen2_vl():
+    from transformers.models.qwen2_vl import modeling_qwen2_vl
+
+    config = transformers.Qwen2VLTextConfig(hidden_size=64, num_attention_heads=2, num_key_value_heads=1,
+                                            rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                                             "mrope_section": [4, 6, 6]})
+    rotary = modeling_qwen2_vl.Qwen2VLRotaryEmbedding(config).to(DEVICE)
+    batch, seqlen, head_dim = 2, 6, 32
+    position_ids = torch.randint(0, 50, (3, batch, seqlen), device=DEVICE)
+    q = torch.randn(batch, 2, seqlen, head_dim, device=DEVICE)
+    k = torch.randn(batch, 1, seqlen, head_dim, device=DEVICE)
+    cos_hf, sin_hf = rotary(q, position_ids)
+    want = modeling_qwen2_vl.apply_rotary_pos_emb(q, k, cos_hf, sin_hf)
+    cos_t, sin_t = table(64, head_dim)
+    cos, sin = ropekit.mrope_cos_sin(cos_t, sin_t, position_ids, [4, 6, 6])
+    got = ropekit.apply_rope(q, k, cos, sin, layout="bhsd", per_token=True)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=2e-5)  # transformers forms fp32 angles
+
+
+# --- context parallel ----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("cp_size", [2, 4])
+def test_context_parallel_ranks_match_full_sequence(cp_size):
+    seqlen = 16
+    cos, sin = table()
+    q = make("bshd", 2, seqlen, 2, 32, torch.float32)
+    full, _ = ropekit.apply_rope(q, None, cos, sin)
+    for rank in range(cp_size):
+        shard = ropekit.context_parallel_shard(q, cp_size, rank, seq_dim=1)
+        positions = ropekit.context_parallel_positions(seqlen, cp_size, rank, device=DEVICE)
+        got, _ = ropekit.apply_rope(shard, None, cos, sin, positions=positions)
+        torch.testing.assert_close(got, ropekit.context_parallel_shard(full, cp_size, rank, seq_dim=1),
+                                   rtol=0, atol=0)
+
+
+# --- errors, before any write ----------------------------------------------------------------------------------------
+
+def _valid():
+    q = make("bshd", 2, 3, 4, 32, torch.float32)
+    k = make("bshd", 2, 3, 2, 32, torch.float32)
+    cos, sin = table(16, 32)
+    return q, k, cos, sin
+
+
+ERRORS = [
+    ("odd-rotary-dim", lambda q, k, c, s: dict(rotary_dim=7), ValueError, "rotary_dim"),
+    ("rotary-dim-too-large", lambda q, k, c, s: dict(rotary_dim=64), ValueError, "rotary_dim"),
+    ("head-dim-mismatch", lambda q, k, c, s: dict(k=k[..., :16]), ValueError, "head_dim"),
+    ("dtype-mismatch", lambda q, k, c, s: dict(k=k.double()), TypeError, "dtype"),
+    ("integer-q", lambda q, k, c, s: dict(q=q.to(torch.int32)), TypeError, "q must be"),
+    ("complex-q", lambda q, k, c, s: dict(q=torch.complex(q, q)), TypeError, "q must be"),
+    ("bad-layout", lambda q, k, c, s: dict(layout="bsd"), ValueError, "layout"),
+    ("positions-beyond-table", lambda q, k, c, s: dict(positions=15), ValueError, "table"),
+    ("float-positions", lambda q, k, c, s: dict(positions=torch.zeros(2, device=DEVICE)), TypeError, "positions"),
+    ("positions-wrong-shape", lambda q, k, c, s: dict(positions=torch.zeros(5, 7, dtype=torch.long, device=DEVICE)),
+     ValueError, "positions"),
+    ("cos-sin-shape-mismatch", lambda q, k, c, s: dict(sin=s[:, :8]), ValueError, "cos and sin"),
+    ("thd-without-cu-seqlens", lambda q, k, c, s: dict(q=q[0], k=k[0], layout="thd"), ValueError, "cu_seqlens"),
+    ("bad-backend", lambda q, k, c, s: dict(backend="rocm"), ValueError, "backend"),
+    ("batch-mismatch", lambda q, k, c, s: dict(k=k[:1]), ValueError, "k"),
+]
+
+
+@pytest.mark.parametrize("inplace", [False, True], ids=["out-of-place", "in-place"])
+@pytest.mark.parametrize("name,change,error,words", ERRORS, ids=[e[0] for e in ERRORS])
+def test_invalid_input_raises_before_any_write(name, change, error, words, inplace):
+    q, k, cos, sin = _valid()
+    args = dict(q=q, k=k, cos=cos, sin=sin, inplace=inplace)
+    args.update(change(q, k, cos, sin))
+    before = [t.clone() for t in (args["q"], args["k"]) if isinstance(t, torch.Tensor)]
+    with pytest.raises(error, match=words):
+        ropekit.apply_rope(**args)
+    after = [t for t in (args["q"], args["k"]) if isinstance(t, torch.Tensor)]
+    for b, a in zip(before, after):
+        assert torch.equal(b, a) or (b.is_complex() and torch.equal(torch.view_as_real(b), torch.view_as_real(a)))
+
+
+def test_check_mode_catches_device_values(monkeypatch):
+    monkeypatch.setenv("ROPEKIT_CHECK", "1")
+    q, k, cos, sin = _valid()
+    with pytest.raises(ValueError, match="table"):
+        ropekit.apply_rope(q, k, cos, sin, positions=torch.tensor([3, 14], device=DEVICE))
+    cu = torch.tensor([0, 4, 2, 6], dtype=torch.int32, device=DEVICE)
+    with pytest.raises(ValueError, match="cu_seqlens"):
+        ropekit.apply_rope(q.reshape(6, 4, 32), None, cos, sin, layout="thd", cu_seqlens=cu, max_seqlen=4)
+
+
+def test_out_of_table_positions_without_check_mode_give_nan_not_garbage():
+    q, k, cos, sin = _valid()
+    out_q, _ = ropekit.apply_rope(q, None, cos, sin, positions=torch.tensor([0, 100], device=DEVICE))
+    assert torch.isfinite(out_q[0]).all() and torch.isnan(out_q[1]).all()
+
+
+def test_launch_parameters_logged_at_debug(caplog):
+    q, k, cos, sin = _valid()
+    with caplog.at_level(logging.DEBUG, logger="ropekit"):
+        ropekit.apply_rope(q, k, cos, sin)
+    text = " ".join(r.getMessage() for r in caplog.records)
+    assert "grid=" in text and "BLOCK_S=" in text and "float32" in text
+
+
+@gpu_only
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_real_sizes_on_gpu(dtype):
+    # Llama-3-8B prefill shape, per-sequence offsets, GQA 32/8.
+    q = torch.randn(4, 4096, 32, 128, device="cuda").to(dtype)
+    k = torch.randn(4, 4096, 8, 128, device="cuda").to(dtype)
+    cos, sin = table(8192, 128)
+    offsets = torch.randint(0, 4000, (4,), device="cuda")
+    out_q, out_k = ropekit.apply_rope(q, k, cos, sin, positions=offsets)
+    pos = ref.token_positions(4, 4096, offsets=offsets.cpu())
+    assert_close_to_reference(out_q, ref.rope(q, pos))
+    assert_close_to_reference(out_k, ref.rope(k, pos))
