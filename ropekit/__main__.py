@@ -1,0 +1,88 @@
+"""``python -m ropekit <command>``: check | info | bench | stress."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import platform
+import sys
+import time
+
+
+def _check(args) -> int:
+    import ropekit
+    from ropekit.checks import format_table, run_checks
+
+    print(f"ropekit {ropekit.__version__}: kernels run on {ropekit.device.describe()}")
+    if ropekit.device.INTERPRET:
+        print("No CUDA GPU here: using the Triton interpreter automatically (small sizes; correctness only).")
+    start = time.perf_counter()
+    rows = run_checks()
+    print(format_table(rows))
+    failed = [r for r in rows if r.configs and not r.ok]
+    print(f"{'FAILED' if failed else 'all available kernels match the float64 reference'} "
+          f"({time.perf_counter() - start:.1f} s)")
+    return 1 if failed else 0
+
+
+def _info(args) -> int:
+    import torch
+
+    import ropekit
+
+    print(f"ropekit   {ropekit.__version__}  ({ropekit.__file__})")
+    print(f"python    {platform.python_version()}")
+    print(f"torch     {torch.__version__}")
+    try:
+        triton = importlib.import_module("triton")
+        print(f"triton    {triton.__version__}")
+    except ImportError as error:
+        print(f"triton    missing ({error})")
+    print(f"device    {ropekit.device.describe()}")
+    print("backends:")
+    print(f"  triton  works ({'interpreter' if ropekit.device.INTERPRET else 'compiled for the GPU'})")
+    try:
+        from ropekit.cuda import available
+
+        ok, why = available()
+    except ImportError as error:
+        ok, why = False, str(error)
+    print(f"  cuda    {'works' if ok else 'unavailable'}: {why}")
+    for peer in ("liger_kernel", "transformers"):
+        try:
+            module = importlib.import_module(peer)
+            print(f"peer      {peer} {getattr(module, '__version__', '')}")
+        except ImportError:
+            print(f"peer      {peer} not installed")
+    return 0
+
+
+def _bench(args) -> int:
+    from ropekit import bench
+
+    return bench.main(args.rest)
+
+
+def _stress(args) -> int:
+    from ropekit import stress
+
+    return stress.main(args.rest)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ropekit", description="RoPE kernels: check, inspect, measure.")
+    commands = parser.add_subparsers(dest="command", metavar="command", required=True)
+    commands.add_parser("check", help="check every available kernel against the float64 reference (table)")
+    commands.add_parser("info", help="versions, device, and which backends work here (and why not)")
+    bench_parser = commands.add_parser("bench", help="benchmark all implementations on the GPU (JSON + PNG)",
+                                       add_help=False)
+    bench_parser.add_argument("rest", nargs=argparse.REMAINDER)
+    stress_parser = commands.add_parser("stress", help="GPU reliability run: property tests, large tensors, "
+                                        "determinism", add_help=False)
+    stress_parser.add_argument("rest", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    return {"check": _check, "info": _info, "bench": _bench, "stress": _stress}[args.command](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
