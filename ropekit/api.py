@@ -62,7 +62,7 @@ def _check_tensor(name: str, x, ndim: int) -> None:
 
 def _prepare(q, k, cos, sin, positions, layout, interleaved, rotary_dim, cu_seqlens, max_seqlen, per_token,
              eager_rounding, backend, table=None):
-    """Validate the call and return (q4, k4, cos, sin, spec, rotary_dim): kernel views and the position spec."""
+    """Validate the call; return (cos, sin, spec, rotary_dim): tables as the kernel reads them, positions."""
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
     if backend not in BACKENDS:
@@ -105,18 +105,15 @@ def _prepare(q, k, cos, sin, positions, layout, interleaved, rotary_dim, cu_seql
             max_seqlen = int((cu_seqlens[1:] - cu_seqlens[:-1]).max().item()) if cu_seqlens.shape[0] > 1 else 0
         if isinstance(max_seqlen, bool) or not isinstance(max_seqlen, int) or max_seqlen < 0:
             raise TypeError(f"max_seqlen must be a non-negative host int, got {max_seqlen!r}")
-        q4, k4 = q, k
         n_batch, seqlen = cu_seqlens.shape[0] - 1, q.shape[0]
     else:
         if cu_seqlens is not None:
             raise ValueError(f"cu_seqlens is only for layout 'thd', got layout {layout!r}")
-        order = _TO_BSHD[layout]
-        q4 = q.permute(order)
-        k4 = None if k is None else k.permute(order)
-        if k4 is not None and k4.shape[:2] != q4.shape[:2]:
-            raise ValueError(f"q and k must share (batch, seq) = {tuple(q4.shape[:2])} in layout {layout!r}, "
-                             f"got k with {tuple(k4.shape[:2])}")
-        n_batch, seqlen = q4.shape[0], q4.shape[1]
+        batch_axis, seq_axis = _TO_BSHD[layout][:2]
+        n_batch, seqlen = q.shape[batch_axis], q.shape[seq_axis]
+        if k is not None and (k.shape[batch_axis], k.shape[seq_axis]) != (n_batch, seqlen):
+            raise ValueError(f"q and k must share (batch, seq) = {(n_batch, seqlen)} in layout {layout!r}, "
+                             f"got k with {(k.shape[batch_axis], k.shape[seq_axis])}")
 
     head_dim = q.shape[-1]
     if per_token:
@@ -165,7 +162,7 @@ def _prepare(q, k, cos, sin, positions, layout, interleaved, rotary_dim, cu_seql
                                      "longer table, or a ropekit.RopeTable / RotaryEmbedding that can grow")
         if _check_mode():
             _check_device_values(spec, cos.shape[0], seqlen)
-    return q4, k4, cos, sin, spec, rotary_dim
+    return cos, sin, spec, rotary_dim
 
 
 def _check_device_values(spec: PositionSpec, table_len: int, n_tokens: int) -> None:
@@ -202,6 +199,10 @@ def _launch(q, k, cos, sin, positions, pos_mode, cu_seqlens, position_offset, ma
         q4, k4, oq4, ok4 = q, k, out_q, out_k
         spec = PositionSpec(pos_mode, position_offset, positions, cu_seqlens, max_seqlen)
         token_shape = (q.shape[0],)
+    elif layout == "bshd":  # no views to build: the hot path of decode
+        q4, k4, oq4, ok4 = q, k, out_q, out_k
+        spec = PositionSpec(pos_mode, position_offset, positions)
+        token_shape = q.shape[:2]
     else:
         order = _TO_BSHD[layout]
         q4, oq4 = q.permute(order), out_q.permute(order)
@@ -311,7 +312,7 @@ def apply_rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, cos: Optional[
         cos, sin = table.cos, table.sin
     elif cos is None or sin is None:
         raise TypeError("apply_rope needs cos and sin tables (or table=ropekit.RopeTable(...))")
-    _, _, cos, sin, spec, rotary_dim = _prepare(q, k, cos, sin, positions, layout, interleaved, rotary_dim,
+    cos, sin, spec, rotary_dim = _prepare(q, k, cos, sin, positions, layout, interleaved, rotary_dim,
                                                 cu_seqlens, max_seqlen, per_token, eager_rounding, backend,
                                                 table)
     args = (cos, sin, spec.tensor, spec.mode, spec.cu_seqlens, spec.offset, spec.max_seqlen or 0, rotary_dim, layout,

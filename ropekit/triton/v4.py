@@ -20,6 +20,7 @@ New since v3 (tiles of tokens x heads that share cos/sin rows):
 from __future__ import annotations
 
 import logging
+from typing import NamedTuple
 
 import torch
 import triton
@@ -28,7 +29,7 @@ import triton.language as tl
 from .. import device as _device
 from ..positions import POSITION_IDS, PositionSpec
 
-__all__ = ["rope_v4_kernel", "rope_v4", "launch_config"]
+__all__ = ["rope_v4_kernel", "rope_v4", "launch_config", "LaunchConfig"]
 
 log = logging.getLogger("ropekit")
 
@@ -73,7 +74,7 @@ def _rotate_head_block(
     cos_a, sin_a, cos_b, sin_b,
     ROTARY_DIM: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr,
     BLOCK_HALF: tl.constexpr, BLOCK_TAIL: tl.constexpr, INTERLEAVED: tl.constexpr, COPY_TAIL: tl.constexpr,
-    MATH_DTYPE: tl.constexpr, EAGER_ROUNDING: tl.constexpr,
+    MATH_DTYPE: tl.constexpr, EAGER_ROUNDING: tl.constexpr, EVICT: tl.constexpr,
 ):
     """Rotate BLOCK_H heads of BLOCK_S tokens of one tensor (q or k). cos/sin come in as [BLOCK_S, BLOCK_HALF]."""
     heads = first_head + tl.arange(0, BLOCK_H)
@@ -88,30 +89,35 @@ def _rotate_head_block(
         # The 2*BLOCK_HALF rotary channels are contiguous: load them in one go, pair neighbours in registers.
         channels = tl.arange(0, 2 * BLOCK_HALF)
         mask = row_mask[:, :, None] & (channels < ROTARY_DIM)[None, None, :]
-        x = tl.load(X + row_in[:, :, None] + channels[None, None, :] * stride_d, mask=mask, other=0.0)
+        x = tl.load(X + row_in[:, :, None] + channels[None, None, :] * stride_d, mask=mask, other=0.0,
+                    eviction_policy=EVICT)
         x = tl.reshape(x.to(MATH_DTYPE), [BLOCK_S, BLOCK_H, BLOCK_HALF, 2])
         x_a, x_b = tl.split(x)
         out_a, out_b = _rotate(x_a, x_b, cos_a, sin_a, cos_b, sin_b, OUT.dtype.element_ty, EAGER_ROUNDING)
         out = tl.reshape(tl.join(out_a, out_b), [BLOCK_S, BLOCK_H, 2 * BLOCK_HALF])
         tl.store(OUT + row_out[:, :, None] + channels[None, None, :] * out_stride_d,
-                 out.to(OUT.dtype.element_ty), mask=mask)
+                 out.to(OUT.dtype.element_ty), mask=mask, eviction_policy=EVICT)
     else:
         # NeoX: pair i is (i, i + ROTARY_DIM/2): two contiguous half-rows.
         pairs = tl.arange(0, BLOCK_HALF)
         mask = row_mask[:, :, None] & (pairs < ROTARY_DIM // 2)[None, None, :]
         ptr_a = X + row_in[:, :, None] + pairs[None, None, :] * stride_d
-        x_a = tl.load(ptr_a, mask=mask, other=0.0).to(MATH_DTYPE)
-        x_b = tl.load(ptr_a + (ROTARY_DIM // 2) * stride_d, mask=mask, other=0.0).to(MATH_DTYPE)
+        x_a = tl.load(ptr_a, mask=mask, other=0.0, eviction_policy=EVICT).to(MATH_DTYPE)
+        x_b = tl.load(ptr_a + (ROTARY_DIM // 2) * stride_d, mask=mask, other=0.0,
+                      eviction_policy=EVICT).to(MATH_DTYPE)
         out_a, out_b = _rotate(x_a, x_b, cos_a, sin_a, cos_b, sin_b, OUT.dtype.element_ty, EAGER_ROUNDING)
         out_ptr_a = OUT + row_out[:, :, None] + pairs[None, None, :] * out_stride_d
-        tl.store(out_ptr_a, out_a.to(OUT.dtype.element_ty), mask=mask)
-        tl.store(out_ptr_a + (ROTARY_DIM // 2) * out_stride_d, out_b.to(OUT.dtype.element_ty), mask=mask)
+        tl.store(out_ptr_a, out_a.to(OUT.dtype.element_ty), mask=mask, eviction_policy=EVICT)
+        tl.store(out_ptr_a + (ROTARY_DIM // 2) * out_stride_d, out_b.to(OUT.dtype.element_ty), mask=mask,
+                 eviction_policy=EVICT)
     if COPY_TAIL:
         # Partial rotary, out of place: the channels past ROTARY_DIM pass through unchanged.
         tail = ROTARY_DIM + tl.arange(0, BLOCK_TAIL)
         tail_mask = row_mask[:, :, None] & (tail < HEAD_DIM)[None, None, :]
-        x_tail = tl.load(X + row_in[:, :, None] + tail[None, None, :] * stride_d, mask=tail_mask)
-        tl.store(OUT + row_out[:, :, None] + tail[None, None, :] * out_stride_d, x_tail, mask=tail_mask)
+        x_tail = tl.load(X + row_in[:, :, None] + tail[None, None, :] * stride_d, mask=tail_mask,
+                         eviction_policy=EVICT)
+        tl.store(OUT + row_out[:, :, None] + tail[None, None, :] * out_stride_d, x_tail, mask=tail_mask,
+                 eviction_policy=EVICT)
 
 
 @triton.jit
@@ -128,9 +134,13 @@ def rope_v4_kernel(
     BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_TAIL: tl.constexpr,
     INTERLEAVED: tl.constexpr, CONJUGATE: tl.constexpr, POS_MODE: tl.constexpr, IS_VARLEN: tl.constexpr,
     COS_PER_TOKEN: tl.constexpr, COPY_TAIL: tl.constexpr, HAS_K: tl.constexpr, MATH_DTYPE: tl.constexpr,
-    EAGER_ROUNDING: tl.constexpr,
+    EAGER_ROUNDING: tl.constexpr, HEAD_LOOP: tl.constexpr, EVICT: tl.constexpr,
 ):
-    """Grid: (token blocks, head blocks of q then of k, batch or sequence)."""
+    """Grid: (token blocks, head blocks of q then of k, batch or sequence).
+
+    With HEAD_LOOP the head axis has one program for q and one for k, each looping over all heads in blocks of
+    BLOCK_H: the cos/sin rows of its tokens are then loaded once for every head of the tensor.
+    """
     pid_s = tl.program_id(0)
     pid_h = tl.program_id(1)
     pid_b = tl.program_id(2)
@@ -190,35 +200,105 @@ def rope_v4_kernel(
         sin_a = -sin_a
         sin_b = -sin_b
 
-    # --- one head block of q, or of k ---------------------------------------------------------------------------
+    # --- head blocks of q, or of k ------------------------------------------------------------------------------
     if pid_h < n_head_blocks_q:
-        _rotate_head_block(
-            Q, OUT_Q, stride_qb, stride_qs, stride_qh, stride_qd, stride_oqb, stride_oqs, stride_oqh, stride_oqd,
-            batch_index, token_rows, token_mask, pid_h * BLOCK_H, n_heads_q, cos_a, sin_a, cos_b, sin_b,
-            ROTARY_DIM, HEAD_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_TAIL, INTERLEAVED, COPY_TAIL, MATH_DTYPE,
-            EAGER_ROUNDING)
+        if HEAD_LOOP:
+            first, stop = 0, n_heads_q
+        else:
+            first = pid_h * BLOCK_H
+            stop = first + BLOCK_H
+        for head in range(first, stop, BLOCK_H):
+            _rotate_head_block(
+                Q, OUT_Q, stride_qb, stride_qs, stride_qh, stride_qd, stride_oqb, stride_oqs, stride_oqh, stride_oqd,
+                batch_index, token_rows, token_mask, head, n_heads_q, cos_a, sin_a, cos_b, sin_b,
+                ROTARY_DIM, HEAD_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_TAIL, INTERLEAVED, COPY_TAIL, MATH_DTYPE,
+                EAGER_ROUNDING, EVICT)
     elif HAS_K:
-        _rotate_head_block(
-            K, OUT_K, stride_kb, stride_ks, stride_kh, stride_kd, stride_okb, stride_oks, stride_okh, stride_okd,
-            batch_index, token_rows, token_mask, (pid_h - n_head_blocks_q) * BLOCK_H, n_heads_k,
-            cos_a, sin_a, cos_b, sin_b,
-            ROTARY_DIM, HEAD_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_TAIL, INTERLEAVED, COPY_TAIL, MATH_DTYPE,
-            EAGER_ROUNDING)
+        if HEAD_LOOP:
+            first, stop = 0, n_heads_k
+        else:
+            first = (pid_h - n_head_blocks_q) * BLOCK_H
+            stop = first + BLOCK_H
+        for head in range(first, stop, BLOCK_H):
+            _rotate_head_block(
+                K, OUT_K, stride_kb, stride_ks, stride_kh, stride_kd, stride_okb, stride_oks, stride_okh, stride_okd,
+                batch_index, token_rows, token_mask, head, n_heads_k, cos_a, sin_a, cos_b, sin_b,
+                ROTARY_DIM, HEAD_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_TAIL, INTERLEAVED, COPY_TAIL, MATH_DTYPE,
+                EAGER_ROUNDING, EVICT)
+
+class LaunchConfig(NamedTuple):
+    block_s: int  # tokens per program
+    block_h: int  # heads per inner step
+    num_warps: int
+    head_loop: bool = False  # one program walks all heads of q (or k) for its tokens
+    evict_first: bool = False  # streaming cache hint on q/k loads and stores
 
 
-def launch_config(n_tokens: int, n_heads: int, head_dim: int, rotary_dim: int) -> tuple[int, int, int]:
-    """(BLOCK_S, BLOCK_H, num_warps), chosen by measurement on the H100 (see docs/benchmarks.md).
+def launch_config(n_tokens: int, n_heads: int, head_dim: int, rotary_dim: int) -> LaunchConfig:
+    """Block sizes, chosen by measurement on the H100 (tools/tune_v4.py; numbers in docs/benchmarks.md).
 
     A tile is BLOCK_S tokens x BLOCK_H heads; each tile moves one cos/sin row per token and reuses it across heads.
     Under the interpreter every program costs Python overhead, so tiles are as large as the shape allows.
     """
-    block_h = min(triton.next_power_of_2(max(n_heads, 1)), 8 if _device.INTERPRET else 4)
     if _device.INTERPRET:
-        return min(triton.next_power_of_2(max(n_tokens, 1)), 16), block_h, 4
+        return LaunchConfig(min(triton.next_power_of_2(max(n_tokens, 1)), 16),
+                            min(triton.next_power_of_2(max(n_heads, 1)), 8), 4)
+    block_h = min(triton.next_power_of_2(max(n_heads, 1)), 4)
     # ~2K rotary elements per tile on the GPU: enough bytes in flight per program, enough programs per SM.
     per_token = block_h * triton.next_power_of_2(rotary_dim)
     block_s = max(1, min(triton.next_power_of_2(max(n_tokens, 1)), 2048 // per_token))
-    return block_s, block_h, 4
+    return LaunchConfig(block_s, block_h, 4)
+
+
+# The direct-launch cache: Triton's JIT entry point re-derives the specialisation of ~40 arguments in Python on
+# every call (tens of microseconds); for a decode step that is most of the time. After the first launch of a given
+# specialisation we keep the compiled kernel and call its launcher directly. The key holds everything Triton
+# specialises on: dtypes and 16-byte alignment of the pointers, the integer arguments (shapes and strides), the
+# constexprs and num_warps. The position offset changes every decode step, so only its specialisation class is keyed.
+_direct_launchers: dict = {}
+_OFFSET_ARG = 5  # index of position_offset among the integer arguments
+
+
+def _int_class(value: int) -> tuple:
+    return (value == 1, value % 16 == 0, -2**31 <= value < 2**31)
+
+
+def _launch(grid, pointers, ints, constexprs, num_warps):
+    if _device.INTERPRET:
+        rope_v4_kernel[grid](*pointers, *ints, **constexprs, num_warps=num_warps)
+        return
+    key = (grid, num_warps, tuple(constexprs.values()), ints[:_OFFSET_ARG], _int_class(ints[_OFFSET_ARG]),
+           ints[_OFFSET_ARG + 1:], tuple((p.dtype, p.data_ptr() % 16 == 0) for p in pointers))
+    entry = _direct_launchers.get(key)
+    if entry is None:
+        compiled = rope_v4_kernel[grid](*pointers, *ints, **constexprs, num_warps=num_warps)
+        if len(_direct_launchers) > 4096:
+            _direct_launchers.clear()
+        _direct_launchers[key] = [compiled, None]  # the argument convention is learnt on the next call
+        return
+    compiled, with_constexprs = entry
+    if with_constexprs is None:
+        # Triton versions differ in whether the compiled launcher takes constexpr arguments; a wrong count is
+        # rejected by the launcher's argument parser before anything runs, so trying is safe.
+        for convention in (True, False):
+            try:
+                _run_compiled(compiled, grid, pointers, ints, constexprs, convention)
+            except TypeError:
+                continue
+            entry[1] = convention
+            return
+        entry[1] = "jit"
+    if with_constexprs == "jit":
+        rope_v4_kernel[grid](*pointers, *ints, **constexprs, num_warps=num_warps)
+    else:
+        _run_compiled(compiled, grid, pointers, ints, constexprs, with_constexprs)
+
+
+def _run_compiled(compiled, grid, pointers, ints, constexprs, with_constexprs):
+    if with_constexprs:
+        compiled[grid](*pointers, *ints, *constexprs.values())
+    else:
+        compiled[grid](*pointers, *ints)
 
 
 _MATH_DTYPE = {torch.float64: tl.float64}
@@ -247,10 +327,11 @@ def rope_v4(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: tor
     head_dim = q.shape[-1]
     n_heads_q = q.shape[2]
     n_heads_k = k.shape[2] if k is not None else 0
-    block_s, block_h, num_warps = launch_config(n_batch * seqlen, max(n_heads_q, n_heads_k), head_dim, rotary_dim)
-    n_head_blocks_q = triton.cdiv(n_heads_q, block_h)
-    n_head_blocks_k = triton.cdiv(n_heads_k, block_h)
-    grid = (triton.cdiv(seqlen, block_s), n_head_blocks_q + n_head_blocks_k, n_batch)
+    config = launch_config(n_batch * seqlen, max(n_heads_q, n_heads_k), head_dim, rotary_dim)
+    block_h = config.block_h
+    n_head_blocks_q = 1 if config.head_loop else triton.cdiv(n_heads_q, block_h)
+    n_head_blocks_k = (1 if n_heads_k else 0) if config.head_loop else triton.cdiv(n_heads_k, block_h)
+    grid = (triton.cdiv(seqlen, config.block_s), n_head_blocks_q + n_head_blocks_k, n_batch)
     if grid[0] == 0 or n_batch == 0 or q.numel() == 0:
         return
     if cos_per_token:
@@ -269,22 +350,24 @@ def rope_v4(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: tor
         pos_strides = (pos_tensor.stride(0), pos_tensor.stride(1))
     k_args = k if k is not None else q
     out_k_args = out_k if out_k is not None else out_q
-    log.debug("ropekit triton v4: grid=%s BLOCK_S=%d BLOCK_H=%d warps=%d q=%s k=%s dtype=%s rotary_dim=%d "
-              "interleaved=%s conjugate=%s pos_mode=%d varlen=%s cos_per_token=%s", grid, block_s, block_h,
-              num_warps, tuple(q.shape), None if k is None else tuple(k.shape), q.dtype, rotary_dim, interleaved,
-              conjugate, positions.mode, positions.is_varlen, cos_per_token)
-    rope_v4_kernel[grid](
-        q, k_args, out_q, out_k_args, cos, sin,
-        pos_tensor if pos_tensor is not None else cos,  # an unused pointer still needs a tensor
-        positions.cu_seqlens if positions.cu_seqlens is not None else cos,
-        seqlen, n_heads_q, n_heads_k, n_head_blocks_q, table_len, positions.offset,
-        *q.stride(), *k_args.stride(), *out_q.stride(), *out_k_args.stride(),
-        *cos_strides, *pos_strides,
+    if log.isEnabledFor(logging.DEBUG):
+        log.debug("ropekit triton v4: grid=%s BLOCK_S=%d BLOCK_H=%d warps=%d head_loop=%s q=%s k=%s dtype=%s "
+                  "rotary_dim=%d interleaved=%s conjugate=%s pos_mode=%d varlen=%s cos_per_token=%s", grid,
+                  config.block_s, block_h, config.num_warps, config.head_loop, tuple(q.shape),
+                  None if k is None else tuple(k.shape), q.dtype, rotary_dim, interleaved, conjugate, positions.mode,
+                  positions.is_varlen, cos_per_token)
+    pointers = (q, k_args, out_q, out_k_args, cos, sin,
+                pos_tensor if pos_tensor is not None else cos,  # an unused pointer still needs a tensor
+                positions.cu_seqlens if positions.cu_seqlens is not None else cos)
+    ints = (seqlen, n_heads_q, n_heads_k, n_head_blocks_q, table_len, positions.offset,
+            *q.stride(), *k_args.stride(), *out_q.stride(), *out_k_args.stride(), *cos_strides, *pos_strides)
+    constexprs = dict(
         ROTARY_DIM=rotary_dim, HEAD_DIM=head_dim,
-        BLOCK_S=block_s, BLOCK_H=block_h, BLOCK_HALF=triton.next_power_of_2(rotary_dim // 2),
+        BLOCK_S=config.block_s, BLOCK_H=block_h, BLOCK_HALF=triton.next_power_of_2(rotary_dim // 2),
         BLOCK_TAIL=triton.next_power_of_2(max(head_dim - rotary_dim, 1)),
         INTERLEAVED=interleaved, CONJUGATE=conjugate, POS_MODE=positions.mode, IS_VARLEN=positions.is_varlen,
         COS_PER_TOKEN=cos_per_token, COPY_TAIL=copy_tail and rotary_dim < head_dim, HAS_K=k is not None,
         MATH_DTYPE=_MATH_DTYPE.get(q.dtype, tl.float32), EAGER_ROUNDING=eager_rounding,
-        num_warps=num_warps,
+        HEAD_LOOP=config.head_loop, EVICT="evict_first" if config.evict_first else "",
     )
+    _launch(grid, pointers, ints, constexprs, config.num_warps)

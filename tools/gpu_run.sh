@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# One device call = one stage of this script, so GPU work is batched (device time is scarce).
+#   bash tools/gpu_run.sh smoke      versions, `python -m ropekit check`, the GPU test suite, v4 tuning
+#   bash tools/gpu_run.sh full       tests, CUDA build + sanitizer, stress, benchmarks
+# Everything it produces goes under $OUT (logs, JSON, PNG).
+set -u
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+stage=${1:-smoke}
+if [ -d .whl ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} PATH=/tmp/site/bin:$PATH
+fi
+if [ -d .peers ]; then
+  for w in .peers/*.whl; do [ -e "$w" ] && python3 -m pip install -q --no-index --no-deps --target /tmp/site "$w"; done
+  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+python3 -m pip install -q --no-deps --no-build-isolation -e . >/tmp/install.log 2>&1 || { tail -5 /tmp/install.log; exit 1; }
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
+python3 -m ropekit info 2>&1 | tee -a "$OUT/gpu.txt"
+case "$stage" in
+  smoke)
+    python3 -m ropekit check 2>&1 | tee "$OUT/check.txt"
+    timeout 300 python3 -m pytest -q -x -p no:cacheprovider tests/ -o addopts="" 2>&1 | tee "$OUT/pytest.txt" | tail -25
+    timeout 400 python3 tools/tune_v4.py --out "$OUT/tune_v4.json" 2>&1 | tee "$OUT/tune.txt"
+    ;;
+  *) echo "unknown stage $stage"; exit 2 ;;
+esac
