@@ -59,8 +59,9 @@ def _rotate(x_a, x_b, cos_a, sin_a, cos_b, sin_b, OUT_DTYPE: tl.constexpr, EAGER
     transformers drop-in asks for it ("same result"); everywhere else one rounding of the fp32 result is more exact.
     """
     if EAGER_ROUNDING:
-        out_a = _round_to(x_a * cos_a, OUT_DTYPE) - _round_to(x_b * sin_a, OUT_DTYPE)
-        out_b = _round_to(x_b * cos_b, OUT_DTYPE) + _round_to(x_a * sin_b, OUT_DTYPE)
+        # the sum is rounded here too: a plain cast at the store truncates under the interpreter
+        out_a = _round_to(_round_to(x_a * cos_a, OUT_DTYPE) - _round_to(x_b * sin_a, OUT_DTYPE), OUT_DTYPE)
+        out_b = _round_to(_round_to(x_b * cos_b, OUT_DTYPE) + _round_to(x_a * sin_b, OUT_DTYPE), OUT_DTYPE)
     else:
         out_a = x_a * cos_a - x_b * sin_a
         out_b = x_b * cos_b + x_a * sin_b
