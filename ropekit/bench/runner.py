@@ -1,0 +1,308 @@
+"""The measurement loop: for every case, every implementation — check it, then time it — and one row per number.
+
+A row is a flat dict (``ROW_FIELDS``). Per (case, implementation, direction):
+
+* a ``skipped`` row when the implementation cannot run that case (with the reason), ``error`` when it raised or its
+  output failed the check (nothing is timed then), ``not run`` when the time budget ran out;
+* otherwise one ``ok`` row per residency: ``dram`` always (do_bench, graph replay, eager), plus ``l2`` for cases whose
+  inputs and outputs fit in L2 (same buffers every call). For those small cases the DRAM row rotates through enough
+  fresh buffer sets to exceed ``dram_factor`` x L2.
+
+The primary time (``time_us``) is the graph replay for forward rows and do_bench for backward and sweep rows (autograd
+cannot be captured by itself); GB/s, % of the copy ceiling and the ratio to the fastest peer are derived from it,
+comparing only numbers of the same clock and residency.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import sys
+import time
+import traceback
+
+import torch
+
+from .cases import Case
+from .impls import BACKWARD, FORWARD, Impl
+from .inputs import check_outputs, expected_output, make_data, make_tables, seed_for
+
+__all__ = ["ROW_FIELDS", "Runner", "BenchRefused", "refusal_reason", "residencies", "dram_sets", "derive_metrics",
+           "Progress"]
+
+ROW_FIELDS = (
+    "case", "group", "impl", "kind", "direction", "residency", "status", "reason", "inplace", "bytes",
+    "n_buffer_sets", "do_bench_us", "graph_us", "graph_spread", "graph_calls", "eager_us", "eager_spread",
+    "eager_calls", "time_us", "time_source", "gbps", "pct_ceiling", "ceiling_gbps", "fastest_peer",
+    "vs_fastest_peer", "fastest_peer_eager", "eager_vs_fastest_peer", "check_error", "graph_error",
+)
+STATUSES = ("ok", "skipped", "error", "not run")
+RESIDENCIES = ("l2", "dram")
+
+
+class BenchRefused(RuntimeError):
+    """Raised instead of timing on a machine without a GPU."""
+
+
+class Aborted(RuntimeError):
+    """The CUDA context is broken; nothing measured after this could be trusted."""
+
+
+def refusal_reason() -> str | None:
+    from .. import device
+
+    if device.DEVICE != "cuda":
+        return ("no CUDA GPU in this process: ropekit runs its kernels through the Triton interpreter here "
+                "(TRITON_INTERPRET=1), which is correct but is not a benchmark, so nothing is timed. "
+                "Run `python -m ropekit bench` on a GPU machine (or `--render` a published JSON here).")
+    return None
+
+
+def residencies(case: Case, l2_bytes: int) -> tuple[str, ...]:
+    """("l2", "dram") for cases whose inputs and outputs fit in L2, else ("dram",) (the tensors exceed L2)."""
+    if case.group == "sweep":
+        return ("dram",)
+    return ("l2", "dram") if case.working_set_bytes <= l2_bytes else ("dram",)
+
+
+def dram_sets(case: Case, l2_bytes: int, factor: float) -> int:
+    """Buffer sets to rotate through so that their inputs total more than ``factor`` x L2."""
+    return max(2, math.ceil(factor * l2_bytes / case.qk_bytes) + 1)
+
+
+def new_row(case: Case, impl: Impl, direction: str, **fields) -> dict:
+    row = dict.fromkeys(ROW_FIELDS)
+    row.update(case=case.name, group=case.group, impl=impl.name, kind=impl.kind, direction=direction)
+    row.update(fields)
+    return row
+
+
+def _sync(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+class Progress:
+    """One line per measured item on stderr: count, elapsed, estimated time left, the item and its numbers."""
+
+    def __init__(self, total: int, stream=None, enabled: bool = True):
+        self.total, self.done = total, 0
+        self.stream = stream if stream is not None else sys.stderr
+        self.enabled = enabled
+        self.start = time.perf_counter()
+
+    @staticmethod
+    def _clock(seconds: float) -> str:
+        return f"{int(seconds // 60)}:{int(seconds % 60):02d}"
+
+    def note(self, message: str) -> None:
+        if self.enabled:
+            print(f"[bench {self._clock(time.perf_counter() - self.start)}] {message}", file=self.stream, flush=True)
+
+    def step(self, case: str, impl: str, direction: str, summary: str) -> None:
+        self.done += 1
+        if not self.enabled:
+            return
+        elapsed = time.perf_counter() - self.start
+        left = elapsed / self.done * (self.total - self.done)
+        print(f"[{self.done:4d}/{self.total} {self._clock(elapsed)} eta {self._clock(left)}] "
+              f"{case:24s} {direction[:3]} {impl:17s} {summary}", file=self.stream, flush=True)
+
+
+def summarize(rows: list[dict]) -> str:
+    parts = []
+    for row in rows:
+        if row["status"] != "ok":
+            parts.append(f"{row['status']}: {row['reason']}")
+            continue
+        clocks = [f"{name} {row[key]:.1f}us" for name, key in
+                  (("graph", "graph_us"), ("do_bench", "do_bench_us"), ("eager", "eager_us")) if row[key] is not None]
+        parts.append(f"{row['residency']}: " + " ".join(clocks))
+    return " | ".join(parts)
+
+
+class Runner:
+    """Runs ``cases`` x ``impls`` with a timer (``GpuTimer`` on a GPU; tests pass a fake one on the CPU)."""
+
+    def __init__(self, cases, impls, *, settings, timer, device, progress: Progress | None = None,
+                 on_case_done=None, started_at: float | None = None):
+        self.cases = list(cases)
+        self.impls = list(impls)
+        self.settings = settings
+        self.timer = timer
+        self.device = device
+        self.on_case_done = on_case_done
+        self.rows: list[dict] = []
+        self.graphs_enabled = True
+        self.l2_bytes, self.l2_source = timer.l2_bytes()
+        directions = sum(2 if case.backward else 1 for case in self.cases)
+        self.progress = progress if progress is not None else Progress(directions * len(self.impls))
+        self.unavailable: dict[str, str | None] = {}
+        self.aborted: str | None = None
+        self.started_at = started_at  # the time budget counts from here (default: when run() starts)
+
+    def probe(self) -> None:
+        """Ask every implementation once whether it can run here (ropekit.cuda builds now, which can take a while)."""
+        for impl in self.impls:
+            if impl.name == "ropekit-cuda":
+                self.progress.note("probing ropekit.cuda (its first use compiles the extension) ...")
+            started = time.perf_counter()
+            try:
+                self.unavailable[impl.name] = impl.available()
+            except Exception as error:  # noqa: BLE001
+                self.unavailable[impl.name] = f"{type(error).__name__}: {error}"
+            state = self.unavailable[impl.name] or "available"
+            self.progress.note(f"{impl.name}: {state} ({time.perf_counter() - started:.1f} s)")
+
+    def run(self) -> list[dict]:
+        if not self.unavailable:
+            self.probe()
+        start = self.started_at if self.started_at is not None else time.perf_counter()
+        for case in self.cases:
+            tables = make_tables(case, self.device)
+            for direction in (FORWARD, BACKWARD) if case.backward else (FORWARD,):
+                for impl in self.impls:
+                    rows = self._item(case, tables, impl, direction, start)
+                    self.rows.extend(rows)
+                    self.progress.step(case.name, impl.name, direction, summarize(rows))
+                    if self.aborted:
+                        break
+                if self.aborted:
+                    break
+            del tables
+            if torch.device(self.device).type == "cuda" and not self.aborted:
+                torch.cuda.empty_cache()
+            if self.on_case_done is not None:
+                self.on_case_done(self.rows)
+            if self.aborted:
+                break
+        return self.rows
+
+    def _item(self, case, tables, impl, direction, start) -> list[dict]:
+        reason = self.unavailable.get(impl.name) or impl.supports(case, direction)
+        if reason:
+            return [new_row(case, impl, direction, status="skipped", reason=reason)]
+        budget = self.settings.time_budget_s
+        if budget and time.perf_counter() - start > budget:
+            return [new_row(case, impl, direction, status="not run",
+                            reason=f"time budget of {budget:g} s used up (--time-budget)")]
+        try:
+            context = torch.no_grad() if direction == FORWARD else contextlib.nullcontext()
+            with context:
+                return self._measure(case, tables, impl, direction)
+        except Aborted as error:
+            self.aborted = str(error)
+            return [new_row(case, impl, direction, status="error", reason=str(error))]
+        except Exception as error:  # noqa: BLE001  (one implementation's failure must not end the run)
+            detail = traceback.format_exception_only(type(error), error)[-1].strip()
+            declined = isinstance(error, impl.declines_with)
+            row = new_row(case, impl, direction, status="skipped" if declined else "error",
+                          reason=(f"declined: {error}" if declined else detail)[:500])
+            if torch.device(self.device).type == "cuda":
+                from .timing import cuda_healthy
+                if not cuda_healthy():
+                    self.aborted = f"CUDA context broken after {case.name} / {impl.name}: {detail[:300]}"
+            return [row]
+
+    def _measure(self, case, tables, impl, direction) -> list[dict]:
+        backward = direction == BACKWARD
+        seed = seed_for(case.name, impl.name, direction)
+        data = make_data(case, self.device, seed, backward=backward)
+        prepared = impl.build(case, tables, data, direction)
+
+        # Correctness first: the expected output is computed before the call (in-place implementations overwrite).
+        sources = (data.grad_q, data.grad_k) if backward else (data.q, data.k)
+        expected = [expected_output(case, tables, x, conjugate=backward) for x in sources]
+        result = prepared.fn()
+        _sync(self.device)
+        check_error, message = check_outputs(case, prepared.outputs(result), expected)
+        del result, expected
+        common = dict(inplace=prepared.inplace, bytes=case.moved_bytes(prepared.inplace),
+                      check_error=check_error if math.isfinite(check_error) else None)  # JSON has no Infinity
+        if message:
+            return [new_row(case, impl, direction, status="error", reason=f"wrong result: {message}", **common)]
+
+        s = self.settings
+        if case.group == "sweep":
+            do_bench_us = self.timer.do_bench_us(prepared.fn, s.sweep_warmup_ms, s.sweep_rep_ms)
+            return [new_row(case, impl, direction, status="ok", residency="dram", n_buffer_sets=1,
+                            do_bench_us=do_bench_us, **common)]
+
+        do_bench_us = self.timer.do_bench_us(prepared.fn, s.warmup_ms, s.rep_ms)
+        rows = []
+        for residency in residencies(case, self.l2_bytes):
+            fns = [prepared.fn]
+            keep_alive = []
+            if residency == "dram" and "l2" in residencies(case, self.l2_bytes):
+                for i in range(1, dram_sets(case, self.l2_bytes, s.dram_factor)):
+                    extra = make_data(case, self.device, seed + i, backward=backward)
+                    keep_alive.append(extra)
+                    fns.append(impl.build(case, tables, extra, direction).fn)
+            row = new_row(case, impl, direction, status="ok", residency=residency, n_buffer_sets=len(fns),
+                          do_bench_us=do_bench_us if residency == "dram" else None, **common)
+            if prepared.graph_safe and self.graphs_enabled:
+                try:
+                    row["graph_us"], row["graph_spread"], row["graph_calls"] = self.timer.graph_us(fns, do_bench_us)
+                except Exception as error:  # noqa: BLE001
+                    row["graph_error"] = f"{type(error).__name__}: {error}"[:300]
+                    self._after_graph_failure()
+            row["eager_us"], row["eager_spread"], row["eager_calls"] = self.timer.eager_us(fns, do_bench_us)
+            rows.append(row)
+            del fns, keep_alive
+        return rows
+
+    def _after_graph_failure(self) -> None:
+        if torch.device(self.device).type != "cuda":
+            return
+        from .timing import cuda_healthy
+
+        if not cuda_healthy():
+            raise Aborted("the CUDA context broke during a graph capture")
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Derived numbers
+# --------------------------------------------------------------------------------------------------------------------
+
+def _primary(row: dict) -> tuple[float | None, str | None]:
+    order = ("graph_us", "do_bench_us", "eager_us")
+    if row["direction"] == BACKWARD or row["group"] == "sweep":
+        order = ("do_bench_us", "graph_us", "eager_us")
+    for key in order:
+        if row.get(key) is not None:
+            return row[key], key[: -len("_us")]
+    return None, None
+
+
+def derive_metrics(rows: list[dict], ceiling_gbps: float | None) -> list[dict]:
+    """Fill time_us/time_source, GB/s, % of the copy ceiling, and the ratios to the fastest peer (in place)."""
+    for row in rows:
+        if row["status"] != "ok":
+            continue
+        row["time_us"], row["time_source"] = _primary(row)
+        if row["time_us"]:
+            row["gbps"] = row["bytes"] / (row["time_us"] * 1e-6) / 1e9
+            if ceiling_gbps:
+                row["ceiling_gbps"] = ceiling_gbps
+                row["pct_ceiling"] = 100.0 * row["gbps"] / ceiling_gbps
+    groups: dict[tuple, list[dict]] = {}
+    for row in rows:
+        if row["status"] == "ok":
+            groups.setdefault((row["case"], row["direction"], row["residency"]), []).append(row)
+    for members in groups.values():
+        peers = [r for r in members if r["kind"] == "peer"]
+        for row in members:
+            fastest = _fastest(peers, f"{row['time_source']}_us") if row["time_source"] else None
+            if fastest is not None:
+                row["fastest_peer"] = fastest["impl"]
+                row["vs_fastest_peer"] = row["time_us"] / fastest[f"{row['time_source']}_us"]
+            fastest_eager = _fastest(peers, "eager_us")
+            if fastest_eager is not None and row["eager_us"] is not None:
+                row["fastest_peer_eager"] = fastest_eager["impl"]
+                row["eager_vs_fastest_peer"] = row["eager_us"] / fastest_eager["eager_us"]
+    return rows
+
+
+def _fastest(rows: list[dict], key: str) -> dict | None:
+    timed = [r for r in rows if r.get(key) is not None]
+    return min(timed, key=lambda r: r[key]) if timed else None

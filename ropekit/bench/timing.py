@@ -1,0 +1,182 @@
+"""How time is measured on the GPU: the copy ceiling, do_bench medians, CUDA-graph replays and eager wall clock.
+
+Three clocks, because they answer three questions:
+
+* ``do_bench_us`` — Triton's ``do_bench`` median: device time of one call, measured with events; do_bench zeroes a
+  256 MB buffer before every call, so inputs come from DRAM (and a slow host wrapper can show up as a gap).
+* ``graph_us`` — the calls captured back to back in one CUDA graph and replayed: device time without launch gaps.
+  Given one buffer set the same inputs are read every call (small cases: **L2-resident**); given several, the captured
+  calls rotate through them so that the inputs come from **DRAM** (sets totalling more than 4x the L2 cache).
+* ``eager_us`` — wall clock over N back-to-back Python calls with one synchronisation at the end, divided by N
+  (host overhead included; the clarifications' definition). do_bench's flush would hide the host time.
+
+Everything here needs a CUDA device; the rest of the harness can be exercised on the CPU with a fake timer.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import statistics
+import time
+from dataclasses import asdict, dataclass, replace
+
+import torch
+
+__all__ = ["Settings", "QUICK", "GpuTimer", "median_and_spread", "cuda_healthy"]
+
+
+@dataclass(frozen=True)
+class Settings:
+    warmup_ms: float = 10.0  # do_bench warm-up (milliseconds, as do_bench takes them)
+    rep_ms: float = 50.0  # do_bench repetition time
+    graph_ms: float = 40.0  # replay time per graph measurement
+    graph_target_us: float = 300.0  # device time captured in one graph (calls back to back)
+    max_calls_per_graph: int = 512
+    eager_ms: float = 40.0  # wall time per eager measurement, split over rounds
+    eager_rounds: int = 5
+    dram_factor: float = 4.0  # DRAM timings rotate over buffer sets totalling > dram_factor x L2
+    sweep_warmup_ms: float = 5.0
+    sweep_rep_ms: float = 20.0
+    ceiling_bytes: int = 1 << 30  # the copy ceiling copies this many bytes (and reads as many)
+    ceiling_rep_ms: float = 200.0
+    time_budget_s: float = 540.0  # stop starting new measurements after this (0: no limit); outputs still written
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+QUICK = replace(Settings(), warmup_ms=2.0, rep_ms=8.0, graph_ms=8.0, eager_ms=8.0, eager_rounds=3,
+                sweep_warmup_ms=1.0, sweep_rep_ms=4.0, ceiling_bytes=1 << 28, ceiling_rep_ms=30.0,
+                time_budget_s=300.0)
+
+
+def median_and_spread(samples: list[float]) -> tuple[float, float]:
+    """Median, and the spread (80th - 20th percentile) / median."""
+    ordered = sorted(samples)
+    median = statistics.median(ordered)
+    if len(ordered) < 3 or median <= 0:
+        return median, 0.0
+    low = ordered[int(0.2 * (len(ordered) - 1))]
+    high = ordered[int(math.ceil(0.8 * (len(ordered) - 1)))]
+    return median, (high - low) / median
+
+
+class GpuTimer:
+    """The real clocks (CUDA only)."""
+
+    def __init__(self, settings: Settings):
+        self.settings = settings
+
+    @staticmethod
+    def l2_bytes() -> tuple[int, str]:
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        size = getattr(props, "L2_cache_size", 0)
+        if size:
+            return int(size), "device properties"
+        return 50 * 2**20, "assumed 50 MiB (torch does not report the L2 size)"
+
+    def copy_ceiling(self) -> dict:
+        """Bytes read + written per second by a large device-to-device copy (median of many)."""
+        from triton.testing import do_bench
+
+        n = self.settings.ceiling_bytes
+        src = torch.randint(0, 256, (n,), dtype=torch.uint8, device="cuda")
+        dst = torch.empty_like(src)
+        ms = do_bench(lambda: dst.copy_(src), warmup=25, rep=self.settings.ceiling_rep_ms, return_mode="median")
+        torch.cuda.synchronize()
+        del src, dst
+        return {"gbps": 2 * n / (ms * 1e-3) / 1e9, "time_us": ms * 1e3, "bytes_read": n, "bytes_written": n,
+                "method": f"torch copy_ of {n / 2**20:.0f} MiB on the device, do_bench median "
+                          f"(rep {self.settings.ceiling_rep_ms:g} ms)"}
+
+    def do_bench_us(self, fn, warmup_ms: float, rep_ms: float) -> float:
+        from triton.testing import do_bench
+
+        return do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median") * 1e3
+
+    def graph_us(self, fns: list, estimate_us: float) -> tuple[float, float, int]:
+        """(median µs per call, spread, calls per graph) over replays of a graph of back-to-back calls.
+
+        The calls cycle through ``fns`` (one per buffer set), so a graph touches every set at least once.
+        """
+        s = self.settings
+        n_sets = len(fns)
+        estimate_us = max(estimate_us, 0.5)
+        repeats = max(1, math.ceil(s.graph_target_us / (estimate_us * n_sets)))
+        calls = n_sets * repeats
+        if calls > s.max_calls_per_graph:
+            calls = max(n_sets, s.max_calls_per_graph - s.max_calls_per_graph % n_sets)
+        # Warm up on a side stream (lazy initialisation, allocator), as torch.cuda.graphs' documentation does.
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for fn in fns[: min(n_sets, 3)]:
+                fn()
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph):
+                for i in range(calls):
+                    fns[i % n_sets]()
+            for _ in range(3):
+                graph.replay()
+            torch.cuda.synchronize()
+            replays = int(min(2000, max(5, s.graph_ms * 1e3 / (estimate_us * calls))))
+            events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                      for _ in range(replays)]
+            for start, end in events:
+                start.record()
+                graph.replay()
+                end.record()
+            torch.cuda.synchronize()
+            samples = [start.elapsed_time(end) * 1e3 / calls for start, end in events]
+        finally:
+            try:
+                graph.reset()  # give the graph's memory pool back now, not at garbage collection
+            except Exception:  # noqa: BLE001  (after a failed capture there may be nothing to reset)
+                pass
+        median, spread = median_and_spread(samples)
+        return median, spread, calls
+
+    def eager_us(self, fns: list, estimate_us: float) -> tuple[float, float, int]:
+        """(median µs per call, spread, calls per round): wall clock of N back-to-back calls, one sync at the end."""
+        s = self.settings
+        n_sets = len(fns)
+        for fn in fns[: min(n_sets, 3)]:
+            fn()  # warm (allocator, caches); the timed rounds follow
+        torch.cuda.synchronize()
+        probe = [fns[i % n_sets] for i in range(20)]
+        start = time.perf_counter()
+        for fn in probe:
+            fn()
+        torch.cuda.synchronize()
+        per_call_us = max((time.perf_counter() - start) / len(probe) * 1e6, estimate_us, 0.5)
+        n = int(min(20000, max(20, s.eager_ms * 1e3 / s.eager_rounds / per_call_us)))
+        n = n_sets * max(1, math.ceil(n / n_sets))  # every buffer set equally often
+        calls = [fns[i % n_sets] for i in range(n)]  # prebuilt: the timed loop does nothing but call
+        samples = []
+        gc.collect()
+        gc.disable()  # as timeit does: a garbage collection inside a round is not the call's cost
+        try:
+            for _ in range(s.eager_rounds):
+                torch.cuda.synchronize()
+                start = time.perf_counter()
+                for fn in calls:
+                    fn()
+                torch.cuda.synchronize()
+                samples.append((time.perf_counter() - start) / n * 1e6)
+        finally:
+            gc.enable()
+        median, spread = median_and_spread(samples)
+        return median, spread, n
+
+
+def cuda_healthy() -> bool:
+    """False when the CUDA context is broken (a sticky error): nothing after that can be trusted."""
+    try:
+        torch.cuda.synchronize()
+        return float(torch.ones(1, device="cuda").add_(1).item()) == 2.0
+    except Exception:  # noqa: BLE001
+        return False
