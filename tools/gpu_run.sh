@@ -25,5 +25,21 @@ case "$stage" in
     timeout 300 python3 -m pytest -q -x -p no:cacheprovider tests/ -o addopts="" 2>&1 | tee "$OUT/pytest.txt" | tail -25
     timeout 400 python3 tools/tune_v4.py --out "$OUT/tune_v4.json" 2>&1 | tee "$OUT/tune.txt"
     ;;
+  tune)
+    timeout 300 python3 -m pytest -q -p no:cacheprovider tests/ -o addopts="" 2>&1 | tee "$OUT/pytest.txt" | tail -15
+    timeout 330 python3 tools/tune_v4.py --out "$OUT/tune_v4.json" 2>&1 | tee "$OUT/tune.txt"
+    [ -f tools/time_ladder.py ] && timeout 120 python3 tools/time_ladder.py 2>&1 | tee "$OUT/ladder.txt"
+    ;;
+  cuda)
+    timeout 400 python3 -m pytest -q -p no:cacheprovider tests/test_cuda.py tests/test_triton_ladder.py -o addopts="" 2>&1 | tee "$OUT/pytest_cuda.txt" | tail -15
+    [ -f tools/sanitize_cuda.sh ] && timeout 150 bash tools/sanitize_cuda.sh 2>&1 | tee "$OUT/sanitize_cuda.txt" | tail -8
+    ;;
+  bench)
+    timeout 420 python3 -m ropekit bench --out "$OUT" 2>&1 | tee "$OUT/bench.txt" | tail -40
+    ;;
+  stress)
+    timeout 330 python3 -m ropekit stress --out "$OUT/stress.json" 2>&1 | tee "$OUT/stress.txt" | tail -30
+    [ -f tools/sanitize.sh ] && timeout 200 bash tools/sanitize.sh 2>&1 | tee "$OUT/sanitize.txt" | tail -12
+    ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac

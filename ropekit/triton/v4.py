@@ -69,23 +69,73 @@ def _rotate(x_a, x_b, cos_a, sin_a, cos_b, sin_b, OUT_DTYPE: tl.constexpr, EAGER
 
 
 @triton.jit
+def _cos_sin(COS, SIN, POSITIONS, pid_b, batch_index, s_local, token_rows, token_mask, table_len, position_offset,
+             stride_cos_b, stride_cos_s, stride_cos_d, stride_pos_b, stride_pos_s,
+             ROTARY_DIM: tl.constexpr, BLOCK_HALF: tl.constexpr, INTERLEAVED: tl.constexpr, POS_MODE: tl.constexpr,
+             COS_PER_TOKEN: tl.constexpr, CONJUGATE: tl.constexpr, MATH_DTYPE: tl.constexpr):
+    """cos/sin of every pair of BLOCK_S tokens, as four [BLOCK_S, BLOCK_HALF] tiles (first / second channel of a pair).
+
+    Called after the q/k tile is loaded, so those loads are already in flight while the dependent chain
+    position -> table row -> cos/sin resolves (it dominates a decode step's latency).
+    """
+    pairs = tl.arange(0, BLOCK_HALF)
+    pair_mask = pairs < ROTARY_DIM // 2
+    if COS_PER_TOKEN:
+        # Full-width rows (HF layout): channel j of x uses cos[..., j]; pair i of NeoX reads columns i and i + R/2,
+        # pair i of GPT-J reads columns 2i and 2i + 1.
+        cs_row = pid_b.to(tl.int64) * stride_cos_b + token_rows * stride_cos_s  # stride_cos_b is 0 for varlen
+        cs_mask = token_mask[:, None] & pair_mask[None, :]
+        if INTERLEAVED:
+            col_a = 2 * pairs
+            col_b = 2 * pairs + 1
+        else:
+            col_a = pairs
+            col_b = pairs + ROTARY_DIM // 2
+        offs_a = cs_row[:, None] + col_a[None, :] * stride_cos_d
+        offs_b = cs_row[:, None] + col_b[None, :] * stride_cos_d
+        cos_a = tl.load(COS + offs_a, mask=cs_mask, other=0.0).to(MATH_DTYPE)
+        sin_a = tl.load(SIN + offs_a, mask=cs_mask, other=0.0).to(MATH_DTYPE)
+        cos_b = tl.load(COS + offs_b, mask=cs_mask, other=0.0).to(MATH_DTYPE)
+        sin_b = tl.load(SIN + offs_b, mask=cs_mask, other=0.0).to(MATH_DTYPE)
+    else:
+        if POS_MODE == 0:
+            position = s_local.to(tl.int64) + position_offset
+        elif POS_MODE == 1:
+            position = s_local.to(tl.int64) + tl.load(POSITIONS + pid_b * stride_pos_b).to(tl.int64)
+        else:
+            position = tl.load(POSITIONS + batch_index * stride_pos_b + token_rows * stride_pos_s,
+                               mask=token_mask, other=0).to(tl.int64)
+        in_table = (position >= 0) & (position < table_len)
+        # Never read outside the table; out-of-range tokens get NaN (loud) instead of a neighbour's angle.
+        cs_mask = (token_mask & in_table)[:, None] & pair_mask[None, :]
+        offs = position[:, None] * stride_cos_s + pairs[None, :] * stride_cos_d
+        cos_a = tl.load(COS + offs, mask=cs_mask, other=float("nan")).to(MATH_DTYPE)
+        sin_a = tl.load(SIN + offs, mask=cs_mask, other=float("nan")).to(MATH_DTYPE)
+        cos_b = cos_a
+        sin_b = sin_a
+    if CONJUGATE:
+        sin_a = -sin_a
+        sin_b = -sin_b
+    return cos_a, sin_a, cos_b, sin_b
+
+
+@triton.jit
 def _rotate_head_block(
     X, OUT, stride_b, stride_s, stride_h, stride_d, out_stride_b, out_stride_s, out_stride_h, out_stride_d,
     batch_index, token_rows, token_mask, first_head, n_heads,
-    cos_a, sin_a, cos_b, sin_b,
+    COS, SIN, POSITIONS, pid_b, s_local, table_len, position_offset,
+    stride_cos_b, stride_cos_s, stride_cos_d, stride_pos_b, stride_pos_s,
     ROTARY_DIM: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr,
     BLOCK_HALF: tl.constexpr, BLOCK_TAIL: tl.constexpr, INTERLEAVED: tl.constexpr, COPY_TAIL: tl.constexpr,
-    MATH_DTYPE: tl.constexpr, EAGER_ROUNDING: tl.constexpr, EVICT: tl.constexpr,
+    MATH_DTYPE: tl.constexpr, EAGER_ROUNDING: tl.constexpr, EVICT: tl.constexpr, POS_MODE: tl.constexpr,
+    COS_PER_TOKEN: tl.constexpr, CONJUGATE: tl.constexpr,
 ):
-    """Rotate BLOCK_H heads of BLOCK_S tokens of one tensor (q or k). cos/sin come in as [BLOCK_S, BLOCK_HALF]."""
+    """Rotate BLOCK_H heads of BLOCK_S tokens of one tensor (q or k): load the tile, then its cos/sin, rotate, store."""
     heads = first_head + tl.arange(0, BLOCK_H)
     # [BLOCK_S, BLOCK_H] start of every head vector, in int64 so that huge tensors address correctly.
     row_in = batch_index * stride_b + token_rows[:, None] * stride_s + heads[None, :].to(tl.int64) * stride_h
     row_out = batch_index * out_stride_b + token_rows[:, None] * out_stride_s + heads[None, :].to(tl.int64) * out_stride_h
     row_mask = token_mask[:, None] & (heads < n_heads)[None, :]
-    # cos/sin are shared by every head of a token: broadcast [BLOCK_S, 1, BLOCK_HALF].
-    cos_a, sin_a = cos_a[:, None, :], sin_a[:, None, :]
-    cos_b, sin_b = cos_b[:, None, :], sin_b[:, None, :]
     if INTERLEAVED:
         # The 2*BLOCK_HALF rotary channels are contiguous: load them in one go, pair neighbours in registers.
         channels = tl.arange(0, 2 * BLOCK_HALF)
@@ -94,6 +144,13 @@ def _rotate_head_block(
                     eviction_policy=EVICT)
         x = tl.reshape(x.to(MATH_DTYPE), [BLOCK_S, BLOCK_H, BLOCK_HALF, 2])
         x_a, x_b = tl.split(x)
+        cos_a, sin_a, cos_b, sin_b = _cos_sin(
+            COS, SIN, POSITIONS, pid_b, batch_index, s_local, token_rows, token_mask, table_len, position_offset,
+            stride_cos_b, stride_cos_s, stride_cos_d, stride_pos_b, stride_pos_s,
+            ROTARY_DIM, BLOCK_HALF, INTERLEAVED, POS_MODE, COS_PER_TOKEN, CONJUGATE, MATH_DTYPE)
+        # shared by every head of a token: broadcast [BLOCK_S, 1, BLOCK_HALF]
+        cos_a, sin_a = cos_a[:, None, :], sin_a[:, None, :]
+        cos_b, sin_b = cos_b[:, None, :], sin_b[:, None, :]
         out_a, out_b = _rotate(x_a, x_b, cos_a, sin_a, cos_b, sin_b, OUT.dtype.element_ty, EAGER_ROUNDING)
         out = tl.reshape(tl.join(out_a, out_b), [BLOCK_S, BLOCK_H, 2 * BLOCK_HALF])
         tl.store(OUT + row_out[:, :, None] + channels[None, None, :] * out_stride_d,
@@ -106,6 +163,13 @@ def _rotate_head_block(
         x_a = tl.load(ptr_a, mask=mask, other=0.0, eviction_policy=EVICT).to(MATH_DTYPE)
         x_b = tl.load(ptr_a + (ROTARY_DIM // 2) * stride_d, mask=mask, other=0.0,
                       eviction_policy=EVICT).to(MATH_DTYPE)
+        cos_a, sin_a, cos_b, sin_b = _cos_sin(
+            COS, SIN, POSITIONS, pid_b, batch_index, s_local, token_rows, token_mask, table_len, position_offset,
+            stride_cos_b, stride_cos_s, stride_cos_d, stride_pos_b, stride_pos_s,
+            ROTARY_DIM, BLOCK_HALF, INTERLEAVED, POS_MODE, COS_PER_TOKEN, CONJUGATE, MATH_DTYPE)
+        # shared by every head of a token: broadcast [BLOCK_S, 1, BLOCK_HALF]
+        cos_a, sin_a = cos_a[:, None, :], sin_a[:, None, :]
+        cos_b, sin_b = cos_b[:, None, :], sin_b[:, None, :]
         out_a, out_b = _rotate(x_a, x_b, cos_a, sin_a, cos_b, sin_b, OUT.dtype.element_ty, EAGER_ROUNDING)
         out_ptr_a = OUT + row_out[:, :, None] + pairs[None, None, :] * out_stride_d
         tl.store(out_ptr_a, out_a.to(OUT.dtype.element_ty), mask=mask, eviction_policy=EVICT)
@@ -161,46 +225,6 @@ def rope_v4_kernel(
     token_mask = s_local < seq_len_b
     token_rows = seq_start + s_local.to(tl.int64)
 
-    # --- cos/sin rows for these tokens, loaded once and reused by every head ------------------------------------
-    pairs = tl.arange(0, BLOCK_HALF)
-    pair_mask = pairs < ROTARY_DIM // 2
-    if COS_PER_TOKEN:
-        # Full-width rows (HF layout): channel j of x uses cos[..., j]; pair i of NeoX reads columns i and i + R/2,
-        # pair i of GPT-J reads columns 2i and 2i + 1.
-        cs_row = pid_b.to(tl.int64) * stride_cos_b + token_rows * stride_cos_s  # stride_cos_b is 0 for varlen
-        cs_mask = token_mask[:, None] & pair_mask[None, :]
-        if INTERLEAVED:
-            col_a = 2 * pairs
-            col_b = 2 * pairs + 1
-        else:
-            col_a = pairs
-            col_b = pairs + ROTARY_DIM // 2
-        offs_a = cs_row[:, None] + col_a[None, :] * stride_cos_d
-        offs_b = cs_row[:, None] + col_b[None, :] * stride_cos_d
-        cos_a = tl.load(COS + offs_a, mask=cs_mask, other=0.0).to(MATH_DTYPE)
-        sin_a = tl.load(SIN + offs_a, mask=cs_mask, other=0.0).to(MATH_DTYPE)
-        cos_b = tl.load(COS + offs_b, mask=cs_mask, other=0.0).to(MATH_DTYPE)
-        sin_b = tl.load(SIN + offs_b, mask=cs_mask, other=0.0).to(MATH_DTYPE)
-    else:
-        if POS_MODE == 0:
-            position = s_local.to(tl.int64) + position_offset
-        elif POS_MODE == 1:
-            position = s_local.to(tl.int64) + tl.load(POSITIONS + pid_b * stride_pos_b).to(tl.int64)
-        else:
-            position = tl.load(POSITIONS + batch_index * stride_pos_b + token_rows * stride_pos_s,
-                               mask=token_mask, other=0).to(tl.int64)
-        in_table = (position >= 0) & (position < table_len)
-        # Never read outside the table; out-of-range tokens get NaN (loud) instead of a neighbour's angle.
-        cs_mask = (token_mask & in_table)[:, None] & pair_mask[None, :]
-        offs = position[:, None] * stride_cos_s + pairs[None, :] * stride_cos_d
-        cos_a = tl.load(COS + offs, mask=cs_mask, other=float("nan")).to(MATH_DTYPE)
-        sin_a = tl.load(SIN + offs, mask=cs_mask, other=float("nan")).to(MATH_DTYPE)
-        cos_b = cos_a
-        sin_b = sin_a
-    if CONJUGATE:
-        sin_a = -sin_a
-        sin_b = -sin_b
-
     # --- head blocks of q, or of k ------------------------------------------------------------------------------
     if pid_h < n_head_blocks_q:
         if HEAD_LOOP:
@@ -211,9 +235,11 @@ def rope_v4_kernel(
         for head in range(first, stop, BLOCK_H):
             _rotate_head_block(
                 Q, OUT_Q, stride_qb, stride_qs, stride_qh, stride_qd, stride_oqb, stride_oqs, stride_oqh, stride_oqd,
-                batch_index, token_rows, token_mask, head, n_heads_q, cos_a, sin_a, cos_b, sin_b,
+                batch_index, token_rows, token_mask, head, n_heads_q,
+                COS, SIN, POSITIONS, pid_b, s_local, table_len, position_offset,
+                stride_cos_b, stride_cos_s, stride_cos_d, stride_pos_b, stride_pos_s,
                 ROTARY_DIM, HEAD_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_TAIL, INTERLEAVED, COPY_TAIL, MATH_DTYPE,
-                EAGER_ROUNDING, EVICT)
+                EAGER_ROUNDING, EVICT, POS_MODE, COS_PER_TOKEN, CONJUGATE)
     elif HAS_K:
         if HEAD_LOOP:
             first, stop = 0, n_heads_k
@@ -223,9 +249,11 @@ def rope_v4_kernel(
         for head in range(first, stop, BLOCK_H):
             _rotate_head_block(
                 K, OUT_K, stride_kb, stride_ks, stride_kh, stride_kd, stride_okb, stride_oks, stride_okh, stride_okd,
-                batch_index, token_rows, token_mask, head, n_heads_k, cos_a, sin_a, cos_b, sin_b,
+                batch_index, token_rows, token_mask, head, n_heads_k,
+                COS, SIN, POSITIONS, pid_b, s_local, table_len, position_offset,
+                stride_cos_b, stride_cos_s, stride_cos_d, stride_pos_b, stride_pos_s,
                 ROTARY_DIM, HEAD_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_TAIL, INTERLEAVED, COPY_TAIL, MATH_DTYPE,
-                EAGER_ROUNDING, EVICT)
+                EAGER_ROUNDING, EVICT, POS_MODE, COS_PER_TOKEN, CONJUGATE)
 
 class LaunchConfig(NamedTuple):
     block_s: int  # tokens per program
