@@ -1,0 +1,334 @@
+"""Read a RoPE output and say which mistake produced it.
+
+Every diagnosis comes from the numbers the reader's code produced, never from its source:
+
+1. memory first: canaries around the output that changed (written out of bounds), poison that is still there (never
+   written), a partial rotary's pass-through tail that changed;
+2. then the values: the output is compared with ``ropekit.reference`` and, when it differs, with the reference of each
+   usual mistake (the other direction, the other pairing, positions shifted by one, the channel stride ignored). The
+   mistake whose reference matches is the diagnosis;
+3. what is left: a half-precision output that is close but not float32-accurate (math done in half precision), and,
+   where the code builds its own frequencies, angles that fit a different ``base``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from .. import reference
+from ..testing import ulp
+from .buffers import CANARY, POISON
+from .cases import RopeInputs
+
+__all__ = ["DIAGNOSES", "Finding", "analyse", "HALF_DTYPES", "ranges", "within_bound"]
+
+# name -> what it means, in one line (the checker's messages say it at length)
+DIAGNOSES = {
+    "correct": "matches the float64 reference within the dtype's accuracy bound",
+    "not_solved": "the template is untouched (raises NotImplementedError, or writes nothing)",
+    "raised": "the code raised an exception",
+    "compile_error": "the CUDA source does not compile",
+    "needs_gpu": "the exercise needs a CUDA GPU to run (only compiled here)",
+    "wrong_direction": "rotation by -θ instead of +θ (or +θ where the backward asks for -θ)",
+    "other_pairing": "NeoX pairs (i, i + rotary_dim/2) and GPT-J pairs (2i, 2i+1) mixed up",
+    "position_shift": "every token rotated with the angle of the position next to its own",
+    "tail_touched": "the channels past rotary_dim (the pass-through tail) were changed",
+    "wrong_base": "frequencies built from another base than the one asked for",
+    "half_precision_math": "close, but not float32-accurate: the math ran in half precision",
+    "unwritten": "some output elements were never written (a mask too tight)",
+    "out_of_bounds": "memory outside the output was written (a mask too loose)",
+    "stride_ignored": "the head-dim stride of a non-contiguous input was taken as 1",
+    "cos_sin_reloaded": "correct values, but each program reloads cos/sin instead of reusing them across heads",
+    "wrong": "differs from the reference in a way the checker does not recognise",
+}
+
+HALF_DTYPES = (torch.float16, torch.bfloat16)
+
+
+@dataclass
+class Finding:
+    diagnosis: str
+    message: str
+    max_error: float | None = None
+
+
+# --- accuracy bounds ---------------------------------------------------------------------------------------------
+
+def within_bound(y: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, *, scale: float) -> torch.Tensor:
+    """Elementwise: ``y`` within the bound of ``ropekit.testing`` for ``dtype`` (``scale`` = max|ref|)."""
+    error = (y - ref).abs()
+    if dtype in HALF_DTYPES:
+        return error <= ulp(ref, dtype) + 1e-6 * scale
+    if dtype == torch.float64:
+        return error <= 1e-10 * max(scale, 1.0)
+    return error <= 1e-5 * max(scale, 1.0)
+
+
+def _matches(y: torch.Tensor, alt: torch.Tensor, dtype: torch.dtype, scale: float) -> bool:
+    """Does ``y`` equal a mistake's reference? Looser than the pass bound: a half-precision output that also has a
+    second, smaller problem should still be recognised."""
+    error = (y - alt).abs()
+    if not bool(torch.isfinite(error).all()):
+        return False
+    if dtype in HALF_DTYPES:
+        return float(error.max()) <= 0.02 * scale
+    return float(error.max()) <= 1e-4 * max(scale, 1.0)
+
+
+# --- words for where things happened -------------------------------------------------------------------------------
+
+def ranges(values) -> str:
+    """[0, 1, 2, 3, 7, 9, 10] -> '0-3, 7, 9-10'"""
+    values = sorted(int(v) for v in values)
+    parts, start, prev = [], None, None
+    for v in values + [None]:
+        if start is None:
+            start = prev = v
+        elif v is not None and v == prev + 1:
+            prev = v
+        else:
+            parts.append(f"{start}" if start == prev else f"{start}-{prev}")
+            start = prev = v
+    return ", ".join(parts)
+
+
+def _index(index) -> str:
+    return "[" + ", ".join(str(int(i)) for i in index) + "]"
+
+
+def _describe_cells(mask: torch.Tensor, name: str = "out") -> str:
+    """Where a (batch, seq, heads, head_dim) boolean mask is set, in words."""
+    n, total = int(mask.sum()), mask.numel()
+    channels = mask.any(dim=(0, 1, 2))
+    rows = mask.any(dim=-1)
+    if bool(rows.all()) and torch.equal(mask, channels.expand_as(mask)):
+        return f"channels {ranges(torch.nonzero(channels).flatten())} of every head vector ({n} of {total} elements)"
+    tokens = mask.any(dim=(2, 3))
+    if torch.equal(mask, tokens[:, :, None, None].expand_as(mask)):
+        per_seq = [f"sequence {b}: tokens {ranges(torch.nonzero(tokens[b]).flatten())}"
+                   for b in range(mask.shape[0]) if bool(tokens[b].any())]
+        return "all heads and channels of " + "; ".join(per_seq) + f" ({n} of {total} elements)"
+    heads = mask.any(dim=(0, 1, 3))
+    if torch.equal(mask, heads[None, None, :, None].expand_as(mask)):
+        return f"every element of heads {ranges(torch.nonzero(heads).flatten())} ({n} of {total} elements)"
+    examples = ", ".join(f"{name}{_index(i)}" for i in torch.nonzero(mask)[:3])
+    return f"{n} of {total} elements, e.g. {examples}"
+
+
+def _describe_outside(inputs: RopeInputs, touched_storage: torch.Tensor) -> str:
+    """Name the output elements right before each overwritten canary."""
+    out = inputs.out
+    flat_offsets = out.offsets.reshape(-1)
+    order = torch.argsort(flat_offsets)
+    sorted_offsets = flat_offsets[order]
+    anchors: dict[int, int] = {}
+    before_start = 0
+    for offset in touched_storage.tolist():
+        position = int(torch.searchsorted(sorted_offsets, torch.tensor(offset))) - 1
+        if position < 0:
+            before_start += 1
+            continue
+        element = int(order[position])
+        anchors[element] = anchors.get(element, 0) + 1
+    shape = out.view.shape
+    parts = []
+    for element, count in list(anchors.items())[:3]:
+        index = torch.unravel_index(torch.tensor(element), shape)
+        parts.append(f"{count} just past out{_index(index)}")
+    if len(anchors) > 3:
+        parts.append(f"... ({len(anchors)} places in all)")
+    if before_start:
+        parts.append(f"{before_start} before out[0, 0, 0, 0]")
+    return "; ".join(parts)
+
+
+# --- the analysis --------------------------------------------------------------------------------------------------
+
+def analyse(inputs: RopeInputs, output: torch.Tensor, *, candidates: frozenset[str]) -> Finding:
+    """Diagnose ``output`` (the output view after the run, or the tensor the code returned)."""
+    case = inputs.case
+    x = inputs.x.view
+    x64 = x.detach().to(torch.float64).cpu()
+    expected = inputs.expected
+    y = output.detach().to(torch.float64).cpu()
+    scale = float(expected.abs().max())
+    rot = case.rot
+
+    written = torch.ones_like(y, dtype=torch.bool)
+    for name, before in inputs.inputs_before.items():
+        after = getattr(inputs, name).storage.detach().cpu()
+        changed = ~((after == before) | (torch.isnan(after) & torch.isnan(before)))
+        if inputs.out is not None and changed.any():
+            return Finding("out_of_bounds", (
+                f"Written out of bounds: {int(changed.sum())} elements of the input {name} were overwritten. Only "
+                "OUT may be stored to; check the pointer each tl.store (or write) uses."))
+    if inputs.out is not None:
+        written = y != POISON
+        outside = inputs.out.outside()
+        touched = outside != CANARY
+        if not written.any() and not touched.any():
+            return Finding("not_solved", "Not yet solved: the kernel ran but wrote nothing (every output element "
+                                         "still holds the poison value the checker put there).")
+        if touched.any():
+            where_outside = torch.nonzero(~inputs.out.in_view).flatten()[touched]
+            return Finding("out_of_bounds", (
+                f"Written out of bounds (a mask too loose?): {int(touched.sum())} elements of the memory around and "
+                f"between the output's elements were overwritten: {_describe_outside(inputs, where_outside)}. "
+                "Every store needs a mask that is false for lanes past the end of the row (or tile)."))
+
+    if rot < case.head_dim:
+        tail_changed = written[..., rot:] & (y[..., rot:] != x64[..., rot:])
+        if tail_changed.any():
+            rotary_ok = bool(within_bound(y[..., :rot], expected[..., :rot], case.dtype, scale=scale).all())
+            return Finding("tail_touched", (
+                f"The tail of the partial rotary was changed: only the first rotary_dim = {rot} of the "
+                f"{case.head_dim} channels turn; channels {rot}-{case.head_dim - 1} must come out equal to the "
+                f"input, but {int(tail_changed.sum())} of them differ. "
+                + ("The rotated channels themselves are right." if rotary_ok else
+                   f"The rotated channels are wrong too: with partial rotary the pairs are "
+                   f"{'(2i, 2i + 1)' if case.interleaved else f'(i, i + {rot // 2})'} and the pair index runs to "
+                   f"rotary_dim/2 = {rot // 2}, not head_dim/2.")))
+
+    if not written.all():
+        where = _describe_cells(~written)
+        hint = "Is a mask too tight (an off-by-one, or a bound smaller than the row/tile)?"
+        if rot < case.head_dim and not (~written)[..., :rot].any():
+            hint = ("Out of place, the tail channels past rotary_dim are not rotated but must still be copied to "
+                    "the output.")
+        return Finding("unwritten", f"Elements never written: {where} still hold the poison value. {hint}")
+
+    error = (y - expected).abs()
+    max_error = float(error.max()) if error.numel() else 0.0
+    if bool(within_bound(y, expected, case.dtype, scale=scale).all()):
+        return Finding("correct", "", max_error)
+
+    finding = _match_mistake(inputs, y, scale, candidates)
+    if finding is not None:
+        finding.max_error = max_error
+        return finding
+
+    dtype_name = str(case.dtype).replace("torch.", "")
+    if "half_precision_math" in candidates and case.dtype in HALF_DTYPES and bool(torch.isfinite(y).all()) \
+            and max_error <= 0.03 * float(x64.abs().max()):
+        ulps = float((error / ulp(expected, case.dtype)).max())
+        return Finding("half_precision_math", (
+            f"Close, but not float32-accurate: a {dtype_name} output may be off by at most one {dtype_name} ulp when "
+            f"the rotation is computed in float32 and rounded once at the end; yours is off by up to {ulps:.1f} ulps "
+            f"(max |error| {max_error:.3g}). Part of the math ran in half precision: convert x (and cos/sin) to "
+            f"float32 before multiplying, and convert to {dtype_name} only for the result."),
+            max_error)
+
+    if "wrong_base" in candidates:
+        finding = _fit_base(inputs, y, x64, scale)
+        if finding is not None:
+            finding.max_error = max_error
+            return finding
+
+    nan_hint = ""
+    if bool(torch.isnan(y).any()):
+        nan_hint = (f" {int(torch.isnan(y).sum())} outputs are NaN: the memory around the cos/sin table holds NaN, "
+                    "so a read outside the table (a row past its end or before its start) shows up like this.")
+    worst = torch.unravel_index(torch.argmax(torch.nan_to_num(error, nan=float("inf"))), error.shape)
+    return Finding("wrong", (
+        f"Does not match the reference: max |error| {max_error:.3g} at out{_index(worst)} (expected "
+        f"{float(expected[worst]):.6g}, got {float(y[worst]):.6g}). It is none of the mistakes the checker knows "
+        f"({', '.join(sorted(candidates - {'wrong'}))}). Try the case by hand: print your output next to "
+        f"ropekit.reference.rope(...) for one token.{nan_hint}"), max_error)
+
+
+def _alternatives(inputs: RopeInputs, candidates: frozenset[str]):
+    """(diagnosis, reference of that mistake, (batch, seq) rows where it is defined, words) for each candidate."""
+    case = inputs.case
+    x = inputs.x.view
+    kwargs = dict(base=case.base, rotary_dim=case.rot, interleaved=case.interleaved, conjugate=case.conjugate)
+    all_rows = torch.ones(case.batch, case.seq, dtype=torch.bool)
+    if "wrong_direction" in candidates:
+        flipped = dict(kwargs, conjugate=not case.conjugate)
+        if case.conjugate:
+            words = ("Rotation in the wrong direction: this case asks for the backward (the conjugate rotation, by "
+                     "-θ) and your output is the forward rotation by +θ. The backward is the same rotation with "
+                     "sin negated.")
+        else:
+            words = ("Rotation in the wrong direction: your output is the rotation by -θ. A pair (a, b) turns to "
+                     "(a cos θ - b sin θ, b cos θ + a sin θ): check the signs of the two sin terms.")
+        yield "wrong_direction", reference.rope(x, inputs.positions, **flipped), all_rows, words
+    if "other_pairing" in candidates:
+        other = dict(kwargs, interleaved=not case.interleaved)
+        half = case.rot // 2
+        if case.interleaved:
+            words = (f"The other pairing: you rotated NeoX pairs (i, i + {half}) but this case asks for GPT-J's "
+                     "interleaved pairs (2i, 2i + 1).")
+        else:
+            words = (f"The other pairing: you rotated GPT-J's neighbours (2i, 2i + 1) but this case asks for NeoX "
+                     f"pairs (i, i + rotary_dim/2) = (i, i + {half}): the two halves of the rotary channels.")
+        yield "other_pairing", reference.rope(x, inputs.positions, **other), all_rows, words
+    if "position_shift" in candidates:
+        for delta in (1, -1):
+            shifted = inputs.positions + delta
+            rows = shifted >= 0 if case.table_len is None else (shifted >= 0) & (shifted < case.table_len)
+            words = (f"Positions shifted by one: every token was rotated with the angle of position "
+                     f"p {'+' if delta > 0 else '-'} 1 instead of its own position p (e.g. the cos/sin row "
+                     f"{'after' if delta > 0 else 'before'} the right one).")
+            if case.offsets:
+                words += " In decode, token s of sequence b sits at offsets[b] + s."
+            yield "position_shift", reference.rope(x, shifted, **kwargs), rows, words
+    if "stride_ignored" in candidates and x.stride(-1) != 1:
+        as_if_contiguous = torch.as_strided(inputs.x.storage, x.shape, x.stride()[:-1] + (1,), x.storage_offset())
+        words = (f"The head-dim stride was ignored: in this case x is a non-contiguous view whose channels are "
+                 f"{x.stride(-1)} elements apart (stride_xd = {x.stride(-1)}), and your output is what you get by "
+                 "reading them as if they were adjacent. Multiply the channel index by the head-dim stride.")
+        yield "stride_ignored", reference.rope(as_if_contiguous, inputs.positions, **kwargs), all_rows, words
+
+
+def _match_mistake(inputs: RopeInputs, y: torch.Tensor, scale: float, candidates: frozenset[str]) -> Finding | None:
+    rot = inputs.case.rot
+    for name, alt, rows, words in _alternatives(inputs, candidates):
+        if not rows.any():
+            continue
+        if _matches(y[rows][..., :rot], alt[rows][..., :rot], inputs.case.dtype, scale):
+            return Finding(name, words)
+    return None
+
+
+def _fit_base(inputs: RopeInputs, y: torch.Tensor, x64: torch.Tensor, scale: float) -> Finding | None:
+    """Recover each pair's angle at position 1 from (input, output); if the frequencies follow base' ** (-2i/d) for
+    some base' != base and the whole output agrees with base', the base is the mistake."""
+    case = inputs.case
+    rot, half = case.rot, case.rot // 2
+    at_one = inputs.positions == 1
+    if not at_one.any() or half < 2:
+        return None
+    if case.interleaved:
+        a, b = x64[..., 0:rot:2], x64[..., 1:rot:2]
+        a2, b2 = y[..., 0:rot:2], y[..., 1:rot:2]
+    else:
+        a, b = x64[..., :half], x64[..., half:rot]
+        a2, b2 = y[..., :half], y[..., half:rot]
+    angle = torch.atan2(a * b2 - b * a2, a * a2 + b * b2)[at_one]  # (tokens at p=1, heads, half): = inv_freq[i]
+    freq_1 = float(angle[..., 1].median())
+    if not 0.0 < freq_1 < 1.0:
+        return None
+    fitted = freq_1 ** (-half)  # inv_freq[1] = base ** (-2/rot)
+    if not math.isfinite(fitted) or abs(fitted / case.base - 1.0) < 1e-3:
+        return None
+    alt = reference.rope(inputs.x.view, inputs.positions, base=fitted, rotary_dim=rot,
+                         interleaved=case.interleaved, conjugate=case.conjugate)
+    tolerance = 3e-2 if case.dtype in HALF_DTYPES else 1e-3
+    if float((y[..., :rot] - alt[..., :rot]).abs().max()) > tolerance * max(scale, 1.0):
+        return None
+    words = (f"Wrong frequency base: your angles follow inv_freq[i] = base ** (-2i / {rot}) with "
+             f"base ≈ {fitted:.5g}, but this case asks for base = {case.base:g}.")
+    close = lambda value: abs(fitted / value - 1.0) < 1e-2  # noqa: E731
+    if close(10000.0):
+        words += " That is the usual default 10000: use the base argument instead of a constant."
+    elif rot < case.head_dim and close(case.base ** (rot / case.head_dim)):
+        words += (f" That is base ** (rotary_dim / head_dim): the exponent must be divided by rotary_dim = {rot}, "
+                  f"not head_dim = {case.head_dim}.")
+    elif close(math.sqrt(case.base)):
+        words += " That is sqrt(base): the exponent is 2i / rotary_dim, not i / rotary_dim."
+    elif close(case.base ** 2):
+        words += " That is base ** 2: the exponent is 2i / rotary_dim, with i the pair index (not the channel index)."
+    return Finding("wrong_base", words)

@@ -1,0 +1,304 @@
+"""The exercises: for each, a task in a few sentences, a template, a solution, the launch, and the checker's cases.
+
+Notebook NN holds the exercises whose name starts with NN. Files, by exercise ``NN_name``:
+
+* ``templates/exNN_name.py`` (``.cu``): what the reader starts from (a function raising NotImplementedError, or a
+  kernel with its body missing);
+* ``solutions/exNN_name.py`` (``.cu``): shown only on request, by :func:`show_solution`;
+* ``wrong/exNN_name.py`` (``wrong/exNN_name/*.cu``): deliberately wrong variants, one per diagnosis, for the tests.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+import triton
+
+from .buffers import Layout
+from .cases import RopeCase
+
+__all__ = ["Exercise", "EXERCISES", "exercise", "names", "task", "template_source", "solution_source",
+           "load_template", "load_solution", "wrong_variants", "show_task", "show_template", "show_solution"]
+
+HERE = Path(__file__).parent
+
+
+@dataclass(frozen=True)
+class Exercise:
+    name: str  # "NN_what": NN is the notebook
+    title: str
+    language: str  # "pytorch", "triton" or "cuda"
+    entry: str  # the name of the function or kernel the reader writes
+    task: str  # the task, in a few sentences
+    diagnoses: tuple[str, ...]  # what the checker can recognise for this exercise (besides correct / not solved)
+    cases: tuple = ()  # RopeCase list (rope-shaped exercises)
+    launch: Callable | None = None  # launch(kernel, x, cos, sin, out, ...) for kernels
+    run: Callable | None = None  # run(code, inputs) -> output tensor, used by the checker
+    notes: dict = field(default_factory=dict)
+
+    @property
+    def module(self) -> str:
+        return "ex" + self.name
+
+    @property
+    def suffix(self) -> str:
+        return ".cu" if self.language == "cuda" else ".py"
+
+
+# --- launches (the given part of each kernel exercise) ------------------------------------------------------------
+
+def launch_row(kernel, x, cos, sin, out):
+    """02: one program per head vector of a contiguous (batch, seq, heads, head_dim) tensor."""
+    batch, seq, heads, head_dim = x.shape
+    kernel[(batch * seq * heads,)](x, cos, sin, out, seq, heads, HEAD_DIM=head_dim)
+
+
+def launch_strided(kernel, x, cos, sin, out):
+    """03: one program per head vector of (batch, seq, heads, head_dim) views with any strides."""
+    batch, seq, heads, head_dim = x.shape
+    kernel[(batch * seq * heads,)](x, cos, sin, out, seq, heads, *x.stride(), *out.stride(),
+                                   HEAD_DIM=head_dim, BLOCK_HALF=triton.next_power_of_2(head_dim // 2))
+
+
+def launch_tiled(kernel, x, cos, sin, out, block_s: int = 4):
+    """04: one program per tile of ``block_s`` tokens x every head of one sequence."""
+    batch, seq, heads, head_dim = x.shape
+    if x.stride(-1) != 1 or out.stride(-1) != 1:
+        raise ValueError("exercise 04 expects contiguous channels (head-dim stride 1)")
+    grid = (triton.cdiv(seq, block_s), batch)
+    kernel[grid](x, cos, sin, out, seq, heads, x.stride(0), x.stride(1), x.stride(2),
+                 out.stride(0), out.stride(1), out.stride(2),
+                 HEAD_DIM=head_dim, BLOCK_S=block_s, BLOCK_H=triton.next_power_of_2(heads))
+
+
+def launch_decode(kernel, x, cos, sin, out, offsets, rotary_dim: int, conjugate: bool = False):
+    """05: one program per head vector; token s of sequence b at position offsets[b] + s."""
+    batch, seq, heads, head_dim = x.shape
+    kernel[(batch * seq * heads,)](x, cos, sin, out, offsets, seq, heads,
+                                   HEAD_DIM=head_dim, ROTARY_DIM=rotary_dim, CONJUGATE=conjugate)
+
+
+def _run_kernel(launch):
+    def run(kernel, inputs):
+        launch(kernel, inputs.x.view, inputs.cos.view, inputs.sin.view, inputs.out.view)
+        return inputs.out.view
+    return run
+
+
+def _run_decode(kernel, inputs):
+    case = inputs.case
+    launch_decode(kernel, inputs.x.view, inputs.cos.view, inputs.sin.view, inputs.out.view, inputs.offsets,
+                  case.rot, case.conjugate)
+    return inputs.out.view
+
+
+def _run_rope_torch(fn, inputs):
+    case = inputs.case
+    x = inputs.x.view.clone()
+    return fn(x, inputs.positions.clone(), base=case.base, rotary_dim=case.rotary_dim,
+              interleaved=case.interleaved)
+
+
+def _run_cuda(source, inputs):
+    from . import cuda
+    return cuda.run(source, inputs)
+
+
+# --- the cases -----------------------------------------------------------------------------------------------------
+
+# x stored sequence-major (sbhd) and read through a (batch, seq, heads, head_dim) view whose channels are 2 apart.
+_SBHD_CHANNEL_STRIDE_2 = Layout(order=(1, 0, 2, 3), last_stride=2,
+                                label="x stored seq-major (sbhd) with channels 2 elements apart")
+# Out with gaps after every head vector, token and sequence: a store past its row lands on a canary.
+_GAPPED = Layout(gaps=(0, 0, 8, 4), label="out with gaps between head vectors")
+_GAPPED_TILES = Layout(gaps=(0, 140, 10, 2), label="out with gaps between heads, tokens and sequences")
+
+_TORCH_POSITIONS = ((3, 1, 0, 7, 12),)
+
+EXERCISES: dict[str, Exercise] = {}
+
+
+def _add(ex: Exercise) -> None:
+    EXERCISES[ex.name] = ex
+
+
+_add(Exercise(
+    name="01_rotate_pair", title="The rotation of one pair", language="pytorch", entry="rotate_pair",
+    task=("Write rotate_pair(a, b, theta): turn the 2-D points (a, b) counter-clockwise by theta radians and return "
+          "the turned (a, b). Everything in RoPE is this one operation, applied to many pairs at many angles."),
+    diagnoses=("wrong_direction", "wrong"),
+))
+
+_add(Exercise(
+    name="01_pair_indices", title="NeoX and GPT-J pairings as index maps", language="pytorch", entry="pair_indices",
+    task=("Write pair_indices(rotary_dim, interleaved) -> (first, second): the channel numbers of the rotary_dim/2 "
+          "pairs, so that pair i turns channels first[i] and second[i]. interleaved=False is NeoX/Llama (the two "
+          "halves), interleaved=True is GPT-J (neighbours)."),
+    diagnoses=("other_pairing", "wrong_direction", "wrong"),
+))
+
+_add(Exercise(
+    name="01_rope_torch", title="RoPE in plain PyTorch", language="pytorch", entry="rope_torch",
+    task=("Write rope_torch(x, positions, base=, rotary_dim=, interleaved=): the rotary embedding of x "
+          "(batch, seq, heads, head_dim) at integer positions (batch, seq). Pair i turns by "
+          "position * base ** (-2i / rotary_dim); only the first rotary_dim channels turn. Compute in float32 or "
+          "better and return x's dtype."),
+    diagnoses=("wrong_direction", "other_pairing", "position_shift", "tail_touched", "wrong_base",
+               "half_precision_math", "wrong"),
+    cases=(
+        RopeCase("float32, NeoX pairs, head_dim 16", 1, 5, 2, 16, position_ids=_TORCH_POSITIONS, out_layout=None,
+                 table_len=None),
+        RopeCase("float32, GPT-J pairs (interleaved=True)", 1, 5, 2, 16, interleaved=True,
+                 position_ids=_TORCH_POSITIONS, out_layout=None, table_len=None, seed=1),
+        RopeCase("partial rotary: rotary_dim 8 of head_dim 16, base 500000", 1, 5, 2, 16, rotary_dim=8,
+                 base=500000.0, position_ids=((0, 1, 2, 5, 12),), out_layout=None, table_len=None, seed=2),
+        RopeCase("bfloat16 x", 1, 4, 4, 16, dtype=torch.bfloat16, position_ids=((1, 2, 100, 1000),),
+                 out_layout=None, table_len=None, seed=3),
+    ),
+    run=_run_rope_torch,
+))
+
+_add(Exercise(
+    name="02_row_kernel", title="A one-row Triton kernel", language="triton", entry="rope_row_kernel",
+    task=("Fill in rope_row_kernel: program `row` rotates one head vector (HEAD_DIM channels, a power of two) of a "
+          "contiguous float32 (batch, seq, heads, HEAD_DIM) tensor, NeoX pairs (i, i + HEAD_DIM/2), at position "
+          "(row // n_heads) % seq_len, with cos/sin from row `position` of the half-width tables. Launched as "
+          "rope_row_kernel[(batch * seq * heads,)](x, cos, sin, out, seq, heads, HEAD_DIM=head_dim)."),
+    diagnoses=("wrong_direction", "other_pairing", "position_shift", "unwritten", "out_of_bounds", "wrong"),
+    cases=(RopeCase("float32, contiguous, head_dim 16", 2, 3, 2, 16),),
+    launch=launch_row, run=_run_kernel(launch_row),
+))
+
+_add(Exercise(
+    name="03_strided_kernel", title="Strides and masks for a head_dim that is not a power of two",
+    language="triton", entry="rope_strided_kernel",
+    task=("Fill in rope_strided_kernel: like 02, but x and out are views with any strides (all four are passed), "
+          "any float dtype (compute in float32, round once when storing), and HEAD_DIM = 24 is not a power of two: "
+          "the block has BLOCK_HALF = 16 lanes for 12 pairs, so loads and stores need a mask."),
+    diagnoses=("unwritten", "out_of_bounds", "stride_ignored", "half_precision_math", "wrong_direction",
+               "other_pairing", "position_shift", "wrong"),
+    cases=(
+        RopeCase("float32, head_dim 24, x a strided view, out with gaps", 1, 3, 2, 24,
+                 x_layout=_SBHD_CHANNEL_STRIDE_2, out_layout=_GAPPED),
+        # float16, not bfloat16: the Triton interpreter computes bfloat16 arithmetic wrongly (garbage values), which
+        # would hide the half-precision diagnosis on a CPU machine.
+        RopeCase("float16, head_dim 24, contiguous", 1, 3, 2, 24, dtype=torch.float16, seed=1),
+    ),
+    launch=launch_strided, run=_run_kernel(launch_strided),
+))
+
+_add(Exercise(
+    name="04_tiled_kernel", title="A tiled kernel that reuses cos/sin across heads", language="triton",
+    entry="rope_tiled_kernel",
+    task=("Fill in rope_tiled_kernel: a program rotates a tile of BLOCK_S = 4 tokens x all heads of one sequence, "
+          "loading the tile's cos/sin rows once and broadcasting them over the heads. seq_len = 5 and n_heads = 3 "
+          "are not multiples of the block sizes, so the token and head axes need masks."),
+    diagnoses=("unwritten", "out_of_bounds", "position_shift", "cos_sin_reloaded", "wrong_direction",
+               "other_pairing", "wrong"),
+    cases=(RopeCase("float32, batch 2, seq 5, 3 heads, head_dim 8, x stored seq-major, out with gaps", 2, 5, 3, 8,
+                    x_layout=Layout(order=(1, 0, 2, 3), label="sbhd"), out_layout=_GAPPED_TILES),),
+    launch=launch_tiled, run=_run_kernel(launch_tiled), notes={"check_reuse": True},
+))
+
+_add(Exercise(
+    name="05_decode_kernel", title="Decode positions and the backward as a conjugate rotation", language="triton",
+    entry="rope_decode_kernel",
+    task=("Fill in rope_decode_kernel: each sequence b continues a KV cache of OFFSETS[b] tokens, so its token s sits "
+          "at OFFSETS[b] + s. Only the first ROTARY_DIM of the HEAD_DIM channels turn; copy the rest. With "
+          "CONJUGATE the kernel is the backward pass: the rotation by -θ."),
+    diagnoses=("wrong_direction", "position_shift", "tail_touched", "unwritten", "other_pairing", "out_of_bounds",
+               "wrong"),
+    cases=(
+        RopeCase("forward, decode (1 new token per sequence), offsets (0, 6, 3), rotary_dim 8 of 16", 3, 1, 2, 16,
+                 rotary_dim=8, offsets=(0, 6, 3)),
+        RopeCase("backward (CONJUGATE=True), 2 new tokens per sequence, offsets (4, 1), rotary_dim 8 of 16",
+                 2, 2, 2, 16, rotary_dim=8, offsets=(4, 1), conjugate=True, seed=1),
+    ),
+    launch=launch_decode, run=_run_decode,
+))
+
+_add(Exercise(
+    name="06_cuda_kernel", title="A CUDA kernel body", language="cuda", entry="rope_pairs_kernel",
+    task=("Fill in the body of the CUDA kernel rope_pairs_kernel: one thread per pair of a contiguous float32 "
+          "(batch, seq, heads, head_dim) tensor, NeoX pairs, position = the token's index in its sequence. The grid "
+          "is rounded up to whole blocks of 128 threads. Pass the source (a string) to check(); it runs on a GPU."),
+    diagnoses=("wrong_direction", "other_pairing", "position_shift", "unwritten", "out_of_bounds", "compile_error",
+               "wrong"),
+    cases=(RopeCase("float32, contiguous, head_dim 24 (12 pairs per row)", 1, 3, 2, 24),),
+    run=_run_cuda,
+))
+
+
+# --- access --------------------------------------------------------------------------------------------------------
+
+def names() -> list[str]:
+    return list(EXERCISES)
+
+
+def exercise(name: str) -> Exercise:
+    try:
+        return EXERCISES[name]
+    except KeyError:
+        raise KeyError(f"no exercise {name!r}; the exercises are: {', '.join(EXERCISES)}") from None
+
+
+def _source(folder: str, name: str) -> str:
+    ex = exercise(name)
+    return (HERE / folder / (ex.module + ex.suffix)).read_text()
+
+
+def task(name: str) -> str:
+    ex = exercise(name)
+    return f"Exercise {ex.name}: {ex.title}\n\n{ex.task}"
+
+
+def template_source(name: str) -> str:
+    return _source("templates", name)
+
+
+def solution_source(name: str) -> str:
+    return _source("solutions", name)
+
+
+def _load(folder: str, name: str):
+    ex = exercise(name)
+    if ex.language == "cuda":
+        return _source(folder, name)
+    module = importlib.import_module(f"{__package__}.{folder}.{ex.module}")
+    return getattr(module, ex.entry)
+
+
+def load_template(name: str):
+    """The template's function or kernel (CUDA: its source), as a reader who changed nothing would pass it."""
+    return _load("templates", name)
+
+
+def load_solution(name: str):
+    """The solution's function or kernel (CUDA: its source)."""
+    return _load("solutions", name)
+
+
+def wrong_variants(name: str) -> dict:
+    """{diagnosis: deliberately wrong code} for the tests."""
+    ex = exercise(name)
+    if ex.language == "cuda":
+        folder = HERE / "wrong" / ex.module
+        return {path.stem: path.read_text() for path in sorted(folder.glob("*.cu"))}
+    return dict(importlib.import_module(f"{__package__}.wrong.{ex.module}").WRONG)
+
+
+def show_task(name: str) -> None:
+    print(task(name))
+
+
+def show_template(name: str) -> None:
+    print(template_source(name), end="")
+
+
+def show_solution(name: str) -> None:
+    """Print the solution's source (only when you ask for it)."""
+    print(solution_source(name), end="")

@@ -1,0 +1,32 @@
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def rope_decode_kernel(X, COS, SIN, OUT, OFFSETS, seq_len, n_heads,
+                       HEAD_DIM: tl.constexpr, ROTARY_DIM: tl.constexpr, CONJUGATE: tl.constexpr):
+    """Rotate row ``program_id(0)`` of the contiguous (batch * seq * heads, HEAD_DIM) view of X into OUT.
+
+    Decode: token s of sequence b sits at position OFFSETS[b] + s (OFFSETS: each sequence's KV-cache length).
+    Partial rotary: only the first ROTARY_DIM channels turn, NeoX pairs (i, i + ROTARY_DIM/2); the other channels
+    are copied unchanged. CONJUGATE: rotate by -θ (the backward pass). COS/SIN: float32 tables
+    (table_len, ROTARY_DIM/2). float32 X and OUT; ROTARY_DIM and HEAD_DIM - ROTARY_DIM are powers of two.
+    """
+    row = tl.program_id(0)
+    token = (row // n_heads) % seq_len
+    batch = row // (n_heads * seq_len)
+    position = tl.load(OFFSETS + batch) + token  # the first new token sits right after the cache
+    pairs = tl.arange(0, ROTARY_DIM // 2)
+    cos = tl.load(COS + position * (ROTARY_DIM // 2) + pairs)
+    sin = tl.load(SIN + position * (ROTARY_DIM // 2) + pairs)
+    if CONJUGATE:
+        sin = -sin  # the rotation by -θ: the backward of the rotation by θ (its transpose)
+    x = X + row * HEAD_DIM
+    out = OUT + row * HEAD_DIM
+    x_a = tl.load(x + pairs)
+    x_b = tl.load(x + ROTARY_DIM // 2 + pairs)
+    tl.store(out + pairs, x_a * cos - x_b * sin)
+    tl.store(out + ROTARY_DIM // 2 + pairs, x_b * cos + x_a * sin)
+    if ROTARY_DIM < HEAD_DIM:
+        tail = ROTARY_DIM + tl.arange(0, HEAD_DIM - ROTARY_DIM)
+        tl.store(out + tail, tl.load(x + tail))

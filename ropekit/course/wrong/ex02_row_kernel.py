@@ -1,0 +1,67 @@
+"""Deliberately wrong answers to exercise 02_row_kernel, one per diagnosis (used by tests/test_course.py only).
+
+Each is the solution with one mistake, marked ``# MISTAKE``.
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def minus_theta(X, COS, SIN, OUT, seq_len, n_heads, HEAD_DIM: tl.constexpr):
+    row = tl.program_id(0)
+    position = (row // n_heads) % seq_len
+    pairs = tl.arange(0, HEAD_DIM // 2)
+    x_a = tl.load(X + row * HEAD_DIM + pairs)
+    x_b = tl.load(X + row * HEAD_DIM + HEAD_DIM // 2 + pairs)
+    cos = tl.load(COS + position * (HEAD_DIM // 2) + pairs)
+    sin = tl.load(SIN + position * (HEAD_DIM // 2) + pairs)
+    tl.store(OUT + row * HEAD_DIM + pairs, x_a * cos + x_b * sin)  # MISTAKE: signs of the sin terms swapped
+    tl.store(OUT + row * HEAD_DIM + HEAD_DIM // 2 + pairs, x_b * cos - x_a * sin)
+
+
+@triton.jit
+def neighbour_pairs(X, COS, SIN, OUT, seq_len, n_heads, HEAD_DIM: tl.constexpr):
+    row = tl.program_id(0)
+    position = (row // n_heads) % seq_len
+    pairs = tl.arange(0, HEAD_DIM // 2)
+    x_a = tl.load(X + row * HEAD_DIM + 2 * pairs)  # MISTAKE: GPT-J's pairs (2i, 2i+1)
+    x_b = tl.load(X + row * HEAD_DIM + 2 * pairs + 1)
+    cos = tl.load(COS + position * (HEAD_DIM // 2) + pairs)
+    sin = tl.load(SIN + position * (HEAD_DIM // 2) + pairs)
+    tl.store(OUT + row * HEAD_DIM + 2 * pairs, x_a * cos - x_b * sin)
+    tl.store(OUT + row * HEAD_DIM + 2 * pairs + 1, x_b * cos + x_a * sin)
+
+
+@triton.jit
+def next_position(X, COS, SIN, OUT, seq_len, n_heads, HEAD_DIM: tl.constexpr):
+    row = tl.program_id(0)
+    position = (row // n_heads) % seq_len + 1  # MISTAKE: positions counted from 1
+    pairs = tl.arange(0, HEAD_DIM // 2)
+    x_a = tl.load(X + row * HEAD_DIM + pairs)
+    x_b = tl.load(X + row * HEAD_DIM + HEAD_DIM // 2 + pairs)
+    cos = tl.load(COS + position * (HEAD_DIM // 2) + pairs)
+    sin = tl.load(SIN + position * (HEAD_DIM // 2) + pairs)
+    tl.store(OUT + row * HEAD_DIM + pairs, x_a * cos - x_b * sin)
+    tl.store(OUT + row * HEAD_DIM + HEAD_DIM // 2 + pairs, x_b * cos + x_a * sin)
+
+
+@triton.jit
+def first_half_only(X, COS, SIN, OUT, seq_len, n_heads, HEAD_DIM: tl.constexpr):
+    row = tl.program_id(0)
+    position = (row // n_heads) % seq_len
+    pairs = tl.arange(0, HEAD_DIM // 2)
+    x_a = tl.load(X + row * HEAD_DIM + pairs)
+    x_b = tl.load(X + row * HEAD_DIM + HEAD_DIM // 2 + pairs)
+    cos = tl.load(COS + position * (HEAD_DIM // 2) + pairs)
+    sin = tl.load(SIN + position * (HEAD_DIM // 2) + pairs)
+    tl.store(OUT + row * HEAD_DIM + pairs, x_a * cos - x_b * sin)
+    # MISTAKE: the second half is never stored
+
+
+WRONG = {
+    "wrong_direction": minus_theta,
+    "other_pairing": neighbour_pairs,
+    "position_shift": next_position,
+    "unwritten": first_half_only,
+}
