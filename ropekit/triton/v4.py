@@ -19,6 +19,7 @@ New since v3 (tiles of tokens x heads that share cos/sin rows):
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import NamedTuple
 
@@ -204,7 +205,7 @@ def rope_v4_kernel(
     """Grid: (token blocks, head blocks of q then of k, batch or sequence).
 
     With HEAD_LOOP the head axis has one program for q and one for k, each looping over all heads in blocks of
-    BLOCK_H: the cos/sin rows of its tokens are then loaded once for every head of the tensor.
+    BLOCK_H (cos/sin are fetched again for each block, after its q/k loads: see _cos_sin).
     """
     pid_s = tl.program_id(0)
     pid_h = tl.program_id(1)
@@ -263,20 +264,34 @@ class LaunchConfig(NamedTuple):
     evict_first: bool = False  # streaming cache hint on q/k loads and stores
 
 
+def _next_pow2(n: int) -> int:
+    # plain Python on the host path: triton.next_power_of_2 / triton.cdiv are constexpr functions in Triton 3.6 and
+    # cost microseconds per call from host code
+    return 1 << (max(n, 1) - 1).bit_length()
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@functools.lru_cache(maxsize=1024)
 def launch_config(n_tokens: int, n_heads: int, head_dim: int, rotary_dim: int) -> LaunchConfig:
-    """Block sizes, chosen by measurement on the H100 (tools/tune_v4.py; numbers in docs/benchmarks.md).
+    """Block sizes, chosen by measurement on the H100 (tools/tune_v4.py; runs in docs/gpu-runs/).
 
     A tile is BLOCK_S tokens x BLOCK_H heads; each tile moves one cos/sin row per token and reuses it across heads.
-    Under the interpreter every program costs Python overhead, so tiles are as large as the shape allows.
+    Measured (back-to-back CUDA-graph replays, docs/gpu-runs/run3/tune.txt): for prefill-sized work, 16 tokens x
+    1 head per program with 8 warps and a streaming cache hint is within 1% of the best configuration on the
+    Llama-3-8B, MHA-fp16 and fp32 cases; small prefills want more heads per program (fewer, fuller programs), and a
+    decode step one token x 4 heads. Under the interpreter every program costs Python overhead, so tiles are as
+    large as the shape allows.
     """
     if _device.INTERPRET:
-        return LaunchConfig(min(triton.next_power_of_2(max(n_tokens, 1)), 16),
-                            min(triton.next_power_of_2(max(n_heads, 1)), 8), 4)
-    block_h = min(triton.next_power_of_2(max(n_heads, 1)), 4)
-    # ~2K rotary elements per tile on the GPU: enough bytes in flight per program, enough programs per SM.
-    per_token = block_h * triton.next_power_of_2(rotary_dim)
-    block_s = max(1, min(triton.next_power_of_2(max(n_tokens, 1)), 2048 // per_token))
-    return LaunchConfig(block_s, block_h, 4)
+        return LaunchConfig(min(_next_pow2(n_tokens), 16), min(_next_pow2(n_heads), 8), 4)
+    if n_tokens >= 4096:
+        return LaunchConfig(16, 1, 8, head_loop=False, evict_first=True)
+    if n_tokens > 128:
+        return LaunchConfig(2, min(_next_pow2(n_heads), 16), 4)
+    return LaunchConfig(1, min(_next_pow2(n_heads), 4), 4)
 
 
 # The direct-launch cache: Triton's JIT entry point re-derives the specialisation of ~40 arguments in Python on
@@ -358,11 +373,14 @@ def rope_v4(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: tor
     n_heads_k = k.shape[2] if k is not None else 0
     config = launch_config(n_batch * seqlen, max(n_heads_q, n_heads_k), head_dim, rotary_dim)
     block_h = config.block_h
-    n_head_blocks_q = 1 if config.head_loop else triton.cdiv(n_heads_q, block_h)
-    n_head_blocks_k = (1 if n_heads_k else 0) if config.head_loop else triton.cdiv(n_heads_k, block_h)
-    grid = (triton.cdiv(seqlen, config.block_s), n_head_blocks_q + n_head_blocks_k, n_batch)
+    n_head_blocks_q = 1 if config.head_loop else _cdiv(n_heads_q, block_h)
+    n_head_blocks_k = (1 if n_heads_k else 0) if config.head_loop else _cdiv(n_heads_k, block_h)
+    grid = (_cdiv(seqlen, config.block_s), n_head_blocks_q + n_head_blocks_k, n_batch)
     if grid[0] == 0 or n_batch == 0 or q.numel() == 0:
         return
+    if n_batch > 65535:
+        # sequences sit on the grid's third axis, which CUDA caps at 65535
+        raise ValueError(f"v4 handles at most 65535 sequences per launch (grid axis 2), got {n_batch}")
     if cos_per_token:
         cos_strides = (0 if positions.is_varlen else cos.stride(0), cos.stride(1), cos.stride(2))
         table_len = 0
@@ -392,8 +410,8 @@ def rope_v4(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: tor
             *q.stride(), *k_args.stride(), *out_q.stride(), *out_k_args.stride(), *cos_strides, *pos_strides)
     constexprs = dict(
         ROTARY_DIM=rotary_dim, HEAD_DIM=head_dim,
-        BLOCK_S=config.block_s, BLOCK_H=block_h, BLOCK_HALF=triton.next_power_of_2(rotary_dim // 2),
-        BLOCK_TAIL=triton.next_power_of_2(max(head_dim - rotary_dim, 1)),
+        BLOCK_S=config.block_s, BLOCK_H=block_h, BLOCK_HALF=_next_pow2(rotary_dim // 2),
+        BLOCK_TAIL=_next_pow2(max(head_dim - rotary_dim, 1)),
         INTERLEAVED=interleaved, CONJUGATE=conjugate, POS_MODE=positions.mode, IS_VARLEN=positions.is_varlen,
         COS_PER_TOKEN=cos_per_token, COPY_TAIL=copy_tail and rotary_dim < head_dim, HAS_K=k is not None,
         MATH_DTYPE=_MATH_DTYPE.get(q.dtype, tl.float32), EAGER_ROUNDING=eager_rounding,
