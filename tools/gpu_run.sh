@@ -31,11 +31,12 @@ case "$stage" in
     [ -f tools/time_ladder.py ] && timeout 120 python3 tools/time_ladder.py 2>&1 | tee "$OUT/ladder.txt"
     ;;
   cuda)
-    timeout 400 python3 -m pytest -q -p no:cacheprovider tests/test_cuda.py tests/test_triton_ladder.py -o addopts="" 2>&1 | tee "$OUT/pytest_cuda.txt" | tail -15
-    [ -f tools/sanitize_cuda.sh ] && timeout 150 bash tools/sanitize_cuda.sh 2>&1 | tee "$OUT/sanitize_cuda.txt" | tail -8
+    timeout 420 python3 -m pytest -q -p no:cacheprovider -o addopts="" tests/test_cuda.py tests/test_triton_ladder.py \
+      tests/test_course.py tests/test_examples.py tests/test_api.py 2>&1 | tee "$OUT/pytest_cuda.txt" | tail -30
+    [ -f tools/sanitize_cuda.sh ] && timeout 150 bash tools/sanitize_cuda.sh 2>&1 | tail -8
     ;;
   bench)
-    timeout 420 python3 -m ropekit bench --out "$OUT" 2>&1 | tee "$OUT/bench.txt" | tail -40
+    timeout 560 python3 -m ropekit bench --peers .peers --time-budget 500 --out "$OUT/bench" 2>&1 | tee "$OUT/bench.txt" | tail -60
     ;;
   stress)
     timeout 330 python3 -m ropekit stress --out "$OUT/stress.json" 2>&1 | tee "$OUT/stress.txt" | tail -30
