@@ -13,7 +13,8 @@ New since v3 (tiles of tokens x heads that share cos/sin rows):
 * **cos/sin** from the half-width float32 table indexed by position, or (``COS_PER_TOKEN``) full-width rows given per
   token in any float dtype, the way transformers passes them (this covers M-RoPE and the HF drop-in).
 * ``CONJUGATE`` rotates by -θ: the backward pass is the same kernel.
-* In place (out pointer == in pointer) or out of place; addresses in int64 so tensors past 2**31 elements work.
+* In place (out pointer == in pointer) or out of place; addresses in int64 whenever a tensor's storage holds
+  2**31 elements or more (int32 otherwise: fewer instructions), so huge tensors are correct.
 * Positions outside the table are never read (masked loads); such tokens come out as NaN so the error is loud.
 """
 
@@ -129,13 +130,14 @@ def _rotate_head_block(
     ROTARY_DIM: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr,
     BLOCK_HALF: tl.constexpr, BLOCK_TAIL: tl.constexpr, INTERLEAVED: tl.constexpr, COPY_TAIL: tl.constexpr,
     MATH_DTYPE: tl.constexpr, EAGER_ROUNDING: tl.constexpr, EVICT: tl.constexpr, POS_MODE: tl.constexpr,
-    COS_PER_TOKEN: tl.constexpr, CONJUGATE: tl.constexpr,
+    COS_PER_TOKEN: tl.constexpr, CONJUGATE: tl.constexpr, INDEX_DTYPE: tl.constexpr,
 ):
     """Rotate BLOCK_H heads of BLOCK_S tokens of one tensor (q or k): load the tile, then its cos/sin, rotate, store."""
     heads = first_head + tl.arange(0, BLOCK_H)
-    # [BLOCK_S, BLOCK_H] start of every head vector, in int64 so that huge tensors address correctly.
-    row_in = batch_index * stride_b + token_rows[:, None] * stride_s + heads[None, :].to(tl.int64) * stride_h
-    row_out = batch_index * out_stride_b + token_rows[:, None] * out_stride_s + heads[None, :].to(tl.int64) * out_stride_h
+    # [BLOCK_S, BLOCK_H] start of every head vector, in int64 when a tensor spans 2**31 elements or more.
+    row_in = batch_index * stride_b + token_rows[:, None] * stride_s + heads[None, :].to(INDEX_DTYPE) * stride_h
+    row_out = (batch_index * out_stride_b + token_rows[:, None] * out_stride_s
+               + heads[None, :].to(INDEX_DTYPE) * out_stride_h)
     row_mask = token_mask[:, None] & (heads < n_heads)[None, :]
     if INTERLEAVED:
         # The 2*BLOCK_HALF rotary channels are contiguous: load them in one go, pair neighbours in registers.
@@ -200,7 +202,7 @@ def rope_v4_kernel(
     BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_TAIL: tl.constexpr,
     INTERLEAVED: tl.constexpr, CONJUGATE: tl.constexpr, POS_MODE: tl.constexpr, IS_VARLEN: tl.constexpr,
     COS_PER_TOKEN: tl.constexpr, COPY_TAIL: tl.constexpr, HAS_K: tl.constexpr, MATH_DTYPE: tl.constexpr,
-    EAGER_ROUNDING: tl.constexpr, HEAD_LOOP: tl.constexpr, EVICT: tl.constexpr,
+    EAGER_ROUNDING: tl.constexpr, HEAD_LOOP: tl.constexpr, EVICT: tl.constexpr, INDEX_DTYPE: tl.constexpr,
 ):
     """Grid: (token blocks, head blocks of q then of k, batch or sequence).
 
@@ -213,18 +215,18 @@ def rope_v4_kernel(
 
     # --- which tokens: rows of the (batch, seq) view, or of the packed (tokens,) view for varlen -----------------
     if IS_VARLEN:
-        seq_start = tl.load(CU_SEQLENS + pid_b).to(tl.int64)
-        seq_len_b = tl.load(CU_SEQLENS + pid_b + 1).to(tl.int64) - seq_start
+        seq_start = tl.load(CU_SEQLENS + pid_b).to(INDEX_DTYPE)
+        seq_len_b = tl.load(CU_SEQLENS + pid_b + 1).to(INDEX_DTYPE) - seq_start
         batch_index = 0  # the packed tensor has no batch axis
     else:
         seq_start = 0
         seq_len_b = seqlen
-        batch_index = pid_b.to(tl.int64)
+        batch_index = pid_b.to(INDEX_DTYPE)
     if pid_s * BLOCK_S >= seq_len_b:
         return  # varlen: this sequence is shorter than the longest one
     s_local = pid_s * BLOCK_S + tl.arange(0, BLOCK_S)
     token_mask = s_local < seq_len_b
-    token_rows = seq_start + s_local.to(tl.int64)
+    token_rows = seq_start + s_local.to(INDEX_DTYPE)
 
     # --- head blocks of q, or of k ------------------------------------------------------------------------------
     if pid_h < n_head_blocks_q:
@@ -240,7 +242,7 @@ def rope_v4_kernel(
                 COS, SIN, POSITIONS, pid_b, s_local, table_len, position_offset,
                 stride_cos_b, stride_cos_s, stride_cos_d, stride_pos_b, stride_pos_s,
                 ROTARY_DIM, HEAD_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_TAIL, INTERLEAVED, COPY_TAIL, MATH_DTYPE,
-                EAGER_ROUNDING, EVICT, POS_MODE, COS_PER_TOKEN, CONJUGATE)
+                EAGER_ROUNDING, EVICT, POS_MODE, COS_PER_TOKEN, CONJUGATE, INDEX_DTYPE)
     elif HAS_K:
         if HEAD_LOOP:
             first, stop = 0, n_heads_k
@@ -254,7 +256,7 @@ def rope_v4_kernel(
                 COS, SIN, POSITIONS, pid_b, s_local, table_len, position_offset,
                 stride_cos_b, stride_cos_s, stride_cos_d, stride_pos_b, stride_pos_s,
                 ROTARY_DIM, HEAD_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_TAIL, INTERLEAVED, COPY_TAIL, MATH_DTYPE,
-                EAGER_ROUNDING, EVICT, POS_MODE, COS_PER_TOKEN, CONJUGATE)
+                EAGER_ROUNDING, EVICT, POS_MODE, COS_PER_TOKEN, CONJUGATE, INDEX_DTYPE)
 
 class LaunchConfig(NamedTuple):
     block_s: int  # tokens per program
@@ -268,6 +270,11 @@ def _next_pow2(n: int) -> int:
     # plain Python on the host path: triton.next_power_of_2 / triton.cdiv are constexpr functions in Triton 3.6 and
     # cost microseconds per call from host code
     return 1 << (max(n, 1) - 1).bit_length()
+
+
+def _storage_elements(x: torch.Tensor) -> int:
+    # every address a view can form lies inside its storage: a bound that needs no walk over shape and strides
+    return x.untyped_storage().nbytes() // x.element_size()
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -416,5 +423,8 @@ def rope_v4(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: tor
         COS_PER_TOKEN=cos_per_token, COPY_TAIL=copy_tail and rotary_dim < head_dim, HAS_K=k is not None,
         MATH_DTYPE=_MATH_DTYPE.get(q.dtype, tl.float32), EAGER_ROUNDING=eager_rounding,
         HEAD_LOOP=config.head_loop, EVICT="evict_first" if config.evict_first else "",
+        # 32-bit address arithmetic is fewer instructions; int64 as soon as any tensor's storage could overflow it
+        INDEX_DTYPE=tl.int32 if max(_storage_elements(t) for t in (q, k_args, out_q, out_k_args)) < 2**31
+        else tl.int64,
     )
     _launch(grid, pointers, ints, constexprs, config.num_warps)
