@@ -10,7 +10,7 @@ from . import device  # first: decides CUDA vs the Triton interpreter before any
 from . import frequencies, positions, reference  # noqa: E402
 from . import triton  # noqa: E402
 from .api import apply_rope  # noqa: E402
-from .frequencies import cos_sin_table, inverse_frequencies, rope_init  # noqa: E402
+from .frequencies import cos_sin_table, inverse_frequencies, rope_init, rope_parameters_from_config  # noqa: E402
 from .hf import apply_rotary_pos_emb, mrope_cos_sin  # noqa: E402
 from .module import RopeTable, RotaryEmbedding  # noqa: E402
 from .positions import context_parallel_positions, context_parallel_shard  # noqa: E402
@@ -24,6 +24,7 @@ __all__ = [
     "cos_sin_table",
     "inverse_frequencies",
     "rope_init",
+    "rope_parameters_from_config",
     "apply_rotary_pos_emb",
     "mrope_cos_sin",
     "context_parallel_positions",

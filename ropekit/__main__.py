@@ -73,7 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv and argv[0] in ("bench", "stress"):  # they parse their own options (argparse REMAINDER would not)
         return (_bench if argv[0] == "bench" else _stress)(argparse.Namespace(rest=argv[1:]))
-    parser = argparse.ArgumentParser(prog="python -m ropekit", description="RoPE kernels: check, inspect, measure.")
+    parser = argparse.ArgumentParser(prog="python -m ropekit", description="RoPE kernels: check, inspect, measure.",
+                                     epilog="python -m ropekit bench --help / stress --help list their options.")
     commands = parser.add_subparsers(dest="command", metavar="command", required=True)
     commands.add_parser("check", help="check every available kernel against the float64 reference (table)")
     commands.add_parser("info", help="versions, device, and which backends work here (and why not)")

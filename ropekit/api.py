@@ -117,6 +117,9 @@ def _prepare(q, k, cos, sin, positions, layout, interleaved, rotary_dim, cu_seql
 
     head_dim = q.shape[-1]
     if per_token:
+        if positions is not None:
+            raise ValueError("positions must be None with per_token=True: the per-token cos/sin rows already hold "
+                             "each token's angles")
         rotary_dim_from_cos = cos.shape[-1]
     else:
         if cos.ndim != 2:
@@ -179,7 +182,9 @@ def _check_device_values(spec: PositionSpec, table_len: int, n_tokens: int) -> N
         lengths = ((spec.cu_seqlens[1:] - spec.cu_seqlens[:-1]).cpu() if spec.cu_seqlens is not None
                    else torch.full_like(pos, n_tokens))
         last = pos + lengths - 1 if spec.mode == SEQ_OFFSETS else pos
-        if bool((pos < 0).any()) or (last.numel() and int(last.max()) >= table_len):
+        if bool((pos < 0).any()):
+            raise ValueError(f"positions must be >= 0, got {int(pos.min())}")
+        if last.numel() and int(last.max()) >= table_len:
             raise ValueError(f"positions reach {int(last.max())} but the cos/sin table has {table_len} rows")
 
 
@@ -320,6 +325,11 @@ def apply_rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, cos: Optional[
     if inplace:
         if torch.is_grad_enabled() and (q.requires_grad or (k is not None and k.requires_grad)):
             raise ValueError("inplace=True does not support autograd; use inplace=False when q or k requires grad")
+        for name, t in (("q", q), ("k", k)):
+            # A broadcast (stride-0) view would be rotated once per alias, racing on a GPU.
+            if t is not None and any(stride == 0 and size > 1 for size, stride in zip(t.shape, t.stride())):
+                raise ValueError(f"inplace=True needs {name} without self-overlap, got a broadcast view with strides "
+                                 f"{t.stride()}; clone() it or use inplace=False")
         if torch.compiler.is_compiling():
             _rope_inplace_op(q, k, *args)
         else:

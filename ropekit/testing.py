@@ -23,8 +23,9 @@ def ulp(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 def check_close_to_reference(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype | None = None) -> str | None:
     """None when ``out`` meets the bound above for ``dtype`` (default: out's dtype), else a message saying where not."""
     dtype = out.dtype if dtype is None else dtype
-    out64 = out.detach().to(torch.float64).cpu()
-    ref64 = ref.detach().to(torch.float64).cpu()
+    # Compare where the output lives: a GPU checks millions of elements in milliseconds (the same arithmetic).
+    out64 = out.detach().to(torch.float64)
+    ref64 = ref.detach().to(device=out64.device, dtype=torch.float64)
     if out64.shape != ref64.shape:
         return f"shape {tuple(out64.shape)} != reference shape {tuple(ref64.shape)}"
     if torch.isnan(out64).any() and not torch.isnan(ref64).any():

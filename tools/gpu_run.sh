@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
 # One device call = one stage of this script, so GPU work is batched (device time is scarce).
-#   bash tools/gpu_run.sh smoke      versions, `python -m ropekit check`, the GPU test suite, v4 tuning
-#   bash tools/gpu_run.sh full       tests, CUDA build + sanitizer, stress, benchmarks
+#   bash tools/gpu_run.sh smoke|tune|cuda|bench|stress   (each stage below; docs/gpu.md has the table)
 # Everything it produces goes under $OUT (logs, JSON, PNG).
 set -u
 OUT=${OUT:-/tmp/out}

@@ -338,7 +338,7 @@ def _launch(grid, pointers, ints, constexprs, num_warps):
                 continue
             entry[1] = convention
             return
-        entry[1] = "jit"
+        entry[1] = with_constexprs = "jit"
     if with_constexprs == "jit":
         rope_v4_kernel[grid](*pointers, *ints, **constexprs, num_warps=num_warps)
     else:
