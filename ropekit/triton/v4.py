@@ -13,8 +13,8 @@ New since v3 (tiles of tokens x heads that share cos/sin rows):
 * **cos/sin** from the half-width float32 table indexed by position, or (``COS_PER_TOKEN``) full-width rows given per
   token in any float dtype, the way transformers passes them (this covers M-RoPE and the HF drop-in).
 * ``CONJUGATE`` rotates by -θ: the backward pass is the same kernel.
-* In place (out pointer == in pointer) or out of place; addresses in int64 whenever a tensor's storage holds
-  2**31 elements or more (int32 otherwise: fewer instructions), so huge tensors are correct.
+* In place (out pointer == in pointer) or out of place; offsets in int64 whenever a view spans 2**31 elements
+  or more (int32 otherwise: fewer instructions), so huge tensors are correct.
 * Positions outside the table are never read (masked loads); such tokens come out as NaN so the error is loud.
 """
 
@@ -134,7 +134,7 @@ def _rotate_head_block(
 ):
     """Rotate BLOCK_H heads of BLOCK_S tokens of one tensor (q or k): load the tile, then its cos/sin, rotate, store."""
     heads = first_head + tl.arange(0, BLOCK_H)
-    # [BLOCK_S, BLOCK_H] start of every head vector, in int64 when a tensor spans 2**31 elements or more.
+    # [BLOCK_S, BLOCK_H] start of every head vector, in int64 when a view spans 2**31 elements or more.
     row_in = batch_index * stride_b + token_rows[:, None] * stride_s + heads[None, :].to(INDEX_DTYPE) * stride_h
     row_out = (batch_index * out_stride_b + token_rows[:, None] * out_stride_s
                + heads[None, :].to(INDEX_DTYPE) * out_stride_h)
@@ -272,9 +272,11 @@ def _next_pow2(n: int) -> int:
     return 1 << (max(n, 1) - 1).bit_length()
 
 
-def _storage_elements(x: torch.Tensor) -> int:
-    # every address a view can form lies inside its storage: a bound that needs no walk over shape and strides
-    return x.untyped_storage().nbytes() // x.element_size()
+@functools.lru_cache(maxsize=4096)
+def _fits_int32(*shapes_and_strides) -> bool:
+    """Whether every in-kernel offset (relative to each view's own data pointer) stays below 2**31."""
+    return all(sum((n - 1) * abs(st) for n, st in zip(shape, strides) if n > 0) < 2**31
+               for shape, strides in zip(shapes_and_strides[::2], shapes_and_strides[1::2]))
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -424,7 +426,7 @@ def rope_v4(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: tor
         MATH_DTYPE=_MATH_DTYPE.get(q.dtype, tl.float32), EAGER_ROUNDING=eager_rounding,
         HEAD_LOOP=config.head_loop, EVICT="evict_first" if config.evict_first else "",
         # 32-bit address arithmetic is fewer instructions; int64 as soon as any tensor's storage could overflow it
-        INDEX_DTYPE=tl.int32 if max(_storage_elements(t) for t in (q, k_args, out_q, out_k_args)) < 2**31
-        else tl.int64,
+        INDEX_DTYPE=tl.int32 if _fits_int32(q.shape, q.stride(), k_args.shape, k_args.stride(), out_q.shape,
+                                            out_q.stride(), out_k_args.shape, out_k_args.stride()) else tl.int64,
     )
     _launch(grid, pointers, ints, constexprs, config.num_warps)
