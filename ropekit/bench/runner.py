@@ -242,12 +242,7 @@ class Runner:
                           do_bench_us=do_bench_us if residency == "dram" else None, **common)
             if prepared.graph_safe and self.graphs_enabled:
                 try:
-                    # Size the graph by the case's device work (bytes at 3 TB/s), the same for every implementation:
-                    # do_bench of a tiny call is host-bound, and sizing by it gave slow-host implementations graphs
-                    # of a handful of calls that then carried the graph-launch overhead.
-                    device_estimate_us = max(case.moved_bytes(prepared.inplace) / 3.0e3, 0.5)
-                    row["graph_us"], row["graph_spread"], row["graph_calls"] = self.timer.graph_us(
-                        fns, device_estimate_us)
+                    row["graph_us"], row["graph_spread"], row["graph_calls"] = self.timer.graph_us(fns, do_bench_us)
                 except Exception as error:  # noqa: BLE001
                     row["graph_error"] = f"{type(error).__name__}: {error}"[:300]
                     self._after_graph_failure()
