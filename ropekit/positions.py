@@ -53,6 +53,11 @@ class PositionSpec:
         return self.cu_seqlens is not None
 
 
+def _same_device(a: torch.device, b: torch.device) -> bool:
+    # "cuda" (current device) and "cuda:0" name the same device when the index is unspecified
+    return a.type == b.type and (a.index is None or b.index is None or a.index == b.index)
+
+
 def resolve_positions(*, batch: int, seqlen: int, positions=None, cu_seqlens=None, max_seqlen=None,
                       device=None) -> PositionSpec:
     """Classify ``positions`` (None, int, (batch,) offsets or position ids) into a :class:`PositionSpec`.
@@ -74,7 +79,7 @@ def resolve_positions(*, batch: int, seqlen: int, positions=None, cu_seqlens=Non
         raise TypeError(f"positions must be None, an int offset or an integer tensor, got {type(positions).__name__}")
     if positions.dtype not in (torch.int32, torch.int64):
         raise TypeError(f"positions must be an int32 or int64 tensor, got {positions.dtype}")
-    if device is not None and positions.device != torch.device(device):
+    if device is not None and not _same_device(positions.device, torch.device(device)):
         raise ValueError(f"positions is on {positions.device} but q is on {device}")
     if positions.ndim == 0:
         # A 0-d tensor is a per-batch offset broadcast to every sequence (stays on the device: no .item()).
