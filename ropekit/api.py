@@ -60,8 +60,8 @@ def _check_tensor(name: str, x, ndim: int) -> None:
         raise ValueError(f"{name} must have {ndim} dimensions for this layout, got shape {tuple(x.shape)}")
 
 
-def _prepare(q, k, cos, sin, positions, layout, interleaved, rotary_dim, cu_seqlens, max_seqlen, per_token,
-             eager_rounding, backend, table=None):
+def _prepare(q, k, cos, sin, positions, layout, rotary_dim, cu_seqlens, max_seqlen, per_token, eager_rounding,
+             backend, table=None):
     """Validate the call; return (cos, sin, spec, rotary_dim): tables as the kernel reads them, positions."""
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
@@ -200,23 +200,19 @@ def _new_output(x: torch.Tensor) -> torch.Tensor:
 def _launch(q, k, cos, sin, positions, pos_mode, cu_seqlens, position_offset, max_seqlen, rotary_dim, layout,
             interleaved, conjugate, per_token, eager_rounding, backend, out_q, out_k):
     """Run the kernel for already-validated arguments; q/k/out are in the caller's layout."""
+    # per-token cos/sin arrive already broadcast to the token shape (by _prepare, before any op or autograd saw them)
     if layout == "thd":
         q4, k4, oq4, ok4 = q, k, out_q, out_k
         spec = PositionSpec(pos_mode, position_offset, positions, cu_seqlens, max_seqlen)
-        token_shape = (q.shape[0],)
     elif layout == "bshd":  # no views to build: the hot path of decode
         q4, k4, oq4, ok4 = q, k, out_q, out_k
         spec = PositionSpec(pos_mode, position_offset, positions)
-        token_shape = q.shape[:2]
     else:
         order = _TO_BSHD[layout]
         q4, oq4 = q.permute(order), out_q.permute(order)
         k4 = None if k is None else k.permute(order)
         ok4 = None if out_k is None else out_k.permute(order)
         spec = PositionSpec(pos_mode, position_offset, positions)
-        token_shape = q4.shape[:2]
-    if per_token:
-        cos, sin = cos.expand(*token_shape, cos.shape[-1]), sin.expand(*token_shape, sin.shape[-1])
     _launcher(backend)(q4, k4, cos, sin, out_q=oq4, out_k=ok4, positions=spec, rotary_dim=rotary_dim,
                        interleaved=interleaved, conjugate=conjugate, cos_per_token=per_token,
                        copy_tail=out_q.data_ptr() != q.data_ptr(),
@@ -317,9 +313,8 @@ def apply_rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, cos: Optional[
         cos, sin = table.cos, table.sin
     elif cos is None or sin is None:
         raise TypeError("apply_rope needs cos and sin tables (or table=ropekit.RopeTable(...))")
-    cos, sin, spec, rotary_dim = _prepare(q, k, cos, sin, positions, layout, interleaved, rotary_dim,
-                                                cu_seqlens, max_seqlen, per_token, eager_rounding, backend,
-                                                table)
+    cos, sin, spec, rotary_dim = _prepare(q, k, cos, sin, positions, layout, rotary_dim, cu_seqlens, max_seqlen,
+                                          per_token, eager_rounding, backend, table)
     args = (cos, sin, spec.tensor, spec.mode, spec.cu_seqlens, spec.offset, spec.max_seqlen or 0, rotary_dim, layout,
             interleaved, conjugate, per_token, eager_rounding, backend)
     if inplace:
