@@ -366,9 +366,12 @@ def _raise_recompile_limit():
             setattr(config, name, max(getattr(config, name), 64))
 
 
-class Liger(Impl):
-    name = "liger"
-    label = "Liger-Kernel (LigerRopeFunction)"
+class PeerImpl(Impl):
+    """A peer loaded lazily from the peers folder: unavailable (with the loader's reason) when it is not there."""
+
+    loader = None  # a function (peers_directory) -> Peer
+    required = ()  # attribute names the peer module must have
+    missing = ""  # the reason given when one of them is absent
 
     def __init__(self, peer: Peer | None = None, peers_directory=None):
         self._peer = peer
@@ -377,18 +380,26 @@ class Liger(Impl):
     @property
     def peer(self) -> Peer:
         if self._peer is None:
-            self._peer = load_liger(self._dir)
+            self._peer = type(self).loader(self._dir)
         return self._peer
 
     def available(self):
         if self.peer.reason:
             return self.peer.reason
-        if not hasattr(self.peer.module, "LigerRopeFunction") or not hasattr(self.peer.module, "rope_backward"):
-            return "liger_kernel.ops.rope has no LigerRopeFunction / rope_backward"
+        if not all(hasattr(self.peer.module, name) for name in self.required):
+            return self.missing
         return None
 
     def info(self):
         return dict(self.peer.info)
+
+
+class Liger(PeerImpl):
+    name = "liger"
+    label = "Liger-Kernel (LigerRopeFunction)"
+    loader = staticmethod(load_liger)
+    required = ("LigerRopeFunction", "rope_backward")
+    missing = "liger_kernel.ops.rope has no LigerRopeFunction / rope_backward"
 
     def _supports(self, case, direction):
         if case.interleaved:
@@ -431,29 +442,12 @@ def _accepts_rotary_dim(module) -> bool:
         return False
 
 
-class FlashAttn(Impl):
+class FlashAttn(PeerImpl):
     name = "flash-attn"
     label = "flash-attention Triton apply_rotary (file from .peers)"
-
-    def __init__(self, peer: Peer | None = None, peers_directory=None):
-        self._peer = peer
-        self._dir = peers_directory
-
-    @property
-    def peer(self) -> Peer:
-        if self._peer is None:
-            self._peer = load_flash_attn(self._dir)
-        return self._peer
-
-    def available(self):
-        if self.peer.reason:
-            return self.peer.reason
-        if not hasattr(self.peer.module, "apply_rotary"):
-            return "the flash-attention file has no apply_rotary"
-        return None
-
-    def info(self):
-        return dict(self.peer.info)
+    loader = staticmethod(load_flash_attn)
+    required = ("apply_rotary",)
+    missing = "the flash-attention file has no apply_rotary"
 
     def build(self, case, tables, data, direction):
         apply_rotary = self.peer.module.apply_rotary
