@@ -3,12 +3,14 @@
 Data flows one way: the user's call -> ``_prepare`` (every check, before any write) -> one launcher (Triton v4 or CUDA)
 -> one kernel. Layouts become strides here, once; the kernels only see ``(batch, seq, heads, head_dim)`` views.
 
-Three ways in, one kernel:
+Four ways in, one kernel:
 
 * eager inference (no grad, not compiling): the launcher is called directly — no dispatcher on the hot path;
-* autograd or ``torch.compile``: the functional custom op ``ropekit::rope`` (fake impl for tracing; its backward is the
-  same op with ``conjugate`` flipped);
-* ``inplace=True``: the mutating op ``ropekit::rope_`` (no autograd: ``torch.library`` registers none for mutating ops).
+* eager autograd: ``_RopeFunction``, a plain ``autograd.Function`` around the same launches (its backward is the
+  rotation by -θ, i.e. the same kernel with ``conjugate`` flipped);
+* ``torch.compile``: the functional custom op ``ropekit::rope`` (fake impl for tracing; the same backward registered
+  with ``torch.library``);
+* ``inplace=True``: the mutating op ``ropekit::rope_`` when compiling, the launcher otherwise (no autograd).
 """
 
 from __future__ import annotations
@@ -262,6 +264,36 @@ def _rope_backward(ctx, grad_q, grad_k):
 _rope_op.register_autograd(_rope_backward, setup_context=_rope_setup_context)
 
 
+class _RopeFunction(torch.autograd.Function):
+    """The eager autograd path: the same launches as ``ropekit::rope`` and its registered backward, recorded by a
+    plain ``autograd.Function``. The custom op's Python dispatch costs hundreds of microseconds of host time per call
+    (docs/benchmarks.md, the ``ropekit-autograd`` rows); torch.compile still sees the custom op."""
+
+    @staticmethod
+    def forward(ctx, q, k, cos, sin, positions, pos_mode, cu_seqlens, position_offset, max_seqlen, rotary_dim,
+                layout, interleaved, conjugate, per_token, eager_rounding, backend):
+        out_q = _new_output(q)
+        out_k = _new_output(k) if k is not None else None
+        _launch(q, k, cos, sin, positions, pos_mode, cu_seqlens, position_offset, max_seqlen, rotary_dim, layout,
+                interleaved, conjugate, per_token, eager_rounding, backend, out_q, out_k)
+        ctx.save_for_backward(cos, sin, positions, cu_seqlens)
+        ctx.args = (pos_mode, position_offset, max_seqlen, rotary_dim, layout, interleaved, conjugate, per_token,
+                    eager_rounding, backend)
+        ctx.has_k = k is not None
+        return out_q, out_k
+
+    @staticmethod
+    def backward(ctx, grad_q, grad_k):
+        # as _rope_backward: the rotation by -θ; through apply() again, so double backward works
+        cos, sin, positions, cu_seqlens = ctx.saved_tensors
+        (pos_mode, position_offset, max_seqlen, rotary_dim, layout, interleaved, conjugate, per_token, eager_rounding,
+         backend) = ctx.args
+        dq, dk = _RopeFunction.apply(grad_q, grad_k if ctx.has_k else None, cos, sin, positions, pos_mode,
+                                     cu_seqlens, position_offset, max_seqlen, rotary_dim, layout, interleaved,
+                                     not conjugate, per_token, eager_rounding, backend)
+        return (dq, dk) + (None,) * 14
+
+
 @torch.library.custom_op("ropekit::rope_", mutates_args=("q", "k"))
 def _rope_inplace_op(q: torch.Tensor, k: Optional[torch.Tensor], cos: torch.Tensor, sin: torch.Tensor,
                      positions: Optional[torch.Tensor], pos_mode: int, cu_seqlens: Optional[torch.Tensor],
@@ -330,10 +362,11 @@ def apply_rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, cos: Optional[
         else:
             _launch(q, k, *args, q, k)
         return q, k
-    needs_grad = torch.is_grad_enabled() and (q.requires_grad or (k is not None and k.requires_grad))
-    if needs_grad or torch.compiler.is_compiling():
+    if torch.compiler.is_compiling():
         out_q, out_k = _rope_op(q, k, *args)
         return out_q, (out_k if k is not None else None)
+    if torch.is_grad_enabled() and (q.requires_grad or (k is not None and k.requires_grad)):
+        return _RopeFunction.apply(q, k, *args)
     # Eager inference: skip the dispatcher (host time matters for decode).
     out_q = _new_output(q)
     out_k = _new_output(k) if k is not None else None

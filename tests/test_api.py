@@ -9,6 +9,8 @@ import torch
 import ropekit
 from ropekit import reference as ref
 from ropekit.testing import assert_close_to_reference
+from ropekit.triton import v4
+from ropekit.triton.v4 import LaunchConfig
 from conftest import DEVICE, FULL, gpu_only
 
 TO_BSHD = {"bshd": (0, 1, 2, 3), "sbhd": (1, 0, 2, 3), "bhsd": (0, 2, 1, 3)}
@@ -85,6 +87,44 @@ def test_apply_rope_matches_reference(case, inplace):
     else:
         assert torch.equal(q, q_in) and torch.equal(k, k_in), "out-of-place call modified its inputs"
         assert out_q.is_contiguous() and out_q.shape == q.shape
+
+
+# Every v4 tile shape must give the same answer: the layouts the H100 launch table picks (including one program per
+# token block holding all q and k heads) are forced here onto every case, so the interpreter checks them on CPU.
+V4_CONFIGS = [
+    LaunchConfig(1, 4, 4, fused_qk=True),
+    LaunchConfig(2, 1, 2, fused_qk=True, evict_first=True),
+    LaunchConfig(4, 2, 4),
+    LaunchConfig(1, 1, 1, evict_first=True),
+]
+
+
+@pytest.mark.parametrize("config", V4_CONFIGS, ids=lambda c: f"s{c.block_s}h{c.block_h}w{c.num_warps}"
+                         + ("-fused" if c.fused_qk else "") + ("-evict" if c.evict_first else ""))
+@pytest.mark.parametrize("case", CASES[:6], ids=[c[0] for c in CASES[:6]])
+def test_every_v4_tile_shape_matches_reference(case, config, monkeypatch):
+    monkeypatch.setattr(v4, "launch_config", lambda *args: config)
+    _, layout, batch, seqlen, hq, hk, head_dim, rotary_dim, interleaved, kind, dtype = case
+    q = make(layout, batch, seqlen, hq, head_dim, dtype)
+    k = make(layout, batch, seqlen, hk, head_dim, dtype)
+    cos, sin = table(64, rotary_dim)
+    arg, pos = positions_for(kind, batch, seqlen)
+    out_q, out_k = ropekit.apply_rope(q, k, cos, sin, positions=arg, layout=layout, interleaved=interleaved,
+                                      rotary_dim=rotary_dim)
+    kw = dict(rotary_dim=rotary_dim, interleaved=interleaved)
+    assert_close_to_reference(out_q, expected(q, layout, pos, **kw))
+    assert_close_to_reference(out_k, expected(k, layout, pos, **kw))
+    # q alone, and varlen, through the same tile shape
+    out_q, _ = ropekit.apply_rope(q, None, cos, sin, positions=arg, layout=layout, interleaved=interleaved,
+                                  rotary_dim=rotary_dim)
+    assert_close_to_reference(out_q, expected(q, layout, pos, **kw))
+    cu = torch.tensor([0, 3, 4, 9], dtype=torch.int32, device=DEVICE)
+    q_thd = torch.randn(9, hq, head_dim, device=DEVICE).to(dtype)
+    k_thd = torch.randn(9, hk, head_dim, device=DEVICE).to(dtype)
+    out_q, out_k = ropekit.apply_rope(q_thd, k_thd, cos, sin, layout="thd", cu_seqlens=cu, max_seqlen=5,
+                                      interleaved=interleaved, rotary_dim=rotary_dim)
+    assert_close_to_reference(out_q, ref.rope(q_thd, ref.varlen_positions(cu), **kw))
+    assert_close_to_reference(out_k, ref.rope(k_thd, ref.varlen_positions(cu), **kw))
 
 
 def test_noncontiguous_views_and_k_none():

@@ -295,7 +295,8 @@ def fake_run():
                   "info": i.info()} for i in impls]
     doc = make_document(command="fake", settings=bench.QUICK.to_json(), environment={
         "python": "3", "torch": torch.__version__, "triton": "x", "ropekit": ropekit.__version__},
-        copy_ceiling=clock.copy_ceiling(), l2_bytes=clock._l2, cases=cases, impls=impl_info, rows=rows, complete=True)
+        copy_ceiling=clock.copy_ceiling(), l2_bytes=clock._l2, cases=cases, impls=impl_info, rows=rows, complete=True,
+        copy_floors=runner.copy_floors)
     return doc, runner, clock, cases
 
 
@@ -316,7 +317,12 @@ def test_runner_rows_follow_the_schema(fake_run):
     assert dram_small["graph_calls"] == dram_small["n_buffer_sets"]  # every set was captured and run
     backward = [r for r in ok if r["direction"] == "backward"]
     assert {r["impl"] for r in backward} == {"triton-v4", "ropekit", "torch-eager"}
-    assert all(r["time_source"] == "do_bench" for r in backward)
+    assert all(r["time_source"] == "do_bench" for r in backward)  # the clock every backward row has (autograd too)
+    assert [r["impl"] for r in backward if r["graph_us"] is not None] == ["triton-v4"]  # the launcher is captured
+    # the same-bytes copy floor: measured for the large (DRAM) main case only
+    assert set(runner.copy_floors) == {large.name}
+    floor = runner.copy_floors[large.name]
+    assert floor["graph_us"] > 0 and floor["bytes"] == large.moved_bytes(inplace=False)
     skipped = [r for r in rows if r["status"] == "skipped"]
     assert skipped and all(r["reason"] for r in skipped)
     for row in ok:

@@ -237,7 +237,8 @@ def main(argv: list[str] | None = None) -> int:
                       "unavailable": runner.unavailable.get(i.name), "info": _safe_info(i)} for i in impls]
         return make_document(command=command, settings=settings.to_json(), environment=env, copy_ceiling=ceiling,
                              copy_ceiling_end=ceiling_end, l2_bytes=runner.l2_bytes, cases=cases, impls=impl_info,
-                             rows=rows, complete=complete, aborted=aborted, duration_s=duration)
+                             rows=rows, complete=complete, aborted=aborted, duration_s=duration,
+                             copy_floors=runner.copy_floors)
 
     runner.on_case_done = lambda rows: write_json(document(False), doc_path)
     try:  # a SIGTERM (e.g. from `timeout`) ends the run like Ctrl-C: what was measured is still written

@@ -73,8 +73,16 @@ def targets(doc: dict) -> list[dict]:
         ratio = row["vs_fastest_peer"] if row else None
         add("forward no slower than the fastest peer (±1%)", case, row, ratio, EQUAL_WITHIN,
             None if ratio is None else ratio <= EQUAL_WITHIN, "x")
-        row = _best(doc, case, "backward", "dram", ROPEKIT_NAMES + ("triton-v4",))
-        pct = row["pct_ceiling"] if row else None
+        # The backward is the conjugate rotation; like the forward target, judged on device time: the graph clock
+        # where the call can be captured (the v4 launcher), else do_bench (autograd through the API).
+        best = None
+        for r in _rows(doc, case=case, direction="backward", residency="dram", status="ok"):
+            if r["impl"] in ROPEKIT_NAMES + ("triton-v4",):
+                for t in (r["graph_us"], r["do_bench_us"]):
+                    if t and (best is None or t < best[1]):
+                        best = (r, t)
+        row = best[0] if best else None
+        pct = row["bytes"] / (best[1] * 1e-6) / 1e9 / row["ceiling_gbps"] * 100 if best else None
         add("backward >= 95% of the copy ceiling", case, row, pct, 95.0, None if pct is None else pct >= 95.0, "%")
     for case in SMALL_CASES:
         row = _best(doc, case, "forward", "l2")
@@ -163,8 +171,15 @@ def _block_cases(doc, direction, md_dir, json_path, only=None) -> str:
         if not _rows(doc, case=case["name"], direction=direction):
             continue
         rotary_only = case["inplace"] and case["rotary_dim"] < case["head_dim"]
+        floor = doc.get("copy_floors", {}).get(case["name"]) or {}
+        floor_text = ""
+        if floor.get("graph_us") and doc.get("copy_ceiling"):
+            pct = floor["bytes"] / (floor["graph_us"] * 1e-6) / 1e9 / doc["copy_ceiling"]["gbps"] * 100
+            floor_text = (f" Copying the same bytes (torch `copy_` of q and k into new tensors, graph clock, this run) "
+                          f"takes {floor['graph_us']:.1f} µs = {pct:.1f}% of the ceiling: the floor of an out-of-place "
+                          "rotation.")
         parts.append(f"#### {case['name']}: {case['title']}\n\n{case['moved_bytes'] / 1e6:.1f} MB moved per call "
-                     f"(q and k read and written once{', rotary part only' if rotary_only else ''}).\n\n"
+                     f"(q and k read and written once{', rotary part only' if rotary_only else ''}).{floor_text}\n\n"
                      + _case_table(doc, case, direction))
     figure = PLOT_FILES["backward" if direction == "backward" else "forward"]
     parts.append(_figure(doc, md_dir, json_path, figure, f"{direction} GB/s per case"))

@@ -43,12 +43,13 @@ def environment() -> dict:
 def make_document(*, command: str, settings: dict, environment: dict, copy_ceiling: dict | None, l2_bytes,
                   cases: list, impls: list[dict], rows: list[dict], complete: bool, aborted: str | None = None,
                   copy_ceiling_end: dict | None = None, created: str | None = None,
-                  duration_s: float | None = None) -> dict:
+                  duration_s: float | None = None, copy_floors: dict | None = None) -> dict:
     created = created or datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat()
     return {
         "schema": SCHEMA, "created": created, "command": command, "complete": complete, "aborted": aborted,
         "environment": environment, "settings": settings, "copy_ceiling": copy_ceiling,
         "copy_ceiling_end": copy_ceiling_end, "l2_bytes": l2_bytes, "duration_s": duration_s,
+        "copy_floors": copy_floors or {},
         "cases": [c if isinstance(c, dict) else c.to_json() for c in cases], "impls": impls, "rows": rows,
     }
 
@@ -144,6 +145,7 @@ def merge_documents(docs: list[dict]) -> dict:
     merged["cases"] = list(cases.values())
     merged["impls"] = list(impls.values())
     merged["rows"] = [row for group in rows.values() for row in group]
+    merged["copy_floors"] = {name: floor for doc in docs for name, floor in doc.get("copy_floors", {}).items()}
     merged["complete"] = all(doc["complete"] for doc in docs)
     merged["aborted"] = "; ".join(doc["aborted"] for doc in docs if doc["aborted"]) or None
     merged["runs"] = [{"created": d["created"], "command": d["command"], "copy_ceiling": d["copy_ceiling"],

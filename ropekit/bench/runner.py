@@ -140,6 +140,7 @@ class Runner:
         self.unavailable: dict[str, str | None] = {}
         self.aborted: str | None = None
         self.started_at = started_at  # the time budget counts from here (default: when run() starts)
+        self.copy_floors: dict[str, dict] = {}  # case name -> the same bytes copied (see copy_floor)
 
     def probe(self) -> None:
         """Ask every implementation once whether it can run here (ropekit.cuda builds now, which can take a while)."""
@@ -159,6 +160,10 @@ class Runner:
             self.probe()
         start = self.started_at if self.started_at is not None else time.perf_counter()
         for case in self.cases:
+            floor = self.copy_floor(case)
+            if floor is not None:
+                self.copy_floors[case.name] = floor
+                self.progress.note(f"{case.name}: the same bytes copied by torch take {floor['graph_us']:.1f} us")
             tables = make_tables(case, self.device)
             for direction in (FORWARD, BACKWARD) if case.backward else (FORWARD,):
                 for impl in self.impls:
@@ -177,6 +182,25 @@ class Runner:
             if self.aborted:
                 break
         return self.rows
+
+    def copy_floor(self, case) -> dict | None:
+        """The case's own floor: its q and k copied into fresh tensors with ``torch.Tensor.copy_`` (the same bytes
+        read and written as an out-of-place rotation), graph clock. Large forward cases only (DRAM-resident)."""
+        if case.group != "main" or "l2" in residencies(case, self.l2_bytes):
+            return None
+        try:
+            data = make_data(case, self.device, seed_for(case.name, "copy", FORWARD))
+            out_q, out_k = torch.empty_like(data.q), torch.empty_like(data.k)
+
+            def copy():
+                out_q.copy_(data.q)
+                out_k.copy_(data.k)
+            estimate = self.timer.do_bench_us(copy, self.settings.warmup_ms, self.settings.rep_ms)
+            graph_us, spread, calls = self.timer.graph_us([copy], estimate)
+        except Exception as error:  # noqa: BLE001  (a floor is context; its failure must not end the run)
+            return {"graph_us": None, "error": f"{type(error).__name__}: {error}"[:300]}
+        return {"graph_us": graph_us, "graph_spread": spread, "graph_calls": calls,
+                "bytes": case.moved_bytes(inplace=False), "method": "torch copy_ of q and k into new tensors"}
 
     def _item(self, case, tables, impl, direction, start) -> list[dict]:
         reason = self.unavailable.get(impl.name) or impl.supports(case, direction)

@@ -122,42 +122,31 @@ def _cos_sin(COS, SIN, POSITIONS, pid_b, batch_index, s_local, token_rows, token
 
 
 @triton.jit
-def _rotate_head_block(
-    X, OUT, stride_b, stride_s, stride_h, stride_d, out_stride_b, out_stride_s, out_stride_h, out_stride_d,
-    batch_index, token_rows, token_mask, first_head, n_heads,
-    COS, SIN, POSITIONS, pid_b, s_local, table_len, position_offset,
-    stride_cos_b, stride_cos_s, stride_cos_d, stride_pos_b, stride_pos_s,
-    ROTARY_DIM: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr,
-    BLOCK_HALF: tl.constexpr, BLOCK_TAIL: tl.constexpr, INTERLEAVED: tl.constexpr, COPY_TAIL: tl.constexpr,
-    MATH_DTYPE: tl.constexpr, EAGER_ROUNDING: tl.constexpr, EVICT: tl.constexpr, POS_MODE: tl.constexpr,
-    COS_PER_TOKEN: tl.constexpr, CONJUGATE: tl.constexpr, INDEX_DTYPE: tl.constexpr,
-):
-    """Rotate BLOCK_H heads of BLOCK_S tokens of one tensor (q or k): load the tile, then its cos/sin, rotate, store."""
-    heads = first_head + tl.arange(0, BLOCK_H)
-    # [BLOCK_S, BLOCK_H] start of every head vector, in int64 when a view spans 2**31 elements or more.
-    row_in = batch_index * stride_b + token_rows[:, None] * stride_s + heads[None, :].to(INDEX_DTYPE) * stride_h
-    row_out = (batch_index * out_stride_b + token_rows[:, None] * out_stride_s
-               + heads[None, :].to(INDEX_DTYPE) * out_stride_h)
+def _tile_rows(batch_index, token_rows, token_mask, first_head, n_heads, stride_b, stride_s, stride_h,
+               out_stride_b, out_stride_s, out_stride_h, BLOCK_H: tl.constexpr, INDEX_DTYPE: tl.constexpr):
+    """[BLOCK_S, BLOCK_H] start of every head vector in the input and the output, and which of them exist.
+
+    int64 arithmetic when a view spans 2**31 elements or more (INDEX_DTYPE), int32 otherwise.
+    """
+    heads = (first_head + tl.arange(0, BLOCK_H)).to(INDEX_DTYPE)
+    row_in = batch_index * stride_b + token_rows[:, None] * stride_s + heads[None, :] * stride_h
+    row_out = batch_index * out_stride_b + token_rows[:, None] * out_stride_s + heads[None, :] * out_stride_h
     row_mask = token_mask[:, None] & (heads < n_heads)[None, :]
+    return row_in, row_out, row_mask
+
+
+@triton.jit
+def _load_pairs(X, row_in, row_mask, stride_d, ROTARY_DIM: tl.constexpr, BLOCK_S: tl.constexpr,
+                BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr, INTERLEAVED: tl.constexpr,
+                MATH_DTYPE: tl.constexpr, EVICT: tl.constexpr):
+    """The rotary channels of a [BLOCK_S, BLOCK_H] tile of head vectors as two [.., BLOCK_HALF] halves of pairs."""
     if INTERLEAVED:
         # The 2*BLOCK_HALF rotary channels are contiguous: load them in one go, pair neighbours in registers.
         channels = tl.arange(0, 2 * BLOCK_HALF)
         mask = row_mask[:, :, None] & (channels < ROTARY_DIM)[None, None, :]
         x = tl.load(X + row_in[:, :, None] + channels[None, None, :] * stride_d, mask=mask, other=0.0,
                     eviction_policy=EVICT)
-        x = tl.reshape(x.to(MATH_DTYPE), [BLOCK_S, BLOCK_H, BLOCK_HALF, 2])
-        x_a, x_b = tl.split(x)
-        cos_a, sin_a, cos_b, sin_b = _cos_sin(
-            COS, SIN, POSITIONS, pid_b, batch_index, s_local, token_rows, token_mask, table_len, position_offset,
-            stride_cos_b, stride_cos_s, stride_cos_d, stride_pos_b, stride_pos_s,
-            ROTARY_DIM, BLOCK_HALF, INTERLEAVED, POS_MODE, COS_PER_TOKEN, CONJUGATE, MATH_DTYPE)
-        # shared by every head of a token: broadcast [BLOCK_S, 1, BLOCK_HALF]
-        cos_a, sin_a = cos_a[:, None, :], sin_a[:, None, :]
-        cos_b, sin_b = cos_b[:, None, :], sin_b[:, None, :]
-        out_a, out_b = _rotate(x_a, x_b, cos_a, sin_a, cos_b, sin_b, OUT.dtype.element_ty, EAGER_ROUNDING)
-        out = tl.reshape(tl.join(out_a, out_b), [BLOCK_S, BLOCK_H, 2 * BLOCK_HALF])
-        tl.store(OUT + row_out[:, :, None] + channels[None, None, :] * out_stride_d,
-                 out.to(OUT.dtype.element_ty), mask=mask, eviction_policy=EVICT)
+        x_a, x_b = tl.split(tl.reshape(x.to(MATH_DTYPE), [BLOCK_S, BLOCK_H, BLOCK_HALF, 2]))
     else:
         # NeoX: pair i is (i, i + ROTARY_DIM/2): two contiguous half-rows.
         pairs = tl.arange(0, BLOCK_HALF)
@@ -166,14 +155,28 @@ def _rotate_head_block(
         x_a = tl.load(ptr_a, mask=mask, other=0.0, eviction_policy=EVICT).to(MATH_DTYPE)
         x_b = tl.load(ptr_a + (ROTARY_DIM // 2) * stride_d, mask=mask, other=0.0,
                       eviction_policy=EVICT).to(MATH_DTYPE)
-        cos_a, sin_a, cos_b, sin_b = _cos_sin(
-            COS, SIN, POSITIONS, pid_b, batch_index, s_local, token_rows, token_mask, table_len, position_offset,
-            stride_cos_b, stride_cos_s, stride_cos_d, stride_pos_b, stride_pos_s,
-            ROTARY_DIM, BLOCK_HALF, INTERLEAVED, POS_MODE, COS_PER_TOKEN, CONJUGATE, MATH_DTYPE)
-        # shared by every head of a token: broadcast [BLOCK_S, 1, BLOCK_HALF]
-        cos_a, sin_a = cos_a[:, None, :], sin_a[:, None, :]
-        cos_b, sin_b = cos_b[:, None, :], sin_b[:, None, :]
-        out_a, out_b = _rotate(x_a, x_b, cos_a, sin_a, cos_b, sin_b, OUT.dtype.element_ty, EAGER_ROUNDING)
+    return x_a, x_b
+
+
+@triton.jit
+def _rotate_store(X, OUT, x_a, x_b, cos_a, sin_a, cos_b, sin_b, row_in, row_out, row_mask, stride_d, out_stride_d,
+                  ROTARY_DIM: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr,
+                  BLOCK_HALF: tl.constexpr, BLOCK_TAIL: tl.constexpr, INTERLEAVED: tl.constexpr,
+                  COPY_TAIL: tl.constexpr, EAGER_ROUNDING: tl.constexpr, EVICT: tl.constexpr):
+    """Rotate a loaded tile by its tokens' cos/sin ([BLOCK_S, BLOCK_HALF], shared by every head), store it and,
+    for partial rotary out of place, copy the untouched tail channels."""
+    cos_a, sin_a = cos_a[:, None, :], sin_a[:, None, :]
+    cos_b, sin_b = cos_b[:, None, :], sin_b[:, None, :]
+    out_a, out_b = _rotate(x_a, x_b, cos_a, sin_a, cos_b, sin_b, OUT.dtype.element_ty, EAGER_ROUNDING)
+    if INTERLEAVED:
+        channels = tl.arange(0, 2 * BLOCK_HALF)
+        mask = row_mask[:, :, None] & (channels < ROTARY_DIM)[None, None, :]
+        out = tl.reshape(tl.join(out_a, out_b), [BLOCK_S, BLOCK_H, 2 * BLOCK_HALF])
+        tl.store(OUT + row_out[:, :, None] + channels[None, None, :] * out_stride_d,
+                 out.to(OUT.dtype.element_ty), mask=mask, eviction_policy=EVICT)
+    else:
+        pairs = tl.arange(0, BLOCK_HALF)
+        mask = row_mask[:, :, None] & (pairs < ROTARY_DIM // 2)[None, None, :]
         out_ptr_a = OUT + row_out[:, :, None] + pairs[None, None, :] * out_stride_d
         tl.store(out_ptr_a, out_a.to(OUT.dtype.element_ty), mask=mask, eviction_policy=EVICT)
         tl.store(out_ptr_a + (ROTARY_DIM // 2) * out_stride_d, out_b.to(OUT.dtype.element_ty), mask=mask,
@@ -199,15 +202,17 @@ def rope_v4_kernel(
     stride_cos_b, stride_cos_s, stride_cos_d,
     stride_pos_b, stride_pos_s,
     ROTARY_DIM: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_TAIL: tl.constexpr,
+    BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_HALF: tl.constexpr,
+    BLOCK_TAIL: tl.constexpr,
     INTERLEAVED: tl.constexpr, CONJUGATE: tl.constexpr, POS_MODE: tl.constexpr, IS_VARLEN: tl.constexpr,
     COS_PER_TOKEN: tl.constexpr, COPY_TAIL: tl.constexpr, HAS_K: tl.constexpr, MATH_DTYPE: tl.constexpr,
-    EAGER_ROUNDING: tl.constexpr, HEAD_LOOP: tl.constexpr, EVICT: tl.constexpr, INDEX_DTYPE: tl.constexpr,
+    EAGER_ROUNDING: tl.constexpr, FUSED_QK: tl.constexpr, EVICT: tl.constexpr, INDEX_DTYPE: tl.constexpr,
 ):
     """Grid: (token blocks, head blocks of q then of k, batch or sequence).
 
-    With HEAD_LOOP the head axis has one program for q and one for k, each looping over all heads in blocks of
-    BLOCK_H (cos/sin are fetched again for each block, after its q/k loads: see _cos_sin).
+    With FUSED_QK the head axis has a single program: it takes every head of q (a BLOCK_H tile) and of k (a
+    BLOCK_HK tile) for its tokens, issues all their loads first, and fetches cos/sin once for both.
+    Otherwise a program takes BLOCK_H heads of q or of k.
     """
     pid_s = tl.program_id(0)
     pid_h = tl.program_id(1)
@@ -228,41 +233,52 @@ def rope_v4_kernel(
     token_mask = s_local < seq_len_b
     token_rows = seq_start + s_local.to(INDEX_DTYPE)
 
-    # --- head blocks of q, or of k ------------------------------------------------------------------------------
-    if pid_h < n_head_blocks_q:
-        if HEAD_LOOP:
-            first, stop = 0, n_heads_q
-        else:
-            first = pid_h * BLOCK_H
-            stop = first + BLOCK_H
-        for head in range(first, stop, BLOCK_H):
-            _rotate_head_block(
-                Q, OUT_Q, stride_qb, stride_qs, stride_qh, stride_qd, stride_oqb, stride_oqs, stride_oqh, stride_oqd,
-                batch_index, token_rows, token_mask, head, n_heads_q,
-                COS, SIN, POSITIONS, pid_b, s_local, table_len, position_offset,
-                stride_cos_b, stride_cos_s, stride_cos_d, stride_pos_b, stride_pos_s,
-                ROTARY_DIM, HEAD_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_TAIL, INTERLEAVED, COPY_TAIL, MATH_DTYPE,
-                EAGER_ROUNDING, EVICT, POS_MODE, COS_PER_TOKEN, CONJUGATE, INDEX_DTYPE)
+    # --- which heads: a block of q's or of k's heads, or (FUSED_QK) all of both ----------------------------------
+    if FUSED_QK or pid_h < n_head_blocks_q:
+        q_in, q_out, q_mask = _tile_rows(batch_index, token_rows, token_mask, pid_h * BLOCK_H, n_heads_q,
+                                         stride_qb, stride_qs, stride_qh, stride_oqb, stride_oqs, stride_oqh,
+                                         BLOCK_H, INDEX_DTYPE)
+        q_a, q_b = _load_pairs(Q, q_in, q_mask, stride_qd, ROTARY_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF, INTERLEAVED,
+                               MATH_DTYPE, EVICT)
+        if FUSED_QK and HAS_K:
+            k_in, k_out, k_mask = _tile_rows(batch_index, token_rows, token_mask, 0, n_heads_k,
+                                             stride_kb, stride_ks, stride_kh, stride_okb, stride_oks, stride_okh,
+                                             BLOCK_HK, INDEX_DTYPE)
+            k_a, k_b = _load_pairs(K, k_in, k_mask, stride_kd, ROTARY_DIM, BLOCK_S, BLOCK_HK, BLOCK_HALF,
+                                   INTERLEAVED, MATH_DTYPE, EVICT)
+        # The q/k loads are in flight while the dependent chain position -> table row -> cos/sin resolves
+        # (it dominates a decode step's latency).
+        cos_a, sin_a, cos_b, sin_b = _cos_sin(
+            COS, SIN, POSITIONS, pid_b, batch_index, s_local, token_rows, token_mask, table_len, position_offset,
+            stride_cos_b, stride_cos_s, stride_cos_d, stride_pos_b, stride_pos_s,
+            ROTARY_DIM, BLOCK_HALF, INTERLEAVED, POS_MODE, COS_PER_TOKEN, CONJUGATE, MATH_DTYPE)
+        _rotate_store(Q, OUT_Q, q_a, q_b, cos_a, sin_a, cos_b, sin_b, q_in, q_out, q_mask, stride_qd, stride_oqd,
+                      ROTARY_DIM, HEAD_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_TAIL, INTERLEAVED, COPY_TAIL,
+                      EAGER_ROUNDING, EVICT)
+        if FUSED_QK and HAS_K:
+            _rotate_store(K, OUT_K, k_a, k_b, cos_a, sin_a, cos_b, sin_b, k_in, k_out, k_mask, stride_kd,
+                          stride_okd, ROTARY_DIM, HEAD_DIM, BLOCK_S, BLOCK_HK, BLOCK_HALF, BLOCK_TAIL, INTERLEAVED,
+                          COPY_TAIL, EAGER_ROUNDING, EVICT)
     elif HAS_K:
-        if HEAD_LOOP:
-            first, stop = 0, n_heads_k
-        else:
-            first = (pid_h - n_head_blocks_q) * BLOCK_H
-            stop = first + BLOCK_H
-        for head in range(first, stop, BLOCK_H):
-            _rotate_head_block(
-                K, OUT_K, stride_kb, stride_ks, stride_kh, stride_kd, stride_okb, stride_oks, stride_okh, stride_okd,
-                batch_index, token_rows, token_mask, head, n_heads_k,
-                COS, SIN, POSITIONS, pid_b, s_local, table_len, position_offset,
-                stride_cos_b, stride_cos_s, stride_cos_d, stride_pos_b, stride_pos_s,
-                ROTARY_DIM, HEAD_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_TAIL, INTERLEAVED, COPY_TAIL, MATH_DTYPE,
-                EAGER_ROUNDING, EVICT, POS_MODE, COS_PER_TOKEN, CONJUGATE, INDEX_DTYPE)
+        k_in, k_out, k_mask = _tile_rows(batch_index, token_rows, token_mask, (pid_h - n_head_blocks_q) * BLOCK_H,
+                                         n_heads_k, stride_kb, stride_ks, stride_kh, stride_okb, stride_oks,
+                                         stride_okh, BLOCK_H, INDEX_DTYPE)
+        k_a, k_b = _load_pairs(K, k_in, k_mask, stride_kd, ROTARY_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF, INTERLEAVED,
+                               MATH_DTYPE, EVICT)
+        cos_a, sin_a, cos_b, sin_b = _cos_sin(
+            COS, SIN, POSITIONS, pid_b, batch_index, s_local, token_rows, token_mask, table_len, position_offset,
+            stride_cos_b, stride_cos_s, stride_cos_d, stride_pos_b, stride_pos_s,
+            ROTARY_DIM, BLOCK_HALF, INTERLEAVED, POS_MODE, COS_PER_TOKEN, CONJUGATE, MATH_DTYPE)
+        _rotate_store(K, OUT_K, k_a, k_b, cos_a, sin_a, cos_b, sin_b, k_in, k_out, k_mask, stride_kd, stride_okd,
+                      ROTARY_DIM, HEAD_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_TAIL, INTERLEAVED, COPY_TAIL,
+                      EAGER_ROUNDING, EVICT)
+
 
 class LaunchConfig(NamedTuple):
     block_s: int  # tokens per program
-    block_h: int  # heads per inner step
+    block_h: int  # heads per program (with fused_qk: the q tile, at least q's head count)
     num_warps: int
-    head_loop: bool = False  # one program walks all heads of q (or k) for its tokens
+    fused_qk: bool = False  # one program takes all heads of q and of k for its tokens (cos/sin fetched once)
     evict_first: bool = False  # streaming cache hint on q/k loads and stores
 
 
@@ -283,21 +299,33 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-@functools.lru_cache(maxsize=1024)
-def launch_config(n_tokens: int, n_heads: int, head_dim: int, rotary_dim: int) -> LaunchConfig:
-    """Block sizes, chosen by measurement on the H100 (tools/tune_v4.py; runs in docs/gpu-runs/).
+# Largest fused tile (BLOCK_S tokens x all q and k heads x head_dim, padded) kept in registers: 64 values a thread
+# at 16 warps. Beyond it (very many or very wide heads) a program takes one head block of q or of k.
+_FUSED_TILE_MAX = 32768
 
-    A tile is BLOCK_S tokens x BLOCK_H heads; each tile moves one cos/sin row per token and reuses it across heads.
-    Measured (back-to-back CUDA-graph replays, docs/gpu-runs/run3/tune.txt): for prefill-sized work, 16 tokens x
-    1 head per program with 8 warps and a streaming cache hint is within 1% of the best configuration on the
-    Llama-3-8B, MHA-fp16 and fp32 cases; small prefills want more heads per program (fewer, fuller programs), and a
-    decode step one token x 4 heads. Under the interpreter every program costs Python overhead, so tiles are as
-    large as the shape allows.
+
+@functools.lru_cache(maxsize=1024)
+def launch_config(n_tokens: int, n_heads_q: int, n_heads_k: int, head_dim: int, rotary_dim: int) -> LaunchConfig:
+    """Block sizes, chosen by measurement on the H100 (tools/probe_limits.py, tools/tune_v4.py; docs/gpu-runs/).
+
+    Prefill-sized work (4096 tokens or more): two tokens per program holding every q and k head (``fused_qk``: all
+    loads issued before any store, cos/sin fetched once per token), 16 warps, streaming cache hint. Measured
+    (CUDA-graph replays, docs/gpu-runs/run6): Llama-3-8B 115.4 µs against 115.5 µs for copying the same bytes with
+    torch; MHA fp16 364.4 µs (copy 358.7); fp32 48.1 µs (copy 50.3); partial rotary out of place 119.3 µs, where the
+    earlier 16 tokens x 1 head tiles took 127-128 µs. Small prefills want a few heads per program (fewer, fuller
+    programs), a decode step one token x 4 heads (docs/gpu-runs/run3). Under the interpreter every program costs
+    Python overhead, so tiles are as large as the shape allows.
     """
+    n_heads = max(n_heads_q, n_heads_k)
     if _device.INTERPRET:
         return LaunchConfig(min(_next_pow2(n_tokens), 16), min(_next_pow2(n_heads), 8), 4)
     if n_tokens >= 4096:
-        return LaunchConfig(16, 1, 8, head_loop=False, evict_first=True)
+        per_token = (_next_pow2(n_heads_q) + (_next_pow2(n_heads_k) if n_heads_k else 0)) * _next_pow2(head_dim)
+        if 2 * per_token <= _FUSED_TILE_MAX:
+            return LaunchConfig(2, 1, 16, fused_qk=True, evict_first=True)
+        if per_token <= _FUSED_TILE_MAX:
+            return LaunchConfig(1, 1, 16, fused_qk=True, evict_first=True)
+        return LaunchConfig(16, 1, 8, evict_first=True)
     if n_tokens > 128:
         return LaunchConfig(2, min(_next_pow2(n_heads), 16), 4)
     return LaunchConfig(1, min(_next_pow2(n_heads), 4), 4)
@@ -360,12 +388,13 @@ _MATH_DTYPE = {torch.float64: tl.float64}
 def rope_v4(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor, *,
             out_q: torch.Tensor, out_k: torch.Tensor | None, positions: PositionSpec, rotary_dim: int,
             interleaved: bool = False, conjugate: bool = False, cos_per_token: bool = False,
-            copy_tail: bool = True, eager_rounding: bool = False) -> None:
+            copy_tail: bool = True, eager_rounding: bool = False, config: LaunchConfig | None = None) -> None:
     """Launch v4. q/k/out are 4-D ``(batch, seq, heads, head_dim)`` views with any strides, or 3-D ``(tokens, heads,
     head_dim)`` when ``positions.is_varlen``. cos/sin: ``(table_len, rotary_dim/2)`` tables, or with
     ``cos_per_token`` full-width rows ``(batch, seq, rotary_dim)`` (``(tokens, rotary_dim)`` for varlen).
 
-    The launcher trusts its caller (``ropekit.api`` validates); it only normalises shapes and picks block sizes.
+    The launcher trusts its caller (``ropekit.api`` validates); it only normalises shapes and picks block sizes
+    (``config`` overrides :func:`launch_config`: ``tools/tune_v4.py`` measures candidates this way).
     """
     if positions.is_varlen:
         q, out_q = q.unsqueeze(0), out_q.unsqueeze(0)
@@ -380,10 +409,15 @@ def rope_v4(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: tor
     head_dim = q.shape[-1]
     n_heads_q = q.shape[2]
     n_heads_k = k.shape[2] if k is not None else 0
-    config = launch_config(n_batch * seqlen, max(n_heads_q, n_heads_k), head_dim, rotary_dim)
+    if config is None:
+        config = launch_config(n_batch * seqlen, n_heads_q, n_heads_k, head_dim, rotary_dim)
     block_h = config.block_h
-    n_head_blocks_q = 1 if config.head_loop else _cdiv(n_heads_q, block_h)
-    n_head_blocks_k = (1 if n_heads_k else 0) if config.head_loop else _cdiv(n_heads_k, block_h)
+    if config.fused_qk:
+        # the q and k tiles cover every head: one program per token block
+        block_h = max(block_h, _next_pow2(n_heads_q))
+        n_head_blocks_q, n_head_blocks_k = 1, 0
+    else:
+        n_head_blocks_q, n_head_blocks_k = _cdiv(n_heads_q, block_h), _cdiv(n_heads_k, block_h)
     grid = (_cdiv(seqlen, config.block_s), n_head_blocks_q + n_head_blocks_k, n_batch)
     if grid[0] == 0 or n_batch == 0 or q.numel() == 0:
         return
@@ -407,9 +441,9 @@ def rope_v4(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: tor
     k_args = k if k is not None else q
     out_k_args = out_k if out_k is not None else out_q
     if log.isEnabledFor(logging.DEBUG):
-        log.debug("ropekit triton v4: grid=%s BLOCK_S=%d BLOCK_H=%d warps=%d head_loop=%s q=%s k=%s dtype=%s "
+        log.debug("ropekit triton v4: grid=%s BLOCK_S=%d BLOCK_H=%d warps=%d fused_qk=%s q=%s k=%s dtype=%s "
                   "rotary_dim=%d interleaved=%s conjugate=%s pos_mode=%d varlen=%s cos_per_token=%s", grid,
-                  config.block_s, block_h, config.num_warps, config.head_loop, tuple(q.shape),
+                  config.block_s, block_h, config.num_warps, config.fused_qk, tuple(q.shape),
                   None if k is None else tuple(k.shape), q.dtype, rotary_dim, interleaved, conjugate, positions.mode,
                   positions.is_varlen, cos_per_token)
     pointers = (q, k_args, out_q, out_k_args, cos, sin,
@@ -419,12 +453,13 @@ def rope_v4(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: tor
             *q.stride(), *k_args.stride(), *out_q.stride(), *out_k_args.stride(), *cos_strides, *pos_strides)
     constexprs = dict(
         ROTARY_DIM=rotary_dim, HEAD_DIM=head_dim,
-        BLOCK_S=config.block_s, BLOCK_H=block_h, BLOCK_HALF=_next_pow2(rotary_dim // 2),
+        BLOCK_S=config.block_s, BLOCK_H=block_h, BLOCK_HK=_next_pow2(n_heads_k) if config.fused_qk else 1,
+        BLOCK_HALF=_next_pow2(rotary_dim // 2),
         BLOCK_TAIL=_next_pow2(max(head_dim - rotary_dim, 1)),
         INTERLEAVED=interleaved, CONJUGATE=conjugate, POS_MODE=positions.mode, IS_VARLEN=positions.is_varlen,
         COS_PER_TOKEN=cos_per_token, COPY_TAIL=copy_tail and rotary_dim < head_dim, HAS_K=k is not None,
         MATH_DTYPE=_MATH_DTYPE.get(q.dtype, tl.float32), EAGER_ROUNDING=eager_rounding,
-        HEAD_LOOP=config.head_loop, EVICT="evict_first" if config.evict_first else "",
+        FUSED_QK=config.fused_qk, EVICT="evict_first" if config.evict_first else "",
         # 32-bit address arithmetic is fewer instructions; int64 as soon as any tensor's storage could overflow it
         INDEX_DTYPE=tl.int32 if _fits_int32(q.shape, q.stride(), k_args.shape, k_args.stride(), out_q.shape,
                                             out_q.stride(), out_k_args.shape, out_k_args.stride()) else tl.int64,
