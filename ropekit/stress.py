@@ -53,6 +53,8 @@ from . import reference as ref
 from .api import apply_rope
 from .frequencies import cos_sin_table, inverse_frequencies
 from .testing import check_close_to_reference
+from .triton import v4
+from .triton.v4 import LaunchConfig
 
 __all__ = [
     "Family", "Config", "Scale", "GPU_SCALE", "CPU_SCALE", "Unsupported",
@@ -1180,6 +1182,23 @@ def _ladder_launchers() -> list:
     return ladder
 
 
+_SANITIZE_V4_TILES = (None, LaunchConfig(2, 1, 16, fused_qk=True, evict_first=True))
+
+
+@contextlib.contextmanager
+def _forced_v4_tile(tile):
+    """Make Triton v4 use ``tile`` for every shape (None: its own launch table)."""
+    if tile is None:
+        yield
+        return
+    saved = v4.launch_config
+    v4.launch_config = lambda *args: tile
+    try:
+        yield
+    finally:
+        v4.launch_config = saved
+
+
 def sanitize_driver(device=None, verbose: bool = True) -> int:
     """Run every kernel once on mask-and-tail shapes (what compute-sanitizer watches). Returns 0 when everything ran
     and matched the reference, 1 otherwise; prints one line per launch."""
@@ -1215,19 +1234,23 @@ def sanitize_driver(device=None, verbose: bool = True) -> int:
                 (problems if message else ran).append(f"{label}: {message}" if message else label)
                 say(("FAIL  " if message else "ok    ") + label + (f": {message}" if message else ""))
     for backend in backends:
-        for cfg in sanitize_configs():
-            label = f"{backend} {cfg.describe()}"
-            try:
-                messages = run_config(cfg, backend, device)
-                if device == "cuda":
-                    torch.cuda.synchronize()
-            except Unsupported as reason:
-                say(f"skip  {label}: unsupported ({reason})")
-                continue
-            except Exception as exc:  # noqa: BLE001
-                messages = [f"raised {type(exc).__name__}: {exc}"]
-            (problems if messages else ran).append(label)
-            say(("FAIL  " if messages else "ok    ") + label + (f": {messages}" if messages else ""))
+        # v4 picks its tile from the token count; the small sanitizer shapes would never reach the fused tile that
+        # large prefills use, so the Triton configurations also run with it forced.
+        for tile in _SANITIZE_V4_TILES if backend == "triton" else (None,):
+            for cfg in sanitize_configs():
+                label = f"{backend} {cfg.describe()}" + (f" tile={tuple(tile)}" if tile else "")
+                try:
+                    with _forced_v4_tile(tile):
+                        messages = run_config(cfg, backend, device)
+                        if device == "cuda":
+                            torch.cuda.synchronize()
+                except Unsupported as reason:
+                    say(f"skip  {label}: unsupported ({reason})")
+                    continue
+                except Exception as exc:  # noqa: BLE001
+                    messages = [f"raised {type(exc).__name__}: {exc}"]
+                (problems if messages else ran).append(label)
+                say(("FAIL  " if messages else "ok    ") + label + (f": {messages}" if messages else ""))
         # positions beyond the table: the kernel must mask the loads (NaN out), never read past the table
         q = torch.randn(2, 5, 3, 80, device=device)
         cos, sin = cos_sin_table(8, 80, device=device)
