@@ -121,7 +121,10 @@ def main():
     except Exception as error:  # optional peer
         liger_forward = None
         print("liger unavailable:", error)
-    cuda_ok = ropekit.cuda.available() is None if hasattr(ropekit, "cuda") else False
+    from ropekit import cuda as rcuda
+    cuda_ok, cuda_why = rcuda.available()
+    if not cuda_ok:
+        print("ropekit.cuda unavailable:", cuda_why)
     for name in args.cases.split(","):
         b, s, hq, hk, d, rd, dtype, interleaved, inplace = CASES[name]
         q = torch.randn(b, s, hq, d, device="cuda", dtype=dtype)
@@ -167,7 +170,6 @@ def main():
                        graph_us(lambda: v4.rope_v4(q, k, cos_t, sin_t, out_q=q, out_k=k, positions=spec,
                                                    rotary_dim=rd, config=cfg)))
         if cuda_ok:
-            from ropekit import cuda as rcuda
             for shape in CUDA_SHAPES:
                 rcuda.LAUNCH_TUNING.update(block_threads_target=shape[0], row_threads_cap=shape[1])
                 record(f"cuda {'inplace ' if inplace else ''}block_target={shape[0]} row_cap={shape[1]}",
