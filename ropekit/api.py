@@ -221,16 +221,43 @@ def _launch(q, k, cos, sin, positions, pos_mode, cu_seqlens, position_offset, ma
                        **({"eager_rounding": True} if eager_rounding else {}))
 
 
+def _rotate_new(q, k, *args):
+    """Out of place: fresh outputs (None for an absent k), then the kernel. ``args`` are the op's after k."""
+    out_q = _new_output(q)
+    out_k = _new_output(k) if k is not None else None
+    _launch(q, k, *args, out_q, out_k)
+    return out_q, out_k
+
+
+def _save_inputs(ctx, inputs) -> None:
+    """What the backward needs of the op's inputs: the tables and positions (tensors), the rest as they are."""
+    _, k, cos, sin, positions, pos_mode, cu_seqlens, *rest = inputs
+    ctx.save_for_backward(cos, sin, positions, cu_seqlens)
+    ctx.has_k = k is not None
+    ctx.args = (pos_mode, *rest)
+
+
+def _backward_inputs(ctx, grad_q, grad_k) -> tuple:
+    """The op's inputs for the vector-Jacobian product: the gradients, rotated by -θ.
+
+    The rotation is orthogonal, so its VJP is the rotation by -θ, i.e. the same kernel with CONJUGATE flipped.
+    Incoming gradients may be non-contiguous or even zero-stride (loss = out.sum()): the kernel reads any strides.
+    """
+    cos, sin, positions, cu_seqlens = ctx.saved_tensors
+    (pos_mode, position_offset, max_seqlen, rotary_dim, layout, interleaved, conjugate, per_token, eager_rounding,
+     backend) = ctx.args
+    return (grad_q, grad_k if ctx.has_k else None, cos, sin, positions, pos_mode, cu_seqlens, position_offset,
+            max_seqlen, rotary_dim, layout, interleaved, not conjugate, per_token, eager_rounding, backend)
+
+
 @torch.library.custom_op("ropekit::rope", mutates_args=())
 def _rope_op(q: torch.Tensor, k: Optional[torch.Tensor], cos: torch.Tensor, sin: torch.Tensor,
              positions: Optional[torch.Tensor], pos_mode: int, cu_seqlens: Optional[torch.Tensor],
              position_offset: int, max_seqlen: int, rotary_dim: int, layout: str, interleaved: bool,
              conjugate: bool, per_token: bool, eager_rounding: bool, backend: str) -> tuple[torch.Tensor, torch.Tensor]:
-    out_q = _new_output(q)
-    out_k = _new_output(k) if k is not None else q.new_empty(0)
-    _launch(q, k, cos, sin, positions, pos_mode, cu_seqlens, position_offset, max_seqlen, rotary_dim, layout, interleaved,
-            conjugate, per_token, eager_rounding, backend, out_q, out_k if k is not None else None)
-    return out_q, out_k
+    out_q, out_k = _rotate_new(q, k, cos, sin, positions, pos_mode, cu_seqlens, position_offset, max_seqlen,
+                               rotary_dim, layout, interleaved, conjugate, per_token, eager_rounding, backend)
+    return out_q, (out_k if out_k is not None else q.new_empty(0))  # a custom op returns tensors only
 
 
 @_rope_op.register_fake
@@ -239,29 +266,12 @@ def _rope_op_fake(q, k, cos, sin, positions, pos_mode, cu_seqlens, position_offs
     return _new_output(q), (_new_output(k) if k is not None else q.new_empty(0))
 
 
-def _rope_setup_context(ctx, inputs, output):
-    (_, k, cos, sin, positions, pos_mode, cu_seqlens, position_offset, max_seqlen, rotary_dim, layout, interleaved,
-     conjugate, per_token, eager_rounding, backend) = inputs
-    ctx.save_for_backward(cos, sin, positions, cu_seqlens)
-    ctx.has_k = k is not None
-    ctx.args = (pos_mode, position_offset, max_seqlen, rotary_dim, layout, interleaved, conjugate, per_token,
-                eager_rounding, backend)
-
-
 def _rope_backward(ctx, grad_q, grad_k):
-    # The rotation is orthogonal: its vector-Jacobian product is the rotation by -θ, i.e. the same kernel with
-    # CONJUGATE flipped. Incoming gradients may be non-contiguous or even zero-stride (loss = out.sum()): the kernel
-    # reads any strides.
-    cos, sin, positions, cu_seqlens = ctx.saved_tensors
-    (pos_mode, position_offset, max_seqlen, rotary_dim, layout, interleaved, conjugate, per_token, eager_rounding,
-     backend) = ctx.args
-    dq, dk = _rope_op(grad_q, grad_k if ctx.has_k else None, cos, sin, positions, pos_mode, cu_seqlens,
-                      position_offset, max_seqlen, rotary_dim, layout, interleaved, not conjugate, per_token,
-                      eager_rounding, backend)
+    dq, dk = _rope_op(*_backward_inputs(ctx, grad_q, grad_k))
     return (dq, dk if ctx.has_k else None) + (None,) * 14
 
 
-_rope_op.register_autograd(_rope_backward, setup_context=_rope_setup_context)
+_rope_op.register_autograd(_rope_backward, setup_context=lambda ctx, inputs, output: _save_inputs(ctx, inputs))
 
 
 class _RopeFunction(torch.autograd.Function):
@@ -270,28 +280,14 @@ class _RopeFunction(torch.autograd.Function):
     (docs/benchmarks.md, the ``ropekit-autograd`` rows); torch.compile still sees the custom op."""
 
     @staticmethod
-    def forward(ctx, q, k, cos, sin, positions, pos_mode, cu_seqlens, position_offset, max_seqlen, rotary_dim,
-                layout, interleaved, conjugate, per_token, eager_rounding, backend):
-        out_q = _new_output(q)
-        out_k = _new_output(k) if k is not None else None
-        _launch(q, k, cos, sin, positions, pos_mode, cu_seqlens, position_offset, max_seqlen, rotary_dim, layout,
-                interleaved, conjugate, per_token, eager_rounding, backend, out_q, out_k)
-        ctx.save_for_backward(cos, sin, positions, cu_seqlens)
-        ctx.args = (pos_mode, position_offset, max_seqlen, rotary_dim, layout, interleaved, conjugate, per_token,
-                    eager_rounding, backend)
-        ctx.has_k = k is not None
-        return out_q, out_k
+    def forward(ctx, *inputs):
+        _save_inputs(ctx, inputs)
+        return _rotate_new(*inputs)
 
     @staticmethod
     def backward(ctx, grad_q, grad_k):
-        # as _rope_backward: the rotation by -θ; through apply() again, so double backward works
-        cos, sin, positions, cu_seqlens = ctx.saved_tensors
-        (pos_mode, position_offset, max_seqlen, rotary_dim, layout, interleaved, conjugate, per_token, eager_rounding,
-         backend) = ctx.args
-        dq, dk = _RopeFunction.apply(grad_q, grad_k if ctx.has_k else None, cos, sin, positions, pos_mode,
-                                     cu_seqlens, position_offset, max_seqlen, rotary_dim, layout, interleaved,
-                                     not conjugate, per_token, eager_rounding, backend)
-        return (dq, dk) + (None,) * 14
+        # through apply() again, so double backward works
+        return _RopeFunction.apply(*_backward_inputs(ctx, grad_q, grad_k)) + (None,) * 14
 
 
 @torch.library.custom_op("ropekit::rope_", mutates_args=("q", "k"))
@@ -368,7 +364,4 @@ def apply_rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, cos: Optional[
     if torch.is_grad_enabled() and (q.requires_grad or (k is not None and k.requires_grad)):
         return _RopeFunction.apply(q, k, *args)
     # Eager inference: skip the dispatcher (host time matters for decode).
-    out_q = _new_output(q)
-    out_k = _new_output(k) if k is not None else None
-    _launch(q, k, *args, out_q, out_k)
-    return out_q, out_k
+    return _rotate_new(q, k, *args)

@@ -23,6 +23,7 @@ import ropekit
 from ropekit.positions import resolve_positions
 from ropekit.triton import v4
 from ropekit.triton.v4 import LaunchConfig
+from tune_v4 import graph_replay_us  # tools/ is on sys.path when this file runs as a script
 
 CASES = {
     # name: (batch, seq, hq, hk, head_dim, rotary_dim, dtype, interleaved, inplace)
@@ -65,28 +66,8 @@ def _flat_copy(SRC_A, DST_A, n_a, SRC_B, DST_B, n_b, blocks_a, BLOCK: tl.constex
 
 
 def graph_us(fn, calls=6, replays=30):
-    """Median per-call device time of `calls` back-to-back calls captured in one graph."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    for _ in range(3):
-        graph.replay()
-    times = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / calls)
-    return sorted(times)[len(times) // 2]
+    """Median per-call device time of `calls` back-to-back calls captured in one graph (inputs here exceed L2)."""
+    return graph_replay_us(fn, calls=calls, reps=replays)
 
 
 def copy_ceiling_gbps():

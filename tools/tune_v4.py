@@ -49,8 +49,9 @@ def graph_of(fn):
     return graph
 
 
-def l2_resident_us(fn, calls=20, reps=50):
-    """Per-call time of back-to-back calls replayed from one CUDA graph, no cache flush (inputs stay in L2)."""
+def graph_replay_us(fn, calls=20, reps=50):
+    """Median per-call time of `calls` back-to-back calls replayed from one CUDA graph, no cache flush in between
+    (inputs that fit stay in L2; larger ones stream from DRAM)."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -126,10 +127,10 @@ def main():
         g = graph_of(lambda: eager_formula(q, k, ct, st, positions))
         row["eager_formula_graph_us"] = median_us(g.replay)
 
-        candidates = [v4.LaunchConfig(bs, bh, w, False, False)
+        candidates = [v4.LaunchConfig(bs, bh, w)
                       for bs, bh, w in itertools.product((1, 2, 4, 8, 16), (1, 2, 4, 8, 16, 32), (2, 4, 8))
                       if 512 <= bs * bh * d <= 16384 and bh <= triton.next_power_of_2(hq)]
-        candidates += [v4.LaunchConfig(bs, bh, w, True, False)
+        candidates += [v4.LaunchConfig(bs, bh, w, fused_qk=True)
                        for bs, bh, w in itertools.product((1, 2, 4), (4, 8), (4, 8))]
         if args.quick:
             candidates = candidates[::3]
@@ -140,7 +141,7 @@ def main():
             try:
                 def run():
                     v4.rope_v4(q, k, ct, st, out_q=oq, out_k=ok, positions=spec, rotary_dim=d)
-                t = l2_resident_us(run, calls=10, reps=15)
+                t = graph_replay_us(run, calls=10, reps=15)
             except Exception as error:  # a config the compiler rejects
                 print(f"  {name} {cfg}: {type(error).__name__}: {error}"[:200])
                 continue
@@ -152,7 +153,7 @@ def main():
         for cfg_text, _ in sorted(configs.items(), key=lambda kv: kv[1])[:5]:
             cfg = eval("v4." + cfg_text)._replace(evict_first=True)
             v4.launch_config = lambda *a, cfg=cfg: cfg
-            t = l2_resident_us(lambda: v4.rope_v4(q, k, ct, st, out_q=oq, out_k=ok, positions=spec, rotary_dim=d),
+            t = graph_replay_us(lambda: v4.rope_v4(q, k, ct, st, out_q=oq, out_k=ok, positions=spec, rotary_dim=d),
                                calls=10, reps=15)
             configs[str(cfg)] = t
             if t < best[1]:
@@ -161,17 +162,17 @@ def main():
         row["v4_configs_us"] = configs
         row["v4_best"] = {"config": str(best[0]), "us": best[1]}
         v4.launch_config = lambda *a: best[0]
-        row["v4_best_l2_us"] = l2_resident_us(lambda: v4.rope_v4(q, k, ct, st, out_q=oq, out_k=ok, positions=spec,
+        row["v4_best_l2_us"] = graph_replay_us(lambda: v4.rope_v4(q, k, ct, st, out_q=oq, out_k=ok, positions=spec,
                                                                   rotary_dim=d))
         v4.launch_config = original
-        row["torch_compile_l2_us"] = l2_resident_us(lambda: compiled(q, k, ct, st, positions))
+        row["torch_compile_l2_us"] = graph_replay_us(lambda: compiled(q, k, ct, st, positions))
 
         def default_run():
             v4.rope_v4(q, k, ct, st, out_q=oq, out_k=ok, positions=spec, rotary_dim=d)
         g = graph_of(default_run)
         row["v4_default_graph_us"] = median_us(g.replay)
         row["v4_default_config"] = str(original(b * s, hq, hk, d, d))
-        row["v4_default_l2_us"] = l2_resident_us(default_run)
+        row["v4_default_l2_us"] = graph_replay_us(default_run)
         # eager host time of the public API: N back-to-back calls, one sync at the end
         for _ in range(20):
             ropekit.apply_rope(q, k, ct, st, positions=offsets)
