@@ -23,7 +23,7 @@ import torch
 
 from . import device as _device  # noqa: F401  (interpreter switch before triton is imported)
 from .positions import POSITION_IDS, SCALAR_OFFSET, SEQ_OFFSETS, PositionSpec, resolve_positions
-from .triton.v4 import rope_v4
+from .triton.v4 import plan_v4, rope_v4
 
 __all__ = ["apply_rope", "LAYOUTS", "BACKENDS"]
 
@@ -199,22 +199,23 @@ def _new_output(x: torch.Tensor) -> torch.Tensor:
     return torch.empty(x.shape, dtype=x.dtype, device=x.device)
 
 
+def _kernel_views(q, k, out_q, out_k, positions, pos_mode, cu_seqlens, position_offset, max_seqlen, layout):
+    """The kernels' ``(batch, seq, heads, head_dim)`` views (3-D for thd) and the position spec."""
+    if layout == "thd":
+        return q, k, out_q, out_k, PositionSpec(pos_mode, position_offset, positions, cu_seqlens, max_seqlen)
+    if layout == "bshd":  # no views to build: the hot path of decode
+        return q, k, out_q, out_k, PositionSpec(pos_mode, position_offset, positions)
+    order = _TO_BSHD[layout]
+    return (q.permute(order), None if k is None else k.permute(order), out_q.permute(order),
+            None if out_k is None else out_k.permute(order), PositionSpec(pos_mode, position_offset, positions))
+
+
 def _launch(q, k, cos, sin, positions, pos_mode, cu_seqlens, position_offset, max_seqlen, rotary_dim, layout,
             interleaved, conjugate, per_token, eager_rounding, backend, out_q, out_k):
     """Run the kernel for already-validated arguments; q/k/out are in the caller's layout."""
     # per-token cos/sin arrive already broadcast to the token shape (by _prepare, before any op or autograd saw them)
-    if layout == "thd":
-        q4, k4, oq4, ok4 = q, k, out_q, out_k
-        spec = PositionSpec(pos_mode, position_offset, positions, cu_seqlens, max_seqlen)
-    elif layout == "bshd":  # no views to build: the hot path of decode
-        q4, k4, oq4, ok4 = q, k, out_q, out_k
-        spec = PositionSpec(pos_mode, position_offset, positions)
-    else:
-        order = _TO_BSHD[layout]
-        q4, oq4 = q.permute(order), out_q.permute(order)
-        k4 = None if k is None else k.permute(order)
-        ok4 = None if out_k is None else out_k.permute(order)
-        spec = PositionSpec(pos_mode, position_offset, positions)
+    q4, k4, oq4, ok4, spec = _kernel_views(q, k, out_q, out_k, positions, pos_mode, cu_seqlens, position_offset,
+                                           max_seqlen, layout)
     _launcher(backend)(q4, k4, cos, sin, out_q=oq4, out_k=ok4, positions=spec, rotary_dim=rotary_dim,
                        interleaved=interleaved, conjugate=conjugate, cos_per_token=per_token,
                        copy_tail=out_q.data_ptr() != q.data_ptr(),
@@ -306,6 +307,89 @@ def _rope_inplace_fake(q, k, cos, sin, positions, pos_mode, cu_seqlens, position
 
 
 # --------------------------------------------------------------------------------------------------------------------
+# The eager fast path: a repeated call skips validation and launch derivation.
+# --------------------------------------------------------------------------------------------------------------------
+
+def _tensor_key(t):
+    return None if t is None else (t.shape, t.stride(), t.dtype, t.device)
+
+
+def _signature(q, k, cos, sin, positions, layout, interleaved, rotary_dim, inplace, cu_seqlens, max_seqlen, per_token,
+               conjugate, eager_rounding) -> tuple | None:
+    """Everything that validation and the launch derive from, or None for a call that is not cached.
+
+    A host-int position offset enters by its type only (its range is checked on every call, see ``_EagerPlan``);
+    tensors by shape, strides, dtype and device, never by value, since validation never reads device values (that is
+    ``ROPEKIT_CHECK``'s job, which bypasses this cache).
+    """
+    if positions is None or type(positions) is int:
+        pos_key = type(positions)
+    elif isinstance(positions, torch.Tensor):
+        pos_key = _tensor_key(positions)
+    else:
+        return None
+    if layout == "thd" and max_seqlen is None:
+        return None  # _prepare derives it with a host sync: not something to skip
+    for t in (q, k, cos, sin, cu_seqlens):
+        if t is not None and not isinstance(t, torch.Tensor):
+            return None
+    # types beside values: True == 1 as dict keys, but not as arguments
+    return (_tensor_key(q), _tensor_key(k), _tensor_key(cos), _tensor_key(sin), pos_key, layout, type(interleaved),
+            interleaved, type(rotary_dim), rotary_dim, inplace, _tensor_key(cu_seqlens), type(max_seqlen), max_seqlen,
+            per_token, type(conjugate), conjugate, eager_rounding)
+
+
+class _EagerPlan:
+    """A validated eager call (Triton backend, no autograd): the v4 launch and the positions' valid range."""
+
+    __slots__ = ("launch", "inplace", "max_offset")
+
+    def __init__(self, launch, inplace: bool, max_offset: int | None):
+        self.launch = launch  # a V4Launch, or None when there is nothing to compute (empty tensors)
+        self.inplace = inplace
+        self.max_offset = max_offset  # host-int offsets must lie in [0, max_offset] (None: no int offset)
+
+    def accepts(self, positions) -> bool:
+        return type(positions) is not int or (self.max_offset is not None and 0 <= positions <= self.max_offset)
+
+    def __call__(self, q, k, cos, sin, positions, cu_seqlens):
+        if self.inplace:
+            out_q, out_k = q, k
+        else:
+            out_q = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+            out_k = torch.empty(k.shape, dtype=k.dtype, device=k.device) if k is not None else None
+        if self.launch is not None:
+            is_tensor = isinstance(positions, torch.Tensor)
+            self.launch(q, k, out_q, out_k, cos, sin, positions if is_tensor else None, cu_seqlens,
+                        0 if is_tensor or positions is None else positions)
+        return out_q, out_k
+
+
+_eager_plans: dict = {}
+_EAGER_PLANS_MAX = 1024
+
+
+def _make_plan(key, q, k, cos, sin, positions, pos_mode, cu_seqlens, position_offset, max_seqlen, rotary_dim,
+               layout, interleaved, conjugate, per_token, eager_rounding, backend, inplace) -> _EagerPlan:
+    """The plan for a call that ``_prepare`` has just validated (its outputs are allocated by the plan itself)."""
+    out_q, out_k = (q, k) if inplace else (_new_output(q), _new_output(k) if k is not None else None)
+    q4, k4, oq4, ok4, spec = _kernel_views(q, k, out_q, out_k, positions, pos_mode, cu_seqlens, position_offset,
+                                           max_seqlen, layout)
+    launch = plan_v4(q4, k4, cos, sin, out_q=oq4, out_k=ok4, positions=spec, rotary_dim=rotary_dim,
+                     interleaved=interleaved, conjugate=conjugate, cos_per_token=per_token, copy_tail=not inplace,
+                     eager_rounding=eager_rounding)
+    max_offset = None
+    if pos_mode == SCALAR_OFFSET and not per_token:
+        n_positions = max_seqlen if layout == "thd" else q.shape[_TO_BSHD[layout][1]]
+        max_offset = cos.shape[0] - n_positions if n_positions > 0 else 2**62
+    plan = _EagerPlan(launch, inplace, max_offset)
+    if len(_eager_plans) >= _EAGER_PLANS_MAX:
+        _eager_plans.clear()
+    _eager_plans[key] = plan
+    return plan
+
+
+# --------------------------------------------------------------------------------------------------------------------
 # The public function.
 # --------------------------------------------------------------------------------------------------------------------
 
@@ -341,6 +425,20 @@ def apply_rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, cos: Optional[
         cos, sin = table.cos, table.sin
     elif cos is None or sin is None:
         raise TypeError("apply_rope needs cos and sin tables (or table=ropekit.RopeTable(...))")
+    # Eager, no autograd, Triton: a call with a signature seen before goes straight to its plan (not in check mode,
+    # which reads device values every call, nor with debug logging, which reports every launch).
+    # (getattr: q and k are not validated yet; a wrong type is reported by _prepare below)
+    eager = not torch.compiler.is_compiling() and not (torch.is_grad_enabled() and (
+        getattr(q, "requires_grad", False) or getattr(k, "requires_grad", False)))
+    key = None
+    if eager and backend == "triton" and not _check_mode() and not log.isEnabledFor(logging.DEBUG):
+        key = _signature(q, k, cos, sin, positions, layout, interleaved, rotary_dim, inplace, cu_seqlens, max_seqlen,
+                         per_token, conjugate, eager_rounding)
+        plan = _eager_plans.get(key) if key is not None else None
+        if plan is not None and plan.accepts(positions):
+            return plan(q, k, cos, sin, positions, cu_seqlens)
+
+    user_cos, user_sin = cos, sin
     cos, sin, spec, rotary_dim = _prepare(q, k, cos, sin, positions, layout, rotary_dim, cu_seqlens, max_seqlen,
                                           per_token, eager_rounding, backend, table)
     args = (cos, sin, spec.tensor, spec.mode, spec.cu_seqlens, spec.offset, spec.max_seqlen or 0, rotary_dim, layout,
@@ -353,15 +451,20 @@ def apply_rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, cos: Optional[
             if t is not None and any(stride == 0 and size > 1 for size, stride in zip(t.shape, t.stride())):
                 raise ValueError(f"inplace=True needs {name} without self-overlap, got a broadcast view with strides "
                                  f"{t.stride()}; clone() it or use inplace=False")
+    elif not eager:
+        if torch.compiler.is_compiling():
+            out_q, out_k = _rope_op(q, k, *args)
+            return out_q, (out_k if k is not None else None)
+        return _RopeFunction.apply(q, k, *args)
+    if key is not None and (per_token or (cos is user_cos and sin is user_sin)):
+        # validated: remember the plan (not when _prepare grew the table: the grown one is a new signature; per-token
+        # rows never grow, _prepare only broadcasts them, which the plan's strides already hold)
+        return _make_plan(key, q, k, *args, inplace)(q, k, cos, sin, positions, cu_seqlens)
+    if inplace:
         if torch.compiler.is_compiling():
             _rope_inplace_op(q, k, *args)
         else:
             _launch(q, k, *args, q, k)
         return q, k
-    if torch.compiler.is_compiling():
-        out_q, out_k = _rope_op(q, k, *args)
-        return out_q, (out_k if k is not None else None)
-    if torch.is_grad_enabled() and (q.requires_grad or (k is not None and k.requires_grad)):
-        return _RopeFunction.apply(q, k, *args)
     # Eager inference: skip the dispatcher (host time matters for decode).
     return _rotate_new(q, k, *args)

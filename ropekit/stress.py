@@ -622,7 +622,7 @@ def _arg_class(value):
 class _VariantRecorder:
     """Stands in for v4's launch during a dry run: records each launch's specialisation key, runs nothing.
 
-    It replaces ``ropekit.triton.v4._launch(grid, pointers, ints, constexprs, num_warps)`` (below v4's direct-launch
+    It replaces ``ropekit.triton.v4._launch(grid, pointers, ints, constexprs, num_warps, static_key)`` (below v4's direct-launch
     cache, which must not learn about launches that never ran), or the kernel object itself (``kernel[grid](*args,
     **kwargs)``) in a v4 without that function.
     """
@@ -630,7 +630,7 @@ class _VariantRecorder:
     def __init__(self):
         self.keys: list = []
 
-    def launch(self, grid, pointers, ints, constexprs, num_warps):
+    def launch(self, grid, pointers, ints, constexprs, num_warps, static_key=None):
         self._record(*pointers, *ints, **constexprs, num_warps=num_warps)
 
     def __getitem__(self, grid):

@@ -449,3 +449,88 @@ def test_real_sizes_on_gpu(dtype):
     pos = ref.token_positions(4, 4096, offsets=offsets.cpu())
     assert_close_to_reference(out_q, ref.rope(q, pos))
     assert_close_to_reference(out_k, ref.rope(k, pos))
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The eager plan cache: a repeated call skips validation, and must still compute the right thing on new data.
+# --------------------------------------------------------------------------------------------------------------------
+
+def _fail_if_validated(*args, **kwargs):
+    raise AssertionError("_prepare ran: the call should have used its cached plan")
+
+
+@pytest.mark.parametrize("inplace", [False, True], ids=["out-of-place", "in-place"])
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_cached_plan_reads_each_calls_tensors(case, inplace, monkeypatch):
+    """Second and third calls with the same signature (fresh q, k, positions values) hit the plan and match the
+    reference: the plan keeps shapes and strides, never a tensor or a position value."""
+    from ropekit import api
+
+    _, layout, batch, seqlen, hq, hk, head_dim, rotary_dim, interleaved, kind, dtype = case
+    cos, sin = table(64, rotary_dim)
+    kw = dict(rotary_dim=rotary_dim, interleaved=interleaved)
+    for call in range(3):
+        q = make(layout, batch, seqlen, hq, head_dim, dtype)
+        k = make(layout, batch, seqlen, hk, head_dim, dtype)
+        arg, pos = positions_for(kind, batch, seqlen)
+        if kind == "int":
+            arg += call  # a decode loop: the offset moves, the signature does not
+            pos = ref.token_positions(batch, seqlen, offsets=arg)
+        want_q, want_k = expected(q, layout, pos, **kw), expected(k, layout, pos, **kw)
+        if call == 1:
+            monkeypatch.setattr(api, "_prepare", _fail_if_validated)
+        out_q, out_k = ropekit.apply_rope(q, k, cos, sin, positions=arg, layout=layout, inplace=inplace, **kw)
+        assert (out_q is q) == inplace and (out_k is k) == inplace
+        assert_close_to_reference(out_q, want_q)
+        assert_close_to_reference(out_k, want_k)
+
+
+def test_cached_plan_varlen_and_per_token(monkeypatch):
+    from ropekit import api
+
+    cos, sin = table(64, 32)
+    cu = torch.tensor([0, 3, 7, 12], dtype=torch.int32, device=DEVICE)
+    pos = torch.cat([torch.arange(3), torch.arange(4), torch.arange(5)])
+    for call in range(2):
+        q = torch.randn(12, 4, 32, device=DEVICE)
+        out_q, _ = ropekit.apply_rope(q, None, cos, sin, layout="thd", cu_seqlens=cu, max_seqlen=5)
+        assert_close_to_reference(out_q, ref.rope(q[None], pos[None])[0])
+        # HF's per-token rows (b, s, R), broadcast over heads
+        x = torch.randn(2, 5, 3, 32, device=DEVICE)
+        ids = torch.randint(0, 64, (2, 5))
+        rows_cos = torch.cat((cos[ids.to(DEVICE)], cos[ids.to(DEVICE)]), dim=-1)
+        rows_sin = torch.cat((sin[ids.to(DEVICE)], sin[ids.to(DEVICE)]), dim=-1)
+        out_x, _ = ropekit.apply_rope(x, None, rows_cos, rows_sin, per_token=True)
+        assert_close_to_reference(out_x, ref.rope(x, ids))
+        monkeypatch.setattr(api, "_prepare", _fail_if_validated)
+
+
+def test_cached_plan_still_checks_the_offset_range():
+    q, k, cos, sin = _valid()
+    ropekit.apply_rope(q, k, cos, sin, positions=0)  # plan cached for int offsets of this signature
+    for bad in (-1, cos.shape[0] - q.shape[1] + 1):
+        before = q.clone()
+        with pytest.raises(ValueError, match="positions"):
+            ropekit.apply_rope(q, k, cos, sin, positions=bad, inplace=True)
+        assert torch.equal(q, before)
+
+
+def test_cached_plan_and_a_growing_table():
+    """RopeTable grows for host-known positions; an old (shorter) cos tensor must not reuse the grown plan."""
+    rope_table = ropekit.RopeTable(32, base=10000.0, device=DEVICE, max_positions=8)
+    q = torch.randn(1, 4, 2, 32, device=DEVICE)
+    short_cos, short_sin = rope_table.cos, rope_table.sin
+    ropekit.apply_rope(q, None, table=rope_table, positions=2)
+    out, _ = ropekit.apply_rope(q, None, table=rope_table, positions=20)  # grows the table
+    assert_close_to_reference(out, ref.rope(q, ref.token_positions(1, 4, offsets=20)))
+    with pytest.raises(ValueError, match="rows"):
+        ropekit.apply_rope(q, None, short_cos, short_sin, positions=20)
+
+
+def test_cached_plan_distinguishes_strides():
+    """Same shape, different strides (a non-contiguous view): a different plan, both right."""
+    cos, sin = table(64, 32)
+    for noncontiguous in (False, True, False, True):
+        q = make("bshd", 2, 5, 4, 32, torch.float32, noncontiguous=noncontiguous)
+        out_q, _ = ropekit.apply_rope(q, None, cos, sin)
+        assert_close_to_reference(out_q, ref.rope(q, ref.token_positions(2, 5)))

@@ -31,7 +31,7 @@ import triton.language as tl
 from .. import device as _device
 from ..positions import POSITION_IDS, PositionSpec
 
-__all__ = ["rope_v4_kernel", "rope_v4", "launch_config", "LaunchConfig"]
+__all__ = ["rope_v4_kernel", "rope_v4", "plan_v4", "V4Launch", "launch_config", "LaunchConfig"]
 
 log = logging.getLogger("ropekit")
 
@@ -333,9 +333,10 @@ def launch_config(n_tokens: int, n_heads_q: int, n_heads_k: int, head_dim: int, 
 
 # The direct-launch cache: Triton's JIT entry point re-derives the specialisation of ~40 arguments in Python on
 # every call (tens of microseconds); for a decode step that is most of the time. After the first launch of a given
-# specialisation we keep the compiled kernel and call its launcher directly. The key holds everything Triton
-# specialises on: dtypes and 16-byte alignment of the pointers, the integer arguments (shapes and strides), the
-# constexprs and num_warps. The position offset changes every decode step, so only its specialisation class is keyed.
+# specialisation we keep the compiled kernel's runner and call it directly. The key holds everything Triton
+# specialises on: the static part of a launch (grid, integer arguments but the position offset, constexprs, warps:
+# ``V4Launch.key``), the dtypes and 16-byte alignment of the pointers, and the specialisation class of the position
+# offset, which changes every decode step.
 _direct_launchers: dict = {}
 _OFFSET_ARG = 5  # index of position_offset among the integer arguments
 
@@ -344,26 +345,31 @@ def _int_class(value: int) -> tuple:
     return (value == 1, value % 16 == 0, -2**31 <= value < 2**31)
 
 
-def _launch(grid, pointers, ints, constexprs, num_warps):
+def _static_key(grid, ints, constexprs, num_warps) -> tuple:
+    return (grid, num_warps, tuple(constexprs.values()), ints[:_OFFSET_ARG], ints[_OFFSET_ARG + 1:])
+
+
+def _launch(grid, pointers, ints, constexprs, num_warps, static_key=None):
     if _device.INTERPRET:
         rope_v4_kernel[grid](*pointers, *ints, **constexprs, num_warps=num_warps)
         return
-    key = (grid, num_warps, tuple(constexprs.values()), ints[:_OFFSET_ARG], _int_class(ints[_OFFSET_ARG]),
-           ints[_OFFSET_ARG + 1:], tuple((p.dtype, p.data_ptr() % 16 == 0) for p in pointers))
+    if static_key is None:
+        static_key = _static_key(grid, ints, constexprs, num_warps)
+    key = (static_key, _int_class(ints[_OFFSET_ARG]), tuple((p.dtype, p.data_ptr() % 16 == 0) for p in pointers))
     entry = _direct_launchers.get(key)
     if entry is None:
         compiled = rope_v4_kernel[grid](*pointers, *ints, **constexprs, num_warps=num_warps)
         if len(_direct_launchers) > 4096:
             _direct_launchers.clear()
-        _direct_launchers[key] = [compiled, None]  # the argument convention is learnt on the next call
+        _direct_launchers[key] = [compiled[grid], None]  # the argument convention is learnt on the next call
         return
-    compiled, with_constexprs = entry
+    runner, with_constexprs = entry
     if with_constexprs is None:
         # Triton versions differ in whether the compiled launcher takes constexpr arguments; a wrong count is
         # rejected by the launcher's argument parser before anything runs, so trying is safe.
         for convention in (True, False):
             try:
-                _run_compiled(compiled, grid, pointers, ints, constexprs, convention)
+                _run_compiled(runner, pointers, ints, constexprs, convention)
             except TypeError:
                 continue
             entry[1] = convention
@@ -372,14 +378,38 @@ def _launch(grid, pointers, ints, constexprs, num_warps):
     if with_constexprs == "jit":
         rope_v4_kernel[grid](*pointers, *ints, **constexprs, num_warps=num_warps)
     else:
-        _run_compiled(compiled, grid, pointers, ints, constexprs, with_constexprs)
+        _run_compiled(runner, pointers, ints, constexprs, with_constexprs)
 
 
-def _run_compiled(compiled, grid, pointers, ints, constexprs, with_constexprs):
+def _run_compiled(runner, pointers, ints, constexprs, with_constexprs):
     if with_constexprs:
-        compiled[grid](*pointers, *ints, *constexprs.values())
+        runner(*pointers, *ints, *constexprs.values())
     else:
-        compiled[grid](*pointers, *ints)
+        runner(*pointers, *ints)
+
+
+class V4Launch:
+    """One fully specialised launch of v4: everything :func:`rope_v4` derives from shapes, strides, dtypes and
+    switches. Calling it with the tensors (whose data pointers may change from call to call) and the position offset
+    launches the kernel; ``ropekit.api`` keeps one per call signature, so a repeated eager call (a decode step)
+    skips validation and this derivation."""
+
+    __slots__ = ("grid", "ints_head", "ints_tail", "constexprs", "num_warps", "key")
+
+    def __init__(self, grid, ints, constexprs, num_warps):
+        self.grid, self.constexprs, self.num_warps = grid, constexprs, num_warps
+        self.ints_head, self.ints_tail = ints[:_OFFSET_ARG], ints[_OFFSET_ARG + 1:]
+        self.key = _static_key(grid, ints, constexprs, num_warps)
+
+    def __call__(self, q, k, out_q, out_k, cos, sin, positions, cu_seqlens, position_offset: int) -> None:
+        """q/k/out/cos/sin/positions/cu_seqlens: the tensors the plan was made for, or any with the same shapes,
+        strides and dtypes (views count: only their data pointers are read); k, positions and cu_seqlens may be
+        None when the plan was made without them."""
+        pointers = (q, k if k is not None else q, out_q, out_k if out_k is not None else out_q, cos, sin,
+                    positions if positions is not None else cos,  # an unused pointer still needs a tensor
+                    cu_seqlens if cu_seqlens is not None else cos)
+        _launch(self.grid, pointers, (*self.ints_head, position_offset, *self.ints_tail), self.constexprs,
+                self.num_warps, self.key)
 
 
 _MATH_DTYPE = {torch.float64: tl.float64}
@@ -396,6 +426,19 @@ def rope_v4(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: tor
     The launcher trusts its caller (``ropekit.api`` validates); it only normalises shapes and picks block sizes
     (``config`` overrides :func:`launch_config`: ``tools/tune_v4.py`` measures candidates this way).
     """
+    plan = plan_v4(q, k, cos, sin, out_q=out_q, out_k=out_k, positions=positions, rotary_dim=rotary_dim,
+                   interleaved=interleaved, conjugate=conjugate, cos_per_token=cos_per_token, copy_tail=copy_tail,
+                   eager_rounding=eager_rounding, config=config)
+    if plan is not None:
+        plan(q, k, out_q, out_k, cos, sin, positions.tensor, positions.cu_seqlens, positions.offset)
+
+
+def plan_v4(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor, *,
+            out_q: torch.Tensor, out_k: torch.Tensor | None, positions: PositionSpec, rotary_dim: int,
+            interleaved: bool = False, conjugate: bool = False, cos_per_token: bool = False,
+            copy_tail: bool = True, eager_rounding: bool = False,
+            config: LaunchConfig | None = None) -> V4Launch | None:
+    """The :class:`V4Launch` for :func:`rope_v4`'s arguments (None when there is nothing to do)."""
     if positions.is_varlen:
         q, out_q = q.unsqueeze(0), out_q.unsqueeze(0)
         if k is not None:
@@ -420,7 +463,7 @@ def rope_v4(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: tor
         n_head_blocks_q, n_head_blocks_k = _cdiv(n_heads_q, block_h), _cdiv(n_heads_k, block_h)
     grid = (_cdiv(seqlen, config.block_s), n_head_blocks_q + n_head_blocks_k, n_batch)
     if grid[0] == 0 or n_batch == 0 or q.numel() == 0:
-        return
+        return None
     if n_batch > 65535:
         # sequences sit on the grid's third axis, which CUDA caps at 65535
         raise ValueError(f"v4 handles at most 65535 sequences per launch (grid axis 2), got {n_batch}")
@@ -446,9 +489,6 @@ def rope_v4(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: tor
                   config.block_s, block_h, config.num_warps, config.fused_qk, tuple(q.shape),
                   None if k is None else tuple(k.shape), q.dtype, rotary_dim, interleaved, conjugate, positions.mode,
                   positions.is_varlen, cos_per_token)
-    pointers = (q, k_args, out_q, out_k_args, cos, sin,
-                pos_tensor if pos_tensor is not None else cos,  # an unused pointer still needs a tensor
-                positions.cu_seqlens if positions.cu_seqlens is not None else cos)
     ints = (seqlen, n_heads_q, n_heads_k, n_head_blocks_q, table_len, positions.offset,
             *q.stride(), *k_args.stride(), *out_q.stride(), *out_k_args.stride(), *cos_strides, *pos_strides)
     constexprs = dict(
@@ -464,4 +504,4 @@ def rope_v4(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: tor
         INDEX_DTYPE=tl.int32 if _fits_int32(q.shape, q.stride(), k_args.shape, k_args.stride(), out_q.shape,
                                             out_q.stride(), out_k_args.shape, out_k_args.stride()) else tl.int64,
     )
-    _launch(grid, pointers, ints, constexprs, config.num_warps)
+    return V4Launch(grid, ints, constexprs, config.num_warps)
