@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call = one stage of this script, so GPU work is batched (device time is scarce).
-#   bash tools/gpu_run.sh smoke|tune|cuda|bench|stress   (each stage below; docs/gpu.md has the table)
+#   bash tools/gpu_run.sh smoke|tune|cuda|bench|stress|probe|gputests   (each stage below; docs/gpu.md has the table)
 # Everything it produces goes under $OUT (logs, JSON, PNG).
 set -u
 OUT=${OUT:-/tmp/out}
@@ -40,6 +40,13 @@ case "$stage" in
   stress)
     timeout 330 python3 -m ropekit stress --out "$OUT/stress.json" 2>&1 | tee "$OUT/stress.txt" | tail -30
     [ -f tools/sanitize.sh ] && timeout 200 bash tools/sanitize.sh 2>&1 | tee "$OUT/sanitize.txt" | tail -12
+    ;;
+  probe)
+    timeout ${PROBE_TIMEOUT:-480} python3 tools/probe_host_l2.py 2>&1 | tee "$OUT/probe_host_l2.txt" | grep -v "^ " | tail -120
+    ;;
+  gputests)
+    timeout 540 python3 -m pytest -q -p no:cacheprovider -o addopts="" tests/test_api.py tests/test_examples.py \
+      tests/test_reliability.py tests/test_triton_ladder.py 2>&1 | tee "$OUT/pytest_gpu.txt" | tail -15
     ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac

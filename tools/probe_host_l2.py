@@ -1,0 +1,247 @@
+"""Three questions the benchmark's unmet targets raised, answered in one process on the GPU (prints tables, writes
+JSON to $OUT/probe_host_l2.json):
+
+1. **Host path.** What an eager call costs the host: ``apply_rope`` (cached plan, and with the cache switched off),
+   the v4 launcher, Liger; plus a profile of ``apply_rope`` for a decode step.
+2. **L2 carry-over on the large cases.** In a graph of back-to-back calls on one buffer set, an in-place kernel on
+   67 MB (fp32) can find part of its input still in the 50 MB L2 from the previous call; a kernel with a streaming
+   hint cannot. Each large case is timed with one buffer set and with sets rotating past 4x L2.
+3. **Graph sizing for the small cases.** Per-call time of graphs holding 8..512 calls, one buffer set (L2) and
+   rotating sets (DRAM), so that the harness can size its graphs by device work, not by a host-bound estimate.
+4. **v4 tiles for the small cases** (L2 graph replay), against Liger.
+
+    python tools/probe_host_l2.py [--parts host,l2,graph,tiles]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import math
+import os
+import pstats
+import statistics
+import time
+
+import torch
+
+from ropekit import api
+from ropekit.bench.cases import select_cases
+from ropekit.bench.impls import make_impls
+from ropekit.bench.inputs import make_data, make_tables, seed_for
+from ropekit.bench.timing import GpuTimer, Settings
+from ropekit.triton import v4
+from ropekit.triton.v4 import LaunchConfig
+
+OUT = os.environ.get("OUT", ".")
+
+
+def graph_calls_us(fns, calls: int, replays: int = 30) -> float:
+    """Median per-call device time of a graph of exactly ``calls`` calls cycling through ``fns``."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for fn in fns[:3]:
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(calls):
+            fns[i % len(fns)]()
+    for _ in range(3):
+        graph.replay()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) * 1e3 / calls)
+    graph.reset()
+    return statistics.median(samples)
+
+
+def eager_us(fn, n: int = 2000, rounds: int = 7) -> float:
+    for _ in range(50):
+        fn()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for _ in range(n):
+            fn()
+        torch.cuda.synchronize()
+        samples.append((time.perf_counter() - start) / n * 1e6)
+    return statistics.median(samples)
+
+
+def builders(case, names):
+    tables = make_tables(case, "cuda")
+    impls = {impl.name: impl for impl in make_impls(".peers") if impl.name in names}
+    out = {}
+    for name, impl in impls.items():
+        if impl.available() is None and impl.supports(case, "forward") is None:
+            out[name] = lambda seed, impl=impl: impl.build(case, tables, make_data(case, "cuda", seed), "forward")
+    return out, tables
+
+
+def part_host(results):
+    rows = {}
+    for case in select_cases(names=["decode", "small-prefill"]):
+        make, _ = builders(case, {"liger", "triton-v4", "ropekit", "ropekit-inplace"})
+        for name, build in make.items():
+            prepared = build(seed_for(case.name, name))
+            rows[f"{case.name} {name}"] = eager_us(prepared.fn)
+        # the API with its plan cache switched off: what every call cost before the cache
+        real_signature = api._signature
+        api._signature = lambda *args: None
+        try:
+            rows[f"{case.name} ropekit (no plan cache)"] = eager_us(make["ropekit"](1).fn)
+            rows[f"{case.name} ropekit-inplace (no plan cache)"] = eager_us(make["ropekit-inplace"](1).fn)
+        finally:
+            api._signature = real_signature
+        # an empty launch's worth of host work, for scale
+        x = torch.empty(1, device="cuda")
+        rows[f"{case.name} torch add_ (one tiny op)"] = eager_us(lambda: x.add_(1))
+        if case.name == "decode":
+            fn = make["ropekit"](2).fn
+            profile = cProfile.Profile()
+            profile.enable()
+            for _ in range(3000):
+                fn()
+            profile.disable()
+            torch.cuda.synchronize()
+            text = io.StringIO()
+            pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(14)
+            print(text.getvalue()[-3500:])
+    for label, us in rows.items():
+        print(f"host  {label:48s} {us:8.1f} us", flush=True)
+    results["host_eager_us"] = rows
+
+
+def part_l2(results, timer, l2_bytes):
+    rows = {}
+    for case in select_cases(names=["fp32", "llama3-8b-prefill", "mha-fp16"]):
+        make, tables = builders(case, {"liger", "ropekit", "ropekit-inplace", "triton-v4"})
+        n_sets = max(2, math.ceil(4 * l2_bytes / case.qk_bytes) + 1)
+        for name, build in make.items():
+            sets = [build(seed_for(case.name, name, str(i))) for i in range(n_sets)]
+            one = graph_calls_us([sets[0].fn], calls=8)
+            rotating = graph_calls_us([p.fn for p in sets], calls=2 * n_sets)
+            rows[f"{case.name} {name}"] = {"one_set_us": one, "rotating_us": rotating, "sets": n_sets,
+                                           "bytes": case.moved_bytes(sets[0].inplace)}
+            del sets
+            torch.cuda.empty_cache()
+        # v4 in place without the streaming hint: does L2 carry-over explain an in-place kernel beating a copy?
+        spec = api.resolve_positions(batch=case.batch, seqlen=case.seqlen, positions=None)
+        datas = [make_data(case, "cuda", 100 + i) for i in range(n_sets)]
+        for config in (v4.launch_config(case.n_tokens, case.heads_q, case.heads_k, case.head_dim, case.rotary),
+                       LaunchConfig(2, 1, 16, fused_qk=True, evict_first=False),
+                       LaunchConfig(1, 1, 4, fused_qk=True, evict_first=False)):
+            fns = [lambda d=d: v4.rope_v4(d.q, d.k, tables.cos_half, tables.sin_half, out_q=d.q, out_k=d.k,
+                                          positions=spec, rotary_dim=case.rotary, copy_tail=False, config=config)
+                   for d in datas]
+            rows[f"{case.name} v4 in place {tuple(config)}"] = {
+                "one_set_us": graph_calls_us(fns[:1], calls=8), "rotating_us": graph_calls_us(fns, calls=2 * n_sets),
+                "sets": n_sets, "bytes": case.moved_bytes(True)}
+        outs = [(torch.empty_like(d.q), torch.empty_like(d.k)) for d in datas]
+        copies = [lambda d=d, o=o: (o[0].copy_(d.q), o[1].copy_(d.k)) for d, o in zip(datas, outs)]
+        rows[f"{case.name} torch copy_ q,k"] = {"one_set_us": graph_calls_us(copies[:1], calls=8),
+                                                "rotating_us": graph_calls_us(copies, calls=2 * n_sets),
+                                                "sets": n_sets, "bytes": case.moved_bytes(False)}
+        flat = [torch.cat((d.q.flatten(), d.k.flatten())) for d in datas]
+        flat_out = [torch.empty_like(f) for f in flat]
+        flat_copies = [lambda f=f, o=o: o.copy_(f) for f, o in zip(flat, flat_out)]
+        rows[f"{case.name} torch copy_ one flat buffer"] = {
+            "one_set_us": graph_calls_us(flat_copies[:1], calls=8),
+            "rotating_us": graph_calls_us(flat_copies, calls=2 * n_sets), "sets": n_sets,
+            "bytes": case.moved_bytes(False)}
+        del datas, outs, flat, flat_out, copies, flat_copies
+        torch.cuda.empty_cache()
+    ceiling = results["ceiling_gbps"]
+    for label, row in rows.items():
+        row["one_set_pct"] = row["bytes"] / (row["one_set_us"] * 1e-6) / 1e9 / ceiling * 100
+        row["rotating_pct"] = row["bytes"] / (row["rotating_us"] * 1e-6) / 1e9 / ceiling * 100
+        print(f"l2    {label:58s} one set {row['one_set_us']:7.1f} us ({row['one_set_pct']:5.1f}%)  "
+              f"{row['sets']} sets {row['rotating_us']:7.1f} us ({row['rotating_pct']:5.1f}%)", flush=True)
+    results["large_l2_carry_over"] = rows
+
+
+def part_graph(results, l2_bytes):
+    rows = {}
+    for case in select_cases(names=["decode", "small-prefill"]):
+        make, _ = builders(case, {"liger", "triton-v4", "ropekit", "ropekit-inplace", "ropekit-cuda"})
+        n_sets = math.ceil(4 * l2_bytes / case.working_set_bytes) + 1
+        for name, build in make.items():
+            sets = [build(seed_for(case.name, name, str(i))) for i in range(n_sets)]
+            for calls in (8, 32, 128, 512):
+                rows[f"{case.name} {name} L2 calls={calls}"] = graph_calls_us([sets[0].fn], calls)
+            for calls in (n_sets, 2 * n_sets):
+                rows[f"{case.name} {name} DRAM({n_sets} sets) calls={calls}"] = graph_calls_us(
+                    [p.fn for p in sets], calls)
+            del sets
+            torch.cuda.empty_cache()
+    for label, us in rows.items():
+        print(f"graph {label:60s} {us:7.2f} us", flush=True)
+    results["graph_sizing_us"] = rows
+
+
+def part_tiles(results):
+    rows = {}
+    configs = [LaunchConfig(1, 4, 4), LaunchConfig(1, 8, 4), LaunchConfig(1, 32, 4), LaunchConfig(1, 4, 2),
+               LaunchConfig(1, 8, 2), LaunchConfig(1, 1, 4, fused_qk=True), LaunchConfig(1, 1, 8, fused_qk=True),
+               LaunchConfig(2, 1, 4, fused_qk=True), LaunchConfig(2, 16, 4), LaunchConfig(2, 8, 4),
+               LaunchConfig(4, 8, 4), LaunchConfig(2, 1, 8, fused_qk=True), LaunchConfig(4, 1, 8, fused_qk=True),
+               LaunchConfig(4, 1, 16, fused_qk=True)]
+    for case in select_cases(names=["decode", "small-prefill"]):
+        tables = make_tables(case, "cuda")
+        data = make_data(case, "cuda", 3)
+        out_q, out_k = torch.empty_like(data.q), torch.empty_like(data.k)
+        spec = api.resolve_positions(batch=case.batch, seqlen=case.seqlen, positions=tables.offsets)
+        default = v4.launch_config(case.n_tokens, case.heads_q, case.heads_k, case.head_dim, case.rotary)
+        for config in [default] + configs:
+            fn = lambda: v4.rope_v4(data.q, data.k, tables.cos_half, tables.sin_half, out_q=out_q, out_k=out_k,  # noqa: E731
+                                    positions=spec, rotary_dim=case.rotary, config=config)
+            label = f"{case.name} v4 {tuple(config)}{' (default)' if config == default else ''}"
+            rows[label] = graph_calls_us([fn], 128)
+        make, _ = builders(case, {"liger"})
+        if "liger" in make:
+            rows[f"{case.name} liger"] = graph_calls_us([make["liger"](5).fn], 128)
+    for label, us in rows.items():
+        print(f"tiles {label:60s} {us:7.2f} us", flush=True)
+    results["small_tiles_l2_us"] = rows
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--parts", default="host,l2,graph,tiles")
+    args = parser.parse_args()
+    timer = GpuTimer(Settings())
+    l2_bytes, _ = timer.l2_bytes()
+    ceiling = timer.copy_ceiling()
+    import triton
+    results = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+               "l2_bytes": l2_bytes, "ceiling_gbps": ceiling["gbps"]}
+    print(f"{results['gpu']} ceiling {ceiling['gbps']:.0f} GB/s, L2 {l2_bytes / 2**20:.0f} MiB", flush=True)
+    parts = {"host": lambda: part_host(results), "l2": lambda: part_l2(results, timer, l2_bytes),
+             "graph": lambda: part_graph(results, l2_bytes), "tiles": lambda: part_tiles(results)}
+    for part in args.parts.split(","):
+        started = time.time()
+        try:
+            parts[part]()
+        except Exception as error:  # noqa: BLE001  (keep the other parts' results)
+            import traceback
+            traceback.print_exc()
+            results[f"{part}_error"] = f"{type(error).__name__}: {error}"
+        print(f"[{part} took {time.time() - started:.0f} s]", flush=True)
+        with open(os.path.join(OUT, "probe_host_l2.json"), "w") as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
