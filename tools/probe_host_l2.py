@@ -175,7 +175,7 @@ def part_l2(results, timer, l2_bytes):
 def part_graph(results, l2_bytes):
     rows = {}
     for case in select_cases(names=["decode", "small-prefill"]):
-        make, _ = builders(case, {"liger", "triton-v4", "ropekit", "ropekit-inplace", "ropekit-cuda"})
+        make, _ = builders(case, {"liger", "triton-v4", "ropekit", "ropekit-inplace"})
         n_sets = math.ceil(4 * l2_bytes / case.working_set_bytes) + 1
         for name, build in make.items():
             sets = [build(seed_for(case.name, name, str(i))) for i in range(n_sets)]
