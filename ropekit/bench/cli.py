@@ -73,7 +73,7 @@ def run(cases, impls=None, *, settings: Settings | None = None, ceiling_gbps: fl
     impl_list = resolve_impls(impls, peers_dir)
     directions = sum(2 if c.backward else 1 for c in case_list)
     runner = Runner(case_list, impl_list, settings=settings, timer=timer, device=_device.DEVICE,
-                    progress=Progress(directions * len(impl_list), enabled=progress))
+                    progress=Progress(directions * len(impl_list), enabled=progress), ceiling_gbps=ceiling_gbps)
     runner.run()
     return derive_metrics(runner.rows, ceiling_gbps)
 
@@ -228,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     ceiling = timer.copy_ceiling()
     progress.note(f"copy ceiling {ceiling['gbps']:.0f} GB/s ({ceiling['method']})")
     runner = Runner(cases, impls, settings=settings, timer=timer, device=_device.DEVICE, progress=progress,
-                    started_at=started)
+                    started_at=started, ceiling_gbps=ceiling["gbps"])
 
     def document(complete: bool, aborted=None, ceiling_end=None) -> dict:
         duration = round(time.perf_counter() - started, 1)

@@ -255,6 +255,24 @@ class RopekitAPI(Impl):
         return Prepared(fn, lambda r: (r[0], r[1]), inplace=inplace)
 
 
+class RopekitRows(RopekitAPI):
+    """``apply_rope(per_token=True, inplace=True)`` on the inputs Liger gets: per-token cos/sin rows in q's dtype
+    (transformers' layout, gathered by position before the call) instead of the table and positions. The same
+    contract as Liger's call, so the two rows compare like with like; the ``ropekit`` rows also look positions up."""
+
+    def __init__(self):
+        super().__init__("ropekit-rows", "ropekit.apply_rope(per_token=True, inplace=True): Liger's inputs",
+                         inplace=True)
+
+    def build(self, case, tables, data, direction):
+        from ..api import apply_rope
+
+        fn = functools.partial(apply_rope, data.q, data.k, tables.cos_rows, tables.sin_rows, per_token=True,
+                               inplace=True, layout=case.layout, interleaved=case.interleaved,
+                               cu_seqlens=tables.cu_seqlens, max_seqlen=tables.max_seqlen)
+        return Prepared(fn, lambda r: (r[0], r[1]), inplace=True)
+
+
 def _probe_cuda_backend() -> str | None:
     """Build ropekit's CUDA extension (first use compiles it) and run it once on a tiny input."""
     try:
@@ -473,6 +491,7 @@ def make_impls(peers_directory=None) -> list[Impl]:
         TritonLadder(1), TritonLadder(2), TritonLadder(3), TritonV4(),
         RopekitAPI("ropekit", "ropekit.apply_rope (Triton v4)"),
         RopekitAPI("ropekit-inplace", "ropekit.apply_rope(inplace=True)", inplace=True),
+        RopekitRows(),
         RopekitAPI("ropekit-autograd", "ropekit.apply_rope, q/k requiring grad (custom op)", record_autograd=True),
         RopekitAPI("ropekit-cuda", "ropekit.apply_rope(backend='cuda')", backend="cuda", follow_case_mode=True),
         TorchEager(), TorchCompile(),
@@ -482,4 +501,4 @@ def make_impls(peers_directory=None) -> list[Impl]:
 
 IMPL_NAMES = tuple(impl.name for impl in make_impls())
 PEER_NAMES = tuple(impl.name for impl in make_impls() if impl.kind == "peer")
-ROPEKIT_NAMES = ("ropekit", "ropekit-inplace")  # "ropekit's best path" in the targets table
+ROPEKIT_NAMES = ("ropekit", "ropekit-inplace", "ropekit-rows")  # "ropekit's best path" in the targets table

@@ -125,8 +125,9 @@ class Runner:
     """Runs ``cases`` x ``impls`` with a timer (``GpuTimer`` on a GPU; tests pass a fake one on the CPU)."""
 
     def __init__(self, cases, impls, *, settings, timer, device, progress: Progress | None = None,
-                 on_case_done=None, started_at: float | None = None):
+                 on_case_done=None, started_at: float | None = None, ceiling_gbps: float | None = None):
         self.cases = list(cases)
+        self.ceiling_gbps = ceiling_gbps  # sizes the CUDA graphs (see _device_estimate_us)
         self.impls = list(impls)
         self.settings = settings
         self.timer = timer
@@ -266,7 +267,8 @@ class Runner:
                           do_bench_us=do_bench_us if residency == "dram" else None, **common)
             if prepared.graph_safe and self.graphs_enabled:
                 try:
-                    row["graph_us"], row["graph_spread"], row["graph_calls"] = self.timer.graph_us(fns, do_bench_us)
+                    row["graph_us"], row["graph_spread"], row["graph_calls"] = self.timer.graph_us(
+                        fns, self._device_estimate_us(case, prepared.inplace, do_bench_us))
                 except Exception as error:  # noqa: BLE001
                     row["graph_error"] = f"{type(error).__name__}: {error}"[:300]
                     self._after_graph_failure()
@@ -274,6 +276,16 @@ class Runner:
             rows.append(row)
             del fns, keep_alive
         return rows
+
+    def _device_estimate_us(self, case, inplace: bool, do_bench_us: float) -> float:
+        """The case's bytes at the copy ceiling: how long a call at the memory-bandwidth limit takes on the device.
+
+        Sizes the graphs: the same for every implementation of a case (do_bench of a tiny call measures the host).
+        Without a ceiling (tests with a fake timer), the do_bench time.
+        """
+        if not self.ceiling_gbps:
+            return do_bench_us
+        return case.moved_bytes(inplace) / (self.ceiling_gbps * 1e9) * 1e6
 
     def _after_graph_failure(self) -> None:
         if torch.device(self.device).type != "cuda":

@@ -99,6 +99,10 @@ class GpuTimer:
         """(median µs per call, spread, calls per graph) over replays of a graph of back-to-back calls.
 
         The calls cycle through ``fns`` (one per buffer set), so a graph touches every set at least once.
+        ``estimate_us`` sizes the graph (``graph_target_us`` of device work, at most ``max_calls_per_graph`` calls):
+        the runner passes the case's bytes over the copy ceiling, the same for every implementation of a case, so
+        that no implementation's graph is shortened by its own host overhead (a graph of a few calls pays the
+        graph launch's own latency, measured in docs/gpu-runs/run11: 2.3 µs a call at 8 calls, 1.6-1.8 at 128+).
         """
         s = self.settings
         n_sets = len(fns)
@@ -120,10 +124,16 @@ class GpuTimer:
             with torch.cuda.graph(graph):
                 for i in range(calls):
                     fns[i % n_sets]()
-            for _ in range(3):
+            warm_start, warm_end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            graph.replay()
+            warm_start.record()
+            for _ in range(2):
                 graph.replay()
+            warm_end.record()
             torch.cuda.synchronize()
-            replays = int(min(2000, max(5, s.graph_ms * 1e3 / (estimate_us * calls))))
+            # as many replays as fit in graph_ms, counted from the replays just made (not from the estimate)
+            replay_us = max(warm_start.elapsed_time(warm_end) * 1e3 / 2, 1.0)
+            replays = int(min(2000, max(5, s.graph_ms * 1e3 / replay_us)))
             events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
                       for _ in range(replays)]
             for start, end in events:

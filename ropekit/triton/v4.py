@@ -345,17 +345,32 @@ def _int_class(value: int) -> tuple:
     return (value == 1, value % 16 == 0, -2**31 <= value < 2**31)
 
 
-def _static_key(grid, ints, constexprs, num_warps) -> tuple:
-    return (grid, num_warps, tuple(constexprs.values()), ints[:_OFFSET_ARG], ints[_OFFSET_ARG + 1:])
+def _static_key(grid, ints, constexprs, num_warps, dtypes) -> tuple:
+    return (grid, num_warps, tuple(constexprs.values()), ints[:_OFFSET_ARG], ints[_OFFSET_ARG + 1:], dtypes)
 
 
-def _launch(grid, pointers, ints, constexprs, num_warps, static_key=None):
+def _stream_getter():
+    """The current CUDA stream as Triton's launcher takes it, read the way Triton reads it (None: let Triton do it)."""
+    raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    get_device = getattr(torch._C, "_cuda_getDevice", None)
+    if raw_stream is None or get_device is None:
+        return None
+    return lambda: raw_stream(get_device())
+
+
+_current_stream = _stream_getter()
+
+
+def _launch(grid, pointers, ints, constexprs, num_warps, static_key):
+    """Launch through the direct-launch cache. ``static_key``: ``V4Launch.key`` (grid, integers but the offset,
+    constexprs, warps, pointer dtypes)."""
     if _device.INTERPRET:
         rope_v4_kernel[grid](*pointers, *ints, **constexprs, num_warps=num_warps)
         return
-    if static_key is None:
-        static_key = _static_key(grid, ints, constexprs, num_warps)
-    key = (static_key, _int_class(ints[_OFFSET_ARG]), tuple((p.dtype, p.data_ptr() % 16 == 0) for p in pointers))
+    aligned = 0  # bit i: pointer i is 16-byte aligned (Triton specialises on it)
+    for pointer in pointers:
+        aligned = (aligned << 1) | (pointer.data_ptr() % 16 == 0)
+    key = (static_key, _int_class(ints[_OFFSET_ARG]), aligned)
     entry = _direct_launchers.get(key)
     if entry is None:
         compiled = rope_v4_kernel[grid](*pointers, *ints, **constexprs, num_warps=num_warps)
@@ -382,10 +397,11 @@ def _launch(grid, pointers, ints, constexprs, num_warps, static_key=None):
 
 
 def _run_compiled(runner, pointers, ints, constexprs, with_constexprs):
-    if with_constexprs:
-        runner(*pointers, *ints, *constexprs.values())
+    args = (*pointers, *ints, *constexprs.values()) if with_constexprs else (*pointers, *ints)
+    if _current_stream is None:
+        runner(*args)
     else:
-        runner(*pointers, *ints)
+        runner(*args, stream=_current_stream())  # skips the runner's own device and stream lookups
 
 
 class V4Launch:
@@ -396,20 +412,23 @@ class V4Launch:
 
     __slots__ = ("grid", "ints_head", "ints_tail", "constexprs", "num_warps", "key")
 
-    def __init__(self, grid, ints, constexprs, num_warps):
+    def __init__(self, grid, ints, constexprs, num_warps, dtypes):
         self.grid, self.constexprs, self.num_warps = grid, constexprs, num_warps
         self.ints_head, self.ints_tail = ints[:_OFFSET_ARG], ints[_OFFSET_ARG + 1:]
-        self.key = _static_key(grid, ints, constexprs, num_warps)
+        self.key = _static_key(grid, ints, constexprs, num_warps, dtypes)
+
+    @staticmethod
+    def pointers(q, k, out_q, out_k, cos, sin, positions, cu_seqlens) -> tuple:
+        """The kernel's eight pointer arguments; an absent tensor is stood in for by one that exists."""
+        return (q, k if k is not None else q, out_q, out_k if out_k is not None else out_q, cos, sin,
+                positions if positions is not None else cos, cu_seqlens if cu_seqlens is not None else cos)
 
     def __call__(self, q, k, out_q, out_k, cos, sin, positions, cu_seqlens, position_offset: int) -> None:
         """q/k/out/cos/sin/positions/cu_seqlens: the tensors the plan was made for, or any with the same shapes,
         strides and dtypes (views count: only their data pointers are read); k, positions and cu_seqlens may be
         None when the plan was made without them."""
-        pointers = (q, k if k is not None else q, out_q, out_k if out_k is not None else out_q, cos, sin,
-                    positions if positions is not None else cos,  # an unused pointer still needs a tensor
-                    cu_seqlens if cu_seqlens is not None else cos)
-        _launch(self.grid, pointers, (*self.ints_head, position_offset, *self.ints_tail), self.constexprs,
-                self.num_warps, self.key)
+        _launch(self.grid, self.pointers(q, k, out_q, out_k, cos, sin, positions, cu_seqlens),
+                (*self.ints_head, position_offset, *self.ints_tail), self.constexprs, self.num_warps, self.key)
 
 
 _MATH_DTYPE = {torch.float64: tl.float64}
@@ -504,4 +523,5 @@ def plan_v4(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: tor
         INDEX_DTYPE=tl.int32 if _fits_int32(q.shape, q.stride(), k_args.shape, k_args.stride(), out_q.shape,
                                             out_q.stride(), out_k_args.shape, out_k_args.stride()) else tl.int64,
     )
-    return V4Launch(grid, ints, constexprs, config.num_warps)
+    dtypes = tuple(p.dtype for p in V4Launch.pointers(q, k, out_q, out_k, cos, sin, pos_tensor, positions.cu_seqlens))
+    return V4Launch(grid, ints, constexprs, config.num_warps, dtypes)
