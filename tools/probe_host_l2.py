@@ -10,13 +10,17 @@ JSON to $OUT/probe_host_l2.json):
    rotating sets (DRAM), so that the harness can size its graphs by device work, not by a host-bound estimate.
 4. **v4 tiles for the small cases** (L2 graph replay), against Liger.
 
-    python tools/probe_host_l2.py [--parts host,l2,graph,tiles]
+5. **Large-case tiles** (fp32, MHA) against torch.compile and a one-launch copy; **small-case tiles on Liger's
+   inputs** (per-token rows).
+
+    python tools/probe_host_l2.py [--parts host,l2,graph,tiles,large_tiles,rows_tiles]
 """
 
 from __future__ import annotations
 
 import argparse
 import cProfile
+import functools
 import io
 import json
 import math
@@ -217,6 +221,78 @@ def part_tiles(results):
     results["small_tiles_l2_us"] = rows
 
 
+def part_large_tiles(results):
+    """fp32 and MHA: v4 tiles against torch.compile and the same bytes copied in one launch, three rounds each
+    (interleaved, so that drift shows as spread), buffer sets rotating."""
+    rows = {}
+    grid = {
+        "fp32": [(1, 1, 4, True, True), (2, 1, 4, True, True), (2, 1, 8, True, True), (2, 1, 16, True, True),
+                 (2, 1, 16, True, False), (4, 1, 8, True, True), (4, 1, 16, True, True), (8, 1, 16, True, True),
+                 (16, 1, 4, False, True), (32, 1, 4, False, True), (4, 8, 4, False, True), (2, 32, 8, False, True),
+                 (1, 32, 4, False, True), (8, 4, 8, False, True)],
+        "mha-fp16": [(1, 1, 8, True, True), (1, 1, 16, True, True), (2, 1, 16, True, True), (2, 1, 16, True, False),
+                     (2, 1, 32, True, True), (1, 64, 8, False, True), (4, 16, 8, False, True),
+                     (16, 1, 4, False, True), (8, 8, 8, False, True)],
+    }
+    for case in select_cases(names=list(grid)):
+        make, tables = builders(case, {"torch-compile", "liger", "ropekit"})
+        sets = {name: [build(seed_for(case.name, name, str(i))) for i in range(2)] for name, build in make.items()}
+        spec = api.resolve_positions(batch=case.batch, seqlen=case.seqlen, positions=None)
+        datas = [make_data(case, "cuda", 200 + i) for i in range(2)]
+        outs = [(torch.empty_like(d.q), torch.empty_like(d.k)) for d in datas]
+        flat = [torch.cat((d.q.flatten(), d.k.flatten())) for d in datas]
+        flat_out = [torch.empty_like(f) for f in flat]
+        candidates = {name: [p.fn for p in prepared] for name, prepared in sets.items()}
+        candidates["copy, one launch"] = [lambda f=f, o=o: o.copy_(f) for f, o in zip(flat, flat_out)]
+        for shape in grid[case.name]:
+            config = LaunchConfig(*shape)
+            candidates[f"v4 {shape}"] = [
+                lambda d=d, o=o, config=config: v4.rope_v4(d.q, d.k, tables.cos_half, tables.sin_half, out_q=o[0],
+                                                           out_k=o[1], positions=spec, rotary_dim=case.rotary,
+                                                           config=config) for d, o in zip(datas, outs)]
+        samples = {name: [] for name in candidates}
+        for _ in range(3):
+            for name, fns in candidates.items():
+                samples[name].append(graph_calls_us(fns, calls=6, replays=20))
+        for name, values in samples.items():
+            rows[f"{case.name} {name}"] = {"median_us": statistics.median(values), "min_us": min(values),
+                                           "max_us": max(values), "bytes": case.moved_bytes(False)}
+        del sets, datas, outs, flat, flat_out, candidates
+        torch.cuda.empty_cache()
+    ceiling = results["ceiling_gbps"]
+    for label, row in rows.items():
+        row["pct"] = row["bytes"] / (row["median_us"] * 1e-6) / 1e9 / ceiling * 100
+        print(f"ltile {label:44s} {row['median_us']:7.1f} us ({row['pct']:5.1f}%)  range {row['min_us']:.1f}-"
+              f"{row['max_us']:.1f}", flush=True)
+    results["large_tiles"] = rows
+
+
+def part_rows_tiles(results):
+    """Decode and small prefill on Liger's inputs (per-token cos/sin rows), v4 tiles, L2 graph replay."""
+    rows = {}
+    configs = [LaunchConfig(1, 4, 4), LaunchConfig(1, 8, 4), LaunchConfig(1, 32, 4), LaunchConfig(1, 8, 2),
+               LaunchConfig(1, 1, 4, fused_qk=True), LaunchConfig(1, 1, 2, fused_qk=True),
+               LaunchConfig(2, 16, 4), LaunchConfig(2, 8, 4), LaunchConfig(1, 1, 8, fused_qk=True)]
+    for case in select_cases(names=["decode", "small-prefill"]):
+        make, tables = builders(case, {"liger", "ropekit-rows", "ropekit", "triton-v4"})
+        data = make_data(case, "cuda", 4)
+        cos_rows = tables.cos_rows.expand(case.batch, case.seqlen, -1)
+        sin_rows = tables.sin_rows.expand(case.batch, case.seqlen, -1)
+        spec = api.resolve_positions(batch=case.batch, seqlen=case.seqlen, positions=None)
+        default = v4.launch_config(case.n_tokens, case.heads_q, case.heads_k, case.head_dim, case.rotary)
+        for config in [default] + configs:
+            fn = functools.partial(v4.rope_v4, data.q, data.k, cos_rows, sin_rows, out_q=data.q, out_k=data.k,
+                                   positions=spec, rotary_dim=case.rotary, cos_per_token=True, copy_tail=False,
+                                   config=config)
+            rows[f"{case.name} v4 rows in place {tuple(config)}{' (default)' if config == default else ''}"] = \
+                graph_calls_us([fn], 256)
+        for name, build in make.items():
+            rows[f"{case.name} {name}"] = graph_calls_us([build(9).fn], 256)
+    for label, us in rows.items():
+        print(f"rows  {label:60s} {us:7.2f} us", flush=True)
+    results["rows_tiles_l2_us"] = rows
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--parts", default="host,l2,graph,tiles")
@@ -229,7 +305,8 @@ def main():
                "l2_bytes": l2_bytes, "ceiling_gbps": ceiling["gbps"]}
     print(f"{results['gpu']} ceiling {ceiling['gbps']:.0f} GB/s, L2 {l2_bytes / 2**20:.0f} MiB", flush=True)
     parts = {"host": lambda: part_host(results), "l2": lambda: part_l2(results, timer, l2_bytes),
-             "graph": lambda: part_graph(results, l2_bytes), "tiles": lambda: part_tiles(results)}
+             "graph": lambda: part_graph(results, l2_bytes), "tiles": lambda: part_tiles(results),
+             "large_tiles": lambda: part_large_tiles(results), "rows_tiles": lambda: part_rows_tiles(results)}
     for part in args.parts.split(","):
         started = time.time()
         try:
@@ -239,7 +316,7 @@ def main():
             traceback.print_exc()
             results[f"{part}_error"] = f"{type(error).__name__}: {error}"
         print(f"[{part} took {time.time() - started:.0f} s]", flush=True)
-        with open(os.path.join(OUT, "probe_host_l2.json"), "w") as f:
+        with open(os.path.join(OUT, f"probe_host_l2_{args.parts.replace(',', '_')}.json"), "w") as f:
             json.dump(results, f, indent=1)
 
 
