@@ -1182,7 +1182,8 @@ def _ladder_launchers() -> list:
     return ladder
 
 
-_SANITIZE_V4_TILES = (None, LaunchConfig(2, 1, 16, fused_qk=True, evict_first=True))
+_SANITIZE_V4_TILES = (None, LaunchConfig(2, 1, 16, fused_qk=True, evict_first=True),
+                      LaunchConfig(2, 1, 32, fused_qk=True, evict_first=True))
 
 
 @contextlib.contextmanager

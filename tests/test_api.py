@@ -96,6 +96,7 @@ V4_CONFIGS = [
     LaunchConfig(2, 1, 2, fused_qk=True, evict_first=True),
     LaunchConfig(4, 2, 4),
     LaunchConfig(1, 1, 1, evict_first=True),
+    LaunchConfig(2, 1, 32, fused_qk=True, evict_first=True),
 ]
 
 

@@ -180,10 +180,13 @@ def test_sanitize_driver_runs_every_kernel_cleanly(capsys):
     lines = capsys.readouterr().out.splitlines()
     for kernel in ("triton v1", "triton v2", "triton v3", "out-of-table"):
         assert any(line.startswith("ok") and kernel in line for line in lines), kernel
-    # every configuration once with v4's own tile and once with the fused tile of large prefills forced
+    # every configuration once with v4's own tile and once with each fused tile of large prefills forced
     n_configs = len(stress.sanitize_configs())
-    assert sum(line.startswith("ok    triton ") and "seed=" in line for line in lines) == 2 * n_configs
-    assert sum(line.startswith("ok    triton ") and "tile=(2, 1, 16, True, True)" in line for line in lines) == n_configs
+    n_tiles = len(stress._SANITIZE_V4_TILES)
+    assert n_tiles == 3
+    assert sum(line.startswith("ok    triton ") and "seed=" in line for line in lines) == n_tiles * n_configs
+    for tile in ("tile=(2, 1, 16, True, True)", "tile=(2, 1, 32, True, True)"):
+        assert sum(line.startswith("ok    triton ") and tile in line for line in lines) == n_configs
 
 
 # --- 4. large tensors (the real case, past 2**31 elements, runs in `python -m ropekit stress` on the GPU) ------------

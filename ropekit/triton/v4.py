@@ -299,22 +299,26 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-# Largest fused tile (BLOCK_S tokens x all q and k heads x head_dim, padded) kept in registers: 64 values a thread
-# at 16 warps. Beyond it (very many or very wide heads) a program takes one head block of q or of k.
+# Largest fused tile (BLOCK_S tokens x all q and k heads x head_dim, padded) kept in registers: 32 values a thread
+# at 32 warps. Beyond it (very many or very wide heads) a program takes one head block of q or of k.
 _FUSED_TILE_MAX = 32768
 
 
 @functools.lru_cache(maxsize=1024)
-def launch_config(n_tokens: int, n_heads_q: int, n_heads_k: int, head_dim: int, rotary_dim: int) -> LaunchConfig:
-    """Block sizes, chosen by measurement on the H100 (tools/probe_limits.py, tools/tune_v4.py; docs/gpu-runs/).
+def launch_config(n_tokens: int, n_heads_q: int, n_heads_k: int, head_dim: int, rotary_dim: int,
+                  cos_per_token: bool = False) -> LaunchConfig:
+    """Block sizes, chosen by measurement on the H100 (tools/probe_limits.py, tools/tune_v4.py,
+    tools/probe_host_l2.py; docs/gpu-runs/).
 
     Prefill-sized work (4096 tokens or more): two tokens per program holding every q and k head (``fused_qk``: all
-    loads issued before any store, cos/sin fetched once per token), 16 warps, streaming cache hint. Measured
-    (CUDA-graph replays, docs/gpu-runs/run6): Llama-3-8B 115.4 µs against 115.5 µs for copying the same bytes with
-    torch; MHA fp16 364.4 µs (copy 358.7); fp32 48.1 µs (copy 50.3); partial rotary out of place 119.3 µs, where the
-    earlier 16 tokens x 1 head tiles took 127-128 µs. Small prefills want a few heads per program (fewer, fuller
-    programs), a decode step one token x 4 heads (docs/gpu-runs/run3). Under the interpreter every program costs
-    Python overhead, so tiles are as large as the shape allows.
+    loads issued before any store, cos/sin fetched once per token), streaming cache hint, 16 warps, or 32 when the
+    tile exceeds 16K values (MHA with 64+64 heads of 128: 360.8 µs against 373.0 at 16 warps and 361.7 for
+    torch.compile, docs/gpu-runs/run12). Measured (CUDA-graph replays, docs/gpu-runs/run6): Llama-3-8B 115.4 µs
+    against 115.5 µs for copying the same bytes with torch; fp32 48.1 µs (copy 50.3); partial rotary out of place
+    119.3 µs, where the earlier 16 tokens x 1 head tiles took 127-128 µs. Small prefills want a few heads per program
+    (fewer, fuller programs), with per-token cos/sin rows one token and every head (3.1 µs against 3.9 for two
+    tokens x 16 heads, run12); a decode step one token x 8 heads (run11, run12). Under the interpreter every program
+    costs Python overhead, so tiles are as large as the shape allows.
     """
     n_heads = max(n_heads_q, n_heads_k)
     if _device.INTERPRET:
@@ -322,13 +326,15 @@ def launch_config(n_tokens: int, n_heads_q: int, n_heads_k: int, head_dim: int, 
     if n_tokens >= 4096:
         per_token = (_next_pow2(n_heads_q) + (_next_pow2(n_heads_k) if n_heads_k else 0)) * _next_pow2(head_dim)
         if 2 * per_token <= _FUSED_TILE_MAX:
-            return LaunchConfig(2, 1, 16, fused_qk=True, evict_first=True)
+            return LaunchConfig(2, 1, 32 if 2 * per_token > 16384 else 16, fused_qk=True, evict_first=True)
         if per_token <= _FUSED_TILE_MAX:
             return LaunchConfig(1, 1, 16, fused_qk=True, evict_first=True)
         return LaunchConfig(16, 1, 8, evict_first=True)
     if n_tokens > 128:
+        if cos_per_token:
+            return LaunchConfig(1, min(_next_pow2(n_heads), 32), 4)
         return LaunchConfig(2, min(_next_pow2(n_heads), 16), 4)
-    return LaunchConfig(1, min(_next_pow2(n_heads), 4), 4)
+    return LaunchConfig(1, min(_next_pow2(n_heads), 8), 4)
 
 
 # The direct-launch cache: Triton's JIT entry point re-derives the specialisation of ~40 arguments in Python on
@@ -472,7 +478,7 @@ def plan_v4(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: tor
     n_heads_q = q.shape[2]
     n_heads_k = k.shape[2] if k is not None else 0
     if config is None:
-        config = launch_config(n_batch * seqlen, n_heads_q, n_heads_k, head_dim, rotary_dim)
+        config = launch_config(n_batch * seqlen, n_heads_q, n_heads_k, head_dim, rotary_dim, cos_per_token)
     block_h = config.block_h
     if config.fused_qk:
         # the q and k tiles cover every head: one program per token block
