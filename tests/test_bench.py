@@ -399,6 +399,7 @@ def test_targets_read_the_issue_thresholds():
 def test_merge_keeps_both_runs_and_later_rows_win(fake_run):
     doc = fake_run[0]
     later = _copy(doc)
+    later["created"] = "2098-01-01T00:00:00+00:00"
     target = next(r for r in later["rows"] if r["status"] == "ok")
     target["time_us"] = target[f"{target['time_source']}_us"] = target["time_us"] * 2
     target["gbps"] = target["bytes"] / (target["time_us"] * 1e-6) / 1e9
@@ -406,6 +407,11 @@ def test_merge_keeps_both_runs_and_later_rows_win(fake_run):
     same = [r for r in merged["rows"] if (r["case"], r["impl"], r["direction"], r["residency"]) ==
             (target["case"], target["impl"], target["direction"], target["residency"])]
     assert len(same) == 1 and same[0]["time_us"] == target["time_us"] and len(merged["runs"]) == 2
+    # merging a merge keeps every source run once
+    third = _copy(doc)
+    third["created"] = "2099-01-01T00:00:00+00:00"
+    again = bench.merge_documents([merged, third])
+    assert [run["created"] for run in again["runs"]] == sorted({doc["created"], later["created"], third["created"]})
 
 
 def test_main_measures_writes_and_renders_with_a_fake_clock(monkeypatch, tmp_path, capsys):

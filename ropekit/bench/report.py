@@ -129,7 +129,7 @@ def merge_documents(docs: list[dict]) -> dict:
         raise ValueError("nothing to merge")
     for doc in docs:
         validate_document(doc)
-    merged = json.loads(json.dumps(docs[0]))
+    merged = json.loads(json.dumps(docs[-1]))  # the latest run heads the document
     rows: dict[tuple, list[dict]] = {}
     cases: dict[str, dict] = {}
     impls: dict[str, dict] = {}
@@ -148,7 +148,12 @@ def merge_documents(docs: list[dict]) -> dict:
     merged["copy_floors"] = {name: floor for doc in docs for name, floor in doc.get("copy_floors", {}).items()}
     merged["complete"] = all(doc["complete"] for doc in docs)
     merged["aborted"] = "; ".join(doc["aborted"] for doc in docs if doc["aborted"]) or None
-    merged["runs"] = [{"created": d["created"], "command": d["command"], "copy_ceiling": d["copy_ceiling"],
-                       "gpu": d["environment"].get("gpu")} for d in docs]
+    # every source run once: a document that is itself a merge contributes the runs it lists
+    runs = {}
+    for d in docs:
+        for run in d.get("runs") or [{"created": d["created"], "command": d["command"],
+                                      "copy_ceiling": d["copy_ceiling"], "gpu": d["environment"].get("gpu")}]:
+            runs[(run["created"], run["command"])] = run
+    merged["runs"] = sorted(runs.values(), key=lambda run: run["created"])
     validate_document(merged)
     return merged
