@@ -5,7 +5,9 @@ Data flows one way: the user's call -> ``_prepare`` (every check, before any wri
 
 Four ways in, one kernel:
 
-* eager inference (no grad, not compiling): the launcher is called directly — no dispatcher on the hot path;
+* eager inference (no grad, not compiling): the launcher is called directly — no dispatcher on the hot path —
+  and with the Triton backend a repeated call signature reuses its validated plan (``_EagerPlan``): a decode step
+  skips validation and launch derivation;
 * eager autograd: ``_RopeFunction``, a plain ``autograd.Function`` around the same launches (its backward is the
   rotation by -θ, i.e. the same kernel with ``conjugate`` flipped);
 * ``torch.compile``: the functional custom op ``ropekit::rope`` (fake impl for tracing; the same backward registered
