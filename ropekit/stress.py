@@ -623,8 +623,8 @@ class _VariantRecorder:
     """Stands in for v4's launch during a dry run: records each launch's specialisation key, runs nothing.
 
     It replaces ``ropekit.triton.v4._launch(grid, pointers, ints, constexprs, num_warps, static_key)`` (below v4's
-    direct-launch cache, which must not learn about launches that never ran), or the kernel object itself (``kernel[grid](*args,
-    **kwargs)``) in a v4 without that function.
+    direct-launch cache, which must not learn about launches that never ran), or the kernel object itself
+    (``kernel[grid](*args, **kwargs)``) in a v4 without that function.
     """
 
     def __init__(self):
