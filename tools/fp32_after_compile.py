@@ -4,7 +4,8 @@
 
 Times Liger, ropekit (in place and out of place) and the v4 launcher with the benchmark's graph clock, then compiles
 and runs a trivial function with torch.compile (inductor), then times the same prepared calls again, and calls
-built afresh (new buffers). docs/gpu-runs/run18.
+built afresh (new buffers); then times torch.compile of the eager formula (what the benchmark runs just before
+Liger) and everything once more. docs/gpu-runs/run18.
 """
 
 import torch
@@ -38,3 +39,8 @@ f(torch.randn(1024, device="cuda"))
 torch.cuda.synchronize()
 times(before, "after torch.compile, same buffers")
 times(build(2), "after torch.compile, new buffers")
+# now what the benchmark does before Liger: build and time torch.compile of the eager formula on this case
+compiled = impls["torch-compile"].build(case, tables, make_data(case, "cuda", 3), "forward").fn
+times({"torch-compile": compiled}, "the compiled formula")
+times(before, "after the compiled formula, old buffers")
+times(build(4), "after the compiled formula, new buffers")
