@@ -25,6 +25,7 @@ import torch
 
 from . import device as _device  # noqa: F401  (interpreter switch before triton is imported)
 from .positions import POSITION_IDS, SCALAR_OFFSET, SEQ_OFFSETS, PositionSpec, resolve_positions
+from .triton import v4 as _v4
 from .triton.v4 import plan_v4, rope_v4
 
 __all__ = ["apply_rope", "LAYOUTS", "BACKENDS"]
@@ -335,10 +336,11 @@ def _signature(q, k, cos, sin, positions, layout, interleaved, rotary_dim, inpla
     for t in (q, k, cos, sin, cu_seqlens):
         if t is not None and not isinstance(t, torch.Tensor):
             return None
-    # types beside values: True == 1 as dict keys, but not as arguments
+    # types beside values: True == 1 as dict keys, but not as arguments. The launch table itself is part of the key:
+    # code that swaps v4.launch_config (tile tuning, the sanitizer's forced tiles, tests) gets plans of its own.
     return (_tensor_key(q), _tensor_key(k), _tensor_key(cos), _tensor_key(sin), pos_key, layout, type(interleaved),
             interleaved, type(rotary_dim), rotary_dim, inplace, _tensor_key(cu_seqlens), type(max_seqlen), max_seqlen,
-            per_token, type(conjugate), conjugate, eager_rounding)
+            per_token, type(conjugate), conjugate, eager_rounding, _v4.launch_config)
 
 
 class _EagerPlan:
