@@ -97,13 +97,11 @@ V4_CONFIGS = [
     LaunchConfig(4, 2, 4),
     LaunchConfig(1, 1, 1, evict_first=True),
     LaunchConfig(2, 1, 32, fused_qk=True, evict_first=True),
-    LaunchConfig(2, 2, 4, cos_per_head=True),
 ]
 
 
 @pytest.mark.parametrize("config", V4_CONFIGS, ids=lambda c: f"s{c.block_s}h{c.block_h}w{c.num_warps}"
-                         + ("-fused" if c.fused_qk else "") + ("-evict" if c.evict_first else "")
-                         + ("-cosperhead" if c.cos_per_head else ""))
+                         + ("-fused" if c.fused_qk else "") + ("-evict" if c.evict_first else ""))
 @pytest.mark.parametrize("case", CASES[:6], ids=[c[0] for c in CASES[:6]])
 def test_every_v4_tile_shape_matches_reference(case, config, monkeypatch):
     monkeypatch.setattr(v4, "launch_config", lambda *args: config)
@@ -537,22 +535,6 @@ def test_cached_plan_distinguishes_strides():
         q = make("bshd", 2, 5, 4, 32, torch.float32, noncontiguous=noncontiguous)
         out_q, _ = ropekit.apply_rope(q, None, cos, sin)
         assert_close_to_reference(out_q, ref.rope(q, ref.token_positions(2, 5)))
-
-
-@pytest.mark.parametrize("interleaved", [False, True], ids=["neox", "gptj"])
-def test_cos_per_head_tile_with_per_token_rows(interleaved, monkeypatch):
-    """The tile that loads cos/sin spread over its heads, on transformers' per-token rows (both pairings)."""
-    monkeypatch.setattr(v4, "launch_config", lambda *args: LaunchConfig(2, 2, 4, cos_per_head=True))
-    cos, sin = table(64, 32)
-    x = torch.randn(2, 5, 3, 32, device=DEVICE)
-    ids = torch.randint(0, 64, (2, 5))
-    half_cos, half_sin = cos[ids.to(DEVICE)], sin[ids.to(DEVICE)]
-    if interleaved:
-        rows_cos, rows_sin = half_cos.repeat_interleave(2, -1), half_sin.repeat_interleave(2, -1)
-    else:
-        rows_cos, rows_sin = torch.cat((half_cos, half_cos), -1), torch.cat((half_sin, half_sin), -1)
-    out, _ = ropekit.apply_rope(x, None, rows_cos, rows_sin, per_token=True, interleaved=interleaved)
-    assert_close_to_reference(out, ref.rope(x, ids, interleaved=interleaved))
 
 
 def test_cached_plan_follows_a_swapped_launch_table(monkeypatch):

@@ -201,9 +201,7 @@ def part_tiles(results):
                LaunchConfig(1, 8, 2), LaunchConfig(1, 1, 4, fused_qk=True), LaunchConfig(1, 1, 8, fused_qk=True),
                LaunchConfig(2, 1, 4, fused_qk=True), LaunchConfig(2, 16, 4), LaunchConfig(2, 8, 4),
                LaunchConfig(4, 8, 4), LaunchConfig(2, 1, 8, fused_qk=True), LaunchConfig(4, 1, 8, fused_qk=True),
-               LaunchConfig(4, 1, 16, fused_qk=True), LaunchConfig(2, 16, 4, cos_per_head=True),
-               LaunchConfig(1, 8, 4, cos_per_head=True), LaunchConfig(2, 8, 4, cos_per_head=True),
-               LaunchConfig(1, 32, 4, cos_per_head=True), LaunchConfig(4, 8, 4, cos_per_head=True)]
+               LaunchConfig(4, 1, 16, fused_qk=True)]
     for case in select_cases(names=["decode", "small-prefill"]):
         tables = make_tables(case, "cuda")
         data = make_data(case, "cuda", 3)
@@ -274,9 +272,7 @@ def part_rows_tiles(results):
     rows = {}
     configs = [LaunchConfig(1, 4, 4), LaunchConfig(1, 8, 4), LaunchConfig(1, 32, 4), LaunchConfig(1, 8, 2),
                LaunchConfig(1, 1, 4, fused_qk=True), LaunchConfig(1, 1, 2, fused_qk=True),
-               LaunchConfig(2, 16, 4), LaunchConfig(2, 8, 4), LaunchConfig(1, 1, 8, fused_qk=True),
-               LaunchConfig(1, 32, 4, cos_per_head=True), LaunchConfig(2, 16, 4, cos_per_head=True),
-               LaunchConfig(1, 8, 4, cos_per_head=True)]
+               LaunchConfig(2, 16, 4), LaunchConfig(2, 8, 4), LaunchConfig(1, 1, 8, fused_qk=True)]
     for case in select_cases(names=["decode", "small-prefill"]):
         make, tables = builders(case, {"liger", "ropekit-rows", "ropekit", "triton-v4"})
         data = make_data(case, "cuda", 4)

@@ -71,25 +71,11 @@ def _rotate(x_a, x_b, cos_a, sin_a, cos_b, sin_b, OUT_DTYPE: tl.constexpr, EAGER
 
 
 @triton.jit
-def _load_rows(PTR, offs, mask, other, MATH_DTYPE: tl.constexpr, HEADS: tl.constexpr):
-    """Load [BLOCK_S, BLOCK_HALF] cos/sin values; with HEADS > 0 already spread over HEADS heads as a
-    [BLOCK_S, HEADS, BLOCK_HALF] tile (each head reads the same addresses, from L1), so that the tile arrives in the
-    q/k tile's register layout instead of being redistributed through shared memory (a layout conversion with two
-    barriers, which Triton emits for BLOCK_S > 1 tiles of several heads)."""
-    if HEADS > 0:
-        shape: tl.constexpr = (offs.shape[0], HEADS, offs.shape[1])
-        offs = tl.broadcast_to(offs[:, None, :], shape)
-        mask = tl.broadcast_to(mask[:, None, :], shape)
-    return tl.load(PTR + offs, mask=mask, other=other).to(MATH_DTYPE)
-
-
-@triton.jit
 def _cos_sin(COS, SIN, POSITIONS, pid_b, batch_index, s_local, token_rows, token_mask, table_len, position_offset,
              stride_cos_b, stride_cos_s, stride_cos_d, stride_pos_b, stride_pos_s,
              ROTARY_DIM: tl.constexpr, BLOCK_HALF: tl.constexpr, INTERLEAVED: tl.constexpr, POS_MODE: tl.constexpr,
-             COS_PER_TOKEN: tl.constexpr, CONJUGATE: tl.constexpr, MATH_DTYPE: tl.constexpr, HEADS: tl.constexpr):
-    """cos/sin of every pair of BLOCK_S tokens, as four [BLOCK_S, BLOCK_HALF] tiles (first / second channel of a pair),
-    or with HEADS > 0 as [BLOCK_S, HEADS, BLOCK_HALF] tiles (see ``_load_rows``).
+             COS_PER_TOKEN: tl.constexpr, CONJUGATE: tl.constexpr, MATH_DTYPE: tl.constexpr):
+    """cos/sin of every pair of BLOCK_S tokens, as four [BLOCK_S, BLOCK_HALF] tiles (first / second channel of a pair).
 
     Called after the q/k tile is loaded, so those loads are already in flight while the dependent chain
     position -> table row -> cos/sin resolves (it dominates a decode step's latency).
@@ -109,10 +95,10 @@ def _cos_sin(COS, SIN, POSITIONS, pid_b, batch_index, s_local, token_rows, token
             col_b = pairs + ROTARY_DIM // 2
         offs_a = cs_row[:, None] + col_a[None, :] * stride_cos_d
         offs_b = cs_row[:, None] + col_b[None, :] * stride_cos_d
-        cos_a = _load_rows(COS, offs_a, cs_mask, 0.0, MATH_DTYPE, HEADS)
-        sin_a = _load_rows(SIN, offs_a, cs_mask, 0.0, MATH_DTYPE, HEADS)
-        cos_b = _load_rows(COS, offs_b, cs_mask, 0.0, MATH_DTYPE, HEADS)
-        sin_b = _load_rows(SIN, offs_b, cs_mask, 0.0, MATH_DTYPE, HEADS)
+        cos_a = tl.load(COS + offs_a, mask=cs_mask, other=0.0).to(MATH_DTYPE)
+        sin_a = tl.load(SIN + offs_a, mask=cs_mask, other=0.0).to(MATH_DTYPE)
+        cos_b = tl.load(COS + offs_b, mask=cs_mask, other=0.0).to(MATH_DTYPE)
+        sin_b = tl.load(SIN + offs_b, mask=cs_mask, other=0.0).to(MATH_DTYPE)
     else:
         if POS_MODE == 0:
             position = s_local.to(tl.int64) + position_offset
@@ -125,8 +111,8 @@ def _cos_sin(COS, SIN, POSITIONS, pid_b, batch_index, s_local, token_rows, token
         # Never read outside the table; out-of-range tokens get NaN (loud) instead of a neighbour's angle.
         cs_mask = (token_mask & in_table)[:, None] & pair_mask[None, :]
         offs = position[:, None] * stride_cos_s + pairs[None, :] * stride_cos_d
-        cos_a = _load_rows(COS, offs, cs_mask, float("nan"), MATH_DTYPE, HEADS)
-        sin_a = _load_rows(SIN, offs, cs_mask, float("nan"), MATH_DTYPE, HEADS)
+        cos_a = tl.load(COS + offs, mask=cs_mask, other=float("nan")).to(MATH_DTYPE)
+        sin_a = tl.load(SIN + offs, mask=cs_mask, other=float("nan")).to(MATH_DTYPE)
         cos_b = cos_a
         sin_b = sin_a
     if CONJUGATE:
@@ -176,13 +162,11 @@ def _load_pairs(X, row_in, row_mask, stride_d, ROTARY_DIM: tl.constexpr, BLOCK_S
 def _rotate_store(X, OUT, x_a, x_b, cos_a, sin_a, cos_b, sin_b, row_in, row_out, row_mask, stride_d, out_stride_d,
                   ROTARY_DIM: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr,
                   BLOCK_HALF: tl.constexpr, BLOCK_TAIL: tl.constexpr, INTERLEAVED: tl.constexpr,
-                  COPY_TAIL: tl.constexpr, EAGER_ROUNDING: tl.constexpr, EVICT: tl.constexpr,
-                  COS_HEADS: tl.constexpr):
+                  COPY_TAIL: tl.constexpr, EAGER_ROUNDING: tl.constexpr, EVICT: tl.constexpr):
     """Rotate a loaded tile by its tokens' cos/sin ([BLOCK_S, BLOCK_HALF], shared by every head), store it and,
     for partial rotary out of place, copy the untouched tail channels."""
-    if COS_HEADS == 0:  # [BLOCK_S, BLOCK_HALF]: shared by every head of the tile
-        cos_a, sin_a = cos_a[:, None, :], sin_a[:, None, :]
-        cos_b, sin_b = cos_b[:, None, :], sin_b[:, None, :]
+    cos_a, sin_a = cos_a[:, None, :], sin_a[:, None, :]
+    cos_b, sin_b = cos_b[:, None, :], sin_b[:, None, :]
     out_a, out_b = _rotate(x_a, x_b, cos_a, sin_a, cos_b, sin_b, OUT.dtype.element_ty, EAGER_ROUNDING)
     if INTERLEAVED:
         channels = tl.arange(0, 2 * BLOCK_HALF)
@@ -223,7 +207,6 @@ def rope_v4_kernel(
     INTERLEAVED: tl.constexpr, CONJUGATE: tl.constexpr, POS_MODE: tl.constexpr, IS_VARLEN: tl.constexpr,
     COS_PER_TOKEN: tl.constexpr, COPY_TAIL: tl.constexpr, HAS_K: tl.constexpr, MATH_DTYPE: tl.constexpr,
     EAGER_ROUNDING: tl.constexpr, FUSED_QK: tl.constexpr, EVICT: tl.constexpr, INDEX_DTYPE: tl.constexpr,
-    COS_HEADS: tl.constexpr,
 ):
     """Grid: (token blocks, head blocks of q then of k, batch or sequence).
 
@@ -268,14 +251,14 @@ def rope_v4_kernel(
         cos_a, sin_a, cos_b, sin_b = _cos_sin(
             COS, SIN, POSITIONS, pid_b, batch_index, s_local, token_rows, token_mask, table_len, position_offset,
             stride_cos_b, stride_cos_s, stride_cos_d, stride_pos_b, stride_pos_s,
-            ROTARY_DIM, BLOCK_HALF, INTERLEAVED, POS_MODE, COS_PER_TOKEN, CONJUGATE, MATH_DTYPE, COS_HEADS)
+            ROTARY_DIM, BLOCK_HALF, INTERLEAVED, POS_MODE, COS_PER_TOKEN, CONJUGATE, MATH_DTYPE)
         _rotate_store(Q, OUT_Q, q_a, q_b, cos_a, sin_a, cos_b, sin_b, q_in, q_out, q_mask, stride_qd, stride_oqd,
                       ROTARY_DIM, HEAD_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_TAIL, INTERLEAVED, COPY_TAIL,
-                      EAGER_ROUNDING, EVICT, COS_HEADS)
+                      EAGER_ROUNDING, EVICT)
         if FUSED_QK and HAS_K:
             _rotate_store(K, OUT_K, k_a, k_b, cos_a, sin_a, cos_b, sin_b, k_in, k_out, k_mask, stride_kd,
                           stride_okd, ROTARY_DIM, HEAD_DIM, BLOCK_S, BLOCK_HK, BLOCK_HALF, BLOCK_TAIL, INTERLEAVED,
-                          COPY_TAIL, EAGER_ROUNDING, EVICT, COS_HEADS)
+                          COPY_TAIL, EAGER_ROUNDING, EVICT)
     elif HAS_K:
         k_in, k_out, k_mask = _tile_rows(batch_index, token_rows, token_mask, (pid_h - n_head_blocks_q) * BLOCK_H,
                                          n_heads_k, stride_kb, stride_ks, stride_kh, stride_okb, stride_oks,
@@ -285,10 +268,10 @@ def rope_v4_kernel(
         cos_a, sin_a, cos_b, sin_b = _cos_sin(
             COS, SIN, POSITIONS, pid_b, batch_index, s_local, token_rows, token_mask, table_len, position_offset,
             stride_cos_b, stride_cos_s, stride_cos_d, stride_pos_b, stride_pos_s,
-            ROTARY_DIM, BLOCK_HALF, INTERLEAVED, POS_MODE, COS_PER_TOKEN, CONJUGATE, MATH_DTYPE, COS_HEADS)
+            ROTARY_DIM, BLOCK_HALF, INTERLEAVED, POS_MODE, COS_PER_TOKEN, CONJUGATE, MATH_DTYPE)
         _rotate_store(K, OUT_K, k_a, k_b, cos_a, sin_a, cos_b, sin_b, k_in, k_out, k_mask, stride_kd, stride_okd,
                       ROTARY_DIM, HEAD_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_TAIL, INTERLEAVED, COPY_TAIL,
-                      EAGER_ROUNDING, EVICT, COS_HEADS)
+                      EAGER_ROUNDING, EVICT)
 
 
 class LaunchConfig(NamedTuple):
@@ -297,7 +280,6 @@ class LaunchConfig(NamedTuple):
     num_warps: int
     fused_qk: bool = False  # one program takes all heads of q and of k for its tokens (cos/sin fetched once)
     evict_first: bool = False  # streaming cache hint on q/k loads and stores
-    cos_per_head: bool = False  # load cos/sin spread over the tile's heads (no layout conversion; not with fused_qk)
 
 
 def _next_pow2(n: int) -> int:
@@ -543,7 +525,6 @@ def plan_v4(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: tor
         COS_PER_TOKEN=cos_per_token, COPY_TAIL=copy_tail and rotary_dim < head_dim, HAS_K=k is not None,
         MATH_DTYPE=_MATH_DTYPE.get(q.dtype, tl.float32), EAGER_ROUNDING=eager_rounding,
         FUSED_QK=config.fused_qk, EVICT="evict_first" if config.evict_first else "",
-        COS_HEADS=block_h if config.cos_per_head and not config.fused_qk else 0,
         # 32-bit address arithmetic is fewer instructions; int64 as soon as any tensor's storage could overflow it
         INDEX_DTYPE=tl.int32 if _fits_int32(q.shape, q.stride(), k_args.shape, k_args.stride(), out_q.shape,
                                             out_q.stride(), out_k_args.shape, out_k_args.stride()) else tl.int64,
