@@ -24,6 +24,7 @@ from ropekit.bench.inputs import make_data, make_tables
 from ropekit.positions import resolve_positions
 from ropekit.triton import v4
 from ropekit.triton.v4 import LaunchConfig
+from tune_v4 import graph_of  # tools/ is on sys.path when this file runs as a script
 
 CASE = select_cases(names=["fp32"])[0]
 
@@ -46,20 +47,6 @@ def functions():
     fns["copy-one-launch"] = lambda: flat_out.copy_(flat)
     fns["add-inplace-one-launch"] = lambda: flat.mul_(1.0)  # in place, the same bytes: read + write of 67 MB
     return fns
-
-
-def graph_of(fn, calls):
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    return graph
 
 
 def time_graph(fn, calls=7, replays=40, sync_between=False):

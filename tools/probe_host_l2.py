@@ -22,6 +22,7 @@ import argparse
 import cProfile
 import functools
 import io
+import itertools
 import json
 import math
 import os
@@ -38,36 +39,15 @@ from ropekit.bench.inputs import make_data, make_tables, seed_for
 from ropekit.bench.timing import GpuTimer, Settings
 from ropekit.triton import v4
 from ropekit.triton.v4 import LaunchConfig
+from tune_v4 import graph_replay_us  # tools/ is on sys.path when this file runs as a script
 
 OUT = os.environ.get("OUT", ".")
 
 
 def graph_calls_us(fns, calls: int, replays: int = 30) -> float:
-    """Median per-call device time of a graph of exactly ``calls`` calls cycling through ``fns``."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for fn in fns[:3]:
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(calls):
-            fns[i % len(fns)]()
-    for _ in range(3):
-        graph.replay()
-    torch.cuda.synchronize()
-    samples = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) * 1e3 / calls)
-    graph.reset()
-    return statistics.median(samples)
+    """Median per-call device time of a graph of exactly ``calls`` calls cycling through ``fns`` (buffer sets)."""
+    turn = itertools.cycle(fns)
+    return graph_replay_us(lambda: next(turn)(), calls=calls, reps=replays)
 
 
 def eager_us(fn, n: int = 2000, rounds: int = 7) -> float:

@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 import ropekit
+from ropekit.bench.impls import hf_formula
 from ropekit.positions import resolve_positions
 from ropekit.triton import v4
 from ropekit.triton.v4 import LaunchConfig
@@ -78,13 +79,6 @@ def copy_ceiling_gbps():
     t_graph = graph_us(lambda: dst.copy_(src), calls=3, replays=20)
     del src, dst
     return 2 * n / (t * 1e-6) / 1e9, 2 * n / (t_graph * 1e-6) / 1e9
-
-
-def eager_formula(q, k, cos, sin):
-    def rot(x):
-        x1, x2 = x.chunk(2, -1)
-        return torch.cat((-x2, x1), -1)
-    return q * cos + rot(q) * sin, k * cos + rot(k) * sin
 
 
 def main():
@@ -160,9 +154,9 @@ def main():
             rcuda.LAUNCH_TUNING.update(block_threads_target=0, row_threads_cap=0)
         if not interleaved and rd == d and not inplace:
             positions = torch.arange(s, device="cuda")
-            cos_full = torch.cat((cos_t, cos_t), -1)[positions][None, :, None, :].to(dtype)
-            sin_full = torch.cat((sin_t, sin_t), -1)[positions][None, :, None, :].to(dtype)
-            compiled = torch.compile(eager_formula)
+            cos_full = torch.cat((cos_t, cos_t), -1)[positions][None].to(dtype)  # (1, s, d): transformers' rows
+            sin_full = torch.cat((sin_t, sin_t), -1)[positions][None].to(dtype)
+            compiled = torch.compile(hf_formula(d, d, interleaved=False, unsqueeze_dim=2))
             record("torch.compile", graph_us(lambda: compiled(q, k, cos_full, sin_full)))
         if liger_forward is not None and not interleaved and (rd == d or inplace):
             hf_cos = torch.cat((cos_t, cos_t), -1)[None].to(dtype)

@@ -19,6 +19,7 @@ import torch
 import triton
 
 import ropekit
+from ropekit.bench.impls import hf_formula
 from ropekit.positions import resolve_positions
 from ropekit.triton import v4
 
@@ -36,31 +37,25 @@ def median_us(fn, warmup=25, rep=200):
     return triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median") * 1e3
 
 
-def graph_of(fn):
+def graph_of(fn, calls=1):
+    """A CUDA graph of ``calls`` back-to-back calls of ``fn``, captured after a warm-up on a side stream."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         fn()
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph
-
-
-def graph_replay_us(fn, calls=20, reps=50):
-    """Median per-call time of `calls` back-to-back calls replayed from one CUDA graph, no cache flush in between
-    (inputs that fit stay in L2; larger ones stream from DRAM)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
         fn()
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         for _ in range(calls):
             fn()
+    return graph
+
+
+def graph_replay_us(fn, calls=20, reps=50):
+    """Median per-call time of `calls` back-to-back calls replayed from one CUDA graph, no cache flush in between
+    (inputs that fit stay in L2; larger ones stream from DRAM)."""
+    graph = graph_of(fn, calls)
     for _ in range(5):
         graph.replay()
     times = []
@@ -84,16 +79,9 @@ def copy_ceiling_gbps():
 
 def eager_formula(q, k, cos_table, sin_table, positions):
     # transformers' formula with cos/sin gathered per token (HF's layout: full width, halves equal)
-    cos = cos_table[positions]
-    sin = sin_table[positions]
-    cos = torch.cat((cos, cos), -1).unsqueeze(2).to(q.dtype)
-    sin = torch.cat((sin, sin), -1).unsqueeze(2).to(q.dtype)
-
-    def rot(x):
-        x1, x2 = x.chunk(2, -1)
-        return torch.cat((-x2, x1), -1)
-
-    return q * cos + rot(q) * sin, k * cos + rot(k) * sin
+    cos = torch.cat((cos_table[positions],) * 2, -1).to(q.dtype)
+    sin = torch.cat((sin_table[positions],) * 2, -1).to(q.dtype)
+    return hf_formula(q.shape[-1], q.shape[-1], interleaved=False, unsqueeze_dim=2)(q, k, cos, sin)
 
 
 def main():
