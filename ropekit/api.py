@@ -225,10 +225,16 @@ def _launch(q, k, cos, sin, positions, pos_mode, cu_seqlens, position_offset, ma
                        **({"eager_rounding": True} if eager_rounding else {}))
 
 
+def _outputs(q, k, inplace: bool):
+    """Where a call writes: q and k themselves, or fresh outputs (None for an absent k)."""
+    if inplace:
+        return q, k
+    return _new_output(q), (_new_output(k) if k is not None else None)
+
+
 def _rotate_new(q, k, *args):
-    """Out of place: fresh outputs (None for an absent k), then the kernel. ``args`` are the op's after k."""
-    out_q = _new_output(q)
-    out_k = _new_output(k) if k is not None else None
+    """Out of place: fresh outputs, then the kernel. ``args`` are the op's after k."""
+    out_q, out_k = _outputs(q, k, False)
     _launch(q, k, *args, out_q, out_k)
     return out_q, out_k
 
@@ -356,17 +362,15 @@ class _EagerPlan:
     def accepts(self, positions) -> bool:
         return type(positions) is not int or (self.max_offset is not None and 0 <= positions <= self.max_offset)
 
-    def __call__(self, q, k, cos, sin, positions, cu_seqlens):
-        if self.inplace:
-            out_q, out_k = q, k
-        else:
-            out_q = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-            out_k = torch.empty(k.shape, dtype=k.dtype, device=k.device) if k is not None else None
+    def run(self, q, k, out_q, out_k, cos, sin, positions, cu_seqlens):
         if self.launch is not None:
             is_tensor = isinstance(positions, torch.Tensor)
             self.launch(q, k, out_q, out_k, cos, sin, positions if is_tensor else None, cu_seqlens,
                         0 if is_tensor or positions is None else positions)
         return out_q, out_k
+
+    def __call__(self, q, k, cos, sin, positions, cu_seqlens):
+        return self.run(q, k, *_outputs(q, k, self.inplace), cos, sin, positions, cu_seqlens)
 
 
 _eager_plans: dict = {}
@@ -374,9 +378,9 @@ _EAGER_PLANS_MAX = 1024
 
 
 def _make_plan(key, q, k, cos, sin, positions, pos_mode, cu_seqlens, position_offset, max_seqlen, rotary_dim,
-               layout, interleaved, conjugate, per_token, eager_rounding, backend, inplace) -> _EagerPlan:
-    """The plan for a call that ``_prepare`` has just validated (its outputs are allocated by the plan itself)."""
-    out_q, out_k = (q, k) if inplace else (_new_output(q), _new_output(k) if k is not None else None)
+               layout, interleaved, conjugate, per_token, eager_rounding, backend, inplace, out_q, out_k) -> _EagerPlan:
+    """The plan for a call that ``_prepare`` has just validated; ``out_q``/``out_k`` are that call's outputs (their
+    strides are the plan's)."""
     q4, k4, oq4, ok4, spec = _kernel_views(q, k, out_q, out_k, positions, pos_mode, cu_seqlens, position_offset,
                                            max_seqlen, layout)
     launch = plan_v4(q4, k4, cos, sin, out_q=oq4, out_k=ok4, positions=spec, rotary_dim=rotary_dim,
@@ -463,7 +467,9 @@ def apply_rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, cos: Optional[
     if key is not None and (per_token or (cos is user_cos and sin is user_sin)):
         # validated: remember the plan (not when _prepare grew the table: the grown one is a new signature; per-token
         # rows never grow, _prepare only broadcasts them, which the plan's strides already hold)
-        return _make_plan(key, q, k, *args, inplace)(q, k, cos, sin, positions, cu_seqlens)
+        out_q, out_k = _outputs(q, k, inplace)
+        plan = _make_plan(key, q, k, *args, inplace, out_q, out_k)
+        return plan.run(q, k, out_q, out_k, cos, sin, positions, cu_seqlens)
     if inplace:
         if torch.compiler.is_compiling():
             _rope_inplace_op(q, k, *args)
