@@ -104,15 +104,18 @@ def test_eager_formula_bytes_model():
     assert partial.eager_formula_bytes() == 10 * partial.qk_bytes // 2 + 2 * partial.qk_bytes
 
 
-def test_small_cases_get_an_l2_and_a_dram_number_and_enough_buffers_to_exceed_l2():
+def test_small_cases_get_an_l2_and_a_dram_number_and_every_dram_row_enough_buffers_to_exceed_l2():
     l2 = 50 * MiB
     assert residencies(MAIN["small-prefill"], l2) == ("l2", "dram")
     assert residencies(MAIN["decode"], l2) == ("l2", "dram")
     assert residencies(MAIN["llama3-8b-prefill"], l2) == ("dram",)
     assert residencies(MAIN["fp32"], l2) == ("dram",)
-    for name in ("small-prefill", "decode"):
+    for name in ("small-prefill", "decode", "fp32", "llama3-8b-prefill"):
+        # fp32 (67 MB of q and k) and Llama (167 MB) exceed L2 but not 4x L2: in place they would find part of the
+        # previous call's lines in L2, so they rotate too
         case = MAIN[name]
-        assert dram_sets(case, l2, 4.0) * case.qk_bytes > 4 * l2
+        assert dram_sets(case, l2, 4.0) > 1 and dram_sets(case, l2, 4.0) * case.qk_bytes > 4 * l2
+    assert dram_sets(MAIN["mha-fp16"], l2, 4.0) == 1  # 537 MB of q and k: one set is enough
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -317,12 +320,16 @@ def test_runner_rows_follow_the_schema(fake_run):
     assert dram_small["graph_calls"] == dram_small["n_buffer_sets"]  # every set was captured and run
     backward = [r for r in ok if r["direction"] == "backward"]
     assert {r["impl"] for r in backward} == {"triton-v4", "ropekit", "torch-eager"}
-    assert all(r["time_source"] == "do_bench" for r in backward)  # the clock every backward row has (autograd too)
-    assert [r["impl"] for r in backward if r["graph_us"] is not None] == ["triton-v4"]  # the launcher is captured
+    # autograd's backward is captured too (on the runner's side stream): every backward row has the graph clock
+    assert all(r["time_source"] == "graph" and r["graph_us"] is not None for r in backward)
     # the same-bytes copy floor: measured for the large (DRAM) main case only
     assert set(runner.copy_floors) == {large.name}
     floor = runner.copy_floors[large.name]
     assert floor["graph_us"] > 0 and floor["bytes"] == large.moved_bytes(inplace=False)
+    # a case larger than L2 but not than dram_factor x L2 rotates buffer sets in its DRAM rows, the floor alike
+    large_sets = dram_sets(large, clock._l2, bench.QUICK.dram_factor)
+    assert large_sets > 1 and floor["n_buffer_sets"] == large_sets
+    assert {r["n_buffer_sets"] for r in ok if r["case"] == large.name} == {large_sets}
     skipped = [r for r in rows if r["status"] == "skipped"]
     assert skipped and all(r["reason"] for r in skipped)
     for row in ok:
@@ -465,9 +472,17 @@ def test_gpu_clocks_control_flow_with_a_fake_cuda(monkeypatch):
     for name in ("Event", "Stream", "CUDAGraph"):
         monkeypatch.setattr(torch.cuda, name, getattr(fake, name))
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda: fake.Stream())
+    default, side = fake.Stream(), fake.Stream()
+    current = [default]
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: current[0])
+    monkeypatch.setattr(torch.cuda, "default_stream", lambda: default)
     monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
-    monkeypatch.setattr(torch.cuda, "graph", lambda g: contextlib.nullcontext())
+    capture_streams = []
+
+    def graph(g, stream=None):
+        capture_streams.append(stream)
+        return contextlib.nullcontext()
+    monkeypatch.setattr(torch.cuda, "graph", graph)
     counts = [0, 0, 0]
 
     def counter(i):
@@ -479,6 +494,10 @@ def test_gpu_clocks_control_flow_with_a_fake_cuda(monkeypatch):
     assert calls % 3 == 0 and calls <= bench.QUICK.max_calls_per_graph and median >= 0 and spread >= 0
     assert counts == [calls // 3 + 1] * 3  # one side-stream warm-up call each, then the captured calls
     assert fake.CUDAGraph.replays >= 5 + 3
+    # from the default stream the graph captures on its own stream; from a side stream (backward rows) on that one
+    current[0] = side
+    timer.graph_us([counter(0)], estimate_us=1.0)
+    assert capture_streams == [None, side]
     counts[:] = [0, 0, 0]
     median, spread, n = timer.eager_us([counter(i) for i in range(3)], estimate_us=1.0)
     assert n % 3 == 0 and median > 0

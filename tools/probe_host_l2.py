@@ -13,7 +13,10 @@ JSON to $OUT/probe_host_l2.json):
 5. **Large-case tiles** (fp32, MHA) against torch.compile and a one-launch copy; **small-case tiles on Liger's
    inputs** (per-token rows).
 
-    python tools/probe_host_l2.py [--parts host,l2,graph,tiles,large_tiles,rows_tiles]
+6. **Arithmetic** (``math``): the small cases' v4 tiles computing in fp32 (ropekit's) and in the input dtype
+   (Liger's), against Liger.
+
+    python tools/probe_host_l2.py [--parts host,l2,graph,tiles,large_tiles,rows_tiles,math]
 """
 
 from __future__ import annotations
@@ -201,6 +204,46 @@ def part_tiles(results):
     results["small_tiles_l2_us"] = rows
 
 
+def part_math(results):
+    """What the small prefill's gap to Liger is made of: v4 with its fp32 arithmetic against v4 forced to compute in
+    the input dtype (bf16, Liger's arithmetic; not an API option), same tiles, L2 graph replay, plus each variant's
+    worst per-token error against the float32 rotation (the harness's check)."""
+    import triton.language as tl
+
+    from ropekit.bench.inputs import check_outputs, expected_output
+
+    rows, errors = {}, {}
+    configs = [None, LaunchConfig(1, 8, 4), LaunchConfig(2, 8, 4), LaunchConfig(1, 1, 8, fused_qk=True)]
+    for case in select_cases(names=["small-prefill", "decode"]):
+        tables = make_tables(case, "cuda")
+        data = make_data(case, "cuda", 3)
+        out_q, out_k = torch.empty_like(data.q), torch.empty_like(data.k)
+        spec = api.resolve_positions(batch=case.batch, seqlen=case.seqlen, positions=tables.offsets)
+        expected = [expected_output(case, tables, x) for x in (data.q, data.k)]
+        for math_name in ("fp32", "input dtype"):
+            if math_name == "fp32":
+                v4._MATH_DTYPE.pop(case.dtype, None)
+            else:
+                v4._MATH_DTYPE[case.dtype] = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}[case.dtype]
+            for config in configs:
+                fn = lambda: v4.rope_v4(data.q, data.k, tables.cos_half, tables.sin_half, out_q=out_q,  # noqa: E731
+                                        out_k=out_k, positions=spec, rotary_dim=case.rotary, config=config)
+                label = f"{case.name} v4 {math_name} math {tuple(config) if config else 'default tile'}"
+                fn()
+                torch.cuda.synchronize()
+                errors[label] = check_outputs(case, (out_q, out_k), expected)[0]
+                rows[label] = graph_calls_us([fn], 128)
+        v4._MATH_DTYPE.pop(case.dtype, None)
+        make, _ = builders(case, {"liger"})
+        if "liger" in make:
+            prepared = make["liger"](5)
+            rows[f"{case.name} liger"] = graph_calls_us([prepared.fn], 128)
+    for label, us in rows.items():
+        error = f"  error {errors[label]:.2e}" if label in errors else ""
+        print(f"math {label:60s} {us:7.2f} us{error}", flush=True)
+    results["math_l2_us"], results["math_errors"] = rows, errors
+
+
 def part_large_tiles(results):
     """fp32 and MHA: v4 tiles against torch.compile and the same bytes copied in one launch, three rounds each
     (interleaved, so that drift shows as spread), buffer sets rotating."""
@@ -286,7 +329,7 @@ def main():
     print(f"{results['gpu']} ceiling {ceiling['gbps']:.0f} GB/s, L2 {l2_bytes / 2**20:.0f} MiB", flush=True)
     parts = {"host": lambda: part_host(results), "l2": lambda: part_l2(results, timer, l2_bytes),
              "graph": lambda: part_graph(results, l2_bytes), "tiles": lambda: part_tiles(results),
-             "large_tiles": lambda: part_large_tiles(results), "rows_tiles": lambda: part_rows_tiles(results)}
+             "large_tiles": lambda: part_large_tiles(results), "rows_tiles": lambda: part_rows_tiles(results), "math": lambda: part_math(results)}
     for part in args.parts.split(","):
         started = time.time()
         try:

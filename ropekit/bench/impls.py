@@ -33,7 +33,7 @@ FORWARD, BACKWARD = "forward", "backward"
 class Prepared:
     fn: Callable[[], object]  # the timed call
     outputs: Callable[[object], tuple]  # fn's result -> (q_out, k_out) in the case's layout
-    graph_safe: bool = True  # may be captured in a CUDA graph (autograd.grad is not)
+    graph_safe: bool = True  # may be captured in a CUDA graph
     inplace: bool = False  # writes into its inputs (decides the bytes of partial rotary)
 
 
@@ -77,7 +77,8 @@ def _autograd_backward(forward: Callable, data: CaseData) -> Prepared:
         out_q, out_k = forward(q_leaf, k_leaf)
     fn = functools.partial(torch.autograd.grad, (out_q, out_k), (q_leaf, k_leaf), (data.grad_q, data.grad_k),
                            retain_graph=True)
-    return Prepared(fn, lambda r: (r[0], r[1]), graph_safe=False)
+    # a CUDA graph captures the backward when the forward ran on the capturing stream (the runner's side stream)
+    return Prepared(fn, lambda r: (r[0], r[1]))
 
 
 class Impl:

@@ -74,7 +74,7 @@ def targets(doc: dict) -> list[dict]:
         add("forward no slower than the fastest peer (±1%)", case, row, ratio, EQUAL_WITHIN,
             None if ratio is None else ratio <= EQUAL_WITHIN, "x")
         # The backward is the conjugate rotation; like the forward target, judged on device time: the graph clock
-        # where the call can be captured (the v4 launcher), else do_bench (autograd through the API).
+        # (the v4 launcher, and autograd through the API, captured on the forward's stream), else do_bench.
         best = None
         for r in _rows(doc, case=case, direction="backward", residency="dram", status="ok"):
             if r["impl"] in ROPEKIT_NAMES + ("triton-v4",):
@@ -175,9 +175,11 @@ def _block_cases(doc, direction, md_dir, json_path, only=None) -> str:
         floor_text = ""
         if floor.get("graph_us") and doc.get("copy_ceiling"):
             pct = floor["bytes"] / (floor["graph_us"] * 1e-6) / 1e9 / doc["copy_ceiling"]["gbps"] * 100
-            floor_text = (f" Copying the same bytes (torch `copy_` of q and k into new tensors, graph clock, this run) "
-                          f"takes {floor['graph_us']:.1f} µs = {pct:.1f}% of the ceiling: the floor of an out-of-place "
-                          "rotation.")
+            sets = floor.get("n_buffer_sets") or 1
+            rotation = f", rotating {sets} buffer sets as the rows do" if sets > 1 else ""
+            floor_text = (f" Copying the same bytes (torch `copy_` of q and k into new tensors, graph clock{rotation}, "
+                          f"this run) takes {floor['graph_us']:.1f} µs = {pct:.1f}% of the ceiling: the floor of an "
+                          "out-of-place rotation.")
         parts.append(f"#### {case['name']}: {case['title']}\n\n{case['moved_bytes'] / 1e6:.1f} MB moved per call "
                      f"(q and k read and written once{', rotary part only' if rotary_only else ''}).{floor_text}\n\n"
                      + _case_table(doc, case, direction))
@@ -190,7 +192,8 @@ def _block_small(doc, md_dir, json_path) -> str:
     small = [c["name"] for c in doc["cases"] if _rows(doc, case=c["name"], residency="l2")]
     text = ("Small cases fit in L2. **L2** rows read the same buffers every call (graph replay without a flush); "
             "**DRAM** rows rotate through the number of fresh buffer sets shown, whose inputs exceed "
-            f"{doc['settings']['dram_factor']:g}x the L2 size. Peers are compared under the same condition.\n\n")
+            f"{doc['settings']['dram_factor']:g}x the L2 size (so do the DRAM rows of any case whose q and k alone "
+            "do not). Peers are compared under the same condition.\n\n")
     if not small:
         return "_No small (L2-resident) cases in this run._\n"
     return text + _figure(doc, md_dir, json_path, PLOT_FILES["small"], "small cases: µs per call")

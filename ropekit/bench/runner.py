@@ -8,8 +8,8 @@ A row is a flat dict (``ROW_FIELDS``). Per (case, implementation, direction):
   inputs and outputs fit in L2 (same buffers every call). For those small cases the DRAM row rotates through enough
   fresh buffer sets to exceed ``dram_factor`` x L2.
 
-The primary time (``time_us``) is the graph replay for forward rows and do_bench for backward and sweep rows (autograd
-cannot be captured by itself); GB/s, % of the copy ceiling and the ratio to the fastest peer are derived from it,
+The primary time (``time_us``) is the graph replay (backward rows too: autograd's backward is captured on the stream
+its forward ran on) and do_bench for sweep rows and for what a graph cannot capture; GB/s, % of the copy ceiling and the ratio to the fastest peer are derived from it,
 comparing only numbers of the same clock and residency.
 """
 
@@ -66,7 +66,16 @@ def residencies(case: Case, l2_bytes: int) -> tuple[str, ...]:
 
 
 def dram_sets(case: Case, l2_bytes: int, factor: float) -> int:
-    """Buffer sets to rotate through so that their inputs total more than ``factor`` x L2."""
+    """Buffer sets a DRAM timing rotates through: enough that their q and k total more than ``factor`` x L2.
+
+    One set when q and k alone already do. Not only the cases that fit in L2 need several: in place, a call touches
+    only its q and k, and a case a little larger than L2 (fp32: 67 MB against 50 MB) finds part of the previous
+    call's lines still cached (the L2 does not evict strictly least-recently-used first), by an amount that depends
+    on where the allocator placed the buffers and on the kernel's cache hints (docs/gpu-runs/run18, run21). Every
+    implementation of a case gets the same number of sets.
+    """
+    if case.qk_bytes > factor * l2_bytes:
+        return 1
     return max(2, math.ceil(factor * l2_bytes / case.qk_bytes) + 1)
 
 
@@ -189,18 +198,23 @@ class Runner:
         read and written as an out-of-place rotation), graph clock. Large forward cases only (DRAM-resident)."""
         if case.group != "main" or "l2" in residencies(case, self.l2_bytes):
             return None
-        try:
-            data = make_data(case, self.device, seed_for(case.name, "copy", FORWARD))
+        def copier(data):
             out_q, out_k = torch.empty_like(data.q), torch.empty_like(data.k)
 
             def copy():
                 out_q.copy_(data.q)
                 out_k.copy_(data.k)
-            estimate = self.timer.do_bench_us(copy, self.settings.warmup_ms, self.settings.rep_ms)
-            graph_us, spread, calls = self.timer.graph_us([copy], estimate)
+            return copy
+
+        try:
+            seed = seed_for(case.name, "copy", FORWARD)
+            n_sets = dram_sets(case, self.l2_bytes, self.settings.dram_factor)  # as the implementations' DRAM rows
+            copies = [copier(make_data(case, self.device, seed + i)) for i in range(n_sets)]
+            estimate = self.timer.do_bench_us(copies[0], self.settings.warmup_ms, self.settings.rep_ms)
+            graph_us, spread, calls = self.timer.graph_us(copies, estimate)
         except Exception as error:  # noqa: BLE001  (a floor is context; its failure must not end the run)
             return {"graph_us": None, "error": f"{type(error).__name__}: {error}"[:300]}
-        return {"graph_us": graph_us, "graph_spread": spread, "graph_calls": calls,
+        return {"graph_us": graph_us, "graph_spread": spread, "graph_calls": calls, "n_buffer_sets": n_sets,
                 "bytes": case.moved_bytes(inplace=False), "method": "torch copy_ of q and k into new tensors"}
 
     def _item(self, case, tables, impl, direction, start) -> list[dict]:
@@ -213,7 +227,7 @@ class Runner:
                             reason=f"time budget of {budget:g} s used up (--time-budget)")]
         try:
             context = torch.no_grad() if direction == FORWARD else contextlib.nullcontext()
-            with context:
+            with self._stream_for(direction), context:
                 return self._measure(case, tables, impl, direction)
         except Aborted as error:
             self.aborted = str(error)
@@ -228,6 +242,15 @@ class Runner:
                 if not cuda_healthy():
                     self.aborted = f"CUDA context broken after {case.name} / {impl.name}: {detail[:300]}"
             return [row]
+
+    def _stream_for(self, direction):
+        """Backward rows run on a side stream of their own: autograd runs each backward kernel on the stream of its
+        forward, and a CUDA graph can capture a side stream but not the default one, so recording the forward
+        there lets the graph capture ``torch.autograd.grad`` (host work of the autograd engine excluded, as for
+        every graph row; the do_bench and eager clocks keep it)."""
+        if direction != BACKWARD or torch.device(self.device).type != "cuda":
+            return contextlib.nullcontext()
+        return torch.cuda.stream(torch.cuda.Stream())
 
     def _measure(self, case, tables, impl, direction) -> list[dict]:
         backward = direction == BACKWARD
@@ -258,7 +281,7 @@ class Runner:
         for residency in residencies(case, self.l2_bytes):
             fns = [prepared.fn]
             keep_alive = []
-            if residency == "dram" and "l2" in residencies(case, self.l2_bytes):
+            if residency == "dram":
                 for i in range(1, dram_sets(case, self.l2_bytes, s.dram_factor)):
                     extra = make_data(case, self.device, seed + i, backward=backward)
                     keep_alive.append(extra)
@@ -302,7 +325,7 @@ class Runner:
 
 def _primary(row: dict) -> tuple[float | None, str | None]:
     order = ("graph_us", "do_bench_us", "eager_us")
-    if row["direction"] == BACKWARD or row["group"] == "sweep":
+    if row["group"] == "sweep":
         order = ("do_bench_us", "graph_us", "eager_us")
     for key in order:
         if row.get(key) is not None:

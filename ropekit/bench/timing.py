@@ -120,8 +120,12 @@ class GpuTimer:
         torch.cuda.current_stream().wait_stream(side)
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
+        # capture on the caller's stream when it is a side stream (the runner's backward rows: autograd launches
+        # each backward kernel on its forward's stream), else on torch.cuda.graph's own
+        current = torch.cuda.current_stream()
+        capture_stream = None if current == torch.cuda.default_stream() else current
         try:
-            with torch.cuda.graph(graph):
+            with torch.cuda.graph(graph, stream=capture_stream):
                 for i in range(calls):
                     fns[i % n_sets]()
             warm_start, warm_end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
