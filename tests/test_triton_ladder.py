@@ -271,6 +271,24 @@ def test_v3_gpu_table_shrinks_tiles_to_fill_the_gpu(monkeypatch):
     assert fallback == V3Config(8, 4, 4)
 
 
+def test_v4_gpu_table_gives_each_thread_a_bounded_share_of_the_fused_prefill_tile(monkeypatch):
+    # The GPU table, exercised on any machine (outside the interpreter): two tokens x every head per program; 32
+    # warps once a thread would hold more than 48 bytes at 16 (measured: docs/gpu-runs/run12, run22).
+    from ropekit.triton import v4
+
+    monkeypatch.setattr(v4._device, "INTERPRET", False)
+    v4.launch_config.cache_clear()
+    try:
+        llama = v4.launch_config(4 * 4096, 32, 8, 128, 128, False, 2)  # 40 bytes a thread at 16 warps
+        mha = v4.launch_config(8 * 2048, 64, 64, 128, 128, False, 2)  # 128
+        fp32 = v4.launch_config(2 * 2048, 32, 32, 64, 64, False, 4)  # 64
+        fp16_same_heads = v4.launch_config(2 * 2048, 32, 32, 64, 64, False, 2)  # 32
+    finally:
+        v4.launch_config.cache_clear()
+    assert all(c.fused_qk and c.block_s == 2 and c.evict_first for c in (llama, mha, fp32, fp16_same_heads))
+    assert (llama.num_warps, mha.num_warps, fp32.num_warps, fp16_same_heads.num_warps) == (16, 32, 32, 16)
+
+
 def test_the_ladder_is_importable_from_ropekit():
     for version in ("v1", "v2", "v3", "v4"):
         module = getattr(ropekit.triton, version)

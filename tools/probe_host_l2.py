@@ -127,7 +127,8 @@ def part_l2(results, timer, l2_bytes):
         # v4 in place without the streaming hint: does L2 carry-over explain an in-place kernel beating a copy?
         spec = api.resolve_positions(batch=case.batch, seqlen=case.seqlen, positions=None)
         datas = [make_data(case, "cuda", 100 + i) for i in range(n_sets)]
-        for config in (v4.launch_config(case.n_tokens, case.heads_q, case.heads_k, case.head_dim, case.rotary),
+        for config in (v4.launch_config(case.n_tokens, case.heads_q, case.heads_k, case.head_dim, case.rotary,
+                                    element_size=case.element_size),
                        LaunchConfig(2, 1, 16, fused_qk=True, evict_first=False),
                        LaunchConfig(1, 1, 4, fused_qk=True, evict_first=False)):
             fns = [lambda d=d: v4.rope_v4(d.q, d.k, tables.cos_half, tables.sin_half, out_q=d.q, out_k=d.k,
@@ -190,7 +191,8 @@ def part_tiles(results):
         data = make_data(case, "cuda", 3)
         out_q, out_k = torch.empty_like(data.q), torch.empty_like(data.k)
         spec = api.resolve_positions(batch=case.batch, seqlen=case.seqlen, positions=tables.offsets)
-        default = v4.launch_config(case.n_tokens, case.heads_q, case.heads_k, case.head_dim, case.rotary)
+        default = v4.launch_config(case.n_tokens, case.heads_q, case.heads_k, case.head_dim, case.rotary,
+                                    element_size=case.element_size)
         for config in [default] + configs:
             fn = lambda: v4.rope_v4(data.q, data.k, tables.cos_half, tables.sin_half, out_q=out_q, out_k=out_k,  # noqa: E731
                                     positions=spec, rotary_dim=case.rotary, config=config)
@@ -257,11 +259,17 @@ def part_large_tiles(results):
                      (2, 1, 32, True, True), (1, 64, 8, False, True), (4, 16, 8, False, True),
                      (16, 1, 4, False, True), (8, 8, 8, False, True)],
     }
-    for case in select_cases(names=list(grid)):
+    from ropekit.bench.runner import dram_sets
+
+    grid["fp32"] += [(1, 1, 8, True, True), (1, 1, 16, True, True), (2, 1, 32, True, True), (4, 1, 32, True, True),
+                     (1, 1, 8, True, False), (4, 1, 16, True, False), (1, 32, 8, False, True), (4, 32, 8, False, True)]
+    for case in select_cases(names=[n for n in grid if n in LARGE_CASES]):
+        # as many buffer sets as the harness rotates (docs/gpu-runs/run21: fewer let L2 carry lines over)
+        n_sets = dram_sets(case, torch.cuda.get_device_properties(0).L2_cache_size, 4.0)
         make, tables = builders(case, {"torch-compile", "liger", "ropekit"})
-        sets = {name: [build(seed_for(case.name, name, str(i))) for i in range(2)] for name, build in make.items()}
+        sets = {name: [build(seed_for(case.name, name, str(i))) for i in range(n_sets)] for name, build in make.items()}
         spec = api.resolve_positions(batch=case.batch, seqlen=case.seqlen, positions=None)
-        datas = [make_data(case, "cuda", 200 + i) for i in range(2)]
+        datas = [make_data(case, "cuda", 200 + i) for i in range(n_sets)]
         outs = [(torch.empty_like(d.q), torch.empty_like(d.k)) for d in datas]
         flat = [torch.cat((d.q.flatten(), d.k.flatten())) for d in datas]
         flat_out = [torch.empty_like(f) for f in flat]
@@ -276,7 +284,7 @@ def part_large_tiles(results):
         samples = {name: [] for name in candidates}
         for _ in range(3):
             for name, fns in candidates.items():
-                samples[name].append(graph_calls_us(fns, calls=6, replays=20))
+                samples[name].append(graph_calls_us(fns, calls=2 * n_sets, replays=20))
         for name, values in samples.items():
             rows[f"{case.name} {name}"] = {"median_us": statistics.median(values), "min_us": min(values),
                                            "max_us": max(values), "bytes": case.moved_bytes(False)}
@@ -302,7 +310,8 @@ def part_rows_tiles(results):
         cos_rows = tables.cos_rows.expand(case.batch, case.seqlen, -1)
         sin_rows = tables.sin_rows.expand(case.batch, case.seqlen, -1)
         spec = api.resolve_positions(batch=case.batch, seqlen=case.seqlen, positions=None)
-        default = v4.launch_config(case.n_tokens, case.heads_q, case.heads_k, case.head_dim, case.rotary)
+        default = v4.launch_config(case.n_tokens, case.heads_q, case.heads_k, case.head_dim, case.rotary,
+                                    element_size=case.element_size)
         for config in [default] + configs:
             fn = functools.partial(v4.rope_v4, data.q, data.k, cos_rows, sin_rows, out_q=data.q, out_k=data.k,
                                    positions=spec, rotary_dim=case.rotary, cos_per_token=True, copy_tail=False,
@@ -316,10 +325,16 @@ def part_rows_tiles(results):
     results["rows_tiles_l2_us"] = rows
 
 
+LARGE_CASES = ("fp32", "mha-fp16")
+
+
 def main():
+    global LARGE_CASES
     parser = argparse.ArgumentParser()
     parser.add_argument("--parts", default="host,l2,graph,tiles")
+    parser.add_argument("--large-cases", default=",".join(LARGE_CASES), help="cases of the large_tiles part")
     args = parser.parse_args()
+    LARGE_CASES = tuple(args.large_cases.split(","))
     timer = GpuTimer(Settings())
     l2_bytes, _ = timer.l2_bytes()
     ceiling = timer.copy_ceiling()

@@ -133,7 +133,7 @@ def main():
                 print(f"  {name} {cfg}: {type(error).__name__}: {str(error)[:150]}")
                 continue
             record(f"v4 {'inplace ' if inplace else ''}{tuple(cfg)}", us)
-        default = v4.launch_config(b * s, hq, hk, d, rd)
+        default = v4.launch_config(b * s, hq, hk, d, rd, element_size=q.element_size())
         record(f"v4 default {tuple(default)}",
                graph_us(lambda: v4.rope_v4(q, k, cos_t, sin_t, out_q=q if inplace else oq, out_k=k if inplace else ok,
                                            positions=spec, rotary_dim=rd, interleaved=interleaved,

@@ -306,14 +306,15 @@ _FUSED_TILE_MAX = 32768
 
 @functools.lru_cache(maxsize=1024)
 def launch_config(n_tokens: int, n_heads_q: int, n_heads_k: int, head_dim: int, rotary_dim: int,
-                  cos_per_token: bool = False) -> LaunchConfig:
+                  cos_per_token: bool = False, element_size: int = 2) -> LaunchConfig:
     """Block sizes, chosen by measurement on the H100 (tools/probe_limits.py, tools/tune_v4.py,
     tools/probe_host_l2.py; docs/gpu-runs/).
 
     Prefill-sized work (4096 tokens or more): two tokens per program holding every q and k head (``fused_qk``: all
-    loads issued before any store, cos/sin fetched once per token), streaming cache hint, 16 warps, or 32 when the
-    tile exceeds 16K values (MHA with 64+64 heads of 128: 360.8 µs against 373.0 at 16 warps and 361.7 for
-    torch.compile, docs/gpu-runs/run12). Measured (CUDA-graph replays, docs/gpu-runs/run6): Llama-3-8B 115.4 µs
+    loads issued before any store, cos/sin fetched once per token), streaming cache hint, 16 warps, or 32 when a
+    thread would hold more than 48 bytes of the tile at 16 warps (MHA with 64+64 heads of 128: 360.8 µs against
+    373.0 at 16 warps and 361.7 for torch.compile, docs/gpu-runs/run12; fp32 with 32+32 heads of 64: 47.4 µs
+    against 48.3, torch.compile 47.1, docs/gpu-runs/run22; Llama-3-8B's 40 bytes stay at 16 warps). Measured (CUDA-graph replays, docs/gpu-runs/run6): Llama-3-8B 115.4 µs
     against 115.5 µs for copying the same bytes with torch; fp32 48.1 µs (copy 50.3); partial rotary out of place
     119.3 µs, where the earlier 16 tokens x 1 head tiles took 127-128 µs. Small prefills want a few heads per program
     (fewer, fuller programs), with per-token cos/sin rows one token and every head (3.1 µs against 3.9 for two
@@ -326,7 +327,9 @@ def launch_config(n_tokens: int, n_heads_q: int, n_heads_k: int, head_dim: int, 
     if n_tokens >= 4096:
         per_token = (_next_pow2(n_heads_q) + (_next_pow2(n_heads_k) if n_heads_k else 0)) * _next_pow2(head_dim)
         if 2 * per_token <= _FUSED_TILE_MAX:
-            return LaunchConfig(2, 1, 32 if 2 * per_token > 16384 else 16, fused_qk=True, evict_first=True)
+            bytes_per_thread_at_16_warps = 2 * per_token * element_size // (16 * 32)
+            return LaunchConfig(2, 1, 32 if bytes_per_thread_at_16_warps > 48 else 16, fused_qk=True,
+                                evict_first=True)
         if per_token <= _FUSED_TILE_MAX:
             return LaunchConfig(1, 1, 16, fused_qk=True, evict_first=True)
         return LaunchConfig(16, 1, 8, evict_first=True)
@@ -478,7 +481,8 @@ def plan_v4(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: tor
     n_heads_q = q.shape[2]
     n_heads_k = k.shape[2] if k is not None else 0
     if config is None:
-        config = launch_config(n_batch * seqlen, n_heads_q, n_heads_k, head_dim, rotary_dim, cos_per_token)
+        config = launch_config(n_batch * seqlen, n_heads_q, n_heads_k, head_dim, rotary_dim, cos_per_token,
+                               q.element_size())
     block_h = config.block_h
     if config.fused_qk:
         # the q and k tiles cover every head: one program per token block
