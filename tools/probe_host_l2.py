@@ -263,6 +263,8 @@ def part_large_tiles(results):
 
     grid["fp32"] += [(1, 1, 8, True, True), (1, 1, 16, True, True), (2, 1, 32, True, True), (4, 1, 32, True, True),
                      (1, 1, 8, True, False), (4, 1, 16, True, False), (1, 32, 8, False, True), (4, 32, 8, False, True)]
+    if TILES:
+        grid = {name: list(TILES) for name in LARGE_CASES}
     for case in select_cases(names=[n for n in grid if n in LARGE_CASES]):
         # as many buffer sets as the harness rotates (docs/gpu-runs/run21: fewer let L2 carry lines over)
         n_sets = dram_sets(case, torch.cuda.get_device_properties(0).L2_cache_size, 4.0)
@@ -326,15 +328,20 @@ def part_rows_tiles(results):
 
 
 LARGE_CASES = ("fp32", "mha-fp16")
+TILES: tuple = ()  # --tiles: the large_tiles part's candidates for every case instead of its own lists
 
 
 def main():
-    global LARGE_CASES
+    global LARGE_CASES, TILES
     parser = argparse.ArgumentParser()
     parser.add_argument("--parts", default="host,l2,graph,tiles")
     parser.add_argument("--large-cases", default=",".join(LARGE_CASES), help="cases of the large_tiles part")
+    parser.add_argument("--tiles", default="", help="large_tiles candidates, e.g. '1,16,4,F,T;2,1,32,T,T' "
+                        "(block_s, block_h, warps, fused_qk, evict_first)")
     args = parser.parse_args()
     LARGE_CASES = tuple(args.large_cases.split(","))
+    TILES = tuple(tuple(int(v) if v.isdigit() else v == "T" for v in tile.split(","))
+                  for tile in args.tiles.split(";") if tile)
     timer = GpuTimer(Settings())
     l2_bytes, _ = timer.l2_bytes()
     ceiling = timer.copy_ceiling()
