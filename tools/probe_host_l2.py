@@ -128,7 +128,7 @@ def part_l2(results, timer, l2_bytes):
         spec = api.resolve_positions(batch=case.batch, seqlen=case.seqlen, positions=None)
         datas = [make_data(case, "cuda", 100 + i) for i in range(n_sets)]
         for config in (v4.launch_config(case.n_tokens, case.heads_q, case.heads_k, case.head_dim, case.rotary,
-                                    element_size=case.element_size),
+                                        element_size=case.element_size),
                        LaunchConfig(2, 1, 16, fused_qk=True, evict_first=False),
                        LaunchConfig(1, 1, 4, fused_qk=True, evict_first=False)):
             fns = [lambda d=d: v4.rope_v4(d.q, d.k, tables.cos_half, tables.sin_half, out_q=d.q, out_k=d.k,
@@ -192,7 +192,7 @@ def part_tiles(results):
         out_q, out_k = torch.empty_like(data.q), torch.empty_like(data.k)
         spec = api.resolve_positions(batch=case.batch, seqlen=case.seqlen, positions=tables.offsets)
         default = v4.launch_config(case.n_tokens, case.heads_q, case.heads_k, case.head_dim, case.rotary,
-                                    element_size=case.element_size)
+                                   element_size=case.element_size)
         for config in [default] + configs:
             fn = lambda: v4.rope_v4(data.q, data.k, tables.cos_half, tables.sin_half, out_q=out_q, out_k=out_k,  # noqa: E731
                                     positions=spec, rotary_dim=case.rotary, config=config)
@@ -313,7 +313,7 @@ def part_rows_tiles(results):
         sin_rows = tables.sin_rows.expand(case.batch, case.seqlen, -1)
         spec = api.resolve_positions(batch=case.batch, seqlen=case.seqlen, positions=None)
         default = v4.launch_config(case.n_tokens, case.heads_q, case.heads_k, case.head_dim, case.rotary,
-                                    element_size=case.element_size)
+                                   element_size=case.element_size)
         for config in [default] + configs:
             fn = functools.partial(v4.rope_v4, data.q, data.k, cos_rows, sin_rows, out_q=data.q, out_k=data.k,
                                    positions=spec, rotary_dim=case.rotary, cos_per_token=True, copy_tail=False,
@@ -351,7 +351,8 @@ def main():
     print(f"{results['gpu']} ceiling {ceiling['gbps']:.0f} GB/s, L2 {l2_bytes / 2**20:.0f} MiB", flush=True)
     parts = {"host": lambda: part_host(results), "l2": lambda: part_l2(results, timer, l2_bytes),
              "graph": lambda: part_graph(results, l2_bytes), "tiles": lambda: part_tiles(results),
-             "large_tiles": lambda: part_large_tiles(results), "rows_tiles": lambda: part_rows_tiles(results), "math": lambda: part_math(results)}
+             "large_tiles": lambda: part_large_tiles(results), "rows_tiles": lambda: part_rows_tiles(results),
+             "math": lambda: part_math(results)}
     for part in args.parts.split(","):
         started = time.time()
         try:

@@ -5,12 +5,12 @@ A row is a flat dict (``ROW_FIELDS``). Per (case, implementation, direction):
 * a ``skipped`` row when the implementation cannot run that case (with the reason), ``error`` when it raised or its
   output failed the check (nothing is timed then), ``not run`` when the time budget ran out;
 * otherwise one ``ok`` row per residency: ``dram`` always (do_bench, graph replay, eager), plus ``l2`` for cases whose
-  inputs and outputs fit in L2 (same buffers every call). For those small cases the DRAM row rotates through enough
-  fresh buffer sets to exceed ``dram_factor`` x L2.
+  inputs and outputs fit in L2 (same buffers every call). A DRAM row rotates through enough fresh buffer sets that
+  q and k exceed ``dram_factor`` x L2 (the small cases, and large ones under that size: see ``dram_sets``).
 
 The primary time (``time_us``) is the graph replay (backward rows too: autograd's backward is captured on the stream
-its forward ran on) and do_bench for sweep rows and for what a graph cannot capture; GB/s, % of the copy ceiling and the ratio to the fastest peer are derived from it,
-comparing only numbers of the same clock and residency.
+its forward ran on), do_bench for sweep rows and for what a graph cannot capture; GB/s, % of the copy ceiling and the
+ratio to the fastest peer are derived from it, comparing only numbers of the same clock and residency.
 """
 
 from __future__ import annotations

@@ -312,14 +312,15 @@ def launch_config(n_tokens: int, n_heads_q: int, n_heads_k: int, head_dim: int, 
 
     Prefill-sized work (4096 tokens or more): two tokens per program holding every q and k head (``fused_qk``: all
     loads issued before any store, cos/sin fetched once per token), streaming cache hint, 16 warps, or 32 when a
-    thread would hold more than 48 bytes of the tile at 16 warps (MHA with 64+64 heads of 128: 360.8 µs against
-    373.0 at 16 warps and 361.7 for torch.compile, docs/gpu-runs/run12; fp32 with 32+32 heads of 64: 47.4 µs
-    against 48.3, torch.compile 47.1, docs/gpu-runs/run22; Llama-3-8B's 40 bytes stay at 16 warps). Measured (CUDA-graph replays, docs/gpu-runs/run6): Llama-3-8B 115.4 µs
-    against 115.5 µs for copying the same bytes with torch; fp32 48.1 µs (copy 50.3); partial rotary out of place
-    119.3 µs, where the earlier 16 tokens x 1 head tiles took 127-128 µs. Small prefills want a few heads per program
-    (fewer, fuller programs), with per-token cos/sin rows one token and every head (3.1 µs against 3.9 for two
-    tokens x 16 heads, run12); a decode step one token x 8 heads (run11, run12). Under the interpreter every program
-    costs Python overhead, so tiles are as large as the shape allows.
+    thread would hold more than 48 bytes of the tile at 16 warps: MHA with 64+64 heads of 128 (360.8 µs against
+    373.0 at 16 warps and 361.7 for torch.compile, docs/gpu-runs/run12) and fp32 with 32+32 heads of 64 (full
+    occupancy: 30 registers, 2 x 1024 threads an SM; tile probes 47.4 against 48.3 µs in run22, 48.5 against 48.7
+    in run24, the harness 47.3 µs either way); Llama-3-8B's 40 bytes stay at 16 warps. Measured (CUDA-graph
+    replays, docs/gpu-runs/run6): Llama-3-8B 115.4 µs against 115.5 µs for copying the same bytes with torch;
+    partial rotary out of place 119.3 µs, where the earlier 16 tokens x 1 head tiles took 127-128 µs. Small
+    prefills want a few heads per program (fewer, fuller programs), with per-token cos/sin rows one token and every
+    head (3.1 µs against 3.9 for two tokens x 16 heads, run12); a decode step one token x 8 heads (run11, run12).
+    Under the interpreter every program costs Python overhead, so tiles are as large as the shape allows.
     """
     n_heads = max(n_heads_q, n_heads_k)
     if _device.INTERPRET:
