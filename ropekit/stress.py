@@ -1183,7 +1183,8 @@ def _ladder_launchers() -> list:
 
 
 _SANITIZE_V4_TILES = (None, LaunchConfig(2, 1, 16, fused_qk=True, evict_first=True),
-                      LaunchConfig(2, 1, 32, fused_qk=True, evict_first=True))
+                      LaunchConfig(2, 1, 32, fused_qk=True, evict_first=True),
+                      LaunchConfig(2, 1, 16, fused_qk=True, evict_first=True, flat=2048, flat_warps=8))
 
 
 @contextlib.contextmanager

@@ -16,6 +16,9 @@ New since v3 (tiles of tokens x heads that share cos/sin rows):
 * In place (out pointer == in pointer) or out of place; offsets in int64 whenever a view spans 2**31 elements
   or more (int32 otherwise: fewer instructions), so huge tensors are correct.
 * Positions outside the table are never read (masked loads); such tokens come out as NaN so the error is loud.
+* A **flat path** (``FLAT``) for prefill-sized, contiguous, out-of-place calls over the whole head: blocks of
+  consecutive elements of q or of k, each element's partner loaded separately (from the cache): the structure of
+  torch.compile's kernel for the eager formula, measured faster than the token tile on MHA and fp32 (run26).
 """
 
 from __future__ import annotations
@@ -192,6 +195,63 @@ def _rotate_store(X, OUT, x_a, x_b, cos_a, sin_a, cos_b, sin_b, row_in, row_out,
 
 
 @triton.jit
+def _flat_program(Q, K, OUT_Q, OUT_K, COS, SIN, POSITIONS, n_tokens, seqlen, n_heads_q, n_heads_k, n_q_blocks,
+                  table_len, position_offset, stride_cos_s, stride_cos_d, stride_pos_b, stride_pos_s,
+                  HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr, INTERLEAVED: tl.constexpr, POS_MODE: tl.constexpr,
+                  CONJUGATE: tl.constexpr, INDEX_DTYPE: tl.constexpr):
+    """The flat path: a program takes BLOCK consecutive elements of q (the first ``n_q_blocks`` programs) or of k,
+    contiguous (batch, seq, heads, head_dim) tensors rotated over the whole head.
+
+    Element e becomes ``x[e] cos -/+ x[partner] sin``; its partner (e +- HEAD_DIM/2 for NeoX, e +- 1 for GPT-J)
+    lies in a line the same program loads, so the second load is served by the cache. This is the shape of the
+    element-wise kernel torch.compile generates for the eager formula: one stream per program, no tile of heads.
+    """
+    pid = tl.program_id(0)
+    is_q = pid < n_q_blocks
+    if is_q:
+        X = Q
+        OUT = OUT_Q
+    else:
+        X = K
+        OUT = OUT_K
+    n_heads = tl.where(is_q, n_heads_q, n_heads_k).to(INDEX_DTYPE)
+    first_element = tl.where(is_q, pid, pid - n_q_blocks).to(INDEX_DTYPE) * BLOCK
+    e = first_element + tl.arange(0, BLOCK).to(INDEX_DTYPE)
+    mask = e < n_tokens.to(INDEX_DTYPE) * n_heads * HEAD_DIM
+    channel = e % HEAD_DIM
+    token = e // (n_heads * HEAD_DIM)
+    if INTERLEAVED:
+        first = channel % 2 == 0
+        pair = channel // 2
+        partner = tl.where(first, e + 1, e - 1)
+    else:
+        first = channel < HEAD_DIM // 2
+        pair = tl.where(first, channel, channel - HEAD_DIM // 2)
+        partner = tl.where(first, e + HEAD_DIM // 2, e - HEAD_DIM // 2)
+    s_local = token % seqlen
+    batch_index = token // seqlen
+    if POS_MODE == 0:
+        position = s_local.to(tl.int64) + position_offset
+    elif POS_MODE == 1:
+        position = s_local.to(tl.int64) + tl.load(POSITIONS + batch_index * stride_pos_b, mask=mask,
+                                                  other=0).to(tl.int64)
+    else:
+        position = tl.load(POSITIONS + batch_index * stride_pos_b + s_local * stride_pos_s, mask=mask,
+                           other=0).to(tl.int64)
+    # as on the tile path: never read outside the table, and such tokens come out as NaN
+    cs_mask = mask & (position >= 0) & (position < table_len)
+    offs = position * stride_cos_s + pair * stride_cos_d
+    cos = tl.load(COS + offs, mask=cs_mask, other=float("nan"), eviction_policy="evict_last")
+    sin = tl.load(SIN + offs, mask=cs_mask, other=float("nan"), eviction_policy="evict_last")
+    if CONJUGATE:
+        sin = -sin
+    x = tl.load(X + e, mask=mask, other=0.0).to(tl.float32)
+    x_partner = tl.load(X + partner, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
+    out = x * cos + tl.where(first, -sin, sin) * x_partner
+    tl.store(OUT + e, out.to(OUT.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def rope_v4_kernel(
     Q, K, OUT_Q, OUT_K, COS, SIN, POSITIONS, CU_SEQLENS,
     seqlen, n_heads_q, n_heads_k, n_head_blocks_q, table_len, position_offset,
@@ -200,20 +260,28 @@ def rope_v4_kernel(
     stride_oqb, stride_oqs, stride_oqh, stride_oqd,
     stride_okb, stride_oks, stride_okh, stride_okd,
     stride_cos_b, stride_cos_s, stride_cos_d,
-    stride_pos_b, stride_pos_s,
+    stride_pos_b, stride_pos_s, n_tokens,
     ROTARY_DIM: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_HALF: tl.constexpr,
     BLOCK_TAIL: tl.constexpr,
     INTERLEAVED: tl.constexpr, CONJUGATE: tl.constexpr, POS_MODE: tl.constexpr, IS_VARLEN: tl.constexpr,
     COS_PER_TOKEN: tl.constexpr, COPY_TAIL: tl.constexpr, HAS_K: tl.constexpr, MATH_DTYPE: tl.constexpr,
     EAGER_ROUNDING: tl.constexpr, FUSED_QK: tl.constexpr, EVICT: tl.constexpr, INDEX_DTYPE: tl.constexpr,
+    FLAT: tl.constexpr,
 ):
     """Grid: (token blocks, head blocks of q then of k, batch or sequence).
 
     With FUSED_QK the head axis has a single program: it takes every head of q (a BLOCK_H tile) and of k (a
     BLOCK_HK tile) for its tokens, issues all their loads first, and fetches cos/sin once for both.
-    Otherwise a program takes BLOCK_H heads of q or of k.
+    Otherwise a program takes BLOCK_H heads of q or of k. With FLAT (a block of elements, not a tile: see
+    ``_flat_program``) the grid is one axis of FLAT-element blocks of q, then of k.
     """
+    if FLAT:
+        # FLAT elements a program over contiguous q then k (plan_v4 decides when the tensors allow it)
+        _flat_program(Q, K, OUT_Q, OUT_K, COS, SIN, POSITIONS, n_tokens, seqlen, n_heads_q, n_heads_k,
+                      n_head_blocks_q, table_len, position_offset, stride_cos_s, stride_cos_d, stride_pos_b,
+                      stride_pos_s, HEAD_DIM, FLAT, INTERLEAVED, POS_MODE, CONJUGATE, INDEX_DTYPE)
+        return
     pid_s = tl.program_id(0)
     pid_h = tl.program_id(1)
     pid_b = tl.program_id(2)
@@ -280,6 +348,10 @@ class LaunchConfig(NamedTuple):
     num_warps: int
     fused_qk: bool = False  # one program takes all heads of q and of k for its tokens (cos/sin fetched once)
     evict_first: bool = False  # streaming cache hint on q/k loads and stores
+    # elements a program of the flat path (``_flat_program``) when q, k and the outputs are contiguous and rotate
+    # over the whole head with table positions (0: tiles always), and its warps
+    flat: int = 0
+    flat_warps: int = 8
 
 
 def _next_pow2(n: int) -> int:
@@ -299,6 +371,10 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+# The flat path's block for prefill-sized work: 2048 elements, 8 warps (docs/gpu-runs/run26: MHA 360.2 µs against
+# 366.1 for the fused tile and 360.9 for torch.compile; fp32 47.6 against 48.0, torch.compile 47.2; Llama equal).
+_FLAT_BLOCK, _FLAT_WARPS = 2048, 8
+
 # Largest fused tile (BLOCK_S tokens x all q and k heads x head_dim, padded) kept in registers: 32 values a thread
 # at 32 warps. Beyond it (very many or very wide heads) a program takes one head block of q or of k.
 _FUSED_TILE_MAX = 32768
@@ -310,7 +386,9 @@ def launch_config(n_tokens: int, n_heads_q: int, n_heads_k: int, head_dim: int, 
     """Block sizes, chosen by measurement on the H100 (tools/probe_limits.py, tools/tune_v4.py,
     tools/probe_host_l2.py; docs/gpu-runs/).
 
-    Prefill-sized work (4096 tokens or more): two tokens per program holding every q and k head (``fused_qk``: all
+    Prefill-sized work (4096 tokens or more) takes the flat path where the tensors allow it (``flat``: blocks of
+    2048 consecutive elements, 8 warps; see ``_FLAT_BLOCK``), else two tokens per program holding every q and k
+    head (``fused_qk``: all
     loads issued before any store, cos/sin fetched once per token), streaming cache hint, 16 warps, or 32 when a
     thread would hold more than 48 bytes of the tile at 16 warps: MHA with 64+64 heads of 128 (360.8 µs against
     373.0 at 16 warps and 361.7 for torch.compile, docs/gpu-runs/run12) and fp32 with 32+32 heads of 64 (full
@@ -330,7 +408,7 @@ def launch_config(n_tokens: int, n_heads_q: int, n_heads_k: int, head_dim: int, 
         if 2 * per_token <= _FUSED_TILE_MAX:
             bytes_per_thread_at_16_warps = 2 * per_token * element_size // (16 * 32)
             return LaunchConfig(2, 1, 32 if bytes_per_thread_at_16_warps > 48 else 16, fused_qk=True,
-                                evict_first=True)
+                                evict_first=True, flat=_FLAT_BLOCK, flat_warps=_FLAT_WARPS)
         if per_token <= _FUSED_TILE_MAX:
             return LaunchConfig(1, 1, 16, fused_qk=True, evict_first=True)
         return LaunchConfig(16, 1, 8, evict_first=True)
@@ -484,14 +562,23 @@ def plan_v4(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: tor
     if config is None:
         config = launch_config(n_batch * seqlen, n_heads_q, n_heads_k, head_dim, rotary_dim, cos_per_token,
                                q.element_size())
+    n_tokens = n_batch * seqlen
+    flat = config.flat if _flat_applies(q, k, out_q, out_k, positions, rotary_dim, cos_per_token,
+                                        eager_rounding) else 0
     block_h = config.block_h
-    if config.fused_qk:
+    if flat:
+        n_head_blocks_q = _cdiv(n_tokens * n_heads_q * head_dim, flat)  # the flat path's blocks of q, then of k
+        n_head_blocks_k = _cdiv(n_tokens * n_heads_k * head_dim, flat)
+    elif config.fused_qk:
         # the q and k tiles cover every head: one program per token block
         block_h = max(block_h, _next_pow2(n_heads_q))
         n_head_blocks_q, n_head_blocks_k = 1, 0
     else:
         n_head_blocks_q, n_head_blocks_k = _cdiv(n_heads_q, block_h), _cdiv(n_heads_k, block_h)
-    grid = (_cdiv(seqlen, config.block_s), n_head_blocks_q + n_head_blocks_k, n_batch)
+    if flat:
+        grid = (n_head_blocks_q + n_head_blocks_k, 1, 1)
+    else:
+        grid = (_cdiv(seqlen, config.block_s), n_head_blocks_q + n_head_blocks_k, n_batch)
     if grid[0] == 0 or n_batch == 0 or q.numel() == 0:
         return None
     if n_batch > 65535:
@@ -520,7 +607,8 @@ def plan_v4(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: tor
                   None if k is None else tuple(k.shape), q.dtype, rotary_dim, interleaved, conjugate, positions.mode,
                   positions.is_varlen, cos_per_token)
     ints = (seqlen, n_heads_q, n_heads_k, n_head_blocks_q, table_len, positions.offset,
-            *q.stride(), *k_args.stride(), *out_q.stride(), *out_k_args.stride(), *cos_strides, *pos_strides)
+            *q.stride(), *k_args.stride(), *out_q.stride(), *out_k_args.stride(), *cos_strides, *pos_strides,
+            n_tokens)
     constexprs = dict(
         ROTARY_DIM=rotary_dim, HEAD_DIM=head_dim,
         BLOCK_S=config.block_s, BLOCK_H=block_h, BLOCK_HK=_next_pow2(n_heads_k) if config.fused_qk else 1,
@@ -529,10 +617,27 @@ def plan_v4(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: tor
         INTERLEAVED=interleaved, CONJUGATE=conjugate, POS_MODE=positions.mode, IS_VARLEN=positions.is_varlen,
         COS_PER_TOKEN=cos_per_token, COPY_TAIL=copy_tail and rotary_dim < head_dim, HAS_K=k is not None,
         MATH_DTYPE=_MATH_DTYPE.get(q.dtype, tl.float32), EAGER_ROUNDING=eager_rounding,
-        FUSED_QK=config.fused_qk, EVICT="evict_first" if config.evict_first else "",
+        FUSED_QK=config.fused_qk, EVICT="evict_first" if config.evict_first else "", FLAT=flat,
         # 32-bit address arithmetic is fewer instructions; int64 as soon as any tensor's storage could overflow it
         INDEX_DTYPE=tl.int32 if _fits_int32(q.shape, q.stride(), k_args.shape, k_args.stride(), out_q.shape,
-                                            out_q.stride(), out_k_args.shape, out_k_args.stride()) else tl.int64,
+                                            out_q.stride(), out_k_args.shape, out_k_args.stride())
+        and (not flat or max(q.numel(), k_args.numel()) + flat < 2**31) else tl.int64,  # flat: a block's last lane
     )
+    if flat:
+        log.debug("ropekit triton v4: flat path, %d elements a program, %d warps", flat, config.flat_warps)
     dtypes = tuple(p.dtype for p in V4Launch.pointers(q, k, out_q, out_k, cos, sin, pos_tensor, positions.cu_seqlens))
-    return V4Launch(grid, ints, constexprs, config.num_warps, dtypes)
+    return V4Launch(grid, ints, constexprs, config.flat_warps if flat else config.num_warps, dtypes)
+
+
+_FLAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def _flat_applies(q, k, out_q, out_k, positions: PositionSpec, rotary_dim: int, cos_per_token: bool,
+                  eager_rounding: bool) -> bool:
+    """Whether the flat path can run these tensors: contiguous (batch, seq, heads, head_dim) q, k and outputs, the
+    whole head rotated, positions from the table (not varlen, not per-token rows), one rounding in fp32 math, and
+    out of place: in place, a lane would overwrite an element another warp may still have to read as its partner."""
+    return (not positions.is_varlen and not cos_per_token and not eager_rounding and q.dtype in _FLAT_DTYPES
+            and rotary_dim == q.shape[-1] and q.ndim == 4 and out_q.data_ptr() != q.data_ptr()
+            and (k is None or out_k.data_ptr() != k.data_ptr())
+            and all(t.is_contiguous() for t in (q, k, out_q, out_k) if t is not None))
