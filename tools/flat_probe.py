@@ -3,7 +3,7 @@ docs/gpu-runs/run22/inductor_fp32.txt) faster than v4's fused token tile on the 
 kernel here, timed against v4's default launch and torch.compile in the harness's conditions (CUDA graphs, buffer
 sets rotating past 4x L2, rounds interleaved). An experiment, not part of the package.
 
-    python tools/flat_probe.py [--cases fp32,llama3-8b-prefill] [--rounds 5]
+    python tools/flat_probe.py [--cases fp32,llama3-8b-prefill] [--rounds 5] [--ab]
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from ropekit.bench.cases import select_cases
 from ropekit.bench.impls import make_impls
 from ropekit.bench.inputs import make_data, make_tables, seed_for
 from ropekit.bench.runner import dram_sets
+from ropekit.bench.timing import GpuTimer, Settings
 from ropekit.triton import v4
 from tune_v4 import graph_replay_us  # tools/ is on sys.path when this file runs as a script
 
@@ -66,14 +67,12 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--cases", default="fp32,llama3-8b-prefill")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--ab", action="store_true", help="v4's tile against v4's flat path (and their conjugates) "
+                        "instead of the standalone flat kernel's block sizes")
     args = parser.parse_args()
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
-    ceiling_src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
-    ceiling_dst = torch.empty_like(ceiling_src)
-    ceiling_us = graph_replay_us(lambda: ceiling_dst.copy_(ceiling_src), calls=4, reps=20)
-    ceiling = 2 * (1 << 30) / (ceiling_us * 1e-6) / 1e9
-    del ceiling_src, ceiling_dst
-    print(f"{torch.cuda.get_device_name()} ceiling {ceiling:.0f} GB/s (graph clock)", flush=True)
+    ceiling = GpuTimer(Settings()).copy_ceiling()["gbps"]  # the harness's ceiling (run26 used a 4-call graph: wrong)
+    print(f"{torch.cuda.get_device_name()} ceiling {ceiling:.0f} GB/s", flush=True)
     impls = {i.name: i for i in make_impls(".peers")}
     for case in select_cases(names=args.cases.split(",")):
         n_sets = dram_sets(case, l2, 4.0)
@@ -86,10 +85,21 @@ def main():
             "v4 default": [lambda d=d, o=o: v4.rope_v4(d.q, d.k, cos, sin, out_q=o[0], out_k=o[1], positions=spec,
                                                        rotary_dim=case.rotary) for d, o in zip(datas, outs)],
         }
-        for block, warps in ((512, 4), (1024, 4), (1024, 8), (2048, 8), (4096, 16)):
-            candidates[f"flat {block}/{warps}w"] = [
-                lambda d=d, o=o, b=block, w=warps: flat_rope(d.q, d.k, o[0], o[1], cos, sin, b, w)
-                for d, o in zip(datas, outs)]
+        if args.ab:
+            # v4's own two paths for this shape, forward and conjugate (the backward), A/B in the same rounds
+            table = v4.launch_config(case.n_tokens, case.heads_q, case.heads_k, case.head_dim, case.rotary,
+                                     element_size=case.element_size)
+            for label, config in (("v4 tile", table._replace(flat=0)), ("v4 flat", table._replace(flat=2048))):
+                for conjugate in (False, True):
+                    candidates[f"{label}{' conj' if conjugate else ''}"] = [
+                        lambda d=d, o=o, c=config, j=conjugate: v4.rope_v4(
+                            d.q, d.k, cos, sin, out_q=o[0], out_k=o[1], positions=spec, rotary_dim=case.rotary,
+                            conjugate=j, config=c) for d, o in zip(datas, outs)]
+        else:
+            for block, warps in ((512, 4), (1024, 4), (1024, 8), (2048, 8), (4096, 16)):
+                candidates[f"flat {block}/{warps}w"] = [
+                    lambda d=d, o=o, b=block, w=warps: flat_rope(d.q, d.k, o[0], o[1], cos, sin, b, w)
+                    for d, o in zip(datas, outs)]
         compile_impl = impls["torch-compile"]
         if compile_impl.available() is None:
             candidates["torch-compile"] = [compile_impl.build(case, tables, make_data(case, "cuda", seed_for(
