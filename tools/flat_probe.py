@@ -89,7 +89,8 @@ def main():
             # v4's own two paths for this shape, forward and conjugate (the backward), A/B in the same rounds
             table = v4.launch_config(case.n_tokens, case.heads_q, case.heads_k, case.head_dim, case.rotary,
                                      element_size=case.element_size)
-            for label, config in (("v4 tile", table._replace(flat=0)), ("v4 flat", table._replace(flat=2048))):
+            for label, config in (("v4 tile", table._replace(flat=0)), ("v4 flat", table._replace(flat=2048)),
+                                  ("v4 flat, no hint", table._replace(flat=2048, evict_first=False))):
                 for conjugate in (False, True):
                     candidates[f"{label}{' conj' if conjugate else ''}"] = [
                         lambda d=d, o=o, c=config, j=conjugate: v4.rope_v4(

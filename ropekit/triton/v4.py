@@ -18,7 +18,7 @@ New since v3 (tiles of tokens x heads that share cos/sin rows):
 * Positions outside the table are never read (masked loads); such tokens come out as NaN so the error is loud.
 * A **flat path** (``FLAT``) for prefill-sized, contiguous, out-of-place calls over the whole head: blocks of
   consecutive elements of q or of k, each element's partner loaded separately (from the cache): the structure of
-  torch.compile's kernel for the eager formula, measured faster than the token tile on MHA and fp32 (run26).
+  torch.compile's kernel for the eager formula, measured 1% faster than the token tile in fp16/bf16 (run29).
 """
 
 from __future__ import annotations
@@ -198,7 +198,7 @@ def _rotate_store(X, OUT, x_a, x_b, cos_a, sin_a, cos_b, sin_b, row_in, row_out,
 def _flat_program(Q, K, OUT_Q, OUT_K, COS, SIN, POSITIONS, n_tokens, seqlen, n_heads_q, n_heads_k, n_q_blocks,
                   table_len, position_offset, stride_cos_s, stride_cos_d, stride_pos_b, stride_pos_s,
                   HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr, INTERLEAVED: tl.constexpr, POS_MODE: tl.constexpr,
-                  CONJUGATE: tl.constexpr, INDEX_DTYPE: tl.constexpr):
+                  CONJUGATE: tl.constexpr, EVICT: tl.constexpr, INDEX_DTYPE: tl.constexpr):
     """The flat path: a program takes BLOCK consecutive elements of q (the first ``n_q_blocks`` programs) or of k,
     contiguous (batch, seq, heads, head_dim) tensors rotated over the whole head.
 
@@ -245,10 +245,12 @@ def _flat_program(Q, K, OUT_Q, OUT_K, COS, SIN, POSITIONS, n_tokens, seqlen, n_h
     sin = tl.load(SIN + offs, mask=cs_mask, other=float("nan"), eviction_policy="evict_last")
     if CONJUGATE:
         sin = -sin
-    x = tl.load(X + e, mask=mask, other=0.0).to(tl.float32)
-    x_partner = tl.load(X + partner, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
+    x = tl.load(X + e, mask=mask, other=0.0, eviction_policy=EVICT).to(tl.float32)
+    # no cache hint on the partner: the compiler may issue this load first, and a hint would then set the policy of
+    # the whole line (evict_last on every q/k line cost Llama's conjugate 1.2%, run28)
+    x_partner = tl.load(X + partner, mask=mask, other=0.0).to(tl.float32)
     out = x * cos + tl.where(first, -sin, sin) * x_partner
-    tl.store(OUT + e, out.to(OUT.dtype.element_ty), mask=mask)
+    tl.store(OUT + e, out.to(OUT.dtype.element_ty), mask=mask, eviction_policy=EVICT)
 
 
 @triton.jit
@@ -280,7 +282,7 @@ def rope_v4_kernel(
         # FLAT elements a program over contiguous q then k (plan_v4 decides when the tensors allow it)
         _flat_program(Q, K, OUT_Q, OUT_K, COS, SIN, POSITIONS, n_tokens, seqlen, n_heads_q, n_heads_k,
                       n_head_blocks_q, table_len, position_offset, stride_cos_s, stride_cos_d, stride_pos_b,
-                      stride_pos_s, HEAD_DIM, FLAT, INTERLEAVED, POS_MODE, CONJUGATE, INDEX_DTYPE)
+                      stride_pos_s, HEAD_DIM, FLAT, INTERLEAVED, POS_MODE, CONJUGATE, EVICT, INDEX_DTYPE)
         return
     pid_s = tl.program_id(0)
     pid_h = tl.program_id(1)
@@ -371,8 +373,10 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-# The flat path's block for prefill-sized work: 2048 elements, 8 warps (docs/gpu-runs/run26: MHA 360.2 µs against
-# 366.1 for the fused tile and 360.9 for torch.compile; fp32 47.6 against 48.0, torch.compile 47.2; Llama equal).
+# The flat path's block for prefill-sized work in 16-bit dtypes: 2048 elements, 8 warps. Measured against the fused
+# tile on the same buffers, forward / conjugate (docs/gpu-runs/run29): Llama-3-8B 113.3 / 113.2 µs against
+# 114.6 / 114.0, MHA fp16 356.9 / 356.4 against 360.4 / 360.3 (torch.compile 360.6), GPT-J 114.4 / 114.3 against
+# 115.8 / 115.3. In fp32 it does not win (47.4-47.5 / 47.9-48.2 against 47.6 / 47.5), so fp32 keeps the tile.
 _FLAT_BLOCK, _FLAT_WARPS = 2048, 8
 
 # Largest fused tile (BLOCK_S tokens x all q and k heads x head_dim, padded) kept in registers: 32 values a thread
@@ -386,9 +390,9 @@ def launch_config(n_tokens: int, n_heads_q: int, n_heads_k: int, head_dim: int, 
     """Block sizes, chosen by measurement on the H100 (tools/probe_limits.py, tools/tune_v4.py,
     tools/probe_host_l2.py; docs/gpu-runs/).
 
-    Prefill-sized work (4096 tokens or more) takes the flat path where the tensors allow it (``flat``: blocks of
-    2048 consecutive elements, 8 warps; see ``_FLAT_BLOCK``), else two tokens per program holding every q and k
-    head (``fused_qk``: all
+    Prefill-sized work (4096 tokens or more) in fp16/bf16 takes the flat path where the tensors allow it
+    (``flat``: blocks of 2048 consecutive elements, 8 warps; see ``_FLAT_BLOCK``); otherwise (and in fp32) two
+    tokens per program holding every q and k head (``fused_qk``: all
     loads issued before any store, cos/sin fetched once per token), streaming cache hint, 16 warps, or 32 when a
     thread would hold more than 48 bytes of the tile at 16 warps: MHA with 64+64 heads of 128 (360.8 µs against
     373.0 at 16 warps and 361.7 for torch.compile, docs/gpu-runs/run12) and fp32 with 32+32 heads of 64 (full
@@ -408,7 +412,8 @@ def launch_config(n_tokens: int, n_heads_q: int, n_heads_k: int, head_dim: int, 
         if 2 * per_token <= _FUSED_TILE_MAX:
             bytes_per_thread_at_16_warps = 2 * per_token * element_size // (16 * 32)
             return LaunchConfig(2, 1, 32 if bytes_per_thread_at_16_warps > 48 else 16, fused_qk=True,
-                                evict_first=True, flat=_FLAT_BLOCK, flat_warps=_FLAT_WARPS)
+                                evict_first=True, flat=_FLAT_BLOCK if element_size == 2 else 0,
+                                flat_warps=_FLAT_WARPS)
         if per_token <= _FUSED_TILE_MAX:
             return LaunchConfig(1, 1, 16, fused_qk=True, evict_first=True)
         return LaunchConfig(16, 1, 8, evict_first=True)
