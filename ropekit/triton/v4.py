@@ -16,7 +16,7 @@ New since v3 (tiles of tokens x heads that share cos/sin rows):
 * In place (out pointer == in pointer) or out of place; offsets in int64 whenever a view spans 2**31 elements
   or more (int32 otherwise: fewer instructions), so huge tensors are correct.
 * Positions outside the table are never read (masked loads); such tokens come out as NaN so the error is loud.
-* A **flat path** (``FLAT``) for prefill-sized, contiguous, out-of-place calls over the whole head: blocks of
+* A **flat path** (``FLAT``) for prefill-sized, contiguous, out-of-place NeoX calls over the whole head: blocks of
   consecutive elements of q or of k, each element's partner loaded separately (from the cache): the structure of
   torch.compile's kernel for the eager formula, measured 1% faster than the token tile in fp16/bf16 (run29).
 """
@@ -197,14 +197,16 @@ def _rotate_store(X, OUT, x_a, x_b, cos_a, sin_a, cos_b, sin_b, row_in, row_out,
 @triton.jit
 def _flat_program(Q, K, OUT_Q, OUT_K, COS, SIN, POSITIONS, n_tokens, seqlen, n_heads_q, n_heads_k, n_q_blocks,
                   table_len, position_offset, stride_cos_s, stride_cos_d, stride_pos_b, stride_pos_s,
-                  HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr, INTERLEAVED: tl.constexpr, POS_MODE: tl.constexpr,
-                  CONJUGATE: tl.constexpr, EVICT: tl.constexpr, INDEX_DTYPE: tl.constexpr):
+                  HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr, POS_MODE: tl.constexpr, CONJUGATE: tl.constexpr,
+                  EVICT: tl.constexpr, INDEX_DTYPE: tl.constexpr):
     """The flat path: a program takes BLOCK consecutive elements of q (the first ``n_q_blocks`` programs) or of k,
-    contiguous (batch, seq, heads, head_dim) tensors rotated over the whole head.
+    contiguous (batch, seq, heads, head_dim) tensors rotated over the whole head with NeoX pairs.
 
-    Element e becomes ``x[e] cos -/+ x[partner] sin``; its partner (e +- HEAD_DIM/2 for NeoX, e +- 1 for GPT-J)
-    lies in a line the same program loads, so the second load is served by the cache. This is the shape of the
-    element-wise kernel torch.compile generates for the eager formula: one stream per program, no tile of heads.
+    Element e becomes ``x[e] cos -/+ x[partner] sin``; its partner (e +- HEAD_DIM/2) lies in a line the same
+    program loads, so the second load is served by the cache. This is the shape of the element-wise kernel
+    torch.compile generates for the eager formula: one stream per program, no tile of heads. (GPT-J's partner,
+    e +- 1, would turn both the partner and the cos/sin loads into per-element gathers: 139 µs against 115 for the
+    tile on the Llama shape, run30; GPT-J keeps the tile.)
     """
     pid = tl.program_id(0)
     is_q = pid < n_q_blocks
@@ -220,14 +222,9 @@ def _flat_program(Q, K, OUT_Q, OUT_K, COS, SIN, POSITIONS, n_tokens, seqlen, n_h
     mask = e < n_tokens.to(INDEX_DTYPE) * n_heads * HEAD_DIM
     channel = e % HEAD_DIM
     token = e // (n_heads * HEAD_DIM)
-    if INTERLEAVED:
-        first = channel % 2 == 0
-        pair = channel // 2
-        partner = tl.where(first, e + 1, e - 1)
-    else:
-        first = channel < HEAD_DIM // 2
-        pair = tl.where(first, channel, channel - HEAD_DIM // 2)
-        partner = tl.where(first, e + HEAD_DIM // 2, e - HEAD_DIM // 2)
+    first = channel < HEAD_DIM // 2
+    pair = tl.where(first, channel, channel - HEAD_DIM // 2)
+    partner = tl.where(first, e + HEAD_DIM // 2, e - HEAD_DIM // 2)
     s_local = token % seqlen
     batch_index = token // seqlen
     if POS_MODE == 0:
@@ -282,7 +279,7 @@ def rope_v4_kernel(
         # FLAT elements a program over contiguous q then k (plan_v4 decides when the tensors allow it)
         _flat_program(Q, K, OUT_Q, OUT_K, COS, SIN, POSITIONS, n_tokens, seqlen, n_heads_q, n_heads_k,
                       n_head_blocks_q, table_len, position_offset, stride_cos_s, stride_cos_d, stride_pos_b,
-                      stride_pos_s, HEAD_DIM, FLAT, INTERLEAVED, POS_MODE, CONJUGATE, EVICT, INDEX_DTYPE)
+                      stride_pos_s, HEAD_DIM, FLAT, POS_MODE, CONJUGATE, EVICT, INDEX_DTYPE)
         return
     pid_s = tl.program_id(0)
     pid_h = tl.program_id(1)
@@ -375,8 +372,8 @@ def _cdiv(a: int, b: int) -> int:
 
 # The flat path's block for prefill-sized work in 16-bit dtypes: 2048 elements, 8 warps. Measured against the fused
 # tile on the same buffers, forward / conjugate (docs/gpu-runs/run29): Llama-3-8B 113.3 / 113.2 µs against
-# 114.6 / 114.0, MHA fp16 356.9 / 356.4 against 360.4 / 360.3 (torch.compile 360.6), GPT-J 114.4 / 114.3 against
-# 115.8 / 115.3. In fp32 it does not win (47.4-47.5 / 47.9-48.2 against 47.6 / 47.5), so fp32 keeps the tile.
+# 114.6 / 114.0, MHA fp16 356.9 / 356.4 against 360.4 / 360.3 (torch.compile 360.6). In fp32 it does not win
+# (47.4-47.5 / 47.9-48.2 against 47.6 / 47.5), so fp32 keeps the tile, as GPT-J pairing does (_flat_program).
 _FLAT_BLOCK, _FLAT_WARPS = 2048, 8
 
 # Largest fused tile (BLOCK_S tokens x all q and k heads x head_dim, padded) kept in registers: 32 values a thread
@@ -390,10 +387,10 @@ def launch_config(n_tokens: int, n_heads_q: int, n_heads_k: int, head_dim: int, 
     """Block sizes, chosen by measurement on the H100 (tools/probe_limits.py, tools/tune_v4.py,
     tools/probe_host_l2.py; docs/gpu-runs/).
 
-    Prefill-sized work (4096 tokens or more) in fp16/bf16 takes the flat path where the tensors allow it
-    (``flat``: blocks of 2048 consecutive elements, 8 warps; see ``_FLAT_BLOCK``); otherwise (and in fp32) two
-    tokens per program holding every q and k head (``fused_qk``: all
-    loads issued before any store, cos/sin fetched once per token), streaming cache hint, 16 warps, or 32 when a
+    Prefill-sized work (4096 tokens or more) in fp16/bf16 takes the flat path where the call allows it (NeoX,
+    contiguous, out of place; ``flat``: blocks of 2048 consecutive elements, 8 warps; see ``_FLAT_BLOCK``);
+    otherwise (and in fp32) two tokens per program holding every q and k head (``fused_qk``: all loads issued
+    before any store, cos/sin fetched once per token), streaming cache hint, 16 warps, or 32 when a
     thread would hold more than 48 bytes of the tile at 16 warps: MHA with 64+64 heads of 128 (360.8 µs against
     373.0 at 16 warps and 361.7 for torch.compile, docs/gpu-runs/run12) and fp32 with 32+32 heads of 64 (full
     occupancy: 30 registers, 2 x 1024 threads an SM; tile probes 47.4 against 48.3 µs in run22, 48.5 against 48.7
@@ -568,7 +565,7 @@ def plan_v4(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: tor
         config = launch_config(n_batch * seqlen, n_heads_q, n_heads_k, head_dim, rotary_dim, cos_per_token,
                                q.element_size())
     n_tokens = n_batch * seqlen
-    flat = config.flat if _flat_applies(q, k, out_q, out_k, positions, rotary_dim, cos_per_token,
+    flat = config.flat if _flat_applies(q, k, out_q, out_k, positions, rotary_dim, interleaved, cos_per_token,
                                         eager_rounding) else 0
     block_h = config.block_h
     if flat:
@@ -637,12 +634,14 @@ def plan_v4(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: tor
 _FLAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
-def _flat_applies(q, k, out_q, out_k, positions: PositionSpec, rotary_dim: int, cos_per_token: bool,
-                  eager_rounding: bool) -> bool:
+def _flat_applies(q, k, out_q, out_k, positions: PositionSpec, rotary_dim: int, interleaved: bool,
+                  cos_per_token: bool, eager_rounding: bool) -> bool:
     """Whether the flat path can run these tensors: contiguous (batch, seq, heads, head_dim) q, k and outputs, the
-    whole head rotated, positions from the table (not varlen, not per-token rows), one rounding in fp32 math, and
-    out of place: in place, a lane would overwrite an element another warp may still have to read as its partner."""
-    return (not positions.is_varlen and not cos_per_token and not eager_rounding and q.dtype in _FLAT_DTYPES
+    whole head rotated with NeoX pairs, positions from the table (not varlen, not per-token rows), one rounding in
+    fp32 math, and out of place: in place, a lane would overwrite an element another warp may still have to read as
+    its partner."""
+    return (not positions.is_varlen and not cos_per_token and not eager_rounding and not interleaved
+            and q.dtype in _FLAT_DTYPES
             and rotary_dim == q.shape[-1] and q.ndim == 4 and out_q.data_ptr() != q.data_ptr()
             and (k is None or out_k.data_ptr() != k.data_ptr())
             and all(t.is_contiguous() for t in (q, k, out_q, out_k) if t is not None))
