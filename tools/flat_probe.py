@@ -1,7 +1,10 @@
-"""Is a flat element-wise kernel (the structure torch.compile's Inductor generates for the rotate_half formula,
-docs/gpu-runs/run22/inductor_fp32.txt) faster than v4's fused token tile on the large cases? A standalone Triton
-kernel here, timed against v4's default launch and torch.compile in the harness's conditions (CUDA graphs, buffer
-sets rotating past 4x L2, rounds interleaved). An experiment, not part of the package.
+"""v4's flat path (``FLAT``: blocks of consecutive elements, the structure torch.compile's Inductor generates for the
+rotate_half formula, docs/gpu-runs/run22/inductor_fp32.txt) against v4's fused token tile and torch.compile on the
+large cases, in the harness's conditions (CUDA graphs, buffer sets rotating past 4x L2, rounds interleaved).
+
+Without ``--ab``: the flat path's block sizes and warps. With ``--ab``: the launch table's tile against its flat
+path, forward and conjugate (the backward). (run26 ran this sweep on a standalone copy of the kernel, before it
+became v4's FLAT switch.)
 
     python tools/flat_probe.py [--cases fp32,llama3-8b-prefill] [--rounds 5] [--ab]
 """
@@ -9,12 +12,11 @@ sets rotating past 4x L2, rounds interleaved). An experiment, not part of the pa
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import statistics
 
 import torch
-import triton
-import triton.language as tl
 
 from ropekit import api
 from ropekit.bench.cases import select_cases
@@ -26,49 +28,12 @@ from ropekit.triton import v4
 from tune_v4 import graph_replay_us  # tools/ is on sys.path when this file runs as a script
 
 
-@triton.jit
-def flat_rope_kernel(Q, K, OUT_Q, OUT_K, COS, SIN, n_q, n_k, n_q_blocks, seqlen, H_Q: tl.constexpr,
-                     H_K: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr):
-    """Element e of q (programs < n_q_blocks) or of k: out[e] = x[e] cos - x[e + D/2] sin (first half of a head)
-    or x[e] cos + x[e - D/2] sin (second half); the partner element comes from L1. Contiguous bshd, NeoX,
-    positions 0..S-1."""
-    pid = tl.program_id(0)
-    is_q = pid < n_q_blocks
-    if is_q:
-        X, OUT = Q, OUT_Q
-    else:
-        X, OUT = K, OUT_K
-    n = tl.where(is_q, n_q, n_k)
-    H = tl.where(is_q, H_Q, H_K)
-    e = tl.where(is_q, pid, pid - n_q_blocks) * BLOCK + tl.arange(0, BLOCK)
-    mask = e < n
-    d = e % D
-    token = e // (D * H)
-    position = token % seqlen
-    first = d < D // 2
-    pair = tl.where(first, d, d - D // 2)
-    cos = tl.load(COS + position * (D // 2) + pair, mask=mask, eviction_policy="evict_last")
-    sin = tl.load(SIN + position * (D // 2) + pair, mask=mask, eviction_policy="evict_last")
-    x = tl.load(X + e, mask=mask).to(tl.float32)
-    partner = tl.load(X + tl.where(first, e + D // 2, e - D // 2), mask=mask, eviction_policy="evict_last")
-    out = x * cos + tl.where(first, -sin, sin) * partner.to(tl.float32)
-    tl.store(OUT + e, out.to(OUT.dtype.element_ty), mask=mask)
-
-
-def flat_rope(q, k, out_q, out_k, cos, sin, block, warps):
-    n_q, n_k = q.numel(), k.numel()
-    n_q_blocks = triton.cdiv(n_q, block)
-    grid = (n_q_blocks + triton.cdiv(n_k, block),)
-    flat_rope_kernel[grid](q, k, out_q, out_k, cos, sin, n_q, n_k, n_q_blocks, q.shape[1], q.shape[2], k.shape[2],
-                           q.shape[3], BLOCK=block, num_warps=warps)
-
-
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--cases", default="fp32,llama3-8b-prefill")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--ab", action="store_true", help="v4's tile against v4's flat path (and their conjugates) "
-                        "instead of the standalone flat kernel's block sizes")
+                        "instead of the flat path's block sizes")
     args = parser.parse_args()
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     ceiling = GpuTimer(Settings()).copy_ceiling()["gbps"]  # the harness's ceiling (run26 used a 4-call graph: wrong)
@@ -86,34 +51,35 @@ def main():
                                                        rotary_dim=case.rotary, interleaved=case.interleaved)
                            for d, o in zip(datas, outs)],
         }
+        table = v4.launch_config(case.n_tokens, case.heads_q, case.heads_k, case.head_dim, case.rotary,
+                                 element_size=case.element_size)
         if args.ab:
             # v4's own two paths for this shape, forward and conjugate (the backward), A/B in the same rounds
-            table = v4.launch_config(case.n_tokens, case.heads_q, case.heads_k, case.head_dim, case.rotary,
-                                     element_size=case.element_size)
-            for label, config in (("v4 tile", table._replace(flat=0)), ("v4 flat", table._replace(flat=2048)),
-                                  ("v4 flat, no hint", table._replace(flat=2048, evict_first=False))):
-                for conjugate in (False, True):
-                    candidates[f"{label}{' conj' if conjugate else ''}"] = [
-                        lambda d=d, o=o, c=config, j=conjugate: v4.rope_v4(
-                            d.q, d.k, cos, sin, out_q=o[0], out_k=o[1], positions=spec, rotary_dim=case.rotary,
-                            interleaved=case.interleaved, conjugate=j, config=c) for d, o in zip(datas, outs)]
-        elif not case.interleaved:  # the standalone kernel pairs NeoX halves only
-            for block, warps in ((512, 4), (1024, 4), (1024, 8), (2048, 8), (4096, 16)):
-                candidates[f"flat {block}/{warps}w"] = [
-                    lambda d=d, o=o, b=block, w=warps: flat_rope(d.q, d.k, o[0], o[1], cos, sin, b, w)
-                    for d, o in zip(datas, outs)]
+            configs = {"v4 tile": table._replace(flat=0), "v4 flat": table._replace(flat=2048),
+                       "v4 flat, no hint": table._replace(flat=2048, evict_first=False)}
+        else:
+            configs = {f"flat {block}/{warps}w": table._replace(flat=block, flat_warps=warps)
+                       for block, warps in ((512, 4), (1024, 4), (1024, 8), (2048, 8), (4096, 16))}
+        for label, config in configs.items():
+            for conjugate in (False, True) if args.ab else (False,):
+                candidates[f"{label}{' conj' if conjugate else ''}"] = [
+                    lambda d=d, o=o, c=config, j=conjugate: v4.rope_v4(
+                        d.q, d.k, cos, sin, out_q=o[0], out_k=o[1], positions=spec, rotary_dim=case.rotary,
+                        interleaved=case.interleaved, conjugate=j, config=c) for d, o in zip(datas, outs)]
         compile_impl = impls["torch-compile"]
         if compile_impl.available() is None:
             candidates["torch-compile"] = [compile_impl.build(case, tables, make_data(case, "cuda", seed_for(
                 case.name, "torch-compile", str(i))), "forward").fn for i in range(n_sets)]
-        # correctness of the standalone flat kernel against v4 on the first set
-        if not case.interleaved:
-            candidates["v4 default"][0]()
-            expected = [t.clone() for t in outs[0]]
-            flat_rope(datas[0].q, datas[0].k, outs[0][0], outs[0][1], cos, sin, 1024, 4)
-            torch.cuda.synchronize()
-            err = max(float((a.float() - b.float()).abs().max()) for a, b in zip(outs[0], expected))
-            print(f"{case.name}: {n_sets} buffer sets; flat vs v4 max abs difference {err:.2e}", flush=True)
+        # the flat path against the tile on the first set (where the call allows the flat path at all)
+        tile_fn = functools.partial(v4.rope_v4, datas[0].q, datas[0].k, cos, sin, out_q=outs[0][0],
+                                    out_k=outs[0][1], positions=spec, rotary_dim=case.rotary,
+                                    interleaved=case.interleaved)
+        tile_fn(config=table._replace(flat=0))
+        expected = [t.clone() for t in outs[0]]
+        tile_fn(config=table._replace(flat=1024, flat_warps=4))
+        torch.cuda.synchronize()
+        err = max(float((a.float() - b.float()).abs().max()) for a, b in zip(outs[0], expected))
+        print(f"{case.name}: {n_sets} buffer sets; flat vs tile max abs difference {err:.2e}", flush=True)
         samples = {name: [] for name in candidates}
         for _ in range(args.rounds):
             for name, fns in candidates.items():

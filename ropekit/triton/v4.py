@@ -561,25 +561,24 @@ def plan_v4(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: tor
     head_dim = q.shape[-1]
     n_heads_q = q.shape[2]
     n_heads_k = k.shape[2] if k is not None else 0
-    if config is None:
-        config = launch_config(n_batch * seqlen, n_heads_q, n_heads_k, head_dim, rotary_dim, cos_per_token,
-                               q.element_size())
     n_tokens = n_batch * seqlen
+    if config is None:
+        config = launch_config(n_tokens, n_heads_q, n_heads_k, head_dim, rotary_dim, cos_per_token,
+                               q.element_size())
     flat = config.flat if _flat_applies(q, k, out_q, out_k, positions, rotary_dim, interleaved, cos_per_token,
                                         eager_rounding) else 0
     block_h = config.block_h
     if flat:
-        n_head_blocks_q = _cdiv(n_tokens * n_heads_q * head_dim, flat)  # the flat path's blocks of q, then of k
-        n_head_blocks_k = _cdiv(n_tokens * n_heads_k * head_dim, flat)
-    elif config.fused_qk:
-        # the q and k tiles cover every head: one program per token block
-        block_h = max(block_h, _next_pow2(n_heads_q))
-        n_head_blocks_q, n_head_blocks_k = 1, 0
+        # one grid axis: the flat path's blocks of q, then of k (n_head_blocks_q tells the kernel where k begins)
+        n_head_blocks_q = _cdiv(n_tokens * n_heads_q * head_dim, flat)
+        grid = (n_head_blocks_q + _cdiv(n_tokens * n_heads_k * head_dim, flat), 1, 1)
     else:
-        n_head_blocks_q, n_head_blocks_k = _cdiv(n_heads_q, block_h), _cdiv(n_heads_k, block_h)
-    if flat:
-        grid = (n_head_blocks_q + n_head_blocks_k, 1, 1)
-    else:
+        if config.fused_qk:
+            # the q and k tiles cover every head: one program per token block
+            block_h = max(block_h, _next_pow2(n_heads_q))
+            n_head_blocks_q, n_head_blocks_k = 1, 0
+        else:
+            n_head_blocks_q, n_head_blocks_k = _cdiv(n_heads_q, block_h), _cdiv(n_heads_k, block_h)
         grid = (_cdiv(seqlen, config.block_s), n_head_blocks_q + n_head_blocks_k, n_batch)
     if grid[0] == 0 or n_batch == 0 or q.numel() == 0:
         return None
