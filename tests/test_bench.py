@@ -257,6 +257,8 @@ class FakeClock:
     def __init__(self, l2_bytes):
         self._l2 = l2_bytes
         self.calls = 0
+        self.captured = 0
+        self.replayed = []  # graphs per replay_rounds call (one call per case and direction)
 
     def l2_bytes(self):
         return self._l2, "fake"
@@ -276,6 +278,15 @@ class FakeClock:
     def graph_us(self, fns, estimate_us):
         self._run(fns)
         return estimate_us * 0.9, 0.01, len(fns)
+
+    def capture(self, fns, estimate_us):
+        self._run(fns)
+        self.captured += 1
+        return (estimate_us, len(fns))
+
+    def replay_rounds(self, graphs):
+        self.replayed.append(len(graphs))
+        return [(estimate_us * 0.9, 0.01, calls) for estimate_us, calls in graphs]
 
     def eager_us(self, fns, estimate_us):
         self._run(fns)
@@ -332,6 +343,13 @@ def test_runner_rows_follow_the_schema(fake_run):
     assert {r["n_buffer_sets"] for r in ok if r["case"] == large.name} == {large_sets}
     skipped = [r for r in rows if r["status"] == "skipped"]
     assert skipped and all(r["reason"] for r in skipped)
+    # graphs are captured per row and timed together, one replay_rounds call per case and direction holding every
+    # implementation's graphs (so that drift over the run reaches them alike)
+    graph_rows = [r for r in ok if r["graph_us"] is not None]
+    assert clock.captured == sum(clock.replayed) == len(graph_rows)
+    groups = {(r["case"], r["direction"]) for r in graph_rows}
+    assert sorted(clock.replayed) == sorted(sum(1 for r in graph_rows if (r["case"], r["direction"]) == g)
+                                            for g in groups)
     for row in ok:
         assert row["gbps"] == pytest.approx(row["bytes"] / (row["time_us"] * 1e-6) / 1e9)
         assert row["pct_ceiling"] == pytest.approx(100 * row["gbps"] / 1000.0)
@@ -464,6 +482,32 @@ class _FakeCuda:
 
         def reset(self):
             pass
+
+
+def test_replay_rounds_interleave_the_graphs(monkeypatch):
+    """replay_rounds replays every graph in each of graph_rounds rounds (not one graph's replays all at once)."""
+    fake = _FakeCuda()
+    monkeypatch.setattr(torch.cuda, "Event", fake.Event)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    order = []
+
+    class Graph:
+        def __init__(self, name):
+            self.name, self.released = name, False
+
+        def replay(self):
+            order.append(self.name)
+
+        def reset(self):
+            self.released = True
+    graphs = [bench.timing.CapturedGraph(Graph(name), calls=8, replay_us=1e3) for name in "ab"]
+    settings = bench.QUICK
+    results = bench.timing.GpuTimer(settings).replay_rounds(graphs)
+    assert len(results) == 2 and all(calls == 8 and median >= 0 for median, _, calls in results)
+    runs = [name for i, name in enumerate(order) if i == 0 or order[i - 1] != name]  # a, b, a, b, ...
+    assert runs == ["a", "b"] * settings.graph_rounds
+    assert order.count("a") == order.count("b") >= 5 * settings.graph_rounds
+    assert all(g.graph.released for g in graphs)
 
 
 def test_gpu_clocks_control_flow_with_a_fake_cuda(monkeypatch):

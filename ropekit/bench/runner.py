@@ -176,12 +176,16 @@ class Runner:
                 self.progress.note(f"{case.name}: the same bytes copied by torch take {floor['graph_us']:.1f} us")
             tables = make_tables(case, self.device)
             for direction in (FORWARD, BACKWARD) if case.backward else (FORWARD,):
+                # every implementation's graphs are captured first and replayed together afterwards, in
+                # interleaved rounds (GpuTimer.replay_rounds): the same stretch of the run times them all
+                pending: list[tuple[dict, object, list]] = []  # (row, captured graph, what the graph reads)
                 for impl in self.impls:
-                    rows = self._item(case, tables, impl, direction, start)
+                    rows = self._item(case, tables, impl, direction, start, pending)
                     self.rows.extend(rows)
                     self.progress.step(case.name, impl.name, direction, summarize(rows))
                     if self.aborted:
                         break
+                self._replay(case, direction, pending)
                 if self.aborted:
                     break
             del tables
@@ -217,7 +221,7 @@ class Runner:
         return {"graph_us": graph_us, "graph_spread": spread, "graph_calls": calls, "n_buffer_sets": n_sets,
                 "bytes": case.moved_bytes(inplace=False), "method": "torch copy_ of q and k into new tensors"}
 
-    def _item(self, case, tables, impl, direction, start) -> list[dict]:
+    def _item(self, case, tables, impl, direction, start, pending: list) -> list[dict]:
         reason = self.unavailable.get(impl.name) or impl.supports(case, direction)
         if reason:
             return [new_row(case, impl, direction, status="skipped", reason=reason)]
@@ -228,7 +232,7 @@ class Runner:
         try:
             context = torch.no_grad() if direction == FORWARD else contextlib.nullcontext()
             with self._stream_for(direction), context:
-                return self._measure(case, tables, impl, direction)
+                return self._measure(case, tables, impl, direction, pending)
         except Aborted as error:
             self.aborted = str(error)
             return [new_row(case, impl, direction, status="error", reason=str(error))]
@@ -252,7 +256,9 @@ class Runner:
             return contextlib.nullcontext()
         return torch.cuda.stream(torch.cuda.Stream())
 
-    def _measure(self, case, tables, impl, direction) -> list[dict]:
+    def _measure(self, case, tables, impl, direction, pending: list) -> list[dict]:
+        """Check, then time with do_bench and the eager clock; capture the graphs, which ``_replay`` times once
+        every implementation of the case and direction has been captured (appended to ``pending``)."""
         backward = direction == BACKWARD
         seed = seed_for(case.name, impl.name, direction)
         data = make_data(case, self.device, seed, backward=backward)
@@ -288,17 +294,40 @@ class Runner:
                     fns.append(impl.build(case, tables, extra, direction).fn)
             row = new_row(case, impl, direction, status="ok", residency=residency, n_buffer_sets=len(fns),
                           do_bench_us=do_bench_us if residency == "dram" else None, **common)
+            row["eager_us"], row["eager_spread"], row["eager_calls"] = self.timer.eager_us(fns, do_bench_us)
             if prepared.graph_safe and self.graphs_enabled:
                 try:
-                    row["graph_us"], row["graph_spread"], row["graph_calls"] = self.timer.graph_us(
-                        fns, self._device_estimate_us(case, prepared.inplace, do_bench_us))
+                    captured = self.timer.capture(fns, self._device_estimate_us(case, prepared.inplace, do_bench_us))
+                    pending.append((row, captured, [data, prepared, keep_alive]))
                 except Exception as error:  # noqa: BLE001
                     row["graph_error"] = f"{type(error).__name__}: {error}"[:300]
                     self._after_graph_failure()
-            row["eager_us"], row["eager_spread"], row["eager_calls"] = self.timer.eager_us(fns, do_bench_us)
             rows.append(row)
             del fns, keep_alive
         return rows
+
+    def _replay(self, case, direction, pending: list) -> None:
+        """Time the captured graphs of one case and direction together (interleaved rounds) into their rows."""
+        if not pending:
+            return
+        try:
+            results = self.timer.replay_rounds([captured for _, captured, _ in pending])
+        except Exception as error:  # noqa: BLE001
+            for row, _, _ in pending:
+                row["graph_error"] = f"{type(error).__name__}: {error}"[:300]
+            try:
+                self._after_graph_failure()
+            except Aborted as broken:
+                self.aborted = str(broken)
+            return
+        finally:
+            pending_rows = [row for row, _, _ in pending]
+            pending.clear()  # the graphs are released; their buffers may go too
+        for row, (median, spread, calls) in zip(pending_rows, results):
+            row["graph_us"], row["graph_spread"], row["graph_calls"] = median, spread, calls
+        self.progress.note(f"{case.name} {direction[:3]} graph clock ({self.settings.graph_rounds} interleaved "
+                           "rounds): " + ", ".join(f"{row['impl']} {row['residency']} {row['graph_us']:.2f}us"
+                                                   for row in pending_rows))
 
     def _device_estimate_us(self, case, inplace: bool, do_bench_us: float) -> float:
         """The case's bytes at the copy ceiling: how long a call at the memory-bandwidth limit takes on the device.

@@ -5,6 +5,8 @@ Three clocks, because they answer three questions:
 * ``do_bench_us`` — Triton's ``do_bench`` median: device time of one call, measured with events; do_bench zeroes a
   256 MB buffer before every call, so inputs come from DRAM (and a slow host wrapper can show up as a gap).
 * ``graph_us`` — the calls captured back to back in one CUDA graph and replayed: device time without launch gaps.
+  The runner captures every implementation's graph of a case first and then replays them in interleaved rounds
+  (``capture``, ``replay_rounds``), so that every implementation is timed over the same stretch of the run.
   Given one buffer set the same inputs are read every call (small cases: **L2-resident**); given several, the captured
   calls rotate through them so that the inputs come from **DRAM** (sets totalling more than 4x the L2 cache).
 * ``eager_us`` — wall clock over N back-to-back Python calls with one synchronisation at the end, divided by N
@@ -23,7 +25,7 @@ from dataclasses import asdict, dataclass, replace
 
 import torch
 
-__all__ = ["Settings", "QUICK", "GpuTimer", "median_and_spread", "cuda_healthy"]
+__all__ = ["Settings", "QUICK", "GpuTimer", "CapturedGraph", "median_and_spread", "cuda_healthy"]
 
 
 @dataclass(frozen=True)
@@ -31,6 +33,7 @@ class Settings:
     warmup_ms: float = 10.0  # do_bench warm-up (milliseconds, as do_bench takes them)
     rep_ms: float = 50.0  # do_bench repetition time
     graph_ms: float = 40.0  # replay time per graph measurement
+    graph_rounds: int = 5  # the replays of a case's graphs, interleaved over this many rounds (replay_rounds)
     graph_target_us: float = 300.0  # device time captured in one graph (calls back to back)
     max_calls_per_graph: int = 512
     eager_ms: float = 40.0  # wall time per eager measurement, split over rounds
@@ -48,7 +51,7 @@ class Settings:
 
 QUICK = replace(Settings(), warmup_ms=2.0, rep_ms=8.0, graph_ms=8.0, eager_ms=8.0, eager_rounds=3,
                 sweep_warmup_ms=1.0, sweep_rep_ms=4.0, ceiling_bytes=1 << 28, ceiling_rep_ms=30.0,
-                time_budget_s=300.0)
+                time_budget_s=300.0, graph_rounds=3)
 
 
 def median_and_spread(samples: list[float]) -> tuple[float, float]:
@@ -104,6 +107,12 @@ class GpuTimer:
         that no implementation's graph is shortened by its own host overhead (a graph of a few calls pays the
         graph launch's own latency, measured in docs/gpu-runs/run11: 2.3 µs a call at 8 calls, 1.6-1.8 at 128+).
         """
+        graph = self.capture(fns, estimate_us)
+        return self.replay_rounds([graph])[0]
+
+    def capture(self, fns: list, estimate_us: float) -> "CapturedGraph":
+        """Capture the graph that :meth:`graph_us` times (on the caller's stream when it is a side stream), warm it
+        up with three replays, and return it for :meth:`replay_rounds`."""
         s = self.settings
         n_sets = len(fns)
         estimate_us = max(estimate_us, 0.5)
@@ -135,24 +144,40 @@ class GpuTimer:
                 graph.replay()
             warm_end.record()
             torch.cuda.synchronize()
-            # as many replays as fit in graph_ms, counted from the replays just made (not from the estimate)
-            replay_us = max(warm_start.elapsed_time(warm_end) * 1e3 / 2, 1.0)
-            replays = int(min(2000, max(5, s.graph_ms * 1e3 / replay_us)))
-            events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-                      for _ in range(replays)]
-            for start, end in events:
-                start.record()
-                graph.replay()
-                end.record()
-            torch.cuda.synchronize()
-            samples = [start.elapsed_time(end) * 1e3 / calls for start, end in events]
+        except BaseException:
+            _release(graph)
+            raise
+        return CapturedGraph(graph, calls, max(warm_start.elapsed_time(warm_end) * 1e3 / 2, 1.0))
+
+    def replay_rounds(self, graphs: list["CapturedGraph"]) -> list[tuple[float, float, int]]:
+        """(median µs per call, spread, calls per graph) of each captured graph, then release them.
+
+        The replays are interleaved: ``graph_rounds`` rounds, each replaying every graph in turn for its share of
+        ``graph_ms``, and the samples of all rounds pooled. A slow drift of the GPU's state over the run (clocks,
+        temperature) then reaches every implementation of a case alike instead of whichever was timed at the
+        wrong moment (one sequential measurement each read the same kernel 3.0-3.3 µs across runs: run31's
+        ``ropekit-rows``).
+        """
+        s = self.settings
+        rounds = max(1, s.graph_rounds)
+        samples: list[list[float]] = [[] for _ in graphs]
+        try:
+            for _ in range(rounds):
+                for captured, out in zip(graphs, samples):
+                    # as many replays as fit in this round's share of graph_ms, counted from the warm-up replays
+                    replays = int(min(2000, max(5, s.graph_ms * 1e3 / rounds / captured.replay_us)))
+                    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                              for _ in range(replays)]
+                    for start, end in events:
+                        start.record()
+                        captured.graph.replay()
+                        end.record()
+                    torch.cuda.synchronize()
+                    out.extend(start.elapsed_time(end) * 1e3 / captured.calls for start, end in events)
         finally:
-            try:
-                graph.reset()  # give the graph's memory pool back now, not at garbage collection
-            except Exception:  # noqa: BLE001  (after a failed capture there may be nothing to reset)
-                pass
-        median, spread = median_and_spread(samples)
-        return median, spread, calls
+            for captured in graphs:
+                _release(captured.graph)
+        return [(*median_and_spread(out), captured.calls) for captured, out in zip(graphs, samples)]
 
     def eager_us(self, fns: list, estimate_us: float) -> tuple[float, float, int]:
         """(median µs per call, spread, calls per round): wall clock of N back-to-back calls, one sync at the end."""
@@ -185,6 +210,22 @@ class GpuTimer:
             gc.enable()
         median, spread = median_and_spread(samples)
         return median, spread, n
+
+
+@dataclass
+class CapturedGraph:
+    """A graph of ``calls`` back-to-back calls, captured and warmed up; ``replay_us``: one warm replay's time."""
+
+    graph: object
+    calls: int
+    replay_us: float
+
+
+def _release(graph) -> None:
+    try:
+        graph.reset()  # give the graph's memory pool back now, not at garbage collection
+    except Exception:  # noqa: BLE001  (after a failed capture there may be nothing to reset)
+        pass
 
 
 def cuda_healthy() -> bool:

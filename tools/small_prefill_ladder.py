@@ -1,0 +1,202 @@
+"""Where does the small prefill's L2 time go? A ladder of experimental kernels from Liger's structure to v4's.
+
+The small prefill (b1 s512, 32 q / 8 kv heads x 128, bf16) is L2-resident and latency-bound; Liger reads ~2.9 µs
+in graph replay and v4 ~3.0-3.05. Tiles (run19) and bf16 arithmetic (run21) did not explain the gap. This probe
+starts from a kernel with Liger's structure (one program per token, every q and k head, bf16 per-token cos/sin rows,
+in place, arithmetic in bf16, head counts as constants) and changes one thing per rung towards what v4 does
+(float32 table indexed by position, fp32 arithmetic, out of place, runtime head counts), so that the rung where the
+time moves names the cause. The experimental kernel lives here, not in the package: it is a measuring device.
+
+    python tools/small_prefill_ladder.py            # on the GPU; prints a table, writes $OUT/small_prefill_ladder.json
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+
+import torch
+import triton
+import triton.language as tl
+
+from ropekit import api
+from ropekit.bench.cases import select_cases
+from ropekit.bench.inputs import check_outputs, expected_output, make_data, make_tables
+from ropekit.triton import v4
+from ropekit.triton.v4 import LaunchConfig
+from probe_host_l2 import builders, graph_calls_us  # tools/ is on sys.path when this file runs as a script
+
+OUT = os.environ.get("OUT", ".")
+
+
+@triton.jit
+def _rotate_rows(X, OUT, base_in, base_out, heads, n_heads, cos, sin, HALF: tl.constexpr, HEAD_DIM: tl.constexpr):
+    mask = (heads < n_heads)[:, None]
+    offs = heads[:, None] * HEAD_DIM + tl.arange(0, HALF)[None, :]
+    x_a = tl.load(X + base_in + offs, mask=mask, other=0.0).to(cos.dtype)
+    x_b = tl.load(X + base_in + offs + HALF, mask=mask, other=0.0).to(cos.dtype)
+    out_ty = OUT.dtype.element_ty
+    tl.store(OUT + base_out + offs, (x_a * cos - x_b * sin).to(out_ty), mask=mask)
+    tl.store(OUT + base_out + offs + HALF, (x_b * cos + x_a * sin).to(out_ty), mask=mask)
+
+
+@triton.jit
+def ladder_kernel(Q, K, OQ, OK, COS, SIN, stride_q_token, stride_k_token, stride_cos_token, position_offset,
+                  n_heads_q, n_heads_k,
+                  HQ: tl.constexpr, HK: tl.constexpr, HALF: tl.constexpr, HEAD_DIM: tl.constexpr,
+                  TABLE: tl.constexpr, FP32_MATH: tl.constexpr, RUNTIME_HEADS: tl.constexpr,
+                  SCALAR_BASE: tl.constexpr, CHUNK: tl.constexpr):
+    """One program per token, every head of q then of k. SCALAR_BASE: the token's row start is added to the
+    pointers once, in int64 (Liger's addressing), instead of to every element's offset. CHUNK: heads per pass
+    (each pass loads, rotates and stores before the next loads; CHUNK >= HQ: one pass over all of q, k's loads
+    issued with q's)."""
+    token = tl.program_id(0)
+    pairs = tl.arange(0, HALF)
+    if TABLE:
+        # float32 half-width table row at position token + offset (v4's tables)
+        row = (token + position_offset) * stride_cos_token
+    else:
+        # per-token full-width rows in the model dtype (Liger's inputs): the first half holds every angle
+        row = token * stride_cos_token
+    cos = tl.load(COS + row + pairs)
+    sin = tl.load(SIN + row + pairs)
+    if FP32_MATH:
+        cos = cos.to(tl.float32)[None, :]
+        sin = sin.to(tl.float32)[None, :]
+    else:
+        cos = cos.to(Q.dtype.element_ty)[None, :]
+        sin = sin.to(Q.dtype.element_ty)[None, :]
+    n_q = n_heads_q if RUNTIME_HEADS else HQ
+    n_k = n_heads_k if RUNTIME_HEADS else HK
+    if SCALAR_BASE:
+        token64 = token.to(tl.int64)
+        Q, OQ = Q + token64 * stride_q_token, OQ + token64 * stride_q_token
+        K, OK = K + token64 * stride_k_token, OK + token64 * stride_k_token
+        base_q = 0
+        base_k = 0
+    else:
+        base_q = token * stride_q_token
+        base_k = token * stride_k_token
+    if CHUNK >= HQ:
+        heads_q = tl.arange(0, HQ)
+        heads_k = tl.arange(0, HK)
+        mask_q = (heads_q < n_q)[:, None]
+        mask_k = (heads_k < n_k)[:, None]
+        offs_q = base_q + heads_q[:, None] * HEAD_DIM + pairs[None, :]
+        offs_k = base_k + heads_k[:, None] * HEAD_DIM + pairs[None, :]
+        q_a = tl.load(Q + offs_q, mask=mask_q, other=0.0).to(cos.dtype)
+        k_a = tl.load(K + offs_k, mask=mask_k, other=0.0).to(cos.dtype)
+        q_b = tl.load(Q + offs_q + HALF, mask=mask_q, other=0.0).to(cos.dtype)
+        k_b = tl.load(K + offs_k + HALF, mask=mask_k, other=0.0).to(cos.dtype)
+        out_ty = OQ.dtype.element_ty
+        tl.store(OQ + offs_q, (q_a * cos - q_b * sin).to(out_ty), mask=mask_q)
+        tl.store(OQ + offs_q + HALF, (q_b * cos + q_a * sin).to(out_ty), mask=mask_q)
+        tl.store(OK + offs_k, (k_a * cos - k_b * sin).to(out_ty), mask=mask_k)
+        tl.store(OK + offs_k + HALF, (k_b * cos + k_a * sin).to(out_ty), mask=mask_k)
+    else:
+        for c in tl.static_range(HQ // CHUNK):
+            _rotate_rows(Q, OQ, base_q, base_q, c * CHUNK + tl.arange(0, CHUNK), n_q, cos, sin, HALF, HEAD_DIM)
+        for c in tl.static_range(max(HK // CHUNK, 1)):
+            _rotate_rows(K, OK, base_k, base_k, c * CHUNK + tl.arange(0, min(CHUNK, HK)), n_k, cos, sin, HALF,
+                         HEAD_DIM)
+
+
+RUNGS = {
+    # name: (table, fp32 math, in place, runtime head counts, warps, scalar base, heads per pass)
+    # Liger's contract: per-token bf16 rows, bf16 arithmetic, in place
+    "A0 liger-like": (False, False, True, False, 4, False, 32),
+    "A1 + scalar base": (False, False, True, False, 4, True, 32),
+    "A2 + scalar base, 16 heads a pass": (False, False, True, False, 4, True, 16),
+    "A3 + scalar base, 8 heads a pass": (False, False, True, False, 4, True, 8),
+    "A4 scalar base, 16 heads a pass, 2 warps": (False, False, True, False, 2, True, 16),
+    # ropekit's contract: float32 table by position, fp32 arithmetic, out of place
+    "B0 table, fp32, out of place": (True, True, False, False, 4, False, 32),
+    "B1 + scalar base": (True, True, False, False, 4, True, 32),
+    "B2 + scalar base, 16 heads a pass": (True, True, False, False, 4, True, 16),
+    "B3 + scalar base, 8 heads a pass": (True, True, False, False, 4, True, 8),
+    "B4 scalar base, 16 heads a pass, 2 warps": (True, True, False, False, 2, True, 16),
+    "B5 scalar base, 8 heads a pass, 2 warps": (True, True, False, False, 2, True, 8),
+    "B6 16 heads a pass": (True, True, False, False, 4, False, 16),
+    "B7 B2 with runtime head counts": (True, True, False, True, 4, True, 16),
+}
+
+V4_CONFIGS = {
+    "v4 default": None,
+    "v4 1 token x 8 heads, 2 warps": LaunchConfig(1, 8, 2),
+    "v4 2 tokens x 8 heads, 4 warps": LaunchConfig(2, 8, 4),
+}
+
+
+def main():
+    case = select_cases(names=["small-prefill"])[0]
+    tables = make_tables(case, "cuda")
+    data = make_data(case, "cuda", 3)
+    n_tokens = case.batch * case.seqlen
+    expected = [expected_output(case, tables, x) for x in (data.q, data.k)]
+    half = case.head_dim // 2
+    # Liger's inputs: per-token full-width rows in the model dtype, positions 0..S-1 (the offset is 0 here)
+    rows_cos = torch.cat((tables.cos_half[:n_tokens],) * 2, -1).to(case.dtype).contiguous()
+    rows_sin = torch.cat((tables.sin_half[:n_tokens],) * 2, -1).to(case.dtype).contiguous()
+    fns, errors = {}, {}
+
+    for name, (table, fp32_math, inplace, runtime_heads, warps, scalar_base, chunk) in RUNGS.items():
+        q, k = data.q.clone(), data.k.clone()
+        out_q, out_k = (q, k) if inplace else (torch.empty_like(q), torch.empty_like(k))
+        cos, sin = (tables.cos_half, tables.sin_half) if table else (rows_cos, rows_sin)
+        args = (q, k, out_q, out_k, cos, sin, q.stride(1), k.stride(1), cos.stride(0), 0, case.heads_q, case.heads_k)
+        kw = dict(HQ=triton.next_power_of_2(case.heads_q), HK=triton.next_power_of_2(case.heads_k), HALF=half,
+                  HEAD_DIM=case.head_dim, TABLE=table, FP32_MATH=fp32_math, RUNTIME_HEADS=runtime_heads,
+                  SCALAR_BASE=scalar_base, CHUNK=chunk, num_warps=warps)
+        ladder_kernel[(n_tokens,)](*args, **kw)  # check once (in place: on a fresh copy)
+        torch.cuda.synchronize()
+        errors[name] = check_outputs(case, (out_q, out_k), expected)[0]
+        fns[name] = lambda args=args, kw=kw: ladder_kernel[(n_tokens,)](*args, **kw)
+
+    spec = api.resolve_positions(batch=case.batch, seqlen=case.seqlen, positions=tables.offsets)
+    for name, config in V4_CONFIGS.items():
+        out_q, out_k = torch.empty_like(data.q), torch.empty_like(data.k)
+        fn = lambda out_q=out_q, out_k=out_k, config=config: v4.rope_v4(  # noqa: E731
+            data.q, data.k, tables.cos_half, tables.sin_half, out_q=out_q, out_k=out_k, positions=spec,
+            rotary_dim=case.rotary, config=config)
+        fn()
+        torch.cuda.synchronize()
+        errors[name] = check_outputs(case, (out_q, out_k), expected)[0]
+        fns[name] = fn
+    try:  # Liger's own kernel on this probe's buffers (its inputs, in place): separates code from buffers
+        from liger_kernel.ops.rope import _triton_rope
+        q, k = data.q.clone(), data.k.clone()
+        args = (q, q.stride(1), k, k.stride(1), rows_cos, rows_cos.stride(0), rows_sin, rows_sin.stride(0),
+                case.seqlen, case.batch, 1, case.heads_q, case.heads_k, case.head_dim,
+                triton.next_power_of_2(case.heads_q), triton.next_power_of_2(case.heads_k), case.head_dim,
+                case.head_dim, case.head_dim)
+        kw = dict(BLOCK_SIZE=triton.next_power_of_2(case.heads_q), BACKWARD_PASS=False)
+        _triton_rope[(n_tokens,)](*args, **kw)
+        torch.cuda.synchronize()
+        errors["liger kernel, this probe's buffers"] = check_outputs(case, (q, k), expected)[0]
+        fns["liger kernel, this probe's buffers"] = lambda args=args, kw=kw: _triton_rope[(n_tokens,)](*args, **kw)
+    except ImportError as error:
+        print("no Liger kernel:", error)
+    make, _ = builders(case, {"liger", "ropekit"})
+    for name in ("liger", "ropekit"):
+        if name in make:
+            fns[name] = make[name](5).fn
+
+    samples = {name: [] for name in fns}
+    for _ in range(5):  # interleaved rounds: drift over the run hits every row alike
+        for name, fn in fns.items():
+            samples[name].append(graph_calls_us([fn], 128))
+    rows = {name: statistics.median(values) for name, values in samples.items()}
+    liger = rows.get("liger")
+    for name, us in rows.items():
+        ratio = f"{us / liger:6.3f}x liger" if liger else ""
+        error = f"  error {errors[name]:.2e}" if name in errors else ""
+        spread = f"[{min(samples[name]):.2f}-{max(samples[name]):.2f}]"
+        print(f"{name:45s} {us:6.2f} us {spread:13s} {ratio}{error}", flush=True)
+    with open(os.path.join(OUT, "small_prefill_ladder.json"), "w") as f:
+        json.dump({"gpu": torch.cuda.get_device_name(), "median_us": rows, "samples_us": samples,
+                   "errors": errors}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
