@@ -4,9 +4,11 @@ without a GPU. No timing is asserted anywhere: on the CPU the clock is a fake th
 """
 
 import contextlib
+import gc
 import json
 import math
 import time
+import weakref
 
 import pytest
 import torch
@@ -282,11 +284,14 @@ class FakeClock:
     def capture(self, fns, estimate_us):
         self._run(fns)
         self.captured += 1
-        return (estimate_us, len(fns))
+        # a real graph replays these calls' kernels on their buffers later: they must outlive the capture
+        return (estimate_us, len(fns), [weakref.ref(fn) for fn in fns])
 
     def replay_rounds(self, graphs):
         self.replayed.append(len(graphs))
-        return [(estimate_us * 0.9, 0.01, calls) for estimate_us, calls in graphs]
+        gc.collect()
+        assert all(ref() is not None for _, _, refs in graphs for ref in refs), "a captured call was freed"
+        return [(estimate_us * 0.9, 0.01, calls) for estimate_us, calls, _ in graphs]
 
     def eager_us(self, fns, estimate_us):
         self._run(fns)

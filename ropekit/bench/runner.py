@@ -298,7 +298,7 @@ class Runner:
             if prepared.graph_safe and self.graphs_enabled:
                 try:
                     captured = self.timer.capture(fns, self._device_estimate_us(case, prepared.inplace, do_bench_us))
-                    pending.append((row, captured, [data, prepared, keep_alive]))
+                    pending.append((row, captured, [data, prepared, fns, keep_alive]))  # all the graph reads
                 except Exception as error:  # noqa: BLE001
                     row["graph_error"] = f"{type(error).__name__}: {error}"[:300]
                     self._after_graph_failure()
