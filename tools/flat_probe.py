@@ -6,7 +6,11 @@ Without ``--ab``: the flat path's block sizes and warps. With ``--ab``: the laun
 path, forward and conjugate (the backward). (run26 ran this sweep on a standalone copy of the kernel, before it
 became v4's FLAT switch.)
 
-    python tools/flat_probe.py [--cases fp32,llama3-8b-prefill] [--rounds 5] [--ab]
+``--ballast GB`` first allocates (and writes) that much other device memory: the harness holds every
+implementation's buffer sets of a case at once (its graphs are replayed together), and v4's fp32 tile read 47.0 µs
+alone but 47.5-47.8 µs with the others' buffers alive, where torch.compile stayed at 46.9 (run34).
+
+    python tools/flat_probe.py [--cases fp32,llama3-8b-prefill] [--rounds 5] [--ab] [--ballast 8]
 """
 
 from __future__ import annotations
@@ -34,10 +38,12 @@ def main():
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--ab", action="store_true", help="v4's tile against v4's flat path (and their conjugates) "
                         "instead of the flat path's block sizes")
+    parser.add_argument("--ballast", type=float, default=0.0, help="GB of other device memory held meanwhile")
     args = parser.parse_args()
+    ballast = [torch.ones(1 << 28, dtype=torch.float32, device="cuda") for _ in range(int(args.ballast))]  # 1 GB each
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     ceiling = GpuTimer(Settings()).copy_ceiling()["gbps"]  # the harness's ceiling (run26 used a 4-call graph: wrong)
-    print(f"{torch.cuda.get_device_name()} ceiling {ceiling:.0f} GB/s", flush=True)
+    print(f"{torch.cuda.get_device_name()} ceiling {ceiling:.0f} GB/s, {len(ballast)} GB of ballast", flush=True)
     impls = {i.name: i for i in make_impls(".peers")}
     for case in select_cases(names=args.cases.split(",")):
         n_sets = dram_sets(case, l2, 4.0)

@@ -42,23 +42,44 @@ def _rotate_rows(X, OUT, base_in, base_out, heads, n_heads, cos, sin, HALF: tl.c
 
 
 @triton.jit
+def _rotate_two(X, OUT, base_x, heads_x, n_x, Y, OUT_Y, base_y, heads_y, n_y, cos, sin, HALF: tl.constexpr,
+                HEAD_DIM: tl.constexpr):
+    mask_x = (heads_x < n_x)[:, None]
+    mask_y = (heads_y < n_y)[:, None]
+    offs_x = base_x + heads_x[:, None] * HEAD_DIM + tl.arange(0, HALF)[None, :]
+    offs_y = base_y + heads_y[:, None] * HEAD_DIM + tl.arange(0, HALF)[None, :]
+    x_a = tl.load(X + offs_x, mask=mask_x, other=0.0).to(cos.dtype)
+    x_b = tl.load(X + offs_x + HALF, mask=mask_x, other=0.0).to(cos.dtype)
+    y_a = tl.load(Y + offs_y, mask=mask_y, other=0.0).to(cos.dtype)
+    y_b = tl.load(Y + offs_y + HALF, mask=mask_y, other=0.0).to(cos.dtype)
+    out_ty = OUT.dtype.element_ty
+    tl.store(OUT + offs_x, (x_a * cos - x_b * sin).to(out_ty), mask=mask_x)
+    tl.store(OUT + offs_x + HALF, (x_b * cos + x_a * sin).to(out_ty), mask=mask_x)
+    tl.store(OUT_Y + offs_y, (y_a * cos - y_b * sin).to(out_ty), mask=mask_y)
+    tl.store(OUT_Y + offs_y + HALF, (y_b * cos + y_a * sin).to(out_ty), mask=mask_y)
+
+
+@triton.jit
 def ladder_kernel(Q, K, OQ, OK, COS, SIN, stride_q_token, stride_k_token, stride_cos_token, position_offset,
                   n_heads_q, n_heads_k,
                   HQ: tl.constexpr, HK: tl.constexpr, HALF: tl.constexpr, HEAD_DIM: tl.constexpr,
                   TABLE: tl.constexpr, FP32_MATH: tl.constexpr, RUNTIME_HEADS: tl.constexpr,
-                  SCALAR_BASE: tl.constexpr, CHUNK: tl.constexpr):
+                  SCALAR_BASE: tl.constexpr, CHUNK: tl.constexpr, K_WITH_LAST: tl.constexpr = False,
+                  SEQ_DIVISION: tl.constexpr = False, seqlen=1):
     """One program per token, every head of q then of k. SCALAR_BASE: the token's row start is added to the
     pointers once, in int64 (Liger's addressing), instead of to every element's offset. CHUNK: heads per pass
     (each pass loads, rotates and stores before the next loads; CHUNK >= HQ: one pass over all of q, k's loads
-    issued with q's)."""
+    issued with q's). K_WITH_LAST: k's loads are issued with q's last pass. SEQ_DIVISION: the cos/sin row is
+    ``token % seqlen`` (a runtime integer division before the first load, as in a flat (batch x seq) grid)."""
     token = tl.program_id(0)
     pairs = tl.arange(0, HALF)
+    s_local = token % seqlen if SEQ_DIVISION else token
     if TABLE:
-        # float32 half-width table row at position token + offset (v4's tables)
-        row = (token + position_offset) * stride_cos_token
+        # float32 half-width table row at position s + offset (v4's tables)
+        row = (s_local + position_offset) * stride_cos_token
     else:
         # per-token full-width rows in the model dtype (Liger's inputs): the first half holds every angle
-        row = token * stride_cos_token
+        row = s_local * stride_cos_token
     cos = tl.load(COS + row + pairs)
     sin = tl.load(SIN + row + pairs)
     if FP32_MATH:
@@ -94,6 +115,12 @@ def ladder_kernel(Q, K, OQ, OK, COS, SIN, stride_q_token, stride_k_token, stride
         tl.store(OQ + offs_q + HALF, (q_b * cos + q_a * sin).to(out_ty), mask=mask_q)
         tl.store(OK + offs_k, (k_a * cos - k_b * sin).to(out_ty), mask=mask_k)
         tl.store(OK + offs_k + HALF, (k_b * cos + k_a * sin).to(out_ty), mask=mask_k)
+    elif K_WITH_LAST:
+        for c in tl.static_range(HQ // CHUNK - 1):
+            _rotate_rows(Q, OQ, base_q, base_q, c * CHUNK + tl.arange(0, CHUNK), n_q, cos, sin, HALF, HEAD_DIM)
+        # the last pass of q and all of k together (HK <= CHUNK here)
+        _rotate_two(Q, OQ, base_q, HQ - CHUNK + tl.arange(0, CHUNK), n_q, K, OK, base_k, tl.arange(0, HK), n_k,
+                    cos, sin, HALF, HEAD_DIM)
     else:
         for c in tl.static_range(HQ // CHUNK):
             _rotate_rows(Q, OQ, base_q, base_q, c * CHUNK + tl.arange(0, CHUNK), n_q, cos, sin, HALF, HEAD_DIM)
@@ -103,22 +130,21 @@ def ladder_kernel(Q, K, OQ, OK, COS, SIN, stride_q_token, stride_k_token, stride
 
 
 RUNGS = {
-    # name: (table, fp32 math, in place, runtime head counts, warps, scalar base, heads per pass)
+    # name: (table, fp32 math, in place, runtime head counts, warps, scalar base, heads per pass, k with q's last
+    # pass, cos/sin row through token % seqlen)
     # Liger's contract: per-token bf16 rows, bf16 arithmetic, in place
-    "A0 liger-like": (False, False, True, False, 4, False, 32),
-    "A1 + scalar base": (False, False, True, False, 4, True, 32),
-    "A2 + scalar base, 16 heads a pass": (False, False, True, False, 4, True, 16),
-    "A3 + scalar base, 8 heads a pass": (False, False, True, False, 4, True, 8),
-    "A4 scalar base, 16 heads a pass, 2 warps": (False, False, True, False, 2, True, 16),
+    "A0 liger-like": (False, False, True, False, 4, False, 32, False, False),
+    "A2 scalar base, 16 heads a pass": (False, False, True, False, 4, True, 16, False, False),
+    "A5 A2, k with q's last pass": (False, False, True, False, 4, True, 16, True, False),
+    "A6 A2, row = token % seqlen": (False, False, True, False, 4, True, 16, False, True),
+    "A7 A2, both": (False, False, True, False, 4, True, 16, True, True),
     # ropekit's contract: float32 table by position, fp32 arithmetic, out of place
-    "B0 table, fp32, out of place": (True, True, False, False, 4, False, 32),
-    "B1 + scalar base": (True, True, False, False, 4, True, 32),
-    "B2 + scalar base, 16 heads a pass": (True, True, False, False, 4, True, 16),
-    "B3 + scalar base, 8 heads a pass": (True, True, False, False, 4, True, 8),
-    "B4 scalar base, 16 heads a pass, 2 warps": (True, True, False, False, 2, True, 16),
-    "B5 scalar base, 8 heads a pass, 2 warps": (True, True, False, False, 2, True, 8),
-    "B6 16 heads a pass": (True, True, False, False, 4, False, 16),
-    "B7 B2 with runtime head counts": (True, True, False, True, 4, True, 16),
+    "B0 table, fp32, out of place": (True, True, False, False, 4, False, 32, False, False),
+    "B2 + scalar base, 16 heads a pass": (True, True, False, False, 4, True, 16, False, False),
+    "B5 B2, k with q's last pass": (True, True, False, False, 4, True, 16, True, False),
+    "B6 B2, row = token % seqlen": (True, True, False, False, 4, True, 16, False, True),
+    "B7 B2, both": (True, True, False, False, 4, True, 16, True, True),
+    "B8 B2 in place, both": (True, True, True, False, 4, True, 16, True, True),
 }
 
 V4_CONFIGS = {
@@ -140,14 +166,16 @@ def main():
     rows_sin = torch.cat((tables.sin_half[:n_tokens],) * 2, -1).to(case.dtype).contiguous()
     fns, errors = {}, {}
 
-    for name, (table, fp32_math, inplace, runtime_heads, warps, scalar_base, chunk) in RUNGS.items():
+    for name, (table, fp32_math, inplace, runtime_heads, warps, scalar_base, chunk, k_with_last,
+               seq_division) in RUNGS.items():
         q, k = data.q.clone(), data.k.clone()
         out_q, out_k = (q, k) if inplace else (torch.empty_like(q), torch.empty_like(k))
         cos, sin = (tables.cos_half, tables.sin_half) if table else (rows_cos, rows_sin)
         args = (q, k, out_q, out_k, cos, sin, q.stride(1), k.stride(1), cos.stride(0), 0, case.heads_q, case.heads_k)
         kw = dict(HQ=triton.next_power_of_2(case.heads_q), HK=triton.next_power_of_2(case.heads_k), HALF=half,
                   HEAD_DIM=case.head_dim, TABLE=table, FP32_MATH=fp32_math, RUNTIME_HEADS=runtime_heads,
-                  SCALAR_BASE=scalar_base, CHUNK=chunk, num_warps=warps)
+                  SCALAR_BASE=scalar_base, CHUNK=chunk, K_WITH_LAST=k_with_last, SEQ_DIVISION=seq_division,
+                  seqlen=case.seqlen, num_warps=warps)
         ladder_kernel[(n_tokens,)](*args, **kw)  # check once (in place: on a fresh copy)
         torch.cuda.synchronize()
         errors[name] = check_outputs(case, (out_q, out_k), expected)[0]
