@@ -31,32 +31,39 @@ OUT = os.environ.get("OUT", ".")
 
 
 @triton.jit
-def _rotate_rows(X, OUT, base_in, base_out, heads, n_heads, cos, sin, HALF: tl.constexpr, HEAD_DIM: tl.constexpr):
-    mask = (heads < n_heads)[:, None]
-    offs = heads[:, None] * HEAD_DIM + tl.arange(0, HALF)[None, :]
-    x_a = tl.load(X + base_in + offs, mask=mask, other=0.0).to(cos.dtype)
-    x_b = tl.load(X + base_in + offs + HALF, mask=mask, other=0.0).to(cos.dtype)
-    out_ty = OUT.dtype.element_ty
-    tl.store(OUT + base_out + offs, (x_a * cos - x_b * sin).to(out_ty), mask=mask)
-    tl.store(OUT + base_out + offs + HALF, (x_b * cos + x_a * sin).to(out_ty), mask=mask)
+def _block(base, heads, n_heads, HALF: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """Offsets of the first halves of a block of head vectors of one token, and which heads exist."""
+    return base + heads[:, None] * HEAD_DIM + tl.arange(0, HALF)[None, :], (heads < n_heads)[:, None]
 
 
 @triton.jit
-def _rotate_two(X, OUT, base_x, heads_x, n_x, Y, OUT_Y, base_y, heads_y, n_y, cos, sin, HALF: tl.constexpr,
-                HEAD_DIM: tl.constexpr):
-    mask_x = (heads_x < n_x)[:, None]
-    mask_y = (heads_y < n_y)[:, None]
-    offs_x = base_x + heads_x[:, None] * HEAD_DIM + tl.arange(0, HALF)[None, :]
-    offs_y = base_y + heads_y[:, None] * HEAD_DIM + tl.arange(0, HALF)[None, :]
-    x_a = tl.load(X + offs_x, mask=mask_x, other=0.0).to(cos.dtype)
-    x_b = tl.load(X + offs_x + HALF, mask=mask_x, other=0.0).to(cos.dtype)
-    y_a = tl.load(Y + offs_y, mask=mask_y, other=0.0).to(cos.dtype)
-    y_b = tl.load(Y + offs_y + HALF, mask=mask_y, other=0.0).to(cos.dtype)
+def _rotate_store(OUT, offs, mask, x_a, x_b, cos, sin, HALF: tl.constexpr):
     out_ty = OUT.dtype.element_ty
-    tl.store(OUT + offs_x, (x_a * cos - x_b * sin).to(out_ty), mask=mask_x)
-    tl.store(OUT + offs_x + HALF, (x_b * cos + x_a * sin).to(out_ty), mask=mask_x)
-    tl.store(OUT_Y + offs_y, (y_a * cos - y_b * sin).to(out_ty), mask=mask_y)
-    tl.store(OUT_Y + offs_y + HALF, (y_b * cos + y_a * sin).to(out_ty), mask=mask_y)
+    tl.store(OUT + offs, (x_a * cos - x_b * sin).to(out_ty), mask=mask)
+    tl.store(OUT + offs + HALF, (x_b * cos + x_a * sin).to(out_ty), mask=mask)
+
+
+@triton.jit
+def _rotate_rows(X, OUT, base, heads, n_heads, cos, sin, HALF: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """One pass over a block of heads: load, rotate, store (OUT may be X: in place)."""
+    offs, mask = _block(base, heads, n_heads, HALF, HEAD_DIM)
+    x_a = tl.load(X + offs, mask=mask, other=0.0).to(cos.dtype)
+    x_b = tl.load(X + offs + HALF, mask=mask, other=0.0).to(cos.dtype)
+    _rotate_store(OUT, offs, mask, x_a, x_b, cos, sin, HALF)
+
+
+@triton.jit
+def _rotate_two(X, OUT_X, base_x, heads_x, n_x, Y, OUT_Y, base_y, heads_y, n_y, cos, sin, HALF: tl.constexpr,
+                HEAD_DIM: tl.constexpr):
+    """One pass over a block of q's heads and one of k's, the four loads issued before any store."""
+    offs_x, mask_x = _block(base_x, heads_x, n_x, HALF, HEAD_DIM)
+    offs_y, mask_y = _block(base_y, heads_y, n_y, HALF, HEAD_DIM)
+    x_a = tl.load(X + offs_x, mask=mask_x, other=0.0).to(cos.dtype)
+    y_a = tl.load(Y + offs_y, mask=mask_y, other=0.0).to(cos.dtype)
+    x_b = tl.load(X + offs_x + HALF, mask=mask_x, other=0.0).to(cos.dtype)
+    y_b = tl.load(Y + offs_y + HALF, mask=mask_y, other=0.0).to(cos.dtype)
+    _rotate_store(OUT_X, offs_x, mask_x, x_a, x_b, cos, sin, HALF)
+    _rotate_store(OUT_Y, offs_y, mask_y, y_a, y_b, cos, sin, HALF)
 
 
 @triton.jit
@@ -69,7 +76,8 @@ def ladder_kernel(Q, K, OQ, OK, COS, SIN, stride_q_token, stride_k_token, stride
     """One program per token, every head of q then of k. SCALAR_BASE: the token's row start is added to the
     pointers once, in int64 (Liger's addressing), instead of to every element's offset. CHUNK: heads per pass
     (each pass loads, rotates and stores before the next loads; CHUNK >= HQ: one pass over all of q, k's loads
-    issued with q's). K_WITH_LAST: k's loads are issued with q's last pass. SEQ_DIVISION: the cos/sin row is
+    issued with q's). K_WITH_LAST: k's loads are issued with q's last pass. (run33's three ladders ran an earlier
+    copy of this file in which K_WITH_LAST's pass issued q's two loads before k's; the all-at-once order is kept.) SEQ_DIVISION: the cos/sin row is
     ``token % seqlen`` (a runtime integer division before the first load, as in a flat (batch x seq) grid)."""
     token = tl.program_id(0)
     pairs = tl.arange(0, HALF)
@@ -100,32 +108,19 @@ def ladder_kernel(Q, K, OQ, OK, COS, SIN, stride_q_token, stride_k_token, stride
         base_q = token * stride_q_token
         base_k = token * stride_k_token
     if CHUNK >= HQ:
-        heads_q = tl.arange(0, HQ)
-        heads_k = tl.arange(0, HK)
-        mask_q = (heads_q < n_q)[:, None]
-        mask_k = (heads_k < n_k)[:, None]
-        offs_q = base_q + heads_q[:, None] * HEAD_DIM + pairs[None, :]
-        offs_k = base_k + heads_k[:, None] * HEAD_DIM + pairs[None, :]
-        q_a = tl.load(Q + offs_q, mask=mask_q, other=0.0).to(cos.dtype)
-        k_a = tl.load(K + offs_k, mask=mask_k, other=0.0).to(cos.dtype)
-        q_b = tl.load(Q + offs_q + HALF, mask=mask_q, other=0.0).to(cos.dtype)
-        k_b = tl.load(K + offs_k + HALF, mask=mask_k, other=0.0).to(cos.dtype)
-        out_ty = OQ.dtype.element_ty
-        tl.store(OQ + offs_q, (q_a * cos - q_b * sin).to(out_ty), mask=mask_q)
-        tl.store(OQ + offs_q + HALF, (q_b * cos + q_a * sin).to(out_ty), mask=mask_q)
-        tl.store(OK + offs_k, (k_a * cos - k_b * sin).to(out_ty), mask=mask_k)
-        tl.store(OK + offs_k + HALF, (k_b * cos + k_a * sin).to(out_ty), mask=mask_k)
+        _rotate_two(Q, OQ, base_q, tl.arange(0, HQ), n_q, K, OK, base_k, tl.arange(0, HK), n_k, cos, sin, HALF,
+                    HEAD_DIM)
     elif K_WITH_LAST:
         for c in tl.static_range(HQ // CHUNK - 1):
-            _rotate_rows(Q, OQ, base_q, base_q, c * CHUNK + tl.arange(0, CHUNK), n_q, cos, sin, HALF, HEAD_DIM)
+            _rotate_rows(Q, OQ, base_q, c * CHUNK + tl.arange(0, CHUNK), n_q, cos, sin, HALF, HEAD_DIM)
         # the last pass of q and all of k together (HK <= CHUNK here)
         _rotate_two(Q, OQ, base_q, HQ - CHUNK + tl.arange(0, CHUNK), n_q, K, OK, base_k, tl.arange(0, HK), n_k,
                     cos, sin, HALF, HEAD_DIM)
     else:
         for c in tl.static_range(HQ // CHUNK):
-            _rotate_rows(Q, OQ, base_q, base_q, c * CHUNK + tl.arange(0, CHUNK), n_q, cos, sin, HALF, HEAD_DIM)
+            _rotate_rows(Q, OQ, base_q, c * CHUNK + tl.arange(0, CHUNK), n_q, cos, sin, HALF, HEAD_DIM)
         for c in tl.static_range(max(HK // CHUNK, 1)):
-            _rotate_rows(K, OK, base_k, base_k, c * CHUNK + tl.arange(0, min(CHUNK, HK)), n_k, cos, sin, HALF,
+            _rotate_rows(K, OK, base_k, c * CHUNK + tl.arange(0, min(CHUNK, HK)), n_k, cos, sin, HALF,
                          HEAD_DIM)
 
 
