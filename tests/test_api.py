@@ -98,12 +98,13 @@ V4_CONFIGS = [
     LaunchConfig(1, 1, 1, evict_first=True),
     LaunchConfig(2, 1, 32, fused_qk=True, evict_first=True),
     LaunchConfig(1, 1, 4, flat=64, flat_warps=4),  # the flat path where the tensors allow it, else this tile
+    LaunchConfig(1, 1, 4, flat=32, flat_warps=1, flat_paired=True),  # q and k in one program where shapes match
 ]
 
 
 @pytest.mark.parametrize("config", V4_CONFIGS, ids=lambda c: f"s{c.block_s}h{c.block_h}w{c.num_warps}"
                          + ("-fused" if c.fused_qk else "") + ("-evict" if c.evict_first else "")
-                         + (f"-flat{c.flat}" if c.flat else ""))
+                         + (f"-flat{c.flat}" if c.flat else "") + ("-paired" if c.flat_paired else ""))
 @pytest.mark.parametrize("case", CASES[:6], ids=[c[0] for c in CASES[:6]])
 def test_every_v4_tile_shape_matches_reference(case, config, monkeypatch):
     monkeypatch.setattr(v4, "launch_config", lambda *args: config)
@@ -131,14 +132,17 @@ def test_every_v4_tile_shape_matches_reference(case, config, monkeypatch):
 
 
 FLAT = LaunchConfig(1, 1, 4, flat=64, flat_warps=4)
+FLAT_PAIRED = FLAT._replace(flat_paired=True)
 
 
+@pytest.mark.parametrize("paired", [False, True], ids=["q-then-k", "paired"])
 @pytest.mark.parametrize("kind", ["none", "int", "offsets", "ids", "ids1d"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
-def test_v4_flat_path_matches_reference(kind, dtype):
-    # The flat path (blocks of elements over contiguous q then k, partner element loaded separately): every
-    # position form, the conjugate, k absent / MQA / GQA, and element counts that do not fill the last block
-    # (2 x 5 tokens x 3 heads x 16 = 480 elements in blocks of 64).
+def test_v4_flat_path_matches_reference(kind, dtype, paired):
+    # The flat path (blocks of elements over contiguous q then k, or of both at once, partner element loaded
+    # separately): every position form, the conjugate, k absent / MQA / MHA, and element counts that do not fill
+    # the last block (2 x 5 tokens x 3 heads x 16 = 480 elements in blocks of 64). Paired blocks need k of q's
+    # shape; MQA then takes blocks of q, then of k.
     interleaved = False
     from ropekit.positions import resolve_positions
 
@@ -152,9 +156,13 @@ def test_v4_flat_path_matches_reference(kind, dtype):
         out_q = torch.full_like(q, float("nan"))
         out_k = torch.full_like(k, float("nan")) if k is not None else None
         kw = dict(out_q=out_q, out_k=out_k, positions=spec, rotary_dim=head_dim, interleaved=interleaved,
-                  conjugate=conjugate, config=FLAT)
+                  conjugate=conjugate, config=FLAT_PAIRED if paired else FLAT)
         plan = v4.plan_v4(q, k, cos, sin, **kw)
         assert plan.constexprs["FLAT"] == 64 and plan.grid[1:] == (1, 1)
+        pairs = paired and heads_k != 1
+        assert plan.constexprs["FLAT_PAIRED"] == pairs
+        q_blocks = -(-q.numel() // 64)
+        assert plan.grid[0] == q_blocks + (0 if pairs or k is None else -(-k.numel() // 64))
         v4.rope_v4(q, k, cos, sin, **kw)
         for x, out in ((q, out_q), (k, out_k)):
             if x is not None:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call = one stage of this script, so GPU work is batched (device time is scarce).
-#   bash tools/gpu_run.sh smoke|tune|cuda|bench|stress|probe|gputests   (each stage below; docs/gpu.md has the table)
+#   bash tools/gpu_run.sh smoke|tune|cuda|bench|stress|probe|gputests|paired   (each stage below; docs/gpu.md has the table)
 # Everything it produces goes under $OUT (logs, JSON, PNG).
 set -u
 OUT=${OUT:-/tmp/out}
@@ -47,6 +47,20 @@ case "$stage" in
   gputests)
     timeout 540 python3 -m pytest -q -p no:cacheprovider -o addopts="" tests/test_api.py tests/test_examples.py \
       tests/test_reliability.py tests/test_triton_ladder.py 2>&1 | tee "$OUT/pytest_gpu.txt" | tail -15
+    ;;
+  paired)
+    # the paired flat path: correctness on the GPU, a probe of its block sizes, then the fp32 case in the harness
+    # with the launch table as it is and with the probe's best paired candidate for fp32 prefills
+    timeout 120 python3 -m pytest -q -p no:cacheprovider -o addopts="" tests/test_api.py -k "flat or every_v4_tile" \
+      2>&1 | tee "$OUT/pytest_flat.txt" | tail -3
+    timeout 300 python3 tools/flat_probe.py --paired --cases fp32,mha-fp16 --rounds 5 --ballast ${BALLAST:-8} \
+      --json "$OUT/paired.json" 2>&1 | tee "$OUT/paired.txt"
+    for run in table paired table2 paired2; do
+      case $run in table*) wrap="-m ropekit bench" ;; *) wrap="tools/bench_table_override.py --element-size 4 \
+        --best-of $OUT/paired.json --case fp32 -- " ;; esac
+      timeout 150 python3 $wrap --cases fp32 --peers .peers --out "$OUT/bench_$run" 2>&1 \
+        | tee "$OUT/bench_$run.txt" | grep -E "graph clock|override"
+    done
     ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac

@@ -195,31 +195,12 @@ def _rotate_store(X, OUT, x_a, x_b, cos_a, sin_a, cos_b, sin_b, row_in, row_out,
 
 
 @triton.jit
-def _flat_program(Q, K, OUT_Q, OUT_K, COS, SIN, POSITIONS, n_tokens, seqlen, n_heads_q, n_heads_k, n_q_blocks,
-                  table_len, position_offset, stride_cos_s, stride_cos_d, stride_pos_b, stride_pos_s,
-                  HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr, POS_MODE: tl.constexpr, CONJUGATE: tl.constexpr,
-                  EVICT: tl.constexpr, INDEX_DTYPE: tl.constexpr):
-    """The flat path: a program takes BLOCK consecutive elements of q (the first ``n_q_blocks`` programs) or of k,
-    contiguous (batch, seq, heads, head_dim) tensors rotated over the whole head with NeoX pairs.
-
-    Element e becomes ``x[e] cos -/+ x[partner] sin``; its partner (e +- HEAD_DIM/2) lies in a line the same
-    program loads, so the second load is served by the cache. This is the shape of the element-wise kernel
-    torch.compile generates for the eager formula: one stream per program, no tile of heads. (GPT-J's partner,
-    e +- 1, would turn both the partner and the cos/sin loads into per-element gathers: 139 µs against 115 for the
-    tile on the Llama shape, run30; GPT-J keeps the tile.)
-    """
-    pid = tl.program_id(0)
-    is_q = pid < n_q_blocks
-    if is_q:
-        X = Q
-        OUT = OUT_Q
-    else:
-        X = K
-        OUT = OUT_K
-    n_heads = tl.where(is_q, n_heads_q, n_heads_k).to(INDEX_DTYPE)
-    first_element = tl.where(is_q, pid, pid - n_q_blocks).to(INDEX_DTYPE) * BLOCK
-    e = first_element + tl.arange(0, BLOCK).to(INDEX_DTYPE)
-    mask = e < n_tokens.to(INDEX_DTYPE) * n_heads * HEAD_DIM
+def _flat_angles(COS, SIN, POSITIONS, e, mask, n_heads, seqlen, table_len, position_offset, stride_cos_s,
+                 stride_cos_d, stride_pos_b, stride_pos_s, HEAD_DIM: tl.constexpr, POS_MODE: tl.constexpr,
+                 CONJUGATE: tl.constexpr):
+    """For elements ``e`` of a contiguous (batch, seq, n_heads, HEAD_DIM) tensor rotated with NeoX pairs: the offset
+    of each element's partner (e +- HEAD_DIM/2), its cos, and the signed sin that multiplies the partner
+    (``out[e] = x[e] cos + sin_signed x[partner]``)."""
     channel = e % HEAD_DIM
     token = e // (n_heads * HEAD_DIM)
     first = channel < HEAD_DIM // 2
@@ -242,12 +223,61 @@ def _flat_program(Q, K, OUT_Q, OUT_K, COS, SIN, POSITIONS, n_tokens, seqlen, n_h
     sin = tl.load(SIN + offs, mask=cs_mask, other=float("nan"), eviction_policy="evict_last")
     if CONJUGATE:
         sin = -sin
-    x = tl.load(X + e, mask=mask, other=0.0, eviction_policy=EVICT).to(tl.float32)
-    # no cache hint on the partner: the compiler may issue this load first, and a hint would then set the policy of
-    # the whole line (evict_last on every q/k line cost Llama's conjugate 1.2%, run28)
-    x_partner = tl.load(X + partner, mask=mask, other=0.0).to(tl.float32)
-    out = x * cos + tl.where(first, -sin, sin) * x_partner
-    tl.store(OUT + e, out.to(OUT.dtype.element_ty), mask=mask, eviction_policy=EVICT)
+    return partner, cos, tl.where(first, -sin, sin)
+
+
+@triton.jit
+def _flat_program(Q, K, OUT_Q, OUT_K, COS, SIN, POSITIONS, n_tokens, seqlen, n_heads_q, n_heads_k, n_q_blocks,
+                  table_len, position_offset, stride_cos_s, stride_cos_d, stride_pos_b, stride_pos_s,
+                  HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr, PAIRED: tl.constexpr, HAS_K: tl.constexpr,
+                  POS_MODE: tl.constexpr, CONJUGATE: tl.constexpr, EVICT: tl.constexpr, INDEX_DTYPE: tl.constexpr):
+    """The flat path over contiguous (batch, seq, heads, head_dim) tensors rotated over the whole head with NeoX
+    pairs: a program takes BLOCK consecutive elements of q (the first ``n_q_blocks`` programs) or of k, or with
+    PAIRED (q and k of the same shape) the same BLOCK elements of both, all four loads issued before either store.
+
+    Element e becomes ``x[e] cos -/+ x[partner] sin``; its partner (e +- HEAD_DIM/2) lies in a line the same
+    program loads, so the second load is served by the cache. This is the shape of the element-wise kernel
+    torch.compile generates for the eager formula (PAIRED: the one it generates when q and k have the same shape):
+    no tile of heads. (GPT-J's partner, e +- 1, would turn both the partner and the cos/sin loads into per-element
+    gathers: 139 µs against 115 for the tile on the Llama shape, run30; GPT-J keeps the tile.)
+    """
+    pid = tl.program_id(0)
+    if PAIRED:
+        e = pid.to(INDEX_DTYPE) * BLOCK + tl.arange(0, BLOCK).to(INDEX_DTYPE)
+        mask = e < n_tokens.to(INDEX_DTYPE) * n_heads_q * HEAD_DIM
+        partner, cos, sin = _flat_angles(COS, SIN, POSITIONS, e, mask, n_heads_q, seqlen, table_len,
+                                         position_offset, stride_cos_s, stride_cos_d, stride_pos_b, stride_pos_s,
+                                         HEAD_DIM, POS_MODE, CONJUGATE)
+        q = tl.load(Q + e, mask=mask, other=0.0, eviction_policy=EVICT).to(tl.float32)
+        q_partner = tl.load(Q + partner, mask=mask, other=0.0).to(tl.float32)
+        if HAS_K:
+            k = tl.load(K + e, mask=mask, other=0.0, eviction_policy=EVICT).to(tl.float32)
+            k_partner = tl.load(K + partner, mask=mask, other=0.0).to(tl.float32)
+        tl.store(OUT_Q + e, (q * cos + sin * q_partner).to(OUT_Q.dtype.element_ty), mask=mask,
+                 eviction_policy=EVICT)
+        if HAS_K:
+            tl.store(OUT_K + e, (k * cos + sin * k_partner).to(OUT_K.dtype.element_ty), mask=mask,
+                     eviction_policy=EVICT)
+    else:
+        is_q = pid < n_q_blocks
+        if is_q:
+            X = Q
+            OUT = OUT_Q
+        else:
+            X = K
+            OUT = OUT_K
+        n_heads = tl.where(is_q, n_heads_q, n_heads_k).to(INDEX_DTYPE)
+        first_element = tl.where(is_q, pid, pid - n_q_blocks).to(INDEX_DTYPE) * BLOCK
+        e = first_element + tl.arange(0, BLOCK).to(INDEX_DTYPE)
+        mask = e < n_tokens.to(INDEX_DTYPE) * n_heads * HEAD_DIM
+        partner, cos, sin = _flat_angles(COS, SIN, POSITIONS, e, mask, n_heads, seqlen, table_len,
+                                         position_offset, stride_cos_s, stride_cos_d, stride_pos_b, stride_pos_s,
+                                         HEAD_DIM, POS_MODE, CONJUGATE)
+        x = tl.load(X + e, mask=mask, other=0.0, eviction_policy=EVICT).to(tl.float32)
+        # no cache hint on the partner: the compiler may issue this load first, and a hint would then set the policy
+        # of the whole line (evict_last on every q/k line cost Llama's conjugate 1.2%, run28)
+        x_partner = tl.load(X + partner, mask=mask, other=0.0).to(tl.float32)
+        tl.store(OUT + e, (x * cos + sin * x_partner).to(OUT.dtype.element_ty), mask=mask, eviction_policy=EVICT)
 
 
 @triton.jit
@@ -266,20 +296,21 @@ def rope_v4_kernel(
     INTERLEAVED: tl.constexpr, CONJUGATE: tl.constexpr, POS_MODE: tl.constexpr, IS_VARLEN: tl.constexpr,
     COS_PER_TOKEN: tl.constexpr, COPY_TAIL: tl.constexpr, HAS_K: tl.constexpr, MATH_DTYPE: tl.constexpr,
     EAGER_ROUNDING: tl.constexpr, FUSED_QK: tl.constexpr, EVICT: tl.constexpr, INDEX_DTYPE: tl.constexpr,
-    FLAT: tl.constexpr,
+    FLAT: tl.constexpr, FLAT_PAIRED: tl.constexpr,
 ):
     """Grid: (token blocks, head blocks of q then of k, batch or sequence).
 
     With FUSED_QK the head axis has a single program: it takes every head of q (a BLOCK_H tile) and of k (a
     BLOCK_HK tile) for its tokens, issues all their loads first, and fetches cos/sin once for both.
     Otherwise a program takes BLOCK_H heads of q or of k. With FLAT (a block of elements, not a tile: see
-    ``_flat_program``) the grid is one axis of FLAT-element blocks of q, then of k.
+    ``_flat_program``) the grid is one axis of FLAT-element blocks of q, then of k, or with FLAT_PAIRED of q and k
+    together.
     """
     if FLAT:
         # FLAT elements a program over contiguous q then k (plan_v4 decides when the tensors allow it)
         _flat_program(Q, K, OUT_Q, OUT_K, COS, SIN, POSITIONS, n_tokens, seqlen, n_heads_q, n_heads_k,
                       n_head_blocks_q, table_len, position_offset, stride_cos_s, stride_cos_d, stride_pos_b,
-                      stride_pos_s, HEAD_DIM, FLAT, POS_MODE, CONJUGATE, EVICT, INDEX_DTYPE)
+                      stride_pos_s, HEAD_DIM, FLAT, FLAT_PAIRED, HAS_K, POS_MODE, CONJUGATE, EVICT, INDEX_DTYPE)
         return
     pid_s = tl.program_id(0)
     pid_h = tl.program_id(1)
@@ -351,6 +382,8 @@ class LaunchConfig(NamedTuple):
     # over the whole head with table positions (0: tiles always), and its warps
     flat: int = 0
     flat_warps: int = 8
+    # the flat path takes the same block of q and of k in one program (when they have the same shape)
+    flat_paired: bool = False
 
 
 def _next_pow2(n: int) -> int:
@@ -568,10 +601,12 @@ def plan_v4(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: tor
     flat = config.flat if _flat_applies(q, k, out_q, out_k, positions, rotary_dim, interleaved, cos_per_token,
                                         eager_rounding) else 0
     block_h = config.block_h
+    paired = bool(flat) and config.flat_paired and (k is None or k.shape == q.shape)
     if flat:
-        # one grid axis: the flat path's blocks of q, then of k (n_head_blocks_q tells the kernel where k begins)
+        # one grid axis: the flat path's blocks of q, then of k (n_head_blocks_q tells the kernel where k begins),
+        # or blocks of q and k together
         n_head_blocks_q = _cdiv(n_tokens * n_heads_q * head_dim, flat)
-        grid = (n_head_blocks_q + _cdiv(n_tokens * n_heads_k * head_dim, flat), 1, 1)
+        grid = (n_head_blocks_q + (0 if paired else _cdiv(n_tokens * n_heads_k * head_dim, flat)), 1, 1)
     else:
         if config.fused_qk:
             # the q and k tiles cover every head: one program per token block
@@ -618,14 +653,15 @@ def plan_v4(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: tor
         INTERLEAVED=interleaved, CONJUGATE=conjugate, POS_MODE=positions.mode, IS_VARLEN=positions.is_varlen,
         COS_PER_TOKEN=cos_per_token, COPY_TAIL=copy_tail and rotary_dim < head_dim, HAS_K=k is not None,
         MATH_DTYPE=_MATH_DTYPE.get(q.dtype, tl.float32), EAGER_ROUNDING=eager_rounding,
-        FUSED_QK=config.fused_qk, EVICT="evict_first" if config.evict_first else "", FLAT=flat,
+        FUSED_QK=config.fused_qk, EVICT="evict_first" if config.evict_first else "", FLAT=flat, FLAT_PAIRED=paired,
         # 32-bit address arithmetic is fewer instructions; int64 as soon as any tensor's storage could overflow it
         INDEX_DTYPE=tl.int32 if _fits_int32(q.shape, q.stride(), k_args.shape, k_args.stride(), out_q.shape,
                                             out_q.stride(), out_k_args.shape, out_k_args.stride())
         and (not flat or max(q.numel(), k_args.numel()) + flat < 2**31) else tl.int64,  # flat: a block's last lane
     )
     if flat:
-        log.debug("ropekit triton v4: flat path, %d elements a program, %d warps", flat, config.flat_warps)
+        log.debug("ropekit triton v4: flat path, %d elements a program%s, %d warps", flat,
+                  " of q and of k" if paired else "", config.flat_warps)
     dtypes = tuple(p.dtype for p in V4Launch.pointers(q, k, out_q, out_k, cos, sin, pos_tensor, positions.cu_seqlens))
     return V4Launch(grid, ints, constexprs, config.flat_warps if flat else config.num_warps, dtypes)
 
