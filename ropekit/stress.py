@@ -1160,6 +1160,8 @@ def sanitize_configs() -> list[Config]:
           12, 0, 0, (4, 9), 2, 2, span=20),
         C(F(layout="bshd", view="packed", dtype="bf16", head_dim=128, rotary_dim=64, positions="offsets",
             heads="gqa", inplace=True), 13, 3, 11, (), 8, 2, span=30),  # q, k, v heads of one fused buffer
+        C(F(layout="bshd", dtype="fp32", head_dim=80, rotary_dim=80, positions="ids", backward="full"),
+          14, 3, 7, (), 3, 3, span=40),  # q and k of one shape: the paired flat path, forward and conjugate
     ]
 
 
@@ -1184,7 +1186,9 @@ def _ladder_launchers() -> list:
 
 _SANITIZE_V4_TILES = (None, LaunchConfig(2, 1, 16, fused_qk=True, evict_first=True),
                       LaunchConfig(2, 1, 32, fused_qk=True, evict_first=True),
-                      LaunchConfig(2, 1, 16, fused_qk=True, evict_first=True, flat=2048, flat_warps=8))
+                      LaunchConfig(2, 1, 16, fused_qk=True, evict_first=True, flat=2048, flat_warps=8),
+                      LaunchConfig(2, 1, 16, fused_qk=True, evict_first=True, flat=512, flat_warps=8,
+                                   flat_paired=True, flat_streaming=False))
 
 
 @contextlib.contextmanager

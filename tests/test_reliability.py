@@ -181,10 +181,12 @@ def test_sanitize_driver_runs_every_kernel_cleanly(capsys):
     for kernel in ("triton v1", "triton v2", "triton v3", "out-of-table"):
         assert any(line.startswith("ok") and kernel in line for line in lines), kernel
     # every configuration once with v4's own tile and once with each launch of large prefills forced: the fused
-    # tiles at 16 and 32 warps, and the flat path (where a configuration allows it, else that tile)
+    # tiles at 16 and 32 warps, and the flat path, q then k and paired (where a configuration allows it, else that
+    # tile)
     n_configs = len(stress.sanitize_configs())
     n_tiles = len(stress._SANITIZE_V4_TILES)
-    assert n_tiles == 4 and stress._SANITIZE_V4_TILES[-1].flat
+    assert n_tiles == 5 and all(tile.flat for tile in stress._SANITIZE_V4_TILES[-2:])
+    assert [tile.flat_paired for tile in stress._SANITIZE_V4_TILES[-2:]] == [False, True]
     assert sum(line.startswith("ok    triton ") and "seed=" in line for line in lines) == n_tiles * n_configs
     for tile in stress._SANITIZE_V4_TILES[1:]:
         assert tile.fused_qk and tile.num_warps in (16, 32)

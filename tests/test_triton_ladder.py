@@ -271,7 +271,7 @@ def test_v3_gpu_table_shrinks_tiles_to_fill_the_gpu(monkeypatch):
     assert fallback == V3Config(8, 4, 4)
 
 
-def test_v4_gpu_table_for_prefills_flat_path_in_16_bit_and_a_bounded_share_of_the_tile_per_thread(monkeypatch):
+def test_v4_gpu_table_for_prefills_flat_path_paired_in_fp32_and_a_bounded_share_of_the_tile_per_thread(monkeypatch):
     # The GPU table, exercised on any machine (outside the interpreter): two tokens x every head per program; 32
     # warps once a thread would hold more than 48 bytes at 16 (measured: docs/gpu-runs/run12, run22).
     from ropekit.triton import v4
@@ -287,8 +287,11 @@ def test_v4_gpu_table_for_prefills_flat_path_in_16_bit_and_a_bounded_share_of_th
         v4.launch_config.cache_clear()
     assert all(c.fused_qk and c.block_s == 2 and c.evict_first for c in (llama, mha, fp32, fp16_same_heads))
     assert (llama.num_warps, mha.num_warps, fp32.num_warps, fp16_same_heads.num_warps) == (16, 32, 32, 16)
-    # 16-bit prefills take the flat path where the tensors allow it; fp32 keeps the tile (run29)
-    assert (llama.flat, mha.flat, fp16_same_heads.flat, fp32.flat) == (2048, 2048, 2048, 0)
+    # prefills take the flat path where the tensors allow it: 16-bit q then k in blocks of 2048 with the streaming
+    # hint (run29), fp32 q and k together in blocks of 512 without it (run38); the tiles keep their hint
+    assert (llama.flat, mha.flat, fp16_same_heads.flat, fp32.flat) == (2048, 2048, 2048, 512)
+    assert [c.flat_paired for c in (llama, mha, fp16_same_heads, fp32)] == [False, False, False, True]
+    assert [c.flat_streaming for c in (llama, mha, fp16_same_heads, fp32)] == [True, True, True, False]
 
 
 def test_the_ladder_is_importable_from_ropekit():

@@ -32,7 +32,7 @@ def best_of(probe_json: str, case: str) -> dict:
                if _LABEL.match(label) and label + " conj" in medians)
     block, warps, hint = _LABEL.match(best[1]).groups()
     print(f"bench_table_override: best paired candidate on {case}: {best[1]} ({best[0] / 2:.2f} µs a direction)")
-    return dict(flat=int(block), flat_warps=int(warps), flat_paired=True, evict_first=bool(hint))
+    return dict(flat=int(block), flat_warps=int(warps), flat_paired=True, flat_streaming=bool(hint))
 
 
 def parse_set(text: str) -> dict:

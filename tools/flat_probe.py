@@ -19,6 +19,7 @@ alone but 47.5-47.8 µs with the others' buffers alive, where torch.compile stay
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import itertools
 import json
@@ -46,6 +47,8 @@ def main():
                         "forward and conjugate, against the tile and the q-then-k flat path")
     parser.add_argument("--ballast", type=float, default=0.0, help="GB of other device memory held meanwhile")
     parser.add_argument("--json", help="also write the medians (µs) per case and candidate to this file")
+    parser.add_argument("--dtype", help="run the cases in this dtype instead (e.g. float32: a GQA shape in fp32, "
+                        "where the paired path falls back to q then k)")
     args = parser.parse_args()
     ballast = [torch.ones(1 << 28, dtype=torch.float32, device="cuda") for _ in range(int(args.ballast))]  # 1 GB each
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
@@ -54,6 +57,8 @@ def main():
     impls = {i.name: i for i in make_impls(".peers")}
     medians = {}
     for case in select_cases(names=args.cases.split(",")):
+        if args.dtype:
+            case = dataclasses.replace(case, name=f"{case.name}-{args.dtype}", dtype=getattr(torch, args.dtype))
         n_sets = dram_sets(case, l2, 4.0)
         tables = make_tables(case, "cuda")
         datas = [make_data(case, "cuda", 300 + i) for i in range(n_sets)]
@@ -68,17 +73,19 @@ def main():
         table = v4.launch_config(case.n_tokens, case.heads_q, case.heads_k, case.head_dim, case.rotary,
                                  element_size=case.element_size)
         if args.paired:
-            configs = {"v4 tile": table._replace(flat=0, flat_paired=False),
-                       "flat 1024/8w": table._replace(flat=1024, flat_warps=8, flat_paired=False),
-                       "flat 2048/8w": table._replace(flat=2048, flat_warps=8, flat_paired=False)}
+            configs = {"v4 tile": table._replace(flat=0),
+                       "flat 1024/8w": table._replace(flat=1024, flat_warps=8, flat_paired=False,
+                                                      flat_streaming=True),
+                       "flat 2048/8w": table._replace(flat=2048, flat_warps=8, flat_paired=False,
+                                                      flat_streaming=True)}
             for (block, warps), hint in itertools.product(((512, 4), (1024, 4), (512, 8), (1024, 8), (2048, 8),
                                                            (2048, 16)), (True, False)):
                 configs[f"paired {block}/{warps}w{' ef' if hint else ''}"] = table._replace(
-                    flat=block, flat_warps=warps, flat_paired=True, evict_first=hint)
+                    flat=block, flat_warps=warps, flat_paired=True, flat_streaming=hint)
         elif args.ab:
             # v4's own two paths for this shape, forward and conjugate (the backward), A/B in the same rounds
-            configs = {"v4 tile": table._replace(flat=0), "v4 flat": table._replace(flat=2048),
-                       "v4 flat, no hint": table._replace(flat=2048, evict_first=False)}
+            configs = {"v4 tile": table._replace(flat=0), "v4 flat": table._replace(flat=2048, flat_streaming=True),
+                       "v4 flat, no hint": table._replace(flat=2048, flat_streaming=False)}
         else:
             configs = {f"flat {block}/{warps}w": table._replace(flat=block, flat_warps=warps)
                        for block, warps in ((512, 4), (1024, 4), (1024, 8), (2048, 8), (4096, 16))}

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call = one stage of this script, so GPU work is batched (device time is scarce).
-#   bash tools/gpu_run.sh smoke|tune|cuda|bench|stress|probe|gputests|paired   (each stage below; docs/gpu.md has the table)
+#   bash tools/gpu_run.sh smoke|tune|cuda|bench|stress|probe|gputests|paired|publish   (each stage below; docs/gpu.md has the table)
 # Everything it produces goes under $OUT (logs, JSON, PNG).
 set -u
 OUT=${OUT:-/tmp/out}
@@ -61,6 +61,19 @@ case "$stage" in
       timeout 150 python3 $wrap --cases fp32 --peers .peers --out "$OUT/bench_$run" 2>&1 \
         | tee "$OUT/bench_$run.txt" | grep -E "graph clock|override"
     done
+    ;;
+  publish)
+    # the published benchmark (main cases) merged into docs/ here, notebooks 05 and 07 re-executed on it (carry
+    # .whl and .shared), then the GQA shape in fp32 (the paired flat path falls back to q then k there)
+    timeout 300 python3 -m ropekit bench --peers .peers --time-budget 260 --out /tmp/bench 2>&1 | tee "$OUT/bench.txt" \
+      | grep -E "graph clock|ceiling|Wrote|wrote"
+    cp /tmp/bench/benchmarks.json "$OUT/benchmarks_run.json"
+    python3 -m ropekit bench --merge docs/benchmarks.json /tmp/bench/benchmarks.json --out docs 2>&1 | tee "$OUT/merge.txt" \
+      | tail -3
+    tar -czf "$OUT/docs.tgz" docs/benchmarks.json docs/benchmarks.md docs/*.png
+    OUT=$OUT bash tools/gpu_notebooks_batch.sh 200 notebooks/05_triton_v4.ipynb notebooks/07_benchmarks.ipynb
+    timeout 120 python3 tools/flat_probe.py --paired --cases llama3-8b-prefill --dtype float32 --rounds 5 \
+      --json "$OUT/gqa_fp32.json" 2>&1 | tee "$OUT/gqa_fp32.txt" | tail -40
     ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac

@@ -17,8 +17,9 @@ New since v3 (tiles of tokens x heads that share cos/sin rows):
   or more (int32 otherwise: fewer instructions), so huge tensors are correct.
 * Positions outside the table are never read (masked loads); such tokens come out as NaN so the error is loud.
 * A **flat path** (``FLAT``) for prefill-sized, contiguous, out-of-place NeoX calls over the whole head: blocks of
-  consecutive elements of q or of k, each element's partner loaded separately (from the cache): the structure of
-  torch.compile's kernel for the eager formula, measured 1% faster than the token tile in fp16/bf16 (run29).
+  consecutive elements of q or of k (``FLAT_PAIRED``: of both), each element's partner loaded separately (from the
+  cache): the structure of torch.compile's kernel for the eager formula, measured 1% faster than the token tile in
+  fp16/bf16 (run29) and 2% in fp32, paired (run38).
 """
 
 from __future__ import annotations
@@ -384,6 +385,8 @@ class LaunchConfig(NamedTuple):
     flat_warps: int = 8
     # the flat path takes the same block of q and of k in one program (when they have the same shape)
     flat_paired: bool = False
+    # the streaming cache hint on the flat path's q/k loads and stores (the tiles follow evict_first)
+    flat_streaming: bool = True
 
 
 def _next_pow2(n: int) -> int:
@@ -403,11 +406,18 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-# The flat path's block for prefill-sized work in 16-bit dtypes: 2048 elements, 8 warps. Measured against the fused
-# tile on the same buffers, forward / conjugate (docs/gpu-runs/run29): Llama-3-8B 113.3 / 113.2 µs against
-# 114.6 / 114.0, MHA fp16 356.9 / 356.4 against 360.4 / 360.3 (torch.compile 360.6). In fp32 it does not win
-# (47.4-47.5 / 47.9-48.2 against 47.6 / 47.5), so fp32 keeps the tile, as GPT-J pairing does (_flat_program).
-_FLAT_BLOCK, _FLAT_WARPS = 2048, 8
+# The flat path for prefill-sized work, by element size (LaunchConfig fields).
+# 16-bit: blocks of 2048 elements of q, then of k, 8 warps, streaming hint. Measured against the fused tile on the
+# same buffers, forward / conjugate (docs/gpu-runs/run29): Llama-3-8B 113.3 / 113.2 µs against 114.6 / 114.0, MHA
+# fp16 356.9 / 356.4 against 360.4 / 360.3 (torch.compile 360.6); pairing q and k changes nothing there (MHA 357.8
+# / 357.8 at 1024 elements and 8 warps, run38).
+# fp32: blocks of 512 elements of q and of k together (paired, where k has q's shape), 8 warps, no hint. In the
+# harness (every implementation's buffers alive, interleaved rounds, docs/gpu-runs/run38-fp32-paired): 46.8 / 46.8
+# µs forward / backward against the tile's 47.8 / 47.8 and torch.compile's 47.5 / 46.8; in the probe beside it
+# 47.3 / 47.3, with the streaming hint 47.5 / 47.5, and 47.3-48.4 for the other paired blocks. Without k of q's
+# shape (GQA) the same block takes q, then k.
+_FLAT_PATH = {2: dict(flat=2048, flat_warps=8),
+              4: dict(flat=512, flat_warps=8, flat_paired=True, flat_streaming=False)}
 
 # Largest fused tile (BLOCK_S tokens x all q and k heads x head_dim, padded) kept in registers: 32 values a thread
 # at 32 warps. Beyond it (very many or very wide heads) a program takes one head block of q or of k.
@@ -420,9 +430,9 @@ def launch_config(n_tokens: int, n_heads_q: int, n_heads_k: int, head_dim: int, 
     """Block sizes, chosen by measurement on the H100 (tools/probe_limits.py, tools/tune_v4.py,
     tools/probe_host_l2.py; docs/gpu-runs/).
 
-    Prefill-sized work (4096 tokens or more) in fp16/bf16 takes the flat path where the call allows it (NeoX,
-    contiguous, out of place; ``flat``: blocks of 2048 consecutive elements, 8 warps; see ``_FLAT_BLOCK``);
-    otherwise (and in fp32) two tokens per program holding every q and k head (``fused_qk``: all loads issued
+    Prefill-sized work (4096 tokens or more) in fp16/bf16/fp32 takes the flat path where the call allows it (NeoX,
+    contiguous, out of place; ``flat``: blocks of consecutive elements, in fp32 of q and k together; see
+    ``_FLAT_PATH``); otherwise two tokens per program holding every q and k head (``fused_qk``: all loads issued
     before any store, cos/sin fetched once per token), streaming cache hint, 16 warps, or 32 when a
     thread would hold more than 48 bytes of the tile at 16 warps: MHA with 64+64 heads of 128 (360.8 µs against
     373.0 at 16 warps and 361.7 for torch.compile, docs/gpu-runs/run12) and fp32 with 32+32 heads of 64 (full
@@ -442,8 +452,7 @@ def launch_config(n_tokens: int, n_heads_q: int, n_heads_k: int, head_dim: int, 
         if 2 * per_token <= _FUSED_TILE_MAX:
             bytes_per_thread_at_16_warps = 2 * per_token * element_size // (16 * 32)
             return LaunchConfig(2, 1, 32 if bytes_per_thread_at_16_warps > 48 else 16, fused_qk=True,
-                                evict_first=True, flat=_FLAT_BLOCK if element_size == 2 else 0,
-                                flat_warps=_FLAT_WARPS)
+                                evict_first=True, **_FLAT_PATH.get(element_size, {}))
         if per_token <= _FUSED_TILE_MAX:
             return LaunchConfig(1, 1, 16, fused_qk=True, evict_first=True)
         return LaunchConfig(16, 1, 8, evict_first=True)
@@ -653,7 +662,8 @@ def plan_v4(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: tor
         INTERLEAVED=interleaved, CONJUGATE=conjugate, POS_MODE=positions.mode, IS_VARLEN=positions.is_varlen,
         COS_PER_TOKEN=cos_per_token, COPY_TAIL=copy_tail and rotary_dim < head_dim, HAS_K=k is not None,
         MATH_DTYPE=_MATH_DTYPE.get(q.dtype, tl.float32), EAGER_ROUNDING=eager_rounding,
-        FUSED_QK=config.fused_qk, EVICT="evict_first" if config.evict_first else "", FLAT=flat, FLAT_PAIRED=paired,
+        FUSED_QK=config.fused_qk, FLAT=flat, FLAT_PAIRED=paired,
+        EVICT="evict_first" if (config.flat_streaming if flat else config.evict_first) else "",
         # 32-bit address arithmetic is fewer instructions; int64 as soon as any tensor's storage could overflow it
         INDEX_DTYPE=tl.int32 if _fits_int32(q.shape, q.stride(), k_args.shape, k_args.stride(), out_q.shape,
                                             out_q.stride(), out_k_args.shape, out_k_args.stride())
