@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call = one stage of this script, so GPU work is batched (device time is scarce).
-#   bash tools/gpu_run.sh smoke|tune|cuda|bench|stress|probe|gputests|paired|publish   (each stage below; docs/gpu.md has the table)
+#   bash tools/gpu_run.sh smoke|tune|cuda|bench|stress|probe|gputests|paired|publish|final   (each stage below; docs/gpu.md has the table)
 # Everything it produces goes under $OUT (logs, JSON, PNG).
 set -u
 OUT=${OUT:-/tmp/out}
@@ -74,6 +74,15 @@ case "$stage" in
     OUT=$OUT bash tools/gpu_notebooks_batch.sh 200 notebooks/05_triton_v4.ipynb notebooks/07_benchmarks.ipynb
     timeout 120 python3 tools/flat_probe.py --paired --cases llama3-8b-prefill --dtype float32 --rounds 5 \
       --json "$OUT/gqa_fp32.json" 2>&1 | tee "$OUT/gqa_fp32.txt" | tail -40
+    ;;
+  final)
+    # notebooks 05 and 07 on the published run (carry .whl and .shared), then the sanitizer; everything in one
+    # archive, $OUT/final.tgz (the device returns only a few files a call)
+    mkdir -p /tmp/final
+    OUT=/tmp/final bash tools/gpu_notebooks_batch.sh 200 notebooks/05_triton_v4.ipynb notebooks/07_benchmarks.ipynb
+    timeout 240 bash tools/sanitize.sh /tmp/final/sanitize 2>&1 \
+      | tee /tmp/final/sanitize.txt | tail -6
+    tar -czf "$OUT/final.tgz" -C /tmp/final .
     ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac

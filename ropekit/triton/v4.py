@@ -406,18 +406,22 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-# The flat path for prefill-sized work, by element size (LaunchConfig fields).
+# The flat path for prefill-sized work, by (element size, whether k has q's shape): LaunchConfig fields.
 # 16-bit: blocks of 2048 elements of q, then of k, 8 warps, streaming hint. Measured against the fused tile on the
 # same buffers, forward / conjugate (docs/gpu-runs/run29): Llama-3-8B 113.3 / 113.2 µs against 114.6 / 114.0, MHA
 # fp16 356.9 / 356.4 against 360.4 / 360.3 (torch.compile 360.6); pairing q and k changes nothing there (MHA 357.8
 # / 357.8 at 1024 elements and 8 warps, run38).
-# fp32: blocks of 512 elements of q and of k together (paired, where k has q's shape), 8 warps, no hint. In the
-# harness (every implementation's buffers alive, interleaved rounds, docs/gpu-runs/run38-fp32-paired): 46.8 / 46.8
-# µs forward / backward against the tile's 47.8 / 47.8 and torch.compile's 47.5 / 46.8; in the probe beside it
-# 47.3 / 47.3, with the streaming hint 47.5 / 47.5, and 47.3-48.4 for the other paired blocks. Without k of q's
-# shape (GQA) the same block takes q, then k.
-_FLAT_PATH = {2: dict(flat=2048, flat_warps=8),
-              4: dict(flat=512, flat_warps=8, flat_paired=True, flat_streaming=False)}
+# fp32 with k of q's shape: blocks of 512 elements of q and of k together (paired), 8 warps, no hint. In the harness
+# (every implementation's buffers alive, interleaved rounds): 46.8 / 46.8 µs forward / backward against the tile's
+# 47.8 / 47.8 and torch.compile's 47.5 / 46.8 (docs/gpu-runs/run38-fp32-paired; the published run39 46.8 / 46.9);
+# in the probe beside it 47.3 / 47.3, with the streaming hint 47.5 / 47.5, and 47.3-48.4 for other paired blocks.
+# fp32 otherwise (GQA, k absent): blocks of 1024 elements of q, then of k. 512 would leave a thread two elements
+# (8-byte accesses) of a single stream: Llama-3-8B's shape in fp32 read 249.4 µs at 512 against 225.7 at 1024
+# (99.1% of the ceiling) and 229.5 for the tile (run39).
+_FLAT_16BIT = dict(flat=2048, flat_warps=8)
+_FLAT_PATH = {(2, True): _FLAT_16BIT, (2, False): _FLAT_16BIT,
+              (4, True): dict(flat=512, flat_warps=8, flat_paired=True, flat_streaming=False),
+              (4, False): dict(flat=1024, flat_warps=8, flat_streaming=False)}
 
 # Largest fused tile (BLOCK_S tokens x all q and k heads x head_dim, padded) kept in registers: 32 values a thread
 # at 32 warps. Beyond it (very many or very wide heads) a program takes one head block of q or of k.
@@ -452,7 +456,7 @@ def launch_config(n_tokens: int, n_heads_q: int, n_heads_k: int, head_dim: int, 
         if 2 * per_token <= _FUSED_TILE_MAX:
             bytes_per_thread_at_16_warps = 2 * per_token * element_size // (16 * 32)
             return LaunchConfig(2, 1, 32 if bytes_per_thread_at_16_warps > 48 else 16, fused_qk=True,
-                                evict_first=True, **_FLAT_PATH.get(element_size, {}))
+                                evict_first=True, **_FLAT_PATH.get((element_size, n_heads_k == n_heads_q), {}))
         if per_token <= _FUSED_TILE_MAX:
             return LaunchConfig(1, 1, 16, fused_qk=True, evict_first=True)
         return LaunchConfig(16, 1, 8, evict_first=True)
