@@ -228,6 +228,16 @@ def _flat_angles(COS, SIN, POSITIONS, e, mask, n_heads, seqlen, table_len, posit
 
 
 @triton.jit
+def _flat_load(X, e, partner, mask, EVICT: tl.constexpr):
+    """Elements ``e`` of X and their partners, in fp32."""
+    x = tl.load(X + e, mask=mask, other=0.0, eviction_policy=EVICT).to(tl.float32)
+    # no cache hint on the partner: the compiler may issue this load first, and a hint would then set the policy of
+    # the whole line (evict_last on every q/k line cost Llama's conjugate 1.2%, run28)
+    x_partner = tl.load(X + partner, mask=mask, other=0.0).to(tl.float32)
+    return x, x_partner
+
+
+@triton.jit
 def _flat_program(Q, K, OUT_Q, OUT_K, COS, SIN, POSITIONS, n_tokens, seqlen, n_heads_q, n_heads_k, n_q_blocks,
                   table_len, position_offset, stride_cos_s, stride_cos_d, stride_pos_b, stride_pos_s,
                   HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr, PAIRED: tl.constexpr, HAS_K: tl.constexpr,
@@ -244,21 +254,10 @@ def _flat_program(Q, K, OUT_Q, OUT_K, COS, SIN, POSITIONS, n_tokens, seqlen, n_h
     """
     pid = tl.program_id(0)
     if PAIRED:
-        e = pid.to(INDEX_DTYPE) * BLOCK + tl.arange(0, BLOCK).to(INDEX_DTYPE)
-        mask = e < n_tokens.to(INDEX_DTYPE) * n_heads_q * HEAD_DIM
-        partner, cos, sin = _flat_angles(COS, SIN, POSITIONS, e, mask, n_heads_q, seqlen, table_len,
-                                         position_offset, stride_cos_s, stride_cos_d, stride_pos_b, stride_pos_s,
-                                         HEAD_DIM, POS_MODE, CONJUGATE)
-        q = tl.load(Q + e, mask=mask, other=0.0, eviction_policy=EVICT).to(tl.float32)
-        q_partner = tl.load(Q + partner, mask=mask, other=0.0).to(tl.float32)
-        if HAS_K:
-            k = tl.load(K + e, mask=mask, other=0.0, eviction_policy=EVICT).to(tl.float32)
-            k_partner = tl.load(K + partner, mask=mask, other=0.0).to(tl.float32)
-        tl.store(OUT_Q + e, (q * cos + sin * q_partner).to(OUT_Q.dtype.element_ty), mask=mask,
-                 eviction_policy=EVICT)
-        if HAS_K:
-            tl.store(OUT_K + e, (k * cos + sin * k_partner).to(OUT_K.dtype.element_ty), mask=mask,
-                     eviction_policy=EVICT)
+        X = Q
+        OUT = OUT_Q
+        block = pid
+        n_heads = n_heads_q
     else:
         is_q = pid < n_q_blocks
         if is_q:
@@ -267,18 +266,20 @@ def _flat_program(Q, K, OUT_Q, OUT_K, COS, SIN, POSITIONS, n_tokens, seqlen, n_h
         else:
             X = K
             OUT = OUT_K
+        block = tl.where(is_q, pid, pid - n_q_blocks)
         n_heads = tl.where(is_q, n_heads_q, n_heads_k).to(INDEX_DTYPE)
-        first_element = tl.where(is_q, pid, pid - n_q_blocks).to(INDEX_DTYPE) * BLOCK
-        e = first_element + tl.arange(0, BLOCK).to(INDEX_DTYPE)
-        mask = e < n_tokens.to(INDEX_DTYPE) * n_heads * HEAD_DIM
-        partner, cos, sin = _flat_angles(COS, SIN, POSITIONS, e, mask, n_heads, seqlen, table_len,
-                                         position_offset, stride_cos_s, stride_cos_d, stride_pos_b, stride_pos_s,
-                                         HEAD_DIM, POS_MODE, CONJUGATE)
-        x = tl.load(X + e, mask=mask, other=0.0, eviction_policy=EVICT).to(tl.float32)
-        # no cache hint on the partner: the compiler may issue this load first, and a hint would then set the policy
-        # of the whole line (evict_last on every q/k line cost Llama's conjugate 1.2%, run28)
-        x_partner = tl.load(X + partner, mask=mask, other=0.0).to(tl.float32)
-        tl.store(OUT + e, (x * cos + sin * x_partner).to(OUT.dtype.element_ty), mask=mask, eviction_policy=EVICT)
+    e = block.to(INDEX_DTYPE) * BLOCK + tl.arange(0, BLOCK).to(INDEX_DTYPE)
+    mask = e < n_tokens.to(INDEX_DTYPE) * n_heads * HEAD_DIM
+    partner, cos, sin = _flat_angles(COS, SIN, POSITIONS, e, mask, n_heads, seqlen, table_len, position_offset,
+                                     stride_cos_s, stride_cos_d, stride_pos_b, stride_pos_s, HEAD_DIM, POS_MODE,
+                                     CONJUGATE)
+    x, x_partner = _flat_load(X, e, partner, mask, EVICT)
+    if PAIRED and HAS_K:
+        k, k_partner = _flat_load(K, e, partner, mask, EVICT)  # issued before either store
+    tl.store(OUT + e, (x * cos + sin * x_partner).to(OUT.dtype.element_ty), mask=mask, eviction_policy=EVICT)
+    if PAIRED and HAS_K:
+        tl.store(OUT_K + e, (k * cos + sin * k_partner).to(OUT_K.dtype.element_ty), mask=mask,
+                 eviction_policy=EVICT)
 
 
 @triton.jit
