@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call = one stage of this script, so GPU work is batched (device time is scarce).
-#   bash tools/gpu_run.sh smoke|tune|cuda|bench|stress|probe|gputests|paired|publish|final   (each stage below; docs/gpu.md has the table)
+#   bash tools/gpu_run.sh smoke|tune|cuda|bench|stress|probe|gputests|paired|publish|final|small   (each stage below; docs/gpu.md has the table)
 # Everything it produces goes under $OUT (logs, JSON, PNG).
 set -u
 OUT=${OUT:-/tmp/out}
@@ -83,6 +83,20 @@ case "$stage" in
     timeout 240 bash tools/sanitize.sh /tmp/final/sanitize 2>&1 \
       | tee /tmp/final/sanitize.txt | tail -6
     tar -czf "$OUT/final.tgz" -C /tmp/final .
+    ;;
+  small)
+    # the small prefill (L2-resident, against Liger): v4 launch configurations in interleaved rounds, then the case in
+    # the harness twice with the launch table and twice with the probe's fastest configuration; one archive
+    mkdir -p /tmp/small
+    OUT=/tmp/small timeout 200 python3 tools/small_prefill_ladder.py --no-rungs --rounds 7 \
+      --configs "${SMALL_CONFIGS:-2x16x8,2x8x8,4x8x8,1x16x4,1x16x8,1x32x8,1x8x4,fused1x8,flat2048x8,flat1024x8,flat1024x4,flat512x4}" 2>&1 | tee /tmp/small/probe.txt
+    for run in table best table2 best2; do
+      case $run in table*) wrap="-m ropekit bench" ;; *) wrap="tools/bench_table_override.py --element-size 2 \
+        --min-tokens 129 --max-tokens 4095 --table-only --best-of /tmp/small/small_prefill_ladder.json -- " ;; esac
+      timeout 150 python3 $wrap --cases small-prefill --peers .peers --out "/tmp/small/bench_$run" 2>&1 \
+        | tee "/tmp/small/bench_$run.txt" | grep -E "override|fastest|graph clock|small-prefill  "
+    done
+    tar -czf "$OUT/small.tgz" -C /tmp/small .
     ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac

@@ -8,10 +8,16 @@ in place, arithmetic in bf16, head counts as constants) and changes one thing pe
 time moves names the cause. The experimental kernel lives here, not in the package: it is a measuring device.
 
     python tools/small_prefill_ladder.py            # on the GPU; prints a table, writes $OUT/small_prefill_ladder.json
+    python tools/small_prefill_ladder.py --no-rungs --configs 2x16x8,flat2048x8   # v4 launch configs only
+
+``--configs`` adds v4 launch configurations: ``SxHxW`` (tokens x heads a program, warps), ``fusedSxW`` (every head
+of q and k for S tokens), ``flatNxW`` (the flat path: N elements a program). The JSON lists each label's
+``LaunchConfig`` fields (``configs``), which ``tools/bench_table_override.py --best-of`` reads.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import statistics
@@ -149,7 +155,28 @@ V4_CONFIGS = {
 }
 
 
+def parse_config(spec: str) -> tuple[str, LaunchConfig]:
+    """``2x16x8`` / ``fused1x8`` / ``flat2048x8`` -> (label, LaunchConfig)."""
+    if spec.startswith("fused"):
+        block_s, warps = map(int, spec[5:].split("x"))
+        return f"v4 fused {block_s} token(s), {warps} warps", LaunchConfig(block_s, 1, warps, fused_qk=True)
+    if spec.startswith("flat"):
+        block, warps = map(int, spec[4:].split("x"))
+        # no streaming hint: the small prefill is L2-resident
+        return f"v4 flat {block}/{warps}w", LaunchConfig(2, 16, 4, flat=block, flat_warps=warps, flat_streaming=False)
+    block_s, block_h, warps = map(int, spec.split("x"))
+    return f"v4 {block_s} token(s) x {block_h} heads, {warps} warps", LaunchConfig(block_s, block_h, warps)
+
+
 def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--no-rungs", action="store_true", help="only v4's launch configs, Liger and ropekit")
+    parser.add_argument("--configs", default="", help="extra v4 launch configs, comma-separated (see above)")
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    v4_configs = dict(V4_CONFIGS)
+    v4_configs.update(parse_config(spec) for spec in args.configs.split(",") if spec)
+    rungs = {} if args.no_rungs else RUNGS
     case = select_cases(names=["small-prefill"])[0]
     tables = make_tables(case, "cuda")
     data = make_data(case, "cuda", 3)
@@ -162,7 +189,7 @@ def main():
     fns, errors = {}, {}
 
     for name, (table, fp32_math, inplace, runtime_heads, warps, scalar_base, chunk, k_with_last,
-               seq_division) in RUNGS.items():
+               seq_division) in rungs.items():
         q, k = data.q.clone(), data.k.clone()
         out_q, out_k = (q, k) if inplace else (torch.empty_like(q), torch.empty_like(k))
         cos, sin = (tables.cos_half, tables.sin_half) if table else (rows_cos, rows_sin)
@@ -177,7 +204,7 @@ def main():
         fns[name] = lambda args=args, kw=kw: ladder_kernel[(n_tokens,)](*args, **kw)
 
     spec = api.resolve_positions(batch=case.batch, seqlen=case.seqlen, positions=tables.offsets)
-    for name, config in V4_CONFIGS.items():
+    for name, config in v4_configs.items():
         out_q, out_k = torch.empty_like(data.q), torch.empty_like(data.k)
         fn = lambda out_q=out_q, out_k=out_k, config=config: v4.rope_v4(  # noqa: E731
             data.q, data.k, tables.cos_half, tables.sin_half, out_q=out_q, out_k=out_k, positions=spec,
@@ -206,7 +233,7 @@ def main():
             fns[name] = make[name](5).fn
 
     samples = {name: [] for name in fns}
-    for _ in range(5):  # interleaved rounds: drift over the run hits every row alike
+    for _ in range(args.rounds):  # interleaved rounds: drift over the run hits every row alike
         for name, fn in fns.items():
             samples[name].append(graph_calls_us([fn], 128))
     rows = {name: statistics.median(values) for name, values in samples.items()}
@@ -218,7 +245,8 @@ def main():
         print(f"{name:45s} {us:6.2f} us {spread:13s} {ratio}{error}", flush=True)
     with open(os.path.join(OUT, "small_prefill_ladder.json"), "w") as f:
         json.dump({"gpu": torch.cuda.get_device_name(), "median_us": rows, "samples_us": samples,
-                   "errors": errors}, f, indent=1)
+                   "errors": errors, "configs": {name: config._asdict() for name, config in v4_configs.items()
+                                                 if config is not None}}, f, indent=1)
 
 
 if __name__ == "__main__":
