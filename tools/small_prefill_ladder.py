@@ -173,10 +173,10 @@ def main():
     parser.add_argument("--no-rungs", action="store_true", help="only v4's launch configs, Liger and ropekit")
     parser.add_argument("--configs", default="", help="extra v4 launch configs, comma-separated (see above)")
     parser.add_argument("--rounds", type=int, default=5)
-    args = parser.parse_args()
+    options = parser.parse_args()
     v4_configs = dict(V4_CONFIGS)
-    v4_configs.update(parse_config(spec) for spec in args.configs.split(",") if spec)
-    rungs = {} if args.no_rungs else RUNGS
+    v4_configs.update(parse_config(spec) for spec in options.configs.split(",") if spec)
+    rungs = {} if options.no_rungs else RUNGS
     case = select_cases(names=["small-prefill"])[0]
     tables = make_tables(case, "cuda")
     data = make_data(case, "cuda", 3)
@@ -233,7 +233,7 @@ def main():
             fns[name] = make[name](5).fn
 
     samples = {name: [] for name in fns}
-    for _ in range(args.rounds):  # interleaved rounds: drift over the run hits every row alike
+    for _ in range(options.rounds):  # interleaved rounds: drift over the run hits every row alike
         for name, fn in fns.items():
             samples[name].append(graph_calls_us([fn], 128))
     rows = {name: statistics.median(values) for name, values in samples.items()}
