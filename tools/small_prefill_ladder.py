@@ -146,6 +146,11 @@ RUNGS = {
     "B6 B2, row = token % seqlen": (True, True, False, False, 4, True, 16, False, True),
     "B7 B2, both": (True, True, False, False, 4, True, 16, True, True),
     "B8 B2 in place, both": (True, True, True, False, 4, True, 16, True, True),
+    # Liger's structure exactly (scalar base, every head in one pass), then ropekit's contract one item at a time
+    "L0 scalar base, every head in one pass": (False, False, True, False, 4, True, 32, False, False),
+    "L1 L0 + fp32 arithmetic": (False, True, True, False, 4, True, 32, False, False),
+    "L2 L1 + float32 table by position": (True, True, True, False, 4, True, 32, False, False),
+    "L3 L2 out of place": (True, True, False, False, 4, True, 32, False, False),
 }
 
 V4_CONFIGS = {
@@ -171,12 +176,14 @@ def parse_config(spec: str) -> tuple[str, LaunchConfig]:
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--no-rungs", action="store_true", help="only v4's launch configs, Liger and ropekit")
+    parser.add_argument("--rungs", default="", help="only the rungs whose names start with these prefixes (A,B,L)")
     parser.add_argument("--configs", default="", help="extra v4 launch configs, comma-separated (see above)")
     parser.add_argument("--rounds", type=int, default=5)
     options = parser.parse_args()
     v4_configs = dict(V4_CONFIGS)
     v4_configs.update(parse_config(spec) for spec in options.configs.split(",") if spec)
-    rungs = {} if options.no_rungs else RUNGS
+    prefixes = tuple(options.rungs.split(",")) if options.rungs else ("",)
+    rungs = {} if options.no_rungs else {name: rung for name, rung in RUNGS.items() if name.startswith(prefixes)}
     case = select_cases(names=["small-prefill"])[0]
     tables = make_tables(case, "cuda")
     data = make_data(case, "cuda", 3)
