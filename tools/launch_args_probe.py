@@ -36,13 +36,17 @@ def _extra_names(n: int) -> list[str]:
 
 
 # one kernel with N_EXTRA extra integer arguments, generated so that the signature is spelled out (Triton's JIT
-# needs named parameters); their xor is folded into the mask so that none is dead code
+# needs named parameters); their xor decides a uniform early exit (never taken) so that none is dead code without
+# touching what the compiler knows of n (its divisibility by 16 is what lets the copy use 16-byte accesses: run44
+# folded the xor into the mask and measured unvectorised copies)
 _SOURCE = f'''
 @triton.jit
 def copy_kernel(X, Y, n, {", ".join(_extra_names(N_EXTRA))}, BLOCK: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     salt = {" ^ ".join(_extra_names(N_EXTRA))}
-    mask = offs < n + (salt == 123456789).to(tl.int32)
+    if salt == 123456789:
+        return
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
     tl.store(Y + offs, tl.load(X + offs, mask=mask), mask=mask)
 '''
 _namespace = {"triton": triton, "tl": tl}

@@ -78,13 +78,18 @@ def ladder_kernel(Q, K, OQ, OK, COS, SIN, stride_q_token, stride_k_token, stride
                   HQ: tl.constexpr, HK: tl.constexpr, HALF: tl.constexpr, HEAD_DIM: tl.constexpr,
                   TABLE: tl.constexpr, FP32_MATH: tl.constexpr, RUNTIME_HEADS: tl.constexpr,
                   SCALAR_BASE: tl.constexpr, CHUNK: tl.constexpr, K_WITH_LAST: tl.constexpr = False,
-                  SEQ_DIVISION: tl.constexpr = False, seqlen=1):
+                  SEQ_DIVISION: tl.constexpr = False, seqlen=1, SAME_POINTERS: tl.constexpr = False):
     """One program per token, every head of q then of k. SCALAR_BASE: the token's row start is added to the
     pointers once, in int64 (Liger's addressing), instead of to every element's offset. CHUNK: heads per pass
     (each pass loads, rotates and stores before the next loads; CHUNK >= HQ: one pass over all of q, k's loads
     issued with q's). K_WITH_LAST: k's loads are issued with q's last pass. (run33's three ladders ran an earlier
     copy of this file in which K_WITH_LAST's pass issued q's two loads before k's; the all-at-once order is kept.) SEQ_DIVISION: the cos/sin row is
-    ``token % seqlen`` (a runtime integer division before the first load, as in a flat (batch x seq) grid)."""
+    ``token % seqlen`` (a runtime integer division before the first load, as in a flat (batch x seq) grid).
+    SAME_POINTERS (in place): stores go through the load pointers Q and K, as in Liger's kernel, so that the
+    compiler can prove which loads a store does not alias (OQ/OK are ignored)."""
+    if SAME_POINTERS:
+        OQ = Q
+        OK = K
     token = tl.program_id(0)
     pairs = tl.arange(0, HALF)
     s_local = token % seqlen if SEQ_DIVISION else token
@@ -151,6 +156,8 @@ RUNGS = {
     "L1 L0 + fp32 arithmetic": (False, True, True, False, 4, True, 32, False, False),
     "L2 L1 + float32 table by position": (True, True, True, False, 4, True, 32, False, False),
     "L3 L2 out of place": (True, True, False, False, 4, True, 32, False, False),
+    "L0s L0, stores through the load pointers": (False, False, True, False, 4, True, 32, False, False, True),
+    "L1s L1, stores through the load pointers": (False, True, True, False, 4, True, 32, False, False, True),
 }
 
 V4_CONFIGS = {
@@ -195,8 +202,8 @@ def main():
     rows_sin = torch.cat((tables.sin_half[:n_tokens],) * 2, -1).to(case.dtype).contiguous()
     fns, errors = {}, {}
 
-    for name, (table, fp32_math, inplace, runtime_heads, warps, scalar_base, chunk, k_with_last,
-               seq_division) in rungs.items():
+    for name, (table, fp32_math, inplace, runtime_heads, warps, scalar_base, chunk, k_with_last, seq_division,
+               *same_pointers) in rungs.items():
         q, k = data.q.clone(), data.k.clone()
         out_q, out_k = (q, k) if inplace else (torch.empty_like(q), torch.empty_like(k))
         cos, sin = (tables.cos_half, tables.sin_half) if table else (rows_cos, rows_sin)
@@ -204,7 +211,7 @@ def main():
         kw = dict(HQ=triton.next_power_of_2(case.heads_q), HK=triton.next_power_of_2(case.heads_k), HALF=half,
                   HEAD_DIM=case.head_dim, TABLE=table, FP32_MATH=fp32_math, RUNTIME_HEADS=runtime_heads,
                   SCALAR_BASE=scalar_base, CHUNK=chunk, K_WITH_LAST=k_with_last, SEQ_DIVISION=seq_division,
-                  seqlen=case.seqlen, num_warps=warps)
+                  seqlen=case.seqlen, SAME_POINTERS=bool(same_pointers and same_pointers[0]), num_warps=warps)
         ladder_kernel[(n_tokens,)](*args, **kw)  # check once (in place: on a fresh copy)
         torch.cuda.synchronize()
         errors[name] = check_outputs(case, (out_q, out_k), expected)[0]
