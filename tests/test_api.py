@@ -196,6 +196,41 @@ def test_v4_flat_path_only_where_it_applies():
     assert torch.isfinite(out[:, :2]).all() and torch.isnan(out[:, 2:]).all()
 
 
+def test_v4_passes_no_argument_it_does_not_read():
+    # Graph replay pays for every byte of kernel arguments (run45): contiguous q/k/outputs pass their 16 strides as
+    # 1 (Triton makes 1 a constant: not passed) and the kernel derives them (DENSE); so do unused position and
+    # table strides, and absent position tensors are None. A strided view still passes its real strides.
+    from ropekit.positions import resolve_positions
+
+    cos, sin = table(64, 16)
+    offsets = torch.tensor([3, 9], device=DEVICE)
+    q = torch.randn(2, 5, 4, 16, device=DEVICE)
+    k = torch.randn(2, 5, 2, 16, device=DEVICE)
+
+    def plan_of(x, kx, positions, **kw):
+        spec = resolve_positions(batch=2, seqlen=5, positions=positions)
+        return v4.plan_v4(x, kx, cos, sin, out_q=torch.empty_like(x), out_k=torch.empty_like(kx), positions=spec,
+                          rotary_dim=16, **kw)
+
+    def ints_of(plan):
+        return (*plan.ints_head, None, *plan.ints_tail)  # None: the position offset
+    for positions in (None, offsets):
+        plan = plan_of(q, k, positions)
+        ints = ints_of(plan)
+        assert plan.constexprs["DENSE"]
+        assert ints[6:22] == (1,) * 16  # q, k, out_q, out_k strides
+        assert ints[22] == 1 and ints[-3:] == (1, 1, 1)  # table batch stride, position strides, n_tokens
+        pointers = v4.V4Launch.pointers(q, k, q, k, cos, sin, None if positions is None else offsets, None)
+        assert pointers[-1] is None and (pointers[-2] is None) == (positions is None)
+    strided = torch.randn(2, 5, 6, 16, device=DEVICE)[:, :, :4]
+    plan = plan_of(strided, k, None)
+    assert not plan.constexprs["DENSE"] and ints_of(plan)[6:10] == strided.stride()
+    out = torch.empty_like(strided)
+    spec = resolve_positions(batch=2, seqlen=5, positions=offsets)
+    v4.rope_v4(strided, None, cos, sin, out_q=out, out_k=None, positions=spec, rotary_dim=16)
+    assert_close_to_reference(out, ref.rope(strided, (offsets[:, None] + torch.arange(5, device=DEVICE))))
+
+
 def test_noncontiguous_views_and_k_none():
     q = make("bshd", 2, 4, 3, 32, torch.float32, noncontiguous=True)
     assert not q.is_contiguous()

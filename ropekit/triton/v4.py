@@ -140,6 +140,14 @@ def _tile_rows(batch_index, token_rows, token_mask, first_head, n_heads, stride_
 
 
 @triton.jit
+def _dense_strides(n_heads, seqlen, HEAD_DIM: tl.constexpr, INDEX_DTYPE: tl.constexpr):
+    """(batch, seq, head) strides of a contiguous (batch, seq, n_heads, HEAD_DIM) tensor; the batch stride in
+    INDEX_DTYPE, since one sequence may span 2**31 elements."""
+    per_token = n_heads * HEAD_DIM
+    return tl.cast(per_token, INDEX_DTYPE) * seqlen, per_token, HEAD_DIM
+
+
+@triton.jit
 def _load_pairs(X, row_in, row_mask, stride_d, ROTARY_DIM: tl.constexpr, BLOCK_S: tl.constexpr,
                 BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr, INTERLEAVED: tl.constexpr,
                 MATH_DTYPE: tl.constexpr, EVICT: tl.constexpr):
@@ -298,7 +306,7 @@ def rope_v4_kernel(
     INTERLEAVED: tl.constexpr, CONJUGATE: tl.constexpr, POS_MODE: tl.constexpr, IS_VARLEN: tl.constexpr,
     COS_PER_TOKEN: tl.constexpr, COPY_TAIL: tl.constexpr, HAS_K: tl.constexpr, MATH_DTYPE: tl.constexpr,
     EAGER_ROUNDING: tl.constexpr, FUSED_QK: tl.constexpr, EVICT: tl.constexpr, INDEX_DTYPE: tl.constexpr,
-    FLAT: tl.constexpr, FLAT_PAIRED: tl.constexpr,
+    FLAT: tl.constexpr, FLAT_PAIRED: tl.constexpr, DENSE: tl.constexpr,
 ):
     """Grid: (token blocks, head blocks of q then of k, batch or sequence).
 
@@ -307,6 +315,11 @@ def rope_v4_kernel(
     Otherwise a program takes BLOCK_H heads of q or of k. With FLAT (a block of elements, not a tile: see
     ``_flat_program``) the grid is one axis of FLAT-element blocks of q, then of k, or with FLAT_PAIRED of q and k
     together.
+
+    Arguments a launch does not read arrive as 1 (integers) or None (pointers), which Triton turns into constants:
+    the strides of DENSE tensors, the position strides without positions, and so on (``plan_v4``). In CUDA-graph
+    replay every byte of kernel arguments costs time: 64 bytes more read 0.11 µs more on an L2-resident copy of
+    the small prefill's bytes (docs/gpu-runs/run45).
     """
     if FLAT:
         # FLAT elements a program over contiguous q then k (plan_v4 decides when the tensors allow it)
@@ -314,6 +327,13 @@ def rope_v4_kernel(
                       n_head_blocks_q, table_len, position_offset, stride_cos_s, stride_cos_d, stride_pos_b,
                       stride_pos_s, HEAD_DIM, FLAT, FLAT_PAIRED, HAS_K, POS_MODE, CONJUGATE, EVICT, INDEX_DTYPE)
         return
+    if DENSE:
+        # contiguous q, k and outputs: their strides follow from the shapes, and plan_v4 passes 1 for each stride
+        # argument so that Triton drops it from the launch (a CUDA-graph replay pays for every byte of arguments)
+        stride_qb, stride_qs, stride_qh = _dense_strides(n_heads_q, seqlen, HEAD_DIM, INDEX_DTYPE)
+        stride_kb, stride_ks, stride_kh = _dense_strides(n_heads_k, seqlen, HEAD_DIM, INDEX_DTYPE)
+        stride_oqb, stride_oqs, stride_oqh = stride_qb, stride_qs, stride_qh
+        stride_okb, stride_oks, stride_okh = stride_kb, stride_ks, stride_kh
     pid_s = tl.program_id(0)
     pid_h = tl.program_id(1)
     pid_b = tl.program_id(2)
@@ -506,7 +526,7 @@ def _launch(grid, pointers, ints, constexprs, num_warps, static_key):
         return
     aligned = 0  # bit i: pointer i is 16-byte aligned (Triton specialises on it)
     for pointer in pointers:
-        aligned = (aligned << 1) | (pointer.data_ptr() % 16 == 0)
+        aligned = (aligned << 1) | (pointer is not None and pointer.data_ptr() % 16 == 0)
     key = (static_key, _int_class(ints[_OFFSET_ARG]), aligned)
     entry = _direct_launchers.get(key)
     if entry is None:
@@ -556,9 +576,10 @@ class V4Launch:
 
     @staticmethod
     def pointers(q, k, out_q, out_k, cos, sin, positions, cu_seqlens) -> tuple:
-        """The kernel's eight pointer arguments; an absent tensor is stood in for by one that exists."""
-        return (q, k if k is not None else q, out_q, out_k if out_k is not None else out_q, cos, sin,
-                positions if positions is not None else cos, cu_seqlens if cu_seqlens is not None else cos)
+        """The kernel's eight pointer arguments; an absent k is stood in for by q (the kernel's HAS_K skips it),
+        absent positions and cu_seqlens are None (constants to Triton: not passed)."""
+        return (q, k if k is not None else q, out_q, out_k if out_k is not None else out_q, cos, sin, positions,
+                cu_seqlens)
 
     def __call__(self, q, k, out_q, out_k, cos, sin, positions, cu_seqlens, position_offset: int) -> None:
         """q/k/out/cos/sin/positions/cu_seqlens: the tensors the plan was made for, or any with the same shapes,
@@ -634,18 +655,20 @@ def plan_v4(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: tor
     if n_batch > 65535:
         # sequences sit on the grid's third axis, which CUDA caps at 65535
         raise ValueError(f"v4 handles at most 65535 sequences per launch (grid axis 2), got {n_batch}")
+    # Integer arguments a launch does not read are passed as 1, which Triton specialises into a constant (1 is not
+    # passed at all), and absent tensors as None: graph replay pays for every byte of arguments (see the kernel).
     if cos_per_token:
         cos_strides = (0 if positions.is_varlen else cos.stride(0), cos.stride(1), cos.stride(2))
-        table_len = 0
+        table_len = 1  # not read
     else:
-        cos_strides = (0, cos.stride(0), cos.stride(1))
+        cos_strides = (1, cos.stride(0), cos.stride(1))  # a table has no batch axis
         table_len = cos.shape[0]
     pos_tensor = positions.tensor
     if pos_tensor is None:
-        pos_strides = (0, 0)
+        pos_strides = (1, 1)
     elif pos_tensor.ndim == 1:
         # per-sequence offsets (batch,) are indexed by sequence, varlen position ids (tokens,) by packed token
-        pos_strides = (0, pos_tensor.stride(0)) if positions.mode == POSITION_IDS else (pos_tensor.stride(0), 0)
+        pos_strides = (0, pos_tensor.stride(0)) if positions.mode == POSITION_IDS else (pos_tensor.stride(0), 1)
     else:
         pos_strides = (pos_tensor.stride(0), pos_tensor.stride(1))
     k_args = k if k is not None else q
@@ -656,9 +679,11 @@ def plan_v4(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: tor
                   config.block_s, block_h, config.num_warps, config.fused_qk, tuple(q.shape),
                   None if k is None else tuple(k.shape), q.dtype, rotary_dim, interleaved, conjugate, positions.mode,
                   positions.is_varlen, cos_per_token)
+    # contiguous q, k and outputs: the kernel derives their strides (DENSE)
+    dense = all(t.is_contiguous() for t in (q, k_args, out_q, out_k_args))
+    tensor_strides = (1,) * 16 if dense else (*q.stride(), *k_args.stride(), *out_q.stride(), *out_k_args.stride())
     ints = (seqlen, n_heads_q, n_heads_k, n_head_blocks_q, table_len, positions.offset,
-            *q.stride(), *k_args.stride(), *out_q.stride(), *out_k_args.stride(), *cos_strides, *pos_strides,
-            n_tokens)
+            *tensor_strides, *cos_strides, *pos_strides, n_tokens if flat else 1)  # n_tokens: the flat path's
     constexprs = dict(
         ROTARY_DIM=rotary_dim, HEAD_DIM=head_dim,
         BLOCK_S=config.block_s, BLOCK_H=block_h, BLOCK_HK=_next_pow2(n_heads_k) if config.fused_qk else 1,
@@ -667,7 +692,7 @@ def plan_v4(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: tor
         INTERLEAVED=interleaved, CONJUGATE=conjugate, POS_MODE=positions.mode, IS_VARLEN=positions.is_varlen,
         COS_PER_TOKEN=cos_per_token, COPY_TAIL=copy_tail and rotary_dim < head_dim, HAS_K=k is not None,
         MATH_DTYPE=_MATH_DTYPE.get(q.dtype, tl.float32), EAGER_ROUNDING=eager_rounding,
-        FUSED_QK=config.fused_qk, FLAT=flat, FLAT_PAIRED=paired,
+        FUSED_QK=config.fused_qk, FLAT=flat, FLAT_PAIRED=paired, DENSE=dense,
         EVICT="evict_first" if (config.flat_streaming if flat else config.evict_first) else "",
         # 32-bit address arithmetic is fewer instructions; int64 as soon as any tensor's storage could overflow it
         INDEX_DTYPE=tl.int32 if _fits_int32(q.shape, q.stride(), k_args.shape, k_args.stride(), out_q.shape,
@@ -677,7 +702,8 @@ def plan_v4(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: tor
     if flat:
         log.debug("ropekit triton v4: flat path, %d elements a program%s, %d warps", flat,
                   " of q and of k" if paired else "", config.flat_warps)
-    dtypes = tuple(p.dtype for p in V4Launch.pointers(q, k, out_q, out_k, cos, sin, pos_tensor, positions.cu_seqlens))
+    dtypes = tuple(getattr(p, "dtype", None)
+                   for p in V4Launch.pointers(q, k, out_q, out_k, cos, sin, pos_tensor, positions.cu_seqlens))
     return V4Launch(grid, ints, constexprs, config.flat_warps if flat else config.num_warps, dtypes)
 
 
