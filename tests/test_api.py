@@ -197,9 +197,10 @@ def test_v4_flat_path_only_where_it_applies():
 
 
 def test_v4_passes_no_argument_it_does_not_read():
-    # Graph replay pays for every byte of kernel arguments (run45): contiguous q/k/outputs pass their 16 strides as
-    # 1 (Triton makes 1 a constant: not passed) and the kernel derives them (DENSE); so do unused position and
-    # table strides, and absent position tensors are None. A strided view still passes its real strides.
+    # Graph replay pays for every byte of kernel arguments (run45): contiguous q/k/outputs and table pass their
+    # strides as 1 (Triton makes 1 a constant: not passed) and the kernel derives them (DENSE); so do unused
+    # position strides and, on the tiles, where k's head blocks begin; the offset 0 passes as 1; absent position
+    # tensors are None. A strided view still passes its real strides.
     from ropekit.positions import resolve_positions
 
     cos, sin = table(64, 16)
@@ -218,13 +219,14 @@ def test_v4_passes_no_argument_it_does_not_read():
         plan = plan_of(q, k, positions)
         ints = ints_of(plan)
         assert plan.constexprs["DENSE"]
-        assert ints[6:22] == (1,) * 16  # q, k, out_q, out_k strides
-        assert ints[22] == 1 and ints[-3:] == (1, 1, 1)  # table batch stride, position strides, n_tokens
+        assert ints[3] == 1 and ints[6:22] == (1,) * 16  # k's first head block; q, k, out_q, out_k strides
+        assert ints[22:25] == (1, 1, 1) and ints[-3:] == (1, 1, 1)  # table strides, position strides, n_tokens
         pointers = v4.V4Launch.pointers(q, k, q, k, cos, sin, None if positions is None else offsets, None)
         assert pointers[-1] is None and (pointers[-2] is None) == (positions is None)
     strided = torch.randn(2, 5, 6, 16, device=DEVICE)[:, :, :4]
     plan = plan_of(strided, k, None)
     assert not plan.constexprs["DENSE"] and ints_of(plan)[6:10] == strided.stride()
+    assert ints_of(plan)[23] == cos.stride(0)  # the table's row stride is passed when not DENSE
     out = torch.empty_like(strided)
     spec = resolve_positions(batch=2, seqlen=5, positions=offsets)
     v4.rope_v4(strided, None, cos, sin, out_q=out, out_k=None, positions=spec, rotary_dim=16)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call = one stage of this script, so GPU work is batched (device time is scarce).
-#   bash tools/gpu_run.sh smoke|tune|cuda|bench|stress|probe|gputests|paired|publish|final|small   (each stage below; docs/gpu.md has the table)
+#   bash tools/gpu_run.sh smoke|tune|cuda|bench|stress|probe|gputests|paired|publish|final|small|release   (each stage below; docs/gpu.md has the table)
 # Everything it produces goes under $OUT (logs, JSON, PNG).
 set -u
 OUT=${OUT:-/tmp/out}
@@ -83,6 +83,21 @@ case "$stage" in
     timeout 240 bash tools/sanitize.sh /tmp/final/sanitize 2>&1 \
       | tee /tmp/final/sanitize.txt | tail -6
     tar -czf "$OUT/final.tgz" -C /tmp/final .
+    ;;
+  release)
+    # after a kernel change (carry .whl, .shared, .peers): GPU tests of v4 and its users, the published benchmark
+    # (main cases) merged into docs/ here, notebooks 05 and 07 re-executed on it; one archive, $OUT/release.tgz
+    mkdir -p /tmp/rel
+    cp "$OUT/gpu.txt" /tmp/rel/
+    timeout 200 python3 -m pytest -q -p no:cacheprovider -o addopts="" tests/test_api.py tests/test_examples.py \
+      tests/test_reliability.py tests/test_triton_ladder.py 2>&1 | tee /tmp/rel/pytest_gpu.txt | tail -2
+    timeout 220 python3 -m ropekit bench --peers .peers --time-budget 200 --out /tmp/bench 2>&1 | tee /tmp/rel/bench.txt \
+      | grep -E "graph clock|ceiling|MET|met "
+    cp /tmp/bench/benchmarks.json /tmp/rel/benchmarks_run.json
+    python3 -m ropekit bench --merge docs/benchmarks.json /tmp/bench/benchmarks.json --out docs 2>&1 | tail -2
+    tar -czf /tmp/rel/docs.tgz docs/benchmarks.json docs/benchmarks.md docs/*.png
+    OUT=/tmp/rel bash tools/gpu_notebooks_batch.sh 170 notebooks/05_triton_v4.ipynb notebooks/07_benchmarks.ipynb
+    tar -czf "$OUT/release.tgz" -C /tmp/rel .
     ;;
   small)
     # the small prefill (L2-resident, against Liger): v4 launch configurations in interleaved rounds, then the case in

@@ -316,17 +316,23 @@ def rope_v4_kernel(
     ``_flat_program``) the grid is one axis of FLAT-element blocks of q, then of k, or with FLAT_PAIRED of q and k
     together.
 
-    Arguments a launch does not read arrive as 1 (integers) or None (pointers), which Triton turns into constants:
-    the strides of DENSE tensors, the position strides without positions, and so on (``plan_v4``). In CUDA-graph
-    replay every byte of kernel arguments costs time: 64 bytes more read 0.11 µs more on an L2-resident copy of
-    the small prefill's bytes (docs/gpu-runs/run45).
+    Arguments a launch does not read, or that the kernel can derive, arrive as 1 (integers) or None (pointers),
+    which Triton turns into constants: the strides of DENSE tensors and tables, the position strides without
+    positions, where k's head blocks begin on the tiles; the position offset arrives plus one, so that 0 is a
+    constant too (``plan_v4``). In CUDA-graph replay every byte of kernel arguments costs time: 64 bytes more read
+    0.11 µs more on an L2-resident copy of the small prefill's bytes (docs/gpu-runs/run45).
     """
+    # plan_v4 passes position_offset + 1, so that the most common offset, 0, arrives as the constant 1
+    position_offset = position_offset - 1
+    if DENSE and not COS_PER_TOKEN:
+        stride_cos_s = ROTARY_DIM // 2  # a contiguous table of rotary_dim / 2 columns (plan_v4 passes 1)
     if FLAT:
         # FLAT elements a program over contiguous q then k (plan_v4 decides when the tensors allow it)
         _flat_program(Q, K, OUT_Q, OUT_K, COS, SIN, POSITIONS, n_tokens, seqlen, n_heads_q, n_heads_k,
                       n_head_blocks_q, table_len, position_offset, stride_cos_s, stride_cos_d, stride_pos_b,
                       stride_pos_s, HEAD_DIM, FLAT, FLAT_PAIRED, HAS_K, POS_MODE, CONJUGATE, EVICT, INDEX_DTYPE)
         return
+    n_head_blocks_q = tl.cdiv(n_heads_q, BLOCK_H)  # plan_v4 passes 1 on the tiles (1 with FUSED_QK too)
     if DENSE:
         # contiguous q, k and outputs: their strides follow from the shapes, and plan_v4 passes 1 for each stride
         # argument so that Triton drops it from the launch (a CUDA-graph replay pays for every byte of arguments)
@@ -495,7 +501,7 @@ def launch_config(n_tokens: int, n_heads_q: int, n_heads_k: int, head_dim: int, 
 # ``V4Launch.key``), the dtypes and 16-byte alignment of the pointers, and the specialisation class of the position
 # offset, which changes every decode step.
 _direct_launchers: dict = {}
-_OFFSET_ARG = 5  # index of position_offset among the integer arguments
+_OFFSET_ARG = 5  # index of the position offset (passed + 1) among the integer arguments
 
 
 def _int_class(value: int) -> tuple:
@@ -586,7 +592,7 @@ class V4Launch:
         strides and dtypes (views count: only their data pointers are read); k, positions and cu_seqlens may be
         None when the plan was made without them."""
         _launch(self.grid, self.pointers(q, k, out_q, out_k, cos, sin, positions, cu_seqlens),
-                (*self.ints_head, position_offset, *self.ints_tail), self.constexprs, self.num_warps, self.key)
+                (*self.ints_head, position_offset + 1, *self.ints_tail), self.constexprs, self.num_warps, self.key)
 
 
 _MATH_DTYPE = {torch.float64: tl.float64}
@@ -679,10 +685,15 @@ def plan_v4(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: tor
                   config.block_s, block_h, config.num_warps, config.fused_qk, tuple(q.shape),
                   None if k is None else tuple(k.shape), q.dtype, rotary_dim, interleaved, conjugate, positions.mode,
                   positions.is_varlen, cos_per_token)
-    # contiguous q, k and outputs: the kernel derives their strides (DENSE)
-    dense = all(t.is_contiguous() for t in (q, k_args, out_q, out_k_args))
+    # DENSE: contiguous q, k and outputs, and a contiguous table of rotary_dim / 2 columns; the kernel derives
+    # their strides
+    dense = (all(t.is_contiguous() for t in (q, k_args, out_q, out_k_args))
+             and (cos_per_token or (cos.is_contiguous() and sin.is_contiguous() and cos.shape[1] == rotary_dim // 2)))
     tensor_strides = (1,) * 16 if dense else (*q.stride(), *k_args.stride(), *out_q.stride(), *out_k_args.stride())
-    ints = (seqlen, n_heads_q, n_heads_k, n_head_blocks_q, table_len, positions.offset,
+    if dense and not cos_per_token:
+        cos_strides = (1, 1, 1)
+    # the tiles derive where k's head blocks begin; the flat path's blocks count elements
+    ints = (seqlen, n_heads_q, n_heads_k, n_head_blocks_q if flat else 1, table_len, positions.offset + 1,
             *tensor_strides, *cos_strides, *pos_strides, n_tokens if flat else 1)  # n_tokens: the flat path's
     constexprs = dict(
         ROTARY_DIM=rotary_dim, HEAD_DIM=head_dim,
