@@ -239,10 +239,8 @@ def _flat_angles(COS, SIN, POSITIONS, e, mask, n_heads, seqlen, table_len, posit
 def _flat_load(X, e, partner, mask, EVICT: tl.constexpr):
     """Elements ``e`` of X and their partners, in fp32."""
     x = tl.load(X + e, mask=mask, other=0.0, eviction_policy=EVICT).to(tl.float32)
-    # No cache hint on the partner: the first load of a line sets its policy, and the compiler chooses which of the
-    # two it issues first (a hint on the partner, evict_last, cost Llama's conjugate 1.2%, run28; the launch table
-    # gives the element no hint either since run47: issued first, evict_first let Llama's lines go before their
-    # partner loads, 114.2 against 113.2 µs).
+    # no cache hint on the partner: the compiler may issue this load first, and a hint would then set the policy of
+    # the whole line (evict_last on every q/k line cost Llama's conjugate 1.2%, run28)
     x_partner = tl.load(X + partner, mask=mask, other=0.0).to(tl.float32)
     return x, x_partner
 
@@ -436,11 +434,10 @@ def _cdiv(a: int, b: int) -> int:
 
 
 # The flat path for prefill-sized work, by (element size, whether k has q's shape): LaunchConfig fields.
-# 16-bit: blocks of 2048 elements of q, then of k, 8 warps, no hint. Measured against the fused tile on the
+# 16-bit: blocks of 2048 elements of q, then of k, 8 warps, streaming hint. Measured against the fused tile on the
 # same buffers, forward / conjugate (docs/gpu-runs/run29): Llama-3-8B 113.3 / 113.2 µs against 114.6 / 114.0, MHA
-# fp16 356.9 / 356.4 against 360.4 / 360.3 (torch.compile 360.6), with or without the streaming hint; pairing q and
-# k changes nothing there (MHA 357.8 / 357.8 at 1024 elements and 8 warps, run38). The hint went in run47: where the
-# compiler issues the hinted element load before its partner's, Llama's forward read 114.2 µs (see _flat_load).
+# fp16 356.9 / 356.4 against 360.4 / 360.3 (torch.compile 360.6); pairing q and k changes nothing there (MHA 357.8
+# / 357.8 at 1024 elements and 8 warps, run38).
 # fp32 with k of q's shape: blocks of 512 elements of q and of k together (paired), 8 warps, no hint. In the harness
 # (every implementation's buffers alive, interleaved rounds): 46.8 / 46.8 µs forward / backward against the tile's
 # 47.8 / 47.8 and torch.compile's 47.5 / 46.8 (docs/gpu-runs/run38-fp32-paired; the published run39 46.8 / 46.9);
@@ -448,7 +445,7 @@ def _cdiv(a: int, b: int) -> int:
 # fp32 otherwise (GQA, k absent): blocks of 1024 elements of q, then of k. 512 would leave a thread two elements
 # (8-byte accesses) of a single stream: Llama-3-8B's shape in fp32 read 249.4 µs at 512 against 225.7 at 1024
 # (99.1% of the ceiling) and 229.5 for the tile (run39).
-_FLAT_16BIT = dict(flat=2048, flat_warps=8, flat_streaming=False)
+_FLAT_16BIT = dict(flat=2048, flat_warps=8)
 _FLAT_PATH = {(2, True): _FLAT_16BIT, (2, False): _FLAT_16BIT,
               (4, True): dict(flat=512, flat_warps=8, flat_paired=True, flat_streaming=False),
               (4, False): dict(flat=1024, flat_warps=8, flat_streaming=False)}
