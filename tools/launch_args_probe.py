@@ -26,6 +26,7 @@ import triton.language as tl
 
 from probe_host_l2 import builders, graph_calls_us  # tools/ is on sys.path when this file runs as a script
 from ropekit.bench.cases import select_cases
+from tune_v4 import graph_of
 
 OUT = os.environ.get("OUT", ".")
 N_EXTRA = 48
@@ -100,15 +101,7 @@ def clock_samples(seconds: float = 2.0) -> dict:
     for name in ("ropekit", "liger", "ropekit", "liger"):
         if name not in make:
             continue
-        fn = make[name](5).fn
-        fn()
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, stream=stream):
-                for _ in range(128):
-                    fn()
+        graph = graph_of(make[name](5).fn, 128)
         torch.cuda.synchronize()
         sampler = subprocess.Popen(["nvidia-smi", "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits",
                                     "-lms", "50"], stdout=subprocess.PIPE, text=True)

@@ -639,8 +639,9 @@ def plan_v4(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: tor
     if config is None:
         config = launch_config(n_tokens, n_heads_q, n_heads_k, head_dim, rotary_dim, cos_per_token,
                                q.element_size())
-    flat = config.flat if _flat_applies(q, k, out_q, out_k, positions, rotary_dim, interleaved, cos_per_token,
-                                        eager_rounding) else 0
+    contiguous = all(t.is_contiguous() for t in (q, k, out_q, out_k) if t is not None)
+    flat = config.flat if _flat_applies(q, k, out_q, out_k, contiguous, positions, rotary_dim, interleaved,
+                                        cos_per_token, eager_rounding) else 0
     block_h = config.block_h
     paired = bool(flat) and config.flat_paired and (k is None or k.shape == q.shape)
     if flat:
@@ -663,11 +664,15 @@ def plan_v4(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: tor
         raise ValueError(f"v4 handles at most 65535 sequences per launch (grid axis 2), got {n_batch}")
     # Integer arguments a launch does not read are passed as 1, which Triton specialises into a constant (1 is not
     # passed at all), and absent tensors as None: graph replay pays for every byte of arguments (see the kernel).
+    # DENSE: contiguous q, k and outputs, and a contiguous table of rotary_dim / 2 columns; the kernel derives
+    # their strides.
+    dense = contiguous and (cos_per_token or (cos.is_contiguous() and sin.is_contiguous()
+                                              and cos.shape[1] == rotary_dim // 2))
     if cos_per_token:
         cos_strides = (0 if positions.is_varlen else cos.stride(0), cos.stride(1), cos.stride(2))
         table_len = 1  # not read
     else:
-        cos_strides = (1, cos.stride(0), cos.stride(1))  # a table has no batch axis
+        cos_strides = (1, 1, 1) if dense else (1, cos.stride(0), cos.stride(1))  # a table has no batch axis
         table_len = cos.shape[0]
     pos_tensor = positions.tensor
     if pos_tensor is None:
@@ -685,13 +690,7 @@ def plan_v4(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: tor
                   config.block_s, block_h, config.num_warps, config.fused_qk, tuple(q.shape),
                   None if k is None else tuple(k.shape), q.dtype, rotary_dim, interleaved, conjugate, positions.mode,
                   positions.is_varlen, cos_per_token)
-    # DENSE: contiguous q, k and outputs, and a contiguous table of rotary_dim / 2 columns; the kernel derives
-    # their strides
-    dense = (all(t.is_contiguous() for t in (q, k_args, out_q, out_k_args))
-             and (cos_per_token or (cos.is_contiguous() and sin.is_contiguous() and cos.shape[1] == rotary_dim // 2)))
     tensor_strides = (1,) * 16 if dense else (*q.stride(), *k_args.stride(), *out_q.stride(), *out_k_args.stride())
-    if dense and not cos_per_token:
-        cos_strides = (1, 1, 1)
     # the tiles derive where k's head blocks begin; the flat path's blocks count elements
     ints = (seqlen, n_heads_q, n_heads_k, n_head_blocks_q if flat else 1, table_len, positions.offset + 1,
             *tensor_strides, *cos_strides, *pos_strides, n_tokens if flat else 1)  # n_tokens: the flat path's
@@ -721,14 +720,13 @@ def plan_v4(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: tor
 _FLAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
-def _flat_applies(q, k, out_q, out_k, positions: PositionSpec, rotary_dim: int, interleaved: bool,
-                  cos_per_token: bool, eager_rounding: bool) -> bool:
-    """Whether the flat path can run these tensors: contiguous (batch, seq, heads, head_dim) q, k and outputs, the
-    whole head rotated with NeoX pairs, positions from the table (not varlen, not per-token rows), one rounding in
-    fp32 math, and out of place: in place, a lane would overwrite an element another warp may still have to read as
-    its partner."""
+def _flat_applies(q, k, out_q, out_k, contiguous: bool, positions: PositionSpec, rotary_dim: int,
+                  interleaved: bool, cos_per_token: bool, eager_rounding: bool) -> bool:
+    """Whether the flat path can run these tensors: contiguous (batch, seq, heads, head_dim) q, k and outputs
+    (``contiguous``: the caller's check of all four), the whole head rotated with NeoX pairs, positions from the
+    table (not varlen, not per-token rows), one rounding in fp32 math, and out of place: in place, a lane would
+    overwrite an element another warp may still have to read as its partner."""
     return (not positions.is_varlen and not cos_per_token and not eager_rounding and not interleaved
             and q.dtype in _FLAT_DTYPES
             and rotary_dim == q.shape[-1] and q.ndim == 4 and out_q.data_ptr() != q.data_ptr()
-            and (k is None or out_k.data_ptr() != k.data_ptr())
-            and all(t.is_contiguous() for t in (q, k, out_q, out_k) if t is not None))
+            and (k is None or out_k.data_ptr() != k.data_ptr()) and contiguous)
