@@ -221,6 +221,7 @@ def test_v4_passes_no_argument_it_does_not_read():
         assert plan.constexprs["DENSE"]
         assert ints[3] == 1 and ints[6:22] == (1,) * 16  # k's first head block; q, k, out_q, out_k strides
         assert ints[22:25] == (1, 1, 1) and ints[-3:] == (1, 1, 1)  # table strides, position strides, n_tokens
+        assert not plan.constexprs["IN_PLACE"]
         pointers = v4.V4Launch.pointers(q, k, q, k, cos, sin, None if positions is None else offsets, None)
         assert pointers[-1] is None and (pointers[-2] is None) == (positions is None)
     strided = torch.randn(2, 5, 6, 16, device=DEVICE)[:, :, :4]
@@ -231,6 +232,38 @@ def test_v4_passes_no_argument_it_does_not_read():
     spec = resolve_positions(batch=2, seqlen=5, positions=offsets)
     v4.rope_v4(strided, None, cos, sin, out_q=out, out_k=None, positions=spec, rotary_dim=16)
     assert_close_to_reference(out, ref.rope(strided, (offsets[:, None] + torch.arange(5, device=DEVICE))))
+
+
+@pytest.mark.parametrize("dense", [True, False], ids=["contiguous", "strided"])
+def test_v4_in_place_passes_no_output(dense):
+    # In place the outputs are q and k: their pointers pass as None and their strides as 1 (IN_PLACE), the kernel
+    # writes through q and k with q's and k's strides, and a partial rotary leaves the tail as it is (no copy).
+    from ropekit.positions import resolve_positions
+
+    cos, sin = table(64, 8)
+    offsets = torch.tensor([3, 9], device=DEVICE)
+    spec = resolve_positions(batch=2, seqlen=5, positions=offsets)
+    q = torch.randn(2, 5, 6 if dense else 7, 16, device=DEVICE)
+    k = torch.randn(2, 5, 2, 16, device=DEVICE)
+    if not dense:
+        q = q[:, :, 1:]  # a strided view: its strides are passed, the outputs' are not
+    expected_q = ref.rope(q, offsets[:, None] + torch.arange(5, device=DEVICE), rotary_dim=8)
+    expected_k = ref.rope(k, offsets[:, None] + torch.arange(5, device=DEVICE), rotary_dim=8)
+    plan = v4.plan_v4(q, k, cos, sin, out_q=q, out_k=k, positions=spec, rotary_dim=8)
+    assert plan.constexprs["IN_PLACE"] and not plan.constexprs["COPY_TAIL"]
+    assert plan.constexprs["DENSE"] == dense
+    ints = (*plan.ints_head, None, *plan.ints_tail)
+    assert ints[14:22] == (1,) * 8  # out_q's and out_k's strides
+    if not dense:
+        assert ints[6:10] == q.stride()
+    pointers = v4.V4Launch.pointers(q, k, q, k, cos, sin, offsets, None, plan.in_place)
+    assert pointers[2] is None and pointers[3] is None
+    plan(q, k, q, k, cos, sin, offsets, None, 0)
+    assert_close_to_reference(q, expected_q)
+    assert_close_to_reference(k, expected_k)
+    # another call's outputs that are not its inputs get a plan of their own
+    out = torch.empty_like(k)
+    assert not v4.plan_v4(k, None, cos, sin, out_q=out, out_k=None, positions=spec, rotary_dim=8).in_place
 
 
 def test_noncontiguous_views_and_k_none():

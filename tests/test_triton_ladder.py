@@ -295,7 +295,7 @@ def test_v4_gpu_table_for_prefills_flat_path_paired_in_fp32_and_a_bounded_share_
     table = (llama, mha, fp16_same_heads, fp32, fp32_gqa, fp32_q_only)
     assert [c.flat for c in table] == [2048, 2048, 2048, 512, 1024, 1024]
     assert [c.flat_paired for c in table] == [False, False, False, True, False, False]
-    assert [c.flat_streaming for c in table] == [True, True, True, False, False, False]
+    assert not any(c.flat_streaming for c in table)  # no hint on the flat path since run47 (see _flat_load)
     assert all(c.evict_first for c in table)
 
 

@@ -239,8 +239,10 @@ def _flat_angles(COS, SIN, POSITIONS, e, mask, n_heads, seqlen, table_len, posit
 def _flat_load(X, e, partner, mask, EVICT: tl.constexpr):
     """Elements ``e`` of X and their partners, in fp32."""
     x = tl.load(X + e, mask=mask, other=0.0, eviction_policy=EVICT).to(tl.float32)
-    # no cache hint on the partner: the compiler may issue this load first, and a hint would then set the policy of
-    # the whole line (evict_last on every q/k line cost Llama's conjugate 1.2%, run28)
+    # No cache hint on the partner: the first load of a line sets its policy, and the compiler chooses which of the
+    # two it issues first (a hint on the partner, evict_last, cost Llama's conjugate 1.2%, run28; the launch table
+    # gives the element no hint either since run47: issued first, evict_first let Llama's lines go before their
+    # partner loads, 114.2 against 113.2 µs).
     x_partner = tl.load(X + partner, mask=mask, other=0.0).to(tl.float32)
     return x, x_partner
 
@@ -306,7 +308,7 @@ def rope_v4_kernel(
     INTERLEAVED: tl.constexpr, CONJUGATE: tl.constexpr, POS_MODE: tl.constexpr, IS_VARLEN: tl.constexpr,
     COS_PER_TOKEN: tl.constexpr, COPY_TAIL: tl.constexpr, HAS_K: tl.constexpr, MATH_DTYPE: tl.constexpr,
     EAGER_ROUNDING: tl.constexpr, FUSED_QK: tl.constexpr, EVICT: tl.constexpr, INDEX_DTYPE: tl.constexpr,
-    FLAT: tl.constexpr, FLAT_PAIRED: tl.constexpr, DENSE: tl.constexpr,
+    FLAT: tl.constexpr, FLAT_PAIRED: tl.constexpr, DENSE: tl.constexpr, IN_PLACE: tl.constexpr,
 ):
     """Grid: (token blocks, head blocks of q then of k, batch or sequence).
 
@@ -317,9 +319,9 @@ def rope_v4_kernel(
     together.
 
     Arguments a launch does not read, or that the kernel can derive, arrive as 1 (integers) or None (pointers),
-    which Triton turns into constants: the strides of DENSE tensors and tables, the position strides without
-    positions, where k's head blocks begin on the tiles; the position offset arrives plus one, so that 0 is a
-    constant too (``plan_v4``). In CUDA-graph replay every byte of kernel arguments costs time: 64 bytes more read
+    which Triton turns into constants: the strides of DENSE tensors and tables, the outputs' pointers and strides
+    in place (IN_PLACE), the position strides without positions, where k's head blocks begin on the tiles; the
+    position offset arrives plus one, so that 0 is a constant too (``plan_v4``). In CUDA-graph replay every byte of kernel arguments costs time: 64 bytes more read
     0.11 µs more on an L2-resident copy of the small prefill's bytes (docs/gpu-runs/run45).
     """
     # plan_v4 passes position_offset + 1, so that the most common offset, 0, arrives as the constant 1
@@ -340,6 +342,11 @@ def rope_v4_kernel(
         stride_kb, stride_ks, stride_kh = _dense_strides(n_heads_k, seqlen, HEAD_DIM, INDEX_DTYPE)
         stride_oqb, stride_oqs, stride_oqh = stride_qb, stride_qs, stride_qh
         stride_okb, stride_oks, stride_okh = stride_kb, stride_ks, stride_kh
+    if IN_PLACE:
+        # the outputs are the inputs: plan_v4 passes None for their pointers and 1 for their strides
+        OUT_Q, OUT_K = Q, K
+        stride_oqb, stride_oqs, stride_oqh, stride_oqd = stride_qb, stride_qs, stride_qh, stride_qd
+        stride_okb, stride_oks, stride_okh, stride_okd = stride_kb, stride_ks, stride_kh, stride_kd
     pid_s = tl.program_id(0)
     pid_h = tl.program_id(1)
     pid_b = tl.program_id(2)
@@ -434,10 +441,11 @@ def _cdiv(a: int, b: int) -> int:
 
 
 # The flat path for prefill-sized work, by (element size, whether k has q's shape): LaunchConfig fields.
-# 16-bit: blocks of 2048 elements of q, then of k, 8 warps, streaming hint. Measured against the fused tile on the
+# 16-bit: blocks of 2048 elements of q, then of k, 8 warps, no hint. Measured against the fused tile on the
 # same buffers, forward / conjugate (docs/gpu-runs/run29): Llama-3-8B 113.3 / 113.2 µs against 114.6 / 114.0, MHA
-# fp16 356.9 / 356.4 against 360.4 / 360.3 (torch.compile 360.6); pairing q and k changes nothing there (MHA 357.8
-# / 357.8 at 1024 elements and 8 warps, run38).
+# fp16 356.9 / 356.4 against 360.4 / 360.3 (torch.compile 360.6), with or without the streaming hint; pairing q and
+# k changes nothing there (MHA 357.8 / 357.8 at 1024 elements and 8 warps, run38). The hint went in run47: where the
+# compiler issues the hinted element load before its partner's, Llama's forward read 114.2 µs (see _flat_load).
 # fp32 with k of q's shape: blocks of 512 elements of q and of k together (paired), 8 warps, no hint. In the harness
 # (every implementation's buffers alive, interleaved rounds): 46.8 / 46.8 µs forward / backward against the tile's
 # 47.8 / 47.8 and torch.compile's 47.5 / 46.8 (docs/gpu-runs/run38-fp32-paired; the published run39 46.8 / 46.9);
@@ -445,7 +453,7 @@ def _cdiv(a: int, b: int) -> int:
 # fp32 otherwise (GQA, k absent): blocks of 1024 elements of q, then of k. 512 would leave a thread two elements
 # (8-byte accesses) of a single stream: Llama-3-8B's shape in fp32 read 249.4 µs at 512 against 225.7 at 1024
 # (99.1% of the ceiling) and 229.5 for the tile (run39).
-_FLAT_16BIT = dict(flat=2048, flat_warps=8)
+_FLAT_16BIT = dict(flat=2048, flat_warps=8, flat_streaming=False)
 _FLAT_PATH = {(2, True): _FLAT_16BIT, (2, False): _FLAT_16BIT,
               (4, True): dict(flat=512, flat_warps=8, flat_paired=True, flat_streaming=False),
               (4, False): dict(flat=1024, flat_warps=8, flat_streaming=False)}
@@ -573,25 +581,30 @@ class V4Launch:
     launches the kernel; ``ropekit.api`` keeps one per call signature, so a repeated eager call (a decode step)
     skips validation and this derivation."""
 
-    __slots__ = ("grid", "ints_head", "ints_tail", "constexprs", "num_warps", "key")
+    __slots__ = ("grid", "ints_head", "ints_tail", "constexprs", "num_warps", "key", "in_place")
 
     def __init__(self, grid, ints, constexprs, num_warps, dtypes):
         self.grid, self.constexprs, self.num_warps = grid, constexprs, num_warps
+        self.in_place = constexprs["IN_PLACE"]
         self.ints_head, self.ints_tail = ints[:_OFFSET_ARG], ints[_OFFSET_ARG + 1:]
         self.key = _static_key(grid, ints, constexprs, num_warps, dtypes)
 
     @staticmethod
-    def pointers(q, k, out_q, out_k, cos, sin, positions, cu_seqlens) -> tuple:
+    def pointers(q, k, out_q, out_k, cos, sin, positions, cu_seqlens, in_place: bool = False) -> tuple:
         """The kernel's eight pointer arguments; an absent k is stood in for by q (the kernel's HAS_K skips it),
-        absent positions and cu_seqlens are None (constants to Triton: not passed)."""
+        absent positions and cu_seqlens are None (constants to Triton: not passed), and so are the outputs of an
+        in-place launch (the kernel writes through q and k)."""
+        if in_place:
+            return q, k if k is not None else q, None, None, cos, sin, positions, cu_seqlens
         return (q, k if k is not None else q, out_q, out_k if out_k is not None else out_q, cos, sin, positions,
                 cu_seqlens)
 
     def __call__(self, q, k, out_q, out_k, cos, sin, positions, cu_seqlens, position_offset: int) -> None:
         """q/k/out/cos/sin/positions/cu_seqlens: the tensors the plan was made for, or any with the same shapes,
         strides and dtypes (views count: only their data pointers are read); k, positions and cu_seqlens may be
-        None when the plan was made without them."""
-        _launch(self.grid, self.pointers(q, k, out_q, out_k, cos, sin, positions, cu_seqlens),
+        None when the plan was made without them. A plan made in place (outputs that are q and k) writes through q
+        and k whatever outputs it is given."""
+        _launch(self.grid, self.pointers(q, k, out_q, out_k, cos, sin, positions, cu_seqlens, self.in_place),
                 (*self.ints_head, position_offset + 1, *self.ints_tail), self.constexprs, self.num_warps, self.key)
 
 
@@ -640,6 +653,7 @@ def plan_v4(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: tor
         config = launch_config(n_tokens, n_heads_q, n_heads_k, head_dim, rotary_dim, cos_per_token,
                                q.element_size())
     contiguous = all(t.is_contiguous() for t in (q, k, out_q, out_k) if t is not None)
+    in_place = _same_view(q, out_q) and (k is None or _same_view(k, out_k))
     flat = config.flat if _flat_applies(q, k, out_q, out_k, contiguous, positions, rotary_dim, interleaved,
                                         cos_per_token, eager_rounding) else 0
     block_h = config.block_h
@@ -690,7 +704,12 @@ def plan_v4(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: tor
                   config.block_s, block_h, config.num_warps, config.fused_qk, tuple(q.shape),
                   None if k is None else tuple(k.shape), q.dtype, rotary_dim, interleaved, conjugate, positions.mode,
                   positions.is_varlen, cos_per_token)
-    tensor_strides = (1,) * 16 if dense else (*q.stride(), *k_args.stride(), *out_q.stride(), *out_k_args.stride())
+    if dense:
+        tensor_strides = (1,) * 16
+    elif in_place:
+        tensor_strides = (*q.stride(), *k_args.stride(), *(1,) * 8)  # the kernel takes the inputs' strides
+    else:
+        tensor_strides = (*q.stride(), *k_args.stride(), *out_q.stride(), *out_k_args.stride())
     # the tiles derive where k's head blocks begin; the flat path's blocks count elements
     ints = (seqlen, n_heads_q, n_heads_k, n_head_blocks_q if flat else 1, table_len, positions.offset + 1,
             *tensor_strides, *cos_strides, *pos_strides, n_tokens if flat else 1)  # n_tokens: the flat path's
@@ -700,9 +719,11 @@ def plan_v4(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: tor
         BLOCK_HALF=_next_pow2(rotary_dim // 2),
         BLOCK_TAIL=_next_pow2(max(head_dim - rotary_dim, 1)),
         INTERLEAVED=interleaved, CONJUGATE=conjugate, POS_MODE=positions.mode, IS_VARLEN=positions.is_varlen,
-        COS_PER_TOKEN=cos_per_token, COPY_TAIL=copy_tail and rotary_dim < head_dim, HAS_K=k is not None,
+        # in place the tail channels are already where they belong
+        COS_PER_TOKEN=cos_per_token, COPY_TAIL=copy_tail and rotary_dim < head_dim and not in_place,
+        HAS_K=k is not None,
         MATH_DTYPE=_MATH_DTYPE.get(q.dtype, tl.float32), EAGER_ROUNDING=eager_rounding,
-        FUSED_QK=config.fused_qk, FLAT=flat, FLAT_PAIRED=paired, DENSE=dense,
+        FUSED_QK=config.fused_qk, FLAT=flat, FLAT_PAIRED=paired, DENSE=dense, IN_PLACE=in_place,
         EVICT="evict_first" if (config.flat_streaming if flat else config.evict_first) else "",
         # 32-bit address arithmetic is fewer instructions; int64 as soon as any tensor's storage could overflow it
         INDEX_DTYPE=tl.int32 if _fits_int32(q.shape, q.stride(), k_args.shape, k_args.stride(), out_q.shape,
@@ -712,12 +733,17 @@ def plan_v4(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: tor
     if flat:
         log.debug("ropekit triton v4: flat path, %d elements a program%s, %d warps", flat,
                   " of q and of k" if paired else "", config.flat_warps)
-    dtypes = tuple(getattr(p, "dtype", None)
-                   for p in V4Launch.pointers(q, k, out_q, out_k, cos, sin, pos_tensor, positions.cu_seqlens))
+    dtypes = tuple(getattr(p, "dtype", None) for p in V4Launch.pointers(q, k, out_q, out_k, cos, sin, pos_tensor,
+                                                                          positions.cu_seqlens, in_place))
     return V4Launch(grid, ints, constexprs, config.flat_warps if flat else config.num_warps, dtypes)
 
 
 _FLAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def _same_view(x: torch.Tensor, out: torch.Tensor) -> bool:
+    """Whether ``out`` is ``x`` itself (an in-place call): same memory, shape and strides."""
+    return out.data_ptr() == x.data_ptr() and out.stride() == x.stride() and out.shape == x.shape
 
 
 def _flat_applies(q, k, out_q, out_k, contiguous: bool, positions: PositionSpec, rotary_dim: int,
