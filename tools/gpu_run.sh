@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call = one stage of this script, so GPU work is batched (device time is scarce).
-#   bash tools/gpu_run.sh smoke|tune|cuda|bench|stress|probe|gputests|paired|publish|final|small|release   (each stage below; docs/gpu.md has the table)
+#   bash tools/gpu_run.sh smoke|tune|cuda|bench|stress|probe|gputests|paired|publish|final|small|release|ab   (each stage below; docs/gpu.md has the table)
 # Everything it produces goes under $OUT (logs, JSON, PNG).
 set -u
 OUT=${OUT:-/tmp/out}
@@ -112,6 +112,19 @@ case "$stage" in
         | tee "/tmp/small/bench_$run.txt" | grep -E "override|fastest|graph clock|small-prefill  "
     done
     tar -czf "$OUT/small.tgz" -C /tmp/small .
+    ;;
+  ab)
+    # this tree against an earlier commit exported to .ab/ropekit_base (tools/ab_versions.py --export REF; carry .ab
+    # and .peers): GPU tests of v4 and the API, the launch parameters, then both versions and Liger in one harness
+    # run (interleaved graph rounds); one archive, $OUT/ab.tgz
+    mkdir -p /tmp/ab
+    cp "$OUT/gpu.txt" /tmp/ab/
+    timeout 200 python3 -m pytest -q -p no:cacheprovider -o addopts="" tests/test_api.py tests/test_triton_ladder.py \
+      2>&1 | tee /tmp/ab/pytest_gpu.txt | tail -2
+    python3 tools/launch_params.py 2>&1 | tee /tmp/ab/launch_params.txt
+    timeout 330 python3 tools/ab_versions.py --cases "${AB_CASES:-small-prefill,decode,llama3-8b-prefill,mha-fp16,fp32}" \
+      --rounds "${AB_ROUNDS:-9}" --out /tmp/ab 2>&1 | tee /tmp/ab/ab.txt | grep -v "^\[" | tail -45
+    tar -czf "$OUT/ab.tgz" -C /tmp/ab .
     ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac
