@@ -233,6 +233,22 @@ def test_v4_passes_no_argument_it_does_not_read():
     assert_close_to_reference(out, ref.rope(strided, (offsets[:, None] + torch.arange(5, device=DEVICE))))
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("interleaved", [False, True], ids=["neox", "gptj"])
+def test_half_outputs_are_the_fp32_result_rounded_to_nearest(dtype, interleaved):
+    # One rounding to nearest even of the fp32 math, on the GPU and under the interpreter alike (ropekit.device makes
+    # the interpreter round fp32 -> bf16 casts as the GPU does): bit for bit the fp32 call's result rounded by torch.
+    cos, sin = table(64, 24)
+    q = torch.randn(2, 9, 4, 32, device=DEVICE).to(dtype)
+    k = torch.randn(2, 9, 2, 32, device=DEVICE).to(dtype)
+    offsets = torch.tensor([3, 17], device=DEVICE)
+    kwargs = dict(positions=offsets, rotary_dim=24, interleaved=interleaved)
+    out_q, out_k = ropekit.apply_rope(q, k, cos, sin, **kwargs)
+    out_q32, out_k32 = ropekit.apply_rope(q.float(), k.float(), cos, sin, **kwargs)
+    assert torch.equal(out_q.view(torch.int16), out_q32.to(dtype).view(torch.int16))
+    assert torch.equal(out_k.view(torch.int16), out_k32.to(dtype).view(torch.int16))
+
+
 def test_noncontiguous_views_and_k_none():
     q = make("bshd", 2, 4, 3, 32, torch.float32, noncontiguous=True)
     assert not q.is_contiguous()
