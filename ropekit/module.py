@@ -115,7 +115,7 @@ class RotaryEmbedding(torch.nn.Module):
         self.rope_type = parameters.get("rope_type") or parameters.get("type") or "default"
         # the model's context length for the scaling rules; the table's rows only when the dict has none
         self.max_position_embeddings = parameters.get("max_position_embeddings") or max_positions
-        self._parameters = parameters
+        self._rope_parameters = parameters
         inv_freq, attention_scaling = self._frequencies(None)
         self.table = RopeTable(self.rotary_dim, max_positions, inv_freq=inv_freq,
                                attention_scaling=attention_scaling, device=device)
@@ -123,8 +123,8 @@ class RotaryEmbedding(torch.nn.Module):
         self._frequencies_for = self.max_position_embeddings
 
     def _frequencies(self, seq_len: Optional[int]):
-        return rope_init(self._parameters, self.rotary_dim, max_position_embeddings=self.max_position_embeddings,
-                         seq_len=seq_len)
+        return rope_init(self._rope_parameters, self.rotary_dim,
+                         max_position_embeddings=self.max_position_embeddings, seq_len=seq_len)
 
     def update_frequencies(self, seq_len: int) -> None:
         """Frequencies for a sequence of ``seq_len`` positions (``dynamic``, ``longrope``; other types: nothing).
@@ -140,7 +140,7 @@ class RotaryEmbedding(torch.nn.Module):
                 self.table.set_frequencies(*self._frequencies(None))
                 self._frequencies_for = trained
         elif self.rope_type == "longrope":
-            original = self._parameters.get("original_max_position_embeddings") or self.max_position_embeddings
+            original = self._rope_parameters.get("original_max_position_embeddings") or self.max_position_embeddings
             # rope_init takes the long factors for any seq_len past the original length, the short ones for None
             self.table.set_frequencies(*self._frequencies(seq_len if seq_len > original else None))
 
