@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+import triton.language as tl
 
 import ropekit
 from ropekit import reference as ref
@@ -248,6 +249,56 @@ def test_half_outputs_are_the_fp32_result_rounded_to_nearest(dtype, interleaved)
     out_q32, out_k32 = ropekit.apply_rope(q.float(), k.float(), cos, sin, **kwargs)
     assert torch.equal(out_q.view(torch.int16), out_q32.to(dtype).view(torch.int16))
     assert torch.equal(out_k.view(torch.int16), out_k32.to(dtype).view(torch.int16))
+
+
+def test_int64_addressing_covers_per_token_rows_and_position_ids():
+    # The kernel indexes per-token cos/sin rows and position ids with the same integer type as q and k: a small q
+    # with such a tensor spanning 2**31 elements needs int64 too (meta tensors: planned, never launched)
+    from ropekit.positions import resolve_positions
+
+    q, k = torch.empty(1, 4, 2, 16, device="meta"), torch.empty(1, 4, 1, 16, device="meta")
+    outs = dict(out_q=torch.empty_like(q), out_k=torch.empty_like(k))
+    table = torch.empty(64, 8, device="meta")
+    huge_rows = torch.empty_strided((1, 4, 16), (2**30, 2**30, 1), device="meta")
+    huge_ids = torch.empty_strided((1, 4), (2**30, 2**30), dtype=torch.int64, device="meta")
+    plain = resolve_positions(batch=1, seqlen=4, positions=None)
+    assert v4.plan_v4(q, k, table, table, positions=plain, rotary_dim=16, **outs).constexprs["INDEX_DTYPE"] == tl.int32
+    per_token = v4.plan_v4(q, k, huge_rows, huge_rows, positions=plain, rotary_dim=16, cos_per_token=True, **outs)
+    assert per_token.constexprs["INDEX_DTYPE"] == tl.int64
+    ids = resolve_positions(batch=1, seqlen=4, positions=huge_ids)
+    assert v4.plan_v4(q, k, table, table, positions=ids, rotary_dim=16, **outs).constexprs["INDEX_DTYPE"] == tl.int64
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="the interpreter's question")
+def test_kernels_run_when_triton_was_imported_before_ropekit():
+    # A user (or transformers, or torch._dynamo) may import triton first: the interpreter is then switched on after
+    # Triton's own jitted library functions were decorated, and a kernel that calls one of them cannot run.
+    import os
+    import subprocess
+    import sys
+
+    code = """
+import triton
+import torch
+import ropekit
+from ropekit import reference as ref
+from ropekit.testing import assert_close_to_reference
+from ropekit.triton.v1 import rope_v1
+from ropekit.triton.v2 import rope_v2
+from ropekit.triton.v3 import rope_v3
+q, k = torch.randn(2, 5, 4, 32), torch.randn(2, 5, 2, 32)
+cos, sin = ropekit.cos_sin_table(16, 32)
+want = ref.rope(q, ref.token_positions(2, 5))
+for launcher in (rope_v1, rope_v2, rope_v3):
+    assert_close_to_reference(launcher(q, cos, sin, torch.empty_like(q)), want)
+for kwargs in ({}, {"positions": torch.tensor([0, 0])}, {"interleaved": False, "inplace": True}):
+    assert_close_to_reference(ropekit.apply_rope(q.clone(), k, cos, sin, **kwargs)[0], want)
+print("ok")
+"""
+    # a fresh process as a user starts one: TRITON_INTERPRET not set yet (this one's ropekit.device set it)
+    env = {name: value for name, value in os.environ.items() if name != "TRITON_INTERPRET"}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode == 0 and "ok" in result.stdout, result.stderr[-2000:]
 
 
 def test_noncontiguous_views_and_k_none():
@@ -553,6 +604,29 @@ def test_context_parallel_ranks_match_full_sequence(cp_size):
         got, _ = ropekit.apply_rope(shard, None, cos, sin, positions=positions)
         torch.testing.assert_close(got, ropekit.context_parallel_shard(full, cp_size, rank, seq_dim=1),
                                    rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("cp_size", [1, 2])
+def test_context_parallel_packed_batch_matches_the_full_sequences(cp_size):
+    # Transformer Engine's thd split: every sequence of the packed batch cut into 2 * cp_size chunks, rank r keeping
+    # chunks r and 2 cp_size - 1 - r of each; cu_seqlens // cp_size are the rank's own sequence boundaries
+    lengths = [8, 4, 12]
+    cu = torch.tensor([0, 8, 12, 24], device=DEVICE)
+    cos, sin = table()
+    q = torch.randn(24, 2, 32, device=DEVICE)
+    k = torch.randn(24, 1, 32, device=DEVICE)
+    full_q, full_k = ropekit.apply_rope(q, k, cos, sin, layout="thd", cu_seqlens=cu, max_seqlen=12)
+    for rank in range(cp_size):
+        positions = ropekit.context_parallel_varlen_positions(cu, cp_size, rank)
+        local_cu = cu // cp_size
+
+        def shard(x):
+            return torch.cat([ropekit.context_parallel_shard(x[int(a):int(b)], cp_size, rank, seq_dim=0)
+                              for a, b in zip(cu[:-1], cu[1:])])
+        got_q, got_k = ropekit.apply_rope(shard(q), shard(k), cos, sin, layout="thd", cu_seqlens=local_cu,
+                                          max_seqlen=max(lengths) // cp_size, positions=positions)
+        torch.testing.assert_close(got_q, shard(full_q), rtol=0, atol=0)
+        torch.testing.assert_close(got_k, shard(full_k), rtol=0, atol=0)
 
 
 # --- errors, before any write ----------------------------------------------------------------------------------------
