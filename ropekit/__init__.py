@@ -13,7 +13,11 @@ from .api import apply_rope  # noqa: E402
 from .frequencies import cos_sin_table, inverse_frequencies, rope_init, rope_parameters_from_config  # noqa: E402
 from .hf import apply_rotary_pos_emb, mrope_cos_sin  # noqa: E402
 from .module import RopeTable, RotaryEmbedding  # noqa: E402
-from .positions import context_parallel_positions, context_parallel_shard  # noqa: E402
+from .positions import (  # noqa: E402
+    context_parallel_positions,
+    context_parallel_shard,
+    context_parallel_varlen_positions,
+)
 
 __version__ = "0.1.0"
 
@@ -29,6 +33,7 @@ __all__ = [
     "mrope_cos_sin",
     "context_parallel_positions",
     "context_parallel_shard",
+    "context_parallel_varlen_positions",
     "reference",
     "frequencies",
     "positions",

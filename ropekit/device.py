@@ -30,7 +30,41 @@ def _decide() -> tuple[str, bool]:
     return "cpu", True
 
 
+def _interpreter_rounds_bf16() -> None:
+    """Make the Triton interpreter round fp32 -> bf16 casts to nearest even, as the GPU does.
+
+    The interpreter (Triton 3.6-3.9) keeps the top 16 bits of an fp32 value: it truncates, up to one bf16 ulp away
+    from the correctly rounded result, and the CPU's bits then differ from the GPU's for every bf16 kernel. Its cast
+    is replaced by round-to-nearest-even on the fp32 bits (NaN stays NaN; values past the largest bf16 become inf,
+    as on the GPU). Nothing changes when the interpreter has no such method.
+    """
+    try:
+        import numpy as np
+        import triton.language as tl
+        from triton.runtime import interpreter
+    except ImportError:
+        return
+    builder = getattr(interpreter, "InterpreterBuilder", None)
+    truncating_cast = getattr(builder, "cast_impl", None)
+    if truncating_cast is None or getattr(truncating_cast, "rounds_bf16", False):
+        return
+
+    def cast_impl(self, src, dst_type):
+        if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16:
+            bits = np.asarray(src.data, dtype=np.float32).view(np.uint32).astype(np.uint64)
+            rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+            is_nan = ((bits & 0x7F800000) == 0x7F800000) & ((bits & 0x7FFFFF) != 0)
+            rounded = np.where(is_nan, (bits >> 16) | 0x40, rounded)  # a quiet NaN, never rounded into inf
+            return interpreter.TensorHandle(rounded.astype(np.uint16), tl.bfloat16)
+        return truncating_cast(self, src, dst_type)
+
+    cast_impl.rounds_bf16 = True
+    builder.cast_impl = cast_impl
+
+
 DEVICE, INTERPRET = _decide()
+if INTERPRET:
+    _interpreter_rounds_bf16()
 
 
 def default_device() -> torch.device:

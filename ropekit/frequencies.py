@@ -272,42 +272,78 @@ def _check_rotary_dim(rotary_dim) -> None:
 # Reading a model config
 # ----------------------------------------------------------------------------------------------------------------
 
+# Models whose rotary pairs are interleaved (GPT-J's channels 2i, 2i+1) rather than NeoX's halves (i, i + d/2), by
+# transformers' model_type (their modeling code rotates x[..., 0::2] with x[..., 1::2]; DeepSeek-V2 multiplies complex
+# pairs; ChatGLM is remote code). DeepSeek-V3 and GLM-4-MoE-Lite do so when their rope_interleave flag is set (the
+# default); transformers then permutes q/k to halves before a NeoX rotation, which gives the same attention scores
+# with q and k's rotary channels in another order.
+_INTERLEAVED_MODEL_TYPES = frozenset({"gptj", "codegen", "cohere", "cohere2", "glm", "glm4", "helium", "ernie4_5",
+                                      "ernie4_5_moe", "deepseek_v2", "chatglm"})
+_INTERLEAVE_FLAG_MODEL_TYPES = frozenset({"deepseek_v3", "glm4_moe_lite"})
+
+
 def rope_parameters_from_config(config: Any) -> dict[str, Any]:
     """Normalised rope parameters of a transformers config object or a plain ``config.json`` dict.
 
     Reads transformers 5.x ``rope_parameters`` or the legacy ``rope_scaling`` + ``rope_theta``, plus
     ``partial_rotary_factor``, ``head_dim`` (else ``hidden_size // num_attention_heads``) and
-    ``max_position_embeddings``. Returns the scaling keys plus ``rope_type``, ``rope_theta``, ``head_dim``,
-    ``partial_rotary_factor``, ``rotary_dim`` and ``max_position_embeddings``, ready for
-    ``rope_init(p, p["rotary_dim"])``. Per-layer (nested) rope parameters are not supported.
+    ``max_position_embeddings``, and the keys older configs use for the same things: GPT-NeoX's ``rotary_pct`` and
+    ``rotary_emb_base``, GPT-J's and CodeGen's ``rotary_dim`` (and ``n_embd`` / ``n_head``), DeepSeek's
+    ``qk_rope_head_dim`` (the rotated part of each head), ChatGLM's ``kv_channels`` and ``rope_ratio``, Qwen2-VL's
+    legacy rope type ``mrope`` (default frequencies; ``mrope_section`` is kept for ``mrope_cos_sin``).
+
+    Returns the scaling keys plus ``rope_type``, ``rope_theta``, ``head_dim``, ``partial_rotary_factor``,
+    ``rotary_dim``, ``max_position_embeddings`` and ``interleaved`` (the model pairs channels GPT-J's way), ready for
+    ``rope_init(p, p["rotary_dim"])`` or ``RotaryEmbedding(p["head_dim"], scaling=p)``. Per-layer (nested) rope
+    parameters are not supported.
     """
     def read(key):
         return config.get(key) if isinstance(config, Mapping) else getattr(config, key, None)
 
+    model_type = read("model_type")
     scaling = read("rope_parameters") or read("rope_scaling") or {}
     if not isinstance(scaling, Mapping):
         raise ValueError(f"rope_parameters / rope_scaling must be a dict, got {type(scaling).__name__}")
     if any(isinstance(value, Mapping) for value in scaling.values()):
         raise ValueError("per-layer rope_parameters (a dict of dicts) are not supported; pass one layer type's dict")
     params = {key: value for key, value in scaling.items() if key != "type"}
-    params["rope_type"] = scaling.get("rope_type") or scaling.get("type") or "default"
+    rope_type = scaling.get("rope_type") or scaling.get("type") or "default"
+    params["rope_type"] = "default" if rope_type == "mrope" else rope_type  # transformers maps the legacy name too
 
     theta = scaling.get("rope_theta")
-    params["rope_theta"] = float(theta if theta is not None else read("rope_theta") or DEFAULT_BASE)
+    if theta is None:
+        theta = read("rope_theta") or read("rotary_emb_base")
+    if theta is None and model_type == "chatglm":
+        theta = DEFAULT_BASE * float(read("rope_ratio") or 1.0)
+    params["rope_theta"] = float(theta or DEFAULT_BASE)
 
-    head_dim = read("head_dim")
+    head_dim = read("qk_rope_head_dim") or read("head_dim") or read("kv_channels")
     if head_dim is None:
-        hidden_size, heads = read("hidden_size"), read("num_attention_heads")
+        hidden_size = read("hidden_size") or read("n_embd")
+        heads = read("num_attention_heads") or read("n_head")
         if not hidden_size or not heads:
             raise ValueError("config needs head_dim, or hidden_size and num_attention_heads")
         head_dim = hidden_size // heads
-    partial = scaling.get("partial_rotary_factor") or read("partial_rotary_factor") or 1.0
-    rotary_dim = int(head_dim * partial)
-    if rotary_dim <= 0 or rotary_dim % 2:
+    head_dim = int(head_dim)
+    partial = scaling.get("partial_rotary_factor") or read("partial_rotary_factor") or read("rotary_pct")
+    if partial is None and model_type == "chatglm":
+        partial = 0.5  # ChatGLM rotates the first half of each head
+    rotary_dim = read("rotary_dim")  # GPT-J, CodeGen: channels, not a fraction
+    if isinstance(rotary_dim, int) and not isinstance(rotary_dim, bool) and partial is None:
+        partial = rotary_dim / head_dim
+    else:
+        rotary_dim = int(head_dim * float(partial or 1.0))
+    if rotary_dim <= 0 or rotary_dim % 2 or rotary_dim > head_dim:
         raise ValueError(f"head_dim * partial_rotary_factor = {head_dim} * {partial} must give a positive even "
-                         f"rotary_dim, got {rotary_dim}")
-    params.update(head_dim=int(head_dim), partial_rotary_factor=float(partial), rotary_dim=rotary_dim,
-                  max_position_embeddings=read("max_position_embeddings"))
+                         f"rotary_dim <= head_dim, got {rotary_dim}")
+    if model_type in _INTERLEAVE_FLAG_MODEL_TYPES:
+        flag = read("rope_interleave")
+        interleaved = True if flag is None else bool(flag)
+    else:
+        interleaved = model_type in _INTERLEAVED_MODEL_TYPES
+    params.update(head_dim=head_dim, partial_rotary_factor=float(partial or 1.0), rotary_dim=rotary_dim,
+                  max_position_embeddings=read("max_position_embeddings") or read("n_positions")
+                  or read("seq_length"), interleaved=interleaved)
 
     if params["rope_type"] in ("yarn", "llama3", "longrope"):
         # Phi-3 keeps the trained length at the top level, and transformers lets that win over the dict.

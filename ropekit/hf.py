@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import inspect
 from typing import Sequence
 
 import torch
@@ -68,11 +69,39 @@ def rope_config(config) -> tuple[dict, int]:
     return params, params["rotary_dim"]
 
 
+def _neox_pairs_with_drop_in_signature(module) -> str | None:
+    """Why ``module``'s ``apply_rotary_pos_emb`` cannot be replaced by the drop-in (None when it can)."""
+    original = getattr(module, "apply_rotary_pos_emb", None)
+    if original is None:
+        return "it has no apply_rotary_pos_emb"
+    names = list(inspect.signature(original).parameters)[:4]
+    if names != ["q", "k", "cos", "sin"]:
+        return f"its apply_rotary_pos_emb takes ({', '.join(names)}, ...), not (q, k, cos, sin, unsqueeze_dim)"
+    rotate = getattr(module, "rotate_half", None)
+    try:
+        source = inspect.getsource(rotate) if rotate is not None else ""
+    except (OSError, TypeError):
+        source = ""
+    if "::2]" in source:
+        return ("it pairs channels GPT-J's way (rotate_half over x[..., 0::2] and x[..., 1::2]); the drop-in rotates "
+                "NeoX halves. Use ropekit.RotaryEmbedding(..., interleaved=True) or apply_rope(interleaved=True)")
+    return None
+
+
 @contextlib.contextmanager
 def patched(*module_names: str, fn=apply_rotary_pos_emb):
     """Temporarily replace ``apply_rotary_pos_emb`` in transformers model modules, e.g.
-    ``with ropekit.hf.patched("transformers.models.llama.modeling_llama"): model(ids)``."""
+    ``with ropekit.hf.patched("transformers.models.llama.modeling_llama"): model(ids)``.
+
+    With the default ``fn`` (the NeoX drop-in), a module whose function has another signature or pairs channels
+    GPT-J's way (GLM, Cohere, Helium, ERNIE 4.5: their ``rotate_half`` interleaves) is refused with a ``ValueError``
+    instead of silently changing the model's output."""
     modules = [importlib.import_module(name) for name in module_names or ("transformers.models.llama.modeling_llama",)]
+    if fn is apply_rotary_pos_emb:
+        for module in modules:
+            why = _neox_pairs_with_drop_in_signature(module)
+            if why is not None:
+                raise ValueError(f"ropekit's apply_rotary_pos_emb cannot stand in for {module.__name__}'s: {why}")
     saved = [m.apply_rotary_pos_emb for m in modules]
     try:
         for m in modules:

@@ -6,8 +6,9 @@ from typing import Optional
 
 import torch
 
-from .api import apply_rope
+from .api import _TO_BSHD, apply_rope
 from .frequencies import cos_sin_table, inverse_frequencies, rope_init
+from .positions import POSITION_IDS, SEQ_OFFSETS, resolve_positions
 
 __all__ = ["RopeTable", "RotaryEmbedding"]
 
@@ -39,10 +40,19 @@ class RopeTable:
     def ensure(self, rows: int) -> None:
         """Make the table at least ``rows`` long (doubling, so that a growing decode rebuilds it O(log n) times)."""
         if rows > len(self):
-            if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
-                raise RuntimeError(f"the cos/sin table must grow to {rows} rows inside a CUDA graph capture; "
-                                   "create it with max_positions large enough before capturing")
+            _refuse_in_capture(f"the cos/sin table must grow to {rows} rows")
             self.cos, self.sin = self._build(max(rows, 2 * len(self)))
+
+    def set_frequencies(self, inv_freq: torch.Tensor, attention_scaling: float = 1.0) -> None:
+        """Rebuild every row for new frequencies (the sequence-length dependent rope types change them)."""
+        inv_freq = inv_freq.to(torch.float64)
+        if inv_freq.shape != self.inv_freq.shape:
+            raise ValueError(f"inv_freq must have shape {tuple(self.inv_freq.shape)}, got {tuple(inv_freq.shape)}")
+        if torch.equal(inv_freq, self.inv_freq) and float(attention_scaling) == self.attention_scaling:
+            return
+        _refuse_in_capture("the cos/sin table must be rebuilt for new frequencies")
+        self.inv_freq, self.attention_scaling = inv_freq, float(attention_scaling)
+        self.cos, self.sin = self._build(len(self))
 
     def to(self, device) -> "RopeTable":
         self.device = torch.device(device)
@@ -50,35 +60,111 @@ class RopeTable:
         return self
 
 
+def _refuse_in_capture(what: str) -> None:
+    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError(f"{what} inside a CUDA graph capture; create the table (RopeTable / RotaryEmbedding) with "
+                           "max_positions large enough, and for the sequence-length dependent rope types (dynamic, "
+                           "longrope) call it once at the longest length, before capturing")
+
+
+# rope types whose frequencies depend on the current sequence length, as transformers recomputes them every forward
+_SEQUENCE_DEPENDENT = ("dynamic", "longrope")
+
+
 class RotaryEmbedding(torch.nn.Module):
     """Owns a float32 cos/sin table and applies RoPE to q and k.
 
     Args:
         head_dim: channels per head.
-        rotary_dim: channels that rotate (default head_dim; partial rotary when smaller).
-        base: the frequency base (rope_theta): 10000, 500000, 1e6, ...
-        scaling: a transformers ``rope_scaling``/``rope_parameters`` dict (linear, dynamic, yarn, llama3, longrope).
+        rotary_dim: channels that rotate. Default: ``scaling["rotary_dim"]`` (as ``rope_parameters_from_config``
+            gives it), else ``head_dim * scaling["partial_rotary_factor"]``, else head_dim.
+        base: the frequency base (rope_theta): 10000, 500000, 1e6, ... (``scaling["rope_theta"]`` wins).
+        scaling: a transformers ``rope_scaling``/``rope_parameters`` dict (linear, dynamic, yarn, llama3, longrope),
+            or the dict of ``ropekit.rope_parameters_from_config``. Its ``max_position_embeddings`` is the model's
+            context length for the scaling rules (without it: ``max_positions``).
         max_positions: rows built up front (the table grows for longer host-known lengths, never inside a graph).
-        interleaved: GPT-J pairing instead of NeoX.
+        interleaved: GPT-J pairing instead of NeoX. Default: ``scaling["interleaved"]``, else False.
         backend: "triton" or "cuda".
+
+    ``dynamic`` and ``longrope`` change their frequencies with the sequence length, as transformers' rotary modules
+    do on every forward (from ``max(position_ids) + 1``): dynamic NTK raises the base once the sequence outgrows the
+    trained length (and keeps the largest length seen until a sequence fits the trained length again); longrope
+    takes its long factors past the original length, its short ones otherwise. ``forward`` takes that length from
+    ``seq_len`` when given, else from host-known positions (None, an int offset), else from the positions tensor
+    (one host sync: pass ``seq_len`` in a decode loop, and never let it change inside a CUDA graph capture).
+    ``seq_len`` (max position + 1 of the call, a host int) also grows the table for positions held in a device
+    tensor, which the host never reads.
     """
 
     def __init__(self, head_dim: int, *, rotary_dim: Optional[int] = None, base: float = 10000.0,
-                 scaling: Optional[dict] = None, max_positions: int = 8192, interleaved: bool = False,
+                 scaling: Optional[dict] = None, max_positions: int = 8192, interleaved: Optional[bool] = None,
                  backend: str = "triton", device=None):
         super().__init__()
+        parameters = dict(scaling or {})
         self.head_dim = head_dim
-        self.rotary_dim = head_dim if rotary_dim is None else rotary_dim
+        if rotary_dim is None:
+            rotary_dim = parameters.get("rotary_dim")
+        if rotary_dim is None:
+            rotary_dim = int(head_dim * float(parameters.get("partial_rotary_factor") or 1.0))
+        self.rotary_dim = rotary_dim
         if self.rotary_dim > head_dim or self.rotary_dim <= 0 or self.rotary_dim % 2:
             raise ValueError(f"rotary_dim must be even and in (0, head_dim={head_dim}], got {self.rotary_dim}")
-        self.interleaved = interleaved
+        self.interleaved = bool(parameters.get("interleaved", False)) if interleaved is None else interleaved
         self.backend = backend
-        parameters = dict(scaling or {})
         parameters.setdefault("rope_theta", base)
-        inv_freq, attention_scaling = rope_init(parameters, self.rotary_dim, base=base,
-                                                max_position_embeddings=max_positions)
+        self.rope_type = parameters.get("rope_type") or parameters.get("type") or "default"
+        # the model's context length for the scaling rules; the table's rows only when the dict has none
+        self.max_position_embeddings = parameters.get("max_position_embeddings") or max_positions
+        self._rope_parameters = parameters
+        inv_freq, attention_scaling = self._frequencies(None)
         self.table = RopeTable(self.rotary_dim, max_positions, inv_freq=inv_freq,
                                attention_scaling=attention_scaling, device=device)
+        # dynamic: the longest sequence the frequencies are for (transformers' max_seq_len_cached)
+        self._frequencies_for = self.max_position_embeddings
+
+    def _frequencies(self, seq_len: Optional[int]):
+        return rope_init(self._rope_parameters, self.rotary_dim,
+                         max_position_embeddings=self.max_position_embeddings, seq_len=seq_len)
+
+    def update_frequencies(self, seq_len: int) -> None:
+        """Frequencies for a sequence of ``seq_len`` positions (``dynamic``, ``longrope``; other types: nothing).
+
+        Called by ``forward``; call it yourself before capturing a CUDA graph that must use a given length.
+        """
+        if self.rope_type == "dynamic":
+            trained = self.max_position_embeddings
+            if seq_len > self._frequencies_for:  # growth: a larger base for the longer sequence
+                self.table.set_frequencies(*self._frequencies(seq_len))
+                self._frequencies_for = seq_len
+            elif seq_len < trained < self._frequencies_for:  # back within the trained length: the original base
+                self.table.set_frequencies(*self._frequencies(None))
+                self._frequencies_for = trained
+        elif self.rope_type == "longrope":
+            original = self._rope_parameters.get("original_max_position_embeddings") or self.max_position_embeddings
+            # rope_init takes the long factors for any seq_len past the original length, the short ones for None
+            self.table.set_frequencies(*self._frequencies(seq_len if seq_len > original else None))
+
+    def _sequence_length(self, q, positions, layout, cu_seqlens, max_seqlen) -> int:
+        """max(position) + 1 over the call's tokens (a host sync only for positions in a device tensor)."""
+        if layout == "thd":
+            n_batch, tokens = cu_seqlens.shape[0] - 1, q.shape[0]
+            if max_seqlen is None:
+                max_seqlen = int((cu_seqlens[1:] - cu_seqlens[:-1]).max()) if n_batch > 0 else 0
+            length = max_seqlen
+        else:
+            batch_axis, seq_axis = _TO_BSHD[layout][:2]
+            n_batch, tokens = q.shape[batch_axis], q.shape[seq_axis]
+            length = tokens
+        spec = resolve_positions(batch=n_batch, seqlen=tokens, positions=positions,
+                                 cu_seqlens=cu_seqlens if layout == "thd" else None, max_seqlen=max_seqlen)
+        if spec.tensor is None or spec.tensor.numel() == 0:
+            return spec.offset + length
+        _refuse_in_capture(f"rope_type {self.rope_type!r} needs the sequence length (pass seq_len=...); reading it "
+                           "from the positions tensor is a host sync")
+        if spec.mode == SEQ_OFFSETS:
+            return int(spec.tensor.max()) + length
+        assert spec.mode == POSITION_IDS
+        return int(spec.tensor.max()) + 1
 
     def _apply(self, fn, recurse=True):
         # Keep the table on the module's device when the module moves (.cuda(), .to(...)).
@@ -89,9 +175,20 @@ class RotaryEmbedding(torch.nn.Module):
         return result
 
     def forward(self, q: torch.Tensor, k: Optional[torch.Tensor] = None, *, positions=None, layout: str = "bshd",
-                cu_seqlens: Optional[torch.Tensor] = None, max_seqlen: Optional[int] = None, inplace: bool = False):
+                cu_seqlens: Optional[torch.Tensor] = None, max_seqlen: Optional[int] = None, inplace: bool = False,
+                seq_len: Optional[int] = None):
         if self.table.device != q.device:
             self.table.to(q.device)
+        if seq_len is not None:
+            if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 0:
+                raise TypeError(f"seq_len must be a non-negative host int, got {seq_len!r}")
+            self.table.ensure(seq_len)  # positions in device tensors are never read by the host: grow from the hint
+        elif self.rope_type in _SEQUENCE_DEPENDENT and layout in (*_TO_BSHD, "thd") and (
+                layout != "thd" or cu_seqlens is not None):
+            seq_len = self._sequence_length(q, positions, layout, cu_seqlens, max_seqlen)
+            self.table.ensure(seq_len)  # it was read anyway
+        if seq_len is not None and self.rope_type in _SEQUENCE_DEPENDENT:
+            self.update_frequencies(seq_len)
         return apply_rope(q, k, table=self.table, positions=positions, layout=layout, interleaved=self.interleaved,
                           rotary_dim=self.rotary_dim, inplace=inplace, cu_seqlens=cu_seqlens,
                           max_seqlen=max_seqlen, backend=self.backend)

@@ -2,9 +2,11 @@
 errors and logging — every output compared with the float64 reference."""
 
 import logging
+import math
 
 import pytest
 import torch
+import triton.language as tl
 
 import ropekit
 from ropekit import reference as ref
@@ -266,6 +268,72 @@ def test_v4_in_place_passes_no_output(dense):
     assert not v4.plan_v4(k, None, cos, sin, out_q=out, out_k=None, positions=spec, rotary_dim=8).in_place
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("interleaved", [False, True], ids=["neox", "gptj"])
+def test_half_outputs_are_the_fp32_result_rounded_to_nearest(dtype, interleaved):
+    # One rounding to nearest even of the fp32 math, on the GPU and under the interpreter alike (ropekit.device makes
+    # the interpreter round fp32 -> bf16 casts as the GPU does): bit for bit the fp32 call's result rounded by torch.
+    cos, sin = table(64, 24)
+    q = torch.randn(2, 9, 4, 32, device=DEVICE).to(dtype)
+    k = torch.randn(2, 9, 2, 32, device=DEVICE).to(dtype)
+    offsets = torch.tensor([3, 17], device=DEVICE)
+    kwargs = dict(positions=offsets, rotary_dim=24, interleaved=interleaved)
+    out_q, out_k = ropekit.apply_rope(q, k, cos, sin, **kwargs)
+    out_q32, out_k32 = ropekit.apply_rope(q.float(), k.float(), cos, sin, **kwargs)
+    assert torch.equal(out_q.view(torch.int16), out_q32.to(dtype).view(torch.int16))
+    assert torch.equal(out_k.view(torch.int16), out_k32.to(dtype).view(torch.int16))
+
+
+def test_int64_addressing_covers_per_token_rows_and_position_ids():
+    # The kernel indexes per-token cos/sin rows and position ids with the same integer type as q and k: a small q
+    # with such a tensor spanning 2**31 elements needs int64 too (meta tensors: planned, never launched)
+    from ropekit.positions import resolve_positions
+
+    q, k = torch.empty(1, 4, 2, 16, device="meta"), torch.empty(1, 4, 1, 16, device="meta")
+    outs = dict(out_q=torch.empty_like(q), out_k=torch.empty_like(k))
+    table = torch.empty(64, 8, device="meta")
+    huge_rows = torch.empty_strided((1, 4, 16), (2**30, 2**30, 1), device="meta")
+    huge_ids = torch.empty_strided((1, 4), (2**30, 2**30), dtype=torch.int64, device="meta")
+    plain = resolve_positions(batch=1, seqlen=4, positions=None)
+    assert v4.plan_v4(q, k, table, table, positions=plain, rotary_dim=16, **outs).constexprs["INDEX_DTYPE"] == tl.int32
+    per_token = v4.plan_v4(q, k, huge_rows, huge_rows, positions=plain, rotary_dim=16, cos_per_token=True, **outs)
+    assert per_token.constexprs["INDEX_DTYPE"] == tl.int64
+    ids = resolve_positions(batch=1, seqlen=4, positions=huge_ids)
+    assert v4.plan_v4(q, k, table, table, positions=ids, rotary_dim=16, **outs).constexprs["INDEX_DTYPE"] == tl.int64
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="the interpreter's question")
+def test_kernels_run_when_triton_was_imported_before_ropekit():
+    # A user (or transformers, or torch._dynamo) may import triton first: the interpreter is then switched on after
+    # Triton's own jitted library functions were decorated, and a kernel that calls one of them cannot run.
+    import os
+    import subprocess
+    import sys
+
+    code = """
+import triton
+import torch
+import ropekit
+from ropekit import reference as ref
+from ropekit.testing import assert_close_to_reference
+from ropekit.triton.v1 import rope_v1
+from ropekit.triton.v2 import rope_v2
+from ropekit.triton.v3 import rope_v3
+q, k = torch.randn(2, 5, 4, 32), torch.randn(2, 5, 2, 32)
+cos, sin = ropekit.cos_sin_table(16, 32)
+want = ref.rope(q, ref.token_positions(2, 5))
+for launcher in (rope_v1, rope_v2, rope_v3):
+    assert_close_to_reference(launcher(q, cos, sin, torch.empty_like(q)), want)
+for kwargs in ({}, {"positions": torch.tensor([0, 0])}, {"interleaved": False, "inplace": True}):
+    assert_close_to_reference(ropekit.apply_rope(q.clone(), k, cos, sin, **kwargs)[0], want)
+print("ok")
+"""
+    # a fresh process as a user starts one: TRITON_INTERPRET not set yet (this one's ropekit.device set it)
+    env = {name: value for name, value in os.environ.items() if name != "TRITON_INTERPRET"}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode == 0 and "ok" in result.stdout, result.stderr[-2000:]
+
+
 def test_noncontiguous_views_and_k_none():
     q = make("bshd", 2, 4, 3, 32, torch.float32, noncontiguous=True)
     assert not q.is_contiguous()
@@ -427,6 +495,67 @@ def test_rotary_embedding_with_llama3_scaling_matches_reference():
     assert_close_to_reference(out_q, ref.rope(q, pos, inv_freq=inv_freq, attention_scaling=attention))
 
 
+def test_rotary_embedding_takes_rotary_dim_and_pairing_from_the_config_dict():
+    params = ropekit.rope_parameters_from_config({"model_type": "glm", "head_dim": 32, "partial_rotary_factor": 0.5,
+                                                  "rope_theta": 500000.0})
+    rope = ropekit.RotaryEmbedding(params["head_dim"], scaling=params, max_positions=16, device=DEVICE)
+    assert rope.rotary_dim == 16 and rope.interleaved
+    q = make("bshd", 1, 5, 2, 32, torch.float32)
+    out_q, _ = rope(q, positions=3)
+    want = ref.rope(q, ref.token_positions(1, 5, offsets=3), base=500000.0, rotary_dim=16, interleaved=True)
+    assert_close_to_reference(out_q, want)
+    # explicit arguments still win over the dict
+    assert not ropekit.RotaryEmbedding(32, scaling=params, interleaved=False, rotary_dim=32).interleaved
+
+
+def test_rotary_embedding_context_length_comes_from_the_config_not_the_table():
+    # Phi-3 style longrope without a factor: the attention factor follows max_position_embeddings / original
+    half = 8
+    scaling = {"rope_type": "longrope", "short_factor": [1.0] * half, "long_factor": [4.0] * half,
+               "original_max_position_embeddings": 64, "max_position_embeddings": 1024}
+    rope = ropekit.RotaryEmbedding(16, scaling=scaling, max_positions=32, device=DEVICE)
+    _, attention = ropekit.rope_init(scaling, 16)
+    assert rope.table.attention_scaling == pytest.approx(attention) and attention == pytest.approx(
+        math.sqrt(1 + math.log(1024 / 64) / math.log(64)))
+
+
+@pytest.mark.parametrize("how", ["host-offset", "tensor-offsets", "seq_len-hint"])
+def test_rotary_embedding_dynamic_and_longrope_follow_the_sequence_length(how):
+    # transformers recomputes these frequencies from max(position_ids) + 1 every forward; so does the module
+    dynamic = {"rope_type": "dynamic", "factor": 2.0, "max_position_embeddings": 16}
+    longrope = {"rope_type": "longrope", "short_factor": [1.0] * 8, "long_factor": [3.0] * 8,
+                "original_max_position_embeddings": 16, "max_position_embeddings": 64}
+    for scaling in (dynamic, longrope):
+        rope = ropekit.RotaryEmbedding(16, scaling=scaling, max_positions=8, device=DEVICE)
+        q = make("bshd", 2, 1, 2, 16, torch.float32)
+        # within, past, and back within the trained length: original, stretched (for 41 positions), original
+        for last, stretched_for in ((5, None), (40, 41), (9, None)):
+            if how == "host-offset":
+                out_q, _ = rope(q, positions=last)
+            elif how == "tensor-offsets":
+                out_q, _ = rope(q, positions=torch.tensor([last - 3, last], device=DEVICE))
+            else:
+                out_q, _ = rope(q, positions=torch.tensor([last - 3, last], device=DEVICE), seq_len=last + 1)
+            inv_freq, attention = ropekit.rope_init(scaling, 16, seq_len=stretched_for)
+            offsets = last if how == "host-offset" else torch.tensor([last - 3, last])
+            want = ref.rope(q, ref.token_positions(2, 1, offsets=offsets), inv_freq=inv_freq,
+                            attention_scaling=attention)
+            assert_close_to_reference(out_q, want)
+            assert len(rope.table) > last  # grown from the length it read (or was told)
+
+
+def test_patching_refuses_a_model_that_pairs_channels_gpt_j_style():
+    pytest.importorskip("transformers")
+    with pytest.raises(ValueError, match="GPT-J's way"):
+        with ropekit.hf.patched("transformers.models.glm.modeling_glm"):
+            pass
+    with pytest.raises(ValueError, match="takes"):
+        with ropekit.hf.patched("transformers.models.gptj.modeling_gptj"):
+            pass
+    with ropekit.hf.patched("transformers.models.phi.modeling_phi"):  # NeoX, partial rotary: fine
+        pass
+
+
 # --- transformers compatibility -------------------------------------------------------------------------------------
 
 try:
@@ -508,6 +637,29 @@ def test_context_parallel_ranks_match_full_sequence(cp_size):
         got, _ = ropekit.apply_rope(shard, None, cos, sin, positions=positions)
         torch.testing.assert_close(got, ropekit.context_parallel_shard(full, cp_size, rank, seq_dim=1),
                                    rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("cp_size", [1, 2])
+def test_context_parallel_packed_batch_matches_the_full_sequences(cp_size):
+    # Transformer Engine's thd split: every sequence of the packed batch cut into 2 * cp_size chunks, rank r keeping
+    # chunks r and 2 cp_size - 1 - r of each; cu_seqlens // cp_size are the rank's own sequence boundaries
+    lengths = [8, 4, 12]
+    cu = torch.tensor([0, 8, 12, 24], device=DEVICE)
+    cos, sin = table()
+    q = torch.randn(24, 2, 32, device=DEVICE)
+    k = torch.randn(24, 1, 32, device=DEVICE)
+    full_q, full_k = ropekit.apply_rope(q, k, cos, sin, layout="thd", cu_seqlens=cu, max_seqlen=12)
+    for rank in range(cp_size):
+        positions = ropekit.context_parallel_varlen_positions(cu, cp_size, rank)
+        local_cu = cu // cp_size
+
+        def shard(x):
+            return torch.cat([ropekit.context_parallel_shard(x[int(a):int(b)], cp_size, rank, seq_dim=0)
+                              for a, b in zip(cu[:-1], cu[1:])])
+        got_q, got_k = ropekit.apply_rope(shard(q), shard(k), cos, sin, layout="thd", cu_seqlens=local_cu,
+                                          max_seqlen=max(lengths) // cp_size, positions=positions)
+        torch.testing.assert_close(got_q, shard(full_q), rtol=0, atol=0)
+        torch.testing.assert_close(got_k, shard(full_k), rtol=0, atol=0)
 
 
 # --- errors, before any write ----------------------------------------------------------------------------------------

@@ -321,6 +321,39 @@ def test_config_without_scaling_is_default():
     assert params["rope_type"] == "default" and params["rope_theta"] == 10000.0 and params["rotary_dim"] == 128
 
 
+@pytest.mark.parametrize("config, expected", [
+    # raw config.json files use older or model-specific keys for the same things
+    pytest.param({"model_type": "gpt_neox", "hidden_size": 512, "num_attention_heads": 8, "rotary_pct": 0.25,
+                  "rotary_emb_base": 1e6, "max_position_embeddings": 2048},
+                 dict(head_dim=64, rotary_dim=16, rope_theta=1e6, interleaved=False), id="gpt-neox-rotary_pct"),
+    pytest.param({"model_type": "gptj", "n_embd": 4096, "n_head": 16, "rotary_dim": 64, "n_positions": 2048},
+                 dict(head_dim=256, rotary_dim=64, rope_theta=10000.0, interleaved=True,
+                      max_position_embeddings=2048), id="gpt-j-rotary_dim"),
+    pytest.param({"model_type": "deepseek_v3", "hidden_size": 7168, "num_attention_heads": 128,
+                  "qk_rope_head_dim": 64, "qk_nope_head_dim": 128, "rope_theta": 10000,
+                  "rope_scaling": {"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096,
+                                   "mscale": 1.0, "mscale_all_dim": 1.0, "beta_fast": 32, "beta_slow": 1}},
+                 dict(head_dim=64, rotary_dim=64, rope_type="yarn", interleaved=True), id="deepseek-v3-rope-head"),
+    pytest.param({"model_type": "deepseek_v3", "hidden_size": 64, "num_attention_heads": 2, "qk_rope_head_dim": 16,
+                  "rope_interleave": False},
+                 dict(rotary_dim=16, interleaved=False), id="deepseek-v3-not-interleaved"),
+    pytest.param({"model_type": "qwen2_vl", "hidden_size": 1536, "num_attention_heads": 12, "rope_theta": 1e6,
+                  "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]}},
+                 dict(rope_type="default", mrope_section=[16, 24, 24], rotary_dim=128), id="qwen2-vl-legacy-mrope"),
+    pytest.param({"model_type": "chatglm", "hidden_size": 4096, "num_attention_heads": 32, "kv_channels": 128,
+                  "rope_ratio": 500, "seq_length": 131072},
+                 dict(head_dim=128, rotary_dim=64, rope_theta=5e6, interleaved=True, max_position_embeddings=131072),
+                 id="chatglm"),
+    pytest.param({"model_type": "glm", "head_dim": 128, "partial_rotary_factor": 0.5},
+                 dict(rotary_dim=64, interleaved=True), id="glm-interleaved-partial"),
+    pytest.param({"model_type": "llama", "head_dim": 128}, dict(rotary_dim=128, interleaved=False), id="llama"),
+])
+def test_config_reads_model_specific_keys(config, expected):
+    params = rope_parameters_from_config(config)
+    assert {key: params[key] for key in expected} == expected
+    rope_init(params, params["rotary_dim"])  # and they are usable as they are
+
+
 def test_config_top_level_original_length_wins_like_phi3():
     config = {"head_dim": 4, "max_position_embeddings": 8000, "original_max_position_embeddings": 1000,
               "rope_scaling": {"type": "longrope", "short_factor": [1.0, 2.0], "long_factor": [4.0, 8.0],

@@ -86,8 +86,9 @@ def small_cases():
     cos = torch.empty(8192, 64)
     sin = torch.empty(8192, 64)
     cases = []
+    decode_offsets = torch.zeros(64, dtype=torch.int64)
     for label, batch, seqlen, positions in (("small prefill b1 s512", 1, 512, None),
-                                            ("decode b64 s1, per-sequence offsets", 64, 1, torch.zeros(64, dtype=torch.int64))):
+                                            ("decode b64 s1, per-sequence offsets", 64, 1, decode_offsets)):
         q = torch.empty(batch, seqlen, 32, 128, dtype=torch.bfloat16)
         k = torch.empty(batch, seqlen, 8, 128, dtype=torch.bfloat16)
         spec = resolve_positions(batch=batch, seqlen=seqlen, positions=positions)

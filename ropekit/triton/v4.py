@@ -334,7 +334,9 @@ def rope_v4_kernel(
                       n_head_blocks_q, table_len, position_offset, stride_cos_s, stride_cos_d, stride_pos_b,
                       stride_pos_s, HEAD_DIM, FLAT, FLAT_PAIRED, HAS_K, POS_MODE, CONJUGATE, EVICT, INDEX_DTYPE)
         return
-    n_head_blocks_q = tl.cdiv(n_heads_q, BLOCK_H)  # plan_v4 passes 1 on the tiles (1 with FUSED_QK too)
+    # plan_v4 passes 1 on the tiles (1 with FUSED_QK too). Plain integer arithmetic, not tl.cdiv: that is a jitted
+    # library function, decorated when triton was imported, i.e. without the interpreter if triton came first
+    n_head_blocks_q = (n_heads_q + BLOCK_H - 1) // BLOCK_H
     if DENSE:
         # contiguous q, k and outputs: their strides follow from the shapes, and plan_v4 passes 1 for each stride
         # argument so that Triton drops it from the launch (a CUDA-graph replay pays for every byte of arguments)
@@ -725,9 +727,13 @@ def plan_v4(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: tor
         MATH_DTYPE=_MATH_DTYPE.get(q.dtype, tl.float32), EAGER_ROUNDING=eager_rounding,
         FUSED_QK=config.fused_qk, FLAT=flat, FLAT_PAIRED=paired, DENSE=dense, IN_PLACE=in_place,
         EVICT="evict_first" if (config.flat_streaming if flat else config.evict_first) else "",
-        # 32-bit address arithmetic is fewer instructions; int64 as soon as any tensor's storage could overflow it
+        # 32-bit address arithmetic is fewer instructions; int64 as soon as an offset into any tensor the kernel
+        # indexes with it could overflow: q, k, the outputs, per-token cos/sin rows and position ids
         INDEX_DTYPE=tl.int32 if _fits_int32(q.shape, q.stride(), k_args.shape, k_args.stride(), out_q.shape,
-                                            out_q.stride(), out_k_args.shape, out_k_args.stride())
+                                            out_q.stride(), out_k_args.shape, out_k_args.stride(), cos.shape,
+                                            cos.stride(), sin.shape, sin.stride(),
+                                            *((pos_tensor.shape, pos_tensor.stride()) if pos_tensor is not None
+                                              else ()))
         and (not flat or max(q.numel(), k_args.numel()) + flat < 2**31) else tl.int64,  # flat: a block's last lane
     )
     if flat:
