@@ -10,7 +10,13 @@ from . import device  # first: decides CUDA vs the Triton interpreter before any
 from . import frequencies, positions, reference  # noqa: E402
 from . import triton  # noqa: E402
 from .api import apply_rope  # noqa: E402
-from .frequencies import cos_sin_table, inverse_frequencies, rope_init, rope_parameters_from_config  # noqa: E402
+from .frequencies import (  # noqa: E402
+    cos_sin_from_freqs,
+    cos_sin_table,
+    inverse_frequencies,
+    rope_init,
+    rope_parameters_from_config,
+)
 from .hf import apply_rotary_pos_emb, mrope_cos_sin  # noqa: E402
 from .module import RopeTable, RotaryEmbedding  # noqa: E402
 from .positions import (  # noqa: E402
@@ -26,6 +32,7 @@ __all__ = [
     "RotaryEmbedding",
     "RopeTable",
     "cos_sin_table",
+    "cos_sin_from_freqs",
     "inverse_frequencies",
     "rope_init",
     "rope_parameters_from_config",

@@ -39,6 +39,7 @@ __all__ = [
     "rope_init",
     "rope_parameters_from_config",
     "cos_sin_at",
+    "cos_sin_from_freqs",
     "cos_sin_table",
 ]
 
@@ -373,6 +374,25 @@ def cos_sin_at(positions: torch.Tensor, inv_freq: torch.Tensor, *, attention_sca
     cos = (torch.cos(theta) * attention_scaling).to(dtype)
     sin = (torch.sin(theta) * attention_scaling).to(dtype)
     return cos, sin
+
+
+def cos_sin_from_freqs(freqs: torch.Tensor, *, interleaved: bool = False, dtype: torch.dtype = torch.float32,
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Half-width ``(positions, rotary_dim/2)`` cos/sin tables from Transformer Engine's ``freqs``: the angles of
+    every position, shape ``(positions, 1, 1, rotary_dim)`` (or ``(positions, rotary_dim)``), each pair's angle
+    twice, as the two halves (NeoX) or side by side (``interleaved``: GPT-J), as TE's ``RotaryPositionEmbedding``
+    returns them. cos/sin are evaluated in float64 of the given angles (TE forms them in float32, so its tables
+    carry float32 angle errors) and rounded to ``dtype``. Row ``p`` serves position ``p``: pass the tables to
+    ``apply_rope`` with the same ``interleaved``.
+    """
+    if freqs.ndim == 4 and freqs.shape[1:3] == (1, 1):
+        freqs = freqs[:, 0, 0]
+    if freqs.ndim != 2 or freqs.shape[-1] % 2:
+        raise ValueError(f"freqs must be (positions, 1, 1, rotary_dim) or (positions, rotary_dim) with an even "
+                         f"rotary_dim, got shape {tuple(freqs.shape)}")
+    half = freqs.shape[-1] // 2
+    angles = (freqs[:, 0::2] if interleaved else freqs[:, :half]).to(torch.float64)
+    return torch.cos(angles).to(dtype), torch.sin(angles).to(dtype)
 
 
 def cos_sin_table(max_positions: int, rotary_dim: int | None = None, *, base: float = DEFAULT_BASE,

@@ -119,8 +119,10 @@ class RotaryEmbedding(torch.nn.Module):
         inv_freq, attention_scaling = self._frequencies(None)
         self.table = RopeTable(self.rotary_dim, max_positions, inv_freq=inv_freq,
                                attention_scaling=attention_scaling, device=device)
-        # dynamic: the longest sequence the frequencies are for (transformers' max_seq_len_cached)
+        # dynamic: the longest sequence the frequencies are for (transformers' max_seq_len_cached); longrope: whether
+        # the table holds the long factors
         self._frequencies_for = self.max_position_embeddings
+        self._frequencies_for_long = False
 
     def _frequencies(self, seq_len: Optional[int]):
         return rope_init(self._rope_parameters, self.rotary_dim,
@@ -141,8 +143,11 @@ class RotaryEmbedding(torch.nn.Module):
                 self._frequencies_for = trained
         elif self.rope_type == "longrope":
             original = self._rope_parameters.get("original_max_position_embeddings") or self.max_position_embeddings
-            # rope_init takes the long factors for any seq_len past the original length, the short ones for None
-            self.table.set_frequencies(*self._frequencies(seq_len if seq_len > original else None))
+            long = seq_len > original
+            if long != self._frequencies_for_long:  # rebuilt only when the set of factors changes
+                # rope_init takes the long factors for any seq_len past the original length, the short ones for None
+                self.table.set_frequencies(*self._frequencies(seq_len if long else None))
+                self._frequencies_for_long = long
 
     def _sequence_length(self, q, positions, layout, cu_seqlens, max_seqlen) -> int:
         """max(position) + 1 over the call's tokens (a host sync only for positions in a device tensor)."""

@@ -662,6 +662,29 @@ def test_context_parallel_packed_batch_matches_the_full_sequences(cp_size):
         torch.testing.assert_close(got_k, shard(full_k), rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("interleaved", [False, True], ids=["neox", "gptj"])
+@pytest.mark.parametrize("layout", ["sbhd", "bshd"])
+def test_transformer_engine_freqs_become_tables(layout, interleaved):
+    # TE's RotaryPositionEmbedding: float32 angles (positions, 1, 1, rotary_dim), rotary_percent 0.5 of head 32,
+    # each pair's angle as the two halves or side by side; start positions per sequence; the tail is copied
+    rotary_dim, seqlen = 16, 6
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, rotary_dim, 2, dtype=torch.float32) / rotary_dim))
+    angles = torch.outer(torch.arange(32, dtype=torch.float32), inv_freq)
+    pairs_twice = angles.repeat_interleave(2, -1) if interleaved else torch.cat((angles, angles), -1)
+    freqs = pairs_twice[:, None, None, :]
+    cos, sin = ropekit.cos_sin_from_freqs(freqs, interleaved=interleaved)
+    assert cos.shape == (32, rotary_dim // 2) and cos.dtype == torch.float32
+    start = torch.tensor([3, 11], device=DEVICE)
+    q = make(layout, 2, seqlen, 2, 32, torch.float32)
+    out, _ = ropekit.apply_rope(q, None, cos.to(DEVICE), sin.to(DEVICE), positions=start, layout=layout,
+                                interleaved=interleaved, rotary_dim=rotary_dim)
+    want = expected(q, layout, ref.token_positions(2, seqlen, offsets=start.cpu()), inv_freq=inv_freq.double(),
+                    rotary_dim=rotary_dim, interleaved=interleaved)
+    assert_close_to_reference(out, want)
+    with pytest.raises(ValueError, match="even"):
+        ropekit.cos_sin_from_freqs(torch.zeros(4, 1, 1, 5))
+
+
 # --- errors, before any write ----------------------------------------------------------------------------------------
 
 def _valid():
