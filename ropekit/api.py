@@ -168,6 +168,11 @@ def _prepare(q, k, cos, sin, positions, layout, rotary_dim, cu_seqlens, max_seql
                 else:
                     raise ValueError(f"positions reach {last} but the cos/sin table has {cos.shape[0]} rows; pass a "
                                      "longer table, or a ropekit.RopeTable / RotaryEmbedding that can grow")
+        elif table is not None:
+            # Positions in a device tensor are never read by the host (no sync). What the host does know is the
+            # sequence length: a sequence of n tokens at offsets >= 0, or with position ids 0..n-1, reaches n - 1.
+            table.ensure(max_seqlen if varlen else seqlen)
+            cos, sin = table.cos, table.sin
         if _check_mode():
             _check_device_values(spec, cos.shape[0], seqlen)
     return cos, sin, spec, rotary_dim

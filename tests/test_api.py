@@ -484,6 +484,22 @@ def test_rotary_embedding_module_grows_its_table():
     assert_close_to_reference(out_k, ref.rope(k, pos, base=500000.0))
 
 
+def test_rotary_embedding_grows_for_a_long_sequence_given_position_ids():
+    # Position ids live on the device and are never read by the host, but the sequence length is host-known: a
+    # prefill of n tokens with ids 0..n-1 (transformers' call) reaches row n - 1, so the table grows to n rows first
+    rope = ropekit.RotaryEmbedding(32, base=1e6, max_positions=8, device=DEVICE)
+    q = make("bshd", 1, 40, 2, 32, torch.float32)
+    ids = torch.arange(40, device=DEVICE)[None]
+    out_q, _ = rope(q, positions=ids)
+    assert len(rope.table) >= 40
+    assert_close_to_reference(out_q, ref.rope(q, ids.cpu(), base=1e6))
+    packed = torch.randn(12, 2, 32, device=DEVICE)  # varlen: the longest sequence counts
+    cu = torch.tensor([0, 3, 12], device=DEVICE)
+    out, _ = ropekit.RotaryEmbedding(32, max_positions=4, device=DEVICE)(
+        packed, positions=torch.tensor([0, 0], device=DEVICE), layout="thd", cu_seqlens=cu, max_seqlen=9)
+    assert_close_to_reference(out, ref.rope(packed, ref.varlen_positions(cu.cpu())))
+
+
 def test_rotary_embedding_with_llama3_scaling_matches_reference():
     scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 64}
