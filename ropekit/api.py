@@ -24,7 +24,8 @@ from typing import Optional
 import torch
 
 from . import device as _device  # noqa: F401  (interpreter switch before triton is imported)
-from .positions import POSITION_IDS, SCALAR_OFFSET, SEQ_OFFSETS, PositionSpec, resolve_positions
+from .positions import (POSITION_IDS, SCALAR_OFFSET, SEQ_OFFSETS, PositionSpec, longest_sequence,
+                        resolve_positions)
 from .triton import v4 as _v4
 from .triton.v4 import plan_v4, rope_v4
 
@@ -107,7 +108,7 @@ def _prepare(q, k, cos, sin, positions, layout, rotary_dim, cu_seqlens, max_seql
             raise ValueError(f"q and k must hold the same tokens, got {q.shape[0]} and {k.shape[0]}")
         if max_seqlen is None:
             # A host sync: pass max_seqlen (a host int) to keep the call capturable in a CUDA graph.
-            max_seqlen = int((cu_seqlens[1:] - cu_seqlens[:-1]).max().item()) if cu_seqlens.shape[0] > 1 else 0
+            max_seqlen = longest_sequence(cu_seqlens)
         if isinstance(max_seqlen, bool) or not isinstance(max_seqlen, int) or max_seqlen < 0:
             raise TypeError(f"max_seqlen must be a non-negative host int, got {max_seqlen!r}")
         n_batch, seqlen = cu_seqlens.shape[0] - 1, q.shape[0]

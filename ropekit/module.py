@@ -8,7 +8,7 @@ import torch
 
 from .api import _TO_BSHD, apply_rope
 from .frequencies import cos_sin_table, inverse_frequencies, rope_init
-from .positions import POSITION_IDS, SEQ_OFFSETS, resolve_positions
+from .positions import POSITION_IDS, SEQ_OFFSETS, longest_sequence, resolve_positions
 
 __all__ = ["RopeTable", "RotaryEmbedding"]
 
@@ -153,8 +153,6 @@ class RotaryEmbedding(torch.nn.Module):
         """max(position) + 1 over the call's tokens (a host sync only for positions in a device tensor)."""
         if layout == "thd":
             n_batch, tokens = cu_seqlens.shape[0] - 1, q.shape[0]
-            if max_seqlen is None:
-                max_seqlen = int((cu_seqlens[1:] - cu_seqlens[:-1]).max()) if n_batch > 0 else 0
             length = max_seqlen
         else:
             batch_axis, seq_axis = _TO_BSHD[layout][:2]
@@ -190,6 +188,8 @@ class RotaryEmbedding(torch.nn.Module):
             self.table.ensure(seq_len)  # positions in device tensors are never read by the host: grow from the hint
         elif self.rope_type in _SEQUENCE_DEPENDENT and layout in (*_TO_BSHD, "thd") and (
                 layout != "thd" or cu_seqlens is not None):
+            if layout == "thd" and max_seqlen is None:
+                max_seqlen = longest_sequence(cu_seqlens)  # one host sync, shared with apply_rope
             seq_len = self._sequence_length(q, positions, layout, cu_seqlens, max_seqlen)
             self.table.ensure(seq_len)  # it was read anyway
         if seq_len is not None and self.rope_type in _SEQUENCE_DEPENDENT:

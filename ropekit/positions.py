@@ -53,6 +53,11 @@ class PositionSpec:
         return self.cu_seqlens is not None
 
 
+def longest_sequence(cu_seqlens: torch.Tensor) -> int:
+    """The longest sequence of a packed batch (a host sync: callers that can, pass ``max_seqlen`` instead)."""
+    return int((cu_seqlens[1:] - cu_seqlens[:-1]).max().item()) if cu_seqlens.shape[0] > 1 else 0
+
+
 def _same_device(a: torch.device, b: torch.device) -> bool:
     # "cuda" (current device) and "cuda:0" name the same device when the index is unspecified
     return a.type == b.type and (a.index is None or b.index is None or a.index == b.index)

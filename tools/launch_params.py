@@ -48,12 +48,17 @@ def compile_plan(plan: v4.V4Launch, pointers: tuple, sass: bool) -> dict:
     """Compile v4 as ``plan`` would launch it with these pointer arguments; its PTX parameters."""
     names = v4.rope_v4_kernel.arg_names
     ints = (*plan.ints_head, 1, *plan.ints_tail)  # the offset 0 arrives as 1
-    values = dict(zip(names, (*pointers, *ints)))
-    values.update(plan.constexprs)
+    values = {**dict(zip(names, (*pointers, *ints))), **plan.constexprs}
+    return compile_specialised(v4.rope_v4_kernel, values, set(plan.constexprs), plan.num_warps, sass)
+
+
+def compile_specialised(kernel, values: dict, constexpr_names: set, num_warps: int, sass: bool) -> dict:
+    """Compile ``kernel`` for sm_90 with the specialisation Triton gives a launch with these argument ``values``
+    (None and the integer 1 become constants; tensors, and integers divisible by 16, carry the divisibility hint)."""
     signature, constants, attrs = {}, {}, {}
-    for i, name in enumerate(names):
+    for i, name in enumerate(kernel.arg_names):
         value = values[name]
-        if name in plan.constexprs or value is None or (isinstance(value, int) and value == 1):
+        if name in constexpr_names or value is None or (isinstance(value, int) and value == 1):
             signature[name], constants[(i,)] = "constexpr", value
         elif isinstance(value, torch.Tensor):
             signature[name] = "*" + _TT[value.dtype]
@@ -62,8 +67,8 @@ def compile_plan(plan: v4.V4Launch, pointers: tuple, sass: bool) -> dict:
             signature[name] = "i32" if -2**31 <= value < 2**31 else "i64"
             if value % 16 == 0:
                 attrs[(i,)] = _DIV16
-    source = ASTSource(v4.rope_v4_kernel, signature, constexprs=constants, attrs=attrs)
-    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": plan.num_warps})
+    source = ASTSource(kernel, signature, constexprs=constants, attrs=attrs)
+    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
     return _describe(compiled, signature, sass)
 
 
@@ -127,20 +132,7 @@ def liger_params(sass: bool) -> dict | None:
                   n_qh=32, n_kh=8, hd=128, pad_n_qh=32, pad_n_kh=8, pad_hd=128, pad_rd=128, rd=128, BLOCK_SIZE=32,
                   BACKWARD_PASS=False)
     constexprs = {n for n, p in zip(names, _triton_rope.params) if p.is_constexpr}
-    signature, constants, attrs = {}, {}, {}
-    for i, name in enumerate(names):
-        value = values[name]
-        if name in constexprs or (isinstance(value, int) and value == 1):
-            signature[name], constants[(i,)] = "constexpr", value
-        elif isinstance(value, torch.Tensor):
-            signature[name], attrs[(i,)] = "*" + _TT[value.dtype], _DIV16
-        else:
-            signature[name] = "i32"
-            if value % 16 == 0:
-                attrs[(i,)] = _DIV16
-    compiled = triton.compile(ASTSource(_triton_rope, signature, constexprs=constants, attrs=attrs),
-                              target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})  # its default
-    return _describe(compiled, signature, sass)
+    return compile_specialised(_triton_rope, values, constexprs, 4, sass)  # num_warps: its wrapper's default
 
 
 def main():
