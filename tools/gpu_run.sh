@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call = one stage of this script, so GPU work is batched (device time is scarce).
-#   bash tools/gpu_run.sh smoke|tune|cuda|bench|stress|probe|gputests|paired|publish|final|small|release|ab   (each stage below; docs/gpu.md has the table)
+#   bash tools/gpu_run.sh smoke|tune|cuda|bench|stress|probe|gputests|paired|publish|final|small|release|ab|verify   (each stage below; docs/gpu.md has the table)
 # Everything it produces goes under $OUT (logs, JSON, PNG).
 set -u
 OUT=${OUT:-/tmp/out}
@@ -125,6 +125,20 @@ case "$stage" in
     timeout 330 python3 tools/ab_versions.py --cases "${AB_CASES:-small-prefill,decode,llama3-8b-prefill,mha-fp16,fp32}" \
       --rounds "${AB_ROUNDS:-9}" --out /tmp/ab 2>&1 | tee /tmp/ab/ab.txt | grep -v "^\[" | tail -45
     tar -czf "$OUT/ab.tgz" -C /tmp/ab .
+    ;;
+  verify)
+    # after a kernel change that release already published: the reliability run (stress JSON rendered into
+    # docs/reliability.md here), compute-sanitizer over every kernel, and the test files release does not run;
+    # one archive, $OUT/verify.tgz
+    mkdir -p /tmp/ver
+    cp "$OUT/gpu.txt" /tmp/ver/
+    timeout 150 python3 -m ropekit stress --out /tmp/ver/reliability.json 2>&1 | tee /tmp/ver/stress.txt | tail -12
+    timeout 150 bash tools/sanitize.sh /tmp/ver/sanitize 2>&1 | tee /tmp/ver/sanitize.txt | tail -4
+    python3 -m ropekit.stress --render /tmp/ver/reliability.json /tmp/ver/reliability.md \
+      --sanitizer /tmp/ver/sanitize/sanitize.json 2>&1 | tail -2
+    timeout 250 python3 -m pytest -q -p no:cacheprovider -o addopts="" tests/ --ignore tests/test_api.py \
+      --ignore tests/test_examples.py --ignore tests/test_reliability.py --ignore tests/test_triton_ladder.py 2>&1 | tee /tmp/ver/pytest_rest.txt | tail -4
+    tar -czf "$OUT/verify.tgz" -C /tmp/ver .
     ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac
