@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call = one stage of this script, so GPU work is batched (device time is scarce).
-#   bash tools/gpu_run.sh smoke|tune|cuda|bench|stress|probe|gputests|paired|publish|final|small|release|ab|verify   (each stage below; docs/gpu.md has the table)
+#   bash tools/gpu_run.sh smoke|tune|cuda|bench|stress|probe|gputests|paired|publish|final|small|release|ab|verify|sweep   (each stage below; docs/gpu.md has the table)
 # Everything it produces goes under $OUT (logs, JSON, PNG).
 set -u
 OUT=${OUT:-/tmp/out}
@@ -139,6 +139,19 @@ case "$stage" in
     timeout 250 python3 -m pytest -q -p no:cacheprovider -o addopts="" tests/ --ignore tests/test_api.py \
       --ignore tests/test_examples.py --ignore tests/test_reliability.py --ignore tests/test_triton_ladder.py 2>&1 | tee /tmp/ver/pytest_rest.txt | tail -4
     tar -czf "$OUT/verify.tgz" -C /tmp/ver .
+    ;;
+  sweep)
+    # the seed sweep (GB/s vs seq per batch, every implementation) re-measured, merged into docs/ here, and
+    # notebook 07 re-executed on it (carry .whl, .shared, .peers); one archive, $OUT/sweep.tgz
+    mkdir -p /tmp/swp
+    cp "$OUT/gpu.txt" /tmp/swp/
+    timeout 290 python3 -m ropekit bench --groups sweep --peers .peers --time-budget 240 --out /tmp/bsweep 2>&1 \
+      | tee /tmp/swp/bench_sweep.txt | grep -v "^\[" | tail -8
+    cp /tmp/bsweep/benchmarks.json /tmp/swp/benchmarks_sweep_run.json
+    python3 -m ropekit bench --merge docs/benchmarks.json /tmp/bsweep/benchmarks.json --out docs 2>&1 | tail -2
+    tar -czf /tmp/swp/docs.tgz docs/benchmarks.json docs/benchmarks.md docs/*.png
+    OUT=/tmp/swp bash tools/gpu_notebooks_batch.sh 170 notebooks/07_benchmarks.ipynb
+    tar -czf "$OUT/sweep.tgz" -C /tmp/swp .
     ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac
