@@ -240,9 +240,9 @@ def _flat_load(X, e, partner, mask, EVICT: tl.constexpr):
     """Elements ``e`` of X and their partners, in fp32."""
     x = tl.load(X + e, mask=mask, other=0.0, eviction_policy=EVICT).to(tl.float32)
     # No cache hint on the partner: the first load of a line sets its policy, and the compiler chooses which of the
-    # two it issues first (a hint on the partner, evict_last, cost Llama's conjugate 1.2%, run28; the launch table
-    # gives the element no hint either since run47: issued first, evict_first let Llama's lines go before their
-    # partner loads, 114.2 against 113.2 µs).
+    # two it issues first (a hint on the partner, evict_last, cost Llama's conjugate 1.2%, run28). The launch table
+    # gives 16-bit elements no hint either: after run47's launch changes the compiler issued the element's
+    # evict_first load first and Llama's forward read 114.2 µs, 113.2 without the hint (run48).
     x_partner = tl.load(X + partner, mask=mask, other=0.0).to(tl.float32)
     return x, x_partner
 
