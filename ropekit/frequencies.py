@@ -190,6 +190,11 @@ def rope_init(parameters: Mapping[str, Any] | None, rotary_dim: int, *, base: fl
     return _INIT[params.rope_type](params)
 
 
+def _rope_type(parameters: Mapping[str, Any]) -> str:
+    """The rope type a parameters dict names: ``"rope_type"``, else the legacy ``"type"``, else ``"default"``."""
+    return parameters.get("rope_type") or parameters.get("type") or "default"
+
+
 class _Params:
     """A rope-parameters dict plus the call's arguments, with readers that fail with the key's name."""
 
@@ -202,7 +207,7 @@ class _Params:
         self.parameters = parameters
         _check_rotary_dim(rotary_dim)
         self.rotary_dim = rotary_dim
-        rope_type = parameters.get("rope_type") or parameters.get("type") or "default"
+        rope_type = _rope_type(parameters)
         if rope_type not in _INIT:
             raise ValueError(f"rope_type {rope_type!r} is not supported; expected one of {', '.join(ROPE_TYPES)}")
         self.rope_type = rope_type
@@ -308,7 +313,7 @@ def rope_parameters_from_config(config: Any) -> dict[str, Any]:
     if any(isinstance(value, Mapping) for value in scaling.values()):
         raise ValueError("per-layer rope_parameters (a dict of dicts) are not supported; pass one layer type's dict")
     params = {key: value for key, value in scaling.items() if key != "type"}
-    rope_type = scaling.get("rope_type") or scaling.get("type") or "default"
+    rope_type = _rope_type(scaling)
     params["rope_type"] = "default" if rope_type == "mrope" else rope_type  # transformers maps the legacy name too
 
     theta = scaling.get("rope_theta")

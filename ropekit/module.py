@@ -7,7 +7,7 @@ from typing import Optional
 import torch
 
 from .api import _TO_BSHD, apply_rope
-from .frequencies import cos_sin_table, inverse_frequencies, rope_init
+from .frequencies import _rope_type, cos_sin_table, inverse_frequencies, rope_init
 from .positions import POSITION_IDS, SEQ_OFFSETS, longest_sequence, resolve_positions
 
 __all__ = ["RopeTable", "RotaryEmbedding"]
@@ -112,7 +112,7 @@ class RotaryEmbedding(torch.nn.Module):
         self.interleaved = bool(parameters.get("interleaved", False)) if interleaved is None else interleaved
         self.backend = backend
         parameters.setdefault("rope_theta", base)
-        self.rope_type = parameters.get("rope_type") or parameters.get("type") or "default"
+        self.rope_type = _rope_type(parameters)
         # the model's context length for the scaling rules; the table's rows only when the dict has none
         self.max_position_embeddings = parameters.get("max_position_embeddings") or max_positions
         self._rope_parameters = parameters

@@ -118,7 +118,9 @@ def measure(args) -> None:
     if reason:
         raise SystemExit(reason)
     current, base = make_pairs(args.peers)
-    impls = [impl for pair in zip(current[:-1], base) for impl in pair] + current[-1:]  # new, base, ..., liger
+    impls = []  # each implementation beside its base version, in make_impls' order (Liger, without one, after them)
+    for impl in current:
+        impls += [impl] + [old for old in base if old.name == f"base-{impl.name}"]
     settings = Settings(graph_rounds=args.rounds, graph_ms=args.graph_ms, time_budget_s=args.time_budget)
     timer = GpuTimer(settings)
     ceiling = timer.copy_ceiling()

@@ -18,6 +18,13 @@ fi
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/tmp/install.log 2>&1 || { tail -5 /tmp/install.log; exit 1; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
 python3 -m ropekit info 2>&1 | tee -a "$OUT/gpu.txt"
+
+# merge_docs RUN_JSON DIR: merge a bench run into docs/ (JSON, markdown, plots) and archive them as DIR/docs.tgz,
+# the published files a stage brings back
+merge_docs() {
+  python3 -m ropekit bench --merge docs/benchmarks.json "$1" --out docs 2>&1 | tee "$2/merge.txt" | tail -3
+  tar -czf "$2/docs.tgz" docs/benchmarks.json docs/benchmarks.md docs/*.png
+}
 case "$stage" in
   smoke)
     python3 -m ropekit check 2>&1 | tee "$OUT/check.txt"
@@ -68,9 +75,7 @@ case "$stage" in
     timeout 300 python3 -m ropekit bench --peers .peers --time-budget 260 --out /tmp/bench 2>&1 | tee "$OUT/bench.txt" \
       | grep -E "graph clock|ceiling|Wrote|wrote"
     cp /tmp/bench/benchmarks.json "$OUT/benchmarks_run.json"
-    python3 -m ropekit bench --merge docs/benchmarks.json /tmp/bench/benchmarks.json --out docs 2>&1 | tee "$OUT/merge.txt" \
-      | tail -3
-    tar -czf "$OUT/docs.tgz" docs/benchmarks.json docs/benchmarks.md docs/*.png
+    merge_docs /tmp/bench/benchmarks.json "$OUT"
     OUT=$OUT bash tools/gpu_notebooks_batch.sh 200 notebooks/05_triton_v4.ipynb notebooks/07_benchmarks.ipynb
     timeout 120 python3 tools/flat_probe.py --paired --cases llama3-8b-prefill --dtype float32 --rounds 5 \
       --json "$OUT/gqa_fp32.json" 2>&1 | tee "$OUT/gqa_fp32.txt" | tail -40
@@ -94,8 +99,7 @@ case "$stage" in
     timeout 220 python3 -m ropekit bench --peers .peers --time-budget 200 --out /tmp/bench 2>&1 | tee /tmp/rel/bench.txt \
       | grep -E "graph clock|ceiling|MET|met "
     cp /tmp/bench/benchmarks.json /tmp/rel/benchmarks_run.json
-    python3 -m ropekit bench --merge docs/benchmarks.json /tmp/bench/benchmarks.json --out docs 2>&1 | tail -2
-    tar -czf /tmp/rel/docs.tgz docs/benchmarks.json docs/benchmarks.md docs/*.png
+    merge_docs /tmp/bench/benchmarks.json /tmp/rel
     OUT=/tmp/rel bash tools/gpu_notebooks_batch.sh 170 notebooks/05_triton_v4.ipynb notebooks/07_benchmarks.ipynb
     tar -czf "$OUT/release.tgz" -C /tmp/rel .
     ;;
@@ -148,8 +152,7 @@ case "$stage" in
     timeout 290 python3 -m ropekit bench --groups sweep --peers .peers --time-budget 240 --out /tmp/bsweep 2>&1 \
       | tee /tmp/swp/bench_sweep.txt | grep -v "^\[" | tail -8
     cp /tmp/bsweep/benchmarks.json /tmp/swp/benchmarks_sweep_run.json
-    python3 -m ropekit bench --merge docs/benchmarks.json /tmp/bsweep/benchmarks.json --out docs 2>&1 | tail -2
-    tar -czf /tmp/swp/docs.tgz docs/benchmarks.json docs/benchmarks.md docs/*.png
+    merge_docs /tmp/bsweep/benchmarks.json /tmp/swp
     OUT=/tmp/swp bash tools/gpu_notebooks_batch.sh 170 notebooks/07_benchmarks.ipynb
     tar -czf "$OUT/sweep.tgz" -C /tmp/swp .
     ;;
