@@ -8,6 +8,7 @@ rows to the v4 kernel (``per_token=True``): q and k in one launch, fp32 math, sa
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import inspect
 from typing import Sequence
@@ -41,11 +42,18 @@ def mrope_cos_sin(cos_table: torch.Tensor, sin_table: torch.Tensor, position_ids
     ``position_ids``: ``(3, batch, seq)`` (temporal, height, width) or ``(batch, seq)`` (text: all three equal).
     ``mrope_section``: how many of the ``rotary_dim/2`` pairs follow each axis, e.g. ``[16, 24, 24]``.
     Pair ``i`` in section ``j`` turns by ``position_ids[j] * inv_freq[i]``: a gather from the half-width tables;
-    the result is full width (both halves equal), the layout transformers uses.
+    the result is full width (both halves equal), the layout transformers uses. Positions outside the table give
+    NaN rows. Raises ``TypeError``/``ValueError`` naming ``position_ids`` or ``mrope_section``.
     """
     half = cos_table.shape[-1]
-    if sum(mrope_section) != half:
-        raise ValueError(f"mrope_section {list(mrope_section)} must sum to rotary_dim/2 = {half}")
+    sections = list(mrope_section)
+    if any(isinstance(n, bool) or not isinstance(n, int) or n < 0 for n in sections):
+        raise ValueError(f"mrope_section must hold non-negative ints, got {sections}")
+    if sum(sections) != half:
+        raise ValueError(f"mrope_section {sections} must sum to rotary_dim/2 = {half}")
+    if not isinstance(position_ids, torch.Tensor) or position_ids.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"position_ids must be an int32 or int64 tensor, got "
+                        f"{getattr(position_ids, 'dtype', type(position_ids).__name__)}")
     if position_ids.ndim == 2:
         position_ids = position_ids.expand(3, *position_ids.shape)
     if position_ids.ndim != 3 or position_ids.shape[0] != 3:
@@ -54,9 +62,14 @@ def mrope_cos_sin(cos_table: torch.Tensor, sin_table: torch.Tensor, position_ids
     axis_of_pair = axis_of_pair.to(position_ids.device)
     # (batch, seq, half): the position each pair of each token uses
     pos = position_ids.permute(1, 2, 0)[..., axis_of_pair]
+    # Positions outside the table are never read (a negative index would wrap to the table's end): their rows come
+    # out as NaN, as apply_rope's are, and no host sync is needed to find them.
+    in_table = (pos >= 0) & (pos < cos_table.shape[0])
+    pos = torch.where(in_table, pos, 0)
     pair_index = torch.arange(half, device=position_ids.device).expand_as(pos)
-    cos = cos_table[pos, pair_index]
-    sin = sin_table[pos, pair_index]
+    nan = torch.tensor(float("nan"), dtype=cos_table.dtype, device=cos_table.device)
+    cos = torch.where(in_table, cos_table[pos, pair_index], nan)
+    sin = torch.where(in_table, sin_table[pos, pair_index], nan)
     return torch.cat((cos, cos), dim=-1), torch.cat((sin, sin), dim=-1)
 
 
@@ -85,6 +98,36 @@ def _neox_pairs_with_drop_in_signature(module) -> str | None:
     if "::2]" in source:
         return ("it pairs channels GPT-J's way (rotate_half over x[..., 0::2] and x[..., 1::2]); the drop-in rotates "
                 "NeoX halves. Use ropekit.RotaryEmbedding(..., interleaved=True) or apply_rope(interleaved=True)")
+    return _differs_on_probe(original)
+
+
+@functools.lru_cache(maxsize=None)
+def _differs_on_probe(original) -> str | None:
+    """Why ``original(q, k, cos, sin)`` is not what the drop-in computes, bit for bit, on probe inputs in float32 and
+    bfloat16 (None when it is). A signature and a name say little: a module may flip ``rotate_half``'s sign, take
+    half-width cos, rotate in the complex form or compute in float32; running both is what tells."""
+    from . import device
+    from .frequencies import cos_sin_at, inverse_frequencies
+
+    generator = torch.Generator().manual_seed(0)
+    batch, heads, seq, head_dim = 2, 3, 5, 16
+    positions = torch.tensor([[0, 1, 2, 3, 4], [7, 8, 9, 10, 11]])
+    cos, sin = cos_sin_at(positions, inverse_frequencies(head_dim, 10000.0), dtype=torch.float64)
+    cos, sin = torch.cat((cos, cos), dim=-1), torch.cat((sin, sin), dim=-1)
+    for dtype in (torch.float32, torch.bfloat16):
+        q, k = (torch.randn(batch, h, seq, head_dim, generator=generator).to(device=device.DEVICE, dtype=dtype)
+                for h in (heads, 1))
+        rows = cos.to(device.DEVICE, dtype), sin.to(device.DEVICE, dtype)
+        try:
+            theirs = original(q.clone(), k.clone(), *rows)
+        except Exception as error:  # noqa: BLE001 — any failure means it takes other inputs than the drop-in's
+            return f"it fails on transformers' standard inputs ({type(error).__name__}: {error})"
+        ours = apply_rotary_pos_emb(q.clone(), k.clone(), *rows)
+        if not (isinstance(theirs, tuple) and len(theirs) == 2 and all(
+                isinstance(t, torch.Tensor) and t.shape == o.shape and t.dtype == o.dtype and torch.equal(t, o)
+                for t, o in zip(theirs, ours))):
+            return (f"on a {dtype} probe its result differs from the drop-in's (another rotation, cos width, "
+                    "rounding or sign); the drop-in would change the model's output")
     return None
 
 
@@ -93,9 +136,10 @@ def patched(*module_names: str, fn=apply_rotary_pos_emb):
     """Temporarily replace ``apply_rotary_pos_emb`` in transformers model modules, e.g.
     ``with ropekit.hf.patched("transformers.models.llama.modeling_llama"): model(ids)``.
 
-    With the default ``fn`` (the NeoX drop-in), a module whose function has another signature or pairs channels
-    GPT-J's way (GLM, Cohere, Helium, ERNIE 4.5: their ``rotate_half`` interleaves) is refused with a ``ValueError``
-    instead of silently changing the model's output."""
+    With the default ``fn`` (the NeoX drop-in), each module's own function is first run on probe inputs in float32
+    and bfloat16 beside the drop-in; a module whose function has another signature, pairs channels GPT-J's way, or
+    computes anything but the same bits (a sign-flipped ``rotate_half``, half-width cos, the complex form, float32
+    math in a bfloat16 model) is refused with a ``ValueError`` instead of silently changing the model's output."""
     modules = [importlib.import_module(name) for name in module_names or ("transformers.models.llama.modeling_llama",)]
     if fn is apply_rotary_pos_emb:
         for module in modules:

@@ -544,7 +544,8 @@ def _launch(grid, pointers, ints, constexprs, num_warps, static_key):
     """Launch through the direct-launch cache. ``static_key``: ``V4Launch.key`` (grid, integers but the offset,
     constexprs, warps, pointer dtypes)."""
     if _device.INTERPRET:
-        rope_v4_kernel[grid](*pointers, *ints, **constexprs, num_warps=num_warps)
+        with _device.INTERPRETER_LOCK:
+            rope_v4_kernel[grid](*pointers, *ints, **constexprs, num_warps=num_warps)
         return
     aligned = 0  # bit i: pointer i is 16-byte aligned (Triton specialises on it)
     for pointer in pointers:
