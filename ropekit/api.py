@@ -330,7 +330,7 @@ def _launch(q, k, cos, sin, positions, pos_mode, cu_seqlens, position_offset, ma
                                            max_seqlen, layout)
     _launcher(backend)(q4, k4, cos, sin, out_q=oq4, out_k=ok4, positions=spec, rotary_dim=rotary_dim,
                        interleaved=interleaved, conjugate=conjugate, cos_per_token=per_token,
-                       copy_tail=out_q.data_ptr() != q.data_ptr(),
+                       copy_tail=out_q is not q,  # (by identity: two empty tensors share data pointer 0)
                        **({"eager_rounding": True} if eager_rounding else {}))
 
 

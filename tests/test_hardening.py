@@ -417,3 +417,32 @@ def test_threads_on_the_interpreter_are_serialised_and_correct():
 @gpu_only
 def test_threads_on_the_gpu_give_bit_identical_results():
     _concurrent_matches_serial(8, 20, (4, 512, 8, 128))
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# torch.compile keeps both promises.
+# --------------------------------------------------------------------------------------------------------------------
+
+def test_compiled_validation_errors_stay_value_errors():
+    cos, sin = table()
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda x: ropekit.apply_rope(x, None, cos, sin, rotary_dim=33)[0])
+    with pytest.raises(ValueError, match="rotary_dim"):
+        compiled(torch.randn(1, 4, 2, HEAD_DIM, device=DEVICE))
+
+
+def test_compiled_in_place_bumps_the_version_counter():
+    cos, sin = table()
+    torch._dynamo.reset()
+
+    @torch.compile
+    def rotate_in_place(y):
+        ropekit.apply_rope(y, None, cos, sin, inplace=True)
+        return y
+
+    w = torch.randn(1, 4, 2, HEAD_DIM, device=DEVICE, requires_grad=True)
+    y = (w * 2).exp()
+    with torch.no_grad():
+        rotate_in_place(y)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.sum().backward()
