@@ -1,0 +1,428 @@
+"""A fuzzer for hostile-but-plausible inputs: ``python -m ropekit.reliability.fuzz --cases N --seed S``.
+
+Each case draws, independently for *every* tensor argument of an op (q, k, cos, sin, positions, cu_seqlens; for the
+fused ops also their caches, slot mappings and scales), its dtype, its view (contiguous, padded rows, stepped
+channels, permuted dimensions, expanded stride-0 dimensions, self-overlapping ``as_strided``) and its values (positions
+inside and outside the table, negative, ``cu_seqlens`` valid or not, ending past the tokens), plus the switches
+(layout, pairing, ``rotary_dim``, per-token rows, in place, autograd, check mode) and aliasing between tensors.
+
+The oracle, for every case:
+
+* the call matches the float64 reference (``ropekit.reference``) within the output dtype's bound
+  (``ropekit.testing``), or raises a documented error: ``TypeError``/``ValueError`` naming an argument,
+  ``NotImplementedError``, or for overlapping in-place arguments the ``RuntimeError`` PyTorch raises for them;
+* a call the documentation says must be refused is refused, and a plain valid call is not;
+* in every case nothing outside the outputs changes: every input lives inside a larger buffer (guard elements
+  before, after and between its rows, some of them NaN), and after the call each buffer is compared bit for bit
+  outside what the call may write (nothing when it raised; an in-place target's own elements otherwise);
+* an in-place call bumps the version counter of what it writes.
+
+Cases are seeded one by one (``--case I`` replays case I of a seed and prints it), shapes are tiny and compile-time
+values come from a bounded set, so the Triton interpreter runs a few hundred cases in CI within a minute.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import random
+import re
+import subprocess
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from ropekit import device as _device  # first: the interpreter switch must precede any triton import
+
+__all__ = ["Arena", "Case", "run", "run_case", "judge", "same_bits", "targets", "main"]
+
+# An error message must name the argument it is about.
+_ARGUMENT = re.compile(r"\b(q|k|v|cos|sin|positions|position_ids|cu_seqlens|max_seqlen|rotary_dim|layout|inplace|"
+                       r"per_token|interleaved|table|backend|head_size|query|key|cos_sin_cache|k_cache|v_cache|"
+                       r"kv_cache|slot_mapping|cache_offsets|k_scale|v_scale|scale|q_weight|k_weight|kv_c|q_pe|k_pe|"
+                       r"eps|weight_offset)\b")
+_GUARD_NAN_PROBABILITY = 0.5
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Memory: every tensor a view into a larger buffer whose outside is checked bit for bit.
+# --------------------------------------------------------------------------------------------------------------------
+
+VIEW_KINDS = ("contiguous", "padded", "stepped", "permuted", "expanded", "overlapping")
+
+
+def _strides(shape: tuple, kind: str, rng: random.Random) -> tuple[list, bool]:
+    """Element strides of a ``kind`` view of ``shape`` (and whether a dimension was expanded to stride 0)."""
+    n = len(shape)
+    order = list(range(n))[::-1]  # innermost first
+    if kind == "permuted":
+        rng.shuffle(order)
+    strides, acc = [0] * n, (rng.choice((2, 3)) if kind == "stepped" else 1)
+    for d in order:
+        strides[d] = acc
+        acc = acc * max(shape[d], 1) + (rng.randint(1, 3) if kind == "padded" else 0)
+    expanded = False
+    if kind == "expanded":
+        wide = [d for d in range(n) if shape[d] > 1]
+        for d in rng.sample(wide, k=min(len(wide), rng.randint(1, 2))):
+            strides[d], expanded = 0, True
+    elif kind == "overlapping":
+        # a dimension whose stride is shorter than the span of the dimensions inside it: its rows share elements
+        candidates = [d for d in range(n) if shape[d] > 1 and strides[d] > 1]
+        if candidates:
+            d = rng.choice(candidates)
+            strides[d] = rng.randint(1, strides[d] - 1)
+    return strides, expanded
+
+
+def _extent(shape, strides) -> int:
+    if any(s == 0 for s in shape):
+        return 0
+    return 1 + sum((size - 1) * stride for size, stride in zip(shape, strides))
+
+
+def footprint(view: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
+    """A bool mask over ``base`` (1-D): the elements ``view`` (a view into ``base``'s storage) covers."""
+    mask = torch.zeros(base.numel(), dtype=torch.bool)
+    if view.numel():
+        offset = view.storage_offset() - base.storage_offset()
+        mask[torch.arange(base.numel()).as_strided(view.shape, view.stride(), offset).reshape(-1)] = True
+    return mask
+
+
+def self_overlapping(view: torch.Tensor) -> bool:
+    """Whether two indices of ``view`` name the same element (a write through it would race)."""
+    if view.numel() < 2:
+        return False
+    index = torch.arange(_extent(view.shape, view.stride())).as_strided(view.shape, view.stride())
+    return index.unique().numel() < view.numel()
+
+
+def _random_fill(base: torch.Tensor, gen: torch.Generator) -> None:
+    if base.is_floating_point():
+        base.copy_(torch.rand(base.shape, generator=gen, dtype=torch.float64).mul(4).sub(2).to(base.dtype))
+    else:
+        base.copy_(torch.randint(-9, 1 << 20, base.shape, generator=gen).to(base.dtype))
+
+
+@dataclass
+class _Buffer:
+    name: str
+    base: torch.Tensor  # 1-D, on the device
+    before: torch.Tensor  # its bytes before the call, on the CPU
+    writable: torch.Tensor  # bool mask: elements the call may write (an in-place target's own elements)
+
+
+class Arena:
+    """Allocates every tensor of a case as a view into a larger buffer and checks, after the call, that nothing
+    outside what the call may write has changed, bit for bit."""
+
+    def __init__(self, rng: random.Random, gen: torch.Generator, device):
+        self.rng, self.gen, self.device = rng, gen, device
+        self.buffers: list[_Buffer] = []
+
+    def place(self, name: str, shape: tuple, dtype: torch.dtype, kind: str = "contiguous",
+              values: Callable[[tuple], torch.Tensor] | None = None) -> torch.Tensor:
+        """A ``kind`` view of ``shape`` inside a fresh buffer with guard elements around and between its rows.
+
+        ``values(core_shape)`` gives the values (CPU tensor) for the view's distinct elements; ``core_shape`` is
+        ``shape`` with 1 where the view is expanded. Without it the view reads the buffer's random contents.
+        """
+        strides, _ = _strides(tuple(shape), kind, self.rng)
+        extent = _extent(shape, strides)
+        row = max(shape[-1] if shape else 1, 1)
+        pre, post = self.rng.randint(1, 2 * row), self.rng.randint(1, 4 * row)
+        base_cpu = torch.empty(pre + extent + post, dtype=dtype)
+        _random_fill(base_cpu, self.gen)
+        view_cpu = base_cpu.as_strided(shape, strides, pre)
+        if base_cpu.is_floating_point() and self.rng.random() < _GUARD_NAN_PROBABILITY:
+            guard = ~footprint(view_cpu, base_cpu)
+            base_cpu[guard] = float("nan")  # a read outside the view poisons the result
+        if values is not None and view_cpu.numel():
+            core_shape = tuple(1 if st == 0 else s for s, st in zip(shape, strides))
+            base_cpu.as_strided(core_shape, strides, pre).copy_(values(core_shape).to(dtype))
+        base = base_cpu.to(self.device)
+        self.buffers.append(_Buffer(name, base, _bytes(base_cpu).clone(), torch.zeros(base.numel(), dtype=torch.bool)))
+        return base.as_strided(shape, strides, pre)
+
+    def buffer_of(self, view: torch.Tensor) -> _Buffer:
+        for buffer in self.buffers:
+            if buffer.base.untyped_storage().data_ptr() == view.untyped_storage().data_ptr():
+                return buffer
+        raise KeyError("not a view of this arena")
+
+    def allow_writes(self, view: torch.Tensor) -> None:
+        buffer = self.buffer_of(view)
+        buffer.writable |= footprint(view, buffer.base)
+
+    def changed(self, *, allow: bool) -> list[str]:
+        """Buffers with an element changed (outside the writable elements when ``allow``): ``name: count``."""
+        report = []
+        for buffer in self.buffers:
+            now = _bytes(buffer.base.cpu())
+            diff = (now != buffer.before).reshape(buffer.base.numel(), -1).any(dim=1)
+            if allow:
+                diff &= ~buffer.writable
+            if diff.any():
+                first = int(torch.nonzero(diff)[0])
+                report.append(f"{buffer.name}: {int(diff.sum())} elements changed (first at element {first} of its "
+                              f"buffer)")
+        return report
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    dense = torch.empty(t.numel(), dtype=t.dtype, device=t.device)
+    return dense.copy_(t.reshape(-1)).view(torch.uint8)
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bit-for-bit equality (NaN payloads included) of two tensors of one shape and dtype, on any devices."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    return a.numel() == 0 or torch.equal(_bytes(a.detach().cpu()), _bytes(b.detach().cpu()))
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Cases and the oracle.
+# --------------------------------------------------------------------------------------------------------------------
+
+MATCH, RAISE, EITHER = "match", "raise", "either"
+
+
+@dataclass
+class Case:
+    """One drawn call. ``call()`` runs it; ``check(result)`` returns the ways its result is wrong (empty: right)."""
+
+    target: str
+    spec: dict  # what was drawn, for the reproducer
+    arena: Arena
+    call: Callable[[], object]
+    check: Callable[[object], list[str]]
+    expect: str = MATCH  # MATCH: must succeed and match; RAISE: must raise a documented error; EITHER: may do either
+    why_raise: str = ""  # for RAISE: what the documentation says is wrong
+    overlap: bool = False  # in-place arguments overlap: PyTorch's RuntimeError is documented too
+    inplace_targets: list = field(default_factory=list)  # tensors the call may write (their versions must bump)
+    env: dict = field(default_factory=dict)
+
+
+def _documented(error: BaseException, overlap: bool) -> str | None:
+    """Why ``error`` is not a documented error (None when it is)."""
+    if isinstance(error, NotImplementedError):
+        return None
+    if isinstance(error, RuntimeError) and overlap:
+        return None  # PyTorch's own error for an in-place write to overlapping memory
+    if isinstance(error, (TypeError, ValueError)):
+        return None if _ARGUMENT.search(str(error)) else f"{type(error).__name__} naming no argument: {error}"
+    return f"undocumented {type(error).__name__}: {str(error)[:300]}"
+
+
+@contextlib.contextmanager
+def _environment(env: dict):
+    saved = {name: os.environ.get(name) for name in env}
+    try:
+        for name, value in env.items():
+            os.environ[name] = value
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def judge(case: Case) -> tuple[str, list[str]]:
+    """Run a case: ("matched" | "documented_error", []) or ("violation", what went wrong)."""
+    versions = [t._version for t in case.inplace_targets]
+    error = None
+    with _environment(case.env):
+        try:
+            result = case.call()
+        except Exception as e:  # noqa: BLE001  (the oracle classifies every exception)
+            error, trace = e, traceback.format_exc(limit=-3)
+    if error is not None:
+        problems = case.arena.changed(allow=False)
+        problems = [f"raised {type(error).__name__} but wrote {p}" for p in problems]
+        why = _documented(error, case.overlap)
+        if why is not None:
+            problems.append(why + "\n" + trace)
+        elif case.expect == MATCH:
+            problems.append(f"refused a valid call: {type(error).__name__}: {error}")
+        return ("violation", problems) if problems else ("documented_error", [])
+    problems = [f"wrote outside its outputs: {p}" for p in case.arena.changed(allow=True)]
+    if case.expect == RAISE:
+        problems.append(f"accepted a call it must refuse ({case.why_raise})")
+    else:
+        problems += case.check(result)
+        for t, before in zip(case.inplace_targets, versions):
+            if t._version == before:
+                problems.append("an in-place call did not bump the version counter of what it wrote")
+                break
+    return ("violation", problems) if problems else ("matched", [])
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Running.
+# --------------------------------------------------------------------------------------------------------------------
+
+def _targets() -> dict:
+    from . import fuzz_rope
+
+    targets = {"apply_rope": fuzz_rope.draw}
+    with contextlib.suppress(ImportError):
+        from . import fuzz_fused
+
+        targets.update(fuzz_fused.TARGETS)
+    return targets
+
+
+targets = _targets
+
+
+def case_rng(seed: int, index: int) -> tuple[random.Random, torch.Generator]:
+    """The generators of case ``index`` of ``seed``: each case is replayable on its own."""
+    mixed = (seed * 1_000_003 + index) & 0xFFFF_FFFF_FFFF
+    return random.Random(mixed), torch.Generator().manual_seed(mixed)
+
+
+def draw_case(seed: int, index: int, device, targets: dict) -> Case:
+    rng, gen = case_rng(seed, index)
+    name = rng.choice(sorted(targets))
+    return targets[name](rng, gen, device)
+
+
+def run_case(seed: int, index: int, device, targets: dict | None = None) -> tuple[Case, str, list[str]]:
+    case = draw_case(seed, index, device, targets or _targets())
+    outcome, problems = judge(case)
+    return case, outcome, problems
+
+
+def _tally(counts: dict, index: int, target: str, outcome: str, problems: list, spec: dict,
+           max_findings: int) -> None:
+    key = {"matched": "matched", "documented_error": "documented_errors", "violation": "violations"}[outcome]
+    counts["cases"] += 1
+    counts[key] += 1
+    per = counts["by_target"].setdefault(target, {"cases": 0, "matched": 0, "documented_errors": 0, "violations": 0})
+    per["cases"] += 1
+    per[key] += 1
+    if problems and len(counts["findings"]) < max_findings:
+        counts["findings"].append({"case": index, "target": target, "problems": problems, "spec": spec})
+
+
+def _isolated(cases: int, seed: int, device, chosen: dict, counts: dict, max_findings: int) -> None:
+    """Run the cases in child processes; a case that kills its process (a crash, an illegal memory access that
+    poisons the CUDA context) is a violation, and the run goes on with the next case in a fresh process."""
+    index = 0
+    while index < cases:
+        command = [sys.executable, "-m", "ropekit.reliability.fuzz", "--worker", "--seed", str(seed), "--start",
+                   str(index), "--cases", str(cases), "--device", str(device)] + [f"--target={n}" for n in sorted(chosen)]
+        child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        stdout, stderr = child.communicate()
+        begun = None
+        for line in stdout.splitlines():
+            if not line.startswith("{"):
+                continue
+            record = json.loads(line)
+            if "begin" in record:
+                begun = record["begin"]
+            else:
+                _tally(counts, record["case"], record["target"], record["outcome"], record["problems"],
+                       record["spec"], max_findings)
+                index, begun = record["case"] + 1, None
+        if child.returncode == 0 and begun is None:
+            break
+        if begun is None:  # died before its first case: nothing more can run
+            raise RuntimeError(f"the fuzzing worker failed to start: {stderr[-2000:]}")
+        case = draw_case(seed, begun, device, chosen)  # drawing is deterministic: the spec of the case that died
+        _tally(counts, begun, case.target, "violation", [f"the process died (exit status {child.returncode}) "
+                                                         f"during the case: {stderr.strip()[-600:]}"], case.spec,
+               max_findings)
+        index = begun + 1
+
+
+def run(cases: int, seed: int, device: str | None = None, *, targets: list[str] | None = None,
+        isolate: bool = False, trace: bool = False, max_findings: int = 50) -> dict:
+    """Run ``cases`` seeded cases; return the counts (and the first ``max_findings`` violations, replayable with
+    ``python -m ropekit.reliability.fuzz --seed SEED --case INDEX``). ``isolate``: each case's process may die
+    (counted as a violation) without ending the run."""
+    device = device or _device.DEVICE
+    available = _targets()
+    chosen = {name: available[name] for name in (targets or sorted(available))}
+    counts = {"cases": 0, "matched": 0, "documented_errors": 0, "violations": 0, "seed": seed, "device": str(device),
+              "targets": sorted(chosen), "by_target": {}, "findings": []}
+    start = time.perf_counter()
+    if isolate:
+        _isolated(cases, seed, device, chosen, counts, max_findings)
+    else:
+        for index in range(cases):
+            if trace:
+                print(f"case {index}", file=sys.stderr, flush=True)
+            case, outcome, problems = run_case(seed, index, device, chosen)
+            _tally(counts, index, case.target, outcome, problems, case.spec, max_findings)
+    counts["seconds"] = round(time.perf_counter() - start, 1)
+    return counts
+
+
+def _worker(seed: int, start: int, stop: int, device, names: list) -> int:
+    """The child of an isolated run: one JSON line as each case begins and one with its result."""
+    available = _targets()
+    chosen = {n: available[n] for n in names}
+    for index in range(start, stop):
+        print(json.dumps({"begin": index}), flush=True)
+        case, outcome, problems = run_case(seed, index, device, chosen)
+        print(json.dumps({"case": index, "target": case.target, "outcome": outcome, "problems": problems,
+                          "spec": case.spec}, default=str), flush=True)
+    return 0
+
+
+def _summary(counts: dict) -> str:
+    """The counts as indented JSON, each finding on one line."""
+    head = {k: v for k, v in counts.items() if k != "findings"}
+    lines = json.dumps(head, indent=1, default=str)[:-2]
+    findings = ",\n  ".join(json.dumps(f, default=str) for f in counts["findings"])
+    return f'{lines},\n "findings": [\n  {findings}\n ]\n}}'
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ropekit.reliability.fuzz", description=__doc__.splitlines()[0])
+    parser.add_argument("--cases", type=int, default=300, help="how many cases (default 300)")
+    parser.add_argument("--seed", type=int, default=0, help="the seed (default 0)")
+    parser.add_argument("--device", default=None, help="cuda or cpu (default: ropekit.device.DEVICE)")
+    parser.add_argument("--case", type=int, default=None, help="replay one case of the seed and print it")
+    parser.add_argument("--target", action="append", default=None, help="fuzz only this op (repeatable)")
+    parser.add_argument("--in-process", action="store_true",
+                        help="run every case in this process (default: child processes, so a crash is one finding)")
+    parser.add_argument("--trace", action="store_true", help="(in process) print each case's index before it runs")
+    parser.add_argument("--out", default=None, help="also write the counts as JSON to this file")
+    parser.add_argument("--max-findings", type=int, default=50, help="how many violations to list (default 50)")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--start", type=int, default=0, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    device = args.device or _device.DEVICE
+    if args.worker:
+        return _worker(args.seed, args.start, args.cases, device, args.target)
+    if args.case is not None:
+        available = _targets()
+        chosen = {n: available[n] for n in (args.target or sorted(available))}
+        case, outcome, problems = run_case(args.seed, args.case, device, chosen)
+        print(json.dumps({"case": args.case, "seed": args.seed, "target": case.target, "outcome": outcome,
+                          "expect": case.expect, "problems": problems, "spec": case.spec}, indent=1, default=str))
+        return 1 if outcome == "violation" else 0
+    counts = run(args.cases, args.seed, device, targets=args.target, isolate=not args.in_process, trace=args.trace,
+                 max_findings=args.max_findings)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(counts, f, indent=1, default=str)
+            f.write("\n")
+    print(_summary(counts))
+    return 1 if counts["violations"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
