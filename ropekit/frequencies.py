@@ -414,9 +414,10 @@ def cos_sin_table(max_positions: int, rotary_dim: int | None = None, *, base: fl
         if rotary_dim is None:
             raise TypeError("cos_sin_table needs rotary_dim or inv_freq")
         inv_freq = inverse_frequencies(rotary_dim, base)
-    if not isinstance(inv_freq, torch.Tensor) or inv_freq.ndim != 1:
-        raise ValueError(f"inv_freq must be a 1-D tensor (rotary_dim/2 frequencies), got "
-                         f"{tuple(inv_freq.shape) if isinstance(inv_freq, torch.Tensor) else type(inv_freq).__name__}")
+    if not isinstance(inv_freq, torch.Tensor) or not inv_freq.is_floating_point() or inv_freq.ndim != 1:
+        raise ValueError(f"inv_freq must be a 1-D floating tensor (rotary_dim/2,), got "
+                         f"{getattr(inv_freq, 'dtype', type(inv_freq).__name__)} of shape "
+                         f"{tuple(getattr(inv_freq, 'shape', ()))}")
     if max_positions < 0:
         raise ValueError(f"max_positions must be >= 0, got {max_positions}")
     target = device if device is not None else inv_freq.device

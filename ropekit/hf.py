@@ -8,9 +8,9 @@ rows to the v4 kernel (``per_token=True``): q and k in one launch, fp32 math, sa
 from __future__ import annotations
 
 import contextlib
-import functools
 import importlib
 import inspect
+import operator
 from typing import Sequence
 
 import torch
@@ -42,35 +42,62 @@ def mrope_cos_sin(cos_table: torch.Tensor, sin_table: torch.Tensor, position_ids
     ``position_ids``: ``(3, batch, seq)`` (temporal, height, width) or ``(batch, seq)`` (text: all three equal).
     ``mrope_section``: how many of the ``rotary_dim/2`` pairs follow each axis, e.g. ``[16, 24, 24]``.
     Pair ``i`` in section ``j`` turns by ``position_ids[j] * inv_freq[i]``: a gather from the half-width tables;
-    the result is full width (both halves equal), the layout transformers uses. Positions outside the table give
-    NaN rows. Raises ``TypeError``/``ValueError`` naming ``position_ids`` or ``mrope_section``.
+    the result is full width (both halves equal), the layout transformers uses.
+
+    Positions outside ``[0, len(cos_table))`` raise a ``ValueError`` (a host sync on a GPU). Inside
+    ``torch.compile`` or CUDA-graph capture, where the host cannot read them, their rows are NaN instead: the
+    rotated output is NaN there, never a neighbouring row.
     """
+    _check_mrope_arguments(cos_table, sin_table, position_ids, mrope_section)
     half = cos_table.shape[-1]
-    sections = list(mrope_section)
-    if any(isinstance(n, bool) or not isinstance(n, int) or n < 0 for n in sections):
-        raise ValueError(f"mrope_section must hold non-negative ints, got {sections}")
-    if sum(sections) != half:
-        raise ValueError(f"mrope_section {sections} must sum to rotary_dim/2 = {half}")
-    if not isinstance(position_ids, torch.Tensor) or position_ids.dtype not in (torch.int32, torch.int64):
-        raise TypeError(f"position_ids must be an int32 or int64 tensor, got "
-                        f"{getattr(position_ids, 'dtype', type(position_ids).__name__)}")
     if position_ids.ndim == 2:
         position_ids = position_ids.expand(3, *position_ids.shape)
     if position_ids.ndim != 3 or position_ids.shape[0] != 3:
         raise ValueError(f"position_ids must be (3, batch, seq) or (batch, seq), got {tuple(position_ids.shape)}")
+    _check_positions_in_table(position_ids, cos_table.shape[0])
     axis_of_pair = torch.repeat_interleave(torch.arange(len(mrope_section)) % 3, torch.tensor(list(mrope_section)))
     axis_of_pair = axis_of_pair.to(position_ids.device)
     # (batch, seq, half): the position each pair of each token uses
     pos = position_ids.permute(1, 2, 0)[..., axis_of_pair]
-    # Positions outside the table are never read (a negative index would wrap to the table's end): their rows come
-    # out as NaN, as apply_rope's are, and no host sync is needed to find them.
-    in_table = (pos >= 0) & (pos < cos_table.shape[0])
-    pos = torch.where(in_table, pos, 0)
     pair_index = torch.arange(half, device=position_ids.device).expand_as(pos)
-    nan = torch.tensor(float("nan"), dtype=cos_table.dtype, device=cos_table.device)
-    cos = torch.where(in_table, cos_table[pos, pair_index], nan)
-    sin = torch.where(in_table, sin_table[pos, pair_index], nan)
+    # (positions the host could not check above) an out-of-table position reads a NaN row, never another row
+    outside = (pos < 0) | (pos >= cos_table.shape[0])
+    pos = pos.clamp(0, max(cos_table.shape[0] - 1, 0))
+    cos = cos_table[pos, pair_index].masked_fill(outside, float("nan"))
+    sin = sin_table[pos, pair_index].masked_fill(outside, float("nan"))
     return torch.cat((cos, cos), dim=-1), torch.cat((sin, sin), dim=-1)
+
+
+def _check_mrope_arguments(cos_table, sin_table, position_ids, mrope_section) -> None:
+    for name, t in (("cos_table", cos_table), ("sin_table", sin_table)):
+        if not isinstance(t, torch.Tensor) or not t.is_floating_point() or t.ndim != 2:
+            raise ValueError(f"{name} must be a 2-D floating tensor (max_positions, rotary_dim/2), got "
+                             f"{getattr(t, 'dtype', type(t).__name__)} of shape {tuple(getattr(t, 'shape', ()))}")
+    if cos_table.shape != sin_table.shape:
+        raise ValueError(f"cos_table and sin_table must have the same shape, got {tuple(cos_table.shape)} and "
+                         f"{tuple(sin_table.shape)}")
+    if not isinstance(position_ids, torch.Tensor) or position_ids.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"position_ids must be an int32 or int64 tensor, got "
+                        f"{getattr(position_ids, 'dtype', type(position_ids).__name__)}")
+    if position_ids.device != cos_table.device:
+        raise ValueError(f"position_ids is on {position_ids.device} but cos_table is on {cos_table.device}")
+    try:
+        section = [operator.index(n) for n in mrope_section if not isinstance(n, bool)]
+    except TypeError:
+        section = []
+    if not section or len(section) != len(list(mrope_section)) or min(section) < 0:
+        raise ValueError(f"mrope_section must be a non-empty list of non-negative ints, got {list(mrope_section)}")
+    if sum(section) != cos_table.shape[-1]:
+        raise ValueError(f"mrope_section {section} must sum to rotary_dim/2 = {cos_table.shape[-1]}")
+
+
+def _check_positions_in_table(position_ids: torch.Tensor, rows: int) -> None:
+    if position_ids.numel() == 0 or torch.compiler.is_compiling() or (
+            position_ids.is_cuda and torch.cuda.is_current_stream_capturing()):
+        return
+    low, high = int(position_ids.min()), int(position_ids.max())
+    if low < 0 or high >= rows:
+        raise ValueError(f"position_ids must lie in [0, {rows}) (the table's rows), got values from {low} to {high}")
 
 
 def rope_config(config) -> tuple[dict, int]:
@@ -82,53 +109,95 @@ def rope_config(config) -> tuple[dict, int]:
     return params, params["rotary_dim"]
 
 
-def _neox_pairs_with_drop_in_signature(module) -> str | None:
-    """Why ``module``'s ``apply_rotary_pos_emb`` cannot be replaced by the drop-in (None when it can)."""
+_PROBE_DTYPES = (torch.float32, torch.bfloat16)
+_verdicts: dict = {}  # (module name, its function, its rotate_half) -> why the drop-in can't stand in (None: it can)
+
+
+def _probe_inputs(dtype: torch.dtype, rotary_dim: int, head_dim: int = 16):
+    """q (2 heads) and k (1 head) in transformers' ``(batch, heads, seq, head_dim)`` and per-token cos/sin rows of
+    ``rotary_dim`` columns, the two halves equal, in ``dtype`` (as transformers' rotary modules return them)."""
+    generator = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 2, 5, head_dim, generator=generator)
+    k = torch.randn(2, 1, 5, head_dim, generator=generator)
+    theta = torch.rand(2, 5, rotary_dim // 2, generator=generator, dtype=torch.float64) * 40
+    cos, sin = torch.cat((theta.cos(), theta.cos()), -1), torch.cat((theta.sin(), theta.sin()), -1)
+    from .device import DEVICE
+    return tuple(t.to(device=DEVICE, dtype=dtype) for t in (q, k, cos, sin))
+
+
+def _rotate_half_hint(module) -> str:
+    """A word on the module's ``rotate_half`` when it is not transformers' ``(x1, x2) -> (-x2, x1)``."""
+    rotate = getattr(module, "rotate_half", None)
+    if rotate is None:
+        return ""
+    from .reference import rotate_half as neox_rotate_half
+    x = torch.randn(2, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    try:
+        got = rotate(x)
+    except Exception:  # noqa: BLE001  (any failure only means: no hint)
+        return ""
+    if torch.equal(got, neox_rotate_half(x)):
+        return ""
+    gptj = torch.stack((-x[..., 1::2], x[..., 0::2]), -1).flatten(-2)
+    if torch.equal(got, gptj):
+        return (" Its rotate_half pairs channels GPT-J's way (x[..., 0::2], x[..., 1::2]): use "
+                "ropekit.RotaryEmbedding(..., interleaved=True) or apply_rope(interleaved=True).")
+    return " Its rotate_half is not transformers' (x1, x2) -> (-x2, x1)."
+
+
+def _probe(original) -> str | None:
+    """Run ``original`` and the drop-in on the same probe inputs: None when they agree (bit for bit in bfloat16, at
+    float32's default tolerance in float32), else what differs. cos/sin full width, then half width (partial rotary):
+    a width ``original`` cannot take is skipped, but each dtype needs one width it takes."""
+    for dtype in _PROBE_DTYPES:
+        ran = False
+        for width, rotary_dim in (("full-width", 16), ("half-width", 8)):
+            q, k, cos, sin = _probe_inputs(dtype, rotary_dim, head_dim=16)
+            try:
+                want = original(q.clone(), k.clone(), cos.clone(), sin.clone())
+            except Exception:  # noqa: BLE001  (it does not take cos/sin of this width: models never call it so)
+                continue
+            ran = True
+            where = f"a {str(dtype).removeprefix('torch.')} probe with {width} cos/sin"
+            try:
+                got = apply_rotary_pos_emb(q, k, cos, sin)
+            except (TypeError, ValueError) as error:
+                return f"on {where} ropekit's drop-in raises ({error}) where it returns a result"
+            if not (isinstance(want, (tuple, list)) and len(want) == 2
+                    and all(isinstance(w, torch.Tensor) and w.shape == g.shape and w.dtype == g.dtype
+                            for w, g in zip(want, got))):
+                return f"on {where} it returns something other than (q_embed, k_embed) of q's and k's shapes"
+            for name, g, w in zip(("q", "k"), got, want):
+                if dtype == torch.float32:
+                    same = torch.allclose(g, w, rtol=1.3e-6, atol=1e-5, equal_nan=True)
+                else:
+                    same = torch.equal(g, w)
+                if not same:
+                    gap = float((g.double() - w.double()).abs().max())
+                    exact = "differs from" if dtype == torch.float32 else "is not bit-identical to"
+                    return (f"on {where} its {name}_embed {exact} ropekit's (max |difference| {gap:.3g}); "
+                            "it computes another rotation or rounds differently")
+        if not ran:
+            return f"it raises on every {str(dtype).removeprefix('torch.')} probe (full- and half-width cos/sin)"
+    return None
+
+
+def _why_not_drop_in(module) -> str | None:
+    """Why ropekit's ``apply_rotary_pos_emb`` cannot stand in for ``module``'s (None when it can)."""
     original = getattr(module, "apply_rotary_pos_emb", None)
     if original is None:
         return "it has no apply_rotary_pos_emb"
-    names = list(inspect.signature(original).parameters)[:4]
+    try:
+        names = list(inspect.signature(original).parameters)[:4]
+    except (TypeError, ValueError):
+        names = []
     if names != ["q", "k", "cos", "sin"]:
         return f"its apply_rotary_pos_emb takes ({', '.join(names)}, ...), not (q, k, cos, sin, unsqueeze_dim)"
-    rotate = getattr(module, "rotate_half", None)
-    try:
-        source = inspect.getsource(rotate) if rotate is not None else ""
-    except (OSError, TypeError):
-        source = ""
-    if "::2]" in source:
-        return ("it pairs channels GPT-J's way (rotate_half over x[..., 0::2] and x[..., 1::2]); the drop-in rotates "
-                "NeoX halves. Use ropekit.RotaryEmbedding(..., interleaved=True) or apply_rope(interleaved=True)")
-    return _differs_on_probe(original)
-
-
-@functools.lru_cache(maxsize=None)
-def _differs_on_probe(original) -> str | None:
-    """Why ``original(q, k, cos, sin)`` is not what the drop-in computes, bit for bit, on probe inputs in float32 and
-    bfloat16 (None when it is). A signature and a name say little: a module may flip ``rotate_half``'s sign, take
-    half-width cos, rotate in the complex form or compute in float32; running both is what tells."""
-    from . import device
-    from .frequencies import cos_sin_at, inverse_frequencies
-
-    generator = torch.Generator().manual_seed(0)
-    batch, heads, seq, head_dim = 2, 3, 5, 16
-    positions = torch.tensor([[0, 1, 2, 3, 4], [7, 8, 9, 10, 11]])
-    cos, sin = cos_sin_at(positions, inverse_frequencies(head_dim, 10000.0), dtype=torch.float64)
-    cos, sin = torch.cat((cos, cos), dim=-1), torch.cat((sin, sin), dim=-1)
-    for dtype in (torch.float32, torch.bfloat16):
-        q, k = (torch.randn(batch, h, seq, head_dim, generator=generator).to(device=device.DEVICE, dtype=dtype)
-                for h in (heads, 1))
-        rows = cos.to(device.DEVICE, dtype), sin.to(device.DEVICE, dtype)
-        try:
-            theirs = original(q.clone(), k.clone(), *rows)
-        except Exception as error:  # noqa: BLE001 — any failure means it takes other inputs than the drop-in's
-            return f"it fails on transformers' standard inputs ({type(error).__name__}: {error})"
-        ours = apply_rotary_pos_emb(q.clone(), k.clone(), *rows)
-        if not (isinstance(theirs, tuple) and len(theirs) == 2 and all(
-                isinstance(t, torch.Tensor) and t.shape == o.shape and t.dtype == o.dtype and torch.equal(t, o)
-                for t, o in zip(theirs, ours))):
-            return (f"on a {dtype} probe its result differs from the drop-in's (another rotation, cos width, "
-                    "rounding or sign); the drop-in would change the model's output")
-    return None
+    key = (module.__name__, original, getattr(module, "rotate_half", None))
+    if key not in _verdicts:
+        why = _probe(original)
+        _verdicts[key] = None if why is None else why + _rotate_half_hint(module)
+    return _verdicts[key]
 
 
 @contextlib.contextmanager
@@ -136,14 +205,16 @@ def patched(*module_names: str, fn=apply_rotary_pos_emb):
     """Temporarily replace ``apply_rotary_pos_emb`` in transformers model modules, e.g.
     ``with ropekit.hf.patched("transformers.models.llama.modeling_llama"): model(ids)``.
 
-    With the default ``fn`` (the NeoX drop-in), each module's own function is first run on probe inputs in float32
-    and bfloat16 beside the drop-in; a module whose function has another signature, pairs channels GPT-J's way, or
-    computes anything but the same bits (a sign-flipped ``rotate_half``, half-width cos, the complex form, float32
-    math in a bfloat16 model) is refused with a ``ValueError`` instead of silently changing the model's output."""
+    With the default ``fn`` (the NeoX drop-in) every module is verified before anything is patched: its own
+    ``apply_rotary_pos_emb`` and ropekit's run on probe inputs (float32 and bfloat16; full-width cos/sin, and
+    half-width where the module takes them) and must agree, bit for bit in bfloat16. A module that computes something
+    else (another pairing, a sign-flipped ``rotate_half``, half-width cos, the complex form, float32 math rounded once,
+    another signature) is refused with a ``ValueError`` naming it, instead of silently changing the model's output.
+    A custom ``fn`` is the caller's to vouch for: it is not probed."""
     modules = [importlib.import_module(name) for name in module_names or ("transformers.models.llama.modeling_llama",)]
     if fn is apply_rotary_pos_emb:
         for module in modules:
-            why = _neox_pairs_with_drop_in_signature(module)
+            why = _why_not_drop_in(module)
             if why is not None:
                 raise ValueError(f"ropekit's apply_rotary_pos_emb cannot stand in for {module.__name__}'s: {why}")
     saved = [m.apply_rotary_pos_emb for m in modules]

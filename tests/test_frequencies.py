@@ -520,3 +520,10 @@ def test_rope_init_rejects_a_non_dict():
 def test_rope_parameters_from_config_rejects(config, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         rope_parameters_from_config(config)
+
+
+@pytest.mark.parametrize("inv_freq", [torch.ones(2, 4, dtype=torch.float64), torch.ones((), dtype=torch.float64),
+                                      torch.arange(4)], ids=["2-D", "0-D", "integer"])
+def test_cos_sin_table_rejects_an_inv_freq_that_is_not_1d_floating(inv_freq):
+    with pytest.raises(ValueError, match="inv_freq"):
+        cos_sin_table(8, inv_freq=inv_freq)

@@ -1,383 +1,428 @@
-"""A fuzzer of hostile-but-plausible calls to ``ropekit.apply_rope``.
+"""A fuzzer for hostile-but-plausible inputs: ``python -m ropekit.reliability.fuzz --cases N --seed S``.
 
-Each case draws, independently for every tensor argument (q, k, cos, sin, positions, cu_seqlens), its dtype, its
-view (contiguous, a slice of a wider buffer, permuted, expanded with stride 0, a strided slice) and, for index
-tensors, its values (in range, beyond the table, negative, for cu_seqlens also past the token count, decreasing,
-huge). In place, q and k may alias (k a view of q's heads; slices of one packed qkv buffer, which do not overlap).
-Every tensor lives inside a larger buffer filled with a sentinel (a guard region).
+Each case draws, independently for *every* tensor argument of an op (q, k, cos, sin, positions, cu_seqlens; for the
+fused ops also their caches, slot mappings and scales), its dtype, its view (contiguous, padded rows, stepped
+channels, permuted dimensions, expanded stride-0 dimensions, self-overlapping ``as_strided``) and its values (positions
+inside and outside the table, negative, ``cu_seqlens`` valid or not, ending past the tokens), plus the switches
+(layout, pairing, ``rotary_dim``, per-token rows, in place, autograd, check mode) and aliasing between tensors.
 
 The oracle, for every case:
 
-* a call whose arguments are valid matches the float64 reference (``ropekit.reference``; positions outside the table
-  give NaN in the rotated channels, as documented), compared with ``ropekit.testing.check_close_to_reference``;
-* a call the documentation says is refused raises ``TypeError``/``ValueError`` (or PyTorch's ``RuntimeError`` for
-  overlapping in-place targets), and leaves every input bit for bit unchanged;
-* a call with hostile values inside device tensors (cu_seqlens that do not describe the packed tokens) has an
-  unspecified result, but
-* in every case nothing outside the outputs changes: the guard regions and every tensor the call does not write
-  are compared bit for bit afterwards.
+* the call matches the float64 reference (``ropekit.reference``) within the output dtype's bound
+  (``ropekit.testing``), or raises a documented error: ``TypeError``/``ValueError`` naming an argument,
+  ``NotImplementedError``, or for overlapping in-place arguments the ``RuntimeError`` PyTorch raises for them;
+* a call the documentation says must be refused is refused, and a plain valid call is not;
+* in every case nothing outside the outputs changes: every input lives inside a larger buffer (guard elements
+  before, after and between its rows, some of them NaN), and after the call each buffer is compared bit for bit
+  outside what the call may write (nothing when it raised; an in-place target's own elements otherwise);
+* an in-place call bumps the version counter of what it writes.
 
-``python -m ropekit.reliability.fuzz --cases 300 --seed 0`` prints the counts as JSON; ``run()`` returns them.
+Cases are seeded one by one (``--case I`` replays case I of a seed and prints it), shapes are tiny and compile-time
+values come from a bounded set, so the Triton interpreter runs a few hundred cases in CI within a minute.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import random
+import re
+import subprocess
+import sys
 import time
+import traceback
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
-from .. import device as _device
-from .. import reference as ref
-from ..api import apply_rope
-from ..frequencies import cos_sin_table, inverse_frequencies
-from ..testing import check_close_to_reference
+from ropekit import device as _device  # first: the interpreter switch must precede any triton import
 
-__all__ = ["run", "Case", "main"]
+__all__ = ["Arena", "Case", "run", "run_case", "judge", "same_bits", "targets", "main"]
 
-_GUARD = 29  # sentinel elements on each side of every buffer
-_SENTINEL = -7777.0
-_TO_BSHD = {"bshd": (0, 1, 2, 3), "sbhd": (1, 0, 2, 3), "bhsd": (0, 2, 1, 3)}
-_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
-_HEAD_DIMS = (16, 32, 48)  # a bounded set of constexpr values keeps compiles bounded on a GPU
+# An error message must name the argument it is about.
+_ARGUMENT = re.compile(r"\b(q|k|v|cos|sin|positions|position_ids|cu_seqlens|max_seqlen|rotary_dim|layout|inplace|"
+                       r"per_token|interleaved|table|backend|head_size|query|key|cos_sin_cache|k_cache|v_cache|"
+                       r"kv_cache|slot_mapping|cache_offsets|k_scale|v_scale|scale|q_weight|k_weight|kv_c|q_pe|k_pe|"
+                       r"eps|weight_offset)\b")
+_GUARD_NAN_PROBABILITY = 0.5
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Memory: every tensor a view into a larger buffer whose outside is checked bit for bit.
+# --------------------------------------------------------------------------------------------------------------------
+
+VIEW_KINDS = ("contiguous", "padded", "stepped", "permuted", "expanded", "overlapping")
+
+
+def _strides(shape: tuple, kind: str, rng: random.Random) -> tuple[list, bool]:
+    """Element strides of a ``kind`` view of ``shape`` (and whether a dimension was expanded to stride 0)."""
+    n = len(shape)
+    order = list(range(n))[::-1]  # innermost first
+    if kind == "permuted":
+        rng.shuffle(order)
+    strides, acc = [0] * n, (rng.choice((2, 3)) if kind == "stepped" else 1)
+    for d in order:
+        strides[d] = acc
+        acc = acc * max(shape[d], 1) + (rng.randint(1, 3) if kind == "padded" else 0)
+    expanded = False
+    if kind == "expanded":
+        wide = [d for d in range(n) if shape[d] > 1]
+        for d in rng.sample(wide, k=min(len(wide), rng.randint(1, 2))):
+            strides[d], expanded = 0, True
+    elif kind == "overlapping":
+        # a dimension whose stride is shorter than the span of the dimensions inside it: its rows share elements
+        candidates = [d for d in range(n) if shape[d] > 1 and strides[d] > 1]
+        if candidates:
+            d = rng.choice(candidates)
+            strides[d] = rng.randint(1, strides[d] - 1)
+    return strides, expanded
+
+
+def _extent(shape, strides) -> int:
+    if any(s == 0 for s in shape):
+        return 0
+    return 1 + sum((size - 1) * stride for size, stride in zip(shape, strides))
+
+
+def footprint(view: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
+    """A bool mask over ``base`` (1-D): the elements ``view`` (a view into ``base``'s storage) covers."""
+    mask = torch.zeros(base.numel(), dtype=torch.bool)
+    if view.numel():
+        offset = view.storage_offset() - base.storage_offset()
+        mask[torch.arange(base.numel()).as_strided(view.shape, view.stride(), offset).reshape(-1)] = True
+    return mask
+
+
+def self_overlapping(view: torch.Tensor) -> bool:
+    """Whether two indices of ``view`` name the same element (a write through it would race)."""
+    if view.numel() < 2:
+        return False
+    index = torch.arange(_extent(view.shape, view.stride())).as_strided(view.shape, view.stride())
+    return index.unique().numel() < view.numel()
+
+
+def _random_fill(base: torch.Tensor, gen: torch.Generator) -> None:
+    if base.is_floating_point():
+        base.copy_(torch.rand(base.shape, generator=gen, dtype=torch.float64).mul(4).sub(2).to(base.dtype))
+    else:
+        base.copy_(torch.randint(-9, 1 << 20, base.shape, generator=gen).to(base.dtype))
+
+
+@dataclass
+class _Buffer:
+    name: str
+    base: torch.Tensor  # 1-D, on the device
+    before: torch.Tensor  # its bytes before the call, on the CPU
+    writable: torch.Tensor  # bool mask: elements the call may write (an in-place target's own elements)
+
+
+class Arena:
+    """Allocates every tensor of a case as a view into a larger buffer and checks, after the call, that nothing
+    outside what the call may write has changed, bit for bit."""
+
+    def __init__(self, rng: random.Random, gen: torch.Generator, device):
+        self.rng, self.gen, self.device = rng, gen, device
+        self.buffers: list[_Buffer] = []
+
+    def place(self, name: str, shape: tuple, dtype: torch.dtype, kind: str = "contiguous",
+              values: Callable[[tuple], torch.Tensor] | None = None) -> torch.Tensor:
+        """A ``kind`` view of ``shape`` inside a fresh buffer with guard elements around and between its rows.
+
+        ``values(core_shape)`` gives the values (CPU tensor) for the view's distinct elements; ``core_shape`` is
+        ``shape`` with 1 where the view is expanded. Without it the view reads the buffer's random contents.
+        """
+        strides, _ = _strides(tuple(shape), kind, self.rng)
+        extent = _extent(shape, strides)
+        row = max(shape[-1] if shape else 1, 1)
+        pre, post = self.rng.randint(1, 2 * row), self.rng.randint(1, 4 * row)
+        base_cpu = torch.empty(pre + extent + post, dtype=dtype)
+        _random_fill(base_cpu, self.gen)
+        view_cpu = base_cpu.as_strided(shape, strides, pre)
+        if base_cpu.is_floating_point() and self.rng.random() < _GUARD_NAN_PROBABILITY:
+            guard = ~footprint(view_cpu, base_cpu)
+            base_cpu[guard] = float("nan")  # a read outside the view poisons the result
+        if values is not None and view_cpu.numel():
+            core_shape = tuple(1 if st == 0 else s for s, st in zip(shape, strides))
+            base_cpu.as_strided(core_shape, strides, pre).copy_(values(core_shape).to(dtype))
+        base = base_cpu.to(self.device)
+        self.buffers.append(_Buffer(name, base, _bytes(base_cpu).clone(), torch.zeros(base.numel(), dtype=torch.bool)))
+        return base.as_strided(shape, strides, pre)
+
+    def buffer_of(self, view: torch.Tensor) -> _Buffer:
+        for buffer in self.buffers:
+            if buffer.base.untyped_storage().data_ptr() == view.untyped_storage().data_ptr():
+                return buffer
+        raise KeyError("not a view of this arena")
+
+    def allow_writes(self, view: torch.Tensor) -> None:
+        buffer = self.buffer_of(view)
+        buffer.writable |= footprint(view, buffer.base)
+
+    def changed(self, *, allow: bool) -> list[str]:
+        """Buffers with an element changed (outside the writable elements when ``allow``): ``name: count``."""
+        report = []
+        for buffer in self.buffers:
+            now = _bytes(buffer.base.cpu())
+            diff = (now != buffer.before).reshape(buffer.base.numel(), -1).any(dim=1)
+            if allow:
+                diff &= ~buffer.writable
+            if diff.any():
+                first = int(torch.nonzero(diff)[0])
+                report.append(f"{buffer.name}: {int(diff.sum())} elements changed (first at element {first} of its "
+                              f"buffer)")
+        return report
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    dense = torch.empty(t.numel(), dtype=t.dtype, device=t.device)
+    return dense.copy_(t.reshape(-1)).view(torch.uint8)
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bit-for-bit equality (NaN payloads included) of two tensors of one shape and dtype, on any devices."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    return a.numel() == 0 or torch.equal(_bytes(a.detach().cpu()), _bytes(b.detach().cpu()))
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Cases and the oracle.
+# --------------------------------------------------------------------------------------------------------------------
+
+MATCH, RAISE, EITHER = "match", "raise", "either"
 
 
 @dataclass
 class Case:
-    """What a case drew, for its reproducer line."""
+    """One drawn call. ``call()`` runs it; ``check(result)`` returns the ways its result is wrong (empty: right)."""
 
-    seed: int
-    notes: list = field(default_factory=list)
+    target: str
+    spec: dict  # what was drawn, for the reproducer
+    arena: Arena
+    call: Callable[[], object]
+    check: Callable[[object], list[str]]
+    expect: str = MATCH  # MATCH: must succeed and match; RAISE: must raise a documented error; EITHER: may do either
+    why_raise: str = ""  # for RAISE: what the documentation says is wrong
+    overlap: bool = False  # in-place arguments overlap: PyTorch's RuntimeError is documented too
+    inplace_targets: list = field(default_factory=list)  # tensors the call may write (their versions must bump)
+    env: dict = field(default_factory=dict)
 
-    def note(self, **kw) -> None:
-        self.notes.append(", ".join(f"{k}={v}" for k, v in kw.items()))
 
-
-class _Buffers:
-    """Tensors placed inside sentinel-filled buffers, and the check that nothing outside the allowed views moved."""
-
-    def __init__(self, dev: str):
-        self.dev = dev
-        self.items = []  # [buffer, snapshot, views the call may write]
-
-    def place(self, values: torch.Tensor, form: str, rng: random.Random) -> torch.Tensor:
-        """A view with ``values`` in the given form, inside a guarded buffer."""
-        shape = tuple(values.shape)
-        if form == "wider" and values.ndim >= 1:
-            # a slice of a wider last axis (strides of a column slice)
-            extra = rng.choice((2, 6))
-            big = torch.empty(shape[:-1] + (shape[-1] + extra,), dtype=values.dtype)
-            start = rng.randint(0, extra)
-            inner_shape = big.shape
-            view_fn = lambda b: b[..., start:start + shape[-1]]  # noqa: E731
-        elif form == "permuted" and values.ndim >= 2:
-            order = list(range(values.ndim))[::-1]
-            inner_shape = tuple(shape[i] for i in order)
-            view_fn = lambda b: b.permute(*order)  # noqa: E731 (permute is an involution here)
-        elif form == "strided" and values.ndim >= 1:
-            inner_shape = (shape[0] * 2,) + shape[1:] if shape[0] else shape
-            view_fn = lambda b: b[::2] if shape[0] else b  # noqa: E731
-        else:
-            inner_shape = shape
-            view_fn = lambda b: b  # noqa: E731
-        numel = 1
-        for n in inner_shape:
-            numel *= n
-        fill = _SENTINEL if values.dtype.is_floating_point else -3
-        buffer = torch.full((numel + 2 * _GUARD,), fill, dtype=values.dtype)
-        inner = buffer[_GUARD:_GUARD + numel].view(inner_shape)
-        view = view_fn(inner)
-        view.copy_(values)
-        buffer = buffer.to(self.dev)
-        view = view_fn(buffer[_GUARD:_GUARD + numel].view(inner_shape))
-        self.items.append([buffer, buffer.clone(), []])
-        return view
-
-    def writable(self, view: torch.Tensor) -> None:
-        """The call may write ``view`` (in place): only its elements may change in its buffer."""
-        for item in self.items:
-            if item[0].untyped_storage().data_ptr() == view.untyped_storage().data_ptr():
-                item[2].append(view)
-
-    def moved_outside(self) -> str | None:
-        for buffer, snapshot, views in self.items:
-            mask = torch.ones(buffer.shape, dtype=torch.bool, device=buffer.device)
-            for view in (v for v in views if v.numel()):
-                index = torch.arange(buffer.numel(), device=buffer.device).as_strided(
-                    view.shape, view.stride(), view.storage_offset() - buffer.storage_offset())
-                mask[index.flatten()] = False
-            same = (buffer == snapshot) | (torch.isnan(buffer) & torch.isnan(snapshot))
-            if not bool(same[mask].all()):
-                return f"memory outside the outputs changed ({int((~same[mask]).sum())} elements)"
+def _documented(error: BaseException, overlap: bool) -> str | None:
+    """Why ``error`` is not a documented error (None when it is)."""
+    if isinstance(error, NotImplementedError):
         return None
-
-    def inputs_unchanged(self) -> bool:
-        return all(bool(((b == s) | (torch.isnan(b) & torch.isnan(s))).all()) for b, s, _ in self.items)
-
-
-def _table_forms(rng):
-    return rng.choice(("contiguous", "contiguous", "wider", "strided")), rng.choice(("contiguous", "wider", "strided"))
+    if isinstance(error, RuntimeError) and overlap:
+        return None  # PyTorch's own error for an in-place write to overlapping memory
+    if isinstance(error, (TypeError, ValueError)):
+        return None if _ARGUMENT.search(str(error)) else f"{type(error).__name__} naming no argument: {error}"
+    return f"undocumented {type(error).__name__}: {str(error)[:300]}"
 
 
-def _draw(rng: random.Random, dev: str, case: Case):
-    """One call: (args, kwargs, expectation, buffers, what the reference needs)."""
-    bufs = _Buffers(dev)
-    dtype = rng.choice(_DTYPES)
-    layout = rng.choice(("bshd", "sbhd", "bhsd", "thd", "thd"))
-    head_dim = rng.choice(_HEAD_DIMS)
-    rotary_dim = rng.choice((head_dim, head_dim, head_dim // 2))
-    interleaved = rng.random() < 0.4
-    inplace = rng.random() < 0.4
-    per_token = layout != "thd" and rng.random() < 0.15
-    hq, hk = rng.randint(0, 4), rng.randint(0, 3)
-    with_k = rng.random() < 0.85
-    batch, seq = rng.randint(0, 3), rng.randint(0, 6)
-    rows = rng.choice((1, 8, 64))
-    expect = "ok"
-
-    # tokens and their positions (as the reference sees them)
-    if layout == "thd":
-        lengths = [rng.randint(0, 5) for _ in range(rng.randint(1, 4))]
-        tokens = sum(lengths)
-        cu = torch.tensor([0] + [sum(lengths[:i + 1]) for i in range(len(lengths))])
-        max_seqlen = max(lengths)
-        token_shape = (tokens,)
-    else:
-        token_shape = (batch, seq)
-    pos_kind = rng.choice(("none", "int", "offsets", "ids"))
-    if per_token:
-        pos_kind = "none"
-    hostile_values = rng.random() < 0.25
-    if pos_kind == "none":
-        positions_arg, offsets = None, 0
-    elif pos_kind == "int":
-        positions_arg = rng.choice((0, 3, rows - 1, -2)) if hostile_values else rng.randint(0, 3)
-        offsets = positions_arg
-    if layout == "thd":
-        n_seqs = len(lengths)
-        if pos_kind == "offsets":
-            values = torch.randint(0, 3, (n_seqs,))
-            if hostile_values:
-                values[rng.randrange(n_seqs)] = rng.choice((-1, 10**6))
-            ref_pos = ref.varlen_positions(cu, offsets=values)
-            shape_arg = (n_seqs, 1) if n_seqs == tokens and tokens > 1 else (n_seqs,)
-        elif pos_kind == "ids":
-            values = torch.randint(0, rows, (tokens,))
-            if hostile_values and tokens:
-                values[rng.randrange(tokens)] = rng.choice((-5, 10**6))
-            ref_pos = values
-            shape_arg = (1, tokens) if n_seqs == tokens and tokens > 1 else (tokens,)
-        else:
-            ref_pos = ref.varlen_positions(cu, offsets=offsets)
-    else:
-        if pos_kind == "offsets":
-            values = torch.randint(0, 3, (batch,))
-            if hostile_values and batch:
-                values[rng.randrange(batch)] = rng.choice((-1, 10**6))
-            ref_pos = ref.token_positions(batch, seq, offsets=values)
-            shape_arg = (batch, 1)
-        elif pos_kind == "ids":
-            values = torch.randint(0, rows, (batch, seq))
-            if hostile_values and batch * seq:
-                values[rng.randrange(batch), rng.randrange(seq)] = rng.choice((-5, 10**6))
-            ref_pos = values
-            shape_arg = (batch, seq)
-        else:
-            ref_pos = ref.token_positions(batch, seq, offsets=offsets)
-    if pos_kind in ("offsets", "ids"):
-        pos_dtype = rng.choice((torch.int32, torch.int64))
-        positions_arg = bufs.place(values.reshape(shape_arg).to(pos_dtype), rng.choice(("contiguous", "strided",
-                                                                                       "wider")), rng)
-    case.note(dtype=dtype, layout=layout, head_dim=head_dim, rotary_dim=rotary_dim, interleaved=interleaved,
-              inplace=inplace, per_token=per_token, hq=hq, hk=hk if with_k else None, token_shape=token_shape,
-              rows=rows, positions=pos_kind, hostile_values=hostile_values)
-    span = max_seqlen if layout == "thd" else seq
-    if pos_kind in ("none", "int") and not per_token and (offsets < 0 or (offsets + span > rows and span > 0)):
-        expect = "error"  # host-known positions are checked against the table
-
-    # q and k
-    def tensor(heads):
-        if layout == "thd":
-            shape_bshd = (tokens, heads, head_dim)
-        else:
-            shape_bshd = (batch, seq, heads, head_dim)
-        x = torch.randn(shape_bshd, dtype=torch.float64).to(dtype)
-        return x
-
-    q_bshd = tensor(hq)
-    k_bshd = tensor(hk) if with_k else None
-    to_layout = (lambda x: x) if layout == "thd" else (lambda x: x.permute(_TO_BSHD[layout]))
-    aliasing = rng.random() < 0.2 and with_k and inplace
-    if aliasing and rng.random() < 0.5 and hq >= 2 and layout != "thd":
-        q = bufs.place(to_layout(q_bshd).contiguous(), "contiguous", rng)
-        k = q.narrow(1 if layout == "bhsd" else 2, 0, max(min(hk, hq), 1))  # k: a view of q's first heads
-        k_bshd = k.permute(_TO_BSHD[layout]).cpu().clone()
-        if expect == "ok" and k.numel() and q.numel():
-            expect = "overlap"
-        case.note(alias="k is a view of q's heads")
-    elif aliasing and layout == "thd":
-        packed = torch.cat((q_bshd.reshape(tokens, hq * head_dim), k_bshd.reshape(tokens, hk * head_dim),
-                            torch.randn(tokens, hk * head_dim).to(dtype)), dim=1)
-        qkv = bufs.place(packed, "contiguous", rng)
-        q = qkv[:, :hq * head_dim].view(tokens, hq, head_dim)
-        k = qkv[:, hq * head_dim:(hq + hk) * head_dim].view(tokens, hk, head_dim)
-        case.note(alias="slices of one packed qkv")
-    else:
-        q = bufs.place(to_layout(q_bshd), rng.choice(("contiguous", "wider", "contiguous")), rng)
-        k = bufs.place(to_layout(k_bshd), rng.choice(("contiguous", "wider")), rng) if with_k else None
-
-    # tables
-    if per_token:
-        ids = torch.randint(0, 64, (batch, seq))
-        theta = ref.angles(ids, inverse_frequencies(rotary_dim, 10000.0))
-        cos_rows = torch.cat((theta.cos(), theta.cos()), -1).to(torch.float32)
-        sin_rows = torch.cat((theta.sin(), theta.sin()), -1).to(torch.float32)
-        cos_form, sin_form = _table_forms(rng)
-        cos = bufs.place(cos_rows, cos_form, rng)
-        sin = bufs.place(sin_rows, sin_form, rng)
-        ref_cos, ref_sin = cos_rows, sin_rows
-        if rotary_dim != head_dim and rng.random() < 0.3:
-            expect = "error"  # rotary_dim narrower than the rows
-            kwargs_rotary = rotary_dim // 2
-        else:
-            kwargs_rotary = None
-    else:
-        cos_t, sin_t = cos_sin_table(rows, rotary_dim)
-        cos_form, sin_form = _table_forms(rng)
-        cos, sin = bufs.place(cos_t, cos_form, rng), bufs.place(sin_t, sin_form, rng)
-        kwargs_rotary = rotary_dim if rotary_dim != head_dim or rng.random() < 0.5 else None
-    case.note(cos=cos_form, sin=sin_form)
-
-    kwargs = dict(positions=positions_arg, layout=layout, interleaved=interleaved, inplace=inplace,
-                  per_token=per_token)
-    if kwargs_rotary is not None:
-        kwargs["rotary_dim"] = kwargs_rotary
-    contained_only = False
-    if layout == "thd":
-        cu_values = cu.clone()
-        if rng.random() < 0.2 and len(cu_values) > 1:
-            which = rng.choice(("past-end", "negative", "decreasing", "huge"))
-            if which == "past-end":
-                cu_values[-1] += rng.randint(1, 50)
-            elif which == "negative":
-                cu_values[0] = -rng.randint(1, 9)
-            elif which == "decreasing" and len(cu_values) > 2:
-                cu_values[1] = cu_values[-1] + 3
-            else:
-                cu_values[-1] = 2**40
-            contained_only = True
-            case.note(cu_seqlens=which)
-        fits_int32 = not cu_values.numel() or bool(cu_values.abs().max() < 2**31)
-        cu_dtype = rng.choice((torch.int32, torch.int64)) if fits_int32 else torch.int64
-        kwargs["cu_seqlens"] = bufs.place(cu_values.to(cu_dtype), rng.choice(("contiguous", "strided", "wider")), rng)
-        kwargs["max_seqlen"] = max_seqlen
-    if inplace:
-        for t in (q, k):
-            if t is not None:
-                bufs.writable(t)
-    return (q, k, cos, sin), kwargs, expect, contained_only, bufs, (q_bshd, k_bshd, ref_pos, per_token, ref_cos
-                                                                    if per_token else None,
-                                                                    ref_sin if per_token else None, rows)
-
-
-def _expected(x_bshd, layout, ref_pos, rotary_dim, interleaved, per_token, ref_cos, ref_sin, rows):
-    """The float64 reference in the call's layout; tokens whose position is outside the table get NaN."""
-    if x_bshd is None:
-        return None
-    if per_token:
-        rotated = ref.rope_from_cos_sin(x_bshd, ref_cos[..., None, :], ref_sin[..., None, :], interleaved=interleaved)
-    else:
-        batch_shape = ref_pos.shape
-        pos = ref_pos.reshape(batch_shape)
-        valid = (pos >= 0) & (pos < rows)
-        x = x_bshd if layout != "thd" else x_bshd[None]
-        p = torch.where(valid, pos, 0) if layout != "thd" else torch.where(valid, pos, 0)[None]
-        rotated = ref.rope(x, p, rotary_dim=rotary_dim, interleaved=interleaved)
-        v = valid if layout != "thd" else valid[None]
-        rotated[..., :rotary_dim] = torch.where(v[..., None, None], rotated[..., :rotary_dim],
-                                                torch.tensor(float("nan"), dtype=torch.float64))
-        if layout == "thd":
-            rotated = rotated[0]
-    return rotated if layout == "thd" else rotated.permute(_TO_BSHD[layout])
-
-
-def _one(seed: int, dev: str) -> tuple[str, str | None]:
-    rng = random.Random(seed)
-    torch.manual_seed(seed)
-    case = Case(seed)
-    (q, k, cos, sin), kwargs, expect, contained_only, bufs, refs = _draw(rng, dev, case)
-    q_bshd, k_bshd, ref_pos, per_token, ref_cos, ref_sin, rows = refs
-    rotary_dim = kwargs.get("rotary_dim") or (cos.shape[-1] if per_token else 2 * cos.shape[-1])
+@contextlib.contextmanager
+def _environment(env: dict):
+    saved = {name: os.environ.get(name) for name in env}
     try:
-        out_q, out_k = apply_rope(q, k, cos, sin, **kwargs)
-    except (TypeError, ValueError, RuntimeError, NotImplementedError) as error:
-        if not bufs.inputs_unchanged():
-            return "violation", f"seed {seed}: raised {type(error).__name__} but changed its inputs; {case.notes}"
-        if expect == "ok" and not contained_only:
-            return "violation", f"seed {seed}: a valid call raised {type(error).__name__}: {error}; {case.notes}"
-        if expect == "overlap" and not (isinstance(error, RuntimeError) and "memory location" in str(error)):
-            return "violation", f"seed {seed}: overlap refused with {error!r}; {case.notes}"
-        return "documented_error", None
-    if not _device.INTERPRET:
-        torch.cuda.synchronize()
-    moved = bufs.moved_outside()
-    if moved:
-        return "violation", f"seed {seed}: {moved}; {case.notes}"
-    if expect != "ok":
-        return "violation", f"seed {seed}: expected {expect} but the call succeeded; {case.notes}"
-    if contained_only:
-        return "contained", None
-    layout, interleaved = kwargs["layout"], kwargs["interleaved"]
-    for name, out, x in (("q", out_q, q_bshd), ("k", out_k, k_bshd)):
-        want = _expected(x, layout, ref_pos, rotary_dim, interleaved, per_token, ref_cos, ref_sin, rows)
-        if want is None:
-            continue
-        message = check_close_to_reference(out, want, x.dtype)
-        if message is not None:
-            return "violation", f"seed {seed}: {name} {message}; {case.notes}"
-    return "matched_reference", None
+        for name, value in env.items():
+            os.environ[name] = value
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
-def run(cases: int = 300, seed: int = 0, device: str | None = None, progress=None) -> dict:
-    """Run ``cases`` seeded cases; return the counts and every violation's reproducer line."""
-    dev = device or _device.DEVICE
-    counts = {"cases": 0, "matched_reference": 0, "documented_error": 0, "contained": 0, "violation": 0}
-    violations = []
+def judge(case: Case) -> tuple[str, list[str]]:
+    """Run a case: ("matched" | "documented_error", []) or ("violation", what went wrong)."""
+    versions = [t._version for t in case.inplace_targets]
+    error = None
+    with _environment(case.env):
+        try:
+            result = case.call()
+        except Exception as e:  # noqa: BLE001  (the oracle classifies every exception)
+            error, trace = e, traceback.format_exc(limit=-3)
+    if error is not None:
+        problems = case.arena.changed(allow=False)
+        problems = [f"raised {type(error).__name__} but wrote {p}" for p in problems]
+        why = _documented(error, case.overlap)
+        if why is not None:
+            problems.append(why + "\n" + trace)
+        elif case.expect == MATCH:
+            problems.append(f"refused a valid call: {type(error).__name__}: {error}")
+        return ("violation", problems) if problems else ("documented_error", [])
+    problems = [f"wrote outside its outputs: {p}" for p in case.arena.changed(allow=True)]
+    if case.expect == RAISE:
+        problems.append(f"accepted a call it must refuse ({case.why_raise})")
+    else:
+        problems += case.check(result)
+        for t, before in zip(case.inplace_targets, versions):
+            if t._version == before:
+                problems.append("an in-place call did not bump the version counter of what it wrote")
+                break
+    return ("violation", problems) if problems else ("matched", [])
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Running.
+# --------------------------------------------------------------------------------------------------------------------
+
+def _targets() -> dict:
+    from . import fuzz_rope
+
+    targets = {"apply_rope": fuzz_rope.draw}
+    with contextlib.suppress(ImportError):
+        from . import fuzz_fused
+
+        targets.update(fuzz_fused.TARGETS)
+    return targets
+
+
+targets = _targets
+
+
+def case_rng(seed: int, index: int) -> tuple[random.Random, torch.Generator]:
+    """The generators of case ``index`` of ``seed``: each case is replayable on its own."""
+    mixed = (seed * 1_000_003 + index) & 0xFFFF_FFFF_FFFF
+    return random.Random(mixed), torch.Generator().manual_seed(mixed)
+
+
+def draw_case(seed: int, index: int, device, targets: dict) -> Case:
+    rng, gen = case_rng(seed, index)
+    name = rng.choice(sorted(targets))
+    return targets[name](rng, gen, device)
+
+
+def run_case(seed: int, index: int, device, targets: dict | None = None) -> tuple[Case, str, list[str]]:
+    case = draw_case(seed, index, device, targets or _targets())
+    outcome, problems = judge(case)
+    return case, outcome, problems
+
+
+def _tally(counts: dict, index: int, target: str, outcome: str, problems: list, spec: dict,
+           max_findings: int) -> None:
+    key = {"matched": "matched", "documented_error": "documented_errors", "violation": "violations"}[outcome]
+    counts["cases"] += 1
+    counts[key] += 1
+    per = counts["by_target"].setdefault(target, {"cases": 0, "matched": 0, "documented_errors": 0, "violations": 0})
+    per["cases"] += 1
+    per[key] += 1
+    if problems and len(counts["findings"]) < max_findings:
+        counts["findings"].append({"case": index, "target": target, "problems": problems, "spec": spec})
+
+
+def _isolated(cases: int, seed: int, device, chosen: dict, counts: dict, max_findings: int) -> None:
+    """Run the cases in child processes; a case that kills its process (a crash, an illegal memory access that
+    poisons the CUDA context) is a violation, and the run goes on with the next case in a fresh process."""
+    index = 0
+    while index < cases:
+        command = [sys.executable, "-m", "ropekit.reliability.fuzz", "--worker", "--seed", str(seed), "--start",
+                   str(index), "--cases", str(cases), "--device", str(device)] + [f"--target={n}" for n in sorted(chosen)]
+        child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        stdout, stderr = child.communicate()
+        begun = None
+        for line in stdout.splitlines():
+            if not line.startswith("{"):
+                continue
+            record = json.loads(line)
+            if "begin" in record:
+                begun = record["begin"]
+            else:
+                _tally(counts, record["case"], record["target"], record["outcome"], record["problems"],
+                       record["spec"], max_findings)
+                index, begun = record["case"] + 1, None
+        if child.returncode == 0 and begun is None:
+            break
+        if begun is None:  # died before its first case: nothing more can run
+            raise RuntimeError(f"the fuzzing worker failed to start: {stderr[-2000:]}")
+        case = draw_case(seed, begun, device, chosen)  # drawing is deterministic: the spec of the case that died
+        _tally(counts, begun, case.target, "violation", [f"the process died (exit status {child.returncode}) "
+                                                         f"during the case: {stderr.strip()[-600:]}"], case.spec,
+               max_findings)
+        index = begun + 1
+
+
+def run(cases: int, seed: int, device: str | None = None, *, targets: list[str] | None = None,
+        isolate: bool = False, trace: bool = False, max_findings: int = 50) -> dict:
+    """Run ``cases`` seeded cases; return the counts (and the first ``max_findings`` violations, replayable with
+    ``python -m ropekit.reliability.fuzz --seed SEED --case INDEX``). ``isolate``: each case's process may die
+    (counted as a violation) without ending the run."""
+    device = device or _device.DEVICE
+    available = _targets()
+    chosen = {name: available[name] for name in (targets or sorted(available))}
+    counts = {"cases": 0, "matched": 0, "documented_errors": 0, "violations": 0, "seed": seed, "device": str(device),
+              "targets": sorted(chosen), "by_target": {}, "findings": []}
     start = time.perf_counter()
-    for i in range(cases):
-        outcome, detail = _one(seed * 1_000_003 + i, dev)
-        counts["cases"] += 1
-        counts[outcome] += 1
-        if detail:
-            violations.append(detail)
-        if progress is not None:
-            progress(i + 1, cases)
+    if isolate:
+        _isolated(cases, seed, device, chosen, counts, max_findings)
+    else:
+        for index in range(cases):
+            if trace:
+                print(f"case {index}", file=sys.stderr, flush=True)
+            case, outcome, problems = run_case(seed, index, device, chosen)
+            _tally(counts, index, case.target, outcome, problems, case.spec, max_findings)
     counts["seconds"] = round(time.perf_counter() - start, 1)
-    counts["device"] = dev
-    counts["seed"] = seed
-    counts["violations"] = violations
     return counts
 
 
+def _worker(seed: int, start: int, stop: int, device, names: list) -> int:
+    """The child of an isolated run: one JSON line as each case begins and one with its result."""
+    available = _targets()
+    chosen = {n: available[n] for n in names}
+    for index in range(start, stop):
+        print(json.dumps({"begin": index}), flush=True)
+        case, outcome, problems = run_case(seed, index, device, chosen)
+        print(json.dumps({"case": index, "target": case.target, "outcome": outcome, "problems": problems,
+                          "spec": case.spec}, default=str), flush=True)
+    return 0
+
+
+def _summary(counts: dict) -> str:
+    """The counts as indented JSON, each finding on one line."""
+    head = {k: v for k, v in counts.items() if k != "findings"}
+    lines = json.dumps(head, indent=1, default=str)[:-2]
+    findings = ",\n  ".join(json.dumps(f, default=str) for f in counts["findings"])
+    return f'{lines},\n "findings": [\n  {findings}\n ]\n}}'
+
+
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m ropekit.reliability.fuzz", description=__doc__.split("\n\n")[0],
-        epilog="example: python -m ropekit.reliability.fuzz --cases 300 --seed 0 --out fuzz.json")
-    parser.add_argument("--cases", type=int, default=300)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", help="also write the counts to this JSON file")
+    parser = argparse.ArgumentParser(prog="python -m ropekit.reliability.fuzz", description=__doc__.splitlines()[0])
+    parser.add_argument("--cases", type=int, default=300, help="how many cases (default 300)")
+    parser.add_argument("--seed", type=int, default=0, help="the seed (default 0)")
+    parser.add_argument("--device", default=None, help="cuda or cpu (default: ropekit.device.DEVICE)")
+    parser.add_argument("--case", type=int, default=None, help="replay one case of the seed and print it")
+    parser.add_argument("--target", action="append", default=None, help="fuzz only this op (repeatable)")
+    parser.add_argument("--in-process", action="store_true",
+                        help="run every case in this process (default: child processes, so a crash is one finding)")
+    parser.add_argument("--trace", action="store_true", help="(in process) print each case's index before it runs")
+    parser.add_argument("--out", default=None, help="also write the counts as JSON to this file")
+    parser.add_argument("--max-findings", type=int, default=50, help="how many violations to list (default 50)")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--start", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    counts = run(args.cases, args.seed)
-    text = json.dumps(counts, indent=1, default=str)
-    print(text)
+    device = args.device or _device.DEVICE
+    if args.worker:
+        return _worker(args.seed, args.start, args.cases, device, args.target)
+    if args.case is not None:
+        available = _targets()
+        chosen = {n: available[n] for n in (args.target or sorted(available))}
+        case, outcome, problems = run_case(args.seed, args.case, device, chosen)
+        print(json.dumps({"case": args.case, "seed": args.seed, "target": case.target, "outcome": outcome,
+                          "expect": case.expect, "problems": problems, "spec": case.spec}, indent=1, default=str))
+        return 1 if outcome == "violation" else 0
+    counts = run(args.cases, args.seed, device, targets=args.target, isolate=not args.in_process, trace=args.trace,
+                 max_findings=args.max_findings)
     if args.out:
         with open(args.out, "w") as f:
-            f.write(text + "\n")
-    return 1 if counts["violation"] else 0
+            json.dump(counts, f, indent=1, default=str)
+            f.write("\n")
+    print(_summary(counts))
+    return 1 if counts["violations"] else 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    sys.exit(main())
