@@ -20,7 +20,7 @@ from ropekit.testing import check_close_to_reference
 
 from .fuzz import EITHER, MATCH, RAISE, Arena, Case, footprint, same_bits, self_overlapping
 
-__all__ = ["draw"]
+__all__ = ["draw", "draw_cuda"]
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 _HEAD_AXIS = {"bshd": 2, "sbhd": 2, "bhsd": 1, "thd": 1}
@@ -121,7 +121,8 @@ def _cu_values(rng: random.Random, lengths: list) -> tuple[list, str]:
     return cu, how
 
 
-def draw(rng: random.Random, gen: torch.Generator, device) -> Case:
+def draw(rng: random.Random, gen: torch.Generator, device, backend: str = "triton") -> Case:
+    """One ``apply_rope`` case on ``backend`` (the CUDA backend on a GPU machine: ``draw_cuda``)."""
     arena = Arena(rng, gen, device)
     expect, why_raise, either = MATCH, [], []
     layout = rng.choice(("bshd", "sbhd", "bhsd", "thd"))
@@ -135,7 +136,8 @@ def draw(rng: random.Random, gen: torch.Generator, device) -> Case:
     hq = rng.choice((1, 2, 3)) if rng.random() > 0.04 else 0
     hk = rng.choice((None, 1, 2, 3)) if rng.random() > 0.04 else 0
     spec = dict(layout=layout, dtype=str(dtype), head_dim=head_dim, rotary_dim=rotary_dim, interleaved=interleaved,
-                conjugate=conjugate, per_token=per_token, inplace=inplace, grad=grad, check_mode=check_mode)
+                conjugate=conjugate, per_token=per_token, inplace=inplace, grad=grad, check_mode=check_mode,
+                backend=backend)
 
     # -- tokens -----------------------------------------------------------------------------------------------------
     cu = cu_how = max_seqlen = None
@@ -324,7 +326,7 @@ def draw(rng: random.Random, gen: torch.Generator, device) -> Case:
         expect = EITHER
 
     kwargs = dict(positions=positions, layout=layout, interleaved=interleaved, rotary_dim=rotary_arg, inplace=inplace,
-                  cu_seqlens=cu, max_seqlen=max_seqlen, per_token=per_token, conjugate=conjugate)
+                  cu_seqlens=cu, max_seqlen=max_seqlen, per_token=per_token, conjugate=conjugate, backend=backend)
     q_logical, k_logical = q.detach().cpu().clone(), (None if k is None else k.detach().cpu().clone())
     cos_logical, sin_logical = cos.detach().cpu().clone(), sin.detach().cpu().clone()
     grads = {}
@@ -414,3 +416,7 @@ def _on_meta(spec, arena, expect, why_raise, tensors, kwargs) -> Case:
 
     return Case("apply_rope", spec, arena, lambda: apply_rope(q, k, cos, sin, **kwargs), check, expect=expect,
                 why_raise="; ".join(why_raise), env={"ROPEKIT_CHECK": "0"})
+
+
+def draw_cuda(rng: random.Random, gen: torch.Generator, device) -> Case:
+    return draw(rng, gen, device, backend="cuda")
