@@ -24,6 +24,7 @@ values come from a bounded set, so the Triton interpreter runs a few hundred cas
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import contextlib
 import json
 import os
@@ -31,6 +32,7 @@ import random
 import re
 import subprocess
 import sys
+import threading
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -244,6 +246,8 @@ def judge(case: Case) -> tuple[str, list[str]]:
     with _environment(case.env):
         try:
             result = case.call()
+            if str(case.arena.device).startswith("cuda"):
+                torch.cuda.synchronize()  # an asynchronous fault belongs to this case
         except Exception as e:  # noqa: BLE001  (the oracle classifies every exception)
             error, trace = e, traceback.format_exc(limit=-3)
     if error is not None:
@@ -271,10 +275,14 @@ def judge(case: Case) -> tuple[str, list[str]]:
 # Running.
 # --------------------------------------------------------------------------------------------------------------------
 
+# Targets a run leaves out unless named (--target): the CUDA backend builds its extension with nvcc first.
+OPT_IN = frozenset({"apply_rope_cuda"})
+
+
 def _targets() -> dict:
     from . import fuzz_rope
 
-    targets = {"apply_rope": fuzz_rope.draw}
+    targets = {"apply_rope": fuzz_rope.draw, "apply_rope_cuda": fuzz_rope.draw_cuda}
     with contextlib.suppress(ImportError):
         from . import fuzz_fused
 
@@ -315,16 +323,19 @@ def _tally(counts: dict, index: int, target: str, outcome: str, problems: list, 
         counts["findings"].append({"case": index, "target": target, "problems": problems, "spec": spec})
 
 
-def _isolated(cases: int, seed: int, device, chosen: dict, counts: dict, max_findings: int) -> None:
-    """Run the cases in child processes; a case that kills its process (a crash, an illegal memory access that
-    poisons the CUDA context) is a violation, and the run goes on with the next case in a fresh process."""
-    index = 0
-    while index < cases:
+def _isolated_chunk(start: int, stop: int, seed: int, device, chosen: dict, deadline: float | None,
+                    record_result: Callable) -> None:
+    """Run cases ``start..stop-1`` in child processes; a case that kills its process (a crash, an illegal memory
+    access that poisons the CUDA context) is a violation, and the chunk goes on with the next case in a new one."""
+    index = start
+    while index < stop and (deadline is None or time.time() < deadline):
         command = [sys.executable, "-m", "ropekit.reliability.fuzz", "--worker", "--seed", str(seed), "--start",
-                   str(index), "--cases", str(cases), "--device", str(device)] + [f"--target={n}" for n in sorted(chosen)]
+                   str(index), "--cases", str(stop), "--device", str(device)] + [f"--target={n}" for n in sorted(chosen)]
+        if deadline is not None:
+            command += ["--deadline", repr(deadline)]
         child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         stdout, stderr = child.communicate()
-        begun = None
+        begun, progressed = None, False
         for line in stdout.splitlines():
             if not line.startswith("{"):
                 continue
@@ -332,53 +343,86 @@ def _isolated(cases: int, seed: int, device, chosen: dict, counts: dict, max_fin
             if "begin" in record:
                 begun = record["begin"]
             else:
-                _tally(counts, record["case"], record["target"], record["outcome"], record["problems"],
-                       record["spec"], max_findings)
-                index, begun = record["case"] + 1, None
+                record_result(record["case"], record["target"], record["outcome"], record["problems"], record["spec"])
+                index, begun, progressed = record["case"] + 1, None, True
         if child.returncode == 0 and begun is None:
-            break
-        if begun is None:  # died before its first case: nothing more can run
+            return
+        if begun is None:
+            if progressed:
+                continue  # it left after a case that poisoned its device: go on in a fresh process
             raise RuntimeError(f"the fuzzing worker failed to start: {stderr[-2000:]}")
         case = draw_case(seed, begun, device, chosen)  # drawing is deterministic: the spec of the case that died
-        _tally(counts, begun, case.target, "violation", [f"the process died (exit status {child.returncode}) "
-                                                         f"during the case: {stderr.strip()[-600:]}"], case.spec,
-               max_findings)
+        record_result(begun, case.target, "violation", [f"the process died (exit status {child.returncode}) during "
+                                                        f"the case: {stderr.strip()[-600:]}"], case.spec)
         index = begun + 1
 
 
 def run(cases: int, seed: int, device: str | None = None, *, targets: list[str] | None = None,
-        isolate: bool = False, trace: bool = False, max_findings: int = 50) -> dict:
+        isolate: bool = False, workers: int = 1, time_budget_s: float | None = None, trace: bool = False,
+        max_findings: int = 50) -> dict:
     """Run ``cases`` seeded cases; return the counts (and the first ``max_findings`` violations, replayable with
-    ``python -m ropekit.reliability.fuzz --seed SEED --case INDEX``). ``isolate``: each case's process may die
-    (counted as a violation) without ending the run."""
+    ``python -m ropekit.reliability.fuzz --seed SEED --case INDEX``).
+
+    ``isolate``: cases run in child processes (``workers`` of them at a time, each over its own share of the
+    cases: Triton compiles in parallel on a GPU machine), so a case may kill its process without ending the run.
+    ``time_budget_s``: start no case after that many seconds (``cases`` in the result says how many ran)."""
     device = device or _device.DEVICE
     available = _targets()
-    chosen = {name: available[name] for name in (targets or sorted(available))}
+    chosen = {name: available[name] for name in (targets or sorted(set(available) - OPT_IN))}
     counts = {"cases": 0, "matched": 0, "documented_errors": 0, "violations": 0, "seed": seed, "device": str(device),
               "targets": sorted(chosen), "by_target": {}, "findings": []}
     start = time.perf_counter()
+    deadline = None if time_budget_s is None else time.time() + time_budget_s
+    lock = threading.Lock()
+
+    def record_result(index, target, outcome, problems, spec):
+        with lock:
+            _tally(counts, index, target, outcome, problems, spec, max_findings)
+
     if isolate:
-        _isolated(cases, seed, device, chosen, counts, max_findings)
+        bounds = [cases * w // workers for w in range(workers + 1)]
+        with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
+            chunks = [pool.submit(_isolated_chunk, a, b, seed, device, chosen, deadline, record_result)
+                      for a, b in zip(bounds, bounds[1:]) if b > a]
+            for chunk in chunks:
+                chunk.result()
+        counts["findings"].sort(key=lambda finding: finding["case"])
     else:
         for index in range(cases):
+            if deadline is not None and time.time() >= deadline:
+                break
             if trace:
                 print(f"case {index}", file=sys.stderr, flush=True)
             case, outcome, problems = run_case(seed, index, device, chosen)
-            _tally(counts, index, case.target, outcome, problems, case.spec, max_findings)
+            record_result(index, case.target, outcome, problems, case.spec)
     counts["seconds"] = round(time.perf_counter() - start, 1)
     return counts
 
 
-def _worker(seed: int, start: int, stop: int, device, names: list) -> int:
+def _worker(seed: int, start: int, stop: int, device, names: list, deadline: float | None) -> int:
     """The child of an isolated run: one JSON line as each case begins and one with its result."""
     available = _targets()
     chosen = {n: available[n] for n in names}
     for index in range(start, stop):
+        if deadline is not None and time.time() >= deadline:
+            break
         print(json.dumps({"begin": index}), flush=True)
         case, outcome, problems = run_case(seed, index, device, chosen)
         print(json.dumps({"case": index, "target": case.target, "outcome": outcome, "problems": problems,
                           "spec": case.spec}, default=str), flush=True)
+        if not _device_alive(device):
+            return 3  # a fault poisoned the CUDA context: the parent goes on in a fresh process
     return 0
+
+
+def _device_alive(device) -> bool:
+    if not str(device).startswith("cuda"):
+        return True
+    try:
+        torch.cuda.synchronize()
+        return torch.ones(1, device=device).add(1).item() == 2.0
+    except Exception:  # noqa: BLE001  (any CUDA error here means the context is gone)
+        return False
 
 
 def _summary(counts: dict) -> str:
@@ -401,20 +445,26 @@ def main(argv=None) -> int:
     parser.add_argument("--trace", action="store_true", help="(in process) print each case's index before it runs")
     parser.add_argument("--out", default=None, help="also write the counts as JSON to this file")
     parser.add_argument("--max-findings", type=int, default=50, help="how many violations to list (default 50)")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="child processes at a time (default 1; on a GPU machine, about its CPU cores)")
+    parser.add_argument("--time-budget", type=float, default=None,
+                        help="start no case after this many seconds (the counts say how many ran)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--deadline", type=float, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--start", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     device = args.device or _device.DEVICE
     if args.worker:
-        return _worker(args.seed, args.start, args.cases, device, args.target)
+        return _worker(args.seed, args.start, args.cases, device, args.target, args.deadline)
     if args.case is not None:
         available = _targets()
-        chosen = {n: available[n] for n in (args.target or sorted(available))}
+        chosen = {n: available[n] for n in (args.target or sorted(set(available) - OPT_IN))}
         case, outcome, problems = run_case(args.seed, args.case, device, chosen)
         print(json.dumps({"case": args.case, "seed": args.seed, "target": case.target, "outcome": outcome,
                           "expect": case.expect, "problems": problems, "spec": case.spec}, indent=1, default=str))
         return 1 if outcome == "violation" else 0
-    counts = run(args.cases, args.seed, device, targets=args.target, isolate=not args.in_process, trace=args.trace,
+    counts = run(args.cases, args.seed, device, targets=args.target, isolate=not args.in_process,
+                 workers=args.workers, time_budget_s=args.time_budget, trace=args.trace,
                  max_findings=args.max_findings)
     if args.out:
         with open(args.out, "w") as f:

@@ -20,7 +20,7 @@ from ropekit.testing import check_close_to_reference
 
 from .fuzz import EITHER, MATCH, RAISE, Arena, Case, footprint, same_bits, self_overlapping
 
-__all__ = ["draw"]
+__all__ = ["draw", "draw_cuda"]
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 _HEAD_AXIS = {"bshd": 2, "sbhd": 2, "bhsd": 1, "thd": 1}
@@ -30,6 +30,8 @@ _INPUT_KINDS = (("contiguous", 3), ("padded", 2), ("stepped", 1), ("permuted", 2
 _TABLE_KINDS = _INPUT_KINDS
 _INDEX_KINDS = (("contiguous", 3), ("padded", 1), ("stepped", 2), ("permuted", 1))
 _EXOTIC = ("expanded", "overlapping")
+# int32's limits (a position tensor may be int32): an index computed from them must not wrap into the table
+_EXTREME_POSITIONS = (2**31 - 1, -2**31, 2**31 - 2, -(2**31 - 1))
 
 
 def _pick(rng: random.Random, weighted) -> str:
@@ -70,10 +72,11 @@ def _rotate(x_tokens, cos_half, sin_half, rotary_dim, interleaved, conjugate):
     return torch.cat((rotated, x_tokens[..., rotary_dim:]), dim=-1)
 
 
-def _halves_equal(core_shape, gen, interleaved: bool) -> torch.Tensor:
-    """Per-token rows whose pairs share one angle: halves equal (NeoX) or neighbours equal (GPT-J)."""
+def _row_values(core_shape, gen, interleaved: bool, equal: bool) -> torch.Tensor:
+    """Per-token rows whose pairs share one angle (``equal``: halves equal for NeoX, neighbours for GPT-J, the
+    documented form) or not (what the eager formula ``x * cos + rotate_half(x) * sin`` also accepts)."""
     width = core_shape[-1]
-    if width == 1:  # expanded along the row: every column the same value
+    if width == 1 or not equal:  # (width 1: expanded along the row, every column the same value)
         return torch.rand(core_shape, generator=gen, dtype=torch.float64) * 2 - 1
     half = torch.rand(*core_shape[:-1], width // 2, generator=gen, dtype=torch.float64) * 2 - 1
     return half.repeat_interleave(2, dim=-1) if interleaved else torch.cat((half, half), dim=-1)
@@ -87,6 +90,9 @@ def _position_values(gen, low: int, high: int, hostile: bool, rows: int):
             far = torch.where(torch.rand(core_shape, generator=gen) < 0.5,
                               rows + torch.randint(0, 4, core_shape, generator=gen),
                               -torch.randint(1, 4, core_shape, generator=gen))
+            extreme = torch.tensor(_EXTREME_POSITIONS)[torch.randint(0, len(_EXTREME_POSITIONS), core_shape,
+                                                                     generator=gen)]
+            far = torch.where(torch.rand(core_shape, generator=gen) < 0.2, extreme, far)
             v = torch.where(poke, far, v)
         return v
     return values
@@ -96,10 +102,12 @@ def _cu_values(rng: random.Random, lengths: list) -> tuple[list, str]:
     cu = [0]
     for n in lengths:
         cu.append(cu[-1] + n)
-    how = rng.choices(("valid", "past_end", "short_end", "decreasing", "start_nonzero", "negative"),
-                      weights=(12, 3, 1, 1, 1, 1))[0]
+    how = rng.choices(("valid", "past_end", "far_past_end", "short_end", "decreasing", "start_nonzero", "negative"),
+                      weights=(12, 3, 1, 1, 1, 1, 1))[0]
     if how == "past_end":
         cu[-1] += rng.randint(1, 3)
+    elif how == "far_past_end":  # past any guard: a write there corrupts another allocation
+        cu[-1] += rng.randint(20, 200)
     elif how == "short_end" and cu[-1] > 0:
         cu[-1] -= 1
     elif how == "decreasing" and len(cu) > 2 and cu[1] > 0:
@@ -113,7 +121,8 @@ def _cu_values(rng: random.Random, lengths: list) -> tuple[list, str]:
     return cu, how
 
 
-def draw(rng: random.Random, gen: torch.Generator, device) -> Case:
+def draw(rng: random.Random, gen: torch.Generator, device, backend: str = "triton") -> Case:
+    """One ``apply_rope`` case on ``backend`` (the CUDA backend on a GPU machine: ``draw_cuda``)."""
     arena = Arena(rng, gen, device)
     expect, why_raise, either = MATCH, [], []
     layout = rng.choice(("bshd", "sbhd", "bhsd", "thd"))
@@ -127,7 +136,8 @@ def draw(rng: random.Random, gen: torch.Generator, device) -> Case:
     hq = rng.choice((1, 2, 3)) if rng.random() > 0.04 else 0
     hk = rng.choice((None, 1, 2, 3)) if rng.random() > 0.04 else 0
     spec = dict(layout=layout, dtype=str(dtype), head_dim=head_dim, rotary_dim=rotary_dim, interleaved=interleaved,
-                conjugate=conjugate, per_token=per_token, inplace=inplace, grad=grad, check_mode=check_mode)
+                conjugate=conjugate, per_token=per_token, inplace=inplace, grad=grad, check_mode=check_mode,
+                backend=backend)
 
     # -- tokens -----------------------------------------------------------------------------------------------------
     cu = cu_how = max_seqlen = None
@@ -185,7 +195,7 @@ def draw(rng: random.Random, gen: torch.Generator, device) -> Case:
                 arena.allow_writes(t)
 
     # -- positions, tables or per-token rows ----------------------------------------------------------------------------
-    cos_half_of = None  # token shape + (R/2,) float64 angles' cos/sin, computed after the tables exist
+    rotate_ref = None  # (x float64 in tokens' layout, cos, sin) -> the reference output, differentiable in x
     positions = None
     valid_tokens = None
     if per_token:
@@ -198,21 +208,33 @@ def draw(rng: random.Random, gen: torch.Generator, device) -> Case:
             row_shape = rng.choice(((batch, seq, width), (1, seq, width), (seq, width), (batch, 1, width)))
         kinds = [_pick(rng, _INDEX_KINDS + (("expanded", 1),)) for _ in range(2)]
         dtypes = [rng.choice(_DTYPES) for _ in range(2)]
-        cos = arena.place("cos", row_shape, dtypes[0], kinds[0], lambda s: _halves_equal(s, gen, interleaved))
-        sin = arena.place("sin", row_shape, dtypes[1], kinds[1], lambda s: _halves_equal(s, gen, interleaved))
+        equal = width > rotary_dim or rng.random() > 0.15
+        cos = arena.place("cos", row_shape, dtypes[0], kinds[0], lambda s: _row_values(s, gen, interleaved, equal))
+        sin = arena.place("sin", row_shape, dtypes[1], kinds[1], lambda s: _row_values(s, gen, interleaved, equal))
         if width > rotary_dim:
             either.append("per-token rows wider than rotary_dim")
-        spec.update(rows=row_shape, cos_kind=kinds[0], sin_kind=kinds[1], row_width=width)
+        if not equal:
+            if check_mode:
+                expect, why_raise = RAISE, why_raise + ["check mode: per-token rows whose pairs differ"]
+            if grad:
+                either.append("autograd through per-token rows whose pairs differ (may be refused)")
+        spec.update(rows=row_shape, cos_kind=kinds[0], sin_kind=kinds[1], row_width=width, pairs_equal=equal)
 
-        def cos_half_of(c):
-            c = c.detach().cpu().to(torch.float64).expand(*token_shape, width)
-            return c[..., 0:rotary_dim:2] if interleaved else c[..., :rotary_dim // 2]
+        def rotate_ref(x, c, s):
+            c, s = (t.detach().cpu().to(torch.float64).expand(*token_shape, width) for t in (c, s))
+            if not equal:  # the eager formula, channel by channel
+                return ref.rope_from_cos_sin(x, c[..., None, :rotary_dim], s[..., None, :rotary_dim],
+                                             interleaved=interleaved, conjugate=conjugate)
+            pick = (lambda t: t[..., 0:rotary_dim:2]) if interleaved else (lambda t: t[..., :rotary_dim // 2])
+            return _rotate(x, pick(c), pick(s), rotary_dim, interleaved, conjugate)
         columns = width // 2
     else:
         form = rng.choice(("none", "int", "t0d", "offsets", "ids") + (() if layout == "thd" else
                                                                        ("offsets2d", "ids1d", "ids_bcast")))
         span = seq
-        rows = rng.randint(max(span, 1), max(span, 1) + 6)
+        rows = rng.randint(max(span, 1), max(span, 1) + 6) if rng.random() > 0.02 else 0
+        if rows == 0:
+            either.append("a table of zero rows")
         hostile = rng.random() < 0.2
         pos_dtype = rng.choice((torch.int32, torch.int64)) if rng.random() > 0.02 else torch.float32
         pos_kind = _pick(rng, _INDEX_KINDS + (("expanded", 1),))
@@ -224,7 +246,7 @@ def draw(rng: random.Random, gen: torch.Generator, device) -> Case:
         id_values = _position_values(gen, 0, rows - 1, hostile, rows)
         raw = None
         if form == "int":
-            positions = rng.randint(0, rows - span) if not hostile else rng.choice((-rng.randint(1, 3),
+            positions = rng.randint(0, max(rows - span, 0)) if not hostile else rng.choice((-rng.randint(1, 3),
                                                                                     rows - span + rng.randint(1, 3)))
             if tokens and (positions < 0 or positions + span > rows):
                 expect, why_raise = RAISE, why_raise + ["a host-int offset outside the table"]
@@ -281,14 +303,18 @@ def draw(rng: random.Random, gen: torch.Generator, device) -> Case:
                 elif bool(((raw < 0) | (raw >= rows)).any()):
                     either.append("check mode: an offset outside the table that no token uses")
 
-            def cos_half_of(c, token_pos=token_pos, valid=valid_tokens):
-                c = c.detach().cpu().to(torch.float64)[token_pos.clamp(0, rows - 1)][..., :rotary_dim // 2]
-                return torch.where(valid[..., None], c, torch.full_like(c, float("nan")))
+            def rotate_ref(x, c, s, token_pos=token_pos, valid=valid_tokens):
+                def half(t):
+                    t = t.detach().cpu().to(torch.float64)
+                    t = t[token_pos.clamp(0, max(rows - 1, 0))][..., :rotary_dim // 2] if rows else \
+                        torch.zeros(*token_pos.shape, rotary_dim // 2, dtype=torch.float64)
+                    return torch.where(valid[..., None], t, torch.full_like(t, float("nan")))
+                return _rotate(x, half(c), half(s), rotary_dim, interleaved, conjugate)
     if index_hostile:
         if check_mode:
             expect, why_raise = RAISE, why_raise + ["check mode: invalid cu_seqlens or max_seqlen"]
         either.append("invalid cu_seqlens or max_seqlen")
-        cos_half_of = None  # what the kernel then computes is unspecified: only the guards are checked
+        rotate_ref = None  # what the kernel then computes is unspecified: only the guards are checked
 
     # -- rotary_dim -------------------------------------------------------------------------------------------------
     rotary_arg = None if 2 * columns == rotary_dim and rng.random() < 0.75 else rotary_dim
@@ -300,7 +326,7 @@ def draw(rng: random.Random, gen: torch.Generator, device) -> Case:
         expect = EITHER
 
     kwargs = dict(positions=positions, layout=layout, interleaved=interleaved, rotary_dim=rotary_arg, inplace=inplace,
-                  cu_seqlens=cu, max_seqlen=max_seqlen, per_token=per_token, conjugate=conjugate)
+                  cu_seqlens=cu, max_seqlen=max_seqlen, per_token=per_token, conjugate=conjugate, backend=backend)
     q_logical, k_logical = q.detach().cpu().clone(), (None if k is None else k.detach().cpu().clone())
     cos_logical, sin_logical = cos.detach().cpu().clone(), sin.detach().cpu().clone()
     grads = {}
@@ -335,27 +361,62 @@ def draw(rng: random.Random, gen: torch.Generator, device) -> Case:
             if not inplace and any(out.untyped_storage().data_ptr() == b.base.untyped_storage().data_ptr()
                                    for b in arena.buffers):
                 problems.append(f"out of place, the {name} output shares memory with an input")
-            if cos_half_of is None:
+            if rotate_ref is None:
                 continue
-            cos_half, sin_half = cos_half_of(cos_logical), cos_half_of(sin_logical)
-            want = _from_tokens(_rotate(_to_tokens(logical, layout), cos_half, sin_half, rotary_dim, interleaved,
-                                        conjugate), layout)
-            message = check_close_to_reference(out, want)
+            x = _to_tokens(logical, layout).requires_grad_(grad)
+            want = rotate_ref(x, cos_logical, sin_logical)
+            message = check_close_to_reference(out, _from_tokens(want.detach(), layout))
             if message is not None:
                 problems.append(f"{name}: {message}")
             if not same_bits(out[..., rotary_dim:], logical[..., rotary_dim:]):
                 problems.append(f"{name}: the channels past rotary_dim are not passed through bit for bit")
             if grad and grads.get(name) is not None:
                 got, weight = grads[name]
-                want_grad = _from_tokens(_rotate(_to_tokens(weight, layout), cos_half, sin_half, rotary_dim,
-                                                 interleaved, not conjugate), layout)
-                message = None if got is None else check_close_to_reference(got, want_grad)
+                want.backward(_to_tokens(weight, layout))  # the reference's own vector-Jacobian product
+                message = None if got is None else check_close_to_reference(got, _from_tokens(x.grad, layout))
                 if got is None or message is not None:
                     problems.append(f"grad of {name}: {message or 'missing'}")
         return problems
 
     spec.update(q=_describe(q), k=_describe(k), cos=_describe(cos), sin=_describe(sin),
                 positions=_describe(positions), cu_seqlens=_describe(cu))
+    if not check_mode and not overlap and not grad and rng.random() < 0.04:
+        return _on_meta(spec, arena, expect, why_raise, (q, k, cos, sin), kwargs)
     return Case("apply_rope", spec, arena, call, check, expect=expect, why_raise="; ".join(why_raise),
                 overlap=overlap, inplace_targets=[t for t in (q, k) if inplace and t is not None and t.numel()],
                 env={"ROPEKIT_CHECK": "1" if check_mode else "0"})
+
+
+def _meta_like(t):
+    if not isinstance(t, torch.Tensor):
+        return t
+    return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
+
+
+def _on_meta(spec, arena, expect, why_raise, tensors, kwargs) -> Case:
+    """The same call on meta tensors (shape inference, no data): the outputs' shapes and dtypes, nothing read."""
+    q, k, cos, sin = (_meta_like(t) for t in tensors)
+    kwargs = {name: _meta_like(value) for name, value in kwargs.items()}
+    spec.update(meta=True)
+    if expect == MATCH and kwargs["layout"] == "thd" and kwargs["max_seqlen"] is None:
+        expect = EITHER  # max_seqlen comes from cu_seqlens' values, which a meta tensor has not got
+
+    def check(result) -> list[str]:
+        problems = []
+        for name, out, x in (("q", result[0], q), ("k", result[1], k)):
+            if x is None:
+                continue
+            if out is None or out.device.type != "meta" or out.shape != x.shape or out.dtype != x.dtype:
+                problems.append(f"meta: the {name} output is {None if out is None else (out.device, out.shape)}")
+            elif kwargs["inplace"] and out is not x:
+                problems.append(f"meta: in place, the {name} output is not {name} itself")
+            elif not kwargs["inplace"] and not out.is_contiguous():
+                problems.append(f"meta: the {name} output has strides {out.stride()}, not contiguous ones")
+        return problems
+
+    return Case("apply_rope", spec, arena, lambda: apply_rope(q, k, cos, sin, **kwargs), check, expect=expect,
+                why_raise="; ".join(why_raise), env={"ROPEKIT_CHECK": "0"})
+
+
+def draw_cuda(rng: random.Random, gen: torch.Generator, device) -> Case:
+    return draw(rng, gen, device, backend="cuda")
