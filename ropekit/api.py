@@ -163,8 +163,9 @@ def _prepare(q, k, cos, sin, positions, layout, rotary_dim, cu_seqlens, max_seql
             raise ValueError(f"per-token cos/sin of shape {tuple(cos.shape)} do not broadcast to the tokens "
                              f"{token_shape} + (rotary_dim,)") from None
         spec = PositionSpec(SCALAR_OFFSET, 0, None, cu_seqlens, max_seqlen if varlen else None)
-        if _check_mode():
+        if _check_mode() and not q.is_meta:
             _check_row_halves(cos, sin, interleaved)
+            _check_device_values(spec, 0, seqlen)
     else:
         spec = resolve_positions(batch=n_batch, seqlen=seqlen, positions=positions,
                                  cu_seqlens=cu_seqlens if varlen else None, max_seqlen=max_seqlen, device=q.device)
@@ -201,7 +202,7 @@ def _check_device_values(spec: PositionSpec, table_len: int, n_tokens: int) -> N
         if int(cu[0]) != 0 or bool((cu[1:] < cu[:-1]).any()) or int(cu[-1]) != n_tokens:
             raise ValueError(f"cu_seqlens must start at 0, never decrease and end at the token count {n_tokens}, "
                              f"got {cu.tolist()}")
-        if spec.max_seqlen < int((cu[1:] - cu[:-1]).max()):
+        if cu.numel() > 1 and spec.max_seqlen < int((cu[1:] - cu[:-1]).max()):
             raise ValueError(f"max_seqlen ({spec.max_seqlen}) is shorter than the longest sequence")
     if spec.tensor is not None:
         pos = spec.tensor.cpu()
@@ -238,6 +239,8 @@ def _span(t: torch.Tensor) -> tuple[int, int]:
 def _has_internal_overlap(t: torch.Tensor) -> bool:
     """Whether two elements of the view may share memory: its dims, sorted by stride, must each step past
     everything the smaller ones span (the sufficient condition PyTorch's own checks use, in exact form)."""
+    if t.numel() == 0:
+        return False
     dims = sorted((abs(stride), size) for size, stride in zip(t.shape, t.stride()) if size > 1)
     reach = 0  # the largest offset the dims so far span
     for stride, size in dims:
@@ -250,14 +253,17 @@ def _has_internal_overlap(t: torch.Tensor) -> bool:
 def _views_overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether two views share an element. Exact for views with the same strides (slices of one packed qkv
     projection, k a slice of q's heads): a depth-first search over the index differences, largest stride first."""
-    if a.numel() == 0 or b.numel() == 0 or a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr() \
+    if a.is_meta or a.numel() == 0 or b.numel() == 0 or \
+            a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr() \
             or a.element_size() != b.element_size():
         return False
     (a_lo, a_hi), (b_lo, b_hi) = _span(a), _span(b)
     if a_hi < b_lo or b_hi < a_lo:
         return False
-    if a.stride() != b.stride() or _has_internal_overlap(a) or _has_internal_overlap(b):
-        return True  # the ranges meet and the views are not of one shape family: refuse rather than risk it
+    if _has_internal_overlap(a) or _has_internal_overlap(b):
+        return True
+    if a.stride() != b.stride():
+        return _offsets_meet(a, b)
     # a's element i and b's element j coincide iff sum (i_d - j_d) * stride_d == b_offset - a_offset
     dims = sorted(((abs(st), a.shape[d], b.shape[d], st < 0) for d, st in enumerate(a.stride())
                    if max(a.shape[d], b.shape[d]) > 1), reverse=True)
@@ -277,6 +283,25 @@ def _views_overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
         return any(solve(i + 1, residual - c * stride) for c in range(low, high + 1))
 
     return solve(0, b.storage_offset() - a.storage_offset())
+
+
+def _element_offsets(t: torch.Tensor) -> torch.Tensor:
+    """Every element's offset into the storage (host arithmetic on the view's metadata; no data is read)."""
+    offsets = torch.full((), t.storage_offset(), dtype=torch.int64)
+    for size, stride in zip(t.shape, t.stride()):
+        offsets = offsets[..., None] + torch.arange(size, dtype=torch.int64) * stride
+    return offsets.flatten()
+
+
+_ENUMERATE_MAX = 1 << 22
+
+
+def _offsets_meet(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Views with different strides whose ranges meet: compare their element offsets, up to a size where that is
+    cheap; beyond it, like PyTorch's own checks when the answer is too hard, assume they do not."""
+    if a.numel() > _ENUMERATE_MAX or b.numel() > _ENUMERATE_MAX:
+        return False
+    return bool(torch.isin(_element_offsets(a), _element_offsets(b)).any())
 
 
 _OVERLAP = ("unsupported operation: more than one element of the written-to tensor {name} refers to a single "
