@@ -295,8 +295,6 @@ def draw_config(rng: random.Random, family: Family, scale: Scale) -> Config:
             batch //= 2
         else:
             break  # one token: as small as it gets
-    if f.positions == "ids" and sum(lengths) == len(lengths) and any(n != 1 for n in lengths):
-        lengths = (1,) * len(lengths)  # the API reads a (tokens,) tensor with tokens == n_seqs as per-sequence offsets
     return Config(family=f, seed=rng.randrange(2**31), batch=batch, seqlen=seqlen, lengths=lengths, heads_q=heads_q,
                   heads_k=heads_k, pad=rng.choice((2, 8, 16)) if f.view == "sliced" else 0,
                   offset=rng.choice((0, 1, rng.randint(2, scale.max_span))), span=rng.randint(0, scale.max_span),
@@ -389,10 +387,11 @@ def _positions(cfg: Config, gen: torch.Generator, device) -> tuple:
             arg, pos = cfg.offset, ref.varlen_positions(cu, offsets=cfg.offset)
         elif f.positions == "offsets":
             offsets = randint(cfg.span, (n,))
-            arg, pos = offsets.to(device, pos_dtype), ref.varlen_positions(cu, offsets=offsets)
+            # (n_seqs, 1) and (1, tokens) say which reading is meant, whatever the counts
+            arg, pos = offsets.to(device, pos_dtype).reshape(n, 1), ref.varlen_positions(cu, offsets=offsets)
         else:  # ids, or per-token rows built from these positions
             pos = randint(cfg.span, (cfg.tokens,))
-            arg = pos.to(device, pos_dtype) if f.positions == "ids" else None
+            arg = pos.to(device, pos_dtype).reshape(1, -1) if f.positions == "ids" else None
         return arg, pos
     kind = f.positions
     if kind == "none":
@@ -1422,7 +1421,7 @@ def run_determinism(backends=("triton",), *, repeats: int = 100, batch: int = 64
             row(f"bshd vs {layout}", backend, _to_bshd(out, layout), first_q)
         cu = torch.arange(0, batch * seqlen + 1, seqlen, device=device, dtype=torch.int32)
         try:
-            out, _ = rope(q.reshape(batch * seqlen, hq, head_dim), None, positions=offsets, layout="thd",
+            out, _ = rope(q.reshape(batch * seqlen, hq, head_dim), None, positions=offsets.reshape(-1, 1), layout="thd",
                           cu_seqlens=cu, max_seqlen=seqlen, **bk)
             row("bshd vs thd (packed)", backend, out.reshape(q.shape), first_q)
         except NotImplementedError as why:
@@ -1550,7 +1549,9 @@ INVALID_INPUTS = [
     Invalid("inplace with requires_grad",
             lambda v: dict(q=v["q"].clone().requires_grad_(), inplace=True), ValueError, "inplace"),
     Invalid("inplace on an expanded (self-overlapping) q",
-            lambda v: dict(q=v["q"][:, :, :1].expand(2, 3, 4, 32), inplace=True), ValueError, "overlap"),
+            lambda v: dict(q=v["q"][:, :, :1].expand(2, 3, 4, 32), inplace=True), RuntimeError, "memory location"),
+    Invalid("inplace with k a view of q's heads",
+            lambda v: dict(k=v["q"][:, :, 1:3], inplace=True), RuntimeError, "memory location"),
     # varlen
     Invalid("thd without cu_seqlens", lambda v: _thd(v) | dict(cu_seqlens=None), ValueError, "cu_seqlens"),
     Invalid("cu_seqlens with bshd", lambda v: dict(cu_seqlens=torch.tensor([0, 3, 6], device=_dev(v))),

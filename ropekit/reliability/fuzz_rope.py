@@ -268,7 +268,7 @@ def draw(rng: random.Random, gen: torch.Generator, device, backend: str = "trito
             if pos_dtype == torch.float32:
                 expect, why_raise = RAISE, why_raise + ["float positions"]
             as_ids = form.startswith("ids") or (form == "offsets" and layout != "thd" and batch == seq > 1)
-            if layout == "thd" and form in ("offsets", "ids") and batch == tokens:
+            if layout == "thd" and form in ("offsets", "ids") and batch == tokens > 1:
                 # (n_seqs,) == (tokens,): the call does not say which it means
                 same = local is not None and bool((local == 0).all())
                 if not same:
