@@ -1786,7 +1786,21 @@ def _environment(argv) -> dict:
             "command": "python -m ropekit stress " + " ".join(argv)}
 
 
-SECTIONS = ("property", "te_matrix", "large", "determinism", "safety", "long_context")
+SECTIONS = ("property", "te_matrix", "large", "determinism", "safety", "long_context", "fuzz")
+
+
+def run_fuzz(cases: int, seed: int, *, workers: int = 1, budget_s: float | None = None) -> dict:
+    """Section 8: the fuzzer of hostile-but-plausible calls (``ropekit.reliability.fuzz``; docs/fuzzing.md), as a
+    section: ``checked`` cases, ``failed`` oracle violations."""
+    from .reliability import fuzz
+
+    counts = fuzz.run(cases, seed, isolate=_device.DEVICE == "cuda", workers=workers, time_budget_s=budget_s)
+    return {"fuzz_cases": counts["cases"], "checked": counts["cases"], "failed": counts["violations"],
+            "matched": counts["matched"], "documented_errors": counts["documented_errors"],
+            "by_target": counts.get("by_target", {}),
+            "failures": [{"backend": f.get("target", "apply_rope"), "case": f"seed {seed} case {f.get('case')}",
+                          "messages": list(f.get("problems", []))} for f in counts.get("findings", [])[:20]],
+            "seconds": counts.get("seconds")}
 
 
 def run_all(args) -> dict:
@@ -1811,6 +1825,8 @@ def run_all(args) -> dict:
                                                **({"repeats": 10} if quick and on_gpu else {})),
         "safety": lambda: run_safety(backends),
         "long_context": lambda: run_long_context(backends, **({} if on_gpu else dict(rotary_dim=16, heads=2))),
+        "fuzz": lambda: run_fuzz((300 if quick else 3000) if on_gpu else 100, args.seed,
+                                 workers=max(workers, 8) if on_gpu else 1, budget_s=args.budget_s),
     }
     chosen = args.sections.split(",") if args.sections else list(SECTIONS)
     result = {"environment": _environment(args.argv), "quick": quick, "seed": args.seed, "sections": {}}
@@ -1858,6 +1874,9 @@ def _section_line(section: dict) -> str:
         what = f"q of {section['numel']:,} elements"
     elif "repeats" in section:
         what = f"{section['checked']} bitwise comparisons"
+    elif "fuzz_cases" in section:
+        what = (f"{section['fuzz_cases']} hostile-but-plausible cases ({section['matched']} matched the reference, "
+                f"{section['documented_errors']} documented errors)")
     else:
         what = f"{section.get('checked', 0)} runs"
     text = f"{what}: {section.get('checked', 0) - section.get('failed', 0)} of {section.get('checked', 0)} passed"
@@ -2035,8 +2054,18 @@ def render_markdown(result: dict, sanitizer: Optional[dict] = None) -> str:
                         r["table_cos_error_float32_angles"], r["output_error_ropekit"],
                         r["output_error_float32_angles"]] for r in lc["rows"]])
         out += _failures(lc)
+    fz = sections.get("fuzz")
+    if fz and "fuzz_cases" in fz:
+        out += ["## 8. Hostile-but-plausible inputs (the fuzzer)", "",
+                "Every tensor argument's dtype, view (strided, expanded, a slice of a larger buffer, self-overlapping) "
+                "and index values drawn independently, aliasing between q and k, check mode, autograd and meta "
+                "tensors; each call must match the float64 reference or raise a documented error, and nothing "
+                "outside its outputs may change (guard regions compared bit for bit). Method: docs/fuzzing.md.", ""]
+        out += _table(["cases", "matched the reference", "documented errors", "violations", "seconds"],
+                      [[fz["fuzz_cases"], fz["matched"], fz["documented_errors"], fz["failed"], fz["seconds"]]])
+        out += _failures(fz)
     out += ["## Reproduce", "", "```",
-            "python -m ropekit stress --out docs/reliability.json    # sections 1, 2, 4-7",
+            "python -m ropekit stress --out docs/reliability.json    # sections 1, 2, 4-8",
             "bash tools/sanitize.sh /tmp/sanitize && cp /tmp/sanitize/sanitize.json docs/    # section 3",
             "python -m ropekit.stress --render docs/reliability.json docs/reliability.md \\",
             "    --sanitizer docs/sanitize.json",
