@@ -333,6 +333,7 @@ def _isolated_chunk(start: int, stop: int, seed: int, device, chosen: dict, dead
                    str(index), "--cases", str(stop), "--device", str(device)] + [f"--target={n}" for n in sorted(chosen)]
         if deadline is not None:
             command += ["--deadline", repr(deadline)]
+        first = index
         child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         stdout, stderr = child.communicate()
         begun, progressed = None, False
@@ -352,8 +353,14 @@ def _isolated_chunk(start: int, stop: int, seed: int, device, chosen: dict, dead
                 continue  # it left after a case that poisoned its device: go on in a fresh process
             raise RuntimeError(f"the fuzzing worker failed to start: {stderr[-2000:]}")
         case = draw_case(seed, begun, device, chosen)  # drawing is deterministic: the spec of the case that died
+        # A corrupted heap may abort a later case than the one that wrote out of bounds: replay this one alone.
+        alone = subprocess.run([sys.executable, "-m", "ropekit.reliability.fuzz", "--seed", str(seed), "--case",
+                                str(begun), "--device", str(device)] + [f"--target={n}" for n in sorted(chosen)],
+                               capture_output=True, text=True)
+        culprit = ("it dies alone too" if alone.returncode not in (0, 1) else
+                   f"alone it does not die: an earlier case of that process (from case {first}) corrupted memory")
         record_result(begun, case.target, "violation", [f"the process died (exit status {child.returncode}) during "
-                                                        f"the case: {stderr.strip()[-600:]}"], case.spec)
+                                                        f"the case; {culprit}: {stderr.strip()[-600:]}"], case.spec)
         index = begun + 1
 
 

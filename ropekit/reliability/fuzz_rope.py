@@ -11,6 +11,8 @@ place, autograd and check mode. What the documentation says about each combinati
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -20,7 +22,7 @@ from ropekit.testing import check_close_to_reference
 
 from .fuzz import EITHER, MATCH, RAISE, Arena, Case, footprint, same_bits, self_overlapping
 
-__all__ = ["draw", "draw_cuda"]
+__all__ = ["RopeArgs", "draw_rope_args", "rope_case", "draw", "draw_cuda"]
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 _HEAD_AXIS = {"bshd": 2, "sbhd": 2, "bhsd": 1, "thd": 1}
@@ -121,15 +123,42 @@ def _cu_values(rng: random.Random, lengths: list) -> tuple[list, str]:
     return cu, how
 
 
-def draw(rng: random.Random, gen: torch.Generator, device, backend: str = "triton") -> Case:
-    """One ``apply_rope`` case on ``backend`` (the CUDA backend on a GPU machine: ``draw_cuda``)."""
+@dataclass
+class RopeArgs:
+    """The drawn arguments of a rotary call (apply_rope's, shared by the fused ops) and what the oracle expects."""
+
+    arena: Arena
+    spec: dict
+    q: torch.Tensor
+    k: torch.Tensor | None
+    cos: torch.Tensor
+    sin: torch.Tensor
+    kwargs: dict  # apply_rope's keyword arguments
+    expect: str
+    why_raise: list
+    either: list
+    overlap: bool
+    grad: bool
+    rotate_ref: Callable | None  # (x float64 in the tokens' layout, cos, sin) -> reference; None: values unspecified
+    logical: dict  # CPU copies of q, k, cos, sin as drawn
+
+    def refuse(self, why: str) -> None:
+        self.expect, self.why_raise = RAISE, self.why_raise + [why]
+
+    def expectation(self) -> str:
+        return EITHER if self.expect == MATCH and self.either else self.expect
+
+
+def draw_rope_args(rng: random.Random, gen: torch.Generator, device, *, backend: str = "triton",
+                   conjugate: bool = True) -> RopeArgs:
+    """Draw every argument of a rotary call (see the module docstring); ``conjugate``: may the call take one."""
     arena = Arena(rng, gen, device)
     expect, why_raise, either = MATCH, [], []
     layout = rng.choice(("bshd", "sbhd", "bhsd", "thd"))
     dtype = rng.choices(_DTYPES, weights=(4, 3, 2, 1))[0]
     head_dim = rng.choice((8, 16))
     rotary_dim = rng.choice((head_dim, head_dim // 2))
-    interleaved, conjugate = rng.random() < 0.4, rng.random() < 0.2
+    interleaved, conjugate = rng.random() < 0.4, conjugate and rng.random() < 0.2
     per_token, inplace = rng.random() < 0.25, rng.random() < 0.35
     grad = not inplace and rng.random() < 0.1
     check_mode = rng.random() < 0.2
@@ -327,16 +356,30 @@ def draw(rng: random.Random, gen: torch.Generator, device, backend: str = "trito
 
     kwargs = dict(positions=positions, layout=layout, interleaved=interleaved, rotary_dim=rotary_arg, inplace=inplace,
                   cu_seqlens=cu, max_seqlen=max_seqlen, per_token=per_token, conjugate=conjugate, backend=backend)
-    q_logical, k_logical = q.detach().cpu().clone(), (None if k is None else k.detach().cpu().clone())
-    cos_logical, sin_logical = cos.detach().cpu().clone(), sin.detach().cpu().clone()
+    spec.update(q=_describe(q), k=_describe(k), cos=_describe(cos), sin=_describe(sin),
+                positions=_describe(positions), cu_seqlens=_describe(cu))
+    logical = {name: None if t is None else t.detach().cpu().clone() for name, t in
+               (("q", q), ("k", k), ("cos", cos), ("sin", sin))}
+    return RopeArgs(arena, spec, q, k, cos, sin, kwargs, expect, why_raise, either, overlap, grad, rotate_ref,
+                    logical)
+
+
+def rope_case(target: str, args: RopeArgs, op: Callable, gen: torch.Generator, *,
+              transform: Callable | None = None, extra=(), meta: bool = False) -> Case:
+    """The case of a rotary op ``op(q, k, cos, sin, *extra, **kwargs) -> (q_out, k_out)``: its reference rotates
+    ``transform(x, name)`` (float64, tokens' layout; identity by default, e.g. an RMSNorm for QK-norm)."""
+    q, k, cos, sin, kwargs, layout = args.q, args.k, args.cos, args.sin, args.kwargs, args.kwargs["layout"]
+    rotary_dim, inplace, grad, rotate_ref = args.spec["rotary_dim"], kwargs["inplace"], args.grad, args.rotate_ref
+    if meta:
+        return _on_meta(target, args, op, extra)
     grads = {}
 
     def call():
         if not grad:
-            return apply_rope(q, k, cos, sin, **kwargs)
+            return op(q, k, cos, sin, *extra, **kwargs)
         q_leaf = q.detach().requires_grad_()
         k_leaf = None if k is None else k.detach().requires_grad_()
-        out_q, out_k = apply_rope(q_leaf, k_leaf, cos, sin, **kwargs)
+        out_q, out_k = op(q_leaf, k_leaf, cos, sin, *extra, **kwargs)
         weights = [torch.rand(o.shape, generator=gen, dtype=torch.float64).to(o.device, o.dtype)
                    for o in (out_q, out_k) if o is not None]
         loss = sum((o * w).sum() for o, w in zip((out_q, out_k), weights))
@@ -347,7 +390,7 @@ def draw(rng: random.Random, gen: torch.Generator, device, backend: str = "trito
     def check(result) -> list[str]:
         problems = []
         out_q, out_k = result
-        for name, out, x, logical in (("q", out_q, q, q_logical), ("k", out_k, k, k_logical)):
+        for name, out, x in (("q", out_q, q), ("k", out_k, k)):
             if x is None:
                 if out is not None:
                     problems.append(f"returned a {name} output for an absent {name}")
@@ -359,32 +402,41 @@ def draw(rng: random.Random, gen: torch.Generator, device, backend: str = "trito
             if inplace and out is not x:
                 problems.append(f"in place, the {name} output is not {name} itself")
             if not inplace and any(out.untyped_storage().data_ptr() == b.base.untyped_storage().data_ptr()
-                                   for b in arena.buffers):
+                                   for b in args.arena.buffers):
                 problems.append(f"out of place, the {name} output shares memory with an input")
             if rotate_ref is None:
                 continue
-            x = _to_tokens(logical, layout).requires_grad_(grad)
-            want = rotate_ref(x, cos_logical, sin_logical)
+            x64 = _to_tokens(args.logical[name], layout).requires_grad_(grad)
+            want = rotate_ref(x64 if transform is None else transform(x64, name), args.logical["cos"],
+                              args.logical["sin"])
             message = check_close_to_reference(out, _from_tokens(want.detach(), layout))
             if message is not None:
                 problems.append(f"{name}: {message}")
-            if not same_bits(out[..., rotary_dim:], logical[..., rotary_dim:]):
+            if transform is None and not same_bits(out[..., rotary_dim:], args.logical[name][..., rotary_dim:]):
                 problems.append(f"{name}: the channels past rotary_dim are not passed through bit for bit")
             if grad and grads.get(name) is not None:
                 got, weight = grads[name]
                 want.backward(_to_tokens(weight, layout))  # the reference's own vector-Jacobian product
-                message = None if got is None else check_close_to_reference(got, _from_tokens(x.grad, layout))
+                message = None if got is None else check_close_to_reference(got, _from_tokens(x64.grad, layout))
                 if got is None or message is not None:
                     problems.append(f"grad of {name}: {message or 'missing'}")
         return problems
 
-    spec.update(q=_describe(q), k=_describe(k), cos=_describe(cos), sin=_describe(sin),
-                positions=_describe(positions), cu_seqlens=_describe(cu))
-    if not check_mode and not overlap and not grad and rng.random() < 0.04:
-        return _on_meta(spec, arena, expect, why_raise, (q, k, cos, sin), kwargs)
-    return Case("apply_rope", spec, arena, call, check, expect=expect, why_raise="; ".join(why_raise),
-                overlap=overlap, inplace_targets=[t for t in (q, k) if inplace and t is not None and t.numel()],
-                env={"ROPEKIT_CHECK": "1" if check_mode else "0"})
+    return Case(target, args.spec, args.arena, call, check, expect=args.expectation(),
+                why_raise="; ".join(args.why_raise), overlap=args.overlap,
+                inplace_targets=[t for t in (q, k) if inplace and t is not None and t.numel()],
+                env={"ROPEKIT_CHECK": "1" if args.spec["check_mode"] else "0"})
+
+
+def draw(rng: random.Random, gen: torch.Generator, device, backend: str = "triton") -> Case:
+    """One ``apply_rope`` case on ``backend`` (the CUDA backend on a GPU machine: ``draw_cuda``)."""
+    args = draw_rope_args(rng, gen, device, backend=backend)
+    meta = not args.spec["check_mode"] and not args.overlap and not args.grad and rng.random() < 0.04
+    return rope_case("apply_rope", args, apply_rope, gen, meta=meta)
+
+
+def draw_cuda(rng: random.Random, gen: torch.Generator, device) -> Case:
+    return draw(rng, gen, device, backend="cuda")
 
 
 def _meta_like(t):
@@ -393,11 +445,13 @@ def _meta_like(t):
     return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
 
 
-def _on_meta(spec, arena, expect, why_raise, tensors, kwargs) -> Case:
+def _on_meta(target: str, args: RopeArgs, op: Callable, extra) -> Case:
     """The same call on meta tensors (shape inference, no data): the outputs' shapes and dtypes, nothing read."""
-    q, k, cos, sin = (_meta_like(t) for t in tensors)
-    kwargs = {name: _meta_like(value) for name, value in kwargs.items()}
-    spec.update(meta=True)
+    q, k, cos, sin = (_meta_like(t) for t in (args.q, args.k, args.cos, args.sin))
+    extra = tuple(_meta_like(t) for t in extra)
+    kwargs = {name: _meta_like(value) for name, value in args.kwargs.items()}
+    args.spec.update(meta=True)
+    expect = args.expectation()
     if expect == MATCH and kwargs["layout"] == "thd" and kwargs["max_seqlen"] is None:
         expect = EITHER  # max_seqlen comes from cu_seqlens' values, which a meta tensor has not got
 
@@ -414,9 +468,5 @@ def _on_meta(spec, arena, expect, why_raise, tensors, kwargs) -> Case:
                 problems.append(f"meta: the {name} output has strides {out.stride()}, not contiguous ones")
         return problems
 
-    return Case("apply_rope", spec, arena, lambda: apply_rope(q, k, cos, sin, **kwargs), check, expect=expect,
-                why_raise="; ".join(why_raise), env={"ROPEKIT_CHECK": "0"})
-
-
-def draw_cuda(rng: random.Random, gen: torch.Generator, device) -> Case:
-    return draw(rng, gen, device, backend="cuda")
+    return Case(target, args.spec, args.arena, lambda: op(q, k, cos, sin, *extra, **kwargs), check, expect=expect,
+                why_raise="; ".join(args.why_raise), env={"ROPEKIT_CHECK": "0"})
