@@ -193,13 +193,22 @@ def draw_rope_args(rng: random.Random, gen: torch.Generator, device, *, backend:
 
     # -- q and k ------------------------------------------------------------------------------------------------------
     q_kind = _pick(rng, _INPUT_KINDS)
-    q = arena.place("q", _layout_shape(layout, batch, seq, hq, head_dim, tokens), dtype, q_kind)
-    k_how = "none" if hk is None else rng.choices(("own", "slice-of-q", "q-itself"), weights=(8, 1, 1))[0]
-    if k_how == "slice-of-q" and (hk > hq or hk == 0):
-        k_how = "own"
-    if k_how == "q-itself" and hk != hq:
+    k_how = "none" if hk is None else rng.choices(("own", "packed", "slice-of-q", "q-itself"),
+                                                  weights=(7, 2, 1, 1))[0]
+    if (k_how == "slice-of-q" and (hk > hq or hk == 0)) or (k_how == "q-itself" and hk != hq) or (
+            k_how == "packed" and layout == "bhsd"):
         k_how = "own"
     k = k_kind = None
+    if k_how == "packed":
+        # q, k (and v) as head slices of one fused projection's output: disjoint, in one buffer
+        token_dims = {"bshd": (batch, seq), "sbhd": (seq, batch), "thd": (tokens,)}[layout]
+        hv = rng.randint(0, 2)
+        q_kind = rng.choice(("contiguous", "padded"))
+        qkv = arena.place("qkv", (*token_dims, (hq + hk + hv) * head_dim), dtype, q_kind)
+        q = qkv[..., :hq * head_dim].unflatten(-1, (hq, head_dim))
+        k = qkv[..., hq * head_dim:(hq + hk) * head_dim].unflatten(-1, (hk, head_dim))
+    else:
+        q = arena.place("q", _layout_shape(layout, batch, seq, hq, head_dim, tokens), dtype, q_kind)
     if k_how == "own":
         k_dtype = dtype if rng.random() > 0.03 else rng.choice([d for d in _DTYPES if d != dtype])
         k_kind = _pick(rng, _INPUT_KINDS)
