@@ -1,0 +1,123 @@
+"""The fuzzer's targets for the fused pre-processing ops (``ropekit.qk_norm_rope``, ``ropekit.rotary_embedding``,
+``ropekit.rope_and_cache``, ``ropekit.mla_rope_and_cache``): their extra tensors (norm weights, the engines'
+``cos_sin_cache``, caches, ``slot_mapping``, scales) drawn as hostile as apply_rope's. A target is registered only
+where the installed ropekit has its op."""
+
+from __future__ import annotations
+
+import random
+
+import torch
+
+import ropekit
+from ropekit import reference as ref
+from ropekit.testing import check_close_to_reference
+
+from .fuzz import EITHER, MATCH, RAISE, Arena, Case, self_overlapping
+from .fuzz_rope import _DTYPES, _INDEX_KINDS, _INPUT_KINDS, _pick, _position_values, draw_rope_args, rope_case
+
+__all__ = ["TARGETS", "draw_qk_norm_rope", "draw_rotary_embedding"]
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, weight_offset: float) -> torch.Tensor:
+    """RMSNorm per head over head_dim in float64: ``x * rsqrt(mean(x^2) + eps) * (weight_offset + weight)``."""
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * (weight_offset + weight.to(torch.float64))
+
+
+def draw_qk_norm_rope(rng: random.Random, gen: torch.Generator, device) -> Case:
+    args = draw_rope_args(rng, gen, device, conjugate=False)
+    del args.kwargs["conjugate"], args.kwargs["backend"]
+    head_dim = args.spec["head_dim"]
+    weights, logical = [], {}
+    for name, x in (("q_weight", args.q), ("k_weight", args.k)):
+        if x is None:
+            weights.append(None)
+            continue
+        length = head_dim if rng.random() > 0.03 else head_dim + 2
+        if length != head_dim:
+            args.refuse(f"{name} not of head_dim elements")
+        w = args.arena.place(name, (length,), rng.choice((x.dtype, torch.float32)), _pick(rng, _INPUT_KINDS))
+        weights.append(w)
+        logical[name[0]] = w.detach().cpu().clone()
+    eps, weight_offset = rng.choice((1e-6, 1e-5)), rng.choice((0.0, 1.0))
+    args.kwargs.update(eps=eps, weight_offset=weight_offset)
+    args.spec.update(eps=eps, weight_offset=weight_offset, q_weight=_shape(weights[0]), k_weight=_shape(weights[1]))
+
+    def transform(x, name):
+        return _rms_norm(x, logical[name], eps, weight_offset)
+
+    return rope_case("qk_norm_rope", args, ropekit.qk_norm_rope, gen, transform=transform, extra=tuple(weights))
+
+
+def _shape(t):
+    return None if t is None else {"shape": tuple(t.shape), "stride": t.stride(), "dtype": str(t.dtype)}
+
+
+def draw_rotary_embedding(rng: random.Random, gen: torch.Generator, device) -> Case:
+    """vLLM's ``rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox)``, in place."""
+    arena = Arena(rng, gen, device)
+    expect, why_raise, either = MATCH, [], []
+    tokens, hq, hk = rng.randint(0, 6), rng.randint(1, 3), rng.choice((None, 1, 2))
+    head_size = rng.choice((8, 16))
+    rotary_dim = rng.choice((head_size, head_size // 2))
+    is_neox, flat = rng.random() < 0.6, rng.random() < 0.5
+    dtype = rng.choices(_DTYPES, weights=(4, 3, 2, 1))[0]
+    rows = rng.randint(1, 10)
+    hostile = rng.random() < 0.2
+    check_mode = rng.random() < 0.2
+
+    def heads(n):
+        return (tokens, n * head_size) if flat else (tokens, n, head_size)
+
+    query = arena.place("query", heads(hq), dtype, _pick(rng, _INPUT_KINDS))
+    key = None if hk is None else arena.place("key", heads(hk), dtype, _pick(rng, _INPUT_KINDS))
+    cache_dtype = rng.choice((torch.float32, dtype))
+    cache = arena.place("cos_sin_cache", (rows, rotary_dim), cache_dtype, _pick(rng, _INPUT_KINDS))
+    positions = arena.place("positions", (tokens,), rng.choice((torch.int64, torch.int32)),
+                            _pick(rng, _INDEX_KINDS), _position_values(gen, 0, rows - 1, hostile, rows))
+    pos = positions.detach().cpu().to(torch.int64)
+    out_of_table = bool(((pos < 0) | (pos >= rows)).any())
+    if out_of_table and check_mode:
+        expect, why_raise = RAISE, why_raise + ["check mode: positions outside the cache"]
+    for t in (query, key):
+        if t is not None:
+            if self_overlapping(t):
+                expect, why_raise = RAISE, why_raise + ["in place on overlapping memory"]
+            arena.allow_writes(t)
+    if tokens == 0:
+        either.append("no tokens")
+    logical = {"query": query.detach().cpu().clone(), "key": None if key is None else key.detach().cpu().clone(),
+               "cache": cache.detach().cpu().to(torch.float64)}
+    spec = dict(tokens=tokens, hq=hq, hk=hk, head_size=head_size, rotary_dim=rotary_dim, is_neox=is_neox, flat=flat,
+                dtype=str(dtype), cache_dtype=str(cache_dtype), rows=rows, positions=pos.tolist(),
+                check_mode=check_mode, query=_shape(query), key=_shape(key), cos_sin_cache=_shape(cache))
+
+    def check(result) -> list[str]:
+        problems = [] if result is None else ["returned something other than None"]
+        valid = (pos >= 0) & (pos < rows)
+        row = logical["cache"][pos.clamp(0, rows - 1)]
+        half = rotary_dim // 2
+        nan = torch.full_like(row[:, :half], float("nan"))
+        cos = torch.where(valid[:, None], row[:, :half], nan)[:, None, :]
+        sin = torch.where(valid[:, None], row[:, half:rotary_dim], nan)[:, None, :]
+        for name, t, n_heads in (("query", query, hq), ("key", key, hk)):
+            if t is None:
+                continue
+            x = logical[name].to(torch.float64).reshape(tokens, n_heads, head_size)
+            rotated = ref.rotate_pairs(x[..., :rotary_dim], cos, sin, interleaved=not is_neox)
+            want = torch.cat((rotated, x[..., rotary_dim:]), -1).reshape(t.shape)
+            message = check_close_to_reference(t, want)
+            if message is not None:
+                problems.append(f"{name}: {message}")
+        return problems
+
+    call = lambda: ropekit.rotary_embedding(positions, query, key, head_size, cache, is_neox)  # noqa: E731
+    return Case("rotary_embedding", spec, arena, call, check, expect=EITHER if expect == MATCH and either else expect,
+                why_raise="; ".join(why_raise), overlap=expect == RAISE,
+                inplace_targets=[t for t in (query, key) if t is not None and t.numel()],
+                env={"ROPEKIT_CHECK": "1" if check_mode else "0"})
+
+
+TARGETS = {name: draw for name, draw in (("qk_norm_rope", draw_qk_norm_rope),
+                                         ("rotary_embedding", draw_rotary_embedding))
+           if hasattr(ropekit, name)}
