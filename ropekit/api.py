@@ -67,7 +67,7 @@ def _check_tensor(name: str, x, ndim: int) -> None:
 
 
 def _prepare(q, k, cos, sin, positions, layout, rotary_dim, cu_seqlens, max_seqlen, per_token, eager_rounding,
-             backend, table=None):
+             backend, table=None, interleaved=False):
     """Validate the call; return (cos, sin, spec, rotary_dim): tables as the kernel reads them, positions."""
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
@@ -104,8 +104,13 @@ def _prepare(q, k, cos, sin, positions, layout, rotary_dim, cu_seqlens, max_seql
             raise ValueError(f"cu_seqlens must be 1-D with n_seqs + 1 entries, got shape {tuple(cu_seqlens.shape)}")
         if cu_seqlens.device != q.device:
             raise ValueError(f"cu_seqlens is on {cu_seqlens.device} but q is on {q.device}")
+        if not cu_seqlens.is_contiguous():
+            # the kernel reads cu_seqlens as a contiguous vector: a strided view is read by its logical values
+            cu_seqlens = cu_seqlens.contiguous()
         if k is not None and k.shape[0] != q.shape[0]:
             raise ValueError(f"q and k must hold the same tokens, got {q.shape[0]} and {k.shape[0]}")
+        if max_seqlen is None and cu_seqlens.is_meta:
+            raise ValueError("max_seqlen is required with meta tensors (it cannot be read from a meta cu_seqlens)")
         if max_seqlen is None:
             # A host sync: pass max_seqlen (a host int) to keep the call capturable in a CUDA graph.
             max_seqlen = longest_sequence(cu_seqlens)
@@ -140,6 +145,10 @@ def _prepare(q, k, cos, sin, positions, layout, rotary_dim, cu_seqlens, max_seql
         raise ValueError(f"rotary_dim must be a positive even number, got {rotary_dim}")
     if rotary_dim > head_dim:
         raise ValueError(f"rotary_dim ({rotary_dim}) must be <= head_dim ({head_dim})")
+    if per_token and rotary_dim != rotary_dim_from_cos:
+        raise ValueError(f"rotary_dim ({rotary_dim}) must equal the width of the per-token cos/sin rows "
+                         f"({rotary_dim_from_cos}): a row's two halves pair channel i with i + width/2, so rotating "
+                         "fewer channels with the same rows is not a rotation; slice the rows to rotary_dim instead")
     if rotary_dim > rotary_dim_from_cos:
         raise ValueError(f"rotary_dim ({rotary_dim}) needs cos/sin with {rotary_dim // 2 if not per_token else rotary_dim}"
                          f" columns, got {cos.shape[-1]}")
@@ -154,6 +163,9 @@ def _prepare(q, k, cos, sin, positions, layout, rotary_dim, cu_seqlens, max_seql
             raise ValueError(f"per-token cos/sin of shape {tuple(cos.shape)} do not broadcast to the tokens "
                              f"{token_shape} + (rotary_dim,)") from None
         spec = PositionSpec(SCALAR_OFFSET, 0, None, cu_seqlens, max_seqlen if varlen else None)
+        if _check_mode() and not q.is_meta:
+            _check_row_halves(cos, sin, interleaved)
+            _check_device_values(spec, 0, seqlen)
     else:
         spec = resolve_positions(batch=n_batch, seqlen=seqlen, positions=positions,
                                  cu_seqlens=cu_seqlens if varlen else None, max_seqlen=max_seqlen, device=q.device)
@@ -174,8 +186,12 @@ def _prepare(q, k, cos, sin, positions, layout, rotary_dim, cu_seqlens, max_seql
             # sequence length: a sequence of n tokens at offsets >= 0, or with position ids 0..n-1, reaches n - 1.
             table.ensure(max_seqlen if varlen else seqlen)
             cos, sin = table.cos, table.sin
-        if _check_mode():
+        if _check_mode() and not q.is_meta:
             _check_device_values(spec, cos.shape[0], seqlen)
+    if cos.stride() != sin.stride():
+        # The kernel walks cos and sin with one set of strides; tables that differ (a column slice of a wider
+        # buffer, say) are read through contiguous copies.
+        cos, sin = cos.contiguous(), sin.contiguous()
     return cos, sin, spec, rotary_dim
 
 
@@ -186,7 +202,7 @@ def _check_device_values(spec: PositionSpec, table_len: int, n_tokens: int) -> N
         if int(cu[0]) != 0 or bool((cu[1:] < cu[:-1]).any()) or int(cu[-1]) != n_tokens:
             raise ValueError(f"cu_seqlens must start at 0, never decrease and end at the token count {n_tokens}, "
                              f"got {cu.tolist()}")
-        if spec.max_seqlen < int((cu[1:] - cu[:-1]).max()):
+        if cu.numel() > 1 and spec.max_seqlen < int((cu[1:] - cu[:-1]).max()):
             raise ValueError(f"max_seqlen ({spec.max_seqlen}) is shorter than the longest sequence")
     if spec.tensor is not None:
         pos = spec.tensor.cpu()
@@ -197,6 +213,118 @@ def _check_device_values(spec: PositionSpec, table_len: int, n_tokens: int) -> N
             raise ValueError(f"positions must be >= 0, got {int(pos.min())}")
         if last.numel() and int(last.max()) >= table_len:
             raise ValueError(f"positions reach {int(last.max())} but the cos/sin table has {table_len} rows")
+
+
+def _check_row_halves(cos: torch.Tensor, sin: torch.Tensor, interleaved: bool) -> None:
+    """ROPEKIT_CHECK=1: per-token rows hold one angle per pair (both halves equal), so that they are a rotation."""
+    for name, rows in (("cos", cos), ("sin", sin)):
+        first, second = (rows[..., 0::2], rows[..., 1::2]) if interleaved else rows.chunk(2, dim=-1)
+        if not torch.equal(first, second):
+            raise ValueError(f"per-token {name} rows must hold the same value for both channels of a pair "
+                             f"({'2i and 2i+1' if interleaved else 'i and i + width/2'}); these differ")
+
+
+def _span(t: torch.Tensor) -> tuple[int, int]:
+    """[first, last] element offsets a view touches, relative to its storage."""
+    lo = hi = t.storage_offset()
+    for size, stride in zip(t.shape, t.stride()):
+        if size > 1:
+            if stride > 0:
+                hi += (size - 1) * stride
+            else:
+                lo += (size - 1) * stride
+    return lo, hi
+
+
+def _has_internal_overlap(t: torch.Tensor) -> bool:
+    """Whether two elements of the view may share memory: its dims, sorted by stride, must each step past
+    everything the smaller ones span (the sufficient condition PyTorch's own checks use, in exact form)."""
+    if t.numel() == 0:
+        return False
+    dims = sorted((abs(stride), size) for size, stride in zip(t.shape, t.stride()) if size > 1)
+    reach = 0  # the largest offset the dims so far span
+    for stride, size in dims:
+        if stride <= reach:
+            return True
+        reach += (size - 1) * stride
+    return False
+
+
+def _views_overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two views share an element. Exact for views with the same strides (slices of one packed qkv
+    projection, k a slice of q's heads): a depth-first search over the index differences, largest stride first."""
+    if a.is_meta or a.numel() == 0 or b.numel() == 0 or \
+            a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr() \
+            or a.element_size() != b.element_size():
+        return False
+    (a_lo, a_hi), (b_lo, b_hi) = _span(a), _span(b)
+    if a_hi < b_lo or b_hi < a_lo:
+        return False
+    if _has_internal_overlap(a) or _has_internal_overlap(b):
+        return True
+    if a.stride() != b.stride():
+        return _offsets_meet(a, b)
+    # a's element i and b's element j coincide iff sum (i_d - j_d) * stride_d == b_offset - a_offset
+    dims = sorted(((abs(st), a.shape[d], b.shape[d], st < 0) for d, st in enumerate(a.stride())
+                   if max(a.shape[d], b.shape[d]) > 1), reverse=True)
+    reach = [0] * (len(dims) + 1)  # reach[i]: the largest |residual| dims i.. can still cancel
+    for i in range(len(dims) - 1, -1, -1):
+        stride, na, nb, _ = dims[i]
+        reach[i] = reach[i + 1] + stride * max(na, nb)
+
+    def solve(i: int, residual: int) -> bool:
+        if i == len(dims):
+            return residual == 0
+        stride, na, nb, negative = dims[i]
+        # coefficient c of |stride|: (i_d - j_d), or its negation for a negative stride
+        low, high = (-(na - 1), nb - 1) if negative else (-(nb - 1), na - 1)
+        low = max(low, -((reach[i + 1] - residual) // stride))  # ceil((residual - reach) / stride)
+        high = min(high, (residual + reach[i + 1]) // stride)
+        return any(solve(i + 1, residual - c * stride) for c in range(low, high + 1))
+
+    return solve(0, b.storage_offset() - a.storage_offset())
+
+
+def _element_offsets(t: torch.Tensor) -> torch.Tensor:
+    """Every element's offset into the storage (host arithmetic on the view's metadata; no data is read)."""
+    offsets = torch.full((), t.storage_offset(), dtype=torch.int64)
+    for size, stride in zip(t.shape, t.stride()):
+        offsets = offsets[..., None] + torch.arange(size, dtype=torch.int64) * stride
+    return offsets.flatten()
+
+
+_ENUMERATE_MAX = 1 << 22
+
+
+def _offsets_meet(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Views with different strides whose ranges meet: compare their element offsets, up to a size where that is
+    cheap; beyond it, like PyTorch's own checks when the answer is too hard, assume they do not."""
+    if a.numel() > _ENUMERATE_MAX or b.numel() > _ENUMERATE_MAX:
+        return False
+    return bool(torch.isin(_element_offsets(a), _element_offsets(b)).any())
+
+
+_OVERLAP = ("unsupported operation: more than one element of the written-to tensor {name} refers to a single "
+            "memory location. Please clone() the tensor before performing the operation (or use inplace=False).")
+
+
+def _check_inplace_targets(q: torch.Tensor, k: Optional[torch.Tensor]) -> None:
+    """In place writes q and k: like PyTorch's in-place ops, refuse a written-to tensor that overlaps itself or the
+    other one (the rotation of one element would read a value another program already rotated)."""
+    for name, t in (("q", q), ("k", k)):
+        if t is not None and _has_internal_overlap(t):
+            raise RuntimeError(_OVERLAP.format(name=name))
+    if k is not None and _views_overlap(q, k):
+        raise RuntimeError("unsupported operation: some elements of q and k refer to a single memory location, and "
+                           "inplace=True writes both. Please clone() one of them (or use inplace=False).")
+
+
+def _bump_versions(q: torch.Tensor, k: Optional[torch.Tensor]) -> None:
+    """Tell autograd that q and k changed (as every in-place PyTorch op does): a saved tensor rotated in place then
+    fails backward loudly instead of giving a wrong gradient. The custom op's dispatch does this by itself."""
+    for t in (q, k):
+        if t is not None and not t.is_inference():
+            torch.autograd.graph.increment_version(t)
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -227,7 +355,7 @@ def _launch(q, k, cos, sin, positions, pos_mode, cu_seqlens, position_offset, ma
                                            max_seqlen, layout)
     _launcher(backend)(q4, k4, cos, sin, out_q=oq4, out_k=ok4, positions=spec, rotary_dim=rotary_dim,
                        interleaved=interleaved, conjugate=conjugate, cos_per_token=per_token,
-                       copy_tail=out_q.data_ptr() != q.data_ptr(),
+                       copy_tail=out_q is not q,  # (by identity: two empty tensors share data pointer 0)
                        **({"eager_rounding": True} if eager_rounding else {}))
 
 
@@ -358,14 +486,25 @@ def _signature(q, k, cos, sin, positions, layout, interleaved, rotary_dim, inpla
 class _EagerPlan:
     """A validated eager call (Triton backend, no autograd): the v4 launch and the positions' valid range."""
 
-    __slots__ = ("launch", "inplace", "max_offset")
+    __slots__ = ("launch", "inplace", "max_offset", "k_delta", "near")
 
-    def __init__(self, launch, inplace: bool, max_offset: int | None):
+    def __init__(self, launch, inplace: bool, max_offset: int | None, q=None, k=None):
         self.launch = launch  # a V4Launch, or None when there is nothing to compute (empty tensors)
         self.inplace = inplace
         self.max_offset = max_offset  # host-int offsets must lie in [0, max_offset] (None: no int offset)
+        # In place, whether q and k overlap depends on where k lies relative to q, which the signature does not
+        # hold: the plan serves k at the validated distance from q, or far enough that their bytes cannot meet.
+        self.k_delta = self.near = None
+        if inplace and k is not None:
+            self.k_delta = k.data_ptr() - q.data_ptr()
+            self.near = sum(hi - lo + 1 for lo, hi in (_span(q), _span(k))) * q.element_size()
 
-    def accepts(self, positions) -> bool:
+    def accepts(self, positions, q, k) -> bool:
+        if self.k_delta is not None:
+            delta = k.data_ptr() - q.data_ptr()
+            if delta != self.k_delta and abs(delta) < self.near and \
+                    q.untyped_storage().data_ptr() == k.untyped_storage().data_ptr():
+                return False
         return type(positions) is not int or (self.max_offset is not None and 0 <= positions <= self.max_offset)
 
     def run(self, q, k, out_q, out_k, cos, sin, positions, cu_seqlens):
@@ -373,6 +512,8 @@ class _EagerPlan:
             is_tensor = isinstance(positions, torch.Tensor)
             self.launch(q, k, out_q, out_k, cos, sin, positions if is_tensor else None, cu_seqlens,
                         0 if is_tensor or positions is None else positions)
+        if self.inplace:
+            _bump_versions(q, k)
         return out_q, out_k
 
     def __call__(self, q, k, cos, sin, positions, cu_seqlens):
@@ -396,7 +537,7 @@ def _make_plan(key, q, k, cos, sin, positions, pos_mode, cu_seqlens, position_of
     if pos_mode == SCALAR_OFFSET and not per_token:
         n_positions = max_seqlen if layout == "thd" else q.shape[_TO_BSHD[layout][1]]
         max_offset = cos.shape[0] - n_positions if n_positions > 0 else 2**62
-    plan = _EagerPlan(launch, inplace, max_offset)
+    plan = _EagerPlan(launch, inplace, max_offset, q, k)
     if len(_eager_plans) >= _EAGER_PLANS_MAX:
         _eager_plans.clear()
     _eager_plans[key] = plan
@@ -449,30 +590,31 @@ def apply_rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, cos: Optional[
         key = _signature(q, k, cos, sin, positions, layout, interleaved, rotary_dim, inplace, cu_seqlens, max_seqlen,
                          per_token, conjugate, eager_rounding)
         plan = _eager_plans.get(key) if key is not None else None
-        if plan is not None and plan.accepts(positions):
+        if plan is not None and plan.accepts(positions, q, k):
             return plan(q, k, cos, sin, positions, cu_seqlens)
 
     user_cos, user_sin = cos, sin
     cos, sin, spec, rotary_dim = _prepare(q, k, cos, sin, positions, layout, rotary_dim, cu_seqlens, max_seqlen,
-                                          per_token, eager_rounding, backend, table)
+                                          per_token, eager_rounding, backend, table, interleaved)
     args = (cos, sin, spec.tensor, spec.mode, spec.cu_seqlens, spec.offset, spec.max_seqlen or 0, rotary_dim, layout,
             interleaved, conjugate, per_token, eager_rounding, backend)
     if inplace:
         if torch.is_grad_enabled() and (q.requires_grad or (k is not None and k.requires_grad)):
             raise ValueError("inplace=True does not support autograd; use inplace=False when q or k requires grad")
-        for name, t in (("q", q), ("k", k)):
-            # A broadcast (stride-0) view would be rotated once per alias, racing on a GPU.
-            if t is not None and any(stride == 0 and size > 1 for size, stride in zip(t.shape, t.stride())):
-                raise ValueError(f"inplace=True needs {name} without self-overlap, got a broadcast view with strides "
-                                 f"{t.stride()}; clone() it or use inplace=False")
-    elif not eager:
+        _check_inplace_targets(q, k)
+    if q.is_meta:
+        # shape inference (validated above): the outputs' shapes, strides and dtypes, no data touched
+        return _outputs(q, k, inplace)
+    if not inplace and not eager:
         if torch.compiler.is_compiling():
             out_q, out_k = _rope_op(q, k, *args)
             return out_q, (out_k if k is not None else None)
         return _RopeFunction.apply(q, k, *args)
-    if key is not None and (per_token or (cos is user_cos and sin is user_sin)):
-        # validated: remember the plan (not when _prepare grew the table: the grown one is a new signature; per-token
-        # rows never grow, _prepare only broadcasts them, which the plan's strides already hold)
+    if key is not None and spec.cu_seqlens is cu_seqlens and user_cos.stride() == user_sin.stride() and (
+            per_token or (cos is user_cos and sin is user_sin)):
+        # validated: remember the plan (not when _prepare grew the table: the grown one is a new signature; nor when
+        # it read cos/sin or cu_seqlens through copies, which a later call would not pass; per-token rows never
+        # grow, _prepare only broadcasts them, which the plan's strides already hold)
         out_q, out_k = _outputs(q, k, inplace)
         plan = _make_plan(key, q, k, *args, inplace, out_q, out_k)
         return plan.run(q, k, out_q, out_k, cos, sin, positions, cu_seqlens)
@@ -481,6 +623,7 @@ def apply_rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, cos: Optional[
             _rope_inplace_op(q, k, *args)
         else:
             _launch(q, k, *args, q, k)
+            _bump_versions(q, k)
         return q, k
     # Eager inference: skip the dispatcher (host time matters for decode).
     return _rotate_new(q, k, *args)

@@ -8,10 +8,11 @@ suite's ``conftest.py`` imports ropekit before anything else. The decision is pr
 from __future__ import annotations
 
 import os
+import threading
 
 import torch
 
-__all__ = ["DEVICE", "INTERPRET", "describe", "default_device"]
+__all__ = ["DEVICE", "INTERPRET", "INTERPRETER_LOCK", "describe", "default_device"]
 
 
 def _decide() -> tuple[str, bool]:
@@ -65,6 +66,11 @@ def _interpreter_rounds_bf16() -> None:
 DEVICE, INTERPRET = _decide()
 if INTERPRET:
     _interpreter_rounds_bf16()
+
+# The Triton interpreter runs a launch by swapping process-wide state (triton.language's functions are patched for
+# the duration of the launch), so two threads interpreting at once break each other. Launches under the
+# interpreter take this lock; on a GPU launches need none (each is queued on the caller's stream).
+INTERPRETER_LOCK = threading.Lock()
 
 
 def default_device() -> torch.device:

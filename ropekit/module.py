@@ -180,6 +180,14 @@ class RotaryEmbedding(torch.nn.Module):
     def forward(self, q: torch.Tensor, k: Optional[torch.Tensor] = None, *, positions=None, layout: str = "bshd",
                 cu_seqlens: Optional[torch.Tensor] = None, max_seqlen: Optional[int] = None, inplace: bool = False,
                 seq_len: Optional[int] = None):
+        if isinstance(q, torch.Tensor) and q.is_meta:
+            # Shape inference: a meta image of a table long enough for any position; the module's own table (its
+            # device, its length, its frequencies) is left as it is.
+            half = self.table.cos.shape[-1]
+            cos = torch.empty((2**40, half), dtype=self.table.cos.dtype, device="meta").expand(2**40, half)
+            return apply_rope(q, k, cos, cos, positions=positions, layout=layout, interleaved=self.interleaved,
+                              rotary_dim=self.rotary_dim, inplace=inplace, cu_seqlens=cu_seqlens,
+                              max_seqlen=max_seqlen, backend=self.backend)
         if self.table.device != q.device:
             self.table.to(q.device)
         if seq_len is not None:

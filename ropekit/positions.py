@@ -90,12 +90,21 @@ def resolve_positions(*, batch: int, seqlen: int, positions=None, cu_seqlens=Non
         # A 0-d tensor is a per-batch offset broadcast to every sequence (stays on the device: no .item()).
         return PositionSpec(SEQ_OFFSETS, 0, positions.reshape(1).expand(batch), cu_seqlens, max_seqlen)
     if cu_seqlens is not None:
+        if positions.ndim == 2 and positions.shape == (batch, 1):
+            return PositionSpec(SEQ_OFFSETS, 0, positions[:, 0], cu_seqlens, max_seqlen)
+        if positions.ndim == 2 and positions.shape == (1, seqlen):
+            return PositionSpec(POSITION_IDS, 0, positions[0], cu_seqlens, max_seqlen)
+        if positions.ndim == 1 and batch == seqlen:
+            raise ValueError(f"positions of shape ({seqlen},) are ambiguous with {batch} sequences of {seqlen} packed "
+                             f"tokens: pass per-sequence offsets as shape ({batch}, 1) or per-token position ids as "
+                             f"shape (1, {seqlen})")
         if positions.ndim == 1 and positions.shape[0] == batch:
             return PositionSpec(SEQ_OFFSETS, 0, positions, cu_seqlens, max_seqlen)
         if positions.ndim == 1 and positions.shape[0] == seqlen:
             return PositionSpec(POSITION_IDS, 0, positions, cu_seqlens, max_seqlen)
-        raise ValueError(f"with cu_seqlens, positions must have shape ({batch},) (per-sequence offsets) or "
-                         f"({seqlen},) (per-token position ids), got {tuple(positions.shape)}")
+        raise ValueError(f"with cu_seqlens, positions must have shape ({batch},) or ({batch}, 1) (per-sequence "
+                         f"offsets) or ({seqlen},) or (1, {seqlen}) (per-token position ids), "
+                         f"got {tuple(positions.shape)}")
     if positions.ndim == 1 and positions.shape[0] == batch and not (batch == seqlen and batch > 1):
         # (batch,) is a per-sequence offset. When batch == seqlen > 1 the shape is ambiguous; a 1-D tensor of
         # length seq is treated as position ids shared by the batch (HF's convention), so use offsets.reshape(-1, 1)

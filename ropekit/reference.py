@@ -127,7 +127,10 @@ def rope_from_cos_sin(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, 
     x64 = x.to(torch.float64).cpu()  # differentiable: gradcheck runs on the reference too
     cos, sin = cos.detach().to(torch.float64).cpu(), sin.detach().to(torch.float64).cpu()
     if conjugate:
-        sin = -sin
+        # the transpose of the map: the rotation by -θ when a pair's two channels share their angle (as every table
+        # does), and for rows whose halves differ the exact vector-Jacobian product of the formula above
+        sin_a, sin_b = _pairs(sin, interleaved)
+        sin = _unpairs(-sin_b, -sin_a, interleaved)
     a, b = _pairs(x64[..., :rotary_dim], interleaved)
     partner = _unpairs(-b, a, interleaved)
     return torch.cat((x64[..., :rotary_dim] * cos + partner * sin, x64[..., rotary_dim:]), dim=-1)

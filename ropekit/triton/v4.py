@@ -120,8 +120,10 @@ def _cos_sin(COS, SIN, POSITIONS, pid_b, batch_index, s_local, token_rows, token
         cos_b = cos_a
         sin_b = sin_a
     if CONJUGATE:
-        sin_a = -sin_a
-        sin_b = -sin_b
+        # The transpose of the forward map (its vector-Jacobian product): out_a = a cos_a - b sin_a and
+        # out_b = b cos_b + a sin_b transpose to (g_a cos_a + g_b sin_b, g_b cos_b - g_a sin_a). For a rotation
+        # (sin_a == sin_b) that is the rotation by -θ; per-token rows whose halves differ get the exact gradient too.
+        sin_a, sin_b = -sin_b, -sin_a
     return cos_a, sin_a, cos_b, sin_b
 
 
@@ -367,6 +369,10 @@ def rope_v4_kernel(
     s_local = pid_s * BLOCK_S + tl.arange(0, BLOCK_S)
     token_mask = s_local < seq_len_b
     token_rows = seq_start + s_local.to(INDEX_DTYPE)
+    if IS_VARLEN:
+        # cu_seqlens are device values the host never reads: whatever they hold, only rows of the packed tensor
+        # (0 <= row < n_tokens) are read or written
+        token_mask = token_mask & (token_rows >= 0) & (token_rows < n_tokens)
 
     # --- which heads: a block of q's or of k's heads, or (FUSED_QK) all of both ----------------------------------
     if FUSED_QK or pid_h < n_head_blocks_q:
@@ -538,7 +544,8 @@ def _launch(grid, pointers, ints, constexprs, num_warps, static_key):
     """Launch through the direct-launch cache. ``static_key``: ``V4Launch.key`` (grid, integers but the offset,
     constexprs, warps, pointer dtypes)."""
     if _device.INTERPRET:
-        rope_v4_kernel[grid](*pointers, *ints, **constexprs, num_warps=num_warps)
+        with _device.INTERPRETER_LOCK:
+            rope_v4_kernel[grid](*pointers, *ints, **constexprs, num_warps=num_warps)
         return
     aligned = 0  # bit i: pointer i is 16-byte aligned (Triton specialises on it)
     for pointer in pointers:
@@ -673,7 +680,7 @@ def plan_v4(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: tor
         else:
             n_head_blocks_q, n_head_blocks_k = _cdiv(n_heads_q, block_h), _cdiv(n_heads_k, block_h)
         grid = (_cdiv(seqlen, config.block_s), n_head_blocks_q + n_head_blocks_k, n_batch)
-    if grid[0] == 0 or n_batch == 0 or q.numel() == 0:
+    if grid[0] == 0 or n_batch == 0 or (q.numel() == 0 and (k is None or k.numel() == 0)):
         return None
     if n_batch > 65535:
         # sequences sit on the grid's third axis, which CUDA caps at 65535
@@ -712,9 +719,11 @@ def plan_v4(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: tor
         tensor_strides = (*q.stride(), *k_args.stride(), *(1,) * 8)  # the kernel takes the inputs' strides
     else:
         tensor_strides = (*q.stride(), *k_args.stride(), *out_q.stride(), *out_k_args.stride())
-    # the tiles derive where k's head blocks begin; the flat path's blocks count elements
+    # the tiles derive where k's head blocks begin; the flat path's blocks count elements; varlen tiles bound their
+    # rows by the packed token count (1 elsewhere: not read)
+    n_rows = n_tokens if flat else (q.shape[1] if positions.is_varlen else 1)
     ints = (seqlen, n_heads_q, n_heads_k, n_head_blocks_q if flat else 1, table_len, positions.offset + 1,
-            *tensor_strides, *cos_strides, *pos_strides, n_tokens if flat else 1)  # n_tokens: the flat path's
+            *tensor_strides, *cos_strides, *pos_strides, n_rows)  # n_tokens: the flat path's
     constexprs = dict(
         ROTARY_DIM=rotary_dim, HEAD_DIM=head_dim,
         BLOCK_S=config.block_s, BLOCK_H=block_h, BLOCK_HK=_next_pow2(n_heads_k) if config.fused_qk else 1,
