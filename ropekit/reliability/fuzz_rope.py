@@ -84,6 +84,12 @@ def _row_values(core_shape, gen, interleaved: bool, equal: bool) -> torch.Tensor
     return half.repeat_interleave(2, dim=-1) if interleaved else torch.cat((half, half), dim=-1)
 
 
+def _pairs_share_angles(rows: torch.Tensor, interleaved: bool) -> bool:
+    rows = rows.detach().cpu()
+    first, second = (rows[..., 0::2], rows[..., 1::2]) if interleaved else rows.chunk(2, dim=-1)
+    return torch.equal(first, second)
+
+
 def _position_values(gen, low: int, high: int, hostile: bool, rows: int):
     def values(core_shape):
         v = torch.randint(low, max(high, low) + 1, core_shape, generator=gen)
@@ -249,6 +255,7 @@ def draw_rope_args(rng: random.Random, gen: torch.Generator, device, *, backend:
         equal = width > rotary_dim or rng.random() > 0.15
         cos = arena.place("cos", row_shape, dtypes[0], kinds[0], lambda s: _row_values(s, gen, interleaved, equal))
         sin = arena.place("sin", row_shape, dtypes[1], kinds[1], lambda s: _row_values(s, gen, interleaved, equal))
+        equal = _pairs_share_angles(cos, interleaved) and _pairs_share_angles(sin, interleaved)  # (no rows: they do)
         if width > rotary_dim:
             either.append("per-token rows wider than rotary_dim")
         if not equal:
