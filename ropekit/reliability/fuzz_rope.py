@@ -300,6 +300,8 @@ def draw_rope_args(rng: random.Random, gen: torch.Generator, device, *, backend:
             token_pos = None if local is None else local + positions
         elif form == "none":
             token_pos = local
+            if layout == "thd" and max_seqlen is not None and max_seqlen > rows:
+                either.append("max_seqlen (not the sequences) reaches past the table")
         else:
             shape = {"t0d": (), "offsets": (batch,), "offsets2d": (batch, 1), "ids": token_shape,
                      "ids1d": (seq,), "ids_bcast": token_shape}[form]
