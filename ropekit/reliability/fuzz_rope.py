@@ -106,6 +106,24 @@ def _position_values(gen, low: int, high: int, hostile: bool, rows: int):
     return values
 
 
+def _uncovered_rows(cu: list, tokens: int) -> torch.Tensor:
+    """The packed rows that no sequence of ``cu`` covers."""
+    covered = torch.zeros(tokens, dtype=torch.bool)
+    for start, end in zip(cu, cu[1:]):
+        covered[max(start, 0):max(min(end, tokens), 0)] = True
+    return ~covered
+
+
+def _rows_past_max(name, out, want, before, past, inplace) -> list[str]:
+    """In place, each packed row past max_seqlen is either left as it was or rotated right (docs/api.md)."""
+    if not inplace:
+        return []
+    for row in torch.nonzero(past).reshape(-1).tolist():
+        if not same_bits(out[row], before[row]) and check_close_to_reference(out[row], want[row]) is not None:
+            return [f"{name}: in place, packed row {row} (past max_seqlen) is neither left nor rotated right"]
+    return []
+
+
 def _cu_values(rng: random.Random, lengths: list) -> tuple[list, str]:
     cu = [0]
     for n in lengths:
@@ -147,6 +165,8 @@ class RopeArgs:
     grad: bool
     rotate_ref: Callable | None  # (x float64 in the tokens' layout, cos, sin) -> reference; None: values unspecified
     logical: dict  # CPU copies of q, k, cos, sin as drawn
+    untouched: torch.Tensor | None = None  # thd: packed rows no sequence covers (in place they must stay as they were)
+    past_max: torch.Tensor | None = None  # thd: rows past max_seqlen in their sequence (see ``rope_case``)
 
     def refuse(self, why: str) -> None:
         self.expect, self.why_raise = RAISE, self.why_raise + [why]
@@ -188,12 +208,16 @@ def draw_rope_args(rng: random.Random, gen: torch.Generator, device, *, backend:
         max_how = rng.choices(("exact", "larger", "none", "shorter"), weights=(7, 1, 1, 1))[0]
         max_seqlen = {"exact": longest, "larger": longest + rng.randint(1, 2), "none": None,
                       "shorter": max(longest - 1, 0)}[max_how]
-        index_hostile = cu_how != "valid" or (max_seqlen is not None and max_seqlen < longest)
+        short = max_seqlen is not None and max_seqlen < longest
+        index_hostile = cu_how != "valid" or short
+        untouched = _uncovered_rows(cu_list, tokens)
+        seq_local = (torch.arange(tokens) - torch.repeat_interleave(torch.tensor(cu_list[:-1]), torch.tensor(lengths))
+                     if cu_how == "valid" else None)  # each packed token's index in its sequence
         spec.update(lengths=lengths, cu_seqlens_how=cu_how, cu_kind=cu_kind, max_seqlen=max_seqlen)
     else:
         batch = rng.randint(1, 3) if rng.random() > 0.03 else 0
         seq = rng.randint(1, 5) if rng.random() > 0.03 else 0
-        token_shape, tokens, index_hostile = (batch, seq), batch * seq, False
+        token_shape, tokens, index_hostile, untouched, short = (batch, seq), batch * seq, False, None, False
     if 0 in (hq, tokens) or hk == 0:
         either.append("an edge shape (zero heads or tokens)")
 
@@ -357,11 +381,16 @@ def draw_rope_args(rng: random.Random, gen: torch.Generator, device, *, backend:
                         torch.zeros(*token_pos.shape, rotary_dim // 2, dtype=torch.float64)
                     return torch.where(valid[..., None], t, torch.full_like(t, float("nan")))
                 return _rotate(x, half(c), half(s), rotary_dim, interleaved, conjugate)
+    past_max = None
     if index_hostile:
         if check_mode:
             expect, why_raise = RAISE, why_raise + ["check mode: invalid cu_seqlens or max_seqlen"]
         either.append("invalid cu_seqlens or max_seqlen")
-        rotate_ref = None  # what the kernel then computes is unspecified: only the guards are checked
+        if cu_how != "valid":
+            rotate_ref = None  # what the kernel then computes is unspecified: only the guards are checked
+        elif short:
+            # a token past max_seqlen in its sequence: out of place unspecified, in place left or rotated right
+            past_max = seq_local >= max_seqlen
 
     # -- rotary_dim -------------------------------------------------------------------------------------------------
     rotary_arg = None if 2 * columns == rotary_dim and rng.random() < 0.75 else rotary_dim
@@ -379,7 +408,7 @@ def draw_rope_args(rng: random.Random, gen: torch.Generator, device, *, backend:
     logical = {name: None if t is None else t.detach().cpu().clone() for name, t in
                (("q", q), ("k", k), ("cos", cos), ("sin", sin))}
     return RopeArgs(arena, spec, q, k, cos, sin, kwargs, expect, why_raise, either, overlap, grad, rotate_ref,
-                    logical)
+                    logical, untouched, past_max)
 
 
 def rope_case(target: str, args: RopeArgs, op: Callable, gen: torch.Generator, *,
@@ -423,16 +452,23 @@ def rope_case(target: str, args: RopeArgs, op: Callable, gen: torch.Generator, *
                                    for b in args.arena.buffers):
                 problems.append(f"out of place, the {name} output shares memory with an input")
             if rotate_ref is None:
+                rows = args.untouched
+                if inplace and rows is not None and not same_bits(out.detach().cpu()[rows], args.logical[name][rows]):
+                    problems.append(f"{name}: in place, a packed row no sequence covers was written")
                 continue
             x64 = _to_tokens(args.logical[name], layout).requires_grad_(grad)
             want = rotate_ref(x64 if transform is None else transform(x64, name), args.logical["cos"],
                               args.logical["sin"])
-            message = check_close_to_reference(out, _from_tokens(want.detach(), layout))
+            expected, got_rows, past = _from_tokens(want.detach(), layout), out, args.past_max
+            if past is not None and past.any():
+                problems += _rows_past_max(name, out.detach().cpu(), expected, args.logical[name], past, inplace)
+                expected, got_rows = expected[~past], out.detach().cpu()[~past]
+            message = check_close_to_reference(got_rows, expected)
             if message is not None:
                 problems.append(f"{name}: {message}")
             if transform is None and not same_bits(out[..., rotary_dim:], args.logical[name][..., rotary_dim:]):
                 problems.append(f"{name}: the channels past rotary_dim are not passed through bit for bit")
-            if grad and grads.get(name) is not None:
+            if grad and grads.get(name) is not None and (past is None or not past.any()):
                 got, weight = grads[name]
                 want.backward(_to_tokens(weight, layout))  # the reference's own vector-Jacobian product
                 message = None if got is None else check_close_to_reference(got, _from_tokens(x64.grad, layout))
