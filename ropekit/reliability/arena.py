@@ -87,8 +87,9 @@ class Arena:
         self.buffers: list[_Buffer] = []
 
     def place(self, name: str, shape: tuple, dtype: torch.dtype, kind: str = "contiguous",
-              values: Callable[[tuple], torch.Tensor] | None = None) -> torch.Tensor:
-        """A ``kind`` view of ``shape`` inside a fresh buffer with guard elements around and between its rows.
+              values: Callable[[tuple], torch.Tensor] | None = None, device=None) -> torch.Tensor:
+        """A ``kind`` view of ``shape`` inside a fresh buffer with guard elements around and between its rows
+        (on the arena's device, or ``device``).
 
         ``values(core_shape)`` gives the values (CPU tensor) for the view's distinct elements; ``core_shape`` is
         ``shape`` with 1 where the view is expanded. Without it the view reads the buffer's random contents.
@@ -106,7 +107,7 @@ class Arena:
         if values is not None and view_cpu.numel():
             core_shape = tuple(1 if st == 0 else s for s, st in zip(shape, strides))
             base_cpu.as_strided(core_shape, strides, pre).copy_(values(core_shape).to(dtype))
-        base = base_cpu.to(self.device)
+        base = base_cpu.to(self.device if device is None else device)
         self.buffers.append(_Buffer(name, base, _bytes(base_cpu).clone(), torch.zeros(base.numel(), dtype=torch.bool)))
         return base.as_strided(shape, strides, pre)
 

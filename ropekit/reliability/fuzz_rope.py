@@ -330,8 +330,12 @@ def draw_rope_args(rng: random.Random, gen: torch.Generator, device, *, backend:
             shape = {"t0d": (), "offsets": (batch,), "offsets2d": (batch, 1), "ids": token_shape,
                      "ids1d": (seq,), "ids_bcast": token_shape}[form]
             kind = "expanded" if form == "ids_bcast" else pos_kind
+            elsewhere = rng.random() < 0.03 and str(device).startswith("cuda")  # (drawn on every device alike)
             positions = arena.place("positions", shape, pos_dtype, kind,
-                                    id_values if form.startswith("ids") else offset_values)
+                                    id_values if form.startswith("ids") else offset_values,
+                                    device="cpu" if elsewhere else None)
+            if elsewhere:
+                expect, why_raise = RAISE, why_raise + ["positions on another device than q"]
             raw = positions.detach().cpu().to(torch.int64)
             if pos_dtype == torch.float32:
                 expect, why_raise = RAISE, why_raise + ["float positions"]
