@@ -132,6 +132,8 @@ def _prepare(q, k, cos, sin, positions, layout, rotary_dim, cu_seqlens, max_seql
             raise ValueError("positions must be None with per_token=True: the per-token cos/sin rows already hold "
                              "each token's angles")
         rotary_dim_from_cos = cos.shape[-1]
+        if _check_mode() and not q.is_meta:
+            _check_row_halves(cos, sin, interleaved)  # the rows as given, before they broadcast to the tokens
     else:
         if cos.ndim != 2:
             raise ValueError(f"cos/sin tables must be 2-D (max_positions, rotary_dim/2), got shape {tuple(cos.shape)}"
@@ -164,7 +166,6 @@ def _prepare(q, k, cos, sin, positions, layout, rotary_dim, cu_seqlens, max_seql
                              f"{token_shape} + (rotary_dim,)") from None
         spec = PositionSpec(SCALAR_OFFSET, 0, None, cu_seqlens, max_seqlen if varlen else None)
         if _check_mode() and not q.is_meta:
-            _check_row_halves(cos, sin, interleaved)
             _check_device_values(spec, 0, seqlen)
     else:
         spec = resolve_positions(batch=n_batch, seqlen=seqlen, positions=positions,
@@ -205,7 +206,7 @@ def _check_device_values(spec: PositionSpec, table_len: int, n_tokens: int) -> N
         if cu.numel() > 1 and spec.max_seqlen < int((cu[1:] - cu[:-1]).max()):
             raise ValueError(f"max_seqlen ({spec.max_seqlen}) is shorter than the longest sequence")
     if spec.tensor is not None:
-        pos = spec.tensor.cpu()
+        pos = spec.tensor.cpu().to(torch.int64)  # positions near 2**31 plus a sequence length overflow int32
         lengths = ((spec.cu_seqlens[1:] - spec.cu_seqlens[:-1]).cpu() if spec.cu_seqlens is not None
                    else torch.full_like(pos, n_tokens))
         last = pos + lengths - 1 if spec.mode == SEQ_OFFSETS else pos

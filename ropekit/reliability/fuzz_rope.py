@@ -282,7 +282,7 @@ def draw_rope_args(rng: random.Random, gen: torch.Generator, device, *, backend:
         equal = _pairs_share_angles(cos, interleaved) and _pairs_share_angles(sin, interleaved)  # (no rows: they do)
         if width > rotary_dim:
             either.append("per-token rows wider than rotary_dim")
-        if not equal:
+        if not equal and all(row_shape):  # empty rows hold no pair that could differ
             if check_mode:
                 expect, why_raise = RAISE, why_raise + ["check mode: per-token rows whose pairs differ"]
             if grad:
@@ -317,7 +317,10 @@ def draw_rope_args(rng: random.Random, gen: torch.Generator, device, *, backend:
         if form == "int":
             positions = rng.randint(0, max(rows - span, 0)) if not hostile else rng.choice((-rng.randint(1, 3),
                                                                                     rows - span + rng.randint(1, 3)))
-            if tokens and (positions < 0 or positions + span > rows):
+            if tokens and positions >= 0 and layout == "thd" and max_seqlen is not None and max_seqlen < span \
+                    and positions + span > rows:
+                either.append("a host-int offset past the table only through a sequence longer than max_seqlen")
+            elif tokens and (positions < 0 or positions + span > rows):
                 expect, why_raise = RAISE, why_raise + ["a host-int offset outside the table"]
             elif layout == "thd" and max_seqlen is not None and positions + max_seqlen > rows:
                 either.append("a host-int offset that max_seqlen (not the sequences) takes past the table")
