@@ -17,6 +17,7 @@ from .frequencies import (  # noqa: E402
     rope_init,
     rope_parameters_from_config,
 )
+from .engines import apply_rope_with_cos_sin_cache_inplace, rotary_embedding  # noqa: E402
 from .hf import apply_rotary_pos_emb, mrope_cos_sin  # noqa: E402
 from .module import RopeTable, RotaryEmbedding  # noqa: E402
 from .positions import (  # noqa: E402
@@ -37,6 +38,8 @@ __all__ = [
     "rope_init",
     "rope_parameters_from_config",
     "apply_rotary_pos_emb",
+    "rotary_embedding",
+    "apply_rope_with_cos_sin_cache_inplace",
     "mrope_cos_sin",
     "context_parallel_positions",
     "context_parallel_shard",

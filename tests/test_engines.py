@@ -1,0 +1,104 @@
+"""The serving engines' in-place signature (vLLM ``rotary_embedding``, FlashInfer
+``apply_rope_with_cos_sin_cache_inplace``), checked against a reference written from those projects' documented
+semantics: ``cos_sin_cache[pos]`` is ``[cos | sin]`` over ``rotary_dim``; NeoX pairs ``(i, i + rotary_dim/2)``,
+GPT-J pairs ``(2i, 2i + 1)``; the channels past ``rotary_dim`` are untouched; query/key rotated in place."""
+
+import pytest
+import torch
+
+import ropekit
+from ropekit.testing import assert_close_to_reference
+from conftest import DEVICE
+
+
+def engine_reference(positions, x, head_size, cos_sin_cache, is_neox):
+    """float64, token by token: what the engines' documentation says the op computes."""
+    x = x.detach().to(torch.float64).cpu().reshape(positions.numel(), -1, head_size)
+    cache = cos_sin_cache.detach().to(torch.float64).cpu()
+    rotary_dim = cache.shape[1]
+    half = rotary_dim // 2
+    cos = cache[positions.flatten().cpu(), :half][:, None, :]
+    sin = cache[positions.flatten().cpu(), half:][:, None, :]
+    rot = x[..., :rotary_dim]
+    if is_neox:
+        x1, x2 = rot[..., :half], rot[..., half:]
+        rotated = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    else:
+        x1, x2 = rot[..., 0::2], rot[..., 1::2]
+        rotated = torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
+    return torch.cat((rotated, x[..., rotary_dim:]), dim=-1)
+
+
+def cache_like_vllm(max_position, rotary_dim, dtype, base=10000.0):
+    inv_freq = 1.0 / (base ** (torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim))
+    freqs = torch.arange(max_position, dtype=torch.float64)[:, None] * inv_freq
+    return torch.cat((freqs.cos(), freqs.sin()), dim=-1).to(dtype).to(DEVICE)
+
+
+@pytest.mark.parametrize("fn", [ropekit.rotary_embedding, ropekit.apply_rope_with_cos_sin_cache_inplace],
+                         ids=["vllm", "flashinfer"])
+@pytest.mark.parametrize("is_neox", [True, False], ids=["neox", "gptj"])
+@pytest.mark.parametrize("form", ["flat", "heads", "packed-qkv"])
+@pytest.mark.parametrize("rotary_dim,cache_dtype", [(32, torch.float32), (16, torch.bfloat16)],
+                         ids=["full-fp32cache", "partial-bf16cache"])
+def test_matches_the_engines_contract(fn, is_neox, form, rotary_dim, cache_dtype):
+    tokens, hq, hk, head_size = 7, 4, 2, 32
+    cache = cache_like_vllm(64, rotary_dim, cache_dtype)
+    positions = torch.randint(0, 64, (tokens,), device=DEVICE)
+    dtype = torch.bfloat16
+    if form == "packed-qkv":
+        qkv = torch.randn(tokens, (hq + 2 * hk) * head_size, device=DEVICE).to(dtype)
+        query, key = qkv[:, :hq * head_size], qkv[:, hq * head_size:(hq + hk) * head_size]
+        v_before = qkv[:, (hq + hk) * head_size:].clone()
+    else:
+        query = torch.randn(tokens, hq * head_size, device=DEVICE).to(dtype)
+        key = torch.randn(tokens, hk * head_size, device=DEVICE).to(dtype)
+        if form == "heads":
+            query, key = query.view(tokens, hq, head_size), key.view(tokens, hk, head_size)
+    want_q = engine_reference(positions, query, head_size, cache, is_neox)
+    want_k = engine_reference(positions, key, head_size, cache, is_neox)
+    assert fn(positions, query, key, head_size, cache, is_neox) is None
+    assert_close_to_reference(query.reshape(tokens, hq, head_size), want_q)
+    assert_close_to_reference(key.reshape(tokens, hk, head_size), want_k)
+    if form == "packed-qkv":
+        assert torch.equal(qkv[:, (hq + hk) * head_size:], v_before)
+
+
+def test_key_may_be_none_and_positions_may_be_int32():
+    cache = cache_like_vllm(32, 16, torch.float32)
+    positions = torch.tensor([3, 0, 31], dtype=torch.int32, device=DEVICE)
+    query = torch.randn(3, 2 * 16, device=DEVICE)
+    want = engine_reference(positions, query, 16, cache, True)
+    ropekit.rotary_embedding(positions, query, None, 16, cache, True)
+    assert_close_to_reference(query.view(3, 2, 16), want)
+
+
+def test_batch_seq_positions():
+    cache = cache_like_vllm(32, 16, torch.float32)
+    positions = torch.randint(0, 32, (2, 3), device=DEVICE)
+    query = torch.randn(2, 3, 2 * 16, device=DEVICE)
+    want = engine_reference(positions, query, 16, cache, False)
+    ropekit.rotary_embedding(positions, query, None, 16, cache, False)
+    assert_close_to_reference(query.reshape(6, 2, 16), want)
+
+
+@pytest.mark.parametrize("bad, words", [
+    (dict(head_size=0), "head_size"),
+    (dict(positions="float"), "positions"),
+    (dict(query_cols=30), "query"),
+    (dict(cache_cols=48), "rotary_dim"),
+    (dict(cache_cols=15), "cos_sin_cache"),
+])
+def test_errors_name_the_argument_and_write_nothing(bad, words):
+    head_size = bad.get("head_size", 16)
+    cache = cache_like_vllm(32, bad.get("cache_cols", 16) + (bad.get("cache_cols", 16) % 2), torch.float32)
+    if bad.get("cache_cols") == 15:
+        cache = cache[:, :15]
+    positions = torch.arange(3, device=DEVICE)
+    if bad.get("positions") == "float":
+        positions = positions.float()
+    query = torch.randn(3, bad.get("query_cols", 32), device=DEVICE)
+    before = query.clone()
+    with pytest.raises((TypeError, ValueError), match=words):
+        ropekit.rotary_embedding(positions, query, None, head_size, cache, True)
+    assert torch.equal(query, before)
