@@ -13,10 +13,10 @@ import ropekit
 from ropekit import reference as ref
 from ropekit.testing import check_close_to_reference
 
-from .fuzz import EITHER, MATCH, RAISE, Arena, Case, self_overlapping
+from .fuzz import EITHER, MATCH, RAISE, Arena, Case, footprint, same_bits, self_overlapping
 from .fuzz_rope import _DTYPES, _INDEX_KINDS, _INPUT_KINDS, _pick, _position_values, draw_rope_args, rope_case
 
-__all__ = ["TARGETS", "draw_qk_norm_rope", "draw_rotary_embedding"]
+__all__ = ["TARGETS", "draw_qk_norm_rope", "draw_rotary_embedding", "draw_flashinfer"]
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, weight_offset: float) -> torch.Tensor:
@@ -53,44 +53,58 @@ def _shape(t):
     return None if t is None else {"shape": tuple(t.shape), "stride": t.stride(), "dtype": str(t.dtype)}
 
 
-def draw_rotary_embedding(rng: random.Random, gen: torch.Generator, device) -> Case:
-    """vLLM's ``rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox)``, in place."""
+def draw_rotary_embedding(rng: random.Random, gen: torch.Generator, device,
+                          op_name: str = "rotary_embedding") -> Case:
+    """The engines' in-place ``op(positions, query, key, head_size, cos_sin_cache, is_neox)`` (vLLM's
+    ``rotary_embedding``, FlashInfer's ``apply_rope_with_cos_sin_cache_inplace``)."""
     arena = Arena(rng, gen, device)
     expect, why_raise, either = MATCH, [], []
     tokens, hq, hk = rng.randint(0, 6), rng.randint(1, 3), rng.choice((None, 1, 2))
     head_size = rng.choice((8, 16))
     rotary_dim = rng.choice((head_size, head_size // 2))
-    is_neox, flat = rng.random() < 0.6, rng.random() < 0.5
+    is_neox, flat, packed = rng.random() < 0.6, rng.random() < 0.5, hk is not None and rng.random() < 0.4
     dtype = rng.choices(_DTYPES, weights=(4, 3, 2, 1))[0]
     rows = rng.randint(1, 10)
-    hostile = rng.random() < 0.2
-    check_mode = rng.random() < 0.2
+    hostile, check_mode = rng.random() < 0.2, rng.random() < 0.2
 
     def heads(n):
         return (tokens, n * head_size) if flat else (tokens, n, head_size)
 
-    query = arena.place("query", heads(hq), dtype, _pick(rng, _INPUT_KINDS))
-    key = None if hk is None else arena.place("key", heads(hk), dtype, _pick(rng, _INPUT_KINDS))
+    if packed:  # query, key (and value) as column slices of one projection's output, as engines pass them
+        hv = rng.randint(0, 2)
+        qkv = arena.place("qkv", (tokens, (hq + hk + hv) * head_size), dtype, rng.choice(("contiguous", "padded")))
+        query, key = qkv[:, :hq * head_size], qkv[:, hq * head_size:(hq + hk) * head_size]
+        if not flat:
+            query, key = query.unflatten(-1, (hq, head_size)), key.unflatten(-1, (hk, head_size))
+    else:
+        query = arena.place("query", heads(hq), dtype, _pick(rng, _INPUT_KINDS))
+        key = None if hk is None else arena.place("key", heads(hk), dtype, _pick(rng, _INPUT_KINDS))
     cache_dtype = rng.choice((torch.float32, dtype))
     cache = arena.place("cos_sin_cache", (rows, rotary_dim), cache_dtype, _pick(rng, _INPUT_KINDS))
     positions = arena.place("positions", (tokens,), rng.choice((torch.int64, torch.int32)),
                             _pick(rng, _INDEX_KINDS), _position_values(gen, 0, rows - 1, hostile, rows))
     pos = positions.detach().cpu().to(torch.int64)
-    out_of_table = bool(((pos < 0) | (pos >= rows)).any())
-    if out_of_table and check_mode:
+    if bool(((pos < 0) | (pos >= rows)).any()) and check_mode:
         expect, why_raise = RAISE, why_raise + ["check mode: positions outside the cache"]
+    overlap = any(t is not None and self_overlapping(t) for t in (query, key))
+    if key is not None and arena.buffer_of(key) is arena.buffer_of(query):
+        base = arena.buffer_of(query).base
+        overlap = overlap or bool((footprint(query, base) & footprint(key, base)).any())
+    if overlap:
+        expect, why_raise = RAISE, why_raise + ["in place on overlapping memory"]
     for t in (query, key):
         if t is not None:
-            if self_overlapping(t):
-                expect, why_raise = RAISE, why_raise + ["in place on overlapping memory"]
             arena.allow_writes(t)
+            if flat and t.stride(-1) != 1 and t.shape[-1] > 1:
+                either.append("a flat query/key whose channels are strided (split into heads or refused)")
     if tokens == 0:
         either.append("no tokens")
     logical = {"query": query.detach().cpu().clone(), "key": None if key is None else key.detach().cpu().clone(),
                "cache": cache.detach().cpu().to(torch.float64)}
-    spec = dict(tokens=tokens, hq=hq, hk=hk, head_size=head_size, rotary_dim=rotary_dim, is_neox=is_neox, flat=flat,
-                dtype=str(dtype), cache_dtype=str(cache_dtype), rows=rows, positions=pos.tolist(),
-                check_mode=check_mode, query=_shape(query), key=_shape(key), cos_sin_cache=_shape(cache))
+    spec = dict(op=op_name, tokens=tokens, hq=hq, hk=hk, head_size=head_size, rotary_dim=rotary_dim, is_neox=is_neox,
+                flat=flat, packed=packed, dtype=str(dtype), cache_dtype=str(cache_dtype), rows=rows,
+                positions=pos.tolist(), check_mode=check_mode, query=_shape(query), key=_shape(key),
+                cos_sin_cache=_shape(cache))
 
     def check(result) -> list[str]:
         problems = [] if result is None else ["returned something other than None"]
@@ -109,15 +123,24 @@ def draw_rotary_embedding(rng: random.Random, gen: torch.Generator, device) -> C
             message = check_close_to_reference(t, want)
             if message is not None:
                 problems.append(f"{name}: {message}")
+            if not same_bits(t[..., rotary_dim:] if not flat else t.unflatten(-1, (n_heads, head_size))[..., rotary_dim:],
+                             logical[name][..., rotary_dim:] if not flat else
+                             logical[name].unflatten(-1, (n_heads, head_size))[..., rotary_dim:]):
+                problems.append(f"{name}: the channels past rotary_dim changed")
         return problems
 
-    call = lambda: ropekit.rotary_embedding(positions, query, key, head_size, cache, is_neox)  # noqa: E731
-    return Case("rotary_embedding", spec, arena, call, check, expect=EITHER if expect == MATCH and either else expect,
-                why_raise="; ".join(why_raise), overlap=expect == RAISE,
-                inplace_targets=[t for t in (query, key) if t is not None and t.numel()],
+    op = getattr(ropekit, op_name)
+    return Case(op_name, spec, arena, lambda: op(positions, query, key, head_size, cache, is_neox), check,
+                expect=EITHER if expect == MATCH and either else expect, why_raise="; ".join(why_raise),
+                overlap=overlap, inplace_targets=[t for t in (query, key) if t is not None and t.numel()],
                 env={"ROPEKIT_CHECK": "1" if check_mode else "0"})
 
 
+def draw_flashinfer(rng: random.Random, gen: torch.Generator, device) -> Case:
+    return draw_rotary_embedding(rng, gen, device, "apply_rope_with_cos_sin_cache_inplace")
+
+
 TARGETS = {name: draw for name, draw in (("qk_norm_rope", draw_qk_norm_rope),
-                                         ("rotary_embedding", draw_rotary_embedding))
+                                         ("rotary_embedding", draw_rotary_embedding),
+                                         ("apply_rope_with_cos_sin_cache_inplace", draw_flashinfer))
            if hasattr(ropekit, name)}
