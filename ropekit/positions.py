@@ -94,7 +94,7 @@ def resolve_positions(*, batch: int, seqlen: int, positions=None, cu_seqlens=Non
             return PositionSpec(SEQ_OFFSETS, 0, positions[:, 0], cu_seqlens, max_seqlen)
         if positions.ndim == 2 and positions.shape == (1, seqlen):
             return PositionSpec(POSITION_IDS, 0, positions[0], cu_seqlens, max_seqlen)
-        if positions.ndim == 1 and batch == seqlen:
+        if positions.ndim == 1 and batch == seqlen > 1:  # one sequence of one token: both readings agree
             raise ValueError(f"positions of shape ({seqlen},) are ambiguous with {batch} sequences of {seqlen} packed "
                              f"tokens: pass per-sequence offsets as shape ({batch}, 1) or per-token position ids as "
                              f"shape (1, {seqlen})")

@@ -295,8 +295,6 @@ def draw_config(rng: random.Random, family: Family, scale: Scale) -> Config:
             batch //= 2
         else:
             break  # one token: as small as it gets
-    if f.positions == "ids" and sum(lengths) == len(lengths) and any(n != 1 for n in lengths):
-        lengths = (1,) * len(lengths)  # the API reads a (tokens,) tensor with tokens == n_seqs as per-sequence offsets
     return Config(family=f, seed=rng.randrange(2**31), batch=batch, seqlen=seqlen, lengths=lengths, heads_q=heads_q,
                   heads_k=heads_k, pad=rng.choice((2, 8, 16)) if f.view == "sliced" else 0,
                   offset=rng.choice((0, 1, rng.randint(2, scale.max_span))), span=rng.randint(0, scale.max_span),
@@ -389,10 +387,11 @@ def _positions(cfg: Config, gen: torch.Generator, device) -> tuple:
             arg, pos = cfg.offset, ref.varlen_positions(cu, offsets=cfg.offset)
         elif f.positions == "offsets":
             offsets = randint(cfg.span, (n,))
-            arg, pos = offsets.to(device, pos_dtype), ref.varlen_positions(cu, offsets=offsets)
+            # (n_seqs, 1) and (1, tokens) say which reading is meant, whatever the counts
+            arg, pos = offsets.to(device, pos_dtype).reshape(n, 1), ref.varlen_positions(cu, offsets=offsets)
         else:  # ids, or per-token rows built from these positions
             pos = randint(cfg.span, (cfg.tokens,))
-            arg = pos.to(device, pos_dtype) if f.positions == "ids" else None
+            arg = pos.to(device, pos_dtype).reshape(1, -1) if f.positions == "ids" else None
         return arg, pos
     kind = f.positions
     if kind == "none":
@@ -1422,7 +1421,7 @@ def run_determinism(backends=("triton",), *, repeats: int = 100, batch: int = 64
             row(f"bshd vs {layout}", backend, _to_bshd(out, layout), first_q)
         cu = torch.arange(0, batch * seqlen + 1, seqlen, device=device, dtype=torch.int32)
         try:
-            out, _ = rope(q.reshape(batch * seqlen, hq, head_dim), None, positions=offsets, layout="thd",
+            out, _ = rope(q.reshape(batch * seqlen, hq, head_dim), None, positions=offsets.reshape(-1, 1), layout="thd",
                           cu_seqlens=cu, max_seqlen=seqlen, **bk)
             row("bshd vs thd (packed)", backend, out.reshape(q.shape), first_q)
         except NotImplementedError as why:
@@ -1550,7 +1549,9 @@ INVALID_INPUTS = [
     Invalid("inplace with requires_grad",
             lambda v: dict(q=v["q"].clone().requires_grad_(), inplace=True), ValueError, "inplace"),
     Invalid("inplace on an expanded (self-overlapping) q",
-            lambda v: dict(q=v["q"][:, :, :1].expand(2, 3, 4, 32), inplace=True), ValueError, "overlap"),
+            lambda v: dict(q=v["q"][:, :, :1].expand(2, 3, 4, 32), inplace=True), RuntimeError, "memory location"),
+    Invalid("inplace with k a view of q's heads",
+            lambda v: dict(k=v["q"][:, :, 1:3], inplace=True), RuntimeError, "memory location"),
     # varlen
     Invalid("thd without cu_seqlens", lambda v: _thd(v) | dict(cu_seqlens=None), ValueError, "cu_seqlens"),
     Invalid("cu_seqlens with bshd", lambda v: dict(cu_seqlens=torch.tensor([0, 3, 6], device=_dev(v))),
@@ -1785,7 +1786,21 @@ def _environment(argv) -> dict:
             "command": "python -m ropekit stress " + " ".join(argv)}
 
 
-SECTIONS = ("property", "te_matrix", "large", "determinism", "safety", "long_context")
+SECTIONS = ("property", "te_matrix", "large", "determinism", "safety", "long_context", "fuzz")
+
+
+def run_fuzz(cases: int, seed: int, *, workers: int = 1, budget_s: float | None = None) -> dict:
+    """Section 8: the fuzzer of hostile-but-plausible calls (``ropekit.reliability.fuzz``; docs/fuzzing.md), as a
+    section: ``checked`` cases, ``failed`` oracle violations."""
+    from .reliability import fuzz
+
+    counts = fuzz.run(cases, seed, isolate=_device.DEVICE == "cuda", workers=workers, time_budget_s=budget_s)
+    return {"fuzz_cases": counts["cases"], "checked": counts["cases"], "failed": counts["violations"],
+            "matched": counts["matched"], "documented_errors": counts["documented_errors"],
+            "by_target": counts.get("by_target", {}),
+            "failures": [{"backend": f.get("target", "apply_rope"), "case": f"seed {seed} case {f.get('case')}",
+                          "messages": list(f.get("problems", []))} for f in counts.get("findings", [])[:20]],
+            "seconds": counts.get("seconds")}
 
 
 def run_all(args) -> dict:
@@ -1810,6 +1825,8 @@ def run_all(args) -> dict:
                                                **({"repeats": 10} if quick and on_gpu else {})),
         "safety": lambda: run_safety(backends),
         "long_context": lambda: run_long_context(backends, **({} if on_gpu else dict(rotary_dim=16, heads=2))),
+        "fuzz": lambda: run_fuzz((300 if quick else 3000) if on_gpu else 100, args.seed,
+                                 workers=max(workers, 8) if on_gpu else 1, budget_s=args.budget_s),
     }
     chosen = args.sections.split(",") if args.sections else list(SECTIONS)
     result = {"environment": _environment(args.argv), "quick": quick, "seed": args.seed, "sections": {}}
@@ -1857,6 +1874,9 @@ def _section_line(section: dict) -> str:
         what = f"q of {section['numel']:,} elements"
     elif "repeats" in section:
         what = f"{section['checked']} bitwise comparisons"
+    elif "fuzz_cases" in section:
+        what = (f"{section['fuzz_cases']} hostile-but-plausible cases ({section['matched']} matched the reference, "
+                f"{section['documented_errors']} documented errors)")
     else:
         what = f"{section.get('checked', 0)} runs"
     text = f"{what}: {section.get('checked', 0) - section.get('failed', 0)} of {section.get('checked', 0)} passed"
@@ -2034,8 +2054,18 @@ def render_markdown(result: dict, sanitizer: Optional[dict] = None) -> str:
                         r["table_cos_error_float32_angles"], r["output_error_ropekit"],
                         r["output_error_float32_angles"]] for r in lc["rows"]])
         out += _failures(lc)
+    fz = sections.get("fuzz")
+    if fz and "fuzz_cases" in fz:
+        out += ["## 8. Hostile-but-plausible inputs (the fuzzer)", "",
+                "Every tensor argument's dtype, view (strided, expanded, a slice of a larger buffer, self-overlapping) "
+                "and index values drawn independently, aliasing between q and k, check mode, autograd and meta "
+                "tensors; each call must match the float64 reference or raise a documented error, and nothing "
+                "outside its outputs may change (guard regions compared bit for bit). Method: docs/fuzzing.md.", ""]
+        out += _table(["cases", "matched the reference", "documented errors", "violations", "seconds"],
+                      [[fz["fuzz_cases"], fz["matched"], fz["documented_errors"], fz["failed"], fz["seconds"]]])
+        out += _failures(fz)
     out += ["## Reproduce", "", "```",
-            "python -m ropekit stress --out docs/reliability.json    # sections 1, 2, 4-7",
+            "python -m ropekit stress --out docs/reliability.json    # sections 1, 2, 4-8",
             "bash tools/sanitize.sh /tmp/sanitize && cp /tmp/sanitize/sanitize.json docs/    # section 3",
             "python -m ropekit.stress --render docs/reliability.json docs/reliability.md \\",
             "    --sanitizer docs/sanitize.json",

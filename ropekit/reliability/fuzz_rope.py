@@ -343,7 +343,7 @@ def draw_rope_args(rng: random.Random, gen: torch.Generator, device, *, backend:
             if pos_dtype == torch.float32:
                 expect, why_raise = RAISE, why_raise + ["float positions"]
             as_ids = form.startswith("ids") or (form == "offsets" and layout != "thd" and batch == seq > 1)
-            if layout == "thd" and form in ("offsets", "ids") and batch == tokens:
+            if layout == "thd" and form in ("offsets", "ids") and batch == tokens > 1:
                 # (n_seqs,) == (tokens,): the call does not say which it means
                 same = local is not None and bool((local == 0).all())
                 if not same:
