@@ -14,7 +14,8 @@ from ropekit import reference as ref
 from ropekit.testing import check_close_to_reference
 
 from .fuzz import EITHER, MATCH, RAISE, Arena, Case, footprint, same_bits, self_overlapping
-from .fuzz_rope import _DTYPES, _INDEX_KINDS, _INPUT_KINDS, _pick, _position_values, draw_rope_args, rope_case
+from .fuzz_rope import rope_case
+from .rope_args import DTYPES, INDEX_KINDS, INPUT_KINDS, pick, position_values, draw_rope_args
 
 __all__ = ["TARGETS", "draw_qk_norm_rope", "draw_rotary_embedding", "draw_flashinfer"]
 
@@ -36,7 +37,7 @@ def draw_qk_norm_rope(rng: random.Random, gen: torch.Generator, device) -> Case:
         length = head_dim if rng.random() > 0.03 else head_dim + 2
         if length != head_dim:
             args.refuse(f"{name} not of head_dim elements")
-        w = args.arena.place(name, (length,), rng.choice((x.dtype, torch.float32)), _pick(rng, _INPUT_KINDS))
+        w = args.arena.place(name, (length,), rng.choice((x.dtype, torch.float32)), pick(rng, INPUT_KINDS))
         weights.append(w)
         logical[name[0]] = w.detach().cpu().clone()
     eps, weight_offset = rng.choice((1e-6, 1e-5)), rng.choice((0.0, 1.0))
@@ -63,7 +64,7 @@ def draw_rotary_embedding(rng: random.Random, gen: torch.Generator, device,
     head_size = rng.choice((8, 16))
     rotary_dim = rng.choice((head_size, head_size // 2))
     is_neox, flat, packed = rng.random() < 0.6, rng.random() < 0.5, hk is not None and rng.random() < 0.4
-    dtype = rng.choices(_DTYPES, weights=(4, 3, 2, 1))[0]
+    dtype = rng.choices(DTYPES, weights=(4, 3, 2, 1))[0]
     rows = rng.randint(1, 10)
     hostile, check_mode = rng.random() < 0.2, rng.random() < 0.2
 
@@ -77,12 +78,12 @@ def draw_rotary_embedding(rng: random.Random, gen: torch.Generator, device,
         if not flat:
             query, key = query.unflatten(-1, (hq, head_size)), key.unflatten(-1, (hk, head_size))
     else:
-        query = arena.place("query", heads(hq), dtype, _pick(rng, _INPUT_KINDS))
-        key = None if hk is None else arena.place("key", heads(hk), dtype, _pick(rng, _INPUT_KINDS))
+        query = arena.place("query", heads(hq), dtype, pick(rng, INPUT_KINDS))
+        key = None if hk is None else arena.place("key", heads(hk), dtype, pick(rng, INPUT_KINDS))
     cache_dtype = rng.choice((torch.float32, dtype))
-    cache = arena.place("cos_sin_cache", (rows, rotary_dim), cache_dtype, _pick(rng, _INPUT_KINDS))
+    cache = arena.place("cos_sin_cache", (rows, rotary_dim), cache_dtype, pick(rng, INPUT_KINDS))
     positions = arena.place("positions", (tokens,), rng.choice((torch.int64, torch.int32)),
-                            _pick(rng, _INDEX_KINDS), _position_values(gen, 0, rows - 1, hostile, rows))
+                            pick(rng, INDEX_KINDS), position_values(gen, 0, rows - 1, hostile, rows))
     pos = positions.detach().cpu().to(torch.int64)
     if bool(((pos < 0) | (pos >= rows)).any()) and check_mode:
         expect, why_raise = RAISE, why_raise + ["check mode: positions outside the cache"]
