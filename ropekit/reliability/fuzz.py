@@ -42,152 +42,16 @@ import torch
 
 from ropekit import device as _device  # first: the interpreter switch must precede any triton import
 
-__all__ = ["Arena", "Case", "run", "run_case", "judge", "same_bits", "targets", "main"]
+from .arena import VIEW_KINDS, Arena, footprint, same_bits, self_overlapping  # noqa: F401  (the targets' toolkit)
+
+__all__ = ["Arena", "VIEW_KINDS", "Case", "footprint", "self_overlapping", "same_bits", "judge", "run", "run_case",
+           "draw_case", "targets", "main"]
 
 # An error message must name the argument it is about.
 _ARGUMENT = re.compile(r"\b(q|k|v|cos|sin|positions|position_ids|cu_seqlens|max_seqlen|rotary_dim|layout|inplace|"
                        r"per_token|interleaved|table|backend|head_size|query|key|cos_sin_cache|k_cache|v_cache|"
                        r"kv_cache|slot_mapping|cache_offsets|k_scale|v_scale|scale|q_weight|k_weight|kv_c|q_pe|k_pe|"
                        r"eps|weight_offset)\b")
-_GUARD_NAN_PROBABILITY = 0.5
-
-
-# --------------------------------------------------------------------------------------------------------------------
-# Memory: every tensor a view into a larger buffer whose outside is checked bit for bit.
-# --------------------------------------------------------------------------------------------------------------------
-
-VIEW_KINDS = ("contiguous", "padded", "stepped", "permuted", "expanded", "overlapping")
-
-
-def _strides(shape: tuple, kind: str, rng: random.Random) -> tuple[list, bool]:
-    """Element strides of a ``kind`` view of ``shape`` (and whether a dimension was expanded to stride 0)."""
-    n = len(shape)
-    order = list(range(n))[::-1]  # innermost first
-    if kind == "permuted":
-        rng.shuffle(order)
-    strides, acc = [0] * n, (rng.choice((2, 3)) if kind == "stepped" else 1)
-    for d in order:
-        strides[d] = acc
-        acc = acc * max(shape[d], 1) + (rng.randint(1, 3) if kind == "padded" else 0)
-    expanded = False
-    if kind == "expanded":
-        wide = [d for d in range(n) if shape[d] > 1]
-        for d in rng.sample(wide, k=min(len(wide), rng.randint(1, 2))):
-            strides[d], expanded = 0, True
-    elif kind == "overlapping":
-        # a dimension whose stride is shorter than the span of the dimensions inside it: its rows share elements
-        candidates = [d for d in range(n) if shape[d] > 1 and strides[d] > 1]
-        if candidates:
-            d = rng.choice(candidates)
-            strides[d] = rng.randint(1, strides[d] - 1)
-    return strides, expanded
-
-
-def _extent(shape, strides) -> int:
-    if any(s == 0 for s in shape):
-        return 0
-    return 1 + sum((size - 1) * stride for size, stride in zip(shape, strides))
-
-
-def footprint(view: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
-    """A bool mask over ``base`` (1-D): the elements ``view`` (a view into ``base``'s storage) covers."""
-    mask = torch.zeros(base.numel(), dtype=torch.bool)
-    if view.numel():
-        offset = view.storage_offset() - base.storage_offset()
-        mask[torch.arange(base.numel()).as_strided(view.shape, view.stride(), offset).reshape(-1)] = True
-    return mask
-
-
-def self_overlapping(view: torch.Tensor) -> bool:
-    """Whether two indices of ``view`` name the same element (a write through it would race)."""
-    if view.numel() < 2:
-        return False
-    index = torch.arange(_extent(view.shape, view.stride())).as_strided(view.shape, view.stride())
-    return index.unique().numel() < view.numel()
-
-
-def _random_fill(base: torch.Tensor, gen: torch.Generator) -> None:
-    if base.is_floating_point():
-        base.copy_(torch.rand(base.shape, generator=gen, dtype=torch.float64).mul(4).sub(2).to(base.dtype))
-    else:
-        base.copy_(torch.randint(-9, 1 << 20, base.shape, generator=gen).to(base.dtype))
-
-
-@dataclass
-class _Buffer:
-    name: str
-    base: torch.Tensor  # 1-D, on the device
-    before: torch.Tensor  # its bytes before the call, on the CPU
-    writable: torch.Tensor  # bool mask: elements the call may write (an in-place target's own elements)
-
-
-class Arena:
-    """Allocates every tensor of a case as a view into a larger buffer and checks, after the call, that nothing
-    outside what the call may write has changed, bit for bit."""
-
-    def __init__(self, rng: random.Random, gen: torch.Generator, device):
-        self.rng, self.gen, self.device = rng, gen, device
-        self.buffers: list[_Buffer] = []
-
-    def place(self, name: str, shape: tuple, dtype: torch.dtype, kind: str = "contiguous",
-              values: Callable[[tuple], torch.Tensor] | None = None) -> torch.Tensor:
-        """A ``kind`` view of ``shape`` inside a fresh buffer with guard elements around and between its rows.
-
-        ``values(core_shape)`` gives the values (CPU tensor) for the view's distinct elements; ``core_shape`` is
-        ``shape`` with 1 where the view is expanded. Without it the view reads the buffer's random contents.
-        """
-        strides, _ = _strides(tuple(shape), kind, self.rng)
-        extent = _extent(shape, strides)
-        row = max(shape[-1] if shape else 1, 1)
-        pre, post = self.rng.randint(1, 2 * row), self.rng.randint(1, 4 * row)
-        base_cpu = torch.empty(pre + extent + post, dtype=dtype)
-        _random_fill(base_cpu, self.gen)
-        view_cpu = base_cpu.as_strided(shape, strides, pre)
-        if base_cpu.is_floating_point() and self.rng.random() < _GUARD_NAN_PROBABILITY:
-            guard = ~footprint(view_cpu, base_cpu)
-            base_cpu[guard] = float("nan")  # a read outside the view poisons the result
-        if values is not None and view_cpu.numel():
-            core_shape = tuple(1 if st == 0 else s for s, st in zip(shape, strides))
-            base_cpu.as_strided(core_shape, strides, pre).copy_(values(core_shape).to(dtype))
-        base = base_cpu.to(self.device)
-        self.buffers.append(_Buffer(name, base, _bytes(base_cpu).clone(), torch.zeros(base.numel(), dtype=torch.bool)))
-        return base.as_strided(shape, strides, pre)
-
-    def buffer_of(self, view: torch.Tensor) -> _Buffer:
-        for buffer in self.buffers:
-            if buffer.base.untyped_storage().data_ptr() == view.untyped_storage().data_ptr():
-                return buffer
-        raise KeyError("not a view of this arena")
-
-    def allow_writes(self, view: torch.Tensor) -> None:
-        buffer = self.buffer_of(view)
-        buffer.writable |= footprint(view, buffer.base)
-
-    def changed(self, *, allow: bool) -> list[str]:
-        """Buffers with an element changed (outside the writable elements when ``allow``): ``name: count``."""
-        report = []
-        for buffer in self.buffers:
-            now = _bytes(buffer.base.cpu())
-            diff = (now != buffer.before).reshape(buffer.base.numel(), -1).any(dim=1)
-            if allow:
-                diff &= ~buffer.writable
-            if diff.any():
-                first = int(torch.nonzero(diff)[0])
-                report.append(f"{buffer.name}: {int(diff.sum())} elements changed (first at element {first} of its "
-                              f"buffer)")
-        return report
-
-
-def _bytes(t: torch.Tensor) -> torch.Tensor:
-    dense = torch.empty(t.numel(), dtype=t.dtype, device=t.device)
-    return dense.copy_(t.reshape(-1)).view(torch.uint8)
-
-
-def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Bit-for-bit equality (NaN payloads included) of two tensors of one shape and dtype, on any devices."""
-    if a.shape != b.shape or a.dtype != b.dtype:
-        return False
-    return a.numel() == 0 or torch.equal(_bytes(a.detach().cpu()), _bytes(b.detach().cpu()))
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -277,6 +141,8 @@ def judge(case: Case) -> tuple[str, list[str]]:
 
 # Targets a run leaves out unless named (--target): the CUDA backend builds its extension with nvcc first.
 OPT_IN = frozenset({"apply_rope_cuda"})
+# apply_rope has the most arguments to draw; the engines' two names share one contract
+_WEIGHT = {"apply_rope": 6, "apply_rope_cuda": 6, "apply_rope_with_cos_sin_cache_inplace": 1, "rotary_embedding": 2}
 
 
 def _targets() -> dict:
@@ -293,20 +159,28 @@ def _targets() -> dict:
 targets = _targets
 
 
-def case_rng(seed: int, index: int) -> tuple[random.Random, torch.Generator]:
-    """The generators of case ``index`` of ``seed``: each case is replayable on its own."""
-    mixed = (seed * 1_000_003 + index) & 0xFFFF_FFFF_FFFF
-    return random.Random(mixed), torch.Generator().manual_seed(mixed)
+def case_rng(seed: int, index: int, family_size: int = 1) -> tuple[random.Random, torch.Generator]:
+    """The generators of case ``index`` of ``seed``: each case is replayable on its own.
+
+    ``random.Random`` draws a case's structure (shapes, views, switches, dtypes, offsets), the torch generator its
+    tensors' values. With ``family_size`` > 1 consecutive cases share their structure and differ in values: on a
+    GPU one compiled kernel then serves the whole family (Triton specialises on dtypes, switches, the alignment of
+    every pointer and which integer arguments are 1 or multiples of 16)."""
+    structure = (seed * 1_000_003 + index // max(family_size, 1)) & 0xFFFF_FFFF_FFFF
+    values = (seed * 1_000_003 + index) & 0xFFFF_FFFF_FFFF
+    return random.Random(structure), torch.Generator().manual_seed(values)
 
 
-def draw_case(seed: int, index: int, device, targets: dict) -> Case:
-    rng, gen = case_rng(seed, index)
-    name = rng.choice(sorted(targets))
+def draw_case(seed: int, index: int, device, targets: dict, family_size: int = 1) -> Case:
+    rng, gen = case_rng(seed, index, family_size)
+    names = sorted(targets)
+    name = rng.choices(names, weights=[_WEIGHT.get(n, 1) for n in names])[0]
     return targets[name](rng, gen, device)
 
 
-def run_case(seed: int, index: int, device, targets: dict | None = None) -> tuple[Case, str, list[str]]:
-    case = draw_case(seed, index, device, targets or _targets())
+def run_case(seed: int, index: int, device, targets: dict | None = None,
+             family_size: int = 1) -> tuple[Case, str, list[str]]:
+    case = draw_case(seed, index, device, targets or _targets(), family_size)
     outcome, problems = judge(case)
     return case, outcome, problems
 
@@ -324,15 +198,15 @@ def _tally(counts: dict, index: int, target: str, outcome: str, problems: list, 
 
 
 def _isolated_chunk(start: int, stop: int, seed: int, device, chosen: dict, deadline: float | None,
-                    record_result: Callable) -> None:
+                    record_result: Callable, family_size: int) -> None:
     """Run cases ``start..stop-1`` in child processes; a case that kills its process (a crash, an illegal memory
     access that poisons the CUDA context) is a violation, and the chunk goes on with the next case in a new one."""
     index = start
     while index < stop and (deadline is None or time.time() < deadline):
         command = [sys.executable, "-m", "ropekit.reliability.fuzz", "--worker", "--seed", str(seed), "--start",
                    str(index), "--cases", str(stop), "--device", str(device)] + [f"--target={n}" for n in sorted(chosen)]
-        if deadline is not None:
-            command += ["--deadline", repr(deadline)]
+        command += ["--family-size", str(family_size)] + (["--deadline", repr(deadline)] if deadline else [])
+        first = index
         child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         stdout, stderr = child.communicate()
         begun, progressed = None, False
@@ -351,26 +225,34 @@ def _isolated_chunk(start: int, stop: int, seed: int, device, chosen: dict, dead
             if progressed:
                 continue  # it left after a case that poisoned its device: go on in a fresh process
             raise RuntimeError(f"the fuzzing worker failed to start: {stderr[-2000:]}")
-        case = draw_case(seed, begun, device, chosen)  # drawing is deterministic: the spec of the case that died
+        case = draw_case(seed, begun, device, chosen, family_size)  # deterministic: the spec of the case that died
+        # A corrupted heap may abort a later case than the one that wrote out of bounds: replay this one alone.
+        alone = subprocess.run([sys.executable, "-m", "ropekit.reliability.fuzz", "--seed", str(seed), "--case",
+                                str(begun), "--device", str(device), "--family-size", str(family_size)]
+                               + [f"--target={n}" for n in sorted(chosen)],
+                               capture_output=True, text=True)
+        culprit = ("it dies alone too" if alone.returncode not in (0, 1) else
+                   f"alone it does not die: an earlier case of that process (from case {first}) corrupted memory")
         record_result(begun, case.target, "violation", [f"the process died (exit status {child.returncode}) during "
-                                                        f"the case: {stderr.strip()[-600:]}"], case.spec)
+                                                        f"the case; {culprit}: {stderr.strip()[-600:]}"], case.spec)
         index = begun + 1
 
 
 def run(cases: int, seed: int, device: str | None = None, *, targets: list[str] | None = None,
-        isolate: bool = False, workers: int = 1, time_budget_s: float | None = None, trace: bool = False,
-        max_findings: int = 50) -> dict:
+        isolate: bool = False, workers: int = 1, time_budget_s: float | None = None, family_size: int = 1,
+        trace: bool = False, max_findings: int = 50) -> dict:
     """Run ``cases`` seeded cases; return the counts (and the first ``max_findings`` violations, replayable with
     ``python -m ropekit.reliability.fuzz --seed SEED --case INDEX``).
 
     ``isolate``: cases run in child processes (``workers`` of them at a time, each over its own share of the
     cases: Triton compiles in parallel on a GPU machine), so a case may kill its process without ending the run.
-    ``time_budget_s``: start no case after that many seconds (``cases`` in the result says how many ran)."""
+    ``time_budget_s``: start no case after that many seconds (``cases`` in the result says how many ran).
+    ``family_size``: consecutive cases that share their structure (see :func:`case_rng`)."""
     device = device or _device.DEVICE
     available = _targets()
     chosen = {name: available[name] for name in (targets or sorted(set(available) - OPT_IN))}
     counts = {"cases": 0, "matched": 0, "documented_errors": 0, "violations": 0, "seed": seed, "device": str(device),
-              "targets": sorted(chosen), "by_target": {}, "findings": []}
+              "targets": sorted(chosen), "family_size": family_size, "by_target": {}, "findings": []}
     start = time.perf_counter()
     deadline = None if time_budget_s is None else time.time() + time_budget_s
     lock = threading.Lock()
@@ -382,7 +264,7 @@ def run(cases: int, seed: int, device: str | None = None, *, targets: list[str] 
     if isolate:
         bounds = [cases * w // workers for w in range(workers + 1)]
         with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
-            chunks = [pool.submit(_isolated_chunk, a, b, seed, device, chosen, deadline, record_result)
+            chunks = [pool.submit(_isolated_chunk, a, b, seed, device, chosen, deadline, record_result, family_size)
                       for a, b in zip(bounds, bounds[1:]) if b > a]
             for chunk in chunks:
                 chunk.result()
@@ -393,13 +275,14 @@ def run(cases: int, seed: int, device: str | None = None, *, targets: list[str] 
                 break
             if trace:
                 print(f"case {index}", file=sys.stderr, flush=True)
-            case, outcome, problems = run_case(seed, index, device, chosen)
+            case, outcome, problems = run_case(seed, index, device, chosen, family_size)
             record_result(index, case.target, outcome, problems, case.spec)
     counts["seconds"] = round(time.perf_counter() - start, 1)
     return counts
 
 
-def _worker(seed: int, start: int, stop: int, device, names: list, deadline: float | None) -> int:
+def _worker(seed: int, start: int, stop: int, device, names: list, deadline: float | None,
+            family_size: int) -> int:
     """The child of an isolated run: one JSON line as each case begins and one with its result."""
     available = _targets()
     chosen = {n: available[n] for n in names}
@@ -407,7 +290,7 @@ def _worker(seed: int, start: int, stop: int, device, names: list, deadline: flo
         if deadline is not None and time.time() >= deadline:
             break
         print(json.dumps({"begin": index}), flush=True)
-        case, outcome, problems = run_case(seed, index, device, chosen)
+        case, outcome, problems = run_case(seed, index, device, chosen, family_size)
         print(json.dumps({"case": index, "target": case.target, "outcome": outcome, "problems": problems,
                           "spec": case.spec}, default=str), flush=True)
         if not _device_alive(device):
@@ -449,22 +332,24 @@ def main(argv=None) -> int:
                         help="child processes at a time (default 1; on a GPU machine, about its CPU cores)")
     parser.add_argument("--time-budget", type=float, default=None,
                         help="start no case after this many seconds (the counts say how many ran)")
+    parser.add_argument("--family-size", type=int, default=1,
+                        help="consecutive cases sharing their structure, differing in values (GPU: fewer compiles)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--deadline", type=float, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--start", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     device = args.device or _device.DEVICE
     if args.worker:
-        return _worker(args.seed, args.start, args.cases, device, args.target, args.deadline)
+        return _worker(args.seed, args.start, args.cases, device, args.target, args.deadline, args.family_size)
     if args.case is not None:
         available = _targets()
         chosen = {n: available[n] for n in (args.target or sorted(set(available) - OPT_IN))}
-        case, outcome, problems = run_case(args.seed, args.case, device, chosen)
+        case, outcome, problems = run_case(args.seed, args.case, device, chosen, args.family_size)
         print(json.dumps({"case": args.case, "seed": args.seed, "target": case.target, "outcome": outcome,
                           "expect": case.expect, "problems": problems, "spec": case.spec}, indent=1, default=str))
         return 1 if outcome == "violation" else 0
     counts = run(args.cases, args.seed, device, targets=args.target, isolate=not args.in_process,
-                 workers=args.workers, time_budget_s=args.time_budget, trace=args.trace,
+                 workers=args.workers, time_budget_s=args.time_budget, family_size=args.family_size, trace=args.trace,
                  max_findings=args.max_findings)
     if args.out:
         with open(args.out, "w") as f:
