@@ -10,7 +10,7 @@ import ropekit
 
 tomllib = pytest.importorskip("tomllib")
 ROOT = Path(__file__).resolve().parent.parent
-CONDA_NAMES = {"pytorch": "torch"}  # conda's name for a package -> its PyPI name
+CONDA_NAMES = {"pytorch": "torch", "python-build": "build"}  # conda name -> PyPI name
 
 
 def _split(requirement: str) -> tuple[str, str]:
@@ -46,3 +46,64 @@ def test_the_version_comes_from_one_place():
     assert "version" not in project and "version" in project["dynamic"]
     assert tomllib.loads(pyproject)["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "ropekit.__version__"}
     assert re.fullmatch(r"\d+\.\d+\.\d+", ropekit.__version__)
+
+
+@pytest.fixture(scope="module")
+def dist_dir(tmp_path_factory):
+    """sdist + wheel built from this checkout (``python -m build``, without an isolated build environment: the
+    installed setuptools builds it, so nothing is downloaded)."""
+    import subprocess
+    import sys
+
+    out = tmp_path_factory.mktemp("dist")
+    subprocess.run([sys.executable, "-m", "build", "--no-isolation", "--sdist", "--wheel", "--outdir", str(out),
+                    str(ROOT)], check=True, capture_output=True, text=True, cwd=out)
+    return out
+
+
+def test_build_makes_an_sdist_and_a_wheel_that_twine_accepts(dist_dir):
+    import subprocess
+    import sys
+
+    wheels, sdists = list(dist_dir.glob("*.whl")), list(dist_dir.glob("*.tar.gz"))
+    assert len(wheels) == 1 and len(sdists) == 1
+    assert wheels[0].name.startswith(f"ropekit-{ropekit.__version__}-")
+    check = subprocess.run([sys.executable, "-m", "twine", "check", "--strict", *map(str, wheels + sdists)],
+                           capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_the_installed_wheel_runs_its_check_outside_the_source_tree(dist_dir, tmp_path):
+    """The wheel, not the checkout, in a fresh venv (reusing the installed torch and triton): everything loaded at
+    run time ships in it (the CUDA sources, the course's templates, solutions and wrong variants)."""
+    import subprocess
+    import sys
+    import venv
+    import zipfile
+
+    wheel = next(dist_dir.glob("*.whl"))
+    names = zipfile.ZipFile(wheel).namelist()
+    for shipped in ("ropekit/cuda/rope.cu", "ropekit/course/templates/", "ropekit/course/solutions/",
+                    "ropekit/course/wrong/"):
+        assert any(n.startswith(shipped) for n in names), shipped
+    env_dir = tmp_path / "venv"
+    venv.EnvBuilder(system_site_packages=True, with_pip=True).create(env_dir)
+    python = env_dir / "bin" / "python"
+    subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)], check=True)
+    where = subprocess.run([str(python), "-c", "import ropekit; print(ropekit.__file__, ropekit.__version__)"],
+                           capture_output=True, text=True, cwd=tmp_path, check=True).stdout
+    assert str(env_dir) in where and ropekit.__version__ in where, where
+    check = subprocess.run([str(python), "-m", "ropekit", "check"], capture_output=True, text=True, cwd=tmp_path)
+    assert check.returncode == 0, check.stdout[-3000:] + check.stderr[-3000:]
+
+
+def test_importing_the_core_imports_no_extra():
+    import subprocess
+    import sys
+
+    code = ("import sys, torch; torch_numpy = 'numpy' in sys.modules; import ropekit; "
+            "assert 'matplotlib' not in sys.modules, 'matplotlib'; "
+            "assert torch_numpy or 'numpy' not in sys.modules, 'numpy'; "
+            "assert not any(m.startswith(('ropekit.bench', 'ropekit.course', 'ropekit.stress')) for m in sys.modules)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-2000:]
