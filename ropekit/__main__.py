@@ -74,10 +74,13 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] in ("bench", "stress"):  # they parse their own options (argparse REMAINDER would not)
         return (_bench if argv[0] == "bench" else _stress)(argparse.Namespace(rest=argv[1:]))
     parser = argparse.ArgumentParser(prog="python -m ropekit", description="RoPE kernels: check, inspect, measure.",
-                                     epilog="python -m ropekit bench --help / stress --help list their options.")
+                                     epilog="example: python -m ropekit check   (python -m ropekit bench --help / "
+                                            "stress --help list their options)")
     commands = parser.add_subparsers(dest="command", metavar="command", required=True)
-    commands.add_parser("check", help="check every available kernel against the float64 reference (table)")
-    commands.add_parser("info", help="versions, device, and which backends work here (and why not)")
+    commands.add_parser("check", help="check every available kernel against the float64 reference (table)",
+                        epilog="example: python -m ropekit check   (on a CPU it uses the Triton interpreter)")
+    commands.add_parser("info", help="versions, device, and which backends work here (and why not)",
+                        epilog="example: python -m ropekit info")
     bench_parser = commands.add_parser("bench", help="benchmark all implementations on the GPU (JSON + PNG)",
                                        add_help=False)
     bench_parser.add_argument("rest", nargs=argparse.REMAINDER)

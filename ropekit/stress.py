@@ -48,10 +48,12 @@ from typing import Callable, Optional
 
 import torch
 
+
 from . import device as _device  # first: the interpreter switch must precede any triton import
 from . import reference as ref
 from .api import apply_rope
 from .frequencies import cos_sin_table, inverse_frequencies
+from .progress import Progress
 from .testing import check_close_to_reference
 from .triton import v4
 from .triton.v4 import LaunchConfig
@@ -1831,9 +1833,10 @@ def run_all(args) -> dict:
     chosen = args.sections.split(",") if args.sections else list(SECTIONS)
     result = {"environment": _environment(args.argv), "quick": quick, "seed": args.seed, "sections": {}}
     start = time.perf_counter()
+    progress = Progress(len(chosen), "stress", stream=sys.stdout)  # a bar on a terminal; a line per section always
     for name in chosen:
         t0 = time.perf_counter()
-        print(f"[stress] {name} ...", flush=True)
+        progress.step(f"{name} ...", n=0)
         try:
             section = plans[name]()
         except Exception as error:  # noqa: BLE001 - a crashed section is reported, the others still run
@@ -1841,7 +1844,9 @@ def run_all(args) -> dict:
                        "traceback": traceback.format_exc()[-2000:]}
         section.setdefault("seconds", round(time.perf_counter() - t0, 1))
         result["sections"][name] = section
-        print(f"[stress] {name}: {_section_line(section)}", flush=True)
+        progress.step(name)
+        progress.stage(f"[stress] {name}: {_section_line(section)}")
+    progress.close()
     result["total_failures"] = sum(s.get("failed", 0) for s in result["sections"].values())
     result["total_not_run"] = sum(s.get("not_run", 0) for s in result["sections"].values())
     result["seconds"] = round(time.perf_counter() - start, 1)
@@ -2098,7 +2103,8 @@ def render(json_path: str, md_path: str, sanitizer_path: Optional[str] = None) -
 
 def main(argv: Optional[list] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = argparse.ArgumentParser(prog="python -m ropekit stress", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m ropekit stress", description=__doc__.split("\n\n")[0],
+                                     epilog="example: python -m ropekit stress --quick --out /tmp/reliability.json")
     parser.add_argument("--out", help="write the JSON here")
     parser.add_argument("--quick", action="store_true", help="a smoke run (fewer configurations, no large tensor)")
     parser.add_argument("--seed", type=int, default=0)

@@ -107,3 +107,31 @@ def test_importing_the_core_imports_no_extra():
             "assert not any(m.startswith(('ropekit.bench', 'ropekit.course', 'ropekit.stress')) for m in sys.modules)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert result.returncode == 0, result.stderr[-2000:]
+
+
+@pytest.mark.parametrize("command", [["check"], ["info"], ["bench"], ["stress"], [], ["reliability.fuzz"],
+                                     ["distributed"]], ids=lambda c: " ".join(c) or "main")
+def test_every_command_help_has_an_example(command):
+    import subprocess
+    import sys
+
+    module = ["-m", f"ropekit.{command[0]}"] if command and "." in command[0] or command == ["distributed"] else \
+        ["-m", "ropekit", *command]
+    result = subprocess.run([sys.executable, *module, "--help"], capture_output=True, text=True, cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    assert "example: python -m ropekit" in result.stdout, result.stdout[-500:]
+
+
+def test_progress_in_a_log_is_one_line_per_stage(capsys):
+    import io
+
+    from ropekit.progress import Progress
+
+    log = io.StringIO()  # not a terminal: no bar, only the stage lines
+    progress = Progress(4, "demo", stream=log)
+    for stage in ("a", "b"):
+        progress.step("working")
+        progress.step("working")
+        progress.stage(f"[demo] {stage}: done")
+    progress.close()
+    assert log.getvalue().splitlines() == ["[demo] a: done", "[demo] b: done"]

@@ -25,6 +25,7 @@ merge_docs() {
   python3 -m ropekit bench --merge docs/benchmarks.json "$1" --out docs 2>&1 | tee "$2/merge.txt" | tail -3
   tar -czf "$2/docs.tgz" docs/benchmarks.json docs/benchmarks.md docs/*.png
 }
+echo "[gpu_run] stage $stage: started $(date -u +%H:%M:%S)"
 case "$stage" in
   smoke)
     python3 -m ropekit check 2>&1 | tee "$OUT/check.txt"
@@ -158,3 +159,4 @@ case "$stage" in
     ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac
+echo "[gpu_run] stage $stage: done in ${SECONDS} s"

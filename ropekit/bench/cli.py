@@ -83,7 +83,8 @@ def _parser() -> argparse.ArgumentParser:
         prog="python -m ropekit bench",
         description="Time every RoPE implementation against the device's copy ceiling; write JSON, PNGs and "
                     "benchmarks.md. Without a GPU it refuses to time (exit code 2); --list, --render and --merge "
-                    "work anywhere.")
+                    "work anywhere.",
+        epilog="example: python -m ropekit bench --cases llama3-8b-prefill,decode --peers .peers --out /tmp/bench")
     p.add_argument("--groups", default="main", help="case groups: main, sweep or all (comma-separated; default main)")
     p.add_argument("--cases", help="only these cases (comma-separated names; 'sweep-b1-*' style prefixes allowed)")
     p.add_argument("--impls", help="only these implementations (comma-separated)")

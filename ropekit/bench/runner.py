@@ -23,6 +23,7 @@ import traceback
 
 import torch
 
+from ..progress import Progress as StageProgress
 from .cases import Case
 from .impls import BACKWARD, FORWARD, Impl
 from .inputs import check_outputs, expected_output, make_data, make_tables, seed_for
@@ -91,31 +92,24 @@ def _sync(device) -> None:
         torch.cuda.synchronize()
 
 
-class Progress:
-    """One line per measured item on stderr: count, elapsed, estimated time left, the item and its numbers."""
+class Progress(StageProgress):
+    """The run's progress on stderr: a bar over every measured item on a terminal (each item's numbers beside it);
+    in a log, one line per case when it is done."""
 
     def __init__(self, total: int, stream=None, enabled: bool = True):
-        self.total, self.done = total, 0
-        self.stream = stream if stream is not None else sys.stderr
-        self.enabled = enabled
+        super().__init__(total, "bench", stream=stream, enabled=enabled)
         self.start = time.perf_counter()
 
-    @staticmethod
-    def _clock(seconds: float) -> str:
-        return f"{int(seconds // 60)}:{int(seconds % 60):02d}"
-
     def note(self, message: str) -> None:
-        if self.enabled:
-            print(f"[bench {self._clock(time.perf_counter() - self.start)}] {message}", file=self.stream, flush=True)
+        if self.bar is not None:  # a detail of the run: shown above the bar, not written to logs
+            self.bar.write(f"[bench] {message}", file=self.stream)
 
-    def step(self, case: str, impl: str, direction: str, summary: str) -> None:
-        self.done += 1
-        if not self.enabled:
-            return
-        elapsed = time.perf_counter() - self.start
-        left = elapsed / self.done * (self.total - self.done)
-        print(f"[{self.done:4d}/{self.total} {self._clock(elapsed)} eta {self._clock(left)}] "
-              f"{case:24s} {direction[:3]} {impl:17s} {summary}", file=self.stream, flush=True)
+    def step(self, case: str, impl: str, direction: str, summary: str) -> None:  # type: ignore[override]
+        super().step(f"{case} {direction[:3]} {impl}: {summary}")
+
+    def case_done(self, case: str, rows: list[dict]) -> None:
+        ok = sum(r["status"] == "ok" for r in rows)
+        self.stage(f"[bench] {case}: {ok} of {len(rows)} measurements ({time.perf_counter() - self.start:.0f} s)")
 
 
 def summarize(rows: list[dict]) -> str:
@@ -189,6 +183,7 @@ class Runner:
                 if self.aborted:
                     break
             del tables
+            self.progress.case_done(case.name, [r for r in self.rows if r.get("case") == case.name])
             if torch.device(self.device).type == "cuda" and not self.aborted:
                 torch.cuda.empty_cache()
             if self.on_case_done is not None:

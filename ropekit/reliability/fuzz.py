@@ -317,7 +317,8 @@ def _summary(counts: dict) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ropekit.reliability.fuzz", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m ropekit.reliability.fuzz", description=__doc__.splitlines()[0],
+                                     epilog="example: python -m ropekit.reliability.fuzz --cases 300 --seed 0")
     parser.add_argument("--cases", type=int, default=300, help="how many cases (default 300)")
     parser.add_argument("--seed", type=int, default=0, help="the seed (default 0)")
     parser.add_argument("--device", default=None, help="cuda or cpu (default: ropekit.device.DEVICE)")
