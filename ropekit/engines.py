@@ -78,8 +78,13 @@ def rotary_embedding(positions: torch.Tensor, query: torch.Tensor, key: Optional
     k = None if key is None else _heads_view("key", key, tokens, head_size, token_dims)
     # cos and sin: the two column halves of one buffer (same strides, so the kernel reads them without a copy)
     cos, sin = cos_sin_cache[:, :rotary_dim // 2], cos_sin_cache[:, rotary_dim // 2:]
-    apply_rope(q, k, cos, sin, positions=positions.reshape(1, tokens), layout="bshd", interleaved=not is_neox,
-               rotary_dim=rotary_dim, inplace=True)
+    try:
+        apply_rope(q, k, cos, sin, positions=positions.reshape(1, tokens), layout="bshd", interleaved=not is_neox,
+                   rotary_dim=rotary_dim, inplace=True)
+    except (TypeError, ValueError, RuntimeError) as error:
+        # apply_rope names its own arguments; say which of this call's they are
+        raise type(error)(f"{error} [in rotary_embedding: q is query, k is key, cos/sin (the table) are the two "
+                          "halves of cos_sin_cache]") from error
 
 
 def apply_rope_with_cos_sin_cache_inplace(positions: torch.Tensor, query: torch.Tensor, key: Optional[torch.Tensor],

@@ -102,3 +102,10 @@ def test_errors_name_the_argument_and_write_nothing(bad, words):
     with pytest.raises((TypeError, ValueError), match=words):
         ropekit.rotary_embedding(positions, query, None, head_size, cache, True)
     assert torch.equal(query, before)
+
+
+def test_errors_raised_by_the_rotation_say_which_engine_argument_they_mean():
+    cache = cache_like_vllm(8, 16, torch.float32)
+    query = torch.randn(3, 16, device=DEVICE).as_strided((3, 16), (0, 1))  # every token the same memory
+    with pytest.raises(RuntimeError, match="q is query"):
+        ropekit.rotary_embedding(torch.arange(3, device=DEVICE), query, None, 16, cache, True)
