@@ -21,6 +21,7 @@ import socket
 import torch
 import torch.distributed as dist
 
+from . import device as _device
 from .api import apply_rope
 from .frequencies import cos_sin_table
 from .positions import context_parallel_positions, context_parallel_shard, context_parallel_varlen_positions
@@ -30,8 +31,7 @@ __all__ = ["gather_context_parallel", "check_context_parallel", "main"]
 
 def gather_context_parallel(local: torch.Tensor, cp_size: int, *, seq_dim: int = 1, group=None) -> torch.Tensor:
     """All ranks' ``local`` shards (each ``context_parallel_shard`` of one sequence axis) back in sequence order."""
-    shards = [torch.empty_like(local) for _ in range(cp_size)]
-    dist.all_gather(shards, local.contiguous(), group=group)
+    shards = _all_gather(local, cp_size, group)
     half = local.shape[seq_dim] // 2
     chunks = [None] * (2 * cp_size)
     for rank, shard in enumerate(shards):
@@ -40,10 +40,18 @@ def gather_context_parallel(local: torch.Tensor, cp_size: int, *, seq_dim: int =
     return torch.cat(chunks, dim=seq_dim)
 
 
+def _all_gather(local: torch.Tensor, cp_size: int, group) -> list[torch.Tensor]:
+    """Every rank's ``local``; through host memory where the backend (gloo) takes CPU tensors only."""
+    via_host = local.is_cuda and dist.get_backend(group) == "gloo"
+    sent = (local.cpu() if via_host else local).contiguous()
+    shards = [torch.empty_like(sent) for _ in range(cp_size)]
+    dist.all_gather(shards, sent, group=group)
+    return [shard.to(local.device) for shard in shards] if via_host else shards
+
+
 def _gather_varlen(local: torch.Tensor, lengths: list[int], cp_size: int) -> torch.Tensor:
     """Packed (thd) shards back in order: each sequence's share on every rank is its two chunks."""
-    shards = [torch.empty_like(local) for _ in range(cp_size)]
-    dist.all_gather(shards, local.contiguous())
+    shards = _all_gather(local, cp_size, None)
     pieces, starts = [], [0] * cp_size
     for n in lengths:
         share = n // cp_size
@@ -87,10 +95,10 @@ def check_context_parallel(rank: int, world: int, device: str = "cpu") -> dict:
 
 def _worker(rank: int, world: int, port: int, backend: str, results) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    device = "cuda" if backend == "nccl" else "cpu"
+    device = _device.DEVICE  # where ropekit's kernels run: the interpreter on a CPU, else a GPU
     if device == "cuda":
-        torch.cuda.set_device(rank)
-        device = f"cuda:{rank}"
+        device = f"cuda:{rank % torch.cuda.device_count()}"  # gloo may put several ranks on one GPU
+        torch.cuda.set_device(device)
     dist.init_process_group(backend, rank=rank, world_size=world)
     try:
         results[rank] = check_context_parallel(rank, world, device)
