@@ -723,7 +723,7 @@ def plan_v4(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: tor
     # rows by the packed token count (1 elsewhere: not read)
     n_rows = n_tokens if flat else (q.shape[1] if positions.is_varlen else 1)
     ints = (seqlen, n_heads_q, n_heads_k, n_head_blocks_q if flat else 1, table_len, positions.offset + 1,
-            *tensor_strides, *cos_strides, *pos_strides, n_rows)  # n_tokens: the flat path's
+            *tensor_strides, *cos_strides, *pos_strides, n_rows)
     constexprs = dict(
         ROTARY_DIM=rotary_dim, HEAD_DIM=head_dim,
         BLOCK_S=config.block_s, BLOCK_H=block_h, BLOCK_HK=_next_pow2(n_heads_k) if config.fused_qk else 1,
