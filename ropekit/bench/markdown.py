@@ -180,7 +180,7 @@ def _block_cases(doc, direction, md_dir, json_path, only=None) -> str:
             floor_text = (f" Copying the same bytes (torch `copy_` of q and k into new tensors, graph clock{rotation}, "
                           f"this run) takes {floor['graph_us']:.1f} µs = {pct:.1f}% of the ceiling: the floor of an "
                           "out-of-place rotation.")
-        parts.append(f"#### {case['name']}: {case['title']}\n\n{case['moved_bytes'] / 1e6:.1f} MB moved per call "
+        parts.append(f"### {case['name']}: {case['title']}\n\n{case['moved_bytes'] / 1e6:.1f} MB moved per call "
                      f"(q and k read and written once{', rotary part only' if rotary_only else ''}).{floor_text}\n\n"
                      + _case_table(doc, case, direction))
     figure = PLOT_FILES["backward" if direction == "backward" else "forward"]
