@@ -29,7 +29,9 @@ import ropekit
 from ropekit import course
 from ropekit.course import cuda as course_cuda
 from ropekit.course import touch
+from ropekit.course.cases import RopeCase
 from ropekit.course.exercises import wrong_variants
+from ropekit.course.wrong import standalone
 from ropekit.positions import PositionSpec
 from ropekit.triton.v4 import rope_v4
 
@@ -181,56 +183,6 @@ def test_every_rope_exercise_is_checked_on_several_shapes_with_odd_counts():
 
 # --- diagnoses proven on exercises of their own (registered for one test) ------------------------------------------
 
-def _launch_tiles(kernel, x, cos, sin, out):
-    batch, seq, heads, head_dim = x.shape
-    kernel[(triton.cdiv(seq, 4), batch)](x, cos, sin, out, seq, heads, x.stride(0), x.stride(1), x.stride(2),
-                                         out.stride(0), out.stride(1), out.stride(2),
-                                         HEAD_DIM=head_dim, BLOCK_S=4, BLOCK_H=triton.next_power_of_2(heads))
-
-
-@triton.jit
-def _tile_without_head_axis(X, COS, SIN, OUT, seq_len, n_heads, stride_xb, stride_xs, stride_xh,
-                            stride_ob, stride_os, stride_oh,
-                            HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr):
-    tokens = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
-    batch = tl.program_id(1)
-    heads = tl.arange(0, BLOCK_H)
-    pairs = tl.arange(0, HEAD_DIM // 2)
-    token_ok = tokens < seq_len
-    table = tokens[:, None] * (HEAD_DIM // 2) + pairs[None, :]
-    cos = tl.load(COS + table, mask=token_ok[:, None], other=0.0)  # MISTAKE: no [:, None, :]
-    sin = tl.load(SIN + table, mask=token_ok[:, None], other=0.0)
-    mask = (token_ok[:, None] & (heads < n_heads)[None, :])[:, :, None]
-    x = X + batch * stride_xb + tokens[:, None, None] * stride_xs + heads[None, :, None] * stride_xh \
-        + pairs[None, None, :]
-    out = OUT + batch * stride_ob + tokens[:, None, None] * stride_os + heads[None, :, None] * stride_oh \
-        + pairs[None, None, :]
-    x_a = tl.load(x, mask=mask, other=0.0)
-    x_b = tl.load(x + HEAD_DIM // 2, mask=mask, other=0.0)
-    tl.store(out, x_a * cos - x_b * sin, mask=mask)
-    tl.store(out + HEAD_DIM // 2, x_b * cos + x_a * sin, mask=mask)
-
-
-def _launch_partial(kernel, x, cos, sin, out, rotary_dim):
-    batch, seq, heads, head_dim = x.shape
-    kernel[(batch * seq * heads,)](x, cos, sin, out, seq, heads, HEAD_DIM=head_dim, ROTARY_DIM=rotary_dim)
-
-
-@triton.jit
-def _partner_half_the_head(X, COS, SIN, OUT, seq_len, n_heads, HEAD_DIM: tl.constexpr, ROTARY_DIM: tl.constexpr):
-    row = tl.program_id(0)
-    position = (row // n_heads) % seq_len
-    pairs = tl.arange(0, ROTARY_DIM // 2)
-    cos = tl.load(COS + position * (ROTARY_DIM // 2) + pairs)
-    sin = tl.load(SIN + position * (ROTARY_DIM // 2) + pairs)
-    x_a = tl.load(X + row * HEAD_DIM + pairs)
-    x_b = tl.load(X + row * HEAD_DIM + HEAD_DIM // 2 + pairs)  # MISTAKE: the partner is i + ROTARY_DIM // 2
-    tl.store(OUT + row * HEAD_DIM + pairs, x_a * cos - x_b * sin)
-    tl.store(OUT + row * HEAD_DIM + HEAD_DIM // 2 + pairs, x_b * cos + x_a * sin)
-    tail = ROTARY_DIM + tl.arange(0, HEAD_DIM - ROTARY_DIM)
-    tl.store(OUT + row * HEAD_DIM + tail, tl.load(X + row * HEAD_DIM + tail))
-
-
 def _register(monkeypatch, name, **fields):
     base = dict(title=name, language="triton", entry="kernel", task="a test exercise", diagnoses=("wrong",))
     ex = course.Exercise(name=name, **{**base, **fields})
@@ -239,26 +191,17 @@ def _register(monkeypatch, name, **fields):
 
 
 def test_a_cos_tile_broadcast_along_the_head_axis_is_diagnosed(monkeypatch):
-    from ropekit.course.cases import RopeCase
-    _register(monkeypatch, "99_tiles", cases=(RopeCase("seq 5, 3 heads, head_dim 8", 2, 5, 3, 8),),
-              run=lambda kernel, inputs: (_launch_tiles(kernel, inputs.x.view, inputs.cos.view, inputs.sin.view,
-                                                        inputs.out.view), inputs.out.view)[1])
-    result = course.check("99_tiles", _tile_without_head_axis)
+    _register(monkeypatch, "99_tiles", run=standalone.run_tiles,
+              cases=(RopeCase("seq 5, 3 heads, head_dim 8", 2, 5, 3, 8),))
+    result = course.check("99_tiles", standalone.tile_without_head_axis)
     assert result.diagnosis == "broadcast" and "cos[:, None, :]" in result.message, str(result)
     assert "head 0 at position 0, head 1 at position 1" in result.message
 
 
 def test_partial_rotary_paired_with_half_the_head_is_diagnosed_not_called_a_tight_mask(monkeypatch):
-    from ropekit.course.cases import RopeCase
-
-    def run(kernel, inputs):
-        _launch_partial(kernel, inputs.x.view, inputs.cos.view, inputs.sin.view, inputs.out.view,
-                        inputs.case.rot)
-        return inputs.out.view
-
-    _register(monkeypatch, "99_partial", run=run,
+    _register(monkeypatch, "99_partial", run=standalone.run_partial,
               cases=(RopeCase("rotary_dim 8 of head_dim 16", 2, 3, 3, 16, rotary_dim=8),))
-    result = course.check("99_partial", _partner_half_the_head)
+    result = course.check("99_partial", standalone.partner_half_the_head)
     assert result.diagnosis == "partial_pairing" and "i + 4" in result.message, str(result)
     assert "mask too tight" not in result.message
 

@@ -93,7 +93,7 @@ def _passed_message(n_cases: int, errors: dict[str, float], note: str = "") -> s
     return f"Correct on {cases}{error_words}.{note}"
 
 
-# --- RoPE-shaped exercises: the reader's code runs on each of the exercise's cases --------------------------------------
+# --- RoPE-shaped exercises: the reader's code runs on each of the exercise's cases ---------------------------------
 
 def _check_rope(ex, code) -> CheckResult:
     if ex.language == "cuda":
