@@ -2,7 +2,9 @@
 
 Kernels run where ropekit runs them: on the GPU when there is one, otherwise under the Triton interpreter on the
 CPU. PyTorch exercises run on the CPU. Nothing the reader's code does makes ``check`` raise: an untouched template
-reports "not yet solved", an exception is reported with its last line.
+reports "not yet solved", an exception is reported with its last line and, when the checker recognises it (a
+compile error, a kernel decorated before ``import ropekit``), a hint that names the fix (``errors.py``). An exercise's
+``grade`` hook (e.g. speed) runs after its code is correct and decides the verdict.
 """
 
 from __future__ import annotations

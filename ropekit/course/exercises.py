@@ -122,8 +122,8 @@ def _run_cuda(source, inputs):
 # x stored sequence-major (sbhd) and read through a (batch, seq, heads, head_dim) view whose channels are 2 apart.
 _SBHD_CHANNEL_STRIDE_2 = Layout(order=(1, 0, 2, 3), last_stride=2,
                                 label="x stored seq-major (sbhd) with channels 2 elements apart")
-# Out with gaps after every head vector, token and sequence: a store past its row lands on a canary.
 _SBHD = Layout(order=(1, 0, 2, 3), label="sbhd")
+# Out with gaps after every head vector, token and sequence: a store past its row lands on a canary.
 _GAPPED = Layout(gaps=(0, 0, 8, 4), label="out with gaps between head vectors")
 _GAPPED_TILES = Layout(gaps=(0, 140, 10, 2), label="out with gaps between heads, tokens and sequences")
 
