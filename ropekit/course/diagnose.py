@@ -54,6 +54,9 @@ DIAGNOSES = {
 # unmistakable signature, so a correct output or another mistake never triggers it.
 GENERIC = frozenset({"wrong_positions", "broadcast", "partial_pairing", "compile_error", "import_order"})
 
+# Diagnoses that come from an error or a precheck, never from reading an output.
+_NOT_FROM_OUTPUT = frozenset({"wrong", "compile_error", "import_order", "raised", "not_solved", "needs_gpu", "too_slow"})
+
 HALF_DTYPES = (torch.float16, torch.bfloat16)
 
 
@@ -254,7 +257,7 @@ def analyse(inputs: RopeInputs, output: torch.Tensor, *, candidates: frozenset[s
     return Finding("wrong", (
         f"Does not match the reference: max |error| {max_error:.3g} at out{_index(worst)} (expected "
         f"{float(expected[worst]):.6g}, got {float(y[worst]):.6g}). It is none of the mistakes the checker knows "
-        f"({', '.join(sorted(candidates - {'wrong'}))}). Try the case by hand: print your output next to "
+        f"({', '.join(sorted(candidates - _NOT_FROM_OUTPUT))}). Try the case by hand: print your output next to "
         f"ropekit.reference.rope(...) for one token.{nan_hint}"), max_error)
 
 
