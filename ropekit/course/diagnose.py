@@ -55,7 +55,8 @@ DIAGNOSES = {
 GENERIC = frozenset({"wrong_positions", "broadcast", "partial_pairing", "compile_error", "import_order"})
 
 # Diagnoses that come from an error or a precheck, never from reading an output.
-_NOT_FROM_OUTPUT = frozenset({"wrong", "compile_error", "import_order", "raised", "not_solved", "needs_gpu", "too_slow"})
+_NOT_FROM_OUTPUT = frozenset({"wrong", "compile_error", "import_order", "raised", "not_solved", "needs_gpu",
+                              "too_slow"})
 
 HALF_DTYPES = (torch.float16, torch.bfloat16)
 
