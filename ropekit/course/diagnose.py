@@ -2,13 +2,19 @@
 
 Every diagnosis comes from the numbers the reader's code produced, never from its source:
 
-1. memory first: canaries around the output that changed (written out of bounds), poison that is still there (never
-   written), a partial rotary's pass-through tail that changed;
+1. memory first: canaries around the output that changed (written out of bounds); under partial rotary, a first
+   quarter paired with i + head_dim/2 (the full rotary's partner); a pass-through tail that changed; poison that is
+   still there (never written);
 2. then the values: the output is compared with ``ropekit.reference`` and, when it differs, with the reference of each
    usual mistake (the other direction, the other pairing, positions shifted by one, the channel stride ignored). The
    mistake whose reference matches is the diagnosis;
-3. what is left: a half-precision output that is close but not float32-accurate (math done in half precision), and,
+3. then the position each head vector was actually rotated at, recovered from the output: positions that change from
+   head to head within a token mean a cos/sin block broadcast along the wrong axis; positions constant per token but
+   not the token's own are wrong positions (offsets ignored, a wrong row index);
+4. what is left: a half-precision output that is close but not float32-accurate (math done in half precision), and,
    where the code builds its own frequencies, angles that fit a different ``base``.
+
+An exception (a compile error, a kernel decorated before ``import ropekit``) is read by ``errors.py`` instead.
 """
 
 from __future__ import annotations
