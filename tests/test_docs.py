@@ -198,7 +198,8 @@ def test_the_tuning_record_has_a_section_for_every_choice_the_code_links_to():
     anchors = heading_anchors(TUNING)
     assert set(TUNING_SECTIONS) <= anchors, set(TUNING_SECTIONS) - anchors
     linked = set()
-    for path in [*(ROOT / "ropekit").rglob("*.py"), *(ROOT / "tests").glob("*.py"), *(ROOT / "notebooks").glob("*.ipynb")]:
+    sources = [*(ROOT / "ropekit").rglob("*.py"), *(ROOT / "tests").glob("*.py"), *(ROOT / "notebooks").glob("*.ipynb")]
+    for path in sources:
         linked |= {(path.name, a) for a in re.findall(r"docs/tuning\.md#([\w-]+)", path.read_text())}
     assert not {(name, a) for name, a in linked if a not in anchors}, "links to sections tuning.md does not have"
 
@@ -244,7 +245,8 @@ def test_tools_use_public_names_the_harness_clocks_and_no_other_tool(tool):
             if root in stems:
                 problems.append(f"imports the tool {node.module}")
             if root == "ropekit":
-                problems += [f"imports the private {node.module}.{a.name}" for a in node.names if a.name.startswith("_")]
+                problems += [f"imports the private {node.module}.{a.name}" for a in node.names
+                             if a.name.startswith("_")]
                 ropekit_names |= {a.asname or a.name for a in node.names}
             if node.module in ("triton.testing",) or any(a.name == "do_bench" for a in node.names):
                 problems.append("times with do_bench directly (use ropekit.bench.timing)")

@@ -32,7 +32,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # measure the checkout this file sits in
 
 import ropekit  # noqa: E402  (first: decides CUDA or the interpreter before triton is imported)
-from ropekit.bench import MAIN_CASES  # noqa: E402
 from ropekit.bench.cli import resolve_cases  # noqa: E402
 from ropekit.bench.inputs import make_data, make_tables, seed_for  # noqa: E402
 from ropekit.bench.runner import dram_sets, refusal_reason  # noqa: E402
@@ -40,9 +39,9 @@ from ropekit.bench.timing import DryRunTimer, GpuTimer, Settings  # noqa: E402
 from ropekit.positions import resolve_positions  # noqa: E402
 
 try:
-    from ropekit.triton.launch import LaunchConfig, launch_config, rope_v4
+    from ropekit.triton.launch import launch_config, rope_v4
 except ImportError:  # FALLBACK while the launcher layer still lives in v4.py; delete once ropekit.triton.launch exists
-    from ropekit.triton.v4 import LaunchConfig, launch_config, rope_v4
+    from ropekit.triton.v4 import launch_config, rope_v4
 
 DEFAULT_CASES = "llama3-8b-prefill,mha-fp16,fp32,small-prefill,decode"
 

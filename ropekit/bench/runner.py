@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import sys
 import time
 import traceback
 

@@ -69,7 +69,6 @@ def copy_ceiling(nbytes: int = CEILING_BYTES, rep_ms: float = 200.0) -> dict:
     dst = torch.empty_like(src)
     ms = do_bench(lambda: dst.copy_(src), warmup=25, rep=rep_ms, return_mode="median")
     torch.cuda.synchronize()
-    del src, dst
     return {"gbps": 2 * nbytes / (ms * 1e-3) / 1e9, "time_us": ms * 1e3, "bytes_read": nbytes,
             "bytes_written": nbytes,
             "method": f"torch copy_ of {nbytes / 2**20:.0f} MiB on the device, do_bench median (rep {rep_ms:g} ms)"}
