@@ -17,8 +17,9 @@ export PYTHONUNBUFFERED=1
 stage=${1:-}
 shift || true
 site=/tmp/site
-for wheel in .whl/*.whl .peers/*.whl; do
-  [ -e "$wheel" ] && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site" "$wheel"
+for folder in .whl .peers; do
+  ls "$folder"/*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+    --upgrade --target "$site" "$folder"/*.whl
 done
 [ -d "$site" ] && export PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH} PATH=$site/bin:$PATH
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/tmp/install.log 2>&1 || { tail -5 /tmp/install.log; exit 1; }
@@ -63,7 +64,7 @@ case "$stage" in
     # this tree against COMMIT, both through their public API, every published case, one harness run with
     # interleaved graph rounds: $OUT/ab/ab.json and ab.md
     ref=${1:?usage: gpu_run.sh ab COMMIT}
-    if ! grep -q "^$ref " .ab/REF 2>/dev/null; then
+    if ! grep -qw -- "$ref" .ab/REF 2>/dev/null; then  # .ab/REF: "REF FULL_HASH"
       git rev-parse --verify -q "$ref" >/dev/null && python3 tools/ab_versions.py --export "$ref" \
         || { echo "ab: .ab/REF is not $ref and it cannot be exported here: run tools/ab_versions.py --export $ref"; exit 2; }
     fi
