@@ -67,10 +67,13 @@ def gpu_clock():
     return GpuTimer(Settings())
 
 
-def measure(run, bytes_moved: int, *, clock=None, warmup_ms: float = 25.0, rep_ms: float = 100.0) -> Speed:
-    """Time ``run()`` (median) and the copy ceiling, in this order, with ``clock`` (default: the GPU's)."""
+def measure(run, bytes_moved: int, *, clock=None, ceiling_gbps: float | None = None, warmup_ms: float = 25.0,
+            rep_ms: float = 100.0) -> Speed:
+    """Time ``run()`` (median) and the copy ceiling, in this order, with ``clock`` (default: the GPU's).
+
+    ``ceiling_gbps``: a ceiling this caller measured earlier in the same run (a sweep measures it once)."""
     clock = gpu_clock() if clock is None else clock
-    ceiling = float(clock.copy_ceiling()["gbps"])
+    ceiling = float(clock.copy_ceiling()["gbps"]) if ceiling_gbps is None else float(ceiling_gbps)
     time_us = float(clock.do_bench_us(run, warmup_ms, rep_ms))
     if time_us <= 0 or ceiling <= 0:
         raise ValueError(f"the clock returned a non-positive time ({time_us}) or ceiling ({ceiling})")
