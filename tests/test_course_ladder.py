@@ -103,3 +103,9 @@ def test_step6_rotates_a_tensor_past_2_31_elements():
     out_q, _ = ladder.rope_ladder(ladder.step(6).KERNEL, q, k, cos, sin, positions=ids)
     for part in (slice(0, 64), slice(seq - 64, seq)):
         ropekit.testing.assert_close_to_reference(out_q[:, part], ropekit.reference.rope(q[:, part], ids[:, part].cpu()))
+
+
+def test_newest_only_checks_what_the_step_adds():
+    lines = verify.check_step(ladder.step(3), DEVICE, shapes=verify.SHAPES[:1], configs=verify.CONFIGS[1:],
+                              newest_only=True)
+    assert any("GPT-J" in line for line in lines) and not any("offset" in line for line in lines)

@@ -70,17 +70,20 @@ def _runs(features, shape: Shape, device):
             "positions": reference.token_positions(batch, seq), "conjugate": True, "interleaved": True}
 
 
-def check_step(module, device, shapes=SHAPES, configs=CONFIGS) -> list[str]:
+def check_step(module, device, shapes=SHAPES, configs=CONFIGS, *, newest_only: bool = False) -> list[str]:
     """Run ``module``'s kernel on every shape, tile config and feature it has; assert each against the float64
-    reference (outputs NaN-poisoned first; q and k both); return one line per run."""
+    reference (outputs NaN-poisoned first; q and k both); return one line per run.
+
+    ``newest_only``: of the features, only the one this step adds (and plain positions 0..seq-1)."""
     kernel = module.KERNEL
+    features = module.FEATURES[-1:] if newest_only else module.FEATURES
     lines = []
     generator = torch.Generator().manual_seed(0)
     for shape in shapes:
         q = torch.randn(shape.batch, shape.seq, shape.heads_q, shape.head_dim, generator=generator)
         k = torch.randn(shape.batch, shape.seq, shape.heads_k, shape.head_dim, generator=generator)
         q, k = q.to(device=device, dtype=shape.dtype), k.to(device=device, dtype=shape.dtype)
-        for label, kwargs, ref_kwargs in _runs(module.FEATURES, shape, device):
+        for label, kwargs, ref_kwargs in _runs(features, shape, device):
             rotary = kwargs.get("rotary_dim", shape.head_dim)
             cos, sin = cos_sin_table(64, rotary, device=device)
             positions = ref_kwargs["positions"]
