@@ -3,30 +3,15 @@ step has: what notebook 05 runs after each step, and what the tests run for ever
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from ... import reference
 from ...frequencies import cos_sin_table
 from ...testing import assert_close_to_reference
+from ..speed import QKShape as Shape
 from .launch import LadderConfig, rope_ladder
 
 __all__ = ["Shape", "SHAPES", "CONFIGS", "check_step"]
-
-
-@dataclass(frozen=True)
-class Shape:
-    batch: int
-    seq: int
-    heads_q: int
-    heads_k: int
-    head_dim: int
-    dtype: torch.dtype
-
-    def __str__(self) -> str:
-        return (f"b{self.batch} s{self.seq} {self.heads_q}q/{self.heads_k}k x {self.head_dim} "
-                f"{str(self.dtype).replace('torch.', '')}")
 
 
 # Nothing divides evenly: token tails (5, 7 tokens), head tails (3, 5 heads; MQA's single k head), a head_dim that is
@@ -97,5 +82,5 @@ def check_step(module, device, shapes=SHAPES, configs=CONFIGS, *, newest_only: b
                     rope_ladder(kernel, q, k, cos, sin, out_q=got_q, out_k=got_k, config=config, **kwargs)
                 assert_close_to_reference(got_q, want_q)
                 assert_close_to_reference(got_k, want_k)
-            lines.append(f"{str(shape):28s} {label:32s} q and k match the float64 reference")
+            lines.append(f"{shape.words:38s} {label:32s} q and k match the float64 reference")
     return lines
