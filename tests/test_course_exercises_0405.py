@@ -51,8 +51,8 @@ def test_04_the_reloading_variant_is_a_performance_mistake_with_correct_values()
 
 
 def test_05_the_tile_comes_from_the_signatures_defaults():
-    assert exercises.tile_of(course.load_solution("05_qk_offsets")) == (4, 2, 4)
-    assert exercises.tile_of(course.load_template("05_qk_offsets")) == (4, 2, 4)
+    assert exercises.tile_of(course.load_solution("05_qk_offsets")) == (4, 4, 4)
+    assert exercises.tile_of(course.load_template("05_qk_offsets")) == (4, 4, 4)
 
 
 @triton.jit
@@ -70,10 +70,19 @@ def test_05_a_kernel_without_tile_defaults_is_told_where_to_put_them():
 
 
 def test_05_a_kernel_that_ignores_the_offsets_fails():
-    result = course.check("05_qk_offsets", wrong_variants("05_qk_offsets")["wrong"])
-    assert not result.ok and result.diagnosis == "wrong"
+    result = course.check("05_qk_offsets", wrong_variants("05_qk_offsets")["wrong_positions"])
+    assert not result.ok and result.diagnosis == "wrong_positions"
 
 
 def test_05_task_states_the_speed_target_and_its_shape():
     task = course.task("05_qk_offsets")
     assert "80 %" in task and "b4 s4096" in task and "OFFSETS[b] + s" in task
+
+
+def test_05_the_checker_grades_speed_once_the_values_are_correct():
+    result = course.check("05_qk_offsets", course.load_solution("05_qk_offsets"))
+    assert result.diagnosis in ("correct", "too_slow")
+    if not ropekit.device.DEVICE == "cuda":
+        assert result.ok and "Speed is graded on a CUDA GPU only" in result.message
+    else:
+        assert "of the copy ceiling" in result.message

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["TARGET", "Speed", "SpeedGrade", "measure", "grade", "grade_exercise", "gpu_clock"]
+__all__ = ["TARGET", "Speed", "SpeedGrade", "measure", "grade", "grade_exercise", "grade_speed", "gpu_clock", "QKShape"]
 
 TARGET = 0.80  # the speed exercise's pass mark: this share of the copy ceiling
 
@@ -152,3 +152,16 @@ class QKShape:
 class QKInputs:
     arguments: tuple  # (q, k, cos, sin, offsets, out_q, out_k): the exercise's launch takes them in this order
     bytes_moved: int  # q and k read once and written once
+
+
+def grade_speed(name: str, target: float = TARGET):
+    """The checker's ``grade`` hook for exercise ``name``: run after the values are correct, it passes ("correct",
+    with the measured speed, or with the note that speed needs a GPU) or fails as "too_slow"."""
+
+    def grade(kernel):
+        from .diagnose import Finding
+
+        result = grade_exercise(name, kernel, target=target)
+        return Finding("correct" if result.ok or not result.graded else "too_slow", result.message)
+
+    return grade

@@ -139,6 +139,6 @@ WRONG = {
     "unwritten": no_head_loop,
     "out_of_bounds": stores_without_token_mask,
     "position_shift": table_row_plus_one,
-    "raised": no_head_broadcast,  # a shape error: [1, BLOCK_S, HALF] does not broadcast against the block
+    "compile_error": no_head_broadcast,  # [1, BLOCK_S, HALF] does not broadcast against the block
     "cos_sin_reloaded": cos_sin_per_head,
 }

@@ -111,5 +111,5 @@ WRONG = {
     "position_shift": one_past_the_cache,
     "unwritten": k_never_rotated,
     "out_of_bounds": k_head_mask_too_loose,
-    "wrong": offsets_ignored,
+    "wrong_positions": offsets_ignored,
 }
