@@ -63,6 +63,8 @@ def check(name: str, code) -> CheckResult:
     readably in a notebook, and is truthy only when the exercise is solved.
     """
     ex = _exercises.exercise(name)
+    if ex.notes.get("check"):  # an exercise with its own check (notebook 02's warm-ups)
+        return ex.notes["check"](ex, code)
     if ex.name == "01_rotate_pair":
         finding = _check_rotate_pair(code)
     elif ex.name == "01_pair_indices":
