@@ -28,7 +28,7 @@ import torch
 
 from .registry import EXPERIMENTS, Experiment, Lab, WallTimer, experiment
 
-__all__ = ["EXPERIMENTS", "Experiment", "experiment", "Lab", "run", "load", "main", "DATA_FILE"]
+__all__ = ["EXPERIMENTS", "Experiment", "experiment", "Lab", "run", "load", "rows", "plot_rows", "main", "DATA_FILE"]
 
 # Where the notebooks read the committed GPU run from.
 DATA_FILE = Path(__file__).resolve().parents[3] / "notebooks" / "data" / "ablations.json"
@@ -77,6 +77,30 @@ def load(path=None) -> dict | None:
     """The committed ablation run (``notebooks/data/ablations.json``), or None when there is none."""
     path = Path(path) if path else DATA_FILE
     return json.loads(path.read_text()) if path.is_file() else None
+
+
+def rows(doc: dict | None, name: str, case_prefix: str = "") -> list[dict]:
+    """The rows of experiment ``name`` in ``doc`` (those whose ``case`` starts with ``case_prefix``); [] if absent."""
+    found = (doc or {}).get("experiments", {}).get(name, {}).get("rows", [])
+    return [r for r in found if str(r.get("case", "")).startswith(case_prefix)]
+
+
+def plot_rows(rows_: list[dict], title: str):
+    """Horizontal bars of % of the copy ceiling per variant, the model's prediction as a tick; returns the figure."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 0.42 * len(rows_) + 1.4))
+    names = [r["variant"] for r in rows_]
+    ax.barh(names, [r["pct_ceiling"] for r in rows_], color="tab:blue", label="measured")
+    predicted = [(r["predicted_pct"], r["variant"]) for r in rows_ if r.get("predicted_pct") is not None]
+    if predicted:
+        ax.scatter(*zip(*predicted), marker="|", s=250, color="k", zorder=3, label="model")
+    ax.invert_yaxis()
+    ax.set(xlabel="% of the copy ceiling", xlim=(0, 110))
+    ax.set_title(title, loc="left")
+    fig.legend(loc="lower center", ncol=2, frameon=False)  # below the axes, never on the bars
+    fig.tight_layout(rect=(0, 0.1, 1, 1))
+    return fig
 
 
 def main(argv=None) -> int:
