@@ -56,3 +56,13 @@ def test_device_model_from_an_ablation_document():
     model = pm.device_model(doc)
     assert (model.n_sms, model.ceiling_gbps, model.latency_ns) == (10, 100.0, 700.0)
     assert model.latency_source.startswith("fitted")
+
+
+def test_a_ladder_prediction_weights_the_launches_by_their_bytes():
+    from ropekit.bench import select_cases
+
+    (case,) = select_cases(("main",), ["fp32"])
+    fraction = pm.predict_case(case, "triton-v1", DEVICE)
+    launch = pm.row_launch(case.n_tokens * case.heads_q, case.head_dim, case.element_size)
+    assert fraction == pytest.approx(pm.predicted_pct(launch, DEVICE))  # q and k alike (MHA): the same fraction
+    assert pm.predict_case(case, "torch-compile", DEVICE) is None

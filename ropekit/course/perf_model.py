@@ -27,7 +27,8 @@ import statistics
 from dataclasses import dataclass, replace
 
 __all__ = ["DeviceModel", "Launch", "ASSUMED_H100", "device_model", "rope_bytes", "row_launch",
-           "resident_programs", "bytes_in_flight_per_sm", "predicted_pct", "fit_latency_ns", "sectors_per_access"]
+           "resident_programs", "bytes_in_flight_per_sm", "predicted_pct", "fit_latency_ns", "sectors_per_access",
+           "LADDER_LAUNCHES", "predict_case"]
 
 
 @dataclass(frozen=True)
@@ -144,3 +145,28 @@ def sectors_per_access(lanes: int, stride_bytes: int, element_size: int, sector_
     touched = len({(lane * stride_bytes) // sector_bytes for lane in range(lanes)})
     useful = math.ceil(lanes * element_size / sector_bytes)
     return touched, useful
+
+
+def _row_kernel_launches(case) -> list[Launch]:
+    """v1/v2 on a benchmark case: one launch for q and one for k, one head vector per program."""
+    size = case.element_size
+    return [row_launch(case.n_tokens * heads, case.head_dim, size) for heads in (case.heads_q, case.heads_k)]
+
+
+# How each ladder implementation launches on a benchmark case (ropekit.bench.cases.Case): the launches of one call.
+LADDER_LAUNCHES = {
+    "triton-v1": _row_kernel_launches,
+    "triton-v2": _row_kernel_launches,
+}
+
+
+def predict_case(case, impl: str, device: DeviceModel) -> float | None:
+    """The model's % of the copy ceiling for ``impl`` on a benchmark ``case``: the launches' times at their
+    predicted fractions add up, so the whole call's fraction is bytes over the sum of (bytes / fraction)."""
+    launches = LADDER_LAUNCHES.get(impl)
+    if launches is None:
+        return None
+    parts = [(launch.programs * launch.bytes_in_flight_per_program, predicted_pct(launch, device))
+             for launch in launches(case)]
+    total = sum(b for b, _ in parts)
+    return 100.0 * total / sum(b * 100.0 / pct for b, pct in parts) if total else None
