@@ -1,7 +1,6 @@
 """ropekit.course.reading_time: the counting rules on a made-up notebook, and the README's course table agreeing
 with what the stored notebooks display."""
 
-import re
 from pathlib import Path
 
 import nbformat
@@ -11,12 +10,11 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_outp
 from ropekit.course import reading_time as rt
 
 ROOT = Path(__file__).resolve().parent.parent
-ROW = re.compile(r"^\| \[[^\]]+\]\(notebooks/(?P<file>[^)]+\.ipynb)\) \|.*\| (?P<time>[^|]+) \|$")
 
 
 def _readme_times() -> dict[str, str]:
     return {m["file"]: m["time"].strip() for line in (ROOT / "README.md").read_text().splitlines()
-            if (m := ROW.match(line))}
+            if (m := rt.README_ROW.match(line))}
 
 
 def test_counts_prose_code_outputs_figures_and_exercises(tmp_path):
@@ -50,5 +48,13 @@ def test_readme_lists_every_notebook_with_its_computed_time():
     listed = _readme_times()
     assert set(listed) == set(times), "the README's course table and notebooks/ disagree on the notebooks"
     stale = {name: (listed[name], t.column()) for name, t in times.items() if listed[name] != t.column()}
-    assert not stale, ("README times differ from `python -m ropekit.course.reading_time` "
+    assert not stale, ("README times differ from `python -m ropekit.course.reading_time --readme` "
                        f"(README, computed): {stale}")
+
+
+def test_with_times_rewrites_only_the_time_column():
+    times = rt.course_times()
+    name, t = next(iter(times.items()))
+    row = f"| [x](notebooks/{name}) | learn \\| more | 1 min |"
+    text = "intro\n" + row + "\n| not | a row |"
+    assert rt.with_times(text, times) == f"intro\n| [x](notebooks/{name}) | learn \\| more | {t.column()} |\n| not | a row |"

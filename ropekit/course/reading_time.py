@@ -11,7 +11,8 @@ tables, source listings the notebook renders, figures). Rates, chosen for techni
 Exercises take longer than reading; the estimate per exercise is by kind: a Triton warm-up 10 minutes, a PyTorch
 function 15, a Triton kernel 30, a CUDA kernel 45 (a first-timer's pace, debugging included).
 
-    python -m ropekit.course.reading_time     # the README course table's time column, one line per notebook
+    python -m ropekit.course.reading_time              # the time column, one line per notebook
+    python -m ropekit.course.reading_time --readme     # write it into README.md's course table
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from pathlib import Path
 
 import nbformat
 
-__all__ = ["NotebookTime", "notebook_time", "course_times", "PROSE_WPM", "CODE_LPM", "OUTPUT_LPM", "FIGURE_MIN",
+__all__ = ["NotebookTime", "notebook_time", "course_times", "with_times", "README_ROW", "PROSE_WPM", "CODE_LPM", "OUTPUT_LPM", "FIGURE_MIN",
            "EXERCISE_MIN", "NOTEBOOKS"]
 
 PROSE_WPM = 150
@@ -34,6 +35,8 @@ EXERCISE_MIN = {"warm-up": 10, "pytorch": 15, "triton": 30, "cuda": 45}
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 
 _FENCE = re.compile(r"```.*?```", re.S)
+# A row of the README's course table: | [title](notebooks/FILE.ipynb) | what you learn | time |
+README_ROW = re.compile(r"^(?P<head>\| \[[^\]]+\]\(notebooks/(?P<file>[^)]+\.ipynb)\) \|.*\|) (?P<time>[^|]+) \|$")
 
 
 @dataclass(frozen=True)
@@ -121,8 +124,24 @@ def course_times(folder=NOTEBOOKS) -> dict[str, NotebookTime]:
     return {path.name: notebook_time(path) for path in sorted(Path(folder).glob("*.ipynb"))}
 
 
+def with_times(readme: str, times: dict[str, NotebookTime]) -> str:
+    """``readme`` with the time column of every course-table row set from ``times``."""
+    def row(line: str) -> str:
+        match = README_ROW.match(line)
+        if not match or match["file"] not in times:
+            return line
+        return f"{match['head']} {times[match['file']].column()} |"
+
+    return "\n".join(row(line) for line in readme.split("\n"))
+
+
 if __name__ == "__main__":
+    import sys
+
     times = course_times()
+    if "--readme" in sys.argv[1:]:
+        readme = NOTEBOOKS.parent / "README.md"
+        readme.write_text(with_times(readme.read_text(), times))
     for name, t in times.items():
         print(f"{name:34s} {t.column():40s} prose {t.prose_words} words, code {t.code_lines} lines, "
               f"output {t.output_lines} lines, {t.figures} figures, {len(t.exercises)} exercises")
