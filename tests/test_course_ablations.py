@@ -63,3 +63,11 @@ def test_copy_instrument_copies_a_tail():
     dst = torch.zeros_like(src)
     kernels.copy_blocks(src, dst, 64)
     assert torch.equal(src, dst)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="times a GPU")
+def test_on_a_gpu_every_row_is_timed_against_the_ceiling_of_the_run():
+    doc = ablations.run(["coalescing"])
+    assert doc["on_gpu"] and doc["copy_ceiling"]["gbps"] > 100
+    for row in doc["experiments"]["coalescing"]["rows"]:
+        assert row["time_us"] > 0 and 0 < row["pct_ceiling"] < 150 and 0 < row["predicted_pct"] <= 100
