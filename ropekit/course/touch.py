@@ -2,7 +2,6 @@
 
     touches = touch.record(ropekit.triton.v1.rope_v1, x, cos, sin, out=out)
     touch.plot(touches, "out", kind="store")  # the tensor as a grid coloured by program + one program's addresses
-    touch.plot(touches, "cos", kind="load", color="count")
 
 How: the interpreter runs a launch's programs one after the other in Python, every ``tl.load`` / ``tl.store`` through
 ``triton.runtime.interpreter.interpreter_builder``'s ``create_masked_load(ptrs, mask, ...)`` and
