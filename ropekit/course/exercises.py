@@ -295,6 +295,36 @@ _add(Exercise(
 ))
 
 
+# --- notebook 02's warm-ups (the Triton primer): checked by ropekit.course.warmups --------------------------------
+
+from . import warmups as _warmups  # noqa: E402  (the warm-ups' launches and checks live in their own module)
+
+
+def _add_warmup(name: str, title: str, entry: str, task: str, diagnoses: tuple[str, ...]) -> None:
+    _add(Exercise(name=name, title=title, language="triton", entry=entry, task=task, diagnoses=diagnoses,
+                  check=_warmups.checker(name)))
+
+
+_add_warmup(
+    "02_warmup_copy", "Warm-up 1: pointers, blocks and masks", "copy_kernel",
+    "Fill in copy_kernel: copy the n elements of SRC to DST. Program p owns the BLOCK offsets "
+    "p * BLOCK + tl.arange(0, BLOCK); n is not a multiple of BLOCK, so mask the lanes past the end in the load and "
+    "the store. Checked for n = 64, 100, 1 and 300 with BLOCK = 64.",
+    ("out_of_bounds", "unwritten", "raised", "wrong"))
+_add_warmup(
+    "02_warmup_rotate_half", "Warm-up 2: a constexpr inside the kernel", "rotate_half_kernel",
+    "Fill in rotate_half_kernel: program `row` writes cat(-x[D/2:], x[:D/2]) for its row of the contiguous "
+    "(rows, D) tensor X, D a power of two. The block of D/2 lanes needs a compile-time length: declare "
+    "`HALF: tl.constexpr = D // 2`. Checked on 3 rows of D = 8, 5 rows of 16 and 1 row of 64.",
+    ("raised", "wrong_direction", "unwritten", "wrong"))
+_add_warmup(
+    "02_warmup_angles", "Warm-up 3: broadcasting and a 2-D mask", "angles_kernel",
+    "Fill in angles_kernel: OUT[p, i] = p * INV_FREQ[i] (float32) for the BLOCK_P = 16 positions of the program "
+    "and every pair. Make a (BLOCK_P, BLOCK_I) block from a column of positions (positions[:, None]) and a row of "
+    "frequencies (inv_freq[None, :]), and mask both axes. Checked for 16 x 8, 37 x 12 and 5 x 3.",
+    ("position_shift", "out_of_bounds", "unwritten", "raised", "wrong"))
+
+
 # --- access --------------------------------------------------------------------------------------------------------
 
 def names() -> list[str]:
