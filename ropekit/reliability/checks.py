@@ -204,7 +204,8 @@ def run_long_context(backends=("triton",), *, rotary_dim: int = 128, heads: int 
             def run(backend=backend):
                 outs["ropekit"], _ = call_backend(lambda: apply_rope(x, None, cos, sin, positions=pos[None].to(device),
                                                               backend=backend))
-                outs["fp32"], _ = call_backend(lambda: apply_rope(x, None, cos32, sin32, per_token=True, backend=backend))
+                outs["fp32"], _ = call_backend(lambda: apply_rope(x, None, cos32, sin32, per_token=True,
+                                                                  backend=backend))
                 message = check_close_to_reference(outs["ropekit"], expected)
                 return [f"base {base:g}: {message}"] if message else []
             tally.record(f"base {base:g}", backend, run)

@@ -91,144 +91,172 @@ def render_markdown(result: dict, sanitizer: Optional[dict] = None) -> str:
     out.append(f"Total failures: **{result['total_failures']}**; wall time {result['seconds']} s.")
     out.append("")
 
-    prop = sections.get("property")
-    if prop and "configs" in prop:
-        gen = prop["generator"]
-        out += ["## 1. Property-based configurations", "",
-                f"{prop['configs']} seeded random configurations (seed {gen['seed']}"
-                + (f"; {prop['not_run']} of the {prop['planned']} planned were not started within the time budget"
-                   if prop.get("not_run") else "") + f"), each run on "
-                f"{', '.join(prop['backends'])}; {prop['with_backward']} of them also backward through autograd. "
-                f"Compile-time values come from {gen['families']} random *families*"
-                + (f", each allowed at most {gen['variant_quota']} Triton kernel variants (compiles): "
-                   f"{gen['kernel_variants']} distinct variants in all. Configurations: "
-                   + ", ".join(f"{n} {kind}" for kind, n in gen["draws"].items())
-                   + " (a fresh draw that needed a variant beyond its family's quota was replaced by an earlier "
-                   "configuration of the family with jittered sizes, or with new values only)"
-                   if gen.get("kernel_variants") is not None else "")
-                + f". Result: {prop['passed']} of {prop['checked']} backend runs passed, {prop['failed']} failed"
-                + (f", unsupported: {prop['unsupported']}" if prop["unsupported"] else "") + ".", "",
-                "What each configuration checks: forward vs the reference; out of place, inputs untouched and a "
-                "contiguous output of the input's shape with the partial-rotary tail copied bit for bit; in place, "
-                "the result in q/k, nothing written outside the views, the tail untouched; backward, the gradient "
-                "of TE's two loss shapes vs the reference's vector-Jacobian product.", "",
-                "Coverage (configurations per value):", ""]
-        out += _table(["dimension", "values"], [[dim, ", ".join(f"{k}: {v}" for k, v in values.items())]
-                                                 for dim, values in prop["coverage"].items()])
-        out += _failures(prop)
-
-    te = sections.get("te_matrix")
-    if te and "rows" in te:
-        dims = te.get("dimensions", {})
-        out += ["## 2. Transformer Engine's rope test matrix", "",
-                "The parameters of TE's `test_fused_rope` and `test_fused_rope_thd` "
-                f"({'the full matrix' if te['full_matrix'] else 'a slice that covers every value'}), against the "
-                "float64 reference instead of TE's fp32 unfused path. TE's `emb` (our cos/sin table) has "
-                "`seq_length` rows and the input is shorter by the margin; start positions are per sequence in "
-                "[0, margin) (TE skips them with margin 0); non-contiguous inputs are TE's "
-                "`t.transpose(*p).contiguous().transpose(*p)`; thd uses TE's packed lengths (scaled with the "
-                "sequence). Both of TE's loss shapes: `out.sum() * 2` (the gradient arrives as a broadcast scalar) "
-                "and `(out * g).sum()` (a full gradient; random g here, TE uses ones). Unlike TE, gradients are "
-                "also checked with start positions. A non-contiguous output counts as a failure (`apply_rope` "
-                "returns contiguous outputs in the caller's layout, whatever the input strides).", ""]
-        out += _table(["dimension", "values run"], [[k, ", ".join(map(str, v))] for k, v in dims.items()])
-        out += [f"{te['rows']} rows × 2 loss shapes = {te['te_cases']} TE cases per backend "
-                f"({', '.join(te['backends'])}), batch {te['batch']}, {te['heads']} heads (TE: 64)"
-                + (f"; {te['not_run']} of {te['planned_rows']} rows not started within the time budget"
-                   if te.get("not_run") else "")
-                + f". {te['passed']} of {te['checked']} row runs passed (each: forward and both loss shapes' "
-                f"gradients), {te['failed']} failed"
-                + (f", unsupported: {te['unsupported']}" if te["unsupported"] else "") + ".", ""]
-        out += _failures(te)
-
-    if sanitizer:
-        out += ["## 3. compute-sanitizer", "", f"`{sanitizer.get('command', 'bash tools/sanitize.sh')}` on "
-                f"{sanitizer.get('gpu', '?')}: every kernel (Triton v1–v4, CUDA) once on mask-and-tail shapes "
-                "(`python -m ropekit stress --sanitize-driver`), with `PYTORCH_NO_CUDA_MEMORY_CACHING=1` so that each "
-                "tensor is its own allocation.", ""]
-        out += _table(["tool", "summary line", "errors"], [[tool, info.get("summary", ""), info.get("errors")]
-                                                           for tool, info in sanitizer.get("tools", {}).items()])
-        if sanitizer.get("driver"):
-            out += ["Kernels run under the sanitizer:", "", "```", *sanitizer["driver"], "```", ""]
-
-    large = sections.get("large")
-    if large:
-        out += ["## 4. Large tensors", ""]
-        if "skipped" in large:
-            out += [f"Skipped: {large['skipped']}.", ""]
-        elif "shape" in large:
-            out += [f"q of shape {tuple(large['shape'])} ({large['numel']:,} {large['dtype']} elements; past 2**31: "
-                    f"{_fmt(large['past_2_31'])}), rotated out of place; tokens around the first, middle and last "
-                    "token and around element 2**31 checked against the reference; no NaN anywhere in the output. "
-                    f"Backends bitwise equal on the whole tensor: {_fmt(large['backends_bitwise_equal'])}.", ""]
-            out += _table(["backend", "spot", "batch", "tokens", "matches reference"],
-                          [[r["backend"], r["spot"], r["batch"], f"{r['tokens'][0]}..{r['tokens'][1] - 1}", r["ok"]]
-                           for r in large["spots"]])
-            out += _failures(large)
-
-    det = sections.get("determinism")
-    if det and "rows" in det:
-        out += ["## 5. Determinism and batch invariance", "",
-                f"q {tuple(det['shape_q'])} with {det['heads_k']} k heads, {det['dtype']}. RoPE has no reduction: "
-                "every output element is one pair's rotation, computed by the same instructions whatever the tile, "
-                "batch, layout or position mode, so it should be bitwise reproducible and invariant.", ""]
-        out += _table(["check", "backend", "bitwise equal", "max |diff|", "note"],
-                      [[r["check"], r["backend"], r["bitwise_equal"], r["max_abs_diff"], r["note"]]
-                       for r in det["rows"]])
-        out += _failures(det)
-
-    safety = sections.get("safety")
-    if safety and "invalid_inputs" in safety:
-        inv, nan = safety["invalid_inputs"], safety["nan_inf"]
-        out += ["## 6. Safe failure", "",
-                f"{inv['cases']} invalid inputs, each called out of place and in place ({inv['calls']} calls): "
-                f"{inv['passed']} raised the documented error naming the argument, before any write (q and k "
-                f"compared bit for bit afterwards); {inv['failed']} did not. Values inside device tensors are "
-                "checked only with `ROPEKIT_CHECK=1` (a host sync; CUDA graphs forbid it).", ""]
-        out += _table(["invalid input", "error", "message names", "ROPEKIT_CHECK", "out of place", "in place"],
-                      [[r["input"], r["error"], f"`{r['names']}`", "yes" if r["check_mode"] else "", r["out-of-place"],
-                        r["in-place"]] for r in inv["table"]])
-        out += ["NaN/Inf containment: a NaN and an Inf (and a NaN in the partial-rotary tail) reach exactly the "
-                "two outputs of their rotation pair (the tail NaN only itself); every other element is bitwise "
-                "equal to the clean run.", ""]
-        out += _table(["backend", "case", "contained"], [[r["backend"], r["case"], r["ok"]] for r in nan["rows"]])
-        out += _failures(inv) + _failures(nan)
-
-    lc = sections.get("long_context")
-    if lc and "rows" in lc:
-        out += ["## 7. Numerics at long context", "",
-                f"Tokens at positions {lc['positions']}, rotary_dim {lc['rotary_dim']}, bases {lc['bases']}, "
-                "inputs ~N(0, 1) in fp32. ropekit's table forms each angle in float64 and rounds only cos/sin to "
-                "float32; the common approach forms the angle in float32 (`positions.float() * inv_freq.float()`) "
-                "and takes cos/sin of that. Both tables go through the same kernel; errors are max |out − ref| "
-                "against the float64 reference (fp32 eps = "
-                f"{lc['fp32_eps']:.3g}).", ""]
-        out += _table(["base", "backend", "position", "table |cos err| (float64 angles)",
-                       "table |cos err| (float32 angles)", "output err (ropekit)", "output err (float32 angles)"],
-                      [[r["base"], r["backend"], r["position"], r["table_cos_error_float64_angles"],
-                        r["table_cos_error_float32_angles"], r["output_error_ropekit"],
-                        r["output_error_float32_angles"]] for r in lc["rows"]])
-        out += _failures(lc)
-    fz = sections.get("fuzz")
-    if fz and "fuzz_cases" in fz:
-        out += ["## 8. Hostile-but-plausible inputs (the fuzzer)", "",
-                "Every tensor argument's dtype, view (strided, expanded, a slice of a larger buffer, self-overlapping) "
-                "and index values drawn independently, aliasing between q and k, check mode, autograd and meta "
-                "tensors; each call must match the float64 reference or raise a documented error, and nothing "
-                "outside its outputs may change (guard regions compared bit for bit). Method: docs/fuzzing.md.", ""]
-        out += _table(["cases", "matched the reference", "documented errors", "violations", "seconds"],
-                      [[fz["fuzz_cases"], fz["matched"], fz["documented_errors"], fz["failed"], fz["seconds"]]])
-        out += _failures(fz)
+    for name, needs, render_section in _PAGE:
+        section = sanitizer if name == "sanitizer" else sections.get(name)
+        if section and (needs is None or needs in section):
+            out += render_section(section)
     out += ["## Reproduce", "", "```",
             "python -m ropekit stress --out docs/reliability.json    # sections 1, 2, 4-8",
             "bash tools/sanitize.sh /tmp/sanitize && cp /tmp/sanitize/sanitize.json docs/    # section 3",
             "python -m ropekit stress --render docs/reliability.json docs/reliability.md \\",
             "    --sanitizer docs/sanitize.json",
             "```", "",
-            "A failing configuration is printed with its full description and seed; `ropekit.reliability.property.run_config` "
-            "reruns it. On the CPU the same checks run at small sizes in `tests/test_reliability_*.py`.", ""]
+            "A failing configuration is printed with its full description and seed; "
+            "`ropekit.reliability.property.run_config` reruns it. On the CPU the same checks run at small sizes in "
+            "`tests/test_reliability_*.py`.", ""]
     return "\n".join(out).rstrip() + "\n"
 
+
+def _render_property(prop: dict) -> list:
+    """The ``property`` section."""
+    gen = prop["generator"]
+    out = ["## 1. Property-based configurations", "",
+            f"{prop['configs']} seeded random configurations (seed {gen['seed']}"
+            + (f"; {prop['not_run']} of the {prop['planned']} planned were not started within the time budget"
+               if prop.get("not_run") else "") + f"), each run on "
+            f"{', '.join(prop['backends'])}; {prop['with_backward']} of them also backward through autograd. "
+            f"Compile-time values come from {gen['families']} random *families*"
+            + (f", each allowed at most {gen['variant_quota']} Triton kernel variants (compiles): "
+               f"{gen['kernel_variants']} distinct variants in all. Configurations: "
+               + ", ".join(f"{n} {kind}" for kind, n in gen["draws"].items())
+               + " (a fresh draw that needed a variant beyond its family's quota was replaced by an earlier "
+               "configuration of the family with jittered sizes, or with new values only)"
+               if gen.get("kernel_variants") is not None else "")
+            + f". Result: {prop['passed']} of {prop['checked']} backend runs passed, {prop['failed']} failed"
+            + (f", unsupported: {prop['unsupported']}" if prop["unsupported"] else "") + ".", "",
+            "What each configuration checks: forward vs the reference; out of place, inputs untouched and a "
+            "contiguous output of the input's shape with the partial-rotary tail copied bit for bit; in place, "
+            "the result in q/k, nothing written outside the views, the tail untouched; backward, the gradient "
+            "of TE's two loss shapes vs the reference's vector-Jacobian product.", "",
+            "Coverage (configurations per value):", ""]
+    out += _table(["dimension", "values"], [[dim, ", ".join(f"{k}: {v}" for k, v in values.items())]
+                                             for dim, values in prop["coverage"].items()])
+    out += _failures(prop)
+    return out
+
+
+def _render_te_matrix(te: dict) -> list:
+    """The ``te_matrix`` section."""
+    dims = te.get("dimensions", {})
+    out = ["## 2. Transformer Engine's rope test matrix", "",
+            "The parameters of TE's `test_fused_rope` and `test_fused_rope_thd` "
+            f"({'the full matrix' if te['full_matrix'] else 'a slice that covers every value'}), against the "
+            "float64 reference instead of TE's fp32 unfused path. TE's `emb` (our cos/sin table) has "
+            "`seq_length` rows and the input is shorter by the margin; start positions are per sequence in "
+            "[0, margin) (TE skips them with margin 0); non-contiguous inputs are TE's "
+            "`t.transpose(*p).contiguous().transpose(*p)`; thd uses TE's packed lengths (scaled with the "
+            "sequence). Both of TE's loss shapes: `out.sum() * 2` (the gradient arrives as a broadcast scalar) "
+            "and `(out * g).sum()` (a full gradient; random g here, TE uses ones). Unlike TE, gradients are "
+            "also checked with start positions. A non-contiguous output counts as a failure (`apply_rope` "
+            "returns contiguous outputs in the caller's layout, whatever the input strides).", ""]
+    out += _table(["dimension", "values run"], [[k, ", ".join(map(str, v))] for k, v in dims.items()])
+    out += [f"{te['rows']} rows × 2 loss shapes = {te['te_cases']} TE cases per backend "
+            f"({', '.join(te['backends'])}), batch {te['batch']}, {te['heads']} heads (TE: 64)"
+            + (f"; {te['not_run']} of {te['planned_rows']} rows not started within the time budget"
+               if te.get("not_run") else "")
+            + f". {te['passed']} of {te['checked']} row runs passed (each: forward and both loss shapes' "
+            f"gradients), {te['failed']} failed"
+            + (f", unsupported: {te['unsupported']}" if te["unsupported"] else "") + ".", ""]
+    out += _failures(te)
+    return out
+
+
+def _render_sanitizer(sanitizer: dict) -> list:
+    """Section 3, from the sanitizer's JSON."""
+    out = ["## 3. compute-sanitizer", "", f"`{sanitizer.get('command', 'bash tools/sanitize.sh')}` on "
+            f"{sanitizer.get('gpu', '?')}: every kernel (Triton v1–v4, CUDA) once on mask-and-tail shapes "
+            "(`python -m ropekit stress --sanitize-driver`), with `PYTORCH_NO_CUDA_MEMORY_CACHING=1` so that each "
+            "tensor is its own allocation.", ""]
+    out += _table(["tool", "summary line", "errors"], [[tool, info.get("summary", ""), info.get("errors")]
+                                                       for tool, info in sanitizer.get("tools", {}).items()])
+    if sanitizer.get("driver"):
+        out += ["Kernels run under the sanitizer:", "", "```", *sanitizer["driver"], "```", ""]
+    return out
+
+
+def _render_large(large: dict) -> list:
+    """The ``large`` section."""
+    out = ["## 4. Large tensors", ""]
+    if "skipped" in large:
+        out += [f"Skipped: {large['skipped']}.", ""]
+    elif "shape" in large:
+        out += [f"q of shape {tuple(large['shape'])} ({large['numel']:,} {large['dtype']} elements; past 2**31: "
+                f"{_fmt(large['past_2_31'])}), rotated out of place; tokens around the first, middle and last "
+                "token and around element 2**31 checked against the reference; no NaN anywhere in the output. "
+                f"Backends bitwise equal on the whole tensor: {_fmt(large['backends_bitwise_equal'])}.", ""]
+        out += _table(["backend", "spot", "batch", "tokens", "matches reference"],
+                      [[r["backend"], r["spot"], r["batch"], f"{r['tokens'][0]}..{r['tokens'][1] - 1}", r["ok"]]
+                       for r in large["spots"]])
+        out += _failures(large)
+    return out
+
+
+def _render_determinism(det: dict) -> list:
+    """The ``determinism`` section."""
+    return _part("## 5. Determinism and batch invariance",
+                 f"q {tuple(det['shape_q'])} with {det['heads_k']} k heads, {det['dtype']}. RoPE has no reduction: "
+                 "every output element is one pair's rotation, computed by the same instructions whatever the tile, "
+                 "batch, layout or position mode, so it should be bitwise reproducible and invariant.",
+                 ["check", "backend", "bitwise equal", "max |diff|", "note"],
+                 [[r["check"], r["backend"], r["bitwise_equal"], r["max_abs_diff"], r["note"]] for r in det["rows"]],
+                 det)
+
+
+def _render_safety(safety: dict) -> list:
+    """The ``safety`` section."""
+    inv, nan = safety["invalid_inputs"], safety["nan_inf"]
+    out = ["## 6. Safe failure", "",
+            f"{inv['cases']} invalid inputs, each called out of place and in place ({inv['calls']} calls): "
+            f"{inv['passed']} raised the documented error naming the argument, before any write (q and k "
+            f"compared bit for bit afterwards); {inv['failed']} did not. Values inside device tensors are "
+            "checked only with `ROPEKIT_CHECK=1` (a host sync; CUDA graphs forbid it).", ""]
+    out += _table(["invalid input", "error", "message names", "ROPEKIT_CHECK", "out of place", "in place"],
+                  [[r["input"], r["error"], f"`{r['names']}`", "yes" if r["check_mode"] else "", r["out-of-place"],
+                    r["in-place"]] for r in inv["table"]])
+    out += ["NaN/Inf containment: a NaN and an Inf (and a NaN in the partial-rotary tail) reach exactly the "
+            "two outputs of their rotation pair (the tail NaN only itself); every other element is bitwise "
+            "equal to the clean run.", ""]
+    out += _table(["backend", "case", "contained"], [[r["backend"], r["case"], r["ok"]] for r in nan["rows"]])
+    out += _failures(inv) + _failures(nan)
+    return out
+
+
+def _render_long_context(lc: dict) -> list:
+    """The ``long_context`` section."""
+    return _part("## 7. Numerics at long context",
+                 f"Tokens at positions {lc['positions']}, rotary_dim {lc['rotary_dim']}, bases {lc['bases']}, "
+                 "inputs ~N(0, 1) in fp32. ropekit's table forms each angle in float64 and rounds only cos/sin to "
+                 "float32; the common approach forms the angle in float32 (`positions.float() * inv_freq.float()`) "
+                 "and takes cos/sin of that. Both tables go through the same kernel; errors are max |out − ref| "
+                 f"against the float64 reference (fp32 eps = {lc['fp32_eps']:.3g}).",
+                 ["base", "backend", "position", "table |cos err| (float64 angles)", "table |cos err| (float32 angles)",
+                  "output err (ropekit)", "output err (float32 angles)"],
+                 [[r["base"], r["backend"], r["position"], r["table_cos_error_float64_angles"],
+                   r["table_cos_error_float32_angles"], r["output_error_ropekit"], r["output_error_float32_angles"]]
+                  for r in lc["rows"]], lc)
+
+
+def _render_fuzz(fz: dict) -> list:
+    """The ``fuzz`` section."""
+    return _part("## 8. Hostile-but-plausible inputs (the fuzzer)",
+                 "Every tensor argument's dtype, view (strided, expanded, a slice of a larger buffer, "
+                 "self-overlapping) and index values drawn independently, aliasing between q and k, check mode, autograd and meta "
+                 "tensors; each call must match the float64 reference or raise a documented error, and nothing "
+                 "outside its outputs may change (guard regions compared bit for bit). Method: docs/fuzzing.md.",
+                 ["cases", "matched the reference", "documented errors", "violations", "seconds"],
+                 [[fz["fuzz_cases"], fz["matched"], fz["documented_errors"], fz["failed"], fz["seconds"]]], fz)
+
+
+# In page order: (the section's name, a key its JSON must hold to render, or None, and its renderer). "sanitizer"
+# is the sanitizer's own JSON.
+_PAGE = (("property", "configs", _render_property), ("te_matrix", "rows", _render_te_matrix),
+         ("sanitizer", None, _render_sanitizer), ("large", None, _render_large),
+         ("determinism", "rows", _render_determinism), ("safety", "invalid_inputs", _render_safety),
+         ("long_context", "rows", _render_long_context), ("fuzz", "fuzz_cases", _render_fuzz))
+
+def _part(heading: str, prose: str, header: list, rows: list, section: dict) -> list:
+    """A section of the page: its heading, a paragraph, one table, and the section's failures."""
+    return [heading, "", prose, ""] + _table(header, rows) + _failures(section)
 
 def _failures(section: dict) -> list:
     failures = section.get("failures") or []
