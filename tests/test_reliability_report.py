@@ -4,7 +4,7 @@ included."""
 import json
 
 from ropekit.reliability import checks, report
-from ropekit.reliability.property import run_property
+from ropekit.reliability.properties import run_property
 from ropekit.reliability.te_matrix import run_te_matrix
 
 ENVIRONMENT = {"command": "python -m ropekit stress --quick", "gpu": None, "device": "cpu", "date": "today",

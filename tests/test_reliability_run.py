@@ -4,7 +4,7 @@ import pytest
 
 from ropekit.reliability.configs import CPU_SCALE
 from ropekit.reliability.generate import generate_configs
-from ropekit.reliability.property import property_job
+from ropekit.reliability.properties import property_job
 from ropekit.reliability.run import MAX_FAILURES_KEPT, Tally, run_jobs
 from conftest import ON_GPU
 

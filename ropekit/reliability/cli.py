@@ -4,7 +4,7 @@ never quietly wrong, on every backend, written to JSON and rendered into ``docs/
 Sections (each one function that returns a JSON-able dict; :func:`run_all` runs them in order):
 
 1. ``property``      seeded random configurations (shapes, strides, views, dtypes, pairings, positions, GQA, in place,
-                     backward) against the float64 reference (``ropekit.reliability.property``). Compile-time values
+                     backward) against the float64 reference (``ropekit.reliability.properties``). Compile-time values
                      come from a bounded set of *families*, each allowed a few Triton kernel variants
                      (``ropekit.reliability.generate``), so thousands of configurations cost a bounded number of
                      compiles.
@@ -51,7 +51,7 @@ from ropekit.progress import Progress
 
 from .checks import run_determinism, run_large, run_long_context
 from .common import available_backends
-from .property import run_property
+from .properties import run_property
 from .report import SECTIONS, render, section_line
 from .safety import run_safety
 from .sanitize import sanitize_driver

@@ -26,7 +26,7 @@ def kernel_variants(cfg: Config, device=None, simulate_gpu: bool = False) -> fro
 
 
 def run_config_dry(cfg: Config, device) -> None:
-    """The launches of :func:`ropekit.reliability.property.run_config` on the Triton backend, without any checking."""
+    """The launches of :func:`ropekit.reliability.properties.run_config` on the Triton backend, without any checking."""
     case = build_case(cfg, device, values=False)
     operands = [case.q] + ([case.k] if case.k is not None else [])
     if cfg.family.backward:

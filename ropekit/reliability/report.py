@@ -102,7 +102,7 @@ def render_markdown(result: dict, sanitizer: Optional[dict] = None) -> str:
             "    --sanitizer docs/sanitize.json",
             "```", "",
             "A failing configuration is printed with its full description and seed; "
-            "`ropekit.reliability.property.run_config` reruns it. On the CPU the same checks run at small sizes in "
+            "`ropekit.reliability.properties.run_config` reruns it. On the CPU the same checks run at small sizes in "
             "`tests/test_reliability_*.py`.", ""]
     return "\n".join(out).rstrip() + "\n"
 

@@ -22,7 +22,7 @@ from .build import BuiltCase, build_case, expected_output
 from .common import DTYPES, Unsupported, available_backends, to_bshd
 from .configs import Config, Family
 from .kernels import LaunchConfig, rope_v4
-from .property import run_config
+from .properties import run_config
 
 __all__ = ["sanitize_configs", "SANITIZE_TILES", "run_with_launch_config", "sanitize_driver"]
 

@@ -1,10 +1,10 @@
-"""ropekit.reliability.property: random configurations against the float64 reference, and proof that each check
+"""ropekit.reliability.properties: random configurations against the float64 reference, and proof that each check
 of ``run_config`` can fail (a sabotaged call is caught)."""
 
 import pytest
 import torch
 
-from ropekit.reliability import property as prop
+from ropekit.reliability import properties as prop
 from ropekit.reliability.common import Unsupported, available_backends
 from ropekit.reliability.configs import CPU_SCALE, Config, Family
 from ropekit.reliability.generate import generate_configs
