@@ -48,7 +48,7 @@ def test_reference_on_device_is_ref_rope_bit_for_bit():
             assert torch.equal(got, want)
 
 
-def test_te_section_counts_two_loss_shapes_per_row():
+def test_te_section_reports_rows_not_run_and_every_dimension():
     result = te_matrix.run_te_matrix(full=False, backends=("triton",), seq_scale=64, heads=2, budget_s=0)
     assert result["rows"] == result["te_cases"] == 0
     assert result["not_run"] == result["planned_rows"] == len(te_matrix.te_cases(full=False, seq_scale=64))
