@@ -17,7 +17,9 @@ def _result():
         "property": run_property(2, seed=1, backends=("triton",), n_families=2),
         "te_matrix": run_te_matrix(full=False, seq_scale=64, heads=2, budget_s=0),
         "large": checks.run_large(("triton",), numel=6 * 2**10, heads=2, head_dim=16),
-        "determinism": checks.run_determinism(("triton",), repeats=2, batch=2, seqlen=3, heads=(1, 1), head_dim=8),
+        "determinism": {"shape_q": [2, 3, 1, 8], "heads_k": 1, "dtype": "bf16", "repeats": 2, "checked": 1,
+                        "failed": 0, "failures": [], "rows": [{"check": "bshd vs sbhd", "backend": "triton",
+                                                               "bitwise_equal": True, "max_abs_diff": 0.0, "note": ""}]},
         "fuzz": {"fuzz_cases": 3, "checked": 3, "failed": 1, "matched": 1, "documented_errors": 1, "seconds": 0.1,
                  "failures": [{"backend": "apply_rope", "case": "seed 0 case 2", "messages": ["wrote a guard"]}]},
     }
@@ -36,6 +38,8 @@ def test_every_section_renders_from_the_json(tmp_path):
                     "## 4. Large tensors", "## 5. Determinism and batch invariance", "## 8. Hostile-but-plausible",
                     "## Reproduce"):
         assert heading in text, heading
+    assert "| bshd vs sbhd | triton | yes | 0 |  |" in text
+    assert "| determinism | 1 bitwise comparisons: 1 of 1 passed, 0 failed (0 s) |" in text
     assert "## 3. compute-sanitizer" not in text  # no sanitizer JSON: no section
     assert "`triton` a configuration: q: off" in text and "`apply_rope` seed 0 case 2: wrote a guard" in text
     assert "a `--quick` smoke run" in text and "Total failures: **1**" in text
