@@ -12,28 +12,27 @@ __all__ = ["SECTIONS", "section_line", "render_markdown", "render"]
 SECTIONS = ("property", "te_matrix", "large", "determinism", "safety", "long_context", "fuzz")
 
 
+# What a section ran, told by the key its JSON holds.
+_WHAT_RAN = (
+    ("configs", lambda s: f"{s['configs']} configurations x {len(s['backends'])} backend(s)"),
+    ("te_cases", lambda s: f"{s['rows']} rows = {s['te_cases']} TE cases, x {len(s['backends'])} backend(s)"),
+    ("invalid_inputs", lambda s: f"{s['invalid_inputs']['calls']} invalid calls + {s['nan_inf']['checked']} NaN/Inf "
+                                 "containment runs"),
+    ("numel", lambda s: f"q of {s['numel']:,} elements"),
+    ("repeats", lambda s: f"{s['checked']} bitwise comparisons"),
+    ("fuzz_cases", lambda s: f"{s['fuzz_cases']} hostile-but-plausible cases ({s['matched']} matched the reference, "
+                             f"{s['documented_errors']} documented errors)"),
+)
+
+
 def section_line(section: dict) -> str:
     """One line per section: what ran, and how it ended."""
     if "skipped" in section:
         return f"skipped ({section['skipped']})"
     if "crashed" in section:
         return f"CRASHED: {section['crashed']}"
-    if "configs" in section:
-        what = f"{section['configs']} configurations x {len(section['backends'])} backend(s)"
-    elif "te_cases" in section:
-        what = f"{section['rows']} rows = {section['te_cases']} TE cases, x {len(section['backends'])} backend(s)"
-    elif "invalid_inputs" in section:
-        what = (f"{section['invalid_inputs']['calls']} invalid calls + {section['nan_inf']['checked']} NaN/Inf "
-                "containment runs")
-    elif "numel" in section:
-        what = f"q of {section['numel']:,} elements"
-    elif "repeats" in section:
-        what = f"{section['checked']} bitwise comparisons"
-    elif "fuzz_cases" in section:
-        what = (f"{section['fuzz_cases']} hostile-but-plausible cases ({section['matched']} matched the reference, "
-                f"{section['documented_errors']} documented errors)")
-    else:
-        what = f"{section.get('checked', 0)} runs"
+    what = next((describe(section) for key, describe in _WHAT_RAN if key in section),
+                f"{section.get('checked', 0)} runs")
     text = f"{what}: {section.get('checked', 0) - section.get('failed', 0)} of {section.get('checked', 0)} passed"
     text += f", **{section['failed']} failed**" if section.get("failed") else ", 0 failed"
     unsupported = sum(section.get("unsupported", {}).values())
