@@ -64,9 +64,9 @@ def _bench(args) -> int:
 
 
 def _stress(args) -> int:
-    from ropekit import stress
+    from ropekit.reliability import cli
 
-    return stress.main(args.rest)
+    return cli.main(args.rest)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # compute-sanitizer over every ropekit kernel — Triton v1..v4 and the CUDA backend (rotation and table kernels) —
-# on shapes that exercise masks and tails (`python -m ropekit.stress --sanitize-driver` runs each once).
+# on shapes that exercise masks and tails (`python -m ropekit stress --sanitize-driver` runs each once).
 #
 #   bash tools/sanitize.sh [OUT_DIR] [TOOL ...]        default OUT_DIR: $OUT or /tmp/sanitize; TOOLs: memcheck racecheck
 #
 # Prints one summary line per tool, e.g. "memcheck: ========= ERROR SUMMARY: 0 errors", and writes into OUT_DIR:
 # driver.txt (the plain run), <tool>.log (the sanitizer's report), <tool>.driver.txt (the driver's own output under
-# the tool) and sanitize.json (what `python -m ropekit.stress --render ... --sanitizer` puts into the docs).
+# the tool) and sanitize.json (what `python -m ropekit stress --render ... --sanitizer` puts into the docs).
 # Exit status 0 when the driver passed and every tool reported 0 errors.
 #
 # Why these settings:
@@ -39,7 +39,7 @@ fi
 echo "sanitizer: $sanitizer ($("$sanitizer" --version 2>/dev/null | grep -i version | head -1))"
 
 start=$(date +%s)
-"$python" -m ropekit.stress --sanitize-driver > "$out/driver.txt" 2>&1
+"$python" -m ropekit stress --sanitize-driver > "$out/driver.txt" 2>&1
 driver_status=$?
 tail -1 "$out/driver.txt"
 echo "plain driver run: exit $driver_status ($(( $(date +%s) - start )) s)"
@@ -48,7 +48,7 @@ status=$driver_status
 for tool in $tools; do
   t0=$(date +%s)
   "$sanitizer" --tool "$tool" --target-processes all --report-api-errors no --print-limit 100 \
-      --log-file "$out/$tool.log" "$python" -m ropekit.stress --sanitize-driver > "$out/$tool.driver.txt" 2>&1
+      --log-file "$out/$tool.log" "$python" -m ropekit stress --sanitize-driver > "$out/$tool.driver.txt" 2>&1
   rc=$?
   line=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$out/$tool.log" | tail -1)
   echo "$tool: ${line:-no summary line (see $out/$tool.log)} (exit $rc, $(( $(date +%s) - t0 )) s)"
