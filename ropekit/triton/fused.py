@@ -110,10 +110,15 @@ def _weights(W, stride_w, weight_offset, ROTARY_DIM: tl.constexpr, HEAD_DIM: tl.
 
 
 @triton.jit
-def _rsqrt_mean_square(x_a, x_b, x_t, eps, HEAD_DIM: tl.constexpr):
-    """``1 / sqrt(mean(x^2) + eps)`` per head vector, [BLOCK_S, BLOCK_H, 1] (IEEE sqrt and division)."""
+def _rsqrt_mean_square(x_a, x_b, x_t, eps, HEAD_DIM: tl.constexpr, MATH_DTYPE: tl.constexpr):
+    """``1 / sqrt(mean(x^2) + eps)`` per head vector, [BLOCK_S, BLOCK_H, 1] (a correctly rounded square root:
+    ``sqrt_rn`` in fp32; fp64's ``sqrt`` already is)."""
     squares = tl.sum(x_a * x_a, 2) + tl.sum(x_b * x_b, 2) + tl.sum(x_t * x_t, 2)
-    return (1.0 / tl.sqrt_rn(squares / HEAD_DIM + eps))[:, :, None]
+    if MATH_DTYPE == tl.float64:
+        root = tl.sqrt(squares / HEAD_DIM + eps)
+    else:
+        root = tl.sqrt_rn(squares / HEAD_DIM + eps)
+    return (1.0 / root)[:, :, None]
 
 
 @triton.jit
@@ -158,13 +163,16 @@ def _head_tile(X, OUT, G, W, DW, V, KC, VC, K_SCALE, V_SCALE, cos_a, sin_a, cos_
     if NORM:
         w_a, w_b, w_t = _weights(W, stride_w, weight_offset, ROTARY_DIM, HEAD_DIM, BLOCK_HALF, BLOCK_TAIL,
                                  INTERLEAVED, MATH_DTYPE)
-        r = _rsqrt_mean_square(x_a, x_b, x_t, eps, HEAD_DIM)
+        r = _rsqrt_mean_square(x_a, x_b, x_t, eps, HEAD_DIM, MATH_DTYPE)
     if BACKWARD:
         # cos/sin arrive conjugated: the rotation's VJP turns the incoming gradient by -θ
         rows_g = batch_index * sgb + token_rows[:, None] * sgs + heads[None, :] * sgh
         g_a, g_b, g_t = _load_head(G, rows_g, mask, sgd, ROTARY_DIM, HEAD_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF,
                                    BLOCK_TAIL, INTERLEAVED, MATH_DTYPE)
         g_a, g_b = _rotate(g_a, g_b, cos_a, sin_a, cos_b, sin_b, MATH_DTYPE, False)
+        # the padding lanes past ROTARY_DIM / 2 pairs hold NaN (the table's masked loads): keep them out of the sums
+        pair_valid = (tl.arange(0, BLOCK_HALF) < ROTARY_DIM // 2)[None, None, :]
+        g_a, g_b = tl.where(pair_valid, g_a, 0.0), tl.where(pair_valid, g_b, 0.0)
         # n = x r w:  dx = r w g - x r^3 mean(g w x),  dw = sum over rows of g x r
         dot = tl.sum(g_a * w_a * x_a, 2) + tl.sum(g_b * w_b * x_b, 2) + tl.sum(g_t * w_t * x_t, 2)
         c = r * r * r * (dot / HEAD_DIM)[:, :, None]
