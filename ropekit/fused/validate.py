@@ -111,7 +111,8 @@ def check_slot_mapping(slot_mapping, n_tokens: int, n_slots: int, device) -> Non
 
 def check_cache_offsets(offsets, n_seqs: int, lengths, max_seq: int, device) -> torch.Tensor:
     """Per-sequence offsets into a contiguous cache: a host int (every sequence) or an int32/int64 ``(n_seqs,)``
-    tensor. Returns them as a device tensor. Check mode: ``0 <= offset`` and ``offset + length <= max_seq``."""
+    tensor. Returns them as a device tensor. Check mode: ``0 <= offset`` and ``offset + length <= max_seq``
+    (``lengths()``: the sequences' lengths, asked for only then)."""
     if isinstance(offsets, bool):
         raise TypeError("cache_offsets must be an int or an integer tensor, got a bool")
     if isinstance(offsets, int):
@@ -124,7 +125,7 @@ def check_cache_offsets(offsets, n_seqs: int, lengths, max_seq: int, device) -> 
                          f"{tuple(offsets.shape)}")
     if check_mode() and not offsets.is_meta and n_seqs:
         start = offsets.cpu().to(torch.int64)
-        end = start + torch.as_tensor(lengths, dtype=torch.int64).cpu()
+        end = start + torch.as_tensor(lengths(), dtype=torch.int64).cpu()
         if bool((start < 0).any()) or int(end.max()) > max_seq:
             raise ValueError(f"cache_offsets must place every sequence inside the cache's {max_seq} rows, got "
                              f"offsets {start.tolist()}")

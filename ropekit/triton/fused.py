@@ -170,8 +170,9 @@ def _head_tile(X, OUT, G, W, DW, V, KC, VC, K_SCALE, V_SCALE, cos_a, sin_a, cos_
         g_a, g_b, g_t = _load_head(G, rows_g, mask, sgd, ROTARY_DIM, HEAD_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF,
                                    BLOCK_TAIL, INTERLEAVED, MATH_DTYPE)
         g_a, g_b = _rotate(g_a, g_b, cos_a, sin_a, cos_b, sin_b, MATH_DTYPE, False)
-        # the padding lanes past ROTARY_DIM / 2 pairs hold NaN (the table's masked loads): keep them out of the sums
-        pair_valid = (tl.arange(0, BLOCK_HALF) < ROTARY_DIM // 2)[None, None, :]
+        # padding lanes (pairs past ROTARY_DIM / 2, rows past the tile's tokens or heads) hold NaN from the table's
+        # masked loads: keep them out of the sums
+        pair_valid = mask[:, :, None] & (tl.arange(0, BLOCK_HALF) < ROTARY_DIM // 2)[None, None, :]
         g_a, g_b = tl.where(pair_valid, g_a, 0.0), tl.where(pair_valid, g_b, 0.0)
         # n = x r w:  dx = r w g - x r^3 mean(g w x),  dw = sum over rows of g x r
         dot = tl.sum(g_a * w_a * x_a, 2) + tl.sum(g_b * w_b * x_b, 2) + tl.sum(g_t * w_t * x_t, 2)
