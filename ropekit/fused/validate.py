@@ -19,7 +19,13 @@ __all__ = ["FP8_DTYPE", "rotary_arguments", "check_norm", "check_cache", "check_
 
 FP8_DTYPE = torch.float8_e4m3fn
 check_mode = _check_mode
-check_inplace_targets = _check_inplace_targets
+
+
+def check_inplace_targets(q, k) -> None:
+    """apply_rope's refusal of in-place targets that overlap themselves or each other. Skipped while torch.compile
+    traces (it compares data pointers, which fake tensors do not have): a compiled graph trusts its tensors."""
+    if not torch.compiler.is_compiling():
+        _check_inplace_targets(q, k)
 
 
 def rotary_arguments(q, k, cos, sin, table, positions, layout, rotary_dim, cu_seqlens, max_seqlen, per_token,
@@ -149,12 +155,15 @@ def check_scale(name: str, scale, fp8: bool, device) -> None:
 
 
 def check_not_overlapping(written: dict, others: dict) -> None:
-    """No written tensor shares memory with another written one or with an input (each name in the error)."""
+    """No written tensor shares memory with another written one or with an input (each name in the error).
+    Skipped while torch.compile traces, like :func:`check_inplace_targets`."""
+    if torch.compiler.is_compiling():
+        return
     names = list(written)
     for i, a in enumerate(names):
         if written[a] is None:
             continue
-        for b in names[i + 1:] + list(others):
-            t = written.get(b, others.get(b))
-            if t is not None and t is not written[a] and _views_overlap(written[a], t):
+        for b in names[i + 1:] + [name for name in others if name not in names[:i + 1]]:
+            t = written[b] if b in written else others[b]
+            if t is not None and _views_overlap(written[a], t):
                 raise ValueError(f"{a} and {b} share memory: the call writes {a}")
