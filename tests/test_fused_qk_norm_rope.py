@@ -261,3 +261,17 @@ def test_qwen3_8b_shapes_on_gpu(tokens):
     leaf = q32.detach().double().cpu().requires_grad_()
     (want,) = torch.autograd.grad(expected(leaf, qw.float(), cos, sin, ids.cpu()), leaf, grad.double().cpu())
     torch.testing.assert_close(got.double().cpu(), want, rtol=1e-4, atol=1e-4)
+
+
+def test_gradients_without_k():
+    """q alone (k None): the backward returns q's and q_weight's gradients only."""
+    q = torch.randn(1, 3, 2, 8, device=DEVICE, dtype=torch.float64, requires_grad=True)
+    qw = torch.randn(8, device=DEVICE, dtype=torch.float64, requires_grad=True)
+    cos, sin = (t.double() for t in ropekit.cos_sin_table(8, 8, device=DEVICE))
+    out_q, out_k = ropekit.qk_norm_rope(q, None, cos, sin, qw)
+    assert out_k is None
+    got = torch.autograd.grad(out_q.sum(), (q, qw))
+    leaves = [t.detach().cpu().requires_grad_() for t in (q, qw)]
+    want = torch.autograd.grad(expected(leaves[0], leaves[1], cos, sin, ref.token_positions(1, 3)).sum(), leaves)
+    for g, w in zip(got, want):
+        assert_close_to_reference(g, w)
