@@ -262,3 +262,41 @@ def test_llama3_8b_shapes_on_gpu(case):
     scale = kwargs.get("k_scale")
     assert_paged(before[0], k_cache, ref.rope_table(k64, cos, sin, pos), slots,
                  scale=None if scale is None else scale.cpu())
+
+
+@gpu_only
+def test_cuda_graph_decode_step_replays_with_new_positions_and_slots():
+    """A decode step captured once: positions, slots and inputs change in place between replays (device-resident),
+    nothing syncs to the host inside the capture."""
+    batch, hq, hk, d, block = 64, 32, 8, 128, 16
+    q, k, v, k_cache, v_cache, slots = (t.cuda() for t in paged_case(batch, hq, hk, d, torch.bfloat16,
+                                                                      num_blocks=64, block_size=block))
+    q, k, v = q[:, None], k[:, None], v[:, None]
+    cos, sin = ropekit.cos_sin_table(8192, d, base=500000.0, device="cuda")
+    positions = torch.randint(0, 8192, (batch,), device="cuda")
+    out = {}
+
+    def step():
+        out["q"], _ = ropekit.rope_and_cache(q, k, v, cos, sin, k_cache=k_cache, v_cache=v_cache,
+                                             slot_mapping=slots, positions=positions)
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):  # compile outside the capture
+            step()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    for _ in range(3):
+        positions.copy_(torch.randint(0, 8192, (batch,), device="cuda"))
+        slots.copy_(torch.randperm(64 * block, device="cuda")[:batch])
+        q.copy_(torch.randn_like(q))
+        k.copy_(torch.randn_like(k))
+        before = k_cache.clone()
+        graph.replay()
+        torch.cuda.synchronize()
+        pos = ref.token_positions(batch, 1, offsets=positions.cpu())
+        assert_close_to_reference(out["q"], ref.rope_table(q, cos, sin, pos))
+        assert_paged(before, k_cache, ref.rope_table(k, cos, sin, pos)[:, 0], slots)

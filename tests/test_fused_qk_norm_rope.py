@@ -275,3 +275,30 @@ def test_gradients_without_k():
     want = torch.autograd.grad(expected(leaves[0], leaves[1], cos, sin, ref.token_positions(1, 3)).sum(), leaves)
     for g, w in zip(got, want):
         assert_close_to_reference(g, w)
+
+
+@gpu_only
+def test_cuda_graph_replays_with_new_positions():
+    q = torch.randn(64, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(64, 1, 8, 128, device="cuda", dtype=torch.bfloat16)
+    qw, kw = torch.randn(128, device="cuda"), torch.randn(128, device="cuda")
+    cos, sin = ropekit.cos_sin_table(8192, 128, device="cuda")
+    offsets = torch.randint(0, 8000, (64,), device="cuda")
+    out = {}
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            ropekit.qk_norm_rope(q, k, cos, sin, qw, kw, positions=offsets)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out["q"], out["k"] = ropekit.qk_norm_rope(q, k, cos, sin, qw, kw, positions=offsets)
+    for _ in range(3):
+        offsets.copy_(torch.randint(0, 8000, (64,), device="cuda"))
+        q.copy_(torch.randn_like(q))
+        graph.replay()
+        torch.cuda.synchronize()
+        pos = ref.token_positions(64, 1, offsets=offsets.cpu())
+        assert_close_to_reference(out["q"], expected(q, qw, cos, sin, pos))
+        assert_close_to_reference(out["k"], expected(k, kw, cos, sin, pos))
