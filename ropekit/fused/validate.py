@@ -32,11 +32,10 @@ def rotary_arguments(q, k, cos, sin, table, positions, layout, rotary_dim, cu_se
                      interleaved):
     """apply_rope's validation of the rotary arguments: ``(cos, sin, PositionSpec, rotary_dim)`` as the kernel reads
     them (a :class:`ropekit.RopeTable` given as ``table`` may grow for host-known positions)."""
-    if table is not None:
-        if cos is not None or sin is not None:
-            raise ValueError("pass either cos/sin or table=, not both")
-        cos, sin = table.cos, table.sin
-    elif cos is None or sin is None:
+    if table is not None and (cos is not None or sin is not None):
+        raise ValueError("pass either cos/sin or table=, not both")
+    cos, sin = (table.cos, table.sin) if table is not None else (cos, sin)
+    if cos is None or sin is None:
         raise TypeError("cos and sin tables are required (or table=ropekit.RopeTable(...))")
     return _prepare(q, k, cos, sin, positions, layout, rotary_dim, cu_seqlens, max_seqlen, per_token, False,
                     "triton", table, interleaved)

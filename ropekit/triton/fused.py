@@ -216,6 +216,21 @@ def _head_tile(X, OUT, G, W, DW, V, KC, VC, K_SCALE, V_SCALE, cos_a, sin_a, cos_
 
 
 @triton.jit
+def _sequence(CU_SEQLENS, pid_b, seqlen, IS_VARLEN: tl.constexpr, INDEX_DTYPE: tl.constexpr):
+    """Sequence ``pid_b``: its first row, its length, and the batch index its rows are addressed with (varlen: a
+    sequence of the packed tensor, which has no batch axis)."""
+    if IS_VARLEN:
+        start = tl.load(CU_SEQLENS + pid_b).to(INDEX_DTYPE)
+        length = tl.load(CU_SEQLENS + pid_b + 1).to(INDEX_DTYPE) - start
+        batch_index = 0
+    else:
+        start = 0
+        length = seqlen
+        batch_index = pid_b.to(INDEX_DTYPE)
+    return start, length, batch_index
+
+
+@triton.jit
 def fused_rope_kernel(
     Q, K, V, OUT_Q, OUT_K, GQ, GK, K_CACHE, V_CACHE, COS, SIN, POSITIONS, CU_SEQLENS, Q_W, K_W, DW, SLOTS,
     K_SCALE, V_SCALE,
@@ -236,18 +251,11 @@ def fused_rope_kernel(
     pid_s = tl.program_id(0)
     pid_h = tl.program_id(1)
     pid_b = tl.program_id(2)
-    if IS_VARLEN:
-        seq_start = tl.load(CU_SEQLENS + pid_b).to(INDEX_DTYPE)
-        seq_len = tl.load(CU_SEQLENS + pid_b + 1).to(INDEX_DTYPE) - seq_start
-        batch_index = 0  # the packed tensor has no batch axis
-    else:
-        seq_start = 0
-        seq_len = seqlen
-        batch_index = pid_b.to(INDEX_DTYPE)
+    first, seq_len, batch_index = _sequence(CU_SEQLENS, pid_b, seqlen, IS_VARLEN, INDEX_DTYPE)
     if pid_s * BLOCK_S >= seq_len:
         return  # varlen: this sequence is shorter than the longest one
     s_local = pid_s * BLOCK_S + tl.arange(0, BLOCK_S)
-    token_rows = seq_start + s_local.to(INDEX_DTYPE)
+    token_rows = first + s_local.to(INDEX_DTYPE)
     token_mask = (s_local < seq_len) & (token_rows >= 0) & (token_rows < n_tokens)
     # (varlen: whatever cu_seqlens hold, only rows of the packed tensor are touched)
     cos_a, sin_a, cos_b, sin_b = _cos_sin(
@@ -323,6 +331,17 @@ def _strides(t, n: int = 4) -> tuple:
 _MATH = {torch.float64: tl.float64}
 
 
+def _position_strides(spec: PositionSpec) -> tuple:
+    """The (sequence, token) strides ``_cos_sin`` walks the positions with: per-sequence offsets ``(batch,)`` step by
+    sequence, 1-D position ids (varlen) by packed token, 2-D ids by both; (1, 1) without a tensor (not read)."""
+    t = spec.tensor
+    if t is None:
+        return 1, 1
+    if t.ndim == 2:
+        return t.stride(0), t.stride(1)
+    return (0, t.stride(0)) if spec.mode == POSITION_IDS else (t.stride(0), 1)
+
+
 def launch_fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, interleaved: bool = False,
                  cos_per_token: bool = False, out_q=None, out_k=None, v=None, k_cache=None, v_cache=None,
                  cache_mode: int = CACHE_NONE, slots=None, block_size: int = 1, cache_len: int = 0,
@@ -363,12 +382,7 @@ def launch_fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, in
     else:
         cos_strides, table_len = (1, cos.stride(0), cos.stride(1)), cos.shape[0]
     pos = positions.tensor
-    if pos is None:
-        pos_strides = (1, 1)
-    elif pos.ndim == 1:
-        pos_strides = (0, pos.stride(0)) if positions.mode == POSITION_IDS else (pos.stride(0), 1)
-    else:
-        pos_strides = (pos.stride(0), pos.stride(1))
+    pos_strides = _position_strides(positions)
     norm = q_weight is not None
     write_q, write_k = out_q is not None, out_k is not None
     in_place = (write_q and out_q.data_ptr() == q.data_ptr()) or (write_k and out_k.data_ptr() == k.data_ptr())
