@@ -300,3 +300,34 @@ def test_cuda_graph_decode_step_replays_with_new_positions_and_slots():
         pos = ref.token_positions(batch, 1, offsets=positions.cpu())
         assert_close_to_reference(out["q"], ref.rope_table(q, cos, sin, pos))
         assert_paged(before, k_cache, ref.rope_table(k, cos, sin, pos)[:, 0], slots)
+
+
+def test_a_repeated_decode_call_skips_validation_and_a_changed_one_is_validated(monkeypatch):
+    """The eager fast path: a call with a signature seen before goes straight to the launch (new values, right
+    results); a call that differs in any shape, dtype or argument is validated again."""
+    from ropekit.fused import validate
+    call = _valid_call()
+    call.update(q=call["q"].transpose(0, 1), k=call["k"].transpose(0, 1), v=call["v"].transpose(0, 1),
+                positions=torch.tensor([3, 1, 7, 2], device=DEVICE), inplace=False, write_k=False)  # decode, b4
+    ropekit.rope_and_cache(**call)  # validated, remembered
+
+    def refuse(*args):
+        raise AssertionError("validated again")
+
+    monkeypatch.setattr(validate, "rotary_arguments", refuse)
+    for _ in range(2):
+        call["positions"].copy_(torch.randint(0, 16, (4,)))
+        call["slot_mapping"].copy_(torch.randperm(24)[:4])
+        before = call["k_cache"].clone()
+        out_q, _ = ropekit.rope_and_cache(**call)
+        pos = call["positions"].cpu()[:, None]
+        assert_close_to_reference(out_q, ref.rope_table(call["q"], call["cos"], call["sin"], pos))
+        assert_paged(before, call["k_cache"], ref.rope_table(call["k"], call["cos"], call["sin"], pos)[:, 0],
+                     call["slot_mapping"])
+    with pytest.raises(AssertionError, match="validated again"):
+        ropekit.rope_and_cache(**dict(call, slot_mapping=call["slot_mapping"][:3]))
+    monkeypatch.undo()
+    with pytest.raises(ValueError, match="slot_mapping"):
+        ropekit.rope_and_cache(**dict(call, slot_mapping=call["slot_mapping"][:3]))
+    with pytest.raises(ValueError, match="autograd"):
+        ropekit.rope_and_cache(**dict(call, q=call["q"].clone().requires_grad_()))

@@ -105,29 +105,83 @@ def rope_and_cache(q: torch.Tensor, k: torch.Tensor, v: Optional[torch.Tensor], 
 
     Raises ``TypeError``/``ValueError`` naming the argument before anything is written (cache and inputs unchanged).
     """
+    user = (q, k, v, cos, sin, positions, cu_seqlens, k_cache, v_cache, slot_mapping, cache_offsets, k_scale,
+            v_scale, q_weight, k_weight)
+    flags = (eps, weight_offset, layout, interleaved, rotary_dim, inplace, max_seqlen, per_token, write_k)
+    key = _plan_key(user, flags, table)
+    plan = _plans.get(key) if key is not None else None
+    if plan is not None:  # a call signature validated before: straight to the launch
+        return _write(q, k, v, k_cache, v_cache, inplace, write_k, slot_mapping if cache_offsets is None
+                      else cache_offsets, plan[0], cos, sin, positions, plan[1], cu_seqlens, *plan[2:5], layout,
+                      interleaved, per_token, k_scale, v_scale, q_weight, k_weight, *plan[5:])
     if not isinstance(k, torch.Tensor):
         raise TypeError(f"k must be a torch.Tensor (it is written to the cache), got {type(k).__name__}")
+    user_cos, user_sin = cos, sin
     cos, sin, spec, rotary_dim = validate.rotary_arguments(q, k, cos, sin, table, positions, layout, rotary_dim,
                                                            cu_seqlens, max_seqlen, per_token, interleaved)
     norm = q_weight is not None or k_weight is not None
     eps, weight_offset = validate.check_norm(q, k, q_weight, k_weight, eps, weight_offset) if norm else (0.0, 0.0)
     slots, cache_mode = _check_cache_arguments(q, k, v, k_cache, v_cache, slot_mapping, cache_offsets, k_scale,
                                                v_scale, spec, layout)
-    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, q_weight, k_weight)):
+    if _needs_grad(q, k, v, q_weight, k_weight):
         raise ValueError("rope_and_cache has no autograd (a cache write is inference): call it under "
                          "torch.no_grad() or with tensors that do not require grad")
+    plan = (cache_mode, spec.mode, spec.offset, spec.max_seqlen or 0, rotary_dim, eps, weight_offset)
+    derived = (cos, sin, spec.tensor, spec.cu_seqlens, slots)
+    given = (user_cos, user_sin, positions, cu_seqlens, slot_mapping if cache_offsets is None else cache_offsets)
+    if key is not None and not q.is_meta and all(a is b for a, b in zip(derived, given)):
+        # (only when the launch reads the caller's own tensors: not grown tables, copies or derived views)
+        if len(_plans) >= _PLANS_MAX:
+            _plans.clear()
+        _plans[key] = plan
+    return _write(q, k, v, k_cache, v_cache, inplace, write_k, slots, cache_mode, cos, sin, spec.tensor, spec.mode,
+                  spec.cu_seqlens, spec.offset, spec.max_seqlen or 0, rotary_dim, layout, interleaved, per_token,
+                  k_scale, v_scale, q_weight, k_weight, eps, weight_offset)
+
+
+def _needs_grad(*tensors) -> bool:
+    return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
+
+
+def _write(q, k, v, k_cache, v_cache, inplace, write_k, *launch):
+    """The checks that depend on where the tensors lie (overlaps; cheap when they live in different buffers), the
+    outputs, and the launch."""
     if inplace:
         validate.check_inplace_targets(q, k if write_k else None)
     validate.check_not_overlapping({"k_cache": k_cache, "v_cache": v_cache, "q": q if inplace else None,
                                     "k": k if inplace and write_k else None}, {"q": q, "k": k, "v": v})
     out_q = q if inplace else _new_output(q)
     out_k = (k if inplace else _new_output(k)) if write_k else None
-    if q.is_meta:
-        return out_q, out_k
-    run_cache_op(q, k, v, out_q, out_k, k_cache, v_cache, slots, cache_mode, cos, sin, spec.tensor, spec.mode,
-                 spec.cu_seqlens, spec.offset, spec.max_seqlen or 0, rotary_dim, layout, interleaved, per_token,
-                 k_scale, v_scale, q_weight, k_weight, eps, weight_offset)
+    if not q.is_meta:
+        run_cache_op(q, k, v, out_q, out_k, k_cache, v_cache, *launch)
     return out_q, out_k
+
+
+# The eager fast path: a call whose signature (every tensor's shape, strides, dtype and device, every host argument)
+# was validated before skips validation (a decode step's host time). Validation reads no device value outside check
+# mode, so the signature decides it; calls whose validation derives something from values (an int offset against the
+# table, a growing table, max_seqlen from cu_seqlens) or views of the caller's tensors are not cached.
+_plans: dict = {}
+_PLANS_MAX = 1024
+
+
+def _tensor_key(t):
+    return (t.shape, t.stride(), t.dtype, t.device) if isinstance(t, torch.Tensor) else (type(t), t)
+
+
+def _plan_key(tensors, flags, table):
+    """The signature of an eager call, or None for one that is not cached."""
+    positions, cache_offsets, max_seqlen, layout = tensors[5], tensors[10], flags[6], flags[2]
+    if (table is not None or torch.compiler.is_compiling() or validate.check_mode() or _needs_grad(*tensors)
+            or not isinstance(positions, (torch.Tensor, type(None))) or isinstance(cache_offsets, int)
+            or (layout == "thd" and max_seqlen is None)):
+        return None
+    key = tuple(_tensor_key(t) for t in tensors) + tuple((type(f), f) for f in flags)
+    try:
+        hash(key)
+    except TypeError:  # an unhashable argument: validation will say what is wrong with it
+        return None
+    return key
 
 
 def _check_cache_arguments(q, k, v, k_cache, v_cache, slot_mapping, cache_offsets, k_scale, v_scale, spec, layout):
