@@ -27,10 +27,9 @@ from ..positions import POSITION_IDS, PositionSpec
 from .v4 import _cos_sin, _load_pairs, _rotate
 
 __all__ = ["fused_rope_kernel", "FusedConfig", "fused_config", "launch_fused", "CACHE_NONE", "CACHE_CONTIGUOUS",
-           "CACHE_PAGED", "E4M3_MAX"]
+           "CACHE_PAGED"]
 
 CACHE_NONE, CACHE_CONTIGUOUS, CACHE_PAGED = 0, 1, 2
-E4M3_MAX = 448.0
 
 
 @triton.jit
@@ -306,16 +305,19 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def fused_config(n_tokens: int, n_heads: int, head_dim: int) -> FusedConfig:
-    """Block sizes: a decode step (few tokens) one token x up to 8 heads a program, so that the grid covers the GPU;
-    prefill 4 tokens x up to 8 heads. Under the interpreter every program costs Python time: tiles as large as the
-    shape allows. (A starting point: the tuning record, docs/tuning.md, is where measured choices go.)"""
-    heads = _next_pow2(n_heads)
+def fused_config(n_tokens: int, n_heads: int, width: int) -> FusedConfig:
+    """Block sizes (``width``: the widest head vector a program holds, k's or v's): a decode step (few tokens) one
+    token x up to 8 heads a program, so that the grid covers the GPU; prefill 4 tokens x up to 8 heads, 2 tokens and
+    8 warps for wide vectors (MLA's 512-channel latent) to bound the registers a thread holds. Under the interpreter
+    every program costs Python time: tiles as large as the shape allows. (A starting point, not yet measured: the
+    tuning record is where measured choices go.)"""
+    heads = min(_next_pow2(n_heads), 8)
+    wide = width > 128
     if _device.INTERPRET:
-        return FusedConfig(min(_next_pow2(n_tokens), 16), min(heads, 8), 4)
+        return FusedConfig(min(_next_pow2(n_tokens), 16), heads, 4)
     if n_tokens <= 128:
-        return FusedConfig(1, min(heads, 8), 4)
-    return FusedConfig(4, min(heads, 8), 8 if head_dim > 128 else 4)
+        return FusedConfig(1, heads, 8 if wide else 4)
+    return FusedConfig(2 if wide else 4, heads, 8 if wide else 4)
 
 
 def _reach_fits_int32(*tensors) -> bool:
@@ -368,7 +370,8 @@ def launch_fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, in
     head_dim, n_heads_q = q.shape[-1], q.shape[2]
     n_heads_k = k.shape[2] if k is not None else 0
     if config is None:
-        config = fused_config(n_batch * seqlen, max(n_heads_q, n_heads_k), head_dim)
+        config = fused_config(n_batch * seqlen, max(n_heads_q, n_heads_k),
+                              max(head_dim, v.shape[-1] if v is not None else 0))
     n_blocks_q = _cdiv(n_heads_q, config.block_h)
     grid = (_cdiv(seqlen, config.block_s), n_blocks_q + _cdiv(n_heads_k, config.block_h), n_batch)
     dw = None
