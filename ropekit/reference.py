@@ -170,3 +170,57 @@ def rope_matrix(x: torch.Tensor, positions: torch.Tensor, *, base: float = 10000
         rotation[..., 2 * i:2 * i + 2, 2 * i:2 * i + 2] = blocks[..., i, :, :]
     # one rotation matrix per token, shared by all heads
     return torch.einsum("...ij,...hj->...hi", rotation, x.to(torch.float64).cpu())
+
+
+# --- The fused pre-processing ops' references: QK-norm, cache writes, float8. -----------------------------------
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, *, eps: float, weight_offset: float = 0.0) -> torch.Tensor:
+    """Per-head RMSNorm over the last dimension in float64: ``x * rsqrt(mean(x^2) + eps) * (weight_offset + w)``
+    (transformers' Qwen3/OLMo-2 ``RMSNorm`` with ``weight_offset=0``, Gemma's ``1 + w`` with 1). Differentiable."""
+    x64 = x.to(torch.float64).cpu()
+    w64 = weight.to(torch.float64).cpu()
+    return x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + eps) * (weight_offset + w64)
+
+
+def rope_table(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor, *,
+               interleaved: bool = False) -> torch.Tensor:
+    """Rotate ``x`` (``(..., heads, head_dim)``, float64) by half-width cos/sin table rows at integer ``positions``
+    (x's token shape); the table's width fixes rotary_dim, channels past it pass through."""
+    rotary_dim = 2 * cos.shape[-1]
+    rows = positions.to(torch.int64).cpu()
+    c = cos.detach().to(torch.float64).cpu()[rows][..., None, :]
+    s = sin.detach().to(torch.float64).cpu()[rows][..., None, :]
+    x64 = x.to(torch.float64).cpu()
+    return torch.cat((rotate_pairs(x64[..., :rotary_dim], c, s, interleaved=interleaved), x64[..., rotary_dim:]), -1)
+
+
+def e4m3(x: torch.Tensor) -> torch.Tensor:
+    """float64 -> the nearest float8 e4m3fn value (ties to even), saturating at ±448 (infinities too), NaN kept;
+    returned as float64."""
+    x64 = x.to(torch.float64)
+    saturated = torch.where(torch.isnan(x64), x64, x64.clamp(-448.0, 448.0))
+    return saturated.to(torch.float8_e4m3fn).to(torch.float64)
+
+
+def paged_cache_write(cache: torch.Tensor, values: torch.Tensor, slot_mapping: torch.Tensor) -> torch.Tensor:
+    """A float64 copy of ``cache`` ``(num_blocks, block_size, heads, dim)`` with token ``t``'s ``values[t]``
+    (``(tokens, heads, dim)``) at slot ``slot_mapping[t] = block * block_size + row``; slot -1 writes nothing."""
+    out = cache.to(torch.float64).cpu().clone()
+    flat = out.view(-1, *out.shape[2:])
+    for t, slot in enumerate(slot_mapping.cpu().tolist()):
+        if slot >= 0:
+            flat[slot] = values[t].to(torch.float64).cpu()
+    return out
+
+
+def contiguous_cache_write(cache: torch.Tensor, values: torch.Tensor, offsets) -> torch.Tensor:
+    """A float64 copy of ``cache`` ``(batch, max_seq, heads, dim)`` with sequence ``b``'s tokens ``values[b]``
+    (``(batch, seq, heads, dim)``, or a list of ``(seq_b, heads, dim)``) at rows ``offsets[b] + s``."""
+    out = cache.to(torch.float64).cpu().clone()
+    for b, offset in enumerate(torch.as_tensor(offsets).reshape(-1).tolist()):
+        rows = values[b].to(torch.float64).cpu()
+        out[b, offset:offset + rows.shape[0]] = rows
+    return out
+
+
+__all__ += ["rms_norm", "rope_table", "e4m3", "paged_cache_write", "contiguous_cache_write"]

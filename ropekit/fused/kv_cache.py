@@ -1,0 +1,225 @@
+"""``rope_and_cache``: rotate q and k (optionally QK-normed first) and write rotated k and untouched v straight into a
+KV cache, contiguous ``(batch, max_seq, heads, dim)`` at per-sequence offsets or paged ``(num_blocks, block_size,
+heads, dim)`` by ``slot_mapping``, optionally as float8 e4m3 with per-tensor scales: one launch.
+
+The call -> validation (apply_rope's rotary checks, then ``validate``'s for weights, caches, slots and scales, all
+before any write) -> ``ropekit::rope_and_cache`` (a mutating custom op, so torch.compile keeps it in the graph; eager
+calls launch directly). No autograd: a cache write is inference.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ..api import _bump_versions, _new_output
+from ..triton.fused import CACHE_CONTIGUOUS, CACHE_PAGED, launch_fused
+from . import validate
+from .qk_norm_rope import _spec, kernel_view
+
+__all__ = ["rope_and_cache", "launch_cache"]
+
+
+def _cache_bits(cache: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """The kernel writes float8 caches as their uint8 bits (the rounding is its own, identical on GPU and CPU)."""
+    return cache.view(torch.uint8) if cache is not None and cache.dtype == validate.FP8_DTYPE else cache
+
+
+def launch_cache(q, k, v, out_q, out_k, k_cache, v_cache, slots, cache_mode: int, cos, sin, positions, pos_mode: int,
+                 cu_seqlens, position_offset: int, max_seqlen: int, rotary_dim: int, layout: str, interleaved: bool,
+                 per_token: bool, k_scale, v_scale, q_weight, k_weight, eps: float, weight_offset: float) -> None:
+    """One launch on validated arguments. ``q``/``k`` None: read the rotary inputs from ``out_q``/``out_k`` (in place;
+    the way the mutating custom op is called, so that no input aliases a mutated argument)."""
+    q = out_q if q is None else q
+    k = out_k if k is None else k
+    n_slots = k_cache.shape[0] * k_cache.shape[1] if cache_mode == CACHE_PAGED else k_cache.shape[1]
+    launch_fused(
+        kernel_view(q, layout), kernel_view(k, layout), cos, sin,
+        positions=_spec(positions, pos_mode, cu_seqlens, position_offset, max_seqlen, layout), rotary_dim=rotary_dim,
+        interleaved=interleaved, cos_per_token=per_token, out_q=kernel_view(out_q, layout),
+        out_k=kernel_view(out_k, layout), v=kernel_view(v, layout), k_cache=_cache_bits(k_cache),
+        v_cache=_cache_bits(v_cache), cache_mode=cache_mode, slots=slots, block_size=k_cache.shape[1],
+        cache_len=n_slots, k_scale=k_scale, v_scale=v_scale, q_weight=q_weight, k_weight=k_weight, eps=eps,
+        weight_offset=weight_offset)
+
+
+@torch.library.custom_op("ropekit::rope_and_cache", mutates_args=("out_q", "out_k", "k_cache", "v_cache"))
+def _rope_and_cache_op(q: Optional[torch.Tensor], k: Optional[torch.Tensor], v: Optional[torch.Tensor],
+                       out_q: Optional[torch.Tensor], out_k: Optional[torch.Tensor], k_cache: torch.Tensor,
+                       v_cache: Optional[torch.Tensor], slots: torch.Tensor, cache_mode: int, cos: torch.Tensor,
+                       sin: torch.Tensor, positions: Optional[torch.Tensor], pos_mode: int,
+                       cu_seqlens: Optional[torch.Tensor], position_offset: int, max_seqlen: int, rotary_dim: int,
+                       layout: str, interleaved: bool, per_token: bool, k_scale: Optional[torch.Tensor],
+                       v_scale: Optional[torch.Tensor], q_weight: Optional[torch.Tensor],
+                       k_weight: Optional[torch.Tensor], eps: float, weight_offset: float) -> None:
+    launch_cache(q, k, v, out_q, out_k, k_cache, v_cache, slots, cache_mode, cos, sin, positions, pos_mode,
+                 cu_seqlens, position_offset, max_seqlen, rotary_dim, layout, interleaved, per_token, k_scale,
+                 v_scale, q_weight, k_weight, eps, weight_offset)
+
+
+@_rope_and_cache_op.register_fake
+def _rope_and_cache_fake(*args):
+    return None
+
+
+def run_cache_op(q, k, v, out_q, out_k, k_cache, v_cache, *args) -> None:
+    """The launch through the custom op when compiling, directly otherwise (no dispatcher on a decode step's host
+    path); in place (``out_q is q``) the rotary inputs are passed only as the written outputs."""
+    in_place = out_q is q
+    if torch.compiler.is_compiling():
+        _rope_and_cache_op(None if in_place else q, None if in_place else k, v, out_q, out_k, k_cache, v_cache,
+                           *args)
+        return
+    launch_cache(q, k, v, out_q, out_k, k_cache, v_cache, *args)
+    _bump_versions(k_cache, v_cache)
+    if in_place:
+        _bump_versions(q, out_k)
+
+
+def rope_and_cache(q: torch.Tensor, k: torch.Tensor, v: Optional[torch.Tensor], cos: Optional[torch.Tensor] = None,
+                   sin: Optional[torch.Tensor] = None, *, k_cache: torch.Tensor, v_cache: Optional[torch.Tensor] = None,
+                   slot_mapping: Optional[torch.Tensor] = None, cache_offsets=None,
+                   k_scale: Optional[torch.Tensor] = None, v_scale: Optional[torch.Tensor] = None,
+                   q_weight: Optional[torch.Tensor] = None, k_weight: Optional[torch.Tensor] = None,
+                   eps: float = 1e-6, weight_offset: float = 0.0, table=None, positions=None, layout: str = "bshd",
+                   interleaved: bool = False, rotary_dim: Optional[int] = None, inplace: bool = False,
+                   cu_seqlens: Optional[torch.Tensor] = None, max_seqlen: Optional[int] = None,
+                   per_token: bool = False, write_k: bool = False):
+    """Rotate q and k and write rotated k and v into a KV cache, in one launch. Returns ``(q_out, k_out)``.
+
+    Args:
+        q, k, cos, sin, table, positions, layout, interleaved, rotary_dim, cu_seqlens, max_seqlen, per_token: as
+            :func:`ropekit.apply_rope` (q, k and v may be strided slices of a packed qkv projection).
+        v: k-shaped values (their head size may differ from k's), copied into ``v_cache`` untouched; or None.
+        k_cache, v_cache: paged ``(num_blocks, block_size, Hkv, D)`` with ``slot_mapping``, or contiguous
+            ``(batch, max_seq, Hkv, D)`` (``(n_seqs, ...)`` for thd) with ``cache_offsets``; q's dtype or
+            ``torch.float8_e4m3fn`` (then ``k_scale``/``v_scale``: float32 one-element tensors, stored = x / scale).
+        slot_mapping: int64 ``(tokens,)``, token ``b * seq + s`` (the packed row for thd) goes to slot
+            ``block * block_size + row``; -1 writes nothing.
+        cache_offsets: an int or ``(n_seqs,)`` tensor: token ``s`` of sequence ``b`` goes to row ``offsets[b] + s``.
+        q_weight, k_weight, eps, weight_offset: QK-norm before the rotation (both weights, or neither), as
+            :func:`ropekit.qk_norm_rope`.
+        inplace: q (and k when ``write_k``) are rotated where they lie; otherwise into new tensors.
+        write_k: also return the rotated k (the cache always receives it); default None, which saves k's write.
+
+    Raises ``TypeError``/``ValueError`` naming the argument before anything is written (cache and inputs unchanged).
+    """
+    user = (q, k, v, cos, sin, positions, cu_seqlens, k_cache, v_cache, slot_mapping, cache_offsets, k_scale,
+            v_scale, q_weight, k_weight)
+    flags = (eps, weight_offset, layout, interleaved, rotary_dim, inplace, max_seqlen, per_token, write_k)
+    key = _plan_key(user, flags, table)
+    plan = _plans.get(key) if key is not None else None
+    if plan is not None:  # a call signature validated before: straight to the launch
+        return _write(q, k, v, k_cache, v_cache, inplace, write_k, slot_mapping if cache_offsets is None
+                      else cache_offsets, plan[0], cos, sin, positions, plan[1], cu_seqlens, *plan[2:5], layout,
+                      interleaved, per_token, k_scale, v_scale, q_weight, k_weight, *plan[5:])
+    if not isinstance(k, torch.Tensor):
+        raise TypeError(f"k must be a torch.Tensor (it is written to the cache), got {type(k).__name__}")
+    user_cos, user_sin = cos, sin
+    cos, sin, spec, rotary_dim = validate.rotary_arguments(q, k, cos, sin, table, positions, layout, rotary_dim,
+                                                           cu_seqlens, max_seqlen, per_token, interleaved)
+    norm = q_weight is not None or k_weight is not None
+    eps, weight_offset = validate.check_norm(q, k, q_weight, k_weight, eps, weight_offset) if norm else (0.0, 0.0)
+    slots, cache_mode = _check_cache_arguments(q, k, v, k_cache, v_cache, slot_mapping, cache_offsets, k_scale,
+                                               v_scale, spec, layout)
+    if _needs_grad(q, k, v, q_weight, k_weight):
+        raise ValueError("rope_and_cache has no autograd (a cache write is inference): call it under "
+                         "torch.no_grad() or with tensors that do not require grad")
+    plan = (cache_mode, spec.mode, spec.offset, spec.max_seqlen or 0, rotary_dim, eps, weight_offset)
+    derived = (cos, sin, spec.tensor, spec.cu_seqlens, slots)
+    given = (user_cos, user_sin, positions, cu_seqlens, slot_mapping if cache_offsets is None else cache_offsets)
+    if key is not None and not q.is_meta and all(a is b for a, b in zip(derived, given)):
+        # (only when the launch reads the caller's own tensors: not grown tables, copies or derived views)
+        if len(_plans) >= _PLANS_MAX:
+            _plans.clear()
+        _plans[key] = plan
+    return _write(q, k, v, k_cache, v_cache, inplace, write_k, slots, cache_mode, cos, sin, spec.tensor, spec.mode,
+                  spec.cu_seqlens, spec.offset, spec.max_seqlen or 0, rotary_dim, layout, interleaved, per_token,
+                  k_scale, v_scale, q_weight, k_weight, eps, weight_offset)
+
+
+def _needs_grad(*tensors) -> bool:
+    return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
+
+
+def _write(q, k, v, k_cache, v_cache, inplace, write_k, *launch):
+    """The checks that depend on where the tensors lie (overlaps; cheap when they live in different buffers), the
+    outputs, and the launch."""
+    if inplace:
+        validate.check_inplace_targets(q, k if write_k else None)
+    validate.check_not_overlapping({"k_cache": k_cache, "v_cache": v_cache, "q": q if inplace else None,
+                                    "k": k if inplace and write_k else None}, {"q": q, "k": k, "v": v})
+    out_q = q if inplace else _new_output(q)
+    out_k = (k if inplace else _new_output(k)) if write_k else None
+    if not q.is_meta:
+        run_cache_op(q, k, v, out_q, out_k, k_cache, v_cache, *launch)
+    return out_q, out_k
+
+
+# The eager fast path: a call whose signature (every tensor's shape, strides, dtype and device, every host argument)
+# was validated before skips validation (a decode step's host time). Validation reads no device value outside check
+# mode, so the signature decides it; calls whose validation derives something from values (an int offset against the
+# table, a growing table, max_seqlen from cu_seqlens) or views of the caller's tensors are not cached.
+_plans: dict = {}
+_PLANS_MAX = 1024
+
+
+def _tensor_key(t):
+    return (t.shape, t.stride(), t.dtype, t.device) if isinstance(t, torch.Tensor) else (type(t), t)
+
+
+def _plan_key(tensors, flags, table):
+    """The signature of an eager call, or None for one that is not cached."""
+    positions, cache_offsets, max_seqlen, layout = tensors[5], tensors[10], flags[6], flags[2]
+    if (table is not None or torch.compiler.is_compiling() or validate.check_mode() or _needs_grad(*tensors)
+            or not isinstance(positions, (torch.Tensor, type(None))) or isinstance(cache_offsets, int)
+            or (layout == "thd" and max_seqlen is None)):
+        return None
+    key = tuple(_tensor_key(t) for t in tensors) + tuple((type(f), f) for f in flags)
+    try:
+        hash(key)
+    except TypeError:  # an unhashable argument: validation will say what is wrong with it
+        return None
+    return key
+
+
+def _check_cache_arguments(q, k, v, k_cache, v_cache, slot_mapping, cache_offsets, k_scale, v_scale, spec, layout):
+    """The cache side of the call: v, the caches, the addressing, the scales. Returns (slots tensor, cache mode)."""
+    kv = kernel_view(k, layout)
+    if v is not None:
+        if not isinstance(v, torch.Tensor):
+            raise TypeError(f"v must be a torch.Tensor or None, got {type(v).__name__}")
+        if v.dtype != k.dtype or v.device != k.device:
+            raise TypeError(f"v must have k's dtype and device ({k.dtype} on {k.device}), got {v.dtype} on {v.device}")
+        if v.ndim != k.ndim or tuple(kernel_view(v, layout).shape[:-1]) != tuple(kv.shape[:-1]):
+            raise ValueError(f"v must have k's tokens and heads (shape {tuple(k.shape[:-1])} in every dimension but "
+                             f"the last, in layout {layout!r}), got {tuple(v.shape)}")
+    if (v is None) != (v_cache is None):
+        raise ValueError("v and v_cache go together: pass both or neither")
+    if (slot_mapping is None) == (cache_offsets is None):
+        raise ValueError("pass exactly one of slot_mapping (a paged cache) and cache_offsets (a contiguous cache)")
+    paged = slot_mapping is not None
+    n_seqs = spec.cu_seqlens.shape[0] - 1 if spec.is_varlen else kv.shape[0]
+    n_heads, head_dim = kv.shape[-2], kv.shape[-1]
+    validate.check_cache("k_cache", k_cache, leading=None if paged else (n_seqs,), n_heads=n_heads,
+                         head_dim=head_dim, dtype=k.dtype, device=q.device)
+    if v_cache is not None:
+        validate.check_cache("v_cache", v_cache, leading=tuple(k_cache.shape[:2]), n_heads=n_heads,
+                             head_dim=v.shape[-1], dtype=k.dtype, device=q.device)
+        if v_cache.dtype != k_cache.dtype:
+            raise TypeError(f"v_cache must have k_cache's dtype ({k_cache.dtype}), got {v_cache.dtype}")
+    fp8 = k_cache.dtype == validate.FP8_DTYPE
+    validate.check_scale("k_scale", k_scale, fp8, q.device)
+    validate.check_scale("v_scale", v_scale, fp8 and v_cache is not None, q.device)
+    if paged:
+        n_tokens = kv.shape[0] if spec.is_varlen else kv.shape[0] * kv.shape[1]
+        validate.check_slot_mapping(slot_mapping, n_tokens, k_cache.shape[0] * k_cache.shape[1], q.device)
+        return slot_mapping, CACHE_PAGED
+
+    def lengths():
+        cu = spec.cu_seqlens
+        return (cu[1:] - cu[:-1]).cpu() if spec.is_varlen else [kv.shape[1]] * n_seqs
+
+    offsets = validate.check_cache_offsets(cache_offsets, n_seqs, lengths, k_cache.shape[1], q.device)
+    return offsets, CACHE_CONTIGUOUS

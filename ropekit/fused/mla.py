@@ -1,0 +1,102 @@
+"""``mla_rope_and_cache``: DeepSeek MLA's decoupled RoPE and its latent-cache write, in one launch.
+
+Rotates ``q_pe (tokens, heads, rope_dim)`` and the shared ``k_pe (tokens, rope_dim)`` (GPT-J pairing by default,
+tables of any rope type, YaRN's included), and writes ``[kv_c | rotated k_pe]`` into ``kv_cache (num_blocks,
+block_size, kv_lora_rank + rope_dim)`` at ``slot_mapping`` (-1: skip), the contract of vLLM's
+``concat_and_cache_mla_rope_fused``. It is :func:`ropekit.rope_and_cache` with one k head, kv_c as v and the two
+caches as the column ranges of one buffer.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ..api import _new_output
+from ..triton.fused import CACHE_PAGED
+from . import validate
+from .kv_cache import run_cache_op
+
+__all__ = ["mla_rope_and_cache"]
+
+
+def _tokens_view(name: str, x, tokens: int, width: Optional[int] = None) -> torch.Tensor:
+    """``(tokens, width)`` or ``(tokens, 1, width)`` as the kernel's ``(1, tokens, 1, width)`` view."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.ndim == 3 and x.shape[1] == 1:
+        x = x[:, 0]
+    if x.ndim != 2 or x.shape[0] != tokens or (width is not None and x.shape[1] != width):
+        want = f"({tokens}, {width if width is not None else 'width'})"
+        raise ValueError(f"{name} must have shape {want} (one row per token of q_pe), got {tuple(x.shape)}")
+    return x[None, :, None, :]
+
+
+def mla_rope_and_cache(q_pe: torch.Tensor, k_pe: torch.Tensor, kv_c: torch.Tensor, kv_cache: torch.Tensor,
+                       slot_mapping: torch.Tensor, positions: torch.Tensor, cos: Optional[torch.Tensor] = None,
+                       sin: Optional[torch.Tensor] = None, *, cos_sin_cache: Optional[torch.Tensor] = None,
+                       table=None, interleaved: bool = True, inplace: bool = True,
+                       kv_cache_scale: Optional[torch.Tensor] = None):
+    """Rotate q_pe and k_pe, write ``[kv_c | rotated k_pe]`` to the paged latent cache. Returns ``(q_pe_out,
+    k_pe_out)``: q_pe and k_pe themselves in place (the engines' contract), new tensors otherwise.
+
+    Args:
+        q_pe: ``(tokens, heads, rope_dim)``; k_pe: ``(tokens, rope_dim)`` (or ``(tokens, 1, rope_dim)``);
+            kv_c: ``(tokens, kv_lora_rank)`` (or ``(tokens, 1, kv_lora_rank)``); one dtype, any strides.
+        kv_cache: ``(num_blocks, block_size, kv_lora_rank + rope_dim)``, q_pe's dtype or ``torch.float8_e4m3fn``
+            (then ``kv_cache_scale``: a float32 one-element tensor, stored = x / scale, for both parts).
+        slot_mapping: int64 ``(tokens,)``, -1 skips the token; positions: int ``(tokens,)``.
+        cos, sin / cos_sin_cache / table: half-width tables ``(max_positions, rope_dim/2)``, or the engines'
+            ``(max_positions, rope_dim)`` buffer with cos in the first half of the columns and sin in the second.
+        interleaved: GPT-J pairing (DeepSeek's default); False pairs NeoX halves.
+    """
+    if cos_sin_cache is not None:
+        if cos is not None or sin is not None or table is not None:
+            raise ValueError("pass one of cos/sin, cos_sin_cache and table")
+        if not isinstance(cos_sin_cache, torch.Tensor) or cos_sin_cache.ndim != 2 or cos_sin_cache.shape[1] % 2:
+            raise ValueError("cos_sin_cache must be a (max_position, rope_dim) tensor with an even rope_dim, got "
+                             f"{getattr(cos_sin_cache, 'shape', type(cos_sin_cache).__name__)}")
+        half = cos_sin_cache.shape[1] // 2
+        cos, sin = cos_sin_cache[:, :half], cos_sin_cache[:, half:]
+    if not isinstance(q_pe, torch.Tensor) or q_pe.ndim != 3:
+        raise ValueError(f"q_pe must be a (tokens, heads, rope_dim) tensor, got "
+                         f"{getattr(q_pe, 'shape', type(q_pe).__name__)}")
+    if not isinstance(positions, torch.Tensor) or positions.ndim != 1 or positions.shape[0] != q_pe.shape[0]:
+        raise ValueError(f"positions must be a ({q_pe.shape[0]},) integer tensor (one position per token), got "
+                         f"{getattr(positions, 'shape', type(positions).__name__)}")
+    tokens, rope_dim = q_pe.shape[0], q_pe.shape[2]
+    q = q_pe[None]
+    k = _tokens_view("k_pe", k_pe, tokens, rope_dim)
+    v = _tokens_view("kv_c", kv_c, tokens)
+    if v.dtype != q.dtype or v.device != q.device:
+        raise TypeError(f"kv_c must have q_pe's dtype and device ({q.dtype} on {q.device}), got {v.dtype} on "
+                        f"{v.device}")
+    cos, sin, spec, rotary_dim = validate.rotary_arguments(q, k, cos, sin, table, positions[None], "bshd", rope_dim,
+                                                           None, None, False, interleaved)
+    latent = v.shape[-1]
+    if not isinstance(kv_cache, torch.Tensor) or kv_cache.ndim != 3:
+        raise ValueError(f"kv_cache must be (num_blocks, block_size, {latent + rope_dim}), got "
+                         f"{getattr(kv_cache, 'shape', type(kv_cache).__name__)}")
+    if kv_cache.shape[2] != latent + rope_dim:
+        raise ValueError(f"kv_cache's last dimension must be kv_lora_rank + rope_dim = {latent + rope_dim}, got "
+                         f"shape {tuple(kv_cache.shape)}")
+    v_cache, k_cache = kv_cache[..., None, :latent], kv_cache[..., None, latent:]
+    validate.check_cache("kv_cache", k_cache, leading=None, n_heads=1, head_dim=rope_dim, dtype=q.dtype,
+                         device=q.device)
+    fp8 = kv_cache.dtype == validate.FP8_DTYPE
+    validate.check_scale("kv_cache_scale", kv_cache_scale, fp8, q.device)
+    validate.check_slot_mapping(slot_mapping, tokens, kv_cache.shape[0] * kv_cache.shape[1], q.device)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        raise ValueError("mla_rope_and_cache has no autograd (a cache write is inference): call it under "
+                         "torch.no_grad() or with tensors that do not require grad")
+    if inplace:
+        validate.check_inplace_targets(q, k)
+    validate.check_not_overlapping({"kv_cache": kv_cache, "q_pe": q if inplace else None,
+                                    "k_pe": k if inplace else None}, {"q_pe": q, "k_pe": k, "kv_c": v})
+    out_q, out_k = (q, k) if inplace else (_new_output(q), _new_output(k))
+    if not q.is_meta:
+        run_cache_op(q, k, v, out_q, out_k, k_cache, v_cache, slot_mapping, CACHE_PAGED, cos, sin, spec.tensor,
+                     spec.mode, spec.cu_seqlens, spec.offset, spec.max_seqlen or 0, rotary_dim, "bshd", interleaved,
+                     False, kv_cache_scale, kv_cache_scale, None, None, 1e-6, 0.0)
+    return out_q[0], out_k[0, :, 0]

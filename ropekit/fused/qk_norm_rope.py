@@ -1,0 +1,180 @@
+"""``qk_norm_rope``: per-head RMSNorm of q and k, then RoPE, in one launch, with its fused backward.
+
+Data flows as in ``apply_rope``: the call -> validation (apply_rope's for the rotary arguments, ``validate`` for the
+weights) -> one launch of ``ropekit.triton.fused``. Four ways in, one kernel:
+
+* eager inference (no grad, not compiling): the launch, called directly;
+* autograd and ``torch.compile``: the functional custom op ``ropekit::qk_norm_rope`` (fake impl for tracing) whose
+  registered backward is ``ropekit::qk_norm_rope_backward``, the same kernel with ``BACKWARD`` on;
+* ``inplace=True``: the mutating op ``ropekit::qk_norm_rope_`` when compiling, the launch otherwise (no autograd).
+
+Semantics (docs/fused.md): ``y = rope(x * rsqrt(mean(x^2) + eps) * (weight_offset + w))`` per head vector of
+head_dim channels, the mean over all head_dim channels (also with partial rotary), float32 math (float64 for float64
+inputs) and one rounding at the end.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ..api import _TO_BSHD, _bump_versions, _new_output
+from ..positions import PositionSpec
+from ..triton.fused import launch_fused
+from . import validate
+
+__all__ = ["qk_norm_rope", "kernel_view"]
+
+
+def kernel_view(x: Optional[torch.Tensor], layout: str) -> Optional[torch.Tensor]:
+    """The kernel's ``(batch, seq, heads, dim)`` view of a tensor in ``layout`` (thd stays ``(tokens, heads, dim)``)."""
+    if x is None or layout in ("bshd", "thd"):
+        return x
+    return x.permute(_TO_BSHD[layout])
+
+
+def _spec(positions, pos_mode, cu_seqlens, position_offset, max_seqlen, layout) -> PositionSpec:
+    return PositionSpec(pos_mode, position_offset, positions, cu_seqlens, max_seqlen if layout == "thd" else None)
+
+
+def _launch(q, k, q_weight, k_weight, cos, sin, positions, pos_mode, cu_seqlens, position_offset, max_seqlen,
+            rotary_dim, layout, interleaved, per_token, eps, weight_offset, out_q, out_k, grad_q=None, grad_k=None):
+    return launch_fused(
+        kernel_view(q, layout), kernel_view(k, layout), cos, sin,
+        positions=_spec(positions, pos_mode, cu_seqlens, position_offset, max_seqlen, layout), rotary_dim=rotary_dim,
+        interleaved=interleaved, cos_per_token=per_token, out_q=kernel_view(out_q, layout),
+        out_k=kernel_view(out_k, layout), q_weight=q_weight, k_weight=k_weight, eps=eps, weight_offset=weight_offset,
+        grad_q=kernel_view(grad_q, layout), grad_k=kernel_view(grad_k, layout))
+
+
+def _forward_new(q, k, *args):
+    out_q, out_k = _new_output(q), (None if k is None else _new_output(k))
+    _launch(q, k, *args, out_q, out_k)
+    return out_q, out_k
+
+
+@torch.library.custom_op("ropekit::qk_norm_rope", mutates_args=())
+def _norm_rope_op(q: torch.Tensor, k: Optional[torch.Tensor], q_weight: torch.Tensor,
+                  k_weight: Optional[torch.Tensor], cos: torch.Tensor, sin: torch.Tensor,
+                  positions: Optional[torch.Tensor], pos_mode: int, cu_seqlens: Optional[torch.Tensor],
+                  position_offset: int, max_seqlen: int, rotary_dim: int, layout: str, interleaved: bool,
+                  per_token: bool, eps: float, weight_offset: float) -> tuple[torch.Tensor, torch.Tensor]:
+    out_q, out_k = _forward_new(q, k, q_weight, k_weight, cos, sin, positions, pos_mode, cu_seqlens,
+                                position_offset, max_seqlen, rotary_dim, layout, interleaved, per_token, eps,
+                                weight_offset)
+    return out_q, (out_k if out_k is not None else q.new_empty(0))  # a custom op returns tensors only
+
+
+@_norm_rope_op.register_fake
+def _norm_rope_fake(q, k, *args):
+    return _new_output(q), (_new_output(k) if k is not None else q.new_empty(0))
+
+
+@torch.library.custom_op("ropekit::qk_norm_rope_backward", mutates_args=())
+def _norm_rope_backward_op(grad_q: torch.Tensor, grad_k: Optional[torch.Tensor], q: torch.Tensor,
+                           k: Optional[torch.Tensor], q_weight: torch.Tensor, k_weight: Optional[torch.Tensor],
+                           cos: torch.Tensor, sin: torch.Tensor, positions: Optional[torch.Tensor], pos_mode: int,
+                           cu_seqlens: Optional[torch.Tensor], position_offset: int, max_seqlen: int,
+                           rotary_dim: int, layout: str, interleaved: bool, per_token: bool, eps: float,
+                           weight_offset: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    dq, dk = _new_output(q), (None if k is None else _new_output(k))
+    dw_q, dw_k = _launch(q, k, q_weight, k_weight, cos, sin, positions, pos_mode, cu_seqlens, position_offset,
+                         max_seqlen, rotary_dim, layout, interleaved, per_token, eps, weight_offset, dq, dk,
+                         grad_q, grad_k)
+    # (two distinct empty tensors: a custom op's outputs may not alias each other)
+    return (dq, dk if dk is not None else q.new_empty(0), dw_q.to(q_weight.dtype),
+            dw_k.to(k_weight.dtype) if k_weight is not None else q.new_empty(0))
+
+
+@_norm_rope_backward_op.register_fake
+def _norm_rope_backward_fake(grad_q, grad_k, q, k, q_weight, k_weight, *args):
+    return (_new_output(q), _new_output(k) if k is not None else q.new_empty(0), torch.empty_like(q_weight),
+            torch.empty_like(k_weight) if k_weight is not None else q.new_empty(0))
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    q, k, q_weight, k_weight, cos, sin, positions, _, cu_seqlens, *_ = inputs
+    ctx.save_for_backward(q, k, q_weight, k_weight, cos, sin, positions, cu_seqlens)
+    ctx.args = inputs[7], *inputs[9:]
+
+
+def _backward(ctx, grad_q, grad_k):
+    q, k, q_weight, k_weight, cos, sin, positions, cu_seqlens = ctx.saved_tensors
+    pos_mode, position_offset, *rest = ctx.args
+    if grad_q is None:
+        grad_q = torch.zeros_like(q)
+    if k is not None and (grad_k is None or grad_k.shape != k.shape):
+        grad_k = torch.zeros_like(k)
+    dq, dk, dw_q, dw_k = _norm_rope_backward_op(grad_q, grad_k if k is not None else None, q, k, q_weight,
+                                                k_weight, cos, sin, positions, pos_mode, cu_seqlens,
+                                                position_offset, *rest)
+    has_k = k is not None
+    return (dq, dk if has_k else None, dw_q, dw_k if has_k else None) + (None,) * 13
+
+
+_norm_rope_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+@torch.library.custom_op("ropekit::qk_norm_rope_", mutates_args=("q", "k"))
+def _norm_rope_inplace_op(q: torch.Tensor, k: Optional[torch.Tensor], q_weight: torch.Tensor,
+                          k_weight: Optional[torch.Tensor], cos: torch.Tensor, sin: torch.Tensor,
+                          positions: Optional[torch.Tensor], pos_mode: int, cu_seqlens: Optional[torch.Tensor],
+                          position_offset: int, max_seqlen: int, rotary_dim: int, layout: str, interleaved: bool,
+                          per_token: bool, eps: float, weight_offset: float) -> None:
+    _launch(q, k, q_weight, k_weight, cos, sin, positions, pos_mode, cu_seqlens, position_offset, max_seqlen,
+            rotary_dim, layout, interleaved, per_token, eps, weight_offset, q, k)
+
+
+@_norm_rope_inplace_op.register_fake
+def _norm_rope_inplace_fake(*args):
+    return None
+
+
+def qk_norm_rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, cos: Optional[torch.Tensor] = None,
+                 sin: Optional[torch.Tensor] = None, q_weight: Optional[torch.Tensor] = None,
+                 k_weight: Optional[torch.Tensor] = None, *, eps: float = 1e-6, weight_offset: float = 0.0,
+                 table=None, positions=None, layout: str = "bshd", interleaved: bool = False,
+                 rotary_dim: Optional[int] = None, inplace: bool = False, cu_seqlens: Optional[torch.Tensor] = None,
+                 max_seqlen: Optional[int] = None, per_token: bool = False):
+    """Per-head RMSNorm of q and k (Qwen3 / OLMo-2 / Gemma 3 QK-norm), then RoPE, in one launch.
+
+    Returns ``(q_out, k_out)`` (``k_out`` None when k is None).
+
+    Args:
+        q, k, cos, sin, table, positions, layout, interleaved, rotary_dim, inplace, cu_seqlens, max_seqlen,
+            per_token: as :func:`ropekit.apply_rope` (q/k may be strided slices of a packed qkv projection).
+        q_weight, k_weight: the norms' ``(head_dim,)`` weights (k_weight exactly when k is given).
+        eps: added to the mean square (> 0).
+        weight_offset: the weight's offset: 0.0 (``x_hat * w``, Qwen3/OLMo-2) or 1.0 (Gemma's ``x_hat * (1 + w)``).
+
+    Autograd (out of place): gradients for q, k, q_weight and k_weight from one fused backward launch.
+    Raises ``TypeError``/``ValueError`` naming the argument, before anything is written.
+    """
+    cos, sin, spec, rotary_dim = validate.rotary_arguments(q, k, cos, sin, table, positions, layout, rotary_dim,
+                                                           cu_seqlens, max_seqlen, per_token, interleaved)
+    eps, weight_offset = validate.check_norm(q, k, q_weight, k_weight, eps, weight_offset)
+    args = (q_weight, k_weight, cos, sin, spec.tensor, spec.mode, spec.cu_seqlens, spec.offset,
+            spec.max_seqlen or 0, rotary_dim, layout, interleaved, per_token, eps, weight_offset)
+    compiling = torch.compiler.is_compiling()
+    needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad
+                                                 for t in (q, k, q_weight, k_weight))
+    if inplace:
+        if needs_grad:
+            raise ValueError("inplace=True does not support autograd; use inplace=False when q, k or the weights "
+                             "require grad")
+        validate.check_inplace_targets(q, k)
+        if q.is_meta:
+            return q, k
+        if compiling:
+            _norm_rope_inplace_op(q, k, *args)
+        else:
+            _launch(q, k, *args, q, k)
+            _bump_versions(q, k)
+        return q, k
+    if q.is_meta:
+        return _new_output(q), (None if k is None else _new_output(k))
+    if compiling or needs_grad:
+        out_q, out_k = _norm_rope_op(q, k, *args)
+        return out_q, (out_k if k is not None else None)
+    return _forward_new(q, k, *args)

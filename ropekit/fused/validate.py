@@ -1,0 +1,168 @@
+"""Validation of the fused ops' own arguments (norm weights, caches, slot mappings, scales), before any write.
+
+The rotary arguments (q, k, cos/sin, positions, layout, ...) are checked by ``apply_rope``'s validation, which the
+fused ops call first; everything here follows the same rules: shapes, dtypes, devices and host numbers always, values
+inside device tensors only in check mode (``ROPEKIT_CHECK=1``: a host sync, which CUDA graphs forbid), and every
+error names its argument.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..api import _FLOAT_DTYPES, _check_inplace_targets, _check_mode, _prepare, _views_overlap
+
+__all__ = ["FP8_DTYPE", "rotary_arguments", "check_norm", "check_cache", "check_slot_mapping", "check_cache_offsets",
+           "check_scale", "check_not_overlapping", "check_mode", "check_inplace_targets"]
+
+FP8_DTYPE = torch.float8_e4m3fn
+check_mode = _check_mode
+
+
+def check_inplace_targets(q, k) -> None:
+    """apply_rope's refusal of in-place targets that overlap themselves or each other. Skipped while torch.compile
+    traces (it compares data pointers, which fake tensors do not have): a compiled graph trusts its tensors."""
+    if not torch.compiler.is_compiling():
+        _check_inplace_targets(q, k)
+
+
+def rotary_arguments(q, k, cos, sin, table, positions, layout, rotary_dim, cu_seqlens, max_seqlen, per_token,
+                     interleaved):
+    """apply_rope's validation of the rotary arguments: ``(cos, sin, PositionSpec, rotary_dim)`` as the kernel reads
+    them (a :class:`ropekit.RopeTable` given as ``table`` may grow for host-known positions)."""
+    if table is not None and (cos is not None or sin is not None):
+        raise ValueError("pass either cos/sin or table=, not both")
+    cos, sin = (table.cos, table.sin) if table is not None else (cos, sin)
+    if cos is None or sin is None:
+        raise TypeError("cos and sin tables are required (or table=ropekit.RopeTable(...))")
+    return _prepare(q, k, cos, sin, positions, layout, rotary_dim, cu_seqlens, max_seqlen, per_token, False,
+                    "triton", table, interleaved)
+
+
+def _number(name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise TypeError(f"{name} must be a finite host float, got {value!r}")
+    return float(value)
+
+
+def check_norm(q, k, q_weight, k_weight, eps, weight_offset) -> tuple[float, float]:
+    """The RMSNorm's weights ``(head_dim,)`` (k_weight exactly when k is given), ``eps > 0`` and the weight offset."""
+    head_dim = q.shape[-1]
+    for name, w, x in (("q_weight", q_weight, q), ("k_weight", k_weight, k)):
+        if x is None:
+            if w is not None:
+                raise ValueError(f"{name} is given but k is None")
+            continue
+        if not isinstance(w, torch.Tensor):
+            raise TypeError(f"{name} must be a ({head_dim},) tensor, got {type(w).__name__}")
+        if w.dtype not in _FLOAT_DTYPES:
+            raise TypeError(f"{name} must be float16, bfloat16, float32 or float64, got {w.dtype}")
+        if tuple(w.shape) != (head_dim,):
+            raise ValueError(f"{name} must have shape ({head_dim},) (head_dim), got {tuple(w.shape)}")
+        if w.device != q.device:
+            raise ValueError(f"{name} is on {w.device} but q is on {q.device}")
+    eps = _number("eps", eps)
+    if eps <= 0:
+        raise ValueError(f"eps must be > 0, got {eps}")
+    return eps, _number("weight_offset", weight_offset)
+
+
+def check_cache(name: str, cache, *, leading: tuple | None, n_heads: int, head_dim: int, dtype: torch.dtype,
+                device: torch.device) -> None:
+    """A 4-D cache ``(blocks or batch, rows, n_heads, head_dim)`` of ``dtype`` or float8 e4m3 on ``device``;
+    ``leading``: the first dimensions it must have (None: any)."""
+    if not isinstance(cache, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(cache).__name__}")
+    if cache.dtype not in (dtype, FP8_DTYPE):
+        raise TypeError(f"{name} must be {dtype} (the inputs' dtype) or {FP8_DTYPE}, got {cache.dtype}")
+    if cache.ndim != 4 or tuple(cache.shape[2:]) != (n_heads, head_dim):
+        raise ValueError(f"{name} must have shape (blocks, block_size, {n_heads}, {head_dim}), got "
+                         f"{tuple(cache.shape)}")
+    if leading is not None and tuple(cache.shape[:len(leading)]) != leading:
+        raise ValueError(f"{name} must start with {leading}, got shape {tuple(cache.shape)}")
+    if cache.device != device:
+        raise ValueError(f"{name} is on {cache.device} but q is on {device}")
+    if cache.numel() and cache.stride(-1) != 1 and cache.dtype == FP8_DTYPE:
+        raise ValueError(f"{name}: a float8 cache must have contiguous channels (stride 1 in the last dimension)")
+
+
+def _index_tensor(name: str, t, device, dtypes) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in dtypes:
+        raise TypeError(f"{name} must be {' or '.join(str(d) for d in dtypes)}, got {t.dtype}")
+    if t.device != device:
+        raise ValueError(f"{name} is on {t.device} but q is on {device}")
+
+
+def check_slot_mapping(slot_mapping, n_tokens: int, n_slots: int, device) -> None:
+    """int64 ``(tokens,)``: the cache slot of each token, -1 for none. Check mode: every value in ``[-1, n_slots)``
+    and no slot written twice."""
+    _index_tensor("slot_mapping", slot_mapping, device, (torch.int64,))
+    if slot_mapping.ndim != 1 or slot_mapping.shape[0] != n_tokens:
+        raise ValueError(f"slot_mapping must have shape ({n_tokens},) (one slot per token), got "
+                         f"{tuple(slot_mapping.shape)}")
+    if check_mode() and not slot_mapping.is_meta and n_tokens:
+        slots = slot_mapping.cpu()
+        if bool(((slots < -1) | (slots >= n_slots)).any()):
+            raise ValueError(f"slot_mapping values must lie in [-1, {n_slots}) (the cache's slots), got "
+                             f"min {int(slots.min())} max {int(slots.max())}")
+        written = slots[slots >= 0]
+        if written.unique().numel() != written.numel():
+            raise ValueError("slot_mapping names a slot twice: two tokens would race for one cache row")
+
+
+def check_cache_offsets(offsets, n_seqs: int, lengths, max_seq: int, device) -> torch.Tensor:
+    """Per-sequence offsets into a contiguous cache: a host int (every sequence) or an int32/int64 ``(n_seqs,)``
+    tensor. Returns them as a device tensor. Check mode: ``0 <= offset`` and ``offset + length <= max_seq``
+    (``lengths()``: the sequences' lengths, asked for only then)."""
+    if isinstance(offsets, bool):
+        raise TypeError("cache_offsets must be an int or an integer tensor, got a bool")
+    if isinstance(offsets, int):
+        if offsets < 0:
+            raise ValueError(f"cache_offsets must be >= 0, got {offsets}")
+        offsets = torch.full((n_seqs,), offsets, dtype=torch.int64, device=device)
+    _index_tensor("cache_offsets", offsets, device, (torch.int32, torch.int64))
+    if offsets.ndim != 1 or offsets.shape[0] != n_seqs:
+        raise ValueError(f"cache_offsets must have shape ({n_seqs},) (one offset per sequence), got "
+                         f"{tuple(offsets.shape)}")
+    if check_mode() and not offsets.is_meta and n_seqs:
+        start = offsets.cpu().to(torch.int64)
+        end = start + torch.as_tensor(lengths(), dtype=torch.int64).cpu()
+        if bool((start < 0).any()) or int(end.max()) > max_seq:
+            raise ValueError(f"cache_offsets must place every sequence inside the cache's {max_seq} rows, got "
+                             f"offsets {start.tolist()}")
+    return offsets
+
+
+def check_scale(name: str, scale, fp8: bool, device) -> None:
+    """A float32 one-element device tensor with a float8 cache (stored = x / scale); None otherwise."""
+    if not fp8:
+        if scale is not None:
+            raise ValueError(f"{name} is only for a float8 cache")
+        return
+    if not isinstance(scale, torch.Tensor):
+        raise TypeError(f"{name} must be a float32 tensor of one element with a float8 cache, got "
+                        f"{type(scale).__name__}")
+    if scale.dtype != torch.float32 or scale.numel() != 1:
+        raise TypeError(f"{name} must be a float32 tensor of one element, got {scale.dtype} of shape "
+                        f"{tuple(scale.shape)}")
+    if scale.device != device:
+        raise ValueError(f"{name} is on {scale.device} but q is on {device}")
+
+
+def check_not_overlapping(written: dict, others: dict) -> None:
+    """No written tensor shares memory with another written one or with an input (each name in the error).
+    Skipped while torch.compile traces, like :func:`check_inplace_targets`."""
+    if torch.compiler.is_compiling():
+        return
+    names = list(written)
+    for i, a in enumerate(names):
+        if written[a] is None:
+            continue
+        for b in names[i + 1:] + [name for name in others if name not in names[:i + 1]]:
+            t = written[b] if b in written else others[b]
+            if t is not None and _views_overlap(written[a], t):
+                raise ValueError(f"{a} and {b} share memory: the call writes {a}")
