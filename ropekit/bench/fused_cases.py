@@ -73,9 +73,10 @@ CASES = (
 def tiny(case: FusedCase) -> FusedCase:
     """The same case at interpreter sizes (dry runs and tests): 2 sequences, 4/2 heads of 32 (MLA: 4 heads, latent
     32, rope 16), prefill 8 tokens."""
-    return dataclasses.replace(case, title=case.title + " (tiny shapes)", batch=2, seqlen=1 if case.decode else 8, heads_q=4,
-                               heads_kv=1 if case.kind == "mla" else 2, head_dim=16 if case.kind == "mla" else 32,
-                               latent=32 if case.latent else 0)
+    mla = case.kind == "mla"
+    return dataclasses.replace(case, title=case.title + " (tiny shapes)", batch=2, seqlen=1 if case.decode else 8,
+                               heads_q=4, heads_kv=1 if mla else 2, head_dim=16 if mla else 32,
+                               latent=32 if mla else 0)
 
 
 def floor_bytes(case: FusedCase) -> int:
