@@ -200,13 +200,20 @@ def actual(data: Data, result) -> dict:
     slots = data.slots[rows]
     out = {"q": result.reshape(c.tokens, -1, c.head_dim)[rows]}
     if c.kind == "mla":
-        out["cache"] = data.k_cache.reshape(-1, c.latent + c.head_dim)[slots]
+        out["cache"] = _rows(data.k_cache, (c.latent + c.head_dim,), slots)
     else:
         for name in ("k_cache", "v_cache"):
-            out[name] = getattr(data, name).reshape(-1, c.heads_kv, c.head_dim)[slots]
+            out[name] = _rows(getattr(data, name), (c.heads_kv, c.head_dim), slots)
     for name, scale in zip(("k_cache", "v_cache") if c.kind == "cache" else ("cache",), data.scales):
         out[name] = (out[name].float() * scale).to(torch.float64)
     return out
+
+
+def _rows(cache: torch.Tensor, row_shape, slots: torch.Tensor) -> torch.Tensor:
+    """The cache rows at ``slots`` (a float8 cache gathered as its bits: indexing has no float8 kernel everywhere)."""
+    if cache.dtype == FP8:
+        return cache.view(torch.uint8).reshape(-1, *row_shape)[slots].view(FP8)
+    return cache.reshape(-1, *row_shape)[slots]
 
 
 def check(data: Data, want: dict, got: dict) -> dict:
