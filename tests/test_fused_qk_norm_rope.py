@@ -261,3 +261,44 @@ def test_qwen3_8b_shapes_on_gpu(tokens):
     leaf = q32.detach().double().cpu().requires_grad_()
     (want,) = torch.autograd.grad(expected(leaf, qw.float(), cos, sin, ids.cpu()), leaf, grad.double().cpu())
     torch.testing.assert_close(got.double().cpu(), want, rtol=1e-4, atol=1e-4)
+
+
+def test_gradients_without_k():
+    """q alone (k None): the backward returns q's and q_weight's gradients only."""
+    q = torch.randn(1, 3, 2, 8, device=DEVICE, dtype=torch.float64, requires_grad=True)
+    qw = torch.randn(8, device=DEVICE, dtype=torch.float64, requires_grad=True)
+    cos, sin = (t.double() for t in ropekit.cos_sin_table(8, 8, device=DEVICE))
+    out_q, out_k = ropekit.qk_norm_rope(q, None, cos, sin, qw)
+    assert out_k is None
+    got = torch.autograd.grad(out_q.sum(), (q, qw))
+    leaves = [t.detach().cpu().requires_grad_() for t in (q, qw)]
+    want = torch.autograd.grad(expected(leaves[0], leaves[1], cos, sin, ref.token_positions(1, 3)).sum(), leaves)
+    for g, w in zip(got, want):
+        assert_close_to_reference(g, w)
+
+
+@gpu_only
+def test_cuda_graph_replays_with_new_positions():
+    q = torch.randn(64, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(64, 1, 8, 128, device="cuda", dtype=torch.bfloat16)
+    qw, kw = torch.randn(128, device="cuda"), torch.randn(128, device="cuda")
+    cos, sin = ropekit.cos_sin_table(8192, 128, device="cuda")
+    offsets = torch.randint(0, 8000, (64,), device="cuda")
+    out = {}
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            ropekit.qk_norm_rope(q, k, cos, sin, qw, kw, positions=offsets)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out["q"], out["k"] = ropekit.qk_norm_rope(q, k, cos, sin, qw, kw, positions=offsets)
+    for _ in range(3):
+        offsets.copy_(torch.randint(0, 8000, (64,), device="cuda"))
+        q.copy_(torch.randn_like(q))
+        graph.replay()
+        torch.cuda.synchronize()
+        pos = ref.token_positions(64, 1, offsets=offsets.cpu())
+        assert_close_to_reference(out["q"], expected(q, qw, cos, sin, pos))
+        assert_close_to_reference(out["k"], expected(k, kw, cos, sin, pos))

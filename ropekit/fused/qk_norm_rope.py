@@ -82,16 +82,15 @@ def _norm_rope_backward_op(grad_q: torch.Tensor, grad_k: Optional[torch.Tensor],
     dw_q, dw_k = _launch(q, k, q_weight, k_weight, cos, sin, positions, pos_mode, cu_seqlens, position_offset,
                          max_seqlen, rotary_dim, layout, interleaved, per_token, eps, weight_offset, dq, dk,
                          grad_q, grad_k)
-    empty = q.new_empty(0)
-    return (dq, dk if dk is not None else empty, dw_q.to(q_weight.dtype),
-            dw_k.to(k_weight.dtype) if k_weight is not None else empty)
+    # (two distinct empty tensors: a custom op's outputs may not alias each other)
+    return (dq, dk if dk is not None else q.new_empty(0), dw_q.to(q_weight.dtype),
+            dw_k.to(k_weight.dtype) if k_weight is not None else q.new_empty(0))
 
 
 @_norm_rope_backward_op.register_fake
 def _norm_rope_backward_fake(grad_q, grad_k, q, k, q_weight, k_weight, *args):
-    empty = q.new_empty(0)
-    return (_new_output(q), _new_output(k) if k is not None else empty, torch.empty_like(q_weight),
-            torch.empty_like(k_weight) if k_weight is not None else empty)
+    return (_new_output(q), _new_output(k) if k is not None else q.new_empty(0), torch.empty_like(q_weight),
+            torch.empty_like(k_weight) if k_weight is not None else q.new_empty(0))
 
 
 def _setup_context(ctx, inputs, output) -> None:

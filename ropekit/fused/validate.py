@@ -19,18 +19,23 @@ __all__ = ["FP8_DTYPE", "rotary_arguments", "check_norm", "check_cache", "check_
 
 FP8_DTYPE = torch.float8_e4m3fn
 check_mode = _check_mode
-check_inplace_targets = _check_inplace_targets
+
+
+def check_inplace_targets(q, k) -> None:
+    """apply_rope's refusal of in-place targets that overlap themselves or each other. Skipped while torch.compile
+    traces (it compares data pointers, which fake tensors do not have): a compiled graph trusts its tensors."""
+    if not torch.compiler.is_compiling():
+        _check_inplace_targets(q, k)
 
 
 def rotary_arguments(q, k, cos, sin, table, positions, layout, rotary_dim, cu_seqlens, max_seqlen, per_token,
                      interleaved):
     """apply_rope's validation of the rotary arguments: ``(cos, sin, PositionSpec, rotary_dim)`` as the kernel reads
     them (a :class:`ropekit.RopeTable` given as ``table`` may grow for host-known positions)."""
-    if table is not None:
-        if cos is not None or sin is not None:
-            raise ValueError("pass either cos/sin or table=, not both")
-        cos, sin = table.cos, table.sin
-    elif cos is None or sin is None:
+    if table is not None and (cos is not None or sin is not None):
+        raise ValueError("pass either cos/sin or table=, not both")
+    cos, sin = (table.cos, table.sin) if table is not None else (cos, sin)
+    if cos is None or sin is None:
         raise TypeError("cos and sin tables are required (or table=ropekit.RopeTable(...))")
     return _prepare(q, k, cos, sin, positions, layout, rotary_dim, cu_seqlens, max_seqlen, per_token, False,
                     "triton", table, interleaved)
@@ -149,12 +154,15 @@ def check_scale(name: str, scale, fp8: bool, device) -> None:
 
 
 def check_not_overlapping(written: dict, others: dict) -> None:
-    """No written tensor shares memory with another written one or with an input (each name in the error)."""
+    """No written tensor shares memory with another written one or with an input (each name in the error).
+    Skipped while torch.compile traces, like :func:`check_inplace_targets`."""
+    if torch.compiler.is_compiling():
+        return
     names = list(written)
     for i, a in enumerate(names):
         if written[a] is None:
             continue
-        for b in names[i + 1:] + list(others):
-            t = written.get(b, others.get(b))
-            if t is not None and t is not written[a] and _views_overlap(written[a], t):
+        for b in names[i + 1:] + [name for name in others if name not in names[:i + 1]]:
+            t = written[b] if b in written else others[b]
+            if t is not None and _views_overlap(written[a], t):
                 raise ValueError(f"{a} and {b} share memory: the call writes {a}")

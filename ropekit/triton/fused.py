@@ -55,32 +55,33 @@ def _e4m3_bits(x):
 
 
 @triton.jit
-def _store_head(OUT, rows, mask, y_a, y_b, y_t, stride_d, ROTARY_DIM: tl.constexpr, HEAD_DIM: tl.constexpr,
+def _store_head(OUT, rows, mask, y_a, y_b, y_t, stride_d, scale, ROTARY_DIM: tl.constexpr, HEAD_DIM: tl.constexpr,
                 BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_TAIL: tl.constexpr,
                 INTERLEAVED: tl.constexpr, WRITE_TAIL: tl.constexpr, FP8: tl.constexpr):
     """Store a [BLOCK_S, BLOCK_H] tile of head vectors given as pair halves (and the tail past ROTARY_DIM), cast to
-    OUT's dtype, or with FP8 as e4m3 bits into a uint8 view of the cache."""
+    OUT's dtype, or with FP8 as the e4m3 bits of ``value / scale`` into a uint8 view of the cache."""
     if INTERLEAVED:
         channels = tl.arange(0, 2 * BLOCK_HALF)
         y = tl.reshape(tl.join(y_a, y_b), [BLOCK_S, BLOCK_H, 2 * BLOCK_HALF])
         _store_channels(OUT, rows, channels, y, mask[:, :, None] & (channels < ROTARY_DIM)[None, None, :],
-                        stride_d, FP8)
+                        stride_d, scale, FP8)
     else:
         pairs = tl.arange(0, BLOCK_HALF)
         pair_mask = mask[:, :, None] & (pairs < ROTARY_DIM // 2)[None, None, :]
-        _store_channels(OUT, rows, pairs, y_a, pair_mask, stride_d, FP8)
-        _store_channels(OUT, rows, pairs + ROTARY_DIM // 2, y_b, pair_mask, stride_d, FP8)
+        _store_channels(OUT, rows, pairs, y_a, pair_mask, stride_d, scale, FP8)
+        _store_channels(OUT, rows, pairs + ROTARY_DIM // 2, y_b, pair_mask, stride_d, scale, FP8)
     if WRITE_TAIL:
         tail = ROTARY_DIM + tl.arange(0, BLOCK_TAIL)
         tail_mask = mask[:, :, None] & (tail < HEAD_DIM)[None, None, :]
-        _store_channels(OUT, rows, tail, y_t, tail_mask, stride_d, FP8)
+        _store_channels(OUT, rows, tail, y_t, tail_mask, stride_d, scale, FP8)
 
 
 @triton.jit
-def _store_channels(OUT, rows, channels, values, mask, stride_d, FP8: tl.constexpr):
+def _store_channels(OUT, rows, channels, values, mask, stride_d, scale, FP8: tl.constexpr):
     pointers = OUT + rows[:, :, None] + channels[None, None, :] * stride_d
     if FP8:
-        tl.store(pointers, _e4m3_bits(values.to(tl.float32)), mask=mask)
+        # (x / scale) correctly rounded to fp32, then to e4m3: the quotient the float64 reference rounds
+        tl.store(pointers, _e4m3_bits(tl.div_rn(values.to(tl.float32), scale)), mask=mask)
     else:
         tl.store(pointers, values.to(OUT.dtype.element_ty), mask=mask)
 
@@ -178,39 +179,55 @@ def _head_tile(X, OUT, G, W, DW, V, KC, VC, K_SCALE, V_SCALE, cos_a, sin_a, cos_
         dot = tl.sum(g_a * w_a * x_a, 2) + tl.sum(g_b * w_b * x_b, 2) + tl.sum(g_t * w_t * x_t, 2)
         c = r * r * r * (dot / HEAD_DIM)[:, :, None]
         _store_head(OUT, rows_out, mask, r * w_a * g_a - c * x_a, r * w_b * g_b - c * x_b,
-                    r * w_t * g_t - c * x_t, sod, ROTARY_DIM, HEAD_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_TAIL,
+                    r * w_t * g_t - c * x_t, sod, 1.0, ROTARY_DIM, HEAD_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_TAIL,
                     INTERLEAVED, True, False)
         dw_a = tl.sum(tl.sum(g_a * x_a * r, 1), 0)[None, None, :]
         dw_b = tl.sum(tl.sum(g_b * x_b * r, 1), 0)[None, None, :]
         dw_t = tl.sum(tl.sum(g_t * x_t * r, 1), 0)[None, None, :]
         origin = tl.zeros([1, 1], dtype=tl.int64) + dw_row * HEAD_DIM
-        _store_head(DW, origin, origin >= 0, dw_a, dw_b, dw_t, 1, ROTARY_DIM, HEAD_DIM, 1, 1, BLOCK_HALF,
+        _store_head(DW, origin, origin >= 0, dw_a, dw_b, dw_t, 1, 1.0, ROTARY_DIM, HEAD_DIM, 1, 1, BLOCK_HALF,
                     BLOCK_TAIL, INTERLEAVED, True, False)
     else:
         if NORM:
             x_a, x_b, x_t = x_a * r * w_a, x_b * r * w_b, x_t * r * w_t
         y_a, y_b = _rotate(x_a, x_b, cos_a, sin_a, cos_b, sin_b, MATH_DTYPE, False)
         if WRITE_OUT:
-            _store_head(OUT, rows_out, mask, y_a, y_b, x_t, sod, ROTARY_DIM, HEAD_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF,
-                        BLOCK_TAIL, INTERLEAVED, WRITE_TAIL, False)
+            _store_head(OUT, rows_out, mask, y_a, y_b, x_t, sod, 1.0, ROTARY_DIM, HEAD_DIM, BLOCK_S, BLOCK_H,
+                        BLOCK_HALF, BLOCK_TAIL, INTERLEAVED, WRITE_TAIL, False)
         if CACHE != 0:
             c_mask = cache_mask[:, None] & head_mask[None, :]
             rows_kc = cache_block[:, None] * skcb + cache_row[:, None] * skcs + heads[None, :].to(tl.int64) * skch
+            k_scale = 1.0
             if FP8:
-                inv = 1.0 / tl.load(K_SCALE).to(MATH_DTYPE)
-                y_a, y_b, x_t = y_a * inv, y_b * inv, x_t * inv
-            _store_head(KC, rows_kc, c_mask, y_a, y_b, x_t, skcd, ROTARY_DIM, HEAD_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF,
-                        BLOCK_TAIL, INTERLEAVED, True, FP8)
+                k_scale = tl.load(K_SCALE)
+            _store_head(KC, rows_kc, c_mask, y_a, y_b, x_t, skcd, k_scale, ROTARY_DIM, HEAD_DIM, BLOCK_S, BLOCK_H,
+                        BLOCK_HALF, BLOCK_TAIL, INTERLEAVED, True, FP8)
             if HAS_V:
                 # v passes through: its head vectors as one "tail" of V_DIM channels
                 channels = tl.arange(0, BLOCK_V)
                 rows_v = batch_index * svb + token_rows[:, None] * svs + heads[None, :] * svh
                 v_mask = c_mask[:, :, None] & (channels < V_DIM)[None, None, :]
                 v = tl.load(V + rows_v[:, :, None] + channels[None, None, :] * svd, mask=v_mask, other=0.0)
+                v_scale = 1.0
                 if FP8:
-                    v = v.to(MATH_DTYPE) * (1.0 / tl.load(V_SCALE).to(MATH_DTYPE))
+                    v_scale = tl.load(V_SCALE)
                 rows_vc = cache_block[:, None] * svcb + cache_row[:, None] * svcs + heads[None, :].to(tl.int64) * svch
-                _store_channels(VC, rows_vc, channels, v, v_mask, svcd, FP8)
+                _store_channels(VC, rows_vc, channels, v, v_mask, svcd, v_scale, FP8)
+
+
+@triton.jit
+def _sequence(CU_SEQLENS, pid_b, seqlen, IS_VARLEN: tl.constexpr, INDEX_DTYPE: tl.constexpr):
+    """Sequence ``pid_b``: its first row, its length, and the batch index its rows are addressed with (varlen: a
+    sequence of the packed tensor, which has no batch axis)."""
+    if IS_VARLEN:
+        start = tl.load(CU_SEQLENS + pid_b).to(INDEX_DTYPE)
+        length = tl.load(CU_SEQLENS + pid_b + 1).to(INDEX_DTYPE) - start
+        batch_index = 0
+    else:
+        start = 0
+        length = seqlen
+        batch_index = pid_b.to(INDEX_DTYPE)
+    return start, length, batch_index
 
 
 @triton.jit
@@ -234,18 +251,11 @@ def fused_rope_kernel(
     pid_s = tl.program_id(0)
     pid_h = tl.program_id(1)
     pid_b = tl.program_id(2)
-    if IS_VARLEN:
-        seq_start = tl.load(CU_SEQLENS + pid_b).to(INDEX_DTYPE)
-        seq_len = tl.load(CU_SEQLENS + pid_b + 1).to(INDEX_DTYPE) - seq_start
-        batch_index = 0  # the packed tensor has no batch axis
-    else:
-        seq_start = 0
-        seq_len = seqlen
-        batch_index = pid_b.to(INDEX_DTYPE)
+    first, seq_len, batch_index = _sequence(CU_SEQLENS, pid_b, seqlen, IS_VARLEN, INDEX_DTYPE)
     if pid_s * BLOCK_S >= seq_len:
         return  # varlen: this sequence is shorter than the longest one
     s_local = pid_s * BLOCK_S + tl.arange(0, BLOCK_S)
-    token_rows = seq_start + s_local.to(INDEX_DTYPE)
+    token_rows = first + s_local.to(INDEX_DTYPE)
     token_mask = (s_local < seq_len) & (token_rows >= 0) & (token_rows < n_tokens)
     # (varlen: whatever cu_seqlens hold, only rows of the packed tensor are touched)
     cos_a, sin_a, cos_b, sin_b = _cos_sin(
@@ -321,6 +331,17 @@ def _strides(t, n: int = 4) -> tuple:
 _MATH = {torch.float64: tl.float64}
 
 
+def _position_strides(spec: PositionSpec) -> tuple:
+    """The (sequence, token) strides ``_cos_sin`` walks the positions with: per-sequence offsets ``(batch,)`` step by
+    sequence, 1-D position ids (varlen) by packed token, 2-D ids by both; (1, 1) without a tensor (not read)."""
+    t = spec.tensor
+    if t is None:
+        return 1, 1
+    if t.ndim == 2:
+        return t.stride(0), t.stride(1)
+    return (0, t.stride(0)) if spec.mode == POSITION_IDS else (t.stride(0), 1)
+
+
 def launch_fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, interleaved: bool = False,
                  cos_per_token: bool = False, out_q=None, out_k=None, v=None, k_cache=None, v_cache=None,
                  cache_mode: int = CACHE_NONE, slots=None, block_size: int = 1, cache_len: int = 0,
@@ -361,12 +382,7 @@ def launch_fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, in
     else:
         cos_strides, table_len = (1, cos.stride(0), cos.stride(1)), cos.shape[0]
     pos = positions.tensor
-    if pos is None:
-        pos_strides = (1, 1)
-    elif pos.ndim == 1:
-        pos_strides = (0, pos.stride(0)) if positions.mode == POSITION_IDS else (pos.stride(0), 1)
-    else:
-        pos_strides = (pos.stride(0), pos.stride(1))
+    pos_strides = _position_strides(positions)
     norm = q_weight is not None
     write_q, write_k = out_q is not None, out_k is not None
     in_place = (write_q and out_q.data_ptr() == q.data_ptr()) or (write_k and out_k.data_ptr() == k.data_ptr())

@@ -1,0 +1,129 @@
+"""ropekit.mla_rope_and_cache: DeepSeek MLA's decoupled RoPE (GPT-J pairs, YaRN tables) on q_pe and the shared k_pe,
+and ``[kv_c | rotated k_pe]`` written into the paged latent cache, in one launch; against the float64 reference."""
+
+import pytest
+import torch
+
+import ropekit
+from ropekit import reference as ref
+from ropekit.testing import assert_close_to_reference, ulp
+from conftest import DEVICE, gpu_only
+
+FP8 = torch.float8_e4m3fn
+YARN = {"rope_type": "yarn", "factor": 40.0, "original_max_position_embeddings": 4096, "beta_fast": 32,
+        "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0, "rope_theta": 10000.0}
+
+
+def yarn_tables(rope_dim, rows, device):
+    inv_freq, attention_factor = ropekit.rope_init(YARN, rope_dim, max_position_embeddings=163840)
+    return ropekit.cos_sin_table(rows, inv_freq=inv_freq, attention_scaling=attention_factor, device=device)
+
+
+def mla_case(tokens, heads, rope_dim, latent, dtype, *, num_blocks, block_size, cache_dtype=None, device=DEVICE):
+    q_pe = torch.randn(tokens, heads, rope_dim + 32, device=device).to(dtype)[..., 32:]  # a slice of q
+    kv = torch.randn(tokens, latent + rope_dim, device=device).to(dtype)  # the projection's [kv_c | k_pe]
+    kv_c, k_pe = kv[:, :latent], kv[:, latent:]
+    kv_cache = torch.randn(num_blocks, block_size, latent + rope_dim, device=device).to(cache_dtype or dtype)
+    slots = torch.randperm(num_blocks * block_size, device=device)[:tokens]
+    return q_pe, k_pe, kv_c, kv_cache, slots
+
+
+def check_cache(before, after, kv_c, k_pe64, slots, scale=None):
+    latent = kv_c.shape[-1]
+    flat_before, flat_after = before.view(-1, before.shape[-1]).cpu(), after.view(-1, after.shape[-1]).cpu()
+    written = slots[slots >= 0].cpu()
+    untouched = torch.ones(flat_after.shape[0], dtype=torch.bool)
+    untouched[written] = False
+    assert torch.equal(flat_after[untouched].view(torch.uint8), flat_before[untouched].view(torch.uint8))
+    rows = flat_after[written]
+    keep = (slots >= 0).cpu()
+    if scale is None:
+        assert torch.equal(rows[:, :latent], kv_c[keep].cpu())
+        assert_close_to_reference(rows[:, latent:], k_pe64[keep])
+    else:
+        assert torch.equal(rows[:, :latent].double(), ref.e4m3(kv_c[keep].float().cpu().double() / float(scale)))
+        quotient = k_pe64[keep] / float(scale)
+        assert bool(((rows[:, latent:].double() - quotient).abs() <= ulp(quotient, FP8)).all())
+
+
+@pytest.mark.parametrize("form", ["cos_sin_cache", "tables-neox-out-of-place"])
+def test_matches_reference(form):
+    tokens, heads, rope_dim, latent = 6, 3, 16, 32
+    q_pe, k_pe, kv_c, kv_cache, slots = mla_case(tokens, heads, rope_dim, latent, torch.bfloat16, num_blocks=4,
+                                                 block_size=4)
+    slots[2] = -1
+    q0, k0, before = q_pe.clone(), k_pe.clone(), kv_cache.clone()
+    cos, sin = yarn_tables(rope_dim, 64, DEVICE)
+    positions = torch.tensor([0, 63, 5, 17, 2, 40], device=DEVICE)
+    interleaved = form == "cos_sin_cache"
+    if form == "cos_sin_cache":  # vLLM's buffer in the model's dtype: [cos | sin] per position
+        cache = torch.cat((cos, sin), -1).to(torch.bfloat16)
+        out_q, out_k = ropekit.mla_rope_and_cache(q_pe, k_pe, kv_c, kv_cache, slots, positions, cos_sin_cache=cache)
+        cos, sin = cache[:, :rope_dim // 2], cache[:, rope_dim // 2:]
+        assert out_q is not None and out_q.data_ptr() == q_pe.data_ptr() and out_k.data_ptr() == k_pe.data_ptr()
+    else:
+        out_q, out_k = ropekit.mla_rope_and_cache(q_pe, k_pe, kv_c, kv_cache, slots, positions, cos, sin,
+                                                  interleaved=False, inplace=False)
+        assert torch.equal(q_pe, q0) and torch.equal(k_pe, k0)
+    pos = positions.cpu()
+    want_q = ref.rope_table(q0, cos, sin, pos, interleaved=interleaved)
+    want_k = ref.rope_table(k0[:, None], cos, sin, pos, interleaved=interleaved)[:, 0]
+    assert_close_to_reference(out_q, want_q)
+    assert_close_to_reference(out_k, want_k)
+    check_cache(before, kv_cache, kv_c, want_k, slots)
+
+
+def test_fp8_latent_cache():
+    q_pe, k_pe, kv_c, kv_cache, slots = mla_case(5, 2, 16, 32, torch.bfloat16, num_blocks=3, block_size=4,
+                                                 cache_dtype=FP8)
+    k0, before = k_pe.clone(), kv_cache.clone()
+    scale = torch.tensor([0.01], device=DEVICE)
+    cos, sin = yarn_tables(16, 32, DEVICE)
+    positions = torch.tensor([1, 2, 30, 4, 0], device=DEVICE)
+    ropekit.mla_rope_and_cache(q_pe, k_pe, kv_c, kv_cache, slots, positions, cos, sin, kv_cache_scale=scale)
+    want_k = ref.rope_table(k0[:, None], cos, sin, positions.cpu(), interleaved=True)[:, 0]
+    check_cache(before, kv_cache, kv_c, want_k, slots, scale=scale.cpu())
+
+
+@pytest.mark.parametrize("change,error,name", [
+    ("kv_cache width", ValueError, "kv_cache"),
+    ("slot int32", TypeError, "slot_mapping"),
+    ("kv_c tokens", ValueError, "kv_c"),
+    ("fp8 without scale", TypeError, "kv_cache_scale"),
+    ("positions shape", ValueError, "positions"),
+])
+def test_errors_name_the_argument_and_write_nothing(change, error, name):
+    q_pe, k_pe, kv_c, kv_cache, slots = mla_case(4, 2, 16, 32, torch.float32, num_blocks=2, block_size=4)
+    positions = torch.arange(4, device=DEVICE)
+    cos, sin = ropekit.cos_sin_table(8, 16, device=DEVICE)
+    if change == "kv_cache width":
+        kv_cache = kv_cache[..., :40]
+    elif change == "slot int32":
+        slots = slots.int()
+    elif change == "kv_c tokens":
+        kv_c = kv_c[:3]
+    elif change == "fp8 without scale":
+        kv_cache = kv_cache.to(FP8)
+    else:
+        positions = positions[None]
+    before = [t.clone() for t in (q_pe, k_pe, kv_c, kv_cache)]
+    with pytest.raises(error, match=name):
+        ropekit.mla_rope_and_cache(q_pe, k_pe, kv_c, kv_cache, slots, positions, cos, sin)
+    for t, b in zip((q_pe, k_pe, kv_c, kv_cache), before):
+        assert torch.equal(t.view(torch.uint8), b.view(torch.uint8))
+
+
+@gpu_only
+@pytest.mark.parametrize("cache_dtype", [torch.bfloat16, FP8])
+def test_deepseek_decode_shapes_on_gpu(cache_dtype):
+    """MLA decode b64: 128 heads, 64 rope + 512 latent, bf16, block size 64 (vLLM's MLA default), YaRN."""
+    q_pe, k_pe, kv_c, kv_cache, slots = mla_case(64, 128, 64, 512, torch.bfloat16, num_blocks=256, block_size=64,
+                                                 cache_dtype=cache_dtype, device="cuda")
+    q0, k0, before = q_pe.clone(), k_pe.clone(), kv_cache.clone()
+    cos, sin = yarn_tables(64, 8192, "cuda")
+    positions = torch.randint(0, 8192, (64,), device="cuda")
+    scale = torch.tensor([0.02], device="cuda") if cache_dtype == FP8 else None
+    ropekit.mla_rope_and_cache(q_pe, k_pe, kv_c, kv_cache, slots, positions, cos, sin, kv_cache_scale=scale)
+    want_k = ref.rope_table(k0[:, None], cos, sin, positions.cpu(), interleaved=True)[:, 0]
+    assert_close_to_reference(q_pe, ref.rope_table(q0, cos, sin, positions.cpu(), interleaved=True))
+    check_cache(before, kv_cache, kv_c, want_k, slots, scale=None if scale is None else scale.cpu())

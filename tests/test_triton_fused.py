@@ -1,0 +1,56 @@
+"""ropekit.triton.fused: the fused kernel's launcher on its own, with small forced tiles so that many programs share
+the work (partial tiles, sequences shorter than the longest, per-program weight-gradient rows), against the float64
+reference."""
+
+import pytest
+import torch
+
+import ropekit
+from ropekit import reference as ref
+from ropekit.positions import POSITION_IDS, SCALAR_OFFSET, PositionSpec
+from ropekit.testing import assert_close_to_reference
+from ropekit.triton.fused import CACHE_PAGED, FusedConfig, launch_fused
+from conftest import DEVICE
+
+SMALL = FusedConfig(block_s=2, block_h=1, num_warps=1)
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_backward_sums_weight_gradients_over_every_program(interleaved):
+    """varlen: 3 sequences (one shorter than a tile), one head per program: the weight gradient is the sum of many
+    programs' rows, and the early-exiting programs contribute nothing."""
+    cu = torch.tensor([0, 1, 6, 9], device=DEVICE)
+    x = torch.randn(9, 3, 8, device=DEVICE, dtype=torch.float64)
+    g = torch.randn(9, 3, 8, device=DEVICE, dtype=torch.float64)
+    w = torch.randn(8, device=DEVICE, dtype=torch.float64)
+    cos, sin = (t.double() for t in ropekit.cos_sin_table(16, 6, device=DEVICE))
+    dx = torch.empty_like(x)
+    spec = PositionSpec(SCALAR_OFFSET, 2, None, cu, 5)
+    dw, _ = launch_fused(x, None, cos, sin, positions=spec, rotary_dim=6, interleaved=interleaved, out_q=dx,
+                         q_weight=w, eps=1e-6, weight_offset=1.0, grad_q=g, config=SMALL)
+    leaves = [t.detach().cpu().requires_grad_() for t in (x, w)]
+    normed = ref.rms_norm(leaves[0], leaves[1], eps=1e-6, weight_offset=1.0)
+    out = ref.rope_table(normed, cos, sin, ref.varlen_positions(cu, offsets=2), interleaved=interleaved)
+    want_dx, want_dw = torch.autograd.grad(out, leaves, g.cpu())
+    assert_close_to_reference(dx, want_dx)
+    assert_close_to_reference(dw, want_dw)
+
+
+def test_forward_paged_norm_with_position_ids_in_small_tiles():
+    """q and k heads split over programs, k's programs writing the cache; q out of place, k not written back."""
+    tokens, hq, hk, d = 5, 3, 2, 16
+    q, k, v = (torch.randn(1, tokens, h, d, device=DEVICE) for h in (hq, hk, hk))
+    qw, kw = torch.randn(d, device=DEVICE), torch.randn(d, device=DEVICE)
+    k_cache, v_cache = torch.zeros(3, 4, hk, d, device=DEVICE), torch.zeros(3, 4, hk, d, device=DEVICE)
+    slots = torch.tensor([11, 0, -1, 5, 6], device=DEVICE)
+    ids = torch.tensor([[9, 0, 3, 3, 15]], device=DEVICE)
+    cos, sin = ropekit.cos_sin_table(16, 12, device=DEVICE)
+    out_q = torch.empty_like(q)
+    launch_fused(q, k, cos, sin, positions=PositionSpec(POSITION_IDS, 0, ids), rotary_dim=12, out_q=out_q, v=v,
+                 k_cache=k_cache, v_cache=v_cache, cache_mode=CACHE_PAGED, slots=slots, block_size=4, cache_len=12,
+                 q_weight=qw, k_weight=kw, eps=1e-5, config=SMALL)
+    want_q = ref.rope_table(ref.rms_norm(q, qw, eps=1e-5), cos, sin, ids.cpu())
+    want_k = ref.rope_table(ref.rms_norm(k, kw, eps=1e-5), cos, sin, ids.cpu())[0]
+    assert_close_to_reference(out_q, want_q)
+    assert_close_to_reference(k_cache, ref.paged_cache_write(torch.zeros(3, 4, hk, d), want_k, slots))
+    assert torch.equal(v_cache.cpu().double(), ref.paged_cache_write(torch.zeros(3, 4, hk, d), v[0], slots))
