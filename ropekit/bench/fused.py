@@ -269,7 +269,7 @@ def _environment(device) -> dict:
 
 
 def main(argv=None) -> int:
-    from .fused_report import evaluate_targets, write_outputs
+    from .fused_report import publish
     from .timing import QUICK, GpuTimer, Settings
 
     parser = argparse.ArgumentParser(prog="python -m ropekit.bench.fused", description=__doc__.split("\n\n")[0])
@@ -291,9 +291,7 @@ def main(argv=None) -> int:
     backend = args.compile_backend or ("inductor" if gpu else "aot_eager")
     doc = run(cases, impls(backend), timer, device)
     doc["command"] = "python -m ropekit.bench.fused " + " ".join(argv if argv is not None else sys.argv[1:])
-    doc["targets"] = evaluate_targets(doc)
-    for path in write_outputs(doc, args.out):
-        print(f"wrote {path}")
+    publish(doc, args.out)
     return 0
 
 

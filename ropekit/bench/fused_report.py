@@ -10,7 +10,7 @@ import argparse
 import json
 from pathlib import Path
 
-__all__ = ["evaluate_targets", "write_outputs", "render_markdown", "write_plot", "best_unfused"]
+__all__ = ["evaluate_targets", "write_outputs", "publish", "render_markdown", "write_plot", "best_unfused"]
 
 EQUAL_WITHIN = 0.01  # "no slower than": within the run-to-run spread (1%) counts as equal
 FUSED, COMPILE = "ropekit-fused", "torch.compile"
@@ -141,16 +141,21 @@ def write_outputs(doc: dict, out: Path) -> list[Path]:
     return paths
 
 
+def publish(doc: dict, out: Path) -> list[Path]:
+    """Judge the targets into ``doc`` and write its three files (their paths printed)."""
+    doc["targets"] = evaluate_targets(doc)
+    paths = write_outputs(doc, out)
+    print("wrote " + ", ".join(str(p) for p in paths))
+    return paths
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ropekit.bench.fused_report",
                                      description="re-render the fused benchmark's page and figure from its JSON")
     parser.add_argument("json", type=Path)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
-    doc = json.loads(args.json.read_text())
-    doc["targets"] = evaluate_targets(doc)
-    for path in write_outputs(doc, args.out):
-        print(f"wrote {path}")
+    publish(json.loads(args.json.read_text()), args.out)
     return 0
 
 
