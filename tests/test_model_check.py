@@ -1,8 +1,9 @@
 """ropekit.model_check: tiny random Llama and Qwen3 decoded through rope_and_cache into a paged cache, against
 transformers' own forward over the same tokens.
 
-The bound on the logits of the paged, fused decode: in float32 within 1e-4 of transformers' logits; in bfloat16 no further from the float64 model than 1.5x transformers' own bfloat16 error, and
-within 2x that error of transformers' bfloat16 logits. The CPU runs (Triton interpreter) decode 2 tokens; the GPU
+The bound on the logits of the paged, fused decode: in float32 within 1e-4 of transformers' logits; in bfloat16 no
+further from the float64 model than 1.5x transformers' own bfloat16 error, and within 2x that error of transformers'
+bfloat16 logits. The CPU runs (Triton interpreter) decode 2 tokens; the GPU
 runs decode 32, as the check is specified.
 """
 
