@@ -14,7 +14,7 @@ CASES = {c.name: c for c in fused_cases.CASES}
 
 
 def test_byte_floors_match_the_published_table():
-    """decode b64: 1.57 MB (0.37 us at 4253 GB/s); prefill b4 s4096: 402.7 MB (94.7 us): the published targets' floors."""
+    """decode b64: 1.57 MB (0.37 us at 4253 GB/s); prefill b4 s4096: 402.7 MB (94.7 us): the published floors."""
     assert fused_cases.floor_bytes(CASES["decode-b64"]) == 64 * (32 + 8 + 8) * 128 * 2 * 2
     assert fused_cases.floor_bytes(CASES["prefill-b4-s4096"]) / 4253e3 == pytest.approx(94.7, abs=0.05)
     assert fused_cases.floor_bytes(CASES["decode-b64"]) / 4253e3 == pytest.approx(0.37, abs=0.005)
