@@ -13,7 +13,10 @@ bound a test asserts can be stated relative to transformers' own rounding in the
 
 from __future__ import annotations
 
+import argparse
+import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Optional, Sequence
 
 import torch
@@ -22,7 +25,7 @@ from .fused import rope_and_cache
 from .frequencies import cos_sin_table, rope_init, rope_parameters_from_config
 from .paged import BlockAllocator, paged_attention, slot_mapping
 
-__all__ = ["FAMILIES", "tiny_model", "PagedDecoder", "DecodeResult", "decode_check"]
+__all__ = ["FAMILIES", "tiny_model", "PagedDecoder", "DecodeResult", "decode_check", "main"]
 
 FAMILIES = ("llama", "qwen3")
 
@@ -168,3 +171,30 @@ def decode_check(family: str, dtype=torch.float32, *, steps: int = 32, prompt_le
                         max_abs_vs_transformers=worst(ours, theirs), max_abs_ropekit_vs_float64=worst(ours, exact),
                         max_abs_transformers_vs_float64=worst(theirs, exact),
                         logit_scale=max(float(x.abs().max()) for x in exact), tokens=sequences)
+
+
+def main(argv=None) -> int:
+    """``python -m ropekit.model_check --out DIR``: the check for both families in float32 and bfloat16, written to
+    ``DIR/model_check.json`` (the bound a test asserts, measured)."""
+    from .device import DEVICE
+
+    parser = argparse.ArgumentParser(prog="python -m ropekit.model_check", description=main.__doc__.split("\n")[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--steps", type=int, default=32)
+    args = parser.parse_args(argv)
+    results = []
+    for family in FAMILIES:
+        for dtype in (torch.float32, torch.bfloat16):
+            result = decode_check(family, dtype, steps=args.steps, prompt_lens=(5, 11, 40), block_size=16,
+                                  device=DEVICE).to_json()
+            result.pop("tokens")
+            print(result)
+            results.append(result)
+    args.out.mkdir(parents=True, exist_ok=True)
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu (Triton interpreter)"
+    (args.out / "model_check.json").write_text(json.dumps({"device": device, "results": results}, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

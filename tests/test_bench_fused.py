@@ -122,3 +122,11 @@ def test_cli_dry_run(tmp_path, capsys):
     assert all(t["met"] is None for t in doc["targets"])  # nothing timed, nothing claimed
     with pytest.raises(SystemExit):
         fused.main(["--out", str(tmp_path), "--cases", "no-such-case"])
+
+
+def test_a_spent_time_budget_marks_the_remaining_cases_not_run(tmp_path):
+    case = fused_cases.tiny(CASES["decode-b64"])
+    doc = fused.run([case], fused.impls("aot_eager"), FakeClock(), DEVICE, log=lambda line: None, budget_s=1e-9)
+    assert {r["status"] for r in doc["rows"]} == {"not run"} and len(doc["rows"]) == len(fused.IMPL_NAMES)
+    fused_report.publish(doc, tmp_path)
+    assert "not run" in (tmp_path / "benchmarks_fused.md").read_text()

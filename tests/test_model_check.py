@@ -56,3 +56,20 @@ def test_decode_32_tokens_on_gpu(family, dtype):
                                       device=DEVICE)
     print(result.to_json())
     assert_within_bound(result)
+
+
+def test_cli_writes_every_family_and_dtype(tmp_path, monkeypatch):
+    """The command's plumbing (the check itself is the tests above): one result per family and dtype, in JSON."""
+    import json
+
+    seen = []
+
+    def fake_check(family, dtype, **kwargs):
+        seen.append((family, dtype, kwargs["steps"]))
+        return model_check.DecodeResult(family, str(dtype), kwargs["steps"], (1,), 16, 0.0, 0.0, 0.0, 1.0, [[1]])
+
+    monkeypatch.setattr(model_check, "decode_check", fake_check)
+    assert model_check.main(["--out", str(tmp_path), "--steps", "3"]) == 0
+    doc = json.loads((tmp_path / "model_check.json").read_text())
+    assert len(doc["results"]) == 4 and all("tokens" not in r for r in doc["results"])
+    assert {(f, s) for f, _, s in seen} == {("llama", 3), ("qwen3", 3)}

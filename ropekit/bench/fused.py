@@ -25,6 +25,7 @@ import argparse
 import contextlib
 import platform
 import sys
+import time
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -237,12 +238,18 @@ def _stream_for(case: FusedCase, device):
     return torch.cuda.stream(torch.cuda.Stream())
 
 
-def run(cases, builders: dict, timer, device, *, log=print) -> dict:
-    """The whole run as one JSON-ready document (the copy ceiling first, then the cases)."""
+def run(cases, builders: dict, timer, device, *, log=print, budget_s: Optional[float] = None) -> dict:
+    """The whole run as one JSON-ready document (the copy ceiling first, then the cases). Once ``budget_s`` seconds
+    have passed, the remaining cases get "not run" rows, so that a run cut short still writes what it measured."""
+    start = time.perf_counter()
     ceiling = timer.copy_ceiling() if timer is not None else None
     gbps = ceiling["gbps"] if ceiling else None
     rows = []
     for case in cases:
+        if budget_s and time.perf_counter() - start > budget_s:
+            rows += [{"case": case.name, "impl": name, "status": "not run", "graph_us": None,
+                      "reason": f"time budget of {budget_s:g} s used up (--time-budget)"} for name in builders]
+            continue
         rows += run_case(case, builders, timer, device, ceiling_gbps=gbps, log=log)
     return {
         "benchmark": "fused pre-processing",
@@ -278,6 +285,8 @@ def main(argv=None) -> int:
     parser.add_argument("--dry-run", action="store_true", help="tiny shapes, checks only, no clock (any machine)")
     parser.add_argument("--quick", action="store_true", help="shorter timing (smoke run on a GPU)")
     parser.add_argument("--compile-backend", default=None, help="torch.compile backend (inductor; dry run aot_eager)")
+    parser.add_argument("--time-budget", type=float, default=480.0,
+                        help="seconds after which no new case starts (0: no limit); outputs are written either way")
     args = parser.parse_args(argv)
     unknown = set(args.cases or ()) - {c.name for c in CASES}
     if unknown:
@@ -289,7 +298,7 @@ def main(argv=None) -> int:
     if not gpu:
         cases = [tiny(c) for c in cases]
     backend = args.compile_backend or ("inductor" if gpu else "aot_eager")
-    doc = run(cases, impls(backend), timer, device)
+    doc = run(cases, impls(backend), timer, device, budget_s=args.time_budget)
     doc["command"] = "python -m ropekit.bench.fused " + " ".join(argv if argv is not None else sys.argv[1:])
     publish(doc, args.out)
     return 0
