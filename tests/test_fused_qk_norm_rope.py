@@ -302,3 +302,15 @@ def test_cuda_graph_replays_with_new_positions():
         pos = ref.token_positions(64, 1, offsets=offsets.cpu())
         assert_close_to_reference(out["q"], expected(q, qw, cos, sin, pos))
         assert_close_to_reference(out["k"], expected(k, kw, cos, sin, pos))
+
+
+def test_hostile_values_follow_the_reference():
+    """A NaN makes its head NaN; an infinity zeroes its head's finite channels and makes its own pair NaN."""
+    q = torch.randn(1, 2, 2, 8, device=DEVICE)
+    q[0, 0, 0, 3] = float("inf")
+    q[0, 1, 1, 2] = float("nan")
+    w = torch.randn(8, device=DEVICE)
+    cos, sin = ropekit.cos_sin_table(8, 8, device=DEVICE)
+    out, _ = ropekit.qk_norm_rope(q, None, cos, sin, w)
+    assert_close_to_reference(out, expected(q, w, cos, sin, ref.token_positions(1, 2)))
+    assert bool(out[0, 1, 1].isnan().all()) and bool(out[0, 0, 1].isfinite().all())

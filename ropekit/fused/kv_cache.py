@@ -110,7 +110,7 @@ def rope_and_cache(q: torch.Tensor, k: torch.Tensor, v: Optional[torch.Tensor], 
     cos, sin, spec, rotary_dim = validate.rotary_arguments(q, k, cos, sin, table, positions, layout, rotary_dim,
                                                            cu_seqlens, max_seqlen, per_token, interleaved)
     norm = q_weight is not None or k_weight is not None
-    eps, weight_offset = validate.check_norm(q, k, q_weight, k_weight, eps, weight_offset) if norm else (eps, 0.0)
+    eps, weight_offset = validate.check_norm(q, k, q_weight, k_weight, eps, weight_offset) if norm else (0.0, 0.0)
     slots, cache_mode = _check_cache_arguments(q, k, v, k_cache, v_cache, slot_mapping, cache_offsets, k_scale,
                                                v_scale, spec, layout)
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, q_weight, k_weight)):
