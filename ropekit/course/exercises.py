@@ -29,6 +29,7 @@ from .buffers import Layout
 from .cases import RopeCase
 from .function_checks import check_pair_indices, check_rotate_pair
 from .speed import QKShape, grade_speed
+from .fusion.paged_check import check_rope_cache
 
 __all__ = ["Exercise", "EXERCISES", "exercise", "names", "task", "template_source", "solution_source",
            "load_template", "load_solution", "wrong_variants", "show_task", "show_template", "show_solution"]
@@ -324,6 +325,16 @@ _add_warmup(
     "frequencies (inv_freq[None, :]), and mask both axes. Checked for 16 x 8, 37 x 12 and 5 x 3.",
     ("position_shift", "out_of_bounds", "unwritten", "raised", "wrong"))
 
+_add(Exercise(
+    name="09_rope_cache_kernel", title="RoPE and the paged KV-cache write in one kernel", language="triton",
+    entry="rope_cache_kernel",
+    task=("Fill in rope_cache_kernel: program `token` rotates the token's query heads into Q_OUT and its key heads "
+          "straight into the paged K_CACHE at slot SLOTS[token] (block slot // block_size, row slot % block_size), "
+          "and copies its value heads unchanged to V_CACHE at the same slot. A slot of -1 is padding: nothing is "
+          "written to the caches for it. One read of q, k and v, one write of each output: the fused step."),
+    diagnoses=("wrong_direction", "position_shift", "unwritten", "out_of_bounds", "wrong"),
+    check=check_rope_cache,
+))
 
 # --- access --------------------------------------------------------------------------------------------------------
 

@@ -1,0 +1,308 @@
+"""The fused pre-processing benchmark: RoPE (+ QK-norm) + paged KV-cache write (bf16 or float8), DeepSeek MLA's
+decoupled RoPE + latent-cache write, and the QK-norm + RoPE backward, against the pipelines a user builds without
+the fused op.
+
+    python -m ropekit.bench.fused --out DIR            # on a GPU: JSON + markdown + PNG (a few minutes)
+    python -m ropekit.bench.fused --out DIR --dry-run  # anywhere: tiny shapes, every implementation checked, no clock
+
+Implementations per case: ``ropekit-fused`` (one launch of :mod:`ropekit.fused`); the unfused pipelines from the
+single-op pieces (``F.rms_norm`` + :func:`ropekit.apply_rope` in place + the cache write with ``index_copy_`` or
+``index_put_``); ``torch.compile`` of the whole chain written in PyTorch. FlashInfer is not measured: its wheel alone
+(62 MB) exceeds what can be carried to the GPU machine with the tree, and that machine has no network.
+
+How it measures (the conventions of :mod:`ropekit.bench.timing`): every implementation gets fresh random inputs,
+is checked against the float64 reference (:mod:`ropekit.reference`) on a sample of tokens before it is timed, and is
+captured in a CUDA graph; the graphs of one case are replayed in interleaved rounds and the median per call is
+reported. The copy ceiling is measured in the same run. The byte floor counts each activation and cache tensor once
+read and once written (q, k, v read; q written in place, k and v written to the cache; the backward reads q, k and
+both output gradients and writes both input gradients); the per-token metadata (positions, slots, cos/sin rows) is
+reported beside it and not counted, as in the published targets.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+import torch.nn.functional as F
+
+from ..api import apply_rope
+from ..fused import mla_rope_and_cache, qk_norm_rope, rope_and_cache
+from .fused_cases import (BLOCK_SIZE, CASES, EPS, FP8, Data, FusedCase, actual, check, expected, floor_bytes,
+                          make_data, meta_bytes, tiny)
+
+__all__ = ["CASES", "IMPL_NAMES", "impls", "run_case", "run", "main"]
+
+
+# --- the implementations: each builds, from one case's data, a call that returns the rotated q (or the gradients) ---
+
+def _fused(data: Data) -> Callable:
+    c, cos, sin = data.case, data.cos, data.sin
+    if c.kind == "backward":
+        return _autograd(lambda q, k, w_q, w_k: qk_norm_rope(q, k, cos, sin, w_q, w_k, eps=EPS), data)
+    if c.kind == "mla":
+        latent, positions = data.extra, data.token_positions
+        scale = data.scales[0] if data.scales else None
+        return lambda: mla_rope_and_cache(data.qkv, latent[:, c.latent:], latent[:, :c.latent], data.k_cache,
+                                          data.slots, positions, cos, sin, interleaved=True, inplace=True,
+                                          kv_cache_scale=scale)[0]
+    q, k, v = data.split()
+    kwargs = dict(k_cache=data.k_cache, v_cache=data.v_cache, slot_mapping=data.slots, positions=data.offsets,
+                  inplace=True)
+    if data.weights:
+        kwargs.update(q_weight=data.weights[0], k_weight=data.weights[1], eps=EPS)
+    if data.scales:
+        kwargs.update(k_scale=data.scales[0], v_scale=data.scales[1])
+    return lambda: rope_and_cache(q, k, v, cos, sin, **kwargs)[0]
+
+
+def _autograd(forward: Callable, data: Data) -> Callable:
+    """``torch.autograd.grad`` through a forward recorded once (retain_graph: each call replays the backward)."""
+    leaves = [t.detach().requires_grad_(True) for t in (data.qkv, data.extra, *data.weights)]
+    with torch.enable_grad():
+        outs = forward(*leaves)
+    return lambda: torch.autograd.grad(outs, leaves[:2], data.grads, retain_graph=True)
+
+
+class NotApplicable(Exception):
+    """An implementation that has nothing to measure in a case (a row marked "skipped")."""
+
+
+def _quantised(x: torch.Tensor, scale: Optional[torch.Tensor]) -> torch.Tensor:
+    """What a cache row stores: x itself, or the bits of e4m3(x / scale) saturated at ±448."""
+    if scale is None:
+        return x
+    return (x.float() / scale).clamp(-448.0, 448.0).to(FP8).view(torch.uint8)
+
+
+def _flat(cache: torch.Tensor, row_shape) -> torch.Tensor:
+    """The cache as one row per slot (float8 as its uint8 bits: index_copy_ has no float8 kernel everywhere)."""
+    cache = cache.view(torch.uint8) if cache.dtype == FP8 else cache
+    return cache.view(-1, *row_shape)
+
+
+def _unfused(write: str) -> Callable:
+    """ropekit's single-op rope + F.rms_norm + the cache write with ``index_copy_`` or ``index_put_``."""
+    def store(flat, slots, x, scale):
+        rows = _quantised(x.reshape(slots.shape[0], *flat.shape[1:]), scale)
+        if write == "index_copy_":
+            flat.index_copy_(0, slots, rows)
+        else:
+            flat.index_put_((slots,), rows)
+
+    def build(data: Data) -> Callable:
+        c, cos, sin = data.case, data.cos, data.sin
+        if c.kind == "backward":
+            if write != "index_copy_":
+                raise NotApplicable("the backward writes no cache (one unfused row)")
+            norm = lambda x, w: F.rms_norm(x, (c.head_dim,), w, EPS)  # noqa: E731
+            return _autograd(lambda q, k, w_q, w_k: apply_rope(norm(q, w_q), norm(k, w_k), cos, sin), data)
+        k_scale, v_scale = data.scales or (None, None)
+        if c.kind == "mla":
+            latent, positions = data.extra, data.token_positions[None]
+            flat = _flat(data.k_cache, (c.latent + c.head_dim,))
+
+            def mla():
+                apply_rope(data.qkv[None], latent[None, :, None, c.latent:], cos, sin, positions=positions,
+                           interleaved=True, inplace=True)
+                store(flat, data.slots, latent, k_scale)  # [kv_c | k_pe] are adjacent in the projection
+                return data.qkv
+            return mla
+        q, k, v = data.split()
+        k_flat, v_flat = (_flat(cache, (c.heads_kv, c.head_dim)) for cache in (data.k_cache, data.v_cache))
+
+        def chain():
+            q_, k_ = q, k
+            if data.weights:
+                q_ = F.rms_norm(q, (c.head_dim,), data.weights[0], EPS)
+                k_ = F.rms_norm(k, (c.head_dim,), data.weights[1], EPS)
+            apply_rope(q_, k_, cos, sin, positions=data.offsets, inplace=True)
+            store(k_flat, data.slots, k_, k_scale)
+            store(v_flat, data.slots, v, v_scale)
+            return q_
+        return chain
+    return build
+
+
+def _rotate(x, cos, sin, interleaved: bool):
+    """PyTorch's rotation of float32 ``x`` by broadcastable half-width rows (the compiled chain's)."""
+    if interleaved:
+        x1, x2 = x[..., 0::2], x[..., 1::2]
+        return torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), -1).flatten(-2)
+    x1, x2 = x.chunk(2, -1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), -1)
+
+
+def _norm(x, w):  # transformers' RMSNorm: float32 math
+    x = x.float()
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + EPS) * w.float()
+
+
+def _compiled(backend: str) -> Callable:
+    """``torch.compile`` of the whole chain written in PyTorch (norm, rotation, cache write, float8 rounding)."""
+    def build(data: Data) -> Callable:
+        c, cos, sin = data.case, data.cos, data.sin
+        if c.kind == "backward":
+            def fwd(q, k, w_q, w_k):
+                p = torch.arange(c.seqlen, device=q.device)
+                rows = (cos[p][:, None, :], sin[p][:, None, :])
+                return tuple(_rotate(_norm(x, w), *rows, False).to(x.dtype) for x, w in ((q, w_q), (k, w_k)))
+            return _autograd(torch.compile(fwd, backend=backend, dynamic=False), data)
+        k_scale, v_scale = data.scales or (None, None)
+        if c.kind == "mla":
+            flat = _flat(data.k_cache, (c.latent + c.head_dim,))
+
+            def mla(q_pe, latent, positions, slots):
+                rows = (cos[positions][:, None, :], sin[positions][:, None, :])
+                q_pe.copy_(_rotate(q_pe.float(), *rows, True).to(q_pe.dtype))
+                k_pe = _rotate(latent[:, None, c.latent:].float(), *rows, True)[:, 0].to(latent.dtype)
+                flat.index_copy_(0, slots, _quantised(torch.cat((latent[:, :c.latent], k_pe), -1), k_scale))
+                return q_pe
+            compiled = torch.compile(mla, backend=backend, dynamic=False)
+            positions = data.token_positions
+            return lambda: compiled(data.qkv, data.extra, positions, data.slots)
+        k_flat, v_flat = (_flat(cache, (c.heads_kv, c.head_dim)) for cache in (data.k_cache, data.v_cache))
+        w_q, w_k = data.weights or (None, None)
+
+        def chain(qkv, positions, slots):
+            q, k, v = qkv.split([c.heads_q, c.heads_kv, c.heads_kv], dim=2)
+            rows = (cos[positions][..., None, :], sin[positions][..., None, :])
+            q_rot = _rotate(_norm(q, w_q) if w_q is not None else q.float(), *rows, False).to(q.dtype)
+            k_rot = _rotate(_norm(k, w_k) if w_k is not None else k.float(), *rows, False).to(k.dtype)
+            q.copy_(q_rot)
+            k_flat.index_copy_(0, slots, _quantised(k_rot.reshape(-1, c.heads_kv, c.head_dim), k_scale))
+            v_flat.index_copy_(0, slots, _quantised(v.reshape(-1, c.heads_kv, c.head_dim), v_scale))
+            return q
+        compiled = torch.compile(chain, backend=backend, dynamic=False)
+        positions = data.token_positions.view(c.batch, c.seqlen)
+        return lambda: compiled(data.qkv, positions, data.slots)
+    return build
+
+
+IMPL_NAMES = ("ropekit-fused", "unfused (index_copy_)", "unfused (index_put_)", "torch.compile")
+
+
+def impls(compile_backend: str = "inductor") -> dict:
+    """name -> builder; ``compile_backend``: torch.compile's backend (a dry run on the CPU may pick "aot_eager")."""
+    return dict(zip(IMPL_NAMES, (_fused, _unfused("index_copy_"), _unfused("index_put_"),
+                                 _compiled(compile_backend))))
+
+
+# --- the runner ------------------------------------------------------------------------------------------------
+
+def run_case(case: FusedCase, builders: dict, timer, device, seed: int = 0, ceiling_gbps: Optional[float] = None,
+             log=print) -> list[dict]:
+    """Check every implementation of ``case``, capture each in a CUDA graph, replay them in interleaved rounds.
+
+    ``timer``: :class:`ropekit.bench.timing.GpuTimer` (or a fake with ``capture``/``replay_rounds``), or None for a
+    dry run (checked, not timed). A failing implementation gives an error row; the others go on.
+    """
+    rows, pending = [], []
+    for i, (name, build) in enumerate(builders.items()):
+        row = {"case": case.name, "impl": name, "status": "ok", "graph_us": None}
+        rows.append(row)
+        try:
+            with _stream_for(case, device):
+                data = make_data(case, device, seed + 1000 * i)  # fresh random inputs for every implementation
+                want = expected(data)
+                fn = build(data)
+                row.update(check(data, want, actual(data, fn())))
+                if not row["ok"]:
+                    row["status"] = "wrong result"
+                elif timer is not None:
+                    floor_us = floor_bytes(case) / (ceiling_gbps * 1e3) if ceiling_gbps else 1.0
+                    pending.append((row, timer.capture([fn], floor_us), (data, fn)))
+        except NotApplicable as reason:
+            row.update(status="skipped", reason=str(reason))
+        except Exception as error:  # noqa: BLE001  (one implementation's failure must not end the run)
+            row.update(status="error", reason=f"{type(error).__name__}: {error}"[:400])
+        log(f"{case.name:28s} {name:24s} {row['status']}")
+    if pending:
+        results = timer.replay_rounds([captured for _, captured, _ in pending])
+        for (row, _, _), (median, spread, calls) in zip(pending, results):
+            row.update(graph_us=median, graph_spread=spread, graph_calls=calls)
+    return rows
+
+
+def _stream_for(case: FusedCase, device):
+    """Backward rows run on a side stream (autograd replays a backward on its forward's stream; a CUDA graph can
+    capture a side stream, not the default one)."""
+    if case.kind != "backward" or torch.device(device).type != "cuda":
+        return contextlib.nullcontext()
+    return torch.cuda.stream(torch.cuda.Stream())
+
+
+def run(cases, builders: dict, timer, device, *, log=print, budget_s: Optional[float] = None) -> dict:
+    """The whole run as one JSON-ready document (the copy ceiling first, then the cases). Once ``budget_s`` seconds
+    have passed, the remaining cases get "not run" rows, so that a run cut short still writes what it measured."""
+    start = time.perf_counter()
+    ceiling = timer.copy_ceiling() if timer is not None else None
+    gbps = ceiling["gbps"] if ceiling else None
+    rows = []
+    for case in cases:
+        if budget_s and time.perf_counter() - start > budget_s:
+            rows += [{"case": case.name, "impl": name, "status": "not run", "graph_us": None,
+                      "reason": f"time budget of {budget_s:g} s used up (--time-budget)"} for name in builders]
+            continue
+        rows += run_case(case, builders, timer, device, ceiling_gbps=gbps, log=log)
+    return {
+        "benchmark": "fused pre-processing",
+        "environment": _environment(device),
+        "copy_ceiling": ceiling,
+        "cases": [dict(name=c.name, title=c.title, kind=c.kind, batch=c.batch, seqlen=c.seqlen, heads_q=c.heads_q,
+                       heads_kv=c.heads_kv, head_dim=c.head_dim, latent=c.latent, dtype=str(c.dtype)[6:],
+                       qk_norm=c.qk_norm, fp8=c.fp8, decode=c.decode, block_size=BLOCK_SIZE,
+                       floor_bytes=floor_bytes(c), meta_bytes=meta_bytes(c),
+                       floor_us=floor_bytes(c) / (gbps * 1e3) if gbps else None)
+                  for c in cases],
+        "rows": rows,
+    }
+
+
+def _environment(device) -> dict:
+    import triton
+
+    env = {"torch": torch.__version__, "triton": triton.__version__, "python": platform.python_version(),
+           "device": str(device)}
+    if torch.device(device).type == "cuda":
+        env["gpu"] = torch.cuda.get_device_name()
+    return env
+
+
+def main(argv=None) -> int:
+    from .fused_report import publish
+    from .timing import QUICK, GpuTimer, Settings
+
+    parser = argparse.ArgumentParser(prog="python -m ropekit.bench.fused", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", required=True, type=Path, help="folder for benchmarks_fused.{json,md,png}")
+    parser.add_argument("--cases", nargs="*", default=None, help=f"case names (default all): {[c.name for c in CASES]}")
+    parser.add_argument("--dry-run", action="store_true", help="tiny shapes, checks only, no clock (any machine)")
+    parser.add_argument("--quick", action="store_true", help="shorter timing (smoke run on a GPU)")
+    parser.add_argument("--compile-backend", default=None, help="torch.compile backend (inductor; dry run aot_eager)")
+    parser.add_argument("--time-budget", type=float, default=480.0,
+                        help="seconds after which no new case starts (0: no limit); outputs are written either way")
+    args = parser.parse_args(argv)
+    unknown = set(args.cases or ()) - {c.name for c in CASES}
+    if unknown:
+        parser.error(f"unknown case(s) {sorted(unknown)}")
+    cases = [c for c in CASES if args.cases is None or c.name in args.cases]
+    gpu = torch.cuda.is_available() and not args.dry_run
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    timer = GpuTimer(QUICK if args.quick else Settings()) if gpu else None
+    if not gpu:
+        cases = [tiny(c) for c in cases]
+    backend = args.compile_backend or ("inductor" if gpu else "aot_eager")
+    doc = run(cases, impls(backend), timer, device, budget_s=args.time_budget)
+    doc["command"] = "python -m ropekit.bench.fused " + " ".join(argv if argv is not None else sys.argv[1:])
+    publish(doc, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

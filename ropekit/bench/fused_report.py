@@ -1,0 +1,163 @@
+"""The fused benchmark's outputs from its JSON document: the targets judged, the markdown page, the figure.
+
+``evaluate_targets`` reads only the document, so that a published run can be re-judged and re-rendered anywhere
+(``python -m ropekit.bench.fused_report docs/benchmarks_fused.json --out docs``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+__all__ = ["evaluate_targets", "write_outputs", "publish", "render_markdown", "write_plot", "best_unfused"]
+
+EQUAL_WITHIN = 0.01  # "no slower than": within the run-to-run spread (1%) counts as equal
+FUSED, COMPILE = "ropekit-fused", "torch.compile"
+
+
+def _timed(doc: dict, case: str) -> dict:
+    return {r["impl"]: r for r in doc["rows"] if r["case"] == case and r.get("graph_us")}
+
+
+def best_unfused(rows: dict):
+    """The fastest unfused pipeline's row among ``rows`` (impl -> row), or None."""
+    unfused = [r for name, r in rows.items() if name.startswith("unfused")]
+    return min(unfused, key=lambda r: r["graph_us"]) if unfused else None
+
+
+def evaluate_targets(doc: dict) -> list[dict]:
+    """Each target of the case it applies to: its value and whether it is met (None: not measured)."""
+    targets = []
+
+    def add(case, target, value, met):
+        targets.append({"case": case["name"], "target": target, "value": value,
+                        "met": None if value is None else bool(met)})
+
+    for case in doc["cases"]:
+        rows = _timed(doc, case["name"])
+        fused, unfused, compiled = rows.get(FUSED), best_unfused(rows), rows.get(COMPILE)
+        floor = case.get("floor_us")
+        fraction = floor / fused["graph_us"] if fused and floor else None
+        if case["kind"] == "backward":
+            add(case, "backward >= 90% of its byte floor", fraction, fraction is not None and fraction >= 0.90)
+        elif not case["decode"]:
+            add(case, "prefill >= 95% of the fused byte floor", fraction, fraction is not None and fraction >= 0.95)
+            speedup = unfused["graph_us"] / fused["graph_us"] if fused and unfused else None
+            add(case, ">= 1.3x faster than the best unfused pipeline", speedup, speedup is not None and speedup >= 1.3)
+        else:
+            ratio = fused["graph_us"] / unfused["graph_us"] if fused and unfused else None
+            add(case, "decode <= 0.5x the best unfused pipeline", ratio, ratio is not None and ratio <= 0.5)
+            versus = fused["graph_us"] / compiled["graph_us"] if fused and compiled else None
+            add(case, "decode no slower than torch.compile of the chain", versus,
+                versus is not None and versus <= 1 + EQUAL_WITHIN)
+        if case["fp8"]:
+            row = next((r for r in doc["rows"] if r["case"] == case["name"] and r["impl"] == FUSED), {})
+            ulps = row.get("e4m3_ulps")
+            add(case, "fp8 cache within e4m3 rounding of the float64 reference (<= 0.5 e4m3 spacing)", ulps,
+                ulps is not None and ulps <= 0.5 + 1e-3)
+    return targets
+
+
+def _fmt(value, spec=".2f") -> str:
+    return "—" if value is None else format(value, spec)
+
+
+def render_markdown(doc: dict) -> str:
+    env, ceiling = doc["environment"], doc.get("copy_ceiling")
+    lines = ["# Fused pre-processing: benchmarks", "",
+             "RoPE with its neighbours (QK-norm, paged KV-cache write, float8 cache, MLA's latent cache) in one launch "
+             "against the unfused pipeline built from the single-op pieces and torch.compile of the whole chain. "
+             "Graph replay, medians of interleaved rounds, fresh random inputs, every implementation checked against "
+             "the float64 reference before it is timed. The byte floor counts each activation and cache tensor "
+             "read once and written once, at the copy ceiling measured in the same run. FlashInfer is not measured: "
+             "its wheel (62 MB) does not fit the GPU machine's carry limit beside the tree, and that machine has no "
+             "network.", "",
+             f"Command: `{doc.get('command', '')}`  ", f"Device: {env.get('gpu', env['device'])}, torch "
+             f"{env['torch']}, triton {env['triton']}  ",
+             f"Copy ceiling: {_fmt(ceiling and ceiling['gbps'], '.0f')} GB/s" if ceiling else
+             "Copy ceiling: not measured (dry run: checked, not timed)", ""]
+    for case in doc["cases"]:
+        rows = [r for r in doc["rows"] if r["case"] == case["name"]]
+        timed = _timed(doc, case["name"])
+        fused = timed.get(FUSED)
+        lines += [f"### {case['title']}", "",
+                  f"Byte floor {case['floor_bytes'] / 1e6:.2f} MB ({_fmt(case.get('floor_us'))} µs); per-token "
+                  f"metadata not counted: {case['meta_bytes'] / 1e3:.1f} kB.", "",
+                  "| implementation | graph µs | % of floor | time / fused | check |", "|---|---|---|---|---|"]
+        for r in rows:
+            us = r.get("graph_us")
+            pct = 100 * case["floor_us"] / us if us and case.get("floor_us") else None
+            rel = us / fused["graph_us"] if us and fused else None
+            status = r["status"] if r["status"] != "ok" else (
+                f"ok ({'e4m3 %.2f ulp' % r['e4m3_ulps'] if r.get('e4m3_ulps') is not None else 'tol'})")
+            lines.append(f"| {r['impl']} | {_fmt(us)} | {_fmt(pct, '.1f')} | {_fmt(rel)} | {status} |")
+        lines.append("")
+    lines += ["## Targets", "", "| case | target | value | met |", "|---|---|---|---|"]
+    for t in doc.get("targets", []):
+        met = {True: "yes", False: "**no**", None: "not measured"}[t["met"]]
+        lines.append(f"| {t['case']} | {t['target']} | {_fmt(t['value'], '.3f')} | {met} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_plot(doc: dict, path: Path) -> Path:
+    """Time per case relative to the byte floor (1 = at the floor), one bar per implementation, log scale."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    impls = list(dict.fromkeys(r["impl"] for r in doc["rows"]))
+    cases = doc["cases"]
+    fig, ax = plt.subplots(figsize=(11, 4.5))
+    width = 0.8 / max(1, len(impls))
+    for j, impl in enumerate(impls):
+        values = []
+        for case in cases:
+            row = _timed(doc, case["name"]).get(impl)
+            values.append(row["graph_us"] / case["floor_us"] if row and case.get("floor_us") else 0)
+        ax.bar([i + j * width for i in range(len(cases))], values, width, label=impl)
+    ax.axhline(1.0, color="black", lw=1, ls="--", label="byte floor")
+    ax.set_yscale("log")
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(cases))], [c["name"] for c in cases], rotation=20,
+                  ha="right")
+    ax.set_ylabel("time / byte floor (log)")
+    ax.set_title("Fused pre-processing vs the unfused pipeline and torch.compile (graph replay, lower is better)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def write_outputs(doc: dict, out: Path) -> list[Path]:
+    """benchmarks_fused.json, .md and .png in ``out``."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / "benchmarks_fused.json", out / "benchmarks_fused.md", out / "benchmarks_fused.png"]
+    paths[0].write_text(json.dumps(doc, indent=1) + "\n")
+    paths[1].write_text(render_markdown(doc))
+    write_plot(doc, paths[2])
+    return paths
+
+
+def publish(doc: dict, out: Path) -> list[Path]:
+    """Judge the targets into ``doc`` and write its three files (their paths printed)."""
+    doc["targets"] = evaluate_targets(doc)
+    paths = write_outputs(doc, out)
+    print("wrote " + ", ".join(str(p) for p in paths))
+    return paths
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ropekit.bench.fused_report",
+                                     description="re-render the fused benchmark's page and figure from its JSON")
+    parser.add_argument("json", type=Path)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+    publish(json.loads(args.json.read_text()), args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""Notebook 09 (fusion): the exercise's launch and check (:mod:`.paged_check`)."""

@@ -1,0 +1,140 @@
+"""Exercise 09_rope_cache_kernel: the launch of the reader's fused RoPE + paged-cache kernel and its check.
+
+The check runs the kernel on small cases whose slots are shuffled over the cache and include -1 (padding). Every
+output starts as a poison value, and the caches sit inside a larger buffer with guard rows on both sides, so that a
+store for a -1 slot (the row before the cache) or past the end shows. It then compares q, the written cache rows and
+everything else against the float64 reference (:mod:`ropekit.reference`) and names the first mistake it recognises.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from ... import device as _device
+from ... import reference
+from ...frequencies import cos_sin_table
+from ..diagnose import Finding
+from ..errors import explain
+
+__all__ = ["PagedCase", "CASES", "launch_rope_cache", "check_rope_cache"]
+
+POISON = -777.0
+GUARD_SLOTS = 4  # poison rows before and after the cache inside its buffer
+
+
+@dataclass(frozen=True)
+class PagedCase:
+    label: str
+    positions: tuple  # one per token
+    slots: tuple  # one per token; -1 skips
+    heads_q: int
+    heads_kv: int
+    head_dim: int
+    num_blocks: int
+    block_size: int
+    seed: int = 0
+
+
+CASES = (
+    PagedCase("5 tokens (one is padding, slot -1), 4 q / 2 kv heads of 16, 6 blocks of 4 slots",
+              positions=(3, 17, 0, 9, 30), slots=(13, 2, -1, 21, 6), heads_q=4, heads_kv=2, head_dim=16,
+              num_blocks=6, block_size=4),
+    PagedCase("7 tokens, 3 q / 1 kv head of 8 (a padded head block), 3 blocks of 8 slots",
+              positions=(0, 1, 2, 40, 41, 5, 63), slots=(16, 17, 18, 3, 4, -1, 23), heads_q=3, heads_kv=1,
+              head_dim=8, num_blocks=3, block_size=8, seed=1),
+)
+
+
+def launch_rope_cache(kernel, q, k, v, cos, sin, positions, slots, q_out, k_cache, v_cache) -> None:
+    """One program per token."""
+    tokens, heads_q, head_dim = q.shape
+    heads_kv = k.shape[1]
+    block_h = triton.next_power_of_2(max(heads_q, heads_kv))
+    kernel[(tokens,)](q, k, v, cos, sin, positions, slots, q_out, k_cache, v_cache, heads_q, heads_kv,
+                      HEAD_DIM=head_dim, BLOCK_H=block_h)
+
+
+def _run(kernel, case: PagedCase, device):
+    g = torch.Generator().manual_seed(case.seed)
+    t = len(case.positions)
+    q, k, v = (torch.randn(t, h, case.head_dim, generator=g).to(device) for h in (case.heads_q, case.heads_kv,
+                                                                                  case.heads_kv))
+    cos, sin = cos_sin_table(64, case.head_dim, device=device)
+    positions = torch.tensor(case.positions, device=device)
+    slots = torch.tensor(case.slots, device=device)
+    n_slots = case.num_blocks * case.block_size
+    buffers = [torch.full((n_slots + 2 * GUARD_SLOTS, case.heads_kv, case.head_dim), POISON, device=device)
+               for _ in range(2)]
+    k_cache, v_cache = (b[GUARD_SLOTS:GUARD_SLOTS + n_slots].view(case.num_blocks, case.block_size, case.heads_kv,
+                                                                  case.head_dim) for b in buffers)
+    q_out = torch.full_like(q, POISON)
+    launch_rope_cache(kernel, q, k, v, cos, sin, positions, slots, q_out, k_cache, v_cache)
+    rope = lambda x, shift=0, sign=1: reference.rope_table(x, cos, sign * sin, positions.cpu() + shift)  # noqa: E731
+    return dict(q=q, k=k, v=v, rope=rope, q_out=q_out.cpu().double(), buffers=[b.cpu().double() for b in buffers])
+
+
+def _finding(case: PagedCase, r) -> Finding:
+    q_ref = r["rope"](r["q"])
+    if (r["q_out"] == POISON).all() and all((b == POISON).all() for b in r["buffers"]):
+        return Finding("not_solved", "Not yet solved: your kernel wrote nothing (Q_OUT and both caches still hold "
+                                     "the poison value).")
+    close = lambda a, b: bool(torch.allclose(a, b, rtol=1e-5, atol=1e-5))  # noqa: E731
+    if not close(r["q_out"], q_ref):
+        if close(r["q_out"], r["rope"](r["q"], sign=-1)):
+            return Finding("wrong_direction", "q turned by -θ: the rotation is a' = a cos - b sin, "
+                                              "b' = b cos + a sin.")
+        for shift in (1, -1):
+            if close(r["q_out"], r["rope"](r["q"], shift=shift)):
+                return Finding("position_shift", f"q rotated at position POS[token] {shift:+d}: the cos/sin row of "
+                                                 "a token is row POS[token] of the tables.")
+        if (r["q_out"] == POISON).any():
+            return Finding("unwritten", "Some of Q_OUT was never written: every query head of every token.")
+        return Finding("wrong", "The rotated q differs from the reference.")
+    wanted = {"k_cache": r["rope"](r["k"]), "v_cache": r["v"].cpu().double()}
+    errors = [float((r["q_out"] - q_ref).abs().max())]
+    slots = list(case.slots)
+    for (name, ref), buffer in zip(wanted.items(), r["buffers"]):
+        expect = torch.full_like(buffer, POISON)
+        for token, slot in enumerate(slots):
+            if slot >= 0:
+                expect[GUARD_SLOTS + slot] = ref[token]
+        inside, guard = slice(GUARD_SLOTS, buffer.shape[0] - GUARD_SLOTS), torch.ones(buffer.shape[0], dtype=bool)
+        guard[inside] = False
+        if (buffer[guard] != POISON).any():
+            return Finding("out_of_bounds", f"{name}: a row outside the cache was written. A token with slot -1 "
+                                            "is padding: it writes nothing (mask the stores with slot >= 0).")
+        if close(buffer, expect):
+            errors.append(float((buffer[inside] - expect[inside]).abs().max()))
+            continue
+        real = [t for t, slot in enumerate(slots) if slot >= 0]
+        if close(buffer[GUARD_SLOTS:][real], ref[real]):
+            return Finding("wrong", f"{name}: token t was written to row t; it belongs at slot SLOTS[t] (block "
+                                    "SLOTS[t] // block_size, row SLOTS[t] % block_size).")
+        written = [GUARD_SLOTS + s for s in slots if s >= 0]
+        if (buffer[written] == POISON).any():
+            return Finding("unwritten", f"{name}: some elements of the tokens' slot rows were never written "
+                                        "(every head, both halves).")
+        return Finding("wrong", f"{name}: the rows at the tokens' slots differ from the reference"
+                                + (" (k must be rotated like q)." if name == "k_cache" else "."))
+    error = max(errors)
+    return Finding("correct", f"Correct on {case.label}: max |error| {error:.3g}.", error)
+
+
+def check_rope_cache(kernel) -> Finding:
+    """The checker's ``check`` hook: every case must pass; the first failing case's finding otherwise."""
+    findings = []
+    for case in CASES:
+        try:
+            result = _run(kernel, case, _device.DEVICE)
+        except Exception as error:  # noqa: BLE001  (whatever the reader's kernel raises is reported)
+            return explain(error)
+        finding = _finding(case, result)
+        if finding.diagnosis != "correct":
+            return Finding(finding.diagnosis, f"{finding.message}\n(case: {case.label})", finding.max_error)
+        findings.append(finding)
+    error = max(f.max_error for f in findings)
+    return Finding("correct", f"Correct on all {len(CASES)} cases (slots shuffled over the blocks, -1 skipped); max "
+                              f"|error| vs the float64 reference: {error:.3g} in float32.", error)

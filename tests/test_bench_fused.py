@@ -1,0 +1,132 @@
+"""The fused benchmark (ropekit.bench.fused, fused_cases, fused_report) on the CPU: byte floors, every implementation
+checked against the float64 reference at tiny shapes, the runner with a fake clock, the targets' arithmetic, and the
+JSON / markdown / PNG. No timing is asserted: the fake clock's numbers are made up and say so."""
+
+import json
+
+import pytest
+import torch
+
+from conftest import DEVICE
+from ropekit.bench import fused, fused_cases, fused_report
+
+CASES = {c.name: c for c in fused_cases.CASES}
+
+
+def test_byte_floors_match_the_published_table():
+    """decode b64: 1.57 MB (0.37 us at 4253 GB/s); prefill b4 s4096: 402.7 MB (94.7 us): the published floors."""
+    assert fused_cases.floor_bytes(CASES["decode-b64"]) == 64 * (32 + 8 + 8) * 128 * 2 * 2
+    assert fused_cases.floor_bytes(CASES["prefill-b4-s4096"]) / 4253e3 == pytest.approx(94.7, abs=0.05)
+    assert fused_cases.floor_bytes(CASES["decode-b64"]) / 4253e3 == pytest.approx(0.37, abs=0.005)
+    assert fused_cases.floor_bytes(CASES["decode-b64-qknorm"]) == fused_cases.floor_bytes(CASES["decode-b64"])
+    # float8: k and v land as one byte each
+    fp8 = fused_cases.floor_bytes(CASES["prefill-b4-s4096-fp8"])
+    assert fused_cases.floor_bytes(CASES["prefill-b4-s4096"]) - fp8 == 4 * 4096 * 2 * 8 * 128
+    mla = CASES["mla-decode-b64"]
+    assert fused_cases.floor_bytes(mla) == 64 * (2 * 128 * 64 + 2 * 64 + 512) * 2 + 64 * 576 * 2
+    assert fused_cases.meta_bytes(mla) == 64 * (16 + 64 * 4)
+
+
+def test_inputs_address_a_shuffled_paged_cache():
+    data = fused_cases.make_data(fused_cases.tiny(CASES["decode-b64"]), DEVICE, seed=0)
+    assert data.slots.dtype == torch.int64 and len(set(data.slots.tolist())) == data.case.tokens
+    assert int(data.slots.max()) < data.k_cache.shape[0] * data.k_cache.shape[1]
+    positions = data.token_positions
+    assert torch.equal(data.slots % fused_cases.BLOCK_SIZE, positions % fused_cases.BLOCK_SIZE)
+
+
+class FakeClock:
+    """Made-up times (not a measurement): a fixed number per implementation, to exercise the runner and report."""
+
+    US = {"ropekit-fused": 1.0, "unfused (index_copy_)": 3.0, "unfused (index_put_)": 4.0, "torch.compile": 0.9}
+
+    def __init__(self):
+        self.captured = []
+
+    def copy_ceiling(self):
+        return {"gbps": 1.0, "time_us": 1.0, "bytes_read": 1, "bytes_written": 1, "method": "fake"}
+
+    def capture(self, fns, estimate_us):
+        self.captured.append(fns)
+        return len(self.captured) - 1
+
+    def replay_rounds(self, graphs):
+        return [(self.US[list(self.US)[g % len(self.US)]], 0.0, 1) for g in graphs]
+
+
+@pytest.fixture(scope="module")
+def fake_doc():
+    cases = [fused_cases.tiny(CASES[n]) for n in ("decode-b64-fp8", "prefill-b4-s4096-qknorm", "mla-decode-b64",
+                                                    "qknorm-backward-b4-s4096")]
+    builders = fused.impls("aot_eager")
+    doc = fused.run(cases, builders, FakeClock(), DEVICE, log=lambda line: None)
+    doc["targets"] = fused_report.evaluate_targets(doc)
+    return doc
+
+
+def test_every_implementation_is_checked_and_timed(fake_doc):
+    rows = fake_doc["rows"]
+    assert len(rows) == 4 * len(fused.IMPL_NAMES)
+    for row in rows:
+        if row["impl"] == "unfused (index_put_)" and row["case"].startswith("qknorm-backward"):
+            assert row["status"] == "skipped"
+            continue
+        assert row["status"] == "ok", row
+        assert row["error_ratio"] <= 1.0 and row["graph_us"] is not None
+    fp8 = [r for r in rows if r["case"] == "decode-b64-fp8"]
+    assert all(r["e4m3_ulps"] is not None for r in fp8)
+    fused_fp8 = next(r for r in fp8 if r["impl"] == "ropekit-fused")
+    assert fused_fp8["e4m3_ulps"] <= 0.5 + 1e-3  # the kernel rounds the float32 value once
+
+
+def test_a_wrong_implementation_is_reported_not_timed():
+    case = fused_cases.tiny(CASES["decode-b64"])
+
+    def forgets_the_rotation(data):
+        q, k, v = data.split()
+        return lambda: q  # writes no cache and leaves q unrotated
+
+    rows = fused.run_case(case, {"broken": forgets_the_rotation}, FakeClock(), DEVICE, log=lambda line: None)
+    assert rows[0]["status"] == "wrong result" and rows[0]["graph_us"] is None
+
+
+def test_targets_are_judged_from_the_document(fake_doc):
+    decode = [t for t in fake_doc["targets"] if t["case"] == "decode-b64-fp8"]
+    assert {t["target"] for t in decode} >= {"decode <= 0.5x the best unfused pipeline",
+                                            "decode no slower than torch.compile of the chain"}
+    half = next(t for t in decode if t["target"].startswith("decode <="))
+    assert half["value"] == pytest.approx(1.0 / 3.0) and half["met"] is True  # fake: 1.0 us against 3.0 us
+    versus = next(t for t in decode if "torch.compile" in t["target"])
+    assert versus["value"] == pytest.approx(1.0 / 0.9) and versus["met"] is False
+    prefill = [t for t in fake_doc["targets"] if t["case"] == "prefill-b4-s4096-qknorm"]
+    assert {t["target"].split()[0] for t in prefill} == {"prefill", ">="}
+    assert all(t["met"] is not None for t in fake_doc["targets"])
+
+
+def test_json_markdown_and_plot(fake_doc, tmp_path):
+    paths = fused_report.write_outputs(fake_doc, tmp_path)
+    assert [p.name for p in paths] == ["benchmarks_fused.json", "benchmarks_fused.md", "benchmarks_fused.png"]
+    doc = json.loads(paths[0].read_text())
+    assert doc["rows"] == json.loads(json.dumps(fake_doc["rows"]))
+    page = paths[1].read_text()
+    assert "### DeepSeek MLA decode b64" in page and "## Targets" in page and "FlashInfer" in page
+    assert paths[2].stat().st_size > 10_000
+    assert fused_report.main([str(paths[0]), "--out", str(tmp_path / "again")]) == 0
+    assert (tmp_path / "again" / "benchmarks_fused.md").read_text() == page
+
+
+def test_cli_dry_run(tmp_path, capsys):
+    assert fused.main(["--out", str(tmp_path), "--dry-run", "--cases", "decode-b64"]) == 0
+    doc = json.loads((tmp_path / "benchmarks_fused.json").read_text())
+    assert doc["copy_ceiling"] is None and {r["status"] for r in doc["rows"]} == {"ok"}
+    assert all(t["met"] is None for t in doc["targets"])  # nothing timed, nothing claimed
+    with pytest.raises(SystemExit):
+        fused.main(["--out", str(tmp_path), "--cases", "no-such-case"])
+
+
+def test_a_spent_time_budget_marks_the_remaining_cases_not_run(tmp_path):
+    case = fused_cases.tiny(CASES["decode-b64"])
+    doc = fused.run([case], fused.impls("aot_eager"), FakeClock(), DEVICE, log=lambda line: None, budget_s=1e-9)
+    assert {r["status"] for r in doc["rows"]} == {"not run"} and len(doc["rows"]) == len(fused.IMPL_NAMES)
+    fused_report.publish(doc, tmp_path)
+    assert "not run" in (tmp_path / "benchmarks_fused.md").read_text()
