@@ -123,7 +123,7 @@ def test_readme_course_map_lists_every_notebook():
 
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
 # benchmarks.md and reliability.md are rendered from the JSON of a GPU run (tests/test_bench.py and
-# tests/test_reliability.py own them); until a run is published they link to files that run will write.
+# tests/test_reliability_report.py own them); until a run is published they link to files that run will write.
 GENERATED = {"benchmarks.md", "reliability.md"}
 
 
