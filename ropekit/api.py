@@ -26,18 +26,15 @@ import torch
 from . import device as _device  # noqa: F401  (interpreter switch before triton is imported)
 from .positions import (POSITION_IDS, SCALAR_OFFSET, SEQ_OFFSETS, PositionSpec, longest_sequence,
                         resolve_positions)
-from .triton import v4 as _v4
-from .triton.v4 import plan_v4, rope_v4
+from .layouts import LAYOUTS, TO_BSHD
+from .triton.launch import plan_v4, plans, rope_v4
 
 __all__ = ["apply_rope", "LAYOUTS", "BACKENDS"]
 
 log = logging.getLogger("ropekit")
 
-LAYOUTS = ("bshd", "sbhd", "bhsd", "thd")
 BACKENDS = ("triton", "cuda")
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-# How each layout's axes map onto the kernel's (batch, seq, heads, head_dim) view.
-_TO_BSHD = {"bshd": (0, 1, 2, 3), "sbhd": (1, 0, 2, 3), "bhsd": (0, 2, 1, 3)}
 
 
 def _check_mode() -> bool:
@@ -120,7 +117,7 @@ def _prepare(q, k, cos, sin, positions, layout, rotary_dim, cu_seqlens, max_seql
     else:
         if cu_seqlens is not None:
             raise ValueError(f"cu_seqlens is only for layout 'thd', got layout {layout!r}")
-        batch_axis, seq_axis = _TO_BSHD[layout][:2]
+        batch_axis, seq_axis = TO_BSHD[layout][:2]
         n_batch, seqlen = q.shape[batch_axis], q.shape[seq_axis]
         if k is not None and (k.shape[batch_axis], k.shape[seq_axis]) != (n_batch, seqlen):
             raise ValueError(f"q and k must share (batch, seq) = {(n_batch, seqlen)} in layout {layout!r}, "
@@ -343,7 +340,7 @@ def _kernel_views(q, k, out_q, out_k, positions, pos_mode, cu_seqlens, position_
         return q, k, out_q, out_k, PositionSpec(pos_mode, position_offset, positions, cu_seqlens, max_seqlen)
     if layout == "bshd":  # no views to build: the hot path of decode
         return q, k, out_q, out_k, PositionSpec(pos_mode, position_offset, positions)
-    order = _TO_BSHD[layout]
+    order = TO_BSHD[layout]
     return (q.permute(order), None if k is None else k.permute(order), out_q.permute(order),
             None if out_k is None else out_k.permute(order), PositionSpec(pos_mode, position_offset, positions))
 
@@ -477,11 +474,10 @@ def _signature(q, k, cos, sin, positions, layout, interleaved, rotary_dim, inpla
     for t in (q, k, cos, sin, cu_seqlens):
         if t is not None and not isinstance(t, torch.Tensor):
             return None
-    # types beside values: True == 1 as dict keys, but not as arguments. The launch table itself is part of the key:
-    # code that swaps v4.launch_config (tile tuning, the sanitizer's forced tiles, tests) gets plans of its own.
+    # types beside values: True == 1 as dict keys, but not as arguments
     return (_tensor_key(q), _tensor_key(k), _tensor_key(cos), _tensor_key(sin), pos_key, layout, type(interleaved),
             interleaved, type(rotary_dim), rotary_dim, inplace, _tensor_key(cu_seqlens), type(max_seqlen), max_seqlen,
-            per_token, type(conjugate), conjugate, eager_rounding, _v4.launch_config)
+            per_token, type(conjugate), conjugate, eager_rounding)
 
 
 class _EagerPlan:
@@ -521,10 +517,6 @@ class _EagerPlan:
         return self.run(q, k, *_outputs(q, k, self.inplace), cos, sin, positions, cu_seqlens)
 
 
-_eager_plans: dict = {}
-_EAGER_PLANS_MAX = 1024
-
-
 def _make_plan(key, q, k, cos, sin, positions, pos_mode, cu_seqlens, position_offset, max_seqlen, rotary_dim,
                layout, interleaved, conjugate, per_token, eager_rounding, backend, inplace, out_q, out_k) -> _EagerPlan:
     """The plan for a call that ``_prepare`` has just validated; ``out_q``/``out_k`` are that call's outputs (their
@@ -536,13 +528,9 @@ def _make_plan(key, q, k, cos, sin, positions, pos_mode, cu_seqlens, position_of
                      eager_rounding=eager_rounding)
     max_offset = None
     if pos_mode == SCALAR_OFFSET and not per_token:
-        n_positions = max_seqlen if layout == "thd" else q.shape[_TO_BSHD[layout][1]]
+        n_positions = max_seqlen if layout == "thd" else q.shape[TO_BSHD[layout][1]]
         max_offset = cos.shape[0] - n_positions if n_positions > 0 else 2**62
-    plan = _EagerPlan(launch, inplace, max_offset, q, k)
-    if len(_eager_plans) >= _EAGER_PLANS_MAX:
-        _eager_plans.clear()
-    _eager_plans[key] = plan
-    return plan
+    return plans.put(key, _EagerPlan(launch, inplace, max_offset, q, k))
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -590,7 +578,7 @@ def apply_rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, cos: Optional[
     if eager and backend == "triton" and not _check_mode() and not log.isEnabledFor(logging.DEBUG):
         key = _signature(q, k, cos, sin, positions, layout, interleaved, rotary_dim, inplace, cu_seqlens, max_seqlen,
                          per_token, conjugate, eager_rounding)
-        plan = _eager_plans.get(key) if key is not None else None
+        plan = plans.get(key) if key is not None else None
         if plan is not None and plan.accepts(positions, q, k):
             return plan(q, k, cos, sin, positions, cu_seqlens)
 
