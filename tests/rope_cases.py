@@ -56,3 +56,11 @@ def positions_for(kind, batch, seqlen):
         ids = torch.randperm(60)[:seqlen]
         return ids.to(DEVICE), ids.expand(batch, seqlen)
     raise AssertionError(kind)
+
+
+def valid_call():
+    """A valid (q, k, cos, sin) to spoil one argument of."""
+    q = make("bshd", 2, 3, 4, 32, torch.float32)
+    k = make("bshd", 2, 3, 2, 32, torch.float32)
+    cos, sin = table(16, 32)
+    return q, k, cos, sin

@@ -13,7 +13,7 @@ from ropekit.testing import assert_close_to_reference
 from ropekit.triton import launch
 from ropekit.triton.launch import plans
 from conftest import DEVICE, gpu_only
-from rope_cases import CASES, expected, make, positions_for, table
+from rope_cases import CASES, expected, make, positions_for, table, valid_call
 
 
 @pytest.mark.parametrize("inplace", [False, True], ids=["out-of-place", "in-place"])
@@ -250,66 +250,14 @@ def test_transformer_engine_freqs_become_tables(layout, interleaved):
         ropekit.cos_sin_from_freqs(torch.zeros(4, 1, 1, 5))
 
 
-# --- errors, before any write ----------------------------------------------------------------------------------------
-
-def _valid():
-    q = make("bshd", 2, 3, 4, 32, torch.float32)
-    k = make("bshd", 2, 3, 2, 32, torch.float32)
-    cos, sin = table(16, 32)
-    return q, k, cos, sin
-
-
-ERRORS = [
-    ("odd-rotary-dim", lambda q, k, c, s: dict(rotary_dim=7), ValueError, "rotary_dim"),
-    ("rotary-dim-too-large", lambda q, k, c, s: dict(rotary_dim=64), ValueError, "rotary_dim"),
-    ("head-dim-mismatch", lambda q, k, c, s: dict(k=k[..., :16]), ValueError, "head_dim"),
-    ("dtype-mismatch", lambda q, k, c, s: dict(k=k.double()), TypeError, "dtype"),
-    ("integer-q", lambda q, k, c, s: dict(q=q.to(torch.int32)), TypeError, "q must be"),
-    ("complex-q", lambda q, k, c, s: dict(q=torch.complex(q, q)), TypeError, "q must be"),
-    ("bad-layout", lambda q, k, c, s: dict(layout="bsd"), ValueError, "layout"),
-    ("positions-beyond-table", lambda q, k, c, s: dict(positions=15), ValueError, "table"),
-    ("float-positions", lambda q, k, c, s: dict(positions=torch.zeros(2, device=DEVICE)), TypeError, "positions"),
-    ("positions-wrong-shape", lambda q, k, c, s: dict(positions=torch.zeros(5, 7, dtype=torch.long, device=DEVICE)),
-     ValueError, "positions"),
-    ("cos-sin-shape-mismatch", lambda q, k, c, s: dict(sin=s[:, :8]), ValueError, "cos and sin"),
-    ("thd-without-cu-seqlens", lambda q, k, c, s: dict(q=q[0], k=k[0], layout="thd"), ValueError, "cu_seqlens"),
-    ("bad-backend", lambda q, k, c, s: dict(backend="rocm"), ValueError, "backend"),
-    ("batch-mismatch", lambda q, k, c, s: dict(k=k[:1]), ValueError, "k"),
-]
-
-
-@pytest.mark.parametrize("inplace", [False, True], ids=["out-of-place", "in-place"])
-@pytest.mark.parametrize("name,change,error,words", ERRORS, ids=[e[0] for e in ERRORS])
-def test_invalid_input_raises_before_any_write(name, change, error, words, inplace):
-    q, k, cos, sin = _valid()
-    args = dict(q=q, k=k, cos=cos, sin=sin, inplace=inplace)
-    args.update(change(q, k, cos, sin))
-    before = [t.clone() for t in (args["q"], args["k"]) if isinstance(t, torch.Tensor)]
-    with pytest.raises(error, match=words):
-        ropekit.apply_rope(**args)
-    after = [t for t in (args["q"], args["k"]) if isinstance(t, torch.Tensor)]
-    for b, a in zip(before, after):
-        assert torch.equal(b, a) or (b.is_complex() and torch.equal(torch.view_as_real(b), torch.view_as_real(a)))
-
-
-def test_check_mode_catches_device_values(monkeypatch):
-    monkeypatch.setenv("ROPEKIT_CHECK", "1")
-    q, k, cos, sin = _valid()
-    with pytest.raises(ValueError, match="table"):
-        ropekit.apply_rope(q, k, cos, sin, positions=torch.tensor([3, 14], device=DEVICE))
-    cu = torch.tensor([0, 4, 2, 6], dtype=torch.int32, device=DEVICE)
-    with pytest.raises(ValueError, match="cu_seqlens"):
-        ropekit.apply_rope(q.reshape(6, 4, 32), None, cos, sin, layout="thd", cu_seqlens=cu, max_seqlen=4)
-
-
 def test_out_of_table_positions_without_check_mode_give_nan_not_garbage():
-    q, k, cos, sin = _valid()
+    q, k, cos, sin = valid_call()
     out_q, _ = ropekit.apply_rope(q, None, cos, sin, positions=torch.tensor([0, 100], device=DEVICE))
     assert torch.isfinite(out_q[0]).all() and torch.isnan(out_q[1]).all()
 
 
 def test_launch_parameters_logged_at_debug(caplog):
-    q, k, cos, sin = _valid()
+    q, k, cos, sin = valid_call()
     with caplog.at_level(logging.DEBUG, logger="ropekit"):
         ropekit.apply_rope(q, k, cos, sin)
     text = " ".join(r.getMessage() for r in caplog.records)
@@ -384,7 +332,7 @@ def test_cached_plan_varlen_and_per_token(monkeypatch):
 
 
 def test_cached_plan_still_checks_the_offset_range():
-    q, k, cos, sin = _valid()
+    q, k, cos, sin = valid_call()
     ropekit.apply_rope(q, k, cos, sin, positions=0)  # plan cached for int offsets of this signature
     for bad in (-1, cos.shape[0] - q.shape[1] + 1):
         before = q.clone()
@@ -416,7 +364,7 @@ def test_cached_plan_distinguishes_strides():
 
 def test_cached_plan_follows_a_forced_launch_config():
     """A plan made under the launch table is not reused under a forced configuration, nor the other way round."""
-    q, k, cos, sin = _valid()
+    q, k, cos, sin = valid_call()
     want = ref.rope(q, ref.token_positions(q.shape[0], q.shape[1]))
     ropekit.apply_rope(q, k, cos, sin)  # cached under the launch table
     tile = launch.LaunchConfig(1, 1, 1)

@@ -9,7 +9,8 @@ import ropekit
 from ropekit import device, reference as ref
 from ropekit.positions import resolve_positions
 from ropekit.testing import assert_close_to_reference
-from ropekit.triton.launch import LaunchConfig, V4Launch, forced_config, launch_config, plan_v4, plans, rope_v4
+from ropekit.triton.launch import (LaunchConfig, V4Launch, forced_config, launch_config, plan_v4, plans,
+                                   recorded_launches, rope_v4)
 from conftest import DEVICE
 from rope_cases import table
 
@@ -151,3 +152,18 @@ def test_plan_cache_is_bounded():
     for key in range(5):
         cache.put(key, key)
         assert len(cache) <= 2 and cache[key] == key
+
+
+def test_recorded_launches_run_nothing_and_list_every_launch():
+    q = torch.randn(2, 3, 4, 16, device=DEVICE)
+    k = torch.randn(2, 3, 2, 16, device=DEVICE)
+    cos, sin = table(16, 16)
+    with recorded_launches() as records:
+        out_q, out_k = ropekit.apply_rope(q, k, cos, sin, positions=2)
+        ropekit.apply_rope(q.requires_grad_(), None, cos, sin)[0].sum().backward()  # forward and backward
+    assert len(records) == 3
+    assert [r.constexprs["CONJUGATE"] for r in records] == [False, False, True]
+    assert records[0].pointers[0] is q and records[0].pointers[2] is out_q
+    plan = plan_v4(q, k, cos, sin, out_q=out_q, out_k=out_k, rotary_dim=16,
+                   positions=resolve_positions(batch=2, seqlen=3, positions=2))
+    assert records[0].grid == plan.grid and records[0].ints == tuple(plan.arguments(2).values())

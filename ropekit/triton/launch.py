@@ -10,7 +10,8 @@ Data reaches the kernel through three steps, each a name here:
   and torch's private launch surface).
 
 :func:`rope_v4` does all three for one call. It trusts its caller (``ropekit.api`` validates). Tools that measure
-other launch configurations pass ``config=`` to :func:`rope_v4`, or wrap public calls in :func:`forced_config`.
+other launch configurations pass ``config=`` to :func:`rope_v4`, or wrap public calls in :func:`forced_config`;
+:func:`recorded_launches` lists the launches a workload would make without running them.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from ..positions import POSITION_IDS, PositionSpec
 from .v4 import rope_v4_kernel
 
 __all__ = ["LaunchConfig", "launch_config", "FLAT_PATH", "forced_config", "rope_v4", "plan_v4", "V4Launch",
-           "PlanCache", "plans"]
+           "PlanCache", "plans", "LaunchRecord", "recorded_launches"]
 
 log = logging.getLogger("ropekit")
 
@@ -182,6 +183,35 @@ def _launch(grid, pointers, ints, constexprs, num_warps, static_key):
         _direct_launchers[key] = [compiled[grid], None]  # the argument convention is learnt on the next call
         return
     _call_compiled(entry, grid, pointers, ints, constexprs, num_warps)
+
+
+class LaunchRecord(NamedTuple):
+    """One launch that :func:`recorded_launches` held back: the kernel's arguments as the launch would pass them."""
+
+    grid: tuple
+    pointers: tuple  # tensors, or None where the argument is absent
+    ints: tuple  # by the kernel's parameter order (see :meth:`V4Launch.arguments` for names)
+    constexprs: dict
+    num_warps: int
+
+
+@contextlib.contextmanager
+def recorded_launches():
+    """Inside the block no v4 kernel runs: every launch, however it is reached (``apply_rope``, autograd, a plan), is
+    appended to the list this yields as a :class:`LaunchRecord`. For tools that count the kernel variants a workload
+    compiles without running it; the direct-launch cache learns nothing meanwhile."""
+    global _launch
+    records: list = []
+    real = _launch
+
+    def record(grid, pointers, ints, constexprs, num_warps, static_key):
+        records.append(LaunchRecord(grid, tuple(pointers), tuple(ints), dict(constexprs), num_warps))
+
+    _launch = record
+    try:
+        yield records
+    finally:
+        _launch = real
 
 
 def _stream_getter():

@@ -222,8 +222,8 @@ def rope_v4_kernel(
     With FUSED_QK the head axis has a single program: it takes every head of q (a BLOCK_H tile) and of k (a
     BLOCK_HK tile) for its tokens, issues all their loads first, and fetches cos/sin once for both.
     Otherwise a program takes BLOCK_H heads of q or of k. With FLAT (a block of elements, not a tile: see
-    ``ropekit.triton.v4_flat``) the grid is one axis of FLAT-element blocks of q, then of k, or with FLAT_PAIRED of q and k
-    together.
+    ``ropekit.triton.v4_flat``) the grid is one axis of FLAT-element blocks of q, then of k, or with FLAT_PAIRED of q
+    and k together.
 
     Arguments a launch does not read, or that the kernel can derive, arrive as 1 (integers) or None (pointers),
     which Triton turns into constants: the strides of DENSE tensors and tables, the outputs' pointers and strides
