@@ -163,13 +163,25 @@ def _rope_fake(q, k, *rest):
     return _new_output(q), (_new_output(k) if k is not None else q.new_empty(0))
 
 
+def _save_for_backward(ctx, k, call: RopeCall) -> None:
+    """Keep the call for the backward. Its tensors go through ``save_for_backward`` as well, so that autograd refuses
+    a backward after one of them (positions, say) was modified in place, as it does for every op."""
+    ctx.save_for_backward(call.cos, call.sin, call.spec.tensor, call.spec.cu_seqlens)
+    ctx.call, ctx.has_k = call, k is not None
+
+
+def _backward_call(ctx) -> RopeCall:
+    ctx.saved_tensors  # noqa: B018  (unpacking raises if a saved tensor was modified since the forward)
+    return _transposed(ctx.call)
+
+
 def _setup_backward(ctx, inputs, output) -> None:
-    _, k, ctx.call = _from_op_args(inputs)
-    ctx.has_k = k is not None
+    _, k, call = _from_op_args(inputs)
+    _save_for_backward(ctx, k, call)
 
 
 def _rope_backward(ctx, grad_q, grad_k):
-    dq, dk = _rope_op(*_op_args(grad_q, grad_k if ctx.has_k else None, _transposed(ctx.call)))
+    dq, dk = _rope_op(*_op_args(grad_q, grad_k if ctx.has_k else None, _backward_call(ctx)))
     return (dq, dk if ctx.has_k else None) + _NO_GRADS
 
 
@@ -192,18 +204,18 @@ def _rope_inplace_fake(*args):
 
 class _RopeFunction(torch.autograd.Function):
     """The eager autograd path: the same launch as ``ropekit::rope`` and its registered backward, recorded by a plain
-    ``autograd.Function``, whose host cost per call is a fraction of the custom op's Python dispatch (docs/benchmarks.md,
-    the ``ropekit-autograd`` rows); torch.compile still sees the custom op."""
+    ``autograd.Function``, whose host cost per call is a fraction of the custom op's Python dispatch
+    (docs/benchmarks.md, the ``ropekit-autograd`` rows); torch.compile still sees the custom op."""
 
     @staticmethod
     def forward(ctx, q, k, call: RopeCall):
-        ctx.call, ctx.has_k = call, k is not None  # the tables and positions are not inputs: no gradient reaches them
+        _save_for_backward(ctx, k, call)  # the tables and positions are not inputs: no gradient reaches them
         return _rotate_new(q, k, call)
 
     @staticmethod
     def backward(ctx, grad_q, grad_k):
         # through apply() again, so double backward works
-        return _RopeFunction.apply(grad_q, grad_k if ctx.has_k else None, _transposed(ctx.call)) + (None,)
+        return _RopeFunction.apply(grad_q, grad_k if ctx.has_k else None, _backward_call(ctx)) + (None,)
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -229,7 +241,7 @@ def _signature(q, k, cos, sin, positions, layout, interleaved, rotary_dim, inpla
     else:
         return None
     if layout == "thd" and max_seqlen is None:
-        return None  # _prepare derives it with a host sync: not something to skip
+        return None  # prepare derives it with a host sync: not something to skip
     for t in (q, k, cos, sin, cu_seqlens):
         if t is not None and not isinstance(t, torch.Tensor):
             return None

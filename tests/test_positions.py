@@ -44,3 +44,23 @@ def test_context_parallel_packed_batch_matches_the_full_sequences(cp_size):
                                           max_seqlen=max(lengths) // cp_size, positions=positions)
         torch.testing.assert_close(got_q, shard(full_q), rtol=0, atol=0)
         torch.testing.assert_close(got_k, shard(full_k), rtol=0, atol=0)
+
+
+def test_each_form_of_positions_becomes_one_spec():
+    from ropekit.positions import POSITION_IDS, SCALAR_OFFSET, SEQ_OFFSETS, resolve_positions
+
+    offsets = torch.tensor([3, 9], device=DEVICE)
+    assert resolve_positions(batch=2, seqlen=4).mode == SCALAR_OFFSET
+    spec = resolve_positions(batch=2, seqlen=4, positions=5)
+    assert (spec.mode, spec.offset, spec.tensor, spec.is_varlen) == (SCALAR_OFFSET, 5, None, False)
+    assert resolve_positions(batch=2, seqlen=4, positions=offsets).tensor is offsets
+    assert resolve_positions(batch=2, seqlen=4, positions=offsets[:, None]).mode == SEQ_OFFSETS
+    ids = resolve_positions(batch=2, seqlen=4, positions=torch.arange(4, device=DEVICE))
+    assert ids.mode == POSITION_IDS and ids.tensor.shape == (2, 4) and ids.tensor.stride() == (0, 1)  # a view
+    cu = torch.tensor([0, 3, 4], device=DEVICE)
+    packed = resolve_positions(batch=2, seqlen=4, positions=offsets, cu_seqlens=cu, max_seqlen=3)
+    assert packed.mode == SEQ_OFFSETS and packed.is_varlen and packed.max_seqlen == 3
+    with pytest.raises(ValueError, match="ambiguous"):
+        resolve_positions(batch=3, seqlen=3, positions=torch.arange(3, device=DEVICE), cu_seqlens=cu, max_seqlen=2)
+    with pytest.raises(TypeError, match="positions"):
+        resolve_positions(batch=2, seqlen=4, positions=1.5)

@@ -273,7 +273,7 @@ def test_v3_interpreter_config_is_fixed_and_large():
 
 def test_v3_gpu_table_shrinks_tiles_to_fill_the_gpu(monkeypatch):
     # The GPU rule, exercised on any machine: pretend to be an H100 (132 SMs) outside the interpreter.
-    monkeypatch.setattr(v3_module._device, "INTERPRET", False)
+    monkeypatch.setattr(ropekit.device, "INTERPRET", False)
     monkeypatch.setattr(v3_module, "_sm_count", lambda: 132)
     prefill = launch_config(4, 4096, 32, 128, 2)
     assert prefill == v3_module.GPU_TABLE[(64, 2)]  # plenty of tokens: the table's tile
