@@ -553,6 +553,33 @@ def test_gpu_clocks_control_flow_with_a_fake_cuda(monkeypatch):
     assert counts[0] - 1 - 7 == counts[1] - 1 - 7 == counts[2] - 1 - 6 == n * bench.QUICK.eager_rounds // 3
 
 
+def test_the_copy_ceiling_is_one_function_at_the_timers_settings(monkeypatch):
+    seen = []
+    monkeypatch.setattr(bench.timing, "copy_ceiling", lambda nbytes, rep_ms: seen.append((nbytes, rep_ms)) or {})
+    bench.timing.GpuTimer(bench.QUICK).copy_ceiling()
+    assert seen == [(bench.QUICK.ceiling_bytes, bench.QUICK.ceiling_rep_ms)]
+
+
+def test_a_dry_run_calls_everything_once_and_measures_nothing():
+    case = _tiny(MAIN["small-prefill"])
+    impls = [IMPLS[n] for n in ("triton-v4", "ropekit")]
+    timer = bench.timing.DryRunTimer()
+    runner = Runner([case], impls, settings=bench.QUICK, timer=timer, device=ropekit.device.DEVICE,
+                    progress=bench.runner.Progress(1, enabled=False))
+    rows = runner.run()
+    assert {r["impl"] for r in rows} == {"triton-v4", "ropekit"}
+    assert all(r["status"] == "ok" and r["residency"] == "dram" for r in rows)  # its L2 is 0 bytes: one buffer set
+    assert all(r["graph_us"] == r["do_bench_us"] == 1.0 for r in rows)
+    assert timer.copy_ceiling()["method"].startswith("dry run")
+
+
+@gpu_only
+def test_the_copy_ceiling_on_the_gpu():
+    ceiling = bench.timing.copy_ceiling(1 << 26, rep_ms=20.0)
+    assert ceiling["bytes_read"] == ceiling["bytes_written"] == 1 << 26 and ceiling["gbps"] > 0
+    assert abs(ceiling["gbps"] - 2 * (1 << 26) / (ceiling["time_us"] * 1e-6) / 1e9) < 1e-6 * ceiling["gbps"]
+
+
 def test_load_published_reads_the_committed_json_when_there_is_one():
     published = bench.load_published()
     path = bench.report.published_json_path()

@@ -1,14 +1,22 @@
 """Spec of ropekit.course: the exercises, their checker, the touch pictures and the CUDA exercise.
 
 * every solution passes its check, every untouched template reports "not yet solved" (and nothing raises);
-* every deliberately wrong variant gets exactly the diagnosis it was written for, recognised from its output;
+* every deliberately wrong variant gets exactly the diagnosis it was written for, recognised from its output (or, for
+  a kernel that does not compile, from the error, with a hint that names the fix);
+* every RoPE-shaped exercise is checked on several shapes, with counts that are not powers of two;
+* an exercise's ``grade`` hook (speed) runs only on correct code and decides the verdict;
 * touch pictures come from a real run: every output element is stored once, by the program the launch grid implies;
 * the CUDA exercise compiles with nvcc on a CPU machine; on a GPU its checker runs it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,7 +29,9 @@ import ropekit
 from ropekit import course
 from ropekit.course import cuda as course_cuda
 from ropekit.course import touch
+from ropekit.course.cases import RopeCase
 from ropekit.course.exercises import wrong_variants
+from ropekit.course.wrong import standalone
 from ropekit.positions import PositionSpec
 from ropekit.triton.v4 import rope_v4
 
@@ -29,6 +39,7 @@ ALL = course.names()
 CUDA = [name for name in ALL if course.exercise(name).language == "cuda"]
 WRONG = [(name, diagnosis) for name in ALL for diagnosis in wrong_variants(name)]
 
+ROOT = Path(__file__).resolve().parent.parent
 needs_nvcc = pytest.mark.skipif(course_cuda.find_nvcc() is None, reason="nvcc is not installed")
 # Reuse of cos/sin is measured by recording loads under the Triton interpreter: not on a GPU.
 interpreter_only = pytest.mark.skipif(not ropekit.device.INTERPRET, reason="measured under the Triton interpreter")
@@ -45,9 +56,11 @@ def _on_device(name, *values):
 RUN_ALL = [_on_device(name, name) for name in ALL]
 RUN_WRONG = [_on_device(name, name, diagnosis) for name, diagnosis in WRONG]
 
-# The mistakes issue 10 asks the checker to recognise; each must be proven on at least one exercise.
-REQUIRED_DIAGNOSES = {"wrong_direction", "other_pairing", "position_shift", "tail_touched", "wrong_base",
-                      "half_precision_math", "unwritten", "out_of_bounds", "stride_ignored"}
+# The mistakes the checker must recognise; each is proven by a wrong variant of at least one exercise (a
+# broadcast along the wrong axis and partial-rotary pairing in a kernel are proven below, on exercises of their own).
+REQUIRED_DIAGNOSES = {"wrong_direction", "other_pairing", "position_shift", "wrong_positions", "tail_touched",
+                      "partial_pairing", "wrong_base", "half_precision_math", "unwritten", "out_of_bounds",
+                      "stride_ignored", "compile_error"}
 
 
 def _pair_id(pair):
@@ -154,6 +167,112 @@ def test_show_solution_prints_the_solution_file(capsys):
     course.show_solution("02_row_kernel")
     printed = capsys.readouterr().out
     assert printed == course.solution_source("02_row_kernel") and "def rope_row_kernel" in printed
+
+
+def test_every_rope_exercise_is_checked_on_several_shapes_with_odd_counts():
+    def odd(n):
+        return n > 2 and n & (n - 1) != 0
+
+    for name in ALL:
+        ex = course.exercise(name)
+        if ex.check is not None:
+            continue
+        assert len(ex.cases) >= 2, name
+        assert any(odd(c.seq) or odd(c.heads) or odd(c.batch) for c in ex.cases), name
+
+
+# --- diagnoses proven on exercises of their own (registered for one test) ------------------------------------------
+
+def _register(monkeypatch, name, **fields):
+    base = dict(title=name, language="triton", entry="kernel", task="a test exercise", diagnoses=("wrong",))
+    ex = course.Exercise(name=name, **{**base, **fields})
+    monkeypatch.setitem(course.EXERCISES, name, ex)
+    return ex
+
+
+def test_a_cos_tile_broadcast_along_the_head_axis_is_diagnosed(monkeypatch):
+    _register(monkeypatch, "99_tiles", run=standalone.run_tiles,
+              cases=(RopeCase("seq 5, 3 heads, head_dim 8", 2, 5, 3, 8),))
+    result = course.check("99_tiles", standalone.tile_without_head_axis)
+    assert result.diagnosis == "broadcast" and "cos[:, None, :]" in result.message, str(result)
+    assert "head 0 at position 0, head 1 at position 1" in result.message
+
+
+def test_partial_rotary_paired_with_half_the_head_is_diagnosed_not_called_a_tight_mask(monkeypatch):
+    _register(monkeypatch, "99_partial", run=standalone.run_partial,
+              cases=(RopeCase("rotary_dim 8 of head_dim 16", 2, 3, 3, 16, rotary_dim=8),))
+    result = course.check("99_partial", standalone.partner_half_the_head)
+    assert result.diagnosis == "partial_pairing" and "i + 4" in result.message, str(result)
+    assert "mask too tight" not in result.message
+
+
+@pytest.mark.parametrize("source_line, words", [
+    ("pairs = tl.arange(0, 12)", "next_power_of_2"),
+    ("pairs = tl.arange(0, HEAD_DIM // 2) + tl.arange(0, HEAD_DIM)", "[:, None, :]"),
+    ("pairs = tl.arange(0, HEAD_DIM // 2) + offset", "not defined"),
+])
+def test_a_kernel_that_does_not_compile_gets_a_hint(tmp_path, monkeypatch, source_line, words):
+    source = course.solution_source("02_row_kernel").replace("pairs = tl.arange(0, HEAD_DIM // 2)", source_line, 1)
+    assert source_line in source
+    (tmp_path / "readers_kernel.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    sys.modules.pop("readers_kernel", None)
+    import readers_kernel
+    result = course.check("02_row_kernel", readers_kernel.rope_row_kernel)
+    assert result.diagnosis == "compile_error" and "Hint:" in result.message and words in result.message, str(result)
+
+
+def test_the_constexpr_trap_names_the_fix():
+    result = course.check("02_row_kernel", wrong_variants("02_row_kernel")["compile_error"])
+    assert "H: tl.constexpr = HEAD_DIM // 2" in result.message and "arange" in result.message, str(result)
+
+
+def test_a_missing_gpu_driver_is_explained_as_the_import_order():
+    from ropekit.course.errors import explain
+    finding = explain(RuntimeError("0 active drivers ([]). There should only be one."))
+    assert finding.diagnosis == "import_order" and "import ropekit" in finding.message
+
+
+@pytest.mark.skipif(ON_GPU, reason="on a GPU machine a kernel decorated before ropekit runs on the GPU")
+def test_a_kernel_decorated_before_import_ropekit_is_diagnosed_as_the_import_order(tmp_path):
+    script = tmp_path / "readers_notebook.py"  # @triton.jit needs its function's source in a file
+    script.write_text("\n".join([
+        "import os",
+        "os.environ.pop('TRITON_INTERPRET', None)",
+        "import triton",
+        "import triton.language as tl",
+        "",
+        "@triton.jit",
+        "def rope_row_kernel(X, COS, SIN, OUT, seq_len, n_heads, HEAD_DIM: tl.constexpr):",
+        "    pass",
+        "",
+        "import ropekit",
+        "from ropekit import course",
+        "print(course.check('02_row_kernel', rope_row_kernel).diagnosis)",
+    ]) + "\n")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.stdout.strip().splitlines()[-1:] == ["import_order"], done.stderr[-2000:]
+
+
+def test_grade_runs_only_on_correct_code_and_decides(monkeypatch):
+    from ropekit.course.diagnose import Finding
+    ex = course.exercise("02_row_kernel")
+    calls = []
+
+    def grade(verdict):
+        def hook(code):
+            calls.append(code)
+            return Finding(verdict, f"speed: {verdict}")
+        return hook
+
+    monkeypatch.setitem(course.EXERCISES, ex.name, dataclasses.replace(ex, grade=grade("too_slow")))
+    slow = course.check(ex.name, course.load_solution(ex.name))
+    assert not slow.ok and slow.diagnosis == "too_slow" and "Correct" in slow.message and "speed" in slow.message
+    assert course.check(ex.name, course.load_template(ex.name)).diagnosis == "not_solved" and len(calls) == 1
+    monkeypatch.setitem(course.EXERCISES, ex.name, dataclasses.replace(ex, grade=grade("correct")))
+    fast = course.check(ex.name, course.load_solution(ex.name))
+    assert fast.ok and "speed: correct" in str(fast)
 
 
 # --- touch pictures --------------------------------------------------------------------------------------------------

@@ -184,3 +184,80 @@ def test_cli_help_lists_each_command_in_one_line_and_api_md_documents_it(capsys)
     section = api[api.index("## Command line"):]
     for command in commands:
         assert f"| `{command}` |" in section, f"docs/api.md's command table lacks {command!r}"
+
+
+# --- the tuning record, the provenance page and the tools ---------------------------------------------------------
+
+TUNING = ROOT / "docs" / "tuning.md"
+# the sections the code links to for the measurements behind its choices
+TUNING_SECTIONS = ("launch-table", "flat-path", "eviction-hints", "dense-strides", "lean-launch", "index-dtype",
+                   "eager-rounding", "direct-launch", "plan-cache", "benchmark-harness")
+
+
+def test_the_tuning_record_has_a_section_for_every_choice_the_code_links_to():
+    anchors = heading_anchors(TUNING)
+    assert set(TUNING_SECTIONS) <= anchors, set(TUNING_SECTIONS) - anchors
+    linked = set()
+    sources = [*(ROOT / "ropekit").rglob("*.py"), *(ROOT / "tests").glob("*.py"), *(ROOT / "notebooks").glob("*.ipynb")]
+    for path in sources:
+        linked |= {(path.name, a) for a in re.findall(r"docs/tuning\.md#([\w-]+)", path.read_text())}
+    assert not {(name, a) for name, a in linked if a not in anchors}, "links to sections tuning.md does not have"
+
+
+def test_every_run_folder_in_docs_is_named_on_the_provenance_page():
+    provenance = (ROOT / "docs" / "provenance.md").read_text()
+    folders = sorted(p.name for p in (ROOT / "docs" / "gpu-runs").iterdir() if p.is_dir())
+    assert folders, "docs/gpu-runs holds the raw output of the published runs"
+    assert not [f for f in folders if f"gpu-runs/{f}/" not in provenance], "a run folder no published result needs"
+    for named in re.findall(r"`gpu-runs/([\w-]+)/`", provenance):
+        assert named in folders, f"provenance.md names gpu-runs/{named}/, which is not in docs/gpu-runs"
+
+
+TOOLS = sorted(p for p in (ROOT / "tools").iterdir() if p.is_file())
+
+
+def test_every_tool_is_documented_in_contributing_and_every_documented_tool_exists():
+    contributing = (ROOT / "docs" / "contributing.md").read_text()
+    section = contributing[contributing.index("## Tools"):contributing.index("## What installs with ropekit")]
+    first_cells = [line.split("|")[1] for line in section.splitlines() if line.startswith("| `")]
+    documented = {name for cell in first_cells for name in re.findall(r"`([\w.]+\.(?:py|sh))`", cell)}
+    assert documented == {p.name for p in TOOLS}, {"undocumented": {p.name for p in TOOLS} - documented,
+                                                   "documented but missing": documented - {p.name for p in TOOLS}}
+
+
+@pytest.mark.parametrize("tool", [p for p in TOOLS if p.suffix == ".py"], ids=lambda p: p.name)
+def test_tools_use_public_names_the_harness_clocks_and_no_other_tool(tool):
+    import ast
+
+    tree = ast.parse(tool.read_text())
+    stems = {p.stem for p in TOOLS}
+    ropekit_names = set()  # names bound to ropekit modules or objects by this file's imports
+    problems = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] in stems:
+                    problems.append(f"imports the tool {alias.name}")
+                if alias.name.split(".")[0] in ("ropekit", "ropekit_base"):
+                    ropekit_names.add((alias.asname or alias.name).split(".")[0])
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            root = node.module.split(".")[0]
+            if root in stems:
+                problems.append(f"imports the tool {node.module}")
+            if root == "ropekit":
+                problems += [f"imports the private {node.module}.{a.name}" for a in node.names
+                             if a.name.startswith("_")]
+                ropekit_names |= {a.asname or a.name for a in node.names}
+            if node.module in ("triton.testing",) or any(a.name == "do_bench" for a in node.names):
+                problems.append("times with do_bench directly (use ropekit.bench.timing)")
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute):
+            if node.attr.startswith("_") and not node.attr.startswith("__"):
+                base = node.value
+                while isinstance(base, ast.Attribute):
+                    base = base.value
+                if isinstance(base, ast.Name) and base.id in ropekit_names:
+                    problems.append(f"uses the private name {ast.unparse(node)}")
+            if node.attr in ("CUDAGraph", "Event", "do_bench", "elapsed_time"):
+                problems.append(f"keeps its own clock ({ast.unparse(node)}; use ropekit.bench.timing)")
+    assert not problems, f"{tool.name}: {problems}"

@@ -1,4 +1,4 @@
-"""Spec of the exercise sections of notebooks 01-05 and the touch pictures of 02-04 (issue 10).
+"""Spec of the exercise sections of notebooks 01-06 and the touch pictures of 02-04.
 
 Read from the notebooks' stored JSON, nothing executed here (nbval executes the notebooks):
 
@@ -7,6 +7,7 @@ Read from the notebooks' stored JSON, nothing executed here (nbval executes the 
   entry point, whose stored output is an untouched template's "not yet solved";
 * the stored outputs show what a failed check (a diagnosis) and a passed check look like;
 * the solution is printed only on request (``SHOW_SOLUTION = False``) and never stored;
+* notebook 06's CUDA exercise holds the template verbatim in a string the check cell passes to ``course.check``;
 * notebooks 02-04 draw pictures from ``touch.record`` of the package's own kernel (v1, v2, v3), stored as images.
 """
 
@@ -20,7 +21,7 @@ import pytest
 from ropekit import course
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
-NUMBERS = ("01", "02", "03", "04", "05")  # notebook 06 (CUDA) has its own
+NUMBERS = ("01", "02", "03", "04", "05")  # notebook 06 (CUDA: checked on a GPU only) has its own test below
 EXERCISES = [name for name in course.names() if name[:2] in NUMBERS]
 TOUCHED_KERNELS = {"02": "v1.rope_v1", "03": "v2.rope_v2", "04": "v3.rope_v3"}
 
@@ -90,3 +91,17 @@ def test_touch_pictures_are_recorded_from_the_package_kernel(number, kernel):
     drawn = cells[at:]
     assert any("touch.plot(" in c.source or "touch.draw_" in c.source for c in drawn)
     assert any("image/png" in output.get("data", {}) for c in drawn for output in c.get("outputs", []))
+
+
+def test_the_cuda_exercise_of_notebook_06_starts_from_the_template_and_hides_the_solution():
+    cells = _code_cells("06")
+    template = course.template_source("06_cuda_kernel").strip()
+    at_template = _index(cells, lambda c: template in c.source, "holding the CUDA template")
+    variable = cells[at_template].source.split("=", 1)[0].strip()
+    at_check = _index(cells, lambda c: f'course.check("06_cuda_kernel", {variable})' in c.source,
+                      f"checking {variable}")
+    assert at_template < at_check
+    at_solution = _index(cells, lambda c: 'course.show_solution("06_cuda_kernel")' in c.source, "showing it")
+    assert "SHOW_SOLUTION = False" in cells[at_solution].source and not cells[at_solution].get("outputs")
+    solution = course.solution_source("06_cuda_kernel").strip()
+    assert not any(solution in cell.source or solution in _output_text(cell) for cell in cells)

@@ -104,7 +104,8 @@ def test_importing_the_core_imports_no_extra():
     code = ("import sys, torch; torch_numpy = 'numpy' in sys.modules; import ropekit; "
             "assert 'matplotlib' not in sys.modules, 'matplotlib'; "
             "assert torch_numpy or 'numpy' not in sys.modules, 'numpy'; "
-            "assert not any(m.startswith(('ropekit.bench', 'ropekit.course', 'ropekit.stress')) for m in sys.modules)")
+            "assert not any(m.startswith(('ropekit.bench', 'ropekit.course', 'ropekit.stress', 'ropekit.reliability', "
+            "'ropekit.progress')) for m in sys.modules)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert result.returncode == 0, result.stderr[-2000:]
 

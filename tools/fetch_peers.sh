@@ -9,8 +9,8 @@
 #    .peers/site (the harness appends that folder to sys.path; the GPU machine cannot pip-install from an index).
 # 2. flash-attention cannot be installed on the GPU machine (it needs a CUDA build); the harness loads one file by path:
 #    flash_attn/ops/triton/rotary.py (torch + triton only) saved as .peers/flash_attn_rotary.py. It was taken from
-#    Dao-AILab/flash-attention at the commit below (the file's content is unchanged since a9a3170, 2025-04-25); this
-#    script downloads that exact file when it is missing and checks its hash either way.
+#    Dao-AILab/flash-attention at the pinned commit below; this script downloads that exact file when it is missing
+#    and checks its hash either way.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dest=.peers

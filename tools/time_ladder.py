@@ -4,11 +4,11 @@
     python tools/time_ladder.py --quick         # ~1 min: a thinned candidate grid
     python tools/time_ladder.py --out $OUT/time_ladder.json
 
-For each benchmark shape it times, as CUDA-graph replays of one call (q then k, one launch each, as the benchmark
-harness calls v1..v3) under ``triton.testing.do_bench(..., return_mode="median")`` — which flushes L2 before every
-replay, so inputs come from DRAM:
+For each benchmark shape it times q then k (one launch each, as the benchmark harness calls v1..v3) on the
+harness's graph clock (``ropekit.bench.timing``: calls captured back to back in a CUDA graph, median of replays;
+the large cases stream from DRAM, the small prefill is L2-resident):
 
-* ``copy``: ``out.copy_(x)`` for q and k, the same bytes as a RoPE pass (the ceiling for these shapes);
+* ``copy``: ``out.copy_(x)`` for q and k, the same bytes as a RoPE pass (the floor for these shapes);
 * v1 (float32 cases only), v2, v3 with its current ``launch_config``;
 * v3 with every ``(BLOCK_S, BLOCK_H, num_warps)`` candidate, to choose ``ropekit.triton.v3.GPU_TABLE`` by
   measurement. The last lines print the best candidate per table key in the form of ``GPU_TABLE``.
@@ -23,9 +23,9 @@ import os
 
 import torch
 import triton
-from triton.testing import do_bench
 
 import ropekit
+from ropekit.bench.timing import GpuTimer, Settings
 from ropekit.triton.v1 import rope_v1
 from ropekit.triton.v2 import rope_v2
 from ropekit.triton.v3 import V3Config, launch_config, rope_v3
@@ -40,18 +40,9 @@ CASES = {
 }
 
 
-def graph_median_us(fn, warmup_ms=10, rep_ms=50) -> float:
-    """do_bench median (µs) of replaying a CUDA graph of ``fn``: device time, no host launch overhead."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()  # compile and warm outside the capture
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return do_bench(graph.replay, warmup=warmup_ms, rep=rep_ms, return_mode="median") * 1e3
+def graph_median_us(fn, estimate_us: float = 50.0) -> float:
+    """Median µs of one call of ``fn`` on the harness's graph clock (``GpuTimer.graph_us``)."""
+    return GpuTimer(Settings()).graph_us([fn], estimate_us)[0]
 
 
 def candidates(n_heads: int, head_dim: int, quick: bool) -> list[V3Config]:
@@ -76,7 +67,7 @@ def main() -> None:
     torch.manual_seed(0)
     report = {"gpu": torch.cuda.get_device_name() if DEVICE == "cuda" else DEVICE, "torch": torch.__version__,
               "triton": triton.__version__,
-              "method": "CUDA graph of q and k launches, do_bench median with L2 flush (DRAM)", "cases": {}}
+              "method": "ropekit.bench.timing graph clock of q and k launches", "cases": {}}
     print(f"{report['gpu']}  torch {report['torch']}  triton {report['triton']}  ({report['method']})", flush=True)
     best_per_key: dict[tuple[int, int], list] = {}
     for name in args.cases.split(","):
@@ -93,14 +84,15 @@ def main() -> None:
         row = {"shape": [batch, seqlen, hq, hk, head_dim, str(dtype)], "bytes": moved}
         row["copy_us"] = graph_median_us(lambda: (out_q.copy_(q), out_k.copy_(k)))
         if dtype == torch.float32:
-            row["v1_us"] = graph_median_us(pair(rope_v1))
-        row["v2_us"] = graph_median_us(pair(rope_v2))
+            row["v1_us"] = graph_median_us(pair(rope_v1), estimate_us=row["copy_us"])
+        row["v2_us"] = graph_median_us(pair(rope_v2), estimate_us=row["copy_us"])
         default = launch_config(batch, seqlen, max(hq, hk), head_dim, q.element_size())
-        row["v3_default"] = {"config": list(default), "us": graph_median_us(pair(rope_v3))}
+        row["v3_default"] = {"config": list(default),
+                             "us": graph_median_us(pair(rope_v3), estimate_us=row["copy_us"])}
         timed = {}
         for config in candidates(max(hq, hk), head_dim, args.quick):
             try:
-                timed[config] = graph_median_us(pair(rope_v3, config=config))
+                timed[config] = graph_median_us(pair(rope_v3, config=config), estimate_us=row["copy_us"])
             except Exception as error:  # noqa: BLE001  (a config the compiler rejects, e.g. out of registers)
                 print(f"  {name} {tuple(config)}: {type(error).__name__}: {error}"[:160], flush=True)
         ranked = sorted(timed.items(), key=lambda kv: kv[1])

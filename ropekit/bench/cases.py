@@ -1,6 +1,6 @@
 """The benchmark cases: shapes, dtypes and position modes, and how many bytes each one must move.
 
-The main cases are the ones the peers were measured on (``/work/shared/clarifications.md``, "Measuring"); the sweep is
+The main cases are the ones the peers were measured on (the project's measuring rules fix their shapes); the sweep is
 the seed benchmark's grid. Every case is a plain frozen dataclass so that tests, the notebook and the JSON all read the
 same table.
 

@@ -22,7 +22,7 @@ _BLOCK = re.compile(r"(<!-- bench:(?P<name>[a-z]+) -->\n)(?P<body>.*?)(<!-- /ben
 
 DEFAULT_TEMPLATE = "# Benchmarks\n\n" + "".join(f"<!-- bench:{n} -->\n<!-- /bench:{n} -->\n\n" for n in BLOCK_NAMES)
 
-# The benchmark issue's targets. Thresholds are the issue's; "no slower" allows the 1% run-to-run spread.
+# The published targets; "no slower" allows the 1% run-to-run spread.
 LARGE_CASES = ("llama3-8b-prefill", "mha-fp16", "fp32")
 SMALL_CASES = ("small-prefill", "decode")
 EQUAL_WITHIN = 1.01
@@ -59,7 +59,7 @@ def _best(doc, case, direction, residency, impl_names=ROPEKIT_NAMES):
 
 
 def targets(doc: dict) -> list[dict]:
-    """The benchmark issue's targets, evaluated on ``doc``: one dict per check (met is None when not measured)."""
+    """The published targets, evaluated on ``doc``: one dict per check (met is None when not measured)."""
     checks = []
 
     def add(target, case, row, value, threshold, met, unit=""):

@@ -23,7 +23,10 @@ _PALETTE = ["#9e9e9e", "#7f7f7f", "#5f5f5f", "#1f77b4", "#0b3d91", "#2ca02c", "#
 
 
 def _pyplot():
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError as error:
+        raise ImportError("the benchmark's plots need matplotlib: pip install 'ropekit[bench]'") from error
 
     if matplotlib.get_backend().lower() not in ("agg",) and not _in_notebook():
         matplotlib.use("Agg")

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import sys
 import time
 import traceback
 
@@ -72,7 +71,7 @@ def dram_sets(case: Case, l2_bytes: int, factor: float) -> int:
     One set when q and k alone already do. Not only the cases that fit in L2 need several: in place, a call touches
     only its q and k, and a case a little larger than L2 (fp32: 67 MB against 50 MB) finds part of the previous
     call's lines still cached (the L2 does not evict strictly least-recently-used first), by an amount that depends
-    on where the allocator placed the buffers and on the kernel's cache hints (docs/gpu-runs/run18, run21). Every
+    on where the allocator placed the buffers and on the kernel's cache hints (docs/tuning.md#benchmark-harness). Every
     implementation of a case gets the same number of sets.
     """
     if case.qk_bytes > factor * l2_bytes:

@@ -25,7 +25,10 @@ from dataclasses import asdict, dataclass, replace
 
 import torch
 
-__all__ = ["Settings", "QUICK", "GpuTimer", "CapturedGraph", "median_and_spread", "cuda_healthy"]
+__all__ = ["Settings", "QUICK", "GpuTimer", "DryRunTimer", "CapturedGraph", "copy_ceiling", "median_and_spread",
+           "cuda_healthy"]
+
+CEILING_BYTES = 1 << 30  # the copy ceiling copies this many bytes (and reads as many): far beyond any L2
 
 
 @dataclass(frozen=True)
@@ -41,7 +44,7 @@ class Settings:
     dram_factor: float = 4.0  # DRAM timings rotate over buffer sets totalling > dram_factor x L2
     sweep_warmup_ms: float = 5.0
     sweep_rep_ms: float = 20.0
-    ceiling_bytes: int = 1 << 30  # the copy ceiling copies this many bytes (and reads as many)
+    ceiling_bytes: int = CEILING_BYTES  # the copy ceiling copies this many bytes (and reads as many)
     ceiling_rep_ms: float = 200.0
     time_budget_s: float = 540.0  # stop starting new measurements after this (0: no limit); outputs still written
 
@@ -52,6 +55,23 @@ class Settings:
 QUICK = replace(Settings(), warmup_ms=2.0, rep_ms=8.0, graph_ms=8.0, eager_ms=8.0, eager_rounds=3,
                 sweep_warmup_ms=1.0, sweep_rep_ms=4.0, ceiling_bytes=1 << 28, ceiling_rep_ms=30.0,
                 time_budget_s=300.0, graph_rounds=3)
+
+
+def copy_ceiling(nbytes: int = CEILING_BYTES, rep_ms: float = 200.0) -> dict:
+    """Bytes read + written per second by a device-to-device copy of ``nbytes`` (do_bench median).
+
+    The one definition of "the copy ceiling" that every percentage in the benchmarks and the tools divides by: a
+    copy large enough to leave the L2 out of it, timed with events so that no launch gap counts.
+    """
+    from triton.testing import do_bench
+
+    src = torch.randint(0, 256, (nbytes,), dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    ms = do_bench(lambda: dst.copy_(src), warmup=25, rep=rep_ms, return_mode="median")
+    torch.cuda.synchronize()
+    return {"gbps": 2 * nbytes / (ms * 1e-3) / 1e9, "time_us": ms * 1e3, "bytes_read": nbytes,
+            "bytes_written": nbytes,
+            "method": f"torch copy_ of {nbytes / 2**20:.0f} MiB on the device, do_bench median (rep {rep_ms:g} ms)"}
 
 
 def median_and_spread(samples: list[float]) -> tuple[float, float]:
@@ -80,18 +100,8 @@ class GpuTimer:
         return 50 * 2**20, "assumed 50 MiB (torch does not report the L2 size)"
 
     def copy_ceiling(self) -> dict:
-        """Bytes read + written per second by a large device-to-device copy (median of many)."""
-        from triton.testing import do_bench
-
-        n = self.settings.ceiling_bytes
-        src = torch.randint(0, 256, (n,), dtype=torch.uint8, device="cuda")
-        dst = torch.empty_like(src)
-        ms = do_bench(lambda: dst.copy_(src), warmup=25, rep=self.settings.ceiling_rep_ms, return_mode="median")
-        torch.cuda.synchronize()
-        del src, dst
-        return {"gbps": 2 * n / (ms * 1e-3) / 1e9, "time_us": ms * 1e3, "bytes_read": n, "bytes_written": n,
-                "method": f"torch copy_ of {n / 2**20:.0f} MiB on the device, do_bench median "
-                          f"(rep {self.settings.ceiling_rep_ms:g} ms)"}
+        """The device's copy ceiling at this timer's settings (:func:`copy_ceiling`)."""
+        return copy_ceiling(self.settings.ceiling_bytes, self.settings.ceiling_rep_ms)
 
     def do_bench_us(self, fn, warmup_ms: float, rep_ms: float) -> float:
         from triton.testing import do_bench
@@ -105,7 +115,8 @@ class GpuTimer:
         ``estimate_us`` sizes the graph (``graph_target_us`` of device work, at most ``max_calls_per_graph`` calls):
         the runner passes the case's bytes over the copy ceiling, the same for every implementation of a case, so
         that no implementation's graph is shortened by its own host overhead (a graph of a few calls pays the
-        graph launch's own latency, measured in docs/gpu-runs/run11: 2.3 µs a call at 8 calls, 1.6-1.8 at 128+).
+        graph launch's own latency per call; from about 128 calls on, the time per call is flat:
+        docs/tuning.md#benchmark-harness).
         """
         graph = self.capture(fns, estimate_us)
         return self.replay_rounds([graph])[0]
@@ -155,8 +166,8 @@ class GpuTimer:
         The replays are interleaved: ``graph_rounds`` rounds, each replaying every graph in turn for its share of
         ``graph_ms``, and the samples of all rounds pooled. A slow drift of the GPU's state over the run (clocks,
         temperature) then reaches every implementation of a case alike instead of whichever was timed at the
-        wrong moment (one sequential measurement each read the same kernel 3.0-3.3 µs across runs: run31's
-        ``ropekit-rows``).
+        wrong moment (measured sequentially, one kernel's small-case time moved by several percent from run to
+        run: docs/tuning.md#benchmark-harness).
         """
         s = self.settings
         rounds = max(1, s.graph_rounds)
@@ -210,6 +221,42 @@ class GpuTimer:
             gc.enable()
         median, spread = median_and_spread(samples)
         return median, spread, n
+
+
+class DryRunTimer:
+    """No clock at all: every function is called once (so a tool's whole path runs, on a CPU too) and every "time"
+    is 1.0. For dry runs of the harness and the tools; what it produces is never a measurement."""
+
+    def __init__(self, l2_bytes: int = 0):  # 0: one buffer set a case, DRAM rows only
+        self._l2_bytes = l2_bytes
+
+    def l2_bytes(self) -> tuple[int, str]:
+        return self._l2_bytes, "dry run"
+
+    def copy_ceiling(self) -> dict:
+        return {"gbps": 1.0, "time_us": 1.0, "bytes_read": 0, "bytes_written": 0, "method": "dry run: no clock"}
+
+    def do_bench_us(self, fn, warmup_ms: float, rep_ms: float) -> float:
+        fn()
+        return 1.0
+
+    def graph_us(self, fns: list, estimate_us: float) -> tuple[float, float, int]:
+        for fn in fns:
+            fn()
+        return 1.0, 0.0, len(fns)
+
+    def capture(self, fns: list, estimate_us: float) -> "CapturedGraph":
+        for fn in fns:
+            fn()
+        return CapturedGraph(list(fns), len(fns), 1.0)  # keeps the calls (and their buffers) alive, like a graph
+
+    def replay_rounds(self, graphs: list["CapturedGraph"]) -> list[tuple[float, float, int]]:
+        return [(1.0, 0.0, captured.calls) for captured in graphs]
+
+    def eager_us(self, fns: list, estimate_us: float) -> tuple[float, float, int]:
+        for fn in fns:
+            fn()
+        return 1.0, 0.0, len(fns)
 
 
 @dataclass

@@ -10,7 +10,12 @@
     touch.plot(touches, "out")
 
 Exercises (notebook NN holds those named NN_...): see ``course.names()`` and ``course.DIAGNOSES`` for what the checker
-can tell apart.
+can tell apart: wrong values (from the output alone), memory written out of bounds or never written, and code that
+does not compile or run (from the error, with a hint that names the usual fix). How to add an exercise, with its own
+check or a grade (e.g. speed) after correctness: see ``exercises.py``.
+
+On a machine without a GPU, ``import ropekit`` before ``import triton``: ropekit switches Triton to its interpreter,
+which Triton reads when ``@triton.jit`` decorates a kernel. The checker recognises a kernel decorated too early.
 """
 
 from . import touch

@@ -2,12 +2,13 @@
 
 Kernels run where ropekit runs them: on the GPU when there is one, otherwise under the Triton interpreter on the
 CPU. PyTorch exercises run on the CPU. Nothing the reader's code does makes ``check`` raise: an untouched template
-reports "not yet solved", an exception is reported with its last line.
+reports "not yet solved", an exception is reported with its last line and, when the checker recognises it (a
+compile error, a kernel decorated before ``import ropekit``), a hint that names the fix (``errors.py``). An exercise's
+``grade`` hook (e.g. speed) runs after its code is correct and decides the verdict.
 """
 
 from __future__ import annotations
 
-import traceback
 from dataclasses import dataclass
 
 import torch
@@ -15,7 +16,8 @@ import torch
 from .. import device as _device
 from . import exercises as _exercises
 from .cases import make_inputs
-from .diagnose import DIAGNOSES, Finding, analyse
+from .diagnose import DIAGNOSES, GENERIC, Finding, analyse
+from .errors import IMPORT_ORDER, explain
 
 __all__ = ["CheckResult", "check"]
 
@@ -42,16 +44,6 @@ class CheckResult:
     __repr__ = __str__
 
 
-def _raised(name: str, error: BaseException) -> Finding:
-    if isinstance(error, NotImplementedError):
-        return Finding("not_solved", "Not yet solved: the template still raises NotImplementedError. Replace it "
-                                     "with your code and run the check again.")
-    text = "".join(traceback.format_exception_only(type(error), error)).strip()
-    if len(text) > 1500:
-        text = text[:1500] + " ..."
-    return Finding("raised", f"Your code raised an exception:\n{text}")
-
-
 def _device_for(ex) -> str:
     return "cpu" if ex.language == "pytorch" else _device.DEVICE
 
@@ -63,14 +55,33 @@ def check(name: str, code) -> CheckResult:
     readably in a notebook, and is truthy only when the exercise is solved.
     """
     ex = _exercises.exercise(name)
-    if ex.name == "01_rotate_pair":
-        finding = _check_rotate_pair(code)
-    elif ex.name == "01_pair_indices":
-        finding = _check_pair_indices(code)
-    else:
+    if ex.check is None:
         return _check_rope(ex, code)
-    return CheckResult(ex.name, finding.diagnosis == "correct", finding.diagnosis, finding.message,
-                       finding.max_error)
+    try:
+        finding = ex.check(code)
+    except Exception as error:  # noqa: BLE001  (a check calls the reader's code: whatever escapes is reported)
+        finding = explain(error)
+    return _graded(ex, code, CheckResult(ex.name, finding.diagnosis == "correct", finding.diagnosis,
+                                         finding.message, finding.max_error))
+
+
+def _graded(ex, code, result: CheckResult) -> CheckResult:
+    """Run the exercise's ``grade`` hook (e.g. speed against the copy ceiling) on code that is already correct.
+
+    The hook returns a Finding: "correct" passes (its message is added: the measured speed, or why speed could not
+    be graded on this machine), any other diagnosis fails the check with its message; None adds nothing.
+    """
+    if ex.grade is None or not result.ok:
+        return result
+    try:
+        finding = ex.grade(code)
+    except Exception as error:  # noqa: BLE001  (the grade runs the reader's code too)
+        finding = explain(error)
+    if finding is None:
+        return result
+    message = f"{result.message}\n{finding.message}" if finding.message else result.message
+    return CheckResult(result.exercise, finding.diagnosis == "correct", finding.diagnosis, message,
+                       result.max_error, result.case)
 
 
 def _passed_message(n_cases: int, errors: dict[str, float], note: str = "") -> str:
@@ -84,18 +95,18 @@ def _passed_message(n_cases: int, errors: dict[str, float], note: str = "") -> s
     return f"Correct on {cases}{error_words}.{note}"
 
 
-# --- RoPE-shaped exercises (01_rope_torch, 02-06) ------------------------------------------------------------------
+# --- RoPE-shaped exercises: the reader's code runs on each of the exercise's cases ---------------------------------
 
 def _check_rope(ex, code) -> CheckResult:
     if ex.language == "cuda":
         early = _cuda_precheck(ex, code)
         if early is not None:
             return early
-    elif ex.language == "triton" and not hasattr(code, "__getitem__"):
-        return CheckResult(ex.name, False, "raised",
-                           f"Expected a @triton.jit kernel (the {ex.entry} of the template), got "
-                           f"{type(code).__name__}.")
-    candidates = frozenset(ex.diagnoses)
+    elif ex.language == "triton":
+        early = _triton_precheck(ex, code)
+        if early is not None:
+            return early
+    candidates = frozenset(ex.diagnoses) | GENERIC
     errors: dict[str, float] = {}
     for case in ex.cases:
         inputs = make_inputs(case, _device_for(ex))
@@ -109,7 +120,7 @@ def _check_rope(ex, code) -> CheckResult:
             else:
                 output = ex.run(code, inputs)
         except Exception as error:  # noqa: BLE001  (whatever the reader's code raises is reported, not re-raised)
-            finding = _raised(ex.name, error)
+            finding = explain(error)
         else:
             finding = _validate_returned(ex, inputs, output) or analyse(inputs, output, candidates=candidates)
         if finding.diagnosis == "correct" and touches is not None:
@@ -121,8 +132,19 @@ def _check_rope(ex, code) -> CheckResult:
     note = ""
     if ex.notes.get("check_reuse") and not _device.INTERPRET:
         note = " (Reuse of cos/sin across heads is checked only under the Triton interpreter, on a CPU machine.)"
-    return CheckResult(ex.name, True, "correct", _passed_message(len(ex.cases), errors, note),
-                       max(errors.values(), default=0.0))
+    return _graded(ex, code, CheckResult(ex.name, True, "correct", _passed_message(len(ex.cases), errors, note),
+                                         max(errors.values(), default=0.0)))
+
+
+def _triton_precheck(ex, code) -> CheckResult | None:
+    if not hasattr(code, "__getitem__"):
+        return CheckResult(ex.name, False, "raised",
+                           f"Expected a @triton.jit kernel (the {ex.entry} of the template), got "
+                           f"{type(code).__name__}.")
+    if _device.INTERPRET and type(code).__name__ != "InterpretedFunction":
+        # Decorated while TRITON_INTERPRET was unset: it would look for a GPU driver and fail with "0 active drivers".
+        return CheckResult(ex.name, False, "import_order", IMPORT_ORDER)
+    return None
 
 
 def _validate_returned(ex, inputs, output) -> Finding | None:
@@ -175,80 +197,6 @@ def _cuda_precheck(ex, code) -> CheckResult | None:
     return CheckResult(ex.name, False, "needs_gpu",
                        "Compiles with nvcc (-arch=sm_90). Running it needs a CUDA GPU, which this machine lacks; "
                        "on a GPU the checker runs it and diagnoses the output.")
-
-
-# --- the two small PyTorch exercises -------------------------------------------------------------------------------
-
-def _check_rotate_pair(fn) -> Finding:
-    generator = torch.Generator().manual_seed(0)
-    a, b = torch.randn(2, 64, dtype=torch.float64, generator=generator)
-    theta = (torch.rand(64, dtype=torch.float64, generator=generator) * 2 - 1) * 3.0
-    try:
-        result = fn(a.clone(), b.clone(), theta.clone())
-    except Exception as error:  # noqa: BLE001
-        return _raised("01_rotate_pair", error)
-    if result is None:
-        return Finding("not_solved", "Not yet solved: your function returned None.")
-    try:
-        out_a, out_b = (torch.as_tensor(t, dtype=torch.float64) for t in result)
-    except (TypeError, ValueError):
-        return Finding("wrong", "Return two tensors: the turned a and the turned b.")
-    expected_a, expected_b = a * torch.cos(theta) - b * torch.sin(theta), b * torch.cos(theta) + a * torch.sin(theta)
-
-    def close(u, v):
-        return u.shape == v.shape and bool(((u - v).abs() <= 1e-10).all())
-
-    error = float(max((out_a - expected_a).abs().max(), (out_b - expected_b).abs().max())) \
-        if out_a.shape == a.shape and out_b.shape == b.shape else None
-    if close(out_a, expected_a) and close(out_b, expected_b):
-        return Finding("correct", f"Correct: max |error| = {error:.3g}.", error)
-    minus_a, minus_b = a * torch.cos(theta) + b * torch.sin(theta), b * torch.cos(theta) - a * torch.sin(theta)
-    if close(out_a, minus_a) and close(out_b, minus_b):
-        return Finding("wrong_direction", "Rotation in the wrong direction: your points turn clockwise (by -theta). "
-                                          "Counter-clockwise is a' = a cos - b sin, b' = b cos + a sin.", error)
-    if close(out_a, expected_b) and close(out_b, expected_a):
-        return Finding("wrong", "The two results are swapped: return (turned a, turned b).", error)
-    return Finding("wrong", "Not the rotation: for theta = pi/2 the point (1, 0) must go to (0, 1).", error)
-
-
-def _check_pair_indices(fn) -> Finding:
-    for rotary_dim in (8, 12):
-        for interleaved in (False, True):
-            half = rotary_dim // 2
-            pairs = torch.arange(half)
-            neox = (pairs, pairs + half)
-            gptj = (2 * pairs, 2 * pairs + 1)
-            expected, other = (gptj, neox) if interleaved else (neox, gptj)
-            call = f"pair_indices({rotary_dim}, interleaved={interleaved})"
-            try:
-                result = fn(rotary_dim, interleaved)
-            except Exception as error:  # noqa: BLE001
-                return _raised("01_pair_indices", error)
-            if result is None:
-                return Finding("not_solved", "Not yet solved: your function returned None.")
-            try:
-                first, second = (torch.as_tensor(t).to(torch.int64).reshape(-1) for t in result)
-            except (TypeError, ValueError, RuntimeError):
-                return Finding("wrong", f"{call}: return two integer tensors (first, second).")
-
-            def same(u, v):
-                return u.shape == v.shape and bool((u == v).all())
-
-            if same(first, expected[0]) and same(second, expected[1]):
-                continue
-            name = "GPT-J (interleaved)" if interleaved else "NeoX"
-            if same(first, other[0]) and same(second, other[1]):
-                return Finding("other_pairing", (
-                    f"{call}: you returned the other pairing. {name} pairs channels "
-                    + ("(2i, 2i + 1): neighbours." if interleaved else f"(i, i + {half}): the two halves.")))
-            if same(first, expected[1]) and same(second, expected[0]):
-                return Finding("wrong_direction", (
-                    f"{call}: the right pairs in the wrong order (second, first). Rotating (b, a) instead of (a, b) "
-                    "turns every pair the other way (-θ)."))
-            return Finding("wrong", (
-                f"{call} returned first={first.tolist()}, second={second.tolist()}; expected "
-                f"first={expected[0].tolist()}, second={expected[1].tolist()}."))
-    return Finding("correct", "Correct: both pairings, for rotary_dim 8 and 12 (index maps are exact: error 0).", 0.0)
 
 
 def describe_diagnoses() -> str:

@@ -2,13 +2,19 @@
 
 Every diagnosis comes from the numbers the reader's code produced, never from its source:
 
-1. memory first: canaries around the output that changed (written out of bounds), poison that is still there (never
-   written), a partial rotary's pass-through tail that changed;
+1. memory first: canaries around the output that changed (written out of bounds); under partial rotary, a first
+   quarter paired with i + head_dim/2 (the full rotary's partner); a pass-through tail that changed; poison that is
+   still there (never written);
 2. then the values: the output is compared with ``ropekit.reference`` and, when it differs, with the reference of each
    usual mistake (the other direction, the other pairing, positions shifted by one, the channel stride ignored). The
    mistake whose reference matches is the diagnosis;
-3. what is left: a half-precision output that is close but not float32-accurate (math done in half precision), and,
+3. then the position each head vector was actually rotated at, recovered from the output: positions that change from
+   head to head within a token mean a cos/sin block broadcast along the wrong axis; positions constant per token but
+   not the token's own are wrong positions (offsets ignored, a wrong row index);
+4. what is left: a half-precision output that is close but not float32-accurate (math done in half precision), and,
    where the code builds its own frequencies, angles that fit a different ``base``.
+
+An exception (a compile error, a kernel decorated before ``import ropekit``) is read by ``errors.py`` instead.
 """
 
 from __future__ import annotations
@@ -23,18 +29,23 @@ from ..testing import ulp
 from .buffers import CANARY, POISON
 from .cases import RopeInputs
 
-__all__ = ["DIAGNOSES", "Finding", "analyse", "HALF_DTYPES", "ranges", "within_bound"]
+__all__ = ["DIAGNOSES", "GENERIC", "Finding", "analyse", "HALF_DTYPES", "ranges", "within_bound"]
 
 # name -> what it means, in one line (the checker's messages say it at length)
 DIAGNOSES = {
     "correct": "matches the float64 reference within the dtype's accuracy bound",
     "not_solved": "the template is untouched (raises NotImplementedError, or writes nothing)",
     "raised": "the code raised an exception",
-    "compile_error": "the CUDA source does not compile",
+    "compile_error": "the kernel does not compile (Triton's compiler or interpreter, or nvcc, rejected it)",
+    "import_order": "a kernel decorated before `import ropekit` on a machine without a GPU (import ropekit first)",
     "needs_gpu": "the exercise needs a CUDA GPU to run (only compiled here)",
+    "too_slow": "correct, but slower than the speed target against the copy ceiling measured in the same check",
     "wrong_direction": "rotation by -θ instead of +θ (or +θ where the backward asks for -θ)",
     "other_pairing": "NeoX pairs (i, i + rotary_dim/2) and GPT-J pairs (2i, 2i+1) mixed up",
     "position_shift": "every token rotated with the angle of the position next to its own",
+    "wrong_positions": "tokens rotated at positions other than their own (offsets ignored, the wrong row index)",
+    "broadcast": "a token's cos/sin applied to other tokens' heads: a block broadcast along the wrong axis",
+    "partial_pairing": "partial rotary paired channel i with i + head_dim/2 instead of i + rotary_dim/2",
     "tail_touched": "the channels past rotary_dim (the pass-through tail) were changed",
     "wrong_base": "frequencies built from another base than the one asked for",
     "half_precision_math": "close, but not float32-accurate: the math ran in half precision",
@@ -44,6 +55,14 @@ DIAGNOSES = {
     "cos_sin_reloaded": "correct values, but each program reloads cos/sin instead of reusing them across heads",
     "wrong": "differs from the reference in a way the checker does not recognise",
 }
+
+# Considered for every RoPE-shaped exercise, whatever it lists: each fires only when the output (or the error) has its
+# unmistakable signature, so a correct output or another mistake never triggers it.
+GENERIC = frozenset({"wrong_positions", "broadcast", "partial_pairing", "compile_error", "import_order"})
+
+# Diagnoses that come from an error or a precheck, never from reading an output.
+_NOT_FROM_OUTPUT = frozenset({"wrong", "compile_error", "import_order", "raised", "not_solved", "needs_gpu",
+                              "too_slow"})
 
 HALF_DTYPES = (torch.float16, torch.bfloat16)
 
@@ -179,6 +198,11 @@ def analyse(inputs: RopeInputs, output: torch.Tensor, *, candidates: frozenset[s
                 f"between the output's elements were overwritten: {_describe_outside(inputs, where_outside)}. "
                 "Every store needs a mask that is false for lanes past the end of the row (or tile)."))
 
+    if "partial_pairing" in candidates:
+        finding = _partial_pairing(inputs, y, x64, written, scale)
+        if finding is not None:
+            return finding
+
     if rot < case.head_dim:
         tail_changed = written[..., rot:] & (y[..., rot:] != x64[..., rot:])
         if tail_changed.any():
@@ -210,6 +234,11 @@ def analyse(inputs: RopeInputs, output: torch.Tensor, *, candidates: frozenset[s
         finding.max_error = max_error
         return finding
 
+    finding = _fit_positions(inputs, y, x64, scale, candidates)
+    if finding is not None:
+        finding.max_error = max_error
+        return finding
+
     dtype_name = str(case.dtype).replace("torch.", "")
     if "half_precision_math" in candidates and case.dtype in HALF_DTYPES and bool(torch.isfinite(y).all()) \
             and max_error <= 0.03 * float(x64.abs().max()):
@@ -235,7 +264,7 @@ def analyse(inputs: RopeInputs, output: torch.Tensor, *, candidates: frozenset[s
     return Finding("wrong", (
         f"Does not match the reference: max |error| {max_error:.3g} at out{_index(worst)} (expected "
         f"{float(expected[worst]):.6g}, got {float(y[worst]):.6g}). It is none of the mistakes the checker knows "
-        f"({', '.join(sorted(candidates - {'wrong'}))}). Try the case by hand: print your output next to "
+        f"({', '.join(sorted(candidates - _NOT_FROM_OUTPUT))}). Try the case by hand: print your output next to "
         f"ropekit.reference.rope(...) for one token.{nan_hint}"), max_error)
 
 
@@ -291,6 +320,88 @@ def _match_mistake(inputs: RopeInputs, y: torch.Tensor, scale: float, candidates
         if _matches(y[rows][..., :rot], alt[rows][..., :rot], inputs.case.dtype, scale):
             return Finding(name, words)
     return None
+
+
+def _partial_pairing(inputs: RopeInputs, y: torch.Tensor, x64: torch.Tensor, written: torch.Tensor,
+                     scale: float) -> Finding | None:
+    """NeoX under partial rotary pairs channel i with i + rotary_dim/2. Pairing it with i + head_dim/2 (the full
+    rotary's partner) leaves a recognisable first quarter, out[i] = x[i] cos - x[i + head_dim/2] sin, while channels
+    rotary_dim/2 to rotary_dim never turn (unwritten, or copied unchanged)."""
+    case = inputs.case
+    rot, head_dim = case.rot, case.head_dim
+    if rot >= head_dim or case.interleaved:
+        return None
+    quarter, half_head = rot // 2, head_dim // 2
+    first = written[..., :quarter]
+    second = written[..., quarter:rot] & (y[..., quarter:rot] != x64[..., quarter:rot])
+    if not first.any() or second.any():
+        return None  # channels past the first quarter turned as well: the pair index ran past rotary_dim/2
+    inv_freq = torch.pow(torch.tensor(case.base, dtype=torch.float64),
+                         -torch.arange(0, rot, 2, dtype=torch.float64) / rot)
+    theta = inputs.positions.to(torch.float64)[..., None, None] * inv_freq  # (batch, seq, 1, rot/2)
+    sign = -1.0 if case.conjugate else 1.0
+    alt = x64[..., :quarter] * theta.cos() - sign * x64[..., half_head:half_head + quarter] * theta.sin()
+    got = y[..., :quarter][first]
+    if not _matches(got, alt[first], case.dtype, scale) or _matches(got, inputs.expected[..., :quarter][first],
+                                                                      case.dtype, scale):
+        return None
+    return Finding("partial_pairing", (
+        f"Partial rotary pairs the wrong channels: only the first rotary_dim = {rot} of the {head_dim} channels turn, "
+        f"so NeoX pair i is (i, i + rotary_dim/2) = (i, i + {quarter}) for i < {quarter}. Your output pairs channel i "
+        f"with i + head_dim/2 = i + {half_head}, the partner it would have if the whole head turned. Use "
+        "rotary_dim/2 (not head_dim/2) for the offset of the second half, and copy channels "
+        f"{rot}-{head_dim - 1} unchanged."))
+
+
+def _fit_positions(inputs: RopeInputs, y: torch.Tensor, x64: torch.Tensor, scale: float,
+                   candidates: frozenset[str]) -> Finding | None:
+    """For each head vector, find the position whose rotation it is (if any). The pattern of those positions names
+    the mistake: positions that change from head to head within one token come from a cos/sin block broadcast along
+    the wrong axis; positions constant per token but not the token's own are wrong positions."""
+    if not candidates & {"broadcast", "wrong_positions"}:
+        return None
+    case = inputs.case
+    batch, seq, heads, head_dim = y.shape
+    rot = case.rot
+    truth = inputs.positions[:, :, None].expand(batch, seq, heads)
+    n_positions = case.table_len if case.table_len is not None else int(truth.max()) + seq + 2
+    rows = x64.reshape(-1, 1, 1, head_dim).expand(-1, n_positions, 1, head_dim)
+    at = torch.arange(n_positions).expand(rows.shape[0], n_positions)
+    every = reference.rope(rows, at, base=case.base, rotary_dim=rot, interleaved=case.interleaved,
+                           conjugate=case.conjugate)[:, :, 0, :rot]  # (rows, positions, rot)
+    error = (every - y.reshape(-1, 1, head_dim)[..., :rot]).abs().amax(dim=-1)
+    error = torch.nan_to_num(error, nan=float("inf"))
+    best = error.argmin(dim=1)
+    tolerance = 0.02 * scale if case.dtype in HALF_DTYPES else 1e-4 * max(scale, 1.0)
+    fitted = torch.where(error.gather(1, best[:, None])[:, 0] <= tolerance, best, -1).reshape(batch, seq, heads)
+    zero = (y[..., :rot] == 0).all(dim=-1) & (x64[..., :rot] != 0).any(dim=-1)
+    found = fitted >= 0
+    if int(found.sum()) < max(2, found.numel() // 2) or not (found & (fitted != truth)).any():
+        return None
+    zero_words = (f" {int(zero.sum())} head vectors came out as zeros: their cos and sin were both 0, the `other` "
+                  "of a masked load of a cos/sin row that was out of range." if zero.any() else "")
+    varies = [(b, s) for b in range(batch) for s in range(seq)
+              if len(set(fitted[b, s][found[b, s]].tolist())) > 1]
+    if varies and "broadcast" in candidates:
+        b, s = varies[0]
+        seen = ", ".join(f"head {h} at position {int(fitted[b, s, h])}" for h in range(heads) if found[b, s, h])
+        return Finding("broadcast", (
+            f"The heads of one token were rotated at different positions: token {s} of sequence {b} (position "
+            f"{int(truth[b, s, 0])}) has {seen}. A token's cos/sin row was spread over the wrong axis: a cos tile "
+            "[BLOCK_S, HALF] combined with x [BLOCK_S, BLOCK_H, HALF] lines up from the right, so its token axis "
+            "lands on the head axis. Insert the head axis: `cos[:, None, :]` is [BLOCK_S, 1, HALF], one token's row "
+            f"for all of its heads.{zero_words}"))
+    if "wrong_positions" not in candidates:
+        return None
+    wrong = torch.nonzero(found & (fitted != truth))
+    examples = "; ".join(f"sequence {int(b)} token {int(s)}: position {int(fitted[b, s, h])} instead of "
+                         f"{int(truth[b, s, h])}" for b, s, h in wrong[:3])
+    hint = (" In decode, token s of sequence b sits at offsets[b] + s: are the offsets added?" if case.offsets else
+            " A token's position is its index in its sequence: (row // n_heads) % seq_len for a row of a contiguous "
+            "(batch, seq, heads) tensor.")
+    return Finding("wrong_positions", (
+        f"Tokens were rotated at positions other than their own ({len(wrong)} head vectors; {examples}).{hint}"
+        f"{zero_words}"))
 
 
 def _fit_base(inputs: RopeInputs, y: torch.Tensor, x64: torch.Tensor, scale: float) -> Finding | None:

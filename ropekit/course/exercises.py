@@ -6,6 +6,12 @@ Notebook NN holds the exercises whose name starts with NN. Files, by exercise ``
   kernel with its body missing);
 * ``solutions/exNN_name.py`` (``.cu``): shown only on request, by :func:`show_solution`;
 * ``wrong/exNN_name.py`` (``wrong/exNN_name/*.cu``): deliberately wrong variants, one per diagnosis, for the tests.
+
+Adding an exercise is one ``_add(Exercise(...))`` at the end of the registry (entries keep their order: it is the
+order of ``names()``). A RoPE-shaped exercise gives ``cases`` and ``run``: the checker runs the reader's code on every
+case and diagnoses its output. Any other exercise gives ``check``, a function of the reader's code returning a
+:class:`~ropekit.course.diagnose.Finding` (``errors.explain`` turns an exception into one). Either may add ``grade``,
+called only once the code is correct (e.g. speed against the copy ceiling): it returns a Finding, "correct" to pass.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import triton
 
 from .buffers import Layout
 from .cases import RopeCase
+from .function_checks import check_pair_indices, check_rotate_pair
 
 __all__ = ["Exercise", "EXERCISES", "exercise", "names", "task", "template_source", "solution_source",
            "load_template", "load_solution", "wrong_variants", "show_task", "show_template", "show_solution"]
@@ -39,6 +46,8 @@ class Exercise:
     launch: Callable | None = None  # launch(kernel, x, cos, sin, out, ...) for kernels
     run: Callable | None = None  # run(code, inputs) -> output tensor, used by the checker
     notes: dict = field(default_factory=dict)
+    check: Callable | None = None  # check(code) -> Finding, for exercises without RoPE cases
+    grade: Callable | None = None  # grade(code) -> Finding | None, after the code is correct (e.g. its speed)
 
     @property
     def module(self) -> str:
@@ -113,6 +122,7 @@ def _run_cuda(source, inputs):
 # x stored sequence-major (sbhd) and read through a (batch, seq, heads, head_dim) view whose channels are 2 apart.
 _SBHD_CHANNEL_STRIDE_2 = Layout(order=(1, 0, 2, 3), last_stride=2,
                                 label="x stored seq-major (sbhd) with channels 2 elements apart")
+_SBHD = Layout(order=(1, 0, 2, 3), label="sbhd")
 # Out with gaps after every head vector, token and sequence: a store past its row lands on a canary.
 _GAPPED = Layout(gaps=(0, 0, 8, 4), label="out with gaps between head vectors")
 _GAPPED_TILES = Layout(gaps=(0, 140, 10, 2), label="out with gaps between heads, tokens and sequences")
@@ -131,6 +141,7 @@ _add(Exercise(
     task=("Write rotate_pair(a, b, theta): turn the 2-D points (a, b) counter-clockwise by theta radians and return "
           "the turned (a, b). Everything in RoPE is this one operation, applied to many pairs at many angles."),
     diagnoses=("wrong_direction", "wrong"),
+    check=check_rotate_pair,
 ))
 
 _add(Exercise(
@@ -139,6 +150,7 @@ _add(Exercise(
           "pairs, so that pair i turns channels first[i] and second[i]. interleaved=False is NeoX/Llama (the two "
           "halves), interleaved=True is GPT-J (neighbours)."),
     diagnoses=("other_pairing", "wrong_direction", "wrong"),
+    check=check_pair_indices,
 ))
 
 _add(Exercise(
@@ -147,7 +159,7 @@ _add(Exercise(
           "(batch, seq, heads, head_dim) at integer positions (batch, seq). Pair i turns by "
           "position * base ** (-2i / rotary_dim); only the first rotary_dim channels turn. Compute in float32 or "
           "better and return x's dtype."),
-    diagnoses=("wrong_direction", "other_pairing", "position_shift", "tail_touched", "wrong_base",
+    diagnoses=("wrong_direction", "other_pairing", "position_shift", "tail_touched", "partial_pairing", "wrong_base",
                "half_precision_math", "wrong"),
     cases=(
         RopeCase("float32, NeoX pairs, head_dim 16", 1, 5, 2, 16, position_ids=_TORCH_POSITIONS, out_layout=None,
@@ -168,8 +180,14 @@ _add(Exercise(
           "contiguous float32 (batch, seq, heads, HEAD_DIM) tensor, NeoX pairs (i, i + HEAD_DIM/2), at position "
           "(row // n_heads) % seq_len, with cos/sin from row `position` of the half-width tables. Launched as "
           "rope_row_kernel[(batch * seq * heads,)](x, cos, sin, out, seq, heads, HEAD_DIM=head_dim)."),
-    diagnoses=("wrong_direction", "other_pairing", "position_shift", "unwritten", "out_of_bounds", "wrong"),
-    cases=(RopeCase("float32, contiguous, head_dim 16", 2, 3, 2, 16),),
+    diagnoses=("wrong_direction", "other_pairing", "position_shift", "wrong_positions", "unwritten",
+               "out_of_bounds", "compile_error", "wrong"),
+    cases=(
+        RopeCase("float32, contiguous, head_dim 16", 2, 3, 2, 16),
+        RopeCase("float32, 3 sequences of 5 tokens, 3 heads (counts that are not powers of two), head_dim 8",
+                 3, 5, 3, 8, seed=1),
+        RopeCase("float32, 1 sequence of 7 tokens, 5 heads, head_dim 64", 1, 7, 5, 64, seed=2),
+    ),
     launch=launch_row, run=_run_kernel(launch_row),
 ))
 
@@ -187,6 +205,8 @@ _add(Exercise(
         # float16, not bfloat16: the Triton interpreter computes bfloat16 arithmetic wrongly (garbage values), which
         # would hide the half-precision diagnosis on a CPU machine.
         RopeCase("float16, head_dim 24, contiguous", 1, 3, 2, 24, dtype=torch.float16, seed=1),
+        RopeCase("float32, head_dim 40 (20 pairs in 32 lanes), 3 sequences x 5 tokens x 3 heads, x stored "
+                 "seq-major, out with gaps", 3, 5, 3, 40, x_layout=_SBHD, out_layout=_GAPPED, seed=2),
     ),
     launch=launch_strided, run=_run_kernel(launch_strided),
 ))
@@ -199,8 +219,12 @@ _add(Exercise(
           "are not multiples of the block sizes, so the token and head axes need masks."),
     diagnoses=("unwritten", "out_of_bounds", "position_shift", "cos_sin_reloaded", "wrong_direction",
                "other_pairing", "wrong"),
-    cases=(RopeCase("float32, batch 2, seq 5, 3 heads, head_dim 8, x stored seq-major, out with gaps", 2, 5, 3, 8,
-                    x_layout=Layout(order=(1, 0, 2, 3), label="sbhd"), out_layout=_GAPPED_TILES),),
+    cases=(
+        RopeCase("float32, batch 2, seq 5, 3 heads, head_dim 8, x stored seq-major, out with gaps", 2, 5, 3, 8,
+                 x_layout=_SBHD, out_layout=_GAPPED_TILES),
+        RopeCase("float32, batch 1, seq 9 (two tiles and a 1-token tail), 5 heads (8 lanes), head_dim 16", 1, 9, 5, 16,
+                 out_layout=_GAPPED_TILES, seed=1),
+    ),
     launch=launch_tiled, run=_run_kernel(launch_tiled), notes={"check_reuse": True},
 ))
 
@@ -228,7 +252,11 @@ _add(Exercise(
           "is rounded up to whole blocks of 128 threads. Pass the source (a string) to check(); it runs on a GPU."),
     diagnoses=("wrong_direction", "other_pairing", "position_shift", "unwritten", "out_of_bounds", "compile_error",
                "wrong"),
-    cases=(RopeCase("float32, contiguous, head_dim 24 (12 pairs per row)", 1, 3, 2, 24),),
+    cases=(
+        RopeCase("float32, contiguous, head_dim 24 (12 pairs per row)", 1, 3, 2, 24),
+        RopeCase("float32, 3 sequences x 5 tokens x 3 heads, head_dim 16: 360 pairs, the last block part-filled",
+                 3, 5, 3, 16, seed=1),
+    ),
     run=_run_cuda,
 ))
 

@@ -49,10 +49,25 @@ def rope_in_x_dtype(x, positions, **kw):
     return _rope(x, positions, math_dtype=x.dtype, **kw)  # MISTAKE: cos/sin and the products in x's dtype
 
 
+def rope_partner_half_the_head(x, positions, *, base=10000.0, rotary_dim=None, interleaved=False):
+    if interleaved or rotary_dim in (None, x.shape[-1]):
+        return _rope(x, positions, base=base, rotary_dim=rotary_dim, interleaved=interleaved)
+    half, half_head = rotary_dim // 2, x.shape[-1] // 2
+    inv_freq = base ** (-torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim)
+    theta = positions.to(torch.float64)[..., None] * inv_freq
+    cos, sin = torch.cos(theta).float()[:, :, None, :], torch.sin(theta).float()[:, :, None, :]
+    out = x.float()
+    a, b = out[..., :half].clone(), out[..., half_head:half_head + half].clone()  # MISTAKE: i + head_dim/2
+    out[..., :half] = a * cos - b * sin
+    out[..., half_head:half_head + half] = b * cos + a * sin
+    return out.to(x.dtype)
+
+
 WRONG = {
     "wrong_direction": rope_minus_theta,
     "other_pairing": rope_always_neox,
     "tail_touched": rope_whole_head,
     "wrong_base": rope_default_base,
     "half_precision_math": rope_in_x_dtype,
+    "partial_pairing": rope_partner_half_the_head,
 }
