@@ -147,7 +147,7 @@ def forced_config(config: LaunchConfig | None):
 # --------------------------------------------------------------------------------------------------------------------
 
 # Triton's JIT entry point re-derives the specialisation of every argument in Python on every call, which is most of
-# a decode step's host time (docs/tuning.md#lean-launch). After the first launch of a given specialisation the
+# a decode step's host time (docs/tuning.md#direct-launch). After the first launch of a given specialisation the
 # compiled kernel's runner is kept and called directly. The key holds everything Triton specialises on: the static
 # part of a launch (grid, integer arguments but the position offset, constexprs, warps, pointer dtypes:
 # ``V4Launch.key``), the 16-byte alignment of the pointers, and the specialisation class of the position offset,
@@ -301,8 +301,9 @@ class V4Launch:
 
 
 class PlanCache(dict):
-    """Plans by call signature (bounded): the launcher layer's one plan cache. ``get`` is ``dict.get`` (the eager
-    hot path pays a dictionary lookup and nothing more); :meth:`put` forgets everything once it is full."""
+    """Plans by call signature (bounded): the launcher layer's one plan cache (docs/tuning.md#plan-cache). ``get`` is
+    ``dict.get`` (the eager hot path pays a dictionary lookup and nothing more); :meth:`put` forgets everything once it
+    is full."""
 
     def __init__(self, max_plans: int):
         super().__init__()
@@ -384,7 +385,8 @@ def plan_v4(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: tor
         # sequences sit on the grid's third axis, which CUDA caps at 65535
         raise ValueError(f"v4 handles at most 65535 sequences per launch (grid axis 2), got {n_batch}")
     # Integer arguments a launch does not read are passed as 1, which Triton specialises into a constant (1 is not
-    # passed at all), and absent tensors as None: graph replay pays for every byte of arguments (see the kernel).
+    # passed at all), and absent tensors as None: graph replay pays for every byte of arguments
+    # (docs/tuning.md#lean-launch).
     # DENSE: contiguous q, k and outputs, and a contiguous table of rotary_dim / 2 columns; the kernel derives
     # their strides.
     dense = contiguous and (cos_per_token or (cos.is_contiguous() and sin.is_contiguous()
