@@ -388,7 +388,7 @@ def plan_v4(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: tor
     # passed at all), and absent tensors as None: graph replay pays for every byte of arguments
     # (docs/tuning.md#lean-launch).
     # DENSE: contiguous q, k and outputs, and a contiguous table of rotary_dim / 2 columns; the kernel derives
-    # their strides.
+    # their strides (docs/tuning.md#dense-strides).
     dense = contiguous and (cos_per_token or (cos.is_contiguous() and sin.is_contiguous()
                                               and cos.shape[1] == rotary_dim // 2))
     if cos_per_token:
@@ -438,6 +438,7 @@ def plan_v4(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: tor
         EVICT="evict_first" if (config.flat_streaming if flat else config.evict_first) else "",
         # 32-bit address arithmetic is fewer instructions; int64 as soon as an offset into any tensor the kernel
         # indexes with it could overflow: q, k, the outputs, per-token cos/sin rows and position ids
+        # (docs/tuning.md#index-dtype)
         INDEX_DTYPE=tl.int32 if _fits_int32(q.shape, q.stride(), k_args.shape, k_args.stride(), out_q.shape,
                                             out_q.stride(), out_k_args.shape, out_k_args.stride(), cos.shape,
                                             cos.stride(), sin.shape, sin.stride(),
