@@ -7,8 +7,8 @@ from typing import Optional
 import torch
 
 from .api import apply_rope
-from .layouts import TO_BSHD
 from .frequencies import _rope_type, cos_sin_table, inverse_frequencies, rope_init
+from .layouts import TO_BSHD, batch_and_seq_axes
 from .positions import POSITION_IDS, SEQ_OFFSETS, longest_sequence, resolve_positions
 
 __all__ = ["RopeTable", "RotaryEmbedding"]
@@ -156,7 +156,7 @@ class RotaryEmbedding(torch.nn.Module):
             n_batch, tokens = cu_seqlens.shape[0] - 1, q.shape[0]
             length = max_seqlen
         else:
-            batch_axis, seq_axis = TO_BSHD[layout][:2]
+            batch_axis, seq_axis = batch_and_seq_axes(layout)
             n_batch, tokens = q.shape[batch_axis], q.shape[seq_axis]
             length = tokens
         spec = resolve_positions(batch=n_batch, seqlen=tokens, positions=positions,

@@ -11,8 +11,14 @@ from ropekit.positions import resolve_positions
 from ropekit.testing import assert_close_to_reference
 from ropekit.triton.launch import (LaunchConfig, V4Launch, forced_config, launch_config, plan_v4, plans,
                                    recorded_launches, rope_v4)
+from ropekit.triton.v4 import rope_v4_kernel
 from conftest import DEVICE
 from rope_cases import table
+
+
+def named(pointers: tuple) -> dict:
+    """A launch's pointer arguments by the kernel's parameter names."""
+    return dict(zip(rope_v4_kernel.arg_names, pointers))
 
 
 def test_v4_passes_no_argument_it_does_not_read():
@@ -28,7 +34,7 @@ def test_v4_passes_no_argument_it_does_not_read():
     def plan_of(x, kx, positions, **kw):
         spec = resolve_positions(batch=2, seqlen=5, positions=positions)
         return plan_v4(x, kx, cos, sin, out_q=torch.empty_like(x), out_k=torch.empty_like(kx), positions=spec,
-                          rotary_dim=16, **kw)
+                       rotary_dim=16, **kw)
 
     def strides(args, *tensors):
         return tuple(args[f"stride_{t}{axis}"] for t in tensors for axis in "bshd")
@@ -42,8 +48,8 @@ def test_v4_passes_no_argument_it_does_not_read():
         assert (args["stride_pos_b"], args["stride_pos_s"], args["n_tokens"]) == (1, 1, 1)
         assert args["position_offset"] == 1  # offset 0, passed plus one
         assert not plan.constexprs["IN_PLACE"]
-        pointers = V4Launch.pointers(q, k, q, k, cos, sin, None if positions is None else offsets, None)
-        assert pointers[-1] is None and (pointers[-2] is None) == (positions is None)
+        pointers = named(V4Launch.pointers(q, k, q, k, cos, sin, None if positions is None else offsets, None))
+        assert pointers["CU_SEQLENS"] is None and (pointers["POSITIONS"] is None) == (positions is None)
     strided = torch.randn(2, 5, 6, 16, device=DEVICE)[:, :, :4]
     plan = plan_of(strided, k, None)
     assert not plan.constexprs["DENSE"] and strides(plan.arguments(), "q") == strided.stride()
@@ -74,8 +80,8 @@ def test_v4_in_place_passes_no_output(dense):
     assert all(args[f"stride_{t}{axis}"] == 1 for t in ("oq", "ok") for axis in "bshd")  # the outputs' strides
     if not dense:
         assert tuple(args[f"stride_q{axis}"] for axis in "bshd") == q.stride()
-    pointers = V4Launch.pointers(q, k, q, k, cos, sin, offsets, None, plan.in_place)
-    assert pointers[2] is None and pointers[3] is None
+    pointers = named(V4Launch.pointers(q, k, q, k, cos, sin, offsets, None, plan.in_place))
+    assert pointers["OUT_Q"] is None and pointers["OUT_K"] is None
     plan(q, k, q, k, cos, sin, offsets, None, 0)
     assert_close_to_reference(q, expected_q)
     assert_close_to_reference(k, expected_k)
@@ -163,7 +169,7 @@ def test_recorded_launches_run_nothing_and_list_every_launch():
         ropekit.apply_rope(q.requires_grad_(), None, cos, sin)[0].sum().backward()  # forward and backward
     assert len(records) == 3
     assert [r.constexprs["CONJUGATE"] for r in records] == [False, False, True]
-    assert records[0].pointers[0] is q and records[0].pointers[2] is out_q
+    assert named(records[0].pointers)["Q"] is q and named(records[0].pointers)["OUT_Q"] is out_q
     plan = plan_v4(q, k, cos, sin, out_q=out_q, out_k=out_k, rotary_dim=16,
                    positions=resolve_positions(batch=2, seqlen=3, positions=2))
     assert records[0].grid == plan.grid and records[0].ints == tuple(plan.arguments(2).values())
