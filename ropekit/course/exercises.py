@@ -17,6 +17,7 @@ called only once the code is correct (e.g. speed against the copy ceiling): it r
 from __future__ import annotations
 
 import importlib
+import inspect
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -27,6 +28,7 @@ import triton
 from .buffers import Layout
 from .cases import RopeCase
 from .function_checks import check_pair_indices, check_rotate_pair
+from .speed import QKShape, grade_speed
 
 __all__ = ["Exercise", "EXERCISES", "exercise", "names", "task", "template_source", "solution_source",
            "load_template", "load_solution", "wrong_variants", "show_task", "show_template", "show_solution"]
@@ -73,22 +75,44 @@ def launch_strided(kernel, x, cos, sin, out):
                                    HEAD_DIM=head_dim, BLOCK_HALF=triton.next_power_of_2(head_dim // 2))
 
 
-def launch_tiled(kernel, x, cos, sin, out, block_s: int = 4):
-    """04: one program per tile of ``block_s`` tokens x every head of one sequence."""
+def launch_tiled(kernel, x, cos, sin, out, block_s: int = 4, block_h: int = 2):
+    """04: one program per tile of ``block_s`` tokens of one sequence; the program loops over the heads, ``block_h``
+    at a time (fewer than the cases' heads, so a kernel without the loop leaves heads unwritten)."""
     batch, seq, heads, head_dim = x.shape
     if x.stride(-1) != 1 or out.stride(-1) != 1:
         raise ValueError("exercise 04 expects contiguous channels (head-dim stride 1)")
     grid = (triton.cdiv(seq, block_s), batch)
     kernel[grid](x, cos, sin, out, seq, heads, x.stride(0), x.stride(1), x.stride(2),
                  out.stride(0), out.stride(1), out.stride(2),
-                 HEAD_DIM=head_dim, BLOCK_S=block_s, BLOCK_H=triton.next_power_of_2(heads))
+                 HEAD_DIM=head_dim, BLOCK_S=block_s, BLOCK_H=block_h)
 
 
-def launch_decode(kernel, x, cos, sin, out, offsets, rotary_dim: int, conjugate: bool = False):
-    """05: one program per head vector; token s of sequence b at position offsets[b] + s."""
-    batch, seq, heads, head_dim = x.shape
-    kernel[(batch * seq * heads,)](x, cos, sin, out, offsets, seq, heads,
-                                   HEAD_DIM=head_dim, ROTARY_DIM=rotary_dim, CONJUGATE=conjugate)
+def tile_of(kernel) -> tuple[int, int, int]:
+    """(BLOCK_S, BLOCK_H, NUM_WARPS): the defaults of a q+k kernel's signature (the reader chooses the tile there)."""
+    parameters = inspect.signature(getattr(kernel, "fn", kernel)).parameters
+    missing = [name for name in ("BLOCK_S", "BLOCK_H", "NUM_WARPS")
+               if name not in parameters or parameters[name].default is inspect.Parameter.empty]
+    if missing:
+        raise ValueError(f"give {', '.join(missing)} a default in the kernel's signature (the launch reads the tile "
+                         "from there)")
+    return tuple(int(getattr(parameters[name].default, "value", parameters[name].default))
+                 for name in ("BLOCK_S", "BLOCK_H", "NUM_WARPS"))
+
+
+def launch_qk(kernel, q, k, cos, sin, offsets, out_q, out_k):
+    """05: q and k in one launch; grid (token tiles, q's head blocks then k's, batch), the tile from the kernel."""
+    batch, seq, heads_q, head_dim = q.shape
+    heads_k = k.shape[2]
+    block_s, block_h, num_warps = tile_of(kernel)
+    grid = (triton.cdiv(seq, block_s), triton.cdiv(heads_q, block_h) + triton.cdiv(heads_k, block_h), batch)
+    kernel[grid](q, k, out_q, out_k, cos, sin, offsets, seq, heads_q, heads_k, *q.stride()[:3], *k.stride()[:3],
+                 *out_q.stride()[:3], *out_k.stride()[:3], HEAD_DIM=head_dim, BLOCK_S=block_s, BLOCK_H=block_h,
+                 NUM_WARPS=num_warps, num_warps=num_warps)
+
+
+def q_heads(heads: int) -> int:
+    """05's cases split one tensor's heads into q (the first ones) and k (the last third: GQA, or MQA's single head)."""
+    return heads - max(1, heads // 3)
 
 
 def _run_kernel(launch):
@@ -98,11 +122,14 @@ def _run_kernel(launch):
     return run
 
 
-def _run_decode(kernel, inputs):
-    case = inputs.case
-    launch_decode(kernel, inputs.x.view, inputs.cos.view, inputs.sin.view, inputs.out.view, inputs.offsets,
-                  case.rot, case.conjugate)
-    return inputs.out.view
+def _run_qk(kernel, inputs):
+    """q and k are two views of the case's x (its first and last heads), rotated at the same positions: the checker
+    reads them back as one output."""
+    split = q_heads(inputs.case.heads)
+    x, out = inputs.x.view, inputs.out.view
+    launch_qk(kernel, x[:, :, :split], x[:, :, split:], inputs.cos.view, inputs.sin.view, inputs.offsets,
+              out[:, :, :split], out[:, :, split:])
+    return out
 
 
 def _run_rope_torch(fn, inputs):
@@ -212,37 +239,44 @@ _add(Exercise(
 ))
 
 _add(Exercise(
-    name="04_tiled_kernel", title="A tiled kernel that reuses cos/sin across heads", language="triton",
+    name="04_tiled_kernel", title="A tiled kernel with a loop over the heads", language="triton",
     entry="rope_tiled_kernel",
-    task=("Fill in rope_tiled_kernel: a program rotates a tile of BLOCK_S = 4 tokens x all heads of one sequence, "
-          "loading the tile's cos/sin rows once and broadcasting them over the heads. seq_len = 5 and n_heads = 3 "
-          "are not multiples of the block sizes, so the token and head axes need masks."),
-    diagnoses=("unwritten", "out_of_bounds", "position_shift", "cos_sin_reloaded", "wrong_direction",
-               "other_pairing", "wrong"),
+    task=("Fill in rope_tiled_kernel: a program rotates a tile of BLOCK_S = 4 tokens x every head of one sequence. It "
+          "loads the tile's cos/sin rows once and then loops over the heads, BLOCK_H = 2 at a time, so that every "
+          "step reuses them. Sequence lengths and head counts are not multiples of the block sizes: mask the token and "
+          "head axes."),
+    diagnoses=("unwritten", "out_of_bounds", "position_shift", "cos_sin_reloaded", "compile_error", "broadcast",
+               "wrong_direction", "other_pairing", "wrong"),
     cases=(
         RopeCase("float32, batch 2, seq 5, 3 heads, head_dim 8, x stored seq-major, out with gaps", 2, 5, 3, 8,
                  x_layout=_SBHD, out_layout=_GAPPED_TILES),
-        RopeCase("float32, batch 1, seq 9 (two tiles and a 1-token tail), 5 heads (8 lanes), head_dim 16", 1, 9, 5, 16,
-                 out_layout=_GAPPED_TILES, seed=1),
+        RopeCase("float32, batch 1, seq 9 (two tiles and a 1-token tail), 5 heads (three head steps), head_dim 16",
+                 1, 9, 5, 16, out_layout=_GAPPED_TILES, seed=1),
+        RopeCase("float32, batch 3, seq 4, 8 heads, head_dim 32 (everything divides: four head steps)", 3, 4, 8, 32,
+                 seed=2),
     ),
     launch=launch_tiled, run=_run_kernel(launch_tiled), notes={"check_reuse": True},
 ))
 
 _add(Exercise(
-    name="05_decode_kernel", title="Decode positions and the backward as a conjugate rotation", language="triton",
-    entry="rope_decode_kernel",
-    task=("Fill in rope_decode_kernel: each sequence b continues a KV cache of OFFSETS[b] tokens, so its token s sits "
-          "at OFFSETS[b] + s. Only the first ROTARY_DIM of the HEAD_DIM channels turn; copy the rest. With "
-          "CONJUGATE the kernel is the backward pass: the rotation by -θ."),
-    diagnoses=("wrong_direction", "position_shift", "tail_touched", "unwritten", "other_pairing", "out_of_bounds",
-               "wrong"),
+    name="05_qk_offsets", title="q and k in one launch, at per-sequence offsets (and fast)", language="triton",
+    entry="rope_qk_kernel",
+    task=("Fill in rope_qk_kernel: one launch rotates q and k (k has fewer heads). The grid's second axis holds q's "
+          "head blocks, then k's; a program finds out which from its index. Sequence b continues a KV cache of "
+          "OFFSETS[b] tokens, so its token s sits at OFFSETS[b] + s. Choose the tile (BLOCK_S, BLOCK_H, NUM_WARPS) "
+          "in the signature's defaults: on a GPU the speed check asks for 80 % of the copy ceiling on Llama-3-8B's "
+          "prefill (b4 s4096, 32 q / 8 k heads x 128, bf16)."),
+    diagnoses=("position_shift", "wrong_positions", "unwritten", "out_of_bounds", "too_slow", "wrong_direction",
+               "other_pairing", "wrong"),
     cases=(
-        RopeCase("forward, decode (1 new token per sequence), offsets (0, 6, 3), rotary_dim 8 of 16", 3, 1, 2, 16,
-                 rotary_dim=8, offsets=(0, 6, 3)),
-        RopeCase("backward (CONJUGATE=True), 2 new tokens per sequence, offsets (4, 1), rotary_dim 8 of 16",
-                 2, 2, 2, 16, rotary_dim=8, offsets=(4, 1), conjugate=True, seed=1),
+        RopeCase("float32, GQA: 4 q + 2 k heads x 16, 3 sequences of 5 tokens, offsets (0, 6, 3)", 3, 5, 6, 16,
+                 offsets=(0, 6, 3), out_layout=_GAPPED),
+        RopeCase("float16, MQA: 4 q + 1 k head x 32, decode (1 token per sequence), offsets (9, 2)", 2, 1, 5, 32,
+                 dtype=torch.float16, offsets=(9, 2), seed=1),
+        RopeCase("float32, 2 q + 1 k heads x 8, 7 tokens, offset 4", 1, 7, 3, 8, offsets=(4,), seed=2),
     ),
-    launch=launch_decode, run=_run_decode,
+    launch=launch_qk, run=_run_qk, grade=grade_speed("05_qk_offsets"),
+    notes={"speed_shape": QKShape(4, 4096, 32, 8, 128, torch.bfloat16)},
 ))
 
 _add(Exercise(
@@ -259,6 +293,36 @@ _add(Exercise(
     ),
     run=_run_cuda,
 ))
+
+
+# --- notebook 02's warm-ups (the Triton primer): checked by ropekit.course.warmups --------------------------------
+
+from . import warmups as _warmups  # noqa: E402  (the warm-ups' launches and checks live in their own module)
+
+
+def _add_warmup(name: str, title: str, entry: str, task: str, diagnoses: tuple[str, ...]) -> None:
+    _add(Exercise(name=name, title=title, language="triton", entry=entry, task=task, diagnoses=diagnoses,
+                  check=_warmups.checker(name)))
+
+
+_add_warmup(
+    "02_warmup_copy", "Warm-up 1: pointers, blocks and masks", "copy_kernel",
+    "Fill in copy_kernel: copy the n elements of SRC to DST. Program p owns the BLOCK offsets "
+    "p * BLOCK + tl.arange(0, BLOCK); n is not a multiple of BLOCK, so mask the lanes past the end in the load and "
+    "the store. Checked for n = 64, 100, 1 and 300 with BLOCK = 64.",
+    ("out_of_bounds", "unwritten", "raised", "wrong"))
+_add_warmup(
+    "02_warmup_rotate_half", "Warm-up 2: a constexpr inside the kernel", "rotate_half_kernel",
+    "Fill in rotate_half_kernel: program `row` writes cat(-x[D/2:], x[:D/2]) for its row of the contiguous "
+    "(rows, D) tensor X, D a power of two. The block of D/2 lanes needs a compile-time length: declare "
+    "`HALF: tl.constexpr = D // 2`. Checked on 3 rows of D = 8, 5 rows of 16 and 1 row of 64.",
+    ("raised", "wrong_direction", "unwritten", "wrong"))
+_add_warmup(
+    "02_warmup_angles", "Warm-up 3: broadcasting and a 2-D mask", "angles_kernel",
+    "Fill in angles_kernel: OUT[p, i] = p * INV_FREQ[i] (float32) for the BLOCK_P = 16 positions of the program "
+    "and every pair. Make a (BLOCK_P, BLOCK_I) block from a column of positions (positions[:, None]) and a row of "
+    "frequencies (inv_freq[None, :]), and mask both axes. Checked for 16 x 8, 37 x 12 and 5 x 3.",
+    ("position_shift", "out_of_bounds", "unwritten", "raised", "wrong"))
 
 
 # --- access --------------------------------------------------------------------------------------------------------

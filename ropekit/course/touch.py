@@ -2,18 +2,14 @@
 
     touches = touch.record(ropekit.triton.v1.rope_v1, x, cos, sin, out=out)
     touch.plot(touches, "out", kind="store")  # the tensor as a grid coloured by program + one program's addresses
-    touch.plot(touches, "cos", kind="load", color="count")
 
-How: the interpreter runs every program of a launch one after the other in Python and sends every ``tl.load`` /
-``tl.store`` through two methods of one object, ``triton.runtime.interpreter.interpreter_builder``
-(``create_masked_load(ptrs, mask, ...)`` and ``create_masked_store(ptrs, value, mask, ...)``, the same first arguments
-in Triton 3.6 to 3.9). :func:`record` wraps those two methods for the duration of the launch, notes which byte
-addresses each program accessed (masked-off lanes excluded) and maps them back to elements of the tensors passed in.
-
-The interpreter must be on when the kernel module is imported (``TRITON_INTERPRET=1``, process-wide). Without a GPU
-ropekit turns it on; on a GPU machine :func:`record` runs the launch in a subprocess with ``TRITON_INTERPRET=1`` and
-returns what it recorded, so the launch function must be importable there (a module-level function such as
-``ropekit.triton.v1.rope_v1``, not a lambda or a function defined in a notebook).
+How: the interpreter runs a launch's programs one after the other in Python, every ``tl.load`` / ``tl.store`` through
+``triton.runtime.interpreter.interpreter_builder``'s ``create_masked_load(ptrs, mask, ...)`` and
+``create_masked_store(ptrs, value, mask, ...)`` (the same first arguments in Triton 3.6 to 3.9). :func:`record` wraps
+those two for the launch, notes the byte addresses each program accessed (masked-off lanes excluded) and maps them
+back to elements of the tensors passed in. The interpreter must be on when the kernel module is imported: ropekit
+turns it on without a GPU; on a GPU machine :func:`record` runs the launch in a subprocess with
+``TRITON_INTERPRET=1``, so the launch function must be importable there (module-level, e.g. ``v1.rope_v1``).
 """
 
 from __future__ import annotations

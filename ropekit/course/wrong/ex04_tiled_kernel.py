@@ -1,6 +1,7 @@
-"""Deliberately wrong answers to exercise 04_tiled_kernel, one per diagnosis (used by tests/test_course.py only).
+"""Deliberately wrong answers to exercise 04_tiled_kernel, one per diagnosis (the tests check each one's diagnosis).
 
-Each is the solution with one mistake, marked ``# MISTAKE``.
+Each is the solution with one mistake, marked ``# MISTAKE``. ``cos_sin_per_head`` computes the right values: it is
+a performance mistake, which only a record of the loads (under the Triton interpreter) shows.
 """
 
 import triton
@@ -8,26 +9,28 @@ import triton.language as tl
 
 
 @triton.jit
-def token_mask_too_tight(X, COS, SIN, OUT, seq_len, n_heads, stride_xb, stride_xs, stride_xh,
-                         stride_ob, stride_os, stride_oh,
-                         HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr):
+def no_head_loop(X, COS, SIN, OUT, seq_len, n_heads, stride_xb, stride_xs, stride_xh,
+                 stride_ob, stride_os, stride_oh,
+                 HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr):
     tokens = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
     batch = tl.program_id(1)
-    heads = tl.arange(0, BLOCK_H)
     pairs = tl.arange(0, HEAD_DIM // 2)
-    token_ok = tokens < seq_len - 1  # MISTAKE: off by one, the last token is dropped
+    token_ok = tokens < seq_len  # the last tile may stick out of the sequence
+    # cos/sin once per tile: [BLOCK_S, HALF], then a head axis of size 1 that broadcasts over BLOCK_H heads.
     table = tokens[:, None] * (HEAD_DIM // 2) + pairs[None, :]
     cos = tl.load(COS + table, mask=token_ok[:, None], other=0.0)[:, None, :]
     sin = tl.load(SIN + table, mask=token_ok[:, None], other=0.0)[:, None, :]
-    mask = (token_ok[:, None] & (heads < n_heads)[None, :])[:, :, None]
-    x = X + batch * stride_xb + tokens[:, None, None] * stride_xs + heads[None, :, None] * stride_xh \
-        + pairs[None, None, :]
-    out = OUT + batch * stride_ob + tokens[:, None, None] * stride_os + heads[None, :, None] * stride_oh \
-        + pairs[None, None, :]
-    x_a = tl.load(x, mask=mask, other=0.0)
-    x_b = tl.load(x + HEAD_DIM // 2, mask=mask, other=0.0)
-    tl.store(out, x_a * cos - x_b * sin, mask=mask)
-    tl.store(out + HEAD_DIM // 2, x_b * cos + x_a * sin, mask=mask)
+    for first_head in range(0, 1):  # MISTAKE: no loop over the heads, only the first BLOCK_H are rotated
+        heads = first_head + tl.arange(0, BLOCK_H)
+        mask = (token_ok[:, None] & (heads < n_heads)[None, :])[:, :, None]  # [BLOCK_S, BLOCK_H, 1]
+        x = X + batch * stride_xb + tokens[:, None, None] * stride_xs + heads[None, :, None] * stride_xh \
+            + pairs[None, None, :]
+        out = OUT + batch * stride_ob + tokens[:, None, None] * stride_os + heads[None, :, None] * stride_oh \
+            + pairs[None, None, :]
+        x_a = tl.load(x, mask=mask, other=0.0)
+        x_b = tl.load(x + HEAD_DIM // 2, mask=mask, other=0.0)
+        tl.store(out, x_a * cos - x_b * sin, mask=mask)
+        tl.store(out + HEAD_DIM // 2, x_b * cos + x_a * sin, mask=mask)
 
 
 @triton.jit
@@ -36,22 +39,24 @@ def stores_without_token_mask(X, COS, SIN, OUT, seq_len, n_heads, stride_xb, str
                               HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr):
     tokens = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
     batch = tl.program_id(1)
-    heads = tl.arange(0, BLOCK_H)
     pairs = tl.arange(0, HEAD_DIM // 2)
-    token_ok = tokens < seq_len
+    token_ok = tokens < seq_len  # the last tile may stick out of the sequence
+    # cos/sin once per tile: [BLOCK_S, HALF], then a head axis of size 1 that broadcasts over BLOCK_H heads.
     table = tokens[:, None] * (HEAD_DIM // 2) + pairs[None, :]
     cos = tl.load(COS + table, mask=token_ok[:, None], other=0.0)[:, None, :]
     sin = tl.load(SIN + table, mask=token_ok[:, None], other=0.0)[:, None, :]
-    mask = (token_ok[:, None] & (heads < n_heads)[None, :])[:, :, None]
-    store_mask = (heads < n_heads)[None, :, None]  # MISTAKE: the stores forget the token mask
-    x = X + batch * stride_xb + tokens[:, None, None] * stride_xs + heads[None, :, None] * stride_xh \
-        + pairs[None, None, :]
-    out = OUT + batch * stride_ob + tokens[:, None, None] * stride_os + heads[None, :, None] * stride_oh \
-        + pairs[None, None, :]
-    x_a = tl.load(x, mask=mask, other=0.0)
-    x_b = tl.load(x + HEAD_DIM // 2, mask=mask, other=0.0)
-    tl.store(out, x_a * cos - x_b * sin, mask=store_mask)
-    tl.store(out + HEAD_DIM // 2, x_b * cos + x_a * sin, mask=store_mask)
+    for first_head in range(0, n_heads, BLOCK_H):  # the head loop: every step reuses the same cos/sin
+        heads = first_head + tl.arange(0, BLOCK_H)
+        mask = (token_ok[:, None] & (heads < n_heads)[None, :])[:, :, None]  # [BLOCK_S, BLOCK_H, 1]
+        x = X + batch * stride_xb + tokens[:, None, None] * stride_xs + heads[None, :, None] * stride_xh \
+            + pairs[None, None, :]
+        out = OUT + batch * stride_ob + tokens[:, None, None] * stride_os + heads[None, :, None] * stride_oh \
+            + pairs[None, None, :]
+        x_a = tl.load(x, mask=mask, other=0.0)
+        x_b = tl.load(x + HEAD_DIM // 2, mask=mask, other=0.0)
+        store_mask = (heads < n_heads)[None, :, None]  # MISTAKE: the stores forget the token mask
+        tl.store(out, x_a * cos - x_b * sin, mask=store_mask)
+        tl.store(out + HEAD_DIM // 2, x_b * cos + x_a * sin, mask=store_mask)
 
 
 @triton.jit
@@ -60,21 +65,48 @@ def table_row_plus_one(X, COS, SIN, OUT, seq_len, n_heads, stride_xb, stride_xs,
                        HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr):
     tokens = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
     batch = tl.program_id(1)
-    heads = tl.arange(0, BLOCK_H)
     pairs = tl.arange(0, HEAD_DIM // 2)
-    token_ok = tokens < seq_len
+    token_ok = tokens < seq_len  # the last tile may stick out of the sequence
+    # cos/sin once per tile: [BLOCK_S, HALF], then a head axis of size 1 that broadcasts over BLOCK_H heads.
     table = (tokens[:, None] + 1) * (HEAD_DIM // 2) + pairs[None, :]  # MISTAKE: the next token's row
     cos = tl.load(COS + table, mask=token_ok[:, None], other=0.0)[:, None, :]
     sin = tl.load(SIN + table, mask=token_ok[:, None], other=0.0)[:, None, :]
-    mask = (token_ok[:, None] & (heads < n_heads)[None, :])[:, :, None]
-    x = X + batch * stride_xb + tokens[:, None, None] * stride_xs + heads[None, :, None] * stride_xh \
-        + pairs[None, None, :]
-    out = OUT + batch * stride_ob + tokens[:, None, None] * stride_os + heads[None, :, None] * stride_oh \
-        + pairs[None, None, :]
-    x_a = tl.load(x, mask=mask, other=0.0)
-    x_b = tl.load(x + HEAD_DIM // 2, mask=mask, other=0.0)
-    tl.store(out, x_a * cos - x_b * sin, mask=mask)
-    tl.store(out + HEAD_DIM // 2, x_b * cos + x_a * sin, mask=mask)
+    for first_head in range(0, n_heads, BLOCK_H):  # the head loop: every step reuses the same cos/sin
+        heads = first_head + tl.arange(0, BLOCK_H)
+        mask = (token_ok[:, None] & (heads < n_heads)[None, :])[:, :, None]  # [BLOCK_S, BLOCK_H, 1]
+        x = X + batch * stride_xb + tokens[:, None, None] * stride_xs + heads[None, :, None] * stride_xh \
+            + pairs[None, None, :]
+        out = OUT + batch * stride_ob + tokens[:, None, None] * stride_os + heads[None, :, None] * stride_oh \
+            + pairs[None, None, :]
+        x_a = tl.load(x, mask=mask, other=0.0)
+        x_b = tl.load(x + HEAD_DIM // 2, mask=mask, other=0.0)
+        tl.store(out, x_a * cos - x_b * sin, mask=mask)
+        tl.store(out + HEAD_DIM // 2, x_b * cos + x_a * sin, mask=mask)
+
+
+@triton.jit
+def no_head_broadcast(X, COS, SIN, OUT, seq_len, n_heads, stride_xb, stride_xs, stride_xh,
+                      stride_ob, stride_os, stride_oh,
+                      HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr):
+    tokens = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
+    batch = tl.program_id(1)
+    pairs = tl.arange(0, HEAD_DIM // 2)
+    token_ok = tokens < seq_len  # the last tile may stick out of the sequence
+    # cos/sin once per tile: [BLOCK_S, HALF], then a head axis of size 1 that broadcasts over BLOCK_H heads.
+    table = tokens[:, None] * (HEAD_DIM // 2) + pairs[None, :]
+    cos = tl.load(COS + table, mask=token_ok[:, None], other=0.0)[None, :, :]  # MISTAKE: [1, BLOCK_S, HALF]: the
+    sin = tl.load(SIN + table, mask=token_ok[:, None], other=0.0)[None, :, :]  # token axis lines up with the heads
+    for first_head in range(0, n_heads, BLOCK_H):  # the head loop: every step reuses the same cos/sin
+        heads = first_head + tl.arange(0, BLOCK_H)
+        mask = (token_ok[:, None] & (heads < n_heads)[None, :])[:, :, None]  # [BLOCK_S, BLOCK_H, 1]
+        x = X + batch * stride_xb + tokens[:, None, None] * stride_xs + heads[None, :, None] * stride_xh \
+            + pairs[None, None, :]
+        out = OUT + batch * stride_ob + tokens[:, None, None] * stride_os + heads[None, :, None] * stride_oh \
+            + pairs[None, None, :]
+        x_a = tl.load(x, mask=mask, other=0.0)
+        x_b = tl.load(x + HEAD_DIM // 2, mask=mask, other=0.0)
+        tl.store(out, x_a * cos - x_b * sin, mask=mask)
+        tl.store(out + HEAD_DIM // 2, x_b * cos + x_a * sin, mask=mask)
 
 
 @triton.jit
@@ -84,16 +116,19 @@ def cos_sin_per_head(X, COS, SIN, OUT, seq_len, n_heads, stride_xb, stride_xs, s
     tokens = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
     batch = tl.program_id(1)
     pairs = tl.arange(0, HEAD_DIM // 2)
-    token_ok = tokens < seq_len
+    token_ok = tokens < seq_len  # the last tile may stick out of the sequence
+    # cos/sin once per tile: [BLOCK_S, HALF], then a head axis of size 1 that broadcasts over BLOCK_H heads.
     table = tokens[:, None] * (HEAD_DIM // 2) + pairs[None, :]
-    for head in tl.static_range(BLOCK_H):
-        head_ok = (tl.zeros([BLOCK_S], tl.int32) + head) < n_heads  # (a vector: the interpreter wants one)
-        mask = (token_ok & head_ok)[:, None]
-        # MISTAKE (speed, not values): the same cos/sin rows are loaded again for every head
-        cos = tl.load(COS + table, mask=mask, other=0.0)
-        sin = tl.load(SIN + table, mask=mask, other=0.0)
-        x = X + batch * stride_xb + tokens[:, None] * stride_xs + head * stride_xh + pairs[None, :]
-        out = OUT + batch * stride_ob + tokens[:, None] * stride_os + head * stride_oh + pairs[None, :]
+    for first_head in range(0, n_heads, BLOCK_H):
+        # MISTAKE (speed, not values): the same cos/sin rows are loaded again in every step of the head loop
+        cos = tl.load(COS + table, mask=token_ok[:, None], other=0.0)[:, None, :]
+        sin = tl.load(SIN + table, mask=token_ok[:, None], other=0.0)[:, None, :]
+        heads = first_head + tl.arange(0, BLOCK_H)
+        mask = (token_ok[:, None] & (heads < n_heads)[None, :])[:, :, None]  # [BLOCK_S, BLOCK_H, 1]
+        x = X + batch * stride_xb + tokens[:, None, None] * stride_xs + heads[None, :, None] * stride_xh \
+            + pairs[None, None, :]
+        out = OUT + batch * stride_ob + tokens[:, None, None] * stride_os + heads[None, :, None] * stride_oh \
+            + pairs[None, None, :]
         x_a = tl.load(x, mask=mask, other=0.0)
         x_b = tl.load(x + HEAD_DIM // 2, mask=mask, other=0.0)
         tl.store(out, x_a * cos - x_b * sin, mask=mask)
@@ -101,8 +136,9 @@ def cos_sin_per_head(X, COS, SIN, OUT, seq_len, n_heads, stride_xb, stride_xs, s
 
 
 WRONG = {
-    "unwritten": token_mask_too_tight,
+    "unwritten": no_head_loop,
     "out_of_bounds": stores_without_token_mask,
     "position_shift": table_row_plus_one,
+    "compile_error": no_head_broadcast,  # [1, BLOCK_S, HALF] does not broadcast against the block
     "cos_sin_reloaded": cos_sin_per_head,
 }

@@ -1,0 +1,172 @@
+"""A performance model small enough to do in your head: bytes moved, and bytes in flight per SM.
+
+RoPE is memory-bound, so two questions predict where a kernel lands against the copy ceiling:
+
+1. **How many bytes must it move?** (:func:`rope_bytes`) q and k are read once and written once; the cos/sin
+   tables are small and mostly served by the L2 cache. Time at the ceiling = those bytes / copy bandwidth.
+2. **Does it keep enough bytes in flight to reach the ceiling?** DRAM answers a load only after a latency of several
+   hundred nanoseconds. Little's law says a memory system delivering bandwidth ``B`` with latency ``L`` holds
+   ``B x L`` bytes in flight; split over the SMs, each SM must have that share of its loads outstanding at every
+   moment. A program can have in flight the loads it issues before it waits on any of them (for the row kernels:
+   its whole row); an SM holds as many programs at once (its *residency*) as its warp slots, program slots and
+   registers allow. So
+
+       predicted fraction of the ceiling = min(1, bytes in flight per SM / (ceiling per SM x latency)).
+
+The model knows nothing of coalescing (it assumes every requested byte is a useful byte: strided lanes waste
+transactions and land below it), of the instruction cost (RoPE's few multiply-adds per element are free next to
+memory) or of the tail of the last wave. Its one free parameter is the loaded memory latency: the ``littles_law``
+ablation (``python -m ropekit.course.ablations``) fits it from a copy kernel's sweep of program sizes on the device,
+and :func:`device_model` takes it from that run. Without a run it falls back to an **assumed** latency, labelled so.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, replace
+
+__all__ = ["DeviceModel", "Launch", "ASSUMED_H100", "device_model", "rope_bytes", "row_launch",
+           "resident_programs", "bytes_in_flight_per_sm", "predicted_pct", "fit_latency_ns", "sectors_per_access",
+           "LADDER_LAUNCHES", "predict_case"]
+
+
+@dataclass(frozen=True)
+class DeviceModel:
+    """What the model needs to know about a GPU."""
+
+    name: str
+    n_sms: int
+    ceiling_gbps: float  # the copy ceiling (bytes read + written per second, in GB/s)
+    latency_ns: float  # the loaded memory latency
+    latency_source: str  # "fitted ..." or "assumed ..."
+    max_warps_per_sm: int = 64  # 2048 threads (H100, A100)
+    max_programs_per_sm: int = 32  # thread blocks resident on one SM at most
+    registers_per_sm: int = 65536
+
+    @property
+    def needed_bytes_in_flight_per_sm(self) -> float:
+        """Little's law, per SM: (ceiling / SMs) x latency; GB/s x ns = bytes."""
+        return self.ceiling_gbps / self.n_sms * self.latency_ns
+
+
+# The H100 SXM's SM count and limits are its published specifications. The ceiling and the latency are placeholders
+# until a run on the device provides them (device_model): the latency is an assumption, not a measurement.
+ASSUMED_H100 = DeviceModel(name="H100 SXM (assumed figures)", n_sms=132, ceiling_gbps=3000.0, latency_ns=600.0,
+                           latency_source="assumed: the order of an HBM latency under load, not measured here")
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One kernel launch, as the model sees it."""
+
+    programs: int  # the grid's size
+    num_warps: int  # warps per program (Triton's num_warps, default 4)
+    bytes_in_flight_per_program: int  # DRAM bytes a program requests before it waits on any of them
+    registers_per_thread: int | None = None  # from the compiled kernel (n_regs), when known
+
+
+def device_model(ablations: dict | None = None, *, base: DeviceModel = ASSUMED_H100) -> DeviceModel:
+    """The model of the device an ablation run measured (its SM count, copy ceiling, fitted latency), else ``base``.
+
+    ``ablations``: the JSON document ``python -m ropekit.course.ablations`` wrote. CPU placeholder runs carry no
+    timing and leave ``base`` as it is.
+    """
+    if not ablations or not ablations.get("on_gpu"):
+        return base
+    fit = ablations.get("experiments", {}).get("littles_law", {}).get("fit", {})
+    changes = dict(name=ablations.get("device", base.name), n_sms=ablations.get("n_sms", base.n_sms),
+                   ceiling_gbps=ablations["copy_ceiling"]["gbps"])
+    if fit.get("latency_ns"):
+        changes.update(latency_ns=fit["latency_ns"], latency_source="fitted on the copy sweep of the same run")
+    return replace(base, **changes)
+
+
+def rope_bytes(n_tokens: int, heads: int, head_dim: int, element_size: int, *, table_rows_per_token: int = 1,
+               rotary_dim: int | None = None, inplace: bool = False) -> dict:
+    """Bytes of one RoPE launch over ``n_tokens`` x ``heads`` head vectors.
+
+    ``floor``: what must cross the DRAM bus at least (x read, out written; in place with partial rotary only the
+    rotary part). ``tables``: what the program's cos/sin loads *request* (float32 half-width rows, fetched
+    ``table_rows_per_token`` times per token: once per head for one-row programs, once for a tile that covers every
+    head); after the first fetch those are L2 hits, so they cost bandwidth of the L2, not of DRAM.
+    """
+    rotary_dim = head_dim if rotary_dim is None else rotary_dim
+    moved_channels = rotary_dim if inplace else head_dim
+    x_bytes = n_tokens * heads * moved_channels * element_size
+    tables = n_tokens * table_rows_per_token * 2 * (rotary_dim // 2) * 4
+    return {"read": x_bytes, "written": x_bytes, "floor": 2 * x_bytes, "tables": tables,
+            "tables_per_floor_byte": tables / (2 * x_bytes) if x_bytes else 0.0}
+
+
+def row_launch(n_rows: int, head_dim: int, element_size: int, *, rows_per_program: int = 1, num_warps: int = 4,
+               registers_per_thread: int | None = None) -> Launch:
+    """A row kernel (v1, v2, or an ablation's variant): each program loads ``rows_per_program`` whole head vectors
+    before it computes, so that many rows of x are its bytes in flight (the table rows are L2 hits)."""
+    return Launch(programs=math.ceil(n_rows / rows_per_program), num_warps=num_warps,
+                  bytes_in_flight_per_program=rows_per_program * head_dim * element_size,
+                  registers_per_thread=registers_per_thread)
+
+
+def resident_programs(launch: Launch, device: DeviceModel) -> int:
+    """Programs one SM holds at once: the smallest of its program slots, warp slots and registers allow."""
+    limits = [device.max_programs_per_sm, device.max_warps_per_sm // launch.num_warps]
+    if launch.registers_per_thread:
+        limits.append(device.registers_per_sm // (launch.registers_per_thread * 32 * launch.num_warps))
+    return max(1, min(limits))
+
+
+def bytes_in_flight_per_sm(launch: Launch, device: DeviceModel) -> float:
+    """Resident programs (fewer when the grid does not fill every SM) x each program's bytes in flight."""
+    per_sm = min(resident_programs(launch, device), math.ceil(launch.programs / device.n_sms))
+    return per_sm * launch.bytes_in_flight_per_program
+
+
+def predicted_pct(launch: Launch, device: DeviceModel) -> float:
+    """The model's % of the copy ceiling: min(100, 100 x bytes in flight per SM / what Little's law asks)."""
+    return 100.0 * min(1.0, bytes_in_flight_per_sm(launch, device) / device.needed_bytes_in_flight_per_sm)
+
+
+def fit_latency_ns(points: list[tuple[float, float]], n_sms: int, ceiling_gbps: float,
+                   below: float = 0.7) -> float | None:
+    """The latency that Little's law gives for measured ``(bytes in flight per SM, GB/s)`` points: for each point
+    below ``below`` x the ceiling (where the bytes in flight, not the bus, limit), latency = bytes in flight on the
+    device / bandwidth; the median over those points. None when no point is latency-bound."""
+    estimates = [per_sm * n_sms / gbps for per_sm, gbps in points if 0 < gbps < below * ceiling_gbps]
+    return statistics.median(estimates) if estimates else None
+
+
+def sectors_per_access(lanes: int, stride_bytes: int, element_size: int, sector_bytes: int = 32) -> tuple[int, int]:
+    """(sectors a warp-wide access of ``lanes`` elements touches, sectors its useful bytes would fill).
+
+    The memory system moves whole 32-byte sectors. Adjacent lanes (stride = element size) fill every sector they
+    touch; lanes ``stride_bytes`` apart each touch a sector of their own once the stride reaches 32 bytes.
+    """
+    touched = len({(lane * stride_bytes) // sector_bytes for lane in range(lanes)})
+    useful = math.ceil(lanes * element_size / sector_bytes)
+    return touched, useful
+
+
+def _row_kernel_launches(case) -> list[Launch]:
+    """v1/v2 on a benchmark case: one launch for q and one for k, one head vector per program."""
+    size = case.element_size
+    return [row_launch(case.n_tokens * heads, case.head_dim, size) for heads in (case.heads_q, case.heads_k)]
+
+
+# How each ladder implementation launches on a benchmark case (ropekit.bench.cases.Case): the launches of one call.
+LADDER_LAUNCHES = {
+    "triton-v1": _row_kernel_launches,
+    "triton-v2": _row_kernel_launches,
+}
+
+
+def predict_case(case, impl: str, device: DeviceModel) -> float | None:
+    """The model's % of the copy ceiling for ``impl`` on a benchmark ``case``: the launches' times at their
+    predicted fractions add up, so the whole call's fraction is bytes over the sum of (bytes / fraction)."""
+    launches = LADDER_LAUNCHES.get(impl)
+    if launches is None:
+        return None
+    parts = [(launch.programs * launch.bytes_in_flight_per_program, predicted_pct(launch, device))
+             for launch in launches(case)]
+    total = sum(b for b, _ in parts)
+    return 100.0 * total / sum(b * 100.0 / pct for b, pct in parts) if total else None

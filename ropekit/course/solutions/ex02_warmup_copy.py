@@ -1,0 +1,16 @@
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def copy_kernel(SRC, DST, n, BLOCK: tl.constexpr):
+    """Copy the n elements of SRC to DST; program p copies elements p * BLOCK ... p * BLOCK + BLOCK - 1.
+
+    The grid has cdiv(n, BLOCK) programs, so n need not be a multiple of BLOCK: the last program's block runs past
+    the end, and its lanes there must neither load nor store.
+    """
+    pid = tl.program_id(0)
+    offsets = pid * BLOCK + tl.arange(0, BLOCK)  # a block of BLOCK element offsets
+    inside = offsets < n  # the mask: False on the lanes past the end
+    values = tl.load(SRC + offsets, mask=inside)  # SRC + offsets: a block of pointers
+    tl.store(DST + offsets, values, mask=inside)

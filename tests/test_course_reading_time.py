@@ -1,0 +1,60 @@
+"""ropekit.course.reading_time: the counting rules on a made-up notebook, and the README's course table agreeing
+with what the stored notebooks display."""
+
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
+
+from ropekit.course import reading_time as rt
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _readme_times() -> dict[str, str]:
+    return {m["file"]: m["time"].strip() for line in (ROOT / "README.md").read_text().splitlines()
+            if (m := rt.README_ROW.match(line))}
+
+
+def test_counts_prose_code_outputs_figures_and_exercises(tmp_path):
+    nb = new_notebook(cells=[
+        new_markdown_cell("word " * 300 + "\n```python\nx = 1\ny = 2\n```"),  # 300 words, 2 code lines
+        new_code_cell("a = 1\nb = 2\n\nc = 3", outputs=[
+            new_output("stream", name="stdout", text="one\ntwo\n"),
+            new_output("display_data", data={"image/png": "", "text/plain": "<Figure>"}),
+            new_output("display_data", data={"text/markdown": "| t |\n|---|\n```python\nz = 0\n```",
+                                             "text/plain": "<Markdown>"}),
+        ]),
+    ])
+    path = tmp_path / "02_made_up.ipynb"  # number 02: notebook 02's exercises count
+    nbformat.write(nb, path)
+    t = rt.notebook_time(path)
+    assert (t.prose_words, t.code_lines, t.output_lines, t.figures) == (300, 6, 4, 1)
+    assert t.reading_min == pytest.approx(300 / 150 + 6 / 15 + 4 / 40 + 0.5)
+    assert "02_row_kernel" in t.exercises and "02_warmup_copy" in t.exercises
+    assert t.exercise_min == 30 + 3 * 10  # one Triton kernel, three warm-ups
+    assert t.column() == f"{5 + 60} min (5 reading + 60 exercises)"
+
+
+def test_no_exercises_means_reading_only(tmp_path):
+    path = tmp_path / "09_none.ipynb"
+    nbformat.write(new_notebook(cells=[new_markdown_cell("word " * 10)]), path)
+    assert rt.notebook_time(path).column() == "5 min"
+
+
+def test_readme_lists_every_notebook_with_its_computed_time():
+    times = rt.course_times()
+    listed = _readme_times()
+    assert set(listed) == set(times), "the README's course table and notebooks/ disagree on the notebooks"
+    stale = {name: (listed[name], t.column()) for name, t in times.items() if listed[name] != t.column()}
+    assert not stale, ("README times differ from `python -m ropekit.course.reading_time --readme` "
+                       f"(README, computed): {stale}")
+
+
+def test_with_times_rewrites_only_the_time_column():
+    times = rt.course_times()
+    name, t = next(iter(times.items()))
+    row = f"| [x](notebooks/{name}) | learn \\| more | 1 min |"
+    text = "intro\n" + row + "\n| not | a row |"
+    assert rt.with_times(text, times) == f"intro\n| [x](notebooks/{name}) | learn \\| more | {t.column()} |\n| not | a row |"
