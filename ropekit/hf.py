@@ -1,8 +1,8 @@
 """transformers compatibility: a drop-in ``apply_rotary_pos_emb``, M-RoPE cos/sin, and a patcher for model modules.
 
 transformers computes per-token cos/sin rows (full width, the two halves equal) and rotates with
-``q * cos + rotate_half(q) * sin`` — four elementwise kernels and two temporaries per tensor. The drop-in hands the same
-rows to the v4 kernel (``per_token=True``): q and k in one launch, fp32 math, same result.
+``q * cos + rotate_half(q) * sin`` — four elementwise kernels and two temporaries per tensor. The drop-in hands the
+same rows to the v4 kernel (``per_token=True``): q and k in one launch, fp32 math, same result.
 """
 
 from __future__ import annotations

@@ -6,8 +6,9 @@ from typing import Optional
 
 import torch
 
-from .api import _TO_BSHD, apply_rope
+from .api import apply_rope
 from .frequencies import _rope_type, cos_sin_table, inverse_frequencies, rope_init
+from .layouts import TO_BSHD, batch_and_seq_axes
 from .positions import POSITION_IDS, SEQ_OFFSETS, longest_sequence, resolve_positions
 
 __all__ = ["RopeTable", "RotaryEmbedding"]
@@ -155,7 +156,7 @@ class RotaryEmbedding(torch.nn.Module):
             n_batch, tokens = cu_seqlens.shape[0] - 1, q.shape[0]
             length = max_seqlen
         else:
-            batch_axis, seq_axis = _TO_BSHD[layout][:2]
+            batch_axis, seq_axis = batch_and_seq_axes(layout)
             n_batch, tokens = q.shape[batch_axis], q.shape[seq_axis]
             length = tokens
         spec = resolve_positions(batch=n_batch, seqlen=tokens, positions=positions,
@@ -194,7 +195,7 @@ class RotaryEmbedding(torch.nn.Module):
             if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 0:
                 raise TypeError(f"seq_len must be a non-negative host int, got {seq_len!r}")
             self.table.ensure(seq_len)  # positions in device tensors are never read by the host: grow from the hint
-        elif self.rope_type in _SEQUENCE_DEPENDENT and layout in (*_TO_BSHD, "thd") and (
+        elif self.rope_type in _SEQUENCE_DEPENDENT and layout in (*TO_BSHD, "thd") and (
                 layout != "thd" or cu_seqlens is not None):
             if layout == "thd" and max_seqlen is None:
                 max_seqlen = longest_sequence(cu_seqlens)  # one host sync, shared with apply_rope

@@ -476,7 +476,7 @@ V4_CASES = [
 @pytest.mark.parametrize("conjugate", [False, True], ids=["forward", "conjugate"])
 @pytest.mark.parametrize("case", V4_CASES, ids=[c[0] for c in V4_CASES])
 def test_agrees_with_triton_v4_and_reports_bitwise_equality(kernels, case, conjugate, record_property, capsys):
-    from ropekit.triton.v4 import rope_v4
+    from ropekit.triton.launch import rope_v4
 
     _, layout, interleaved, dtype, head_dim, rotary_dim, kind = case
     q, q4 = make(layout, 4, 33, 8, head_dim, dtype)

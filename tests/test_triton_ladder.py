@@ -273,7 +273,7 @@ def test_v3_interpreter_config_is_fixed_and_large():
 
 def test_v3_gpu_table_shrinks_tiles_to_fill_the_gpu(monkeypatch):
     # The GPU rule, exercised on any machine: pretend to be an H100 (132 SMs) outside the interpreter.
-    monkeypatch.setattr(v3_module._device, "INTERPRET", False)
+    monkeypatch.setattr(ropekit.device, "INTERPRET", False)
     monkeypatch.setattr(v3_module, "_sm_count", lambda: 132)
     prefill = launch_config(4, 4096, 32, 128, 2)
     assert prefill == v3_module.GPU_TABLE[(64, 2)]  # plenty of tokens: the table's tile
@@ -284,38 +284,11 @@ def test_v3_gpu_table_shrinks_tiles_to_fill_the_gpu(monkeypatch):
     assert fallback == V3Config(8, 4, 4)
 
 
-def test_v4_gpu_table_for_prefills_flat_path_paired_in_fp32_and_a_bounded_share_of_the_tile_per_thread(monkeypatch):
-    # The GPU table, exercised on any machine (outside the interpreter): two tokens x every head per program; 32
-    # warps once a thread would hold more than 48 bytes at 16 (measured: docs/gpu-runs/run12, run22).
-    from ropekit.triton import v4
-
-    monkeypatch.setattr(v4._device, "INTERPRET", False)
-    v4.launch_config.cache_clear()
-    try:
-        llama = v4.launch_config(4 * 4096, 32, 8, 128, 128, False, 2)  # 40 bytes a thread at 16 warps
-        mha = v4.launch_config(8 * 2048, 64, 64, 128, 128, False, 2)  # 128
-        fp32 = v4.launch_config(2 * 2048, 32, 32, 64, 64, False, 4)  # 64
-        fp16_same_heads = v4.launch_config(2 * 2048, 32, 32, 64, 64, False, 2)  # 32
-        fp32_gqa = v4.launch_config(4 * 4096, 32, 8, 128, 128, False, 4)
-        fp32_q_only = v4.launch_config(2 * 2048, 32, 0, 64, 64, False, 4)
-    finally:
-        v4.launch_config.cache_clear()
-    assert all(c.fused_qk and c.block_s == 2 and c.evict_first for c in (llama, mha, fp32, fp16_same_heads))
-    assert (llama.num_warps, mha.num_warps, fp32.num_warps, fp16_same_heads.num_warps) == (16, 32, 32, 16)
-    # prefills take the flat path where the tensors allow it: 16-bit q then k in blocks of 2048 with the streaming
-    # hint (run29); fp32 without it, q and k together in blocks of 512 where they have one shape (run38), else q
-    # then k in blocks of 1024 (512 leaves a thread 8 bytes of one stream: run39); the tiles keep their hint
-    table = (llama, mha, fp16_same_heads, fp32, fp32_gqa, fp32_q_only)
-    assert [c.flat for c in table] == [2048, 2048, 2048, 512, 1024, 1024]
-    assert [c.flat_paired for c in table] == [False, False, False, True, False, False]
-    assert not any(c.flat_streaming for c in table)  # no hint on the flat path since run47 (see _flat_load)
-    assert all(c.evict_first for c in table)
-
-
 def test_the_ladder_is_importable_from_ropekit():
-    for version in ("v1", "v2", "v3", "v4"):
+    for version in ("v1", "v2", "v3"):
         module = getattr(ropekit.triton, version)
         assert callable(getattr(module, f"rope_{version}"))
+    assert callable(ropekit.triton.v4.rope_v4_kernel) and callable(ropekit.triton.launch.rope_v4)
 
 
 # --------------------------------------------------------------------------------------------------------------------

@@ -174,7 +174,7 @@ class TritonV4(Impl):
 
     def build(self, case, tables, data, direction):
         from ..positions import resolve_positions
-        from ..triton.v4 import rope_v4
+        from ..triton.launch import rope_v4
 
         backward = direction == BACKWARD
         x_q, x_k = (data.grad_q, data.grad_k) if backward else (data.q, data.k)

@@ -203,7 +203,7 @@ def rope_cuda(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: t
               interleaved: bool = False, conjugate: bool = False, cos_per_token: bool = False,
               copy_tail: bool = True) -> None:
     """Rotate q (and k) into out_q (and out_k) with the CUDA kernel; the argument contract of
-    :func:`ropekit.triton.v4.rope_v4`.
+    :func:`ropekit.triton.launch.rope_v4`.
 
     q/k/out are 4-D ``(batch, seq, heads, head_dim)`` views with any strides (k may have another head count, or be
     None); out may be the input (in place). cos/sin: half-width tables ``(table_len, rotary_dim/2)`` read at each

@@ -1,0 +1,293 @@
+"""Validation of an ``apply_rope`` call: every check on shapes, dtypes, devices and host integers, made before anything
+is written, each error naming its argument.
+
+:func:`prepare` turns a call's arguments into what the launch path takes: the tables as the kernel reads them, one
+:class:`~ropekit.positions.PositionSpec` and the rotary width. Values inside device tensors (positions beyond the
+table, ``cu_seqlens`` that decrease) are checked only in check mode (``ROPEKIT_CHECK=1``): reading them costs a host
+sync, which CUDA graphs forbid.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+import torch
+
+from .layouts import LAYOUTS, batch_and_seq_axes
+from .positions import SCALAR_OFFSET, SEQ_OFFSETS, PositionSpec, longest_sequence, resolve_positions
+
+__all__ = ["BACKENDS", "prepare", "check_mode", "check_inplace_targets", "span"]
+
+BACKENDS = ("triton", "cuda")
+
+_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def check_mode() -> bool:
+    """Opt-in checks of values inside device tensors (they cost a host sync, which CUDA graphs forbid)."""
+    return os.environ.get("ROPEKIT_CHECK", "") not in ("", "0")
+
+
+def _check_tensor(name: str, x, ndim: int) -> None:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in _FLOAT_DTYPES:
+        raise TypeError(f"{name} must be float16, bfloat16, float32 or float64, got {x.dtype}")
+    if x.ndim != ndim:
+        raise ValueError(f"{name} must have {ndim} dimensions for this layout, got shape {tuple(x.shape)}")
+
+
+def prepare(q, k, cos, sin, positions, layout, rotary_dim, cu_seqlens, max_seqlen, per_token, eager_rounding,
+             backend, table=None, interleaved=False):
+    """Validate the call; return (cos, sin, spec, rotary_dim): tables as the kernel reads them, positions."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if eager_rounding and backend != "triton":
+        raise ValueError("eager_rounding is implemented by backend='triton' only")
+    varlen = layout == "thd"
+    _check_tensor("q", q, 3 if varlen else 4)
+    if k is not None:
+        _check_tensor("k", k, q.ndim)
+        if k.dtype != q.dtype:
+            raise TypeError(f"q and k must have the same dtype, got q {q.dtype} and k {k.dtype}")
+        if k.device != q.device:
+            raise ValueError(f"q and k must be on the same device, got q on {q.device} and k on {k.device}")
+        if k.shape[-1] != q.shape[-1]:
+            raise ValueError(f"k's head_dim ({k.shape[-1]}) must equal q's head_dim ({q.shape[-1]})")
+    for name, t in (("cos", cos), ("sin", sin)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a tensor (or pass table=...), got {type(t).__name__}")
+        if t.dtype not in _FLOAT_DTYPES:
+            raise TypeError(f"{name} must be a floating tensor, got {t.dtype}")
+        if t.device != q.device:
+            raise ValueError(f"{name} is on {t.device} but q is on {q.device}")
+    if cos.shape != sin.shape:
+        raise ValueError(f"cos and sin must have the same shape, got {tuple(cos.shape)} and {tuple(sin.shape)}")
+
+    if varlen:
+        if cu_seqlens is None:
+            raise ValueError("layout 'thd' needs cu_seqlens (cumulative sequence lengths, shape (n_seqs + 1,))")
+        if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dtype not in (torch.int32, torch.int64):
+            raise TypeError("cu_seqlens must be an int32 or int64 tensor")
+        if cu_seqlens.ndim != 1 or cu_seqlens.shape[0] < 1:
+            raise ValueError(f"cu_seqlens must be 1-D with n_seqs + 1 entries, got shape {tuple(cu_seqlens.shape)}")
+        if cu_seqlens.device != q.device:
+            raise ValueError(f"cu_seqlens is on {cu_seqlens.device} but q is on {q.device}")
+        if not cu_seqlens.is_contiguous():
+            # the kernel reads cu_seqlens as a contiguous vector: a strided view is read by its logical values
+            cu_seqlens = cu_seqlens.contiguous()
+        if k is not None and k.shape[0] != q.shape[0]:
+            raise ValueError(f"q and k must hold the same tokens, got {q.shape[0]} and {k.shape[0]}")
+        if max_seqlen is None and cu_seqlens.is_meta:
+            raise ValueError("max_seqlen is required with meta tensors (it cannot be read from a meta cu_seqlens)")
+        if max_seqlen is None:
+            # A host sync: pass max_seqlen (a host int) to keep the call capturable in a CUDA graph.
+            max_seqlen = longest_sequence(cu_seqlens)
+        if isinstance(max_seqlen, bool) or not isinstance(max_seqlen, int) or max_seqlen < 0:
+            raise TypeError(f"max_seqlen must be a non-negative host int, got {max_seqlen!r}")
+        n_batch, seqlen = cu_seqlens.shape[0] - 1, q.shape[0]
+    else:
+        if cu_seqlens is not None:
+            raise ValueError(f"cu_seqlens is only for layout 'thd', got layout {layout!r}")
+        batch_axis, seq_axis = batch_and_seq_axes(layout)
+        n_batch, seqlen = q.shape[batch_axis], q.shape[seq_axis]
+        if k is not None and (k.shape[batch_axis], k.shape[seq_axis]) != (n_batch, seqlen):
+            raise ValueError(f"q and k must share (batch, seq) = {(n_batch, seqlen)} in layout {layout!r}, "
+                             f"got k with {(k.shape[batch_axis], k.shape[seq_axis])}")
+
+    head_dim = q.shape[-1]
+    if per_token:
+        if positions is not None:
+            raise ValueError("positions must be None with per_token=True: the per-token cos/sin rows already hold "
+                             "each token's angles")
+        rotary_dim_from_cos = cos.shape[-1]
+        if check_mode() and not q.is_meta:
+            _check_row_halves(cos, sin, interleaved)  # the rows as given, before they broadcast to the tokens
+    else:
+        if cos.ndim != 2:
+            raise ValueError(f"cos/sin tables must be 2-D (max_positions, rotary_dim/2), got shape {tuple(cos.shape)}"
+                             " (pass per_token=True for per-token cos/sin rows in transformers' layout)")
+        rotary_dim_from_cos = 2 * cos.shape[-1]
+    if rotary_dim is None:
+        rotary_dim = rotary_dim_from_cos
+    if isinstance(rotary_dim, bool) or not isinstance(rotary_dim, int):
+        raise TypeError(f"rotary_dim must be an int, got {type(rotary_dim).__name__}")
+    if rotary_dim <= 0 or rotary_dim % 2:
+        raise ValueError(f"rotary_dim must be a positive even number, got {rotary_dim}")
+    if rotary_dim > head_dim:
+        raise ValueError(f"rotary_dim ({rotary_dim}) must be <= head_dim ({head_dim})")
+    if per_token and rotary_dim != rotary_dim_from_cos:
+        raise ValueError(f"rotary_dim ({rotary_dim}) must equal the width of the per-token cos/sin rows "
+                         f"({rotary_dim_from_cos}): a row's two halves pair channel i with i + width/2, so rotating "
+                         "fewer channels with the same rows is not a rotation; slice the rows to rotary_dim instead")
+    if rotary_dim > rotary_dim_from_cos:
+        columns = rotary_dim // 2 if not per_token else rotary_dim
+        raise ValueError(f"rotary_dim ({rotary_dim}) needs cos/sin with {columns}"
+                         f" columns, got {cos.shape[-1]}")
+
+    if per_token:
+        # Full-width rows per token, broadcast to the token shape without copying.
+        token_shape = (seqlen,) if varlen else (n_batch, seqlen)
+        try:
+            cos = cos.expand(*token_shape, cos.shape[-1])
+            sin = sin.expand(*token_shape, sin.shape[-1])
+        except RuntimeError:
+            raise ValueError(f"per-token cos/sin of shape {tuple(cos.shape)} do not broadcast to the tokens "
+                             f"{token_shape} + (rotary_dim,)") from None
+        spec = PositionSpec(SCALAR_OFFSET, 0, None, cu_seqlens, max_seqlen if varlen else None)
+        if check_mode() and not q.is_meta:
+            _check_device_values(spec, 0, seqlen)
+    else:
+        spec = resolve_positions(batch=n_batch, seqlen=seqlen, positions=positions,
+                                 cu_seqlens=cu_seqlens if varlen else None, max_seqlen=max_seqlen, device=q.device)
+        if spec.mode == SCALAR_OFFSET:
+            # Host-known positions: check (or grow) the table before launching.
+            last = spec.offset + (max_seqlen if varlen else seqlen) - 1
+            if spec.offset < 0:
+                raise ValueError(f"positions (offset) must be >= 0, got {spec.offset}")
+            if last >= cos.shape[0] and (max_seqlen if varlen else seqlen) > 0:
+                if table is not None:
+                    table.ensure(last + 1)
+                    cos, sin = table.cos, table.sin
+                else:
+                    raise ValueError(f"positions reach {last} but the cos/sin table has {cos.shape[0]} rows; pass a "
+                                     "longer table, or a ropekit.RopeTable / RotaryEmbedding that can grow")
+        elif table is not None:
+            # Positions in a device tensor are never read by the host (no sync). What the host does know is the
+            # sequence length: a sequence of n tokens at offsets >= 0, or with position ids 0..n-1, reaches n - 1.
+            table.ensure(max_seqlen if varlen else seqlen)
+            cos, sin = table.cos, table.sin
+        if check_mode() and not q.is_meta:
+            _check_device_values(spec, cos.shape[0], seqlen)
+    if cos.stride() != sin.stride():
+        # The kernel walks cos and sin with one set of strides; tables that differ (a column slice of a wider
+        # buffer, say) are read through contiguous copies.
+        cos, sin = cos.contiguous(), sin.contiguous()
+    return cos, sin, spec, rotary_dim
+
+
+def _check_device_values(spec: PositionSpec, table_len: int, n_tokens: int) -> None:
+    """ROPEKIT_CHECK=1: values inside device tensors (a host sync; never inside CUDA-graph capture)."""
+    if spec.cu_seqlens is not None:
+        cu = spec.cu_seqlens.cpu()
+        if int(cu[0]) != 0 or bool((cu[1:] < cu[:-1]).any()) or int(cu[-1]) != n_tokens:
+            raise ValueError(f"cu_seqlens must start at 0, never decrease and end at the token count {n_tokens}, "
+                             f"got {cu.tolist()}")
+        if cu.numel() > 1 and spec.max_seqlen < int((cu[1:] - cu[:-1]).max()):
+            raise ValueError(f"max_seqlen ({spec.max_seqlen}) is shorter than the longest sequence")
+    if spec.tensor is not None:
+        pos = spec.tensor.cpu().to(torch.int64)  # positions near 2**31 plus a sequence length overflow int32
+        lengths = ((spec.cu_seqlens[1:] - spec.cu_seqlens[:-1]).cpu() if spec.cu_seqlens is not None
+                   else torch.full_like(pos, n_tokens))
+        last = pos + lengths - 1 if spec.mode == SEQ_OFFSETS else pos
+        if bool((pos < 0).any()):
+            raise ValueError(f"positions must be >= 0, got {int(pos.min())}")
+        if last.numel() and int(last.max()) >= table_len:
+            raise ValueError(f"positions reach {int(last.max())} but the cos/sin table has {table_len} rows")
+
+
+def _check_row_halves(cos: torch.Tensor, sin: torch.Tensor, interleaved: bool) -> None:
+    """ROPEKIT_CHECK=1: per-token rows hold one angle per pair (both halves equal), so that they are a rotation."""
+    for name, rows in (("cos", cos), ("sin", sin)):
+        first, second = (rows[..., 0::2], rows[..., 1::2]) if interleaved else rows.chunk(2, dim=-1)
+        if not torch.equal(first, second):
+            raise ValueError(f"per-token {name} rows must hold the same value for both channels of a pair "
+                             f"({'2i and 2i+1' if interleaved else 'i and i + width/2'}); these differ")
+
+
+def span(t: torch.Tensor) -> tuple[int, int]:
+    """[first, last] element offsets a view touches, relative to its storage."""
+    lo = hi = t.storage_offset()
+    for size, stride in zip(t.shape, t.stride()):
+        if size > 1:
+            if stride > 0:
+                hi += (size - 1) * stride
+            else:
+                lo += (size - 1) * stride
+    return lo, hi
+
+
+def _has_internal_overlap(t: torch.Tensor) -> bool:
+    """Whether two elements of the view may share memory: its dims, sorted by stride, must each step past
+    everything the smaller ones span (the sufficient condition PyTorch's own checks use, in exact form)."""
+    if t.numel() == 0:
+        return False
+    dims = sorted((abs(stride), size) for size, stride in zip(t.shape, t.stride()) if size > 1)
+    reach = 0  # the largest offset the dims so far span
+    for stride, size in dims:
+        if stride <= reach:
+            return True
+        reach += (size - 1) * stride
+    return False
+
+
+def _views_overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two views share an element. Exact for views with the same strides (slices of one packed qkv
+    projection, k a slice of q's heads): a depth-first search over the index differences, largest stride first."""
+    if a.is_meta or a.numel() == 0 or b.numel() == 0 or \
+            a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr() \
+            or a.element_size() != b.element_size():
+        return False
+    (a_lo, a_hi), (b_lo, b_hi) = span(a), span(b)
+    if a_hi < b_lo or b_hi < a_lo:
+        return False
+    if _has_internal_overlap(a) or _has_internal_overlap(b):
+        return True
+    if a.stride() != b.stride():
+        return _offsets_meet(a, b)
+    # a's element i and b's element j coincide iff sum (i_d - j_d) * stride_d == b_offset - a_offset
+    dims = sorted(((abs(st), a.shape[d], b.shape[d], st < 0) for d, st in enumerate(a.stride())
+                   if max(a.shape[d], b.shape[d]) > 1), reverse=True)
+    reach = [0] * (len(dims) + 1)  # reach[i]: the largest |residual| dims i.. can still cancel
+    for i in range(len(dims) - 1, -1, -1):
+        stride, na, nb, _ = dims[i]
+        reach[i] = reach[i + 1] + stride * max(na, nb)
+
+    def solve(i: int, residual: int) -> bool:
+        if i == len(dims):
+            return residual == 0
+        stride, na, nb, negative = dims[i]
+        # coefficient c of |stride|: (i_d - j_d), or its negation for a negative stride
+        low, high = (-(na - 1), nb - 1) if negative else (-(nb - 1), na - 1)
+        low = max(low, -((reach[i + 1] - residual) // stride))  # ceil((residual - reach) / stride)
+        high = min(high, (residual + reach[i + 1]) // stride)
+        return any(solve(i + 1, residual - c * stride) for c in range(low, high + 1))
+
+    return solve(0, b.storage_offset() - a.storage_offset())
+
+
+def _element_offsets(t: torch.Tensor) -> torch.Tensor:
+    """Every element's offset into the storage (host arithmetic on the view's metadata; no data is read)."""
+    offsets = torch.full((), t.storage_offset(), dtype=torch.int64)
+    for size, stride in zip(t.shape, t.stride()):
+        offsets = offsets[..., None] + torch.arange(size, dtype=torch.int64) * stride
+    return offsets.flatten()
+
+
+_ENUMERATE_MAX = 1 << 22
+
+
+def _offsets_meet(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Views with different strides whose ranges meet: compare their element offsets, up to a size where that is
+    cheap; beyond it, like PyTorch's own checks when the answer is too hard, assume they do not."""
+    if a.numel() > _ENUMERATE_MAX or b.numel() > _ENUMERATE_MAX:
+        return False
+    return bool(torch.isin(_element_offsets(a), _element_offsets(b)).any())
+
+
+_OVERLAP = ("unsupported operation: more than one element of the written-to tensor {name} refers to a single "
+            "memory location. Please clone() the tensor before performing the operation (or use inplace=False).")
+
+
+def check_inplace_targets(q: torch.Tensor, k: Optional[torch.Tensor]) -> None:
+    """In place writes q and k: like PyTorch's in-place ops, refuse a written-to tensor that overlaps itself or the
+    other one (the rotation of one element would read a value another program already rotated)."""
+    for name, t in (("q", q), ("k", k)):
+        if t is not None and _has_internal_overlap(t):
+            raise RuntimeError(_OVERLAP.format(name=name))
+    if k is not None and _views_overlap(q, k):
+        raise RuntimeError("unsupported operation: some elements of q and k refer to a single memory location, and "
+                           "inplace=True writes both. Please clone() one of them (or use inplace=False).")

@@ -1,0 +1,98 @@
+"""ropekit.RotaryEmbedding: its table grows from host-known lengths, and scaling rules follow transformers'."""
+
+import math
+
+import pytest
+import torch
+
+import ropekit
+from ropekit import reference as ref
+from ropekit.testing import assert_close_to_reference
+from conftest import DEVICE
+from rope_cases import make
+
+
+def test_rotary_embedding_module_grows_its_table():
+    rope = ropekit.RotaryEmbedding(32, base=500000.0, max_positions=8, device=DEVICE)
+    q, k = make("bshd", 1, 6, 2, 32, torch.float32), make("bshd", 1, 6, 1, 32, torch.float32)
+    out_q, out_k = rope(q, k, positions=20)  # needs rows up to 25: the table grows (host-known)
+    assert len(rope.table) >= 26
+    pos = ref.token_positions(1, 6, offsets=20)
+    assert_close_to_reference(out_q, ref.rope(q, pos, base=500000.0))
+    assert_close_to_reference(out_k, ref.rope(k, pos, base=500000.0))
+
+
+def test_rotary_embedding_grows_for_a_long_sequence_given_position_ids():
+    # Position ids live on the device and are never read by the host, but the sequence length is host-known: a
+    # prefill of n tokens with ids 0..n-1 (transformers' call) reaches row n - 1, so the table grows to n rows first
+    rope = ropekit.RotaryEmbedding(32, base=1e6, max_positions=8, device=DEVICE)
+    q = make("bshd", 1, 40, 2, 32, torch.float32)
+    ids = torch.arange(40, device=DEVICE)[None]
+    out_q, _ = rope(q, positions=ids)
+    assert len(rope.table) >= 40
+    assert_close_to_reference(out_q, ref.rope(q, ids.cpu(), base=1e6))
+    packed = torch.randn(12, 2, 32, device=DEVICE)  # varlen: the longest sequence counts
+    cu = torch.tensor([0, 3, 12], device=DEVICE)
+    out, _ = ropekit.RotaryEmbedding(32, max_positions=4, device=DEVICE)(
+        packed, positions=torch.tensor([0, 0], device=DEVICE), layout="thd", cu_seqlens=cu, max_seqlen=9)
+    assert_close_to_reference(out, ref.rope(packed, ref.varlen_positions(cu.cpu())))
+
+
+def test_rotary_embedding_with_llama3_scaling_matches_reference():
+    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 64}
+    rope = ropekit.RotaryEmbedding(32, base=500000.0, scaling=scaling, max_positions=128, device=DEVICE)
+    inv_freq, attention = ropekit.rope_init(dict(scaling, rope_theta=500000.0), 32)
+    q = make("bshd", 1, 5, 2, 32, torch.float32)
+    out_q, _ = rope(q, positions=100)
+    pos = ref.token_positions(1, 5, offsets=100)
+    assert_close_to_reference(out_q, ref.rope(q, pos, inv_freq=inv_freq, attention_scaling=attention))
+
+
+def test_rotary_embedding_takes_rotary_dim_and_pairing_from_the_config_dict():
+    params = ropekit.rope_parameters_from_config({"model_type": "glm", "head_dim": 32, "partial_rotary_factor": 0.5,
+                                                  "rope_theta": 500000.0})
+    rope = ropekit.RotaryEmbedding(params["head_dim"], scaling=params, max_positions=16, device=DEVICE)
+    assert rope.rotary_dim == 16 and rope.interleaved
+    q = make("bshd", 1, 5, 2, 32, torch.float32)
+    out_q, _ = rope(q, positions=3)
+    want = ref.rope(q, ref.token_positions(1, 5, offsets=3), base=500000.0, rotary_dim=16, interleaved=True)
+    assert_close_to_reference(out_q, want)
+    # explicit arguments still win over the dict
+    assert not ropekit.RotaryEmbedding(32, scaling=params, interleaved=False, rotary_dim=32).interleaved
+
+
+def test_rotary_embedding_context_length_comes_from_the_config_not_the_table():
+    # Phi-3 style longrope without a factor: the attention factor follows max_position_embeddings / original
+    half = 8
+    scaling = {"rope_type": "longrope", "short_factor": [1.0] * half, "long_factor": [4.0] * half,
+               "original_max_position_embeddings": 64, "max_position_embeddings": 1024}
+    rope = ropekit.RotaryEmbedding(16, scaling=scaling, max_positions=32, device=DEVICE)
+    _, attention = ropekit.rope_init(scaling, 16)
+    assert rope.table.attention_scaling == pytest.approx(attention) and attention == pytest.approx(
+        math.sqrt(1 + math.log(1024 / 64) / math.log(64)))
+
+
+@pytest.mark.parametrize("how", ["host-offset", "tensor-offsets", "seq_len-hint"])
+def test_rotary_embedding_dynamic_and_longrope_follow_the_sequence_length(how):
+    # transformers recomputes these frequencies from max(position_ids) + 1 every forward; so does the module
+    dynamic = {"rope_type": "dynamic", "factor": 2.0, "max_position_embeddings": 16}
+    longrope = {"rope_type": "longrope", "short_factor": [1.0] * 8, "long_factor": [3.0] * 8,
+                "original_max_position_embeddings": 16, "max_position_embeddings": 64}
+    for scaling in (dynamic, longrope):
+        rope = ropekit.RotaryEmbedding(16, scaling=scaling, max_positions=8, device=DEVICE)
+        q = make("bshd", 2, 1, 2, 16, torch.float32)
+        # within, past, and back within the trained length: original, stretched (for 41 positions), original
+        for last, stretched_for in ((5, None), (40, 41), (9, None)):
+            if how == "host-offset":
+                out_q, _ = rope(q, positions=last)
+            elif how == "tensor-offsets":
+                out_q, _ = rope(q, positions=torch.tensor([last - 3, last], device=DEVICE))
+            else:
+                out_q, _ = rope(q, positions=torch.tensor([last - 3, last], device=DEVICE), seq_len=last + 1)
+            inv_freq, attention = ropekit.rope_init(scaling, 16, seq_len=stretched_for)
+            offsets = last if how == "host-offset" else torch.tensor([last - 3, last])
+            want = ref.rope(q, ref.token_positions(2, 1, offsets=offsets), inv_freq=inv_freq,
+                            attention_scaling=attention)
+            assert_close_to_reference(out_q, want)
+            assert len(rope.table) > last  # grown from the length it read (or was told)

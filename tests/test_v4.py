@@ -1,0 +1,119 @@
+"""The v4 kernel through its launcher, under every launch configuration the table can pick: tile shapes, the fused
+q+k tile and the flat path, against the float64 reference."""
+
+import pytest
+import torch
+
+import ropekit
+from ropekit import reference as ref
+from ropekit.positions import resolve_positions
+from ropekit.testing import assert_close_to_reference
+from ropekit.triton.launch import LaunchConfig, forced_config, plan_v4, rope_v4
+from conftest import DEVICE
+from rope_cases import CASES, expected, make, positions_for, table
+
+# Every v4 tile shape must give the same answer: the layouts the H100 launch table picks (including one program per
+# token block holding all q and k heads) are forced here onto every case, so the interpreter checks them on CPU.
+V4_CONFIGS = [
+    LaunchConfig(1, 4, 4, fused_qk=True),
+    LaunchConfig(2, 1, 2, fused_qk=True, evict_first=True),
+    LaunchConfig(4, 2, 4),
+    LaunchConfig(1, 1, 1, evict_first=True),
+    LaunchConfig(2, 1, 32, fused_qk=True, evict_first=True),
+    LaunchConfig(1, 1, 4, flat=64, flat_warps=4),  # the flat path where the tensors allow it, else this tile
+    LaunchConfig(1, 1, 4, flat=32, flat_warps=1, flat_paired=True),  # q and k in one program where shapes match
+]
+
+
+@pytest.mark.parametrize("config", V4_CONFIGS, ids=lambda c: f"s{c.block_s}h{c.block_h}w{c.num_warps}"
+                         + ("-fused" if c.fused_qk else "") + ("-evict" if c.evict_first else "")
+                         + (f"-flat{c.flat}" if c.flat else "") + ("-paired" if c.flat_paired else ""))
+@pytest.mark.parametrize("case", CASES[:6], ids=[c[0] for c in CASES[:6]])
+def test_every_v4_tile_shape_matches_reference(case, config):
+    with forced_config(config):
+        _check_case_and_varlen(case)
+
+
+def _check_case_and_varlen(case):
+    _, layout, batch, seqlen, hq, hk, head_dim, rotary_dim, interleaved, kind, dtype = case
+    q = make(layout, batch, seqlen, hq, head_dim, dtype)
+    k = make(layout, batch, seqlen, hk, head_dim, dtype)
+    cos, sin = table(64, rotary_dim)
+    arg, pos = positions_for(kind, batch, seqlen)
+    out_q, out_k = ropekit.apply_rope(q, k, cos, sin, positions=arg, layout=layout, interleaved=interleaved,
+                                      rotary_dim=rotary_dim)
+    kw = dict(rotary_dim=rotary_dim, interleaved=interleaved)
+    assert_close_to_reference(out_q, expected(q, layout, pos, **kw))
+    assert_close_to_reference(out_k, expected(k, layout, pos, **kw))
+    # q alone, and varlen, through the same tile shape
+    out_q, _ = ropekit.apply_rope(q, None, cos, sin, positions=arg, layout=layout, interleaved=interleaved,
+                                  rotary_dim=rotary_dim)
+    assert_close_to_reference(out_q, expected(q, layout, pos, **kw))
+    cu = torch.tensor([0, 3, 4, 9], dtype=torch.int32, device=DEVICE)
+    q_thd = torch.randn(9, hq, head_dim, device=DEVICE).to(dtype)
+    k_thd = torch.randn(9, hk, head_dim, device=DEVICE).to(dtype)
+    out_q, out_k = ropekit.apply_rope(q_thd, k_thd, cos, sin, layout="thd", cu_seqlens=cu, max_seqlen=5,
+                                      interleaved=interleaved, rotary_dim=rotary_dim)
+    assert_close_to_reference(out_q, ref.rope(q_thd, ref.varlen_positions(cu), **kw))
+    assert_close_to_reference(out_k, ref.rope(k_thd, ref.varlen_positions(cu), **kw))
+
+
+FLAT = LaunchConfig(1, 1, 4, flat=64, flat_warps=4)
+FLAT_PAIRED = FLAT._replace(flat_paired=True)
+
+
+@pytest.mark.parametrize("paired", [False, True], ids=["q-then-k", "paired"])
+@pytest.mark.parametrize("kind", ["none", "int", "offsets", "ids", "ids1d"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+def test_v4_flat_path_matches_reference(kind, dtype, paired):
+    # The flat path (blocks of elements over contiguous q then k, or of both at once, partner element loaded
+    # separately): every position form, the conjugate, k absent / MQA / MHA, and element counts that do not fill
+    # the last block (2 x 5 tokens x 3 heads x 16 = 480 elements in blocks of 64). Paired blocks need k of q's
+    # shape; MQA then takes blocks of q, then of k.
+    interleaved = False
+    batch, seqlen, heads, head_dim = 2, 5, 3, 16
+    cos, sin = table(64, head_dim)
+    arg, pos = positions_for(kind, batch, seqlen)
+    spec = resolve_positions(batch=batch, seqlen=seqlen, positions=arg)
+    for heads_k, conjugate in ((0, False), (1, True), (3, False)):
+        q = torch.randn(batch, seqlen, heads, head_dim, device=DEVICE).to(dtype)
+        k = torch.randn(batch, seqlen, heads_k, head_dim, device=DEVICE).to(dtype) if heads_k else None
+        out_q = torch.full_like(q, float("nan"))
+        out_k = torch.full_like(k, float("nan")) if k is not None else None
+        kw = dict(out_q=out_q, out_k=out_k, positions=spec, rotary_dim=head_dim, interleaved=interleaved,
+                  conjugate=conjugate, config=FLAT_PAIRED if paired else FLAT)
+        plan = plan_v4(q, k, cos, sin, **kw)
+        assert plan.constexprs["FLAT"] == 64 and plan.grid[1:] == (1, 1)
+        pairs = paired and heads_k != 1
+        assert plan.constexprs["FLAT_PAIRED"] == pairs
+        q_blocks = -(-q.numel() // 64)
+        assert plan.grid[0] == q_blocks + (0 if pairs or k is None else -(-k.numel() // 64))
+        rope_v4(q, k, cos, sin, **kw)
+        for x, out in ((q, out_q), (k, out_k)):
+            if x is not None:
+                assert_close_to_reference(out, ref.rope(x, pos.to(x.device), interleaved=interleaved,
+                                                        conjugate=conjugate))
+
+
+def test_v4_flat_path_only_where_it_applies():
+    # in place (a partner may be overwritten before it is read), partial rotary, varlen, per-token rows and
+    # non-contiguous tensors take the tile path; positions outside the table still give NaN on the flat path
+    q = torch.randn(2, 4, 2, 16, device=DEVICE)
+    cos, sin = table(8, 16)
+    spec = resolve_positions(batch=2, seqlen=4, positions=None)
+
+    def flat_of(x, out, **kw):
+        kw = {"positions": spec, "rotary_dim": 16, "config": FLAT, **kw}
+        return plan_v4(x, None, cos, sin, out_q=out, out_k=None, **kw).constexprs["FLAT"]
+    assert flat_of(q, torch.empty_like(q)) == 64
+    assert flat_of(q, q) == 0  # in place
+    assert flat_of(q, torch.empty_like(q), interleaved=True) == 0  # GPT-J pairs keep the tile
+    assert flat_of(q, torch.empty_like(q), rotary_dim=8) == 0  # partial rotary
+    assert flat_of(q, torch.empty_like(q), eager_rounding=True) == 0
+    assert flat_of(q.double(), torch.empty_like(q.double())) == 0  # fp64 math stays on the tiles
+    wide = torch.randn(2, 4, 3, 16, device=DEVICE)[:, :, :2]
+    assert flat_of(wide, torch.empty_like(q)) == 0  # not contiguous
+    far = resolve_positions(batch=2, seqlen=4, positions=6)  # tokens at positions 6..9 of an 8-row table
+    out = torch.empty_like(q)
+    rope_v4(q, None, cos, sin, out_q=out, out_k=None, positions=far, rotary_dim=16, config=FLAT)
+    assert torch.isfinite(out[:, :2]).all() and torch.isnan(out[:, 2:]).all()

@@ -1,0 +1,52 @@
+"""ropekit.validate through the public API: every invalid call raises before anything is written, with an error
+that names its argument; device values are checked in check mode only."""
+
+import pytest
+import torch
+
+import ropekit
+from conftest import DEVICE
+from rope_cases import valid_call
+
+
+ERRORS = [
+    ("odd-rotary-dim", lambda q, k, c, s: dict(rotary_dim=7), ValueError, "rotary_dim"),
+    ("rotary-dim-too-large", lambda q, k, c, s: dict(rotary_dim=64), ValueError, "rotary_dim"),
+    ("head-dim-mismatch", lambda q, k, c, s: dict(k=k[..., :16]), ValueError, "head_dim"),
+    ("dtype-mismatch", lambda q, k, c, s: dict(k=k.double()), TypeError, "dtype"),
+    ("integer-q", lambda q, k, c, s: dict(q=q.to(torch.int32)), TypeError, "q must be"),
+    ("complex-q", lambda q, k, c, s: dict(q=torch.complex(q, q)), TypeError, "q must be"),
+    ("bad-layout", lambda q, k, c, s: dict(layout="bsd"), ValueError, "layout"),
+    ("positions-beyond-table", lambda q, k, c, s: dict(positions=15), ValueError, "table"),
+    ("float-positions", lambda q, k, c, s: dict(positions=torch.zeros(2, device=DEVICE)), TypeError, "positions"),
+    ("positions-wrong-shape", lambda q, k, c, s: dict(positions=torch.zeros(5, 7, dtype=torch.long, device=DEVICE)),
+     ValueError, "positions"),
+    ("cos-sin-shape-mismatch", lambda q, k, c, s: dict(sin=s[:, :8]), ValueError, "cos and sin"),
+    ("thd-without-cu-seqlens", lambda q, k, c, s: dict(q=q[0], k=k[0], layout="thd"), ValueError, "cu_seqlens"),
+    ("bad-backend", lambda q, k, c, s: dict(backend="rocm"), ValueError, "backend"),
+    ("batch-mismatch", lambda q, k, c, s: dict(k=k[:1]), ValueError, "k"),
+]
+
+
+@pytest.mark.parametrize("inplace", [False, True], ids=["out-of-place", "in-place"])
+@pytest.mark.parametrize("name,change,error,words", ERRORS, ids=[e[0] for e in ERRORS])
+def test_invalid_input_raises_before_any_write(name, change, error, words, inplace):
+    q, k, cos, sin = valid_call()
+    args = dict(q=q, k=k, cos=cos, sin=sin, inplace=inplace)
+    args.update(change(q, k, cos, sin))
+    before = [t.clone() for t in (args["q"], args["k"]) if isinstance(t, torch.Tensor)]
+    with pytest.raises(error, match=words):
+        ropekit.apply_rope(**args)
+    after = [t for t in (args["q"], args["k"]) if isinstance(t, torch.Tensor)]
+    for b, a in zip(before, after):
+        assert torch.equal(b, a) or (b.is_complex() and torch.equal(torch.view_as_real(b), torch.view_as_real(a)))
+
+
+def test_check_mode_catches_device_values(monkeypatch):
+    monkeypatch.setenv("ROPEKIT_CHECK", "1")
+    q, k, cos, sin = valid_call()
+    with pytest.raises(ValueError, match="table"):
+        ropekit.apply_rope(q, k, cos, sin, positions=torch.tensor([3, 14], device=DEVICE))
+    cu = torch.tensor([0, 4, 2, 6], dtype=torch.int32, device=DEVICE)
+    with pytest.raises(ValueError, match="cu_seqlens"):
+        ropekit.apply_rope(q.reshape(6, 4, 32), None, cos, sin, layout="thd", cu_seqlens=cu, max_seqlen=4)
