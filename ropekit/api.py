@@ -26,6 +26,7 @@ import torch
 
 from . import device as _device  # noqa: F401  (interpreter switch before triton is imported)
 from .layouts import LAYOUTS, TO_BSHD, batch_and_seq_axes
+from .outputs import bump_versions, new_output
 from .positions import SCALAR_OFFSET, PositionSpec
 from .triton.launch import plan_v4, plans, rope_v4
 from .validate import BACKENDS, check_inplace_targets, check_mode, prepare, span
@@ -62,16 +63,11 @@ def _launcher(backend: str):
 # Launch: one function every way in calls.
 # --------------------------------------------------------------------------------------------------------------------
 
-def _new_output(x: torch.Tensor) -> torch.Tensor:
-    # The output is contiguous in the caller's layout, whatever the input's strides (documented in docs/api.md).
-    return torch.empty(x.shape, dtype=x.dtype, device=x.device)
-
-
 def _outputs(q, k, inplace: bool):
     """Where a call writes: q and k themselves, or fresh outputs (None for an absent k)."""
     if inplace:
         return q, k
-    return _new_output(q), (_new_output(k) if k is not None else None)
+    return new_output(q), (new_output(k) if k is not None else None)
 
 
 def _kernel_views(q, k, out_q, out_k, layout: str) -> tuple:
@@ -103,14 +99,6 @@ def _rotate_new(q, k, call: RopeCall):
     out_q, out_k = _outputs(q, k, False)
     _run(q, k, call, out_q, out_k)
     return out_q, out_k
-
-
-def _bump_versions(q: torch.Tensor, k: Optional[torch.Tensor]) -> None:
-    """Tell autograd that q and k changed (as every in-place PyTorch op does): a saved tensor rotated in place then
-    fails backward loudly instead of giving a wrong gradient. The custom op's dispatch does this by itself."""
-    for t in (q, k):
-        if t is not None and not t.is_inference():
-            torch.autograd.graph.increment_version(t)
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -160,7 +148,7 @@ _rope_op = torch.library.custom_op("ropekit::rope", _rope, mutates_args=(), sche
 
 @_rope_op.register_fake
 def _rope_fake(q, k, *rest):
-    return _new_output(q), (_new_output(k) if k is not None else q.new_empty(0))
+    return new_output(q), (new_output(k) if k is not None else q.new_empty(0))
 
 
 def _save_for_backward(ctx, k, call: RopeCall) -> None:
@@ -281,7 +269,7 @@ class _EagerPlan:
             self.launch(q, k, out_q, out_k, cos, sin, positions if is_tensor else None, cu_seqlens,
                         0 if is_tensor or positions is None else positions)
         if self.inplace:
-            _bump_versions(q, k)
+            bump_versions(q, k)
         return out_q, out_k
 
     def __call__(self, q, k, cos, sin, positions, cu_seqlens):
@@ -379,7 +367,7 @@ def apply_rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, cos: Optional[
             _rope_inplace_op(*_op_args(q, k, call))
         else:
             _run(q, k, call, q, k)
-            _bump_versions(q, k)
+            bump_versions(q, k)
         return q, k
     # Eager inference: skip the dispatcher (host time matters for decode).
     return _rotate_new(q, k, call)

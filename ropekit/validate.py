@@ -21,7 +21,7 @@ __all__ = ["BACKENDS", "prepare", "check_mode", "check_inplace_targets", "span"]
 
 BACKENDS = ("triton", "cuda")
 
-_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 def check_mode() -> bool:
@@ -32,7 +32,7 @@ def check_mode() -> bool:
 def _check_tensor(name: str, x, ndim: int) -> None:
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-    if x.dtype not in _FLOAT_DTYPES:
+    if x.dtype not in FLOAT_DTYPES:
         raise TypeError(f"{name} must be float16, bfloat16, float32 or float64, got {x.dtype}")
     if x.ndim != ndim:
         raise ValueError(f"{name} must have {ndim} dimensions for this layout, got shape {tuple(x.shape)}")
@@ -60,7 +60,7 @@ def prepare(q, k, cos, sin, positions, layout, rotary_dim, cu_seqlens, max_seqle
     for name, t in (("cos", cos), ("sin", sin)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a tensor (or pass table=...), got {type(t).__name__}")
-        if t.dtype not in _FLOAT_DTYPES:
+        if t.dtype not in FLOAT_DTYPES:
             raise TypeError(f"{name} must be a floating tensor, got {t.dtype}")
         if t.device != q.device:
             raise ValueError(f"{name} is on {t.device} but q is on {q.device}")
@@ -224,7 +224,7 @@ def _has_internal_overlap(t: torch.Tensor) -> bool:
     return False
 
 
-def _views_overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+def views_overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether two views share an element. Exact for views with the same strides (slices of one packed qkv
     projection, k a slice of q's heads): a depth-first search over the index differences, largest stride first."""
     if a.is_meta or a.numel() == 0 or b.numel() == 0 or \
@@ -288,6 +288,6 @@ def check_inplace_targets(q: torch.Tensor, k: Optional[torch.Tensor]) -> None:
     for name, t in (("q", q), ("k", k)):
         if t is not None and _has_internal_overlap(t):
             raise RuntimeError(_OVERLAP.format(name=name))
-    if k is not None and _views_overlap(q, k):
+    if k is not None and views_overlap(q, k):
         raise RuntimeError("unsupported operation: some elements of q and k refer to a single memory location, and "
                            "inplace=True writes both. Please clone() one of them (or use inplace=False).")

@@ -33,7 +33,7 @@ from ropekit.course.cases import RopeCase
 from ropekit.course.exercises import wrong_variants
 from ropekit.course.wrong import standalone
 from ropekit.positions import PositionSpec
-from ropekit.triton.v4 import rope_v4
+from ropekit.triton.launch import rope_v4
 
 ALL = course.names()
 CUDA = [name for name in ALL if course.exercise(name).language == "cuda"]

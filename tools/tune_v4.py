@@ -38,10 +38,7 @@ from ropekit.bench.runner import dram_sets, refusal_reason  # noqa: E402
 from ropekit.bench.timing import DryRunTimer, GpuTimer, Settings  # noqa: E402
 from ropekit.positions import resolve_positions  # noqa: E402
 
-try:
-    from ropekit.triton.launch import launch_config, rope_v4
-except ImportError:  # FALLBACK while the launcher layer still lives in v4.py; delete once ropekit.triton.launch exists
-    from ropekit.triton.v4 import launch_config, rope_v4
+from ropekit.triton.launch import launch_config, rope_v4
 
 DEFAULT_CASES = "llama3-8b-prefill,mha-fp16,fp32,small-prefill,decode"
 

@@ -13,7 +13,7 @@ from typing import Optional
 
 import torch
 
-from ..api import _bump_versions, _new_output
+from ..outputs import bump_versions, new_output
 from ..triton.fused import CACHE_CONTIGUOUS, CACHE_PAGED, launch_fused
 from . import validate
 from .qk_norm_rope import _spec, kernel_view
@@ -72,9 +72,9 @@ def run_cache_op(q, k, v, out_q, out_k, k_cache, v_cache, *args) -> None:
                            *args)
         return
     launch_cache(q, k, v, out_q, out_k, k_cache, v_cache, *args)
-    _bump_versions(k_cache, v_cache)
+    bump_versions(k_cache, v_cache)
     if in_place:
-        _bump_versions(q, out_k)
+        bump_versions(q, out_k)
 
 
 def rope_and_cache(q: torch.Tensor, k: torch.Tensor, v: Optional[torch.Tensor], cos: Optional[torch.Tensor] = None,
@@ -150,8 +150,8 @@ def _write(q, k, v, k_cache, v_cache, inplace, write_k, *launch):
         validate.check_inplace_targets(q, k if write_k else None)
     validate.check_not_overlapping({"k_cache": k_cache, "v_cache": v_cache, "q": q if inplace else None,
                                     "k": k if inplace and write_k else None}, {"q": q, "k": k, "v": v})
-    out_q = q if inplace else _new_output(q)
-    out_k = (k if inplace else _new_output(k)) if write_k else None
+    out_q = q if inplace else new_output(q)
+    out_k = (k if inplace else new_output(k)) if write_k else None
     if not q.is_meta:
         run_cache_op(q, k, v, out_q, out_k, k_cache, v_cache, *launch)
     return out_q, out_k

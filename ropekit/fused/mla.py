@@ -13,7 +13,7 @@ from typing import Optional
 
 import torch
 
-from ..api import _new_output
+from ..outputs import new_output
 from ..triton.fused import CACHE_PAGED
 from . import validate
 from .kv_cache import run_cache_op
@@ -94,7 +94,7 @@ def mla_rope_and_cache(q_pe: torch.Tensor, k_pe: torch.Tensor, kv_c: torch.Tenso
         validate.check_inplace_targets(q, k)
     validate.check_not_overlapping({"kv_cache": kv_cache, "q_pe": q if inplace else None,
                                     "k_pe": k if inplace else None}, {"q_pe": q, "k_pe": k, "kv_c": v})
-    out_q, out_k = (q, k) if inplace else (_new_output(q), _new_output(k))
+    out_q, out_k = (q, k) if inplace else (new_output(q), new_output(k))
     if not q.is_meta:
         run_cache_op(q, k, v, out_q, out_k, k_cache, v_cache, slot_mapping, CACHE_PAGED, cos, sin, spec.tensor,
                      spec.mode, spec.cu_seqlens, spec.offset, spec.max_seqlen or 0, rotary_dim, "bshd", interleaved,

@@ -19,7 +19,8 @@ from typing import Optional
 
 import torch
 
-from ..api import _TO_BSHD, _bump_versions, _new_output
+from ..layouts import TO_BSHD
+from ..outputs import bump_versions, new_output
 from ..positions import PositionSpec
 from ..triton.fused import launch_fused
 from . import validate
@@ -31,7 +32,7 @@ def kernel_view(x: Optional[torch.Tensor], layout: str) -> Optional[torch.Tensor
     """The kernel's ``(batch, seq, heads, dim)`` view of a tensor in ``layout`` (thd stays ``(tokens, heads, dim)``)."""
     if x is None or layout in ("bshd", "thd"):
         return x
-    return x.permute(_TO_BSHD[layout])
+    return x.permute(TO_BSHD[layout])
 
 
 def _spec(positions, pos_mode, cu_seqlens, position_offset, max_seqlen, layout) -> PositionSpec:
@@ -49,7 +50,7 @@ def _launch(q, k, q_weight, k_weight, cos, sin, positions, pos_mode, cu_seqlens,
 
 
 def _forward_new(q, k, *args):
-    out_q, out_k = _new_output(q), (None if k is None else _new_output(k))
+    out_q, out_k = new_output(q), (None if k is None else new_output(k))
     _launch(q, k, *args, out_q, out_k)
     return out_q, out_k
 
@@ -68,7 +69,7 @@ def _norm_rope_op(q: torch.Tensor, k: Optional[torch.Tensor], q_weight: torch.Te
 
 @_norm_rope_op.register_fake
 def _norm_rope_fake(q, k, *args):
-    return _new_output(q), (_new_output(k) if k is not None else q.new_empty(0))
+    return new_output(q), (new_output(k) if k is not None else q.new_empty(0))
 
 
 @torch.library.custom_op("ropekit::qk_norm_rope_backward", mutates_args=())
@@ -78,7 +79,7 @@ def _norm_rope_backward_op(grad_q: torch.Tensor, grad_k: Optional[torch.Tensor],
                            cu_seqlens: Optional[torch.Tensor], position_offset: int, max_seqlen: int,
                            rotary_dim: int, layout: str, interleaved: bool, per_token: bool, eps: float,
                            weight_offset: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    dq, dk = _new_output(q), (None if k is None else _new_output(k))
+    dq, dk = new_output(q), (None if k is None else new_output(k))
     dw_q, dw_k = _launch(q, k, q_weight, k_weight, cos, sin, positions, pos_mode, cu_seqlens, position_offset,
                          max_seqlen, rotary_dim, layout, interleaved, per_token, eps, weight_offset, dq, dk,
                          grad_q, grad_k)
@@ -89,7 +90,7 @@ def _norm_rope_backward_op(grad_q: torch.Tensor, grad_k: Optional[torch.Tensor],
 
 @_norm_rope_backward_op.register_fake
 def _norm_rope_backward_fake(grad_q, grad_k, q, k, q_weight, k_weight, *args):
-    return (_new_output(q), _new_output(k) if k is not None else q.new_empty(0), torch.empty_like(q_weight),
+    return (new_output(q), new_output(k) if k is not None else q.new_empty(0), torch.empty_like(q_weight),
             torch.empty_like(k_weight) if k_weight is not None else q.new_empty(0))
 
 
@@ -170,10 +171,10 @@ def qk_norm_rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, cos: Optiona
             _norm_rope_inplace_op(q, k, *args)
         else:
             _launch(q, k, *args, q, k)
-            _bump_versions(q, k)
+            bump_versions(q, k)
         return q, k
     if q.is_meta:
-        return _new_output(q), (None if k is None else _new_output(k))
+        return new_output(q), (None if k is None else new_output(k))
     if compiling or needs_grad:
         out_q, out_k = _norm_rope_op(q, k, *args)
         return out_q, (out_k if k is not None else None)

@@ -12,20 +12,20 @@ import math
 
 import torch
 
-from ..api import _FLOAT_DTYPES, _check_inplace_targets, _check_mode, _prepare, _views_overlap
+from .. import validate as rope_validation
+from ..validate import FLOAT_DTYPES, check_mode, prepare, views_overlap
 
 __all__ = ["FP8_DTYPE", "rotary_arguments", "check_norm", "check_cache", "check_slot_mapping", "check_cache_offsets",
            "check_scale", "check_not_overlapping", "check_mode", "check_inplace_targets"]
 
 FP8_DTYPE = torch.float8_e4m3fn
-check_mode = _check_mode
 
 
 def check_inplace_targets(q, k) -> None:
     """apply_rope's refusal of in-place targets that overlap themselves or each other. Skipped while torch.compile
     traces (it compares data pointers, which fake tensors do not have): a compiled graph trusts its tensors."""
     if not torch.compiler.is_compiling():
-        _check_inplace_targets(q, k)
+        rope_validation.check_inplace_targets(q, k)
 
 
 def rotary_arguments(q, k, cos, sin, table, positions, layout, rotary_dim, cu_seqlens, max_seqlen, per_token,
@@ -37,7 +37,7 @@ def rotary_arguments(q, k, cos, sin, table, positions, layout, rotary_dim, cu_se
     cos, sin = (table.cos, table.sin) if table is not None else (cos, sin)
     if cos is None or sin is None:
         raise TypeError("cos and sin tables are required (or table=ropekit.RopeTable(...))")
-    return _prepare(q, k, cos, sin, positions, layout, rotary_dim, cu_seqlens, max_seqlen, per_token, False,
+    return prepare(q, k, cos, sin, positions, layout, rotary_dim, cu_seqlens, max_seqlen, per_token, False,
                     "triton", table, interleaved)
 
 
@@ -57,7 +57,7 @@ def check_norm(q, k, q_weight, k_weight, eps, weight_offset) -> tuple[float, flo
             continue
         if not isinstance(w, torch.Tensor):
             raise TypeError(f"{name} must be a ({head_dim},) tensor, got {type(w).__name__}")
-        if w.dtype not in _FLOAT_DTYPES:
+        if w.dtype not in FLOAT_DTYPES:
             raise TypeError(f"{name} must be float16, bfloat16, float32 or float64, got {w.dtype}")
         if tuple(w.shape) != (head_dim,):
             raise ValueError(f"{name} must have shape ({head_dim},) (head_dim), got {tuple(w.shape)}")
@@ -164,5 +164,5 @@ def check_not_overlapping(written: dict, others: dict) -> None:
             continue
         for b in names[i + 1:] + [name for name in others if name not in names[:i + 1]]:
             t = written[b] if b in written else others[b]
-            if t is not None and _views_overlap(written[a], t):
+            if t is not None and views_overlap(written[a], t):
                 raise ValueError(f"{a} and {b} share memory: the call writes {a}")

@@ -12,13 +12,7 @@ import torch
 
 from ropekit import device as _device
 
-# --- compatibility: the launcher's public module -------------------------------------------------------------------
-# MERGE: drop the fallback once ``ropekit.triton.launch`` exists on main (it holds the launch table and plans).
-try:
-    from ropekit.triton.launch import LaunchConfig, launch_config, rope_v4
-except ImportError:  # the launcher still lives in the kernel's module
-    from ropekit.triton.v4 import LaunchConfig, launch_config, rope_v4
-# -------------------------------------------------------------------------------------------------------------------
+from ropekit.triton.launch import LaunchConfig, launch_config, plans, recorded_launches, rope_v4
 
 __all__ = ["LaunchConfig", "launch_config", "rope_v4", "specialisation", "record_launches"]
 
@@ -41,52 +35,34 @@ def specialisation(value):
 
 
 class LaunchRecorder:
-    """Stands in for the launch during a dry run: records each launch's specialisation key, runs nothing."""
+    """What a dry run saw: one specialisation key per launch the launcher held back."""
 
     def __init__(self):
         self.keys: list = []
 
-    def launch(self, grid, pointers, ints, constexprs, num_warps, static_key=None):
-        self.record(*pointers, *ints, **constexprs, num_warps=num_warps)
-
-    def __getitem__(self, grid):
-        return self.record
-
-    def record(self, *args, **kwargs):
-        self.keys.append(tuple(specialisation(a) for a in args) + tuple(sorted((k, specialisation(v))
-                                                                              for k, v in kwargs.items())))
+    def add(self, record) -> None:
+        self.keys.append(tuple(specialisation(a) for a in (*record.pointers, *record.ints))
+                         + tuple(sorted((k, specialisation(v)) for k, v in record.constexprs.items()))
+                         + (("num_warps", record.num_warps),))
 
 
 @contextlib.contextmanager
 def record_launches(simulate_gpu: bool = False):
     """Launch nothing; record the specialisation key of every launch made inside (``simulate_gpu``: plan with the
-    GPU's launch table, not the interpreter's). Yields the :class:`LaunchRecorder`.
+    GPU's launch table, not the interpreter's). Yields the :class:`LaunchRecorder`, filled when the block ends.
 
-    The launcher offers no public dry run yet, so this is the one place that reaches below the public launch: it
-    stands in for the launcher's lowest launch function (below its direct-launch cache, which must not learn about
-    launches that never ran), or for the kernel object where that function is absent. MERGE: replace it by the
-    launcher's public dry run (a context manager under which each launch records its compile key instead of
-    running, and stores no plan) when the launcher provides one.
+    Built on the launcher's public dry run (:func:`ropekit.triton.launch.recorded_launches`). The plans made inside
+    are dropped on the way out: with ``simulate_gpu`` they hold the GPU's launch table, which must not serve a later
+    call on this machine.
     """
-    import importlib
-
-    module = None
-    for name in ("ropekit.triton.launch", "ropekit.triton.v4"):
-        try:
-            candidate = importlib.import_module(name)
-        except ImportError:
-            continue
-        if hasattr(candidate, "_launch") or hasattr(candidate, "rope_v4_kernel"):
-            module = candidate
-            break
     recorder, interpret = LaunchRecorder(), _device.INTERPRET
-    attribute, stand_in = ("_launch", recorder.launch) if hasattr(module, "_launch") else ("rope_v4_kernel", recorder)
-    real = getattr(module, attribute)
-    setattr(module, attribute, stand_in)
     if simulate_gpu:
         _device.INTERPRET = False
     try:
-        yield recorder
+        with recorded_launches() as records:
+            yield recorder
+        for record in records:
+            recorder.add(record)
     finally:
-        setattr(module, attribute, real)
         _device.INTERPRET = interpret
+        plans.clear()
