@@ -216,7 +216,7 @@ def measure(cases, rounds: int, graph_ms: float, time_budget: float, peers_dir, 
     ratios = compare(rows)
     slower = [r for r in ratios if r["clock"] == "graph_us" and r["new_over_base"] > TOLERANCE]
     errors = [f"{r['case']} {r['direction']} {r['impl']}: {r['reason']}" for r in rows if r["status"] == "error"]
-    doc = {"base": (AB_DIR / "REF").read_text().strip(), "head": _head_commit(), "dry_run": dry_run,
+    doc = {"base": (AB_DIR / "REF").read_text().strip(), "head": _head_commit(), "sources": sources_digest(), "dry_run": dry_run,
            "environment": environment(), "ceiling": ceiling, "settings": settings.to_json(), "argv": sys.argv,
            "seconds": round(time.time() - start, 1), "rows": rows, "ratios": ratios, "errors": errors,
            "verdict": {"tolerance": TOLERANCE, "slower": slower, "pass": not slower and not errors}}
@@ -226,6 +226,17 @@ def measure(cases, rounds: int, graph_ms: float, time_budget: float, peers_dir, 
     print(markdown(doc))
     print(f"wrote {out / 'ab.json'} and {out / 'ab.md'}")
     return doc
+
+
+def sources_digest() -> str:
+    """sha256 of this tree's ``ropekit/**/*.py`` (paths and contents): names the code measured even where the
+    checkout's git HEAD is not the tree measured (a copied working tree)."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for path in sorted((ROOT / "ropekit").rglob("*.py")):
+        digest.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
 
 
 def _head_commit() -> str | None:
