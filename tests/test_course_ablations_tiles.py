@@ -4,7 +4,6 @@
   values), and under the interpreter the reloading version really loads the rows once per head step;
 * both experiments produce every row they promise, each with the model's prediction (fake timer: the code path runs
   on a CPU);
-* the model's view of a tile launch counts one head step's loads as a program's bytes in flight.
 """
 
 from __future__ import annotations
@@ -55,7 +54,7 @@ def test_reloading_loads_the_rows_once_per_head_step():
 
 
 def test_a_tile_launch_has_one_head_step_in_flight():
-    launch = tiles.tile_launch(batch=4, seq=4096, head_dim=128, element_size=2, block_s=8, block_h=4)
+    launch = perf_model.tile_launch(batch=4, seq=4096, head_dim=128, element_size=2, block_s=8, block_h=4)
     assert launch.programs == 4 * 512 and launch.bytes_in_flight_per_program == 8 * 4 * 128 * 2
 
 

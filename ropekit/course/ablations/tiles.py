@@ -26,7 +26,7 @@ from ...triton import v2
 from .. import perf_model
 from .registry import experiment
 
-__all__ = ["tile_kernel", "launch", "tile_launch", "LLAMA3_8B_Q", "REUSE_TILES", "SWEEP_BLOCK_S"]
+__all__ = ["tile_kernel", "launch", "LLAMA3_8B_Q", "REUSE_TILES", "SWEEP_BLOCK_S"]
 
 LLAMA3_8B_Q = (4, 4096, 32, 128)  # batch, seq, heads, head_dim (bf16)
 REUSE_TILES = ((1, 1), (1, 4), (4, 4))  # (BLOCK_S, BLOCK_H) timed with and without reuse
@@ -73,14 +73,6 @@ def launch(x, cos, sin, out, *, block_s: int, block_h: int, num_warps: int = 4, 
                              num_warps=num_warps)
 
 
-def tile_launch(batch: int, seq: int, head_dim: int, element_size: int, block_s: int, block_h: int,
-                num_warps: int = 4) -> perf_model.Launch:
-    """The model's view of a tile launch: one program per ``block_s`` tokens of a sequence; its bytes in flight are
-    one head step's loads (``block_s x block_h`` head vectors), issued before it waits on any of them."""
-    return perf_model.Launch(programs=math.ceil(seq / block_s) * batch, num_warps=num_warps,
-                             bytes_in_flight_per_program=block_s * block_h * head_dim * element_size)
-
-
 def _inputs(lab):
     batch, seq, heads, head_dim = lab.shape(LLAMA3_8B_Q, (1, 5, 4, 16))
     x = lab.randn((batch, seq, heads, head_dim), torch.bfloat16)
@@ -103,8 +95,8 @@ def tile_reuse(lab) -> dict:
             rows.append(lab.time(
                 f"tile {block_s}x{block_h}, cos/sin {'reloaded per head step' if reload else 'once'}",
                 lambda bs=block_s, bh=block_h, r=reload: launch(x, cos, sin, out, block_s=bs, block_h=bh, reload=r),
-                moved, tile_launch(batch, seq, head_dim, size, block_s, block_h), case=case, block_s=block_s,
-                block_h=block_h, reload=reload))
+                moved, perf_model.tile_launch(batch, seq, head_dim, size, block_s, block_h), case=case,
+                block_s=block_s, block_h=block_h, reload=reload))
     return {"rows": rows}
 
 
@@ -118,8 +110,9 @@ def tile_sweep(lab) -> dict:
     rows = []
     for block_s in SWEEP_BLOCK_S:
         row = lab.time(f"BLOCK_S = {block_s}", lambda bs=block_s: launch(x, cos, sin, out, block_s=bs, block_h=4),
-                       moved, tile_launch(batch, seq, head_dim, size, block_s, 4), case=f"bf16 {tuple(x.shape)}",
-                       block_s=block_s, block_h=4, bytes_per_step=block_s * 4 * head_dim * size)
+                       moved, perf_model.tile_launch(batch, seq, head_dim, size, block_s, 4),
+                       case=f"bf16 {tuple(x.shape)}", block_s=block_s, block_h=4,
+                       bytes_per_step=block_s * 4 * head_dim * size)
         waves = row["programs"] / (lab.model.n_sms * row["resident_programs"])
         row.update(waves=waves, last_wave_full=waves / math.ceil(waves))
         rows.append(row)
