@@ -54,8 +54,9 @@ def test_reloading_loads_the_rows_once_per_head_step():
 
 
 def test_a_tile_launch_has_one_head_step_in_flight():
-    launch = perf_model.tile_launch(batch=4, seq=4096, head_dim=128, element_size=2, block_s=8, block_h=4)
+    launch = perf_model.tile_launch(batch=4, seq=4096, heads=32, head_dim=128, element_size=2, block_s=8, block_h=4)
     assert launch.programs == 4 * 512 and launch.bytes_in_flight_per_program == 8 * 4 * 128 * 2
+    assert launch.bytes_read == 4 * 4096 * 32 * 128 * 2  # the whole q, not the programs' first steps
 
 
 def test_both_experiments_are_registered_and_measure_every_row_against_one_ceiling():

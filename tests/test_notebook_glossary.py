@@ -1,9 +1,9 @@
 """Every link into the glossary (docs/glossary.md) from the notebooks and docs/ lands on a term it defines.
 
-A term's anchor is its heading as GitHub and the site's MyST build slug it (lower case, punctuation dropped, spaces
-to hyphens). A link from a word to the glossary must name its term (``glossary.md#warp``): a reader who follows a word should
-land on that word's definition, not at the top of the page (only a link whose text is the glossary itself may point
-at the page).
+A term's anchor is its heading as GitHub and the site's MyST build slug it (lower case, punctuation dropped,
+spaces to hyphens). A link from a word to the glossary must name its term (``glossary.md#warp``): a reader who
+follows a word should land on that word's definition, not at the top of the page (only a link whose text is the
+glossary itself may point at the page).
 """
 
 from __future__ import annotations

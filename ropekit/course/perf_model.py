@@ -64,6 +64,11 @@ class Launch:
     num_warps: int  # warps per program (Triton's num_warps, default 4)
     bytes_in_flight_per_program: int  # DRAM bytes a program requests before it waits on any of them
     registers_per_thread: int | None = None  # from the compiled kernel (n_regs), when known
+    read_bytes: int | None = None  # what the whole launch reads (None: programs x bytes in flight per program)
+
+    @property
+    def bytes_read(self) -> int:
+        return self.read_bytes if self.read_bytes is not None else self.programs * self.bytes_in_flight_per_program
 
 
 def device_model(ablations: dict | None = None, *, base: DeviceModel = ASSUMED_H100) -> DeviceModel:
@@ -108,13 +113,14 @@ def row_launch(n_rows: int, head_dim: int, element_size: int, *, rows_per_progra
                   registers_per_thread=registers_per_thread)
 
 
-def tile_launch(batch: int, seq: int, head_dim: int, element_size: int, block_s: int, block_h: int,
+def tile_launch(batch: int, seq: int, heads: int, head_dim: int, element_size: int, block_s: int, block_h: int,
                 num_warps: int = 4) -> Launch:
     """A tile kernel (v3, or the tile ablation): one program per ``block_s`` tokens of a sequence, walking over the
-    heads ``block_h`` at a time; its bytes in flight are one head step's loads (``block_s x block_h`` head vectors),
-    issued before it waits on any of them."""
+    ``heads`` ``block_h`` at a time; its bytes in flight are one head step's loads (``block_s x block_h`` head
+    vectors), issued before it waits on any of them."""
     return Launch(programs=math.ceil(seq / block_s) * batch, num_warps=num_warps,
-                  bytes_in_flight_per_program=block_s * block_h * head_dim * element_size)
+                  bytes_in_flight_per_program=block_s * block_h * head_dim * element_size,
+                  read_bytes=batch * seq * heads * head_dim * element_size)
 
 
 def resident_programs(launch: Launch, device: DeviceModel) -> int:
@@ -179,7 +185,7 @@ def _v3_launches(case, device: DeviceModel) -> list[Launch] | None:
         block_s = min(config.block_s, _pow2(case.seqlen))
         while block_s > 1 and math.ceil(case.seqlen / block_s) * case.batch < 4 * device.n_sms:
             block_s //= 2
-        launches.append(tile_launch(case.batch, case.seqlen, case.head_dim, case.element_size, block_s,
+        launches.append(tile_launch(case.batch, case.seqlen, heads, case.head_dim, case.element_size, block_s,
                                     min(config.block_h, _pow2(heads)), config.num_warps))
     return launches
 
@@ -202,12 +208,16 @@ def _v4_launches(case, device: DeviceModel) -> list[Launch]:
     if flat:  # blocks of consecutive elements; paired: the same block of q and of k in one program
         elements = tokens * (case.heads_q + case.heads_k) * case.head_dim
         per_program = config.flat * (2 if config.flat_paired else 1)
-        return [Launch(math.ceil(elements / per_program), config.flat_warps, per_program * size)]
+        return [Launch(math.ceil(elements / per_program), config.flat_warps, per_program * size,
+                       read_bytes=elements * size)]
     if config.fused_qk:  # block_s tokens x every head of q and of k, all loaded before any store
         return [Launch(math.ceil(tokens / config.block_s), config.num_warps,
-                       config.block_s * (case.heads_q + case.heads_k) * case.head_dim * size)]
+                       config.block_s * (case.heads_q + case.heads_k) * case.head_dim * size,
+                       read_bytes=tokens * (case.heads_q + case.heads_k) * case.head_dim * size)]
     return [Launch(math.ceil(tokens / config.block_s) * math.ceil(heads / config.block_h), config.num_warps,
-                   config.block_s * config.block_h * case.head_dim * size) for heads in (case.heads_q, case.heads_k)]
+                   config.block_s * config.block_h * case.head_dim * size,
+                   read_bytes=tokens * heads * case.head_dim * size)
+            for heads in (case.heads_q, case.heads_k)]
 
 
 # How each ladder implementation launches on a benchmark case (ropekit.bench.cases.Case): the launches of one call,
@@ -227,7 +237,6 @@ def predict_case(case, impl: str, device: DeviceModel) -> float | None:
     launches = launches(case, device) if launches else None
     if not launches:
         return None
-    parts = [(launch.programs * launch.bytes_in_flight_per_program, predicted_pct(launch, device))
-             for launch in launches]
+    parts = [(launch.bytes_read, predicted_pct(launch, device)) for launch in launches]
     total = sum(b for b, _ in parts)
     return 100.0 * total / sum(b * 100.0 / pct for b, pct in parts) if total else None

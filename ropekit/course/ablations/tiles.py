@@ -95,7 +95,7 @@ def tile_reuse(lab) -> dict:
             rows.append(lab.time(
                 f"tile {block_s}x{block_h}, cos/sin {'reloaded per head step' if reload else 'once'}",
                 lambda bs=block_s, bh=block_h, r=reload: launch(x, cos, sin, out, block_s=bs, block_h=bh, reload=r),
-                moved, perf_model.tile_launch(batch, seq, head_dim, size, block_s, block_h), case=case,
+                moved, perf_model.tile_launch(batch, seq, heads, head_dim, size, block_s, block_h), case=case,
                 block_s=block_s, block_h=block_h, reload=reload))
     return {"rows": rows}
 
@@ -110,7 +110,7 @@ def tile_sweep(lab) -> dict:
     rows = []
     for block_s in SWEEP_BLOCK_S:
         row = lab.time(f"BLOCK_S = {block_s}", lambda bs=block_s: launch(x, cos, sin, out, block_s=bs, block_h=4),
-                       moved, perf_model.tile_launch(batch, seq, head_dim, size, block_s, 4),
+                       moved, perf_model.tile_launch(batch, seq, heads, head_dim, size, block_s, 4),
                        case=f"bf16 {tuple(x.shape)}", block_s=block_s, block_h=4,
                        bytes_per_step=block_s * 4 * head_dim * size)
         waves = row["programs"] / (lab.model.n_sms * row["resident_programs"])
