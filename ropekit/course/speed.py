@@ -2,9 +2,9 @@
 
 A RoPE kernel is memory-bound: it reads q and k once and writes them once, and its arithmetic is a few multiplies per
 element. Its floor is therefore the time a plain device-to-device copy of the same bytes takes, and its speed is
-reported as a share of that copy's bandwidth (the **copy ceiling**). The timing is :func:`ropekit.course.measure.
-time_launch` (CUDA-graph replay on :class:`ropekit.bench.timing.GpuTimer`); for the grade the ceiling is measured
-again in the same call, so that both numbers come from the same GPU in the same state.
+reported as a share of that copy's bandwidth (the **copy ceiling**). The timing is
+:func:`ropekit.course.measure.time_launch` (CUDA-graph replay on :class:`ropekit.bench.timing.GpuTimer`); for the grade
+the ceiling is measured again in the same call, so that both numbers come from the same GPU in the same state.
 
 * :func:`grade` compares a :class:`~ropekit.course.measure.Measurement` with the exercise's target (``TARGET``);
 * :func:`grade_exercise` builds the exercise's stated shape, times the reader's kernel and grades it. Without a CUDA
