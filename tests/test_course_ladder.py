@@ -73,20 +73,21 @@ def test_int64_offsets_are_chosen_from_the_span_of_the_views():
     assert ladder.bytes_moved(small, small[:, :, :1]) == 2 * (small.numel() + small.numel() // 4) * 4
 
 
-class FakeClock:
+class FakeTimer:
     """Every kernel takes 100 µs, the copy ceiling is 1000 GB/s."""
 
     def copy_ceiling(self):
         return {"gbps": 1000.0}
 
-    def do_bench_us(self, fn, warmup_ms, rep_ms):
-        fn()
-        return 100.0
+    def graph_us(self, fns, estimate_us):
+        for fn in fns:
+            fn()
+        return 100.0, 0.0, len(fns)
 
 
 def test_measure_steps_runs_every_step_and_reports_its_share_of_the_ceiling():
     shape = (1, 3, 2, 1, 16, torch.float32)
-    rows = measure.measure_steps(shape, clock=FakeClock(), device=DEVICE)
+    rows = measure.measure_steps(shape, timer=FakeTimer(), device=DEVICE)
     assert [row["step"] for row in rows] == list(ladder.STEPS)
     moved = 2 * (1 * 3 * 2 * 16 + 1 * 3 * 1 * 16) * 4
     assert rows[0]["gbps"] == pytest.approx(moved / 100.0 / 1e3)

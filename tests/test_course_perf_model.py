@@ -2,6 +2,8 @@
 
 import pytest
 
+import ropekit
+
 from ropekit.course import perf_model as pm
 
 DEVICE = pm.DeviceModel("test", n_sms=100, ceiling_gbps=2000.0, latency_ns=500.0, latency_source="test")
@@ -66,3 +68,24 @@ def test_a_ladder_prediction_weights_the_launches_by_their_bytes():
     launch = pm.row_launch(case.n_tokens * case.heads_q, case.head_dim, case.element_size)
     assert fraction == pytest.approx(pm.predicted_pct(launch, DEVICE))  # q and k alike (MHA): the same fraction
     assert pm.predict_case(case, "torch-compile", DEVICE) is None
+
+
+def test_v3_and_v4_are_modelled_with_their_gpu_tiles_and_beat_the_row_kernels_on_prefill():
+    from ropekit.bench import select_cases
+
+    (case,) = select_cases(("main",), ["llama3-8b-prefill"])
+    interpret = ropekit.device.INTERPRET
+    rows, v3, v4 = (pm.predict_case(case, impl, DEVICE) for impl in ("triton-v2", "triton-v3", "triton-v4"))
+    assert 0 < rows < v3 <= 100 and 0 < v4 <= 100
+    launches = pm.LADDER_LAUNCHES["triton-v3"](case, DEVICE)
+    assert len(launches) == 2  # q and k: one launch each
+    assert all(launch.bytes_in_flight_per_program > case.head_dim * case.element_size for launch in launches)
+    assert len(pm.LADDER_LAUNCHES["triton-v4"](case, DEVICE)) == 1  # q and k in one launch
+    assert ropekit.device.INTERPRET == interpret  # modelling the GPU configuration leaves the flag as it was
+
+
+def test_the_v3_tile_shrinks_until_the_grid_fills_the_sms():
+    from ropekit.bench import select_cases
+
+    (case,) = select_cases(("main",), ["decode"])  # one token a sequence: one-token tiles
+    assert all(launch.programs == case.batch for launch in pm.LADDER_LAUNCHES["triton-v3"](case, DEVICE))

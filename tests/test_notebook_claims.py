@@ -33,11 +33,6 @@ GPU_RUN = re.compile(r"^CUDA: |measured in this run on NVIDIA", re.M)
 
 # (notebook stem, check) -> what the stored notebook still contradicts
 REFUTED = {
-    ("04_triton_v3", "wrong_variant_passed"): "the cos/sin-reloading variant is stored as PASSED (GPU run)",
-    ("04_triton_v3", "gpu_run_says_cpu_only"): "the count table printed only that it runs on the CPU",
-    ("04_triton_v3", "exact_claims"): "'the counts are exact' with no assert after it",
-    ("05_triton_v4", "prose_numbers"): "µs figures from an earlier run typed into the prose",
-    ("06_cuda", "exact_claims"): "'bit for bit' with v4 is not asserted (1 of 7 configurations is equal)",
 }
 
 

@@ -43,6 +43,11 @@ class Measurement:
     spread: float  # (80th - 20th percentile) / median of the replays
     predicted_pct: float | None = None  # the performance model's prediction, when the caller gave one
 
+    @property
+    def share(self) -> float:
+        """Share of the copy ceiling (1.0: as fast as copying the same bytes)."""
+        return self.pct_ceiling / 100.0
+
     def line(self) -> str:
         text = (f"{self.label:32s} {self.time_us:9.1f} µs  {self.gbps:6.0f} GB/s  {self.pct_ceiling:5.1f} % of copy "
                 f"(± {100 * self.spread:.0f} %)")
@@ -62,11 +67,12 @@ def _default_timer():
     return GpuTimer(QUICK)
 
 
-def copy_ceiling(timer=None) -> dict:
-    """The copy ceiling ``{"gbps", "time_us", "method", ...}``, measured once per process and timer settings."""
+def copy_ceiling(timer=None, *, fresh: bool = False) -> dict:
+    """The copy ceiling ``{"gbps", "time_us", "method", ...}``, measured once per process and timer settings
+    (``fresh``: measured again now, and kept for the launches timed after it)."""
     timer = timer or _default_timer()
     key = repr(getattr(timer, "settings", id(timer)))
-    if key not in _CEILING:
+    if fresh or key not in _CEILING:
         _CEILING[key] = timer.copy_ceiling()
     return _CEILING[key]
 

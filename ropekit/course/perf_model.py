@@ -28,7 +28,7 @@ from dataclasses import dataclass, replace
 
 __all__ = ["DeviceModel", "Launch", "ASSUMED_H100", "device_model", "rope_bytes", "row_launch",
            "resident_programs", "bytes_in_flight_per_sm", "predicted_pct", "fit_latency_ns", "sectors_per_access",
-           "LADDER_LAUNCHES", "predict_case"]
+           "tile_launch", "LADDER_LAUNCHES", "predict_case"]
 
 
 @dataclass(frozen=True)
@@ -64,6 +64,11 @@ class Launch:
     num_warps: int  # warps per program (Triton's num_warps, default 4)
     bytes_in_flight_per_program: int  # DRAM bytes a program requests before it waits on any of them
     registers_per_thread: int | None = None  # from the compiled kernel (n_regs), when known
+    read_bytes: int | None = None  # what the whole launch reads (None: programs x bytes in flight per program)
+
+    @property
+    def bytes_read(self) -> int:
+        return self.read_bytes if self.read_bytes is not None else self.programs * self.bytes_in_flight_per_program
 
 
 def device_model(ablations: dict | None = None, *, base: DeviceModel = ASSUMED_H100) -> DeviceModel:
@@ -108,6 +113,16 @@ def row_launch(n_rows: int, head_dim: int, element_size: int, *, rows_per_progra
                   registers_per_thread=registers_per_thread)
 
 
+def tile_launch(batch: int, seq: int, heads: int, head_dim: int, element_size: int, block_s: int, block_h: int,
+                num_warps: int = 4) -> Launch:
+    """A tile kernel (v3, or the tile ablation): one program per ``block_s`` tokens of a sequence, walking over the
+    ``heads`` ``block_h`` at a time; its bytes in flight are one head step's loads (``block_s x block_h`` head
+    vectors), issued before it waits on any of them."""
+    return Launch(programs=math.ceil(seq / block_s) * batch, num_warps=num_warps,
+                  bytes_in_flight_per_program=block_s * block_h * head_dim * element_size,
+                  read_bytes=batch * seq * heads * head_dim * element_size)
+
+
 def resident_programs(launch: Launch, device: DeviceModel) -> int:
     """Programs one SM holds at once: the smallest of its program slots, warp slots and registers allow."""
     limits = [device.max_programs_per_sm, device.max_warps_per_sm // launch.num_warps]
@@ -147,16 +162,71 @@ def sectors_per_access(lanes: int, stride_bytes: int, element_size: int, sector_
     return touched, useful
 
 
-def _row_kernel_launches(case) -> list[Launch]:
+def _pow2(n: int) -> int:
+    return 1 << (max(n, 1) - 1).bit_length()
+
+
+def _row_kernel_launches(case, device: DeviceModel) -> list[Launch]:
     """v1/v2 on a benchmark case: one launch for q and one for k, one head vector per program."""
     size = case.element_size
     return [row_launch(case.n_tokens * heads, case.head_dim, size) for heads in (case.heads_q, case.heads_k)]
 
 
-# How each ladder implementation launches on a benchmark case (ropekit.bench.cases.Case): the launches of one call.
+def _v3_launches(case, device: DeviceModel) -> list[Launch] | None:
+    """v3 on a benchmark case: one launch for q and one for k, each with the tile of ``v3.GPU_TABLE``, its tokens
+    halved while the grid would give an SM fewer than 4 programs (as ``v3.launch_config`` does on a GPU)."""
+    from ..triton import v3
+
+    config = v3.GPU_TABLE.get((_pow2(case.head_dim // 2), case.element_size))
+    if config is None:
+        return None
+    launches = []
+    for heads in (case.heads_q, case.heads_k):
+        block_s = min(config.block_s, _pow2(case.seqlen))
+        while block_s > 1 and math.ceil(case.seqlen / block_s) * case.batch < 4 * device.n_sms:
+            block_s //= 2
+        launches.append(tile_launch(case.batch, case.seqlen, heads, case.head_dim, case.element_size, block_s,
+                                    min(config.block_h, _pow2(heads)), config.num_warps))
+    return launches
+
+
+def _v4_launches(case, device: DeviceModel) -> list[Launch]:
+    """v4 on a benchmark case: its one launch for q and k, with the configuration ``v4.launch_config`` chooses on a
+    GPU (the interpreter's own fixed tiles say nothing about a GPU, so they are never modelled)."""
+    from .. import device as _device_flags
+    from ..triton import v4
+
+    interpret, _device_flags.INTERPRET = _device_flags.INTERPRET, False
+    try:
+        config = v4.launch_config(case.n_tokens, case.heads_q, case.heads_k, case.head_dim, case.rotary,
+                                  element_size=case.element_size)
+    finally:
+        _device_flags.INTERPRET = interpret
+    size, tokens = case.element_size, case.n_tokens
+    flat = (config.flat and case.layout == "bshd" and case.rotary == case.head_dim and not case.interleaved
+            and case.positions == "none" and not case.inplace)
+    if flat:  # blocks of consecutive elements; paired: the same block of q and of k in one program
+        elements = tokens * (case.heads_q + case.heads_k) * case.head_dim
+        per_program = config.flat * (2 if config.flat_paired else 1)
+        return [Launch(math.ceil(elements / per_program), config.flat_warps, per_program * size,
+                       read_bytes=elements * size)]
+    if config.fused_qk:  # block_s tokens x every head of q and of k, all loaded before any store
+        return [Launch(math.ceil(tokens / config.block_s), config.num_warps,
+                       config.block_s * (case.heads_q + case.heads_k) * case.head_dim * size,
+                       read_bytes=tokens * (case.heads_q + case.heads_k) * case.head_dim * size)]
+    return [Launch(math.ceil(tokens / config.block_s) * math.ceil(heads / config.block_h), config.num_warps,
+                   config.block_s * config.block_h * case.head_dim * size,
+                   read_bytes=tokens * heads * case.head_dim * size)
+            for heads in (case.heads_q, case.heads_k)]
+
+
+# How each ladder implementation launches on a benchmark case (ropekit.bench.cases.Case): the launches of one call,
+# or None where the model has no configuration for the case.
 LADDER_LAUNCHES = {
     "triton-v1": _row_kernel_launches,
     "triton-v2": _row_kernel_launches,
+    "triton-v3": _v3_launches,
+    "triton-v4": _v4_launches,
 }
 
 
@@ -164,9 +234,9 @@ def predict_case(case, impl: str, device: DeviceModel) -> float | None:
     """The model's % of the copy ceiling for ``impl`` on a benchmark ``case``: the launches' times at their
     predicted fractions add up, so the whole call's fraction is bytes over the sum of (bytes / fraction)."""
     launches = LADDER_LAUNCHES.get(impl)
-    if launches is None:
+    launches = launches(case, device) if launches else None
+    if not launches:
         return None
-    parts = [(launch.programs * launch.bytes_in_flight_per_program, predicted_pct(launch, device))
-             for launch in launches(case)]
+    parts = [(launch.bytes_read, predicted_pct(launch, device)) for launch in launches]
     total = sum(b for b, _ in parts)
     return 100.0 * total / sum(b * 100.0 / pct for b, pct in parts) if total else None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ...frequencies import cos_sin_table
-from .. import speed
+from .. import measure
 from . import STEPS, step
 from .launch import bytes_moved, rope_ladder
 
@@ -15,17 +15,16 @@ __all__ = ["LLAMA3_8B_PREFILL", "measure_steps"]
 LLAMA3_8B_PREFILL = (4, 4096, 32, 8, 128, torch.bfloat16)
 
 
-def measure_steps(shape=LLAMA3_8B_PREFILL, *, clock=None, device="cuda") -> list[dict]:
-    """For each step: its median time, GB/s of q and k moved and share of the copy ceiling measured in the same call,
-    on fresh random inputs (DRAM: the clock flushes L2 before every call). Each step runs with positions 0..seq-1 and
-    nothing else switched on, so the steps differ only in the code they compile."""
+def measure_steps(shape=LLAMA3_8B_PREFILL, *, timer=None, device="cuda") -> list[dict]:
+    """For each step: its median time, GB/s of q and k moved and share of the copy ceiling
+    (:func:`ropekit.course.measure.time_launch`, one ceiling for every step), on fresh random inputs far larger than
+    the L2 cache. Each step runs with positions 0..seq-1 and nothing else switched on, so the steps differ only in
+    the code they compile."""
     batch, seq, heads_q, heads_k, head_dim, dtype = shape
     q = torch.randn(batch, seq, heads_q, head_dim, device=device).to(dtype)
     k = torch.randn(batch, seq, heads_k, head_dim, device=device).to(dtype)
     cos, sin = cos_sin_table(max(seq, 64), head_dim, device=device)
     out_q, out_k = torch.empty_like(q), torch.empty_like(k)
-    clock = speed.gpu_clock() if clock is None else clock
-    ceiling = float(clock.copy_ceiling()["gbps"])  # once, first: every step is compared with the same ceiling
     rows = []
     for name in STEPS:
         kernel = step(name).KERNEL
@@ -33,7 +32,8 @@ def measure_steps(shape=LLAMA3_8B_PREFILL, *, clock=None, device="cuda") -> list
         def run(kernel=kernel):
             rope_ladder(kernel, q, k, cos, sin, out_q=out_q, out_k=out_k)
 
-        measured = speed.measure(run, bytes_moved(q, k), clock=clock, ceiling_gbps=ceiling)
+        run()  # compile outside the timing
+        measured = measure.time_launch(run, bytes_moved(q, k), label=name, timer=timer)
         rows.append({"step": name, "time_us": measured.time_us, "gbps": measured.gbps, "share": measured.share,
                      "ceiling_gbps": measured.ceiling_gbps})
     return rows
