@@ -54,3 +54,36 @@ def test_forward_paged_norm_with_position_ids_in_small_tiles():
     assert_close_to_reference(out_q, want_q)
     assert_close_to_reference(k_cache, ref.paged_cache_write(torch.zeros(3, 4, hk, d), want_k, slots))
     assert torch.equal(v_cache.cpu().double(), ref.paged_cache_write(torch.zeros(3, 4, hk, d), v[0], slots))
+
+
+def test_the_launch_table_covers_every_shape_class_and_the_override_wins():
+    from ropekit.triton.fused import FUSED_LAUNCH_TABLE, forced_fused_config, fused_config, fused_shape_class
+
+    classes = {fused_shape_class(t, w, fp8) for t in (1, 64, 128, 129, 16384) for w in (64, 128, 576)
+               for fp8 in (False, True)}
+    assert classes == set(FUSED_LAUNCH_TABLE)
+    assert fused_shape_class(64, 128, True) == "decode-fp8" and fused_shape_class(16384, 576) == "prefill-wide"
+    assert all(c.block_s >= 1 and c.block_h >= 1 and c.num_warps in (1, 2, 4, 8, 16) for c in
+               FUSED_LAUNCH_TABLE.values())
+    forced = FusedConfig(block_s=3, block_h=5, num_warps=2)  # any value: the override is taken as given
+    with forced_fused_config(forced):
+        assert fused_config(16384, 32, 128) == forced
+        with forced_fused_config(None):
+            assert fused_config(16384, 32, 128) != forced
+        assert fused_config(1, 1, 1) == forced
+    assert fused_config(16384, 32, 128) != forced
+
+
+def test_a_forced_config_reaches_the_kernel_through_the_public_op():
+    """The public op under a forced small tile gives the same result as under the table (many programs vs few)."""
+    from ropekit.fused import qk_norm_rope
+    from ropekit.triton.fused import forced_fused_config
+
+    q, k = torch.randn(2, 5, 3, 16, device=DEVICE), torch.randn(2, 5, 2, 16, device=DEVICE)
+    w = torch.randn(16, device=DEVICE)
+    cos, sin = ropekit.cos_sin_table(16, 16, device=DEVICE)
+    want = qk_norm_rope(q, k, cos, sin, w, w)
+    with forced_fused_config(SMALL):
+        got = qk_norm_rope(q, k, cos, sin, w, w)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)

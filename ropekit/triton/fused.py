@@ -16,6 +16,7 @@ same heads of v) once and writes each output once: the byte floor of the fused s
 
 from __future__ import annotations
 
+import contextlib
 from typing import NamedTuple
 
 import torch
@@ -26,7 +27,8 @@ from .. import device as _device
 from ..positions import POSITION_IDS, PositionSpec
 from .v4 import _cos_sin, _load_pairs, _rotate
 
-__all__ = ["fused_rope_kernel", "FusedConfig", "fused_config", "launch_fused", "CACHE_NONE", "CACHE_CONTIGUOUS",
+__all__ = ["fused_rope_kernel", "FusedConfig", "FUSED_LAUNCH_TABLE", "fused_shape_class", "fused_config",
+           "forced_fused_config", "launch_fused", "CACHE_NONE", "CACHE_CONTIGUOUS",
            "CACHE_PAGED"]
 
 CACHE_NONE, CACHE_CONTIGUOUS, CACHE_PAGED = 0, 1, 2
@@ -305,19 +307,56 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def fused_config(n_tokens: int, n_heads: int, width: int) -> FusedConfig:
-    """Block sizes (``width``: the widest head vector a program holds, k's or v's): a decode step (few tokens) one
-    token x up to 8 heads a program, so that the grid covers the GPU; prefill 4 tokens x up to 8 heads, 2 tokens and
-    8 warps for wide vectors (MLA's 512-channel latent) to bound the registers a thread holds. Under the interpreter
-    every program costs Python time: tiles as large as the shape allows. (A starting point, not yet measured: the
-    tuning record is where measured choices go.)"""
-    heads = min(_next_pow2(n_heads), 8)
-    wide = width > 128
+# The launch table, one entry a shape class (:func:`fused_shape_class`): block sizes for the fused kernel. Entries are
+# starting points until the sweep ``python -m ropekit.bench.fused_tune`` has measured them; the measured choices, the
+# alternatives and their numbers live in docs/tuning.md#fused-launch-table. ``block_h`` is a ceiling: a program never
+# takes more heads than the call has (rounded up to a power of two).
+FUSED_LAUNCH_TABLE: dict = {
+    "decode": FusedConfig(1, 8, 4),  # few tokens: one token a program, so that the grid covers the GPU
+    "decode-fp8": FusedConfig(1, 8, 4),
+    "decode-wide": FusedConfig(1, 8, 8),  # vectors wider than 128 channels (MLA's latent): more warps
+    "prefill": FusedConfig(4, 8, 4),
+    "prefill-fp8": FusedConfig(4, 8, 4),
+    "prefill-wide": FusedConfig(2, 8, 8),  # fewer tokens a program bound the registers a thread holds
+}
+
+_forced_fused: FusedConfig | None = None
+
+
+@contextlib.contextmanager
+def forced_fused_config(config: FusedConfig | None):
+    """Every fused launch inside the block that is not given ``config=`` uses ``config`` instead of the launch table
+    (None: the table), whichever public op reaches it (:mod:`ropekit.fused`, autograd). For tools that measure
+    launch configurations through the public API (``ropekit.bench.fused_tune``); the same pattern as v4's
+    ``ropekit.triton.launch.forced_config``."""
+    global _forced_fused
+    saved, _forced_fused = _forced_fused, config
+    try:
+        yield
+    finally:
+        _forced_fused = saved
+
+
+def fused_shape_class(n_tokens: int, width: int, fp8: bool = False) -> str:
+    """The launch table's key for a call: "decode" (at most 128 tokens) or "prefill", "-wide" when a program holds
+    head vectors wider than 128 channels (``width``: k's or v's), else "-fp8" for a float8 cache."""
+    kind = "decode" if n_tokens <= 128 else "prefill"
+    if width > 128:
+        return kind + "-wide"
+    return kind + "-fp8" if fp8 else kind
+
+
+def fused_config(n_tokens: int, n_heads: int, width: int, fp8: bool = False) -> FusedConfig:
+    """Block sizes for a call: :data:`FUSED_LAUNCH_TABLE` at the call's :func:`fused_shape_class`, heads a program
+    capped at the call's (power-of-two) head count; inside :func:`forced_fused_config`, the forced configuration.
+    Under the interpreter every program costs Python time: tiles as large as the shape allows."""
+    if _forced_fused is not None:
+        return _forced_fused
+    heads = _next_pow2(n_heads)
     if _device.INTERPRET:
-        return FusedConfig(min(_next_pow2(n_tokens), 16), heads, 4)
-    if n_tokens <= 128:
-        return FusedConfig(1, heads, 8 if wide else 4)
-    return FusedConfig(2 if wide else 4, heads, 8 if wide else 4)
+        return FusedConfig(min(_next_pow2(n_tokens), 16), min(heads, 8), 4)
+    entry = FUSED_LAUNCH_TABLE[fused_shape_class(n_tokens, width, fp8)]
+    return entry._replace(block_h=min(heads, entry.block_h))
 
 
 def _reach_fits_int32(*tensors) -> bool:
@@ -371,7 +410,8 @@ def launch_fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, in
     n_heads_k = k.shape[2] if k is not None else 0
     if config is None:
         config = fused_config(n_batch * seqlen, max(n_heads_q, n_heads_k),
-                              max(head_dim, v.shape[-1] if v is not None else 0))
+                              max(head_dim, v.shape[-1] if v is not None else 0),
+                              fp8=k_cache is not None and k_cache.dtype == torch.uint8)
     n_blocks_q = _cdiv(n_heads_q, config.block_h)
     grid = (_cdiv(seqlen, config.block_s), n_blocks_q + _cdiv(n_heads_k, config.block_h), n_batch)
     dw = None
