@@ -13,10 +13,13 @@ from ropekit.triton.fused import CACHE_PAGED, FusedConfig, launch_fused
 from conftest import DEVICE
 
 SMALL = FusedConfig(block_s=2, block_h=1, num_warps=1)
+# the same tiles launched head blocks inner (one grid axis for tokens x heads), with the streaming hint
+SMALL_HEADS_INNER = FusedConfig(block_s=2, block_h=1, num_warps=1, evict_first=True, heads_inner=True)
 
 
+@pytest.mark.parametrize("config", [SMALL, SMALL_HEADS_INNER])
 @pytest.mark.parametrize("interleaved", [False, True])
-def test_backward_sums_weight_gradients_over_every_program(interleaved):
+def test_backward_sums_weight_gradients_over_every_program(interleaved, config):
     """varlen: 3 sequences (one shorter than a tile), one head per program: the weight gradient is the sum of many
     programs' rows, and the early-exiting programs contribute nothing."""
     cu = torch.tensor([0, 1, 6, 9], device=DEVICE)
@@ -27,7 +30,7 @@ def test_backward_sums_weight_gradients_over_every_program(interleaved):
     dx = torch.empty_like(x)
     spec = PositionSpec(SCALAR_OFFSET, 2, None, cu, 5)
     dw, _ = launch_fused(x, None, cos, sin, positions=spec, rotary_dim=6, interleaved=interleaved, out_q=dx,
-                         q_weight=w, eps=1e-6, weight_offset=1.0, grad_q=g, config=SMALL)
+                         q_weight=w, eps=1e-6, weight_offset=1.0, grad_q=g, config=config)
     leaves = [t.detach().cpu().requires_grad_() for t in (x, w)]
     normed = ref.rms_norm(leaves[0], leaves[1], eps=1e-6, weight_offset=1.0)
     out = ref.rope_table(normed, cos, sin, ref.varlen_positions(cu, offsets=2), interleaved=interleaved)
@@ -36,7 +39,8 @@ def test_backward_sums_weight_gradients_over_every_program(interleaved):
     assert_close_to_reference(dw, want_dw)
 
 
-def test_forward_paged_norm_with_position_ids_in_small_tiles():
+@pytest.mark.parametrize("config", [SMALL, SMALL_HEADS_INNER])
+def test_forward_paged_norm_with_position_ids_in_small_tiles(config):
     """q and k heads split over programs, k's programs writing the cache; q out of place, k not written back."""
     tokens, hq, hk, d = 5, 3, 2, 16
     q, k, v = (torch.randn(1, tokens, h, d, device=DEVICE) for h in (hq, hk, hk))
@@ -48,7 +52,7 @@ def test_forward_paged_norm_with_position_ids_in_small_tiles():
     out_q = torch.empty_like(q)
     launch_fused(q, k, cos, sin, positions=PositionSpec(POSITION_IDS, 0, ids), rotary_dim=12, out_q=out_q, v=v,
                  k_cache=k_cache, v_cache=v_cache, cache_mode=CACHE_PAGED, slots=slots, block_size=4, cache_len=12,
-                 q_weight=qw, k_weight=kw, eps=1e-5, config=SMALL)
+                 q_weight=qw, k_weight=kw, eps=1e-5, config=config)
     want_q = ref.rope_table(ref.rms_norm(q, qw, eps=1e-5), cos, sin, ids.cpu())
     want_k = ref.rope_table(ref.rms_norm(k, kw, eps=1e-5), cos, sin, ids.cpu())[0]
     assert_close_to_reference(out_q, want_q)

@@ -1,6 +1,6 @@
 """The fused kernel's launch sweep: graph time of ``ropekit-fused`` under a bounded set of launch configurations
-(tokens a program x heads a program x warps) on the fused benchmark's cases, against the copy ceiling measured in
-the same run. Its output fills the launch table (``ropekit.triton.fused.FUSED_LAUNCH_TABLE``;
+(tokens a program x heads a program x warps, the streaming hint, the launch order) on the fused benchmark's cases,
+against the copy ceiling measured in the same run. Its output fills the launch table (``ropekit.triton.fused.FUSED_LAUNCH_TABLE``;
 docs/tuning.md#fused-launch-table).
 
     python -m ropekit.bench.fused_tune --out DIR --time-budget 150   # on a GPU: fused_tune.json + a table on stdout
@@ -30,15 +30,18 @@ from .fused_cases import CASES, actual, check, expected, floor_bytes, make_data,
 
 __all__ = ["SWEEP", "TUNED_CASES", "candidates", "tune_case", "tune", "main"]
 
-# (block_s, block_h, num_warps) tried per shape class: prefill varies tokens and heads a program and the warps that
-# share a tile; a decode step has one token per sequence (the grid's token axis has one block), so only heads and
-# warps. 12 + 8 configurations a case, 5 cases: 52 compiled variants at most.
+# FusedConfig fields tried per shape class (block_s, block_h, num_warps[, evict_first, heads_inner]), the table's
+# own choice added first: prefill varies the tile (tokens x heads a program, warps sharing it), the streaming hint
+# and the launch order; a decode step has one token per sequence (one token block), so only heads, warps and the
+# switches. With the table's entry: 13 configurations a prefill case, 6 a decode case, 51 in all.
+_E, _I = (True, False), (True, True)  # the hint; the hint with head blocks inner
 SWEEP = {
-    "prefill": [(1, 8, 4), (2, 8, 4), (4, 8, 4), (8, 8, 4), (4, 8, 8), (8, 8, 8), (16, 8, 8), (2, 4, 2), (4, 4, 4),
-                (8, 4, 4), (16, 4, 8), (8, 2, 4)],
-    "decode": [(1, 1, 1), (1, 2, 1), (1, 2, 2), (1, 4, 2), (1, 4, 4), (1, 8, 2), (1, 8, 4), (1, 8, 8)],
+    "prefill": [(2, 8, 4), (8, 8, 4), (4, 8, 8), (8, 8, 8), (16, 4, 8), (4, 8, 4, *_E), (4, 8, 4, False, True),
+                (4, 8, 4, *_I), (2, 8, 4, *_I), (8, 8, 4, *_I), (8, 8, 8, *_I), (4, 4, 4, *_I)],
+    "decode": [(1, 2, 2), (1, 4, 4), (1, 8, 2), (1, 8, 8), (1, 8, 4, *_I)],
 }
-TUNED_CASES = ("prefill-b4-s4096", "prefill-b4-s4096-qknorm", "prefill-b4-s4096-fp8", "decode-b64",
+# most telling first: a sweep cut short by its time budget has measured these
+TUNED_CASES = ("prefill-b4-s4096", "prefill-b4-s4096-fp8", "prefill-b4-s4096-qknorm", "decode-b64",
                "decode-b64-fp8")
 
 
@@ -52,8 +55,9 @@ def candidates(case) -> list[FusedConfig]:
     kind = "decode" if case.decode else "prefill"
     heads = max(case.heads_q, case.heads_kv)
     out = [_table_choice(case)]
-    for s, h, w in SWEEP[kind]:
-        config = FusedConfig(s, min(h, 1 << (heads - 1).bit_length()), w)
+    for fields in SWEEP[kind]:
+        config = FusedConfig(*fields)
+        config = config._replace(block_h=min(config.block_h, 1 << (heads - 1).bit_length()))
         if config not in out:
             out.append(config)
     return out
@@ -67,7 +71,7 @@ def tune_case(case, timer, device, ceiling_gbps: Optional[float], seed: int = 0,
     rows, pending = [], []
     for i, config in enumerate(candidates(case)):
         row = dict(case=case.name, shape_class=fused_shape_class(case.tokens, case.head_dim, case.fp8),
-                   block_s=config.block_s, block_h=config.block_h, num_warps=config.num_warps,
+                   **config._asdict(),
                    table=config == table, status="ok", graph_us=None)
         rows.append(row)
         try:
@@ -94,8 +98,8 @@ def tune_case(case, timer, device, ceiling_gbps: Optional[float], seed: int = 0,
 def _line(row: dict) -> str:
     us = f"{row['graph_us']:9.2f}" if row.get("graph_us") is not None else " " * 9
     pct = f"{row['floor_pct']:6.1f}%" if row.get("floor_pct") is not None else " " * 7
-    mark = "*" if row["table"] else " "
-    return (f"{row['case']:26s} s={row['block_s']:<3d} h={row['block_h']:<2d} w={row['num_warps']:<2d}{mark} "
+    flags = ("E" if row["evict_first"] else "-") + ("I" if row["heads_inner"] else "-") + ("*" if row["table"] else " ")
+    return (f"{row['case']:26s} s={row['block_s']:<3d} h={row['block_h']:<2d} w={row['num_warps']:<2d}{flags} "
             f"{us} us {pct}  {row['status']}")
 
 

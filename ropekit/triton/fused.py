@@ -10,8 +10,10 @@ vector-Jacobian product of norm + rotation: the incoming gradient is rotated by 
 program leaves its partial weight gradient in a row of ``DW``). Pairing, partial rotary, every position form, varlen
 and per-token cos/sin rows are v4's switches, read through v4's helpers (``_cos_sin``, ``_load_pairs``, ``_rotate``).
 
-Grid: (token blocks, head blocks of q then of k, batch or sequence). A program reads its rows of q (or of k and the
-same heads of v) once and writes each output once: the byte floor of the fused step.
+Grid: (token blocks, head blocks of q then of k, batch or sequence); with ``HEADS_INNER`` the first two axes are one,
+head blocks inner, so that the q programs and the (heavier) k + v programs of a token block run side by side. A
+program reads its rows of q (or of k and the same heads of v) once and writes each output once: the byte floor of the
+fused step. ``EVICT`` is the cache hint on activation loads and on stores (streaming: each byte is touched once).
 """
 
 from __future__ import annotations
@@ -58,45 +60,46 @@ def _e4m3_bits(x):
 @triton.jit
 def _store_head(OUT, rows, mask, y_a, y_b, y_t, stride_d, scale, ROTARY_DIM: tl.constexpr, HEAD_DIM: tl.constexpr,
                 BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_TAIL: tl.constexpr,
-                INTERLEAVED: tl.constexpr, WRITE_TAIL: tl.constexpr, FP8: tl.constexpr):
+                INTERLEAVED: tl.constexpr, WRITE_TAIL: tl.constexpr, FP8: tl.constexpr, EVICT: tl.constexpr):
     """Store a [BLOCK_S, BLOCK_H] tile of head vectors given as pair halves (and the tail past ROTARY_DIM), cast to
     OUT's dtype, or with FP8 as the e4m3 bits of ``value / scale`` into a uint8 view of the cache."""
     if INTERLEAVED:
         channels = tl.arange(0, 2 * BLOCK_HALF)
         y = tl.reshape(tl.join(y_a, y_b), [BLOCK_S, BLOCK_H, 2 * BLOCK_HALF])
         _store_channels(OUT, rows, channels, y, mask[:, :, None] & (channels < ROTARY_DIM)[None, None, :],
-                        stride_d, scale, FP8)
+                        stride_d, scale, FP8, EVICT)
     else:
         pairs = tl.arange(0, BLOCK_HALF)
         pair_mask = mask[:, :, None] & (pairs < ROTARY_DIM // 2)[None, None, :]
-        _store_channels(OUT, rows, pairs, y_a, pair_mask, stride_d, scale, FP8)
-        _store_channels(OUT, rows, pairs + ROTARY_DIM // 2, y_b, pair_mask, stride_d, scale, FP8)
+        _store_channels(OUT, rows, pairs, y_a, pair_mask, stride_d, scale, FP8, EVICT)
+        _store_channels(OUT, rows, pairs + ROTARY_DIM // 2, y_b, pair_mask, stride_d, scale, FP8, EVICT)
     if WRITE_TAIL:
         tail = ROTARY_DIM + tl.arange(0, BLOCK_TAIL)
         tail_mask = mask[:, :, None] & (tail < HEAD_DIM)[None, None, :]
-        _store_channels(OUT, rows, tail, y_t, tail_mask, stride_d, scale, FP8)
+        _store_channels(OUT, rows, tail, y_t, tail_mask, stride_d, scale, FP8, EVICT)
 
 
 @triton.jit
-def _store_channels(OUT, rows, channels, values, mask, stride_d, scale, FP8: tl.constexpr):
+def _store_channels(OUT, rows, channels, values, mask, stride_d, scale, FP8: tl.constexpr, EVICT: tl.constexpr):
     pointers = OUT + rows[:, :, None] + channels[None, None, :] * stride_d
     if FP8:
         # (x / scale) correctly rounded to fp32, then to e4m3: the quotient the float64 reference rounds
-        tl.store(pointers, _e4m3_bits(tl.div_rn(values.to(tl.float32), scale)), mask=mask)
+        tl.store(pointers, _e4m3_bits(tl.div_rn(values.to(tl.float32), scale)), mask=mask, eviction_policy=EVICT)
     else:
-        tl.store(pointers, values.to(OUT.dtype.element_ty), mask=mask)
+        tl.store(pointers, values.to(OUT.dtype.element_ty), mask=mask, eviction_policy=EVICT)
 
 
 @triton.jit
 def _load_head(X, rows, mask, stride_d, ROTARY_DIM: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr,
                BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_TAIL: tl.constexpr, INTERLEAVED: tl.constexpr,
-               MATH_DTYPE: tl.constexpr):
+               MATH_DTYPE: tl.constexpr, EVICT: tl.constexpr):
     """A tile of head vectors as (first of each pair, second of each pair, tail past ROTARY_DIM), in MATH_DTYPE."""
     x_a, x_b = _load_pairs(X, rows, mask, stride_d, ROTARY_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF, INTERLEAVED,
-                           MATH_DTYPE, "")
+                           MATH_DTYPE, EVICT)
     tail = ROTARY_DIM + tl.arange(0, BLOCK_TAIL)
     tail_mask = mask[:, :, None] & (tail < HEAD_DIM)[None, None, :]
-    x_t = tl.load(X + rows[:, :, None] + tail[None, None, :] * stride_d, mask=tail_mask, other=0.0).to(MATH_DTYPE)
+    x_t = tl.load(X + rows[:, :, None] + tail[None, None, :] * stride_d, mask=tail_mask, other=0.0,
+                  eviction_policy=EVICT).to(MATH_DTYPE)
     return x_a, x_b, x_t
 
 
@@ -107,7 +110,7 @@ def _weights(W, stride_w, weight_offset, ROTARY_DIM: tl.constexpr, HEAD_DIM: tl.
     origin = tl.zeros([1, 1], dtype=tl.int32)
     everywhere = origin == 0
     w_a, w_b, w_t = _load_head(W, origin, everywhere, stride_w, ROTARY_DIM, HEAD_DIM, 1, 1, BLOCK_HALF, BLOCK_TAIL,
-                               INTERLEAVED, MATH_DTYPE)
+                               INTERLEAVED, MATH_DTYPE, "")
     return w_a + weight_offset, w_b + weight_offset, w_t + weight_offset
 
 
@@ -152,7 +155,7 @@ def _head_tile(X, OUT, G, W, DW, V, KC, VC, K_SCALE, V_SCALE, cos_a, sin_a, cos_
                BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_TAIL: tl.constexpr, BLOCK_V: tl.constexpr,
                INTERLEAVED: tl.constexpr, MATH_DTYPE: tl.constexpr, INDEX_DTYPE: tl.constexpr, NORM: tl.constexpr,
                WRITE_OUT: tl.constexpr, WRITE_TAIL: tl.constexpr, CACHE: tl.constexpr, HAS_V: tl.constexpr,
-               FP8: tl.constexpr, BACKWARD: tl.constexpr):
+               FP8: tl.constexpr, BACKWARD: tl.constexpr, EVICT: tl.constexpr):
     """BLOCK_H heads of q or of k for the tile's tokens: load once, normalise, rotate, store to the output and/or
     the cache (and v's same heads to the v cache); or, with BACKWARD, the gradient of all that."""
     heads = (first_head + tl.arange(0, BLOCK_H)).to(INDEX_DTYPE)
@@ -161,7 +164,7 @@ def _head_tile(X, OUT, G, W, DW, V, KC, VC, K_SCALE, V_SCALE, cos_a, sin_a, cos_
     rows_x = batch_index * sxb + token_rows[:, None] * sxs + heads[None, :] * sxh
     rows_out = batch_index * sob + token_rows[:, None] * sos + heads[None, :] * soh
     x_a, x_b, x_t = _load_head(X, rows_x, mask, sxd, ROTARY_DIM, HEAD_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF,
-                               BLOCK_TAIL, INTERLEAVED, MATH_DTYPE)
+                               BLOCK_TAIL, INTERLEAVED, MATH_DTYPE, EVICT)
     if NORM:
         w_a, w_b, w_t = _weights(W, stride_w, weight_offset, ROTARY_DIM, HEAD_DIM, BLOCK_HALF, BLOCK_TAIL,
                                  INTERLEAVED, MATH_DTYPE)
@@ -170,7 +173,7 @@ def _head_tile(X, OUT, G, W, DW, V, KC, VC, K_SCALE, V_SCALE, cos_a, sin_a, cos_
         # cos/sin arrive conjugated: the rotation's VJP turns the incoming gradient by -θ
         rows_g = batch_index * sgb + token_rows[:, None] * sgs + heads[None, :] * sgh
         g_a, g_b, g_t = _load_head(G, rows_g, mask, sgd, ROTARY_DIM, HEAD_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF,
-                                   BLOCK_TAIL, INTERLEAVED, MATH_DTYPE)
+                                   BLOCK_TAIL, INTERLEAVED, MATH_DTYPE, EVICT)
         g_a, g_b = _rotate(g_a, g_b, cos_a, sin_a, cos_b, sin_b, MATH_DTYPE, False)
         # padding lanes (pairs past ROTARY_DIM / 2, rows past the tile's tokens or heads) hold NaN from the table's
         # masked loads: keep them out of the sums
@@ -181,20 +184,20 @@ def _head_tile(X, OUT, G, W, DW, V, KC, VC, K_SCALE, V_SCALE, cos_a, sin_a, cos_
         c = r * r * r * (dot / HEAD_DIM)[:, :, None]
         _store_head(OUT, rows_out, mask, r * w_a * g_a - c * x_a, r * w_b * g_b - c * x_b,
                     r * w_t * g_t - c * x_t, sod, 1.0, ROTARY_DIM, HEAD_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_TAIL,
-                    INTERLEAVED, True, False)
+                    INTERLEAVED, True, False, EVICT)
         dw_a = tl.sum(tl.sum(g_a * x_a * r, 1), 0)[None, None, :]
         dw_b = tl.sum(tl.sum(g_b * x_b * r, 1), 0)[None, None, :]
         dw_t = tl.sum(tl.sum(g_t * x_t * r, 1), 0)[None, None, :]
         origin = tl.zeros([1, 1], dtype=tl.int64) + dw_row * HEAD_DIM
         _store_head(DW, origin, origin >= 0, dw_a, dw_b, dw_t, 1, 1.0, ROTARY_DIM, HEAD_DIM, 1, 1, BLOCK_HALF,
-                    BLOCK_TAIL, INTERLEAVED, True, False)
+                    BLOCK_TAIL, INTERLEAVED, True, False, "")
     else:
         if NORM:
             x_a, x_b, x_t = x_a * r * w_a, x_b * r * w_b, x_t * r * w_t
         y_a, y_b = _rotate(x_a, x_b, cos_a, sin_a, cos_b, sin_b, MATH_DTYPE, False)
         if WRITE_OUT:
             _store_head(OUT, rows_out, mask, y_a, y_b, x_t, sod, 1.0, ROTARY_DIM, HEAD_DIM, BLOCK_S, BLOCK_H,
-                        BLOCK_HALF, BLOCK_TAIL, INTERLEAVED, WRITE_TAIL, False)
+                        BLOCK_HALF, BLOCK_TAIL, INTERLEAVED, WRITE_TAIL, False, EVICT)
         if CACHE != 0:
             c_mask = cache_mask[:, None] & head_mask[None, :]
             rows_kc = cache_block[:, None] * skcb + cache_row[:, None] * skcs + heads[None, :].to(tl.int64) * skch
@@ -202,18 +205,19 @@ def _head_tile(X, OUT, G, W, DW, V, KC, VC, K_SCALE, V_SCALE, cos_a, sin_a, cos_
             if FP8:
                 k_scale = tl.load(K_SCALE)
             _store_head(KC, rows_kc, c_mask, y_a, y_b, x_t, skcd, k_scale, ROTARY_DIM, HEAD_DIM, BLOCK_S, BLOCK_H,
-                        BLOCK_HALF, BLOCK_TAIL, INTERLEAVED, True, FP8)
+                        BLOCK_HALF, BLOCK_TAIL, INTERLEAVED, True, FP8, EVICT)
             if HAS_V:
                 # v passes through: its head vectors as one "tail" of V_DIM channels
                 channels = tl.arange(0, BLOCK_V)
                 rows_v = batch_index * svb + token_rows[:, None] * svs + heads[None, :] * svh
                 v_mask = c_mask[:, :, None] & (channels < V_DIM)[None, None, :]
-                v = tl.load(V + rows_v[:, :, None] + channels[None, None, :] * svd, mask=v_mask, other=0.0)
+                v = tl.load(V + rows_v[:, :, None] + channels[None, None, :] * svd, mask=v_mask, other=0.0,
+                            eviction_policy=EVICT)
                 v_scale = 1.0
                 if FP8:
                     v_scale = tl.load(V_SCALE)
                 rows_vc = cache_block[:, None] * svcb + cache_row[:, None] * svcs + heads[None, :].to(tl.int64) * svch
-                _store_channels(VC, rows_vc, channels, v, v_mask, svcd, v_scale, FP8)
+                _store_channels(VC, rows_vc, channels, v, v_mask, svcd, v_scale, FP8, EVICT)
 
 
 @triton.jit
@@ -246,11 +250,20 @@ def fused_rope_kernel(
     INTERLEAVED: tl.constexpr, POS_MODE: tl.constexpr, IS_VARLEN: tl.constexpr, COS_PER_TOKEN: tl.constexpr,
     HAS_K: tl.constexpr, MATH_DTYPE: tl.constexpr, INDEX_DTYPE: tl.constexpr, NORM: tl.constexpr,
     WRITE_Q: tl.constexpr, WRITE_K: tl.constexpr, WRITE_TAIL: tl.constexpr, CACHE: tl.constexpr,
-    HAS_V: tl.constexpr, FP8: tl.constexpr, BACKWARD: tl.constexpr,
+    HAS_V: tl.constexpr, FP8: tl.constexpr, BACKWARD: tl.constexpr, EVICT: tl.constexpr, HEADS_INNER: tl.constexpr,
 ):
-    """Grid: (token blocks, head blocks of q then of k, batch or sequence). See the module docstring."""
-    pid_s = tl.program_id(0)
-    pid_h = tl.program_id(1)
+    """Grid: (token blocks, head blocks of q then of k, batch or sequence), or with HEADS_INNER (token blocks x head
+    blocks, 1, batch or sequence), the head blocks of a token block adjacent in launch order. See the module
+    docstring."""
+    n_head_blocks_q = (n_heads_q + BLOCK_H - 1) // BLOCK_H
+    n_head_blocks = n_head_blocks_q + (n_heads_k + BLOCK_H - 1) // BLOCK_H  # n_heads_k is 0 without k
+    n_token_blocks = (seqlen + BLOCK_S - 1) // BLOCK_S
+    if HEADS_INNER:
+        pid_s = tl.program_id(0) // n_head_blocks
+        pid_h = tl.program_id(0) % n_head_blocks
+    else:
+        pid_s = tl.program_id(0)
+        pid_h = tl.program_id(1)
     pid_b = tl.program_id(2)
     first, seq_len, batch_index = _sequence(CU_SEQLENS, pid_b, seqlen, IS_VARLEN, INDEX_DTYPE)
     if pid_s * BLOCK_S >= seq_len:
@@ -264,8 +277,7 @@ def fused_rope_kernel(
         stride_cos_b, stride_cos_s, stride_cos_d, stride_pos_b, stride_pos_s,
         ROTARY_DIM, BLOCK_HALF, INTERLEAVED, POS_MODE, COS_PER_TOKEN, BACKWARD, MATH_DTYPE)
     cos_a, sin_a, cos_b, sin_b = cos_a[:, None, :], sin_a[:, None, :], cos_b[:, None, :], sin_b[:, None, :]
-    n_head_blocks_q = (n_heads_q + BLOCK_H - 1) // BLOCK_H
-    dw_row = (pid_b * tl.num_programs(1) + pid_h) * tl.num_programs(0) + pid_s
+    dw_row = (pid_b * n_head_blocks + pid_h) * n_token_blocks + pid_s
     if pid_h < n_head_blocks_q:
         _head_tile(Q, OUT_Q, GQ, Q_W, DW, V, K_CACHE, V_CACHE, K_SCALE, V_SCALE, cos_a, sin_a, cos_b, sin_b,
                    batch_index, token_rows, token_mask, pid_h * BLOCK_H, n_heads_q, eps, weight_offset, dw_row,
@@ -273,7 +285,7 @@ def fused_rope_kernel(
                    sqb, sqs, sqh, sqd, soqb, soqs, soqh, soqd, sgqb, sgqs, sgqh, sgqd, svb, svs, svh, svd,
                    skcb, skcs, skch, skcd, svcb, svcs, svch, svcd, stride_qw,
                    ROTARY_DIM, HEAD_DIM, V_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_TAIL, BLOCK_V, INTERLEAVED,
-                   MATH_DTYPE, INDEX_DTYPE, NORM, WRITE_Q, WRITE_TAIL, 0, False, False, BACKWARD)
+                   MATH_DTYPE, INDEX_DTYPE, NORM, WRITE_Q, WRITE_TAIL, 0, False, False, BACKWARD, EVICT)
     elif HAS_K:
         if CACHE != 0:
             if IS_VARLEN:
@@ -290,13 +302,15 @@ def fused_rope_kernel(
                    skb, sks, skh, skd, sokb, soks, sokh, sokd, sgkb, sgks, sgkh, sgkd, svb, svs, svh, svd,
                    skcb, skcs, skch, skcd, svcb, svcs, svch, svcd, stride_kw,
                    ROTARY_DIM, HEAD_DIM, V_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_TAIL, BLOCK_V, INTERLEAVED,
-                   MATH_DTYPE, INDEX_DTYPE, NORM, WRITE_K, WRITE_TAIL, CACHE, HAS_V, FP8, BACKWARD)
+                   MATH_DTYPE, INDEX_DTYPE, NORM, WRITE_K, WRITE_TAIL, CACHE, HAS_V, FP8, BACKWARD, EVICT)
 
 
 class FusedConfig(NamedTuple):
     block_s: int  # tokens per program
     block_h: int  # heads per program (of q, or of k and v)
     num_warps: int
+    evict_first: bool = False  # the streaming hint on activation loads and on every store
+    heads_inner: bool = False  # launch order: the head blocks of one token block next to each other
 
 
 def _next_pow2(n: int) -> int:
@@ -413,10 +427,11 @@ def launch_fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, in
                               max(head_dim, v.shape[-1] if v is not None else 0),
                               fp8=k_cache is not None and k_cache.dtype == torch.uint8)
     n_blocks_q = _cdiv(n_heads_q, config.block_h)
-    grid = (_cdiv(seqlen, config.block_s), n_blocks_q + _cdiv(n_heads_k, config.block_h), n_batch)
+    n_blocks_s, n_blocks_h = _cdiv(seqlen, config.block_s), n_blocks_q + _cdiv(n_heads_k, config.block_h)
+    grid = (n_blocks_s * n_blocks_h, 1, n_batch) if config.heads_inner else (n_blocks_s, n_blocks_h, n_batch)
     dw = None
     if backward:
-        dw = torch.zeros((grid[2], grid[1], grid[0], head_dim), dtype=torch.float64 if q.dtype == torch.float64
+        dw = torch.zeros((n_batch, n_blocks_h, n_blocks_s, head_dim), dtype=torch.float64 if q.dtype == torch.float64
                          else torch.float32, device=q.device)
     if grid[0] == 0 or n_batch == 0 or n_tokens == 0:
         return None if dw is None else (dw.sum((0, 1, 2)), dw.sum((0, 1, 2)))
@@ -446,7 +461,8 @@ def launch_fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, in
         INDEX_DTYPE=tl.int32 if _reach_fits_int32(q, k, v, out_q, out_k, grad_q, grad_k, cos, sin, pos)
         else tl.int64,
         NORM=norm, WRITE_Q=write_q, WRITE_K=write_k, WRITE_TAIL=backward or norm or not in_place, CACHE=cache_mode,
-        HAS_V=v is not None, FP8=k_cache is not None and k_cache.dtype == torch.uint8, BACKWARD=backward)
+        HAS_V=v is not None, FP8=k_cache is not None and k_cache.dtype == torch.uint8, BACKWARD=backward,
+        EVICT="evict_first" if config.evict_first else "", HEADS_INNER=config.heads_inner)
     if _device.INTERPRET:
         with _device.INTERPRETER_LOCK:
             fused_rope_kernel[grid](*pointers, *ints, **constexprs, num_warps=config.num_warps)
