@@ -14,19 +14,17 @@ case (the table's own choice among them) are replayed in interleaved rounds (:mo
 
 from __future__ import annotations
 
-import argparse
 import json
 import platform
 import sys
 import time
-from pathlib import Path
 from typing import Optional
 
 import torch
 
 from ..triton.fused import FusedConfig, fused_config, forced_fused_config, fused_shape_class
-from .fused import impls
-from .fused_cases import CASES, actual, check, expected, floor_bytes, make_data, tiny
+from .fused import checked_call, cli_parser, impls
+from .fused_cases import CASES, floor_bytes, tiny
 
 __all__ = ["SWEEP", "TUNED_CASES", "candidates", "tune_case", "tune", "main"]
 
@@ -71,23 +69,21 @@ def tune_case(case, timer, device, ceiling_gbps: Optional[float], seed: int = 0,
     rows, pending = [], []
     for i, config in enumerate(candidates(case)):
         row = dict(case=case.name, shape_class=fused_shape_class(case.tokens, case.head_dim, case.fp8),
-                   **config._asdict(),
-                   table=config == table, status="ok", graph_us=None)
+                   **config._asdict(), table=config == table, status="ok", graph_us=None)
         rows.append(row)
         try:
             with forced_fused_config(config):
-                data = make_data(case, device, seed + 1000 * i)  # fresh inputs: the op rotates q in place
-                want = expected(data)
-                fn = build(data)
-                row.update(check(data, want, actual(data, fn())))
+                # fresh inputs for each configuration: the op rotates q in place
+                result, data, fn = checked_call(case, build, device, seed + 1000 * i)
+                row.update(result)
                 if not row["ok"]:
                     row["status"] = "wrong result"
-                elif timer is not None:
-                    pending.append((row, timer.capture([fn], floor_us or 1.0)))
+                elif timer is not None:  # the inputs stay alive while the graph may replay
+                    pending.append((row, timer.capture([fn], floor_us or 1.0), (data, fn)))
         except Exception as error:  # noqa: BLE001  (one configuration's failure must not end the sweep)
             row.update(status="error", reason=f"{type(error).__name__}: {error}"[:400])
     if pending:
-        for (row, _), (median, spread, calls) in zip(pending, timer.replay_rounds([g for _, g in pending])):
+        for (row, _, _), (median, spread, calls) in zip(pending, timer.replay_rounds([g for _, g, _ in pending])):
             row.update(graph_us=median, graph_spread=spread, graph_calls=calls,
                        floor_pct=100 * floor_us / median if floor_us else None)
     for row in rows:
@@ -140,13 +136,8 @@ def _environment() -> dict:
 def main(argv=None) -> int:
     from .timing import QUICK, GpuTimer, Settings
 
-    parser = argparse.ArgumentParser(prog="python -m ropekit.bench.fused_tune", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", required=True, type=Path, help="folder for fused_tune.json")
+    parser = cli_parser("python -m ropekit.bench.fused_tune", __doc__, "fused_tune.json", 150.0)
     parser.add_argument("--cases", nargs="*", default=None, help=f"case names (default {list(TUNED_CASES)})")
-    parser.add_argument("--dry-run", action="store_true", help="tiny shapes, checks only, no clock (any machine)")
-    parser.add_argument("--quick", action="store_true", help="shorter replays")
-    parser.add_argument("--time-budget", type=float, default=150.0,
-                        help="seconds after which no new case starts (0: no limit); the JSON is written either way")
     args = parser.parse_args(argv)
     by_name = {c.name: c for c in CASES}
     names = args.cases or list(TUNED_CASES)
