@@ -118,6 +118,8 @@ def tune(cases, timer, device, *, budget_s: Optional[float] = None, log=print) -
         if row.get("graph_us") is not None and (row["case"] not in best
                                                 or row["graph_us"] < best[row["case"]]["graph_us"]):
             best[row["case"]] = row
+    for row in best.values():
+        log("best " + _line(row))
     return {"benchmark": "fused launch sweep", "environment": _environment(),
             "copy_ceiling": ceiling,
             "cases": [dict(name=c.name, tokens=c.tokens, heads_q=c.heads_q, heads_kv=c.heads_kv, head_dim=c.head_dim,
