@@ -73,7 +73,7 @@ def _store_head(OUT, rows, mask, y_a, y_b, y_t, stride_d, scale, ROTARY_DIM: tl.
         pair_mask = mask[:, :, None] & (pairs < ROTARY_DIM // 2)[None, None, :]
         _store_channels(OUT, rows, pairs, y_a, pair_mask, stride_d, scale, FP8, EVICT)
         _store_channels(OUT, rows, pairs + ROTARY_DIM // 2, y_b, pair_mask, stride_d, scale, FP8, EVICT)
-    if WRITE_TAIL:
+    if WRITE_TAIL and ROTARY_DIM < HEAD_DIM:
         tail = ROTARY_DIM + tl.arange(0, BLOCK_TAIL)
         tail_mask = mask[:, :, None] & (tail < HEAD_DIM)[None, None, :]
         _store_channels(OUT, rows, tail, y_t, tail_mask, stride_d, scale, FP8, EVICT)
@@ -96,10 +96,13 @@ def _load_head(X, rows, mask, stride_d, ROTARY_DIM: tl.constexpr, HEAD_DIM: tl.c
     """A tile of head vectors as (first of each pair, second of each pair, tail past ROTARY_DIM), in MATH_DTYPE."""
     x_a, x_b = _load_pairs(X, rows, mask, stride_d, ROTARY_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF, INTERLEAVED,
                            MATH_DTYPE, EVICT)
-    tail = ROTARY_DIM + tl.arange(0, BLOCK_TAIL)
-    tail_mask = mask[:, :, None] & (tail < HEAD_DIM)[None, None, :]
-    x_t = tl.load(X + rows[:, :, None] + tail[None, None, :] * stride_d, mask=tail_mask, other=0.0,
-                  eviction_policy=EVICT).to(MATH_DTYPE)
+    if ROTARY_DIM < HEAD_DIM:
+        tail = ROTARY_DIM + tl.arange(0, BLOCK_TAIL)
+        tail_mask = mask[:, :, None] & (tail < HEAD_DIM)[None, None, :]
+        x_t = tl.load(X + rows[:, :, None] + tail[None, None, :] * stride_d, mask=tail_mask, other=0.0,
+                      eviction_policy=EVICT).to(MATH_DTYPE)
+    else:  # full rotary: no tail, no masked access issued for one
+        x_t = tl.zeros([BLOCK_S, BLOCK_H, BLOCK_TAIL], dtype=MATH_DTYPE)
     return x_a, x_b, x_t
 
 
