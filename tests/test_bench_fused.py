@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from conftest import DEVICE
+from conftest import DEVICE, gpu_only
 from ropekit.bench import fused, fused_cases, fused_report
 
 CASES = {c.name: c for c in fused_cases.CASES}
@@ -130,3 +130,28 @@ def test_a_spent_time_budget_marks_the_remaining_cases_not_run(tmp_path):
     assert {r["status"] for r in doc["rows"]} == {"not run"} and len(doc["rows"]) == len(fused.IMPL_NAMES)
     fused_report.publish(doc, tmp_path)
     assert "not run" in (tmp_path / "benchmarks_fused.md").read_text()
+
+
+@gpu_only
+@pytest.mark.parametrize("impl", ["ropekit-fused", "unfused (index_copy_)"])
+def test_the_backward_case_at_full_size_is_checked_on_the_gpu(impl):
+    """The full-size backward case's reference and its autograd calls on CUDA inputs (the reference's leaves are CPU
+    copies: no operation mixes the inputs' device with the CPU's)."""
+    build = fused.impls("aot_eager")[impl]
+    result, _, _ = fused.checked_call(CASES["qknorm-backward-b4-s4096"], build, DEVICE, seed=0)
+    assert result["ok"], result
+
+
+def test_the_backward_reference_differentiates_cpu_copies(monkeypatch):
+    """Whatever device the inputs are on, the float64 reference's autograd runs on CPU leaves."""
+    seen = []
+    grad = torch.autograd.grad
+
+    def spy(outputs, inputs, *args, **kwargs):
+        seen.extend(t.device.type for t in (*outputs, *inputs))
+        return grad(outputs, inputs, *args, **kwargs)
+
+    monkeypatch.setattr(torch.autograd, "grad", spy)
+    data = fused_cases.make_data(fused_cases.tiny(CASES["qknorm-backward-b4-s4096"]), DEVICE, seed=0)
+    want = fused_cases.expected(data)
+    assert seen and set(seen) == {"cpu"} and {t.device.type for t in want.values()} == {"cpu"}

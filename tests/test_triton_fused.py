@@ -13,10 +13,13 @@ from ropekit.triton.fused import CACHE_PAGED, FusedConfig, launch_fused
 from conftest import DEVICE
 
 SMALL = FusedConfig(block_s=2, block_h=1, num_warps=1)
+# the same tiles launched head blocks inner (one grid axis for tokens x heads), with the streaming hint
+SMALL_HEADS_INNER = FusedConfig(block_s=2, block_h=1, num_warps=1, evict_first=True, heads_inner=True)
 
 
+@pytest.mark.parametrize("config", [SMALL, SMALL_HEADS_INNER])
 @pytest.mark.parametrize("interleaved", [False, True])
-def test_backward_sums_weight_gradients_over_every_program(interleaved):
+def test_backward_sums_weight_gradients_over_every_program(interleaved, config):
     """varlen: 3 sequences (one shorter than a tile), one head per program: the weight gradient is the sum of many
     programs' rows, and the early-exiting programs contribute nothing."""
     cu = torch.tensor([0, 1, 6, 9], device=DEVICE)
@@ -27,7 +30,7 @@ def test_backward_sums_weight_gradients_over_every_program(interleaved):
     dx = torch.empty_like(x)
     spec = PositionSpec(SCALAR_OFFSET, 2, None, cu, 5)
     dw, _ = launch_fused(x, None, cos, sin, positions=spec, rotary_dim=6, interleaved=interleaved, out_q=dx,
-                         q_weight=w, eps=1e-6, weight_offset=1.0, grad_q=g, config=SMALL)
+                         q_weight=w, eps=1e-6, weight_offset=1.0, grad_q=g, config=config)
     leaves = [t.detach().cpu().requires_grad_() for t in (x, w)]
     normed = ref.rms_norm(leaves[0], leaves[1], eps=1e-6, weight_offset=1.0)
     out = ref.rope_table(normed, cos, sin, ref.varlen_positions(cu, offsets=2), interleaved=interleaved)
@@ -36,7 +39,8 @@ def test_backward_sums_weight_gradients_over_every_program(interleaved):
     assert_close_to_reference(dw, want_dw)
 
 
-def test_forward_paged_norm_with_position_ids_in_small_tiles():
+@pytest.mark.parametrize("config", [SMALL, SMALL_HEADS_INNER])
+def test_forward_paged_norm_with_position_ids_in_small_tiles(config):
     """q and k heads split over programs, k's programs writing the cache; q out of place, k not written back."""
     tokens, hq, hk, d = 5, 3, 2, 16
     q, k, v = (torch.randn(1, tokens, h, d, device=DEVICE) for h in (hq, hk, hk))
@@ -48,9 +52,42 @@ def test_forward_paged_norm_with_position_ids_in_small_tiles():
     out_q = torch.empty_like(q)
     launch_fused(q, k, cos, sin, positions=PositionSpec(POSITION_IDS, 0, ids), rotary_dim=12, out_q=out_q, v=v,
                  k_cache=k_cache, v_cache=v_cache, cache_mode=CACHE_PAGED, slots=slots, block_size=4, cache_len=12,
-                 q_weight=qw, k_weight=kw, eps=1e-5, config=SMALL)
+                 q_weight=qw, k_weight=kw, eps=1e-5, config=config)
     want_q = ref.rope_table(ref.rms_norm(q, qw, eps=1e-5), cos, sin, ids.cpu())
     want_k = ref.rope_table(ref.rms_norm(k, kw, eps=1e-5), cos, sin, ids.cpu())[0]
     assert_close_to_reference(out_q, want_q)
     assert_close_to_reference(k_cache, ref.paged_cache_write(torch.zeros(3, 4, hk, d), want_k, slots))
     assert torch.equal(v_cache.cpu().double(), ref.paged_cache_write(torch.zeros(3, 4, hk, d), v[0], slots))
+
+
+def test_the_launch_table_covers_every_shape_class_and_the_override_wins():
+    from ropekit.triton.fused import FUSED_LAUNCH_TABLE, forced_fused_config, fused_config, fused_shape_class
+
+    classes = {fused_shape_class(t, w, fp8) for t in (1, 64, 128, 129, 16384) for w in (64, 128, 576)
+               for fp8 in (False, True)}
+    assert classes == set(FUSED_LAUNCH_TABLE)
+    assert fused_shape_class(64, 128, True) == "decode-fp8" and fused_shape_class(16384, 576) == "prefill-wide"
+    assert all(c.block_s >= 1 and c.block_h >= 1 and c.num_warps in (1, 2, 4, 8, 16) for c in
+               FUSED_LAUNCH_TABLE.values())
+    forced = FusedConfig(block_s=3, block_h=5, num_warps=2)  # any value: the override is taken as given
+    with forced_fused_config(forced):
+        assert fused_config(16384, 32, 128) == forced
+        with forced_fused_config(None):
+            assert fused_config(16384, 32, 128) != forced
+        assert fused_config(1, 1, 1) == forced
+    assert fused_config(16384, 32, 128) != forced
+
+
+def test_a_forced_config_reaches_the_kernel_through_the_public_op():
+    """The public op under a forced small tile gives the same result as under the table (many programs vs few)."""
+    from ropekit.fused import qk_norm_rope
+    from ropekit.triton.fused import forced_fused_config
+
+    q, k = torch.randn(2, 5, 3, 16, device=DEVICE), torch.randn(2, 5, 2, 16, device=DEVICE)
+    w = torch.randn(16, device=DEVICE)
+    cos, sin = ropekit.cos_sin_table(16, 16, device=DEVICE)
+    want = qk_norm_rope(q, k, cos, sin, w, w)
+    with forced_fused_config(SMALL):
+        got = qk_norm_rope(q, k, cos, sin, w, w)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)

@@ -37,7 +37,7 @@ from ..fused import mla_rope_and_cache, qk_norm_rope, rope_and_cache
 from .fused_cases import (BLOCK_SIZE, CASES, EPS, FP8, Data, FusedCase, actual, check, expected, floor_bytes,
                           make_data, meta_bytes, tiny)
 
-__all__ = ["CASES", "IMPL_NAMES", "impls", "run_case", "run", "main"]
+__all__ = ["CASES", "IMPL_NAMES", "impls", "checked_call", "run_case", "run", "cli_parser", "main"]
 
 
 # --- the implementations: each builds, from one case's data, a call that returns the rotated q (or the gradients) ---
@@ -196,6 +196,16 @@ def impls(compile_backend: str = "inductor") -> dict:
 
 # --- the runner ------------------------------------------------------------------------------------------------
 
+def checked_call(case: FusedCase, build: Callable, device, seed: int) -> tuple[dict, Data, Callable]:
+    """Fresh random inputs for ``case`` (``seed``), the call ``build`` makes of them, run once and checked against the
+    float64 reference: (the check's fields, the inputs, the call). Keep the inputs alive while a graph of the call
+    may replay."""
+    data = make_data(case, device, seed)
+    want = expected(data)
+    fn = build(data)
+    return check(data, want, actual(data, fn())), data, fn
+
+
 def run_case(case: FusedCase, builders: dict, timer, device, seed: int = 0, ceiling_gbps: Optional[float] = None,
              log=print) -> list[dict]:
     """Check every implementation of ``case``, capture each in a CUDA graph, replay them in interleaved rounds.
@@ -209,10 +219,8 @@ def run_case(case: FusedCase, builders: dict, timer, device, seed: int = 0, ceil
         rows.append(row)
         try:
             with _stream_for(case, device):
-                data = make_data(case, device, seed + 1000 * i)  # fresh random inputs for every implementation
-                want = expected(data)
-                fn = build(data)
-                row.update(check(data, want, actual(data, fn())))
+                result, data, fn = checked_call(case, build, device, seed + 1000 * i)
+                row.update(result)
                 if not row["ok"]:
                     row["status"] = "wrong result"
                 elif timer is not None:
@@ -275,18 +283,24 @@ def _environment(device) -> dict:
     return env
 
 
+def cli_parser(prog: str, doc: str, outputs: str, time_budget_s: float) -> argparse.ArgumentParser:
+    """The fused benchmarks' shared options: ``--out``, ``--dry-run``, ``--quick``, ``--time-budget``."""
+    parser = argparse.ArgumentParser(prog=prog, description=doc.split("\n\n")[0])
+    parser.add_argument("--out", required=True, type=Path, help=f"folder for {outputs}")
+    parser.add_argument("--dry-run", action="store_true", help="tiny shapes, checks only, no clock (any machine)")
+    parser.add_argument("--quick", action="store_true", help="shorter timing (smoke run on a GPU)")
+    parser.add_argument("--time-budget", type=float, default=time_budget_s,
+                        help="seconds after which no new case starts (0: no limit); outputs are written either way")
+    return parser
+
+
 def main(argv=None) -> int:
     from .fused_report import publish
     from .timing import QUICK, GpuTimer, Settings
 
-    parser = argparse.ArgumentParser(prog="python -m ropekit.bench.fused", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", required=True, type=Path, help="folder for benchmarks_fused.{json,md,png}")
+    parser = cli_parser("python -m ropekit.bench.fused", __doc__, "benchmarks_fused.{json,md,png}", 480.0)
     parser.add_argument("--cases", nargs="*", default=None, help=f"case names (default all): {[c.name for c in CASES]}")
-    parser.add_argument("--dry-run", action="store_true", help="tiny shapes, checks only, no clock (any machine)")
-    parser.add_argument("--quick", action="store_true", help="shorter timing (smoke run on a GPU)")
     parser.add_argument("--compile-backend", default=None, help="torch.compile backend (inductor; dry run aot_eager)")
-    parser.add_argument("--time-budget", type=float, default=480.0,
-                        help="seconds after which no new case starts (0: no limit); outputs are written either way")
     args = parser.parse_args(argv)
     unknown = set(args.cases or ()) - {c.name for c in CASES}
     if unknown:

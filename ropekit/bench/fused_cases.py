@@ -176,8 +176,10 @@ def expected(data: Data) -> dict:
 
     w_q, w_k = data.weights or (None, None)
     if c.kind == "backward":
-        q = data.qkv.detach().reshape(c.tokens, c.heads_q, -1)[rows].double().requires_grad_(True)
-        k = data.extra.detach().reshape(c.tokens, c.heads_kv, -1)[rows].double().requires_grad_(True)
+        # the leaves are float64 copies on the CPU (rows and positions are CPU tensors): autograd never mixes the
+        # inputs' device with the reference's
+        q, k = (x.detach().reshape(c.tokens, -1, c.head_dim)[rows.to(x.device)].cpu().double().requires_grad_(True)
+                for x in (data.qkv, data.extra))
         out = [reference.rope_table(reference.rms_norm(x, w, eps=EPS), data.cos, data.sin, pos) for x, w in
                ((q, w_q), (k, w_k))]
         gq, gk = (g.reshape(c.tokens, -1, c.head_dim)[rows.to(g.device)].double().cpu() for g in data.grads)

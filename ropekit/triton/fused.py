@@ -10,12 +10,15 @@ vector-Jacobian product of norm + rotation: the incoming gradient is rotated by 
 program leaves its partial weight gradient in a row of ``DW``). Pairing, partial rotary, every position form, varlen
 and per-token cos/sin rows are v4's switches, read through v4's helpers (``_cos_sin``, ``_load_pairs``, ``_rotate``).
 
-Grid: (token blocks, head blocks of q then of k, batch or sequence). A program reads its rows of q (or of k and the
-same heads of v) once and writes each output once: the byte floor of the fused step.
+Grid: (token blocks, head blocks of q then of k, batch or sequence); with ``HEADS_INNER`` the first two axes are one,
+head blocks inner, so that the q programs and the (heavier) k + v programs of a token block run side by side. A
+program reads its rows of q (or of k and the same heads of v) once and writes each output once: the byte floor of the
+fused step. ``EVICT`` is the cache hint on activation loads and on stores (streaming: each byte is touched once).
 """
 
 from __future__ import annotations
 
+import contextlib
 from typing import NamedTuple
 
 import torch
@@ -26,7 +29,8 @@ from .. import device as _device
 from ..positions import POSITION_IDS, PositionSpec
 from .v4 import _cos_sin, _load_pairs, _rotate
 
-__all__ = ["fused_rope_kernel", "FusedConfig", "fused_config", "launch_fused", "CACHE_NONE", "CACHE_CONTIGUOUS",
+__all__ = ["fused_rope_kernel", "FusedConfig", "FUSED_LAUNCH_TABLE", "fused_shape_class", "fused_config",
+           "forced_fused_config", "launch_fused", "CACHE_NONE", "CACHE_CONTIGUOUS",
            "CACHE_PAGED"]
 
 CACHE_NONE, CACHE_CONTIGUOUS, CACHE_PAGED = 0, 1, 2
@@ -56,45 +60,49 @@ def _e4m3_bits(x):
 @triton.jit
 def _store_head(OUT, rows, mask, y_a, y_b, y_t, stride_d, scale, ROTARY_DIM: tl.constexpr, HEAD_DIM: tl.constexpr,
                 BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_TAIL: tl.constexpr,
-                INTERLEAVED: tl.constexpr, WRITE_TAIL: tl.constexpr, FP8: tl.constexpr):
+                INTERLEAVED: tl.constexpr, WRITE_TAIL: tl.constexpr, FP8: tl.constexpr, EVICT: tl.constexpr):
     """Store a [BLOCK_S, BLOCK_H] tile of head vectors given as pair halves (and the tail past ROTARY_DIM), cast to
     OUT's dtype, or with FP8 as the e4m3 bits of ``value / scale`` into a uint8 view of the cache."""
     if INTERLEAVED:
         channels = tl.arange(0, 2 * BLOCK_HALF)
         y = tl.reshape(tl.join(y_a, y_b), [BLOCK_S, BLOCK_H, 2 * BLOCK_HALF])
         _store_channels(OUT, rows, channels, y, mask[:, :, None] & (channels < ROTARY_DIM)[None, None, :],
-                        stride_d, scale, FP8)
+                        stride_d, scale, FP8, EVICT)
     else:
         pairs = tl.arange(0, BLOCK_HALF)
         pair_mask = mask[:, :, None] & (pairs < ROTARY_DIM // 2)[None, None, :]
-        _store_channels(OUT, rows, pairs, y_a, pair_mask, stride_d, scale, FP8)
-        _store_channels(OUT, rows, pairs + ROTARY_DIM // 2, y_b, pair_mask, stride_d, scale, FP8)
-    if WRITE_TAIL:
+        _store_channels(OUT, rows, pairs, y_a, pair_mask, stride_d, scale, FP8, EVICT)
+        _store_channels(OUT, rows, pairs + ROTARY_DIM // 2, y_b, pair_mask, stride_d, scale, FP8, EVICT)
+    if WRITE_TAIL and ROTARY_DIM < HEAD_DIM:
         tail = ROTARY_DIM + tl.arange(0, BLOCK_TAIL)
         tail_mask = mask[:, :, None] & (tail < HEAD_DIM)[None, None, :]
-        _store_channels(OUT, rows, tail, y_t, tail_mask, stride_d, scale, FP8)
+        _store_channels(OUT, rows, tail, y_t, tail_mask, stride_d, scale, FP8, EVICT)
 
 
 @triton.jit
-def _store_channels(OUT, rows, channels, values, mask, stride_d, scale, FP8: tl.constexpr):
+def _store_channels(OUT, rows, channels, values, mask, stride_d, scale, FP8: tl.constexpr, EVICT: tl.constexpr):
     pointers = OUT + rows[:, :, None] + channels[None, None, :] * stride_d
     if FP8:
         # (x / scale) correctly rounded to fp32, then to e4m3: the quotient the float64 reference rounds
-        tl.store(pointers, _e4m3_bits(tl.div_rn(values.to(tl.float32), scale)), mask=mask)
+        tl.store(pointers, _e4m3_bits(tl.div_rn(values.to(tl.float32), scale)), mask=mask, eviction_policy=EVICT)
     else:
-        tl.store(pointers, values.to(OUT.dtype.element_ty), mask=mask)
+        tl.store(pointers, values.to(OUT.dtype.element_ty), mask=mask, eviction_policy=EVICT)
 
 
 @triton.jit
 def _load_head(X, rows, mask, stride_d, ROTARY_DIM: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr,
                BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_TAIL: tl.constexpr, INTERLEAVED: tl.constexpr,
-               MATH_DTYPE: tl.constexpr):
+               MATH_DTYPE: tl.constexpr, EVICT: tl.constexpr):
     """A tile of head vectors as (first of each pair, second of each pair, tail past ROTARY_DIM), in MATH_DTYPE."""
     x_a, x_b = _load_pairs(X, rows, mask, stride_d, ROTARY_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF, INTERLEAVED,
-                           MATH_DTYPE, "")
-    tail = ROTARY_DIM + tl.arange(0, BLOCK_TAIL)
-    tail_mask = mask[:, :, None] & (tail < HEAD_DIM)[None, None, :]
-    x_t = tl.load(X + rows[:, :, None] + tail[None, None, :] * stride_d, mask=tail_mask, other=0.0).to(MATH_DTYPE)
+                           MATH_DTYPE, EVICT)
+    if ROTARY_DIM < HEAD_DIM:
+        tail = ROTARY_DIM + tl.arange(0, BLOCK_TAIL)
+        tail_mask = mask[:, :, None] & (tail < HEAD_DIM)[None, None, :]
+        x_t = tl.load(X + rows[:, :, None] + tail[None, None, :] * stride_d, mask=tail_mask, other=0.0,
+                      eviction_policy=EVICT).to(MATH_DTYPE)
+    else:  # full rotary: no tail, no masked access issued for one
+        x_t = tl.zeros([BLOCK_S, BLOCK_H, BLOCK_TAIL], dtype=MATH_DTYPE)
     return x_a, x_b, x_t
 
 
@@ -105,7 +113,7 @@ def _weights(W, stride_w, weight_offset, ROTARY_DIM: tl.constexpr, HEAD_DIM: tl.
     origin = tl.zeros([1, 1], dtype=tl.int32)
     everywhere = origin == 0
     w_a, w_b, w_t = _load_head(W, origin, everywhere, stride_w, ROTARY_DIM, HEAD_DIM, 1, 1, BLOCK_HALF, BLOCK_TAIL,
-                               INTERLEAVED, MATH_DTYPE)
+                               INTERLEAVED, MATH_DTYPE, "")
     return w_a + weight_offset, w_b + weight_offset, w_t + weight_offset
 
 
@@ -150,7 +158,7 @@ def _head_tile(X, OUT, G, W, DW, V, KC, VC, K_SCALE, V_SCALE, cos_a, sin_a, cos_
                BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_TAIL: tl.constexpr, BLOCK_V: tl.constexpr,
                INTERLEAVED: tl.constexpr, MATH_DTYPE: tl.constexpr, INDEX_DTYPE: tl.constexpr, NORM: tl.constexpr,
                WRITE_OUT: tl.constexpr, WRITE_TAIL: tl.constexpr, CACHE: tl.constexpr, HAS_V: tl.constexpr,
-               FP8: tl.constexpr, BACKWARD: tl.constexpr):
+               FP8: tl.constexpr, BACKWARD: tl.constexpr, EVICT: tl.constexpr):
     """BLOCK_H heads of q or of k for the tile's tokens: load once, normalise, rotate, store to the output and/or
     the cache (and v's same heads to the v cache); or, with BACKWARD, the gradient of all that."""
     heads = (first_head + tl.arange(0, BLOCK_H)).to(INDEX_DTYPE)
@@ -159,7 +167,7 @@ def _head_tile(X, OUT, G, W, DW, V, KC, VC, K_SCALE, V_SCALE, cos_a, sin_a, cos_
     rows_x = batch_index * sxb + token_rows[:, None] * sxs + heads[None, :] * sxh
     rows_out = batch_index * sob + token_rows[:, None] * sos + heads[None, :] * soh
     x_a, x_b, x_t = _load_head(X, rows_x, mask, sxd, ROTARY_DIM, HEAD_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF,
-                               BLOCK_TAIL, INTERLEAVED, MATH_DTYPE)
+                               BLOCK_TAIL, INTERLEAVED, MATH_DTYPE, EVICT)
     if NORM:
         w_a, w_b, w_t = _weights(W, stride_w, weight_offset, ROTARY_DIM, HEAD_DIM, BLOCK_HALF, BLOCK_TAIL,
                                  INTERLEAVED, MATH_DTYPE)
@@ -168,7 +176,7 @@ def _head_tile(X, OUT, G, W, DW, V, KC, VC, K_SCALE, V_SCALE, cos_a, sin_a, cos_
         # cos/sin arrive conjugated: the rotation's VJP turns the incoming gradient by -θ
         rows_g = batch_index * sgb + token_rows[:, None] * sgs + heads[None, :] * sgh
         g_a, g_b, g_t = _load_head(G, rows_g, mask, sgd, ROTARY_DIM, HEAD_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF,
-                                   BLOCK_TAIL, INTERLEAVED, MATH_DTYPE)
+                                   BLOCK_TAIL, INTERLEAVED, MATH_DTYPE, EVICT)
         g_a, g_b = _rotate(g_a, g_b, cos_a, sin_a, cos_b, sin_b, MATH_DTYPE, False)
         # padding lanes (pairs past ROTARY_DIM / 2, rows past the tile's tokens or heads) hold NaN from the table's
         # masked loads: keep them out of the sums
@@ -179,20 +187,20 @@ def _head_tile(X, OUT, G, W, DW, V, KC, VC, K_SCALE, V_SCALE, cos_a, sin_a, cos_
         c = r * r * r * (dot / HEAD_DIM)[:, :, None]
         _store_head(OUT, rows_out, mask, r * w_a * g_a - c * x_a, r * w_b * g_b - c * x_b,
                     r * w_t * g_t - c * x_t, sod, 1.0, ROTARY_DIM, HEAD_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_TAIL,
-                    INTERLEAVED, True, False)
+                    INTERLEAVED, True, False, EVICT)
         dw_a = tl.sum(tl.sum(g_a * x_a * r, 1), 0)[None, None, :]
         dw_b = tl.sum(tl.sum(g_b * x_b * r, 1), 0)[None, None, :]
         dw_t = tl.sum(tl.sum(g_t * x_t * r, 1), 0)[None, None, :]
         origin = tl.zeros([1, 1], dtype=tl.int64) + dw_row * HEAD_DIM
         _store_head(DW, origin, origin >= 0, dw_a, dw_b, dw_t, 1, 1.0, ROTARY_DIM, HEAD_DIM, 1, 1, BLOCK_HALF,
-                    BLOCK_TAIL, INTERLEAVED, True, False)
+                    BLOCK_TAIL, INTERLEAVED, True, False, "")
     else:
         if NORM:
             x_a, x_b, x_t = x_a * r * w_a, x_b * r * w_b, x_t * r * w_t
         y_a, y_b = _rotate(x_a, x_b, cos_a, sin_a, cos_b, sin_b, MATH_DTYPE, False)
         if WRITE_OUT:
             _store_head(OUT, rows_out, mask, y_a, y_b, x_t, sod, 1.0, ROTARY_DIM, HEAD_DIM, BLOCK_S, BLOCK_H,
-                        BLOCK_HALF, BLOCK_TAIL, INTERLEAVED, WRITE_TAIL, False)
+                        BLOCK_HALF, BLOCK_TAIL, INTERLEAVED, WRITE_TAIL, False, EVICT)
         if CACHE != 0:
             c_mask = cache_mask[:, None] & head_mask[None, :]
             rows_kc = cache_block[:, None] * skcb + cache_row[:, None] * skcs + heads[None, :].to(tl.int64) * skch
@@ -200,18 +208,19 @@ def _head_tile(X, OUT, G, W, DW, V, KC, VC, K_SCALE, V_SCALE, cos_a, sin_a, cos_
             if FP8:
                 k_scale = tl.load(K_SCALE)
             _store_head(KC, rows_kc, c_mask, y_a, y_b, x_t, skcd, k_scale, ROTARY_DIM, HEAD_DIM, BLOCK_S, BLOCK_H,
-                        BLOCK_HALF, BLOCK_TAIL, INTERLEAVED, True, FP8)
+                        BLOCK_HALF, BLOCK_TAIL, INTERLEAVED, True, FP8, EVICT)
             if HAS_V:
                 # v passes through: its head vectors as one "tail" of V_DIM channels
                 channels = tl.arange(0, BLOCK_V)
                 rows_v = batch_index * svb + token_rows[:, None] * svs + heads[None, :] * svh
                 v_mask = c_mask[:, :, None] & (channels < V_DIM)[None, None, :]
-                v = tl.load(V + rows_v[:, :, None] + channels[None, None, :] * svd, mask=v_mask, other=0.0)
+                v = tl.load(V + rows_v[:, :, None] + channels[None, None, :] * svd, mask=v_mask, other=0.0,
+                            eviction_policy=EVICT)
                 v_scale = 1.0
                 if FP8:
                     v_scale = tl.load(V_SCALE)
                 rows_vc = cache_block[:, None] * svcb + cache_row[:, None] * svcs + heads[None, :].to(tl.int64) * svch
-                _store_channels(VC, rows_vc, channels, v, v_mask, svcd, v_scale, FP8)
+                _store_channels(VC, rows_vc, channels, v, v_mask, svcd, v_scale, FP8, EVICT)
 
 
 @triton.jit
@@ -244,11 +253,20 @@ def fused_rope_kernel(
     INTERLEAVED: tl.constexpr, POS_MODE: tl.constexpr, IS_VARLEN: tl.constexpr, COS_PER_TOKEN: tl.constexpr,
     HAS_K: tl.constexpr, MATH_DTYPE: tl.constexpr, INDEX_DTYPE: tl.constexpr, NORM: tl.constexpr,
     WRITE_Q: tl.constexpr, WRITE_K: tl.constexpr, WRITE_TAIL: tl.constexpr, CACHE: tl.constexpr,
-    HAS_V: tl.constexpr, FP8: tl.constexpr, BACKWARD: tl.constexpr,
+    HAS_V: tl.constexpr, FP8: tl.constexpr, BACKWARD: tl.constexpr, EVICT: tl.constexpr, HEADS_INNER: tl.constexpr,
 ):
-    """Grid: (token blocks, head blocks of q then of k, batch or sequence). See the module docstring."""
-    pid_s = tl.program_id(0)
-    pid_h = tl.program_id(1)
+    """Grid: (token blocks, head blocks of q then of k, batch or sequence), or with HEADS_INNER (token blocks x head
+    blocks, 1, batch or sequence), the head blocks of a token block adjacent in launch order. See the module
+    docstring."""
+    n_head_blocks_q = (n_heads_q + BLOCK_H - 1) // BLOCK_H
+    n_head_blocks = n_head_blocks_q + (n_heads_k + BLOCK_H - 1) // BLOCK_H  # n_heads_k is 0 without k
+    n_token_blocks = (seqlen + BLOCK_S - 1) // BLOCK_S
+    if HEADS_INNER:
+        pid_s = tl.program_id(0) // n_head_blocks
+        pid_h = tl.program_id(0) % n_head_blocks
+    else:
+        pid_s = tl.program_id(0)
+        pid_h = tl.program_id(1)
     pid_b = tl.program_id(2)
     first, seq_len, batch_index = _sequence(CU_SEQLENS, pid_b, seqlen, IS_VARLEN, INDEX_DTYPE)
     if pid_s * BLOCK_S >= seq_len:
@@ -262,8 +280,7 @@ def fused_rope_kernel(
         stride_cos_b, stride_cos_s, stride_cos_d, stride_pos_b, stride_pos_s,
         ROTARY_DIM, BLOCK_HALF, INTERLEAVED, POS_MODE, COS_PER_TOKEN, BACKWARD, MATH_DTYPE)
     cos_a, sin_a, cos_b, sin_b = cos_a[:, None, :], sin_a[:, None, :], cos_b[:, None, :], sin_b[:, None, :]
-    n_head_blocks_q = (n_heads_q + BLOCK_H - 1) // BLOCK_H
-    dw_row = (pid_b * tl.num_programs(1) + pid_h) * tl.num_programs(0) + pid_s
+    dw_row = (pid_b * n_head_blocks + pid_h) * n_token_blocks + pid_s
     if pid_h < n_head_blocks_q:
         _head_tile(Q, OUT_Q, GQ, Q_W, DW, V, K_CACHE, V_CACHE, K_SCALE, V_SCALE, cos_a, sin_a, cos_b, sin_b,
                    batch_index, token_rows, token_mask, pid_h * BLOCK_H, n_heads_q, eps, weight_offset, dw_row,
@@ -271,7 +288,7 @@ def fused_rope_kernel(
                    sqb, sqs, sqh, sqd, soqb, soqs, soqh, soqd, sgqb, sgqs, sgqh, sgqd, svb, svs, svh, svd,
                    skcb, skcs, skch, skcd, svcb, svcs, svch, svcd, stride_qw,
                    ROTARY_DIM, HEAD_DIM, V_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_TAIL, BLOCK_V, INTERLEAVED,
-                   MATH_DTYPE, INDEX_DTYPE, NORM, WRITE_Q, WRITE_TAIL, 0, False, False, BACKWARD)
+                   MATH_DTYPE, INDEX_DTYPE, NORM, WRITE_Q, WRITE_TAIL, 0, False, False, BACKWARD, EVICT)
     elif HAS_K:
         if CACHE != 0:
             if IS_VARLEN:
@@ -288,13 +305,15 @@ def fused_rope_kernel(
                    skb, sks, skh, skd, sokb, soks, sokh, sokd, sgkb, sgks, sgkh, sgkd, svb, svs, svh, svd,
                    skcb, skcs, skch, skcd, svcb, svcs, svch, svcd, stride_kw,
                    ROTARY_DIM, HEAD_DIM, V_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_TAIL, BLOCK_V, INTERLEAVED,
-                   MATH_DTYPE, INDEX_DTYPE, NORM, WRITE_K, WRITE_TAIL, CACHE, HAS_V, FP8, BACKWARD)
+                   MATH_DTYPE, INDEX_DTYPE, NORM, WRITE_K, WRITE_TAIL, CACHE, HAS_V, FP8, BACKWARD, EVICT)
 
 
 class FusedConfig(NamedTuple):
     block_s: int  # tokens per program
     block_h: int  # heads per program (of q, or of k and v)
     num_warps: int
+    evict_first: bool = False  # the streaming hint on activation loads and on every store
+    heads_inner: bool = False  # launch order: the head blocks of one token block next to each other
 
 
 def _next_pow2(n: int) -> int:
@@ -305,19 +324,56 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def fused_config(n_tokens: int, n_heads: int, width: int) -> FusedConfig:
-    """Block sizes (``width``: the widest head vector a program holds, k's or v's): a decode step (few tokens) one
-    token x up to 8 heads a program, so that the grid covers the GPU; prefill 4 tokens x up to 8 heads, 2 tokens and
-    8 warps for wide vectors (MLA's 512-channel latent) to bound the registers a thread holds. Under the interpreter
-    every program costs Python time: tiles as large as the shape allows. (A starting point, not yet measured: the
-    tuning record is where measured choices go.)"""
-    heads = min(_next_pow2(n_heads), 8)
-    wide = width > 128
+# The launch table, one entry a shape class (:func:`fused_shape_class`): block sizes for the fused kernel. Entries are
+# starting points until the sweep ``python -m ropekit.bench.fused_tune`` has measured them; the measured choices, the
+# alternatives and their numbers live in docs/tuning.md#fused-launch-table. ``block_h`` is a ceiling: a program never
+# takes more heads than the call has (rounded up to a power of two).
+FUSED_LAUNCH_TABLE: dict = {
+    "decode": FusedConfig(1, 8, 4),  # few tokens: one token a program, so that the grid covers the GPU
+    "decode-fp8": FusedConfig(1, 8, 4),
+    "decode-wide": FusedConfig(1, 8, 8),  # vectors wider than 128 channels (MLA's latent): more warps
+    "prefill": FusedConfig(4, 8, 4),
+    "prefill-fp8": FusedConfig(4, 8, 4),
+    "prefill-wide": FusedConfig(2, 8, 8),  # fewer tokens a program bound the registers a thread holds
+}
+
+_forced_fused: FusedConfig | None = None
+
+
+@contextlib.contextmanager
+def forced_fused_config(config: FusedConfig | None):
+    """Every fused launch inside the block that is not given ``config=`` uses ``config`` instead of the launch table
+    (None: the table), whichever public op reaches it (:mod:`ropekit.fused`, autograd). For tools that measure
+    launch configurations through the public API (``ropekit.bench.fused_tune``); the same pattern as v4's
+    ``ropekit.triton.launch.forced_config``."""
+    global _forced_fused
+    saved, _forced_fused = _forced_fused, config
+    try:
+        yield
+    finally:
+        _forced_fused = saved
+
+
+def fused_shape_class(n_tokens: int, width: int, fp8: bool = False) -> str:
+    """The launch table's key for a call: "decode" (at most 128 tokens) or "prefill", "-wide" when a program holds
+    head vectors wider than 128 channels (``width``: k's or v's), else "-fp8" for a float8 cache."""
+    kind = "decode" if n_tokens <= 128 else "prefill"
+    if width > 128:
+        return kind + "-wide"
+    return kind + "-fp8" if fp8 else kind
+
+
+def fused_config(n_tokens: int, n_heads: int, width: int, fp8: bool = False) -> FusedConfig:
+    """Block sizes for a call: :data:`FUSED_LAUNCH_TABLE` at the call's :func:`fused_shape_class`, heads a program
+    capped at the call's (power-of-two) head count; inside :func:`forced_fused_config`, the forced configuration.
+    Under the interpreter every program costs Python time: tiles as large as the shape allows."""
+    if _forced_fused is not None:
+        return _forced_fused
+    heads = _next_pow2(n_heads)
     if _device.INTERPRET:
-        return FusedConfig(min(_next_pow2(n_tokens), 16), heads, 4)
-    if n_tokens <= 128:
-        return FusedConfig(1, heads, 8 if wide else 4)
-    return FusedConfig(2 if wide else 4, heads, 8 if wide else 4)
+        return FusedConfig(min(_next_pow2(n_tokens), 16), min(heads, 8), 4)
+    entry = FUSED_LAUNCH_TABLE[fused_shape_class(n_tokens, width, fp8)]
+    return entry._replace(block_h=min(heads, entry.block_h))
 
 
 def _reach_fits_int32(*tensors) -> bool:
@@ -371,12 +427,14 @@ def launch_fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, in
     n_heads_k = k.shape[2] if k is not None else 0
     if config is None:
         config = fused_config(n_batch * seqlen, max(n_heads_q, n_heads_k),
-                              max(head_dim, v.shape[-1] if v is not None else 0))
+                              max(head_dim, v.shape[-1] if v is not None else 0),
+                              fp8=k_cache is not None and k_cache.dtype == torch.uint8)
     n_blocks_q = _cdiv(n_heads_q, config.block_h)
-    grid = (_cdiv(seqlen, config.block_s), n_blocks_q + _cdiv(n_heads_k, config.block_h), n_batch)
+    n_blocks_s, n_blocks_h = _cdiv(seqlen, config.block_s), n_blocks_q + _cdiv(n_heads_k, config.block_h)
+    grid = (n_blocks_s * n_blocks_h, 1, n_batch) if config.heads_inner else (n_blocks_s, n_blocks_h, n_batch)
     dw = None
     if backward:
-        dw = torch.zeros((grid[2], grid[1], grid[0], head_dim), dtype=torch.float64 if q.dtype == torch.float64
+        dw = torch.zeros((n_batch, n_blocks_h, n_blocks_s, head_dim), dtype=torch.float64 if q.dtype == torch.float64
                          else torch.float32, device=q.device)
     if grid[0] == 0 or n_batch == 0 or n_tokens == 0:
         return None if dw is None else (dw.sum((0, 1, 2)), dw.sum((0, 1, 2)))
@@ -406,7 +464,8 @@ def launch_fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, in
         INDEX_DTYPE=tl.int32 if _reach_fits_int32(q, k, v, out_q, out_k, grad_q, grad_k, cos, sin, pos)
         else tl.int64,
         NORM=norm, WRITE_Q=write_q, WRITE_K=write_k, WRITE_TAIL=backward or norm or not in_place, CACHE=cache_mode,
-        HAS_V=v is not None, FP8=k_cache is not None and k_cache.dtype == torch.uint8, BACKWARD=backward)
+        HAS_V=v is not None, FP8=k_cache is not None and k_cache.dtype == torch.uint8, BACKWARD=backward,
+        EVICT="evict_first" if config.evict_first else "", HEADS_INNER=config.heads_inner)
     if _device.INTERPRET:
         with _device.INTERPRETER_LOCK:
             fused_rope_kernel[grid](*pointers, *ints, **constexprs, num_warps=config.num_warps)

@@ -1,0 +1,82 @@
+"""ropekit.bench.fused_tune on the CPU: the bounded sweep, every configuration checked through the public op under
+the forced configuration, the rows timed by a fake clock (made-up numbers, never asserted as timings), the JSON."""
+
+import json
+
+import pytest
+
+from conftest import DEVICE
+from ropekit.bench import fused, fused_cases, fused_tune
+from ropekit.triton import fused as triton_fused
+
+CASES = {c.name: c for c in fused_cases.CASES}
+
+
+class FakeClock:
+    """A made-up time per captured graph (not a measurement): the n-th capture takes 10 - n "us"."""
+
+    def __init__(self):
+        self.captured = 0
+
+    def copy_ceiling(self):
+        return {"gbps": 1.0, "time_us": 1.0, "method": "fake"}
+
+    def capture(self, fns, estimate_us):
+        self.captured += 1
+        return self.captured
+
+    def replay_rounds(self, graphs):
+        return [(10.0 - g, 0.0, 1) for g in graphs]
+
+
+def test_the_sweep_is_bounded_and_starts_from_the_table():
+    total = 0
+    for name in fused_tune.TUNED_CASES:
+        configs = fused_tune.candidates(CASES[name])
+        assert len(set(configs)) == len(configs)
+        assert configs[0] == triton_fused.fused_config(CASES[name].tokens, 32, 128, fp8=CASES[name].fp8)
+        if CASES[name].decode:
+            assert {c.block_s for c in configs[1:]} == {1}  # one token per sequence: one token block
+        total += len(configs)
+    assert total <= 60
+
+
+def test_every_configuration_is_checked_through_the_forced_config(monkeypatch):
+    seen = []
+    launch = triton_fused.launch_fused
+
+    def spy(*args, **kwargs):
+        seen.append(triton_fused.fused_config(1, 1, 1))
+        return launch(*args, **kwargs)
+
+    monkeypatch.setattr("ropekit.fused.kv_cache.launch_fused", spy)
+    case = fused_cases.tiny(CASES["decode-b64-fp8"])
+    rows = fused_tune.tune_case(case, FakeClock(), DEVICE, ceiling_gbps=1.0, log=lambda line: None)
+    assert [r["status"] for r in rows] == ["ok"] * len(rows)
+    assert seen == fused_tune.candidates(case)
+    assert all(r["graph_us"] is not None and r["floor_pct"] > 0 for r in rows)
+    assert triton_fused.fused_config(1, 1, 1) != seen[1]  # the override ends with the block
+
+
+def test_a_wrong_configuration_is_reported_not_timed(monkeypatch):
+    case = fused_cases.tiny(CASES["decode-b64"])
+    monkeypatch.setattr(fused_tune, "candidates", lambda c: [triton_fused.FusedConfig(1, 1, 1)])
+    monkeypatch.setattr(fused, "check", lambda *a: {"ok": False})  # what checked_call judges the call by
+    rows = fused_tune.tune_case(case, FakeClock(), DEVICE, ceiling_gbps=1.0, log=lambda line: None)
+    assert rows[0]["status"] == "wrong result" and rows[0]["graph_us"] is None
+
+
+def test_cli_dry_run_writes_the_json(tmp_path, capsys):
+    assert fused_tune.main(["--out", str(tmp_path), "--dry-run", "--cases", "decode-b64"]) == 0
+    doc = json.loads((tmp_path / "fused_tune.json").read_text())
+    assert doc["copy_ceiling"] is None and doc["best"] == {}
+    assert {r["status"] for r in doc["rows"]} == {"ok"} and sum(r["table"] for r in doc["rows"]) == 1
+    assert "decode-b64" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        fused_tune.main(["--out", str(tmp_path), "--cases", "no-such-case"])
+
+
+def test_a_spent_time_budget_leaves_the_remaining_cases_not_run():
+    case = fused_cases.tiny(CASES["decode-b64"])
+    doc = fused_tune.tune([case], FakeClock(), DEVICE, budget_s=1e-9, log=lambda line: None)
+    assert doc["rows"] == [dict(case=case.name, status="not run", reason="time budget of 1e-09 s used up")]
