@@ -41,6 +41,14 @@ def rotary_arguments(q, k, cos, sin, table, positions, layout, rotary_dim, cu_se
                     "triton", table, interleaved)
 
 
+def _on(t: torch.Tensor, device) -> bool:
+    """Whether ``t`` lives on ``device``, read the way PyTorch places a tensor: "cuda" means the current GPU."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return t.device == device
+
+
 def _number(name: str, value) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise TypeError(f"{name} must be a finite host float, got {value!r}")
@@ -82,7 +90,7 @@ def check_cache(name: str, cache, *, leading: tuple | None, n_heads: int, head_d
                          f"{tuple(cache.shape)}")
     if leading is not None and tuple(cache.shape[:len(leading)]) != leading:
         raise ValueError(f"{name} must start with {leading}, got shape {tuple(cache.shape)}")
-    if cache.device != device:
+    if not _on(cache, device):
         raise ValueError(f"{name} is on {cache.device} but q is on {device}")
     if cache.numel() and cache.stride(-1) != 1 and cache.dtype == FP8_DTYPE:
         raise ValueError(f"{name}: a float8 cache must have contiguous channels (stride 1 in the last dimension)")
@@ -93,7 +101,7 @@ def _index_tensor(name: str, t, device, dtypes) -> None:
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if t.dtype not in dtypes:
         raise TypeError(f"{name} must be {' or '.join(str(d) for d in dtypes)}, got {t.dtype}")
-    if t.device != device:
+    if not _on(t, device):
         raise ValueError(f"{name} is on {t.device} but q is on {device}")
 
 
@@ -149,7 +157,7 @@ def check_scale(name: str, scale, fp8: bool, device) -> None:
     if scale.dtype != torch.float32 or scale.numel() != 1:
         raise TypeError(f"{name} must be a float32 tensor of one element, got {scale.dtype} of shape "
                         f"{tuple(scale.shape)}")
-    if scale.device != device:
+    if not _on(scale, device):
         raise ValueError(f"{name} is on {scale.device} but q is on {device}")
 
 
