@@ -63,10 +63,11 @@ def test_forward_paged_norm_with_position_ids_in_small_tiles(config):
 def test_the_launch_table_covers_every_shape_class_and_the_override_wins():
     from ropekit.triton.fused import FUSED_LAUNCH_TABLE, forced_fused_config, fused_config, fused_shape_class
 
-    classes = {fused_shape_class(t, w, fp8) for t in (1, 64, 128, 129, 16384) for w in (64, 128, 576)
-               for fp8 in (False, True)}
+    classes = {fused_shape_class(t, w, fp8, norm) for t in (1, 64, 128, 129, 16384) for w in (64, 128, 576)
+               for fp8 in (False, True) for norm in (False, True)}
     assert classes == set(FUSED_LAUNCH_TABLE)
     assert fused_shape_class(64, 128, True) == "decode-fp8" and fused_shape_class(16384, 576) == "prefill-wide"
+    assert fused_shape_class(16384, 128, norm=True) == "prefill-norm" and fused_shape_class(64, 128, norm=True) == "decode"
     assert all(c.block_s >= 1 and c.block_h >= 1 and c.num_warps in (1, 2, 4, 8, 16) for c in
                FUSED_LAUNCH_TABLE.values())
     forced = FusedConfig(block_s=3, block_h=5, num_warps=2)  # any value: the override is taken as given

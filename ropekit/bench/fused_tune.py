@@ -45,7 +45,8 @@ TUNED_CASES = ("prefill-b4-s4096", "prefill-b4-s4096-fp8", "prefill-b4-s4096-qkn
 
 def _table_choice(case) -> FusedConfig:
     """What the launch table picks for ``case`` outside the interpreter's fixed tiles (its k/v width is head_dim)."""
-    return fused_config(case.tokens, max(case.heads_q, case.heads_kv), case.head_dim, fp8=case.fp8)
+    return fused_config(case.tokens, max(case.heads_q, case.heads_kv), case.head_dim, fp8=case.fp8,
+                        norm=case.qk_norm)
 
 
 def candidates(case) -> list[FusedConfig]:
@@ -68,7 +69,7 @@ def tune_case(case, timer, device, ceiling_gbps: Optional[float], seed: int = 0,
     table = _table_choice(case)
     rows, pending = [], []
     for i, config in enumerate(candidates(case)):
-        row = dict(case=case.name, shape_class=fused_shape_class(case.tokens, case.head_dim, case.fp8),
+        row = dict(case=case.name, shape_class=fused_shape_class(case.tokens, case.head_dim, case.fp8, case.qk_norm),
                    **config._asdict(), table=config == table, status="ok", graph_us=None)
         rows.append(row)
         try:

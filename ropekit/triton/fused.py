@@ -330,10 +330,12 @@ def _cdiv(a: int, b: int) -> int:
 # takes more heads than the call has (rounded up to a power of two).
 FUSED_LAUNCH_TABLE: dict = {
     "decode": FusedConfig(1, 8, 4),  # few tokens: one token a program, so that the grid covers the GPU
-    "decode-fp8": FusedConfig(1, 8, 4),
+    "decode-fp8": FusedConfig(1, 4, 4),
     "decode-wide": FusedConfig(1, 8, 8),  # vectors wider than 128 channels (MLA's latent): more warps
-    "prefill": FusedConfig(4, 8, 4),
-    "prefill-fp8": FusedConfig(4, 8, 4),
+    # prefill: the streaming hint and the heads-inner launch order on (see docs/tuning.md#fused-launch-table)
+    "prefill": FusedConfig(2, 8, 4, evict_first=True, heads_inner=True),
+    "prefill-norm": FusedConfig(4, 8, 4, evict_first=True, heads_inner=True),  # the norm holds more per program
+    "prefill-fp8": FusedConfig(2, 8, 4, evict_first=True, heads_inner=True),
     "prefill-wide": FusedConfig(2, 8, 8),  # fewer tokens a program bound the registers a thread holds
 }
 
@@ -354,16 +356,19 @@ def forced_fused_config(config: FusedConfig | None):
         _forced_fused = saved
 
 
-def fused_shape_class(n_tokens: int, width: int, fp8: bool = False) -> str:
+def fused_shape_class(n_tokens: int, width: int, fp8: bool = False, norm: bool = False) -> str:
     """The launch table's key for a call: "decode" (at most 128 tokens) or "prefill", "-wide" when a program holds
-    head vectors wider than 128 channels (``width``: k's or v's), else "-fp8" for a float8 cache."""
+    head vectors wider than 128 channels (``width``: k's or v's), else "-fp8" for a float8 cache, else "-norm" for
+    a prefill with QK-norm (decode has one class: its programs are one token either way)."""
     kind = "decode" if n_tokens <= 128 else "prefill"
     if width > 128:
         return kind + "-wide"
-    return kind + "-fp8" if fp8 else kind
+    if fp8:
+        return kind + "-fp8"
+    return kind + "-norm" if norm and kind == "prefill" else kind
 
 
-def fused_config(n_tokens: int, n_heads: int, width: int, fp8: bool = False) -> FusedConfig:
+def fused_config(n_tokens: int, n_heads: int, width: int, fp8: bool = False, norm: bool = False) -> FusedConfig:
     """Block sizes for a call: :data:`FUSED_LAUNCH_TABLE` at the call's :func:`fused_shape_class`, heads a program
     capped at the call's (power-of-two) head count; inside :func:`forced_fused_config`, the forced configuration.
     Under the interpreter every program costs Python time: tiles as large as the shape allows."""
@@ -372,7 +377,7 @@ def fused_config(n_tokens: int, n_heads: int, width: int, fp8: bool = False) -> 
     heads = _next_pow2(n_heads)
     if _device.INTERPRET:
         return FusedConfig(min(_next_pow2(n_tokens), 16), min(heads, 8), 4)
-    entry = FUSED_LAUNCH_TABLE[fused_shape_class(n_tokens, width, fp8)]
+    entry = FUSED_LAUNCH_TABLE[fused_shape_class(n_tokens, width, fp8, norm)]
     return entry._replace(block_h=min(heads, entry.block_h))
 
 
@@ -428,7 +433,8 @@ def launch_fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, in
     if config is None:
         config = fused_config(n_batch * seqlen, max(n_heads_q, n_heads_k),
                               max(head_dim, v.shape[-1] if v is not None else 0),
-                              fp8=k_cache is not None and k_cache.dtype == torch.uint8)
+                              fp8=k_cache is not None and k_cache.dtype == torch.uint8,
+                              norm=q_weight is not None or k_weight is not None)
     n_blocks_q = _cdiv(n_heads_q, config.block_h)
     n_blocks_s, n_blocks_h = _cdiv(seqlen, config.block_s), n_blocks_q + _cdiv(n_heads_k, config.block_h)
     grid = (n_blocks_s * n_blocks_h, 1, n_batch) if config.heads_inner else (n_blocks_s, n_blocks_h, n_batch)
