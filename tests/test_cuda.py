@@ -17,6 +17,8 @@ import shutil
 import pytest
 import torch
 
+from ropekit.layouts import TO_BSHD
+
 import ropekit
 from ropekit import cuda as rcuda
 from ropekit import reference as ref
@@ -29,7 +31,7 @@ NVCC = rcuda.find_nvcc()
 needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc (the CUDA compiler) is not installed here")
 
 # (b, s, h, d) view -> layout and back; these permutations are their own inverses.
-PERMUTE = {"bshd": (0, 1, 2, 3), "sbhd": (1, 0, 2, 3), "bhsd": (0, 2, 1, 3)}
+PERMUTE = TO_BSHD
 
 
 @pytest.fixture(scope="module")

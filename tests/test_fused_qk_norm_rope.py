@@ -5,12 +5,13 @@ float64 through the kernel), torch.compile without graph breaks, and its validat
 import pytest
 import torch
 
+from ropekit.layouts import TO_BSHD
+
 import ropekit
 from ropekit import reference as ref
 from ropekit.testing import assert_close_to_reference
 from conftest import DEVICE, gpu_only
 
-TO_BSHD = {"bshd": (0, 1, 2, 3), "sbhd": (1, 0, 2, 3), "bhsd": (0, 2, 1, 3)}
 
 
 def expected(x, weight, cos, sin, positions_bs, layout="bshd", *, eps=1e-6, weight_offset=0.0, interleaved=False):

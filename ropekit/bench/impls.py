@@ -20,6 +20,7 @@ from typing import Callable
 
 import torch
 
+from ..layouts import to_bshd
 from .cases import Case
 from .inputs import CaseData, Tables
 from .peers import Peer, load_flash_attn, load_liger
@@ -37,26 +38,17 @@ class Prepared:
     inplace: bool = False  # writes into its inputs (decides the bytes of partial rotary)
 
 
-def as_bshd(x: torch.Tensor, layout: str) -> torch.Tensor:
-    """The kernels' (batch, seq, heads, head_dim) view (thd stays (tokens, heads, head_dim))."""
-    return x.transpose(0, 1) if layout == "sbhd" else x
-
-
-def from_bshd(x: torch.Tensor, layout: str) -> torch.Tensor:
-    return x.transpose(0, 1) if layout == "sbhd" else x
-
-
 def to_hf(x: torch.Tensor, layout: str) -> torch.Tensor:
     """transformers' (batch, heads, seq, head_dim) view, as Liger takes it (thd: one packed sequence)."""
     if layout == "thd":
         return x.unsqueeze(0).transpose(1, 2)
-    return as_bshd(x, layout).transpose(1, 2)
+    return to_bshd(x, layout).transpose(1, 2)
 
 
 def from_hf(x: torch.Tensor, layout: str) -> torch.Tensor:
     if layout == "thd":
         return x.transpose(1, 2).squeeze(0)
-    return from_bshd(x.transpose(1, 2), layout)
+    return to_bshd(x.transpose(1, 2), layout)
 
 
 def _with_grad(fn):
@@ -148,7 +140,7 @@ class TritonLadder(Impl):
         return None  # anything else the launcher declines with a ValueError naming the argument
 
     def build(self, case, tables, data, direction):
-        q4, k4 = as_bshd(data.q, case.layout), as_bshd(data.k, case.layout)
+        q4, k4 = to_bshd(data.q, case.layout), to_bshd(data.k, case.layout)
         if self.version == 1:
             q4, k4 = q4.contiguous(), k4.contiguous()  # sbhd with batch 1 is contiguous bshd already: no copy
         cos, sin = tables.cos_half[: case.seqlen], tables.sin_half[: case.seqlen]  # rows 0..S-1 (contiguous)
@@ -159,7 +151,7 @@ class TritonLadder(Impl):
         def fn():
             launch(q4, cos, sin, out=out_q)
             launch(k4, cos, sin, out=out_k)
-        return Prepared(fn, lambda _: (from_bshd(out_q, case.layout), from_bshd(out_k, case.layout)))
+        return Prepared(fn, lambda _: (to_bshd(out_q, case.layout), to_bshd(out_k, case.layout)))
 
 
 class TritonV4(Impl):
@@ -188,8 +180,8 @@ class TritonV4(Impl):
         spec = resolve_positions(batch=batch, seqlen=seqlen, positions=tables.offsets,
                                  cu_seqlens=tables.cu_seqlens, max_seqlen=tables.max_seqlen, device=x_q.device)
         fn = functools.partial(
-            rope_v4, as_bshd(x_q, case.layout), as_bshd(x_k, case.layout), tables.cos_half, tables.sin_half,
-            out_q=as_bshd(out_q, case.layout), out_k=as_bshd(out_k, case.layout), positions=spec,
+            rope_v4, to_bshd(x_q, case.layout), to_bshd(x_k, case.layout), tables.cos_half, tables.sin_half,
+            out_q=to_bshd(out_q, case.layout), out_k=to_bshd(out_k, case.layout), positions=spec,
             rotary_dim=case.rotary, interleaved=case.interleaved, conjugate=backward, copy_tail=not inplace)
         return Prepared(fn, lambda _: (out_q, out_k), inplace=inplace)
 
@@ -476,12 +468,12 @@ class FlashAttn(PeerImpl):
         kwargs = dict(seqlen_offsets=tables.offsets if tables.offsets is not None else 0,
                       cu_seqlens=tables.cu_seqlens, max_seqlen=tables.max_seqlen, interleaved=case.interleaved,
                       inplace=inplace, conjugate=backward)
-        q4, k4 = as_bshd(x_q, case.layout), as_bshd(x_k, case.layout)
+        q4, k4 = to_bshd(x_q, case.layout), to_bshd(x_k, case.layout)
         cos, sin = tables.cos_half, tables.sin_half
 
         def fn():  # flash-attention's apply_rotary takes one tensor: q, then k
             return apply_rotary(q4, cos, sin, **kwargs), apply_rotary(k4, cos, sin, **kwargs)
-        return Prepared(fn, lambda r: (from_bshd(r[0], case.layout), from_bshd(r[1], case.layout)), inplace=inplace)
+        return Prepared(fn, lambda r: (to_bshd(r[0], case.layout), to_bshd(r[1], case.layout)), inplace=inplace)
 
 
 # --------------------------------------------------------------------------------------------------------------------

@@ -10,12 +10,13 @@ from typing import Callable, Optional
 
 import torch
 
+from ropekit.layouts import TO_BSHD, to_bshd
+
 __all__ = ["DTYPES", "DTYPE_NAMES", "TO_BSHD", "Unsupported", "available_backends", "to_bshd", "from_bshd",
            "layout_shape", "inverse_permutation", "tensor_summary", "call_backend"]
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp64": torch.float64}
 DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
-TO_BSHD = {"bshd": (0, 1, 2, 3), "sbhd": (1, 0, 2, 3), "bhsd": (0, 2, 1, 3)}  # involutions: also bshd -> layout
 
 
 class Unsupported(Exception):
@@ -33,11 +34,7 @@ def available_backends() -> tuple[list[str], str]:
     return (["triton", "cuda"] if ok else ["triton"]), why
 
 
-def to_bshd(x: torch.Tensor, layout: str) -> torch.Tensor:
-    return x if layout == "thd" else x.permute(TO_BSHD[layout])
-
-
-from_bshd = to_bshd  # the permutations are their own inverses
+from_bshd = to_bshd  # the permutations are their own inverses (ropekit.layouts.TO_BSHD)
 
 
 def layout_shape(layout: str, batch: int, seqlen: int, heads: int, head_dim: int, tokens: int = 0) -> tuple:

@@ -18,6 +18,7 @@ from typing import Callable
 import torch
 
 from ropekit import reference as ref
+from ropekit.layouts import TO_BSHD
 
 from .fuzz import EITHER, MATCH, RAISE, Arena, footprint, self_overlapping
 
@@ -26,7 +27,6 @@ __all__ = ["RopeArgs", "draw_rope_args", "DTYPES", "INPUT_KINDS", "INDEX_KINDS",
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 _HEAD_AXIS = {"bshd": 2, "sbhd": 2, "bhsd": 1, "thd": 1}
-_TO_BSHD = {"bshd": (0, 1, 2, 3), "sbhd": (1, 0, 2, 3), "bhsd": (0, 2, 1, 3)}  # involutions
 INPUT_KINDS = (("contiguous", 3), ("padded", 2), ("stepped", 1), ("permuted", 2), ("expanded", 1),
                 ("overlapping", 1))
 TABLE_KINDS = INPUT_KINDS
@@ -54,17 +54,17 @@ def _describe(t) -> object:
 def _layout_shape(layout, batch, seq, heads, head_dim, tokens):
     if layout == "thd":
         return (tokens, heads, head_dim)
-    return tuple((batch, seq, heads, head_dim)[i] for i in _TO_BSHD[layout])
+    return tuple((batch, seq, heads, head_dim)[i] for i in TO_BSHD[layout])
 
 
 def to_tokens(x: torch.Tensor, layout: str) -> torch.Tensor:
     """x in (batch, seq, heads, head_dim) (or (tokens, heads, head_dim)), float64 on the CPU."""
     x = x.detach().cpu().to(torch.float64)
-    return x if layout == "thd" else x.permute(_TO_BSHD[layout])
+    return x if layout == "thd" else x.permute(TO_BSHD[layout])
 
 
 def from_tokens(x: torch.Tensor, layout: str) -> torch.Tensor:
-    return x if layout == "thd" else x.permute(_TO_BSHD[layout])
+    return x if layout == "thd" else x.permute(TO_BSHD[layout])
 
 
 def _rotate(x_tokens, cos_half, sin_half, rotary_dim, interleaved, conjugate):

@@ -94,8 +94,7 @@ def launch_config(batch: int, seqlen: int, n_heads: int, head_dim: int, element_
 
     GPU: ``GPU_TABLE`` by (padded half head_dim, element size); shapes not in the table take 2048 elements per loop
     step over 4 heads, i.e. 16 elements per thread with 4 warps — enough bytes in flight per program without
-    register spills. That is v4's tile, and on the H100 v4 with it ran within 2% of its best measured candidate on
-    the three large prefill cases (docs/gpu-runs/run1/tune.txt); v3's own table is to be set from
+    register spills. That is v4's tile (its measurements: docs/tuning.md#launch-table); v3's own table is timed by
     tools/time_ladder.py. ``BLOCK_S`` is then halved while the grid would give fewer than 4 programs per SM, so that
     short inputs still fill the GPU. Interpreter: the largest tiles the shape allows (up to 16 tokens x 8 heads), fixed.
     """
