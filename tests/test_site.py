@@ -17,6 +17,8 @@ PAGES = {"index": "site/index.html", "notebook": "notebooks/01_math.html", "api"
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory):
+    pytest.importorskip("sphinx", reason="the site is built with Sphinx (the dev extra installs it)")
+    pytest.importorskip("myst_nb", reason="the notebooks are rendered by myst-nb (the dev extra installs it)")
     out = tmp_path_factory.mktemp("site")
     build = subprocess.run([sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-b", "html", "-c", "site",
                             ".", str(out)], cwd=ROOT, capture_output=True, text=True)

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .. import device as _device
 from . import measure
 
 __all__ = ["TARGET", "SpeedGrade", "grade", "grade_exercise", "grade_speed", "QKShape"]
@@ -65,7 +66,8 @@ def grade_exercise(name: str, kernel, *, timer=None, target: float = TARGET) -> 
     """Grade the speed of exercise ``name``'s ``kernel`` on its stated shape (``Exercise.notes["speed_shape"]``).
 
     Without ``timer`` this needs a CUDA GPU; on any other machine it returns an ungraded answer that says so. With
-    a (fake) ``timer`` the shape is built small on the CPU and only the grading logic runs.
+    a (fake) ``timer`` the shape is built small on the device ropekit's kernels run on (``ropekit.device.DEVICE``)
+    and only the grading logic runs.
     """
     from .exercises import exercise
 
@@ -75,7 +77,7 @@ def grade_exercise(name: str, kernel, *, timer=None, target: float = TARGET) -> 
         raise ValueError(f"exercise {name!r} has no speed target")
     if timer is None and not torch.cuda.is_available():
         return SpeedGrade(False, False, NO_GPU)
-    device = "cuda" if timer is None else "cpu"
+    device = "cuda" if timer is None else _device.DEVICE
     inputs = shape.build(device, small=timer is not None)
 
     def run():

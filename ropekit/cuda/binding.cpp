@@ -192,7 +192,7 @@ std::tuple<at::Tensor, at::Tensor> cos_sin_table(int64_t max_positions, int64_t 
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "ropekit's CUDA C++ RoPE kernels (see ropekit/cuda/rope.cu)";
-  m.def("rope", &rope, "Rotate q and k in one launch (the contract of ropekit.triton.v4.rope_v4)", py::arg("q"),
+  m.def("rope", &rope, "Rotate q and k in one launch (the contract of ropekit.triton.launch.rope_v4)", py::arg("q"),
         py::arg("k"), py::arg("cos"), py::arg("sin"), py::arg("out_q"), py::arg("out_k"), py::arg("pos_mode"),
         py::arg("position_offset"), py::arg("positions"), py::arg("rotary_dim"), py::arg("interleaved"),
         py::arg("conjugate"), py::arg("cos_per_token"), py::arg("copy_tail"), py::arg("block_threads_target"),

@@ -15,6 +15,7 @@ from typing import Callable
 
 import torch
 
+from ... import device as _device
 from .. import perf_model
 
 __all__ = ["Experiment", "EXPERIMENTS", "experiment", "Lab", "WallTimer", "compiled_resources"]
@@ -83,7 +84,7 @@ class Lab:
     def __init__(self, on_gpu: bool, timer, model: perf_model.DeviceModel | None = None):
         self.on_gpu = on_gpu
         self.timer = timer
-        self.device = "cuda" if on_gpu else "cpu"
+        self.device = _device.DEVICE  # where the kernels compile for; on_gpu only picks the sizes and the clock
         self.ceiling = timer.copy_ceiling()
         base = model or perf_model.ASSUMED_H100
         if on_gpu:
