@@ -76,7 +76,7 @@ def render_markdown(doc: dict) -> str:
              f"Command: `{doc.get('command', '')}`  ", f"Device: {env.get('gpu', env['device'])}, torch "
              f"{env['torch']}, triton {env['triton']}  ",
              f"Copy ceiling: {_fmt(ceiling and ceiling['gbps'], '.0f')} GB/s" if ceiling else
-             "Copy ceiling: not measured (dry run: checked, not timed)", ""]
+             "Copy ceiling: not measured (dry run: checked, not timed)", "", "## Cases", ""]
     for case in doc["cases"]:
         rows = [r for r in doc["rows"] if r["case"] == case["name"]]
         timed = _timed(doc, case["name"])
