@@ -21,10 +21,12 @@ which Triton reads when ``@triton.jit`` decorates a kernel. The checker recognis
 from . import touch
 from .checker import CheckResult, check
 from .diagnose import DIAGNOSES
+from .listing import show_source
 from .exercises import (EXERCISES, Exercise, exercise, load_solution, load_template, names, show_solution,
                         show_task, show_template, solution_source, task, template_source)
 
 __all__ = [
+    "show_source",
     "check",
     "CheckResult",
     "DIAGNOSES",
