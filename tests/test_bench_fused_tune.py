@@ -34,11 +34,15 @@ def test_the_sweep_is_bounded_and_starts_from_the_table():
     for name in fused_tune.TUNED_CASES:
         configs = fused_tune.candidates(CASES[name])
         assert len(set(configs)) == len(configs)
-        assert configs[0] == triton_fused.fused_config(CASES[name].tokens, 32, 128, fp8=CASES[name].fp8)
-        if CASES[name].decode:
-            assert {c.block_s for c in configs[1:]} == {1}  # one token per sequence: one token block
+        c = CASES[name]
+        assert configs[0] == triton_fused.fused_config(c.tokens, max(c.heads_q, c.heads_kv), max(c.head_dim, c.latent),
+                                                       fp8=c.fp8, norm=c.qk_norm, backward=c.kind == "backward")
+        if c.decode:
+            assert {config.block_s for config in configs[1:]} == {1}  # one token per sequence: one token block
+        if c.kind != "backward":
+            assert {config.token_blocks for config in configs} == {1}  # a forward program is one token block
         total += len(configs)
-    assert total <= 60
+    assert total <= 90
 
 
 def test_every_configuration_is_checked_through_the_forced_config(monkeypatch):

@@ -15,9 +15,12 @@ from conftest import DEVICE
 SMALL = FusedConfig(block_s=2, block_h=1, num_warps=1)
 # the same tiles launched head blocks inner (one grid axis for tokens x heads), with the streaming hint
 SMALL_HEADS_INNER = FusedConfig(block_s=2, block_h=1, num_warps=1, evict_first=True, heads_inner=True)
+# backward programs that walk three token blocks each (the last group partial), in both launch orders
+SMALL_GROUPS = FusedConfig(block_s=2, block_h=1, num_warps=1, token_blocks=3)
+SMALL_GROUPS_INNER = SMALL_GROUPS._replace(heads_inner=True)
 
 
-@pytest.mark.parametrize("config", [SMALL, SMALL_HEADS_INNER])
+@pytest.mark.parametrize("config", [SMALL, SMALL_HEADS_INNER, SMALL_GROUPS, SMALL_GROUPS_INNER])
 @pytest.mark.parametrize("interleaved", [False, True])
 def test_backward_sums_weight_gradients_over_every_program(interleaved, config):
     """varlen: 3 sequences (one shorter than a tile), one head per program: the weight gradient is the sum of many
@@ -37,6 +40,26 @@ def test_backward_sums_weight_gradients_over_every_program(interleaved, config):
     want_dx, want_dw = torch.autograd.grad(out, leaves, g.cpu())
     assert_close_to_reference(dx, want_dx)
     assert_close_to_reference(dw, want_dw)
+
+
+@pytest.mark.parametrize("token_blocks", [1, 2, 4])
+def test_backward_of_q_and_k_with_fewer_k_heads_in_token_groups(token_blocks):
+    """Batch form, 7 tokens (a partial tile and a partial group), 5 q heads in blocks of 4 and one k head in a
+    block of its own (k's head blocks are sized to k): every gradient against the float64 reference."""
+    config = FusedConfig(block_s=2, block_h=4, num_warps=2, token_blocks=token_blocks)
+    q, k = (torch.randn(2, 7, h, 8, device=DEVICE, dtype=torch.float64) for h in (5, 1))
+    gq, gk = torch.randn_like(q), torch.randn_like(k)
+    wq, wk = (torch.randn(8, device=DEVICE, dtype=torch.float64) for _ in range(2))
+    cos, sin = (t.double() for t in ropekit.cos_sin_table(16, 8, device=DEVICE))
+    dq, dk = torch.empty_like(q), torch.empty_like(k)
+    dw_q, dw_k = launch_fused(q, k, cos, sin, positions=PositionSpec(SCALAR_OFFSET, 3), rotary_dim=8, out_q=dq,
+                              out_k=dk, q_weight=wq, k_weight=wk, eps=1e-6, grad_q=gq, grad_k=gk, config=config)
+    leaves = [t.detach().cpu().requires_grad_() for t in (q, k, wq, wk)]
+    outs = [ref.rope_table(ref.rms_norm(x, w, eps=1e-6), cos, sin, 3 + torch.arange(7))
+            for x, w in ((leaves[0], leaves[2]), (leaves[1], leaves[3]))]
+    want = torch.autograd.grad(outs, leaves, [gq.cpu(), gk.cpu()])
+    for got, expected in zip((dq, dk, dw_q, dw_k), want):
+        assert_close_to_reference(got, expected)
 
 
 @pytest.mark.parametrize("config", [SMALL, SMALL_HEADS_INNER])
@@ -65,7 +88,7 @@ def test_the_launch_table_covers_every_shape_class_and_the_override_wins():
 
     classes = {fused_shape_class(t, w, fp8, norm) for t in (1, 64, 128, 129, 16384) for w in (64, 128, 576)
                for fp8 in (False, True) for norm in (False, True)}
-    assert classes == set(FUSED_LAUNCH_TABLE)
+    assert classes | {fused_shape_class(16384, 128, norm=True, backward=True)} == set(FUSED_LAUNCH_TABLE)
     assert fused_shape_class(64, 128, True) == "decode-fp8" and fused_shape_class(16384, 576) == "prefill-wide"
     assert fused_shape_class(16384, 128, norm=True) == "prefill-norm" and fused_shape_class(64, 128, norm=True) == "decode"
     assert all(c.block_s >= 1 and c.block_h >= 1 and c.num_warps in (1, 2, 4, 8, 16) for c in

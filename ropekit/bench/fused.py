@@ -37,7 +37,7 @@ from ..fused import mla_rope_and_cache, qk_norm_rope, rope_and_cache
 from .fused_cases import (BLOCK_SIZE, CASES, EPS, FP8, Data, FusedCase, actual, check, expected, floor_bytes,
                           make_data, meta_bytes, tiny)
 
-__all__ = ["CASES", "IMPL_NAMES", "impls", "checked_call", "run_case", "run", "cli_parser", "main"]
+__all__ = ["CASES", "IMPL_NAMES", "impls", "checked_call", "stream_for", "run_case", "run", "cli_parser", "main"]
 
 
 # --- the implementations: each builds, from one case's data, a call that returns the rotated q (or the gradients) ---
@@ -218,7 +218,7 @@ def run_case(case: FusedCase, builders: dict, timer, device, seed: int = 0, ceil
         row = {"case": case.name, "impl": name, "status": "ok", "graph_us": None}
         rows.append(row)
         try:
-            with _stream_for(case, device):
+            with stream_for(case, device):
                 result, data, fn = checked_call(case, build, device, seed + 1000 * i)
                 row.update(result)
                 if not row["ok"]:
@@ -238,7 +238,7 @@ def run_case(case: FusedCase, builders: dict, timer, device, seed: int = 0, ceil
     return rows
 
 
-def _stream_for(case: FusedCase, device):
+def stream_for(case: FusedCase, device):
     """Backward rows run on a side stream (autograd replays a backward on its forward's stream; a CUDA graph can
     capture a side stream, not the default one)."""
     if case.kind != "backward" or torch.device(device).type != "cuda":

@@ -23,38 +23,51 @@ from typing import Optional
 import torch
 
 from ..triton.fused import FusedConfig, fused_config, forced_fused_config, fused_shape_class
-from .fused import checked_call, cli_parser, impls
+from .fused import checked_call, cli_parser, impls, stream_for
 from .fused_cases import CASES, floor_bytes, tiny
 
 __all__ = ["SWEEP", "TUNED_CASES", "candidates", "tune_case", "tune", "main"]
 
-# FusedConfig fields tried per shape class (block_s, block_h, num_warps[, evict_first, heads_inner]), the table's
-# own choice added first: prefill varies the tile (tokens x heads a program, warps sharing it), the streaming hint
-# and the launch order; a decode step has one token per sequence (one token block), so only heads, warps and the
-# switches. With the table's entry: 13 configurations a prefill case, 6 a decode case, 51 in all.
+# FusedConfig fields tried per shape class (block_s, block_h, num_warps[, evict_first, heads_inner[, token_blocks]]),
+# the table's own choice added first: prefill varies the tile (tokens x heads a program, warps sharing it), the
+# streaming hint and the launch order; a decode step has one token per sequence (one token block), so only heads,
+# warps and the switches; the backward also the token blocks a program walks (its weight-gradient terms summed in
+# registers, one reduction a program).
 _E, _I = (True, False), (True, True)  # the hint; the hint with head blocks inner
 SWEEP = {
     "prefill": [(2, 8, 4), (8, 8, 4), (4, 8, 8), (8, 8, 8), (16, 4, 8), (4, 8, 4, *_E), (4, 8, 4, False, True),
                 (4, 8, 4, *_I), (2, 8, 4, *_I), (8, 8, 4, *_I), (8, 8, 8, *_I), (4, 4, 4, *_I)],
-    "decode": [(1, 2, 2), (1, 4, 4), (1, 8, 2), (1, 8, 8), (1, 8, 4, *_I)],
+    "decode": [(1, 2, 2), (1, 4, 4), (1, 8, 2), (1, 8, 8), (1, 8, 4, *_I), (1, 16, 4), (1, 32, 4), (1, 32, 8),
+               (1, 64, 8)],
+    "backward": [(4, 8, 4, *_I, 4), (4, 8, 4, *_I, 16), (2, 8, 4, *_I, 8), (2, 8, 4, *_I, 32), (8, 8, 4, *_I, 4),
+                 (8, 8, 8, *_I, 4), (4, 4, 4, *_I, 8), (4, 4, 2, *_I, 8), (1, 8, 4, *_I, 16), (8, 4, 4, *_I, 8),
+                 (16, 2, 4, *_I, 4), (4, 8, 4, False, False, 8), (4, 8, 8, *_I, 8), (2, 4, 2, *_I, 16)],
 }
 # most telling first: a sweep cut short by its time budget has measured these
-TUNED_CASES = ("prefill-b4-s4096", "prefill-b4-s4096-fp8", "prefill-b4-s4096-qknorm", "decode-b64",
-               "decode-b64-fp8")
+TUNED_CASES = ("qknorm-backward-b4-s4096", "mla-decode-b64", "prefill-b4-s4096", "prefill-b4-s4096-fp8",
+               "prefill-b4-s4096-qknorm", "decode-b64", "decode-b64-fp8")
+
+
+def _kind(case) -> str:
+    return "backward" if case.kind == "backward" else "decode" if case.decode else "prefill"
+
+
+def _width(case) -> int:
+    """The widest head vector a program of ``case`` holds: k's, or v's (MLA: the latent row)."""
+    return max(case.head_dim, case.latent or 0)
 
 
 def _table_choice(case) -> FusedConfig:
-    """What the launch table picks for ``case`` outside the interpreter's fixed tiles (its k/v width is head_dim)."""
-    return fused_config(case.tokens, max(case.heads_q, case.heads_kv), case.head_dim, fp8=case.fp8,
-                        norm=case.qk_norm)
+    """What the launch table picks for ``case`` outside the interpreter's fixed tiles."""
+    return fused_config(case.tokens, max(case.heads_q, case.heads_kv), _width(case), fp8=case.fp8,
+                        norm=case.qk_norm, backward=case.kind == "backward")
 
 
 def candidates(case) -> list[FusedConfig]:
     """The sweep's configurations for ``case`` (block_h capped at the case's heads), the table's first."""
-    kind = "decode" if case.decode else "prefill"
     heads = max(case.heads_q, case.heads_kv)
     out = [_table_choice(case)]
-    for fields in SWEEP[kind]:
+    for fields in SWEEP[_kind(case)]:
         config = FusedConfig(*fields)
         config = config._replace(block_h=min(config.block_h, 1 << (heads - 1).bit_length()))
         if config not in out:
@@ -69,11 +82,12 @@ def tune_case(case, timer, device, ceiling_gbps: Optional[float], seed: int = 0,
     table = _table_choice(case)
     rows, pending = [], []
     for i, config in enumerate(candidates(case)):
-        row = dict(case=case.name, shape_class=fused_shape_class(case.tokens, case.head_dim, case.fp8, case.qk_norm),
+        row = dict(case=case.name, shape_class=fused_shape_class(case.tokens, _width(case), case.fp8, case.qk_norm,
+                                                                 case.kind == "backward"),
                    **config._asdict(), table=config == table, status="ok", graph_us=None)
         rows.append(row)
         try:
-            with forced_fused_config(config):
+            with forced_fused_config(config), stream_for(case, device):
                 # fresh inputs for each configuration: the op rotates q in place
                 result, data, fn = checked_call(case, build, device, seed + 1000 * i)
                 row.update(result)
@@ -96,7 +110,8 @@ def _line(row: dict) -> str:
     us = f"{row['graph_us']:9.2f}" if row.get("graph_us") is not None else " " * 9
     pct = f"{row['floor_pct']:6.1f}%" if row.get("floor_pct") is not None else " " * 7
     flags = ("E" if row["evict_first"] else "-") + ("I" if row["heads_inner"] else "-") + ("*" if row["table"] else " ")
-    return (f"{row['case']:26s} s={row['block_s']:<3d} h={row['block_h']:<2d} w={row['num_warps']:<2d}{flags} "
+    return (f"{row['case']:26s} s={row['block_s']:<3d} h={row['block_h']:<2d} w={row['num_warps']:<2d} "
+            f"g={row.get('token_blocks', 1):<2d}{flags} "
             f"{us} us {pct}  {row['status']}")
 
 

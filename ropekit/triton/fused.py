@@ -4,16 +4,20 @@ One kernel, compile-time switches (no copies): ``NORM`` (QK-norm before the rota
 1, is a runtime float), ``CACHE`` (0: none, 1: a contiguous ``(batch, max_seq, heads, dim)`` cache written at
 per-sequence offsets, 2: a paged ``(num_blocks, block_size, heads, dim)`` cache addressed by a slot per token, -1
 skips), ``HAS_V`` (v's head vectors copied into the v cache untouched), ``FP8`` (the caches hold e4m3 bits of
-``x / scale``), ``WRITE_Q``/``WRITE_K`` (whether rotated q/k are stored at all: an engine may only want the cache),
-``WRITE_TAIL`` (the channels past ``ROTARY_DIM`` are stored: out of place, or normalised), and ``BACKWARD`` (the
-vector-Jacobian product of norm + rotation: the incoming gradient is rotated by -θ, pushed through the norm, and each
-program leaves its partial weight gradient in a row of ``DW``). Pairing, partial rotary, every position form, varlen
-and per-token cos/sin rows are v4's switches, read through v4's helpers (``_cos_sin``, ``_load_pairs``, ``_rotate``).
+``x / scale``; ``FP8_NATIVE``: converted by the GPU's instruction rather than integer arithmetic, same bits),
+``WRITE_Q``/``WRITE_K`` (whether rotated q/k are stored at all: an engine may only want the cache), ``WRITE_TAIL``
+(the channels past ``ROTARY_DIM`` are stored: out of place, or normalised), and ``BACKWARD`` (the vector-Jacobian
+product of norm + rotation: the incoming gradient is rotated by -θ, pushed through the norm, and each program leaves
+its partial weight gradient in a row of ``DW``). Pairing, partial rotary, every position form, varlen and per-token
+cos/sin rows are v4's switches, read through v4's helpers (``_cos_sin``, ``_rotate``); the tile loads and stores
+are :mod:`ropekit.triton.fused_tiles`.
 
-Grid: (token blocks, head blocks of q then of k, batch or sequence); with ``HEADS_INNER`` the first two axes are one,
-head blocks inner, so that the q programs and the (heavier) k + v programs of a token block run side by side. A
-program reads its rows of q (or of k and the same heads of v) once and writes each output once: the byte floor of the
-fused step. ``EVICT`` is the cache hint on activation loads and on stores (streaming: each byte is touched once).
+Grid: (token groups, head blocks of q then of k, batch or sequence); with ``HEADS_INNER`` the first two axes are one,
+head blocks inner, so that the q programs and the (heavier) k + v programs of a token group run side by side. A group
+is one block of ``BLOCK_S`` tokens, or in the backward ``TOKEN_BLOCKS`` of them (fewer weight-gradient rows, one
+reduction across warps a program). q's head blocks hold ``BLOCK_H`` heads and k's ``BLOCK_HK``, no more than k has.
+A program reads its rows of q (or of k and the same heads of v) once and writes each output once: the byte floor of
+the fused step. ``EVICT`` is the cache hint on activation loads and on stores (streaming: each byte is touched once).
 """
 
 from __future__ import annotations
@@ -27,130 +31,19 @@ import triton.language as tl
 
 from .. import device as _device
 from ..positions import POSITION_IDS, PositionSpec
-from .v4 import _cos_sin, _load_pairs, _rotate
+from .fused_tiles import cache_slot, load_head, sequence_span, norm_weights, rsqrt_mean_square, store_channels, store_head
+from .v4 import _cos_sin, _rotate
 
 __all__ = ["fused_rope_kernel", "FusedConfig", "FUSED_LAUNCH_TABLE", "fused_shape_class", "fused_config",
-           "forced_fused_config", "launch_fused", "CACHE_NONE", "CACHE_CONTIGUOUS",
+           "forced_fused_config", "launch_fused", "native_fp8", "CACHE_NONE", "CACHE_CONTIGUOUS",
            "CACHE_PAGED"]
 
 CACHE_NONE, CACHE_CONTIGUOUS, CACHE_PAGED = 0, 1, 2
 
 
 @triton.jit
-def _e4m3_bits(x):
-    """The float8 e4m3fn bits (uint8) of fp32 ``x``: round to nearest even, saturate at ±448 (infinities too), NaN
-    stays NaN. Integer arithmetic on the fp32 bits, so the GPU and the interpreter give the same bits."""
-    bits = x.to(tl.uint32, bitcast=True)
-    sign = (bits >> 24) & 0x80
-    magnitude = bits & 0x7FFFFFFF
-    is_nan = magnitude > 0x7F800000
-    magnitude = tl.minimum(magnitude, 0x43E00000)  # 448.0
-    exponent = magnitude >> 23
-    # normal e4m3 (|x| >= 2**-6): keep 3 mantissa bits, rebias the exponent from 127 to 7
-    normal = ((magnitude + 0x7FFFF + ((magnitude >> 20) & 1)) >> 20) - (120 << 3)
-    # subnormal e4m3: m * 2**-9, m = round(|x| * 2**9) from the 24-bit significand
-    significand = (magnitude & 0x7FFFFF) | 0x800000
-    shift = tl.minimum(tl.maximum(141 - exponent.to(tl.int32), 1), 25).to(tl.uint32)
-    subnormal = (significand + (1 << (shift - 1)) - 1 + ((significand >> shift) & 1)) >> shift
-    code = tl.where(exponent >= 121, normal, subnormal)
-    code = tl.where(is_nan, 0x7F, code)
-    return (code | sign).to(tl.uint8)
-
-
-@triton.jit
-def _store_head(OUT, rows, mask, y_a, y_b, y_t, stride_d, scale, ROTARY_DIM: tl.constexpr, HEAD_DIM: tl.constexpr,
-                BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_TAIL: tl.constexpr,
-                INTERLEAVED: tl.constexpr, WRITE_TAIL: tl.constexpr, FP8: tl.constexpr, EVICT: tl.constexpr):
-    """Store a [BLOCK_S, BLOCK_H] tile of head vectors given as pair halves (and the tail past ROTARY_DIM), cast to
-    OUT's dtype, or with FP8 as the e4m3 bits of ``value / scale`` into a uint8 view of the cache."""
-    if INTERLEAVED:
-        channels = tl.arange(0, 2 * BLOCK_HALF)
-        y = tl.reshape(tl.join(y_a, y_b), [BLOCK_S, BLOCK_H, 2 * BLOCK_HALF])
-        _store_channels(OUT, rows, channels, y, mask[:, :, None] & (channels < ROTARY_DIM)[None, None, :],
-                        stride_d, scale, FP8, EVICT)
-    else:
-        pairs = tl.arange(0, BLOCK_HALF)
-        pair_mask = mask[:, :, None] & (pairs < ROTARY_DIM // 2)[None, None, :]
-        _store_channels(OUT, rows, pairs, y_a, pair_mask, stride_d, scale, FP8, EVICT)
-        _store_channels(OUT, rows, pairs + ROTARY_DIM // 2, y_b, pair_mask, stride_d, scale, FP8, EVICT)
-    if WRITE_TAIL and ROTARY_DIM < HEAD_DIM:
-        tail = ROTARY_DIM + tl.arange(0, BLOCK_TAIL)
-        tail_mask = mask[:, :, None] & (tail < HEAD_DIM)[None, None, :]
-        _store_channels(OUT, rows, tail, y_t, tail_mask, stride_d, scale, FP8, EVICT)
-
-
-@triton.jit
-def _store_channels(OUT, rows, channels, values, mask, stride_d, scale, FP8: tl.constexpr, EVICT: tl.constexpr):
-    pointers = OUT + rows[:, :, None] + channels[None, None, :] * stride_d
-    if FP8:
-        # (x / scale) correctly rounded to fp32, then to e4m3: the quotient the float64 reference rounds
-        tl.store(pointers, _e4m3_bits(tl.div_rn(values.to(tl.float32), scale)), mask=mask, eviction_policy=EVICT)
-    else:
-        tl.store(pointers, values.to(OUT.dtype.element_ty), mask=mask, eviction_policy=EVICT)
-
-
-@triton.jit
-def _load_head(X, rows, mask, stride_d, ROTARY_DIM: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr,
-               BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_TAIL: tl.constexpr, INTERLEAVED: tl.constexpr,
-               MATH_DTYPE: tl.constexpr, EVICT: tl.constexpr):
-    """A tile of head vectors as (first of each pair, second of each pair, tail past ROTARY_DIM), in MATH_DTYPE."""
-    x_a, x_b = _load_pairs(X, rows, mask, stride_d, ROTARY_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF, INTERLEAVED,
-                           MATH_DTYPE, EVICT)
-    if ROTARY_DIM < HEAD_DIM:
-        tail = ROTARY_DIM + tl.arange(0, BLOCK_TAIL)
-        tail_mask = mask[:, :, None] & (tail < HEAD_DIM)[None, None, :]
-        x_t = tl.load(X + rows[:, :, None] + tail[None, None, :] * stride_d, mask=tail_mask, other=0.0,
-                      eviction_policy=EVICT).to(MATH_DTYPE)
-    else:  # full rotary: no tail, no masked access issued for one
-        x_t = tl.zeros([BLOCK_S, BLOCK_H, BLOCK_TAIL], dtype=MATH_DTYPE)
-    return x_a, x_b, x_t
-
-
-@triton.jit
-def _weights(W, stride_w, weight_offset, ROTARY_DIM: tl.constexpr, HEAD_DIM: tl.constexpr,
-             BLOCK_HALF: tl.constexpr, BLOCK_TAIL: tl.constexpr, INTERLEAVED: tl.constexpr, MATH_DTYPE: tl.constexpr):
-    """The norm's per-channel factor ``weight_offset + w`` laid out like a [1, 1] tile of head vectors."""
-    origin = tl.zeros([1, 1], dtype=tl.int32)
-    everywhere = origin == 0
-    w_a, w_b, w_t = _load_head(W, origin, everywhere, stride_w, ROTARY_DIM, HEAD_DIM, 1, 1, BLOCK_HALF, BLOCK_TAIL,
-                               INTERLEAVED, MATH_DTYPE, "")
-    return w_a + weight_offset, w_b + weight_offset, w_t + weight_offset
-
-
-@triton.jit
-def _rsqrt_mean_square(x_a, x_b, x_t, eps, HEAD_DIM: tl.constexpr, MATH_DTYPE: tl.constexpr):
-    """``1 / sqrt(mean(x^2) + eps)`` per head vector, [BLOCK_S, BLOCK_H, 1] (a correctly rounded square root:
-    ``sqrt_rn`` in fp32; fp64's ``sqrt`` already is)."""
-    squares = tl.sum(x_a * x_a, 2) + tl.sum(x_b * x_b, 2) + tl.sum(x_t * x_t, 2)
-    if MATH_DTYPE == tl.float64:
-        root = tl.sqrt(squares / HEAD_DIM + eps)
-    else:
-        root = tl.sqrt_rn(squares / HEAD_DIM + eps)
-    return (1.0 / root)[:, :, None]
-
-
-@triton.jit
-def _cache_slot(SLOTS, token, s_local, pid_b, mask, cache_len, block_size, stride_slot, CACHE: tl.constexpr):
-    """Where each token of the tile goes in the cache: (block or sequence, row inside it) and whether it is written.
-    Contiguous: sequence ``pid_b`` at its offset ``SLOTS[pid_b]`` plus the token's index, inside ``cache_len`` rows.
-    Paged: ``slot = SLOTS[token]``, block ``slot // block_size``, row ``slot % block_size``; -1 (any slot outside the
-    ``cache_len`` slots) writes nothing."""
-    if CACHE == 1:
-        row = tl.load(SLOTS + pid_b * stride_slot).to(tl.int64) + s_local.to(tl.int64)
-        block = tl.zeros_like(row) + pid_b
-        written = mask & (row >= 0) & (row < cache_len)
-    else:
-        slot = tl.load(SLOTS + token.to(tl.int64) * stride_slot, mask=mask, other=-1).to(tl.int64)
-        written = mask & (slot >= 0) & (slot < cache_len)
-        slot = tl.where(written, slot, 0)
-        block = slot // block_size
-        row = slot % block_size
-    return block, row, written
-
-
-@triton.jit
-def _head_tile(X, OUT, G, W, DW, V, KC, VC, K_SCALE, V_SCALE, cos_a, sin_a, cos_b, sin_b,
-               batch_index, token_rows, token_mask, first_head, n_heads, eps, weight_offset, dw_row,
+def _head_tile(X, OUT, G, W, V, KC, VC, K_SCALE, V_SCALE, cos_a, sin_a, cos_b, sin_b,
+               batch_index, token_rows, token_mask, first_head, n_heads, eps, weight_offset,
                cache_block, cache_row, cache_mask,
                sxb, sxs, sxh, sxd, sob, sos, soh, sod, sgb, sgs, sgh, sgd, svb, svs, svh, svd,
                skcb, skcs, skch, skcd, svcb, svcs, svch, svcd, stride_w,
@@ -158,24 +51,28 @@ def _head_tile(X, OUT, G, W, DW, V, KC, VC, K_SCALE, V_SCALE, cos_a, sin_a, cos_
                BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_TAIL: tl.constexpr, BLOCK_V: tl.constexpr,
                INTERLEAVED: tl.constexpr, MATH_DTYPE: tl.constexpr, INDEX_DTYPE: tl.constexpr, NORM: tl.constexpr,
                WRITE_OUT: tl.constexpr, WRITE_TAIL: tl.constexpr, CACHE: tl.constexpr, HAS_V: tl.constexpr,
-               FP8: tl.constexpr, BACKWARD: tl.constexpr, EVICT: tl.constexpr):
+               FP8: tl.constexpr, FP8_NATIVE: tl.constexpr, BACKWARD: tl.constexpr, EVICT: tl.constexpr):
     """BLOCK_H heads of q or of k for the tile's tokens: load once, normalise, rotate, store to the output and/or
-    the cache (and v's same heads to the v cache); or, with BACKWARD, the gradient of all that."""
+    the cache (and v's same heads to the v cache); or, with BACKWARD, the gradient of all that. Returns the tile's
+    per-element terms of the weight gradient (``g x r``, zero on padding lanes) with BACKWARD, else the loaded
+    tile (unused)."""
     heads = (first_head + tl.arange(0, BLOCK_H)).to(INDEX_DTYPE)
     head_mask = heads < n_heads
     mask = token_mask[:, None] & head_mask[None, :]
     rows_x = batch_index * sxb + token_rows[:, None] * sxs + heads[None, :] * sxh
     rows_out = batch_index * sob + token_rows[:, None] * sos + heads[None, :] * soh
-    x_a, x_b, x_t = _load_head(X, rows_x, mask, sxd, ROTARY_DIM, HEAD_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF,
+    x_a, x_b, x_t = load_head(X, rows_x, mask, sxd, ROTARY_DIM, HEAD_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF,
                                BLOCK_TAIL, INTERLEAVED, MATH_DTYPE, EVICT)
     if NORM:
-        w_a, w_b, w_t = _weights(W, stride_w, weight_offset, ROTARY_DIM, HEAD_DIM, BLOCK_HALF, BLOCK_TAIL,
+        w_a, w_b, w_t = norm_weights(W, stride_w, weight_offset, ROTARY_DIM, HEAD_DIM, BLOCK_HALF, BLOCK_TAIL,
                                  INTERLEAVED, MATH_DTYPE)
-        r = _rsqrt_mean_square(x_a, x_b, x_t, eps, HEAD_DIM, MATH_DTYPE)
+        r = rsqrt_mean_square(x_a, x_b, x_t, eps, HEAD_DIM, MATH_DTYPE)
+    else:
+        w_a, w_b, w_t, r = 1.0, 1.0, 1.0, 1.0  # (unread without NORM)
     if BACKWARD:
         # cos/sin arrive conjugated: the rotation's VJP turns the incoming gradient by -θ
         rows_g = batch_index * sgb + token_rows[:, None] * sgs + heads[None, :] * sgh
-        g_a, g_b, g_t = _load_head(G, rows_g, mask, sgd, ROTARY_DIM, HEAD_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF,
+        g_a, g_b, g_t = load_head(G, rows_g, mask, sgd, ROTARY_DIM, HEAD_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF,
                                    BLOCK_TAIL, INTERLEAVED, MATH_DTYPE, EVICT)
         g_a, g_b = _rotate(g_a, g_b, cos_a, sin_a, cos_b, sin_b, MATH_DTYPE, False)
         # padding lanes (pairs past ROTARY_DIM / 2, rows past the tile's tokens or heads) hold NaN from the table's
@@ -185,57 +82,155 @@ def _head_tile(X, OUT, G, W, DW, V, KC, VC, K_SCALE, V_SCALE, cos_a, sin_a, cos_
         # n = x r w:  dx = r w g - x r^3 mean(g w x),  dw = sum over rows of g x r
         dot = tl.sum(g_a * w_a * x_a, 2) + tl.sum(g_b * w_b * x_b, 2) + tl.sum(g_t * w_t * x_t, 2)
         c = r * r * r * (dot / HEAD_DIM)[:, :, None]
-        _store_head(OUT, rows_out, mask, r * w_a * g_a - c * x_a, r * w_b * g_b - c * x_b,
+        store_head(OUT, rows_out, mask, r * w_a * g_a - c * x_a, r * w_b * g_b - c * x_b,
                     r * w_t * g_t - c * x_t, sod, 1.0, ROTARY_DIM, HEAD_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_TAIL,
-                    INTERLEAVED, True, False, EVICT)
-        dw_a = tl.sum(tl.sum(g_a * x_a * r, 1), 0)[None, None, :]
-        dw_b = tl.sum(tl.sum(g_b * x_b * r, 1), 0)[None, None, :]
-        dw_t = tl.sum(tl.sum(g_t * x_t * r, 1), 0)[None, None, :]
-        origin = tl.zeros([1, 1], dtype=tl.int64) + dw_row * HEAD_DIM
-        _store_head(DW, origin, origin >= 0, dw_a, dw_b, dw_t, 1, 1.0, ROTARY_DIM, HEAD_DIM, 1, 1, BLOCK_HALF,
-                    BLOCK_TAIL, INTERLEAVED, True, False, "")
+                    INTERLEAVED, True, False, False, EVICT)
+        terms = g_a * x_a * r, g_b * x_b * r, g_t * x_t * r
     else:
-        if NORM:
-            x_a, x_b, x_t = x_a * r * w_a, x_b * r * w_b, x_t * r * w_t
-        y_a, y_b = _rotate(x_a, x_b, cos_a, sin_a, cos_b, sin_b, MATH_DTYPE, False)
-        if WRITE_OUT:
-            _store_head(OUT, rows_out, mask, y_a, y_b, x_t, sod, 1.0, ROTARY_DIM, HEAD_DIM, BLOCK_S, BLOCK_H,
-                        BLOCK_HALF, BLOCK_TAIL, INTERLEAVED, WRITE_TAIL, False, EVICT)
-        if CACHE != 0:
-            c_mask = cache_mask[:, None] & head_mask[None, :]
-            rows_kc = cache_block[:, None] * skcb + cache_row[:, None] * skcs + heads[None, :].to(tl.int64) * skch
-            k_scale = 1.0
-            if FP8:
-                k_scale = tl.load(K_SCALE)
-            _store_head(KC, rows_kc, c_mask, y_a, y_b, x_t, skcd, k_scale, ROTARY_DIM, HEAD_DIM, BLOCK_S, BLOCK_H,
-                        BLOCK_HALF, BLOCK_TAIL, INTERLEAVED, True, FP8, EVICT)
-            if HAS_V:
-                # v passes through: its head vectors as one "tail" of V_DIM channels
-                channels = tl.arange(0, BLOCK_V)
-                rows_v = batch_index * svb + token_rows[:, None] * svs + heads[None, :] * svh
-                v_mask = c_mask[:, :, None] & (channels < V_DIM)[None, None, :]
-                v = tl.load(V + rows_v[:, :, None] + channels[None, None, :] * svd, mask=v_mask, other=0.0,
-                            eviction_policy=EVICT)
-                v_scale = 1.0
-                if FP8:
-                    v_scale = tl.load(V_SCALE)
-                rows_vc = cache_block[:, None] * svcb + cache_row[:, None] * svcs + heads[None, :].to(tl.int64) * svch
-                _store_channels(VC, rows_vc, channels, v, v_mask, svcd, v_scale, FP8, EVICT)
+        terms = x_a, x_b, x_t
+        _forward_tile(OUT, V, KC, VC, K_SCALE, V_SCALE, x_a, x_b, x_t, r, w_a, w_b, w_t, cos_a, sin_a, cos_b, sin_b,
+                      batch_index, token_rows, heads, head_mask, mask, rows_out, cache_block, cache_row, cache_mask,
+                      sod, svb, svs, svh, svd, skcb, skcs, skch, skcd, svcb, svcs, svch, svcd,
+                      ROTARY_DIM, HEAD_DIM, V_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_TAIL, BLOCK_V, INTERLEAVED,
+                      MATH_DTYPE, NORM, WRITE_OUT, WRITE_TAIL, CACHE, HAS_V, FP8, FP8_NATIVE, EVICT)
+    return terms
 
 
 @triton.jit
-def _sequence(CU_SEQLENS, pid_b, seqlen, IS_VARLEN: tl.constexpr, INDEX_DTYPE: tl.constexpr):
-    """Sequence ``pid_b``: its first row, its length, and the batch index its rows are addressed with (varlen: a
-    sequence of the packed tensor, which has no batch axis)."""
-    if IS_VARLEN:
-        start = tl.load(CU_SEQLENS + pid_b).to(INDEX_DTYPE)
-        length = tl.load(CU_SEQLENS + pid_b + 1).to(INDEX_DTYPE) - start
-        batch_index = 0
+def _forward_tile(OUT, V, KC, VC, K_SCALE, V_SCALE, x_a, x_b, x_t, r, w_a, w_b, w_t, cos_a, sin_a, cos_b, sin_b,
+                  batch_index, token_rows, heads, head_mask, mask, rows_out, cache_block, cache_row, cache_mask,
+                  sod, svb, svs, svh, svd, skcb, skcs, skch, skcd, svcb, svcs, svch, svcd,
+                  ROTARY_DIM: tl.constexpr, HEAD_DIM: tl.constexpr, V_DIM: tl.constexpr, BLOCK_S: tl.constexpr,
+                  BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_TAIL: tl.constexpr, BLOCK_V: tl.constexpr,
+                  INTERLEAVED: tl.constexpr, MATH_DTYPE: tl.constexpr, NORM: tl.constexpr, WRITE_OUT: tl.constexpr,
+                  WRITE_TAIL: tl.constexpr, CACHE: tl.constexpr, HAS_V: tl.constexpr, FP8: tl.constexpr,
+                  FP8_NATIVE: tl.constexpr, EVICT: tl.constexpr):
+    """The forward of a loaded tile: normalise (NORM), rotate, store to the output and/or the cache, and copy v's
+    same heads into the v cache."""
+    if NORM:
+        x_a, x_b, x_t = x_a * r * w_a, x_b * r * w_b, x_t * r * w_t
+    y_a, y_b = _rotate(x_a, x_b, cos_a, sin_a, cos_b, sin_b, MATH_DTYPE, False)
+    if WRITE_OUT:
+        store_head(OUT, rows_out, mask, y_a, y_b, x_t, sod, 1.0, ROTARY_DIM, HEAD_DIM, BLOCK_S, BLOCK_H,
+                    BLOCK_HALF, BLOCK_TAIL, INTERLEAVED, WRITE_TAIL, False, False, EVICT)
+    if CACHE != 0:
+        c_mask = cache_mask[:, None] & head_mask[None, :]
+        rows_kc = cache_block[:, None] * skcb + cache_row[:, None] * skcs + heads[None, :].to(tl.int64) * skch
+        k_scale = 1.0
+        if FP8:
+            k_scale = tl.load(K_SCALE)
+        store_head(KC, rows_kc, c_mask, y_a, y_b, x_t, skcd, k_scale, ROTARY_DIM, HEAD_DIM, BLOCK_S, BLOCK_H,
+                    BLOCK_HALF, BLOCK_TAIL, INTERLEAVED, True, FP8, FP8_NATIVE, EVICT)
+        if HAS_V:
+            # v passes through: its head vectors as one "tail" of V_DIM channels
+            channels = tl.arange(0, BLOCK_V)
+            rows_v = batch_index * svb + token_rows[:, None] * svs + heads[None, :] * svh
+            v_mask = c_mask[:, :, None] & (channels < V_DIM)[None, None, :]
+            v = tl.load(V + rows_v[:, :, None] + channels[None, None, :] * svd, mask=v_mask, other=0.0,
+                        eviction_policy=EVICT)
+            v_scale = 1.0
+            if FP8:
+                v_scale = tl.load(V_SCALE)
+            rows_vc = cache_block[:, None] * svcb + cache_row[:, None] * svcs + heads[None, :].to(tl.int64) * svch
+            store_channels(VC, rows_vc, channels, v, v_mask, svcd, v_scale, FP8, FP8_NATIVE, EVICT)
+
+
+@triton.jit
+def _token_block(X, OUT, G, W, V, KC, VC, K_SCALE, V_SCALE, COS, SIN, POSITIONS, SLOTS, block,
+                 pid_b, first, seq_len, batch_index, seqlen, n_tokens, table_len, position_offset, cache_len,
+                 block_size, first_head, n_heads, eps, weight_offset,
+                 sxb, sxs, sxh, sxd, sob, sos, soh, sod, sgb, sgs, sgh, sgd, svb, svs, svh, svd,
+                 skcb, skcs, skch, skcd, svcb, svcs, svch, svcd, stride_w,
+                 stride_cos_b, stride_cos_s, stride_cos_d, stride_pos_b, stride_pos_s, stride_slot,
+                 ROTARY_DIM: tl.constexpr, HEAD_DIM: tl.constexpr, V_DIM: tl.constexpr, BLOCK_S: tl.constexpr,
+                 BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_TAIL: tl.constexpr, BLOCK_V: tl.constexpr,
+                 INTERLEAVED: tl.constexpr, POS_MODE: tl.constexpr, IS_VARLEN: tl.constexpr,
+                 COS_PER_TOKEN: tl.constexpr, MATH_DTYPE: tl.constexpr, INDEX_DTYPE: tl.constexpr,
+                 NORM: tl.constexpr, WRITE_OUT: tl.constexpr, WRITE_TAIL: tl.constexpr, CACHE: tl.constexpr,
+                 HAS_V: tl.constexpr, FP8: tl.constexpr, FP8_NATIVE: tl.constexpr, BACKWARD: tl.constexpr,
+                 EVICT: tl.constexpr):
+    """Token block ``block`` of sequence ``pid_b`` for one block of heads: its tokens' cos/sin rows and cache slots,
+    then :func:`_head_tile`. Returns what ``_head_tile`` returns."""
+    s_local = block * BLOCK_S + tl.arange(0, BLOCK_S)
+    token_rows = first + s_local.to(INDEX_DTYPE)
+    token_mask = (s_local < seq_len) & (token_rows >= 0) & (token_rows < n_tokens)
+    # (varlen: whatever cu_seqlens hold, only rows of the packed tensor are touched)
+    cos_a, sin_a, cos_b, sin_b = _cos_sin(
+        COS, SIN, POSITIONS, pid_b, batch_index, s_local, token_rows, token_mask, table_len, position_offset,
+        stride_cos_b, stride_cos_s, stride_cos_d, stride_pos_b, stride_pos_s,
+        ROTARY_DIM, BLOCK_HALF, INTERLEAVED, POS_MODE, COS_PER_TOKEN, BACKWARD, MATH_DTYPE)
+    cos_a, sin_a, cos_b, sin_b = cos_a[:, None, :], sin_a[:, None, :], cos_b[:, None, :], sin_b[:, None, :]
+    if CACHE != 0:
+        if IS_VARLEN:
+            token = token_rows
+        else:
+            token = pid_b.to(tl.int64) * seqlen + s_local
+        cache_block, cache_row, cache_mask = cache_slot(SLOTS, token, s_local, pid_b, token_mask, cache_len,
+                                                         block_size, stride_slot, CACHE)
     else:
-        start = 0
-        length = seqlen
-        batch_index = pid_b.to(INDEX_DTYPE)
-    return start, length, batch_index
+        cache_block, cache_row, cache_mask = s_local, s_local, token_mask
+    return _head_tile(X, OUT, G, W, V, KC, VC, K_SCALE, V_SCALE, cos_a, sin_a, cos_b, sin_b,
+                      batch_index, token_rows, token_mask, first_head, n_heads, eps, weight_offset,
+                      cache_block, cache_row, cache_mask,
+                      sxb, sxs, sxh, sxd, sob, sos, soh, sod, sgb, sgs, sgh, sgd, svb, svs, svh, svd,
+                      skcb, skcs, skch, skcd, svcb, svcs, svch, svcd, stride_w,
+                      ROTARY_DIM, HEAD_DIM, V_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_TAIL, BLOCK_V, INTERLEAVED,
+                      MATH_DTYPE, INDEX_DTYPE, NORM, WRITE_OUT, WRITE_TAIL, CACHE, HAS_V, FP8, FP8_NATIVE,
+                      BACKWARD, EVICT)
+
+
+@triton.jit
+def _heads_program(X, OUT, G, W, DW, V, KC, VC, K_SCALE, V_SCALE, COS, SIN, POSITIONS, SLOTS, pid_s, dw_row,
+                   pid_b, first, seq_len, batch_index, seqlen, n_tokens, table_len, position_offset, cache_len,
+                   block_size, first_head, n_heads, eps, weight_offset,
+                   sxb, sxs, sxh, sxd, sob, sos, soh, sod, sgb, sgs, sgh, sgd, svb, svs, svh, svd,
+                   skcb, skcs, skch, skcd, svcb, svcs, svch, svcd, stride_w,
+                   stride_cos_b, stride_cos_s, stride_cos_d, stride_pos_b, stride_pos_s, stride_slot,
+                   ROTARY_DIM: tl.constexpr, HEAD_DIM: tl.constexpr, V_DIM: tl.constexpr, BLOCK_S: tl.constexpr,
+                   BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_TAIL: tl.constexpr,
+                   BLOCK_V: tl.constexpr, TOKEN_BLOCKS: tl.constexpr, INTERLEAVED: tl.constexpr,
+                   POS_MODE: tl.constexpr, IS_VARLEN: tl.constexpr, COS_PER_TOKEN: tl.constexpr,
+                   MATH_DTYPE: tl.constexpr, INDEX_DTYPE: tl.constexpr, NORM: tl.constexpr,
+                   WRITE_OUT: tl.constexpr, WRITE_TAIL: tl.constexpr, CACHE: tl.constexpr, HAS_V: tl.constexpr,
+                   FP8: tl.constexpr, FP8_NATIVE: tl.constexpr, BACKWARD: tl.constexpr, EVICT: tl.constexpr):
+    """One program's work on one tensor (q, or k with v and the caches): its token block, or with BACKWARD its
+    TOKEN_BLOCKS consecutive token blocks, whose weight-gradient terms are summed element by element and reduced
+    over tokens and heads once, into row ``dw_row`` of DW (one cross-warp reduction a program, not one a tile)."""
+    if BACKWARD:
+        acc_a = tl.zeros([BLOCK_S, BLOCK_H, BLOCK_HALF], dtype=MATH_DTYPE)
+        acc_b = tl.zeros([BLOCK_S, BLOCK_H, BLOCK_HALF], dtype=MATH_DTYPE)
+        acc_t = tl.zeros([BLOCK_S, BLOCK_H, BLOCK_TAIL], dtype=MATH_DTYPE)
+        for i in range(TOKEN_BLOCKS):
+            p_a, p_b, p_t = _token_block(
+                X, OUT, G, W, V, KC, VC, K_SCALE, V_SCALE, COS, SIN, POSITIONS, SLOTS, pid_s * TOKEN_BLOCKS + i,
+                pid_b, first, seq_len, batch_index, seqlen, n_tokens, table_len, position_offset, cache_len,
+                block_size, first_head, n_heads, eps, weight_offset,
+                sxb, sxs, sxh, sxd, sob, sos, soh, sod, sgb, sgs, sgh, sgd, svb, svs, svh, svd,
+                skcb, skcs, skch, skcd, svcb, svcs, svch, svcd, stride_w,
+                stride_cos_b, stride_cos_s, stride_cos_d, stride_pos_b, stride_pos_s, stride_slot,
+                ROTARY_DIM, HEAD_DIM, V_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_TAIL, BLOCK_V, INTERLEAVED,
+                POS_MODE, IS_VARLEN, COS_PER_TOKEN, MATH_DTYPE, INDEX_DTYPE, NORM, WRITE_OUT, WRITE_TAIL, CACHE,
+                HAS_V, FP8, FP8_NATIVE, BACKWARD, EVICT)
+            acc_a += p_a
+            acc_b += p_b
+            acc_t += p_t
+        dw_a = tl.sum(tl.sum(acc_a, 1), 0)[None, None, :]
+        dw_b = tl.sum(tl.sum(acc_b, 1), 0)[None, None, :]
+        dw_t = tl.sum(tl.sum(acc_t, 1), 0)[None, None, :]
+        origin = tl.zeros([1, 1], dtype=tl.int64) + dw_row * HEAD_DIM
+        store_head(DW, origin, origin >= 0, dw_a, dw_b, dw_t, 1, 1.0, ROTARY_DIM, HEAD_DIM, 1, 1, BLOCK_HALF,
+                    BLOCK_TAIL, INTERLEAVED, True, False, False, "")
+    else:
+        _token_block(
+            X, OUT, G, W, V, KC, VC, K_SCALE, V_SCALE, COS, SIN, POSITIONS, SLOTS, pid_s,
+            pid_b, first, seq_len, batch_index, seqlen, n_tokens, table_len, position_offset, cache_len,
+            block_size, first_head, n_heads, eps, weight_offset,
+            sxb, sxs, sxh, sxd, sob, sos, soh, sod, sgb, sgs, sgh, sgd, svb, svs, svh, svd,
+            skcb, skcs, skch, skcd, svcb, svcs, svch, svcd, stride_w,
+            stride_cos_b, stride_cos_s, stride_cos_d, stride_pos_b, stride_pos_s, stride_slot,
+            ROTARY_DIM, HEAD_DIM, V_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_TAIL, BLOCK_V, INTERLEAVED,
+            POS_MODE, IS_VARLEN, COS_PER_TOKEN, MATH_DTYPE, INDEX_DTYPE, NORM, WRITE_OUT, WRITE_TAIL, CACHE,
+            HAS_V, FP8, FP8_NATIVE, BACKWARD, EVICT)
 
 
 @triton.jit
@@ -249,18 +244,21 @@ def fused_rope_kernel(
     skcb, skcs, skch, skcd, svcb, svcs, svch, svcd,
     stride_cos_b, stride_cos_s, stride_cos_d, stride_pos_b, stride_pos_s, stride_qw, stride_kw, stride_slot,
     ROTARY_DIM: tl.constexpr, HEAD_DIM: tl.constexpr, V_DIM: tl.constexpr, BLOCK_S: tl.constexpr,
-    BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_TAIL: tl.constexpr, BLOCK_V: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_TAIL: tl.constexpr,
+    BLOCK_V: tl.constexpr, TOKEN_BLOCKS: tl.constexpr,
     INTERLEAVED: tl.constexpr, POS_MODE: tl.constexpr, IS_VARLEN: tl.constexpr, COS_PER_TOKEN: tl.constexpr,
     HAS_K: tl.constexpr, MATH_DTYPE: tl.constexpr, INDEX_DTYPE: tl.constexpr, NORM: tl.constexpr,
     WRITE_Q: tl.constexpr, WRITE_K: tl.constexpr, WRITE_TAIL: tl.constexpr, CACHE: tl.constexpr,
-    HAS_V: tl.constexpr, FP8: tl.constexpr, BACKWARD: tl.constexpr, EVICT: tl.constexpr, HEADS_INNER: tl.constexpr,
+    HAS_V: tl.constexpr, FP8: tl.constexpr, FP8_NATIVE: tl.constexpr, BACKWARD: tl.constexpr, EVICT: tl.constexpr,
+    HEADS_INNER: tl.constexpr,
 ):
-    """Grid: (token blocks, head blocks of q then of k, batch or sequence), or with HEADS_INNER (token blocks x head
-    blocks, 1, batch or sequence), the head blocks of a token block adjacent in launch order. See the module
-    docstring."""
+    """Grid: (token-block groups, head blocks of q then of k, batch or sequence), or with HEADS_INNER (groups x head
+    blocks, 1, batch or sequence), the head blocks of a group adjacent in launch order. A group is TOKEN_BLOCKS
+    blocks of BLOCK_S tokens (one outside the backward). q's head blocks hold BLOCK_H heads, k's BLOCK_HK (k may
+    have far fewer heads: MLA's one shared k_pe). See the module docstring."""
     n_head_blocks_q = (n_heads_q + BLOCK_H - 1) // BLOCK_H
-    n_head_blocks = n_head_blocks_q + (n_heads_k + BLOCK_H - 1) // BLOCK_H  # n_heads_k is 0 without k
-    n_token_blocks = (seqlen + BLOCK_S - 1) // BLOCK_S
+    n_head_blocks = n_head_blocks_q + (n_heads_k + BLOCK_HK - 1) // BLOCK_HK  # n_heads_k is 0 without k
+    n_groups = ((seqlen + BLOCK_S - 1) // BLOCK_S + TOKEN_BLOCKS - 1) // TOKEN_BLOCKS
     if HEADS_INNER:
         pid_s = tl.program_id(0) // n_head_blocks
         pid_h = tl.program_id(0) % n_head_blocks
@@ -268,44 +266,31 @@ def fused_rope_kernel(
         pid_s = tl.program_id(0)
         pid_h = tl.program_id(1)
     pid_b = tl.program_id(2)
-    first, seq_len, batch_index = _sequence(CU_SEQLENS, pid_b, seqlen, IS_VARLEN, INDEX_DTYPE)
-    if pid_s * BLOCK_S >= seq_len:
+    first, seq_len, batch_index = sequence_span(CU_SEQLENS, pid_b, seqlen, IS_VARLEN, INDEX_DTYPE)
+    if pid_s * TOKEN_BLOCKS * BLOCK_S >= seq_len:
         return  # varlen: this sequence is shorter than the longest one
-    s_local = pid_s * BLOCK_S + tl.arange(0, BLOCK_S)
-    token_rows = first + s_local.to(INDEX_DTYPE)
-    token_mask = (s_local < seq_len) & (token_rows >= 0) & (token_rows < n_tokens)
-    # (varlen: whatever cu_seqlens hold, only rows of the packed tensor are touched)
-    cos_a, sin_a, cos_b, sin_b = _cos_sin(
-        COS, SIN, POSITIONS, pid_b, batch_index, s_local, token_rows, token_mask, table_len, position_offset,
-        stride_cos_b, stride_cos_s, stride_cos_d, stride_pos_b, stride_pos_s,
-        ROTARY_DIM, BLOCK_HALF, INTERLEAVED, POS_MODE, COS_PER_TOKEN, BACKWARD, MATH_DTYPE)
-    cos_a, sin_a, cos_b, sin_b = cos_a[:, None, :], sin_a[:, None, :], cos_b[:, None, :], sin_b[:, None, :]
-    dw_row = (pid_b * n_head_blocks + pid_h) * n_token_blocks + pid_s
+    dw_row = (pid_b * n_head_blocks + pid_h) * n_groups + pid_s
     if pid_h < n_head_blocks_q:
-        _head_tile(Q, OUT_Q, GQ, Q_W, DW, V, K_CACHE, V_CACHE, K_SCALE, V_SCALE, cos_a, sin_a, cos_b, sin_b,
-                   batch_index, token_rows, token_mask, pid_h * BLOCK_H, n_heads_q, eps, weight_offset, dw_row,
-                   s_local, s_local, token_mask,
-                   sqb, sqs, sqh, sqd, soqb, soqs, soqh, soqd, sgqb, sgqs, sgqh, sgqd, svb, svs, svh, svd,
-                   skcb, skcs, skch, skcd, svcb, svcs, svch, svcd, stride_qw,
-                   ROTARY_DIM, HEAD_DIM, V_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_TAIL, BLOCK_V, INTERLEAVED,
-                   MATH_DTYPE, INDEX_DTYPE, NORM, WRITE_Q, WRITE_TAIL, 0, False, False, BACKWARD, EVICT)
+        _heads_program(Q, OUT_Q, GQ, Q_W, DW, V, K_CACHE, V_CACHE, K_SCALE, V_SCALE, COS, SIN, POSITIONS, SLOTS,
+                       pid_s, dw_row, pid_b, first, seq_len, batch_index, seqlen, n_tokens, table_len,
+                       position_offset, cache_len, block_size, pid_h * BLOCK_H, n_heads_q, eps, weight_offset,
+                       sqb, sqs, sqh, sqd, soqb, soqs, soqh, soqd, sgqb, sgqs, sgqh, sgqd, svb, svs, svh, svd,
+                       skcb, skcs, skch, skcd, svcb, svcs, svch, svcd, stride_qw,
+                       stride_cos_b, stride_cos_s, stride_cos_d, stride_pos_b, stride_pos_s, stride_slot,
+                       ROTARY_DIM, HEAD_DIM, V_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_TAIL, BLOCK_V, TOKEN_BLOCKS,
+                       INTERLEAVED, POS_MODE, IS_VARLEN, COS_PER_TOKEN, MATH_DTYPE, INDEX_DTYPE, NORM, WRITE_Q,
+                       WRITE_TAIL, 0, False, False, False, BACKWARD, EVICT)
     elif HAS_K:
-        if CACHE != 0:
-            if IS_VARLEN:
-                token = token_rows
-            else:
-                token = pid_b.to(tl.int64) * seqlen + s_local
-            cache_block, cache_row, cache_mask = _cache_slot(SLOTS, token, s_local, pid_b, token_mask, cache_len,
-                                                             block_size, stride_slot, CACHE)
-        else:
-            cache_block, cache_row, cache_mask = s_local, s_local, token_mask
-        _head_tile(K, OUT_K, GK, K_W, DW, V, K_CACHE, V_CACHE, K_SCALE, V_SCALE, cos_a, sin_a, cos_b, sin_b,
-                   batch_index, token_rows, token_mask, (pid_h - n_head_blocks_q) * BLOCK_H, n_heads_k, eps,
-                   weight_offset, dw_row, cache_block, cache_row, cache_mask,
-                   skb, sks, skh, skd, sokb, soks, sokh, sokd, sgkb, sgks, sgkh, sgkd, svb, svs, svh, svd,
-                   skcb, skcs, skch, skcd, svcb, svcs, svch, svcd, stride_kw,
-                   ROTARY_DIM, HEAD_DIM, V_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_TAIL, BLOCK_V, INTERLEAVED,
-                   MATH_DTYPE, INDEX_DTYPE, NORM, WRITE_K, WRITE_TAIL, CACHE, HAS_V, FP8, BACKWARD, EVICT)
+        _heads_program(K, OUT_K, GK, K_W, DW, V, K_CACHE, V_CACHE, K_SCALE, V_SCALE, COS, SIN, POSITIONS, SLOTS,
+                       pid_s, dw_row, pid_b, first, seq_len, batch_index, seqlen, n_tokens, table_len,
+                       position_offset, cache_len, block_size, (pid_h - n_head_blocks_q) * BLOCK_HK, n_heads_k, eps,
+                       weight_offset,
+                       skb, sks, skh, skd, sokb, soks, sokh, sokd, sgkb, sgks, sgkh, sgkd, svb, svs, svh, svd,
+                       skcb, skcs, skch, skcd, svcb, svcs, svch, svcd, stride_kw,
+                       stride_cos_b, stride_cos_s, stride_cos_d, stride_pos_b, stride_pos_s, stride_slot,
+                       ROTARY_DIM, HEAD_DIM, V_DIM, BLOCK_S, BLOCK_HK, BLOCK_HALF, BLOCK_TAIL, BLOCK_V,
+                       TOKEN_BLOCKS, INTERLEAVED, POS_MODE, IS_VARLEN, COS_PER_TOKEN, MATH_DTYPE, INDEX_DTYPE, NORM,
+                       WRITE_K, WRITE_TAIL, CACHE, HAS_V, FP8, FP8_NATIVE, BACKWARD, EVICT)
 
 
 class FusedConfig(NamedTuple):
@@ -314,6 +299,7 @@ class FusedConfig(NamedTuple):
     num_warps: int
     evict_first: bool = False  # the streaming hint on activation loads and on every store
     heads_inner: bool = False  # launch order: the head blocks of one token block next to each other
+    token_blocks: int = 1  # backward: token blocks a program walks, its weight-gradient terms summed in registers
 
 
 def _next_pow2(n: int) -> int:
@@ -337,6 +323,7 @@ FUSED_LAUNCH_TABLE: dict = {
     "prefill-norm": FusedConfig(4, 8, 4, evict_first=True, heads_inner=True),  # the norm holds more per program
     "prefill-fp8": FusedConfig(2, 8, 4, evict_first=True, heads_inner=True),
     "prefill-wide": FusedConfig(2, 8, 8),  # fewer tokens a program bound the registers a thread holds
+    "backward": FusedConfig(4, 8, 4, evict_first=True, heads_inner=True),
 }
 
 _forced_fused: FusedConfig | None = None
@@ -356,10 +343,14 @@ def forced_fused_config(config: FusedConfig | None):
         _forced_fused = saved
 
 
-def fused_shape_class(n_tokens: int, width: int, fp8: bool = False, norm: bool = False) -> str:
-    """The launch table's key for a call: "decode" (at most 128 tokens) or "prefill", "-wide" when a program holds
-    head vectors wider than 128 channels (``width``: k's or v's), else "-fp8" for a float8 cache, else "-norm" for
-    a prefill with QK-norm (decode has one class: its programs are one token either way)."""
+def fused_shape_class(n_tokens: int, width: int, fp8: bool = False, norm: bool = False,
+                      backward: bool = False) -> str:
+    """The launch table's key for a call: "backward" for the QK-norm + RoPE backward (its own class: it reads twice
+    what it writes, and reduces the weight gradient); else "decode" (at most 128 tokens) or "prefill", "-wide" when
+    a program holds head vectors wider than 128 channels (``width``: k's or v's), else "-fp8" for a float8 cache,
+    else "-norm" for a prefill with QK-norm (decode has one class: its programs are one token either way)."""
+    if backward:
+        return "backward"
     kind = "decode" if n_tokens <= 128 else "prefill"
     if width > 128:
         return kind + "-wide"
@@ -368,7 +359,8 @@ def fused_shape_class(n_tokens: int, width: int, fp8: bool = False, norm: bool =
     return kind + "-norm" if norm and kind == "prefill" else kind
 
 
-def fused_config(n_tokens: int, n_heads: int, width: int, fp8: bool = False, norm: bool = False) -> FusedConfig:
+def fused_config(n_tokens: int, n_heads: int, width: int, fp8: bool = False, norm: bool = False,
+                 backward: bool = False) -> FusedConfig:
     """Block sizes for a call: :data:`FUSED_LAUNCH_TABLE` at the call's :func:`fused_shape_class`, heads a program
     capped at the call's (power-of-two) head count; inside :func:`forced_fused_config`, the forced configuration.
     Under the interpreter every program costs Python time: tiles as large as the shape allows."""
@@ -377,8 +369,16 @@ def fused_config(n_tokens: int, n_heads: int, width: int, fp8: bool = False, nor
     heads = _next_pow2(n_heads)
     if _device.INTERPRET:
         return FusedConfig(min(_next_pow2(n_tokens), 16), min(heads, 8), 4)
-    entry = FUSED_LAUNCH_TABLE[fused_shape_class(n_tokens, width, fp8, norm)]
+    entry = FUSED_LAUNCH_TABLE[fused_shape_class(n_tokens, width, fp8, norm, backward)]
     return entry._replace(block_h=min(heads, entry.block_h))
+
+
+def native_fp8(device) -> bool:
+    """Whether the kernel converts to e4m3 with the GPU's own instruction (compute capability 8.9 and later: a
+    saturating round-to-nearest-even conversion, two values an instruction) rather than with integer arithmetic
+    on the float32 bits (the interpreter, older GPUs). Both give the same bits."""
+    device = torch.device(device)
+    return not _device.INTERPRET and device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9)
 
 
 def _reach_fits_int32(*tensors) -> bool:
@@ -434,14 +434,19 @@ def launch_fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, in
         config = fused_config(n_batch * seqlen, max(n_heads_q, n_heads_k),
                               max(head_dim, v.shape[-1] if v is not None else 0),
                               fp8=k_cache is not None and k_cache.dtype == torch.uint8,
-                              norm=q_weight is not None or k_weight is not None)
+                              norm=q_weight is not None or k_weight is not None, backward=backward)
+    block_hk = min(config.block_h, _next_pow2(n_heads_k))
+    token_blocks = config.token_blocks if backward else 1
     n_blocks_q = _cdiv(n_heads_q, config.block_h)
-    n_blocks_s, n_blocks_h = _cdiv(seqlen, config.block_s), n_blocks_q + _cdiv(n_heads_k, config.block_h)
+    n_blocks_s = _cdiv(_cdiv(seqlen, config.block_s), token_blocks)
+    n_blocks_h = n_blocks_q + _cdiv(n_heads_k, block_hk)
     grid = (n_blocks_s * n_blocks_h, 1, n_batch) if config.heads_inner else (n_blocks_s, n_blocks_h, n_batch)
     dw = None
     if backward:
-        dw = torch.zeros((n_batch, n_blocks_h, n_blocks_s, head_dim), dtype=torch.float64 if q.dtype == torch.float64
-                         else torch.float32, device=q.device)
+        # every program writes its row, except varlen programs past their sequence's end
+        empty = torch.zeros if positions.is_varlen else torch.empty
+        dw = empty((n_batch, n_blocks_h, n_blocks_s, head_dim), dtype=torch.float64 if q.dtype == torch.float64
+                   else torch.float32, device=q.device)
     if grid[0] == 0 or n_batch == 0 or n_tokens == 0:
         return None if dw is None else (dw.sum((0, 1, 2)), dw.sum((0, 1, 2)))
     if cos_per_token:
@@ -461,16 +466,17 @@ def launch_fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, in
             *_strides(grad_q), *_strides(grad_k), *_strides(k_cache), *_strides(v_cache), *cos_strides,
             *pos_strides, *_strides(q_weight, 1), *_strides(k_weight, 1), *_strides(slots, 1))
     v_dim = v.shape[-1] if v is not None else 1
+    fp8 = k_cache is not None and k_cache.dtype == torch.uint8
     constexprs = dict(
         ROTARY_DIM=rotary_dim, HEAD_DIM=head_dim, V_DIM=v_dim, BLOCK_S=config.block_s, BLOCK_H=config.block_h,
-        BLOCK_HALF=_next_pow2(rotary_dim // 2), BLOCK_TAIL=_next_pow2(max(head_dim - rotary_dim, 1)),
-        BLOCK_V=_next_pow2(v_dim), INTERLEAVED=interleaved, POS_MODE=positions.mode,
+        BLOCK_HK=block_hk, BLOCK_HALF=_next_pow2(rotary_dim // 2), BLOCK_TAIL=_next_pow2(max(head_dim - rotary_dim, 1)),
+        BLOCK_V=_next_pow2(v_dim), TOKEN_BLOCKS=token_blocks, INTERLEAVED=interleaved, POS_MODE=positions.mode,
         IS_VARLEN=positions.is_varlen, COS_PER_TOKEN=cos_per_token, HAS_K=k is not None,
         MATH_DTYPE=_MATH.get(q.dtype, tl.float32),
         INDEX_DTYPE=tl.int32 if _reach_fits_int32(q, k, v, out_q, out_k, grad_q, grad_k, cos, sin, pos)
         else tl.int64,
         NORM=norm, WRITE_Q=write_q, WRITE_K=write_k, WRITE_TAIL=backward or norm or not in_place, CACHE=cache_mode,
-        HAS_V=v is not None, FP8=k_cache is not None and k_cache.dtype == torch.uint8, BACKWARD=backward,
+        HAS_V=v is not None, FP8=fp8, FP8_NATIVE=fp8 and native_fp8(q.device), BACKWARD=backward,
         EVICT="evict_first" if config.evict_first else "", HEADS_INNER=config.heads_inner)
     if _device.INTERPRET:
         with _device.INTERPRETER_LOCK:
