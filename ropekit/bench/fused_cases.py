@@ -89,7 +89,7 @@ def floor_bytes(case: FusedCase) -> int:
         return (q + 2 * kv) * act + q * act + 2 * kv * cache
     if case.kind == "mla":  # read q_pe, k_pe, kv_c; write q_pe, k_pe (in place) and the cache row [kv_c | k_pe]
         return (2 * q + 2 * t * d + t * case.latent) * act + t * (case.latent + d) * cache
-    return 6 * (q + kv) * act  # backward: read q, k, dq_out, dk_out; write dq, dk
+    return 3 * (q + kv) * act  # backward: read q, k and the gradients of their outputs; write dq, dk
 
 
 def meta_bytes(case: FusedCase) -> int:

@@ -317,13 +317,14 @@ def _cdiv(a: int, b: int) -> int:
 FUSED_LAUNCH_TABLE: dict = {
     "decode": FusedConfig(1, 8, 4),  # few tokens: one token a program, so that the grid covers the GPU
     "decode-fp8": FusedConfig(1, 4, 4),
-    "decode-wide": FusedConfig(1, 8, 8),  # vectors wider than 128 channels (MLA's latent): more warps
+    "decode-wide": FusedConfig(1, 32, 4),  # vectors wider than 128 channels (MLA's latent): more heads a program
     # prefill: the streaming hint and the heads-inner launch order on (see docs/tuning.md#fused-launch-table)
     "prefill": FusedConfig(2, 8, 4, evict_first=True, heads_inner=True),
     "prefill-norm": FusedConfig(4, 8, 4, evict_first=True, heads_inner=True),  # the norm holds more per program
     "prefill-fp8": FusedConfig(2, 8, 4, evict_first=True, heads_inner=True),
     "prefill-wide": FusedConfig(2, 8, 8),  # fewer tokens a program bound the registers a thread holds
-    "backward": FusedConfig(4, 8, 4, evict_first=True, heads_inner=True),
+    # the backward: one token x 8 heads a step, 16 steps a program (one weight-gradient reduction per 16 tokens)
+    "backward": FusedConfig(1, 8, 4, evict_first=True, heads_inner=True, token_blocks=16),
 }
 
 _forced_fused: FusedConfig | None = None
