@@ -15,6 +15,7 @@ import torch
 
 from .. import device as _device
 from . import exercises as _exercises
+from .addressing import Names
 from .cases import make_inputs
 from .diagnose import DIAGNOSES, GENERIC, Finding, analyse
 from .errors import IMPORT_ORDER, explain
@@ -122,7 +123,10 @@ def _check_rope(ex, code) -> CheckResult:
         except Exception as error:  # noqa: BLE001  (whatever the reader's code raises is reported, not re-raised)
             finding = explain(error)
         else:
-            finding = _validate_returned(ex, inputs, output) or analyse(inputs, output, candidates=candidates)
+            split = ex.notes.get("split_heads")  # q's heads then k's in one output (exercise 05)
+            names = Names(split(case.heads)) if split else Names()
+            finding = (_validate_returned(ex, inputs, output)
+                       or analyse(inputs, output, candidates=candidates, names=names))
         if finding.diagnosis == "correct" and touches is not None:
             finding = _reuse_finding(touches) or finding
         if finding.diagnosis != "correct":

@@ -225,7 +225,7 @@ _add(Exercise(
     task=("Fill in rope_strided_kernel: like 02, but x and out are views with any strides (all four are passed), "
           "any float dtype (compute in float32, round once when storing), and HEAD_DIM = 24 is not a power of two: "
           "the block has BLOCK_HALF = 16 lanes for 12 pairs, so loads and stores need a mask."),
-    diagnoses=("unwritten", "out_of_bounds", "stride_ignored", "half_precision_math", "wrong_direction",
+    diagnoses=("unwritten", "out_of_bounds", "out_stride", "stride_ignored", "half_precision_math", "wrong_direction",
                "other_pairing", "position_shift", "wrong"),
     cases=(
         RopeCase("float32, head_dim 24, x a strided view, out with gaps", 1, 3, 2, 24,
@@ -277,7 +277,7 @@ _add(Exercise(
         RopeCase("float32, 2 q + 1 k heads x 8, 7 tokens, offset 4", 1, 7, 3, 8, offsets=(4,), seed=2),
     ),
     launch=launch_qk, run=_run_qk, grade=grade_speed("05_qk_offsets"),
-    notes={"speed_shape": QKShape(4, 4096, 32, 8, 128, torch.bfloat16)},
+    notes={"speed_shape": QKShape(4, 4096, 32, 8, 128, torch.bfloat16), "split_heads": q_heads},
 ))
 
 _add(Exercise(
