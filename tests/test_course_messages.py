@@ -15,6 +15,7 @@ import re
 import triton
 import triton.language as tl
 
+import ropekit
 from ropekit import course
 from ropekit.course.addressing import Names
 from ropekit.course.exercises import wrong_variants
@@ -109,3 +110,12 @@ def test_wrong_position_examples_are_not_repeated():
     assert result.diagnosis == "wrong_positions", str(result)
     examples = re.findall(r"sequence \d+ token \d+: position \d+ instead of \d+", result.message)
     assert len(examples) >= 2 and len(examples) == len(set(examples)), result.message
+
+
+def test_a_check_that_needs_a_gpu_does_not_print_failed():
+    from ropekit.course.checker import CheckResult
+    text = str(CheckResult("06_cuda_kernel", False, "needs_gpu", "Compiles with nvcc; running it needs a CUDA GPU."))
+    assert "FAILED" not in text and "needs a GPU, not a failure" in text
+    if not ropekit.device.DEVICE == "cuda":  # on a CPU machine the real check of the solution says the same
+        result = course.check("06_cuda_kernel", course.solution_source("06_cuda_kernel"))
+        assert result.diagnosis == "needs_gpu" and "FAILED" not in str(result), str(result)

@@ -36,7 +36,14 @@ class CheckResult:
         return self.ok
 
     def __str__(self) -> str:
-        mark = "PASSED" if self.ok else ("not yet solved" if self.diagnosis == "not_solved" else "FAILED")
+        if self.ok:
+            mark = "PASSED"
+        elif self.diagnosis == "not_solved":
+            mark = "not yet solved"
+        elif self.diagnosis == "needs_gpu":
+            mark = "NOT RUN: needs a GPU, not a failure"
+        else:
+            mark = "FAILED"
         lines = [f"[{self.exercise}] {mark} ({self.diagnosis})", self.message]
         if self.case and not self.ok:
             lines.append(f"(case: {self.case})")
