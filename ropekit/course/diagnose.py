@@ -53,7 +53,7 @@ DIAGNOSES = {
     "unwritten": "some output elements were never written (a mask too tight)",
     "out_of_bounds": "memory outside the output was written (a mask too loose)",
     "load_out_of_bounds": "a load read past the end of an input (a load without a mask; found under the interpreter)",
-    "out_stride": "right values stored at the addresses of another layout: out addressed with x's (or contiguous) strides",
+    "out_stride": "right values stored where another layout keeps them: out addressed with x's or contiguous strides",
     "stride_ignored": "the head-dim stride of a non-contiguous input was taken as 1",
     "cos_sin_reloaded": "correct values, but each program reloads cos/sin instead of reusing them across heads",
     "wrong": "differs from the reference in a way the checker does not recognise",
