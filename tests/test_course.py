@@ -41,14 +41,15 @@ WRONG = [(name, diagnosis) for name in ALL for diagnosis in wrong_variants(name)
 
 ROOT = Path(__file__).resolve().parent.parent
 needs_nvcc = pytest.mark.skipif(course_cuda.find_nvcc() is None, reason="nvcc is not installed")
-# Reuse of cos/sin is measured by recording loads under the Triton interpreter: not on a GPU.
+# Reuse of cos/sin, and loads past an input's end, are found by recording loads under the Triton interpreter: not on
+# a GPU.
 interpreter_only = pytest.mark.skipif(not ropekit.device.INTERPRET, reason="measured under the Triton interpreter")
 
 
 def _on_device(name, *values):
     """A parameter that runs everywhere, except the CUDA exercise's (GPU only) and the reuse check (interpreter)."""
     marks = [gpu_only, needs_nvcc] if name in CUDA else []
-    if "cos_sin_reloaded" in values:
+    if "cos_sin_reloaded" in values or "load_out_of_bounds" in values:
         marks.append(interpreter_only)
     return pytest.param(*values, marks=marks, id="-".join(map(str, values)))
 

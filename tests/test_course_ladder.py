@@ -110,3 +110,20 @@ def test_newest_only_checks_what_the_step_adds():
     lines = verify.check_step(ladder.step(3), DEVICE, shapes=verify.SHAPES[:1], configs=verify.CONFIGS[1:],
                               newest_only=True)
     assert any("GPT-J" in line for line in lines) and not any("offset" in line for line in lines)
+
+
+def test_step6_int64_path_runs_on_a_small_tensor_when_forced():
+    """What a CPU can check of step 6: the int64 offsets' code path, forced on a tensor far below 2**31 elements."""
+    from ropekit import reference
+    from ropekit.frequencies import cos_sin_table
+    from ropekit.testing import assert_close_to_reference
+
+    lines = verify.check_step(ladder.step(6), DEVICE, shapes=verify.SHAPES[:1], configs=verify.CONFIGS[1:],
+                              newest_only=True)
+    assert any("int64 offsets (forced)" in line for line in lines)
+    q, k = torch.randn(1, 3, 2, 8, device=DEVICE), torch.randn(1, 3, 1, 8, device=DEVICE)
+    cos, sin = cos_sin_table(8, 8, device=DEVICE)
+    with pytest.raises(ValueError, match="step 6"):
+        ladder.rope_ladder(ladder.step(5).KERNEL, q, k, cos, sin, force_int64=True)
+    got_q, _ = ladder.rope_ladder(ladder.step(6).KERNEL, q, k, cos, sin, force_int64=True)
+    assert_close_to_reference(got_q, reference.rope(q, reference.token_positions(1, 3)))

@@ -3,11 +3,15 @@
 (The solutions, templates and every wrong variant run through ``course.check`` in tests/test_course.py.)
 """
 
+import pytest
 import triton
 import triton.language as tl
 
+import ropekit
 from ropekit import course
 from ropekit.course import warmups
+
+interpreter_only = pytest.mark.skipif(not ropekit.device.INTERPRET, reason="loads are recorded under the interpreter")
 
 WARMUPS = ("02_warmup_copy", "02_warmup_rotate_half", "02_warmup_angles")
 
@@ -47,3 +51,41 @@ def test_a_tail_left_out_is_found_on_the_case_that_has_one():
 def test_not_a_kernel_is_reported():
     result = course.check("02_warmup_copy", lambda *args: None)
     assert not result.ok and result.diagnosis == "raised" and "@triton.jit" in result.message
+
+
+@triton.jit
+def _copy_loading_unmasked(SRC, DST, n, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(DST + offsets, tl.load(SRC + offsets), mask=offsets < n)  # the load reads past SRC's end in the tail
+
+
+@triton.jit
+def _angles_in_float16(INV_FREQ, OUT, n_positions, n_pairs, BLOCK_P: tl.constexpr, BLOCK_I: tl.constexpr):
+    positions = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
+    pairs = tl.arange(0, BLOCK_I)
+    inv_freq = tl.load(INV_FREQ + pairs, mask=pairs < n_pairs, other=0.0)
+    angles = positions[:, None] * inv_freq[None, :]  # no float32 conversion: float16 math for a float16 INV_FREQ
+    inside = (positions[:, None] < n_positions) & (pairs[None, :] < n_pairs)
+    tl.store(OUT + positions[:, None] * n_pairs + pairs[None, :], angles, mask=inside)
+
+
+@interpreter_only
+def test_a_load_without_a_mask_fails_although_the_output_is_right():
+    result = course.check("02_warmup_copy", _copy_loading_unmasked)
+    assert not result.ok and result.diagnosis == "load_out_of_bounds", str(result)
+    assert "SRC" in result.message and "mask" in result.message and "n = 100" in result.message
+
+
+def test_a_missing_float32_conversion_fails_on_the_float16_frequencies():
+    result = course.check("02_warmup_angles", _angles_in_float16)
+    assert not result.ok and result.diagnosis == "half_precision_math", str(result)
+    assert "float16" in result.message and "positions.to(tl.float32)" in result.message
+
+
+def test_the_float16_case_separates_float32_math_from_float16_math():
+    # the check can only catch the missing conversion if float16 rounding changes some angle of the case
+    import torch
+    *_, (label, (inv_freq,), expected, mistakes) = warmups._angles_cases("cpu", torch.Generator().manual_seed(0))
+    assert inv_freq.dtype == torch.float16 and "float16" in label
+    differ = (mistakes["half_precision_math"] != expected).sum()
+    assert int(differ) > expected.numel() // 4, int(differ)

@@ -26,6 +26,7 @@ import torch
 
 from .. import reference
 from ..testing import ulp
+from .addressing import Names, matching_strides, ranges
 from .buffers import CANARY, POISON
 from .cases import RopeInputs
 
@@ -51,6 +52,8 @@ DIAGNOSES = {
     "half_precision_math": "close, but not float32-accurate: the math ran in half precision",
     "unwritten": "some output elements were never written (a mask too tight)",
     "out_of_bounds": "memory outside the output was written (a mask too loose)",
+    "load_out_of_bounds": "a load read past the end of an input (a load without a mask; found under the interpreter)",
+    "out_stride": "right values stored where another layout keeps them: out addressed with x's or contiguous strides",
     "stride_ignored": "the head-dim stride of a non-contiguous input was taken as 1",
     "cos_sin_reloaded": "correct values, but each program reloads cos/sin instead of reusing them across heads",
     "wrong": "differs from the reference in a way the checker does not recognise",
@@ -58,7 +61,8 @@ DIAGNOSES = {
 
 # Considered for every RoPE-shaped exercise, whatever it lists: each fires only when the output (or the error) has its
 # unmistakable signature, so a correct output or another mistake never triggers it.
-GENERIC = frozenset({"wrong_positions", "broadcast", "partial_pairing", "compile_error", "import_order"})
+GENERIC = frozenset({"wrong_positions", "broadcast", "partial_pairing", "compile_error", "import_order",
+                     "out_stride"})
 
 # Diagnoses that come from an error or a precheck, never from reading an output.
 _NOT_FROM_OUTPUT = frozenset({"wrong", "compile_error", "import_order", "raised", "not_solved", "needs_gpu",
@@ -99,26 +103,7 @@ def _matches(y: torch.Tensor, alt: torch.Tensor, dtype: torch.dtype, scale: floa
 
 # --- words for where things happened -------------------------------------------------------------------------------
 
-def ranges(values) -> str:
-    """[0, 1, 2, 3, 7, 9, 10] -> '0-3, 7, 9-10'"""
-    values = sorted(int(v) for v in values)
-    parts, start, prev = [], None, None
-    for v in values + [None]:
-        if start is None:
-            start = prev = v
-        elif v is not None and v == prev + 1:
-            prev = v
-        else:
-            parts.append(f"{start}" if start == prev else f"{start}-{prev}")
-            start = prev = v
-    return ", ".join(parts)
-
-
-def _index(index) -> str:
-    return "[" + ", ".join(str(int(i)) for i in index) + "]"
-
-
-def _describe_cells(mask: torch.Tensor, name: str = "out") -> str:
+def _describe_cells(mask: torch.Tensor, names: Names = Names()) -> str:
     """Where a (batch, seq, heads, head_dim) boolean mask is set, in words."""
     n, total = int(mask.sum()), mask.numel()
     channels = mask.any(dim=(0, 1, 2))
@@ -132,12 +117,12 @@ def _describe_cells(mask: torch.Tensor, name: str = "out") -> str:
         return "all heads and channels of " + "; ".join(per_seq) + f" ({n} of {total} elements)"
     heads = mask.any(dim=(0, 1, 3))
     if torch.equal(mask, heads[None, None, :, None].expand_as(mask)):
-        return f"every element of heads {ranges(torch.nonzero(heads).flatten())} ({n} of {total} elements)"
-    examples = ", ".join(f"{name}{_index(i)}" for i in torch.nonzero(mask)[:3])
+        return f"every element of {names.heads(torch.nonzero(heads).flatten())} ({n} of {total} elements)"
+    examples = ", ".join(names.element(i) for i in torch.nonzero(mask)[:3])
     return f"{n} of {total} elements, e.g. {examples}"
 
 
-def _describe_outside(inputs: RopeInputs, touched_storage: torch.Tensor) -> str:
+def _describe_outside(inputs: RopeInputs, touched_storage: torch.Tensor, names: Names = Names()) -> str:
     """Name the output elements right before each overwritten canary."""
     out = inputs.out
     flat_offsets = out.offsets.reshape(-1)
@@ -156,7 +141,7 @@ def _describe_outside(inputs: RopeInputs, touched_storage: torch.Tensor) -> str:
     parts = []
     for element, count in list(anchors.items())[:3]:
         index = torch.unravel_index(torch.tensor(element), shape)
-        parts.append(f"{count} just past out{_index(index)}")
+        parts.append(f"{count} just past {names.element(index)}")
     if len(anchors) > 3:
         parts.append(f"... ({len(anchors)} places in all)")
     if before_start:
@@ -166,8 +151,10 @@ def _describe_outside(inputs: RopeInputs, touched_storage: torch.Tensor) -> str:
 
 # --- the analysis --------------------------------------------------------------------------------------------------
 
-def analyse(inputs: RopeInputs, output: torch.Tensor, *, candidates: frozenset[str]) -> Finding:
-    """Diagnose ``output`` (the output view after the run, or the tensor the code returned)."""
+def analyse(inputs: RopeInputs, output: torch.Tensor, *, candidates: frozenset[str],
+            names: Names = Names()) -> Finding:
+    """Diagnose ``output`` (the output view after the run, or the tensor the code returned); ``names`` says how the
+    reader's kernel names its elements (q's and k's heads in one output, for exercise 05)."""
     case = inputs.case
     x = inputs.x.view
     x64 = x.detach().to(torch.float64).cpu()
@@ -193,9 +180,19 @@ def analyse(inputs: RopeInputs, output: torch.Tensor, *, candidates: frozenset[s
                                          "still holds the poison value the checker put there).")
         if touched.any():
             where_outside = torch.nonzero(~inputs.out.in_view).flatten()[touched]
+            if "out_stride" in candidates:
+                borrowed = matching_strides(inputs, expected,
+                                            lambda values: within_bound(values, expected, case.dtype, scale=scale))
+                if borrowed is not None:
+                    return Finding("out_stride", (
+                        f"The output is addressed with the wrong strides, not written past a mask: {borrowed}. "
+                        f"{int(touched.sum())} of the stores land in the gaps around and between out's elements, "
+                        "and the elements they should have filled are wrong or never written. Build every store's "
+                        "address from OUT's own strides (stride_ob, stride_os, stride_oh, stride_od): a view such as "
+                        "out need not be laid out like x, nor be contiguous."))
             return Finding("out_of_bounds", (
                 f"Written out of bounds (a mask too loose?): {int(touched.sum())} elements of the memory around and "
-                f"between the output's elements were overwritten: {_describe_outside(inputs, where_outside)}. "
+                f"between the output's elements were overwritten: {_describe_outside(inputs, where_outside, names)}. "
                 "Every store needs a mask that is false for lanes past the end of the row (or tile)."))
 
     if "partial_pairing" in candidates:
@@ -217,7 +214,7 @@ def analyse(inputs: RopeInputs, output: torch.Tensor, *, candidates: frozenset[s
                    f"rotary_dim/2 = {rot // 2}, not head_dim/2.")))
 
     if not written.all():
-        where = _describe_cells(~written)
+        where = _describe_cells(~written, names)
         hint = "Is a mask too tight (an off-by-one, or a bound smaller than the row/tile)?"
         if rot < case.head_dim and not (~written)[..., :rot].any():
             hint = ("Out of place, the tail channels past rotary_dim are not rotated but must still be copied to "
@@ -234,7 +231,7 @@ def analyse(inputs: RopeInputs, output: torch.Tensor, *, candidates: frozenset[s
         finding.max_error = max_error
         return finding
 
-    finding = _fit_positions(inputs, y, x64, scale, candidates)
+    finding = _fit_positions(inputs, y, x64, scale, candidates, names)
     if finding is not None:
         finding.max_error = max_error
         return finding
@@ -262,7 +259,7 @@ def analyse(inputs: RopeInputs, output: torch.Tensor, *, candidates: frozenset[s
                     "so a read outside the table (a row past its end or before its start) shows up like this.")
     worst = torch.unravel_index(torch.argmax(torch.nan_to_num(error, nan=float("inf"))), error.shape)
     return Finding("wrong", (
-        f"Does not match the reference: max |error| {max_error:.3g} at out{_index(worst)} (expected "
+        f"Does not match the reference: max |error| {max_error:.3g} at {names.element(worst)} (expected "
         f"{float(expected[worst]):.6g}, got {float(y[worst]):.6g}). It is none of the mistakes the checker knows "
         f"({', '.join(sorted(candidates - _NOT_FROM_OUTPUT))}). Try the case by hand: print your output next to "
         f"ropekit.reference.rope(...) for one token.{nan_hint}"), max_error)
@@ -354,7 +351,7 @@ def _partial_pairing(inputs: RopeInputs, y: torch.Tensor, x64: torch.Tensor, wri
 
 
 def _fit_positions(inputs: RopeInputs, y: torch.Tensor, x64: torch.Tensor, scale: float,
-                   candidates: frozenset[str]) -> Finding | None:
+                   candidates: frozenset[str], names: Names = Names()) -> Finding | None:
     """For each head vector, find the position whose rotation it is (if any). The pattern of those positions names
     the mistake: positions that change from head to head within one token come from a cos/sin block broadcast along
     the wrong axis; positions constant per token but not the token's own are wrong positions."""
@@ -384,7 +381,8 @@ def _fit_positions(inputs: RopeInputs, y: torch.Tensor, x64: torch.Tensor, scale
               if len(set(fitted[b, s][found[b, s]].tolist())) > 1]
     if varies and "broadcast" in candidates:
         b, s = varies[0]
-        seen = ", ".join(f"head {h} at position {int(fitted[b, s, h])}" for h in range(heads) if found[b, s, h])
+        seen = ", ".join(f"{names.head(h)} at position {int(fitted[b, s, h])}"
+                         for h in range(heads) if found[b, s, h])
         return Finding("broadcast", (
             f"The heads of one token were rotated at different positions: token {s} of sequence {b} (position "
             f"{int(truth[b, s, 0])}) has {seen}. A token's cos/sin row was spread over the wrong axis: a cos tile "
@@ -394,8 +392,10 @@ def _fit_positions(inputs: RopeInputs, y: torch.Tensor, x64: torch.Tensor, scale
     if "wrong_positions" not in candidates:
         return None
     wrong = torch.nonzero(found & (fitted != truth))
-    examples = "; ".join(f"sequence {int(b)} token {int(s)}: position {int(fitted[b, s, h])} instead of "
-                         f"{int(truth[b, s, h])}" for b, s, h in wrong[:3])
+    # One example per token (its heads share the token's position, so they would repeat the same words).
+    examples = list(dict.fromkeys(f"sequence {int(b)} token {int(s)}: position {int(fitted[b, s, h])} instead of "
+                                  f"{int(truth[b, s, h])}" for b, s, h in wrong))
+    examples = "; ".join(examples[:3]) + (f"; ... ({len(examples)} tokens in all)" if len(examples) > 3 else "")
     hint = (" In decode, token s of sequence b sits at offsets[b] + s: are the offsets added?" if case.offsets else
             " A token's position is its index in its sequence: (row // n_heads) % seq_len for a row of a contiguous "
             "(batch, seq, heads) tensor.")

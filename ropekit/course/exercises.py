@@ -225,7 +225,7 @@ _add(Exercise(
     task=("Fill in rope_strided_kernel: like 02, but x and out are views with any strides (all four are passed), "
           "any float dtype (compute in float32, round once when storing), and HEAD_DIM = 24 is not a power of two: "
           "the block has BLOCK_HALF = 16 lanes for 12 pairs, so loads and stores need a mask."),
-    diagnoses=("unwritten", "out_of_bounds", "stride_ignored", "half_precision_math", "wrong_direction",
+    diagnoses=("unwritten", "out_of_bounds", "out_stride", "stride_ignored", "half_precision_math", "wrong_direction",
                "other_pairing", "position_shift", "wrong"),
     cases=(
         RopeCase("float32, head_dim 24, x a strided view, out with gaps", 1, 3, 2, 24,
@@ -277,7 +277,7 @@ _add(Exercise(
         RopeCase("float32, 2 q + 1 k heads x 8, 7 tokens, offset 4", 1, 7, 3, 8, offsets=(4,), seed=2),
     ),
     launch=launch_qk, run=_run_qk, grade=grade_speed("05_qk_offsets"),
-    notes={"speed_shape": QKShape(4, 4096, 32, 8, 128, torch.bfloat16)},
+    notes={"speed_shape": QKShape(4, 4096, 32, 8, 128, torch.bfloat16), "split_heads": q_heads},
 ))
 
 _add(Exercise(
@@ -311,7 +311,7 @@ _add_warmup(
     "Fill in copy_kernel: copy the n elements of SRC to DST. Program p owns the BLOCK offsets "
     "p * BLOCK + tl.arange(0, BLOCK); n is not a multiple of BLOCK, so mask the lanes past the end in the load and "
     "the store. Checked for n = 64, 100, 1 and 300 with BLOCK = 64.",
-    ("out_of_bounds", "unwritten", "raised", "wrong"))
+    ("out_of_bounds", "load_out_of_bounds", "unwritten", "raised", "wrong"))
 _add_warmup(
     "02_warmup_rotate_half", "Warm-up 2: a constexpr inside the kernel", "rotate_half_kernel",
     "Fill in rotate_half_kernel: program `row` writes cat(-x[D/2:], x[:D/2]) for its row of the contiguous "
@@ -322,8 +322,11 @@ _add_warmup(
     "02_warmup_angles", "Warm-up 3: broadcasting and a 2-D mask", "angles_kernel",
     "Fill in angles_kernel: OUT[p, i] = p * INV_FREQ[i] (float32) for the BLOCK_P = 16 positions of the program "
     "and every pair. Make a (BLOCK_P, BLOCK_I) block from a column of positions (positions[:, None]) and a row of "
-    "frequencies (inv_freq[None, :]), and mask both axes. Checked for 16 x 8, 37 x 12 and 5 x 3.",
-    ("position_shift", "out_of_bounds", "unwritten", "raised", "wrong"))
+    "frequencies (inv_freq[None, :]), convert the integer positions to float32, and mask both axes. Checked for "
+    "16 x 8, 37 x 12 and 5 x 3, and 40 x 6 with INV_FREQ stored in float16 (where int32 positions times float16 "
+    "frequencies would be float16 math).",
+    ("position_shift", "out_of_bounds", "load_out_of_bounds", "half_precision_math", "unwritten", "raised",
+     "wrong"))
 
 _add(Exercise(
     name="09_rope_cache_kernel", title="RoPE and the paged KV-cache write in one kernel", language="triton",

@@ -10,6 +10,12 @@ the block) and sizes that are not powers of two:
 The output lies in a buffer with padding past its end: poison (NaN) where the kernel must write, canaries in the
 padding. A canary that changed is a store out of bounds, poison left is an element never written; then the values are
 compared with the expected ones and with the expected ones of a known mistake.
+
+A load without a mask leaves no trace in the output (a masked store throws the stray values away), so under the
+Triton interpreter (a CPU machine) the check records every load's addresses and reports lanes that read past an
+input; on a GPU it cannot see them and says so. One angle case stores INV_FREQ in float16: Triton multiplies an int32
+block by a float16 block in float16, so an angle computed without converting the positions to float32 is rounded to
+float16's 11 bits, and the check names that.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import torch
 import triton
 
 from .. import device as _device
+from . import touch
 from .diagnose import Finding
 
 __all__ = ["check", "checker", "launch_copy", "launch_rotate_half", "launch_angles", "COPY_BLOCK", "ANGLES_BLOCK_P"]
@@ -85,26 +92,39 @@ def _rotate_half_cases(device, generator):
 
 
 def _angles_cases(device, generator):
-    for n_positions, n_pairs in ((16, 8), (37, 12), (5, 3)):
-        inv_freq = 10000.0 ** (-torch.arange(n_pairs, dtype=torch.float64) / n_pairs)
+    for n_positions, n_pairs, dtype in ((16, 8, torch.float32), (37, 12, torch.float32), (5, 3, torch.float32),
+                                        (40, 6, torch.float16)):
+        # the frequencies as stored (float16 in the last case); p * inv_freq is exact in float32 for these p
+        inv_freq = (10000.0 ** (-torch.arange(n_pairs, dtype=torch.float64) / n_pairs)).to(dtype).double()
         positions = torch.arange(n_positions, dtype=torch.float64)[:, None]
         expected = (positions * inv_freq).float().to(device)
-        shifted = ((positions + 1) * inv_freq).float().to(device)
-        yield (f"{n_positions} positions x {n_pairs} pairs (BLOCK_P = {ANGLES_BLOCK_P})",
-               (inv_freq.float().to(device),), expected, {"position_shift": shifted})
+        mistakes = {"position_shift": ((positions + 1) * inv_freq).float().to(device)}
+        words = ""
+        if dtype == torch.float16:  # int32 * float16 is a float16 product in Triton: rounded to 11 bits
+            mistakes["half_precision_math"] = (positions.half() * inv_freq.half()).float().to(device)
+            words = ", INV_FREQ stored in float16"
+        yield (f"{n_positions} positions x {n_pairs} pairs (BLOCK_P = {ANGLES_BLOCK_P}){words}",
+               (inv_freq.to(dtype).to(device),), expected, mistakes)
 
 
+# name -> (launch, cases, relative tolerance, the inputs' names in the kernel's signature)
 _SETUPS = {
-    "02_warmup_copy": (launch_copy, _copy_cases, 0.0),
-    "02_warmup_rotate_half": (launch_rotate_half, _rotate_half_cases, 0.0),
-    "02_warmup_angles": (launch_angles, _angles_cases, 1e-6),
+    "02_warmup_copy": (launch_copy, _copy_cases, 0.0, ("SRC",)),
+    "02_warmup_rotate_half": (launch_rotate_half, _rotate_half_cases, 0.0, ("X",)),
+    "02_warmup_angles": (launch_angles, _angles_cases, 1e-6, ("INV_FREQ",)),
 }
 
 _MISTAKES = {
     "wrong_direction": "OUT is cat(x2, -x1): the quarter turn the other way. rotate_half negates the SECOND half and "
                        "puts it first: cat(-x[D/2:], x[:D/2]).",
     "position_shift": "Every angle is that of the next position: (p + 1) * inv_freq. Positions start at 0.",
+    "half_precision_math": "Every angle is the float16 product p * inv_freq, rounded to float16's 11 bits: Triton "
+                           "multiplies an int32 block by a float16 block in float16. Convert the positions to "
+                           "float32 first (positions.to(tl.float32), section 1.5): then the product is float32.",
 }
+
+_NOT_ON_GPU = (" (Loads past the end of an input are found only under the Triton interpreter, on a CPU machine: on a "
+               "GPU a load without a mask leaves no trace in the output, so check that every load has one.)")
 
 
 def _raised(error: BaseException) -> Finding:
@@ -115,10 +135,33 @@ def _raised(error: BaseException) -> Finding:
     return Finding("raised", f"Your kernel raised an exception:\n{text}" + (f"\nHint: {hint}" if hint else ""))
 
 
-def _finding(run, kernel, args, expected, mistakes, rtol, device) -> Finding:
+def _stray_loads(recorder, args, out, input_names) -> Finding | None:
+    """Lanes that loaded outside an input's elements (the recording of one run under the interpreter)."""
+    touches = touch._attribute(recorder, {**dict(zip(input_names, args)), "OUT": out})
+    for name, tensor in zip(input_names, args):
+        stray = touches.outside_view(name, "load")
+        if stray:
+            return Finding("load_out_of_bounds", (
+                f"{stray} load lane(s) read past the {tensor.numel()} elements of {name}. The output is right only "
+                "because the masked store threw those values away; on a GPU such a load reads memory that is not "
+                "yours (garbage, or an illegal-address fault at the end of an allocation). Give every load the mask "
+                "of the lanes that exist: tl.load(ptr, mask=inside)."))
+    if touches.unattributed.get("load"):
+        return Finding("load_out_of_bounds", (
+            f"{touches.unattributed['load']} load lane(s) read memory outside every tensor of the launch: give every "
+            "load the mask of the lanes that exist, tl.load(ptr, mask=inside)."))
+    return None
+
+
+def _finding(run, kernel, args, expected, mistakes, rtol, device, input_names=()) -> Finding:
     buffer, out = _padded(tuple(expected.shape), device, fill=float("nan"))
     try:
-        run(kernel, *args, out)
+        if _device.INTERPRET:
+            with touch.recording() as recorder:
+                run(kernel, *args, out)
+        else:
+            recorder = None
+            run(kernel, *args, out)
     except Exception as error:  # noqa: BLE001  (the reader's error is reported, not raised)
         return _raised(error)
     n = out.numel()
@@ -138,7 +181,8 @@ def _finding(run, kernel, args, expected, mistakes, rtol, device) -> Finding:
     error = float((out.double() - expected.double()).abs().max())
     scale = float(expected.double().abs().max()) or 1.0
     if error <= rtol * scale:
-        return Finding("correct", "", error)
+        stray = _stray_loads(recorder, args, out, input_names) if recorder is not None else None
+        return stray or Finding("correct", "", error)
     for diagnosis, wrong in mistakes.items():
         if torch.allclose(out.double(), wrong.double(), rtol=max(rtol, 1e-12), atol=0.0):
             return Finding(diagnosis, _MISTAKES[diagnosis], error)
@@ -151,16 +195,17 @@ def check(name: str, kernel) -> Finding:
     """The check of warm-up exercise ``name``: a Finding (the exercise's ``check`` hook, see :func:`checker`)."""
     if not hasattr(kernel, "__getitem__"):
         return Finding("raised", f"Expected a @triton.jit kernel (the template's), got {type(kernel).__name__}.")
-    run, cases, rtol = _SETUPS[name]
+    run, cases, rtol, input_names = _SETUPS[name]
     device = _device.DEVICE
     worst = 0.0
     n_cases = 0
     for label, args, expected, mistakes in cases(device, torch.Generator().manual_seed(0)):
-        finding = _finding(run, kernel, args, expected.to(device), mistakes, rtol, device)
+        finding = _finding(run, kernel, args, expected.to(device), mistakes, rtol, device, input_names)
         if finding.diagnosis != "correct":
             return Finding(finding.diagnosis, f"{finding.message} (case {label})", finding.max_error)
         worst, n_cases = max(worst, finding.max_error or 0.0), n_cases + 1
-    return Finding("correct", f"Correct on all {n_cases} cases; max |error| {worst:.3g}.", worst)
+    note = "" if _device.INTERPRET or name == "02_warmup_rotate_half" else _NOT_ON_GPU
+    return Finding("correct", f"Correct on all {n_cases} cases; max |error| {worst:.3g}.{note}", worst)
 
 
 def checker(name: str):

@@ -74,12 +74,13 @@ def _check(q, k, cos, sin, out_q, out_k, rotary_dim):
 
 
 def rope_ladder(kernel, q, k, cos, sin, *, positions=None, rotary_dim=None, interleaved=False, conjugate=False,
-                inplace=False, out_q=None, out_k=None, config: LadderConfig | None = None):
+                inplace=False, out_q=None, out_k=None, config: LadderConfig | None = None, force_int64: bool = False):
     """Rotate q and k with a ladder step's ``kernel`` in one launch; return ``(out_q, out_k)``.
 
     ``positions``: None (0..seq-1), an int offset, per-sequence offsets ``(batch,)`` or position ids ``(batch, seq)``
     (``ropekit.positions.resolve_positions``). ``inplace``: rotate q and k in their own memory. ``config``: the tile,
-    by default v3's ``launch_config`` for the shape.
+    by default v3's ``launch_config`` for the shape. ``force_int64``: int64 offsets even for a small tensor (so the
+    int64 code path can be checked where a tensor of 2**31 elements does not fit, e.g. under the interpreter).
     """
     head_dim = q.shape[-1] if isinstance(q, torch.Tensor) and q.ndim == 4 else 0
     rotary_dim = head_dim if rotary_dim is None else rotary_dim
@@ -94,7 +95,7 @@ def rope_ladder(kernel, q, k, cos, sin, *, positions=None, rotary_dim=None, inte
     spec = resolve_positions(batch=batch, seqlen=seqlen, positions=positions, device=q.device)
     declared = set(inspect.signature(getattr(kernel, "fn", kernel)).parameters)
     wanted = {"POS_MODE": positions is not None, "INTERLEAVED": interleaved, "ROTARY_DIM": rotary_dim != head_dim,
-              "CONJUGATE": conjugate, "INDEX_DTYPE": needs_int64(q, k, out_q, out_k)}
+              "CONJUGATE": conjugate, "INDEX_DTYPE": force_int64 or needs_int64(q, k, out_q, out_k)}
     for argument, asked in wanted.items():
         if asked and argument not in declared:
             feature, step = _ADDED_BY[argument]

@@ -48,6 +48,8 @@ def _runs(features, shape: Shape, device):
             "positions": reference.token_positions(batch, seq), "rotary_dim": rotary}
         yield f"rotary_dim {rotary}, in place", {"rotary_dim": rotary, "inplace": True}, {
             "positions": reference.token_positions(batch, seq), "rotary_dim": rotary}
+    if "int64" in features:  # the int64 offsets, forced on a small tensor: the same code path a huge tensor takes
+        yield "int64 offsets (forced)", {"force_int64": True}, {"positions": reference.token_positions(batch, seq)}
     if "conjugate" in features:
         yield "conjugate (backward)", {"conjugate": True, "positions": 2}, {
             "positions": reference.token_positions(batch, seq, offsets=2), "conjugate": True}

@@ -17,10 +17,11 @@ def rope_tiled_kernel(X, COS, SIN, OUT, seq_len, n_heads,
     """
     tokens = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
     batch = tl.program_id(1)
-    pairs = tl.arange(0, HEAD_DIM // 2)
+    HALF: tl.constexpr = HEAD_DIM // 2  # pairs per head vector: a block length, so a constexpr (notebook 02, 1.2)
+    pairs = tl.arange(0, HALF)
     token_ok = tokens < seq_len  # the last tile may stick out of the sequence
     # cos/sin once per tile: [BLOCK_S, HALF], then a head axis of size 1 that broadcasts over BLOCK_H heads.
-    table = tokens[:, None] * (HEAD_DIM // 2) + pairs[None, :]
+    table = tokens[:, None] * HALF + pairs[None, :]
     cos = tl.load(COS + table, mask=token_ok[:, None], other=0.0)[:, None, :]
     sin = tl.load(SIN + table, mask=token_ok[:, None], other=0.0)[:, None, :]
     for first_head in range(0, n_heads, BLOCK_H):  # the head loop: every step reuses the same cos/sin
@@ -31,6 +32,6 @@ def rope_tiled_kernel(X, COS, SIN, OUT, seq_len, n_heads,
         out = OUT + batch * stride_ob + tokens[:, None, None] * stride_os + heads[None, :, None] * stride_oh \
             + pairs[None, None, :]
         x_a = tl.load(x, mask=mask, other=0.0)
-        x_b = tl.load(x + HEAD_DIM // 2, mask=mask, other=0.0)
+        x_b = tl.load(x + HALF, mask=mask, other=0.0)
         tl.store(out, x_a * cos - x_b * sin, mask=mask)
-        tl.store(out + HEAD_DIM // 2, x_b * cos + x_a * sin, mask=mask)
+        tl.store(out + HALF, x_b * cos + x_a * sin, mask=mask)

@@ -7,15 +7,16 @@ def _rotate_block(X, OUT, cos, sin, batch, tokens, token_ok, first_head, n_heads
                   out_stride_b, out_stride_s, out_stride_h, HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr):
     """Rotate heads [first_head, +BLOCK_H) of the tile's tokens."""
     heads = first_head + tl.arange(0, BLOCK_H)
-    pairs = tl.arange(0, HEAD_DIM // 2)
+    HALF: tl.constexpr = HEAD_DIM // 2  # pairs per head vector: a block length, so a constexpr (notebook 02, 1.2)
+    pairs = tl.arange(0, HALF)
     mask = (token_ok[:, None] & (heads < n_heads)[None, :])[:, :, None]
     x = X + batch * stride_b + tokens[:, None, None] * stride_s + heads[None, :, None] * stride_h + pairs[None, None, :]
     out = (OUT + batch * out_stride_b + tokens[:, None, None] * out_stride_s + heads[None, :, None] * out_stride_h
            + pairs[None, None, :])
     x_a = tl.load(x, mask=mask, other=0.0).to(tl.float32)
-    x_b = tl.load(x + HEAD_DIM // 2, mask=mask, other=0.0).to(tl.float32)
+    x_b = tl.load(x + HALF, mask=mask, other=0.0).to(tl.float32)
     tl.store(out, (x_a * cos - x_b * sin).to(OUT.dtype.element_ty), mask=mask)
-    tl.store(out + HEAD_DIM // 2, (x_b * cos + x_a * sin).to(OUT.dtype.element_ty), mask=mask)
+    tl.store(out + HALF, (x_b * cos + x_a * sin).to(OUT.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -36,10 +37,11 @@ def rope_qk_kernel(Q, K, OUT_Q, OUT_K, COS, SIN, OFFSETS, seq_len, n_heads_q, n_
     tokens = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
     head_block = tl.program_id(1)
     batch = tl.program_id(2)
-    pairs = tl.arange(0, HEAD_DIM // 2)
+    HALF: tl.constexpr = HEAD_DIM // 2  # pairs per head vector: a block length, so a constexpr (notebook 02, 1.2)
+    pairs = tl.arange(0, HALF)
     token_ok = tokens < seq_len
     position = tl.load(OFFSETS + batch) + tokens  # the first new token sits right after the cache
-    table = position[:, None] * (HEAD_DIM // 2) + pairs[None, :]
+    table = position[:, None] * HALF + pairs[None, :]
     cos = tl.load(COS + table, mask=token_ok[:, None], other=0.0)[:, None, :]  # shared by every head of the block
     sin = tl.load(SIN + table, mask=token_ok[:, None], other=0.0)[:, None, :]
     n_q_blocks = (n_heads_q + BLOCK_H - 1) // BLOCK_H

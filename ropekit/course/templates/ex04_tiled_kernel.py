@@ -17,6 +17,7 @@ def rope_tiled_kernel(X, COS, SIN, OUT, seq_len, n_heads,
     """
     tokens = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
     batch = tl.program_id(1)
-    pairs = tl.arange(0, HEAD_DIM // 2)
+    HALF: tl.constexpr = HEAD_DIM // 2  # pairs per head vector: a block length, so a constexpr (notebook 02, 1.2)
+    pairs = tl.arange(0, HALF)
     # Your code: the token mask; cos/sin [BLOCK_S, 1, HEAD_DIM/2], loaded once; then the loop over the heads,
     # for first_head in range(0, n_heads, BLOCK_H): heads, their mask, x [BLOCK_S, BLOCK_H, HALF], rotate, store.

@@ -20,5 +20,6 @@ def rope_qk_kernel(Q, K, OUT_Q, OUT_K, COS, SIN, OFFSETS, seq_len, n_heads_q, n_
     tokens = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
     head_block = tl.program_id(1)
     batch = tl.program_id(2)
-    pairs = tl.arange(0, HEAD_DIM // 2)
+    HALF: tl.constexpr = HEAD_DIM // 2  # pairs per head vector: a block length, so a constexpr (notebook 02, 1.2)
+    pairs = tl.arange(0, HALF)
     # Your code: the positions and their cos/sin rows [BLOCK_S, 1, HEAD_DIM/2]; then q's head block or k's, masked.

@@ -21,4 +21,12 @@ def every_program_copies_block_zero(SRC, DST, n, BLOCK: tl.constexpr):
     tl.store(DST + offsets, tl.load(SRC + offsets, mask=inside), mask=inside)
 
 
-WRONG = {"out_of_bounds": store_unmasked, "unwritten": every_program_copies_block_zero}
+@triton.jit
+def load_unmasked(SRC, DST, n, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    inside = offsets < n
+    tl.store(DST + offsets, tl.load(SRC + offsets), mask=inside)  # MISTAKE: the load has no mask
+
+
+WRONG = {"out_of_bounds": store_unmasked, "unwritten": every_program_copies_block_zero,
+         "load_out_of_bounds": load_unmasked}

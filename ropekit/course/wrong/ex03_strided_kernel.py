@@ -86,9 +86,30 @@ def math_in_x_dtype(X, COS, SIN, OUT, seq_len, n_heads, stride_xb, stride_xs, st
              mask=mask)
 
 
+@triton.jit
+def out_with_x_strides(X, COS, SIN, OUT, seq_len, n_heads, stride_xb, stride_xs, stride_xh, stride_xd,
+                       stride_ob, stride_os, stride_oh, stride_od, HEAD_DIM: tl.constexpr, BLOCK_HALF: tl.constexpr):
+    row = tl.program_id(0)
+    head = row % n_heads
+    token = (row // n_heads) % seq_len
+    batch = row // (n_heads * seq_len)
+    pairs = tl.arange(0, BLOCK_HALF)
+    mask = pairs < HEAD_DIM // 2
+    x_row = X + batch * stride_xb + token * stride_xs + head * stride_xh
+    out_row = OUT + batch * stride_xb + token * stride_xs + head * stride_xh  # MISTAKE: x's strides address OUT
+    x_a = tl.load(x_row + pairs * stride_xd, mask=mask, other=0.0).to(tl.float32)
+    x_b = tl.load(x_row + (pairs + HEAD_DIM // 2) * stride_xd, mask=mask, other=0.0).to(tl.float32)
+    cos = tl.load(COS + token * (HEAD_DIM // 2) + pairs, mask=mask, other=0.0)
+    sin = tl.load(SIN + token * (HEAD_DIM // 2) + pairs, mask=mask, other=0.0)
+    tl.store(out_row + pairs * stride_xd, (x_a * cos - x_b * sin).to(OUT.dtype.element_ty), mask=mask)
+    tl.store(out_row + (pairs + HEAD_DIM // 2) * stride_xd, (x_b * cos + x_a * sin).to(OUT.dtype.element_ty),
+             mask=mask)
+
+
 WRONG = {
     "unwritten": mask_off_by_one,
     "out_of_bounds": unmasked_stores,
+    "out_stride": out_with_x_strides,
     "stride_ignored": unit_channel_stride,
     "half_precision_math": math_in_x_dtype,
 }

@@ -1,0 +1,121 @@
+"""The checker's words for three mistakes a reader makes: each mistake runs through the checker, the test reads the
+diagnosis and the message.
+
+* an output addressed with the wrong strides (x's, or a contiguous tensor's) is diagnosed as such, not as a mask too
+  loose, although its stores land in the gaps around the output like a loose mask's would;
+* in exercise 05 (q and k in one launch) a miss in k's head offset is reported as k's heads, numbered as k numbers
+  them, in out_k: not as heads of the joint q+k output the checker reads back;
+* an example is named once: the heads of one token share its position, so a wrong position is one example per token.
+"""
+
+from __future__ import annotations
+
+import re
+
+import triton
+import triton.language as tl
+
+import ropekit
+from ropekit import course
+from ropekit.course.addressing import Names
+from ropekit.course.exercises import wrong_variants
+from ropekit.course.solutions.ex05_qk_offsets import _rotate_block
+
+
+@triton.jit
+def _out_addressed_as_contiguous(X, COS, SIN, OUT, seq_len, n_heads, stride_xb, stride_xs, stride_xh, stride_xd,
+                                 stride_ob, stride_os, stride_oh, stride_od, HEAD_DIM: tl.constexpr,
+                                 BLOCK_HALF: tl.constexpr):
+    row = tl.program_id(0)
+    head = row % n_heads
+    token = (row // n_heads) % seq_len
+    batch = row // (n_heads * seq_len)
+    pairs = tl.arange(0, BLOCK_HALF)
+    mask = pairs < HEAD_DIM // 2
+    x_row = X + batch * stride_xb + token * stride_xs + head * stride_xh
+    out_row = OUT + row * HEAD_DIM  # the mistake: out taken as contiguous, its strides ignored
+    x_a = tl.load(x_row + pairs * stride_xd, mask=mask, other=0.0).to(tl.float32)
+    x_b = tl.load(x_row + (pairs + HEAD_DIM // 2) * stride_xd, mask=mask, other=0.0).to(tl.float32)
+    cos = tl.load(COS + token * (HEAD_DIM // 2) + pairs, mask=mask, other=0.0)
+    sin = tl.load(SIN + token * (HEAD_DIM // 2) + pairs, mask=mask, other=0.0)
+    tl.store(out_row + pairs, (x_a * cos - x_b * sin).to(OUT.dtype.element_ty), mask=mask)
+    tl.store(out_row + pairs + HEAD_DIM // 2, (x_b * cos + x_a * sin).to(OUT.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _k_head_offset_missed(Q, K, OUT_Q, OUT_K, COS, SIN, OFFSETS, seq_len, n_heads_q, n_heads_k,
+                          stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh,
+                          stride_oqb, stride_oqs, stride_oqh, stride_okb, stride_oks, stride_okh,
+                          HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr = 4, BLOCK_H: tl.constexpr = 2,
+                          NUM_WARPS: tl.constexpr = 4):
+    tokens = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
+    head_block = tl.program_id(1)
+    batch = tl.program_id(2)
+    pairs = tl.arange(0, HEAD_DIM // 2)
+    token_ok = tokens < seq_len
+    position = tl.load(OFFSETS + batch) + tokens
+    table = position[:, None] * (HEAD_DIM // 2) + pairs[None, :]
+    cos = tl.load(COS + table, mask=token_ok[:, None], other=0.0)[:, None, :]
+    sin = tl.load(SIN + table, mask=token_ok[:, None], other=0.0)[:, None, :]
+    n_q_blocks = (n_heads_q + BLOCK_H - 1) // BLOCK_H
+    if head_block < n_q_blocks:
+        _rotate_block(Q, OUT_Q, cos, sin, batch, tokens, token_ok, head_block * BLOCK_H, n_heads_q,
+                      stride_qb, stride_qs, stride_qh, stride_oqb, stride_oqs, stride_oqh, HEAD_DIM, BLOCK_H)
+    else:  # the mistake: k's first head is head_block * BLOCK_H, q's blocks not subtracted (past k's heads: masked)
+        _rotate_block(K, OUT_K, cos, sin, batch, tokens, token_ok, head_block * BLOCK_H, n_heads_k,
+                      stride_kb, stride_ks, stride_kh, stride_okb, stride_oks, stride_okh, HEAD_DIM, BLOCK_H)
+
+
+def test_out_addressed_with_x_strides_is_a_stride_mistake_not_a_loose_mask():
+    result = course.check("03_strided_kernel", wrong_variants("03_strided_kernel")["out_stride"])
+    assert result.diagnosis == "out_stride", str(result)
+    assert "x's strides" in result.message and "mask too loose" not in result.message
+    assert "stride_ob" in result.message
+
+
+def test_out_addressed_as_contiguous_is_a_stride_mistake_not_a_loose_mask():
+    result = course.check("03_strided_kernel", _out_addressed_as_contiguous)
+    assert result.diagnosis == "out_stride", str(result)
+    assert "contiguous" in result.message and "mask too loose" not in result.message
+
+
+def test_a_loose_mask_is_still_a_loose_mask():
+    result = course.check("03_strided_kernel", wrong_variants("03_strided_kernel")["out_of_bounds"])
+    assert result.diagnosis == "out_of_bounds" and "mask" in result.message, str(result)
+
+
+def test_a_missed_k_head_offset_names_ks_own_heads():
+    # case 1 has 4 q heads and 2 k heads: k's heads are 0-1 of out_k, not heads 4-5 of the joint output
+    result = course.check("05_qk_offsets", _k_head_offset_missed)
+    assert result.diagnosis == "unwritten", str(result)
+    assert "k's heads 0-1 in out_k" in result.message, result.message
+    assert "heads 4-5" not in result.message and "q's" not in result.message
+
+
+def test_a_loose_k_mask_names_the_element_of_out_k():
+    result = course.check("05_qk_offsets", wrong_variants("05_qk_offsets")["out_of_bounds"])
+    assert result.diagnosis == "out_of_bounds", str(result)
+    assert "out_k[1, 0, 0, 31]" in result.message and "out[" not in result.message
+
+
+def test_names_split_q_and_k():
+    names = Names(split=4)
+    assert names.element((0, 1, 5, 3)) == "out_k[0, 1, 1, 3]" and names.element((0, 1, 3, 3)) == "out_q[0, 1, 3, 3]"
+    assert names.heads([2, 3, 4]) == "q's heads 2-3 in out_q and k's heads 0 in out_k"
+    assert Names().heads([0, 1]) == "heads 0-1" and Names().head(2) == "head 2"
+
+
+def test_wrong_position_examples_are_not_repeated():
+    result = course.check("05_qk_offsets", wrong_variants("05_qk_offsets")["wrong_positions"])
+    assert result.diagnosis == "wrong_positions", str(result)
+    examples = re.findall(r"sequence \d+ token \d+: position \d+ instead of \d+", result.message)
+    assert len(examples) >= 2 and len(examples) == len(set(examples)), result.message
+
+
+def test_a_check_that_needs_a_gpu_does_not_print_failed():
+    from ropekit.course.checker import CheckResult
+    text = str(CheckResult("06_cuda_kernel", False, "needs_gpu", "Compiles with nvcc; running it needs a CUDA GPU."))
+    assert "FAILED" not in text and "needs a GPU, not a failure" in text
+    if not ropekit.device.DEVICE == "cuda":  # on a CPU machine the real check of the solution says the same
+        result = course.check("06_cuda_kernel", course.solution_source("06_cuda_kernel"))
+        assert result.diagnosis == "needs_gpu" and "FAILED" not in str(result), str(result)
