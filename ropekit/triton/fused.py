@@ -193,36 +193,16 @@ def _heads_program(X, OUT, G, W, DW, V, KC, VC, K_SCALE, V_SCALE, COS, SIN, POSI
                    MATH_DTYPE: tl.constexpr, INDEX_DTYPE: tl.constexpr, NORM: tl.constexpr,
                    WRITE_OUT: tl.constexpr, WRITE_TAIL: tl.constexpr, CACHE: tl.constexpr, HAS_V: tl.constexpr,
                    FP8: tl.constexpr, FP8_NATIVE: tl.constexpr, BACKWARD: tl.constexpr, EVICT: tl.constexpr):
-    """One program's work on one tensor (q, or k with v and the caches): its token block, or with BACKWARD its
-    TOKEN_BLOCKS consecutive token blocks, whose weight-gradient terms are summed element by element and reduced
-    over tokens and heads once, into row ``dw_row`` of DW (one cross-warp reduction a program, not one a tile)."""
+    """One program's work on one tensor (q, or k with v and the caches): TOKEN_BLOCKS consecutive token blocks (one
+    outside the backward). With BACKWARD their weight-gradient terms are summed element by element and reduced over
+    tokens and heads once, into row ``dw_row`` of DW (one cross-warp reduction a program, not one a tile)."""
     if BACKWARD:
         acc_a = tl.zeros([BLOCK_S, BLOCK_H, BLOCK_HALF], dtype=MATH_DTYPE)
         acc_b = tl.zeros([BLOCK_S, BLOCK_H, BLOCK_HALF], dtype=MATH_DTYPE)
         acc_t = tl.zeros([BLOCK_S, BLOCK_H, BLOCK_TAIL], dtype=MATH_DTYPE)
-        for i in range(TOKEN_BLOCKS):
-            p_a, p_b, p_t = _token_block(
-                X, OUT, G, W, V, KC, VC, K_SCALE, V_SCALE, COS, SIN, POSITIONS, SLOTS, pid_s * TOKEN_BLOCKS + i,
-                pid_b, first, seq_len, batch_index, seqlen, n_tokens, table_len, position_offset, cache_len,
-                block_size, first_head, n_heads, eps, weight_offset,
-                sxb, sxs, sxh, sxd, sob, sos, soh, sod, sgb, sgs, sgh, sgd, svb, svs, svh, svd,
-                skcb, skcs, skch, skcd, svcb, svcs, svch, svcd, stride_w,
-                stride_cos_b, stride_cos_s, stride_cos_d, stride_pos_b, stride_pos_s, stride_slot,
-                ROTARY_DIM, HEAD_DIM, V_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_TAIL, BLOCK_V, INTERLEAVED,
-                POS_MODE, IS_VARLEN, COS_PER_TOKEN, MATH_DTYPE, INDEX_DTYPE, NORM, WRITE_OUT, WRITE_TAIL, CACHE,
-                HAS_V, FP8, FP8_NATIVE, BACKWARD, EVICT)
-            acc_a += p_a
-            acc_b += p_b
-            acc_t += p_t
-        dw_a = tl.sum(tl.sum(acc_a, 1), 0)[None, None, :]
-        dw_b = tl.sum(tl.sum(acc_b, 1), 0)[None, None, :]
-        dw_t = tl.sum(tl.sum(acc_t, 1), 0)[None, None, :]
-        origin = tl.zeros([1, 1], dtype=tl.int64) + dw_row * HEAD_DIM
-        store_head(DW, origin, origin >= 0, dw_a, dw_b, dw_t, 1, 1.0, ROTARY_DIM, HEAD_DIM, 1, 1, BLOCK_HALF,
-                    BLOCK_TAIL, INTERLEAVED, True, False, False, "")
-    else:
-        _token_block(
-            X, OUT, G, W, V, KC, VC, K_SCALE, V_SCALE, COS, SIN, POSITIONS, SLOTS, pid_s,
+    for i in range(TOKEN_BLOCKS):
+        p_a, p_b, p_t = _token_block(
+            X, OUT, G, W, V, KC, VC, K_SCALE, V_SCALE, COS, SIN, POSITIONS, SLOTS, pid_s * TOKEN_BLOCKS + i,
             pid_b, first, seq_len, batch_index, seqlen, n_tokens, table_len, position_offset, cache_len,
             block_size, first_head, n_heads, eps, weight_offset,
             sxb, sxs, sxh, sxd, sob, sos, soh, sod, sgb, sgs, sgh, sgd, svb, svs, svh, svd,
@@ -231,6 +211,17 @@ def _heads_program(X, OUT, G, W, DW, V, KC, VC, K_SCALE, V_SCALE, COS, SIN, POSI
             ROTARY_DIM, HEAD_DIM, V_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_TAIL, BLOCK_V, INTERLEAVED,
             POS_MODE, IS_VARLEN, COS_PER_TOKEN, MATH_DTYPE, INDEX_DTYPE, NORM, WRITE_OUT, WRITE_TAIL, CACHE,
             HAS_V, FP8, FP8_NATIVE, BACKWARD, EVICT)
+        if BACKWARD:
+            acc_a += p_a
+            acc_b += p_b
+            acc_t += p_t
+    if BACKWARD:
+        dw_a = tl.sum(tl.sum(acc_a, 1), 0)[None, None, :]
+        dw_b = tl.sum(tl.sum(acc_b, 1), 0)[None, None, :]
+        dw_t = tl.sum(tl.sum(acc_t, 1), 0)[None, None, :]
+        origin = tl.zeros([1, 1], dtype=tl.int64) + dw_row * HEAD_DIM
+        store_head(DW, origin, origin >= 0, dw_a, dw_b, dw_t, 1, 1.0, ROTARY_DIM, HEAD_DIM, 1, 1, BLOCK_HALF,
+                   BLOCK_TAIL, INTERLEAVED, True, False, False, "")
 
 
 @triton.jit
