@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 import triton
 import triton.language as tl
 
@@ -119,3 +121,14 @@ def test_a_check_that_needs_a_gpu_does_not_print_failed():
     if not ropekit.device.DEVICE == "cuda":  # on a CPU machine the real check of the solution says the same
         result = course.check("06_cuda_kernel", course.solution_source("06_cuda_kernel"))
         assert result.diagnosis == "needs_gpu" and "FAILED" not in str(result), str(result)
+
+
+@pytest.mark.parametrize("exercise", ["04_tiled_kernel", "05_qk_offsets"])
+def test_skipped_heads_point_at_the_head_loop_not_at_a_mask(exercise):
+    """A tile that never reaches some heads (04: the head loop stops short; 05: k's heads never rotated) is told to
+    look at the heads its programs cover, not at a mask."""
+    from ropekit.course.exercises import wrong_variants
+
+    result = course.check(exercise, wrong_variants(exercise)["unwritten"])
+    assert result.diagnosis == "unwritten"
+    assert "Whole heads were skipped" in result.message and "mask too tight" not in result.message

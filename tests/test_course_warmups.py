@@ -89,3 +89,22 @@ def test_the_float16_case_separates_float32_math_from_float16_math():
     assert inv_freq.dtype == torch.float16 and "float16" in label
     differ = (mistakes["half_precision_math"] != expected).sum()
     assert int(differ) > expected.numel() // 4, int(differ)
+
+
+@triton.jit
+def _writes_nothing(SRC, DST, n, BLOCK: tl.constexpr):
+    pass
+
+
+@triton.jit
+def _stores_one_block_too_far(SRC, DST, n, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(DST + offsets, tl.load(SRC + offsets, mask=offsets < n))  # no mask on the store
+
+
+def test_messages_name_the_output_as_the_kernel_calls_it():
+    """The copy warm-up's output is DST in its template: the checker says DST, not a name the learner never saw."""
+    nothing = course.check("02_warmup_copy", _writes_nothing)
+    assert nothing.diagnosis == "not_solved" and "DST still holds" in nothing.message
+    too_far = course.check("02_warmup_copy", _stores_one_block_too_far)
+    assert too_far.diagnosis == "out_of_bounds" and "past the end of DST" in too_far.message

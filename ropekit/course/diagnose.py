@@ -122,6 +122,19 @@ def _describe_cells(mask: torch.Tensor, names: Names = Names()) -> str:
     return f"{n} of {total} elements, e.g. {examples}"
 
 
+def _unwritten_hint(mask: torch.Tensor, names: Names = Names()) -> str:
+    """What to look at, from the shape of the unwritten (batch, seq, heads, head_dim) elements: whole heads point at
+    the heads a program covers, whole tokens at the grid, a part of every row at a mask."""
+    heads = mask.any(dim=(0, 1, 3))
+    if torch.equal(mask, heads[None, None, :, None].expand_as(mask)):
+        return ("Whole heads were skipped: does every head get a program, or a turn of your head loop (its range "
+                "and step), and does the head offset reach " + names.heads(torch.nonzero(heads).flatten()) + "?")
+    tokens = mask.any(dim=(2, 3))
+    if torch.equal(mask, tokens[:, :, None, None].expand_as(mask)):
+        return "Whole tokens were skipped: does the grid (or a loop over tokens) cover every token of every sequence?"
+    return "Is a mask too tight (an off-by-one, or a bound smaller than the row/tile)?"
+
+
 def _describe_outside(inputs: RopeInputs, touched_storage: torch.Tensor, names: Names = Names()) -> str:
     """Name the output elements right before each overwritten canary."""
     out = inputs.out
@@ -215,7 +228,7 @@ def analyse(inputs: RopeInputs, output: torch.Tensor, *, candidates: frozenset[s
 
     if not written.all():
         where = _describe_cells(~written, names)
-        hint = "Is a mask too tight (an off-by-one, or a bound smaller than the row/tile)?"
+        hint = _unwritten_hint(~written, names)
         if rot < case.head_dim and not (~written)[..., :rot].any():
             hint = ("Out of place, the tail channels past rotary_dim are not rotated but must still be copied to "
                     "the output.")

@@ -107,11 +107,11 @@ def _angles_cases(device, generator):
                (inv_freq.to(dtype).to(device),), expected, mistakes)
 
 
-# name -> (launch, cases, relative tolerance, the inputs' names in the kernel's signature)
+# name -> (launch, cases, relative tolerance, the inputs' names in the kernel's signature, the output's name)
 _SETUPS = {
-    "02_warmup_copy": (launch_copy, _copy_cases, 0.0, ("SRC",)),
-    "02_warmup_rotate_half": (launch_rotate_half, _rotate_half_cases, 0.0, ("X",)),
-    "02_warmup_angles": (launch_angles, _angles_cases, 1e-6, ("INV_FREQ",)),
+    "02_warmup_copy": (launch_copy, _copy_cases, 0.0, ("SRC",), "DST"),
+    "02_warmup_rotate_half": (launch_rotate_half, _rotate_half_cases, 0.0, ("X",), "OUT"),
+    "02_warmup_angles": (launch_angles, _angles_cases, 1e-6, ("INV_FREQ",), "OUT"),
 }
 
 _MISTAKES = {
@@ -135,9 +135,9 @@ def _raised(error: BaseException) -> Finding:
     return Finding("raised", f"Your kernel raised an exception:\n{text}" + (f"\nHint: {hint}" if hint else ""))
 
 
-def _stray_loads(recorder, args, out, input_names) -> Finding | None:
+def _stray_loads(recorder, args, out, input_names, output_name) -> Finding | None:
     """Lanes that loaded outside an input's elements (the recording of one run under the interpreter)."""
-    touches = touch._attribute(recorder, {**dict(zip(input_names, args)), "OUT": out})
+    touches = touch._attribute(recorder, {**dict(zip(input_names, args)), output_name: out})
     for name, tensor in zip(input_names, args):
         stray = touches.outside_view(name, "load")
         if stray:
@@ -153,7 +153,7 @@ def _stray_loads(recorder, args, out, input_names) -> Finding | None:
     return None
 
 
-def _finding(run, kernel, args, expected, mistakes, rtol, device, input_names=()) -> Finding:
+def _finding(run, kernel, args, expected, mistakes, rtol, device, input_names=(), output_name="OUT") -> Finding:
     buffer, out = _padded(tuple(expected.shape), device, fill=float("nan"))
     try:
         if _device.INTERPRET:
@@ -167,12 +167,13 @@ def _finding(run, kernel, args, expected, mistakes, rtol, device, input_names=()
     n = out.numel()
     if not bool((buffer[n:] == CANARY).all()):
         stray = int((buffer[n:] != CANARY).sum())
-        return Finding("out_of_bounds", f"{stray} element(s) past the end of OUT were written: some lanes stored "
-                                        "outside the tensor. Every store needs the mask of the lanes that exist.")
+        return Finding("out_of_bounds", f"{stray} element(s) past the end of {output_name} were written: some lanes "
+                                        "stored outside the tensor. Every store needs the mask of the lanes that "
+                                        "exist.")
     unwritten = torch.isnan(out)
     if bool(unwritten.all()):
-        return Finding("not_solved", "Not yet solved: the kernel ran but wrote nothing (OUT still holds the poison "
-                                     "value the checker put there).")
+        return Finding("not_solved", f"Not yet solved: the kernel ran but wrote nothing ({output_name} still holds "
+                                     "the poison value the checker put there).")
     if bool(unwritten.any()):
         first = tuple(int(i) for i in torch.nonzero(unwritten)[0])
         return Finding("unwritten", f"{int(unwritten.sum())} of {n} output elements were never written (the first "
@@ -181,7 +182,7 @@ def _finding(run, kernel, args, expected, mistakes, rtol, device, input_names=()
     error = float((out.double() - expected.double()).abs().max())
     scale = float(expected.double().abs().max()) or 1.0
     if error <= rtol * scale:
-        stray = _stray_loads(recorder, args, out, input_names) if recorder is not None else None
+        stray = _stray_loads(recorder, args, out, input_names, output_name) if recorder is not None else None
         return stray or Finding("correct", "", error)
     for diagnosis, wrong in mistakes.items():
         if torch.allclose(out.double(), wrong.double(), rtol=max(rtol, 1e-12), atol=0.0):
@@ -195,12 +196,12 @@ def check(name: str, kernel) -> Finding:
     """The check of warm-up exercise ``name``: a Finding (the exercise's ``check`` hook, see :func:`checker`)."""
     if not hasattr(kernel, "__getitem__"):
         return Finding("raised", f"Expected a @triton.jit kernel (the template's), got {type(kernel).__name__}.")
-    run, cases, rtol, input_names = _SETUPS[name]
+    run, cases, rtol, input_names, output_name = _SETUPS[name]
     device = _device.DEVICE
     worst = 0.0
     n_cases = 0
     for label, args, expected, mistakes in cases(device, torch.Generator().manual_seed(0)):
-        finding = _finding(run, kernel, args, expected.to(device), mistakes, rtol, device, input_names)
+        finding = _finding(run, kernel, args, expected.to(device), mistakes, rtol, device, input_names, output_name)
         if finding.diagnosis != "correct":
             return Finding(finding.diagnosis, f"{finding.message} (case {label})", finding.max_error)
         worst, n_cases = max(worst, finding.max_error or 0.0), n_cases + 1

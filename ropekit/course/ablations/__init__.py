@@ -38,8 +38,9 @@ for _module in sorted(m.name for m in pkgutil.iter_modules(__path__)):
         importlib.import_module(f"{__name__}.{_module}")
 
 
-def run(names=None, *, on_gpu: bool | None = None, timer=None) -> dict:
-    """Run the named experiments (None: all) and return the document ``main`` writes."""
+def run(names=None, *, on_gpu: bool | None = None, timer=None, log=None) -> dict:
+    """Run the named experiments (None: all) and return the document ``main`` writes; ``log(line)``, when given,
+    hears of each experiment as it finishes (the command line prints them on stderr; a notebook stays quiet)."""
     on_gpu = torch.cuda.is_available() if on_gpu is None else on_gpu
     if timer is None:
         if on_gpu:
@@ -67,7 +68,8 @@ def run(names=None, *, on_gpu: bool | None = None, timer=None) -> dict:
     for name in chosen:
         result = EXPERIMENTS[name].run(lab)
         doc["experiments"][name] = {"question": EXPERIMENTS[name].question, **result}
-        print(f"[ablations] {name}: {len(result['rows'])} rows", file=sys.stderr)
+        if log is not None:
+            log(f"[ablations] {name}: {len(result['rows'])} rows")
     doc["model"] = {"latency_ns": lab.model.latency_ns, "latency_source": lab.model.latency_source,
                     "needed_bytes_in_flight_per_sm": lab.model.needed_bytes_in_flight_per_sm}
     return doc
@@ -116,7 +118,8 @@ def main(argv=None) -> int:
                            "no GPU: the interpreter is never timed; pass --cpu to check the code path"),
               file=sys.stderr)
         return 2
-    doc = run(args.only.split(",") if args.only else None, on_gpu=not args.cpu)
+    doc = run(args.only.split(",") if args.only else None, on_gpu=not args.cpu,
+              log=lambda line: print(line, file=sys.stderr))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / "ablations.json"
