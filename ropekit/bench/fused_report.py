@@ -70,10 +70,10 @@ def render_markdown(doc: dict) -> str:
              "against the unfused pipeline built from the single-op pieces and torch.compile of the whole chain. "
              "Graph replay, medians of interleaved rounds, fresh random inputs, every implementation checked against "
              "the float64 reference before it is timed. The byte floor counts each activation and cache tensor "
-             "read once and written once, at the copy ceiling measured in the same run. FlashInfer is not measured: "
-             "its wheel (62 MB) does not fit the GPU machine's carry limit beside the tree, and that machine has no "
-             "network.", "",
-             f"Command: `{doc.get('command', '')}`  ", f"Device: {env.get('gpu', env['device'])}, torch "
+             "read once and written once, at the copy ceiling measured in the same run. FlashInfer's fused op is "
+             "not in the comparison: the machine these runs use is offline, and FlashInfer (a 62 MB wheel with "
+             "dependencies of its own, whose kernels compile on first use) was not installed there.", "",
+             *([f"Command: `{doc['command']}`  "] if doc.get("command") else []), f"Device: {env.get('gpu', env['device'])}, torch "
              f"{env['torch']}, triton {env['triton']}  ",
              f"Copy ceiling: {_fmt(ceiling and ceiling['gbps'], '.0f')} GB/s" if ceiling else
              "Copy ceiling: not measured (dry run: checked, not timed)", "", "## Cases", ""]
