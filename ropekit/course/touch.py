@@ -358,14 +358,14 @@ def draw_grid(ax, touches: Touches, tensor: str, kind: str = "store", color: str
             for c in range(cols):
                 if labels[r, c] >= 0 and (color != "count" or labels[r, c] > 0):
                     dark = color == "count" and labels[r, c] > 0.6 * labels.max()
-                    ax.text(c, r, str(labels[r, c]), ha="center", va="center", fontsize=6,
+                    ax.text(c, r, str(labels[r, c]), ha="center", va="center", fontsize=9 if rows * cols <= 96 else 6,
                             color="white" if dark else "black")
     ax.set_facecolor("white")
     ax.set_xlabel(f"last dim of {tensor}")
     ax.set_xticks(range(cols))
     ax.set_ylabel("leading indices")
     ax.set_yticks(range(rows))
-    ax.set_yticklabels(_row_labels(info.shape), fontsize=6)
+    ax.set_yticklabels(_row_labels(info.shape), fontsize=8 if rows <= 24 else 6)
     past = {"load": "loaded", "store": "stored"}[kind]
     what = f"times each element was {past}" if color == "count" else f"first program that {past} each element"
     ax.set_title(f"{tensor} {tuple(info.shape)}: {what}", fontsize=9)
@@ -387,7 +387,7 @@ def _memory_geometry(info: TensorInfo, lanes: np.ndarray, width: int | None):
 
 def _label_memory_axes(ax, tensor: str, first: int, n_rows: int, width: int) -> None:
     ax.set_yticks(range(n_rows))
-    ax.set_yticklabels([str(first + r * width) for r in range(n_rows)], fontsize=6)
+    ax.set_yticklabels([str(first + r * width) for r in range(n_rows)], fontsize=8 if n_rows <= 24 else 6)
     ax.set_xticks(range(width))
     ax.set_xlabel(f"element offset in {tensor}'s memory (row start + column)")
 
@@ -409,11 +409,11 @@ def draw_program(ax, touches: Touches, tensor: str, program, kind: str = "load",
     shown = np.where(order >= 0, 2.0, canvas).reshape(n_rows, width)
     ax.imshow(shown, cmap=_program_cmap(), vmin=0, vmax=2, aspect="auto", interpolation="nearest")
     if n_rows * width <= 1200:
-        grid = order.reshape(n_rows, width)
+        grid, size = order.reshape(n_rows, width), 9 if n_rows * width <= 96 else 6
         for r in range(n_rows):
             for c in range(width):
                 if grid[r, c] >= 0:
-                    ax.text(c, r, str(grid[r, c]), ha="center", va="center", fontsize=6, color="white")
+                    ax.text(c, r, grid[r, c], ha="center", va="center", color="white", fontsize=size)
     _label_memory_axes(ax, tensor, first, n_rows, width)
     ax.set_title(f"program {tuple(program)}: {lanes.size} {kind}s of {tensor} "
                  f"({np.unique(lanes).size} distinct), in access order", fontsize=9)
@@ -451,7 +451,7 @@ def draw_memory(ax, touches: Touches, tensor: str, kind: str = "load", width: in
         for r in range(n_rows):
             for c in range(width):
                 if grid[r, c] >= 0:
-                    ax.text(c, r, str(grid[r, c]), ha="center", va="center", fontsize=6)
+                    ax.text(c, r, str(grid[r, c]), ha="center", va="center", fontsize=9 if grid.size <= 96 else 6)
     _label_memory_axes(ax, tensor, first, n_rows, width)
     ax.set_title(f"{tensor}'s memory: first program that {'loaded' if kind == 'load' else 'stored'} each element",
                  fontsize=9)
