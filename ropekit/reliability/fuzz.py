@@ -75,6 +75,7 @@ class Case:
     overlap: bool = False  # in-place arguments overlap: PyTorch's RuntimeError is documented too
     inplace_targets: list = field(default_factory=list)  # tensors the call may write (their versions must bump)
     env: dict = field(default_factory=dict)
+    tensors: dict = field(default_factory=dict)  # the call's tensors by argument name, where a target names them
 
 
 def _documented(error: BaseException, overlap: bool) -> str | None:
@@ -153,6 +154,10 @@ def _targets() -> dict:
         from . import fuzz_fused
 
         targets.update(fuzz_fused.TARGETS)
+    with contextlib.suppress(ImportError):
+        from . import fuzz_cache
+
+        targets.update(fuzz_cache.TARGETS)
     return targets
 
 
