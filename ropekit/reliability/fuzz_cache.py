@@ -44,6 +44,21 @@ def _place_cache(arena: Arena, name: str, shape: tuple, dtype: torch.dtype) -> t
     return arena.place(name, shape, dtype, kind)
 
 
+def _refusals(check_mode: bool, positions: torch.Tensor, rows: int, slots: list[int], n_slots: int,
+              overlap: bool) -> list[str]:
+    """Why the call must raise (empty: it must not): check mode's position and slot checks, in-place overlap."""
+    reasons = []
+    if check_mode and bool(((positions < 0) | (positions >= rows)).any()):
+        reasons.append("check mode: positions outside the table")
+    if check_mode and any(s >= n_slots or s < -1 for s in slots):
+        reasons.append("check mode: a slot outside the cache")
+    if check_mode and len({s for s in slots if s >= 0}) < sum(s >= 0 for s in slots):
+        reasons.append("check mode: two tokens name one slot")
+    if overlap:
+        reasons.append("in place on overlapping memory")
+    return reasons
+
+
 def _cache_problems(name: str, after: torch.Tensor, before: torch.Tensor, want: torch.Tensor, slots: list[int],
                     scale, exact: bool) -> list[str]:
     """``after``/``before``: the cache as one row per slot (CPU); ``want``: the float64 rows, one a token."""
@@ -82,7 +97,7 @@ def draw_rope_and_cache(rng: random.Random, gen: torch.Generator, device) -> Cas
     """``rope_and_cache`` on a paged cache: (1, tokens, heads, head_dim) q, k, v with any view kind, position ids,
     QK-norm or not, in place or not, a cache in the activations' dtype or float8 e4m3."""
     arena = Arena(rng, gen, device)
-    expect, why_raise, either = MATCH, [], []
+    either = []
     tokens, hq, hk = rng.randint(0, 6), rng.randint(1, 3), rng.randint(1, 2)
     head_dim = rng.choice((8, 16))
     rotary_dim, v_dim = rng.choice((head_dim, head_dim // 2)), rng.choice((head_dim, 8))
@@ -119,18 +134,9 @@ def draw_rope_and_cache(rng: random.Random, gen: torch.Generator, device) -> Cas
                       k_weight=arena.place("k_weight", (head_dim,), dtype))
 
     pos = positions.detach().cpu().to(torch.int64)
-    outside_table = bool(((pos < 0) | (pos >= rows)).any())
-    outside_cache = any(s >= n_slots or s < -1 for s in slots)
-    repeated = len({s for s in slots if s >= 0}) < sum(s >= 0 for s in slots)
-    if check_mode and outside_table:
-        expect, why_raise = RAISE, why_raise + ["check mode: positions outside the table"]
-    if check_mode and outside_cache:
-        expect, why_raise = RAISE, why_raise + ["check mode: a slot outside the cache"]
-    if check_mode and repeated:
-        expect, why_raise = RAISE, why_raise + ["check mode: two tokens name one slot"]
     overlap = inplace and self_overlapping(q)
-    if overlap:
-        expect, why_raise = RAISE, why_raise + ["in place on overlapping memory"]
+    why_raise = _refusals(check_mode, pos, rows, slots, n_slots, overlap)
+    expect = RAISE if why_raise else MATCH
     if inplace:
         arena.allow_writes(q)
     arena.allow_writes(k_cache)
@@ -187,7 +193,7 @@ def draw_mla_rope_and_cache(rng: random.Random, gen: torch.Generator, device) ->
     ``[kv_c | rotated k_pe]`` written at each token's slot of a paged latent cache (float8 with one scale, or the
     activations' dtype); GPT-J or NeoX pairing; in place (the engines' contract) or not."""
     arena = Arena(rng, gen, device)
-    expect, why_raise, either = MATCH, [], []
+    either = []
     tokens, heads, rope_dim, latent = rng.randint(0, 6), rng.randint(1, 4), rng.choice((8, 16)), rng.choice((8, 32))
     interleaved, inplace = rng.random() < 0.7, rng.random() < 0.7
     dtype = rng.choices(DTYPES, weights=(4, 3, 2, 1))[0]
@@ -211,15 +217,9 @@ def draw_mla_rope_and_cache(rng: random.Random, gen: torch.Generator, device) ->
         (0.05, 1.0, 2.0)))) if cache_dtype == FP8 else None)
 
     pos = positions.detach().cpu().to(torch.int64)
-    if check_mode and bool(((pos < 0) | (pos >= rows)).any()):
-        expect, why_raise = RAISE, why_raise + ["check mode: positions outside the table"]
-    if check_mode and any(s >= n_slots or s < -1 for s in slots):
-        expect, why_raise = RAISE, why_raise + ["check mode: a slot outside the cache"]
-    if check_mode and len({s for s in slots if s >= 0}) < sum(s >= 0 for s in slots):
-        expect, why_raise = RAISE, why_raise + ["check mode: two tokens name one slot"]
     overlap = inplace and (self_overlapping(q_pe) or self_overlapping(k_pe))
-    if overlap:
-        expect, why_raise = RAISE, why_raise + ["in place on overlapping memory"]
+    why_raise = _refusals(check_mode, pos, rows, slots, n_slots, overlap)
+    expect = RAISE if why_raise else MATCH
     if inplace:
         arena.allow_writes(q_pe)
         arena.allow_writes(k_pe)
