@@ -73,8 +73,8 @@ def render_markdown(doc: dict) -> str:
              "read once and written once, at the copy ceiling measured in the same run. FlashInfer's fused op is "
              "not in the comparison: the machine these runs use is offline, and FlashInfer (a 62 MB wheel with "
              "dependencies of its own, whose kernels compile on first use) was not installed there.", "",
-             *([f"Command: `{doc['command']}`  "] if doc.get("command") else []), f"Device: {env.get('gpu', env['device'])}, torch "
-             f"{env['torch']}, triton {env['triton']}  ",
+             *([f"Command: `{doc['command']}`  "] if doc.get("command") else []),
+             f"Device: {env.get('gpu', env['device'])}, torch {env['torch']}, triton {env['triton']}  ",
              f"Copy ceiling: {_fmt(ceiling and ceiling['gbps'], '.0f')} GB/s" if ceiling else
              "Copy ceiling: not measured (dry run: checked, not timed)", "", "## Cases", ""]
     for case in doc["cases"]:

@@ -31,7 +31,8 @@ import triton.language as tl
 
 from .. import device as _device
 from ..positions import POSITION_IDS, PositionSpec
-from .fused_tiles import cache_slot, load_head, sequence_span, norm_weights, rsqrt_mean_square, store_channels, store_head
+from .fused_tiles import (cache_slot, load_head, norm_weights, rsqrt_mean_square, sequence_span, store_channels,
+                          store_head)
 from .v4 import _cos_sin, _rotate
 
 __all__ = ["fused_rope_kernel", "FusedConfig", "FUSED_LAUNCH_TABLE", "fused_shape_class", "fused_config",
