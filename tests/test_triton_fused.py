@@ -18,9 +18,10 @@ SMALL_HEADS_INNER = FusedConfig(block_s=2, block_h=1, num_warps=1, evict_first=T
 # backward programs that walk three token blocks each (the last group partial), in both launch orders
 SMALL_GROUPS = FusedConfig(block_s=2, block_h=1, num_warps=1, token_blocks=3)
 SMALL_GROUPS_INNER = SMALL_GROUPS._replace(heads_inner=True)
+SMALL_GROUPS_PIPELINED = SMALL_GROUPS._replace(stages=2)  # the walk software-pipelined (on a GPU)
 
 
-@pytest.mark.parametrize("config", [SMALL, SMALL_HEADS_INNER, SMALL_GROUPS, SMALL_GROUPS_INNER])
+@pytest.mark.parametrize("config", [SMALL, SMALL_HEADS_INNER, SMALL_GROUPS, SMALL_GROUPS_INNER, SMALL_GROUPS_PIPELINED])
 @pytest.mark.parametrize("interleaved", [False, True])
 def test_backward_sums_weight_gradients_over_every_program(interleaved, config):
     """varlen: 3 sequences (one shorter than a tile), one head per program: the weight gradient is the sum of many
@@ -42,11 +43,11 @@ def test_backward_sums_weight_gradients_over_every_program(interleaved, config):
     assert_close_to_reference(dw, want_dw)
 
 
-@pytest.mark.parametrize("token_blocks", [1, 2, 4])
-def test_backward_of_q_and_k_with_fewer_k_heads_in_token_groups(token_blocks):
+@pytest.mark.parametrize("token_blocks,stages", [(1, 1), (2, 1), (4, 1), (4, 3)])
+def test_backward_of_q_and_k_with_fewer_k_heads_in_token_groups(token_blocks, stages):
     """Batch form, 7 tokens (a partial tile and a partial group), 5 q heads in blocks of 4 and one k head in a
     block of its own (k's head blocks are sized to k): every gradient against the float64 reference."""
-    config = FusedConfig(block_s=2, block_h=4, num_warps=2, token_blocks=token_blocks)
+    config = FusedConfig(block_s=2, block_h=4, num_warps=2, token_blocks=token_blocks, stages=stages)
     q, k = (torch.randn(2, 7, h, 8, device=DEVICE, dtype=torch.float64) for h in (5, 1))
     gq, gk = torch.randn_like(q), torch.randn_like(k)
     wq, wk = (torch.randn(8, device=DEVICE, dtype=torch.float64) for _ in range(2))

@@ -28,11 +28,12 @@ from .fused_cases import CASES, floor_bytes, tiny
 
 __all__ = ["SWEEP", "TUNED_CASES", "candidates", "tune_case", "tune", "main"]
 
-# FusedConfig fields tried per shape class (block_s, block_h, num_warps[, evict_first, heads_inner[, token_blocks]]),
+# FusedConfig fields tried per shape class (block_s, block_h, num_warps[, evict_first, heads_inner[, token_blocks[,
+# stages]]]),
 # the table's own choice added first: prefill varies the tile (tokens x heads a program, warps sharing it), the
 # streaming hint and the launch order; a decode step has one token per sequence (one token block), so only heads,
 # warps and the switches; the backward also the token blocks a program walks (its weight-gradient terms summed in
-# registers, one reduction a program).
+# registers, one reduction a program) and the software-pipeline stages of that walk.
 _E, _I = (True, False), (True, True)  # the hint; the hint with head blocks inner
 SWEEP = {
     "prefill": [(2, 8, 4), (8, 8, 4), (4, 8, 8), (8, 8, 8), (16, 4, 8), (4, 8, 4, *_E), (4, 8, 4, False, True),
@@ -43,7 +44,9 @@ SWEEP = {
     "backward": [(4, 8, 4, *_I, 1), (4, 8, 4, *_I, 4), (2, 8, 4, *_I, 8), (8, 4, 4, *_I, 8), (2, 4, 2, *_I, 16),
                  (2, 8, 4, *_I, 16), (1, 8, 4, *_I, 8), (1, 8, 4, *_I, 32), (1, 8, 2, *_I, 8), (1, 8, 2, *_I, 16),
                  (1, 4, 2, *_I, 16), (1, 4, 1, *_I, 16), (1, 16, 4, *_I, 16), (1, 16, 8, *_I, 8),
-                 (1, 8, 8, *_I, 16), (1, 8, 4, *_E, 16), (1, 8, 4, False, True, 16), (1, 8, 4, False, False, 16)],
+                 (1, 8, 8, *_I, 16), (1, 8, 4, *_E, 16), (1, 8, 4, False, True, 16), (1, 8, 4, False, False, 16),
+                 (1, 8, 4, *_I, 16, 2), (1, 8, 4, *_I, 16, 3), (1, 8, 4, *_I, 32, 2), (2, 8, 4, *_I, 8, 2),
+                 (1, 4, 1, *_I, 16, 2), (4, 8, 4, *_I, 4, 2)],
 }
 # most telling first: a sweep cut short by its time budget has measured these
 TUNED_CASES = ("qknorm-backward-b4-s4096", "mla-decode-b64", "prefill-b4-s4096", "prefill-b4-s4096-fp8",
@@ -113,7 +116,7 @@ def _line(row: dict) -> str:
     pct = f"{row['floor_pct']:6.1f}%" if row.get("floor_pct") is not None else " " * 7
     flags = ("E" if row["evict_first"] else "-") + ("I" if row["heads_inner"] else "-") + ("*" if row["table"] else " ")
     return (f"{row['case']:26s} s={row['block_s']:<3d} h={row['block_h']:<2d} w={row['num_warps']:<2d} "
-            f"g={row.get('token_blocks', 1):<2d}{flags} "
+            f"g={row.get('token_blocks', 1):<2d} p={row.get('stages', 1)}{flags} "
             f"{us} us {pct}  {row['status']}")
 
 

@@ -189,7 +189,8 @@ def _heads_program(X, OUT, G, W, DW, V, KC, VC, K_SCALE, V_SCALE, COS, SIN, POSI
                    stride_cos_b, stride_cos_s, stride_cos_d, stride_pos_b, stride_pos_s, stride_slot,
                    ROTARY_DIM: tl.constexpr, HEAD_DIM: tl.constexpr, V_DIM: tl.constexpr, BLOCK_S: tl.constexpr,
                    BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_TAIL: tl.constexpr,
-                   BLOCK_V: tl.constexpr, TOKEN_BLOCKS: tl.constexpr, INTERLEAVED: tl.constexpr,
+                   BLOCK_V: tl.constexpr, TOKEN_BLOCKS: tl.constexpr, STAGES: tl.constexpr,
+                   INTERLEAVED: tl.constexpr,
                    POS_MODE: tl.constexpr, IS_VARLEN: tl.constexpr, COS_PER_TOKEN: tl.constexpr,
                    MATH_DTYPE: tl.constexpr, INDEX_DTYPE: tl.constexpr, NORM: tl.constexpr,
                    WRITE_OUT: tl.constexpr, WRITE_TAIL: tl.constexpr, CACHE: tl.constexpr, HAS_V: tl.constexpr,
@@ -201,7 +202,7 @@ def _heads_program(X, OUT, G, W, DW, V, KC, VC, K_SCALE, V_SCALE, COS, SIN, POSI
         acc_a = tl.zeros([BLOCK_S, BLOCK_H, BLOCK_HALF], dtype=MATH_DTYPE)
         acc_b = tl.zeros([BLOCK_S, BLOCK_H, BLOCK_HALF], dtype=MATH_DTYPE)
         acc_t = tl.zeros([BLOCK_S, BLOCK_H, BLOCK_TAIL], dtype=MATH_DTYPE)
-    for i in range(TOKEN_BLOCKS):
+    for i in tl.range(TOKEN_BLOCKS, num_stages=STAGES):
         p_a, p_b, p_t = _token_block(
             X, OUT, G, W, V, KC, VC, K_SCALE, V_SCALE, COS, SIN, POSITIONS, SLOTS, pid_s * TOKEN_BLOCKS + i,
             pid_b, first, seq_len, batch_index, seqlen, n_tokens, table_len, position_offset, cache_len,
@@ -237,7 +238,7 @@ def fused_rope_kernel(
     stride_cos_b, stride_cos_s, stride_cos_d, stride_pos_b, stride_pos_s, stride_qw, stride_kw, stride_slot,
     ROTARY_DIM: tl.constexpr, HEAD_DIM: tl.constexpr, V_DIM: tl.constexpr, BLOCK_S: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_TAIL: tl.constexpr,
-    BLOCK_V: tl.constexpr, TOKEN_BLOCKS: tl.constexpr,
+    BLOCK_V: tl.constexpr, TOKEN_BLOCKS: tl.constexpr, STAGES: tl.constexpr,
     INTERLEAVED: tl.constexpr, POS_MODE: tl.constexpr, IS_VARLEN: tl.constexpr, COS_PER_TOKEN: tl.constexpr,
     HAS_K: tl.constexpr, MATH_DTYPE: tl.constexpr, INDEX_DTYPE: tl.constexpr, NORM: tl.constexpr,
     WRITE_Q: tl.constexpr, WRITE_K: tl.constexpr, WRITE_TAIL: tl.constexpr, CACHE: tl.constexpr,
@@ -270,8 +271,8 @@ def fused_rope_kernel(
                        skcb, skcs, skch, skcd, svcb, svcs, svch, svcd, stride_qw,
                        stride_cos_b, stride_cos_s, stride_cos_d, stride_pos_b, stride_pos_s, stride_slot,
                        ROTARY_DIM, HEAD_DIM, V_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_TAIL, BLOCK_V, TOKEN_BLOCKS,
-                       INTERLEAVED, POS_MODE, IS_VARLEN, COS_PER_TOKEN, MATH_DTYPE, INDEX_DTYPE, NORM, WRITE_Q,
-                       WRITE_TAIL, 0, False, False, False, BACKWARD, EVICT)
+                       STAGES, INTERLEAVED, POS_MODE, IS_VARLEN, COS_PER_TOKEN, MATH_DTYPE, INDEX_DTYPE, NORM,
+                       WRITE_Q, WRITE_TAIL, 0, False, False, False, BACKWARD, EVICT)
     elif HAS_K:
         _heads_program(K, OUT_K, GK, K_W, DW, V, K_CACHE, V_CACHE, K_SCALE, V_SCALE, COS, SIN, POSITIONS, SLOTS,
                        pid_s, dw_row, pid_b, first, seq_len, batch_index, seqlen, n_tokens, table_len,
@@ -281,8 +282,8 @@ def fused_rope_kernel(
                        skcb, skcs, skch, skcd, svcb, svcs, svch, svcd, stride_kw,
                        stride_cos_b, stride_cos_s, stride_cos_d, stride_pos_b, stride_pos_s, stride_slot,
                        ROTARY_DIM, HEAD_DIM, V_DIM, BLOCK_S, BLOCK_HK, BLOCK_HALF, BLOCK_TAIL, BLOCK_V,
-                       TOKEN_BLOCKS, INTERLEAVED, POS_MODE, IS_VARLEN, COS_PER_TOKEN, MATH_DTYPE, INDEX_DTYPE, NORM,
-                       WRITE_K, WRITE_TAIL, CACHE, HAS_V, FP8, FP8_NATIVE, BACKWARD, EVICT)
+                       TOKEN_BLOCKS, STAGES, INTERLEAVED, POS_MODE, IS_VARLEN, COS_PER_TOKEN, MATH_DTYPE,
+                       INDEX_DTYPE, NORM, WRITE_K, WRITE_TAIL, CACHE, HAS_V, FP8, FP8_NATIVE, BACKWARD, EVICT)
 
 
 class FusedConfig(NamedTuple):
@@ -292,6 +293,7 @@ class FusedConfig(NamedTuple):
     evict_first: bool = False  # the streaming hint on activation loads and on every store
     heads_inner: bool = False  # launch order: the head blocks of one token block next to each other
     token_blocks: int = 1  # backward: token blocks a program walks, its weight-gradient terms summed in registers
+    stages: int = 1  # backward: software-pipeline stages of that walk (>1: the next block's loads start early)
 
 
 def _next_pow2(n: int) -> int:
@@ -463,7 +465,8 @@ def launch_fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, in
     constexprs = dict(
         ROTARY_DIM=rotary_dim, HEAD_DIM=head_dim, V_DIM=v_dim, BLOCK_S=config.block_s, BLOCK_H=config.block_h,
         BLOCK_HK=block_hk, BLOCK_HALF=_next_pow2(rotary_dim // 2), BLOCK_TAIL=_next_pow2(max(head_dim - rotary_dim, 1)),
-        BLOCK_V=_next_pow2(v_dim), TOKEN_BLOCKS=token_blocks, INTERLEAVED=interleaved, POS_MODE=positions.mode,
+        BLOCK_V=_next_pow2(v_dim), TOKEN_BLOCKS=token_blocks,
+        STAGES=config.stages if backward else 1, INTERLEAVED=interleaved, POS_MODE=positions.mode,
         IS_VARLEN=positions.is_varlen, COS_PER_TOKEN=cos_per_token, HAS_K=k is not None,
         MATH_DTYPE=_MATH.get(q.dtype, tl.float32),
         INDEX_DTYPE=tl.int32 if _reach_fits_int32(q, k, v, out_q, out_k, grad_q, grad_k, cos, sin, pos)
