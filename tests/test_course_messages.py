@@ -118,7 +118,7 @@ def test_a_check_that_needs_a_gpu_does_not_print_failed():
     from ropekit.course.checker import CheckResult
     text = str(CheckResult("06_cuda_kernel", False, "needs_gpu", "Compiles with nvcc; running it needs a CUDA GPU."))
     assert "FAILED" not in text and "needs a GPU, not a failure" in text
-    if not ropekit.device.DEVICE == "cuda":  # on a CPU machine the real check of the solution says the same
+    if ropekit.device.DEVICE != "cuda":  # on a CPU machine the real check of the solution says the same
         result = course.check("06_cuda_kernel", course.solution_source("06_cuda_kernel"))
         assert result.diagnosis == "needs_gpu" and "FAILED" not in str(result), str(result)
 

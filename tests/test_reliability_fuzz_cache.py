@@ -22,7 +22,7 @@ def test_a_seeded_run_of_the_cache_ops_finds_no_violation(name):
 
 def _case(name: str, want=lambda spec: True):
     """The first case of a seed that must succeed, writes at least one slot of a cache in the activations' dtype,
-    and satisfies ``want(spec)``; with ``row(cache, slot)``, a slot's row of the cache view (in place)."""
+    and satisfies ``want(spec)``; with the cache it writes (:func:`_row` picks a slot's row of it, in place)."""
     for index in range(400):
         case = fuzz.draw_case(23, index, DEVICE, {name: fuzz_cache.TARGETS[name]})
         spec = case.spec

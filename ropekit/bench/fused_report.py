@@ -71,8 +71,7 @@ def render_markdown(doc: dict) -> str:
              "Graph replay, medians of interleaved rounds, fresh random inputs, every implementation checked against "
              "the float64 reference before it is timed. The byte floor counts each activation and cache tensor "
              "read once and written once, at the copy ceiling measured in the same run. FlashInfer's fused op is "
-             "not in the comparison: the machine these runs use is offline, and FlashInfer (a 62 MB wheel with "
-             "dependencies of its own, whose kernels compile on first use) was not installed there.", "",
+             "not in the comparison: it was not installed on the benchmark machine.", "",
              *([f"Command: `{doc['command']}`  "] if doc.get("command") else []),
              f"Device: {env.get('gpu', env['device'])}, torch {env['torch']}, triton {env['triton']}  ",
              f"Copy ceiling: {_fmt(ceiling and ceiling['gbps'], '.0f')} GB/s" if ceiling else

@@ -28,12 +28,11 @@ from .fused_cases import CASES, floor_bytes, tiny
 
 __all__ = ["SWEEP", "TUNED_CASES", "candidates", "tune_case", "tune", "main"]
 
-# FusedConfig fields tried per shape class (block_s, block_h, num_warps[, evict_first, heads_inner[, token_blocks[,
-# stages]]]),
-# the table's own choice added first: prefill varies the tile (tokens x heads a program, warps sharing it), the
-# streaming hint and the launch order; a decode step has one token per sequence (one token block), so only heads,
-# warps and the switches; the backward also the token blocks a program walks (its weight-gradient terms summed in
-# registers, one reduction a program) and the software-pipeline stages of that walk.
+# FusedConfig fields tried per shape class (block_s, block_h, num_warps[, evict_first, heads_inner[, token_blocks
+# [, stages]]]), the table's own choice added first: prefill varies the tile (tokens x heads a program, warps sharing
+# it), the streaming hint and the launch order; a decode step has one token per sequence (one token block), so only
+# heads, warps and the switches; the backward also the token blocks a program walks (its weight-gradient terms summed
+# in registers, one reduction a program) and the software-pipeline stages of that walk.
 _E, _I = (True, False), (True, True)  # the hint; the hint with head blocks inner
 SWEEP = {
     "prefill": [(2, 8, 4), (8, 8, 4), (4, 8, 8), (8, 8, 8), (16, 4, 8), (4, 8, 4, *_E), (4, 8, 4, False, True),

@@ -176,9 +176,9 @@ def _finding(run, kernel, args, expected, mistakes, rtol, device, input_names=()
                                      "the poison value the checker put there).")
     if bool(unwritten.any()):
         first = tuple(int(i) for i in torch.nonzero(unwritten)[0])
-        return Finding("unwritten", f"{int(unwritten.sum())} of {n} output elements were never written (the first "
-                                    f"at index {first}). Does every program store its own block, with a mask that "
-                                    "keeps every lane that exists?")
+        return Finding("unwritten", f"{int(unwritten.sum())} of {n} elements of {output_name} were never written (the "
+                                    f"first at index {first}). Does every program store its own block, with a mask "
+                                    "that keeps every lane that exists?")
     error = float((out.double() - expected.double()).abs().max())
     scale = float(expected.double().abs().max()) or 1.0
     if error <= rtol * scale:

@@ -74,8 +74,9 @@ def _cache_problems(name: str, after: torch.Tensor, before: torch.Tensor, want: 
     expected = want[[t for t, _ in valid]]
     if after.dtype == FP8:
         quotient = expected / float(scale)
-        if exact:  # v: one float32 division, then e4m3 (ties to even, saturating)
-            if not same_bits(got, ref.e4m3(quotient).to(FP8)):
+        if exact:  # v (exact in float32): one float32 division, then e4m3 (ties to even, saturating)
+            quotient32 = (expected.to(torch.float32) / torch.tensor(scale, dtype=torch.float32)).to(torch.float64)
+            if not same_bits(got, ref.e4m3(quotient32).to(FP8)):
                 problems.append(f"{name}: float8 bits differ from e4m3(v / scale)")
         else:
             target = quotient.clamp(-448.0, 448.0)

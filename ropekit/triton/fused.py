@@ -63,10 +63,10 @@ def _head_tile(X, OUT, G, W, V, KC, VC, K_SCALE, V_SCALE, cos_a, sin_a, cos_b, s
     rows_x = batch_index * sxb + token_rows[:, None] * sxs + heads[None, :] * sxh
     rows_out = batch_index * sob + token_rows[:, None] * sos + heads[None, :] * soh
     x_a, x_b, x_t = load_head(X, rows_x, mask, sxd, ROTARY_DIM, HEAD_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF,
-                               BLOCK_TAIL, INTERLEAVED, MATH_DTYPE, EVICT)
+                              BLOCK_TAIL, INTERLEAVED, MATH_DTYPE, EVICT)
     if NORM:
         w_a, w_b, w_t = norm_weights(W, stride_w, weight_offset, ROTARY_DIM, HEAD_DIM, BLOCK_HALF, BLOCK_TAIL,
-                                 INTERLEAVED, MATH_DTYPE)
+                                     INTERLEAVED, MATH_DTYPE)
         r = rsqrt_mean_square(x_a, x_b, x_t, eps, HEAD_DIM, MATH_DTYPE)
     else:
         w_a, w_b, w_t, r = 1.0, 1.0, 1.0, 1.0  # (unread without NORM)
@@ -74,7 +74,7 @@ def _head_tile(X, OUT, G, W, V, KC, VC, K_SCALE, V_SCALE, cos_a, sin_a, cos_b, s
         # cos/sin arrive conjugated: the rotation's VJP turns the incoming gradient by -θ
         rows_g = batch_index * sgb + token_rows[:, None] * sgs + heads[None, :] * sgh
         g_a, g_b, g_t = load_head(G, rows_g, mask, sgd, ROTARY_DIM, HEAD_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF,
-                                   BLOCK_TAIL, INTERLEAVED, MATH_DTYPE, EVICT)
+                                  BLOCK_TAIL, INTERLEAVED, MATH_DTYPE, EVICT)
         g_a, g_b = _rotate(g_a, g_b, cos_a, sin_a, cos_b, sin_b, MATH_DTYPE, False)
         # padding lanes (pairs past ROTARY_DIM / 2, rows past the tile's tokens or heads) hold NaN from the table's
         # masked loads: keep them out of the sums
@@ -84,8 +84,8 @@ def _head_tile(X, OUT, G, W, V, KC, VC, K_SCALE, V_SCALE, cos_a, sin_a, cos_b, s
         dot = tl.sum(g_a * w_a * x_a, 2) + tl.sum(g_b * w_b * x_b, 2) + tl.sum(g_t * w_t * x_t, 2)
         c = r * r * r * (dot / HEAD_DIM)[:, :, None]
         store_head(OUT, rows_out, mask, r * w_a * g_a - c * x_a, r * w_b * g_b - c * x_b,
-                    r * w_t * g_t - c * x_t, sod, 1.0, ROTARY_DIM, HEAD_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_TAIL,
-                    INTERLEAVED, True, False, False, EVICT)
+                   r * w_t * g_t - c * x_t, sod, 1.0, ROTARY_DIM, HEAD_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_TAIL,
+                   INTERLEAVED, True, False, False, EVICT)
         terms = g_a * x_a * r, g_b * x_b * r, g_t * x_t * r
     else:
         terms = x_a, x_b, x_t
@@ -113,7 +113,7 @@ def _forward_tile(OUT, V, KC, VC, K_SCALE, V_SCALE, x_a, x_b, x_t, r, w_a, w_b, 
     y_a, y_b = _rotate(x_a, x_b, cos_a, sin_a, cos_b, sin_b, MATH_DTYPE, False)
     if WRITE_OUT:
         store_head(OUT, rows_out, mask, y_a, y_b, x_t, sod, 1.0, ROTARY_DIM, HEAD_DIM, BLOCK_S, BLOCK_H,
-                    BLOCK_HALF, BLOCK_TAIL, INTERLEAVED, WRITE_TAIL, False, False, EVICT)
+                   BLOCK_HALF, BLOCK_TAIL, INTERLEAVED, WRITE_TAIL, False, False, EVICT)
     if CACHE != 0:
         c_mask = cache_mask[:, None] & head_mask[None, :]
         rows_kc = cache_block[:, None] * skcb + cache_row[:, None] * skcs + heads[None, :].to(tl.int64) * skch
@@ -121,7 +121,7 @@ def _forward_tile(OUT, V, KC, VC, K_SCALE, V_SCALE, x_a, x_b, x_t, r, w_a, w_b, 
         if FP8:
             k_scale = tl.load(K_SCALE)
         store_head(KC, rows_kc, c_mask, y_a, y_b, x_t, skcd, k_scale, ROTARY_DIM, HEAD_DIM, BLOCK_S, BLOCK_H,
-                    BLOCK_HALF, BLOCK_TAIL, INTERLEAVED, True, FP8, FP8_NATIVE, EVICT)
+                   BLOCK_HALF, BLOCK_TAIL, INTERLEAVED, True, FP8, FP8_NATIVE, EVICT)
         if HAS_V:
             # v passes through: its head vectors as one "tail" of V_DIM channels
             channels = tl.arange(0, BLOCK_V)
@@ -167,7 +167,7 @@ def _token_block(X, OUT, G, W, V, KC, VC, K_SCALE, V_SCALE, COS, SIN, POSITIONS,
         else:
             token = pid_b.to(tl.int64) * seqlen + s_local
         cache_block, cache_row, cache_mask = cache_slot(SLOTS, token, s_local, pid_b, token_mask, cache_len,
-                                                         block_size, stride_slot, CACHE)
+                                                        block_size, stride_slot, CACHE)
     else:
         cache_block, cache_row, cache_mask = s_local, s_local, token_mask
     return _head_tile(X, OUT, G, W, V, KC, VC, K_SCALE, V_SCALE, cos_a, sin_a, cos_b, sin_b,
@@ -304,10 +304,10 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-# The launch table, one entry a shape class (:func:`fused_shape_class`): block sizes for the fused kernel. Entries are
-# starting points until the sweep ``python -m ropekit.bench.fused_tune`` has measured them; the measured choices, the
-# alternatives and their numbers live in docs/tuning.md#fused-launch-table. ``block_h`` is a ceiling: a program never
-# takes more heads than the call has (rounded up to a power of two).
+# The launch table, one entry a shape class (:func:`fused_shape_class`): block sizes for the fused kernel, chosen by the
+# sweep ``python -m ropekit.bench.fused_tune`` (prefill-wide is not swept yet); the alternatives and their numbers live
+# in docs/tuning.md#fused-launch-table. ``block_h`` is a ceiling: a program never takes more heads than the call has
+# (rounded up to a power of two).
 FUSED_LAUNCH_TABLE: dict = {
     "decode": FusedConfig(1, 8, 4),  # few tokens: one token a program, so that the grid covers the GPU
     "decode-fp8": FusedConfig(1, 4, 4),

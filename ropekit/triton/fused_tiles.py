@@ -36,16 +36,16 @@ def e4m3_bits(x):
 
 @triton.jit
 def store_head(OUT, rows, mask, y_a, y_b, y_t, stride_d, scale, ROTARY_DIM: tl.constexpr, HEAD_DIM: tl.constexpr,
-                BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_TAIL: tl.constexpr,
-                INTERLEAVED: tl.constexpr, WRITE_TAIL: tl.constexpr, FP8: tl.constexpr, FP8_NATIVE: tl.constexpr,
-                EVICT: tl.constexpr):
+               BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_TAIL: tl.constexpr,
+               INTERLEAVED: tl.constexpr, WRITE_TAIL: tl.constexpr, FP8: tl.constexpr, FP8_NATIVE: tl.constexpr,
+               EVICT: tl.constexpr):
     """Store a [BLOCK_S, BLOCK_H] tile of head vectors given as pair halves (and the tail past ROTARY_DIM), cast to
     OUT's dtype, or with FP8 as the e4m3 bits of ``value / scale`` into a uint8 view of the cache."""
     if INTERLEAVED:
         channels = tl.arange(0, 2 * BLOCK_HALF)
         y = tl.reshape(tl.join(y_a, y_b), [BLOCK_S, BLOCK_H, 2 * BLOCK_HALF])
         store_channels(OUT, rows, channels, y, mask[:, :, None] & (channels < ROTARY_DIM)[None, None, :],
-                        stride_d, scale, FP8, FP8_NATIVE, EVICT)
+                       stride_d, scale, FP8, FP8_NATIVE, EVICT)
     else:
         pairs = tl.arange(0, BLOCK_HALF)
         pair_mask = mask[:, :, None] & (pairs < ROTARY_DIM // 2)[None, None, :]
@@ -59,7 +59,7 @@ def store_head(OUT, rows, mask, y_a, y_b, y_t, stride_d, scale, ROTARY_DIM: tl.c
 
 @triton.jit
 def store_channels(OUT, rows, channels, values, mask, stride_d, scale, FP8: tl.constexpr,
-                    FP8_NATIVE: tl.constexpr, EVICT: tl.constexpr):
+                   FP8_NATIVE: tl.constexpr, EVICT: tl.constexpr):
     """Store values (FP8: the e4m3 bits of ``values / scale``, computed by :func:`e4m3_bits`, or with FP8_NATIVE
     by the GPU's own saturating round-to-nearest-even conversion, which gives the same bits)."""
     pointers = OUT + rows[:, :, None] + channels[None, None, :] * stride_d
@@ -77,8 +77,8 @@ def store_channels(OUT, rows, channels, values, mask, stride_d, scale, FP8: tl.c
 
 @triton.jit
 def load_head(X, rows, mask, stride_d, ROTARY_DIM: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr,
-               BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_TAIL: tl.constexpr, INTERLEAVED: tl.constexpr,
-               MATH_DTYPE: tl.constexpr, EVICT: tl.constexpr):
+              BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_TAIL: tl.constexpr, INTERLEAVED: tl.constexpr,
+              MATH_DTYPE: tl.constexpr, EVICT: tl.constexpr):
     """A tile of head vectors as (first of each pair, second of each pair, tail past ROTARY_DIM), in MATH_DTYPE."""
     x_a, x_b = _load_pairs(X, rows, mask, stride_d, ROTARY_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF, INTERLEAVED,
                            MATH_DTYPE, EVICT)
@@ -94,12 +94,13 @@ def load_head(X, rows, mask, stride_d, ROTARY_DIM: tl.constexpr, HEAD_DIM: tl.co
 
 @triton.jit
 def norm_weights(W, stride_w, weight_offset, ROTARY_DIM: tl.constexpr, HEAD_DIM: tl.constexpr,
-             BLOCK_HALF: tl.constexpr, BLOCK_TAIL: tl.constexpr, INTERLEAVED: tl.constexpr, MATH_DTYPE: tl.constexpr):
+                 BLOCK_HALF: tl.constexpr, BLOCK_TAIL: tl.constexpr, INTERLEAVED: tl.constexpr,
+                 MATH_DTYPE: tl.constexpr):
     """The norm's per-channel factor ``weight_offset + w`` laid out like a [1, 1] tile of head vectors."""
     origin = tl.zeros([1, 1], dtype=tl.int32)
     everywhere = origin == 0
     w_a, w_b, w_t = load_head(W, origin, everywhere, stride_w, ROTARY_DIM, HEAD_DIM, 1, 1, BLOCK_HALF, BLOCK_TAIL,
-                               INTERLEAVED, MATH_DTYPE, "")
+                              INTERLEAVED, MATH_DTYPE, "")
     return w_a + weight_offset, w_b + weight_offset, w_t + weight_offset
 
 
