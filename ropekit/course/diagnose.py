@@ -103,6 +103,18 @@ def _matches(y: torch.Tensor, alt: torch.Tensor, dtype: torch.dtype, scale: floa
 
 # --- words for where things happened -------------------------------------------------------------------------------
 
+def _whole(mask: torch.Tensor) -> tuple[str, torch.Tensor] | None:
+    """("tokens", (batch, seq) mask) when a (batch, seq, heads, head_dim) mask is whole tokens (every head and channel
+    of them), ("heads", (heads,) mask) when it is whole heads of every token, else None."""
+    tokens = mask.any(dim=(2, 3))
+    if torch.equal(mask, tokens[:, :, None, None].expand_as(mask)):
+        return "tokens", tokens
+    heads = mask.any(dim=(0, 1, 3))
+    if torch.equal(mask, heads[None, None, :, None].expand_as(mask)):
+        return "heads", heads
+    return None
+
+
 def _describe_cells(mask: torch.Tensor, names: Names = Names()) -> str:
     """Where a (batch, seq, heads, head_dim) boolean mask is set, in words."""
     n, total = int(mask.sum()), mask.numel()
@@ -110,14 +122,14 @@ def _describe_cells(mask: torch.Tensor, names: Names = Names()) -> str:
     rows = mask.any(dim=-1)
     if bool(rows.all()) and torch.equal(mask, channels.expand_as(mask)):
         return f"channels {ranges(torch.nonzero(channels).flatten())} of every head vector ({n} of {total} elements)"
-    tokens = mask.any(dim=(2, 3))
-    if torch.equal(mask, tokens[:, :, None, None].expand_as(mask)):
+    whole = _whole(mask)
+    if whole is not None and whole[0] == "tokens":
+        tokens = whole[1]
         per_seq = [f"sequence {b}: tokens {ranges(torch.nonzero(tokens[b]).flatten())}"
                    for b in range(mask.shape[0]) if bool(tokens[b].any())]
         return "all heads and channels of " + "; ".join(per_seq) + f" ({n} of {total} elements)"
-    heads = mask.any(dim=(0, 1, 3))
-    if torch.equal(mask, heads[None, None, :, None].expand_as(mask)):
-        return f"every element of {names.heads(torch.nonzero(heads).flatten())} ({n} of {total} elements)"
+    if whole is not None:
+        return f"every element of {names.heads(torch.nonzero(whole[1]).flatten())} ({n} of {total} elements)"
     examples = ", ".join(names.element(i) for i in torch.nonzero(mask)[:3])
     return f"{n} of {total} elements, e.g. {examples}"
 
@@ -125,12 +137,11 @@ def _describe_cells(mask: torch.Tensor, names: Names = Names()) -> str:
 def _unwritten_hint(mask: torch.Tensor, names: Names = Names()) -> str:
     """What to look at, from the shape of the unwritten (batch, seq, heads, head_dim) elements: whole heads point at
     the heads a program covers, whole tokens at the grid, a part of every row at a mask."""
-    heads = mask.any(dim=(0, 1, 3))
-    if torch.equal(mask, heads[None, None, :, None].expand_as(mask)):
+    whole = _whole(mask)
+    if whole is not None and whole[0] == "heads":
         return ("Whole heads were skipped: does every head get a program, or a turn of your head loop (its range "
-                "and step), and does the head offset reach " + names.heads(torch.nonzero(heads).flatten()) + "?")
-    tokens = mask.any(dim=(2, 3))
-    if torch.equal(mask, tokens[:, :, None, None].expand_as(mask)):
+                "and step), and does the head offset reach " + names.heads(torch.nonzero(whole[1]).flatten()) + "?")
+    if whole is not None:
         return "Whole tokens were skipped: does the grid (or a loop over tokens) cover every token of every sequence?"
     return "Is a mask too tight (an off-by-one, or a bound smaller than the row/tile)?"
 

@@ -59,6 +59,14 @@ def _refusals(check_mode: bool, positions: torch.Tensor, rows: int, slots: list[
     return reasons
 
 
+def _table_rows(logical: dict, pos: torch.Tensor, rows: int) -> list[torch.Tensor]:
+    """The float64 cos and sin rows at ``pos`` (shape ``pos.shape + (half,)``), NaN where a position is outside the
+    table's ``rows`` (the kernel's documented result there)."""
+    valid = (pos >= 0) & (pos < rows)
+    return [torch.where(valid[..., None], logical[t].to(torch.float64)[pos.clamp(0, rows - 1)],
+                        torch.tensor(float("nan"), dtype=torch.float64)) for t in ("cos", "sin")]
+
+
 def _cache_problems(name: str, after: torch.Tensor, before: torch.Tensor, want: torch.Tensor, slots: list[int],
                     scale, exact: bool) -> list[str]:
     """``after``/``before``: the cache as one row per slot (CPU); ``want``: the float64 rows, one a token."""
@@ -159,9 +167,7 @@ def draw_rope_and_cache(rng: random.Random, gen: torch.Generator, device) -> Cas
         x = logical[name].to(torch.float64)
         if norm:
             x = ref.rms_norm(x, weights[name + "_weight"], eps=eps, weight_offset=weight_offset)
-        valid = (pos >= 0) & (pos < rows)
-        table = [torch.where(valid[..., None], logical[t].to(torch.float64)[pos.clamp(0, rows - 1)],
-                             torch.tensor(float("nan"), dtype=torch.float64)) for t in ("cos", "sin")]
+        table = _table_rows(logical, pos, rows)
         turned = ref.rotate_pairs(x[..., :rotary_dim], table[0][..., None, :], table[1][..., None, :],
                                   interleaved=interleaved)
         return torch.cat((turned, x[..., rotary_dim:]), -1)
@@ -238,9 +244,7 @@ def draw_mla_rope_and_cache(rng: random.Random, gen: torch.Generator, device) ->
 
     def rotated(name: str) -> torch.Tensor:  # (tokens, ..., rope_dim) rotated at each token's position
         x = logical[name].to(torch.float64)
-        valid = (pos >= 0) & (pos < rows)
-        table = [torch.where(valid[:, None], logical[t].to(torch.float64)[pos.clamp(0, rows - 1)],
-                             torch.tensor(float("nan"), dtype=torch.float64)) for t in ("cos", "sin")]
+        table = _table_rows(logical, pos, rows)
         shape = (tokens,) + (1,) * (x.ndim - 2) + (rope_dim // 2,)
         return ref.rotate_pairs(x, table[0].reshape(shape), table[1].reshape(shape), interleaved=interleaved)
 

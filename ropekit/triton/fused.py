@@ -425,10 +425,10 @@ def launch_fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, in
         n_tokens = n_batch * seqlen
     head_dim, n_heads_q = q.shape[-1], q.shape[2]
     n_heads_k = k.shape[2] if k is not None else 0
+    fp8 = k_cache is not None and k_cache.dtype == torch.uint8
     if config is None:
         config = fused_config(n_batch * seqlen, max(n_heads_q, n_heads_k),
-                              max(head_dim, v.shape[-1] if v is not None else 0),
-                              fp8=k_cache is not None and k_cache.dtype == torch.uint8,
+                              max(head_dim, v.shape[-1] if v is not None else 0), fp8=fp8,
                               norm=q_weight is not None or k_weight is not None, backward=backward)
     block_hk = min(config.block_h, _next_pow2(n_heads_k))
     token_blocks = config.token_blocks if backward else 1
@@ -461,7 +461,6 @@ def launch_fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, in
             *_strides(grad_q), *_strides(grad_k), *_strides(k_cache), *_strides(v_cache), *cos_strides,
             *pos_strides, *_strides(q_weight, 1), *_strides(k_weight, 1), *_strides(slots, 1))
     v_dim = v.shape[-1] if v is not None else 1
-    fp8 = k_cache is not None and k_cache.dtype == torch.uint8
     constexprs = dict(
         ROTARY_DIM=rotary_dim, HEAD_DIM=head_dim, V_DIM=v_dim, BLOCK_S=config.block_s, BLOCK_H=config.block_h,
         BLOCK_HK=block_hk, BLOCK_HALF=_next_pow2(rotary_dim // 2), BLOCK_TAIL=_next_pow2(max(head_dim - rotary_dim, 1)),
