@@ -120,7 +120,7 @@ def ladder_rows(impls: Sequence[str], cases: Sequence[str] = LADDER_CASES) -> tu
 
 def ladder_table(rows: list[dict], predict: Callable[[dict], float | None] | None = None) -> str:
     """A markdown table of ladder rows; ``predict(row)`` adds the performance model's % of copy next to it."""
-    head = "| case | implementation | residency | time (µs) | GB/s | % of copy |"
+    head = "| case | implementation | inputs in | time (µs) | GB/s | % of copy |"
     rule = "|---|---|---|---:|---:|---:|"
     if predict:
         head, rule = head + " predicted % |", rule + "---:|"
