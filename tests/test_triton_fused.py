@@ -1,6 +1,6 @@
 """ropekit.triton.fused: the fused kernel's launcher on its own, with small forced tiles so that many programs share
-the work (partial tiles, sequences shorter than the longest, per-program weight-gradient rows), against the float64
-reference."""
+the work (partial tiles, sequences shorter than the longest, weight gradients summed over many programs, by atomic
+adds or in deterministic mode by per-program rows), against the float64 reference."""
 
 import pytest
 import torch
@@ -10,7 +10,7 @@ from ropekit import reference as ref
 from ropekit.positions import POSITION_IDS, SCALAR_OFFSET, PositionSpec
 from ropekit.testing import assert_close_to_reference
 from ropekit.triton.fused import CACHE_PAGED, FusedConfig, launch_fused
-from conftest import DEVICE
+from conftest import DEVICE, gpu_only
 
 SMALL = FusedConfig(block_s=2, block_h=1, num_warps=1)
 # the same tiles launched head blocks inner (one grid axis for tokens x heads), with the streaming hint
@@ -21,9 +21,19 @@ SMALL_GROUPS_INNER = SMALL_GROUPS._replace(heads_inner=True)
 SMALL_GROUPS_PIPELINED = SMALL_GROUPS._replace(stages=2)  # the walk software-pipelined (on a GPU)
 
 
+@pytest.fixture(params=[False, True], ids=["atomic-sum", "deterministic"])
+def deterministic(request):
+    """Both ways the backward sums its weight gradients: atomic adds into one row per tensor, or (under
+    torch.use_deterministic_algorithms) a row per program and one reduction."""
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(request.param)
+    yield request.param
+    torch.use_deterministic_algorithms(before)
+
+
 @pytest.mark.parametrize("config", [SMALL, SMALL_HEADS_INNER, SMALL_GROUPS, SMALL_GROUPS_INNER, SMALL_GROUPS_PIPELINED])
 @pytest.mark.parametrize("interleaved", [False, True])
-def test_backward_sums_weight_gradients_over_every_program(interleaved, config):
+def test_backward_sums_weight_gradients_over_every_program(interleaved, config, deterministic):
     """varlen: 3 sequences (one shorter than a tile), one head per program: the weight gradient is the sum of many
     programs' rows, and the early-exiting programs contribute nothing."""
     cu = torch.tensor([0, 1, 6, 9], device=DEVICE)
@@ -44,7 +54,7 @@ def test_backward_sums_weight_gradients_over_every_program(interleaved, config):
 
 
 @pytest.mark.parametrize("token_blocks,stages", [(1, 1), (2, 1), (4, 1), (4, 3)])
-def test_backward_of_q_and_k_with_fewer_k_heads_in_token_groups(token_blocks, stages):
+def test_backward_of_q_and_k_with_fewer_k_heads_in_token_groups(token_blocks, stages, deterministic):
     """Batch form, 7 tokens (a partial tile and a partial group), 5 q heads in blocks of 4 and one k head in a
     block of its own (k's head blocks are sized to k): every gradient against the float64 reference."""
     config = FusedConfig(block_s=2, block_h=4, num_warps=2, token_blocks=token_blocks, stages=stages)
@@ -61,6 +71,32 @@ def test_backward_of_q_and_k_with_fewer_k_heads_in_token_groups(token_blocks, st
     want = torch.autograd.grad(outs, leaves, [gq.cpu(), gk.cpu()])
     for got, expected in zip((dq, dk, dw_q, dw_k), want):
         assert_close_to_reference(got, expected)
+
+
+@gpu_only
+def test_deterministic_mode_repeats_weight_gradients_bit_for_bit():
+    """Thousands of programs add into each weight-gradient element: in deterministic mode two calls agree bit for
+    bit, and the atomic sum agrees with them to float32 rounding."""
+    q = torch.randn(2, 4096, 32, 128, device=DEVICE, dtype=torch.bfloat16)
+    k = torch.randn(2, 4096, 8, 128, device=DEVICE, dtype=torch.bfloat16)
+    gq, gk = torch.randn_like(q), torch.randn_like(k)
+    wq, wk = (torch.randn(128, device=DEVICE, dtype=torch.bfloat16) for _ in range(2))
+    cos, sin = ropekit.cos_sin_table(4096, 128, device=DEVICE)
+
+    def weight_gradients():
+        return launch_fused(q, k, cos, sin, positions=PositionSpec(SCALAR_OFFSET, 0), rotary_dim=128,
+                            out_q=torch.empty_like(q), out_k=torch.empty_like(k), q_weight=wq, k_weight=wk, eps=1e-6,
+                            grad_q=gq, grad_k=gk)
+    before = torch.are_deterministic_algorithms_enabled()
+    try:
+        torch.use_deterministic_algorithms(True)
+        first, second = weight_gradients(), weight_gradients()
+    finally:
+        torch.use_deterministic_algorithms(before)
+    atomic = weight_gradients()
+    for a, b, c in zip(first, second, atomic):
+        assert torch.equal(a, b)
+        torch.testing.assert_close(c, a, rtol=1e-5, atol=1e-5 * a.abs().max().item())
 
 
 @pytest.mark.parametrize("config", [SMALL, SMALL_HEADS_INNER])

@@ -83,9 +83,10 @@ def _norm_rope_backward_op(grad_q: torch.Tensor, grad_k: Optional[torch.Tensor],
     dw_q, dw_k = _launch(q, k, q_weight, k_weight, cos, sin, positions, pos_mode, cu_seqlens, position_offset,
                          max_seqlen, rotary_dim, layout, interleaved, per_token, eps, weight_offset, dq, dk,
                          grad_q, grad_k)
-    # (two distinct empty tensors: a custom op's outputs may not alias each other)
-    return (dq, dk if dk is not None else q.new_empty(0), dw_q.to(q_weight.dtype),
-            dw_k.to(k_weight.dtype) if k_weight is not None else q.new_empty(0))
+    # a custom op's outputs may not alias each other: the weight gradients are copies (the kernel may leave both in
+    # one buffer), and an absent one is its own empty tensor
+    return (dq, dk if dk is not None else q.new_empty(0), dw_q.to(q_weight.dtype, copy=True),
+            dw_k.to(k_weight.dtype, copy=True) if k_weight is not None else q.new_empty(0))
 
 
 @_norm_rope_backward_op.register_fake

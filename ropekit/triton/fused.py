@@ -7,8 +7,8 @@ skips), ``HAS_V`` (v's head vectors copied into the v cache untouched), ``FP8`` 
 ``x / scale``; ``FP8_NATIVE``: converted by the GPU's instruction rather than integer arithmetic, same bits),
 ``WRITE_Q``/``WRITE_K`` (whether rotated q/k are stored at all: an engine may only want the cache), ``WRITE_TAIL``
 (the channels past ``ROTARY_DIM`` are stored: out of place, or normalised), and ``BACKWARD`` (the vector-Jacobian
-product of norm + rotation: the incoming gradient is rotated by -θ, pushed through the norm, and each program leaves
-its partial weight gradient in a row of ``DW``). Pairing, partial rotary, every position form, varlen and per-token
+product of norm + rotation: the incoming gradient is rotated by -θ, pushed through the norm, and each program adds
+its partial weight gradient into ``DW``'s row for q or for k, or with ``DW_ATOMIC`` off stores it in a row of its own). Pairing, partial rotary, every position form, varlen and per-token
 cos/sin rows are v4's switches, read through v4's helpers (``_cos_sin``, ``_rotate``); the tile loads and stores
 are :mod:`ropekit.triton.fused_tiles`.
 
@@ -85,7 +85,7 @@ def _head_tile(X, OUT, G, W, V, KC, VC, K_SCALE, V_SCALE, cos_a, sin_a, cos_b, s
         c = r * r * r * (dot / HEAD_DIM)[:, :, None]
         store_head(OUT, rows_out, mask, r * w_a * g_a - c * x_a, r * w_b * g_b - c * x_b,
                    r * w_t * g_t - c * x_t, sod, 1.0, ROTARY_DIM, HEAD_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_TAIL,
-                   INTERLEAVED, True, False, False, EVICT)
+                   INTERLEAVED, True, False, False, EVICT, False)
         terms = g_a * x_a * r, g_b * x_b * r, g_t * x_t * r
     else:
         terms = x_a, x_b, x_t
@@ -113,7 +113,7 @@ def _forward_tile(OUT, V, KC, VC, K_SCALE, V_SCALE, x_a, x_b, x_t, r, w_a, w_b, 
     y_a, y_b = _rotate(x_a, x_b, cos_a, sin_a, cos_b, sin_b, MATH_DTYPE, False)
     if WRITE_OUT:
         store_head(OUT, rows_out, mask, y_a, y_b, x_t, sod, 1.0, ROTARY_DIM, HEAD_DIM, BLOCK_S, BLOCK_H,
-                   BLOCK_HALF, BLOCK_TAIL, INTERLEAVED, WRITE_TAIL, False, False, EVICT)
+                   BLOCK_HALF, BLOCK_TAIL, INTERLEAVED, WRITE_TAIL, False, False, EVICT, False)
     if CACHE != 0:
         c_mask = cache_mask[:, None] & head_mask[None, :]
         rows_kc = cache_block[:, None] * skcb + cache_row[:, None] * skcs + heads[None, :].to(tl.int64) * skch
@@ -121,7 +121,7 @@ def _forward_tile(OUT, V, KC, VC, K_SCALE, V_SCALE, x_a, x_b, x_t, r, w_a, w_b, 
         if FP8:
             k_scale = tl.load(K_SCALE)
         store_head(KC, rows_kc, c_mask, y_a, y_b, x_t, skcd, k_scale, ROTARY_DIM, HEAD_DIM, BLOCK_S, BLOCK_H,
-                   BLOCK_HALF, BLOCK_TAIL, INTERLEAVED, True, FP8, FP8_NATIVE, EVICT)
+                   BLOCK_HALF, BLOCK_TAIL, INTERLEAVED, True, FP8, FP8_NATIVE, EVICT, False)
         if HAS_V:
             # v passes through: its head vectors as one "tail" of V_DIM channels
             channels = tl.arange(0, BLOCK_V)
@@ -133,7 +133,7 @@ def _forward_tile(OUT, V, KC, VC, K_SCALE, V_SCALE, x_a, x_b, x_t, r, w_a, w_b, 
             if FP8:
                 v_scale = tl.load(V_SCALE)
             rows_vc = cache_block[:, None] * svcb + cache_row[:, None] * svcs + heads[None, :].to(tl.int64) * svch
-            store_channels(VC, rows_vc, channels, v, v_mask, svcd, v_scale, FP8, FP8_NATIVE, EVICT)
+            store_channels(VC, rows_vc, channels, v, v_mask, svcd, v_scale, FP8, FP8_NATIVE, EVICT, False)
 
 
 @triton.jit
@@ -194,10 +194,12 @@ def _heads_program(X, OUT, G, W, DW, V, KC, VC, K_SCALE, V_SCALE, COS, SIN, POSI
                    POS_MODE: tl.constexpr, IS_VARLEN: tl.constexpr, COS_PER_TOKEN: tl.constexpr,
                    MATH_DTYPE: tl.constexpr, INDEX_DTYPE: tl.constexpr, NORM: tl.constexpr,
                    WRITE_OUT: tl.constexpr, WRITE_TAIL: tl.constexpr, CACHE: tl.constexpr, HAS_V: tl.constexpr,
-                   FP8: tl.constexpr, FP8_NATIVE: tl.constexpr, BACKWARD: tl.constexpr, EVICT: tl.constexpr):
+                   FP8: tl.constexpr, FP8_NATIVE: tl.constexpr, BACKWARD: tl.constexpr, DW_ATOMIC: tl.constexpr,
+                   EVICT: tl.constexpr):
     """One program's work on one tensor (q, or k with v and the caches): TOKEN_BLOCKS consecutive token blocks (one
     outside the backward). With BACKWARD their weight-gradient terms are summed element by element and reduced over
-    tokens and heads once, into row ``dw_row`` of DW (one cross-warp reduction a program, not one a tile)."""
+    tokens and heads once (one cross-warp reduction a program, not one a tile), then stored into row ``dw_row`` of
+    DW, or with DW_ATOMIC added to it."""
     if BACKWARD:
         acc_a = tl.zeros([BLOCK_S, BLOCK_H, BLOCK_HALF], dtype=MATH_DTYPE)
         acc_b = tl.zeros([BLOCK_S, BLOCK_H, BLOCK_HALF], dtype=MATH_DTYPE)
@@ -223,7 +225,7 @@ def _heads_program(X, OUT, G, W, DW, V, KC, VC, K_SCALE, V_SCALE, COS, SIN, POSI
         dw_t = tl.sum(tl.sum(acc_t, 1), 0)[None, None, :]
         origin = tl.zeros([1, 1], dtype=tl.int64) + dw_row * HEAD_DIM
         store_head(DW, origin, origin >= 0, dw_a, dw_b, dw_t, 1, 1.0, ROTARY_DIM, HEAD_DIM, 1, 1, BLOCK_HALF,
-                   BLOCK_TAIL, INTERLEAVED, True, False, False, "")
+                   BLOCK_TAIL, INTERLEAVED, True, False, False, "", DW_ATOMIC)
 
 
 @triton.jit
@@ -242,8 +244,8 @@ def fused_rope_kernel(
     INTERLEAVED: tl.constexpr, POS_MODE: tl.constexpr, IS_VARLEN: tl.constexpr, COS_PER_TOKEN: tl.constexpr,
     HAS_K: tl.constexpr, MATH_DTYPE: tl.constexpr, INDEX_DTYPE: tl.constexpr, NORM: tl.constexpr,
     WRITE_Q: tl.constexpr, WRITE_K: tl.constexpr, WRITE_TAIL: tl.constexpr, CACHE: tl.constexpr,
-    HAS_V: tl.constexpr, FP8: tl.constexpr, FP8_NATIVE: tl.constexpr, BACKWARD: tl.constexpr, EVICT: tl.constexpr,
-    HEADS_INNER: tl.constexpr,
+    HAS_V: tl.constexpr, FP8: tl.constexpr, FP8_NATIVE: tl.constexpr, BACKWARD: tl.constexpr,
+    DW_ATOMIC: tl.constexpr, EVICT: tl.constexpr, HEADS_INNER: tl.constexpr,
 ):
     """Grid: (token-block groups, head blocks of q then of k, batch or sequence), or with HEADS_INNER (groups x head
     blocks, 1, batch or sequence), the head blocks of a group adjacent in launch order. A group is TOKEN_BLOCKS
@@ -262,7 +264,10 @@ def fused_rope_kernel(
     first, seq_len, batch_index = sequence_span(CU_SEQLENS, pid_b, seqlen, IS_VARLEN, INDEX_DTYPE)
     if pid_s * TOKEN_BLOCKS * BLOCK_S >= seq_len:
         return  # varlen: this sequence is shorter than the longest one
-    dw_row = (pid_b * n_head_blocks + pid_h) * n_groups + pid_s
+    if DW_ATOMIC:
+        dw_row = (pid_h >= n_head_blocks_q).to(tl.int32)  # one row for q's weight gradient, one for k's
+    else:
+        dw_row = (pid_b * n_head_blocks + pid_h) * n_groups + pid_s
     if pid_h < n_head_blocks_q:
         _heads_program(Q, OUT_Q, GQ, Q_W, DW, V, K_CACHE, V_CACHE, K_SCALE, V_SCALE, COS, SIN, POSITIONS, SLOTS,
                        pid_s, dw_row, pid_b, first, seq_len, batch_index, seqlen, n_tokens, table_len,
@@ -272,7 +277,7 @@ def fused_rope_kernel(
                        stride_cos_b, stride_cos_s, stride_cos_d, stride_pos_b, stride_pos_s, stride_slot,
                        ROTARY_DIM, HEAD_DIM, V_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_TAIL, BLOCK_V, TOKEN_BLOCKS,
                        STAGES, INTERLEAVED, POS_MODE, IS_VARLEN, COS_PER_TOKEN, MATH_DTYPE, INDEX_DTYPE, NORM,
-                       WRITE_Q, WRITE_TAIL, 0, False, False, False, BACKWARD, EVICT)
+                       WRITE_Q, WRITE_TAIL, 0, False, False, False, BACKWARD, DW_ATOMIC, EVICT)
     elif HAS_K:
         _heads_program(K, OUT_K, GK, K_W, DW, V, K_CACHE, V_CACHE, K_SCALE, V_SCALE, COS, SIN, POSITIONS, SLOTS,
                        pid_s, dw_row, pid_b, first, seq_len, batch_index, seqlen, n_tokens, table_len,
@@ -283,7 +288,8 @@ def fused_rope_kernel(
                        stride_cos_b, stride_cos_s, stride_cos_d, stride_pos_b, stride_pos_s, stride_slot,
                        ROTARY_DIM, HEAD_DIM, V_DIM, BLOCK_S, BLOCK_HK, BLOCK_HALF, BLOCK_TAIL, BLOCK_V,
                        TOKEN_BLOCKS, STAGES, INTERLEAVED, POS_MODE, IS_VARLEN, COS_PER_TOKEN, MATH_DTYPE,
-                       INDEX_DTYPE, NORM, WRITE_K, WRITE_TAIL, CACHE, HAS_V, FP8, FP8_NATIVE, BACKWARD, EVICT)
+                       INDEX_DTYPE, NORM, WRITE_K, WRITE_TAIL, CACHE, HAS_V, FP8, FP8_NATIVE, BACKWARD, DW_ATOMIC,
+                       EVICT)
 
 
 class FusedConfig(NamedTuple):
@@ -317,8 +323,9 @@ FUSED_LAUNCH_TABLE: dict = {
     "prefill-norm": FusedConfig(4, 8, 4, evict_first=True, heads_inner=True),  # the norm holds more per program
     "prefill-fp8": FusedConfig(2, 8, 4, evict_first=True, heads_inner=True),
     "prefill-wide": FusedConfig(2, 8, 8),  # fewer tokens a program bound the registers a thread holds
-    # the backward: one token x 8 heads a step, 16 steps a program (one weight-gradient reduction per 16 tokens)
-    "backward": FusedConfig(1, 8, 4, evict_first=True, heads_inner=True, token_blocks=16),
+    # the backward: one token x 8 heads a step, 16 steps a program (one weight-gradient reduction per 16 tokens),
+    # the walk software-pipelined three deep
+    "backward": FusedConfig(1, 8, 4, evict_first=True, heads_inner=True, token_blocks=16, stages=3),
 }
 
 _forced_fused: FusedConfig | None = None
@@ -411,7 +418,10 @@ def launch_fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, in
     ``(tokens, heads, dim)`` when ``positions.is_varlen``; caches are ``(blocks or batch, rows, heads, dim)`` views
     (float8 caches as their uint8 bits). An output that is its input is written in place. ``out_q``/``out_k`` None:
     not written. With ``grad_q`` (BACKWARD) the outputs receive the input gradients and the call returns the weight
-    gradients ``(dw_q, dw_k)`` in the math dtype; otherwise None.
+    gradients ``(dw_q, dw_k)`` in the math dtype; otherwise None. The programs add their weight-gradient terms
+    into two rows with atomic adds (no second reduction kernel; the float sum's rounding depends on the order the
+    adds arrive in), or, under ``torch.use_deterministic_algorithms``, each program stores its own row and one
+    reduction in a fixed order sums them.
     """
     backward = grad_q is not None
     if positions.is_varlen:
@@ -437,13 +447,17 @@ def launch_fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, in
     n_blocks_h = n_blocks_q + _cdiv(n_heads_k, block_hk)
     grid = (n_blocks_s * n_blocks_h, 1, n_batch) if config.heads_inner else (n_blocks_s, n_blocks_h, n_batch)
     dw = None
+    dw_atomic = backward and not torch.are_deterministic_algorithms_enabled()
     if backward:
-        # every program writes its row, except varlen programs past their sequence's end
-        empty = torch.zeros if positions.is_varlen else torch.empty
-        dw = empty((n_batch, n_blocks_h, n_blocks_s, head_dim), dtype=torch.float64 if q.dtype == torch.float64
-                   else torch.float32, device=q.device)
+        dw_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+        if dw_atomic:
+            dw = torch.zeros((2, head_dim), dtype=dw_dtype, device=q.device)
+        else:
+            # every program writes its row, except varlen programs past their sequence's end
+            empty = torch.zeros if positions.is_varlen else torch.empty
+            dw = empty((n_batch, n_blocks_h, n_blocks_s, head_dim), dtype=dw_dtype, device=q.device)
     if grid[0] == 0 or n_batch == 0 or n_tokens == 0:
-        return None if dw is None else (dw.sum((0, 1, 2)), dw.sum((0, 1, 2)))
+        return None if dw is None else (dw.new_zeros(head_dim), dw.new_zeros(head_dim))
     if cos_per_token:
         cos_strides, table_len = (0 if positions.is_varlen else cos.stride(0), cos.stride(1), cos.stride(2)), 1
     else:
@@ -471,7 +485,7 @@ def launch_fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, in
         INDEX_DTYPE=tl.int32 if _reach_fits_int32(q, k, v, out_q, out_k, grad_q, grad_k, cos, sin, pos)
         else tl.int64,
         NORM=norm, WRITE_Q=write_q, WRITE_K=write_k, WRITE_TAIL=backward or norm or not in_place, CACHE=cache_mode,
-        HAS_V=v is not None, FP8=fp8, FP8_NATIVE=fp8 and native_fp8(q.device), BACKWARD=backward,
+        HAS_V=v is not None, FP8=fp8, FP8_NATIVE=fp8 and native_fp8(q.device), BACKWARD=backward, DW_ATOMIC=dw_atomic,
         EVICT="evict_first" if config.evict_first else "", HEADS_INNER=config.heads_inner)
     if _device.INTERPRET:
         with _device.INTERPRETER_LOCK:
@@ -480,4 +494,6 @@ def launch_fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, in
         fused_rope_kernel[grid](*pointers, *ints, **constexprs, num_warps=config.num_warps)
     if dw is None:
         return None
+    if dw_atomic:
+        return dw[0], dw[1]
     return dw[:, :n_blocks_q].sum((0, 1, 2)), dw[:, n_blocks_q:].sum((0, 1, 2))

@@ -38,32 +38,37 @@ def e4m3_bits(x):
 def store_head(OUT, rows, mask, y_a, y_b, y_t, stride_d, scale, ROTARY_DIM: tl.constexpr, HEAD_DIM: tl.constexpr,
                BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_TAIL: tl.constexpr,
                INTERLEAVED: tl.constexpr, WRITE_TAIL: tl.constexpr, FP8: tl.constexpr, FP8_NATIVE: tl.constexpr,
-               EVICT: tl.constexpr):
+               EVICT: tl.constexpr, ATOMIC: tl.constexpr):
     """Store a [BLOCK_S, BLOCK_H] tile of head vectors given as pair halves (and the tail past ROTARY_DIM), cast to
-    OUT's dtype, or with FP8 as the e4m3 bits of ``value / scale`` into a uint8 view of the cache."""
+    OUT's dtype, or with FP8 as the e4m3 bits of ``value / scale`` into a uint8 view of the cache; with ATOMIC, add
+    them to what OUT holds."""
     if INTERLEAVED:
         channels = tl.arange(0, 2 * BLOCK_HALF)
         y = tl.reshape(tl.join(y_a, y_b), [BLOCK_S, BLOCK_H, 2 * BLOCK_HALF])
         store_channels(OUT, rows, channels, y, mask[:, :, None] & (channels < ROTARY_DIM)[None, None, :],
-                       stride_d, scale, FP8, FP8_NATIVE, EVICT)
+                       stride_d, scale, FP8, FP8_NATIVE, EVICT, ATOMIC)
     else:
         pairs = tl.arange(0, BLOCK_HALF)
         pair_mask = mask[:, :, None] & (pairs < ROTARY_DIM // 2)[None, None, :]
-        store_channels(OUT, rows, pairs, y_a, pair_mask, stride_d, scale, FP8, FP8_NATIVE, EVICT)
-        store_channels(OUT, rows, pairs + ROTARY_DIM // 2, y_b, pair_mask, stride_d, scale, FP8, FP8_NATIVE, EVICT)
+        store_channels(OUT, rows, pairs, y_a, pair_mask, stride_d, scale, FP8, FP8_NATIVE, EVICT, ATOMIC)
+        store_channels(OUT, rows, pairs + ROTARY_DIM // 2, y_b, pair_mask, stride_d, scale, FP8, FP8_NATIVE, EVICT,
+                       ATOMIC)
     if WRITE_TAIL and ROTARY_DIM < HEAD_DIM:
         tail = ROTARY_DIM + tl.arange(0, BLOCK_TAIL)
         tail_mask = mask[:, :, None] & (tail < HEAD_DIM)[None, None, :]
-        store_channels(OUT, rows, tail, y_t, tail_mask, stride_d, scale, FP8, FP8_NATIVE, EVICT)
+        store_channels(OUT, rows, tail, y_t, tail_mask, stride_d, scale, FP8, FP8_NATIVE, EVICT, ATOMIC)
 
 
 @triton.jit
 def store_channels(OUT, rows, channels, values, mask, stride_d, scale, FP8: tl.constexpr,
-                   FP8_NATIVE: tl.constexpr, EVICT: tl.constexpr):
+                   FP8_NATIVE: tl.constexpr, EVICT: tl.constexpr, ATOMIC: tl.constexpr):
     """Store values (FP8: the e4m3 bits of ``values / scale``, computed by :func:`e4m3_bits`, or with FP8_NATIVE
-    by the GPU's own saturating round-to-nearest-even conversion, which gives the same bits)."""
+    by the GPU's own saturating round-to-nearest-even conversion, which gives the same bits); with ATOMIC, add them
+    to OUT's values (an unordered sum: its rounding depends on the order the adds arrive in)."""
     pointers = OUT + rows[:, :, None] + channels[None, None, :] * stride_d
-    if FP8:
+    if ATOMIC:
+        tl.atomic_add(pointers, values.to(OUT.dtype.element_ty), mask=mask, sem="relaxed")
+    elif FP8:
         # (x / scale) correctly rounded to fp32, then to e4m3: the quotient the float64 reference rounds
         quotient = tl.div_rn(values.to(tl.float32), scale)
         if FP8_NATIVE:
