@@ -38,7 +38,8 @@ def test_inputs_address_a_shuffled_paged_cache():
 class FakeClock:
     """Made-up times (not a measurement): a fixed number per implementation, to exercise the runner and report."""
 
-    US = {"ropekit-fused": 1.0, "unfused (index_copy_)": 3.0, "unfused (index_put_)": 4.0, "torch.compile": 0.9}
+    US = {"ropekit-fused": 1.0, "unfused (index_copy_)": 3.0, "unfused (index_put_)": 4.0, "torch.compile": 0.9,
+          fused.COPY_REFERENCE: 0.95}  # in capture order: a case's implementations, then its copy reference
 
     def __init__(self):
         self.captured = []
@@ -65,7 +66,7 @@ def fake_doc():
 
 
 def test_every_implementation_is_checked_and_timed(fake_doc):
-    rows = fake_doc["rows"]
+    rows = [r for r in fake_doc["rows"] if r["impl"] != fused.COPY_REFERENCE]
     assert len(rows) == 4 * len(fused.IMPL_NAMES)
     for row in rows:
         if row["impl"] == "unfused (index_put_)" and row["case"].startswith("qknorm-backward"):
@@ -77,6 +78,24 @@ def test_every_implementation_is_checked_and_timed(fake_doc):
     assert all(r["e4m3_ulps"] is not None for r in fp8)
     fused_fp8 = next(r for r in fp8 if r["impl"] == "ropekit-fused")
     assert fused_fp8["e4m3_ulps"] <= 0.5 + 1e-3  # the kernel rounds the float32 value once
+
+
+def test_each_timed_case_has_a_copy_of_its_floor_as_a_reference_row(fake_doc):
+    copies = [r for r in fake_doc["rows"] if r["impl"] == fused.COPY_REFERENCE]
+    assert [r["case"] for r in copies] == [c["name"] for c in fake_doc["cases"]]
+    assert all(r["status"] == "reference" and r["graph_us"] is not None for r in copies)
+    # the reference is timed, never judged: the targets compare the implementations only
+    decode = fused_report._timed(fake_doc, "decode-b64-fp8")
+    assert fused_report.best_unfused(decode)["impl"] == "unfused (index_copy_)"
+    page = fused_report.render_markdown(fake_doc)
+    assert f"| {fused.COPY_REFERENCE} | 0.95 |" in page
+
+
+def test_the_copy_reference_moves_the_floor_in_random_bytes():
+    case = fused_cases.tiny(CASES["prefill-b4-s4096"])
+    dst = fused._copy_of_floor(case, DEVICE)()
+    assert dst.dtype == torch.uint8 and 2 * dst.numel() == fused_cases.floor_bytes(case)
+    assert dst.unique().numel() > 200  # random bytes, not a constant
 
 
 def test_a_wrong_implementation_is_reported_not_timed():
@@ -118,7 +137,7 @@ def test_json_markdown_and_plot(fake_doc, tmp_path):
 def test_cli_dry_run(tmp_path, capsys):
     assert fused.main(["--out", str(tmp_path), "--dry-run", "--cases", "decode-b64"]) == 0
     doc = json.loads((tmp_path / "benchmarks_fused.json").read_text())
-    assert doc["copy_ceiling"] is None and {r["status"] for r in doc["rows"]} == {"ok"}
+    assert doc["copy_ceiling"] is None and {r["status"] for r in doc["rows"]} == {"ok"}  # (no copy reference)
     assert all(t["met"] is None for t in doc["targets"])  # nothing timed, nothing claimed
     with pytest.raises(SystemExit):
         fused.main(["--out", str(tmp_path), "--cases", "no-such-case"])

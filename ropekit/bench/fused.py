@@ -37,7 +37,8 @@ from ..fused import mla_rope_and_cache, qk_norm_rope, rope_and_cache
 from .fused_cases import (BLOCK_SIZE, CASES, EPS, FP8, Data, FusedCase, actual, check, expected, floor_bytes,
                           make_data, meta_bytes, tiny)
 
-__all__ = ["CASES", "IMPL_NAMES", "impls", "checked_call", "stream_for", "run_case", "run", "cli_parser", "main"]
+__all__ = ["CASES", "IMPL_NAMES", "COPY_REFERENCE", "impls", "checked_call", "stream_for", "run_case", "run", "cli_parser",
+           "main"]
 
 
 # --- the implementations: each builds, from one case's data, a call that returns the rotated q (or the gradients) ---
@@ -186,6 +187,8 @@ def _compiled(backend: str) -> Callable:
 
 
 IMPL_NAMES = ("ropekit-fused", "unfused (index_copy_)", "unfused (index_put_)", "torch.compile")
+# not an implementation: a plain device copy that moves the case's byte floor, timed with them
+COPY_REFERENCE = "copy of the floor's bytes"
 
 
 def impls(compile_backend: str = "inductor") -> dict:
@@ -211,9 +214,11 @@ def run_case(case: FusedCase, builders: dict, timer, device, seed: int = 0, ceil
     """Check every implementation of ``case``, capture each in a CUDA graph, replay them in interleaved rounds.
 
     ``timer``: :class:`ropekit.bench.timing.GpuTimer` (or a fake with ``capture``/``replay_rounds``), or None for a
-    dry run (checked, not timed). A failing implementation gives an error row; the others go on.
+    dry run (checked, not timed). A failing implementation gives an error row; the others go on. A timed run adds
+    the row ``COPY_REFERENCE`` (status "reference"): a plain copy of the case's byte floor in the same rounds.
     """
     rows, pending = [], []
+    floor_us = floor_bytes(case) / (ceiling_gbps * 1e3) if ceiling_gbps else 1.0
     for i, (name, build) in enumerate(builders.items()):
         row = {"case": case.name, "impl": name, "status": "ok", "graph_us": None}
         rows.append(row)
@@ -224,18 +229,30 @@ def run_case(case: FusedCase, builders: dict, timer, device, seed: int = 0, ceil
                 if not row["ok"]:
                     row["status"] = "wrong result"
                 elif timer is not None:
-                    floor_us = floor_bytes(case) / (ceiling_gbps * 1e3) if ceiling_gbps else 1.0
                     pending.append((row, timer.capture([fn], floor_us), (data, fn)))
         except NotApplicable as reason:
             row.update(status="skipped", reason=str(reason))
         except Exception as error:  # noqa: BLE001  (one implementation's failure must not end the run)
             row.update(status="error", reason=f"{type(error).__name__}: {error}"[:400])
         log(f"{case.name:28s} {name:24s} {row['status']}")
+    if timer is not None:
+        row = {"case": case.name, "impl": COPY_REFERENCE, "status": "reference", "graph_us": None}
+        rows.append(row)
+        copy = _copy_of_floor(case, device)
+        pending.append((row, timer.capture([copy], floor_us), copy))
     if pending:
         results = timer.replay_rounds([captured for _, captured, _ in pending])
         for (row, _, _), (median, spread, calls) in zip(pending, results):
             row.update(graph_us=median, graph_spread=spread, graph_calls=calls)
     return rows
+
+
+def _copy_of_floor(case: FusedCase, device) -> Callable:
+    """A device-to-device copy of fresh random bytes that moves the case's byte floor (half read, half written):
+    what moving the floor costs on the implementations' clock, its start and end included."""
+    src = torch.randint(0, 256, (floor_bytes(case) // 2,), dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    return lambda: dst.copy_(src)
 
 
 def stream_for(case: FusedCase, device):

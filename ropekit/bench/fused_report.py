@@ -70,7 +70,9 @@ def render_markdown(doc: dict) -> str:
              "against the unfused pipeline built from the single-op pieces and torch.compile of the whole chain. "
              "Graph replay, medians of interleaved rounds, fresh random inputs, every implementation checked against "
              "the float64 reference before it is timed. The byte floor counts each activation and cache tensor "
-             "read once and written once, at the copy ceiling measured in the same run. FlashInfer's fused op is "
+             "read once and written once, at the copy ceiling measured in the same run. The row \"copy of the floor's "
+             "bytes\" is no implementation: a plain device copy that moves the floor, timed in the same rounds, so it "
+             "shows what moving the floor costs on this clock, its start and end included. FlashInfer's fused op is "
              "not in the comparison: it was not installed on the benchmark machine.", "",
              *([f"Command: `{doc['command']}`  "] if doc.get("command") else []),
              f"Device: {env.get('gpu', env['device'])}, torch {env['torch']}, triton {env['triton']}  ",
