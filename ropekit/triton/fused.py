@@ -7,15 +7,15 @@ skips), ``HAS_V`` (v's head vectors copied into the v cache untouched), ``FP8`` 
 ``x / scale``; ``FP8_NATIVE``: converted by the GPU's instruction rather than integer arithmetic, same bits),
 ``WRITE_Q``/``WRITE_K`` (whether rotated q/k are stored at all: an engine may only want the cache), ``WRITE_TAIL``
 (the channels past ``ROTARY_DIM`` are stored: out of place, or normalised), and ``BACKWARD`` (the vector-Jacobian
-product of norm + rotation: the incoming gradient is rotated by -θ, pushed through the norm, and each program adds
-its partial weight gradient into ``DW``'s row for q or for k, or with ``DW_ATOMIC`` off stores it in a row of its own). Pairing, partial rotary, every position form, varlen and per-token
-cos/sin rows are v4's switches, read through v4's helpers (``_cos_sin``, ``_rotate``); the tile loads and stores
-are :mod:`ropekit.triton.fused_tiles`.
+product of norm + rotation: the incoming gradient is rotated by -θ and pushed through the norm; each program adds its
+partial weight gradient into ``DW``'s row for q or for k with ``DW_ATOMIC``, else stores it in a row of its own).
+Pairing, partial rotary, every position form, varlen and per-token cos/sin rows are v4's switches, read through v4's
+helpers (``_cos_sin``, ``_rotate``); the tile loads and stores are :mod:`ropekit.triton.fused_tiles`.
 
 Grid: (token groups, head blocks of q then of k, batch or sequence); with ``HEADS_INNER`` the first two axes are one,
 head blocks inner, so that the q programs and the (heavier) k + v programs of a token group run side by side. A group
-is one block of ``BLOCK_S`` tokens, or in the backward ``TOKEN_BLOCKS`` of them (fewer weight-gradient rows, one
-reduction across warps a program). q's head blocks hold ``BLOCK_H`` heads and k's ``BLOCK_HK``, no more than k has.
+is one block of ``BLOCK_S`` tokens, or in the backward ``TOKEN_BLOCKS`` of them (one reduction across warps and one
+weight-gradient add or row a program). q's head blocks hold ``BLOCK_H`` heads and k's ``BLOCK_HK``, no more than k has.
 A program reads its rows of q (or of k and the same heads of v) once and writes each output once: the byte floor of
 the fused step. ``EVICT`` is the cache hint on activation loads and on stores (streaming: each byte is touched once).
 """
