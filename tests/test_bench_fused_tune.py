@@ -42,9 +42,10 @@ def test_the_sweep_is_bounded_and_starts_from_the_table(monkeypatch):
         assert configs[0] == entry._replace(block_h=min(heads, entry.block_h))
         if c.decode:
             assert {config.block_s for config in configs[1:]} == {1}  # one token per sequence: one token block
-            assert {config.token_blocks for config in configs} == {1}  # nothing to walk
+        if c.kind != "backward":
+            assert {config.token_blocks for config in configs} == {1}  # a forward program is one token block
         total += len(configs)
-    assert total <= 180  # every case of the sweep in about one device call
+    assert total <= 150  # every case of the sweep in one device call
 
 
 def test_every_configuration_is_checked_through_the_forced_config(monkeypatch):

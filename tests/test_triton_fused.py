@@ -15,7 +15,7 @@ from conftest import DEVICE, gpu_only
 SMALL = FusedConfig(block_s=2, block_h=1, num_warps=1)
 # the same tiles launched head blocks inner (one grid axis for tokens x heads), with the streaming hint
 SMALL_HEADS_INNER = FusedConfig(block_s=2, block_h=1, num_warps=1, evict_first=True, heads_inner=True)
-# programs that walk three token blocks each (the last group partial), in both launch orders
+# backward programs that walk three token blocks each (the last group partial), in both launch orders
 SMALL_GROUPS = FusedConfig(block_s=2, block_h=1, num_warps=1, token_blocks=3)
 SMALL_GROUPS_INNER = SMALL_GROUPS._replace(heads_inner=True)
 SMALL_GROUPS_PIPELINED = SMALL_GROUPS._replace(stages=2)  # the walk software-pipelined (on a GPU)
@@ -99,7 +99,7 @@ def test_deterministic_mode_repeats_weight_gradients_bit_for_bit():
         torch.testing.assert_close(c, a, rtol=1e-5, atol=1e-5 * a.abs().max().item())
 
 
-@pytest.mark.parametrize("config", [SMALL, SMALL_HEADS_INNER, SMALL_GROUPS_INNER, SMALL_GROUPS_PIPELINED])
+@pytest.mark.parametrize("config", [SMALL, SMALL_HEADS_INNER])
 def test_forward_paged_norm_with_position_ids_in_small_tiles(config):
     """q and k heads split over programs, k's programs writing the cache; q out of place, k not written back."""
     tokens, hq, hk, d = 5, 3, 2, 16

@@ -30,9 +30,9 @@ __all__ = ["SWEEP", "TUNED_CASES", "candidates", "tune_case", "tune", "main"]
 
 # FusedConfig fields tried per shape class (block_s, block_h, num_warps[, evict_first, heads_inner[, token_blocks
 # [, stages]]]), the table's own choice added first: prefill varies the tile (tokens x heads a program, warps sharing
-# it), the streaming hint, the launch order, and the token blocks a program walks with the software-pipeline stages of
-# that walk; a decode step has one token per sequence (one token block), so only heads, warps and the switches; the
-# backward the tile and the walk (its weight-gradient terms summed in registers, one reduction a program).
+# it), the streaming hint and the launch order; a decode step has one token per sequence (one token block), so only
+# heads, warps and the switches; the backward also the token blocks a program walks (its weight-gradient terms summed
+# in registers, one reduction a program) and the software-pipeline stages of that walk.
 _E, _I = (True, False), (True, True)  # the hint; the hint with head blocks inner
 SWEEP = {
     "prefill": [(2, 8, 4), (8, 8, 4), (4, 8, 8), (8, 8, 8), (16, 4, 8), (4, 8, 4, *_E), (4, 8, 4, False, True),
@@ -40,10 +40,7 @@ SWEEP = {
                 (8, 4, 4, *_I), (2, 4, 2, *_I), (4, 8, 2, *_I), (2, 4, 4, *_I), (16, 2, 4, *_I),
                 # more heads a program: the tile's cos/sin rows are read from L2 once for more heads
                 (1, 16, 4, *_I), (2, 16, 4, *_I), (2, 16, 8, *_I), (4, 16, 8, *_I), (1, 32, 4, *_I), (1, 32, 8, *_I),
-                (2, 32, 8, *_I),
-                # programs that walk several token blocks, the walk software-pipelined: more bytes in flight a program
-                (2, 8, 4, *_I, 4, 2), (2, 8, 4, *_I, 4, 3), (2, 8, 4, *_I, 8, 3), (4, 8, 4, *_I, 4, 3),
-                (1, 8, 4, *_I, 8, 3), (1, 8, 4, *_I, 16, 3), (2, 4, 2, *_I, 8, 3), (1, 16, 4, *_I, 8, 3)],
+                (2, 32, 8, *_I)],
     "decode": [(1, 2, 2), (1, 4, 4), (1, 8, 2), (1, 8, 8), (1, 8, 4, *_I), (1, 16, 4), (1, 32, 4), (1, 32, 8),
                (1, 64, 8)],
     "backward": [(4, 8, 4, *_I, 1), (4, 8, 4, *_I, 4), (2, 8, 4, *_I, 8), (1, 8, 4, *_I, 8), (1, 8, 4, *_I, 32),

@@ -14,9 +14,8 @@ helpers (``_cos_sin``, ``_rotate``); the tile loads and stores are :mod:`ropekit
 
 Grid: (token groups, head blocks of q then of k, batch or sequence); with ``HEADS_INNER`` the first two axes are one,
 head blocks inner, so that the q programs and the (heavier) k + v programs of a token group run side by side. A group
-is ``TOKEN_BLOCKS`` consecutive blocks of ``BLOCK_S`` tokens, which a program walks in a loop (``STAGES`` > 1
-software-pipelines it); in the backward the walk also means one reduction across warps and one weight-gradient add or
-row a program. q's head blocks hold ``BLOCK_H`` heads and k's ``BLOCK_HK``, no more than k has.
+is one block of ``BLOCK_S`` tokens, or in the backward ``TOKEN_BLOCKS`` of them (one reduction across warps and one
+weight-gradient add or row a program). q's head blocks hold ``BLOCK_H`` heads and k's ``BLOCK_HK``, no more than k has.
 A program reads its rows of q (or of k and the same heads of v) once and writes each output once: the byte floor of
 the fused step. ``EVICT`` is the cache hint on activation loads and on stores (streaming: each byte is touched once).
 """
@@ -197,10 +196,10 @@ def _heads_program(X, OUT, G, W, DW, V, KC, VC, K_SCALE, V_SCALE, COS, SIN, POSI
                    WRITE_OUT: tl.constexpr, WRITE_TAIL: tl.constexpr, CACHE: tl.constexpr, HAS_V: tl.constexpr,
                    FP8: tl.constexpr, FP8_NATIVE: tl.constexpr, BACKWARD: tl.constexpr, DW_ATOMIC: tl.constexpr,
                    EVICT: tl.constexpr):
-    """One program's work on one tensor (q, or k with v and the caches): TOKEN_BLOCKS consecutive token blocks. With
-    BACKWARD their weight-gradient terms are summed element by element and reduced over tokens and heads once (one
-    cross-warp reduction a program, not one a tile), then stored into row ``dw_row`` of DW, or with DW_ATOMIC added
-    to it."""
+    """One program's work on one tensor (q, or k with v and the caches): TOKEN_BLOCKS consecutive token blocks (one
+    outside the backward). With BACKWARD their weight-gradient terms are summed element by element and reduced over
+    tokens and heads once (one cross-warp reduction a program, not one a tile), then stored into row ``dw_row`` of
+    DW, or with DW_ATOMIC added to it."""
     if BACKWARD:
         acc_a = tl.zeros([BLOCK_S, BLOCK_H, BLOCK_HALF], dtype=MATH_DTYPE)
         acc_b = tl.zeros([BLOCK_S, BLOCK_H, BLOCK_HALF], dtype=MATH_DTYPE)
@@ -250,8 +249,8 @@ def fused_rope_kernel(
 ):
     """Grid: (token-block groups, head blocks of q then of k, batch or sequence), or with HEADS_INNER (groups x head
     blocks, 1, batch or sequence), the head blocks of a group adjacent in launch order. A group is TOKEN_BLOCKS
-    blocks of BLOCK_S tokens. q's head blocks hold BLOCK_H heads, k's BLOCK_HK (k may have far fewer heads: MLA's one
-    shared k_pe). See the module docstring."""
+    blocks of BLOCK_S tokens (one outside the backward). q's head blocks hold BLOCK_H heads, k's BLOCK_HK (k may
+    have far fewer heads: MLA's one shared k_pe). See the module docstring."""
     n_head_blocks_q = (n_heads_q + BLOCK_H - 1) // BLOCK_H
     n_head_blocks = n_head_blocks_q + (n_heads_k + BLOCK_HK - 1) // BLOCK_HK  # n_heads_k is 0 without k
     n_groups = ((seqlen + BLOCK_S - 1) // BLOCK_S + TOKEN_BLOCKS - 1) // TOKEN_BLOCKS
@@ -299,8 +298,8 @@ class FusedConfig(NamedTuple):
     num_warps: int
     evict_first: bool = False  # the streaming hint on activation loads and on every store
     heads_inner: bool = False  # launch order: the head blocks of one token block next to each other
-    token_blocks: int = 1  # token blocks a program walks (the backward sums its weight-gradient terms over them)
-    stages: int = 1  # software-pipeline stages of that walk (>1: the next block's loads start early)
+    token_blocks: int = 1  # backward: token blocks a program walks, its weight-gradient terms summed in registers
+    stages: int = 1  # backward: software-pipeline stages of that walk (>1: the next block's loads start early)
 
 
 def _next_pow2(n: int) -> int:
@@ -442,7 +441,7 @@ def launch_fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, in
                               max(head_dim, v.shape[-1] if v is not None else 0), fp8=fp8,
                               norm=q_weight is not None or k_weight is not None, backward=backward)
     block_hk = min(config.block_h, _next_pow2(n_heads_k))
-    token_blocks = config.token_blocks
+    token_blocks = config.token_blocks if backward else 1
     n_blocks_q = _cdiv(n_heads_q, config.block_h)
     n_blocks_s = _cdiv(_cdiv(seqlen, config.block_s), token_blocks)
     n_blocks_h = n_blocks_q + _cdiv(n_heads_k, block_hk)
@@ -480,7 +479,7 @@ def launch_fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, in
         ROTARY_DIM=rotary_dim, HEAD_DIM=head_dim, V_DIM=v_dim, BLOCK_S=config.block_s, BLOCK_H=config.block_h,
         BLOCK_HK=block_hk, BLOCK_HALF=_next_pow2(rotary_dim // 2), BLOCK_TAIL=_next_pow2(max(head_dim - rotary_dim, 1)),
         BLOCK_V=_next_pow2(v_dim), TOKEN_BLOCKS=token_blocks,
-        STAGES=config.stages, INTERLEAVED=interleaved, POS_MODE=positions.mode,
+        STAGES=config.stages if backward else 1, INTERLEAVED=interleaved, POS_MODE=positions.mode,
         IS_VARLEN=positions.is_varlen, COS_PER_TOKEN=cos_per_token, HAS_K=k is not None,
         MATH_DTYPE=_MATH.get(q.dtype, tl.float32),
         INDEX_DTYPE=tl.int32 if _reach_fits_int32(q, k, v, out_q, out_k, grad_q, grad_k, cos, sin, pos)
