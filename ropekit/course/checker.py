@@ -15,6 +15,7 @@ import torch
 
 from .. import device as _device
 from . import exercises as _exercises
+from . import fence
 from .addressing import Names
 from .cases import make_inputs
 from .diagnose import DIAGNOSES, GENERIC, Finding, analyse
@@ -63,14 +64,15 @@ def check(name: str, code) -> CheckResult:
     readably in a notebook, and is truthy only when the exercise is solved.
     """
     ex = _exercises.exercise(name)
-    if ex.check is None:
-        return _check_rope(ex, code)
-    try:
-        finding = ex.check(code)
-    except Exception as error:  # noqa: BLE001  (a check calls the reader's code: whatever escapes is reported)
-        finding = explain(error)
-    return _graded(ex, code, CheckResult(ex.name, finding.diagnosis == "correct", finding.diagnosis,
-                                         finding.message, finding.max_error))
+    with fence.fenced():  # under the interpreter, a stray address is stopped before it reaches memory
+        if ex.check is None:
+            return _check_rope(ex, code)
+        try:
+            finding = ex.check(code)
+        except Exception as error:  # noqa: BLE001  (a check calls the reader's code: whatever escapes is reported)
+            finding = explain(error)
+        return _graded(ex, code, CheckResult(ex.name, finding.diagnosis == "correct", finding.diagnosis,
+                                             finding.message, finding.max_error))
 
 
 def _graded(ex, code, result: CheckResult) -> CheckResult:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import traceback
 
+from . import fence
 from .diagnose import Finding
 
 __all__ = ["explain", "hint_for", "IMPORT_ORDER", "COMPILE_HINTS"]
@@ -74,6 +75,9 @@ def explain(error: BaseException) -> Finding:
     if isinstance(error, NotImplementedError):
         return Finding("not_solved", "Not yet solved: the template still raises NotImplementedError. Replace it "
                                      "with your code and run the check again.")
+    stopped = fence.finding(error)
+    if stopped is not None:
+        return stopped
     text = "".join(traceback.format_exception_only(type(error), error)).strip()
     if len(text) > 1500:
         text = text[:1500] + " ..."

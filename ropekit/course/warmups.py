@@ -26,7 +26,7 @@ import torch
 import triton
 
 from .. import device as _device
-from . import touch
+from . import fence, touch
 from .diagnose import Finding
 
 __all__ = ["check", "checker", "launch_copy", "launch_rotate_half", "launch_angles", "COPY_BLOCK", "ANGLES_BLOCK_P"]
@@ -128,6 +128,9 @@ _NOT_ON_GPU = (" (Loads past the end of an input are found only under the Triton
 
 
 def _raised(error: BaseException) -> Finding:
+    stopped = fence.finding(error)
+    if stopped is not None:
+        return stopped
     text = f"{type(error).__name__}: {error}".strip()
     if len(text) > 1200:
         text = text[:1200] + " ..."
