@@ -132,3 +132,40 @@ def test_skipped_heads_point_at_the_head_loop_not_at_a_mask(exercise):
     result = course.check(exercise, wrong_variants(exercise)["unwritten"])
     assert result.diagnosis == "unwritten"
     assert "Whole heads were skipped" in result.message and "mask too tight" not in result.message
+
+
+@triton.jit
+def _second_half_at_the_block_width(X, COS, SIN, OUT, seq_len, n_heads, stride_xb, stride_xs, stride_xh, stride_xd,
+                                    stride_ob, stride_os, stride_oh, stride_od, HEAD_DIM: tl.constexpr,
+                                    BLOCK_HALF: tl.constexpr):
+    row = tl.program_id(0)
+    head = row % n_heads
+    token = (row // n_heads) % seq_len
+    batch = row // (n_heads * seq_len)
+    pairs = tl.arange(0, BLOCK_HALF)
+    mask = pairs < HEAD_DIM // 2
+    x_row = X + batch * stride_xb + token * stride_xs + head * stride_xh
+    out_row = OUT + batch * stride_ob + token * stride_os + head * stride_oh
+    x_a = tl.load(x_row + pairs * stride_xd, mask=mask, other=0.0).to(tl.float32)
+    x_b = tl.load(x_row + (pairs + HEAD_DIM // 2) * stride_xd, mask=mask, other=0.0).to(tl.float32)
+    cos = tl.load(COS + token * (HEAD_DIM // 2) + pairs, mask=mask, other=0.0)
+    sin = tl.load(SIN + token * (HEAD_DIM // 2) + pairs, mask=mask, other=0.0)
+    tl.store(out_row + pairs * stride_od, (x_a * cos - x_b * sin).to(OUT.dtype.element_ty), mask=mask)
+    # the mistake: the second half stored BLOCK_HALF channels in, not HEAD_DIM // 2
+    tl.store(out_row + (pairs + BLOCK_HALF) * stride_od, (x_b * cos + x_a * sin).to(OUT.dtype.element_ty), mask=mask)
+
+
+def test_stores_shifted_past_their_targets_are_called_an_offset_not_a_loose_mask():
+    result = course.check("03_strided_kernel", _second_half_at_the_block_width)
+    assert result.diagnosis == "out_of_bounds", str(result)
+    assert "Stores landed beside their targets" in result.message and "never written" in result.message
+    assert "mask too loose" not in result.message
+
+
+def test_the_paged_exercise_names_a_store_past_the_cache_and_a_row_start_without_heads():
+    from ropekit.course.fusion import paged_check
+    slots = [case.slots for case in paged_check.CASES]
+    n_slots = [case.num_blocks * case.block_size for case in paged_check.CASES]
+    assert any(0 in s for s in slots) and any(n - 1 in s for s, n in zip(slots, n_slots))  # both ends of a cache
+    result = course.check("09_rope_cache_kernel", wrong_variants("09_rope_cache_kernel")["stray_rows"])
+    assert result.diagnosis == "stray_rows" and "slot * n_heads_kv * HEAD_DIM" in result.message, str(result)

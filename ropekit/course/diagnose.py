@@ -52,6 +52,7 @@ DIAGNOSES = {
     "half_precision_math": "close, but not float32-accurate: the math ran in half precision",
     "unwritten": "some output elements were never written (a mask too tight)",
     "out_of_bounds": "memory outside the output was written (a mask too loose)",
+    "stray_rows": "cache rows that no token's slot names were written (a head mask or a slot's row start is off)",
     "load_out_of_bounds": "a load read past the end of an input (a load without a mask; found under the interpreter)",
     "out_stride": "right values stored where another layout keeps them: out addressed with x's or contiguous strides",
     "stride_ignored": "the head-dim stride of a non-contiguous input was taken as 1",
@@ -214,10 +215,17 @@ def analyse(inputs: RopeInputs, output: torch.Tensor, *, candidates: frozenset[s
                         "and the elements they should have filled are wrong or never written. Build every store's "
                         "address from OUT's own strides (stride_ob, stride_os, stride_oh, stride_od): a view such as "
                         "out need not be laid out like x, nor be contiguous."))
+            stray = (f"{int(touched.sum())} elements of the memory around and between the output's elements were "
+                     f"overwritten: {_describe_outside(inputs, where_outside, names)}.")
+            if not written.all():
+                return Finding("out_of_bounds", (
+                    f"Stores landed beside their targets: {stray} Meanwhile {_describe_cells(~written, names)} were "
+                    "never written. The lanes are shifted, not too many: an offset is off (for example the second "
+                    "half of a head vector starts HEAD_DIM // 2 channels in, whatever the block's width), so "
+                    "stores meant for the missing elements went past them."))
             return Finding("out_of_bounds", (
-                f"Written out of bounds (a mask too loose?): {int(touched.sum())} elements of the memory around and "
-                f"between the output's elements were overwritten: {_describe_outside(inputs, where_outside, names)}. "
-                "Every store needs a mask that is false for lanes past the end of the row (or tile)."))
+                f"Written out of bounds (a mask too loose?): {stray} Every store needs a mask that is false for "
+                "lanes past the end of the row (or tile)."))
 
     if "partial_pairing" in candidates:
         finding = _partial_pairing(inputs, y, x64, written, scale)
@@ -409,7 +417,9 @@ def _fit_positions(inputs: RopeInputs, y: torch.Tensor, x64: torch.Tensor, scale
                          for h in range(heads) if found[b, s, h])
         return Finding("broadcast", (
             f"The heads of one token were rotated at different positions: token {s} of sequence {b} (position "
-            f"{int(truth[b, s, 0])}) has {seen}. A token's cos/sin row was spread over the wrong axis: a cos tile "
+            f"{int(truth[b, s, 0])}) has {seen}. Every head of a token shares the token's position. With one "
+            "program a (token, head) row, the position comes from the row's token, (row // n_heads) % seq_len, not "
+            "from the row index itself. In a tile, a token's cos/sin row was spread over the wrong axis: a cos tile "
             "[BLOCK_S, HALF] combined with x [BLOCK_S, BLOCK_H, HALF] lines up from the right, so its token axis "
             "lands on the head axis. Insert the head axis: `cos[:, None, :]` is [BLOCK_S, 1, HALF], one token's row "
             f"for all of its heads.{zero_words}"))

@@ -335,7 +335,8 @@ _add(Exercise(
           "straight into the paged K_CACHE at slot SLOTS[token] (block slot // block_size, row slot % block_size), "
           "and copies its value heads unchanged to V_CACHE at the same slot. A slot of -1 is padding: nothing is "
           "written to the caches for it. One read of q, k and v, one write of each output: the fused step."),
-    diagnoses=("wrong_direction", "position_shift", "unwritten", "out_of_bounds", "wrong"),
+    diagnoses=("wrong_direction", "position_shift", "wrong_positions", "other_pairing", "unwritten",
+               "out_of_bounds", "stray_rows", "wrong"),
     check=check_rope_cache,
 ))
 

@@ -39,8 +39,9 @@ class PagedCase:
 
 
 CASES = (
-    PagedCase("5 tokens (one is padding, slot -1), 4 q / 2 kv heads of 16, 6 blocks of 4 slots",
-              positions=(3, 17, 0, 9, 30), slots=(13, 2, -1, 21, 6), heads_q=4, heads_kv=2, head_dim=16,
+    PagedCase("5 tokens (one is padding, slot -1; the first and the last slot), 4 q / 2 kv heads of 16, "
+              "6 blocks of 4 slots",
+              positions=(3, 17, 0, 9, 30), slots=(13, 0, -1, 23, 6), heads_q=4, heads_kv=2, head_dim=16,
               num_blocks=6, block_size=4),
     PagedCase("7 tokens, 3 q / 1 kv head of 8 (a padded head block), 3 blocks of 8 slots",
               positions=(0, 1, 2, 40, 41, 5, 63), slots=(16, 17, 18, 3, 4, -1, 23), heads_q=3, heads_kv=1,
@@ -72,7 +73,9 @@ def _run(kernel, case: PagedCase, device):
                                                                   case.head_dim) for b in buffers)
     q_out = torch.full_like(q, POISON)
     launch_rope_cache(kernel, q, k, v, cos, sin, positions, slots, q_out, k_cache, v_cache)
-    rope = lambda x, shift=0, sign=1: reference.rope_table(x, cos, sign * sin, positions.cpu() + shift)  # noqa: E731
+    def rope(x, shift=0, sign=1, at=None, interleaved=False):
+        rows = positions.cpu() + shift if at is None else at
+        return reference.rope_table(x, cos, sign * sin, rows, interleaved=interleaved)
     return dict(q=q, k=k, v=v, rope=rope, q_out=q_out.cpu().double(), buffers=[b.cpu().double() for b in buffers])
 
 
@@ -92,6 +95,16 @@ def _finding(case: PagedCase, r) -> Finding:
                                                  "a token is row POS[token] of the tables.")
         if (r["q_out"] == POISON).any():
             return Finding("unwritten", "Some of Q_OUT was never written: every query head of every token.")
+        positions = torch.tensor(case.positions)
+        if close(r["q_out"], r["rope"](r["q"], at=torch.arange(len(case.positions)))):
+            return Finding("wrong_positions", "q rotated at the token's index, not its position: a token's cos/sin "
+                                              "row is row POS[token] of the tables (load the position first).")
+        if 2 * max(case.positions) < 64 and close(r["q_out"], r["rope"](r["q"], at=2 * positions)):
+            return Finding("wrong_positions", "q rotated at position 2·POS[token]: a table row holds HEAD_DIM // 2 "
+                                              "values, so row p starts at p * (HEAD_DIM // 2), not p * HEAD_DIM.")
+        if close(r["q_out"], r["rope"](r["q"], interleaved=True)):
+            return Finding("other_pairing", "q rotated in GPT-J pairs (2i, 2i + 1); this exercise uses NeoX pairs "
+                                            "(i, i + HEAD_DIM // 2): the first half of a head against its second.")
         return Finding("wrong", "The rotated q differs from the reference.")
     wanted = {"k_cache": r["rope"](r["k"]), "v_cache": r["v"].cpu().double()}
     errors = [float((r["q_out"] - q_ref).abs().max())]
@@ -101,11 +114,15 @@ def _finding(case: PagedCase, r) -> Finding:
         for token, slot in enumerate(slots):
             if slot >= 0:
                 expect[GUARD_SLOTS + slot] = ref[token]
-        inside, guard = slice(GUARD_SLOTS, buffer.shape[0] - GUARD_SLOTS), torch.ones(buffer.shape[0], dtype=bool)
-        guard[inside] = False
-        if (buffer[guard] != POISON).any():
-            return Finding("out_of_bounds", f"{name}: a row outside the cache was written. A token with slot -1 "
+        inside = slice(GUARD_SLOTS, buffer.shape[0] - GUARD_SLOTS)
+        if (buffer[:GUARD_SLOTS] != POISON).any():
+            return Finding("out_of_bounds", f"{name}: a row before the cache was written. A token with slot -1 "
                                             "is padding: it writes nothing (mask the stores with slot >= 0).")
+        if (buffer[inside.stop:] != POISON).any():
+            return Finding("out_of_bounds", f"{name}: a row past the end of the cache was written (the last slot "
+                                            "is a token's). Only k's n_heads_kv heads exist: mask the head lanes "
+                                            "with heads < n_heads_kv, and start slot s's row at "
+                                            "s * n_heads_kv * HEAD_DIM.")
         if close(buffer, expect):
             errors.append(float((buffer[inside] - expect[inside]).abs().max()))
             continue
@@ -114,9 +131,24 @@ def _finding(case: PagedCase, r) -> Finding:
             return Finding("wrong", f"{name}: token t was written to row t; it belongs at slot SLOTS[t] (block "
                                     "SLOTS[t] // block_size, row SLOTS[t] % block_size).")
         written = [GUARD_SLOTS + s for s in slots if s >= 0]
+        stray = [row - GUARD_SLOTS for row in range(inside.start, inside.stop)
+                 if row not in written and bool((buffer[row] != POISON).any())]
+        if stray:
+            own = ("The tokens' own rows are right. " if close(buffer[written], ref[real]) else "")
+            return Finding("stray_rows", (
+                f"{name}: slot rows {stray[:6]} belong to no token, yet were written. {own}A slot's row of the "
+                "cache starts at slot * n_heads_kv * HEAD_DIM (the cache is (num_blocks, block_size, n_heads_kv, "
+                "HEAD_DIM), contiguous), and only k's n_heads_kv heads exist: mask the head lanes with "
+                "heads < n_heads_kv, not with the block's width."))
         if (buffer[written] == POISON).any():
             return Finding("unwritten", f"{name}: some elements of the tokens' slot rows were never written "
                                         "(every head, both halves).")
+        if name == "v_cache" and close(buffer[written], r["rope"](r["v"])[real]):
+            return Finding("wrong", "v_cache: v was rotated. Values are copied into the cache unchanged; only q "
+                                    "and k turn.")
+        if name == "k_cache" and close(buffer[written], r["k"].cpu().double()[real]):
+            return Finding("wrong", "k_cache: k was copied unrotated. The cache keeps rotated keys: rotate k with "
+                                    "the token's cos/sin row, like q, before the store.")
         return Finding("wrong", f"{name}: the rows at the tokens' slots differ from the reference"
                                 + (" (k must be rotated like q)." if name == "k_cache" else "."))
     error = max(errors)
