@@ -375,3 +375,20 @@ def test_cached_plan_follows_a_forced_launch_config():
     assert not launch.plans
     out_q, _ = ropekit.apply_rope(q, k, cos, sin)
     assert_close_to_reference(out_q, want)
+
+
+def test_torch_compile_fullgraph_in_place_with_a_key():
+    """In place with both q and k (the overlap check compares data pointers, which a traced graph has not) compiles
+    without a graph break, as an engine compiles its model (fullgraph), and rotates like the eager call."""
+    cos, sin = table()
+
+    def step(q, k, offsets):
+        ropekit.apply_rope(q, k, cos, sin, positions=offsets, inplace=True)
+        return q, k
+
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager" if DEVICE == "cpu" else "inductor")
+    q, k = make("bshd", 2, 3, 4, 32, torch.float32), make("bshd", 2, 3, 2, 32, torch.float32)
+    want_q, want_k = ropekit.apply_rope(q, k, cos, sin, positions=torch.tensor([4, 0], device=DEVICE))
+    got_q, got_k = compiled(q.clone(), k.clone(), torch.tensor([4, 0], device=DEVICE))
+    torch.testing.assert_close(got_q, want_q)
+    torch.testing.assert_close(got_k, want_k)

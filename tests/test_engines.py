@@ -109,3 +109,23 @@ def test_errors_raised_by_the_rotation_say_which_engine_argument_they_mean():
     query = torch.randn(3, 16, device=DEVICE).as_strided((3, 16), (0, 1))  # every token the same memory
     with pytest.raises(RuntimeError, match="q is query"):
         ropekit.rotary_embedding(torch.arange(3, device=DEVICE), query, None, 16, cache, True)
+
+
+@pytest.mark.parametrize("fn", [ropekit.rotary_embedding, ropekit.apply_rope_with_cos_sin_cache_inplace])
+def test_the_engine_call_compiles_without_a_graph_break(fn):
+    """Engines compile their models with fullgraph=True: the in-place call with a key must trace."""
+    torch._dynamo.reset()
+    cache = cache_like_vllm(64, 32, torch.float32).to(DEVICE)
+    qkv = torch.randn(5, (4 + 2 * 2) * 32, device=DEVICE)
+    positions = torch.tensor([3, 0, 17, 63, 9], device=DEVICE)
+
+    def step(positions, qkv):
+        query, key = qkv[:, :4 * 32], qkv[:, 4 * 32:6 * 32]
+        fn(positions, query, key, 32, cache, True)
+        return qkv
+
+    want = qkv.clone()
+    fn(positions, want[:, :4 * 32], want[:, 4 * 32:6 * 32], 32, cache, True)
+    got = torch.compile(step, fullgraph=True, backend="aot_eager" if DEVICE == "cpu" else "inductor")(positions,
+                                                                                                     qkv.clone())
+    torch.testing.assert_close(got, want)

@@ -12,20 +12,12 @@ import math
 
 import torch
 
-from .. import validate as rope_validation
-from ..validate import FLOAT_DTYPES, check_mode, prepare, views_overlap
+from ..validate import FLOAT_DTYPES, check_inplace_targets, check_mode, prepare, views_overlap
 
 __all__ = ["FP8_DTYPE", "rotary_arguments", "check_norm", "check_cache", "check_slot_mapping", "check_cache_offsets",
            "check_scale", "check_not_overlapping", "check_mode", "check_inplace_targets"]
 
 FP8_DTYPE = torch.float8_e4m3fn
-
-
-def check_inplace_targets(q, k) -> None:
-    """apply_rope's refusal of in-place targets that overlap themselves or each other. Skipped while torch.compile
-    traces (it compares data pointers, which fake tensors do not have): a compiled graph trusts its tensors."""
-    if not torch.compiler.is_compiling():
-        rope_validation.check_inplace_targets(q, k)
 
 
 def rotary_arguments(q, k, cos, sin, table, positions, layout, rotary_dim, cu_seqlens, max_seqlen, per_token,
@@ -163,7 +155,7 @@ def check_scale(name: str, scale, fp8: bool, device) -> None:
 
 def check_not_overlapping(written: dict, others: dict) -> None:
     """No written tensor shares memory with another written one or with an input (each name in the error).
-    Skipped while torch.compile traces, like :func:`check_inplace_targets`."""
+    Skipped while torch.compile traces, like :func:`ropekit.validate.check_inplace_targets`."""
     if torch.compiler.is_compiling():
         return
     names = list(written)
