@@ -204,13 +204,13 @@ def _valid_call():
 
 BAD = [
     (dict(slot_mapping="int32"), TypeError, "slot_mapping"),
-    (dict(slot_mapping="short"), ValueError, "slot_mapping"),
+    (dict(slot_mapping="long"), ValueError, "slot_mapping"),
     (dict(k_cache="heads"), ValueError, "k_cache"),
     (dict(k_cache="dtype"), TypeError, "k_cache"),
     (dict(v_cache="blocks"), ValueError, "v_cache"),
     (dict(v_cache="fp8"), TypeError, "v_cache"),
     (dict(cache_offsets=0), ValueError, "slot_mapping"),
-    (dict(k_scale=torch.ones(1)), ValueError, "k_scale"),
+    (dict(k_scale=0.5), TypeError, "k_scale"),
     (dict(q_weight=torch.ones(16)), TypeError, "k_weight"),
     (dict(v="tokens"), ValueError, "v"),
     (dict(k_cache="aliases v_cache"), ValueError, "k_cache"),
@@ -221,7 +221,7 @@ BAD = [
                               for v in c.values()])
 def test_errors_name_the_argument_and_write_nothing(change, error, name):
     call = _valid_call()
-    swaps = {"int32": lambda: call["slot_mapping"].int(), "short": lambda: call["slot_mapping"][:3],
+    swaps = {"int32": lambda: call["slot_mapping"].int(), "long": lambda: torch.cat((call["slot_mapping"], call["slot_mapping"][:1])),
              "heads": lambda: torch.zeros(6, 4, 3, 16, device=DEVICE),
              "dtype": lambda: call["k_cache"].double(), "blocks": lambda: torch.zeros(5, 4, 2, 16, device=DEVICE),
              "fp8": lambda: call["v_cache"].to(FP8), "tokens": lambda: call["v"][:, :3],
@@ -350,10 +350,49 @@ def test_a_repeated_decode_call_skips_validation_and_a_changed_one_is_validated(
         assert_close_to_reference(out_q, ref.rope_table(call["q"], call["cos"], call["sin"], pos))
         assert_paged(before, call["k_cache"], ref.rope_table(call["k"], call["cos"], call["sin"], pos)[:, 0],
                      call["slot_mapping"])
+    longer = torch.cat((call["slot_mapping"], call["slot_mapping"][:1]))
     with pytest.raises(AssertionError, match="validated again"):
-        ropekit.rope_and_cache(**dict(call, slot_mapping=call["slot_mapping"][:3]))
+        ropekit.rope_and_cache(**dict(call, slot_mapping=longer))
     monkeypatch.undo()
     with pytest.raises(ValueError, match="slot_mapping"):
-        ropekit.rope_and_cache(**dict(call, slot_mapping=call["slot_mapping"][:3]))
+        ropekit.rope_and_cache(**dict(call, slot_mapping=longer))
     with pytest.raises(ValueError, match="autograd"):
         ropekit.rope_and_cache(**dict(call, q=call["q"].clone().requires_grad_()))
+
+
+# --- the engines' conventions ----------------------------------------------------------------------------------------
+
+def test_a_shorter_slot_mapping_caches_the_first_tokens_and_rotates_all():
+    """vLLM's cache writes take the token count from slot_mapping: the tokens past it are a CUDA-graph batch's
+    padding. They are rotated (q) and never cached."""
+    q, k, v, k_cache, v_cache, slots = paged_case(6, 4, 2, 16, torch.float32)
+    before = k_cache.clone(), v_cache.clone()
+    positions = torch.tensor([5, 0, 9, 3, 1, 7], device=DEVICE)
+    cos, sin = ropekit.cos_sin_table(16, 16, device=DEVICE)
+    out_q, _ = ropekit.rope_and_cache(q[None], k[None], v[None], cos, sin, k_cache=k_cache, v_cache=v_cache,
+                                      slot_mapping=slots[:4], positions=positions[None])
+    pos = positions.cpu()[:, None]
+    assert_close_to_reference(out_q[0], ref.rope_table(q, cos, sin, pos[:, 0]))
+    covered = torch.cat((slots[:4], torch.full((2,), -1, device=DEVICE)))
+    assert_paged(before[0], k_cache, ref.rope_table(k, cos, sin, pos[:, 0]), covered)
+    assert_paged(before[1], v_cache, v.double().cpu(), covered)
+
+
+def test_a_uint8_cache_holds_e4m3_bytes_and_a_scale_beside_a_model_dtype_cache_is_unread():
+    q, k, v, k_cache, v_cache, slots = paged_case(4, 4, 2, 16, torch.bfloat16, cache_dtype=FP8)
+    cos, sin = ropekit.cos_sin_table(16, 16, device=DEVICE)
+    scale = torch.tensor([0.5], device=DEVICE)
+    as_bytes = k_cache.view(torch.uint8).clone(), v_cache.view(torch.uint8).clone()
+    for caches in ((k_cache, v_cache), as_bytes):
+        ropekit.rope_and_cache(q[None], k[None], v[None], cos, sin, k_cache=caches[0], v_cache=caches[1],
+                               slot_mapping=slots, k_scale=scale, v_scale=scale, positions=3)
+    assert torch.equal(as_bytes[0], k_cache.view(torch.uint8)) and torch.equal(as_bytes[1], v_cache.view(torch.uint8))
+    plain = paged_case(4, 4, 2, 16, torch.bfloat16)
+    caches = plain[3].clone(), plain[4].clone()
+    for k_scale in (None, scale):  # engines pass their scales whatever the cache holds
+        ropekit.rope_and_cache(plain[0][None], plain[1][None], plain[2][None], cos, sin, k_cache=caches[0],
+                               v_cache=caches[1], slot_mapping=plain[5], k_scale=k_scale, v_scale=k_scale,
+                               positions=3)
+        if k_scale is None:
+            first = caches[0].clone(), caches[1].clone()
+    assert torch.equal(first[0], caches[0]) and torch.equal(first[1], caches[1])

@@ -113,6 +113,24 @@ def test_errors_name_the_argument_and_write_nothing(change, error, name):
         assert torch.equal(t.view(torch.uint8), b.view(torch.uint8))
 
 
+def test_engine_padding_a_longer_positions_a_shorter_slot_mapping_and_a_uint8_cache():
+    """vLLM's fused MLA write reads positions and slots for the first tokens (a CUDA-graph batch pads them) and keeps a
+    float8 cache as uint8 bytes."""
+    q_pe, k_pe, kv_c, kv_cache, slots = mla_case(4, 2, 16, 32, torch.bfloat16, num_blocks=3, block_size=4,
+                                                 cache_dtype=FP8)
+    q0, k0, before = q_pe.clone(), k_pe.clone(), kv_cache.clone()
+    scale = torch.tensor([0.05], device=DEVICE)
+    cos, sin = yarn_tables(16, 32, DEVICE)
+    positions = torch.tensor([1, 20, 3, 7, 0, 0], device=DEVICE)  # two padded entries
+    as_bytes = kv_cache.view(torch.uint8)
+    ropekit.mla_rope_and_cache(q_pe, k_pe, kv_c, as_bytes, slots[:3], positions, cos, sin, kv_cache_scale=scale)
+    pos = positions[:4].cpu()
+    assert_close_to_reference(q_pe, ref.rope_table(q0, cos, sin, pos, interleaved=True))
+    want_k = ref.rope_table(k0[:, None], cos, sin, pos, interleaved=True)[:, 0]
+    covered = torch.cat((slots[:3], torch.full((1,), -1, device=DEVICE)))
+    check_cache(before, kv_cache, kv_c, want_k, covered, scale=scale.cpu())
+
+
 @gpu_only
 @pytest.mark.parametrize("cache_dtype", [torch.bfloat16, FP8])
 def test_deepseek_decode_shapes_on_gpu(cache_dtype):

@@ -8,11 +8,12 @@ from ropekit.fused import validate
 from conftest import DEVICE
 
 
-def test_scales_go_with_a_float8_cache_only():
+def test_scales_are_read_with_a_float8_cache_only():
     validate.check_scale("k_scale", None, False, torch.device(DEVICE))
     validate.check_scale("k_scale", torch.ones(1, device=DEVICE), True, torch.device(DEVICE))
-    with pytest.raises(ValueError, match="k_scale is only for a float8 cache"):
-        validate.check_scale("k_scale", torch.ones(1, device=DEVICE), False, torch.device(DEVICE))
+    validate.check_scale("k_scale", torch.ones(1, device=DEVICE), False, torch.device(DEVICE))  # accepted, unread
+    with pytest.raises(TypeError, match="k_scale must be a tensor or None"):
+        validate.check_scale("k_scale", 1.0, False, torch.device(DEVICE))
     for bad in (None, 0.5, torch.ones(2, device=DEVICE), torch.ones(1, device=DEVICE, dtype=torch.float16)):
         with pytest.raises(TypeError, match="v_scale"):
             validate.check_scale("v_scale", bad, True, torch.device(DEVICE))

@@ -94,9 +94,11 @@ def rope_and_cache(q: torch.Tensor, k: torch.Tensor, v: Optional[torch.Tensor], 
         v: k-shaped values (their head size may differ from k's), copied into ``v_cache`` untouched; or None.
         k_cache, v_cache: paged ``(num_blocks, block_size, Hkv, D)`` with ``slot_mapping``, or contiguous
             ``(batch, max_seq, Hkv, D)`` (``(n_seqs, ...)`` for thd) with ``cache_offsets``; q's dtype or
-            ``torch.float8_e4m3fn`` (then ``k_scale``/``v_scale``: float32 one-element tensors, stored = x / scale).
+            ``torch.float8_e4m3fn`` (then ``k_scale``/``v_scale``: float32 one-element tensors, stored = x / scale;
+            a ``torch.uint8`` cache is read as e4m3 bytes; with a cache in q's dtype a scale is accepted and unread).
         slot_mapping: int64 ``(tokens,)``, token ``b * seq + s`` (the packed row for thd) goes to slot
-            ``block * block_size + row``; -1 writes nothing.
+            ``block * block_size + row``; -1 writes nothing. A shorter mapping covers the first tokens (the rest, an
+            engine's CUDA-graph padding, are rotated and not cached).
         cache_offsets: an int or ``(n_seqs,)`` tensor: token ``s`` of sequence ``b`` goes to row ``offsets[b] + s``.
         q_weight, k_weight, eps, weight_offset: QK-norm before the rotation (both weights, or neither), as
             :func:`ropekit.qk_norm_rope`.
@@ -105,6 +107,7 @@ def rope_and_cache(q: torch.Tensor, k: torch.Tensor, v: Optional[torch.Tensor], 
 
     Raises ``TypeError``/``ValueError`` naming the argument before anything is written (cache and inputs unchanged).
     """
+    k_cache, v_cache = validate.fp8_bytes(k_cache), validate.fp8_bytes(v_cache)
     user = (q, k, v, cos, sin, positions, cu_seqlens, k_cache, v_cache, slot_mapping, cache_offsets, k_scale,
             v_scale, q_weight, k_weight)
     flags = (eps, weight_offset, layout, interleaved, rotary_dim, inplace, max_seqlen, per_token, write_k)
@@ -214,8 +217,8 @@ def _check_cache_arguments(q, k, v, k_cache, v_cache, slot_mapping, cache_offset
     validate.check_scale("v_scale", v_scale, fp8 and v_cache is not None, q.device)
     if paged:
         n_tokens = kv.shape[0] if spec.is_varlen else kv.shape[0] * kv.shape[1]
-        validate.check_slot_mapping(slot_mapping, n_tokens, k_cache.shape[0] * k_cache.shape[1], q.device)
-        return slot_mapping, CACHE_PAGED
+        return validate.check_slot_mapping(slot_mapping, n_tokens, k_cache.shape[0] * k_cache.shape[1],
+                                           q.device), CACHE_PAGED
 
     def lengths():
         cu = spec.cu_seqlens

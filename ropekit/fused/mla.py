@@ -46,7 +46,9 @@ def mla_rope_and_cache(q_pe: torch.Tensor, k_pe: torch.Tensor, kv_c: torch.Tenso
             kv_c: ``(tokens, kv_lora_rank)`` (or ``(tokens, 1, kv_lora_rank)``); one dtype, any strides.
         kv_cache: ``(num_blocks, block_size, kv_lora_rank + rope_dim)``, q_pe's dtype or ``torch.float8_e4m3fn``
             (then ``kv_cache_scale``: a float32 one-element tensor, stored = x / scale, for both parts).
-        slot_mapping: int64 ``(tokens,)``, -1 skips the token; positions: int ``(tokens,)``.
+        slot_mapping: int64 ``(tokens,)``, -1 skips the token (a shorter mapping covers the first tokens);
+            positions: int ``(tokens,)`` (a longer one is read for the first tokens). A ``torch.uint8`` kv_cache is
+            read as e4m3 bytes; with a cache in q_pe's dtype ``kv_cache_scale`` is accepted and unread.
         cos, sin / cos_sin_cache / table: half-width tables ``(max_positions, rope_dim/2)``, or the engines'
             ``(max_positions, rope_dim)`` buffer with cos in the first half of the columns and sin in the second.
         interleaved: GPT-J pairing (DeepSeek's default); False pairs NeoX halves.
@@ -62,10 +64,13 @@ def mla_rope_and_cache(q_pe: torch.Tensor, k_pe: torch.Tensor, kv_c: torch.Tenso
     if not isinstance(q_pe, torch.Tensor) or q_pe.ndim != 3:
         raise ValueError(f"q_pe must be a (tokens, heads, rope_dim) tensor, got "
                          f"{getattr(q_pe, 'shape', type(q_pe).__name__)}")
-    if not isinstance(positions, torch.Tensor) or positions.ndim != 1 or positions.shape[0] != q_pe.shape[0]:
-        raise ValueError(f"positions must be a ({q_pe.shape[0]},) integer tensor (one position per token), got "
+    if not isinstance(positions, torch.Tensor) or positions.ndim != 1 or positions.shape[0] < q_pe.shape[0]:
+        raise ValueError(f"positions must be a ({q_pe.shape[0]},) integer tensor (one position per token; a longer "
+                         "one is read for the first tokens), got "
                          f"{getattr(positions, 'shape', type(positions).__name__)}")
     tokens, rope_dim = q_pe.shape[0], q_pe.shape[2]
+    positions = positions[:tokens]  # an engine's CUDA-graph batch may pad positions past the tokens
+    kv_cache = validate.fp8_bytes(kv_cache)
     q = q_pe[None]
     k = _tokens_view("k_pe", k_pe, tokens, rope_dim)
     v = _tokens_view("kv_c", kv_c, tokens)
@@ -86,7 +91,7 @@ def mla_rope_and_cache(q_pe: torch.Tensor, k_pe: torch.Tensor, kv_c: torch.Tenso
                          device=q.device)
     fp8 = kv_cache.dtype == validate.FP8_DTYPE
     validate.check_scale("kv_cache_scale", kv_cache_scale, fp8, q.device)
-    validate.check_slot_mapping(slot_mapping, tokens, kv_cache.shape[0] * kv_cache.shape[1], q.device)
+    slot_mapping = validate.check_slot_mapping(slot_mapping, tokens, kv_cache.shape[0] * kv_cache.shape[1], q.device)
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
         raise ValueError("mla_rope_and_cache has no autograd (a cache write is inference): call it under "
                          "torch.no_grad() or with tensors that do not require grad")

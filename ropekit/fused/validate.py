@@ -14,7 +14,7 @@ import torch
 
 from ..validate import FLOAT_DTYPES, check_inplace_targets, check_mode, prepare, views_overlap
 
-__all__ = ["FP8_DTYPE", "rotary_arguments", "check_norm", "check_cache", "check_slot_mapping", "check_cache_offsets",
+__all__ = ["FP8_DTYPE", "fp8_bytes", "rotary_arguments", "check_norm", "check_cache", "check_slot_mapping", "check_cache_offsets",
            "check_scale", "check_not_overlapping", "check_mode", "check_inplace_targets"]
 
 FP8_DTYPE = torch.float8_e4m3fn
@@ -97,13 +97,17 @@ def _index_tensor(name: str, t, device, dtypes) -> None:
         raise ValueError(f"{name} is on {t.device} but q is on {device}")
 
 
-def check_slot_mapping(slot_mapping, n_tokens: int, n_slots: int, device) -> None:
-    """int64 ``(tokens,)``: the cache slot of each token, -1 for none. Check mode: every value in ``[-1, n_slots)``
-    and no slot written twice."""
+def check_slot_mapping(slot_mapping, n_tokens: int, n_slots: int, device) -> torch.Tensor:
+    """int64 ``(tokens,)``: the cache slot of each token, -1 for none. Returns the slots the kernel reads, one a
+    token. A shorter mapping covers the first tokens only, as in vLLM's cache writes, where the tokens past it are
+    the padding of a CUDA-graph batch: those get -1 (rotated, never cached). Check mode: every value in
+    ``[-1, n_slots)`` and no slot written twice."""
     _index_tensor("slot_mapping", slot_mapping, device, (torch.int64,))
-    if slot_mapping.ndim != 1 or slot_mapping.shape[0] != n_tokens:
-        raise ValueError(f"slot_mapping must have shape ({n_tokens},) (one slot per token), got "
-                         f"{tuple(slot_mapping.shape)}")
+    if slot_mapping.ndim != 1 or slot_mapping.shape[0] > n_tokens:
+        raise ValueError(f"slot_mapping must have shape ({n_tokens},) (one slot per token; fewer covers the first "
+                         f"tokens), got {tuple(slot_mapping.shape)}")
+    if slot_mapping.shape[0] < n_tokens:
+        slot_mapping = torch.cat((slot_mapping, slot_mapping.new_full((n_tokens - slot_mapping.shape[0],), -1)))
     if check_mode() and not slot_mapping.is_meta and n_tokens:
         slots = slot_mapping.cpu()
         if bool(((slots < -1) | (slots >= n_slots)).any()):
@@ -112,6 +116,7 @@ def check_slot_mapping(slot_mapping, n_tokens: int, n_slots: int, device) -> Non
         written = slots[slots >= 0]
         if written.unique().numel() != written.numel():
             raise ValueError("slot_mapping names a slot twice: two tokens would race for one cache row")
+    return slot_mapping
 
 
 def check_cache_offsets(offsets, n_seqs: int, lengths, max_seq: int, device) -> torch.Tensor:
@@ -137,11 +142,18 @@ def check_cache_offsets(offsets, n_seqs: int, lengths, max_seq: int, device) -> 
     return offsets
 
 
+def fp8_bytes(cache):
+    """A ``torch.uint8`` cache, as engines allocate a float8 cache, read as the e4m3 values its bytes hold (a view);
+    anything else as it is."""
+    return cache.view(FP8_DTYPE) if isinstance(cache, torch.Tensor) and cache.dtype == torch.uint8 else cache
+
+
 def check_scale(name: str, scale, fp8: bool, device) -> None:
-    """A float32 one-element device tensor with a float8 cache (stored = x / scale); None otherwise."""
+    """A float32 one-element device tensor with a float8 cache (stored = x / scale). With a cache in the model's
+    dtype a tensor is accepted and not read (engines pass their scales whatever the cache holds), or None."""
     if not fp8:
-        if scale is not None:
-            raise ValueError(f"{name} is only for a float8 cache")
+        if scale is not None and not isinstance(scale, torch.Tensor):
+            raise TypeError(f"{name} must be a tensor or None, got {type(scale).__name__}")
         return
     if not isinstance(scale, torch.Tensor):
         raise TypeError(f"{name} must be a float32 tensor of one element with a float8 cache, got "
