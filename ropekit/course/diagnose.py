@@ -273,8 +273,9 @@ def analyse(inputs: RopeInputs, output: torch.Tensor, *, candidates: frozenset[s
             and max_error <= 0.03 * float(x64.abs().max()):
         ulps = float((error / ulp(expected, case.dtype)).max())
         return Finding("half_precision_math", (
-            f"Close, but not float32-accurate: a {dtype_name} output may be off by at most one {dtype_name} ulp when "
-            f"the rotation is computed in float32 and rounded once at the end; yours is off by up to {ulps:.1f} ulps "
+            f"Close, but not float32-accurate: computed in float32 and rounded once at the end, a {dtype_name} "
+            f"output is off by at most one {dtype_name} ulp plus 1e-6 of the largest value (the checker's bound); "
+            f"yours is off by up to {ulps:.1f} ulps "
             f"(max |error| {max_error:.3g}). Part of the math ran in half precision: convert x (and cos/sin) to "
             f"float32 before multiplying, and convert to {dtype_name} only for the result."),
             max_error)
