@@ -280,11 +280,14 @@ def _check_rotary_dim(rotary_dim) -> None:
 
 # Models whose rotary pairs are interleaved (GPT-J's channels 2i, 2i+1) rather than NeoX's halves (i, i + d/2), by
 # transformers' model_type (their modeling code rotates x[..., 0::2] with x[..., 1::2]; DeepSeek-V2 multiplies complex
-# pairs; ChatGLM is remote code). DeepSeek-V3 and GLM-4-MoE-Lite do so when their rope_interleave flag is set (the
-# default); transformers then permutes q/k to halves before a NeoX rotation, which gives the same attention scores
-# with q and k's rotary channels in another order.
-_INTERLEAVED_MODEL_TYPES = frozenset({"gptj", "codegen", "cohere", "cohere2", "glm", "glm4", "helium", "ernie4_5",
-                                      "ernie4_5_moe", "deepseek_v2", "chatglm"})
+# pairs, and so does Llama 4; ChatGLM is remote code; the vision-language models listed rotate their language part's
+# pairs so). DeepSeek-V3 and GLM-4-MoE-Lite do so when their rope_interleave flag is set (the default); transformers
+# then permutes q/k to halves before a NeoX rotation, which gives the same attention scores with q and k's rotary
+# channels in another order.
+_INTERLEAVED_MODEL_TYPES = frozenset({"gptj", "codegen", "cohere", "cohere2", "cohere2_moe", "glm", "glm4", "helium",
+                                      "ernie4_5", "ernie4_5_moe", "ernie4_5_vl_moe_text", "deepseek_v2",
+                                      "deepseek_v4", "chatglm", "llama4", "llama4_text", "moonshine", "blt",
+                                      "glm4v_text", "glm_ocr_text"})
 _INTERLEAVE_FLAG_MODEL_TYPES = frozenset({"deepseek_v3", "glm4_moe_lite"})
 
 
@@ -296,7 +299,9 @@ def rope_parameters_from_config(config: Any) -> dict[str, Any]:
     ``max_position_embeddings``, and the keys older configs use for the same things: GPT-NeoX's ``rotary_pct`` and
     ``rotary_emb_base``, GPT-J's and CodeGen's ``rotary_dim`` (and ``n_embd`` / ``n_head``), DeepSeek's
     ``qk_rope_head_dim`` (the rotated part of each head), ChatGLM's ``kv_channels`` and ``rope_ratio``, Qwen2-VL's
-    legacy rope type ``mrope`` (default frequencies; ``mrope_section`` is kept for ``mrope_cos_sin``).
+    legacy rope type ``mrope`` (default frequencies; ``mrope_section`` is kept for ``mrope_cos_sin``), Phi-3's legacy
+    ``su`` (and ``yarn`` with per-pair factors), which mean ``longrope``. A vision-language config is read through its
+    ``text_config``.
 
     Returns the scaling keys plus ``rope_type``, ``rope_theta``, ``head_dim``, ``partial_rotary_factor``,
     ``rotary_dim``, ``max_position_embeddings`` and ``interleaved`` (the model pairs channels GPT-J's way), ready for
@@ -306,6 +311,9 @@ def rope_parameters_from_config(config: Any) -> dict[str, Any]:
     def read(key):
         return config.get(key) if isinstance(config, Mapping) else getattr(config, key, None)
 
+    text = read("text_config")
+    if text is not None and not any(read(key) for key in ("head_dim", "hidden_size", "n_embd", "qk_rope_head_dim")):
+        return rope_parameters_from_config(text)  # a vision-language model: its language model holds the rope
     model_type = read("model_type")
     scaling = read("rope_parameters") or read("rope_scaling") or {}
     if not isinstance(scaling, Mapping):
@@ -314,6 +322,8 @@ def rope_parameters_from_config(config: Any) -> dict[str, Any]:
         raise ValueError("per-layer rope_parameters (a dict of dicts) are not supported; pass one layer type's dict")
     params = {key: value for key, value in scaling.items() if key != "type"}
     rope_type = _rope_type(scaling)
+    if rope_type == "su" or (rope_type == "yarn" and "short_factor" in scaling):
+        rope_type = "longrope"  # Phi-3's legacy names for its per-pair factors, which transformers maps so too
     params["rope_type"] = "default" if rope_type == "mrope" else rope_type  # transformers maps the legacy name too
 
     theta = scaling.get("rope_theta")

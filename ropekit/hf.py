@@ -36,13 +36,15 @@ def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, si
 
 
 def mrope_cos_sin(cos_table: torch.Tensor, sin_table: torch.Tensor, position_ids: torch.Tensor,
-                  mrope_section: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+                  mrope_section: Sequence[int], *, interleaved: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Qwen2-VL's multimodal RoPE as per-token rows for ``apply_rope(..., per_token=True)``.
 
     ``position_ids``: ``(3, batch, seq)`` (temporal, height, width) or ``(batch, seq)`` (text: all three equal).
     ``mrope_section``: how many of the ``rotary_dim/2`` pairs follow each axis, e.g. ``[16, 24, 24]``.
     Pair ``i`` in section ``j`` turns by ``position_ids[j] * inv_freq[i]``: a gather from the half-width tables;
-    the result is full width (both halves equal), the layout transformers uses.
+    the result is full width (both halves equal), the layout transformers uses. ``interleaved`` (Qwen3-VL's
+    ``mrope_interleaved``): the axes take turns pair by pair instead, ``i % 3`` = 1 height and 2 width while
+    ``i < 3 * mrope_section[axis]``, every other pair temporal.
 
     Positions outside ``[0, len(cos_table))`` raise a ``ValueError`` (a host sync on a GPU). Inside
     ``torch.compile`` or CUDA-graph capture, where the host cannot read them, their rows are NaN instead: the
@@ -55,7 +57,16 @@ def mrope_cos_sin(cos_table: torch.Tensor, sin_table: torch.Tensor, position_ids
     if position_ids.ndim != 3 or position_ids.shape[0] != 3:
         raise ValueError(f"position_ids must be (3, batch, seq) or (batch, seq), got {tuple(position_ids.shape)}")
     _check_positions_in_table(position_ids, cos_table.shape[0])
-    axis_of_pair = torch.repeat_interleave(torch.arange(len(mrope_section)) % 3, torch.tensor(list(mrope_section)))
+    if interleaved:
+        if len(mrope_section) != 3:
+            raise ValueError(f"an interleaved mrope_section has three entries (t, h, w), got {list(mrope_section)}")
+        pairs = torch.arange(half)
+        axis_of_pair = torch.zeros(half, dtype=torch.int64)
+        for axis in (1, 2):
+            axis_of_pair[(pairs % 3 == axis) & (pairs < 3 * int(mrope_section[axis]))] = axis
+    else:
+        axis_of_pair = torch.repeat_interleave(torch.arange(len(mrope_section)) % 3,
+                                               torch.tensor(list(mrope_section)))
     axis_of_pair = axis_of_pair.to(position_ids.device)
     # (batch, seq, half): the position each pair of each token uses
     pos = position_ids.permute(1, 2, 0)[..., axis_of_pair]

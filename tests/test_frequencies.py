@@ -463,6 +463,38 @@ def test_matches_transformers_for_a_legacy_rope_scaling_config(hf):
     torch.testing.assert_close(inv_freq, hf_inv_freq.double(), rtol=1e-6, atol=0)
 
 
+def test_phi3_legacy_su_and_yarn_with_per_pair_factors_mean_longrope(hf):
+    """transformers maps Phi-3's legacy ``su`` and ``yarn`` (with short/long factors) to ``longrope``."""
+    import transformers
+    factors = dict(short_factor=[1.0 + i / 16 for i in range(16)], long_factor=[2.0 + i / 8 for i in range(16)])
+    raw = {"model_type": "phi3", "hidden_size": 96, "num_attention_heads": 3, "max_position_embeddings": 131072,
+           "original_max_position_embeddings": 4096, "rope_theta": 10000.0}
+    config = transformers.Phi3Config(hidden_size=96, num_attention_heads=3, num_hidden_layers=1, vocab_size=16,
+                                     max_position_embeddings=131072, original_max_position_embeddings=4096,
+                                     rope_scaling={"type": "longrope", **factors})
+    _, hf_init = hf
+    hf_inv_freq, hf_factor = hf_init(config, None)
+    for legacy in ("su", "yarn"):
+        params = rope_parameters_from_config({**raw, "rope_scaling": {"type": legacy, **factors}})
+        assert params["rope_type"] == "longrope"
+        inv_freq, factor = rope_init(params, params["rotary_dim"])
+        torch.testing.assert_close(inv_freq, hf_inv_freq.double(), rtol=1e-6, atol=0)
+        assert factor == pytest.approx(hf_factor, rel=1e-6)
+
+
+def test_a_vision_language_config_is_read_through_its_text_config():
+    import transformers
+    for composite in (transformers.Qwen2VLConfig(), transformers.Llama4Config()):
+        assert rope_parameters_from_config(composite) == rope_parameters_from_config(composite.text_config)
+    assert rope_parameters_from_config(transformers.Llama4Config())["interleaved"]  # complex pairs (2i, 2i + 1)
+
+
+@pytest.mark.parametrize("model_type", ["llama4_text", "cohere2_moe", "moonshine", "glm4v_text"])
+def test_models_rotating_neighbouring_channels_read_as_interleaved(model_type):
+    params = rope_parameters_from_config({"model_type": model_type, "hidden_size": 64, "num_attention_heads": 2})
+    assert params["interleaved"] is True
+
+
 # ------------------------------------------------------------------------------------------------------------------
 # (e) bad inputs name what is wrong
 # ------------------------------------------------------------------------------------------------------------------

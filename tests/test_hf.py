@@ -260,6 +260,28 @@ def test_mrope_matches_qwen2_vl():
         torch.testing.assert_close(g, w, rtol=1e-5, atol=2e-5)  # transformers forms fp32 angles
 
 
+
+def test_interleaved_mrope_matches_qwen3_vl():
+    from transformers.models.qwen3_vl import modeling_qwen3_vl
+
+    config = transformers.Qwen3VLTextConfig(hidden_size=64, num_attention_heads=2, num_key_value_heads=1, head_dim=32,
+                                            rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                                             "mrope_section": [6, 5, 5], "mrope_interleaved": True})
+    rotary = modeling_qwen3_vl.Qwen3VLTextRotaryEmbedding(config).to(DEVICE)
+    batch, seqlen, head_dim = 2, 6, 32
+    position_ids = torch.randint(0, 50, (3, batch, seqlen), device=DEVICE)
+    q = torch.randn(batch, 2, seqlen, head_dim, device=DEVICE)
+    k = torch.randn(batch, 1, seqlen, head_dim, device=DEVICE)
+    cos_hf, sin_hf = rotary(q, position_ids)
+    want = modeling_qwen3_vl.apply_rotary_pos_emb(q, k, cos_hf, sin_hf)
+    cos_t, sin_t = table(64, head_dim)
+    cos, sin = ropekit.mrope_cos_sin(cos_t, sin_t, position_ids, [6, 5, 5], interleaved=True)
+    got = ropekit.apply_rope(q, k, cos, sin, layout="bhsd", per_token=True)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=2e-5)
+    sectioned, _ = ropekit.mrope_cos_sin(cos_t, sin_t, position_ids, [6, 5, 5])
+    assert not torch.allclose(sectioned, cos)  # the two layouts differ: the switch matters
+
 MROPE_ERRORS = {
     "position-minus-one": (lambda ids: ids.index_fill(-1, torch.tensor([0], device=ids.device), -1), [4, 6, 6],
                            ValueError, "position_ids"),
