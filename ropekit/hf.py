@@ -28,10 +28,16 @@ def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, si
     ``unsqueeze_dim=1`` means q/k are ``(batch, heads, seq, head_dim)``; ``unsqueeze_dim=2`` means
     ``(batch, seq, heads, head_dim)``. Channels past ``cos.shape[-1]`` pass through (partial rotary).
     In fp16/bf16 it rounds each product and the sum like the eager formula does, so results agree bit for bit.
+    cos/sin of a wider dtype than q (float32 rows beside bf16 activations) promote as the formula's products do: q and
+    k are rotated in that dtype and returned in it.
     """
     if unsqueeze_dim not in (1, 2, -2, -3):
         raise ValueError(f"unsqueeze_dim must be 1 (q is (b, h, s, d)) or 2 (q is (b, s, h, d)), got {unsqueeze_dim}")
     layout = "bhsd" if unsqueeze_dim in (1, -3) else "bshd"
+    if isinstance(q, torch.Tensor) and isinstance(cos, torch.Tensor) and isinstance(sin, torch.Tensor):
+        wide = torch.promote_types(torch.promote_types(q.dtype, cos.dtype), sin.dtype)
+        if wide != q.dtype:
+            q, k = q.to(wide), (k.to(wide) if isinstance(k, torch.Tensor) else k)
     return apply_rope(q, k, cos, sin, layout=layout, per_token=True, eager_rounding=True)
 
 
@@ -120,20 +126,23 @@ def rope_config(config) -> tuple[dict, int]:
     return params, params["rotary_dim"]
 
 
-_PROBE_DTYPES = (torch.float32, torch.bfloat16)
+# (q and k's dtype, cos/sin's): the last as OLMo-style rotary modules return float32 rows beside bf16 activations
+_PROBE_DTYPES = ((torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16), (torch.bfloat16, torch.float32))
 _verdicts: dict = {}  # (module name, its function, its rotate_half) -> why the drop-in can't stand in (None: it can)
 
 
-def _probe_inputs(dtype: torch.dtype, rotary_dim: int, head_dim: int = 16):
+def _probe_inputs(dtype: torch.dtype, rotary_dim: int, head_dim: int = 16, table_dtype: torch.dtype | None = None):
     """q (2 heads) and k (1 head) in transformers' ``(batch, heads, seq, head_dim)`` and per-token cos/sin rows of
-    ``rotary_dim`` columns, the two halves equal, in ``dtype`` (as transformers' rotary modules return them)."""
+    ``rotary_dim`` columns, the two halves equal, in ``dtype`` (as transformers' rotary modules return them; in
+    ``table_dtype`` when given)."""
     generator = torch.Generator().manual_seed(0)
     q = torch.randn(2, 2, 5, head_dim, generator=generator)
     k = torch.randn(2, 1, 5, head_dim, generator=generator)
     theta = torch.rand(2, 5, rotary_dim // 2, generator=generator, dtype=torch.float64) * 40
     cos, sin = torch.cat((theta.cos(), theta.cos()), -1), torch.cat((theta.sin(), theta.sin()), -1)
     from .device import DEVICE
-    return tuple(t.to(device=DEVICE, dtype=dtype) for t in (q, k, cos, sin))
+    return (*(t.to(device=DEVICE, dtype=dtype) for t in (q, k)),
+            *(t.to(device=DEVICE, dtype=table_dtype or dtype) for t in (cos, sin)))
 
 
 def _rotate_half_hint(module) -> str:
@@ -160,16 +169,17 @@ def _probe(original) -> str | None:
     """Run ``original`` and the drop-in on the same probe inputs: None when they agree (bit for bit in bfloat16, at
     float32's default tolerance in float32), else what differs. cos/sin full width, then half width (partial rotary):
     a width ``original`` cannot take is skipped, but each dtype needs one width it takes."""
-    for dtype in _PROBE_DTYPES:
+    for dtype, table_dtype in _PROBE_DTYPES:
         ran = False
         for width, rotary_dim in (("full-width", 16), ("half-width", 8)):
-            q, k, cos, sin = _probe_inputs(dtype, rotary_dim, head_dim=16)
+            q, k, cos, sin = _probe_inputs(dtype, rotary_dim, head_dim=16, table_dtype=table_dtype)
             try:
                 want = original(q.clone(), k.clone(), cos.clone(), sin.clone())
             except Exception:  # noqa: BLE001  (it does not take cos/sin of this width: models never call it so)
                 continue
             ran = True
-            where = f"a {str(dtype).removeprefix('torch.')} probe with {width} cos/sin"
+            where = (f"a {str(dtype).removeprefix('torch.')} probe with {width} cos/sin in "
+                     f"{str(table_dtype).removeprefix('torch.')}")
             try:
                 got = apply_rotary_pos_emb(q, k, cos, sin)
             except (TypeError, ValueError) as error:
@@ -177,9 +187,13 @@ def _probe(original) -> str | None:
             if not (isinstance(want, (tuple, list)) and len(want) == 2
                     and all(isinstance(w, torch.Tensor) and w.shape == g.shape and w.dtype == g.dtype
                             for w, g in zip(want, got))):
-                return f"on {where} it returns something other than (q_embed, k_embed) of q's and k's shapes"
+                kinds = ", ".join(f"{tuple(w.shape)} {str(w.dtype).removeprefix('torch.')}"
+                                  if isinstance(w, torch.Tensor) else type(w).__name__ for w in want) \
+                    if isinstance(want, (tuple, list)) else type(want).__name__
+                return (f"on {where} it returns ({kinds}), not (q_embed, k_embed) of ropekit's shapes and dtypes "
+                        f"({', '.join(str(g.dtype).removeprefix('torch.') for g in got)})")
             for name, g, w in zip(("q", "k"), got, want):
-                if dtype == torch.float32:
+                if g.dtype == torch.float32:
                     same = torch.allclose(g, w, rtol=1.3e-6, atol=1e-5, equal_nan=True)
                 else:
                     same = torch.equal(g, w)
@@ -188,7 +202,7 @@ def _probe(original) -> str | None:
                     exact = "differs from" if dtype == torch.float32 else "is not bit-identical to"
                     return (f"on {where} its {name}_embed {exact} ropekit's (max |difference| {gap:.3g}); "
                             "it computes another rotation or rounds differently")
-        if not ran:
+        if not ran and dtype == table_dtype:
             return f"it raises on every {str(dtype).removeprefix('torch.')} probe (full- and half-width cos/sin)"
     return None
 

@@ -143,7 +143,9 @@ def _gptj_rotate_half(x):
     return torch.stack((-x[..., 1::2], x[..., 0::2]), dim=-1).flatten(-2)
 
 
-def _eager(rotate_half, *, float32=False):
+def _eager(rotate_half, *, float32=False, cast_back=False):
+    """transformers' formula (its products promote: float32 cos/sin beside bf16 q give float32 results); ``float32``
+    computes in float32, and that or ``cast_back`` rounds the results to q's dtype (OLMo-2's way)."""
     def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
         dtype = q.dtype
         cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
@@ -155,7 +157,9 @@ def _eager(rotate_half, *, float32=False):
             x_rot, x_pass = x[..., :rotary_dim], x[..., rotary_dim:]
             return torch.cat((x_rot * cos + rotate_half(x_rot) * sin, x_pass), dim=-1)
 
-        return rotate(q).to(dtype), rotate(k).to(dtype)
+        if float32 or cast_back:
+            return rotate(q).to(dtype), rotate(k).to(dtype)
+        return rotate(q), rotate(k)
 
     return apply_rotary_pos_emb
 
@@ -183,11 +187,30 @@ SYNTHETIC = {
     "sign-flipped": (_eager(_flipped_rotate_half), _flipped_rotate_half, "rotate_half is not transformers'"),
     "gptj-pairs": (_eager(_gptj_rotate_half), _gptj_rotate_half, "GPT-J's way"),
     "float32-math": (_eager(_neox_rotate_half, float32=True), _neox_rotate_half, "bfloat16 probe"),
+    "rounds-float32-rows-to-q": (_eager(_neox_rotate_half, cast_back=True), _neox_rotate_half,
+                                 "cos/sin in float32"),
     "half-width-cos": (_half_width_cos, None, "half-width cos"),
     "always-raises": (_always_raises, None, "raises on every float32 probe"),
     "another-signature": (_position_ids_first, None, "takes"),
 }
 
+
+
+@pytest.mark.parametrize("unsqueeze_dim", [1, 2])
+def test_float32_rows_beside_bf16_activations_promote_like_the_formula(unsqueeze_dim):
+    """OLMo-style rotary modules return float32 cos/sin: transformers' formula then computes and returns float32."""
+    theta = torch.rand(2, 5, 8, dtype=torch.float64) * 40
+    cos = torch.cat((theta.cos(), theta.cos()), -1).float().to(DEVICE)
+    sin = torch.cat((theta.sin(), theta.sin()), -1).float().to(DEVICE)
+    q = torch.randn(2, 2, 5, 16, device=DEVICE).bfloat16()
+    k = torch.randn(2, 1, 5, 16, device=DEVICE).bfloat16()
+    if unsqueeze_dim == 2:
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
+    want = _eager(_neox_rotate_half)(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
+    got = ropekit.apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype == torch.float32
+        torch.testing.assert_close(g, w, rtol=1.3e-6, atol=1e-5)
 
 @pytest.fixture
 def synthetic_module():

@@ -14,8 +14,8 @@ import torch
 
 from ..validate import FLOAT_DTYPES, check_inplace_targets, check_mode, prepare, views_overlap
 
-__all__ = ["FP8_DTYPE", "fp8_bytes", "rotary_arguments", "check_norm", "check_cache", "check_slot_mapping", "check_cache_offsets",
-           "check_scale", "check_not_overlapping", "check_mode", "check_inplace_targets"]
+__all__ = ["FP8_DTYPE", "fp8_bytes", "rotary_arguments", "check_norm", "check_cache", "check_slot_mapping",
+           "check_cache_offsets", "check_scale", "check_not_overlapping", "check_mode", "check_inplace_targets"]
 
 FP8_DTYPE = torch.float8_e4m3fn
 
