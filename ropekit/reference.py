@@ -176,7 +176,7 @@ def rope_matrix(x: torch.Tensor, positions: torch.Tensor, *, base: float = 10000
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, *, eps: float, weight_offset: float = 0.0) -> torch.Tensor:
     """Per-head RMSNorm over the last dimension in float64: ``x * rsqrt(mean(x^2) + eps) * (weight_offset + w)``
-    (transformers' Qwen3/OLMo-2 ``RMSNorm`` with ``weight_offset=0``, Gemma's ``1 + w`` with 1). Differentiable."""
+    (transformers' Qwen3 ``RMSNorm`` with ``weight_offset=0``, Gemma's ``1 + w`` with 1). Differentiable."""
     x64 = x.to(torch.float64).cpu()
     w64 = weight.to(torch.float64).cpu()
     return x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + eps) * (weight_offset + w64)

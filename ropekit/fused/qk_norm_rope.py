@@ -139,7 +139,7 @@ def qk_norm_rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, cos: Optiona
                  table=None, positions=None, layout: str = "bshd", interleaved: bool = False,
                  rotary_dim: Optional[int] = None, inplace: bool = False, cu_seqlens: Optional[torch.Tensor] = None,
                  max_seqlen: Optional[int] = None, per_token: bool = False):
-    """Per-head RMSNorm of q and k (Qwen3 / OLMo-2 / Gemma 3 QK-norm), then RoPE, in one launch.
+    """Per-head RMSNorm of q and k (Qwen3 / Gemma 3 QK-norm), then RoPE, in one launch.
 
     Returns ``(q_out, k_out)`` (``k_out`` None when k is None).
 
@@ -148,7 +148,7 @@ def qk_norm_rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, cos: Optiona
             per_token: as :func:`ropekit.apply_rope` (q/k may be strided slices of a packed qkv projection).
         q_weight, k_weight: the norms' ``(head_dim,)`` weights (k_weight exactly when k is given).
         eps: added to the mean square (> 0).
-        weight_offset: the weight's offset: 0.0 (``x_hat * w``, Qwen3/OLMo-2) or 1.0 (Gemma's ``x_hat * (1 + w)``).
+        weight_offset: the weight's offset: 0.0 (``x_hat * w``, Qwen3) or 1.0 (Gemma's ``x_hat * (1 + w)``).
 
     Autograd (out of place): gradients for q, k, q_weight and k_weight from one fused backward launch.
     Raises ``TypeError``/``ValueError`` naming the argument, before anything is written.
