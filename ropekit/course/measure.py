@@ -111,8 +111,8 @@ def ladder_rows(impls: Sequence[str], cases: Sequence[str] = LADDER_CASES) -> tu
         if not published:
             return [], None
         rows = published["rows"]
-        source = (f"published run on {published['environment'].get('gpu')} ({published['created']}, "
-                  f"`{published['command']}`)")
+        source = (f"published run on {published['environment'].get('gpu')} ({published['created']}; how it was "
+                  "made: docs/benchmarks.md)")
     chosen = [r for r in rows if r["direction"] == "forward" and r["case"] in cases and r["impl"] in impls]
     chosen.sort(key=lambda r: (list(cases).index(r["case"]), list(impls).index(r["impl"]), r["residency"] or ""))
     return chosen, source
