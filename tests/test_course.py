@@ -86,7 +86,9 @@ def test_template_and_solution_define_the_same_entry_point(name):
     if ex.language != "cuda":
         template_fn, solution_fn = course.load_template(name), course.load_solution(name)
         unwrap = lambda f: getattr(f, "fn", f)  # noqa: E731  (a @triton.jit kernel wraps its Python function)
-        assert inspect.signature(unwrap(template_fn)) == inspect.signature(unwrap(solution_fn))
+        # the same parameters; their defaults may differ (exercise 05's tile is the reader's to choose)
+        assert list(inspect.signature(unwrap(template_fn)).parameters) == \
+            list(inspect.signature(unwrap(solution_fn)).parameters)
 
 
 def test_the_tested_wrong_variants_cover_every_required_diagnosis():

@@ -23,7 +23,7 @@ import torch
 from .. import device as _device
 from . import measure
 
-__all__ = ["TARGET", "SpeedGrade", "grade", "grade_exercise", "grade_speed", "QKShape"]
+__all__ = ["TARGET", "SpeedGrade", "grade", "grade_exercise", "grade_speed", "model_words", "QKShape"]
 
 TARGET = 0.80  # the speed exercise's pass mark: this share of the copy ceiling
 
@@ -62,6 +62,27 @@ NO_GPU = ("Speed is graded on a CUDA GPU only (the interpreter's time says nothi
           "checker checked correctness, not speed.")
 
 
+def model_words(kernel, shape: "QKShape") -> str:
+    """What the bytes-in-flight model (notebooks 02 and 04) predicts for the reader's tile on the stated shape: a
+    guide before a GPU is at hand, and beside a measurement that misses."""
+    from . import ablations, perf_model
+    from .exercises import tile_of
+
+    block_s, block_h, warps = tile_of(kernel)
+    programs = (-(-shape.seq // block_s)) * ((-(-shape.heads_q // block_h)) + (-(-shape.heads_k // block_h))) \
+        * shape.batch
+    per_program = block_s * block_h * shape.head_dim * shape.dtype.itemsize
+    launch = perf_model.Launch(programs=programs, num_warps=warps, bytes_in_flight_per_program=per_program)
+    device = perf_model.device_model(ablations.load())
+    in_flight = perf_model.bytes_in_flight_per_sm(launch, device)
+    return (f"The model for your tile ({block_s} tokens x {block_h} heads, {warps} warps): {per_program} B in flight "
+            f"a program, {perf_model.resident_programs(launch, device)} programs resident an SM, so "
+            f"{in_flight / 1024:.1f} KiB an SM against the {device.needed_bytes_in_flight_per_sm / 1024:.1f} KiB "
+            f"Little's law asks ({device.ceiling_gbps:.0f} GB/s over {device.n_sms} SMs x {device.latency_ns:.0f} ns, "
+            f"{device.name}): it predicts "
+            f"{perf_model.predicted_pct(launch, device):.0f} % of the copy ceiling.")
+
+
 def grade_exercise(name: str, kernel, *, timer=None, target: float = TARGET) -> SpeedGrade:
     """Grade the speed of exercise ``name``'s ``kernel`` on its stated shape (``Exercise.notes["speed_shape"]``).
 
@@ -75,8 +96,9 @@ def grade_exercise(name: str, kernel, *, timer=None, target: float = TARGET) -> 
     shape = ex.notes.get("speed_shape")
     if shape is None:
         raise ValueError(f"exercise {name!r} has no speed target")
+    model = model_words(kernel, shape)
     if timer is None and not torch.cuda.is_available():
-        return SpeedGrade(False, False, NO_GPU)
+        return SpeedGrade(False, False, f"{NO_GPU}\n{model}")
     device = "cuda" if timer is None else _device.DEVICE
     inputs = shape.build(device, small=timer is not None)
 
@@ -84,7 +106,10 @@ def grade_exercise(name: str, kernel, *, timer=None, target: float = TARGET) -> 
         ex.launch(kernel, *inputs.arguments)
 
     measure.copy_ceiling(timer, fresh=True)  # the ceiling of this call, not of an earlier one
-    return grade(measure.time_launch(run, inputs.bytes_moved, label=name, timer=timer), target, shape.words)
+    result = grade(measure.time_launch(run, inputs.bytes_moved, label=name, timer=timer), target, shape.words)
+    if result.ok:
+        return result
+    return SpeedGrade(result.graded, False, f"{result.message}\n{model}", result.speed)
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ import triton.language as tl
 def rope_qk_kernel(Q, K, OUT_Q, OUT_K, COS, SIN, OFFSETS, seq_len, n_heads_q, n_heads_k,
                    stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh,
                    stride_oqb, stride_oqs, stride_oqh, stride_okb, stride_oks, stride_okh,
-                   HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr = 4, BLOCK_H: tl.constexpr = 4,
+                   HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr = 1, BLOCK_H: tl.constexpr = 1,
                    NUM_WARPS: tl.constexpr = 4):
     """Rotate q and k in one launch; token s of sequence b sits at position OFFSETS[b] + s.
 
