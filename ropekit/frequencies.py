@@ -6,8 +6,9 @@ Pair ``i`` at position ``p`` turns by ``theta = p * inv_freq[i]``. Formed in flo
 the float32 grid, whose spacing near 1e6 is 0.0625: the angle, and therefore cos/sin, can be off by up to 0.03 at
 position 1,000,000 whatever sin/cos routine runs after it. Forming the angle in float64 (spacing 1.2e-10 near
 1e6) and rounding only the finished cos/sin to float32 keeps every table entry within one float32 rounding
-(<= 6e-8) of the exact value, at position 1e6 as at position 1. Tables are built once, so float64 costs nothing
-that matters; kernels then read float32 tables.
+(<= 6e-8) of the exact value, at position 1e6 as at position 1. The float64 angle's own rounding (and that of
+inv_freq) grows with the position, at most about p * 1.1e-16 rad: negligible up to ~1e8, up to ~2.4e-7 near 2**31.
+Tables are built once, so float64 costs nothing that matters; kernels then read float32 tables.
 
 Rope types
 ----------

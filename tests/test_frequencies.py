@@ -559,3 +559,16 @@ def test_rope_parameters_from_config_rejects(config, message):
 def test_cos_sin_table_rejects_an_inv_freq_that_is_not_1d_floating(inv_freq):
     with pytest.raises(ValueError, match="inv_freq"):
         cos_sin_table(8, inv_freq=inv_freq)
+
+
+def test_tables_near_the_int32_limit_stay_within_the_documented_float64_angle_bound():
+    """Every entry within one float32 rounding plus the float64 angle's own rounding, p * 1.1e-16 rad (design.md)."""
+    from fractions import Fraction
+    inv_freq = inverse_frequencies(128, 1e4)
+    for position in (10**8, 2108457613, 2**31 - 1):
+        cos, sin = cos_sin_at(torch.tensor([position]), inv_freq)
+        two_pi = 2 * Fraction("3.14159265358979323846264338327950288419716939937510582097494459")
+        angle = [Fraction(position) * Fraction(float(f)) for f in inv_freq.tolist()]  # exact in rationals
+        exact = torch.tensor([math.cos(float(a % two_pi)) for a in angle], dtype=torch.float64)
+        bound = 6e-8 + position * 1.1e-16 + 1e-15
+        assert float((cos[0].double() - exact).abs().max()) <= bound
