@@ -292,7 +292,7 @@ _INTERLEAVED_MODEL_TYPES = frozenset({"gptj", "codegen", "cohere", "cohere2", "c
 _INTERLEAVE_FLAG_MODEL_TYPES = frozenset({"deepseek_v3", "glm4_moe_lite"})
 
 
-def rope_parameters_from_config(config: Any) -> dict[str, Any]:
+def rope_parameters_from_config(config: Any, layer_type: str | None = None) -> dict[str, Any]:
     """Normalised rope parameters of a transformers config object or a plain ``config.json`` dict.
 
     Reads transformers 5.x ``rope_parameters`` or the legacy ``rope_scaling`` + ``rope_theta``, plus
@@ -306,21 +306,35 @@ def rope_parameters_from_config(config: Any) -> dict[str, Any]:
 
     Returns the scaling keys plus ``rope_type``, ``rope_theta``, ``head_dim``, ``partial_rotary_factor``,
     ``rotary_dim``, ``max_position_embeddings`` and ``interleaved`` (the model pairs channels GPT-J's way), ready for
-    ``rope_init(p, p["rotary_dim"])`` or ``RotaryEmbedding(p["head_dim"], scaling=p)``. Per-layer (nested) rope
-    parameters are not supported.
+    ``rope_init(p, p["rotary_dim"])`` or ``RotaryEmbedding(p["head_dim"], scaling=p)``.
+
+    ``layer_type``: for configs whose layer types rotate differently (Gemma 3's ``sliding_attention`` and
+    ``full_attention``: transformers' nested ``rope_parameters``, or the legacy ``rope_local_base_freq`` beside
+    ``rope_scaling``, which then applies to full attention only), the layer type whose parameters to return; such a
+    config without it raises a ``ValueError`` naming the types. Other configs have one set for every layer.
     """
     def read(key):
         return config.get(key) if isinstance(config, Mapping) else getattr(config, key, None)
 
     text = read("text_config")
     if text is not None and not any(read(key) for key in ("head_dim", "hidden_size", "n_embd", "qk_rope_head_dim")):
-        return rope_parameters_from_config(text)  # a vision-language model: its language model holds the rope
+        return rope_parameters_from_config(text, layer_type)  # a vision-language model: its language model's rope
     model_type = read("model_type")
     scaling = read("rope_parameters") or read("rope_scaling") or {}
     if not isinstance(scaling, Mapping):
         raise ValueError(f"rope_parameters / rope_scaling must be a dict, got {type(scaling).__name__}")
+    local_base = read("rope_local_base_freq")
+    if local_base is not None and not any(isinstance(value, Mapping) for value in scaling.values()):
+        # Gemma 3's legacy keys: the scaling and rope_theta are full attention's; sliding layers rotate unscaled
+        theta = scaling.get("rope_theta", read("rope_theta"))
+        scaling = {"full_attention": {**scaling, **({} if theta is None else {"rope_theta": theta})},
+                   "sliding_attention": {"rope_type": "default", "rope_theta": local_base}}
     if any(isinstance(value, Mapping) for value in scaling.values()):
-        raise ValueError("per-layer rope_parameters (a dict of dicts) are not supported; pass one layer type's dict")
+        types = [key for key, value in scaling.items() if isinstance(value, Mapping)]
+        if layer_type not in types:
+            raise ValueError(f"this config's rope parameters differ by layer type ({', '.join(types)}): pass "
+                             f"layer_type= one of them" + ("" if layer_type is None else f", not {layer_type!r}"))
+        scaling = scaling[layer_type]
     params = {key: value for key, value in scaling.items() if key != "type"}
     rope_type = _rope_type(scaling)
     if rope_type == "su" or (rope_type == "yarn" and "short_factor" in scaling):

@@ -489,6 +489,27 @@ def test_a_vision_language_config_is_read_through_its_text_config():
     assert rope_parameters_from_config(transformers.Llama4Config())["interleaved"]  # complex pairs (2i, 2i + 1)
 
 
+@pytest.mark.parametrize("legacy", [False, True], ids=["rope_parameters", "legacy-rope_local_base_freq"])
+def test_gemma3_layer_types_read_like_transformers(legacy):
+    """Gemma 3 rotates sliding layers with base 1e4 unscaled and full attention with base 1e6 and its scaling; the
+    legacy config.json keys (rope_local_base_freq beside rope_scaling) mean the same."""
+    import transformers
+    from transformers.models.gemma3 import modeling_gemma3
+    keys = dict(head_dim=32, hidden_size=64, num_attention_heads=2, num_hidden_layers=6, vocab_size=16)  # 5 + 1
+    legacy_keys = dict(rope_theta=1e6, rope_local_base_freq=1e4, rope_scaling={"rope_type": "linear", "factor": 8.0})
+    config = transformers.Gemma3TextConfig(**keys, **legacy_keys)
+    rotary = modeling_gemma3.Gemma3RotaryEmbedding(config)
+    source = {"model_type": "gemma3_text", **keys, **legacy_keys} if legacy else config
+    for layer_type in ("sliding_attention", "full_attention"):
+        params = rope_parameters_from_config(source, layer_type=layer_type)
+        inv_freq, factor = rope_init(params, params["rotary_dim"])
+        want = getattr(rotary, f"{layer_type}_inv_freq")
+        torch.testing.assert_close(inv_freq, want.double(), rtol=1e-6, atol=0)
+    assert rope_parameters_from_config(source, layer_type="full_attention")["rope_type"] == "linear"
+    with pytest.raises(ValueError, match="pass layer_type="):
+        rope_parameters_from_config(source)
+
+
 @pytest.mark.parametrize("model_type", ["llama4_text", "cohere2_moe", "moonshine", "glm4v_text"])
 def test_models_rotating_neighbouring_channels_read_as_interleaved(model_type):
     params = rope_parameters_from_config({"model_type": model_type, "hidden_size": 64, "num_attention_heads": 2})
@@ -546,7 +567,7 @@ def test_rope_init_rejects_a_non_dict():
     pytest.param({"head_dim": 64, "partial_rotary_factor": 0.3}, "partial_rotary_factor", id="odd-partial-rotary"),
     pytest.param({"head_dim": 64, "rope_parameters": {"full_attention": {"rope_type": "default"},
                                                       "sliding_attention": {"rope_type": "default"}}},
-                 "per-layer", id="nested-per-layer"),
+                 "differ by layer type (full_attention, sliding_attention): pass layer_type=", id="nested-per-layer"),
     pytest.param({"head_dim": 64, "rope_scaling": "linear"}, "must be a dict", id="scaling-not-a-dict"),
 ])
 def test_rope_parameters_from_config_rejects(config, message):
