@@ -117,12 +117,13 @@ def _check_positions_in_table(position_ids: torch.Tensor, rows: int) -> None:
         raise ValueError(f"position_ids must lie in [0, {rows}) (the table's rows), got values from {low} to {high}")
 
 
-def rope_config(config) -> tuple[dict, int]:
+def rope_config(config, layer_type: str | None = None) -> tuple[dict, int]:
     """(rope parameters dict, rotary_dim) from a transformers config object or dict (``rope_parameters`` or the
-    legacy ``rope_scaling`` + ``rope_theta``); feed them to ``ropekit.RotaryEmbedding(scaling=...)``."""
+    legacy ``rope_scaling`` + ``rope_theta``; ``layer_type`` as :func:`ropekit.rope_parameters_from_config`); feed
+    them to ``ropekit.RotaryEmbedding(scaling=...)``."""
     from .frequencies import rope_parameters_from_config
 
-    params = rope_parameters_from_config(config)
+    params = rope_parameters_from_config(config, layer_type)
     return params, params["rotary_dim"]
 
 
