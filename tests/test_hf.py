@@ -263,47 +263,32 @@ def test_a_custom_fn_is_not_probed(synthetic_module):
 # --- M-RoPE --------------------------------------------------------------------------------------------------------
 
 @needs_transformers
-def test_mrope_matches_qwen2_vl():
-    from transformers.models.qwen2_vl import modeling_qwen2_vl
-
-    config = transformers.Qwen2VLTextConfig(hidden_size=64, num_attention_heads=2, num_key_value_heads=1,
-                                            rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
-                                                             "mrope_section": [4, 6, 6]})
-    rotary = modeling_qwen2_vl.Qwen2VLRotaryEmbedding(config).to(DEVICE)
+@pytest.mark.parametrize("model, section, interleaved", [("qwen2_vl", [4, 6, 6], False), ("qwen3_vl", [6, 5, 5], True)])
+def test_mrope_matches_qwen_vl(model, section, interleaved):
+    """Qwen2-VL's sections of pairs per axis, and Qwen3-VL's interleaved M-RoPE (the axes take turns pair by pair)."""
+    import importlib
+    modeling = importlib.import_module(f"transformers.models.{model}.modeling_{model}")
+    prefix = {"qwen2_vl": "Qwen2VL", "qwen3_vl": "Qwen3VL"}[model]
+    parameters = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": section}
+    if interleaved:
+        parameters["mrope_interleaved"] = True
+    config = getattr(transformers, f"{prefix}TextConfig")(hidden_size=64, num_attention_heads=2, num_key_value_heads=1,
+                                                          head_dim=32, rope_parameters=parameters)
+    rotary = getattr(modeling, f"{prefix}TextRotaryEmbedding" if interleaved else f"{prefix}RotaryEmbedding")(config)
+    rotary = rotary.to(DEVICE)
     batch, seqlen, head_dim = 2, 6, 32
     position_ids = torch.randint(0, 50, (3, batch, seqlen), device=DEVICE)
     q = torch.randn(batch, 2, seqlen, head_dim, device=DEVICE)
     k = torch.randn(batch, 1, seqlen, head_dim, device=DEVICE)
     cos_hf, sin_hf = rotary(q, position_ids)
-    want = modeling_qwen2_vl.apply_rotary_pos_emb(q, k, cos_hf, sin_hf)
+    want = modeling.apply_rotary_pos_emb(q, k, cos_hf, sin_hf)
     cos_t, sin_t = table(64, head_dim)
-    cos, sin = ropekit.mrope_cos_sin(cos_t, sin_t, position_ids, [4, 6, 6])
+    cos, sin = ropekit.mrope_cos_sin(cos_t, sin_t, position_ids, section, interleaved=interleaved)
     got = ropekit.apply_rope(q, k, cos, sin, layout="bhsd", per_token=True)
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, rtol=1e-5, atol=2e-5)  # transformers forms fp32 angles
-
-
-
-def test_interleaved_mrope_matches_qwen3_vl():
-    from transformers.models.qwen3_vl import modeling_qwen3_vl
-
-    config = transformers.Qwen3VLTextConfig(hidden_size=64, num_attention_heads=2, num_key_value_heads=1, head_dim=32,
-                                            rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
-                                                             "mrope_section": [6, 5, 5], "mrope_interleaved": True})
-    rotary = modeling_qwen3_vl.Qwen3VLTextRotaryEmbedding(config).to(DEVICE)
-    batch, seqlen, head_dim = 2, 6, 32
-    position_ids = torch.randint(0, 50, (3, batch, seqlen), device=DEVICE)
-    q = torch.randn(batch, 2, seqlen, head_dim, device=DEVICE)
-    k = torch.randn(batch, 1, seqlen, head_dim, device=DEVICE)
-    cos_hf, sin_hf = rotary(q, position_ids)
-    want = modeling_qwen3_vl.apply_rotary_pos_emb(q, k, cos_hf, sin_hf)
-    cos_t, sin_t = table(64, head_dim)
-    cos, sin = ropekit.mrope_cos_sin(cos_t, sin_t, position_ids, [6, 5, 5], interleaved=True)
-    got = ropekit.apply_rope(q, k, cos, sin, layout="bhsd", per_token=True)
-    for g, w in zip(got, want):
-        torch.testing.assert_close(g, w, rtol=1e-5, atol=2e-5)
-    sectioned, _ = ropekit.mrope_cos_sin(cos_t, sin_t, position_ids, [6, 5, 5])
-    assert not torch.allclose(sectioned, cos)  # the two layouts differ: the switch matters
+    other, _ = ropekit.mrope_cos_sin(cos_t, sin_t, position_ids, section, interleaved=not interleaved)
+    assert not torch.allclose(other, cos)  # the two layouts differ: the switch matters
 
 MROPE_ERRORS = {
     "position-minus-one": (lambda ids: ids.index_fill(-1, torch.tensor([0], device=ids.device), -1), [4, 6, 6],
