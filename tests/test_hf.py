@@ -195,7 +195,6 @@ SYNTHETIC = {
 }
 
 
-
 @pytest.mark.parametrize("unsqueeze_dim", [1, 2])
 def test_float32_rows_beside_bf16_activations_promote_like_the_formula(unsqueeze_dim):
     """OLMo-style rotary modules return float32 cos/sin: transformers' formula then computes and returns float32."""
