@@ -287,7 +287,8 @@ def _check_rotary_dim(rotary_dim) -> None:
 # channels in another order.
 _INTERLEAVED_MODEL_TYPES = frozenset({"gptj", "codegen", "cohere", "cohere2", "cohere2_moe", "glm", "glm4", "helium",
                                       "ernie4_5", "ernie4_5_moe", "ernie4_5_vl_moe_text", "deepseek_v2",
-                                      "deepseek_v4", "chatglm", "llama4", "llama4_text", "moonshine", "blt",
+                                      "deepseek_v4", "chatglm", "llama4", "llama4_text", "moonshine", "blt_local_encoder",
+                                      "blt_local_decoder", "blt_global_transformer", "blt_patcher",
                                       "glm4v_text", "glm_ocr_text"})
 _INTERLEAVE_FLAG_MODEL_TYPES = frozenset({"deepseek_v3", "glm4_moe_lite"})
 

@@ -200,7 +200,7 @@ def _probe(original) -> str | None:
                     same = torch.equal(g, w)
                 if not same:
                     gap = float((g.double() - w.double()).abs().max())
-                    exact = "differs from" if dtype == torch.float32 else "is not bit-identical to"
+                    exact = "differs from" if g.dtype == torch.float32 else "is not bit-identical to"
                     return (f"on {where} its {name}_embed {exact} ropekit's (max |difference| {gap:.3g}); "
                             "it computes another rotation or rounds differently")
         if not ran and dtype == table_dtype:

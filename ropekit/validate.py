@@ -285,8 +285,8 @@ _OVERLAP = ("unsupported operation: more than one element of the written-to tens
 def check_inplace_targets(q: torch.Tensor, k: Optional[torch.Tensor]) -> None:
     """In place writes q and k: like PyTorch's in-place ops, refuse a written-to tensor that overlaps itself or the
     other one (the rotation of one element would read a value another program already rotated). Skipped while
-    torch.compile traces: it compares data pointers, which fake tensors do not have, and a compiled graph trusts its
-    tensors (the eager call of the same code checks them)."""
+    torch.compile traces: it compares data pointers, which fake tensors do not have, so inside a compiled graph
+    overlapping in-place targets are not detected."""
     if torch.compiler.is_compiling():
         return
     for name, t in (("q", q), ("k", k)):

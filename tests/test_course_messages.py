@@ -162,7 +162,7 @@ def test_stores_shifted_past_their_targets_are_called_an_offset_not_a_loose_mask
     assert "mask too loose" not in result.message
 
 
-def test_the_paged_exercise_names_a_store_past_the_cache_and_a_row_start_without_heads():
+def test_the_paged_exercise_checks_both_ends_of_the_cache_and_names_a_row_start_without_heads():
     from ropekit.course.fusion import paged_check
     slots = [case.slots for case in paged_check.CASES]
     n_slots = [case.num_blocks * case.block_size for case in paged_check.CASES]

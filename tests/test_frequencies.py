@@ -510,7 +510,7 @@ def test_gemma3_layer_types_read_like_transformers(legacy):
         rope_parameters_from_config(source)
 
 
-@pytest.mark.parametrize("model_type", ["llama4_text", "cohere2_moe", "moonshine", "glm4v_text"])
+@pytest.mark.parametrize("model_type", ["llama4_text", "cohere2_moe", "moonshine", "glm4v_text", "blt_local_encoder"])
 def test_models_rotating_neighbouring_channels_read_as_interleaved(model_type):
     params = rope_parameters_from_config({"model_type": model_type, "hidden_size": 64, "num_attention_heads": 2})
     assert params["interleaved"] is True

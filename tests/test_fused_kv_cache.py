@@ -217,11 +217,12 @@ BAD = [
 ]
 
 
-@pytest.mark.parametrize("change,error,name", BAD, ids=[f"{list(c)[0]}-{v if isinstance(v, (str, int)) else 'tensor'}" for c, _, n in BAD
+@pytest.mark.parametrize("change,error,name", BAD, ids=[f"{list(c)[0]}-{v if isinstance(v, (str, int, float)) else 'tensor'}" for c, _, n in BAD
                               for v in c.values()])
 def test_errors_name_the_argument_and_write_nothing(change, error, name):
     call = _valid_call()
-    swaps = {"int32": lambda: call["slot_mapping"].int(), "long": lambda: torch.cat((call["slot_mapping"], call["slot_mapping"][:1])),
+    swaps = {"int32": lambda: call["slot_mapping"].int(),
+             "long": lambda: torch.cat((call["slot_mapping"], call["slot_mapping"][:1])),
              "heads": lambda: torch.zeros(6, 4, 3, 16, device=DEVICE),
              "dtype": lambda: call["k_cache"].double(), "blocks": lambda: torch.zeros(5, 4, 2, 16, device=DEVICE),
              "fp8": lambda: call["v_cache"].to(FP8), "tokens": lambda: call["v"][:, :3],
@@ -358,6 +359,12 @@ def test_a_repeated_decode_call_skips_validation_and_a_changed_one_is_validated(
         ropekit.rope_and_cache(**dict(call, slot_mapping=longer))
     with pytest.raises(ValueError, match="autograd"):
         ropekit.rope_and_cache(**dict(call, q=call["q"].clone().requires_grad_()))
+    # a shorter mapping after a remembered full-length call is validated again and covers the first tokens only
+    before = call["k_cache"].clone()
+    ropekit.rope_and_cache(**dict(call, slot_mapping=call["slot_mapping"][:3]))
+    covered = torch.cat((call["slot_mapping"][:3], torch.full((1,), -1, device=DEVICE)))
+    pos = call["positions"].cpu()[:, None]
+    assert_paged(before, call["k_cache"], ref.rope_table(call["k"], call["cos"], call["sin"], pos)[:, 0], covered)
 
 
 # --- the engines' conventions ----------------------------------------------------------------------------------------

@@ -211,6 +211,7 @@ def test_float32_rows_beside_bf16_activations_promote_like_the_formula(unsqueeze
         assert g.dtype == w.dtype == torch.float32
         torch.testing.assert_close(g, w, rtol=1.3e-6, atol=1e-5)
 
+
 @pytest.fixture
 def synthetic_module():
     names = []

@@ -100,12 +100,17 @@ def tile_of(kernel) -> tuple[int, int, int]:
                  for name in ("BLOCK_S", "BLOCK_H", "NUM_WARPS"))
 
 
+def qk_grid(batch: int, seq: int, heads_q: int, heads_k: int, block_s: int, block_h: int) -> tuple[int, int, int]:
+    """05's grid: (token tiles, q's head blocks then k's, batch)."""
+    return triton.cdiv(seq, block_s), triton.cdiv(heads_q, block_h) + triton.cdiv(heads_k, block_h), batch
+
+
 def launch_qk(kernel, q, k, cos, sin, offsets, out_q, out_k):
-    """05: q and k in one launch; grid (token tiles, q's head blocks then k's, batch), the tile from the kernel."""
+    """05: q and k in one launch on :func:`qk_grid`, the tile from the kernel."""
     batch, seq, heads_q, head_dim = q.shape
     heads_k = k.shape[2]
     block_s, block_h, num_warps = tile_of(kernel)
-    grid = (triton.cdiv(seq, block_s), triton.cdiv(heads_q, block_h) + triton.cdiv(heads_k, block_h), batch)
+    grid = qk_grid(batch, seq, heads_q, heads_k, block_s, block_h)
     kernel[grid](q, k, out_q, out_k, cos, sin, offsets, seq, heads_q, heads_k, *q.stride()[:3], *k.stride()[:3],
                  *out_q.stride()[:3], *out_k.stride()[:3], HEAD_DIM=head_dim, BLOCK_S=block_s, BLOCK_H=block_h,
                  NUM_WARPS=num_warps, num_warps=num_warps)

@@ -16,6 +16,7 @@ fake one in the tests.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -66,11 +67,10 @@ def model_words(kernel, shape: "QKShape") -> str:
     """What the bytes-in-flight model (notebooks 02 and 04) predicts for the reader's tile on the stated shape: a
     guide before a GPU is at hand, and beside a measurement that misses."""
     from . import ablations, perf_model
-    from .exercises import tile_of
+    from .exercises import qk_grid, tile_of
 
     block_s, block_h, warps = tile_of(kernel)
-    programs = (-(-shape.seq // block_s)) * ((-(-shape.heads_q // block_h)) + (-(-shape.heads_k // block_h))) \
-        * shape.batch
+    programs = math.prod(qk_grid(shape.batch, shape.seq, shape.heads_q, shape.heads_k, block_s, block_h))
     per_program = block_s * block_h * shape.head_dim * shape.dtype.itemsize
     launch = perf_model.Launch(programs=programs, num_warps=warps, bytes_in_flight_per_program=per_program)
     device = perf_model.device_model(ablations.load())

@@ -33,6 +33,8 @@ def launch_cache(q, k, v, out_q, out_k, k_cache, v_cache, slots, cache_mode: int
     the way the mutating custom op is called, so that no input aliases a mutated argument)."""
     q = out_q if q is None else q
     k = out_k if k is None else k
+    if k_cache.dtype != validate.FP8_DTYPE:  # scales are read with a float8 cache only: the kernel never sees others
+        k_scale = v_scale = None
     n_slots = k_cache.shape[0] * k_cache.shape[1] if cache_mode == CACHE_PAGED else k_cache.shape[1]
     launch_fused(
         kernel_view(q, layout), kernel_view(k, layout), cos, sin,

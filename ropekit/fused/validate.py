@@ -143,8 +143,8 @@ def check_cache_offsets(offsets, n_seqs: int, lengths, max_seq: int, device) -> 
 
 
 def fp8_bytes(cache):
-    """A ``torch.uint8`` cache, as engines allocate a float8 cache, read as the e4m3 values its bytes hold (a view);
-    anything else as it is."""
+    """A ``torch.uint8`` cache, as vLLM allocates its ``"fp8"`` (e4m3) cache, read as the e4m3 values its bytes hold
+    (a view); anything else as it is. An e5m2 cache has no other mark than its bytes: it is not supported."""
     return cache.view(FP8_DTYPE) if isinstance(cache, torch.Tensor) and cache.dtype == torch.uint8 else cache
 
 

@@ -23,6 +23,7 @@ __all__ = ["PagedCase", "CASES", "launch_rope_cache", "check_rope_cache"]
 
 POISON = -777.0
 GUARD_SLOTS = 4  # poison rows before and after the cache inside its buffer
+TABLE_ROWS = 64  # positions the cases' cos/sin tables hold
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,7 @@ def _run(kernel, case: PagedCase, device):
     t = len(case.positions)
     q, k, v = (torch.randn(t, h, case.head_dim, generator=g).to(device) for h in (case.heads_q, case.heads_kv,
                                                                                   case.heads_kv))
-    cos, sin = cos_sin_table(64, case.head_dim, device=device)
+    cos, sin = cos_sin_table(TABLE_ROWS, case.head_dim, device=device)
     positions = torch.tensor(case.positions, device=device)
     slots = torch.tensor(case.slots, device=device)
     n_slots = case.num_blocks * case.block_size
@@ -99,7 +100,7 @@ def _finding(case: PagedCase, r) -> Finding:
         if close(r["q_out"], r["rope"](r["q"], at=torch.arange(len(case.positions)))):
             return Finding("wrong_positions", "q rotated at the token's index, not its position: a token's cos/sin "
                                               "row is row POS[token] of the tables (load the position first).")
-        if 2 * max(case.positions) < 64 and close(r["q_out"], r["rope"](r["q"], at=2 * positions)):
+        if 2 * max(case.positions) < TABLE_ROWS and close(r["q_out"], r["rope"](r["q"], at=2 * positions)):
             return Finding("wrong_positions", "q rotated at position 2·POS[token]: a table row holds HEAD_DIM // 2 "
                                               "values, so row p starts at p * (HEAD_DIM // 2), not p * HEAD_DIM.")
         if close(r["q_out"], r["rope"](r["q"], interleaved=True)):
