@@ -19,6 +19,7 @@ case undefined). Errors are ``TypeError``/``ValueError`` naming the argument, ra
 
 from __future__ import annotations
 
+import operator
 from typing import Optional
 
 import torch
@@ -57,8 +58,13 @@ def _heads_view(name: str, x, tokens: int, head_size: int, token_dims: tuple) ->
 def rotary_embedding(positions: torch.Tensor, query: torch.Tensor, key: Optional[torch.Tensor], head_size: int,
                      cos_sin_cache: torch.Tensor, is_neox: bool = True) -> None:
     """Rotate ``query`` and ``key`` in place (vLLM's ``rotary_embedding`` contract; see the module docstring)."""
-    if isinstance(head_size, bool) or not isinstance(head_size, int) or head_size <= 0:
+    try:
+        size = None if isinstance(head_size, bool) else operator.index(head_size)  # an int, or numpy's integers
+    except TypeError:
+        size = None
+    if size is None or size <= 0:
         raise TypeError(f"head_size must be a positive int, got {head_size!r}")
+    head_size = size
     if not isinstance(positions, torch.Tensor) or positions.dtype not in (torch.int32, torch.int64):
         raise TypeError(f"positions must be an int32 or int64 tensor, got "
                         f"{getattr(positions, 'dtype', type(positions).__name__)}")

@@ -129,3 +129,16 @@ def test_the_engine_call_compiles_without_a_graph_break(fn):
     got = torch.compile(step, fullgraph=True, backend="aot_eager" if DEVICE == "cpu" else "inductor")(positions,
                                                                                                      qkv.clone())
     torch.testing.assert_close(got, want)
+
+
+def test_head_size_may_be_a_numpy_integer():
+    np = pytest.importorskip("numpy")
+    cache = cache_like_vllm(16, 8, torch.float32).to(DEVICE)
+    positions = torch.tensor([3, 0], device=DEVICE)
+    query = torch.randn(2, 2 * 8, device=DEVICE)
+    want = query.clone()
+    ropekit.rotary_embedding(positions, want, None, 8, cache, True)
+    ropekit.rotary_embedding(positions, query, None, np.int64(8), cache, True)
+    assert torch.equal(query, want)
+    with pytest.raises(TypeError, match="head_size"):
+        ropekit.rotary_embedding(positions, query, None, 8.0, cache, True)
