@@ -15,18 +15,40 @@ contract, implemented here on top of :func:`ropekit.apply_rope` (one launch for 
 
 A position outside the cache is never read; its token's rotated channels come out as NaN (the engines leave that
 case undefined). Errors are ``TypeError``/``ValueError`` naming the argument, raised before anything is written.
+
+SGLang's form of the FlashInfer call adds ``fused_set_kv_buffer_arg`` (and ``enable_pdl``, a launch hint of its CUDA
+kernel that has no meaning here): besides rotating ``query`` and ``key`` in place, the same launch writes the rotated
+key into ``k_buffer[cache_loc]`` and ``value`` untouched into ``v_buffer[cache_loc]`` (token-indexed pools
+``(slots, heads * head_size)`` or ``(slots, heads, head_size)``; ``cache_loc`` int64, one slot a token, -1 skips). It
+is :func:`ropekit.rope_and_cache` on a paged cache of one slot a block.
 """
 
 from __future__ import annotations
 
 import operator
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
 
 from .api import apply_rope
+from .fused.kv_cache import rope_and_cache
 
-__all__ = ["rotary_embedding", "apply_rope_with_cos_sin_cache_inplace"]
+__all__ = ["rotary_embedding", "apply_rope_with_cos_sin_cache_inplace", "FusedSetKVBufferArg"]
+
+
+@dataclass
+class FusedSetKVBufferArg:
+    """SGLang's cache write fused into the rotation: ``value`` ``(tokens, heads * head_size)`` (or 3-D) goes to
+    ``v_buffer[cache_loc]`` and the rotated key to ``k_buffer[cache_loc]``. ``k_scale``/``v_scale``: None or 1.0 (the
+    buffers hold the model's dtype), as SGLang's kernel requires."""
+
+    value: torch.Tensor
+    k_buffer: torch.Tensor
+    v_buffer: torch.Tensor
+    cache_loc: torch.Tensor
+    k_scale: Optional[float] = None
+    v_scale: Optional[float] = None
 
 
 def _heads_view(name: str, x, tokens: int, head_size: int, token_dims: tuple) -> torch.Tensor:
@@ -58,13 +80,22 @@ def _heads_view(name: str, x, tokens: int, head_size: int, token_dims: tuple) ->
 def rotary_embedding(positions: torch.Tensor, query: torch.Tensor, key: Optional[torch.Tensor], head_size: int,
                      cos_sin_cache: torch.Tensor, is_neox: bool = True) -> None:
     """Rotate ``query`` and ``key`` in place (vLLM's ``rotary_embedding`` contract; see the module docstring)."""
+    _rotate(positions, query, key, head_size, cos_sin_cache, is_neox, None)
+
+
+def _head_size(head_size) -> int:
+    """``head_size`` as a positive int: an int, or an integer type such as numpy's."""
     try:
-        size = None if isinstance(head_size, bool) else operator.index(head_size)  # an int, or numpy's integers
+        size = None if isinstance(head_size, bool) else operator.index(head_size)
     except TypeError:
         size = None
     if size is None or size <= 0:
         raise TypeError(f"head_size must be a positive int, got {head_size!r}")
-    head_size = size
+    return size
+
+
+def _rotate(positions, query, key, head_size, cos_sin_cache, is_neox, kv_write) -> None:
+    head_size = _head_size(head_size)
     if not isinstance(positions, torch.Tensor) or positions.dtype not in (torch.int32, torch.int64):
         raise TypeError(f"positions must be an int32 or int64 tensor, got "
                         f"{getattr(positions, 'dtype', type(positions).__name__)}")
@@ -84,16 +115,55 @@ def rotary_embedding(positions: torch.Tensor, query: torch.Tensor, key: Optional
     k = None if key is None else _heads_view("key", key, tokens, head_size, token_dims)
     # cos and sin: the two column halves of one buffer (same strides, so the kernel reads them without a copy)
     cos, sin = cos_sin_cache[:, :rotary_dim // 2], cos_sin_cache[:, rotary_dim // 2:]
+    rotary = dict(positions=positions.reshape(1, tokens), layout="bshd", interleaved=not is_neox,
+                  rotary_dim=rotary_dim, inplace=True)
+    if kv_write is not None and k is None:
+        raise ValueError("key must be given with fused_set_kv_buffer_arg (its rotated rows are cached)")
     try:
-        apply_rope(q, k, cos, sin, positions=positions.reshape(1, tokens), layout="bshd", interleaved=not is_neox,
-                   rotary_dim=rotary_dim, inplace=True)
+        if kv_write is None:
+            apply_rope(q, k, cos, sin, **rotary)
+        else:
+            value, k_buffer, v_buffer, cache_loc = kv_write
+            v = _heads_view("fused_set_kv_buffer_arg.value", value, tokens, head_size, token_dims)
+            rope_and_cache(q, k, v, cos, sin, k_cache=k_buffer, v_cache=v_buffer, slot_mapping=cache_loc,
+                           write_k=True, **rotary)
     except (TypeError, ValueError, RuntimeError) as error:
-        # apply_rope names its own arguments; say which of this call's they are
+        # the rotation names its own arguments; say which of this call's they are
         raise type(error)(f"{error} [in rotary_embedding: q is query, k is key, cos/sin (the table) are the two "
-                          "halves of cos_sin_cache]") from error
+                          "halves of cos_sin_cache; v, k_cache, v_cache and slot_mapping are fused_set_kv_buffer_arg's "
+                          "value, k_buffer, v_buffer and cache_loc]") from error
+
+
+def _pool_view(name: str, buffer, head_size: int) -> torch.Tensor:
+    """A token-indexed pool ``(slots, heads * head_size)`` or ``(slots, heads, head_size)`` as a paged cache of one
+    slot a block, ``(slots, 1, heads, head_size)`` (a view)."""
+    if not isinstance(buffer, torch.Tensor) or buffer.ndim not in (2, 3):
+        raise ValueError(f"fused_set_kv_buffer_arg.{name} must be (slots, heads * head_size) or (slots, heads, "
+                         f"head_size), got {getattr(buffer, 'shape', type(buffer).__name__)}")
+    if buffer.ndim == 2:
+        if buffer.shape[1] % head_size or buffer.stride(-1) != 1:
+            raise ValueError(f"fused_set_kv_buffer_arg.{name}'s rows must hold whole contiguous heads of head_size "
+                             f"{head_size}, got shape {tuple(buffer.shape)}, strides {buffer.stride()}")
+        buffer = buffer.unflatten(1, (buffer.shape[1] // head_size, head_size))
+    return buffer.unsqueeze(1)
 
 
 def apply_rope_with_cos_sin_cache_inplace(positions: torch.Tensor, query: torch.Tensor, key: Optional[torch.Tensor],
-                                          head_size: int, cos_sin_cache: torch.Tensor, is_neox: bool = True) -> None:
-    """FlashInfer's name for the same contract as :func:`rotary_embedding` (in place, returns None)."""
-    rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox)
+                                          head_size: int, cos_sin_cache: torch.Tensor, is_neox: bool = True,
+                                          fused_set_kv_buffer_arg=None, enable_pdl: Optional[bool] = None) -> None:
+    """FlashInfer's name for the same contract as :func:`rotary_embedding` (in place, returns None); SGLang's
+    ``fused_set_kv_buffer_arg`` (a :class:`FusedSetKVBufferArg`, or SGLang's own) also writes the rotated key and the
+    value into its pools in the same launch. ``enable_pdl`` is accepted and has no effect."""
+    arg = fused_set_kv_buffer_arg
+    if arg is None:
+        _rotate(positions, query, key, head_size, cos_sin_cache, is_neox, None)
+        return
+    for name in ("k_scale", "v_scale"):
+        scale = getattr(arg, name, None)
+        if scale is not None and scale != 1.0:
+            raise ValueError(f"fused_set_kv_buffer_arg.{name} must be None or 1.0 (the pools hold the model's dtype), "
+                             f"got {scale!r}")
+    size = _head_size(head_size)
+    _rotate(positions, query, key, size, cos_sin_cache, is_neox,
+            (arg.value, _pool_view("k_buffer", arg.k_buffer, size), _pool_view("v_buffer", arg.v_buffer, size),
+             arg.cache_loc))

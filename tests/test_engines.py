@@ -142,3 +142,62 @@ def test_head_size_may_be_a_numpy_integer():
     assert torch.equal(query, want)
     with pytest.raises(TypeError, match="head_size"):
         ropekit.rotary_embedding(positions, query, None, 8.0, cache, True)
+
+
+# --- SGLang's fused KV-buffer write ------------------------------------------------------------------------------
+
+def _sglang_call(pool_dims=2, hq=4, hk=2, d=16, tokens=6, slots=24):
+    qkv = torch.randn(tokens, (hq + 2 * hk) * d, device=DEVICE)
+    query, key, value = qkv[:, :hq * d], qkv[:, hq * d:(hq + hk) * d], qkv[:, (hq + hk) * d:]
+    shape = (slots, hk * d) if pool_dims == 2 else (slots, hk, d)
+    k_buffer, v_buffer = torch.randn(shape, device=DEVICE), torch.randn(shape, device=DEVICE)
+    cache_loc = torch.tensor([5, 0, -1, 23, 11, 7], device=DEVICE)[:tokens]
+    positions = torch.tensor([3, 0, 17, 63, 9, 40], device=DEVICE)[:tokens]
+    return positions, query, key, value, k_buffer, v_buffer, cache_loc, cache_like_vllm(64, d, torch.float32).to(DEVICE)
+
+
+@pytest.mark.parametrize("pool_dims", [2, 3])
+@pytest.mark.parametrize("is_neox", [True, False])
+def test_sglang_fused_kv_buffer_write_rotates_and_caches_in_one_call(pool_dims, is_neox):
+    """query and key rotated in place as without the argument; k_buffer[cache_loc] the rotated key, v_buffer[cache_loc]
+    the value bit for bit; -1 writes nothing; every other slot unchanged."""
+    positions, query, key, value, k_buffer, v_buffer, cache_loc, cache = _sglang_call(pool_dims)
+    want_q, want_k = query.clone(), key.clone()
+    ropekit.rotary_embedding(positions, want_q, want_k, 16, cache, is_neox)
+    k_before, v_before = k_buffer.clone(), v_buffer.clone()
+    arg = ropekit.engines.FusedSetKVBufferArg(value=value, k_buffer=k_buffer, v_buffer=v_buffer, cache_loc=cache_loc)
+    ropekit.apply_rope_with_cos_sin_cache_inplace(positions, query, key, 16, cache, is_neox,
+                                                  fused_set_kv_buffer_arg=arg, enable_pdl=True)
+    assert torch.equal(query, want_q) and torch.equal(key, want_k)
+    written = cache_loc.cpu() >= 0
+    rows = cache_loc[cache_loc >= 0]
+    assert torch.equal(k_buffer.reshape(24, -1)[rows], want_k[written.to(DEVICE)])
+    assert torch.equal(v_buffer.reshape(24, -1)[rows], value[written.to(DEVICE)])
+    others = torch.ones(24, dtype=torch.bool)
+    others[rows.cpu()] = False
+    assert torch.equal(k_buffer.reshape(24, -1).cpu()[others], k_before.reshape(24, -1).cpu()[others])
+    assert torch.equal(v_buffer.reshape(24, -1).cpu()[others], v_before.reshape(24, -1).cpu()[others])
+
+
+@pytest.mark.parametrize("change, error, words", [
+    (dict(k_scale=0.5), ValueError, "k_scale"),
+    (dict(cache_loc="int32"), TypeError, "cache_loc"),
+    (dict(k_buffer="ragged"), ValueError, "k_buffer"),
+    (dict(key=None), ValueError, "key"),
+])
+def test_sglang_argument_errors_name_the_field_and_write_nothing(change, error, words):
+    positions, query, key, value, k_buffer, v_buffer, cache_loc, cache = _sglang_call()
+    fields = dict(value=value, k_buffer=k_buffer, v_buffer=v_buffer, cache_loc=cache_loc)
+    if "cache_loc" in change:
+        fields["cache_loc"] = cache_loc.int()
+    if "k_buffer" in change:
+        fields["k_buffer"] = torch.randn(24, 2 * 16 + 3, device=DEVICE)
+    if "key" in change:
+        key = None
+    arg = ropekit.engines.FusedSetKVBufferArg(**fields, k_scale=change.get("k_scale"))
+    before = [t.clone() for t in (query, value, fields["k_buffer"], v_buffer)]
+    with pytest.raises(error, match=words):
+        ropekit.apply_rope_with_cos_sin_cache_inplace(positions, query, key, 16, cache, True,
+                                                      fused_set_kv_buffer_arg=arg)
+    for t, b in zip((query, value, fields["k_buffer"], v_buffer), before):
+        assert torch.equal(t, b)
