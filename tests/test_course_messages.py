@@ -169,3 +169,33 @@ def test_the_paged_exercise_checks_both_ends_of_the_cache_and_names_a_row_start_
     assert any(0 in s for s in slots) and any(n - 1 in s for s, n in zip(slots, n_slots))  # both ends of a cache
     result = course.check("09_rope_cache_kernel", wrong_variants("09_rope_cache_kernel")["stray_rows"])
     assert result.diagnosis == "stray_rows" and "slot * n_heads_kv * HEAD_DIM" in result.message, str(result)
+
+
+@triton.jit
+def _tile_without_the_batch_offset(X, COS, SIN, OUT, seq_len, n_heads, stride_xb, stride_xs, stride_xh,
+                                   stride_ob, stride_os, stride_oh, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr,
+                                   BLOCK_H: tl.constexpr):
+    tokens = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
+    batch = tl.program_id(1)
+    HALF: tl.constexpr = HEAD_DIM // 2
+    pairs = tl.arange(0, HALF)
+    inside = tokens < seq_len
+    rows = tokens[:, None] * HALF + pairs[None, :]
+    cos = tl.load(COS + rows, mask=inside[:, None], other=0.0)[:, None, :]
+    sin = tl.load(SIN + rows, mask=inside[:, None], other=0.0)[:, None, :]
+    for first in range(0, n_heads, BLOCK_H):
+        heads = first + tl.arange(0, BLOCK_H)
+        mask = inside[:, None, None] & (heads < n_heads)[None, :, None]
+        x = X + tokens[:, None, None] * stride_xs + heads[None, :, None] * stride_xh + pairs  # the mistake: no batch
+        out = OUT + batch * stride_ob + tokens[:, None, None] * stride_os + heads[None, :, None] * stride_oh + pairs
+        a = tl.load(x, mask=mask)
+        b = tl.load(x + HALF, mask=mask)
+        tl.store(out, a * cos - b * sin, mask=mask)
+        tl.store(out + HALF, b * cos + a * sin, mask=mask)
+
+
+def test_a_missing_batch_offset_is_located_in_plain_words():
+    result = course.check("04_tiled_kernel", _tile_without_the_batch_offset)
+    assert result.diagnosis == "wrong", str(result)
+    assert "Sequence 0 is right" in result.message and "batch offset" in result.message
+    assert "broadcast" not in result.message and "cos_sin_reloaded" not in result.message  # no internal ids

@@ -65,10 +65,6 @@ DIAGNOSES = {
 GENERIC = frozenset({"wrong_positions", "broadcast", "partial_pairing", "compile_error", "import_order",
                      "out_stride"})
 
-# Diagnoses that come from an error or a precheck, never from reading an output.
-_NOT_FROM_OUTPUT = frozenset({"wrong", "compile_error", "import_order", "raised", "not_solved", "needs_gpu",
-                              "too_slow"})
-
 HALF_DTYPES = (torch.float16, torch.bfloat16)
 
 
@@ -293,9 +289,27 @@ def analyse(inputs: RopeInputs, output: torch.Tensor, *, candidates: frozenset[s
     worst = torch.unravel_index(torch.argmax(torch.nan_to_num(error, nan=float("inf"))), error.shape)
     return Finding("wrong", (
         f"Does not match the reference: max |error| {max_error:.3g} at {names.element(worst)} (expected "
-        f"{float(expected[worst]):.6g}, got {float(y[worst]):.6g}). It is none of the mistakes the checker knows "
-        f"({', '.join(sorted(candidates - _NOT_FROM_OUTPUT))}). Try the case by hand: print your output next to "
+        f"{float(expected[worst]):.6g}, got {float(y[worst]):.6g}).{_where_wrong(y, expected, case, scale, names)} "
+        f"It matches none of the mistakes the checker recognises. Try the case by hand: print your output next to "
         f"ropekit.reference.rope(...) for one token.{nan_hint}"), max_error)
+
+
+def _where_wrong(y: torch.Tensor, expected: torch.Tensor, case, scale: float, names: Names) -> str:
+    """Where the wrong elements lie, when that points at one offset: whole sequences (the batch offset), whole heads
+    (the head offset), whole tokens (the token offset)."""
+    wrong = ~within_bound(y, expected, case.dtype, scale=scale)
+    per_seq = wrong.any(dim=(1, 2, 3))
+    if wrong.shape[0] > 1 and bool(per_seq[0]) is False and bool(per_seq.any()) and torch.equal(
+            wrong, per_seq[:, None, None, None].expand_as(wrong)):
+        return (f" Sequence 0 is right and every element of sequences {ranges(torch.nonzero(per_seq).flatten())} is "
+                "wrong: is the batch offset (batch x the batch stride) in every address?")
+    whole = _whole(wrong)
+    if whole is not None and whole[0] == "heads":
+        return (f" Exactly {names.heads(torch.nonzero(whole[1]).flatten())} are wrong, in every token: look at the "
+                "head offset (head x the head stride).")
+    if whole is not None:
+        return " Whole tokens are wrong and others right: look at the token offset (token x the sequence stride)."
+    return ""
 
 
 def _alternatives(inputs: RopeInputs, candidates: frozenset[str]):
