@@ -78,9 +78,15 @@ def _heads_view(name: str, x, tokens: int, head_size: int, token_dims: tuple) ->
 
 
 def rotary_embedding(positions: torch.Tensor, query: torch.Tensor, key: Optional[torch.Tensor], head_size: int,
-                     cos_sin_cache: torch.Tensor, is_neox: bool = True) -> None:
-    """Rotate ``query`` and ``key`` in place (vLLM's ``rotary_embedding`` contract; see the module docstring)."""
-    _rotate(positions, query, key, head_size, cos_sin_cache, is_neox, None)
+                     cos_sin_cache: torch.Tensor, is_neox: bool = True, rope_dim_offset: int = 0,
+                     inverse: bool = False) -> None:
+    """Rotate ``query`` and ``key`` in place (vLLM's ``rotary_embedding`` contract; see the module docstring).
+
+    ``rope_dim_offset``: the rotated channels of each head are ``[rope_dim_offset, rope_dim_offset + rotary_dim)``
+    (vLLM passes ``head_size - rotary_dim`` to rotate the last channels); the others are left as they are.
+    ``inverse``: rotate by -θ, undoing a rotation at the same positions.
+    """
+    _rotate(positions, query, key, head_size, cos_sin_cache, is_neox, None, rope_dim_offset, inverse)
 
 
 def _head_size(head_size) -> int:
@@ -94,7 +100,8 @@ def _head_size(head_size) -> int:
     return size
 
 
-def _rotate(positions, query, key, head_size, cos_sin_cache, is_neox, kv_write) -> None:
+def _rotate(positions, query, key, head_size, cos_sin_cache, is_neox, kv_write, rope_dim_offset=0,
+            inverse=False) -> None:
     head_size = _head_size(head_size)
     if not isinstance(positions, torch.Tensor) or positions.dtype not in (torch.int32, torch.int64):
         raise TypeError(f"positions must be an int32 or int64 tensor, got "
@@ -107,16 +114,21 @@ def _rotate(positions, query, key, head_size, cos_sin_cache, is_neox, kv_write) 
         raise ValueError(f"cos_sin_cache must be (max_position, rotary_dim) with an even rotary_dim, got shape "
                          f"{tuple(cos_sin_cache.shape)}")
     rotary_dim = cos_sin_cache.shape[1]
-    if rotary_dim > head_size:
-        raise ValueError(f"cos_sin_cache's rotary_dim ({rotary_dim}) must be <= head_size ({head_size})")
+    if isinstance(rope_dim_offset, bool) or not isinstance(rope_dim_offset, int) or rope_dim_offset < 0:
+        raise TypeError(f"rope_dim_offset must be a non-negative int, got {rope_dim_offset!r}")
+    if rope_dim_offset + rotary_dim > head_size:
+        raise ValueError(f"rope_dim_offset + cos_sin_cache's rotary_dim ({rope_dim_offset} + {rotary_dim}) must be "
+                         f"<= head_size ({head_size})")
     token_dims = tuple(positions.shape)
     tokens = positions.numel()
-    q = _heads_view("query", query, tokens, head_size, token_dims)
-    k = None if key is None else _heads_view("key", key, tokens, head_size, token_dims)
+    q = _heads_view("query", query, tokens, head_size, token_dims)[..., rope_dim_offset:]
+    k = None if key is None else _heads_view("key", key, tokens, head_size, token_dims)[..., rope_dim_offset:]
     # cos and sin: the two column halves of one buffer (same strides, so the kernel reads them without a copy)
     cos, sin = cos_sin_cache[:, :rotary_dim // 2], cos_sin_cache[:, rotary_dim // 2:]
     rotary = dict(positions=positions.reshape(1, tokens), layout="bshd", interleaved=not is_neox,
                   rotary_dim=rotary_dim, inplace=True)
+    if kv_write is None and inverse:
+        rotary["conjugate"] = True
     if kv_write is not None and k is None:
         raise ValueError("key must be given with fused_set_kv_buffer_arg (its rotated rows are cached)")
     try:

@@ -201,3 +201,38 @@ def test_sglang_argument_errors_name_the_field_and_write_nothing(change, error, 
                                                       fused_set_kv_buffer_arg=arg)
     for t, b in zip((query, value, fields["k_buffer"], v_buffer), before):
         assert torch.equal(t, b)
+
+
+# --- vLLM's rope_dim_offset and inverse ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("is_neox", [True, False])
+def test_rope_dim_offset_rotates_a_window_of_each_head_and_inverse_undoes_it(is_neox):
+    """vLLM rotates channels [rope_dim_offset, rope_dim_offset + rotary_dim) (head_size - rotary_dim: the last ones);
+    inverse=True turns by -θ."""
+    head_size, rotary_dim, offset = 32, 16, 12
+    cache = cache_like_vllm(64, rotary_dim, torch.float32).to(DEVICE)
+    positions = torch.tensor([3, 0, 40, 63], device=DEVICE)
+    query, key = torch.randn(4, 2 * head_size, device=DEVICE), torch.randn(4, head_size, device=DEVICE)
+    q0, k0 = query.clone(), key.clone()
+    ropekit.rotary_embedding(positions, query, key, head_size, cache, is_neox, rope_dim_offset=offset)
+    for got, before, heads in ((query, q0, 2), (key, k0, 1)):
+        window = before.view(4, heads, head_size)[..., offset:offset + rotary_dim].reshape(4, -1)
+        want = engine_reference(positions, window, rotary_dim, cache, is_neox).view(4, heads, rotary_dim)
+        got3, before3 = got.view(4, heads, head_size), before.view(4, heads, head_size)
+        assert_close_to_reference(got3[..., offset:offset + rotary_dim], want)
+        assert torch.equal(got3[..., :offset], before3[..., :offset])
+        assert torch.equal(got3[..., offset + rotary_dim:], before3[..., offset + rotary_dim:])
+    ropekit.rotary_embedding(positions, query, key, head_size, cache, is_neox, rope_dim_offset=offset, inverse=True)
+    torch.testing.assert_close(query, q0, rtol=0, atol=1e-5)
+    torch.testing.assert_close(key, k0, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("offset, error", [(17, ValueError), (-1, TypeError), (1.0, TypeError)])
+def test_a_rope_dim_offset_past_the_head_is_refused_before_any_write(offset, error):
+    cache = cache_like_vllm(64, 16, torch.float32).to(DEVICE)
+    query = torch.randn(2, 32, device=DEVICE)
+    before = query.clone()
+    with pytest.raises(error, match="rope_dim_offset"):
+        ropekit.rotary_embedding(torch.tensor([1, 2], device=DEVICE), query, None, 32, cache, True,
+                                 rope_dim_offset=offset)
+    assert torch.equal(query, before)
