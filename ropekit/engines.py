@@ -127,7 +127,7 @@ def _rotate(positions, query, key, head_size, cos_sin_cache, is_neox, kv_write, 
     cos, sin = cos_sin_cache[:, :rotary_dim // 2], cos_sin_cache[:, rotary_dim // 2:]
     rotary = dict(positions=positions.reshape(1, tokens), layout="bshd", interleaved=not is_neox,
                   rotary_dim=rotary_dim, inplace=True)
-    if kv_write is None and inverse:
+    if inverse:  # (only rotary_embedding passes it)
         rotary["conjugate"] = True
     if kv_write is not None and k is None:
         raise ValueError("key must be given with fused_set_kv_buffer_arg (its rotated rows are cached)")
@@ -141,9 +141,10 @@ def _rotate(positions, query, key, head_size, cos_sin_cache, is_neox, kv_write, 
                            write_k=True, **rotary)
     except (TypeError, ValueError, RuntimeError) as error:
         # the rotation names its own arguments; say which of this call's they are
+        cache_words = ("" if kv_write is None else "; v, k_cache, v_cache and slot_mapping are "
+                       "fused_set_kv_buffer_arg's value, k_buffer, v_buffer and cache_loc")
         raise type(error)(f"{error} [in rotary_embedding: q is query, k is key, cos/sin (the table) are the two "
-                          "halves of cos_sin_cache; v, k_cache, v_cache and slot_mapping are fused_set_kv_buffer_arg's "
-                          "value, k_buffer, v_buffer and cache_loc]") from error
+                          f"halves of cos_sin_cache{cache_words}]") from error
 
 
 def _pool_view(name: str, buffer, head_size: int) -> torch.Tensor:
