@@ -63,11 +63,15 @@ NO_GPU = ("Speed is graded on a CUDA GPU only (the interpreter's time says nothi
           "checker checked correctness, not speed.")
 
 
-def model_words(kernel, shape: "QKShape") -> str:
-    """What the bytes-in-flight model (notebooks 02 and 04) predicts for the reader's tile on the stated shape: a
-    guide before a GPU is at hand, and beside a measurement that misses."""
+def model_words(kernel, shape: "QKShape", target: float = TARGET) -> str:
+    """What the bytes-in-flight model (notebooks 02 and 04) predicts for the reader's tile on the stated shape, and
+    which way to move when that is below the target: a guide before a GPU is at hand, and beside a measurement that
+    misses."""
     from . import ablations, perf_model
     from .exercises import qk_grid, tile_of
+
+    def count(n: int, word: str) -> str:
+        return f"{n} {word}" + ("" if n == 1 else "s")
 
     block_s, block_h, warps = tile_of(kernel)
     programs = math.prod(qk_grid(shape.batch, shape.seq, shape.heads_q, shape.heads_k, block_s, block_h))
@@ -75,12 +79,23 @@ def model_words(kernel, shape: "QKShape") -> str:
     launch = perf_model.Launch(programs=programs, num_warps=warps, bytes_in_flight_per_program=per_program)
     device = perf_model.device_model(ablations.load())
     in_flight = perf_model.bytes_in_flight_per_sm(launch, device)
-    return (f"The model for your tile ({block_s} tokens x {block_h} heads, {warps} warps): {per_program} B in flight "
-            f"a program, {perf_model.resident_programs(launch, device)} programs resident an SM, so "
-            f"{in_flight / 1024:.1f} KiB an SM against the {device.needed_bytes_in_flight_per_sm / 1024:.1f} KiB "
-            f"Little's law asks ({device.ceiling_gbps:.0f} GB/s over {device.n_sms} SMs x {device.latency_ns:.0f} ns, "
-            f"{device.name}): it predicts "
-            f"{perf_model.predicted_pct(launch, device):.0f} % of the copy ceiling.")
+    needed = device.needed_bytes_in_flight_per_sm
+    predicted = perf_model.predicted_pct(launch, device)
+    per_thread = block_s * block_h * shape.head_dim // (32 * warps)
+    words = (f"The model for your tile ({count(block_s, 'token')} x {count(block_h, 'head')} a program, "
+             f"{count(warps, 'warp')}; the whole tile is one step's loads): {per_program} B in flight a program, "
+             f"{perf_model.resident_programs(launch, device)} programs resident an SM, so {in_flight / 1024:.1f} KiB "
+             f"an SM against the {needed / 1024:.1f} KiB Little's law asks ({device.ceiling_gbps:.0f} GB/s over "
+             f"{device.n_sms} SMs x {device.latency_ns:.0f} ns, {device.name}): it predicts {predicted:.0f} % of the "
+             f"copy ceiling.")
+    if predicted < 100 * target:
+        words += (f" That is below the {100 * target:.0f} % target, which asks for about "
+                  f"{target * needed / 1024:.1f} KiB an SM: more bytes a program (BLOCK_S x BLOCK_H), or more "
+                  "programs an SM (fewer NUM_WARPS a program).")
+    words += (f" The model leaves registers out: each thread holds about {count(per_thread, 'value')} of q or k "
+              "here, and a tile that needs many registers holds fewer programs an SM than the model counts "
+              "(notebook 04's sweep measured its largest tiles slower).")
+    return words
 
 
 def grade_exercise(name: str, kernel, *, timer=None, target: float = TARGET) -> SpeedGrade:
@@ -96,7 +111,7 @@ def grade_exercise(name: str, kernel, *, timer=None, target: float = TARGET) -> 
     shape = ex.notes.get("speed_shape")
     if shape is None:
         raise ValueError(f"exercise {name!r} has no speed target")
-    model = model_words(kernel, shape)
+    model = model_words(kernel, shape, target)
     if timer is None and not torch.cuda.is_available():
         return SpeedGrade(False, False, f"{NO_GPU}\n{model}")
     device = "cuda" if timer is None else _device.DEVICE

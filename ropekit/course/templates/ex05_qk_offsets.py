@@ -22,4 +22,5 @@ def rope_qk_kernel(Q, K, OUT_Q, OUT_K, COS, SIN, OFFSETS, seq_len, n_heads_q, n_
     batch = tl.program_id(2)
     HALF: tl.constexpr = HEAD_DIM // 2  # pairs per head vector: a block length, so a constexpr (notebook 02, 1.2)
     pairs = tl.arange(0, HALF)
+    n_q_blocks = tl.cdiv(n_heads_q, BLOCK_H)  # axis 1 holds q's head blocks first, then k's
     # Your code: the positions and their cos/sin rows [BLOCK_S, 1, HEAD_DIM/2]; then q's head block or k's, masked.
