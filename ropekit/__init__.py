@@ -9,6 +9,7 @@ from . import device  # first: decides CUDA vs the Triton interpreter before any
 
 from . import frequencies, positions, reference  # noqa: E402
 from . import triton  # noqa: E402
+from . import te  # noqa: E402
 from .api import apply_rope  # noqa: E402
 from .frequencies import (  # noqa: E402
     cos_sin_from_freqs,
@@ -52,5 +53,6 @@ __all__ = [
     "frequencies",
     "positions",
     "triton",
+    "te",
     "device",
 ]

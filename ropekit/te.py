@@ -1,0 +1,104 @@
+"""Transformer Engine's ``apply_rotary_pos_emb`` signature, so that a TE model can swap ropekit in.
+
+``apply_rotary_pos_emb(t, freqs, tensor_format="sbhd", start_positions=None, interleaved=False, fused=True,
+cu_seqlens=None, cp_size=1, cp_rank=0)`` returns ``t`` rotated (a new tensor, differentiable), with TE's meaning of
+every argument:
+
+* ``t``: ``(seq, batch, heads, head_dim)`` for ``"sbhd"``, ``(batch, seq, heads, head_dim)`` for ``"bshd"``, packed
+  ``(tokens, heads, head_dim)`` for ``"thd"``; any strides.
+* ``freqs``: ``(max_seq, 1, 1, rotary_dim)`` angles, as TE's ``RotaryPositionEmbedding`` returns them: each pair's
+  angle twice, in the halves (NeoX) or in neighbouring channels (``interleaved``, GPT-J). Row ``p`` is position
+  ``p``. ``rotary_dim <= head_dim``: the channels past it pass through.
+* ``start_positions``: ``(batch,)`` integers, the position of each sequence's first token (a KV cache's length).
+* ``cu_seqlens``: for ``"thd"``, the ``(batch + 1,)`` cumulative sequence lengths of the whole (unsplit) batch.
+* ``cp_size``/``cp_rank``: context parallelism. Each sequence is cut into ``2 * cp_size`` chunks and this rank holds
+  chunks ``cp_rank`` and ``2 * cp_size - 1 - cp_rank`` (for ``"thd"``, ``cu_seqlens // cp_size`` delimit them;
+  every length divisible by ``2 * cp_size``); the positions are those of the full sequence.
+* ``fused``: accepted for the signature; ropekit always runs its kernel (TE's fused arithmetic: float32 math, one
+  rounding).
+
+It is :func:`ropekit.apply_rope` on tables from :func:`ropekit.cos_sin_from_freqs` and the positions of
+:mod:`ropekit.positions`' context-parallel helpers. Reading ``cu_seqlens`` for ``"thd"`` is a host sync.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Optional
+
+import torch
+
+from .api import apply_rope
+from .frequencies import cos_sin_from_freqs
+from .positions import context_parallel_positions, context_parallel_varlen_positions
+
+__all__ = ["apply_rotary_pos_emb"]
+
+_FORMATS = ("sbhd", "bshd", "thd")
+
+
+def _check(t, freqs, tensor_format, start_positions, cu_seqlens, cp_size, cp_rank) -> tuple[int, int]:
+    if tensor_format not in _FORMATS:
+        raise ValueError(f"tensor_format must be one of {', '.join(_FORMATS)}, got {tensor_format!r}")
+    if not isinstance(t, torch.Tensor) or t.ndim != (3 if tensor_format == "thd" else 4):
+        raise ValueError(f"t must be a {'3' if tensor_format == 'thd' else '4'}-D tensor for tensor_format "
+                         f"{tensor_format!r}, got {getattr(t, 'shape', type(t).__name__)}")
+    if not isinstance(freqs, torch.Tensor) or not freqs.is_floating_point() or freqs.ndim != 4 \
+            or freqs.shape[1:3] != (1, 1):
+        raise ValueError(f"freqs must be a floating (max_seq, 1, 1, rotary_dim) tensor, got "
+                         f"{getattr(freqs, 'shape', type(freqs).__name__)}")
+    try:
+        cp_size, cp_rank = operator.index(cp_size), operator.index(cp_rank)
+    except TypeError:
+        raise TypeError(f"cp_size and cp_rank must be ints, got {cp_size!r} and {cp_rank!r}") from None
+    if cp_size < 1 or not 0 <= cp_rank < cp_size:
+        raise ValueError(f"cp_size must be >= 1 and 0 <= cp_rank < cp_size, got cp_size {cp_size}, cp_rank {cp_rank}")
+    if (tensor_format == "thd") != (cu_seqlens is not None):
+        raise ValueError("cu_seqlens goes with tensor_format 'thd', and only with it")
+    if start_positions is not None and (not isinstance(start_positions, torch.Tensor) or start_positions.ndim != 1
+                                        or start_positions.dtype not in (torch.int32, torch.int64)):
+        raise ValueError(f"start_positions must be an int32/int64 (batch,) tensor, got "
+                         f"{getattr(start_positions, 'shape', type(start_positions).__name__)}")
+    return cp_size, cp_rank
+
+
+def apply_rotary_pos_emb(t: torch.Tensor, freqs: torch.Tensor, tensor_format: str = "sbhd",
+                         start_positions: Optional[torch.Tensor] = None, interleaved: bool = False,
+                         fused: bool = True, cu_seqlens: Optional[torch.Tensor] = None, cp_size: int = 1,
+                         cp_rank: int = 0) -> torch.Tensor:
+    """``t`` rotated by ``freqs`` (Transformer Engine's contract; see the module docstring)."""
+    cp_size, cp_rank = _check(t, freqs, tensor_format, start_positions, cu_seqlens, cp_size, cp_rank)
+    cos, sin = cos_sin_from_freqs(freqs, interleaved=interleaved)
+    starts = None if start_positions is None else start_positions.to(torch.int64)
+    if tensor_format == "thd":
+        if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.ndim != 1 or cu_seqlens.shape[0] < 2:
+            raise ValueError(f"cu_seqlens must be a (batch + 1,) integer tensor, got "
+                             f"{getattr(cu_seqlens, 'shape', type(cu_seqlens).__name__)}")
+        if bool((cu_seqlens % cp_size).any()):
+            raise ValueError(f"cu_seqlens must be divisible by cp_size ({cp_size}): every sequence is split over "
+                             "the ranks")
+        local = cu_seqlens // cp_size
+        lengths = local[1:] - local[:-1]
+        if cp_size == 1:
+            positions = None if starts is None else starts[:, None]
+        else:
+            if bool((lengths % 2).any()):
+                raise ValueError(f"every sequence of cu_seqlens must be divisible by 2 * cp_size ({2 * cp_size})")
+            positions = context_parallel_varlen_positions(cu_seqlens, cp_size, cp_rank).to(t.device)
+            if starts is not None:
+                positions = positions + torch.repeat_interleave(starts, lengths.to(starts.device))
+            positions = positions[None]
+        return apply_rope(t, None, cos, sin, layout="thd", cu_seqlens=local,
+                          max_seqlen=int(lengths.max()) if lengths.numel() else 0, positions=positions,
+                          interleaved=interleaved)[0]
+    seq = t.shape[0] if tensor_format == "sbhd" else t.shape[1]
+    if cp_size == 1:
+        positions = None if starts is None else starts[:, None]
+    else:
+        if seq % 2:
+            raise ValueError(f"with cp_size > 1 a rank holds two equal chunks of each sequence: its {seq} tokens "
+                             "must be even")
+        positions = context_parallel_positions(seq * cp_size, cp_size, cp_rank, device=t.device)[None]
+        if starts is not None:
+            positions = starts[:, None] + positions
+    return apply_rope(t, None, cos, sin, layout=tensor_format, positions=positions, interleaved=interleaved)[0]
