@@ -19,8 +19,9 @@ case undefined). Errors are ``TypeError``/``ValueError`` naming the argument, ra
 SGLang's form of the FlashInfer call adds ``fused_set_kv_buffer_arg`` (and ``enable_pdl``, a launch hint of its CUDA
 kernel that has no meaning here): besides rotating ``query`` and ``key`` in place, the same launch writes the rotated
 key into ``k_buffer[cache_loc]`` and ``value`` untouched into ``v_buffer[cache_loc]`` (token-indexed pools
-``(slots, heads * head_size)`` or ``(slots, heads, head_size)``; ``cache_loc`` int64, one slot a token, -1 skips). It
-is :func:`ropekit.rope_and_cache` on a paged cache of one slot a block.
+``(slots, heads * head_size)`` or ``(slots, heads, head_size)``; ``cache_loc`` int64, one slot a token; -1 skips, which
+is ropekit's extension: SGLang writes every slot). It is :func:`ropekit.rope_and_cache` on a paged cache of one slot
+a block.
 """
 
 from __future__ import annotations
@@ -37,11 +38,12 @@ from .fused.kv_cache import rope_and_cache
 __all__ = ["rotary_embedding", "apply_rope_with_cos_sin_cache_inplace", "FusedSetKVBufferArg"]
 
 
-@dataclass
+@dataclass(kw_only=True)
 class FusedSetKVBufferArg:
     """SGLang's cache write fused into the rotation: ``value`` ``(tokens, heads * head_size)`` (or 3-D) goes to
-    ``v_buffer[cache_loc]`` and the rotated key to ``k_buffer[cache_loc]``. ``k_scale``/``v_scale``: None or 1.0 (the
-    buffers hold the model's dtype), as SGLang's kernel requires."""
+    ``v_buffer[cache_loc]`` and the rotated key to ``k_buffer[cache_loc]``. Keyword-only: SGLang's own classes order
+    the fields differently. ``k_scale``/``v_scale``: None (what sgl_kernel requires; 1.0 is accepted as the same),
+    the buffers holding the model's dtype."""
 
     value: torch.Tensor
     k_buffer: torch.Tensor
@@ -114,8 +116,15 @@ def _rotate(positions, query, key, head_size, cos_sin_cache, is_neox, kv_write, 
         raise ValueError(f"cos_sin_cache must be (max_position, rotary_dim) with an even rotary_dim, got shape "
                          f"{tuple(cos_sin_cache.shape)}")
     rotary_dim = cos_sin_cache.shape[1]
-    if isinstance(rope_dim_offset, bool) or not isinstance(rope_dim_offset, int) or rope_dim_offset < 0:
-        raise TypeError(f"rope_dim_offset must be a non-negative int, got {rope_dim_offset!r}")
+    try:
+        offset = None if isinstance(rope_dim_offset, bool) else operator.index(rope_dim_offset)
+    except TypeError:
+        offset = None
+    if offset is None:
+        raise TypeError(f"rope_dim_offset must be an int, got {rope_dim_offset!r}")
+    if offset < 0:
+        raise ValueError(f"rope_dim_offset must be >= 0, got {offset}")
+    rope_dim_offset = offset
     if rope_dim_offset + rotary_dim > head_size:
         raise ValueError(f"rope_dim_offset + cos_sin_cache's rotary_dim ({rope_dim_offset} + {rotary_dim}) must be "
                          f"<= head_size ({head_size})")
@@ -173,9 +182,9 @@ def apply_rope_with_cos_sin_cache_inplace(positions: torch.Tensor, query: torch.
         return
     for name in ("k_scale", "v_scale"):
         scale = getattr(arg, name, None)
-        if scale is not None and scale != 1.0:
-            raise ValueError(f"fused_set_kv_buffer_arg.{name} must be None or 1.0 (the pools hold the model's dtype), "
-                             f"got {scale!r}")
+        if scale is not None and not (isinstance(scale, (int, float)) and not isinstance(scale, bool) and scale == 1):
+            raise ValueError(f"fused_set_kv_buffer_arg.{name} must be None (or 1.0: the pools hold the model's "
+                             f"dtype), got {type(scale).__name__} {scale!r}"[:300])
     size = _head_size(head_size)
     _rotate(positions, query, key, size, cos_sin_cache, is_neox,
             (arg.value, _pool_view("k_buffer", arg.k_buffer, size), _pool_view("v_buffer", arg.v_buffer, size),

@@ -1,8 +1,8 @@
 """Transformer Engine's ``apply_rotary_pos_emb`` signature, so that a TE model can swap ropekit in.
 
-``apply_rotary_pos_emb(t, freqs, tensor_format="sbhd", start_positions=None, interleaved=False, fused=True,
+``apply_rotary_pos_emb(t, freqs, tensor_format="sbhd", start_positions=None, interleaved=False, fused=False,
 cu_seqlens=None, cp_size=1, cp_rank=0)`` returns ``t`` rotated (a new tensor, differentiable), with TE's meaning of
-every argument:
+every argument (the argument order of TE 2.4 and later; ``start_positions`` with ``cp_size > 1`` as TE 2.10 takes it):
 
 * ``t``: ``(seq, batch, heads, head_dim)`` for ``"sbhd"``, ``(batch, seq, heads, head_dim)`` for ``"bshd"``, packed
   ``(tokens, heads, head_dim)`` for ``"thd"``; any strides.
@@ -10,12 +10,14 @@ every argument:
   angle twice, in the halves (NeoX) or in neighbouring channels (``interleaved``, GPT-J). Row ``p`` is position
   ``p``. ``rotary_dim <= head_dim``: the channels past it pass through.
 * ``start_positions``: ``(batch,)`` integers, the position of each sequence's first token (a KV cache's length).
-* ``cu_seqlens``: for ``"thd"``, the ``(batch + 1,)`` cumulative sequence lengths of the whole (unsplit) batch.
+* ``cu_seqlens``: for ``"thd"``, the ``(batch + 1,)`` cumulative sequence lengths of the whole (unsplit) batch, each
+  padded to a multiple of ``2 * cp_size`` (TE's ``cu_seqlens_padded``); ignored for the other formats, as TE does.
 * ``cp_size``/``cp_rank``: context parallelism. Each sequence is cut into ``2 * cp_size`` chunks and this rank holds
   chunks ``cp_rank`` and ``2 * cp_size - 1 - cp_rank`` (for ``"thd"``, ``cu_seqlens // cp_size`` delimit them;
   every length divisible by ``2 * cp_size``); the positions are those of the full sequence.
-* ``fused``: accepted for the signature; ropekit always runs its kernel (TE's fused arithmetic: float32 math, one
-  rounding).
+* ``fused``: accepted for the signature; ropekit always runs its kernel, whose arithmetic is TE's fused one
+  (float32 math, one rounding). TE's unfused path rounds cos/sin and each product to ``t``'s dtype: in 16-bit dtypes
+  the two differ by an ulp or so.
 
 It is :func:`ropekit.apply_rope` on tables from :func:`ropekit.cos_sin_from_freqs` and the positions of
 :mod:`ropekit.positions`' context-parallel helpers. Reading ``cu_seqlens`` for ``"thd"`` is a host sync.
@@ -48,13 +50,18 @@ def _check(t, freqs, tensor_format, start_positions, cu_seqlens, cp_size, cp_ran
         raise ValueError(f"freqs must be a floating (max_seq, 1, 1, rotary_dim) tensor, got "
                          f"{getattr(freqs, 'shape', type(freqs).__name__)}")
     try:
+        if isinstance(cp_size, bool) or isinstance(cp_rank, bool):
+            raise TypeError
         cp_size, cp_rank = operator.index(cp_size), operator.index(cp_rank)
     except TypeError:
         raise TypeError(f"cp_size and cp_rank must be ints, got {cp_size!r} and {cp_rank!r}") from None
     if cp_size < 1 or not 0 <= cp_rank < cp_size:
         raise ValueError(f"cp_size must be >= 1 and 0 <= cp_rank < cp_size, got cp_size {cp_size}, cp_rank {cp_rank}")
-    if (tensor_format == "thd") != (cu_seqlens is not None):
-        raise ValueError("cu_seqlens goes with tensor_format 'thd', and only with it")
+    if tensor_format == "thd" and cu_seqlens is None:
+        raise ValueError("tensor_format 'thd' needs cu_seqlens")
+    if freqs.shape[-1] > t.shape[-1]:
+        raise ValueError(f"freqs' last dimension (the rotary width, {freqs.shape[-1]}) must be <= t's head_dim "
+                         f"({t.shape[-1]})")
     if start_positions is not None and (not isinstance(start_positions, torch.Tensor) or start_positions.ndim != 1
                                         or start_positions.dtype not in (torch.int32, torch.int64)):
         raise ValueError(f"start_positions must be an int32/int64 (batch,) tensor, got "
@@ -62,9 +69,22 @@ def _check(t, freqs, tensor_format, start_positions, cu_seqlens, cp_size, cp_ran
     return cp_size, cp_rank
 
 
+def _rotate(t, cos, sin, layout, interleaved, reach, **kwargs) -> torch.Tensor:
+    """apply_rope, its errors told in TE's names. ``reach``: a 0-d tensor, one past the largest position, checked
+    against freqs' rows (TE asserts it too) where a host read is allowed, rather than rotating by a NaN row."""
+    if reach is not None and not torch.compiler.is_compiling() and int(reach) > cos.shape[0]:
+        raise ValueError(f"freqs has {cos.shape[0]} rows (positions), but start_positions, the sequence lengths and "
+                         f"cp_size reach position {int(reach) - 1}")
+    try:
+        return apply_rope(t, None, cos, sin, layout=layout, interleaved=interleaved, **kwargs)[0]
+    except (TypeError, ValueError, RuntimeError) as error:
+        raise type(error)(f"{error} [in te.apply_rotary_pos_emb: q is t, cos/sin are freqs' cos and sin, positions "
+                          "come from start_positions (and cp_size/cp_rank)]") from error
+
+
 def apply_rotary_pos_emb(t: torch.Tensor, freqs: torch.Tensor, tensor_format: str = "sbhd",
                          start_positions: Optional[torch.Tensor] = None, interleaved: bool = False,
-                         fused: bool = True, cu_seqlens: Optional[torch.Tensor] = None, cp_size: int = 1,
+                         fused: bool = False, cu_seqlens: Optional[torch.Tensor] = None, cp_size: int = 1,
                          cp_rank: int = 0) -> torch.Tensor:
     """``t`` rotated by ``freqs`` (Transformer Engine's contract; see the module docstring)."""
     cp_size, cp_rank = _check(t, freqs, tensor_format, start_positions, cu_seqlens, cp_size, cp_rank)
@@ -79,8 +99,10 @@ def apply_rotary_pos_emb(t: torch.Tensor, freqs: torch.Tensor, tensor_format: st
                              "the ranks")
         local = cu_seqlens // cp_size
         lengths = local[1:] - local[:-1]
+        longest = int(lengths.max()) if lengths.numel() else 0
         if cp_size == 1:
             positions = None if starts is None else starts[:, None]
+            reach = None if starts is None else starts.max() + longest
         else:
             if bool((lengths % 2).any()):
                 raise ValueError(f"every sequence of cu_seqlens must be divisible by 2 * cp_size ({2 * cp_size})")
@@ -88,12 +110,13 @@ def apply_rotary_pos_emb(t: torch.Tensor, freqs: torch.Tensor, tensor_format: st
             if starts is not None:
                 positions = positions + torch.repeat_interleave(starts, lengths.to(starts.device))
             positions = positions[None]
-        return apply_rope(t, None, cos, sin, layout="thd", cu_seqlens=local,
-                          max_seqlen=int(lengths.max()) if lengths.numel() else 0, positions=positions,
-                          interleaved=interleaved)[0]
+            reach = positions.max() + 1 if positions.numel() else None
+        return _rotate(t, cos, sin, "thd", interleaved, reach, cu_seqlens=local, max_seqlen=longest,
+                       positions=positions)
     seq = t.shape[0] if tensor_format == "sbhd" else t.shape[1]
     if cp_size == 1:
         positions = None if starts is None else starts[:, None]
+        reach = None if starts is None or not starts.numel() else starts.max() + seq
     else:
         if seq % 2:
             raise ValueError(f"with cp_size > 1 a rank holds two equal chunks of each sequence: its {seq} tokens "
@@ -101,4 +124,5 @@ def apply_rotary_pos_emb(t: torch.Tensor, freqs: torch.Tensor, tensor_format: st
         positions = context_parallel_positions(seq * cp_size, cp_size, cp_rank, device=t.device)[None]
         if starts is not None:
             positions = starts[:, None] + positions
-    return apply_rope(t, None, cos, sin, layout=tensor_format, positions=positions, interleaved=interleaved)[0]
+        reach = positions.max() + 1 if positions.numel() else None
+    return _rotate(t, cos, sin, tensor_format, interleaved, reach, positions=positions)

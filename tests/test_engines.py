@@ -181,6 +181,7 @@ def test_sglang_fused_kv_buffer_write_rotates_and_caches_in_one_call(pool_dims, 
 
 @pytest.mark.parametrize("change, error, words", [
     (dict(k_scale=0.5), ValueError, "k_scale"),
+    (dict(k_scale=torch.ones(1)), ValueError, "k_scale"),
     (dict(cache_loc="int32"), TypeError, "cache_loc"),
     (dict(k_buffer="ragged"), ValueError, "k_buffer"),
     (dict(key=None), ValueError, "key"),
@@ -194,7 +195,8 @@ def test_sglang_argument_errors_name_the_field_and_write_nothing(change, error, 
         fields["k_buffer"] = torch.randn(24, 2 * 16 + 3, device=DEVICE)
     if "key" in change:
         key = None
-    arg = ropekit.engines.FusedSetKVBufferArg(**fields, k_scale=change.get("k_scale"))
+    scale = change.get("k_scale")
+    arg = ropekit.engines.FusedSetKVBufferArg(**fields, k_scale=scale.to(DEVICE) if torch.is_tensor(scale) else scale)
     before = [t.clone() for t in (query, value, fields["k_buffer"], v_buffer)]
     with pytest.raises(error, match=words):
         ropekit.apply_rope_with_cos_sin_cache_inplace(positions, query, key, 16, cache, True,
@@ -227,7 +229,7 @@ def test_rope_dim_offset_rotates_a_window_of_each_head_and_inverse_undoes_it(is_
     torch.testing.assert_close(key, k0, rtol=0, atol=1e-5)
 
 
-@pytest.mark.parametrize("offset, error", [(17, ValueError), (-1, TypeError), (1.0, TypeError)])
+@pytest.mark.parametrize("offset, error", [(17, ValueError), (-1, ValueError), (1.0, TypeError)])
 def test_a_rope_dim_offset_past_the_head_is_refused_before_any_write(offset, error):
     cache = cache_like_vllm(64, 16, torch.float32).to(DEVICE)
     query = torch.randn(2, 32, device=DEVICE)
@@ -236,3 +238,9 @@ def test_a_rope_dim_offset_past_the_head_is_refused_before_any_write(offset, err
         ropekit.rotary_embedding(torch.tensor([1, 2], device=DEVICE), query, None, 32, cache, True,
                                  rope_dim_offset=offset)
     assert torch.equal(query, before)
+
+
+def test_fused_set_kv_buffer_arg_is_keyword_only():
+    """SGLang's classes order the fields differently (cache_loc before or after the scales): positions are refused."""
+    with pytest.raises(TypeError):
+        ropekit.engines.FusedSetKVBufferArg(torch.zeros(1), torch.zeros(1), torch.zeros(1), torch.zeros(1))

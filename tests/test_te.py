@@ -99,14 +99,27 @@ def test_a_non_contiguous_input_is_read_through_its_strides():
     (dict(tensor_format="bhsd"), ValueError, "tensor_format"),
     (dict(freqs="3-d"), ValueError, "freqs"),
     (dict(cp_size=2, cp_rank=2), ValueError, "cp_rank"),
-    (dict(cu_seqlens="without thd"), ValueError, "cu_seqlens"),
+    (dict(tensor_format="thd"), ValueError, "cu_seqlens"),
+    (dict(start_positions="past freqs"), ValueError, "freqs has 32 rows"),
+    (dict(start_positions="one per sequence"), ValueError, "start_positions"),
     (dict(start_positions="float"), ValueError, "start_positions"),
 ])
 def test_errors_name_the_argument(change, error, words):
     freqs = te_freqs(16, 32).to(DEVICE)
     call = dict(t=torch.randn(4, 2, 2, 16, device=DEVICE), freqs=freqs)
-    swaps = {"3-d": freqs[:, 0], "without thd": torch.tensor([0, 4], device=DEVICE),
-             "float": torch.zeros(2, device=DEVICE)}
+    swaps = {"3-d": freqs[:, 0], "float": torch.zeros(2, device=DEVICE),
+             "past freqs": torch.tensor([0, 29], device=DEVICE), "one per sequence": torch.tensor([0, 1, 2],
+                                                                                                device=DEVICE)}
     call.update({k: swaps.get(v, v) if isinstance(v, str) and k != "tensor_format" else v for k, v in change.items()})
+    if call.get("tensor_format") == "thd":
+        call["t"] = call["t"][:, 0]
     with pytest.raises(error, match=words):
         apply_rotary_pos_emb(**call)
+
+
+def test_cu_seqlens_is_ignored_outside_thd_as_te_does():
+    """TE's attention passes cu_seqlens whatever the format; bshd and sbhd do not read it."""
+    freqs = te_freqs(16, 32).to(DEVICE)
+    t = torch.randn(2, 6, 2, 16, device=DEVICE)
+    assert torch.equal(apply_rotary_pos_emb(t, freqs, "bshd", cu_seqlens=torch.tensor([0, 6, 12], device=DEVICE)),
+                       apply_rotary_pos_emb(t, freqs, "bshd"))

@@ -298,6 +298,8 @@ def _where_wrong(y: torch.Tensor, expected: torch.Tensor, case, scale: float, na
     """Where the wrong elements lie, when that points at one offset: whole sequences (the batch offset), whole heads
     (the head offset), whole tokens (the token offset)."""
     wrong = ~within_bound(y, expected, case.dtype, scale=scale)
+    if bool(wrong.all()):
+        return ""  # everything is wrong: no one offset to point at
     per_seq = wrong.any(dim=(1, 2, 3))
     if wrong.shape[0] > 1 and bool(per_seq[0]) is False and bool(per_seq.any()) and torch.equal(
             wrong, per_seq[:, None, None, None].expand_as(wrong)):

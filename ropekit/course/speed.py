@@ -89,12 +89,16 @@ def model_words(kernel, shape: "QKShape", target: float = TARGET) -> str:
              f"{device.n_sms} SMs x {device.latency_ns:.0f} ns, {device.name}): it predicts {predicted:.0f} % of the "
              f"copy ceiling.")
     if predicted < 100 * target:
+        # fewer warps give more programs an SM only while the warp slots, not the program slots or the grid, limit
+        warp_bound = device.max_warps_per_sm // warps < device.max_programs_per_sm and \
+            programs > device.n_sms * perf_model.resident_programs(launch, device)
         words += (f" That is below the {100 * target:.0f} % target, which asks for about "
-                  f"{target * needed / 1024:.1f} KiB an SM: more bytes a program (BLOCK_S x BLOCK_H), or more "
-                  "programs an SM (fewer NUM_WARPS a program).")
-    words += (f" The model leaves registers out: each thread holds about {count(per_thread, 'value')} of q or k "
-              "here, and a tile that needs many registers holds fewer programs an SM than the model counts "
-              "(notebook 04's sweep measured its largest tiles slower).")
+                  f"{target * needed / 1024:.1f} KiB an SM: more bytes a program (BLOCK_S x BLOCK_H)"
+                  + (", or more programs an SM (fewer NUM_WARPS a program)." if warp_bound else "."))
+    values = f"about {count(per_thread, 'value')}" if per_thread else "under one value"
+    words += (f" The model leaves registers out: each thread holds {values} of q or k here, and a tile that "
+              "needs many registers holds fewer programs an SM than the model counts (notebook 04's sweep measured "
+              "its largest tiles slower).")
     return words
 
 
