@@ -91,12 +91,16 @@ def rotary_embedding(positions: torch.Tensor, query: torch.Tensor, key: Optional
     _rotate(positions, query, key, head_size, cos_sin_cache, is_neox, None, rope_dim_offset, inverse)
 
 
-def _head_size(head_size) -> int:
-    """``head_size`` as a positive int: an int, or an integer type such as numpy's."""
+def _integer(value) -> int | None:
+    """``value`` as an int when it is one (numpy's integer types too; a bool is not), else None."""
     try:
-        size = None if isinstance(head_size, bool) else operator.index(head_size)
+        return None if isinstance(value, bool) else operator.index(value)
     except TypeError:
-        size = None
+        return None
+
+
+def _head_size(head_size) -> int:
+    size = _integer(head_size)
     if size is None or size <= 0:
         raise TypeError(f"head_size must be a positive int, got {head_size!r}")
     return size
@@ -116,10 +120,7 @@ def _rotate(positions, query, key, head_size, cos_sin_cache, is_neox, kv_write, 
         raise ValueError(f"cos_sin_cache must be (max_position, rotary_dim) with an even rotary_dim, got shape "
                          f"{tuple(cos_sin_cache.shape)}")
     rotary_dim = cos_sin_cache.shape[1]
-    try:
-        offset = None if isinstance(rope_dim_offset, bool) else operator.index(rope_dim_offset)
-    except TypeError:
-        offset = None
+    offset = _integer(rope_dim_offset)
     if offset is None:
         raise TypeError(f"rope_dim_offset must be an int, got {rope_dim_offset!r}")
     if offset < 0:

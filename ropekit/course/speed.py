@@ -81,17 +81,18 @@ def model_words(kernel, shape: "QKShape", target: float = TARGET) -> str:
     in_flight = perf_model.bytes_in_flight_per_sm(launch, device)
     needed = device.needed_bytes_in_flight_per_sm
     predicted = perf_model.predicted_pct(launch, device)
+    resident = perf_model.resident_programs(launch, device)
     per_thread = block_s * block_h * shape.head_dim // (32 * warps)
     words = (f"The model for your tile ({count(block_s, 'token')} x {count(block_h, 'head')} a program, "
              f"{count(warps, 'warp')}; the whole tile is one step's loads): {per_program} B in flight a program, "
-             f"{perf_model.resident_programs(launch, device)} programs resident an SM, so {in_flight / 1024:.1f} KiB "
+             f"{resident} programs resident an SM, so {in_flight / 1024:.1f} KiB "
              f"an SM against the {needed / 1024:.1f} KiB Little's law asks ({device.ceiling_gbps:.0f} GB/s over "
              f"{device.n_sms} SMs x {device.latency_ns:.0f} ns, {device.name}): it predicts {predicted:.0f} % of the "
              f"copy ceiling.")
     if predicted < 100 * target:
         # fewer warps give more programs an SM only while the warp slots, not the program slots or the grid, limit
         warp_bound = device.max_warps_per_sm // warps < device.max_programs_per_sm and \
-            programs > device.n_sms * perf_model.resident_programs(launch, device)
+            programs > device.n_sms * resident
         words += (f" That is below the {100 * target:.0f} % target, which asks for about "
                   f"{target * needed / 1024:.1f} KiB an SM: more bytes a program (BLOCK_S x BLOCK_H)"
                   + (", or more programs an SM (fewer NUM_WARPS a program)." if warp_bound else "."))
