@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The maintainer's GPU stages, one per device call (each fits in ten minutes). From the repository root:
 #
-#   bash tools/gpu_run.sh test                  the test suite on the GPU
+#   bash tools/gpu_run.sh test [PATH ...]       the test suite on the GPU (default: all of tests/)
 #   bash tools/gpu_run.sh bench                 the published benchmark (main cases + sweep), merged into docs/
 #   bash tools/gpu_run.sh verify                the reliability run and compute-sanitizer, rendered into docs/
 #   bash tools/gpu_run.sh notebooks [NB ...]    execute notebooks in place (default: all) and run nbval on them
@@ -29,7 +29,8 @@ python3 -m pip install -q --no-deps --no-build-isolation -e . >/tmp/install.log 
 echo "[gpu_run] stage $stage: started $(date -u +%H:%M:%S)"
 case "$stage" in
   test)
-    timeout 560 python3 -m pytest -q -p no:cacheprovider -o addopts="" tests/ 2>&1 | tee "$OUT/pytest.txt" | tail -25
+    [ $# -gt 0 ] || set -- tests/
+    timeout 560 python3 -m pytest -q -p no:cacheprovider -o addopts="" "$@" 2>&1 | tee "$OUT/pytest.txt" | tail -25
     ;;
   bench)
     # the main cases and the seed sweep, each merged into docs/benchmarks.{json,md} and the plots; the raw run
@@ -71,6 +72,6 @@ case "$stage" in
     timeout 560 python3 tools/ab_versions.py --rounds "${AB_ROUNDS:-9}" --time-budget 480 --out "$OUT/ab" 2>&1 \
       | tee "$OUT/ab.txt" | grep -v "^\[" | tail -60
     ;;
-  *) echo "usage: bash tools/gpu_run.sh test|bench|verify|notebooks [NB ...]|ab COMMIT"; exit 2 ;;
+  *) echo "usage: bash tools/gpu_run.sh test [PATH ...]|bench|verify|notebooks [NB ...]|ab COMMIT"; exit 2 ;;
 esac
 echo "[gpu_run] stage $stage: done in ${SECONDS} s"
