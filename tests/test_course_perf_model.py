@@ -89,3 +89,21 @@ def test_the_v3_tile_shrinks_until_the_grid_fills_the_sms():
 
     (case,) = select_cases(("main",), ["decode"])  # one token a sequence: one-token tiles
     assert all(launch.programs == case.batch for launch in pm.LADDER_LAUNCHES["triton-v3"](case, DEVICE))
+
+
+def test_the_peers_launch_shapes_predict_the_large_prefill_at_the_ceiling_and_decode_below_it():
+    from ropekit import bench
+
+    cases = {case.name: case for case in bench.MAIN_CASES}
+    model = pm.ASSUMED_H100
+    for impl in ("liger", "flash-attn"):
+        assert pm.predict_case(cases["llama3-8b-prefill"], impl, model) == 100.0
+    # decode: flash-attention's 8-token blocks hold one token each, two launches; Liger holds every head of a token
+    flash = pm.predict_case(cases["decode"], "flash-attn", model)
+    liger = pm.predict_case(cases["decode"], "liger", model)
+    assert flash < liger < 100.0
+    launches = pm.LADDER_LAUNCHES["flash-attn"](cases["decode"], model)
+    assert len(launches) == 2 and launches[0].bytes_in_flight_per_program == 2 * 128 * 2  # 1 token x 2 heads x 128
+    eager = pm.predict_case(cases["llama3-8b-prefill"], "torch-eager", model)
+    assert eager == pytest.approx(20.0)  # five times the ideal bytes, each kernel at the ceiling
+    assert pm.predict_case(cases["llama3-8b-prefill"], "torch-compile", model) is None

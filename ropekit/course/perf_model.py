@@ -221,19 +221,47 @@ def _v4_launches(case, device: DeviceModel) -> list[Launch]:
             for heads in (case.heads_q, case.heads_k)]
 
 
-# How each ladder implementation launches on a benchmark case (ropekit.bench.cases.Case): the launches of one call,
-# or None where the model has no configuration for the case.
+def _liger_launches(case, device: DeviceModel) -> list[Launch]:
+    """Liger-Kernel's rope on a benchmark case: one launch, one program per token holding every head of q and of k
+    (their rotary channels loaded before any is stored), Triton's default 4 warps. The contiguous copies its wrapper
+    makes of transposed inputs are not modelled."""
+    size, rotary = case.element_size, case.rotary
+    return [Launch(case.n_tokens, 4, (case.heads_q + case.heads_k) * rotary * size,
+                   read_bytes=case.n_tokens * (case.heads_q + case.heads_k) * case.head_dim * size)]
+
+
+def _flash_attn_launches(case, device: DeviceModel) -> list[Launch]:
+    """flash-attention's rotary on a benchmark case: one launch for q and one for k; a program holds 2 heads x
+    ``BLOCK_M`` tokens of one sequence (8 while the rotary part is at most 128 channels, else 4), Triton's default 4
+    warps. In a decode step a sequence has one token, so only that row of the block is loaded."""
+    size, rotary = case.element_size, case.rotary
+    block_m = 8 if rotary <= 128 else 4
+    rows = min(block_m, case.seqlen)
+    return [Launch(math.ceil(heads / 2) * math.ceil(case.seqlen / block_m) * case.batch, 4, rows * 2 * rotary * size,
+                   read_bytes=case.n_tokens * heads * case.head_dim * size)
+            for heads in (case.heads_q, case.heads_k)]
+
+
+# How each implementation launches on a benchmark case (ropekit.bench.cases.Case): the launches of one call, or None
+# where the model has no configuration for the case. The ladder's kernels, then the peers whose launch shape their
+# source fixes; torch.compile's kernels are chosen by Inductor's own heuristics and autotuning, so it has no entry.
 LADDER_LAUNCHES = {
     "triton-v1": _row_kernel_launches,
     "triton-v2": _row_kernel_launches,
     "triton-v3": _v3_launches,
     "triton-v4": _v4_launches,
+    "liger": _liger_launches,
+    "flash-attn": _flash_attn_launches,
 }
 
 
 def predict_case(case, impl: str, device: DeviceModel) -> float | None:
     """The model's % of the copy ceiling for ``impl`` on a benchmark ``case``: the launches' times at their
-    predicted fractions add up, so the whole call's fraction is bytes over the sum of (bytes / fraction)."""
+    predicted fractions add up, so the whole call's fraction is bytes over the sum of (bytes / fraction). Eager
+    PyTorch is its bytes alone: five elementwise kernels a tensor, each modelled at the ceiling, move
+    ``Case.eager_formula_bytes`` for the case's ideal bytes."""
+    if impl == "torch-eager":
+        return 100.0 * case.moved_bytes() / case.eager_formula_bytes()
     launches = LADDER_LAUNCHES.get(impl)
     launches = launches(case, device) if launches else None
     if not launches:
