@@ -8,7 +8,8 @@ every argument (the argument order of TE 2.4 and later; ``start_positions`` with
   ``(tokens, heads, head_dim)`` for ``"thd"``; any strides.
 * ``freqs``: ``(max_seq, 1, 1, rotary_dim)`` angles, as TE's ``RotaryPositionEmbedding`` returns them: each pair's
   angle twice, in the halves (NeoX) or in neighbouring channels (``interleaved``, GPT-J). Row ``p`` is position
-  ``p``. ``rotary_dim <= head_dim``: the channels past it pass through.
+  ``p``. ``rotary_dim <= head_dim``: the channels past it pass through. One copy of each angle is read (the first
+  half, or the even channels); ``ROPEKIT_CHECK=1`` refuses a ``freqs`` whose two copies differ (a host read).
 * ``start_positions``: ``(batch,)`` integers, the position of each sequence's first token (a KV cache's length).
 * ``cu_seqlens``: for ``"thd"``, the ``(batch + 1,)`` cumulative sequence lengths of the whole (unsplit) batch, each
   padded to a multiple of ``2 * cp_size`` (TE's ``cu_seqlens_padded``); ignored for the other formats, as TE does.
@@ -33,13 +34,15 @@ import torch
 from .api import apply_rope
 from .frequencies import cos_sin_from_freqs
 from .positions import context_parallel_positions, context_parallel_varlen_positions
+from .validate import check_mode
 
 __all__ = ["apply_rotary_pos_emb"]
 
 _FORMATS = ("sbhd", "bshd", "thd")
 
 
-def _check(t, freqs, tensor_format, start_positions, cu_seqlens, cp_size, cp_rank) -> tuple[int, int]:
+def _check(t, freqs, tensor_format, start_positions, cu_seqlens, cp_size, cp_rank,
+           interleaved) -> tuple[int, int]:
     if tensor_format not in _FORMATS:
         raise ValueError(f"tensor_format must be one of {', '.join(_FORMATS)}, got {tensor_format!r}")
     if not isinstance(t, torch.Tensor) or t.ndim != (3 if tensor_format == "thd" else 4):
@@ -66,6 +69,16 @@ def _check(t, freqs, tensor_format, start_positions, cu_seqlens, cp_size, cp_ran
                                         or start_positions.dtype not in (torch.int32, torch.int64)):
         raise ValueError(f"start_positions must be an int32/int64 (batch,) tensor, got "
                          f"{getattr(start_positions, 'shape', type(start_positions).__name__)}")
+    if freqs.shape[-1] % 2:
+        raise ValueError(f"freqs' last dimension (the rotary width) must be even, got {freqs.shape[-1]}")
+    if check_mode() and not torch.compiler.is_compiling():
+        # one angle per pair is read: a freqs whose two copies differ would be rotated by the first copy only
+        angles = freqs[:, 0, 0]
+        first, second = (angles[:, 0::2], angles[:, 1::2]) if interleaved else angles.chunk(2, dim=-1)
+        if not torch.equal(first, second):
+            raise ValueError("freqs must hold each pair's angle twice, as TE's RotaryPositionEmbedding makes it "
+                             f"({'channels 2i and 2i+1' if interleaved else 'channels i and i + rotary_dim/2'}); "
+                             "these differ")
     return cp_size, cp_rank
 
 
@@ -87,7 +100,7 @@ def apply_rotary_pos_emb(t: torch.Tensor, freqs: torch.Tensor, tensor_format: st
                          fused: bool = False, cu_seqlens: Optional[torch.Tensor] = None, cp_size: int = 1,
                          cp_rank: int = 0) -> torch.Tensor:
     """``t`` rotated by ``freqs`` (Transformer Engine's contract; see the module docstring)."""
-    cp_size, cp_rank = _check(t, freqs, tensor_format, start_positions, cu_seqlens, cp_size, cp_rank)
+    cp_size, cp_rank = _check(t, freqs, tensor_format, start_positions, cu_seqlens, cp_size, cp_rank, interleaved)
     cos, sin = cos_sin_from_freqs(freqs, interleaved=interleaved)
     starts = None if start_positions is None else start_positions.to(torch.int64)
     if tensor_format == "thd":

@@ -123,3 +123,18 @@ def test_cu_seqlens_is_ignored_outside_thd_as_te_does():
     t = torch.randn(2, 6, 2, 16, device=DEVICE)
     assert torch.equal(apply_rotary_pos_emb(t, freqs, "bshd", cu_seqlens=torch.tensor([0, 6, 12], device=DEVICE)),
                        apply_rotary_pos_emb(t, freqs, "bshd"))
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_check_mode_refuses_freqs_whose_two_copies_of_an_angle_differ(monkeypatch, interleaved):
+    """One angle per pair is read; a freqs TE's RotaryPositionEmbedding would never make (the copies differ) is
+    refused under ROPEKIT_CHECK=1 rather than rotated by its first copy, and accepted when the copies agree."""
+    t = torch.randn(4, 1, 1, 8, device=DEVICE)
+    angles = torch.rand(8, 1, 1, 4, device=DEVICE)
+    same = (torch.repeat_interleave(angles, 2, dim=-1) if interleaved else torch.cat([angles, angles], dim=-1))
+    monkeypatch.setenv("ROPEKIT_CHECK", "1")
+    ropekit.te.apply_rotary_pos_emb(t, same, interleaved=interleaved)
+    different = same.clone()
+    different[..., -1] += 0.5
+    with pytest.raises(ValueError, match="freqs must hold each pair's angle twice"):
+        ropekit.te.apply_rotary_pos_emb(t, different, interleaved=interleaved)

@@ -43,27 +43,21 @@ CACHE_NONE, CACHE_CONTIGUOUS, CACHE_PAGED = 0, 1, 2
 
 
 @triton.jit
-def _head_tile(X, OUT, G, W, V, KC, VC, K_SCALE, V_SCALE, cos_a, sin_a, cos_b, sin_b,
-               batch_index, token_rows, token_mask, first_head, n_heads, eps, weight_offset,
+def _head_tile(OUT, G, W, KC, VC, K_SCALE, V_SCALE, x_a, x_b, x_t, v, cos_a, sin_a, cos_b, sin_b,
+               batch_index, token_rows, heads, head_mask, mask, eps, weight_offset,
                cache_block, cache_row, cache_mask,
-               sxb, sxs, sxh, sxd, sob, sos, soh, sod, sgb, sgs, sgh, sgd, svb, svs, svh, svd,
+               sob, sos, soh, sod, sgb, sgs, sgh, sgd,
                skcb, skcs, skch, skcd, svcb, svcs, svch, svcd, stride_w,
                ROTARY_DIM: tl.constexpr, HEAD_DIM: tl.constexpr, V_DIM: tl.constexpr, BLOCK_S: tl.constexpr,
                BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_TAIL: tl.constexpr, BLOCK_V: tl.constexpr,
                INTERLEAVED: tl.constexpr, MATH_DTYPE: tl.constexpr, INDEX_DTYPE: tl.constexpr, NORM: tl.constexpr,
                WRITE_OUT: tl.constexpr, WRITE_TAIL: tl.constexpr, CACHE: tl.constexpr, HAS_V: tl.constexpr,
                FP8: tl.constexpr, FP8_NATIVE: tl.constexpr, BACKWARD: tl.constexpr, EVICT: tl.constexpr):
-    """BLOCK_H heads of q or of k for the tile's tokens: load once, normalise, rotate, store to the output and/or
-    the cache (and v's same heads to the v cache); or, with BACKWARD, the gradient of all that. Returns the tile's
-    per-element terms of the weight gradient (``g x r``, zero on padding lanes) with BACKWARD, else the loaded
-    tile (unused)."""
-    heads = (first_head + tl.arange(0, BLOCK_H)).to(INDEX_DTYPE)
-    head_mask = heads < n_heads
-    mask = token_mask[:, None] & head_mask[None, :]
-    rows_x = batch_index * sxb + token_rows[:, None] * sxs + heads[None, :] * sxh
+    """BLOCK_H heads of q or of k for the tile's tokens, loaded (``x_*``; ``v``: the same heads of v, for the v
+    cache): normalise, rotate, store to the output and/or the cache (and v to the v cache); or, with BACKWARD, the
+    gradient of all that. Returns the tile's per-element terms of the weight gradient (``g x r``, zero on padding
+    lanes) with BACKWARD, else the loaded tile (unused)."""
     rows_out = batch_index * sob + token_rows[:, None] * sos + heads[None, :] * soh
-    x_a, x_b, x_t = load_head(X, rows_x, mask, sxd, ROTARY_DIM, HEAD_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF,
-                              BLOCK_TAIL, INTERLEAVED, MATH_DTYPE, EVICT)
     if NORM:
         w_a, w_b, w_t = norm_weights(W, stride_w, weight_offset, ROTARY_DIM, HEAD_DIM, BLOCK_HALF, BLOCK_TAIL,
                                      INTERLEAVED, MATH_DTYPE)
@@ -89,25 +83,25 @@ def _head_tile(X, OUT, G, W, V, KC, VC, K_SCALE, V_SCALE, cos_a, sin_a, cos_b, s
         terms = g_a * x_a * r, g_b * x_b * r, g_t * x_t * r
     else:
         terms = x_a, x_b, x_t
-        _forward_tile(OUT, V, KC, VC, K_SCALE, V_SCALE, x_a, x_b, x_t, r, w_a, w_b, w_t, cos_a, sin_a, cos_b, sin_b,
-                      batch_index, token_rows, heads, head_mask, mask, rows_out, cache_block, cache_row, cache_mask,
-                      sod, svb, svs, svh, svd, skcb, skcs, skch, skcd, svcb, svcs, svch, svcd,
+        _forward_tile(OUT, KC, VC, K_SCALE, V_SCALE, x_a, x_b, x_t, v, r, w_a, w_b, w_t, cos_a, sin_a, cos_b, sin_b,
+                      heads, head_mask, mask, rows_out, cache_block, cache_row, cache_mask,
+                      sod, skcb, skcs, skch, skcd, svcb, svcs, svch, svcd,
                       ROTARY_DIM, HEAD_DIM, V_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_TAIL, BLOCK_V, INTERLEAVED,
                       MATH_DTYPE, NORM, WRITE_OUT, WRITE_TAIL, CACHE, HAS_V, FP8, FP8_NATIVE, EVICT)
     return terms
 
 
 @triton.jit
-def _forward_tile(OUT, V, KC, VC, K_SCALE, V_SCALE, x_a, x_b, x_t, r, w_a, w_b, w_t, cos_a, sin_a, cos_b, sin_b,
-                  batch_index, token_rows, heads, head_mask, mask, rows_out, cache_block, cache_row, cache_mask,
-                  sod, svb, svs, svh, svd, skcb, skcs, skch, skcd, svcb, svcs, svch, svcd,
+def _forward_tile(OUT, KC, VC, K_SCALE, V_SCALE, x_a, x_b, x_t, v, r, w_a, w_b, w_t, cos_a, sin_a, cos_b, sin_b,
+                  heads, head_mask, mask, rows_out, cache_block, cache_row, cache_mask,
+                  sod, skcb, skcs, skch, skcd, svcb, svcs, svch, svcd,
                   ROTARY_DIM: tl.constexpr, HEAD_DIM: tl.constexpr, V_DIM: tl.constexpr, BLOCK_S: tl.constexpr,
                   BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_TAIL: tl.constexpr, BLOCK_V: tl.constexpr,
                   INTERLEAVED: tl.constexpr, MATH_DTYPE: tl.constexpr, NORM: tl.constexpr, WRITE_OUT: tl.constexpr,
                   WRITE_TAIL: tl.constexpr, CACHE: tl.constexpr, HAS_V: tl.constexpr, FP8: tl.constexpr,
                   FP8_NATIVE: tl.constexpr, EVICT: tl.constexpr):
-    """The forward of a loaded tile: normalise (NORM), rotate, store to the output and/or the cache, and copy v's
-    same heads into the v cache."""
+    """The forward of a loaded tile: normalise (NORM), rotate, store to the output and/or the cache, and store the
+    loaded v (the same heads) into the v cache."""
     if NORM:
         x_a, x_b, x_t = x_a * r * w_a, x_b * r * w_b, x_t * r * w_t
     y_a, y_b = _rotate(x_a, x_b, cos_a, sin_a, cos_b, sin_b, MATH_DTYPE, False)
@@ -125,10 +119,7 @@ def _forward_tile(OUT, V, KC, VC, K_SCALE, V_SCALE, x_a, x_b, x_t, r, w_a, w_b, 
         if HAS_V:
             # v passes through: its head vectors as one "tail" of V_DIM channels
             channels = tl.arange(0, BLOCK_V)
-            rows_v = batch_index * svb + token_rows[:, None] * svs + heads[None, :] * svh
             v_mask = c_mask[:, :, None] & (channels < V_DIM)[None, None, :]
-            v = tl.load(V + rows_v[:, :, None] + channels[None, None, :] * svd, mask=v_mask, other=0.0,
-                        eviction_policy=EVICT)
             v_scale = 1.0
             if FP8:
                 v_scale = tl.load(V_SCALE)
@@ -150,12 +141,27 @@ def _token_block(X, OUT, G, W, V, KC, VC, K_SCALE, V_SCALE, COS, SIN, POSITIONS,
                  NORM: tl.constexpr, WRITE_OUT: tl.constexpr, WRITE_TAIL: tl.constexpr, CACHE: tl.constexpr,
                  HAS_V: tl.constexpr, FP8: tl.constexpr, FP8_NATIVE: tl.constexpr, BACKWARD: tl.constexpr,
                  EVICT: tl.constexpr):
-    """Token block ``block`` of sequence ``pid_b`` for one block of heads: its tokens' cos/sin rows and cache slots,
-    then :func:`_head_tile`. Returns what ``_head_tile`` returns."""
+    """Token block ``block`` of sequence ``pid_b`` for one block of heads: its rows of x (and of v, for the v cache),
+    its tokens' cos/sin rows and cache slots, then :func:`_head_tile`. Returns what ``_head_tile`` returns."""
     s_local = block * BLOCK_S + tl.arange(0, BLOCK_S)
     token_rows = first + s_local.to(INDEX_DTYPE)
     token_mask = (s_local < seq_len) & (token_rows >= 0) & (token_rows < n_tokens)
     # (varlen: whatever cu_seqlens hold, only rows of the packed tensor are touched)
+    heads = (first_head + tl.arange(0, BLOCK_H)).to(INDEX_DTYPE)
+    head_mask = heads < n_heads
+    mask = token_mask[:, None] & head_mask[None, :]
+    # The tile's loads are issued first, v's with x's: they are in flight while the dependent chains position ->
+    # table row -> cos/sin and token -> slot resolve. (v is read for every token of the tile, a skipped slot's too:
+    # the store, not the load, honours -1.)
+    rows_x = batch_index * sxb + token_rows[:, None] * sxs + heads[None, :] * sxh
+    x_a, x_b, x_t = load_head(X, rows_x, mask, sxd, ROTARY_DIM, HEAD_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF,
+                              BLOCK_TAIL, INTERLEAVED, MATH_DTYPE, EVICT)
+    v = 0.0
+    if HAS_V and CACHE != 0 and not BACKWARD:
+        v_channels = tl.arange(0, BLOCK_V)
+        rows_v = batch_index * svb + token_rows[:, None] * svs + heads[None, :] * svh
+        v = tl.load(V + rows_v[:, :, None] + v_channels[None, None, :] * svd,
+                    mask=mask[:, :, None] & (v_channels < V_DIM)[None, None, :], other=0.0, eviction_policy=EVICT)
     cos_a, sin_a, cos_b, sin_b = _cos_sin(
         COS, SIN, POSITIONS, pid_b, batch_index, s_local, token_rows, token_mask, table_len, position_offset,
         stride_cos_b, stride_cos_s, stride_cos_d, stride_pos_b, stride_pos_s,
@@ -170,10 +176,10 @@ def _token_block(X, OUT, G, W, V, KC, VC, K_SCALE, V_SCALE, COS, SIN, POSITIONS,
                                                         block_size, stride_slot, CACHE)
     else:
         cache_block, cache_row, cache_mask = s_local, s_local, token_mask
-    return _head_tile(X, OUT, G, W, V, KC, VC, K_SCALE, V_SCALE, cos_a, sin_a, cos_b, sin_b,
-                      batch_index, token_rows, token_mask, first_head, n_heads, eps, weight_offset,
+    return _head_tile(OUT, G, W, KC, VC, K_SCALE, V_SCALE, x_a, x_b, x_t, v, cos_a, sin_a, cos_b, sin_b,
+                      batch_index, token_rows, heads, head_mask, mask, eps, weight_offset,
                       cache_block, cache_row, cache_mask,
-                      sxb, sxs, sxh, sxd, sob, sos, soh, sod, sgb, sgs, sgh, sgd, svb, svs, svh, svd,
+                      sob, sos, soh, sod, sgb, sgs, sgh, sgd,
                       skcb, skcs, skch, skcd, svcb, svcs, svch, svcd, stride_w,
                       ROTARY_DIM, HEAD_DIM, V_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_TAIL, BLOCK_V, INTERLEAVED,
                       MATH_DTYPE, INDEX_DTYPE, NORM, WRITE_OUT, WRITE_TAIL, CACHE, HAS_V, FP8, FP8_NATIVE,
