@@ -26,7 +26,6 @@ a block.
 
 from __future__ import annotations
 
-import operator
 from dataclasses import dataclass
 from typing import Optional
 
@@ -34,6 +33,7 @@ import torch
 
 from .api import apply_rope
 from .fused.kv_cache import rope_and_cache
+from .validate import as_integer
 
 __all__ = ["rotary_embedding", "apply_rope_with_cos_sin_cache_inplace", "FusedSetKVBufferArg"]
 
@@ -91,16 +91,8 @@ def rotary_embedding(positions: torch.Tensor, query: torch.Tensor, key: Optional
     _rotate(positions, query, key, head_size, cos_sin_cache, is_neox, None, rope_dim_offset, inverse)
 
 
-def _integer(value) -> int | None:
-    """``value`` as an int when it is one (numpy's integer types too; a bool is not), else None."""
-    try:
-        return None if isinstance(value, bool) else operator.index(value)
-    except TypeError:
-        return None
-
-
 def _head_size(head_size) -> int:
-    size = _integer(head_size)
+    size = as_integer(head_size)
     if size is None or size <= 0:
         raise TypeError(f"head_size must be a positive int, got {head_size!r}")
     return size
@@ -120,7 +112,7 @@ def _rotate(positions, query, key, head_size, cos_sin_cache, is_neox, kv_write, 
         raise ValueError(f"cos_sin_cache must be (max_position, rotary_dim) with an even rotary_dim, got shape "
                          f"{tuple(cos_sin_cache.shape)}")
     rotary_dim = cos_sin_cache.shape[1]
-    offset = _integer(rope_dim_offset)
+    offset = as_integer(rope_dim_offset)
     if offset is None:
         raise TypeError(f"rope_dim_offset must be an int, got {rope_dim_offset!r}")
     if offset < 0:

@@ -26,7 +26,6 @@ It is :func:`ropekit.apply_rope` on tables from :func:`ropekit.cos_sin_from_freq
 
 from __future__ import annotations
 
-import operator
 from typing import Optional
 
 import torch
@@ -34,7 +33,7 @@ import torch
 from .api import apply_rope
 from .frequencies import cos_sin_from_freqs
 from .positions import context_parallel_positions, context_parallel_varlen_positions
-from .validate import check_mode
+from .validate import as_integer, check_mode, pair_copies
 
 __all__ = ["apply_rotary_pos_emb"]
 
@@ -52,12 +51,10 @@ def _check(t, freqs, tensor_format, start_positions, cu_seqlens, cp_size, cp_ran
             or freqs.shape[1:3] != (1, 1):
         raise ValueError(f"freqs must be a floating (max_seq, 1, 1, rotary_dim) tensor, got "
                          f"{getattr(freqs, 'shape', type(freqs).__name__)}")
-    try:
-        if isinstance(cp_size, bool) or isinstance(cp_rank, bool):
-            raise TypeError
-        cp_size, cp_rank = operator.index(cp_size), operator.index(cp_rank)
-    except TypeError:
-        raise TypeError(f"cp_size and cp_rank must be ints, got {cp_size!r} and {cp_rank!r}") from None
+    size, rank = as_integer(cp_size), as_integer(cp_rank)
+    if size is None or rank is None:
+        raise TypeError(f"cp_size and cp_rank must be ints, got {cp_size!r} and {cp_rank!r}")
+    cp_size, cp_rank = size, rank
     if cp_size < 1 or not 0 <= cp_rank < cp_size:
         raise ValueError(f"cp_size must be >= 1 and 0 <= cp_rank < cp_size, got cp_size {cp_size}, cp_rank {cp_rank}")
     if tensor_format == "thd" and cu_seqlens is None:
@@ -73,9 +70,7 @@ def _check(t, freqs, tensor_format, start_positions, cu_seqlens, cp_size, cp_ran
         raise ValueError(f"freqs' last dimension (the rotary width) must be even, got {freqs.shape[-1]}")
     if check_mode() and not torch.compiler.is_compiling():
         # one angle per pair is read: a freqs whose two copies differ would be rotated by the first copy only
-        angles = freqs[:, 0, 0]
-        first, second = (angles[:, 0::2], angles[:, 1::2]) if interleaved else angles.chunk(2, dim=-1)
-        if not torch.equal(first, second):
+        if not torch.equal(*pair_copies(freqs[:, 0, 0], interleaved)):
             raise ValueError("freqs must hold each pair's angle twice, as TE's RotaryPositionEmbedding makes it "
                              f"({'channels 2i and 2i+1' if interleaved else 'channels i and i + rotary_dim/2'}); "
                              "these differ")

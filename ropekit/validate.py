@@ -9,6 +9,7 @@ sync, which CUDA graphs forbid.
 
 from __future__ import annotations
 
+import operator
 import os
 from typing import Optional
 
@@ -17,7 +18,7 @@ import torch
 from .layouts import LAYOUTS, batch_and_seq_axes
 from .positions import SCALAR_OFFSET, SEQ_OFFSETS, PositionSpec, longest_sequence, resolve_positions
 
-__all__ = ["BACKENDS", "prepare", "check_mode", "check_inplace_targets", "span"]
+__all__ = ["BACKENDS", "prepare", "check_mode", "check_inplace_targets", "span", "as_integer", "pair_copies"]
 
 BACKENDS = ("triton", "cuda")
 
@@ -27,6 +28,19 @@ FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 def check_mode() -> bool:
     """Opt-in checks of values inside device tensors (they cost a host sync, which CUDA graphs forbid)."""
     return os.environ.get("ROPEKIT_CHECK", "") not in ("", "0")
+
+
+def as_integer(value) -> int | None:
+    """``value`` as an int when it is one (numpy's integer types too; a bool is not), else None."""
+    try:
+        return None if isinstance(value, bool) else operator.index(value)
+    except TypeError:
+        return None
+
+
+def pair_copies(rows: torch.Tensor, interleaved: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The two channels of every pair along the last dimension: halves (NeoX) or even/odd channels (GPT-J)."""
+    return (rows[..., 0::2], rows[..., 1::2]) if interleaved else rows.chunk(2, dim=-1)
 
 
 def _check_tensor(name: str, x, ndim: int) -> None:
@@ -192,8 +206,7 @@ def _check_device_values(spec: PositionSpec, table_len: int, n_tokens: int) -> N
 def _check_row_halves(cos: torch.Tensor, sin: torch.Tensor, interleaved: bool) -> None:
     """ROPEKIT_CHECK=1: per-token rows hold one angle per pair (both halves equal), so that they are a rotation."""
     for name, rows in (("cos", cos), ("sin", sin)):
-        first, second = (rows[..., 0::2], rows[..., 1::2]) if interleaved else rows.chunk(2, dim=-1)
-        if not torch.equal(first, second):
+        if not torch.equal(*pair_copies(rows, interleaved)):
             raise ValueError(f"per-token {name} rows must hold the same value for both channels of a pair "
                              f"({'2i and 2i+1' if interleaved else 'i and i + width/2'}); these differ")
 
