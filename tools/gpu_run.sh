@@ -72,6 +72,17 @@ case "$stage" in
     timeout 560 python3 tools/ab_versions.py --rounds "${AB_ROUNDS:-9}" --time-budget 480 --out "$OUT/ab" 2>&1 \
       | tee "$OUT/ab.txt" | grep -v "^\[" | tail -60
     ;;
-  *) echo "usage: bash tools/gpu_run.sh test [PATH ...]|bench|verify|notebooks [NB ...]|ab COMMIT"; exit 2 ;;
+  configs)
+    # every launch configuration the tune tool reaches, once each on the real case shapes: plain (fills the compile
+    # caches, compares with the table), then under compute-sanitizer memcheck; then the tune tool itself
+    mkdir -p "$OUT/configs"
+    timeout 150 python3 tools/sanitize_configs.py "$@" 2>&1 | tee "$OUT/configs/plain.txt" | tail -3
+    PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 240 compute-sanitizer --tool memcheck --report-api-errors no \
+      --print-limit 20 python3 tools/sanitize_configs.py "$@" > "$OUT/configs/memcheck.txt" 2>&1
+    grep -E "ERROR SUMMARY|Invalid|of size|at .*rope|configs differing" "$OUT/configs/memcheck.txt" | head -30
+    timeout 150 python3 tools/tune_v4.py --cases "${TUNE_CASES:-decode,mha-fp16}" --rounds 3 --out "$OUT/configs/tune.json" \
+      2>&1 | tee "$OUT/configs/tune.txt" | tail -25
+    ;;
+  *) echo "usage: bash tools/gpu_run.sh test [PATH ...]|bench|verify|notebooks [NB ...]|ab COMMIT|configs"; exit 2 ;;
 esac
 echo "[gpu_run] stage $stage: done in ${SECONDS} s"
