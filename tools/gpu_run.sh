@@ -77,7 +77,8 @@ case "$stage" in
     # caches, compares with the table), then under compute-sanitizer memcheck; then the tune tool itself
     mkdir -p "$OUT/configs"
     timeout 150 python3 tools/sanitize_configs.py "$@" 2>&1 | tee "$OUT/configs/plain.txt" | tail -3
-    PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 240 compute-sanitizer --tool memcheck --report-api-errors no \
+    cs=$(command -v compute-sanitizer || ls -d /usr/local/cuda*/bin/compute-sanitizer | sort -V | tail -1)
+    PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 240 "$cs" --tool memcheck --report-api-errors no \
       --print-limit 20 python3 tools/sanitize_configs.py "$@" > "$OUT/configs/memcheck.txt" 2>&1
     grep -E "ERROR SUMMARY|Invalid|of size|at .*rope|configs differing" "$OUT/configs/memcheck.txt" | head -30
     timeout 150 python3 tools/tune_v4.py --cases "${TUNE_CASES:-decode,mha-fp16}" --rounds 3 --out "$OUT/configs/tune.json" \
