@@ -553,6 +553,39 @@ def test_gpu_clocks_control_flow_with_a_fake_cuda(monkeypatch):
     assert counts[0] - 1 - 7 == counts[1] - 1 - 7 == counts[2] - 1 - 6 == n * bench.QUICK.eager_rounds // 3
 
 
+def test_a_captured_graph_keeps_its_callables_and_their_buffers_alive(monkeypatch):
+    """A CUDA graph holds raw addresses, not tensors: the timer's captured graph must hold the callables (and so their
+    buffers) until it is released, or a caller that captures several graphs from short-lived closures (the tune tool)
+    replays into memory the next capture's empty_cache gave back to the driver."""
+    import gc
+    import weakref
+
+    fake = _FakeCuda()
+    for name in ("Event", "Stream", "CUDAGraph"):
+        monkeypatch.setattr(torch.cuda, name, getattr(fake, name))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "graph", lambda g, stream=None: contextlib.nullcontext())
+    default = fake.Stream()
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: default)
+    monkeypatch.setattr(torch.cuda, "default_stream", lambda: default)
+
+    def closure():
+        out = torch.empty(4)
+
+        def fn():
+            out.fill_(1.0)
+        return fn, weakref.ref(out)
+    fn, out_alive = closure()
+    captured = bench.timing.GpuTimer(bench.QUICK).capture([fn], estimate_us=1.0)
+    del fn
+    gc.collect()
+    assert out_alive() is not None
+    del captured
+    gc.collect()
+    assert out_alive() is None
+
+
 def test_the_copy_ceiling_is_one_function_at_the_timers_settings(monkeypatch):
     seen = []
     monkeypatch.setattr(bench.timing, "copy_ceiling", lambda nbytes, rep_ms: seen.append((nbytes, rep_ms)) or {})
@@ -606,6 +639,25 @@ def test_missing_peers_say_how_to_get_them(tmp_path):
 # --------------------------------------------------------------------------------------------------------------------
 # On the GPU: a real (short) measurement
 # --------------------------------------------------------------------------------------------------------------------
+
+@gpu_only
+def test_graphs_captured_from_dropped_closures_replay_safely():
+    """The tune tool's crash: graphs captured one after another from closures that go out of scope, replayed at the
+    end. Each capture empties torch's cache; a graph that did not keep its outputs alive wrote to freed memory."""
+    timer = bench.timing.GpuTimer(bench.QUICK)
+    source = torch.randn(1 << 20, device="cuda")
+    graphs = []
+    for i in range(4):
+        out = torch.empty((1 << 20) + i * 4096, device="cuda")  # a different size each round: no block is reused
+
+        def fn(out=out, i=i):
+            out[: source.numel()].copy_(source * (i + 1))
+        graphs.append(timer.capture([fn], estimate_us=5.0))
+        del fn, out
+    results = timer.replay_rounds(graphs)
+    torch.cuda.synchronize()
+    assert len(results) == 4 and all(median > 0 for median, _, _ in results)
+
 
 @gpu_only
 def test_a_short_real_run_on_the_gpu():

@@ -158,7 +158,7 @@ class GpuTimer:
         except BaseException:
             _release(graph)
             raise
-        return CapturedGraph(graph, calls, max(warm_start.elapsed_time(warm_end) * 1e3 / 2, 1.0))
+        return CapturedGraph(graph, calls, max(warm_start.elapsed_time(warm_end) * 1e3 / 2, 1.0), fns)
 
     def replay_rounds(self, graphs: list["CapturedGraph"]) -> list[tuple[float, float, int]]:
         """(median µs per call, spread, calls per graph) of each captured graph, then release them.
@@ -248,7 +248,7 @@ class DryRunTimer:
     def capture(self, fns: list, estimate_us: float) -> "CapturedGraph":
         for fn in fns:
             fn()
-        return CapturedGraph(list(fns), len(fns), 1.0)  # keeps the calls (and their buffers) alive, like a graph
+        return CapturedGraph(list(fns), len(fns), 1.0, fns)
 
     def replay_rounds(self, graphs: list["CapturedGraph"]) -> list[tuple[float, float, int]]:
         return [(1.0, 0.0, captured.calls) for captured in graphs]
@@ -261,11 +261,19 @@ class DryRunTimer:
 
 @dataclass
 class CapturedGraph:
-    """A graph of ``calls`` back-to-back calls, captured and warmed up; ``replay_us``: one warm replay's time."""
+    """A graph of ``calls`` back-to-back calls, captured and warmed up; ``replay_us``: one warm replay's time.
+
+    ``fns``: the captured callables. A CUDA graph records raw addresses and holds no reference to the tensors behind
+    them, so the captured graph holds the callables (and through them every buffer they read and write) until it is
+    released. Without that, a caller that captures several graphs from short-lived closures frees the first graph's
+    buffers, the next capture's ``empty_cache`` returns that memory to the driver, and replaying the first graph
+    writes to unmapped memory ("an illegal memory access").
+    """
 
     graph: object
     calls: int
     replay_us: float
+    fns: list = None
 
 
 def _release(graph) -> None:
