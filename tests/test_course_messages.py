@@ -199,3 +199,9 @@ def test_a_missing_batch_offset_is_located_in_plain_words():
     assert result.diagnosis == "wrong", str(result)
     assert "Sequence 0 is right" in result.message and "batch offset" in result.message
     assert "broadcast" not in result.message and "cos_sin_reloaded" not in result.message  # no internal ids
+
+
+def test_float_pair_indices_are_refused_with_the_int64_the_task_asks_for():
+    result = course.check("01_pair_indices", wrong_variants("01_pair_indices")["wrong"])
+    assert not result.ok and result.diagnosis == "wrong"
+    assert "int64" in result.message and "float32" in result.message

@@ -62,9 +62,16 @@ def check_pair_indices(fn) -> Finding:
             if result is None:
                 return Finding("not_solved", "Not yet solved: your function returned None.")
             try:
-                first, second = (torch.as_tensor(t).to(torch.int64).reshape(-1) for t in result)
+                first, second = (torch.as_tensor(t) for t in result)
             except (TypeError, ValueError, RuntimeError):
                 return Finding("wrong", f"{call}: return two integer tensors (first, second).")
+            if first.dtype != torch.int64 or second.dtype != torch.int64:
+                # index maps feed gather/index_select and pointer arithmetic, which take integers, not floats
+                return Finding("wrong", (
+                    f"{call} returned {first.dtype} and {second.dtype} tensors; the task asks for int64 channel "
+                    "numbers (torch.arange gives int64 when its arguments are integers: keep rotary_dim // 2, "
+                    "not rotary_dim / 2)."))
+            first, second = first.reshape(-1), second.reshape(-1)
 
             def same(u, v):
                 return u.shape == v.shape and bool((u == v).all())

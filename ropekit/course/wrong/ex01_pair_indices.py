@@ -17,4 +17,13 @@ def pair_indices_swapped(rotary_dim, interleaved):
     return pairs + rotary_dim // 2, pairs
 
 
-WRONG = {"other_pairing": pair_indices_always_neighbours, "wrong_direction": pair_indices_swapped}
+def pair_indices_float(rotary_dim, interleaved):
+    """The right channels as float32 numbers (rotary_dim / 2 makes torch.arange return floats)."""
+    pairs = torch.arange(rotary_dim / 2)
+    if interleaved:
+        return 2 * pairs, 2 * pairs + 1
+    return pairs, pairs + rotary_dim / 2
+
+
+WRONG = {"other_pairing": pair_indices_always_neighbours, "wrong_direction": pair_indices_swapped,
+         "wrong": pair_indices_float}
