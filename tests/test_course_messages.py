@@ -205,3 +205,14 @@ def test_float_pair_indices_are_refused_with_the_int64_the_task_asks_for():
     result = course.check("01_pair_indices", wrong_variants("01_pair_indices")["wrong"])
     assert not result.ok and result.diagnosis == "wrong"
     assert "int64" in result.message and "float32" in result.message
+
+
+def test_hints_use_the_words_of_what_the_reader_wrote():
+    """A PyTorch function has no rows or tiles, and a one-row kernel no tiles: each hint speaks of what was written."""
+    function = course.check("01_rope_torch", wrong_variants("01_rope_torch")["wrong_positions"])
+    assert function.diagnosis == "wrong_positions"
+    assert "positions[..., None]" in function.message and "row // n_heads" not in function.message
+    row = course.check("02_row_kernel", wrong_variants("02_row_kernel")["broadcast"])
+    assert row.diagnosis == "broadcast"
+    assert "(row // n_heads) % seq_len" in row.message
+    assert "BLOCK_S" not in row.message and "tile" not in row.message

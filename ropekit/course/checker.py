@@ -135,7 +135,8 @@ def _check_rope(ex, code) -> CheckResult:
             split = ex.notes.get("split_heads")  # q's heads then k's in one output (exercise 05)
             names = Names(split(case.heads)) if split else Names()
             finding = (_validate_returned(ex, inputs, output)
-                       or analyse(inputs, output, candidates=candidates, names=names))
+                       or analyse(inputs, output, candidates=candidates, names=names,
+                                  program="function" if ex.language == "pytorch" else ex.notes.get("program", "tile")))
         if finding.diagnosis == "correct" and touches is not None:
             finding = _reuse_finding(touches) or finding
         if finding.diagnosis != "correct":

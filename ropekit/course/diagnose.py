@@ -173,9 +173,11 @@ def _describe_outside(inputs: RopeInputs, touched_storage: torch.Tensor, names: 
 # --- the analysis --------------------------------------------------------------------------------------------------
 
 def analyse(inputs: RopeInputs, output: torch.Tensor, *, candidates: frozenset[str],
-            names: Names = Names()) -> Finding:
+            names: Names = Names(), program: str = "tile") -> Finding:
     """Diagnose ``output`` (the output view after the run, or the tensor the code returned); ``names`` says how the
-    reader's kernel names its elements (q's and k's heads in one output, for exercise 05)."""
+    reader's kernel names its elements (q's and k's heads in one output, for exercise 05); ``program`` says what the
+    reader wrote, so that hints use its words: ``"function"`` (PyTorch), ``"row"`` (one program a head vector) or
+    ``"tile"`` (a program a block of tokens and heads)."""
     case = inputs.case
     x = inputs.x.view
     x64 = x.detach().to(torch.float64).cpu()
@@ -259,7 +261,7 @@ def analyse(inputs: RopeInputs, output: torch.Tensor, *, candidates: frozenset[s
         finding.max_error = max_error
         return finding
 
-    finding = _fit_positions(inputs, y, x64, scale, candidates, names)
+    finding = _fit_positions(inputs, y, x64, scale, candidates, names, program)
     if finding is not None:
         finding.max_error = max_error
         return finding
@@ -399,8 +401,21 @@ def _partial_pairing(inputs: RopeInputs, y: torch.Tensor, x64: torch.Tensor, wri
         f"{rot}-{head_dim - 1} unchanged."))
 
 
+# How a token's angles reach the wrong heads, in the words of what the reader wrote.
+_BROADCAST_HINTS = {
+    "function": ("The angles were spread over the wrong axis: angles of shape (batch, seq, rotary_dim/2) meet x's "
+                 "(batch, seq, heads, rotary_dim/2) from the right, so their seq axis lands on the head axis. Insert "
+                 "the head axis: angles[:, :, None, :]."),
+    "row": ("With one program a (token, head) row, the position comes from the row's token, "
+            "(row // n_heads) % seq_len, not from the row index itself."),
+    "tile": ("In a tile, a token's cos/sin row was spread over the wrong axis: a cos tile [BLOCK_S, HALF] combined "
+             "with x [BLOCK_S, BLOCK_H, HALF] lines up from the right, so its token axis lands on the head axis. "
+             "Insert the head axis: `cos[:, None, :]` is [BLOCK_S, 1, HALF], one token's row for all of its heads."),
+}
+
+
 def _fit_positions(inputs: RopeInputs, y: torch.Tensor, x64: torch.Tensor, scale: float,
-                   candidates: frozenset[str], names: Names = Names()) -> Finding | None:
+                   candidates: frozenset[str], names: Names = Names(), program: str = "tile") -> Finding | None:
     """For each head vector, find the position whose rotation it is (if any). The pattern of those positions names
     the mistake: positions that change from head to head within one token come from a cos/sin block broadcast along
     the wrong axis; positions constant per token but not the token's own are wrong positions."""
@@ -434,12 +449,8 @@ def _fit_positions(inputs: RopeInputs, y: torch.Tensor, x64: torch.Tensor, scale
                          for h in range(heads) if found[b, s, h])
         return Finding("broadcast", (
             f"The heads of one token were rotated at different positions: token {s} of sequence {b} (position "
-            f"{int(truth[b, s, 0])}) has {seen}. Every head of a token shares the token's position. With one "
-            "program a (token, head) row, the position comes from the row's token, (row // n_heads) % seq_len, not "
-            "from the row index itself. In a tile, a token's cos/sin row was spread over the wrong axis: a cos tile "
-            "[BLOCK_S, HALF] combined with x [BLOCK_S, BLOCK_H, HALF] lines up from the right, so its token axis "
-            "lands on the head axis. Insert the head axis: `cos[:, None, :]` is [BLOCK_S, 1, HALF], one token's row "
-            f"for all of its heads.{zero_words}"))
+            f"{int(truth[b, s, 0])}) has {seen}. Every head of a token shares the token's position. "
+            f"{_BROADCAST_HINTS[program]}{zero_words}"))
     if "wrong_positions" not in candidates:
         return None
     wrong = torch.nonzero(found & (fitted != truth))
@@ -447,9 +458,14 @@ def _fit_positions(inputs: RopeInputs, y: torch.Tensor, x64: torch.Tensor, scale
     examples = list(dict.fromkeys(f"sequence {int(b)} token {int(s)}: position {int(fitted[b, s, h])} instead of "
                                   f"{int(truth[b, s, h])}" for b, s, h in wrong))
     examples = "; ".join(examples[:3]) + (f"; ... ({len(examples)} tokens in all)" if len(examples) > 3 else "")
-    hint = (" In decode, token s of sequence b sits at offsets[b] + s: are the offsets added?" if case.offsets else
-            " A token's position is its index in its sequence: (row // n_heads) % seq_len for a row of a contiguous "
-            "(batch, seq, heads) tensor.")
+    if case.offsets:
+        hint = " In decode, token s of sequence b sits at offsets[b] + s: are the offsets added?"
+    elif program == "function":
+        hint = (" The positions argument holds each token's position, which need not be its index: build the "
+                "angles from it, positions[..., None] * inv_freq, not from torch.arange(seq_len).")
+    else:
+        hint = (" A token's position is its index in its sequence: (row // n_heads) % seq_len for a row of a "
+                "contiguous (batch, seq, heads) tensor.")
     return Finding("wrong_positions", (
         f"Tokens were rotated at positions other than their own ({len(wrong)} head vectors; {examples}).{hint}"
         f"{zero_words}"))

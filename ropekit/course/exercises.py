@@ -192,8 +192,8 @@ _add(Exercise(
           "(batch, seq, heads, head_dim) at integer positions (batch, seq). Pair i turns by "
           "position * base ** (-2i / rotary_dim); only the first rotary_dim channels turn. Compute in float32 or "
           "better and return x's dtype."),
-    diagnoses=("wrong_direction", "other_pairing", "position_shift", "tail_touched", "partial_pairing", "wrong_base",
-               "half_precision_math", "wrong"),
+    diagnoses=("wrong_direction", "other_pairing", "position_shift", "wrong_positions", "tail_touched",
+               "partial_pairing", "wrong_base", "half_precision_math", "wrong"),
     cases=(
         RopeCase("float32, NeoX pairs, head_dim 16", 1, 5, 2, 16, position_ids=_TORCH_POSITIONS, out_layout=None,
                  table_len=None),
@@ -213,7 +213,7 @@ _add(Exercise(
           "contiguous float32 (batch, seq, heads, HEAD_DIM) tensor, NeoX pairs (i, i + HEAD_DIM/2), at position "
           "(row // n_heads) % seq_len, with cos/sin from row `position` of the half-width tables. Launched as "
           "rope_row_kernel[(batch * seq * heads,)](x, cos, sin, out, seq, heads, HEAD_DIM=head_dim)."),
-    diagnoses=("wrong_direction", "other_pairing", "position_shift", "wrong_positions", "unwritten",
+    diagnoses=("wrong_direction", "other_pairing", "position_shift", "wrong_positions", "broadcast", "unwritten",
                "out_of_bounds", "compile_error", "wrong"),
     cases=(
         RopeCase("float32, contiguous, head_dim 16", 2, 3, 2, 16),
@@ -221,7 +221,7 @@ _add(Exercise(
                  3, 5, 3, 8, seed=1),
         RopeCase("float32, 1 sequence of 7 tokens, 5 heads, head_dim 64", 1, 7, 5, 64, seed=2),
     ),
-    launch=launch_row, run=_run_kernel(launch_row),
+    launch=launch_row, run=_run_kernel(launch_row), notes={"program": "row"},
 ))
 
 _add(Exercise(
@@ -241,7 +241,7 @@ _add(Exercise(
         RopeCase("float32, head_dim 40 (20 pairs in 32 lanes), 3 sequences x 5 tokens x 3 heads, x stored "
                  "seq-major, out with gaps", 3, 5, 3, 40, x_layout=_SBHD, out_layout=_GAPPED, seed=2),
     ),
-    launch=launch_strided, run=_run_kernel(launch_strided),
+    launch=launch_strided, run=_run_kernel(launch_strided), notes={"program": "row"},
 ))
 
 _add(Exercise(

@@ -63,7 +63,14 @@ def rope_partner_half_the_head(x, positions, *, base=10000.0, rotary_dim=None, i
     return out.to(x.dtype)
 
 
+def rope_token_index(x, positions, *, base=10000.0, rotary_dim=None, interleaved=False):
+    """Each token at its index in the sequence, whatever ``positions`` says."""
+    index = torch.arange(x.shape[1]).expand(x.shape[0], -1)  # MISTAKE: torch.arange(seq), not positions
+    return _rope(x, index, base=base, rotary_dim=rotary_dim, interleaved=interleaved)
+
+
 WRONG = {
+    "wrong_positions": rope_token_index,
     "wrong_direction": rope_minus_theta,
     "other_pairing": rope_always_neox,
     "tail_touched": rope_whole_head,

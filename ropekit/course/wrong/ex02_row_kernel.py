@@ -86,7 +86,21 @@ def half_not_constexpr(X, COS, SIN, OUT, seq_len, n_heads, HEAD_DIM: tl.constexp
     tl.store(OUT + row * HEAD_DIM + H + pairs, x_b * cos + x_a * sin)
 
 
+@triton.jit
+def position_from_the_row(X, COS, SIN, OUT, seq_len, n_heads, HEAD_DIM: tl.constexpr):
+    row = tl.program_id(0)
+    position = row % seq_len  # MISTAKE: the row index, not the row's token: heads of one token differ
+    pairs = tl.arange(0, HEAD_DIM // 2)
+    x_a = tl.load(X + row * HEAD_DIM + pairs)
+    x_b = tl.load(X + row * HEAD_DIM + HEAD_DIM // 2 + pairs)
+    cos = tl.load(COS + position * (HEAD_DIM // 2) + pairs)
+    sin = tl.load(SIN + position * (HEAD_DIM // 2) + pairs)
+    tl.store(OUT + row * HEAD_DIM + pairs, x_a * cos - x_b * sin)
+    tl.store(OUT + row * HEAD_DIM + HEAD_DIM // 2 + pairs, x_b * cos + x_a * sin)
+
+
 WRONG = {
+    "broadcast": position_from_the_row,
     "wrong_direction": minus_theta,
     "other_pairing": neighbour_pairs,
     "position_shift": next_position,
