@@ -216,3 +216,44 @@ def test_hints_use_the_words_of_what_the_reader_wrote():
     assert row.diagnosis == "broadcast"
     assert "(row // n_heads) % seq_len" in row.message
     assert "BLOCK_S" not in row.message and "tile" not in row.message
+
+
+@triton.jit
+def _cache_stores_masked_by_the_slot(Q, K, V, COS, SIN, POS, SLOTS, Q_OUT, K_CACHE, V_CACHE, n_heads_q, n_heads_kv,
+                                     HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr):
+    token = tl.program_id(0).to(tl.int64)
+    HALF: tl.constexpr = HEAD_DIM // 2
+    heads = tl.arange(0, BLOCK_H)[:, None]
+    lanes = tl.arange(0, HALF)[None, :]
+    position = tl.load(POS + token)
+    cos = tl.load(COS + position * HALF + lanes)
+    sin = tl.load(SIN + position * HALF + lanes)
+    q_mask = (heads < n_heads_q) & (lanes < HALF)
+    q_row = Q + token * n_heads_q * HEAD_DIM + heads * HEAD_DIM
+    q_a = tl.load(q_row + lanes, mask=q_mask)
+    q_b = tl.load(q_row + HALF + lanes, mask=q_mask)
+    out_row = Q_OUT + token * n_heads_q * HEAD_DIM + heads * HEAD_DIM
+    tl.store(out_row + lanes, q_a * cos - q_b * sin, mask=q_mask)
+    tl.store(out_row + HALF + lanes, q_b * cos + q_a * sin, mask=q_mask)
+    slot = tl.load(SLOTS + token)
+    kv_mask = (heads < n_heads_kv) & (lanes < HALF) & (slot >= 0)  # what the task's words suggest
+    k_row = K + token * n_heads_kv * HEAD_DIM + heads * HEAD_DIM
+    k_a = tl.load(k_row + lanes, mask=kv_mask)
+    k_b = tl.load(k_row + HALF + lanes, mask=kv_mask)
+    cache_row = slot * n_heads_kv * HEAD_DIM + heads * HEAD_DIM
+    tl.store(K_CACHE + cache_row + lanes, k_a * cos - k_b * sin, mask=kv_mask)
+    tl.store(K_CACHE + cache_row + HALF + lanes, k_b * cos + k_a * sin, mask=kv_mask)
+    v_row = V + token * n_heads_kv * HEAD_DIM + heads * HEAD_DIM
+    tl.store(V_CACHE + cache_row + lanes, tl.load(v_row + lanes, mask=kv_mask), mask=kv_mask)
+    tl.store(V_CACHE + cache_row + HALF + lanes, tl.load(v_row + HALF + lanes, mask=kv_mask), mask=kv_mask)
+
+
+def test_a_mask_from_the_loaded_slot_gets_a_way_forward_on_the_cpu():
+    """The GPU compiles stores masked with `slot >= 0`; the interpreter refuses the mask. A CPU reader must learn how
+    to write it so that both run it, not just that something raised."""
+    result = course.check("09_rope_cache_kernel", _cache_stores_masked_by_the_slot)
+    if not ropekit.device.INTERPRET:
+        assert result.ok
+        return
+    assert result.diagnosis == "raised" and "mask has unsupported dtype" in result.message
+    assert "Hint:" in result.message and "if slot >= 0:" in result.message

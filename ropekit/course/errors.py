@@ -13,7 +13,7 @@ import traceback
 from . import fence
 from .diagnose import Finding
 
-__all__ = ["explain", "hint_for", "IMPORT_ORDER", "COMPILE_HINTS"]
+__all__ = ["explain", "hint_for", "IMPORT_ORDER", "COMPILE_HINTS", "INTERPRETER_HINTS"]
 
 IMPORT_ORDER = (
     "This kernel was decorated with @triton.jit before ropekit chose where kernels run. On a machine without a GPU, "
@@ -55,16 +55,27 @@ COMPILE_HINTS: tuple[tuple[str, str], ...] = (
 )
 
 
+# Errors only the interpreter raises, for code the GPU compiler accepts: the reader's kernel is not wrong, the CPU
+# cannot run it as written, and the hint says how to write it so that both run it.
+INTERPRETER_HINTS: tuple[tuple[str, str], ...] = (
+    ("mask has unsupported dtype", (
+        "The Triton interpreter (the CPU) cannot use a mask made from a single loaded value, such as `slot >= 0` "
+        "with `slot = tl.load(SLOTS + token)`, although the GPU's compiler accepts it. Either put the cache stores "
+        "inside `if slot >= 0:` (a scalar condition: both run it), or give the condition the block's shape before "
+        "combining it: `kv_mask = (heads < n_heads_kv) & ((slot + tl.zeros_like(heads)) >= 0)`.")),
+)
+
+
 def _compiler_said_it(error: BaseException, hint: str | None) -> bool:
     """Rejected by Triton's compiler (GPU), or by the interpreter for a reason the compiler would give (CPU)?"""
     names = {cls.__name__ for cls in type(error).__mro__}
     return "CompilationError" in names or ("InterpreterError" in names and hint is not None)
 
 
-def hint_for(text: str) -> str | None:
+def hint_for(text: str, hints: tuple[tuple[str, str], ...] = COMPILE_HINTS) -> str | None:
     """The hint for an error whose text is ``text``, or None when the checker knows none."""
     lowered = text.lower()
-    for words, hint in COMPILE_HINTS:
+    for words, hint in hints:
         if words.lower() in lowered:
             return hint
     return None
@@ -84,6 +95,11 @@ def explain(error: BaseException) -> Finding:
     hint = hint_for(text)
     if hint is IMPORT_ORDER:
         return Finding("import_order", f"{IMPORT_ORDER}\n\nThe error was:\n{text}")
+    if hint is None:
+        interpreter_hint = hint_for(text, INTERPRETER_HINTS)
+        if interpreter_hint is not None:
+            return Finding("raised", f"Your code raised an exception in Triton's interpreter:\n{text}\n\n"
+                                     f"Hint: {interpreter_hint}")
     hint_words = f"\n\nHint: {hint}" if hint else ""
     if _compiler_said_it(error, hint):
         return Finding("compile_error", f"Triton could not compile your kernel:\n{text}{hint_words}")
