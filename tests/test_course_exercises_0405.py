@@ -68,6 +68,19 @@ def test_05_the_model_tells_the_templates_tile_from_the_solutions_before_any_tim
     assert "below the 80 % target" in template and "below the" not in solution
 
 
+def test_05_the_speed_hint_never_suggests_fewer_warps():
+    """Notebook 02's ablation measured fewer warps a program (more programs an SM at the same bytes each) giving no
+    speed: a slow tile is told to move more bytes a program, whatever its warps, even where warps bound residency."""
+    from ropekit.course import speed
+    shape = exercises.exercise("05_qk_offsets").notes["speed_shape"]
+
+    def kernel(Q, BLOCK_S=1, BLOCK_H=1, NUM_WARPS=32):  # a 256 B tile on 32 warps: two programs an SM by warps
+        pass
+    words = speed.model_words(kernel, shape)
+    assert "below the 80 % target" in words and "more bytes a program" in words
+    assert "NUM_WARPS" not in words and "fewer warps" not in words
+
+
 @triton.jit
 def _no_tile_defaults(Q, K, OUT_Q, OUT_K, COS, SIN, OFFSETS, seq_len, n_heads_q, n_heads_k,
                       stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh,

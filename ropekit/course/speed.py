@@ -90,12 +90,10 @@ def model_words(kernel, shape: "QKShape", target: float = TARGET) -> str:
              f"{device.n_sms} SMs x {device.latency_ns:.0f} ns, {device.name}): it predicts {predicted:.0f} % of the "
              f"copy ceiling.")
     if predicted < 100 * target:
-        # fewer warps give more programs an SM only while the warp slots, not the program slots or the grid, limit
-        warp_bound = device.max_warps_per_sm // warps < device.max_programs_per_sm and \
-            programs > device.n_sms * resident
+        # More bytes a program is the one lever: notebook 02's ablation measured fewer warps a program (more
+        # programs an SM at the same bytes each) giving no speed, so the hint never suggests it.
         words += (f" That is below the {100 * target:.0f} % target, which asks for about "
-                  f"{target * needed / 1024:.1f} KiB an SM: more bytes a program (BLOCK_S x BLOCK_H)"
-                  + (", or more programs an SM (fewer NUM_WARPS a program)." if warp_bound else "."))
+                  f"{target * needed / 1024:.1f} KiB an SM: more bytes a program (BLOCK_S x BLOCK_H).")
     values = f"about {count(per_thread, 'value')}" if per_thread else "under one value"
     words += (f" The model leaves registers out: each thread holds {values} of q or k here, and a tile that "
               "needs many registers holds fewer programs an SM than the model counts (notebook 04's sweep measured "
