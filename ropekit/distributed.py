@@ -30,7 +30,7 @@ from .frequencies import cos_sin_table
 from .fused import qk_norm_rope, rope_and_cache
 from .positions import context_parallel_positions, context_parallel_shard, context_parallel_varlen_positions
 
-__all__ = ["gather_context_parallel", "check_context_parallel", "run", "main"]
+__all__ = ["gather_context_parallel", "gather_cache", "check_context_parallel", "run", "passed", "main"]
 
 
 def gather_context_parallel(local: torch.Tensor, cp_size: int, *, seq_dim: int = 1, group=None) -> torch.Tensor:
@@ -75,7 +75,7 @@ def _gather_varlen(local: torch.Tensor, lengths: list[int], cp_size: int) -> tor
 
 
 def _bits(x: torch.Tensor) -> torch.Tensor:
-    """``x``'s bytes, one row per leading index pair (a cache's slot or (sequence, row)): bit for bit means equal."""
+    """``x``'s bytes, one row per cache row (a paged cache's slot, a contiguous cache's (sequence, row))."""
     return x.contiguous().view(torch.uint8).reshape(x.shape[0] * x.shape[1], -1)
 
 
@@ -83,21 +83,49 @@ def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.shape == b.shape and a.dtype == b.dtype and torch.equal(_bits(a), _bits(b))
 
 
-def _caches_add_up(mine: torch.Tensor, whole: torch.Tensor, fill: torch.Tensor, rows: torch.Tensor, shard) -> bool:
-    """Gather every rank's copy of a cache that started as ``fill``: rank ``r`` changed exactly the rows of its own
-    tokens (``shard(rows, r)``; ``rows`` holds each token's cache row, -1 for none) and left every other row as it
-    was, and those rows put together give the single-process cache ``whole``, bit for bit."""
-    copies = _all_gather(_bits(mine), dist.get_world_size(), None)
+def gather_cache(cache: torch.Tensor, fill: torch.Tensor, token_rows: torch.Tensor, cp_size: int, *,
+                 cu_seqlens=None, group=None) -> torch.Tensor:
+    """Every rank's copy of a KV cache that started as ``fill``, put together: each rank gives the rows of its own
+    tokens, and every other row keeps ``fill``.
+
+    ``cache``/``fill``: ``(num_blocks, block_size, ...)`` paged or ``(batch, max_seq, ...)`` contiguous, one row per
+    (block, offset) or (sequence, position). ``token_rows``: the flat cache row (slot) of every token of the whole
+    batch, -1 for a token that writes nothing; ``(batch, seq)`` split as ``context_parallel_shard``, or packed
+    ``(tokens,)`` with ``cu_seqlens`` (a host list or tensor) split per sequence as Transformer Engine's thd. The
+    caches travel as bytes, so any dtype (float8 too) crosses any backend and compares bit for bit. Raises
+    ``ValueError`` when a rank's copy differs from ``fill`` in a row that is not one of its own tokens'.
+    """
+    if cu_seqlens is None:
+        def shard(rows, rank):
+            return context_parallel_shard(rows, cp_size, rank)
+    else:
+        cu = cu_seqlens.tolist() if isinstance(cu_seqlens, torch.Tensor) else list(cu_seqlens)
+
+        def shard(rows, rank):
+            return _shard_varlen(rows, cu, cp_size, rank)
+    copies = _all_gather(_bits(cache), cp_size, group)
     before, combined = _bits(fill), _bits(fill).clone()
     for rank, copy in enumerate(copies):
-        own = shard(rows, rank).reshape(-1)
-        own = own[own >= 0]
+        own = shard(token_rows, rank).reshape(-1)
+        own = own[own >= 0].to(copy.device)
         others = torch.ones(len(copy), dtype=torch.bool, device=copy.device)
         others[own] = False
-        if not torch.equal(copy[others], before[others]):
-            return False
+        changed = (copy[others] != before[others]).any(dim=1)
+        if bool(changed.any()):
+            raise ValueError(f"rank {rank} changed {int(changed.sum())} cache rows that none of its tokens own")
         combined[own] = copy[own]
-    return torch.equal(combined, _bits(whole))
+    return combined.reshape(*cache.shape[:2], -1).view(cache.dtype).reshape(cache.shape)
+
+
+def _caches_add_up(mine, whole, fill, token_rows, cp_size, cu_seqlens=None) -> bool:
+    """Whether the ranks' copies of each cache (k's, v's), put together, are the single-process caches."""
+    matches = []
+    for m, w, f in zip(mine, whole, fill):  # no early exit: every rank joins every gather
+        try:
+            matches.append(_same_bits(gather_cache(m, f, token_rows, cp_size, cu_seqlens=cu_seqlens), w))
+        except ValueError:
+            matches.append(False)
+    return all(matches)
 
 
 def check_context_parallel(rank: int, world: int, device: str = "cpu") -> dict:
@@ -122,14 +150,14 @@ def check_context_parallel(rank: int, world: int, device: str = "cpu") -> dict:
     local_varlen = dict(layout="thd", cu_seqlens=varlen["cu_seqlens"] // world, max_seqlen=max(lengths) // world,
                         positions=context_parallel_varlen_positions(varlen["cu_seqlens"], world, rank)[None])
 
-    def shard(x, r=rank):
-        return context_parallel_shard(x, world, r)
+    def shard(x):
+        return context_parallel_shard(x, world, rank)
 
-    def shard_varlen(x, r=rank):
-        return _shard_varlen(x, cu, world, r)
+    def shard_varlen(x):
+        return _shard_varlen(x, cu, world, rank)
 
-    def gathered(local, whole):
-        return _same_bits(gather_context_parallel(local, world), whole)
+    def gathered(*pairs):  # (local, whole) pairs; every pair is gathered, whatever an earlier one showed
+        return all([_same_bits(gather_context_parallel(local, world), whole) for local, whole in pairs])
 
     def gathered_varlen(local, whole):
         return _same_bits(_gather_varlen(local, lengths, world), whole)
@@ -139,7 +167,7 @@ def check_context_parallel(rank: int, world: int, device: str = "cpu") -> dict:
     q, k = draw(batch, seqlen, heads, head_dim), draw(batch, seqlen, 1, head_dim)
     want_q, want_k = apply_rope(q, k, cos, sin)
     out_q, out_k = apply_rope(shard(q), shard(k), cos, sin, positions=positions)
-    results["apply_rope bshd"] = gathered(out_q, want_q) and gathered(out_k, want_k)
+    results["apply_rope bshd"] = gathered((out_q, want_q), (out_k, want_k))
 
     packed = draw(cu[-1], heads, head_dim)
     want, _ = apply_rope(packed, None, cos, sin, **varlen)
@@ -152,7 +180,7 @@ def check_context_parallel(rank: int, world: int, device: str = "cpu") -> dict:
     q_weight, k_weight = draw(head_dim), draw(head_dim)
     want_q, want_k = qk_norm_rope(q, k, cos, sin, q_weight, k_weight)
     out_q, out_k = qk_norm_rope(shard(q), shard(k), cos, sin, q_weight, k_weight, positions=positions)
-    results["qk_norm_rope bshd"] = gathered(out_q, want_q) and gathered(out_k, want_k)
+    results["qk_norm_rope bshd"] = gathered((out_q, want_q), (out_k, want_k))
 
     # paged: a shuffled slot per token, every 7th token padding (-1), spare rows no token owns
     block_size, num_blocks = 4, batch * seqlen // 4 + 2
@@ -166,8 +194,8 @@ def check_context_parallel(rank: int, world: int, device: str = "cpu") -> dict:
                                     slot_mapping=slots.reshape(-1), write_k=True)
     out_q, out_k = rope_and_cache(shard(q), shard(k), shard(v), cos, sin, k_cache=mine[0], v_cache=mine[1],
                                   slot_mapping=shard(slots).reshape(-1), positions=positions, write_k=True)
-    results["rope_and_cache paged bshd"] = gathered(out_q, want_q) and gathered(out_k, want_k) and all(
-        _caches_add_up(m, w, f, slots, shard) for m, w, f in zip(mine, whole, fill))
+    results["rope_and_cache paged bshd"] = all([gathered((out_q, want_q), (out_k, want_k)),
+                                                _caches_add_up(mine, whole, fill, slots, world)])
 
     # contiguous: sequence b starts at row (and position) offsets[b]; each chunk of a rank goes at its own start
     # ((batch, 1) offsets: a (batch,) tensor with batch == chunk would read as position ids)
@@ -185,8 +213,8 @@ def check_context_parallel(rank: int, world: int, device: str = "cpu") -> dict:
                                     v_cache=mine[1], cache_offsets=start, positions=start[:, None])[0])
     rows = (torch.arange(batch, device=device)[:, None] * max_seq + offsets[:, None]
             + torch.arange(seqlen, device=device))
-    results["rope_and_cache contiguous bshd"] = gathered(torch.cat(out_q, dim=1), want_q) and all(
-        _caches_add_up(m, w, f, rows, shard) for m, w, f in zip(mine, whole, fill))
+    results["rope_and_cache contiguous bshd"] = all([gathered((torch.cat(out_q, dim=1), want_q)),
+                                                     _caches_add_up(mine, whole, fill, rows, world)])
 
     # float8 paged cache of a packed batch, QK-norm in the same launch
     fp8 = torch.float8_e4m3fn
@@ -204,8 +232,8 @@ def check_context_parallel(rank: int, world: int, device: str = "cpu") -> dict:
     out_q, _ = rope_and_cache(shard_varlen(q), shard_varlen(k), shard_varlen(v), cos, sin, k_cache=mine[0],
                               v_cache=mine[1], slot_mapping=shard_varlen(slots), q_weight=q_weight,
                               k_weight=k_weight, **scales, **local_varlen)
-    results["rope_and_cache float8 paged thd qk-norm"] = gathered_varlen(out_q, want_q) and all(
-        _caches_add_up(m, w, f, slots, shard_varlen) for m, w, f in zip(mine, whole, fill))
+    results["rope_and_cache float8 paged thd qk-norm"] = all([gathered_varlen(out_q, want_q),
+                                                              _caches_add_up(mine, whole, fill, slots, world, cu)])
     return results
 
 
