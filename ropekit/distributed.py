@@ -247,7 +247,7 @@ def _worker(rank: int, world: int, folder: str, backend: str) -> None:
         result = check_context_parallel(rank, world, device)
     finally:
         dist.destroy_process_group()
-    result["device"] = torch.cuda.get_device_name(device) if device.startswith("cuda") else "cpu (Triton interpreter)"
+    result["device"] = f"{device} ({torch.cuda.get_device_name(device)})" if device.startswith("cuda") else device
     with open(os.path.join(folder, f"rank{rank}.json"), "w") as f:
         json.dump(result, f)
 
@@ -261,7 +261,10 @@ def run(world: int, backend: str | None = None) -> list[dict]:
     """
     import torch.multiprocessing as mp
 
-    backend = backend or ("nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= world else "gloo")
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    backend = backend or ("nccl" if gpus >= world else "gloo")
+    if backend == "nccl" and gpus < world:
+        raise ValueError(f"world={world} with backend='nccl' needs a GPU per rank; this machine has {gpus}")
     with tempfile.TemporaryDirectory(prefix="ropekit-distributed-") as folder:
         mp.spawn(_worker, args=(world, folder, backend), nprocs=world, join=True)
         results = []
@@ -288,7 +291,7 @@ def main(argv=None) -> int:
     results = run(args.world, args.backend)
     nccl = ".".join(map(str, torch.cuda.nccl.version())) if results[0]["backend"] == "nccl" else None
     print(f"torch {torch.__version__}, backend {results[0]['backend']}" + (f" (NCCL {nccl})" if nccl else "")
-          + f", world {args.world}")
+          + f", world {args.world}; kernels: {_device.describe()}")
     for r in results:
         cases = " ".join(f"[{case}: {'bit for bit' if ok else 'DIFFERS'}]" for case, ok in r.items()
                          if isinstance(ok, bool))
