@@ -142,9 +142,12 @@ def check_context_parallel(rank: int, world: int, device: str = "cpu") -> dict:
     def draw(*shape, dtype=torch.float32):
         return torch.randn(*shape, generator=gen).to(device=device, dtype=dtype)
 
-    batch, seqlen, heads, kv_heads, head_dim = 2, 4 * world, 4, 2, 32  # chunks of 2 tokens
+    # chunks of 2 tokens under the interpreter; on a GPU of 24, so that the whole batch's fused launches take the
+    # launch table's prefill configuration and a rank's share (96 tokens) the decode one: no bit may depend on it
+    chunk = 2 if torch.device(device).type == "cpu" else 24
+    batch, seqlen, heads, kv_heads, head_dim = 2, 2 * world * chunk, 4, 2, 32
     positions = context_parallel_positions(seqlen, world, rank, device=device)[None]  # ids shared by the batch
-    lengths = [2 * world * n for n in (1, 3, 2)]  # each packed sequence divisible by 2 * world
+    lengths = [world * chunk * n for n in (1, 3, 2)]  # packed sequences, each divisible by 2 * world (chunk is even)
     cu = [0] + [sum(lengths[:i + 1]) for i in range(len(lengths))]
     varlen = dict(layout="thd", cu_seqlens=torch.tensor(cu, device=device), max_seqlen=max(lengths))
     local_varlen = dict(layout="thd", cu_seqlens=varlen["cu_seqlens"] // world, max_seqlen=max(lengths) // world,
@@ -204,7 +207,6 @@ def check_context_parallel(rank: int, world: int, device: str = "cpu") -> dict:
     whole, mine = [c.clone() for c in fill], [c.clone() for c in fill]
     want_q, _ = rope_and_cache(q, k, v, cos, sin, k_cache=whole[0], v_cache=whole[1], cache_offsets=offsets,
                                positions=offsets[:, None])
-    chunk = seqlen // (2 * world)
     q_mine, k_mine, v_mine = shard(q), shard(k), shard(v)
     out_q = []
     for half, index in enumerate((rank, 2 * world - 1 - rank)):
