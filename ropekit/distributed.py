@@ -142,8 +142,9 @@ def check_context_parallel(rank: int, world: int, device: str = "cpu") -> dict:
     def draw(*shape, dtype=torch.float32):
         return torch.randn(*shape, generator=gen).to(device=device, dtype=dtype)
 
-    # chunks of 2 tokens under the interpreter; on a GPU of 24, so that the whole batch's fused launches take the
-    # launch table's prefill configuration and a rank's share (96 tokens) the decode one: no bit may depend on it
+    # chunks of 2 tokens on the CPU (the interpreter is slow); on a GPU of 24, so that the whole batch's fused
+    # launches take the launch table's prefill configuration and a rank's share (96 tokens) the decode one: no bit
+    # may depend on it
     chunk = 2 if torch.device(device).type == "cpu" else 24
     batch, seqlen, heads, kv_heads, head_dim = 2, 2 * world * chunk, 4, 2, 32
     positions = context_parallel_positions(seqlen, world, rank, device=device)[None]  # ids shared by the batch
