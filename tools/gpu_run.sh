@@ -6,6 +6,7 @@
 #   bash tools/gpu_run.sh verify                the reliability run and compute-sanitizer, rendered into docs/
 #   bash tools/gpu_run.sh notebooks [NB ...]    execute notebooks in place (default: all) and run nbval on them
 #   bash tools/gpu_run.sh ab COMMIT             this tree against COMMIT in one process (export .ab first, see below)
+#   bash tools/gpu_run.sh nccl                  python -m ropekit.distributed, one rank per visible GPU (2 or more)
 #
 # Carry .whl (nbval/nbconvert wheels, for notebooks), .shared (gpu-notebooks.sh), .peers (Liger, flash-attention's
 # file: tools/fetch_peers.sh) and .ab (tools/ab_versions.py --export COMMIT) as the stage needs. Everything a stage
@@ -84,6 +85,18 @@ case "$stage" in
     timeout 150 python3 tools/tune_v4.py --cases "${TUNE_CASES:-decode,mha-fp16}" --rounds 3 --out "$OUT/configs/tune.json" \
       2>&1 | tee "$OUT/configs/tune.txt" | tail -25
     ;;
-  *) echo "usage: bash tools/gpu_run.sh test [PATH ...]|bench|verify|notebooks [NB ...]|ab COMMIT|configs"; exit 2 ;;
+  nccl)
+    # one rank a GPU, NCCL between them: every op on each rank's context-parallel share, gathered, against one
+    # process bit for bit; $OUT/nccl.txt. NVLink multicast stays off (NCCL, PyTorch, NVSHMEM): the check needs
+    # none, and on a shared host a program that uses it can put every GPU there out of service.
+    gpus=$(nvidia-smi -L | grep -c '^GPU')
+    [ "$gpus" -ge 2 ] || { echo "nccl: needs 2 or more GPUs, this machine has $gpus"; exit 2; }
+    export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 NCCL_DEBUG=${NCCL_DEBUG:-VERSION}
+    { nvidia-smi -L; echo "NCCL_NVLS_ENABLE=$NCCL_NVLS_ENABLE"
+      echo "python3 -m ropekit.distributed --world $gpus --backend nccl"
+      timeout 300 python3 -m ropekit.distributed --world "$gpus" --backend nccl; echo "exit status $?"; } 2>&1 \
+      | tee "$OUT/nccl.txt"
+    ;;
+  *) echo "usage: bash tools/gpu_run.sh test [PATH ...]|bench|verify|notebooks [NB ...]|ab COMMIT|configs|nccl"; exit 2 ;;
 esac
 echo "[gpu_run] stage $stage: done in ${SECONDS} s"
