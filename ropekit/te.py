@@ -33,7 +33,7 @@ import torch
 from .api import apply_rope
 from .frequencies import cos_sin_from_freqs
 from .positions import context_parallel_positions, context_parallel_varlen_positions
-from .validate import as_integer, check_mode, pair_copies
+from .validate import as_integer, check_mode, in_callers_names, pair_copies
 
 __all__ = ["apply_rotary_pos_emb"]
 
@@ -83,11 +83,9 @@ def _rotate(t, cos, sin, layout, interleaved, reach, **kwargs) -> torch.Tensor:
     if reach is not None and not torch.compiler.is_compiling() and int(reach) > cos.shape[0]:
         raise ValueError(f"freqs has {cos.shape[0]} rows (positions), but start_positions, the sequence lengths and "
                          f"cp_size reach position {int(reach) - 1}")
-    try:
+    with in_callers_names("te.apply_rotary_pos_emb", "q is t, cos/sin are freqs' cos and sin, positions come from "
+                          "start_positions (and cp_size/cp_rank)"):
         return apply_rope(t, None, cos, sin, layout=layout, interleaved=interleaved, **kwargs)[0]
-    except (TypeError, ValueError, RuntimeError) as error:
-        raise type(error)(f"{error} [in te.apply_rotary_pos_emb: q is t, cos/sin are freqs' cos and sin, positions "
-                          "come from start_positions (and cp_size/cp_rank)]") from error
 
 
 def apply_rotary_pos_emb(t: torch.Tensor, freqs: torch.Tensor, tensor_format: str = "sbhd",
