@@ -29,12 +29,27 @@ from .api import apply_rope
 from .frequencies import cos_sin_table
 from .fused import qk_norm_rope, rope_and_cache
 from .positions import context_parallel_positions, context_parallel_shard, context_parallel_varlen_positions
+from .validate import as_integer
 
 __all__ = ["gather_context_parallel", "gather_cache", "check_context_parallel", "run", "passed", "main"]
 
 
 def gather_context_parallel(local: torch.Tensor, cp_size: int, *, seq_dim: int = 1, group=None) -> torch.Tensor:
-    """All ranks' ``local`` shards (each ``context_parallel_shard`` of one sequence axis) back in sequence order."""
+    """All ranks' ``local`` shards (each ``context_parallel_shard`` of one sequence axis) back in sequence order.
+
+    Every rank holds two equal chunks of the sequence, so ``local``'s length along ``seq_dim`` must be even; the
+    checks run before the collective, the same on every rank (their shards have one shape).
+    """
+    size = as_integer(cp_size)
+    if size is None or size < 1:
+        raise ValueError(f"cp_size must be an int >= 1, got {cp_size!r}")
+    cp_size = size
+    if not isinstance(local, torch.Tensor) or not -local.ndim <= seq_dim < local.ndim:
+        raise ValueError(f"local must be a tensor with a dimension seq_dim={seq_dim}, got "
+                         f"{getattr(local, 'shape', type(local).__name__)}")
+    if local.shape[seq_dim] % 2:
+        raise ValueError(f"local must hold an even number of tokens along seq_dim={seq_dim} (two equal chunks of "
+                         f"the sequence, as context_parallel_shard gives each rank), got {local.shape[seq_dim]}")
     shards = _all_gather(local, cp_size, group)
     half = local.shape[seq_dim] // 2
     chunks = [None] * (2 * cp_size)

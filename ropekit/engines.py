@@ -33,7 +33,7 @@ import torch
 
 from .api import apply_rope
 from .fused.kv_cache import rope_and_cache
-from .validate import as_integer
+from .validate import as_integer, in_callers_names
 
 __all__ = ["rotary_embedding", "apply_rope_with_cos_sin_cache_inplace", "FusedSetKVBufferArg"]
 
@@ -133,7 +133,11 @@ def _rotate(positions, query, key, head_size, cos_sin_cache, is_neox, kv_write, 
         rotary["conjugate"] = True
     if kv_write is not None and k is None:
         raise ValueError("key must be given with fused_set_kv_buffer_arg (its rotated rows are cached)")
-    try:
+    # the rotation names its own arguments; the message adds which of this call's they are
+    cache_words = ("" if kv_write is None else "; v, k_cache, v_cache and slot_mapping are "
+                   "fused_set_kv_buffer_arg's value, k_buffer, v_buffer and cache_loc")
+    with in_callers_names("rotary_embedding", "q is query, k is key, cos/sin (the table) are the two halves of "
+                          f"cos_sin_cache{cache_words}"):
         if kv_write is None:
             apply_rope(q, k, cos, sin, **rotary)
         else:
@@ -141,12 +145,6 @@ def _rotate(positions, query, key, head_size, cos_sin_cache, is_neox, kv_write, 
             v = _heads_view("fused_set_kv_buffer_arg.value", value, tokens, head_size, token_dims)
             rope_and_cache(q, k, v, cos, sin, k_cache=k_buffer, v_cache=v_buffer, slot_mapping=cache_loc,
                            write_k=True, **rotary)
-    except (TypeError, ValueError, RuntimeError) as error:
-        # the rotation names its own arguments; say which of this call's they are
-        cache_words = ("" if kv_write is None else "; v, k_cache, v_cache and slot_mapping are "
-                       "fused_set_kv_buffer_arg's value, k_buffer, v_buffer and cache_loc")
-        raise type(error)(f"{error} [in rotary_embedding: q is query, k is key, cos/sin (the table) are the two "
-                          f"halves of cos_sin_cache{cache_words}]") from error
 
 
 def _pool_view(name: str, buffer, head_size: int) -> torch.Tensor:

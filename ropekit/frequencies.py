@@ -52,7 +52,7 @@ def inverse_frequencies(rotary_dim: int, base: float = DEFAULT_BASE) -> torch.Te
     _check_rotary_dim(rotary_dim)
     if not base > 1.0:
         raise ValueError(f"base (rope_theta) must be a number > 1, got {base!r}")
-    exponents = torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim
+    exponents = torch.arange(0, rotary_dim, 2, dtype=torch.float64, device="cpu") / rotary_dim
     return float(base) ** (-exponents)
 
 
@@ -113,7 +113,7 @@ def _yarn(p: _Params) -> tuple[torch.Tensor, float]:
     first, last = max(first, 0), min(last, d - 1)
     if first == last:
         last += 0.001  # a one-point ramp would divide by zero; the reference implementation widens it like this
-    pairs = torch.arange(d // 2, dtype=torch.float64)
+    pairs = torch.arange(d // 2, dtype=torch.float64, device="cpu")
     interpolated_share = ((pairs - first) / (last - first)).clamp(0.0, 1.0)  # 0: keep, 1: divide by factor
 
     inv_freq = inverse_frequencies(d, p.base)
@@ -261,7 +261,7 @@ class _Params:
         values = self.parameters.get(key)
         if values is None:
             raise ValueError(f"rope_type {self.rope_type!r} needs the key {key!r} in its rope parameters")
-        values = torch.as_tensor(values, dtype=torch.float64)
+        values = torch.as_tensor(values, dtype=torch.float64, device="cpu")
         if values.shape != (self.rotary_dim // 2,):
             raise ValueError(f"{key!r} must hold rotary_dim/2 = {self.rotary_dim // 2} numbers, "
                              f"got shape {tuple(values.shape)}")

@@ -19,19 +19,27 @@ class RopeTable:
 
     ``ensure(n)`` grows the table (doubling) when a host-known length needs more rows. It never runs inside a CUDA
     graph capture: size it up front with ``max_positions`` for captured decode loops.
+
+    The frequencies (``inv_freq``, float64) always stay on the CPU: they are what the table is built from. On the
+    ``meta`` device the table holds shapes only; moving it to a real device builds its rows from the frequencies.
     """
 
     def __init__(self, rotary_dim: int, max_positions: int = 8192, *, base: float = 10000.0,
                  inv_freq: Optional[torch.Tensor] = None, attention_scaling: float = 1.0, device=None):
         self.rotary_dim = rotary_dim
-        self.inv_freq = inverse_frequencies(rotary_dim, base) if inv_freq is None else inv_freq.to(torch.float64)
+        self.inv_freq = (inverse_frequencies(rotary_dim, base) if inv_freq is None
+                         else inv_freq.to(device="cpu", dtype=torch.float64))
         if self.inv_freq.shape != (rotary_dim // 2,):
             raise ValueError(f"inv_freq must have shape ({rotary_dim // 2},), got {tuple(self.inv_freq.shape)}")
         self.attention_scaling = float(attention_scaling)
-        self.device = torch.device(device) if device is not None else torch.device("cpu")
+        # default: where a buffer would go (the default device, e.g. meta under ``with torch.device("meta")``)
+        self.device = torch.device(device) if device is not None else torch.get_default_device()
         self.cos, self.sin = self._build(max_positions)
 
     def _build(self, rows: int):
+        if self.device.type == "meta":
+            shape = (rows, self.rotary_dim // 2)
+            return torch.empty(shape, device="meta"), torch.empty(shape, device="meta")
         return cos_sin_table(rows, inv_freq=self.inv_freq, attention_scaling=self.attention_scaling,
                              device=self.device)
 
@@ -56,8 +64,12 @@ class RopeTable:
         self.cos, self.sin = self._build(len(self))
 
     def to(self, device) -> "RopeTable":
+        leaving_meta = self.device.type == "meta"
         self.device = torch.device(device)
-        self.cos, self.sin = self.cos.to(self.device), self.sin.to(self.device)
+        if leaving_meta:  # a meta table has no rows to copy: build them
+            self.cos, self.sin = self._build(len(self))
+        else:
+            self.cos, self.sin = self.cos.to(self.device), self.sin.to(self.device)
         return self
 
 
@@ -171,7 +183,8 @@ class RotaryEmbedding(torch.nn.Module):
         return int(spec.tensor.max()) + 1
 
     def _apply(self, fn, recurse=True):
-        # Keep the table on the module's device when the module moves (.cuda(), .to(...)).
+        # Keep the table on the module's device when the module moves (.cuda(), .to(...), .to_empty(...) after a
+        # deferred init on meta: the table is then built from the frequencies, which never leave the CPU).
         result = super()._apply(fn, recurse)
         probe = fn(torch.empty(0, device=self.table.device))
         if probe.device != self.table.device:

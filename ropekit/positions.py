@@ -128,9 +128,13 @@ def resolve_positions(*, batch: int, seqlen: int, positions=None, cu_seqlens=Non
 # Context parallelism (Transformer Engine's load-balanced split).
 # --------------------------------------------------------------------------------------------------------------------
 
-def _cp_chunks(seqlen: int, cp_size: int, cp_rank: int) -> tuple[range, range]:
+def _check_ranks(cp_size: int, cp_rank: int) -> None:
     if cp_size < 1 or not 0 <= cp_rank < cp_size:
         raise ValueError(f"cp_rank must be in [0, cp_size), got cp_rank={cp_rank}, cp_size={cp_size}")
+
+
+def _cp_chunks(seqlen: int, cp_size: int, cp_rank: int) -> tuple[range, range]:
+    _check_ranks(cp_size, cp_rank)
     if seqlen % (2 * cp_size):
         raise ValueError(f"seqlen ({seqlen}) must be divisible by 2 * cp_size ({2 * cp_size})")
     chunk = seqlen // (2 * cp_size)
@@ -158,7 +162,25 @@ def context_parallel_shard(x: torch.Tensor, cp_size: int, cp_rank: int, *, seq_d
 
 def context_parallel_varlen_positions(cu_seqlens: torch.Tensor, cp_size: int, cp_rank: int) -> torch.Tensor:
     """Per-token positions of rank ``cp_rank``'s share of a packed batch: every sequence is split as above
-    (each length divisible by ``2 * cp_size``). Returns a ``(tokens_on_rank,)`` tensor for ``layout="thd"``."""
-    lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).tolist()
+    (each length divisible by ``2 * cp_size``). Returns a ``(tokens_on_rank,)`` tensor for ``layout="thd"``.
+
+    ``cu_seqlens`` (int32/int64, ``(n_seqs + 1,)``) is read on the host (the positions are built there): it must
+    never decrease, and every length must be divisible by ``2 * cp_size``; errors name ``cu_seqlens``.
+    """
+    if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"cu_seqlens must be an int32 or int64 tensor, got "
+                        f"{getattr(cu_seqlens, 'dtype', type(cu_seqlens).__name__)}")
+    if cu_seqlens.ndim != 1 or cu_seqlens.shape[0] < 1:
+        raise ValueError(f"cu_seqlens must be 1-D with n_seqs + 1 entries, got shape {tuple(cu_seqlens.shape)}")
+    _check_ranks(cp_size, cp_rank)
+    bounds = cu_seqlens.tolist()
+    lengths = [end - start for start, end in zip(bounds, bounds[1:])]
+    for i, n in enumerate(lengths):
+        if n < 0:
+            raise ValueError(f"cu_seqlens must never decrease (sequence {i} would hold {n} tokens), got {bounds}")
+        if n % (2 * cp_size):
+            raise ValueError(f"cu_seqlens: every sequence's length must be divisible by 2 * cp_size ({2 * cp_size}), "
+                             f"sequence {i} holds {n} tokens")
     parts = [context_parallel_positions(n, cp_size, cp_rank) for n in lengths]
-    return torch.cat(parts).to(cu_seqlens.device) if parts else torch.zeros(0, dtype=torch.int64)
+    return torch.cat(parts).to(cu_seqlens.device) if parts else torch.zeros(0, dtype=torch.int64,
+                                                                            device=cu_seqlens.device)

@@ -10,9 +10,10 @@ every argument (the argument order of TE 2.4 and later; ``start_positions`` with
   angle twice, in the halves (NeoX) or in neighbouring channels (``interleaved``, GPT-J). Row ``p`` is position
   ``p``. ``rotary_dim <= head_dim``: the channels past it pass through. One copy of each angle is read (the first
   half, or the even channels); ``ROPEKIT_CHECK=1`` refuses a ``freqs`` whose two copies differ (a host read).
-* ``start_positions``: ``(batch,)`` integers, the position of each sequence's first token (a KV cache's length).
+* ``start_positions``: ``(batch,)`` integers >= 0, the position of each sequence's first token (a KV cache's length).
 * ``cu_seqlens``: for ``"thd"``, the ``(batch + 1,)`` cumulative sequence lengths of the whole (unsplit) batch, each
-  padded to a multiple of ``2 * cp_size`` (TE's ``cu_seqlens_padded``); ignored for the other formats, as TE does.
+  padded to a multiple of ``2 * cp_size`` (TE's ``cu_seqlens_padded``), from 0 to ``t``'s tokens times ``cp_size``;
+  ignored for the other formats, as TE does. TE reads both on the host, so their values are checked always.
 * ``cp_size``/``cp_rank``: context parallelism. Each sequence is cut into ``2 * cp_size`` chunks and this rank holds
   chunks ``cp_rank`` and ``2 * cp_size - 1 - cp_rank`` (for ``"thd"``, ``cu_seqlens // cp_size`` delimit them;
   every length divisible by ``2 * cp_size``); the positions are those of the full sequence.
@@ -33,7 +34,7 @@ import torch
 from .api import apply_rope
 from .frequencies import cos_sin_from_freqs
 from .positions import context_parallel_positions, context_parallel_varlen_positions
-from .validate import as_integer, check_mode, pair_copies
+from .validate import as_integer, check_mode, in_callers_names, pair_copies
 
 __all__ = ["apply_rotary_pos_emb"]
 
@@ -68,6 +69,13 @@ def _check(t, freqs, tensor_format, start_positions, cu_seqlens, cp_size, cp_ran
                          f"{getattr(start_positions, 'shape', type(start_positions).__name__)}")
     if freqs.shape[-1] % 2:
         raise ValueError(f"freqs' last dimension (the rotary width) must be even, got {freqs.shape[-1]}")
+    # TE reads start_positions and cu_seqlens on the host, and so does this: their values are checked always
+    if start_positions is not None and not torch.compiler.is_compiling() and start_positions.numel() \
+            and int(start_positions.min()) < 0:
+        raise ValueError(f"start_positions must be >= 0 (each sequence's first position), got "
+                         f"{start_positions.tolist()}"[:300])
+    if tensor_format == "thd":
+        _check_cu_seqlens(cu_seqlens, t.shape[0], cp_size)
     if check_mode() and not torch.compiler.is_compiling():
         # one angle per pair is read: a freqs whose two copies differ would be rotated by the first copy only
         if not torch.equal(*pair_copies(freqs[:, 0, 0], interleaved)):
@@ -77,17 +85,36 @@ def _check(t, freqs, tensor_format, start_positions, cu_seqlens, cp_size, cp_ran
     return cp_size, cp_rank
 
 
+def _check_cu_seqlens(cu_seqlens, tokens: int, cp_size: int) -> None:
+    """The whole batch's boundaries: from 0, never decreasing, every length divisible by 2 * cp_size (by 1 without
+    context parallelism), ending at this rank's tokens times cp_size."""
+    if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.ndim != 1 or cu_seqlens.shape[0] < 2 \
+            or cu_seqlens.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"cu_seqlens must be a (batch + 1,) int32/int64 tensor, got "
+                         f"{getattr(cu_seqlens, 'shape', type(cu_seqlens).__name__)}"
+                         f"{' of ' + str(cu_seqlens.dtype) if isinstance(cu_seqlens, torch.Tensor) else ''}")
+    bounds = cu_seqlens.tolist()
+    lengths = [end - start for start, end in zip(bounds, bounds[1:])]
+    if bounds[0] != 0 or min(lengths) < 0:
+        raise ValueError(f"cu_seqlens must start at 0 and never decrease, got {bounds}"[:300])
+    split = 1 if cp_size == 1 else 2 * cp_size
+    if any(n % split for n in lengths):
+        raise ValueError(f"every sequence of cu_seqlens must be divisible by 2 * cp_size ({split}): each is split "
+                         f"over the ranks, got lengths {lengths}"[:300])
+    if bounds[-1] != tokens * cp_size:
+        raise ValueError(f"cu_seqlens must end at the batch's token count, t's {tokens} tokens times cp_size "
+                         f"({cp_size}) = {tokens * cp_size}, got {bounds[-1]}")
+
+
 def _rotate(t, cos, sin, layout, interleaved, reach, **kwargs) -> torch.Tensor:
     """apply_rope, its errors told in TE's names. ``reach``: a 0-d tensor, one past the largest position, checked
     against freqs' rows (TE asserts it too) where a host read is allowed, rather than rotating by a NaN row."""
     if reach is not None and not torch.compiler.is_compiling() and int(reach) > cos.shape[0]:
         raise ValueError(f"freqs has {cos.shape[0]} rows (positions), but start_positions, the sequence lengths and "
                          f"cp_size reach position {int(reach) - 1}")
-    try:
+    with in_callers_names("te.apply_rotary_pos_emb", "q is t, cos/sin are freqs' cos and sin, positions come from "
+                          "start_positions (and cp_size/cp_rank)"):
         return apply_rope(t, None, cos, sin, layout=layout, interleaved=interleaved, **kwargs)[0]
-    except (TypeError, ValueError, RuntimeError) as error:
-        raise type(error)(f"{error} [in te.apply_rotary_pos_emb: q is t, cos/sin are freqs' cos and sin, positions "
-                          "come from start_positions (and cp_size/cp_rank)]") from error
 
 
 def apply_rotary_pos_emb(t: torch.Tensor, freqs: torch.Tensor, tensor_format: str = "sbhd",
@@ -99,12 +126,6 @@ def apply_rotary_pos_emb(t: torch.Tensor, freqs: torch.Tensor, tensor_format: st
     cos, sin = cos_sin_from_freqs(freqs, interleaved=interleaved)
     starts = None if start_positions is None else start_positions.to(torch.int64)
     if tensor_format == "thd":
-        if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.ndim != 1 or cu_seqlens.shape[0] < 2:
-            raise ValueError(f"cu_seqlens must be a (batch + 1,) integer tensor, got "
-                             f"{getattr(cu_seqlens, 'shape', type(cu_seqlens).__name__)}")
-        if bool((cu_seqlens % cp_size).any()):
-            raise ValueError(f"cu_seqlens must be divisible by cp_size ({cp_size}): every sequence is split over "
-                             "the ranks")
         local = cu_seqlens // cp_size
         lengths = local[1:] - local[:-1]
         longest = int(lengths.max()) if lengths.numel() else 0
@@ -112,8 +133,6 @@ def apply_rotary_pos_emb(t: torch.Tensor, freqs: torch.Tensor, tensor_format: st
             positions = None if starts is None else starts[:, None]
             reach = None if starts is None else starts.max() + longest
         else:
-            if bool((lengths % 2).any()):
-                raise ValueError(f"every sequence of cu_seqlens must be divisible by 2 * cp_size ({2 * cp_size})")
             positions = context_parallel_varlen_positions(cu_seqlens, cp_size, cp_rank).to(t.device)
             if starts is not None:
                 positions = positions + torch.repeat_interleave(starts, lengths.to(starts.device))

@@ -9,6 +9,7 @@ sync, which CUDA graphs forbid.
 
 from __future__ import annotations
 
+import contextlib
 import operator
 import os
 from typing import Optional
@@ -18,7 +19,8 @@ import torch
 from .layouts import LAYOUTS, batch_and_seq_axes
 from .positions import SCALAR_OFFSET, SEQ_OFFSETS, PositionSpec, longest_sequence, resolve_positions
 
-__all__ = ["BACKENDS", "prepare", "check_mode", "check_inplace_targets", "span", "as_integer", "pair_copies"]
+__all__ = ["BACKENDS", "prepare", "check_mode", "check_inplace_targets", "span", "as_integer", "pair_copies",
+           "in_callers_names"]
 
 BACKENDS = ("triton", "cuda")
 
@@ -36,6 +38,16 @@ def as_integer(value) -> int | None:
         return None if isinstance(value, bool) else operator.index(value)
     except TypeError:
         return None
+
+
+@contextlib.contextmanager
+def in_callers_names(call: str, names: str):
+    """Errors raised inside name the rotation's own arguments (q, k, cos/sin, rotary_dim, ...): add which of
+    ``call``'s arguments those are (``names``), so that every error tells the caller what they passed."""
+    try:
+        yield
+    except (TypeError, ValueError, RuntimeError) as error:
+        raise type(error)(f"{error} [in {call}: {names}]") from error
 
 
 def pair_copies(rows: torch.Tensor, interleaved: bool) -> tuple[torch.Tensor, torch.Tensor]:

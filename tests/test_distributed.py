@@ -92,3 +92,14 @@ def test_gather_cache_refuses_a_rank_that_wrote_another_ranks_row(monkeypatch):
     fake_all_gather(monkeypatch, copies)
     with pytest.raises(ValueError, match="rank 1 changed 1 cache rows"):
         distributed.gather_cache(copies[0], fill, token_rows, 2)
+
+
+@pytest.mark.parametrize("tokens_per_rank", [3, 1], ids=["3-tokens", "1-token"])
+def test_gather_refuses_a_shard_of_odd_length_by_name(monkeypatch, tokens_per_rank):
+    # a rank holds two equal chunks: an odd shard is no context_parallel_shard, and splitting it in halves would drop
+    # a token of every rank (3 tokens a rank on 2 ranks gave back 4 of the 6)
+    shards = [torch.arange(tokens_per_rank)[None, :, None] + 10 * rank for rank in range(2)]
+    monkeypatch.setattr(distributed.dist, "all_gather", lambda out, local, group=None: [
+        o.copy_(s) for o, s in zip(out, shards)])
+    with pytest.raises(ValueError, match="local"):
+        distributed.gather_context_parallel(shards[0], 2)

@@ -113,6 +113,38 @@ def test_errors_name_the_argument_and_write_nothing(change, error, name):
         assert torch.equal(t.view(torch.uint8), b.view(torch.uint8))
 
 
+@pytest.mark.parametrize("change,error,words", [
+    # the docs' (max_position, rope_dim): a wider buffer would be split at the wrong column
+    ("cos_sin_cache wider than rope_dim", ValueError, ["cos_sin_cache", "rope_dim"]),
+    ("cos_sin_cache narrower than rope_dim", ValueError, ["cos_sin_cache", "rope_dim"]),
+    # the rotation's checks speak of q, k, cos/sin and rotary_dim: the message says which arguments those are here
+    ("k_pe dtype", TypeError, ["q is q_pe", "k is k_pe"]),
+    ("cos/sin narrower than rope_dim / 2", ValueError, ["rotary_dim and head_dim are rope_dim"]),
+    ("table too short (check mode)", ValueError, ["the two halves of cos_sin_cache"]),
+])
+def test_errors_name_this_calls_arguments(change, error, words, monkeypatch):
+    q_pe, k_pe, kv_c, kv_cache, slots = mla_case(4, 2, 16, 32, torch.float32, num_blocks=2, block_size=4)
+    positions = torch.arange(4, device=DEVICE)
+    tables = dict(cos_sin_cache=torch.cat(ropekit.cos_sin_table(8, 16, device=DEVICE), -1))
+    if change == "cos_sin_cache wider than rope_dim":
+        tables = dict(cos_sin_cache=torch.cat(ropekit.cos_sin_table(8, 32, device=DEVICE), -1))
+    elif change == "cos_sin_cache narrower than rope_dim":
+        tables = dict(cos_sin_cache=torch.cat(ropekit.cos_sin_table(8, 8, device=DEVICE), -1))
+    elif change == "k_pe dtype":
+        k_pe = k_pe.double()
+    elif change == "cos/sin narrower than rope_dim / 2":
+        tables = dict(zip(("cos", "sin"), ropekit.cos_sin_table(8, 8, device=DEVICE)))
+    else:
+        monkeypatch.setenv("ROPEKIT_CHECK", "1")
+        positions = torch.tensor([0, 1, 2, 8], device=DEVICE)
+    before = [t.clone() for t in (q_pe, k_pe, kv_c, kv_cache)]
+    with pytest.raises(error) as raised:
+        ropekit.mla_rope_and_cache(q_pe, k_pe, kv_c, kv_cache, slots, positions, **tables)
+    assert all(word in str(raised.value) for word in words), str(raised.value)
+    for t, b in zip((q_pe, k_pe, kv_c, kv_cache), before):
+        assert torch.equal(t.view(torch.uint8), b.view(torch.uint8))
+
+
 def test_engine_padding_a_longer_positions_a_shorter_slot_mapping_and_a_uint8_cache():
     """vLLM's fused MLA write reads positions and slots for the first tokens (a CUDA-graph batch pads them) and keeps a
     float8 cache as uint8 bytes."""

@@ -2,6 +2,7 @@
 in every layout, pairing, position form, partial rotary, in place, packed qkv slices; its fused backward (gradcheck in
 float64 through the kernel), torch.compile without graph breaks, and its validation."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -215,7 +216,12 @@ def test_torch_compile_in_place():
     (dict(k_weight=None), TypeError, "k_weight"),
     (dict(q_weight=torch.ones(1, 16)), ValueError, "q_weight"),
     (dict(eps=0.0), ValueError, "eps"),
+    # eps is added in float32: 1e-50 is 0 there (a zero head would be NaN), 1e-39 a subnormal, 1e39 infinite
+    (dict(eps=1e-50), ValueError, "eps"),
+    (dict(eps=1e-39), ValueError, "eps"),
+    (dict(eps=1e39), ValueError, "eps"),
     (dict(eps="1e-6"), TypeError, "eps"),
+    (dict(eps=True), TypeError, "eps"),
     (dict(weight_offset=float("nan")), TypeError, "weight_offset"),
     (dict(rotary_dim=18), ValueError, "rotary_dim"),
 ])
@@ -229,6 +235,22 @@ def test_errors_name_the_argument_and_write_nothing(change, error, name):
     with pytest.raises(error, match=name):
         ropekit.qk_norm_rope(q, k, cos, sin, inplace=True, **kwargs)
     assert torch.equal(q, before[0]) and torch.equal(k, before[1])
+
+
+@pytest.mark.parametrize("eps,weight_offset", [
+    (np.float32(1e-6), np.float32(1.0)),  # what a config read with numpy holds
+    (np.float64(1e-6), np.int64(0)),
+    (float(torch.finfo(torch.float32).tiny), 0.0),  # the smallest eps accepted: a zero head stays 0, not NaN
+], ids=["numpy-float32", "numpy-float64-and-int", "smallest-normal-float32"])
+def test_eps_and_weight_offset_take_host_real_numbers(eps, weight_offset):
+    q = torch.randn(1, 2, 2, 16, device=DEVICE)
+    q[0, 1, 0] = 0.0  # a padding head
+    w = torch.randn(16, device=DEVICE)
+    cos, sin = ropekit.cos_sin_table(8, 16, device=DEVICE)
+    out, _ = ropekit.qk_norm_rope(q, None, cos, sin, w, eps=eps, weight_offset=weight_offset)
+    want = expected(q, w, cos, sin, ref.token_positions(1, 2), eps=float(eps), weight_offset=float(weight_offset))
+    assert_close_to_reference(out, want)
+    assert torch.equal(out[0, 1, 0], torch.zeros_like(out[0, 1, 0]))
 
 
 def test_meta_tensors_infer_shapes():
@@ -315,3 +337,20 @@ def test_hostile_values_follow_the_reference():
     out, _ = ropekit.qk_norm_rope(q, None, cos, sin, w)
     assert_close_to_reference(out, expected(q, w, cos, sin, ref.token_positions(1, 2)))
     assert bool(out[0, 1, 1].isnan().all()) and bool(out[0, 0, 1].isfinite().all())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_a_head_whose_sum_of_squares_overflows_float32_comes_out_as_zeros(dtype):
+    """docs/fused.md: mean(x^2) is a float32 sum, as in transformers' RMSNorm. A channel of 1.8e19 still squares
+    below float32's largest (3.4e38) and its head is normalised as the float64 reference says; one of 1.9e19
+    overflows the sum to inf, rsqrt(inf) = 0, and the whole head, the large channel included, comes out as zeros.
+    Other heads are untouched by it."""
+    q = torch.randn(1, 1, 3, 16, device=DEVICE)
+    q[0, 0, 0, 5], q[0, 0, 1, 5] = 1.8e19, 1.9e19
+    q = q.to(dtype)
+    w = torch.randn(16, device=DEVICE)
+    cos, sin = ropekit.cos_sin_table(8, 16, device=DEVICE)
+    out, _ = ropekit.qk_norm_rope(q, None, cos, sin, w, positions=3)
+    want = expected(q, w, cos, sin, ref.token_positions(1, 1, offsets=3))
+    assert_close_to_reference(out[:, :, [0, 2]], want[:, :, [0, 2]])
+    assert torch.equal(out[0, 0, 1], torch.zeros_like(out[0, 0, 1]))

@@ -96,3 +96,61 @@ def test_rotary_embedding_dynamic_and_longrope_follow_the_sequence_length(how):
                             attention_scaling=attention)
             assert_close_to_reference(out_q, want)
             assert len(rope.table) > last  # grown from the length it read (or was told)
+
+
+def _tiny_model():
+    """A transformers-style block: a weight that FSDP2 shards, and the rotary module beside it."""
+    model = torch.nn.Module()
+    model.proj = torch.nn.Linear(32, 32, bias=False)
+    model.rope = ropekit.RotaryEmbedding(32, scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                                      "high_freq_factor": 4.0, "original_max_position_embeddings": 16},
+                                         base=500000.0, max_positions=64)
+    return model
+
+
+@pytest.fixture
+def one_rank_group():
+    import socket
+
+    import torch.distributed as dist
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    backend = "cpu:gloo,cuda:nccl" if DEVICE == "cuda" else "gloo"
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("how", ["built-under-meta", "moved-to-meta"])
+def test_rotary_embedding_survives_deferred_init_bit_for_bit(how):
+    # transformers' and torchtitan's deferred init: build on meta, then to_empty() onto the real device. The table
+    # is no buffer (it holds no state of its own): it is built from the frequencies when the module leaves meta.
+    if how == "built-under-meta":
+        with torch.device("meta"):
+            model = _tiny_model()
+    else:
+        model = _tiny_model().to("meta")
+    assert model.rope.table.cos.is_meta
+    model.to_empty(device=DEVICE)
+    want = _tiny_model().to(DEVICE)
+    assert torch.equal(model.rope.table.cos, want.rope.table.cos)
+    assert torch.equal(model.rope.table.sin, want.rope.table.sin)
+    q = make("bshd", 1, 5, 2, 32, torch.float32)
+    assert torch.equal(model.rope(q, positions=40)[0], want.rope(q, positions=40)[0])
+
+
+def test_rotary_embedding_survives_fsdp2_deferred_init(one_rank_group):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    with torch.device("meta"):
+        model = _tiny_model()
+    fully_shard(model, mesh=init_device_mesh(DEVICE, (1,)))
+    model.to_empty(device=DEVICE)
+    model.proj.reset_parameters()
+    want = _tiny_model().to(DEVICE)
+    q = make("bshd", 2, 6, 2, 32, torch.float32)
+    ids = torch.arange(6, device=DEVICE)[None] + 30
+    assert torch.equal(model.rope(q, positions=ids)[0], want.rope(q, positions=ids)[0])
+    assert len(model.rope.table) == len(want.rope.table)

@@ -46,6 +46,18 @@ def test_context_parallel_packed_batch_matches_the_full_sequences(cp_size):
         torch.testing.assert_close(got_k, shard(full_k), rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("cu_seqlens,error", [
+    ([0, 8, 5, 12], ValueError),          # decreasing: a length of -3
+    ([0, 8, 4, 12], ValueError),          # a length of -4, divisible by 2 * cp_size, is no sequence either
+    ([0, 8, 14], ValueError),             # 6 tokens do not split into 2 * cp_size = 4 chunks
+    ([0.0, 8.0], TypeError),
+], ids=["decreasing", "negative-length-divisible", "length-not-divisible", "float"])
+def test_context_parallel_varlen_positions_refuses_cu_seqlens_by_name(cu_seqlens, error):
+    cu = torch.tensor(cu_seqlens, device=DEVICE)
+    with pytest.raises(error, match="cu_seqlens"):
+        ropekit.context_parallel_varlen_positions(cu, 2, 0)
+
+
 def test_each_form_of_positions_becomes_one_spec():
     from ropekit.positions import POSITION_IDS, SCALAR_OFFSET, SEQ_OFFSETS, resolve_positions
 

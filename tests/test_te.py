@@ -117,6 +117,31 @@ def test_errors_name_the_argument(change, error, words):
         apply_rotary_pos_emb(**call)
 
 
+@pytest.mark.parametrize("fmt, start_positions, cu_seqlens, cp_size, words", [
+    ("bshd", [0, -3], None, 1, "start_positions must be >= 0"),
+    ("thd", [2, -1], [0, 4, 8], 1, "start_positions must be >= 0"),
+    ("thd", None, [0, 6, 4, 8], 1, "cu_seqlens must start at 0 and never decrease"),
+    ("thd", None, [2, 4, 8], 1, "cu_seqlens must start at 0"),
+    ("thd", None, [0, 4, 12], 1, "cu_seqlens must end at"),      # 12 tokens, t holds 8
+    ("thd", None, [0, 4, 6], 1, "cu_seqlens must end at"),       # 6 tokens, t holds 8
+    ("thd", None, [0, 8, 14, 16], 2, "divisible by 2 \\* cp_size"),  # 6 tokens on 2 ranks: no 4 equal chunks
+    ("thd", None, [0.0, 8.0], 1, "cu_seqlens must be"),
+], ids=["negative-start", "negative-start-thd", "decreasing", "not-from-0", "past-the-tokens", "short-of-the-tokens",
+        "not-divisible", "float"])
+def test_start_positions_and_cu_seqlens_values_are_refused_outside_check_mode(fmt, start_positions, cu_seqlens,
+                                                                              cp_size, words, monkeypatch):
+    """TE reads both on the host; so does ropekit, and refuses what would rotate by a NaN row or past the tokens."""
+    monkeypatch.delenv("ROPEKIT_CHECK", raising=False)
+    freqs = te_freqs(16, 32).to(DEVICE)
+    t = torch.randn(*((8,) if fmt == "thd" else (2, 4)), 2, 16, device=DEVICE)
+    starts = None if start_positions is None else torch.tensor(start_positions, device=DEVICE)
+    cu = None if cu_seqlens is None else torch.tensor(cu_seqlens, device=DEVICE)
+    before = t.clone()
+    with pytest.raises(ValueError, match=words):
+        apply_rotary_pos_emb(t, freqs, fmt, starts, cu_seqlens=cu, cp_size=cp_size)
+    assert torch.equal(t, before)
+
+
 def test_cu_seqlens_is_ignored_outside_thd_as_te_does():
     """TE's attention passes cu_seqlens whatever the format; bshd and sbhd do not read it."""
     freqs = te_freqs(16, 32).to(DEVICE)

@@ -15,6 +15,7 @@ import torch
 
 from ..outputs import new_output
 from ..triton.fused import CACHE_PAGED
+from ..validate import in_callers_names
 from . import validate
 from .kv_cache import run_cache_op
 
@@ -50,53 +51,63 @@ def mla_rope_and_cache(q_pe: torch.Tensor, k_pe: torch.Tensor, kv_c: torch.Tenso
             positions: int ``(tokens,)`` (a longer one is read for the first tokens). A ``torch.uint8`` kv_cache is
             read as e4m3 bytes; with a cache in q_pe's dtype ``kv_cache_scale`` is accepted and unread.
         cos, sin / cos_sin_cache / table: half-width tables ``(max_positions, rope_dim/2)``, or the engines'
-            ``(max_positions, rope_dim)`` buffer with cos in the first half of the columns and sin in the second.
+            ``(max_positions, rope_dim)`` buffer with cos in the first half of the columns and sin in the second
+            (exactly rope_dim wide: q_pe's last dimension).
         interleaved: GPT-J pairing (DeepSeek's default); False pairs NeoX halves.
     """
-    if cos_sin_cache is not None:
-        if cos is not None or sin is not None or table is not None:
-            raise ValueError("pass one of cos/sin, cos_sin_cache and table")
-        if not isinstance(cos_sin_cache, torch.Tensor) or cos_sin_cache.ndim != 2 or cos_sin_cache.shape[1] % 2:
-            raise ValueError("cos_sin_cache must be a (max_position, rope_dim) tensor with an even rope_dim, got "
-                             f"{getattr(cos_sin_cache, 'shape', type(cos_sin_cache).__name__)}")
-        half = cos_sin_cache.shape[1] // 2
-        cos, sin = cos_sin_cache[:, :half], cos_sin_cache[:, half:]
     if not isinstance(q_pe, torch.Tensor) or q_pe.ndim != 3:
         raise ValueError(f"q_pe must be a (tokens, heads, rope_dim) tensor, got "
                          f"{getattr(q_pe, 'shape', type(q_pe).__name__)}")
-    if not isinstance(positions, torch.Tensor) or positions.ndim != 1 or positions.shape[0] < q_pe.shape[0]:
-        raise ValueError(f"positions must be a ({q_pe.shape[0]},) integer tensor (one position per token; a longer "
+    tokens, rope_dim = q_pe.shape[0], q_pe.shape[2]
+    tables = ""
+    if cos_sin_cache is not None:
+        if cos is not None or sin is not None or table is not None:
+            raise ValueError("pass one of cos/sin, cos_sin_cache and table")
+        # one width: a wider buffer would be split at the wrong column, its frequencies those of another rope_dim
+        if not isinstance(cos_sin_cache, torch.Tensor) or cos_sin_cache.ndim != 2 or \
+                cos_sin_cache.shape[1] != rope_dim:
+            raise ValueError(f"cos_sin_cache must be (max_position, rope_dim) with rope_dim {rope_dim} (q_pe's last "
+                             f"dimension), got {getattr(cos_sin_cache, 'shape', type(cos_sin_cache).__name__)}")
+        cos, sin = cos_sin_cache[:, :rope_dim // 2], cos_sin_cache[:, rope_dim // 2:]
+        tables = ", cos/sin are the two halves of cos_sin_cache"
+    elif table is not None:
+        tables = ", cos/sin are table's"
+    if not isinstance(positions, torch.Tensor) or positions.ndim != 1 or positions.shape[0] < tokens:
+        raise ValueError(f"positions must be a ({tokens},) integer tensor (one position per token; a longer "
                          "one is read for the first tokens), got "
                          f"{getattr(positions, 'shape', type(positions).__name__)}")
-    tokens, rope_dim = q_pe.shape[0], q_pe.shape[2]
     positions = positions[:tokens]  # an engine's CUDA-graph batch may pad positions past the tokens
     kv_cache = validate.fp8_bytes(kv_cache)
     q = q_pe[None]
     k = _tokens_view("k_pe", k_pe, tokens, rope_dim)
     v = _tokens_view("kv_c", kv_c, tokens)
-    if v.dtype != q.dtype or v.device != q.device:
-        raise TypeError(f"kv_c must have q_pe's dtype and device ({q.dtype} on {q.device}), got {v.dtype} on "
-                        f"{v.device}")
-    cos, sin, spec, rotary_dim = validate.rotary_arguments(q, k, cos, sin, table, positions[None], "bshd", rope_dim,
-                                                           None, None, False, interleaved)
-    latent = v.shape[-1]
-    if not isinstance(kv_cache, torch.Tensor) or kv_cache.ndim != 3:
-        raise ValueError(f"kv_cache must be (num_blocks, block_size, {latent + rope_dim}), got "
-                         f"{getattr(kv_cache, 'shape', type(kv_cache).__name__)}")
-    if kv_cache.shape[2] != latent + rope_dim:
-        raise ValueError(f"kv_cache's last dimension must be kv_lora_rank + rope_dim = {latent + rope_dim}, got "
-                         f"shape {tuple(kv_cache.shape)}")
-    v_cache, k_cache = kv_cache[..., None, :latent], kv_cache[..., None, latent:]
-    validate.check_cache("kv_cache", k_cache, leading=None, n_heads=1, head_dim=rope_dim, dtype=q.dtype,
-                         device=q.device)
-    fp8 = kv_cache.dtype == validate.FP8_DTYPE
-    validate.check_scale("kv_cache_scale", kv_cache_scale, fp8, q.device)
-    slot_mapping = validate.check_slot_mapping(slot_mapping, tokens, kv_cache.shape[0] * kv_cache.shape[1], q.device)
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
-        raise ValueError("mla_rope_and_cache has no autograd (a cache write is inference): call it under "
-                         "torch.no_grad() or with tensors that do not require grad")
-    if inplace:
-        validate.check_inplace_targets(q, k)
+    # the rotation's checks name its own arguments; the message adds which of this call's they are
+    with in_callers_names("mla_rope_and_cache", "q is q_pe, k is k_pe, v is kv_c, rotary_dim and head_dim are "
+                          f"rope_dim (q_pe's last dimension, {rope_dim}){tables}"):
+        if v.dtype != q.dtype or v.device != q.device:
+            raise TypeError(f"kv_c must have q_pe's dtype and device ({q.dtype} on {q.device}), got {v.dtype} on "
+                            f"{v.device}")
+        cos, sin, spec, rotary_dim = validate.rotary_arguments(q, k, cos, sin, table, positions[None], "bshd",
+                                                               rope_dim, None, None, False, interleaved)
+        latent = v.shape[-1]
+        if not isinstance(kv_cache, torch.Tensor) or kv_cache.ndim != 3:
+            raise ValueError(f"kv_cache must be (num_blocks, block_size, {latent + rope_dim}), got "
+                             f"{getattr(kv_cache, 'shape', type(kv_cache).__name__)}")
+        if kv_cache.shape[2] != latent + rope_dim:
+            raise ValueError(f"kv_cache's last dimension must be kv_lora_rank + rope_dim = {latent + rope_dim}, got "
+                             f"shape {tuple(kv_cache.shape)}")
+        v_cache, k_cache = kv_cache[..., None, :latent], kv_cache[..., None, latent:]
+        validate.check_cache("kv_cache", k_cache, leading=None, n_heads=1, head_dim=rope_dim, dtype=q.dtype,
+                             device=q.device)
+        fp8 = kv_cache.dtype == validate.FP8_DTYPE
+        validate.check_scale("kv_cache_scale", kv_cache_scale, fp8, q.device)
+        slot_mapping = validate.check_slot_mapping(slot_mapping, tokens, kv_cache.shape[0] * kv_cache.shape[1],
+                                                   q.device)
+        if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+            raise ValueError("mla_rope_and_cache has no autograd (a cache write is inference): call it under "
+                             "torch.no_grad() or with tensors that do not require grad")
+        if inplace:
+            validate.check_inplace_targets(q, k)
     validate.check_not_overlapping({"kv_cache": kv_cache, "q_pe": q if inplace else None,
                                     "k_pe": k if inplace else None}, {"q_pe": q, "k_pe": k, "kv_c": v})
     out_q, out_k = (q, k) if inplace else (new_output(q), new_output(k))

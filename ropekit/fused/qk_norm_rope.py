@@ -147,7 +147,8 @@ def qk_norm_rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, cos: Optiona
         q, k, cos, sin, table, positions, layout, interleaved, rotary_dim, inplace, cu_seqlens, max_seqlen,
             per_token: as :func:`ropekit.apply_rope` (q/k may be strided slices of a packed qkv projection).
         q_weight, k_weight: the norms' ``(head_dim,)`` weights (k_weight exactly when k is given).
-        eps: added to the mean square (> 0).
+        eps: added to the mean square, in float32: a normal float32 number (>= 1.1754944e-38), a Python or numpy
+            scalar.
         weight_offset: the weight's offset: 0.0 (``x_hat * w``, Qwen3) or 1.0 (Gemma's ``x_hat * (1 + w)``).
 
     Autograd (out of place): gradients for q, k, q_weight and k_weight from one fused backward launch.

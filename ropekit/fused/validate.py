@@ -9,6 +9,7 @@ error names its argument.
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 
@@ -42,13 +43,20 @@ def _on(t: torch.Tensor, device) -> bool:
 
 
 def _number(name: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    # numbers.Real: Python's int and float and numpy's scalars (np.float32(1e-6)); a bool is not a number here
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
         raise TypeError(f"{name} must be a finite host float, got {value!r}")
     return float(value)
 
 
+# eps reaches the kernel as a float32 scalar (also for float64 inputs): below the smallest normal float32 it is 0
+# or a subnormal a GPU may flush to 0 (a zero head would come out NaN), above float32's largest it is infinite
+_EPS_RANGE = (torch.finfo(torch.float32).tiny, torch.finfo(torch.float32).max)
+
+
 def check_norm(q, k, q_weight, k_weight, eps, weight_offset) -> tuple[float, float]:
-    """The RMSNorm's weights ``(head_dim,)`` (k_weight exactly when k is given), ``eps > 0`` and the weight offset."""
+    """The RMSNorm's weights ``(head_dim,)`` (k_weight exactly when k is given), ``eps`` (a normal float32) and the
+    weight offset."""
     head_dim = q.shape[-1]
     for name, w, x in (("q_weight", q_weight, q), ("k_weight", k_weight, k)):
         if x is None:
@@ -64,8 +72,9 @@ def check_norm(q, k, q_weight, k_weight, eps, weight_offset) -> tuple[float, flo
         if w.device != q.device:
             raise ValueError(f"{name} is on {w.device} but q is on {q.device}")
     eps = _number("eps", eps)
-    if eps <= 0:
-        raise ValueError(f"eps must be > 0, got {eps}")
+    if not _EPS_RANGE[0] <= eps <= _EPS_RANGE[1]:
+        raise ValueError(f"eps must be > 0 and a normal float32 number, in [{_EPS_RANGE[0]:.8g}, {_EPS_RANGE[1]:.8g}] "
+                         f"(the norm adds it in float32, where a smaller one is 0), got {eps!r}")
     return eps, _number("weight_offset", weight_offset)
 
 
