@@ -78,6 +78,23 @@ def test_build_makes_an_sdist_and_a_wheel_that_twine_accepts(dist_dir):
     assert check.returncode == 0, check.stdout + check.stderr
 
 
+def test_the_license_and_the_metadata_ship_in_both_distributions(dist_dir):
+    import tarfile
+    import zipfile
+
+    wheel = zipfile.ZipFile(next(dist_dir.glob("*.whl")))
+    info = f"ropekit-{ropekit.__version__}.dist-info"
+    assert wheel.read(f"{info}/licenses/LICENSE") == (ROOT / "LICENSE").read_bytes()
+    metadata = wheel.read(f"{info}/METADATA").decode()
+    for field in ("License-Expression: Apache-2.0", "License-File: LICENSE", "Author: ropekit developers",
+                  "Classifier: Programming Language :: Python :: 3", "Project-URL: Source, "):
+        assert field in metadata, field
+    with tarfile.open(next(dist_dir.glob("*.tar.gz"))) as sdist:
+        names = {name.split("/", 1)[1] for name in sdist.getnames() if "/" in name}
+    # the sdist's tests import their helpers: without them they fail at collection
+    assert {"LICENSE", "CHANGELOG.md", "tests/conftest.py", "tests/rope_cases.py"} <= names
+
+
 def test_the_installed_wheel_runs_its_check_outside_the_source_tree(dist_dir, tmp_path):
     """The wheel, not the checkout, in a fresh venv (reusing the installed torch and triton): everything loaded at
     run time ships in it (the CUDA sources, the course's templates, solutions and wrong variants)."""

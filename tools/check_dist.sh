@@ -33,7 +33,7 @@ done
 echo "== the wheel, installed in a fresh venv, run from outside the tree"
 "$python" -m venv --system-site-packages "$work/wheel-venv"
 py="$work/wheel-venv/bin/python"
-"$py" -m pip install -q --no-index "$wheel"
+"$py" -m pip install -q "$wheel"  # its dependencies resolve as for a user (torch and triton: already there)
 run="$work/run"; mkdir -p "$run"; cd "$run"
 "$py" -c "import ropekit, sys; assert ropekit.__file__.startswith('$work/wheel-venv'), ropekit.__file__"
 "$py" -m ropekit --version
