@@ -205,3 +205,17 @@ def test_importing_ropekit_from_a_program_with_help_in_its_arguments_imports_eve
     code = "import sys; sys.argv = ['prog.py', '--help']; import ropekit; print(callable(ropekit.apply_rope))"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert result.stdout.strip() == "True", result.stderr[-2000:]
+
+
+@pytest.mark.skipif(ropekit.device.DEVICE == "cuda", reason="the CPU path: a GPU machine runs the compiled kernels")
+@pytest.mark.xfail(strict=True, reason="needs the native CPU path: today `import ropekit` sets TRITON_INTERPRET=1 "
+                                       "on a CPU, and triton's own import then loads its interpreter, which imports "
+                                       "numpy (the `interpreter` extra)")
+def test_check_runs_on_a_cpu_without_numpy(tmp_path):
+    """`pip install ropekit` brings torch and triton only: on a CPU, `check` runs without numpy (the native path);
+    numpy is the `interpreter` extra, needed only to run the Triton kernels on a CPU."""
+    code = ("import runpy, sys; sys.modules['numpy'] = None; sys.argv = ['ropekit', 'check']; "
+            "runpy.run_module('ropekit', run_name='__main__', alter_sys=True)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
