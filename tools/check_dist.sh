@@ -51,7 +51,7 @@ echo "== the sdist, unpacked and installed in a fresh venv, runs its tests"
 py="$work/sdist-venv/bin/python"
 tar xzf "$sdist" -C "$work"
 src="$(ls -d "$work"/ropekit-*/)"
-"$py" -m pip install -q --no-deps --no-build-isolation "$src"
+"$py" -m pip install -q "$src"  # built as pip builds it for a user (isolated: setuptools>=77)
 cd "$src/tests"  # not the unpacked root: its ropekit/ folder would shadow the installed package
 "$py" -c "import ropekit; assert ropekit.__file__.startswith('$work/sdist-venv'), ropekit.__file__"
 # shellcheck disable=SC2086
