@@ -4,7 +4,7 @@
 #   2. install the wheel in a fresh venv and, from a directory outside the tree, run what the wheel ships:
 #      --version, check, bench --help, stress --help and the course's exercise checker;
 #   3. unpack the sdist, install it in another fresh venv and run its own tests (a subset, see SDIST_TESTS).
-# The venvs reuse this Python's torch and triton (--system-site-packages): nothing is downloaded.
+# The venvs reuse this Python's torch and triton (--system-site-packages); pip may fetch what they lack (setuptools).
 # usage: tools/check_dist.sh [DIST_DIR]   (DIST_DIR: take the sdist and wheel from here instead of building them)
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"
