@@ -5,6 +5,13 @@
     q, k = rope(q, k, positions=cache_lengths)          # (batch, seq, heads, head_dim), any dtype
 """
 
+__version__ = "0.1.0"  # the one place the version is set (pyproject.toml reads it; docs/releasing.md says when it moves)
+
+from .cli import answer_early  # noqa: E402  (standard library only)
+
+answer_early(__version__)  # `python -m ropekit --help` / `--version` answer here and exit, before torch loads
+del answer_early
+
 from . import device  # first: decides CUDA vs the Triton interpreter before any kernel module imports triton
 
 from . import frequencies, positions, reference  # noqa: E402
@@ -28,7 +35,6 @@ from .positions import (  # noqa: E402
     context_parallel_varlen_positions,
 )
 
-__version__ = "0.1.0"
 
 __all__ = [
     "apply_rope",

@@ -1,4 +1,4 @@
-"""``python -m ropekit <command>``: check | info | bench | stress."""
+"""``python -m ropekit <command>``: check | info | bench | stress (the parser: :mod:`ropekit.cli`)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ import importlib
 import platform
 import sys
 import time
+
+from ropekit.cli import SELF_PARSING, build_parser
 
 
 def _check(args) -> int:
@@ -70,25 +72,13 @@ def _stress(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    import ropekit
+
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv and argv[0] in ("bench", "stress"):  # they parse their own options (argparse REMAINDER would not)
+    if argv and argv[0] in SELF_PARSING:
         return (_bench if argv[0] == "bench" else _stress)(argparse.Namespace(rest=argv[1:]))
-    parser = argparse.ArgumentParser(prog="python -m ropekit", description="RoPE kernels: check, inspect, measure.",
-                                     epilog="example: python -m ropekit check   (python -m ropekit bench --help / "
-                                            "stress --help list their options)")
-    commands = parser.add_subparsers(dest="command", metavar="command", required=True)
-    commands.add_parser("check", help="check every available kernel against the float64 reference (table)",
-                        epilog="example: python -m ropekit check   (on a CPU it uses the Triton interpreter)")
-    commands.add_parser("info", help="versions, device, and which backends work here (and why not)",
-                        epilog="example: python -m ropekit info")
-    bench_parser = commands.add_parser("bench", help="benchmark all implementations on the GPU (JSON + PNG)",
-                                       add_help=False)
-    bench_parser.add_argument("rest", nargs=argparse.REMAINDER)
-    stress_parser = commands.add_parser("stress", help="GPU reliability run: property tests, large tensors, "
-                                        "determinism", add_help=False)
-    stress_parser.add_argument("rest", nargs=argparse.REMAINDER)
-    args = parser.parse_args(argv)
-    return {"check": _check, "info": _info, "bench": _bench, "stress": _stress}[args.command](args)
+    args = build_parser(ropekit.__version__).parse_args(argv)
+    return {"check": _check, "info": _info}[args.command](args)
 
 
 if __name__ == "__main__":

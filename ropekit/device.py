@@ -63,9 +63,40 @@ def _interpreter_rounds_bf16() -> None:
     builder.cast_impl = cast_impl
 
 
+def _interpreter_indexes_scalars() -> None:
+    """Let a kernel use a scalar argument as a Python index under the interpreter, e.g. ``range(0, n_heads, BLOCK_H)``.
+
+    The interpreter holds a scalar as a one-element 1-d array. Triton 3.6 turns it into a Python int with
+    ``int(array)``, which NumPy 2.4 refuses for arrays that are not 0-d ("only 0-dimensional arrays can be converted
+    to Python scalars"); later Triton squeezes the array first. The interpreter's per-launch patch of
+    ``tl.tensor`` is wrapped to squeeze as well. Nothing changes where NumPy still converts such arrays.
+    """
+    try:
+        import numpy as np
+        from triton.runtime import interpreter
+    except ImportError:
+        return
+    patch_tensor = getattr(interpreter, "_patch_lang_tensor", None)
+    if patch_tensor is None or getattr(patch_tensor, "indexes_scalars", False):
+        return
+    try:
+        int(np.zeros(1, dtype=np.int32))
+        return
+    except TypeError:
+        pass
+
+    def patch_lang_tensor(tensor, scope, *args, **kwargs):
+        patch_tensor(tensor, scope, *args, **kwargs)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.squeeze()))
+
+    patch_lang_tensor.indexes_scalars = True
+    interpreter._patch_lang_tensor = patch_lang_tensor
+
+
 DEVICE, INTERPRET = _decide()
 if INTERPRET:
     _interpreter_rounds_bf16()
+    _interpreter_indexes_scalars()
 
 # The Triton interpreter runs a launch by swapping process-wide state (triton.language's functions are patched for
 # the duration of the launch), so two threads interpreting at once break each other. Launches under the

@@ -24,10 +24,16 @@ class Progress:
                 self.bar = tqdm(total=total, desc=desc, file=self.stream, dynamic_ncols=True, leave=False)
 
     def step(self, detail: str = "", n: int = 1) -> None:
-        if self.bar is not None:
+        """``n`` steps done; ``detail`` (if given) is shown beside the bar from now on: pass what runs next, or the
+        numbers of what just finished. ``step(detail, n=0)`` only changes the label."""
+        if self.bar is None:
+            return
+        if detail and detail != self.bar.postfix:
+            self.bar.set_postfix_str(detail, refresh=False)
             self.bar.update(n)
-            if detail:
-                self.bar.set_postfix_str(detail, refresh=False)
+            self.bar.refresh()  # update() redraws only every so often: the new label shows at once
+        else:
+            self.bar.update(n)
 
     def stage(self, line: str) -> None:
         if not self.enabled:

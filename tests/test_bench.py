@@ -394,6 +394,17 @@ def test_json_plots_and_markdown_from_one_document(fake_run, tmp_path):
     assert "![forward GB/s per case](benchmarks_forward.png)" in page
 
 
+def test_render_writes_every_file_to_out_and_none_next_to_the_json(fake_run, tmp_path):
+    """Rendering the published JSON into a scratch directory leaves the committed figures beside it alone."""
+    published, out = tmp_path / "published", tmp_path / "out"
+    json_path = write_json(fake_run[0], published / "benchmarks.json")
+    assert bench.main(["--render", str(json_path), "--out", str(out)]) == 0
+    assert sorted(p.name for p in published.iterdir()) == ["benchmarks.json"]
+    assert sorted(p.name for p in out.iterdir()) == ["benchmarks.md", "benchmarks_backward.png",
+                                                     "benchmarks_forward.png", "benchmarks_small.png",
+                                                     "benchmarks_sweep.png"]
+
+
 def test_markdown_keeps_the_prose_and_is_idempotent(fake_run, tmp_path):
     doc = fake_run[0]
     json_path = write_json(doc, tmp_path / "data" / "benchmarks.json")

@@ -62,3 +62,8 @@ def test_with_times_rewrites_only_the_time_column():
     row = f"| [x](notebooks/{name}) | learn \\| more | 1 min |"
     text = "intro\n" + row + "\n| not | a row |"
     assert rt.with_times(text, times) == f"intro\n| [x](notebooks/{name}) | learn \\| more | {t.column()} |\n| not | a row |"
+
+
+def test_without_a_clone_the_error_says_where_the_notebooks_live(tmp_path):
+    with pytest.raises(FileNotFoundError, match="notebooks/ of a clone"):
+        rt.course_times(tmp_path / "notebooks")

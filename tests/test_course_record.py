@@ -23,3 +23,9 @@ def test_a_prefix_of_a_number_is_not_a_match():
 def test_an_unknown_section_is_named():
     with pytest.raises(KeyError, match="anchor"):
         record.section("no-such-section")
+
+
+def test_without_a_clone_the_error_says_where_the_record_lives(tmp_path):
+    """An installed wheel ships no docs/: the error names the file and says that a clone has it."""
+    with pytest.raises(FileNotFoundError, match="docs/tuning.md of a clone"):
+        record.section("eviction-hints", tmp_path / "docs" / "tuning.md")

@@ -36,11 +36,14 @@ REFUTED = {
 }
 
 
-def _cases(check: str):
+def _cases(check: str) -> list:
+    """One param per notebook, as a list: pytest 10 no longer takes a generator as parametrize's argvalues."""
+    cases = []
     for path, stem in zip(NOTEBOOKS, IDS):
         reason = REFUTED.get((stem, check))
         marks = [pytest.mark.xfail(reason=reason, strict=True)] if reason else []
-        yield pytest.param(path, marks=marks, id=stem)
+        cases.append(pytest.param(path, marks=marks, id=stem))
+    return cases
 
 
 def _outputs(cell) -> str:

@@ -1,6 +1,9 @@
 """environment.yml and pyproject.toml list the same dependencies; the version comes from one place."""
 
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -75,6 +78,23 @@ def test_build_makes_an_sdist_and_a_wheel_that_twine_accepts(dist_dir):
     assert check.returncode == 0, check.stdout + check.stderr
 
 
+def test_the_license_and_the_metadata_ship_in_both_distributions(dist_dir):
+    import tarfile
+    import zipfile
+
+    wheel = zipfile.ZipFile(next(dist_dir.glob("*.whl")))
+    info = f"ropekit-{ropekit.__version__}.dist-info"
+    assert wheel.read(f"{info}/licenses/LICENSE") == (ROOT / "LICENSE").read_bytes()
+    metadata = wheel.read(f"{info}/METADATA").decode()
+    for field in ("License-Expression: Apache-2.0", "License-File: LICENSE", "Author: ropekit developers",
+                  "Classifier: Programming Language :: Python :: 3", "Project-URL: Source, "):
+        assert field in metadata, field
+    with tarfile.open(next(dist_dir.glob("*.tar.gz"))) as sdist:
+        names = {name.split("/", 1)[1] for name in sdist.getnames() if "/" in name}
+    # the sdist's tests import their helpers: without them they fail at collection
+    assert {"LICENSE", "CHANGELOG.md", "tests/conftest.py", "tests/rope_cases.py"} <= names
+
+
 def test_the_installed_wheel_runs_its_check_outside_the_source_tree(dist_dir, tmp_path):
     """The wheel, not the checkout, in a fresh venv (reusing the installed torch and triton): everything loaded at
     run time ships in it (the CUDA sources, the course's templates, solutions and wrong variants)."""
@@ -144,3 +164,58 @@ def test_progress_in_a_log_is_one_line_per_stage(capsys):
         progress.stage(f"[demo] {stage}: done")
     progress.close()
     assert log.getvalue().splitlines() == ["[demo] a: done", "[demo] b: done"]
+
+
+def _imported_modules(*python_args: str) -> tuple[subprocess.CompletedProcess, set[str]]:
+    """Run ``python -X importtime <args>`` from outside the tree; return the result and every module it imported."""
+    result = subprocess.run([sys.executable, "-X", "importtime", *python_args], capture_output=True, text=True,
+                            cwd=ROOT / "docs", env={**os.environ, "PYTHONPATH": str(ROOT)})
+    lines = [line for line in result.stderr.splitlines() if line.startswith("import time:")]
+    return result, {line.rsplit("|", 1)[1].strip() for line in lines[1:]}
+
+
+@pytest.mark.parametrize("flag, expected", [("--help", "usage: python -m ropekit"),
+                                            ("--version", f"ropekit {ropekit.__version__}")],
+                         ids=["help", "version"])
+def test_help_and_version_answer_before_torch_loads(flag, expected):
+    result, modules = _imported_modules("-m", "ropekit", flag)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.startswith(expected), result.stdout
+    assert "ropekit.cli" in modules, "the import log was read"
+    assert not {"torch", "triton", "numpy"} & modules
+
+
+def test_the_ropekit_script_answers_help_before_torch_loads():
+    """The console script imports ``ropekit.__main__`` (so the package) the same way; its --help is as fast."""
+    code = ("import sys; sys.argv = ['/venv/bin/ropekit', '--help']\n"
+            "try:\n    from ropekit.__main__ import main\nexcept SystemExit as exit:\n"
+            "    print('exit', exit.code, 'torch' in sys.modules)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert result.stdout.splitlines()[-1] == "exit 0 False", result.stdout[-2000:] + result.stderr[-2000:]
+
+
+def test_a_command_still_runs_after_the_early_parse():
+    """The early parse lets a real command through to the full import (``info`` needs torch)."""
+    result, modules = _imported_modules("-m", "ropekit", "info")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "torch" in modules and result.stdout.startswith(f"ropekit   {ropekit.__version__}"), result.stdout
+
+
+def test_importing_ropekit_from_a_program_with_help_in_its_arguments_imports_everything():
+    code = "import sys; sys.argv = ['prog.py', '--help']; import ropekit; print(callable(ropekit.apply_rope))"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert result.stdout.strip() == "True", result.stderr[-2000:]
+
+
+@pytest.mark.skipif(ropekit.device.DEVICE == "cuda", reason="the CPU path: a GPU machine runs the compiled kernels")
+@pytest.mark.xfail(strict=True, reason="needs the native CPU path: today `import ropekit` sets TRITON_INTERPRET=1 "
+                                       "on a CPU, and triton's own import then loads its interpreter, which imports "
+                                       "numpy (the `interpreter` extra)")
+def test_check_runs_on_a_cpu_without_numpy(tmp_path):
+    """`pip install ropekit` brings torch and triton only: on a CPU, `check` runs without numpy (the native path);
+    numpy is the `interpreter` extra, needed only to run the Triton kernels on a CPU."""
+    code = ("import runpy, sys; sys.modules['numpy'] = None; sys.argv = ['ropekit', 'check']; "
+            "runpy.run_module('ropekit', run_name='__main__', alter_sys=True)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]

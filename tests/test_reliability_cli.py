@@ -1,7 +1,9 @@
 """ropekit.reliability.cli: ``python -m ropekit stress`` writes its JSON and renders it into the Markdown page."""
 
+import io
 import json
 
+import pytest
 import torch
 
 from ropekit.device import DEVICE
@@ -43,3 +45,26 @@ def test_a_crashing_section_is_reported_and_the_others_still_run(monkeypatch, ca
         assert "skipped" in large
     assert result["total_failures"] == 1
     assert "CRASHED: RuntimeError: boom" in capsys.readouterr().out
+
+
+class _Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_the_progress_label_names_the_section_that_is_running(monkeypatch):
+    pytest.importorskip("tqdm", reason="the bar is tqdm's (the reliability extra installs it)")
+    terminal, shown = _Terminal(), {}
+
+    def section(name):
+        def run(*args, **kwargs):
+            shown[name] = terminal.getvalue().rsplit("\r", 1)[-1]  # the bar as last drawn
+            return {"checked": 1, "failed": 0}
+        return run
+
+    monkeypatch.setattr(cli.sys, "stdout", terminal)
+    monkeypatch.setattr(cli, "run_safety", section("safety"))
+    monkeypatch.setattr(cli, "run_long_context", section("long_context"))
+    cli.run_all(cli.build_parser().parse_args(["--sections", "safety,long_context"]), argv=[])
+    assert "safety ..." in shown["safety"], shown
+    assert "long_context ..." in shown["long_context"] and "safety" not in shown["long_context"], shown

@@ -1,6 +1,8 @@
 """ropekit.reliability.safety: every invalid input raises its documented error before any write, and NaN/Inf stay
 inside their rotation pair."""
 
+import warnings
+
 import pytest
 import torch
 
@@ -29,3 +31,12 @@ def test_a_call_that_does_not_raise_is_reported():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["fp32", "bf16", "fp16"])
 def test_nan_and_inf_stay_inside_their_rotation_pair(dtype, interleaved, backend):
     assert safety.nan_propagation(backend, dtype=dtype, interleaved=interleaved, device=DEVICE) == []
+
+
+def test_the_nan_and_inf_run_prints_no_warning():
+    """The run feeds NaN and Inf on purpose: NumPy's warnings about them (under the interpreter) stay out of the
+    stress output."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert safety.nan_propagation("triton") == []
+    assert [str(w.message) for w in caught] == []

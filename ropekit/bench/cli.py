@@ -125,7 +125,7 @@ def _render(doc_path: Path, out_dir: Path, template: Path | None, plots: bool = 
 
     doc = load_document(doc_path)
     if plots:
-        for path in write_plots(doc, doc_path.parent):
+        for path in write_plots(doc, out_dir):
             print(f"wrote {path}")
     md_path = out_dir / MD_NAME
     same = template is not None and template.resolve() == md_path.resolve()

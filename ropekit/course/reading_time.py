@@ -120,7 +120,10 @@ def notebook_time(path) -> NotebookTime:
 
 
 def course_times(folder=NOTEBOOKS) -> dict[str, NotebookTime]:
-    """Every notebook of the course, by file name."""
+    """Every notebook of the course, by file name (the notebooks of a clone: an installed wheel ships none)."""
+    if not Path(folder).is_dir():
+        raise FileNotFoundError(f"no notebooks at {folder}: they are notebooks/ of a clone of ropekit's repository "
+                                "(an installed wheel ships the package only)")
     return {path.name: notebook_time(path) for path in sorted(Path(folder).glob("*.ipynb"))}
 
 

@@ -20,6 +20,9 @@ def _anchor(title: str) -> str:
 
 def section(anchor: str, record: Path = RECORD) -> str:
     """The text of the record's ``## `` section whose anchor is ``anchor`` (e.g. ``"eviction-hints"``)."""
+    if not Path(record).is_file():
+        raise FileNotFoundError(f"no tuning record at {record}: it is docs/tuning.md of a clone of ropekit's repository "
+                                "(an installed wheel ships the package only)")
     text = Path(record).read_text(encoding="utf-8")
     parts = re.split(r"^## (.+)$", text, flags=re.M)
     sections = {_anchor(title): body for title, body in zip(parts[1::2], parts[2::2])}

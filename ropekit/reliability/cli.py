@@ -126,7 +126,7 @@ def run_all(args: argparse.Namespace, argv: list) -> dict:
                        "traceback": traceback.format_exc()[-2000:]}
         section.setdefault("seconds", round(time.perf_counter() - t0, 1))
         result["sections"][name] = section
-        progress.step(name)
+        progress.step()  # the label stays on this section until the next one starts
         progress.stage(f"[stress] {name}: {section_line(section)}")
     progress.close()
     result["total_failures"] = sum(s.get("failed", 0) for s in result["sections"].values())
