@@ -17,6 +17,7 @@ include_patterns = ["site/*.md", "site/*.rst", "README.md", "docs/*.md", "notebo
 exclude_patterns = ["_site", "**/.ipynb_checkpoints"]
 templates_path = ["_templates"]
 html_static_path = ["_static"]
+html_css_files = ["site.css"]
 html_extra_path = ["_extra"]  # index.html at the site's root: a redirect to site/index.html
 
 # --- notebooks: stored outputs only; markdown outputs (tables, links to docs/) parsed as MyST like the cells -------
@@ -29,6 +30,7 @@ myst_enable_extensions = ["dollarmath", "amsmath"]
 autodoc_default_options = {"members": True, "member-order": "bysource"}
 autodoc_typehints = "description"
 autodoc_preserve_defaults = True
+autodoc_inherit_docstrings = False  # torch.nn.Module's own docstrings are not ropekit's API
 napoleon_google_docstring = True
 napoleon_numpy_docstring = False
 
