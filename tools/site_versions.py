@@ -1,6 +1,6 @@
 """The published website: one folder per version under one root, as GitHub Pages serves it.
 
-    _pages/dev/            main (this checkout), the version switcher's "dev"
+    _pages/dev/            main's head, the version switcher's "dev"
     _pages/v0.2.0/         each release tag vX.Y.Z, built from that tag's own tree
     _pages/switcher.json   the list the theme's version switcher reads (site/conf.py points at "../switcher.json",
                            i.e. one folder above the version's own root)
@@ -66,13 +66,16 @@ def main(argv=None):
     args = parser.parse_args(argv)
     tags = subprocess.run(["git", "tag", "--list"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
     releases = release_tags(tags.split())
+    # a tag's push checks out the tag, so dev is built from main's head, not from this checkout
+    has_main = subprocess.run(["git", "rev-parse", "--verify", "--quiet", "origin/main"], cwd=ROOT,
+                              capture_output=True).returncode == 0
     args.out.mkdir(parents=True, exist_ok=True)
-    build(ROOT, args.out.resolve() / "dev", "dev")
-    for tag in releases:
+    for ref, folder, version in [("origin/main" if has_main else "HEAD", "dev", "dev"),
+                                 *[(tag, tag, tag[1:]) for tag in releases]]:
         with tempfile.TemporaryDirectory() as tree:
-            subprocess.run(["git", "worktree", "add", "--detach", tree, tag], cwd=ROOT, check=True)
+            subprocess.run(["git", "worktree", "add", "--detach", tree, ref], cwd=ROOT, check=True)
             try:
-                build(Path(tree), args.out.resolve() / tag, tag[1:])
+                build(Path(tree), args.out.resolve() / folder, version)
             finally:
                 subprocess.run(["git", "worktree", "remove", "--force", tree], cwd=ROOT, check=True)
     (args.out / "switcher.json").write_text(json.dumps(switcher(releases, args.base_url), indent=2) + "\n")
