@@ -30,6 +30,20 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 LAPTOP = {"width": 1366, "height": 768}
 SHOTS = {"index": "site/index.html", "notebook_05": "notebooks/05_triton_v4.html",
          "notebook_09": "notebooks/09_fusion.html", "api": "site/api.html"}
+# What the browser reads on a page: its formulas (Sphinx's .math elements, those MathJax typeset, its errors, and TeX
+# delimiters left in the text outside code), its width and code blocks past the viewport's edge, the sidebar's top.
+MATH_STATE = r"""() => {
+    const text = document.body.cloneNode(true);
+    text.querySelectorAll('pre, code, script, style, mjx-container, textarea').forEach(e => e.remove());
+    return {math: document.querySelectorAll('.math').length,
+            typeset: document.querySelectorAll('.math mjx-container').length,
+            errors: document.querySelectorAll('mjx-merror, [data-mjx-error]').length,
+            raw: (text.innerText.match(/\$\$|\\\(|\\\[|\\begin\{/g) || []).length};
+}"""
+WIDTHS = r"""() => [document.documentElement.scrollWidth,
+    [...document.querySelectorAll('pre')].filter(p => p.getBoundingClientRect().right > innerWidth).length]"""
+SIDEBAR_TOP = r"""() => { const nav = document.querySelector('.bd-sidebar-primary');
+                          return nav ? nav.getBoundingClientRect().top : null; }"""
 # the public submodules the API reference documents, beside the names ropekit exports
 SUBMODULES = ["frequencies", "positions", "hf", "engines", "te", "fused", "distributed", "reference", "testing",
               "device", "triton", "cuda"]
@@ -148,14 +162,7 @@ def test_headless_chromium_offline_sees_every_page_whole(site, tmp_path):
                     page.evaluate("() => MathJax.startup.promise")
                 except sync_api.TimeoutError:
                     problems.append(f"{name}: MathJax did not load")
-                state = page.evaluate("""() => ({
-                    math: document.querySelectorAll('.math').length,
-                    typeset: document.querySelectorAll('.math mjx-container').length,
-                    errors: document.querySelectorAll('mjx-merror, [data-mjx-error]').length,
-                    raw: (() => { const body = document.body.cloneNode(true);
-                                  body.querySelectorAll('pre, code, script, style, mjx-container, textarea')
-                                      .forEach(e => e.remove());
-                                  return (body.innerText.match(/\\$\\$|\\\\\\(|\\\\\\[|\\\\begin\\{/g) || []).length; })()})""")
+                state = page.evaluate(MATH_STATE)
                 if state["typeset"] < state["math"] or state["errors"] or state["raw"]:
                     problems.append(f"{name}: math {state}")
                 typeset += state["typeset"]
@@ -170,8 +177,7 @@ def test_headless_chromium_offline_sees_every_page_whole(site, tmp_path):
                     problems.append(f"{name}: link to a missing page {href}")
                 elif url.fragment and target.suffix == ".html" and unquote(url.fragment) not in ids.get(target, ()):
                     problems.append(f"{name}: link to a missing anchor {href}")
-            width, code_past_the_edge = page.evaluate("""() => [document.documentElement.scrollWidth,
-                [...document.querySelectorAll('pre')].filter(p => p.getBoundingClientRect().right > innerWidth).length]""")
+            width, code_past_the_edge = page.evaluate(WIDTHS)
             if width > LAPTOP["width"] or code_past_the_edge:
                 problems.append(f"{name}: {width} px wide at a {LAPTOP['width']} px viewport, "
                                 f"{code_past_the_edge} code blocks past its edge")
@@ -181,8 +187,7 @@ def test_headless_chromium_offline_sees_every_page_whole(site, tmp_path):
                 assert shot.stat().st_size > 30_000, f"{shot} looks blank"
                 # the navigation stays in view while the page scrolls
                 page.evaluate("() => window.scrollTo(0, 3000)")
-                top = page.evaluate("""() => { const nav = document.querySelector('.bd-sidebar-primary');
-                                                return nav ? nav.getBoundingClientRect().top : null; }""")
+                top = page.evaluate(SIDEBAR_TOP)
                 if top is None or abs(top) > 1:
                     problems.append(f"{name}: the sidebar scrolled away or is missing (top: {top})")
         browser.close()
@@ -205,7 +210,8 @@ def test_the_published_tree_lists_dev_then_releases_newest_first_and_opens_on_th
     assert releases == ["v0.10.0", "v0.9.1", "v0.2.0"]
     entries = site_versions.switcher(releases, "https://example.org/ropekit/")
     assert [e["version"] for e in entries] == ["dev", "0.10.0", "0.9.1", "0.2.0"]
-    assert [e["url"] for e in entries][:2] == ["https://example.org/ropekit/dev/", "https://example.org/ropekit/v0.10.0/"]
+    assert entries[0]["url"] == "https://example.org/ropekit/dev/"
+    assert entries[1]["url"] == "https://example.org/ropekit/v0.10.0/"
     assert [e.get("preferred", False) for e in entries] == [False, True, False, False]
     assert 'url=v0.10.0/site/index.html' in site_versions.redirect(releases)
     assert 'url=dev/site/index.html' in site_versions.redirect([])

@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -78,6 +79,7 @@ def main(argv=None):
                 build(Path(tree), args.out.resolve() / folder, version)
             finally:
                 subprocess.run(["git", "worktree", "remove", "--force", tree], cwd=ROOT, check=True)
+    shutil.rmtree(args.out / "jupyter_execute", ignore_errors=True)  # myst-nb's work folder beside the builds
     (args.out / "switcher.json").write_text(json.dumps(switcher(releases, args.base_url), indent=2) + "\n")
     (args.out / "index.html").write_text(redirect(releases))
     (args.out / ".nojekyll").write_text("")
