@@ -194,6 +194,13 @@ class RotaryEmbedding(torch.nn.Module):
     def forward(self, q: torch.Tensor, k: Optional[torch.Tensor] = None, *, positions=None, layout: str = "bshd",
                 cu_seqlens: Optional[torch.Tensor] = None, max_seqlen: Optional[int] = None, inplace: bool = False,
                 seq_len: Optional[int] = None):
+        """Rotate q (and k) with the module's table. Returns ``(q_out, k_out)`` (``k_out`` is None when k is None).
+
+        Args:
+            q, k, positions, layout, cu_seqlens, max_seqlen, inplace: as :func:`ropekit.apply_rope`.
+            seq_len: the call's max position + 1, a host int: it grows the table and picks the dynamic and longrope
+                frequencies without reading a device tensor (pass it in a decode loop).
+        """
         if isinstance(q, torch.Tensor) and q.is_meta:
             # Shape inference: a meta image of a table long enough for any position; the module's own table (its
             # device, its length, its frequencies) is left as it is.

@@ -144,8 +144,9 @@ def qk_norm_rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, cos: Optiona
     Returns ``(q_out, k_out)`` (``k_out`` None when k is None).
 
     Args:
-        q, k, cos, sin, table, positions, layout, interleaved, rotary_dim, inplace, cu_seqlens, max_seqlen,
-            per_token: as :func:`ropekit.apply_rope` (q/k may be strided slices of a packed qkv projection).
+        q, k: as :func:`ropekit.apply_rope`; they may be strided slices of a packed qkv projection.
+        cos, sin, table, positions, layout, interleaved, rotary_dim, inplace, cu_seqlens, max_seqlen, per_token: as
+            :func:`ropekit.apply_rope`.
         q_weight, k_weight: the norms' ``(head_dim,)`` weights (k_weight exactly when k is given).
         eps: added to the mean square, in float32: a normal float32 number (>= 1.1754944e-38), a Python or numpy
             scalar.
