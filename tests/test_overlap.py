@@ -75,7 +75,7 @@ def _warm(op, call: dict, cached: bool) -> None:
         op(**{n: (_own(t) if isinstance(t, torch.Tensor) else t) for n, t in call.items()})
 
 
-# --- finding 1: a written cache against q and k that are not written -------------------------------------------------
+# --- finding 1: a written cache against q and k that are not written --------------------------------------------------
 
 @pytest.mark.parametrize("cached", [False, True], ids=["first-call", "cached-signature"])
 @pytest.mark.parametrize("case", ["k_cache-over-q-out-of-place", "v_cache-over-k-out-of-place",
@@ -114,7 +114,7 @@ def test_mla_kv_cache_is_compared_with_every_input(partner, inplace):
     _assert_refused(ropekit.mla_rope_and_cache, call, ("kv_cache", partner))
 
 
-# --- findings 2 and 3: read-only inputs of any dtype against the written tensors ----------------------------------
+# --- findings 2 and 3: read-only inputs of any dtype against the written tensors --------------------------------------
 
 READ = [("paged", "cos"), ("paged", "sin"), ("paged", "positions"), ("paged", "slot_mapping"), ("paged", "v"),
         ("contiguous", "cache_offsets"), ("thd", "cu_seqlens"), ("thd", "positions"), ("norm", "q_weight"),
@@ -190,13 +190,13 @@ def test_engines_refuse_overlaps_in_their_own_names(case):
         return
     value = torch.randn(T, HK * D, device=DEVICE)
     k_buffer = _inside(query, torch.zeros(T, HK * D, device=DEVICE))
-    arg = FusedSetKVBufferArg(value=value, k_buffer=k_buffer, v_buffer=torch.zeros(T, HK * D, device=DEVICE),
+    arg = FusedSetKVBufferArg(value=value, k_buffer=k_buffer, v_buffer=torch.zeros_like(value),
                               cache_loc=torch.arange(T, device=DEVICE))
     with pytest.raises(ValueError, match="q and k_cache share memory.*q is query.*k_buffer"):
         ropekit.apply_rope_with_cos_sin_cache_inplace(positions, query, key, D, cos_sin_cache, True, arg)
 
 
-# --- what stays accepted: buffers shared without sharing a byte ---------------------------------------------------------
+# --- what stays accepted: buffers shared without sharing a byte -------------------------------------------------------
 
 def _separate(call: dict) -> dict:
     return {n: (t.clone() if isinstance(t, torch.Tensor) else t) for n, t in call.items()}
@@ -272,7 +272,7 @@ def test_in_place_on_packed_qkv_slices_is_accepted(op):
     assert torch.equal(qkv, want)
 
 
-# --- finding 6: a cache write is inference ---------------------------------------------------------------------------
+# --- finding 6: a cache write is inference ----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("name", ["k_cache", "v_cache"])
 def test_a_cache_that_requires_grad_is_refused_by_name(name):

@@ -92,8 +92,9 @@ def mla_rope_and_cache(q_pe: torch.Tensor, k_pe: torch.Tensor, kv_c: torch.Tenso
     fp8 = kv_cache.dtype == validate.FP8_DTYPE
     validate.check_scale("kv_cache_scale", kv_cache_scale, fp8, q.device)
     slot_mapping = validate.check_slot_mapping(slot_mapping, tokens, kv_cache.shape[0] * kv_cache.shape[1], q.device)
-    names = ("q_pe", "k_pe", "kv_c", "kv_cache", "slot_mapping", "positions", "kv_cache_scale") + (
-        ("cos_sin_cache",) if cos_sin_cache is not None else ("table", "table") if table is not None else ("cos", "sin"))
+    tables = (("cos_sin_cache",) if cos_sin_cache is not None else ("table", "table") if table is not None
+              else ("cos", "sin"))
+    names = ("q_pe", "k_pe", "kv_c", "kv_cache", "slot_mapping", "positions", "kv_cache_scale") + tables
     tensors = (q, k, v, kv_cache, slot_mapping, positions, kv_cache_scale if fp8 else None) + (
         (cos_sin_cache,) if cos_sin_cache is not None else (cos, sin))
     validate.check_no_grad("mla_rope_and_cache", names, tensors)
