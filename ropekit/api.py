@@ -29,7 +29,7 @@ from .layouts import LAYOUTS, TO_BSHD, batch_and_seq_axes
 from .outputs import bump_versions, new_output
 from .positions import SCALAR_OFFSET, PositionSpec
 from .triton.launch import plan_v4, plans, rope_v4
-from .validate import BACKENDS, check_inplace_targets, check_mode, prepare, span
+from .validate import BACKENDS, check_mode, check_overlaps, prepare
 
 __all__ = ["apply_rope", "LAYOUTS", "BACKENDS"]
 
@@ -242,25 +242,17 @@ def _signature(q, k, cos, sin, positions, layout, interleaved, rotary_dim, inpla
 class _EagerPlan:
     """A validated eager call (Triton backend, no autograd): the v4 launch and the positions' valid range."""
 
-    __slots__ = ("launch", "inplace", "max_offset", "k_delta", "near")
+    __slots__ = ("launch", "inplace", "max_offset", "checked")
 
-    def __init__(self, launch, inplace: bool, max_offset: int | None, q=None, k=None):
+    def __init__(self, launch, inplace: bool, max_offset: int | None):
         self.launch = launch  # a V4Launch, or None when there is nothing to compute (empty tensors)
         self.inplace = inplace
         self.max_offset = max_offset  # host-int offsets must lie in [0, max_offset] (None: no int offset)
-        # In place, whether q and k overlap depends on where k lies relative to q, which the signature does not
-        # hold: the plan serves k at the validated distance from q, or far enough that their bytes cannot meet.
-        self.k_delta = self.near = None
-        if inplace and k is not None:
-            self.k_delta = k.data_ptr() - q.data_ptr()
-            self.near = sum(hi - lo + 1 for lo, hi in (span(q), span(k))) * q.element_size()
+        # In place, whether the tensors overlap depends on where they lie, which the signature does not hold: the
+        # addresses already checked for this signature
+        self.checked = set()
 
-    def accepts(self, positions, q, k) -> bool:
-        if self.k_delta is not None:
-            delta = k.data_ptr() - q.data_ptr()
-            if delta != self.k_delta and abs(delta) < self.near and \
-                    q.untyped_storage().data_ptr() == k.untyped_storage().data_ptr():
-                return False
+    def accepts(self, positions) -> bool:
         return type(positions) is not int or (self.max_offset is not None and 0 <= positions <= self.max_offset)
 
     def run(self, q, k, out_q, out_k, cos, sin, positions, cu_seqlens):
@@ -286,7 +278,13 @@ def _make_plan(key, q, k, call: RopeCall, inplace: bool, out_q, out_k) -> _Eager
     if call.spec.mode == SCALAR_OFFSET and not call.per_token:
         n_positions = call.spec.max_seqlen if call.layout == "thd" else q.shape[batch_and_seq_axes(call.layout)[1]]
         max_offset = call.cos.shape[0] - n_positions if n_positions > 0 else 2**62
-    return plans.put(key, _EagerPlan(launch, inplace, max_offset, q, k))
+    return plans.put(key, _EagerPlan(launch, inplace, max_offset))
+
+
+def _check_in_place(q, k, cos, sin, positions, cu_seqlens, table, memo=None) -> None:
+    """In place the call writes q and k: neither may share memory with itself, the other or what the call reads."""
+    check_overlaps(("q", "k") + (("table", "table") if table is not None else ("cos", "sin")) + ("positions",
+                   "cu_seqlens"), (q, k, cos, sin, positions, cu_seqlens), ("q", "k"), memo)
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -335,7 +333,9 @@ def apply_rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, cos: Optional[
         key = _signature(q, k, cos, sin, positions, layout, interleaved, rotary_dim, inplace, cu_seqlens, max_seqlen,
                          per_token, conjugate, eager_rounding)
         plan = plans.get(key) if key is not None else None
-        if plan is not None and plan.accepts(positions, q, k):
+        if plan is not None and plan.accepts(positions):
+            if inplace:
+                _check_in_place(q, k, cos, sin, positions, cu_seqlens, table, plan.checked)
             return plan(q, k, cos, sin, positions, cu_seqlens)
 
     user_cos, user_sin = cos, sin
@@ -345,7 +345,7 @@ def apply_rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, cos: Optional[
     if inplace:
         if torch.is_grad_enabled() and (q.requires_grad or (k is not None and k.requires_grad)):
             raise ValueError("inplace=True does not support autograd; use inplace=False when q or k requires grad")
-        check_inplace_targets(q, k)
+        _check_in_place(q, k, user_cos, user_sin, positions, cu_seqlens, table)
     if q.is_meta:
         # shape inference (validated above): the outputs' shapes, strides and dtypes, no data touched
         return _outputs(q, k, inplace)

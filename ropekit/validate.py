@@ -12,14 +12,12 @@ from __future__ import annotations
 import contextlib
 import operator
 import os
-from typing import Optional
-
 import torch
 
 from .layouts import LAYOUTS, batch_and_seq_axes
 from .positions import SCALAR_OFFSET, SEQ_OFFSETS, PositionSpec, longest_sequence, resolve_positions
 
-__all__ = ["BACKENDS", "prepare", "check_mode", "check_inplace_targets", "span", "as_integer", "pair_copies",
+__all__ = ["BACKENDS", "prepare", "check_mode", "check_overlaps", "OverlapError", "as_integer", "pair_copies",
            "in_callers_names"]
 
 BACKENDS = ("triton", "cuda")
@@ -223,100 +221,99 @@ def _check_row_halves(cos: torch.Tensor, sin: torch.Tensor, interleaved: bool) -
                              f"({'2i and 2i+1' if interleaved else 'i and i + width/2'}); these differ")
 
 
-def span(t: torch.Tensor) -> tuple[int, int]:
-    """[first, last] element offsets a view touches, relative to its storage."""
-    lo = hi = t.storage_offset()
-    for size, stride in zip(t.shape, t.stride()):
-        if size > 1:
-            if stride > 0:
-                hi += (size - 1) * stride
-            else:
-                lo += (size - 1) * stride
-    return lo, hi
+class OverlapError(ValueError, RuntimeError):
+    """A call that writes memory another of its tensors also holds. A ``ValueError`` like every argument error, and a
+    ``RuntimeError`` like PyTorch's own refusal of in-place writes to overlapping memory."""
 
 
-def _has_internal_overlap(t: torch.Tensor) -> bool:
-    """Whether two elements of the view may share memory: its dims, sorted by stride, must each step past
+def _bytes(t: torch.Tensor) -> tuple[int, int, tuple]:
+    """A view's bytes: its first and last address and its dimensions as ``(byte stride, size)``, smallest stride
+    first, with the bytes of one element as a dimension of stride 1 (so views of any dtypes compare)."""
+    size = t.element_size()
+    dims = sorted([(stride * size, n) for n, stride in zip(t.shape, t.stride()) if n > 1]
+                  + ([(1, size)] if size > 1 else []))
+    first = t.data_ptr()
+    return first, first + sum((n - 1) * stride for stride, n in dims), tuple(dims)
+
+
+def _has_internal_overlap(dims: tuple) -> bool:
+    """Whether two elements of a view (its ``_bytes`` dims) share a byte: each dimension, by stride, must step past
     everything the smaller ones span (the sufficient condition PyTorch's own checks use, in exact form)."""
-    if t.numel() == 0:
-        return False
-    dims = sorted((abs(stride), size) for size, stride in zip(t.shape, t.stride()) if size > 1)
     reach = 0  # the largest offset the dims so far span
-    for stride, size in dims:
+    for stride, n in dims:
         if stride <= reach:
             return True
-        reach += (size - 1) * stride
+        reach += (n - 1) * stride
     return False
 
 
-def views_overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether two views share an element. Exact for views with the same strides (slices of one packed qkv
-    projection, k a slice of q's heads): a depth-first search over the index differences, largest stride first."""
-    if a.is_meta or a.numel() == 0 or b.numel() == 0 or \
-            a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr() \
-            or a.element_size() != b.element_size():
+def _bytes_meet(a: tuple, b: tuple) -> bool:
+    """Whether two views (``_bytes``) share a byte. Exact when one's strides are among the other's (slices of one
+    packed qkv projection, k a slice of q's heads, two halves of one cache): a depth-first search over the index
+    differences, largest stride first. Otherwise, as PyTorch does with what it cannot prove apart, intersecting
+    spans count as overlapping."""
+    (a_first, a_last, a_dims), (b_first, b_last, b_dims) = a, b
+    if a_last < b_first or b_last < a_first:
         return False
-    (a_lo, a_hi), (b_lo, b_hi) = span(a), span(b)
-    if a_hi < b_lo or b_hi < a_lo:
-        return False
-    if _has_internal_overlap(a) or _has_internal_overlap(b):
+    a_sizes, b_sizes = dict(a_dims), dict(b_dims)
+    strides = sorted(a_sizes.keys() | b_sizes.keys(), reverse=True)
+    if len(a_sizes) < len(a_dims) or len(b_sizes) < len(b_dims) or not (
+            a_sizes.keys() <= b_sizes.keys() or b_sizes.keys() <= a_sizes.keys()) or \
+            _has_internal_overlap(a_dims) or _has_internal_overlap(b_dims):
         return True
-    if a.stride() != b.stride():
-        return _offsets_meet(a, b)
-    # a's element i and b's element j coincide iff sum (i_d - j_d) * stride_d == b_offset - a_offset
-    dims = sorted(((abs(st), a.shape[d], b.shape[d], st < 0) for d, st in enumerate(a.stride())
-                   if max(a.shape[d], b.shape[d]) > 1), reverse=True)
+    # a's element i and b's element j meet iff sum over strides of (i_s - j_s) * stride == b_first - a_first
+    dims = [(stride, a_sizes.get(stride, 1), b_sizes.get(stride, 1)) for stride in strides]
     reach = [0] * (len(dims) + 1)  # reach[i]: the largest |residual| dims i.. can still cancel
     for i in range(len(dims) - 1, -1, -1):
-        stride, na, nb, _ = dims[i]
+        stride, na, nb = dims[i]
         reach[i] = reach[i + 1] + stride * max(na, nb)
 
     def solve(i: int, residual: int) -> bool:
         if i == len(dims):
             return residual == 0
-        stride, na, nb, negative = dims[i]
-        # coefficient c of |stride|: (i_d - j_d), or its negation for a negative stride
-        low, high = (-(na - 1), nb - 1) if negative else (-(nb - 1), na - 1)
-        low = max(low, -((reach[i + 1] - residual) // stride))  # ceil((residual - reach) / stride)
-        high = min(high, (residual + reach[i + 1]) // stride)
+        stride, na, nb = dims[i]
+        low = max(-(nb - 1), -((reach[i + 1] - residual) // stride))  # ceil((residual - reach) / stride)
+        high = min(na - 1, (residual + reach[i + 1]) // stride)
         return any(solve(i + 1, residual - c * stride) for c in range(low, high + 1))
 
-    return solve(0, b.storage_offset() - a.storage_offset())
+    return solve(0, b_first - a_first)
 
 
-def _element_offsets(t: torch.Tensor) -> torch.Tensor:
-    """Every element's offset into the storage (host arithmetic on the view's metadata; no data is read)."""
-    offsets = torch.full((), t.storage_offset(), dtype=torch.int64)
-    for size, stride in zip(t.shape, t.stride()):
-        offsets = offsets[..., None] + torch.arange(size, dtype=torch.int64) * stride
-    return offsets.flatten()
+_MEMO_MAX = 64
 
 
-_ENUMERATE_MAX = 1 << 22
+def check_overlaps(names: tuple, tensors: tuple, written: tuple, memo: set | None = None) -> None:
+    """The overlap rule of every op, checked before anything is written. ``tensors`` (None and non-tensors are
+    skipped) are the call's, under the caller's ``names``; those named in ``written`` are written, the others read.
+    A written tensor must not overlap itself (two of its elements at one address) nor share a byte with any other
+    tensor of the call, written or read, of any dtype; exact for views with the same strides, so slices of one packed
+    qkv projection pass (see ``_bytes_meet``). Raises :class:`OverlapError` naming both.
 
-
-def _offsets_meet(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Views with different strides whose ranges meet: compare their element offsets, up to a size where that is
-    cheap; beyond it, like PyTorch's own checks when the answer is too hard, assume they do not."""
-    if a.numel() > _ENUMERATE_MAX or b.numel() > _ENUMERATE_MAX:
-        return False
-    return bool(torch.isin(_element_offsets(a), _element_offsets(b)).any())
+    ``memo``: the addresses already checked for one call signature (shapes, strides, dtypes: a plan's key), which
+    decide the answer; a call at the same addresses skips the check. Skipped while torch.compile traces: fake tensors
+    have no addresses, so inside a compiled graph overlapping arguments are not detected."""
+    if torch.compiler.is_compiling():
+        return
+    if memo is not None:
+        addresses = tuple([t.data_ptr() for t in tensors if isinstance(t, torch.Tensor)])
+        if addresses in memo:
+            return
+    views = [(name, _bytes(t), name in written) for name, t in zip(names, tensors)
+             if isinstance(t, torch.Tensor) and not t.is_meta and t.numel()]
+    for i, (name, view, writes) in enumerate(views):
+        if writes and _has_internal_overlap(view[2]):
+            raise OverlapError(_OVERLAP.format(name=name))
+        for other, other_view, other_writes in views[i + 1:]:
+            if (writes or other_writes) and _bytes_meet(view, other_view):
+                a, b = (name, other) if writes else (other, name)
+                what = "writes both" if writes and other_writes else f"writes {a} and reads {b}"
+                raise OverlapError(f"unsupported operation: {a} and {b} share memory (some of their bytes are a "
+                                   f"single memory location), and the call {what}. Please clone() one of them.")
+    if memo is not None:
+        if len(memo) >= _MEMO_MAX:
+            memo.clear()
+        memo.add(addresses)
 
 
 _OVERLAP = ("unsupported operation: more than one element of the written-to tensor {name} refers to a single "
             "memory location. Please clone() the tensor before performing the operation (or use inplace=False).")
-
-
-def check_inplace_targets(q: torch.Tensor, k: Optional[torch.Tensor]) -> None:
-    """In place writes q and k: like PyTorch's in-place ops, refuse a written-to tensor that overlaps itself or the
-    other one (the rotation of one element would read a value another program already rotated). Skipped while
-    torch.compile traces: it compares data pointers, which fake tensors do not have, so inside a compiled graph
-    overlapping in-place targets are not detected."""
-    if torch.compiler.is_compiling():
-        return
-    for name, t in (("q", q), ("k", k)):
-        if t is not None and _has_internal_overlap(t):
-            raise RuntimeError(_OVERLAP.format(name=name))
-    if k is not None and views_overlap(q, k):
-        raise RuntimeError("unsupported operation: some elements of q and k refer to a single memory location, and "
-                           "inplace=True writes both. Please clone() one of them (or use inplace=False).")

@@ -115,10 +115,11 @@ def rope_and_cache(q: torch.Tensor, k: torch.Tensor, v: Optional[torch.Tensor], 
     flags = (eps, weight_offset, layout, interleaved, rotary_dim, inplace, max_seqlen, per_token, write_k)
     key = _plan_key(user, flags, table)
     plan = _plans.get(key) if key is not None else None
-    if plan is not None:  # a call signature validated before: straight to the launch
+    if plan is not None:  # a call signature validated before: where the tensors lie, then the launch
+        _check_memory(user, None, inplace, write_k, plan[-1])  # (a call with table= has no plan)
         return _write(q, k, v, k_cache, v_cache, inplace, write_k, slot_mapping if cache_offsets is None
                       else cache_offsets, plan[0], cos, sin, positions, plan[1], cu_seqlens, *plan[2:5], layout,
-                      interleaved, per_token, k_scale, v_scale, q_weight, k_weight, *plan[5:])
+                      interleaved, per_token, k_scale, v_scale, q_weight, k_weight, *plan[5:7])
     if not isinstance(k, torch.Tensor):
         raise TypeError(f"k must be a torch.Tensor (it is written to the cache), got {type(k).__name__}")
     user_cos, user_sin = cos, sin
@@ -128,10 +129,10 @@ def rope_and_cache(q: torch.Tensor, k: torch.Tensor, v: Optional[torch.Tensor], 
     eps, weight_offset = validate.check_norm(q, k, q_weight, k_weight, eps, weight_offset) if norm else (0.0, 0.0)
     slots, cache_mode = _check_cache_arguments(q, k, v, k_cache, v_cache, slot_mapping, cache_offsets, k_scale,
                                                v_scale, spec, layout)
-    if _needs_grad(q, k, v, q_weight, k_weight):
-        raise ValueError("rope_and_cache has no autograd (a cache write is inference): call it under "
-                         "torch.no_grad() or with tensors that do not require grad")
-    plan = (cache_mode, spec.mode, spec.offset, spec.max_seqlen or 0, rotary_dim, eps, weight_offset)
+    validate.check_no_grad("rope_and_cache", _NAMES, user)
+    plan = (cache_mode, spec.mode, spec.offset, spec.max_seqlen or 0, rotary_dim, eps, weight_offset, set())
+    _check_memory(user[:3] + (cos, sin) + user[5:], "table" if table is not None else None, inplace, write_k,
+                  plan[-1])
     derived = (cos, sin, spec.tensor, spec.cu_seqlens, slots)
     given = (user_cos, user_sin, positions, cu_seqlens, slot_mapping if cache_offsets is None else cache_offsets)
     if key is not None and not q.is_meta and all(a is b for a, b in zip(derived, given)):
@@ -148,13 +149,23 @@ def _needs_grad(*tensors) -> bool:
     return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
 
 
+# the names of rope_and_cache's tensors, in the order the call lists them
+_NAMES = ("q", "k", "v", "cos", "sin", "positions", "cu_seqlens", "k_cache", "v_cache", "slot_mapping",
+          "cache_offsets", "k_scale", "v_scale", "q_weight", "k_weight")
+
+
+def _check_memory(tensors, table_name, inplace, write_k, memo) -> None:
+    """The overlap rule on the call's tensors (``_NAMES``): the caches are written, and q (and k with ``write_k``)
+    in place; everything else is read, the scales only with a float8 cache. ``memo``: the plan's checked addresses."""
+    written = ("k_cache", "v_cache") + ((("q", "k") if write_k else ("q",)) if inplace else ())
+    names = _NAMES if table_name is None else _NAMES[:3] + (table_name, table_name) + _NAMES[5:]
+    if tensors[7].dtype != validate.FP8_DTYPE:
+        tensors = tensors[:11] + (None, None) + tensors[13:]
+    validate.check_overlaps(names, tensors, written, memo)
+
+
 def _write(q, k, v, k_cache, v_cache, inplace, write_k, *launch):
-    """The checks that depend on where the tensors lie (overlaps; cheap when they live in different buffers), the
-    outputs, and the launch."""
-    if inplace:
-        validate.check_inplace_targets(q, k if write_k else None)
-    validate.check_not_overlapping({"k_cache": k_cache, "v_cache": v_cache, "q": q if inplace else None,
-                                    "k": k if inplace and write_k else None}, {"q": q, "k": k, "v": v})
+    """The outputs and the launch of a validated call."""
     out_q = q if inplace else new_output(q)
     out_k = (k if inplace else new_output(k)) if write_k else None
     if not q.is_meta:

@@ -103,13 +103,13 @@ def mla_rope_and_cache(q_pe: torch.Tensor, k_pe: torch.Tensor, kv_c: torch.Tenso
         validate.check_scale("kv_cache_scale", kv_cache_scale, fp8, q.device)
         slot_mapping = validate.check_slot_mapping(slot_mapping, tokens, kv_cache.shape[0] * kv_cache.shape[1],
                                                    q.device)
-        if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
-            raise ValueError("mla_rope_and_cache has no autograd (a cache write is inference): call it under "
-                             "torch.no_grad() or with tensors that do not require grad")
-        if inplace:
-            validate.check_inplace_targets(q, k)
-    validate.check_not_overlapping({"kv_cache": kv_cache, "q_pe": q if inplace else None,
-                                    "k_pe": k if inplace else None}, {"q_pe": q, "k_pe": k, "kv_c": v})
+    table_names = (("cos_sin_cache",) if cos_sin_cache is not None else ("table", "table") if table is not None
+                   else ("cos", "sin"))
+    names = ("q_pe", "k_pe", "kv_c", "kv_cache", "slot_mapping", "positions", "kv_cache_scale") + table_names
+    tensors = (q, k, v, kv_cache, slot_mapping, positions, kv_cache_scale if fp8 else None) + (
+        (cos_sin_cache,) if cos_sin_cache is not None else (cos, sin))
+    validate.check_no_grad("mla_rope_and_cache", names, tensors)
+    validate.check_overlaps(names, tensors, ("kv_cache", "q_pe", "k_pe") if inplace else ("kv_cache",))
     out_q, out_k = (q, k) if inplace else (new_output(q), new_output(k))
     if not q.is_meta:
         run_cache_op(q, k, v, out_q, out_k, k_cache, v_cache, slot_mapping, CACHE_PAGED, cos, sin, spec.tensor,

@@ -167,7 +167,9 @@ def qk_norm_rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, cos: Optiona
         if needs_grad:
             raise ValueError("inplace=True does not support autograd; use inplace=False when q, k or the weights "
                              "require grad")
-        validate.check_inplace_targets(q, k)
+        validate.check_overlaps(("q", "k", "q_weight", "k_weight") + (("table", "table") if table is not None else
+                                ("cos", "sin")) + ("positions", "cu_seqlens"),
+                                (q, k, q_weight, k_weight, cos, sin, spec.tensor, spec.cu_seqlens), ("q", "k"))
         if q.is_meta:
             return q, k
         if compiling:

@@ -13,10 +13,10 @@ import numbers
 
 import torch
 
-from ..validate import FLOAT_DTYPES, check_inplace_targets, check_mode, prepare, views_overlap
+from ..validate import FLOAT_DTYPES, OverlapError, check_mode, check_overlaps, prepare
 
 __all__ = ["FP8_DTYPE", "fp8_bytes", "rotary_arguments", "check_norm", "check_cache", "check_slot_mapping",
-           "check_cache_offsets", "check_scale", "check_not_overlapping", "check_mode", "check_inplace_targets"]
+           "check_cache_offsets", "check_scale", "check_no_grad", "check_overlaps", "OverlapError", "check_mode"]
 
 FP8_DTYPE = torch.float8_e4m3fn
 
@@ -174,16 +174,12 @@ def check_scale(name: str, scale, fp8: bool, device) -> None:
         raise ValueError(f"{name} is on {scale.device} but q is on {device}")
 
 
-def check_not_overlapping(written: dict, others: dict) -> None:
-    """No written tensor shares memory with another written one or with an input (each name in the error).
-    Skipped while torch.compile traces, like :func:`ropekit.validate.check_inplace_targets`."""
-    if torch.compiler.is_compiling():
+def check_no_grad(op: str, names: tuple, tensors: tuple) -> None:
+    """A cache write is inference: with grad enabled, no tensor of the call may require grad (the first is named).
+    Under ``torch.no_grad()`` such tensors are written as PyTorch's own in-place ops write them."""
+    if not torch.is_grad_enabled():
         return
-    names = list(written)
-    for i, a in enumerate(names):
-        if written[a] is None:
-            continue
-        for b in names[i + 1:] + [name for name in others if name not in names[:i + 1]]:
-            t = written[b] if b in written else others[b]
-            if t is not None and views_overlap(written[a], t):
-                raise ValueError(f"{a} and {b} share memory: the call writes {a}")
+    for name, t in zip(names, tensors):
+        if isinstance(t, torch.Tensor) and t.requires_grad:
+            raise ValueError(f"{name} requires grad, but {op} has no autograd (a cache write is inference): call it "
+                             "under torch.no_grad() or with tensors that do not require grad")
