@@ -1,8 +1,16 @@
-"""Where ropekit's kernels run: a CUDA GPU when there is one, otherwise the Triton interpreter on the CPU.
+"""Where ropekit's calls run: the Triton kernels on a CUDA GPU; without one, plain PyTorch ops on the CPU (the
+native backend), or the Triton kernels in Triton's interpreter when asked.
 
-Triton reads ``TRITON_INTERPRET`` when ``@triton.jit`` decorates a function, i.e. when ropekit's kernel modules are
-imported. This module therefore has to run before any of them: ``ropekit/__init__.py`` imports it first, and the test
-suite's ``conftest.py`` imports ropekit before anything else. The decision is process-wide.
+Two decisions, both process-wide:
+
+* ``DEVICE``/``INTERPRET``: whether Triton compiles for a GPU or interprets on the CPU. Triton reads
+  ``TRITON_INTERPRET`` when ``@triton.jit`` decorates a function, i.e. when ropekit's kernel modules are imported.
+  This module therefore has to run before any of them: ``ropekit/__init__.py`` imports it first, and the test
+  suite's ``conftest.py`` imports ropekit before anything else.
+* :func:`default_backend`: what a call computes with when it is not told: ``"triton"`` (the kernels) or ``"native"``
+  (:mod:`ropekit.native`, the same semantics in PyTorch ops). It is ``"triton"`` on a GPU and ``"native"`` without
+  one, unless ``ROPEKIT_BACKEND`` says otherwise or ``TRITON_INTERPRET=1`` was set before ropekit was imported (a
+  request for the interpreter). :func:`set_backend` changes it, for the process or for a ``with`` block.
 """
 
 from __future__ import annotations
@@ -12,7 +20,10 @@ import threading
 
 import torch
 
-__all__ = ["DEVICE", "INTERPRET", "INTERPRETER_LOCK", "describe", "default_device"]
+__all__ = ["DEVICE", "INTERPRET", "INTERPRETER_LOCK", "BACKENDS", "describe", "default_device", "default_backend",
+           "set_backend"]
+
+BACKENDS = ("native", "triton")
 
 
 def _decide() -> tuple[str, bool]:
@@ -63,9 +74,64 @@ def _interpreter_rounds_bf16() -> None:
     builder.cast_impl = cast_impl
 
 
+def _decide_backend(interpret_was_asked: bool) -> str:
+    """The process's default backend: ``ROPEKIT_BACKEND`` when set, else the Triton kernels on a GPU or when
+    ``TRITON_INTERPRET=1`` was set before ropekit was imported, else native."""
+    asked = os.environ.get("ROPEKIT_BACKEND", "")
+    if asked:
+        if asked not in BACKENDS:
+            raise RuntimeError(f"ropekit: ROPEKIT_BACKEND must be one of {BACKENDS}, got {asked!r}")
+        return asked
+    return "triton" if DEVICE == "cuda" or interpret_was_asked else "native"
+
+
+_interpret_was_asked = os.environ.get("TRITON_INTERPRET") == "1"
 DEVICE, INTERPRET = _decide()
 if INTERPRET:
     _interpreter_rounds_bf16()
+_backend = _decide_backend(_interpret_was_asked)
+if INTERPRET and not _interpret_was_asked:
+    # This process set TRITON_INTERPRET=1 itself (so that the kernels can run when asked): a child process inherits
+    # it, and would read it as a request for the interpreter, unless it is told the backend this process chose.
+    os.environ.setdefault("ROPEKIT_BACKEND", _backend)
+
+
+def default_backend() -> str:
+    """What a call computes with when it is not told (``apply_rope``'s ``backend=None``, the fused ops and everything
+    built on them): ``"triton"`` (the kernels; in Triton's interpreter without a GPU) or ``"native"`` (PyTorch ops)."""
+    return _backend
+
+
+class set_backend:
+    """Make ``backend`` (``"native"`` or ``"triton"``) the default for the process, or, used as a context manager,
+    for the ``with`` block only (the previous default comes back on exit, as with ``torch.set_grad_enabled``)::
+
+        ropekit.device.set_backend("triton")          # from here on: the Triton kernels (interpreted on a CPU)
+        with ropekit.device.set_backend("native"):     # inside: PyTorch ops
+            ...
+
+    Process-wide, like ``TRITON_INTERPRET``: every thread sees it, and ``ROPEKIT_BACKEND`` is set to it so that child
+    processes started meanwhile make the same choice.
+    """
+
+    def __init__(self, backend: str):
+        global _backend
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        self.previous = (_backend, os.environ.get("ROPEKIT_BACKEND"))
+        _backend = backend
+        os.environ["ROPEKIT_BACKEND"] = backend
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        global _backend
+        _backend, variable = self.previous
+        if variable is None:
+            os.environ.pop("ROPEKIT_BACKEND", None)
+        else:
+            os.environ["ROPEKIT_BACKEND"] = variable
 
 # The Triton interpreter runs a launch by swapping process-wide state (triton.language's functions are patched for
 # the duration of the launch), so two threads interpreting at once break each other. Launches under the
@@ -79,7 +145,10 @@ def default_device() -> torch.device:
 
 
 def describe() -> str:
-    """One line for humans: where kernels run and why."""
+    """One line for humans: where calls run and why."""
+    if _backend == "native":
+        where = "CPU" if DEVICE == "cpu" else f"CUDA: {torch.cuda.get_device_name()}"
+        return f"{where} through PyTorch ops (the native backend; the Triton kernels run when asked)"
     if INTERPRET:
         return "CPU through the Triton interpreter (TRITON_INTERPRET=1): correct but slow, never a benchmark"
     return f"CUDA: {torch.cuda.get_device_name()}"
