@@ -55,6 +55,8 @@ class RopeCall(NamedTuple):
 
 def _launcher(backend: str):
     if backend == "triton":
+        if _device.INTERPRETER_MISSING:
+            raise RuntimeError(f"backend='triton' cannot run here: {_device.INTERPRETER_MISSING}")
         return rope_v4
     if backend == "native":
         return native.rope

@@ -20,8 +20,8 @@ import threading
 
 import torch
 
-__all__ = ["DEVICE", "INTERPRET", "INTERPRETER_LOCK", "BACKENDS", "describe", "default_device", "default_backend",
-           "set_backend"]
+__all__ = ["DEVICE", "INTERPRET", "INTERPRETER_LOCK", "INTERPRETER_MISSING", "BACKENDS", "describe", "default_device",
+           "default_backend", "set_backend"]
 
 BACKENDS = ("native", "triton")
 
@@ -38,8 +38,20 @@ def _decide() -> tuple[str, bool]:
             "ropekit: no CUDA device is available and TRITON_INTERPRET is set to "
             f"{forced!r}; unset it (ropekit then uses the Triton interpreter on the CPU)."
         )
+    if INTERPRETER_MISSING:
+        return "cpu", True  # the interpreter cannot run here: TRITON_INTERPRET stays unset (triton would need numpy)
     os.environ["TRITON_INTERPRET"] = "1"
     return "cpu", True
+
+
+def _interpreter_missing() -> str:
+    """Why Triton's interpreter cannot run in this process ("" when it can): it computes with numpy, which the native
+    backend does not need."""
+    try:
+        import numpy  # noqa: F401
+    except ImportError:
+        return "Triton's interpreter needs numpy, which is not installed (pip install numpy)"
+    return ""
 
 
 def _interpreter_rounds_bf16() -> None:
@@ -81,11 +93,14 @@ def _decide_backend(interpret_was_asked: bool) -> str:
     if asked:
         if asked not in BACKENDS:
             raise RuntimeError(f"ropekit: ROPEKIT_BACKEND must be one of {BACKENDS}, got {asked!r}")
+        if asked == "triton" and INTERPRETER_MISSING:
+            raise RuntimeError(f"ropekit: ROPEKIT_BACKEND=triton, but {INTERPRETER_MISSING}")
         return asked
     return "triton" if DEVICE == "cuda" or interpret_was_asked else "native"
 
 
 _interpret_was_asked = os.environ.get("TRITON_INTERPRET") == "1"
+INTERPRETER_MISSING = "" if torch.cuda.is_available() else _interpreter_missing()
 DEVICE, INTERPRET = _decide()
 if INTERPRET:
     _interpreter_rounds_bf16()
@@ -118,6 +133,8 @@ class set_backend:
         global _backend
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        if backend == "triton" and INTERPRETER_MISSING:
+            raise RuntimeError(f"the Triton kernels cannot run here: {INTERPRETER_MISSING}")
         self.previous = (_backend, os.environ.get("ROPEKIT_BACKEND"))
         _backend = backend
         os.environ["ROPEKIT_BACKEND"] = backend
