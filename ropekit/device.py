@@ -150,6 +150,7 @@ class set_backend:
         else:
             os.environ["ROPEKIT_BACKEND"] = variable
 
+
 # The Triton interpreter runs a launch by swapping process-wide state (triton.language's functions are patched for
 # the duration of the launch), so two threads interpreting at once break each other. Launches under the
 # interpreter take this lock; on a GPU launches need none (each is queued on the caller's stream).
@@ -165,7 +166,9 @@ def describe() -> str:
     """One line for humans: where calls run and why."""
     if _backend == "native":
         where = "CPU" if DEVICE == "cpu" else f"CUDA: {torch.cuda.get_device_name()}"
-        return f"{where} through PyTorch ops (the native backend; the Triton kernels run when asked)"
+        kernels = "the Triton kernels cannot run: numpy is missing" if INTERPRETER_MISSING else \
+            "the Triton kernels run when asked"
+        return f"{where} through PyTorch ops (the native backend; {kernels})"
     if INTERPRET:
         return "CPU through the Triton interpreter (TRITON_INTERPRET=1): correct but slow, never a benchmark"
     return f"CUDA: {torch.cuda.get_device_name()}"
