@@ -15,8 +15,10 @@ def _check(args) -> int:
 
     print(f"ropekit {ropekit.__version__}: calls run on {ropekit.device.describe()}")
     if ropekit.device.INTERPRET:
-        print("No CUDA GPU here: calls compute in PyTorch ops (the native backend); the Triton kernels are checked "
-              "in Triton's interpreter (small sizes; correctness only).")
+        kernels = ("the Triton kernels are skipped: " + ropekit.device.INTERPRETER_MISSING
+                   if ropekit.device.INTERPRETER_MISSING else
+                   "the Triton kernels are checked in Triton's interpreter (small sizes; correctness only)")
+        print(f"No CUDA GPU here: calls compute in PyTorch ops (the native backend); {kernels}.")
     start = time.perf_counter()
     rows = run_checks()
     print(format_table(rows))
