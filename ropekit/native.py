@@ -55,11 +55,12 @@ class _Tokens(NamedTuple):
         return x if x is None or self.rows is None else x[self.rows]
 
     def put(self, out: torch.Tensor, channels: slice, values: torch.Tensor) -> None:
-        """Write ``values`` (the covered tokens, ``out``'s dtype) into ``channels`` of ``out``, through its strides."""
+        """Write ``values`` (the covered tokens) into ``channels`` of ``out``, through its strides, rounded once to
+        ``out``'s dtype (a copy between dtypes rounds to nearest, ties to even)."""
         if self.rows is None:
             out[..., channels].copy_(values)
         else:
-            out[self.rows, ..., channels] = values
+            out[self.rows, ..., channels] = values.to(out.dtype)
 
 
 def _tokens(spec: PositionSpec, n_batch: int, seqlen: int, n_rows: int, device) -> _Tokens:
@@ -87,6 +88,13 @@ def _pairs(x: torch.Tensor, rotary_dim: int, interleaved: bool) -> tuple[torch.T
     if interleaved:
         return x[..., 0:rotary_dim:2], x[..., 1:rotary_dim:2]
     return x[..., :rotary_dim // 2], x[..., rotary_dim // 2:rotary_dim]
+
+
+def _pair_channels(rotary_dim: int, interleaved: bool) -> tuple[slice, slice]:
+    """Where the first and the second channels of the pairs lie (what :func:`_pairs` reads)."""
+    if interleaved:
+        return slice(0, rotary_dim, 2), slice(1, rotary_dim, 2)
+    return slice(0, rotary_dim // 2), slice(rotary_dim // 2, rotary_dim)
 
 
 def _joined(a: torch.Tensor, b: torch.Tensor, interleaved: bool) -> torch.Tensor:
@@ -157,9 +165,9 @@ def rope(q: torch.Tensor, k: Optional[torch.Tensor], cos: torch.Tensor, sin: tor
             continue
         x_a, x_b = _pairs(tokens.take(x[..., :rotary_dim]).to(math), rotary_dim, interleaved)
         y_a, y_b = _rotate(x_a, x_b, *angles, out.dtype, eager_rounding)
-        rotated = _joined(y_a, y_b, interleaved).to(out.dtype)
         tail = tokens.take(x[..., rotary_dim:]) if copy_tail and rotary_dim < head_dim and not in_place else None
-        tokens.put(out, slice(0, rotary_dim), rotated)  # (in place: after every read of x)
+        for channels, values in zip(_pair_channels(rotary_dim, interleaved), (y_a, y_b)):
+            tokens.put(out, channels, values)  # (in place: after every read of x)
         if tail is not None:
             tokens.put(out, slice(rotary_dim, head_dim), tail)
 
@@ -240,7 +248,7 @@ def fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, interleav
             dot = (g_a * w_a * x_a).sum(-1) + (g_b * w_b * x_b).sum(-1) + (g_t * w_t * x_t).sum(-1)
             c = r * r * r * (dot / head_dim)[..., None]
             dx_a, dx_b, dx_t = r * w_a * g_a - c * x_a, r * w_b * g_b - c * x_b, r * w_t * g_t - c * x_t
-            tokens.put(out, slice(0, head_dim), torch.cat((_joined(dx_a, dx_b, interleaved), dx_t), -1).to(out.dtype))
+            tokens.put(out, slice(0, head_dim), torch.cat((_joined(dx_a, dx_b, interleaved), dx_t), -1))
             terms = torch.cat((_joined(g_a * x_a * r, g_b * x_b * r, interleaved), g_t * x_t * r), -1)
             dw[i] = terms.reshape(-1, head_dim).sum(0)
             continue
@@ -253,6 +261,5 @@ def fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, interleav
             if v is not None:
                 _write_cache(v_cache, places, tokens.take(v), v_scale)
         if out is not None:
-            tokens.put(out, slice(0, head_dim if write_tail else rotary_dim),
-                       (y if write_tail else y[..., :rotary_dim]).to(out.dtype))
+            tokens.put(out, slice(0, head_dim if write_tail else rotary_dim), y if write_tail else y[..., :rotary_dim])
     return dw
