@@ -1,7 +1,7 @@
 """Wall-clock time of one call on a CPU: the native backend, the Triton kernels in Triton's interpreter, and the same
 math written as eager PyTorch (transformers' ``x * cos + rotate_half(x) * sin``; the cache write as ``index_copy_``).
 
-    python tools/cpu_speed.py [--repeats 5]
+    python tools/cpu_speed.py [--repeats 5] [--no-interpreter]
 
 Cases: ``apply_rope`` on a 1x512 bf16 prefill (q 32 heads, k 8 heads, head_dim 128), and ``rope_and_cache`` on a
 decode step of 64 sequences (the same heads, bf16, a paged cache). Each number is the median of ``--repeats`` calls
@@ -43,6 +43,7 @@ def eager_rope(q, k, cos_rows, sin_rows):
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--no-interpreter", action="store_true", help="time the native backend and eager PyTorch only")
     args = parser.parse_args(argv)
     torch.manual_seed(0)
     dtype = torch.bfloat16
@@ -85,6 +86,8 @@ def main(argv=None) -> None:
                          ("rope_and_cache decode b64 bf16 (paged)", decode)):
         print(title)
         for name, fn in calls.items():
+            if name == "triton" and args.no_interpreter:
+                continue
             repeats = min(args.repeats, 3) if name == "triton" and ropekit.device.INTERPRET else args.repeats
             label = "triton (interpreter)" if name == "triton" and ropekit.device.INTERPRET else name
             print(f"  {label:22s} {median_ms(fn, repeats):10.2f}")
