@@ -1,7 +1,8 @@
 """``qk_norm_rope``: per-head RMSNorm of q and k, then RoPE, in one launch, with its fused backward.
 
 Data flows as in ``apply_rope``: the call -> validation (apply_rope's for the rotary arguments, ``validate`` for the
-weights) -> one launch of ``ropekit.triton.fused`` (or, on the native backend, :func:`ropekit.native.fused`). Four ways in, one kernel:
+weights) -> one launch of ``ropekit.triton.fused`` (or, on the native backend, :func:`ropekit.native.fused`). Four
+ways in, one kernel:
 
 * eager inference (no grad, not compiling): the launch, called directly;
 * autograd and ``torch.compile``: the functional custom op ``ropekit::qk_norm_rope`` (fake impl for tracing) whose
