@@ -15,9 +15,12 @@ def _check(args) -> int:
     import ropekit
     from ropekit.checks import format_table, run_checks
 
-    print(f"ropekit {ropekit.__version__}: kernels run on {ropekit.device.describe()}")
+    print(f"ropekit {ropekit.__version__}: calls run on {ropekit.device.describe()}")
     if ropekit.device.INTERPRET:
-        print("No CUDA GPU here: using the Triton interpreter automatically (small sizes; correctness only).")
+        kernels = ("the Triton kernels are skipped: " + ropekit.device.INTERPRETER_MISSING
+                   if ropekit.device.INTERPRETER_MISSING else
+                   "the Triton kernels are checked in Triton's interpreter (small sizes; correctness only)")
+        print(f"No CUDA GPU here: calls compute in PyTorch ops (the native backend); {kernels}.")
     start = time.perf_counter()
     rows = run_checks()
     print(format_table(rows))
@@ -42,7 +45,12 @@ def _info(args) -> int:
         print(f"triton    missing ({error})")
     print(f"device    {ropekit.device.describe()}")
     print("backends:")
-    print(f"  triton  works ({'interpreter' if ropekit.device.INTERPRET else 'compiled for the GPU'})")
+    if ropekit.device.INTERPRETER_MISSING:
+        print(f"  triton  unavailable: {ropekit.device.INTERPRETER_MISSING}")
+    else:
+        print(f"  triton  works ({'interpreter' if ropekit.device.INTERPRET else 'compiled for the GPU'})")
+    print("  native  works (PyTorch ops)")
+    print(f"default   {ropekit.device.default_backend()} (ropekit.device.set_backend, ROPEKIT_BACKEND)")
     try:
         from ropekit.cuda import available
 

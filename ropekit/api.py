@@ -2,8 +2,9 @@
 
 Data flows one way: the user's call -> :func:`ropekit.validate.prepare` (every check, before any write) -> a
 :class:`RopeCall` (the validated call: tables, one :class:`~ropekit.positions.PositionSpec`, switches) -> one launcher
-(Triton v4's :func:`~ropekit.triton.launch.rope_v4`, or CUDA) -> one kernel. Layouts become ``(batch, seq, heads,
-head_dim)`` views here, once (:mod:`ropekit.layouts`).
+(Triton v4's :func:`~ropekit.triton.launch.rope_v4`, or CUDA) -> one kernel; or, as that last step, the same
+arguments to :func:`ropekit.native.rope` (PyTorch ops: the default without a GPU, ``ropekit.device``). Layouts become
+``(batch, seq, heads, head_dim)`` views here, once (:mod:`ropekit.layouts`).
 
 Four ways in, one launch function (``_run``):
 
@@ -24,7 +25,8 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from . import device as _device  # noqa: F401  (interpreter switch before triton is imported)
+from . import device as _device  # (first: the interpreter switch before triton is imported)
+from . import native
 from .layouts import LAYOUTS, TO_BSHD, batch_and_seq_axes
 from .outputs import bump_versions, new_output
 from .positions import SCALAR_OFFSET, PositionSpec
@@ -53,7 +55,11 @@ class RopeCall(NamedTuple):
 
 def _launcher(backend: str):
     if backend == "triton":
+        if _device.INTERPRETER_MISSING:
+            raise RuntimeError(f"backend='triton' cannot run here: {_device.INTERPRETER_MISSING}")
         return rope_v4
+    if backend == "native":
+        return native.rope
     from .cuda import rope_cuda  # built on first use; raises a clear error when no GPU / nvcc
 
     return rope_cuda
@@ -295,7 +301,7 @@ def apply_rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, cos: Optional[
                sin: Optional[torch.Tensor] = None, *, table=None, positions=None, layout: str = "bshd",
                interleaved: bool = False, rotary_dim: Optional[int] = None, inplace: bool = False,
                cu_seqlens: Optional[torch.Tensor] = None, max_seqlen: Optional[int] = None, per_token: bool = False,
-               conjugate: bool = False, eager_rounding: bool = False, backend: str = "triton"):
+               conjugate: bool = False, eager_rounding: bool = False, backend: Optional[str] = None):
     """Rotate q (and k) by their positions. Returns ``(q_out, k_out)`` (``k_out`` is None when k is None).
 
     Args:
@@ -313,10 +319,14 @@ def apply_rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, cos: Optional[
         conjugate: rotate by -θ (the inverse rotation).
         eager_rounding: round like eager PyTorch's ``x * cos + rotate_half(x) * sin`` (each product and the sum
             rounded to q's dtype), bit-compatible with transformers in fp16/bf16; default: one rounding (more exact).
-        backend: "triton" (v4) or "cuda" (the hand-written CUDA C++ kernel).
+        backend: "triton" (v4; in Triton's interpreter without a GPU), "cuda" (the hand-written CUDA C++ kernel),
+            "native" (PyTorch ops, the same semantics), or None: ``ropekit.device.default_backend()`` ("triton" on a
+            GPU, "native" without one).
 
     Raises ``TypeError``/``ValueError`` naming the argument, before anything is written.
     """
+    if backend is None:
+        backend = _device.default_backend()
     if table is not None:
         if cos is not None or sin is not None:
             raise ValueError("pass either cos/sin or table=, not both")

@@ -1,8 +1,16 @@
-"""Where ropekit's kernels run: a CUDA GPU when there is one, otherwise the Triton interpreter on the CPU.
+"""Where ropekit's calls run: the Triton kernels on a CUDA GPU; without one, plain PyTorch ops on the CPU (the
+native backend), or the Triton kernels in Triton's interpreter when asked.
 
-Triton reads ``TRITON_INTERPRET`` when ``@triton.jit`` decorates a function, i.e. when ropekit's kernel modules are
-imported. This module therefore has to run before any of them: ``ropekit/__init__.py`` imports it first, and the test
-suite's ``conftest.py`` imports ropekit before anything else. The decision is process-wide.
+Two decisions, both process-wide:
+
+* ``DEVICE``/``INTERPRET``: whether Triton compiles for a GPU or interprets on the CPU. Triton reads
+  ``TRITON_INTERPRET`` when ``@triton.jit`` decorates a function, i.e. when ropekit's kernel modules are imported.
+  This module therefore has to run before any of them: ``ropekit/__init__.py`` imports it first, and the test
+  suite's ``conftest.py`` imports ropekit before anything else.
+* :func:`default_backend`: what a call computes with when it is not told: ``"triton"`` (the kernels) or ``"native"``
+  (:mod:`ropekit.native`, the same semantics in PyTorch ops). It is ``"triton"`` on a GPU and ``"native"`` without
+  one, unless ``ROPEKIT_BACKEND`` says otherwise or ``TRITON_INTERPRET=1`` was set before ropekit was imported (a
+  request for the interpreter). :func:`set_backend` changes it, for the process or for a ``with`` block.
 """
 
 from __future__ import annotations
@@ -12,7 +20,10 @@ import threading
 
 import torch
 
-__all__ = ["DEVICE", "INTERPRET", "INTERPRETER_LOCK", "describe", "default_device"]
+__all__ = ["DEVICE", "INTERPRET", "INTERPRETER_LOCK", "INTERPRETER_MISSING", "BACKENDS", "describe", "default_device",
+           "default_backend", "set_backend"]
+
+BACKENDS = ("native", "triton")
 
 
 def _decide() -> tuple[str, bool]:
@@ -27,8 +38,20 @@ def _decide() -> tuple[str, bool]:
             "ropekit: no CUDA device is available and TRITON_INTERPRET is set to "
             f"{forced!r}; unset it (ropekit then uses the Triton interpreter on the CPU)."
         )
+    if INTERPRETER_MISSING:
+        return "cpu", True  # the interpreter cannot run here: TRITON_INTERPRET stays unset (triton would need numpy)
     os.environ["TRITON_INTERPRET"] = "1"
     return "cpu", True
+
+
+def _interpreter_missing() -> str:
+    """Why Triton's interpreter cannot run in this process ("" when it can): it computes with numpy, which the native
+    backend does not need."""
+    try:
+        import numpy  # noqa: F401
+    except ImportError:
+        return "Triton's interpreter needs numpy, which is not installed (pip install numpy)"
+    return ""
 
 
 def _interpreter_rounds_bf16() -> None:
@@ -93,10 +116,71 @@ def _interpreter_indexes_scalars() -> None:
     interpreter._patch_lang_tensor = patch_lang_tensor
 
 
+def _decide_backend(interpret_was_asked: bool) -> str:
+    """The process's default backend: ``ROPEKIT_BACKEND`` when set, else the Triton kernels on a GPU or when
+    ``TRITON_INTERPRET=1`` was set before ropekit was imported, else native."""
+    asked = os.environ.get("ROPEKIT_BACKEND", "")
+    if asked:
+        if asked not in BACKENDS:
+            raise RuntimeError(f"ropekit: ROPEKIT_BACKEND must be one of {BACKENDS}, got {asked!r}")
+        if asked == "triton" and INTERPRETER_MISSING:
+            raise RuntimeError(f"ropekit: ROPEKIT_BACKEND=triton, but {INTERPRETER_MISSING}")
+        return asked
+    return "triton" if DEVICE == "cuda" or interpret_was_asked else "native"
+
+
+_interpret_was_asked = os.environ.get("TRITON_INTERPRET") == "1"
+INTERPRETER_MISSING = "" if torch.cuda.is_available() else _interpreter_missing()
 DEVICE, INTERPRET = _decide()
 if INTERPRET:
     _interpreter_rounds_bf16()
     _interpreter_indexes_scalars()
+_backend = _decide_backend(_interpret_was_asked)
+if INTERPRET and not _interpret_was_asked:
+    # This process set TRITON_INTERPRET=1 itself (so that the kernels can run when asked): a child process inherits
+    # it, and would read it as a request for the interpreter, unless it is told the backend this process chose.
+    os.environ.setdefault("ROPEKIT_BACKEND", _backend)
+
+
+def default_backend() -> str:
+    """What a call computes with when it is not told (``apply_rope``'s ``backend=None``, the fused ops and everything
+    built on them): ``"triton"`` (the kernels; in Triton's interpreter without a GPU) or ``"native"`` (PyTorch ops)."""
+    return _backend
+
+
+class set_backend:
+    """Make ``backend`` (``"native"`` or ``"triton"``) the default for the process, or, used as a context manager,
+    for the ``with`` block only (the previous default comes back on exit, as with ``torch.set_grad_enabled``)::
+
+        ropekit.device.set_backend("triton")          # from here on: the Triton kernels (interpreted on a CPU)
+        with ropekit.device.set_backend("native"):     # inside: PyTorch ops
+            ...
+
+    Process-wide, like ``TRITON_INTERPRET``: every thread sees it, and ``ROPEKIT_BACKEND`` is set to it so that child
+    processes started meanwhile make the same choice.
+    """
+
+    def __init__(self, backend: str):
+        global _backend
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        if backend == "triton" and INTERPRETER_MISSING:
+            raise RuntimeError(f"the Triton kernels cannot run here: {INTERPRETER_MISSING}")
+        self.previous = (_backend, os.environ.get("ROPEKIT_BACKEND"))
+        _backend = backend
+        os.environ["ROPEKIT_BACKEND"] = backend
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        global _backend
+        _backend, variable = self.previous
+        if variable is None:
+            os.environ.pop("ROPEKIT_BACKEND", None)
+        else:
+            os.environ["ROPEKIT_BACKEND"] = variable
+
 
 # The Triton interpreter runs a launch by swapping process-wide state (triton.language's functions are patched for
 # the duration of the launch), so two threads interpreting at once break each other. Launches under the
@@ -110,7 +194,12 @@ def default_device() -> torch.device:
 
 
 def describe() -> str:
-    """One line for humans: where kernels run and why."""
+    """One line for humans: where calls run and why."""
+    if _backend == "native":
+        where = "CPU" if DEVICE == "cpu" else f"CUDA: {torch.cuda.get_device_name()}"
+        kernels = "the Triton kernels cannot run: numpy is missing" if INTERPRETER_MISSING else \
+            "the Triton kernels run when asked"
+        return f"{where} through PyTorch ops (the native backend; {kernels})"
     if INTERPRET:
         return "CPU through the Triton interpreter (TRITON_INTERPRET=1): correct but slow, never a benchmark"
     return f"CUDA: {torch.cuda.get_device_name()}"

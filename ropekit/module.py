@@ -97,7 +97,7 @@ class RotaryEmbedding(torch.nn.Module):
             context length for the scaling rules (without it: ``max_positions``).
         max_positions: rows built up front (the table grows for longer host-known lengths, never inside a graph).
         interleaved: GPT-J pairing instead of NeoX. Default: ``scaling["interleaved"]``, else False.
-        backend: "triton" or "cuda".
+        backend: "triton", "cuda", "native" or None (``ropekit.device.default_backend()``), as for apply_rope.
 
     ``dynamic`` and ``longrope`` change their frequencies with the sequence length, as transformers' rotary modules
     do on every forward (from ``max(position_ids) + 1``): dynamic NTK raises the base once the sequence outgrows the
@@ -111,7 +111,7 @@ class RotaryEmbedding(torch.nn.Module):
 
     def __init__(self, head_dim: int, *, rotary_dim: Optional[int] = None, base: float = 10000.0,
                  scaling: Optional[dict] = None, max_positions: int = 8192, interleaved: Optional[bool] = None,
-                 backend: str = "triton", device=None):
+                 backend: Optional[str] = None, device=None):
         super().__init__()
         parameters = dict(scaling or {})
         self.head_dim = head_dim

@@ -20,7 +20,7 @@ from .positions import SCALAR_OFFSET, SEQ_OFFSETS, PositionSpec, longest_sequenc
 __all__ = ["BACKENDS", "prepare", "check_mode", "check_overlaps", "OverlapError", "as_integer", "pair_copies",
            "in_callers_names"]
 
-BACKENDS = ("triton", "cuda")
+BACKENDS = ("triton", "cuda", "native")
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -69,8 +69,8 @@ def prepare(q, k, cos, sin, positions, layout, rotary_dim, cu_seqlens, max_seqle
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-    if eager_rounding and backend != "triton":
-        raise ValueError("eager_rounding is implemented by backend='triton' only")
+    if eager_rounding and backend == "cuda":
+        raise ValueError("eager_rounding is implemented by backend='triton' and 'native' only")
     varlen = layout == "thd"
     _check_tensor("q", q, 3 if varlen else 4)
     if k is not None:

@@ -1,4 +1,9 @@
-"""Import ropekit before anything imports triton: on a machine without a GPU it switches on the Triton interpreter."""
+"""Import ropekit before anything imports triton: on a machine without a GPU it switches on the Triton interpreter.
+
+Which backend a test runs: files that test the Triton kernels (``TRITON_FILES``) run them, in the interpreter without a
+GPU; every other file runs on the process's default (the kernels on a GPU, the native PyTorch ops without one). A test
+marked ``@pytest.mark.backend(name)`` runs on that one; a test that takes the ``backend`` fixture, once on each.
+"""
 
 import os
 
@@ -12,6 +17,31 @@ ON_GPU = DEVICE == "cuda"
 FULL = ON_GPU or os.environ.get("ROPEKIT_FULL_TESTS") == "1"
 
 gpu_only = pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU (this run uses the Triton interpreter)")
+
+TRITON_FILES = ("test_v4.py", "test_launch.py", "test_triton_", "test_reliability_", "test_course")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "backend(name): run the test on this backend ('native' or 'triton')")
+
+
+@pytest.fixture(autouse=True)
+def _backend_of_the_test(request):
+    marker = request.node.get_closest_marker("backend")
+    if marker is None and request.node.path.name.startswith(TRITON_FILES):
+        marker = pytest.mark.backend("triton").mark
+    if marker is None:
+        yield
+    else:
+        with ropekit.device.set_backend(marker.args[0]):
+            yield
+
+
+@pytest.fixture(params=ropekit.device.BACKENDS)
+def backend(request):
+    """The test runs once on each backend: the native PyTorch ops and the Triton kernels."""
+    with ropekit.device.set_backend(request.param):
+        yield request.param
 
 
 @pytest.fixture(autouse=True)

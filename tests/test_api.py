@@ -259,7 +259,7 @@ def test_out_of_table_positions_without_check_mode_give_nan_not_garbage():
 def test_launch_parameters_logged_at_debug(caplog):
     q, k, cos, sin = valid_call()
     with caplog.at_level(logging.DEBUG, logger="ropekit"):
-        ropekit.apply_rope(q, k, cos, sin)
+        ropekit.apply_rope(q, k, cos, sin, backend="triton")  # the Triton launcher logs its launch
     text = " ".join(r.getMessage() for r in caplog.records)
     assert "grid=" in text and "BLOCK_S=" in text and "float32" in text
 
@@ -279,8 +279,11 @@ def test_real_sizes_on_gpu(dtype):
 
 
 # --------------------------------------------------------------------------------------------------------------------
-# The eager plan cache: a repeated call skips validation, and must still compute the right thing on new data.
+# The eager plan cache (the Triton backend's): a repeated call skips validation, and must still compute the right
+# thing on new data.
 # --------------------------------------------------------------------------------------------------------------------
+
+triton_backend = pytest.mark.backend("triton")
 
 def _no_new_plans(monkeypatch):
     """From here on, a call that makes a plan (i.e. that was validated and derived its launch) fails the test."""
@@ -289,6 +292,7 @@ def _no_new_plans(monkeypatch):
     monkeypatch.setattr(plans, "put", fail)
 
 
+@triton_backend
 @pytest.mark.parametrize("inplace", [False, True], ids=["out-of-place", "in-place"])
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_cached_plan_reads_each_calls_tensors(case, inplace, monkeypatch):
@@ -313,6 +317,7 @@ def test_cached_plan_reads_each_calls_tensors(case, inplace, monkeypatch):
         assert_close_to_reference(out_k, want_k)
 
 
+@triton_backend
 def test_cached_plan_varlen_and_per_token(monkeypatch):
     cos, sin = table(64, 32)
     cu = torch.tensor([0, 3, 7, 12], dtype=torch.int32, device=DEVICE)
@@ -331,6 +336,7 @@ def test_cached_plan_varlen_and_per_token(monkeypatch):
         _no_new_plans(monkeypatch)
 
 
+@triton_backend
 def test_cached_plan_still_checks_the_offset_range():
     q, k, cos, sin = valid_call()
     ropekit.apply_rope(q, k, cos, sin, positions=0)  # plan cached for int offsets of this signature
@@ -341,6 +347,7 @@ def test_cached_plan_still_checks_the_offset_range():
         assert torch.equal(q, before)
 
 
+@triton_backend
 def test_cached_plan_and_a_growing_table():
     """RopeTable grows for host-known positions; an old (shorter) cos tensor must not reuse the grown plan."""
     rope_table = ropekit.RopeTable(32, base=10000.0, device=DEVICE, max_positions=8)
@@ -353,6 +360,7 @@ def test_cached_plan_and_a_growing_table():
         ropekit.apply_rope(q, None, short_cos, short_sin, positions=20)
 
 
+@triton_backend
 def test_cached_plan_distinguishes_strides():
     """Same shape, different strides (a non-contiguous view): a different plan, both right."""
     cos, sin = table(64, 32)
@@ -362,6 +370,7 @@ def test_cached_plan_distinguishes_strides():
         assert_close_to_reference(out_q, ref.rope(q, ref.token_positions(2, 5)))
 
 
+@triton_backend
 def test_cached_plan_follows_a_forced_launch_config():
     """A plan made under the launch table is not reused under a forced configuration, nor the other way round."""
     q, k, cos, sin = valid_call()

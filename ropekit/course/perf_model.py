@@ -192,17 +192,12 @@ def _v3_launches(case, device: DeviceModel) -> list[Launch] | None:
 
 def _v4_launches(case, device: DeviceModel) -> list[Launch]:
     """v4 on a benchmark case: its one launch for q and k, with the configuration ``launch.launch_config`` chooses on
-    a GPU (the interpreter's own fixed tiles say nothing about a GPU, so they are never modelled). The table's cache
-    is bypassed (``__wrapped__``) so that a GPU answer is never remembered for the interpreter's own launches."""
-    from .. import device as _device_flags
+    a GPU (the interpreter's own fixed tiles say nothing about a GPU, so they are never modelled: ``interpreted=False``
+    asks for the GPU's table on any machine)."""
     from ..triton import launch as v4_launch
 
-    interpret, _device_flags.INTERPRET = _device_flags.INTERPRET, False
-    try:
-        config = v4_launch.launch_config.__wrapped__(case.n_tokens, case.heads_q, case.heads_k, case.head_dim,
-                                                     case.rotary, element_size=case.element_size)
-    finally:
-        _device_flags.INTERPRET = interpret
+    config = v4_launch.launch_config(case.n_tokens, case.heads_q, case.heads_k, case.head_dim, case.rotary,
+                                     element_size=case.element_size, interpreted=False)
     size, tokens = case.element_size, case.n_tokens
     flat = (config.flat and case.layout == "bshd" and case.rotary == case.head_dim and not case.interleaved
             and case.positions == "none" and not case.inplace)

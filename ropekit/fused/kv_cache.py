@@ -14,9 +14,9 @@ from typing import Optional
 import torch
 
 from ..outputs import bump_versions, new_output
-from ..triton.fused import CACHE_CONTIGUOUS, CACHE_PAGED, launch_fused
+from ..triton.fused import CACHE_CONTIGUOUS, CACHE_PAGED
 from . import validate
-from .qk_norm_rope import _spec, kernel_view
+from .qk_norm_rope import _spec, fused_launcher, kernel_view
 
 __all__ = ["rope_and_cache", "launch_cache"]
 
@@ -36,7 +36,7 @@ def launch_cache(q, k, v, out_q, out_k, k_cache, v_cache, slots, cache_mode: int
     if k_cache.dtype != validate.FP8_DTYPE:  # scales are read with a float8 cache only: the kernel never sees others
         k_scale = v_scale = None
     n_slots = k_cache.shape[0] * k_cache.shape[1] if cache_mode == CACHE_PAGED else k_cache.shape[1]
-    launch_fused(
+    fused_launcher()(
         kernel_view(q, layout), kernel_view(k, layout), cos, sin,
         positions=_spec(positions, pos_mode, cu_seqlens, position_offset, max_seqlen, layout), rotary_dim=rotary_dim,
         interleaved=interleaved, cos_per_token=per_token, out_q=kernel_view(out_q, layout),

@@ -1,7 +1,8 @@
 """``qk_norm_rope``: per-head RMSNorm of q and k, then RoPE, in one launch, with its fused backward.
 
 Data flows as in ``apply_rope``: the call -> validation (apply_rope's for the rotary arguments, ``validate`` for the
-weights) -> one launch of ``ropekit.triton.fused``. Four ways in, one kernel:
+weights) -> one launch of ``ropekit.triton.fused`` (or, on the native backend, :func:`ropekit.native.fused`). Four
+ways in, one kernel:
 
 * eager inference (no grad, not compiling): the launch, called directly;
 * autograd and ``torch.compile``: the functional custom op ``ropekit::qk_norm_rope`` (fake impl for tracing) whose
@@ -19,13 +20,21 @@ from typing import Optional
 
 import torch
 
+from .. import device as _device
+from .. import native
 from ..layouts import TO_BSHD
 from ..outputs import bump_versions, new_output
 from ..positions import PositionSpec
 from ..triton.fused import launch_fused
 from . import validate
 
-__all__ = ["qk_norm_rope", "kernel_view"]
+__all__ = ["qk_norm_rope", "kernel_view", "fused_launcher"]
+
+
+def fused_launcher():
+    """The last step of every fused op: the fused Triton kernel's launcher, or on the native backend
+    (``ropekit.device.default_backend()``) :func:`ropekit.native.fused`, which takes the same arguments."""
+    return native.fused if _device.default_backend() == "native" else launch_fused
 
 
 def kernel_view(x: Optional[torch.Tensor], layout: str) -> Optional[torch.Tensor]:
@@ -41,7 +50,7 @@ def _spec(positions, pos_mode, cu_seqlens, position_offset, max_seqlen, layout) 
 
 def _launch(q, k, q_weight, k_weight, cos, sin, positions, pos_mode, cu_seqlens, position_offset, max_seqlen,
             rotary_dim, layout, interleaved, per_token, eps, weight_offset, out_q, out_k, grad_q=None, grad_k=None):
-    return launch_fused(
+    return fused_launcher()(
         kernel_view(q, layout), kernel_view(k, layout), cos, sin,
         positions=_spec(positions, pos_mode, cu_seqlens, position_offset, max_seqlen, layout), rotary_dim=rotary_dim,
         interleaved=interleaved, cos_per_token=per_token, out_q=kernel_view(out_q, layout),

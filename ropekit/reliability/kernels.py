@@ -12,7 +12,7 @@ import torch
 
 from ropekit import device as _device
 
-from ropekit.triton.launch import LaunchConfig, launch_config, plans, recorded_launches, rope_v4
+from ropekit.triton.launch import LaunchConfig, launch_config, recorded_launches, rope_v4
 
 __all__ = ["LaunchConfig", "launch_config", "rope_v4", "specialisation", "record_launches"]
 
@@ -51,18 +51,11 @@ def record_launches(simulate_gpu: bool = False):
     """Launch nothing; record the specialisation key of every launch made inside (``simulate_gpu``: plan with the
     GPU's launch table, not the interpreter's). Yields the :class:`LaunchRecorder`, filled when the block ends.
 
-    Built on the launcher's public dry run (:func:`ropekit.triton.launch.recorded_launches`). The plans made inside
-    are dropped on the way out: with ``simulate_gpu`` they hold the GPU's launch table, which must not serve a later
-    call on this machine.
+    Built on the launcher's public dry run (:func:`ropekit.triton.launch.recorded_launches`), with the Triton backend
+    the default inside (``ropekit.device.set_backend``): the calls made inside are the kernels' launches.
     """
-    recorder, interpret = LaunchRecorder(), _device.INTERPRET
-    if simulate_gpu:
-        _device.INTERPRET = False
-    try:
-        with recorded_launches() as records:
-            yield recorder
-        for record in records:
-            recorder.add(record)
-    finally:
-        _device.INTERPRET = interpret
-        plans.clear()
+    recorder = LaunchRecorder()
+    with _device.set_backend("triton"), recorded_launches(gpu_table=simulate_gpu) as records:
+        yield recorder
+    for record in records:
+        recorder.add(record)

@@ -90,7 +90,8 @@ _FUSED_TILE_MAX = 32768
 
 @functools.lru_cache(maxsize=1024)
 def launch_config(n_tokens: int, n_heads_q: int, n_heads_k: int, head_dim: int, rotary_dim: int,
-                  cos_per_token: bool = False, element_size: int = 2) -> LaunchConfig:
+                  cos_per_token: bool = False, element_size: int = 2,
+                  interpreted: bool | None = None) -> LaunchConfig:
     """The launch table: block sizes for a call's shape, chosen by measurement on an H100
     (docs/tuning.md#launch-table).
 
@@ -102,9 +103,12 @@ def launch_config(n_tokens: int, n_heads_q: int, n_heads_k: int, head_dim: int, 
     * Small prefills want a few heads per program (fewer, fuller programs); with per-token cos/sin rows one token
       and every head. A decode step takes one token x 8 heads.
     * Under the interpreter every program costs Python overhead, so tiles are as large as the shape allows.
+
+    ``interpreted``: whose table to read, the interpreter's (True) or a GPU's (False, on any machine: for tools that
+    model or count the GPU's launches); None: this process's (``ropekit.device.INTERPRET``).
     """
     n_heads = max(n_heads_q, n_heads_k)
-    if _device.INTERPRET:
+    if _device.INTERPRET if interpreted is None else interpreted:
         return LaunchConfig(min(_next_pow2(n_tokens), 16), min(_next_pow2(n_heads), 8), 4)
     if n_tokens >= 4096:
         per_token = (_next_pow2(n_heads_q) + (_next_pow2(n_heads_k) if n_heads_k else 0)) * _next_pow2(head_dim)
@@ -195,23 +199,30 @@ class LaunchRecord(NamedTuple):
     num_warps: int
 
 
+_gpu_table = False  # inside recorded_launches(gpu_table=True): plans read a GPU's launch table
+
+
 @contextlib.contextmanager
-def recorded_launches():
-    """Inside the block no v4 kernel runs: every launch, however it is reached (``apply_rope``, autograd, a plan), is
-    appended to the list this yields as a :class:`LaunchRecord`. For tools that count the kernel variants a workload
-    compiles without running it; the direct-launch cache learns nothing meanwhile."""
-    global _launch
+def recorded_launches(gpu_table: bool = False):
+    """Inside the block no v4 kernel runs: every launch, however it is reached (``apply_rope`` with the Triton
+    backend, autograd, a plan), is appended to the list this yields as a :class:`LaunchRecord`. For tools that count
+    the kernel variants a workload compiles without running it; the direct-launch cache learns nothing meanwhile.
+    ``gpu_table``: plan with a GPU's launch table even under the interpreter (what a GPU would compile). Plans are
+    forgotten on entry and on exit, so no plan made under one table serves a call under the other."""
+    global _launch, _gpu_table
     records: list = []
-    real = _launch
+    real, saved_table = _launch, _gpu_table
 
     def record(grid, pointers, ints, constexprs, num_warps, static_key):
         records.append(LaunchRecord(grid, tuple(pointers), tuple(ints), dict(constexprs), num_warps))
 
-    _launch = record
+    _launch, _gpu_table = record, gpu_table
+    plans.clear()
     try:
         yield records
     finally:
-        _launch = real
+        _launch, _gpu_table = real, saved_table
+        plans.clear()
 
 
 def _stream_getter():
@@ -359,7 +370,8 @@ def plan_v4(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: tor
     n_tokens = n_batch * seqlen
     if config is None:
         config = _forced if _forced is not None else launch_config(
-            n_tokens, n_heads_q, n_heads_k, head_dim, rotary_dim, cos_per_token, q.element_size())
+            n_tokens, n_heads_q, n_heads_k, head_dim, rotary_dim, cos_per_token, q.element_size(),
+            False if _gpu_table else None)
     contiguous = all(t.is_contiguous() for t in (q, k, out_q, out_k) if t is not None)
     in_place = _same_view(q, out_q) and (k is None or _same_view(k, out_k))
     flat = config.flat if _flat_applies(q, k, out_q, out_k, contiguous, positions, rotary_dim, interleaved,

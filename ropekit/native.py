@@ -1,0 +1,265 @@
+"""The native backend: what the kernels compute, in plain PyTorch ops (vLLM's ``forward_native``).
+
+Without a GPU this is where ``apply_rope`` and the fused ops end (``ropekit.device.default_backend()``). It is the last
+step of the one path, not a path of its own: a call is validated and planned exactly as for a launch, then
+:func:`rope` takes the arguments of v4's launcher (:func:`ropekit.triton.launch.rope_v4`) and :func:`fused` those of
+the fused kernel's (:func:`ropekit.triton.fused.launch_fused`), and they write the same outputs.
+
+The semantics are the kernels' (docs/api.md, docs/fused.md):
+
+* Math in float32 (float64 for float64 inputs), rounded once to the output's dtype; with ``eager_rounding``, each
+  product and the sum rounded, as eager PyTorch's ``x * cos + rotate_half(x) * sin`` rounds.
+* Pair ``(a, b)`` (NeoX: channels ``i, i + R/2``; GPT-J: ``2i, 2i + 1``) becomes ``(a cos_a - b sin_a, b cos_b + a
+  sin_b)``; ``conjugate`` (and the backward) applies the transpose: ``sin_a, sin_b <- -sin_b, -sin_a``.
+* A table position outside the table reads NaN angles (the token comes out NaN, loudly).
+* Varlen: sequence ``b`` covers the packed rows ``cu[b] + s`` for ``s < min(len_b, max_seqlen)``; rows outside
+  ``[0, tokens)`` are never touched and rows no sequence covers are not written, whatever ``cu_seqlens`` holds.
+* Caches: the rotated k (QK-normed first when weights are given) and v go to ``slot = slots[token]`` (paged: block
+  ``slot // block_size``, row ``slot % block_size``) or to row ``offsets[b] + s`` of sequence ``b`` (contiguous); a
+  slot or row outside the cache (-1 among them) writes nothing. A float8 cache receives ``x / scale`` (float32,
+  correctly rounded) rounded to e4m3, saturating at +-448.
+
+The operations run in the kernels' order, so the bits are the interpreter's (and the GPU's, where it does not contract
+a product and a sum into one FMA), except the norm's sum of squares and the weight gradient's sums, whose order of
+summation is PyTorch's. ``tests/test_native.py`` compares both backends bit for bit.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Optional
+
+import torch
+
+from .positions import SCALAR_OFFSET, SEQ_OFFSETS, PositionSpec
+
+__all__ = ["rope", "fused", "e4m3_bits"]
+
+CACHE_CONTIGUOUS, CACHE_PAGED = 1, 2  # the fused kernel's cache modes (ropekit.triton.fused)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Tokens, angles and pairs: what every op shares.
+# --------------------------------------------------------------------------------------------------------------------
+
+class _Tokens(NamedTuple):
+    """The tokens a call covers. Without varlen: every ``(b, s)`` of the ``(batch, seq)`` grid (``rows`` None,
+    ``seq`` ``(batch, 1)``, ``local`` ``(1, seq)``: they broadcast). Varlen: the packed rows the sequences cover,
+    each with its sequence and its index inside it (all ``(n,)``)."""
+
+    rows: Optional[torch.Tensor]
+    seq: torch.Tensor
+    local: torch.Tensor
+
+    def take(self, x: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+        """The covered tokens' rows of a token-major tensor (the tensor itself without varlen)."""
+        return x if x is None or self.rows is None else x[self.rows]
+
+    def put(self, out: torch.Tensor, channels: slice, values: torch.Tensor) -> None:
+        """Write ``values`` (the covered tokens) into ``channels`` of ``out``, through its strides, rounded once to
+        ``out``'s dtype (a copy between dtypes rounds to nearest, ties to even)."""
+        if self.rows is None:
+            out[..., channels].copy_(values)
+        else:
+            out[self.rows, ..., channels] = values.to(out.dtype)
+
+
+def _tokens(spec: PositionSpec, n_batch: int, seqlen: int, n_rows: int, device) -> _Tokens:
+    if not spec.is_varlen:
+        return _Tokens(None, torch.arange(n_batch, device=device)[:, None], torch.arange(seqlen, device=device)[None])
+    cu = spec.cu_seqlens.to(torch.int64)
+    local = torch.arange(spec.max_seqlen, device=device)
+    rows = cu[:-1, None] + local  # (n_seqs, max_seqlen)
+    covered = (local < (cu[1:] - cu[:-1])[:, None]) & (rows >= 0) & (rows < n_rows)
+    seq = torch.arange(n_batch, device=device)[:, None].expand_as(rows)
+    return _Tokens(rows[covered], seq[covered], local.expand_as(rows)[covered])
+
+
+def _positions(spec: PositionSpec, tokens: _Tokens) -> torch.Tensor:
+    """Every covered token's table position (``ropekit.positions``' modes)."""
+    if spec.mode == SCALAR_OFFSET:
+        return tokens.local + spec.offset
+    if spec.mode == SEQ_OFFSETS:
+        return spec.tensor.to(torch.int64)[tokens.seq] + tokens.local
+    return tokens.take(spec.tensor.to(torch.int64))  # position ids: (batch, seq), or (tokens,) packed
+
+
+def _pairs(x: torch.Tensor, rotary_dim: int, interleaved: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first and the second channel of every rotary pair: NeoX halves, or GPT-J's even and odd channels."""
+    if interleaved:
+        return x[..., 0:rotary_dim:2], x[..., 1:rotary_dim:2]
+    return x[..., :rotary_dim // 2], x[..., rotary_dim // 2:rotary_dim]
+
+
+def _pair_channels(rotary_dim: int, interleaved: bool) -> tuple[slice, slice]:
+    """Where the first and the second channels of the pairs lie (what :func:`_pairs` reads)."""
+    if interleaved:
+        return slice(0, rotary_dim, 2), slice(1, rotary_dim, 2)
+    return slice(0, rotary_dim // 2), slice(rotary_dim // 2, rotary_dim)
+
+
+def _joined(a: torch.Tensor, b: torch.Tensor, interleaved: bool) -> torch.Tensor:
+    """The inverse of :func:`_pairs`: the rotary channels in order."""
+    return torch.stack((a, b), -1).flatten(-2) if interleaved else torch.cat((a, b), -1)
+
+
+def _angles(cos, sin, spec: PositionSpec, tokens: _Tokens, rotary_dim: int, interleaved: bool, per_token: bool,
+            conjugate: bool, math: torch.dtype) -> tuple:
+    """``(cos_a, sin_a, cos_b, sin_b)`` of every covered token's pairs, in the math dtype, with a heads axis to
+    broadcast over: from the half-width table at the token's position (NaN outside the table), or from the token's
+    own full-width row (channel a's and channel b's columns)."""
+    if per_token:
+        cos_a, cos_b = _pairs(tokens.take(cos).to(math), rotary_dim, interleaved)
+        sin_a, sin_b = _pairs(tokens.take(sin).to(math), rotary_dim, interleaved)
+    else:
+        position = _positions(spec, tokens)
+        inside = ((position >= 0) & (position < cos.shape[0]))[..., None]
+        row = torch.where(inside[..., 0], position, 0)
+        half = rotary_dim // 2
+        cos_a = cos_b = torch.where(inside, cos[:, :half][row].to(math), float("nan"))
+        sin_a = sin_b = torch.where(inside, sin[:, :half][row].to(math), float("nan"))
+    if conjugate:
+        sin_a, sin_b = -sin_b, -sin_a
+    return tuple(t.unsqueeze(-2) for t in (cos_a, sin_a, cos_b, sin_b))
+
+
+def _round(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``x`` rounded to ``dtype`` (to nearest, ties to even), kept in x's dtype."""
+    return x.to(dtype).to(x.dtype)
+
+
+def _rotate(x_a, x_b, cos_a, sin_a, cos_b, sin_b, out_dtype=None, eager_rounding: bool = False):
+    """(a, b) -> (a cos_a - b sin_a, b cos_b + a sin_b); with ``eager_rounding`` each product and the sum rounded to
+    ``out_dtype``."""
+    if eager_rounding:
+        return (_round(_round(x_a * cos_a, out_dtype) - _round(x_b * sin_a, out_dtype), out_dtype),
+                _round(_round(x_b * cos_b, out_dtype) + _round(x_a * sin_b, out_dtype), out_dtype))
+    return x_a * cos_a - x_b * sin_a, x_b * cos_b + x_a * sin_b
+
+
+def _math_dtype(x: torch.Tensor) -> torch.dtype:
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+def _same_view(x: torch.Tensor, out: torch.Tensor) -> bool:
+    return out.data_ptr() == x.data_ptr() and out.stride() == x.stride() and out.shape == x.shape
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# apply_rope: v4's launcher, natively.
+# --------------------------------------------------------------------------------------------------------------------
+
+def rope(q: torch.Tensor, k: Optional[torch.Tensor], cos: torch.Tensor, sin: torch.Tensor, *,
+         out_q: torch.Tensor, out_k: Optional[torch.Tensor], positions: PositionSpec, rotary_dim: int,
+         interleaved: bool = False, conjugate: bool = False, cos_per_token: bool = False, copy_tail: bool = True,
+         eager_rounding: bool = False) -> None:
+    """:func:`ropekit.triton.launch.rope_v4`'s arguments and outputs (q/k/out ``(batch, seq, heads, head_dim)`` views,
+    ``(tokens, heads, head_dim)`` for varlen), computed in PyTorch ops. Trusts its caller, as the launcher does."""
+    varlen = positions.is_varlen
+    n_batch = positions.cu_seqlens.shape[0] - 1 if varlen else q.shape[0]
+    tokens = _tokens(positions, n_batch, 0 if varlen else q.shape[1], q.shape[0], q.device)
+    math, head_dim = _math_dtype(q), q.shape[-1]
+    angles = _angles(cos, sin, positions, tokens, rotary_dim, interleaved, cos_per_token, conjugate, math)
+    in_place = _same_view(q, out_q) and (k is None or _same_view(k, out_k))
+    for x, out in ((q, out_q), (k, out_k)):
+        if x is None or x.numel() == 0:
+            continue
+        x_a, x_b = _pairs(tokens.take(x[..., :rotary_dim]).to(math), rotary_dim, interleaved)
+        y_a, y_b = _rotate(x_a, x_b, *angles, out.dtype, eager_rounding)
+        tail = tokens.take(x[..., rotary_dim:]) if copy_tail and rotary_dim < head_dim and not in_place else None
+        for channels, values in zip(_pair_channels(rotary_dim, interleaved), (y_a, y_b)):
+            tokens.put(out, channels, values)  # (in place: after every read of x)
+        if tail is not None:
+            tokens.put(out, slice(rotary_dim, head_dim), tail)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The fused ops: QK-norm, RoPE and the KV-cache write (and the norm's backward), the fused kernel's launcher natively.
+# --------------------------------------------------------------------------------------------------------------------
+
+def e4m3_bits(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """The float8 e4m3fn bits (uint8) of ``x / scale``: the quotient correctly rounded in float32, then rounded to
+    nearest even, saturating at +-448 (infinities too; PyTorch's own cast gives NaN past 448), NaN kept."""
+    quotient = x.to(torch.float32) / scale.reshape(())
+    return quotient.clamp(-448.0, 448.0).to(torch.float8_e4m3fn).view(torch.uint8)
+
+
+def _cache_values(values: torch.Tensor, cache: torch.Tensor, scale) -> torch.Tensor:
+    """``values`` as ``cache`` stores them: its dtype, or the e4m3 bits of ``values / scale`` in a uint8 cache."""
+    return e4m3_bits(values, scale) if cache.dtype == torch.uint8 else values.to(cache.dtype)
+
+
+def _cache_places(tokens: _Tokens, seqlen: int, cache_mode: int, slots, block_size: int, cache_len: int):
+    """Every covered token's (block, row) in the cache and whether it is written at all, flattened."""
+    if cache_mode == CACHE_CONTIGUOUS:
+        row = slots.to(torch.int64)[tokens.seq] + tokens.local
+        block = tokens.seq.expand_as(row)
+        written = (row >= 0) & (row < cache_len)
+    else:
+        token = tokens.rows if tokens.rows is not None else tokens.seq * seqlen + tokens.local
+        slot = slots.to(torch.int64)[token]
+        written = (slot >= 0) & (slot < cache_len)
+        block, row = slot // block_size, slot % block_size
+    return block.reshape(-1), row.reshape(-1), written.reshape(-1)
+
+
+def _write_cache(cache, places, values, scale) -> None:
+    """Store the covered tokens' ``values`` (token-major, heads, channels) at their places in ``cache``."""
+    block, row, written = places
+    values = values.reshape(written.shape[0], *values.shape[-2:])[written]
+    cache[block[written], row[written]] = _cache_values(values, cache, scale)
+
+
+def fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, interleaved: bool = False,
+          cos_per_token: bool = False, out_q=None, out_k=None, v=None, k_cache=None, v_cache=None,
+          cache_mode: int = 0, slots=None, block_size: int = 1, cache_len: int = 0, k_scale=None, v_scale=None,
+          q_weight=None, k_weight=None, eps: float = 0.0, weight_offset: float = 0.0, grad_q=None, grad_k=None):
+    """:func:`ropekit.triton.fused.launch_fused`'s arguments and outputs, computed in PyTorch ops: per-head RMSNorm
+    (with weights), RoPE, the outputs (None: not written) and, for k, the caches; with ``grad_q`` the backward of
+    norm + rotation, returning the weight gradients ``(dw_q, dw_k)`` in the math dtype."""
+    backward = grad_q is not None
+    varlen = positions.is_varlen
+    n_batch = positions.cu_seqlens.shape[0] - 1 if varlen else q.shape[0]
+    seqlen = positions.max_seqlen if varlen else q.shape[1]
+    math, head_dim = _math_dtype(q), q.shape[-1]
+    dw = [torch.zeros(head_dim, dtype=math, device=q.device) for _ in range(2)] if backward else None
+    if n_batch == 0 or seqlen == 0 or q.shape[0] == 0:
+        return dw
+    tokens = _tokens(positions, n_batch, seqlen, q.shape[0], q.device)
+    angles = _angles(cos, sin, positions, tokens, rotary_dim, interleaved, cos_per_token, backward, math)
+    in_place = (out_q is not None and out_q.data_ptr() == q.data_ptr()) or (
+        out_k is not None and out_k.data_ptr() == k.data_ptr())
+    write_tail = (backward or q_weight is not None or not in_place) and rotary_dim < head_dim
+    for i, (x, out, grad, weight) in enumerate(((q, out_q, grad_q, q_weight), (k, out_k, grad_k, k_weight))):
+        if x is None or x.numel() == 0:
+            continue
+        x_a, x_b = _pairs(tokens.take(x).to(math), rotary_dim, interleaved)
+        x_t = tokens.take(x[..., rotary_dim:]).to(math)
+        if weight is not None:
+            # n = x * r * w with r = 1 / sqrt(mean(x^2) + eps) over the whole head vector, w = weight_offset + weight
+            w = weight.to(math) + weight_offset
+            (w_a, w_b), w_t = _pairs(w, rotary_dim, interleaved), w[rotary_dim:]
+            squares = (x_a * x_a).sum(-1) + (x_b * x_b).sum(-1) + (x_t * x_t).sum(-1)
+            r = (1.0 / torch.sqrt(squares / head_dim + eps))[..., None]
+        if backward:
+            # the rotation's VJP (angles arrive conjugated), then the norm's: dx = r w g - x r^3 mean(g w x),
+            # dw = the sum over tokens and heads of g x r
+            g_a, g_b = _rotate(*_pairs(tokens.take(grad).to(math), rotary_dim, interleaved), *angles)
+            g_t = tokens.take(grad[..., rotary_dim:]).to(math)
+            dot = (g_a * w_a * x_a).sum(-1) + (g_b * w_b * x_b).sum(-1) + (g_t * w_t * x_t).sum(-1)
+            c = r * r * r * (dot / head_dim)[..., None]
+            dx_a, dx_b, dx_t = r * w_a * g_a - c * x_a, r * w_b * g_b - c * x_b, r * w_t * g_t - c * x_t
+            tokens.put(out, slice(0, head_dim), torch.cat((_joined(dx_a, dx_b, interleaved), dx_t), -1))
+            terms = torch.cat((_joined(g_a * x_a * r, g_b * x_b * r, interleaved), g_t * x_t * r), -1)
+            dw[i] = terms.reshape(-1, head_dim).sum(0)
+            continue
+        if weight is not None:
+            x_a, x_b, x_t = x_a * r * w_a, x_b * r * w_b, x_t * r * w_t
+        y = torch.cat((_joined(*_rotate(x_a, x_b, *angles), interleaved), x_t), -1)
+        if i == 1 and cache_mode:
+            places = _cache_places(tokens, seqlen, cache_mode, slots, block_size, cache_len)
+            _write_cache(k_cache, places, y, k_scale)
+            if v is not None:
+                _write_cache(v_cache, places, tokens.take(v), v_scale)
+        if out is not None:
+            tokens.put(out, slice(0, head_dim if write_tail else rotary_dim), y if write_tail else y[..., :rotary_dim])
+    return dw
