@@ -166,9 +166,10 @@ class RopeArgs:
 
 
 def draw_rope_args(rng: random.Random, gen: torch.Generator, device, *, backend: str = "triton",
-                   conjugate: bool = True) -> RopeArgs:
-    """Draw every argument of a rotary call (see the module docstring); ``conjugate``: may the call take one."""
-    arena = Arena(rng, gen, device)
+                   conjugate: bool = True, arena: Arena | None = None) -> RopeArgs:
+    """Draw every argument of a rotary call (see the module docstring); ``conjugate``: may the call take one;
+    ``arena``: where to place the tensors (a fresh one by default)."""
+    arena = arena or Arena(rng, gen, device)
     expect, why_raise, either = MATCH, [], []
     layout = rng.choice(("bshd", "sbhd", "bhsd", "thd"))
     dtype = rng.choices(DTYPES, weights=(4, 3, 2, 1))[0]
