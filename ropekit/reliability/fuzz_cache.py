@@ -203,10 +203,10 @@ def draw_rope_and_cache(rng: random.Random, gen: torch.Generator, device) -> Cas
     read = ["q", "k", "v", "cos", "sin", "slot_mapping" if paged else "cache_offsets"]
     read += (["positions"] if positions_given else []) + (["cu_seqlens"] if layout == "thd" else [])
     read += (["q_weight", "k_weight"] if norm else []) + (["k_scale", "v_scale"] if cache_dtype == FP8 else [])
-    if pooled:  # (vLLM's k and v caches are one allocation, named k_cache)
+    if pooled:  # (vLLM's k and v caches are one allocation, named k_cache; q, k and v drawn twice as often)
         writer = rng.choice([n for n in written if not (pair and n == "v_cache")])
-        arena.share(writer, rng.choice([n for n in read + written if n not in (writer, "v_cache" if pair else "")]),
-                    apart=rng.random() < 0.25)
+        partners = [n for n in read + written + ["q", "k", "v"] if n not in (writer, "v_cache" if pair else "")]
+        arena.share(writer, rng.choice(partners), apart=rng.random() < 0.25)
 
     cu = max_seqlen = None
     if layout == "thd":
@@ -366,9 +366,9 @@ def draw_mla_rope_and_cache(rng: random.Random, gen: torch.Generator, device) ->
     read = ["q_pe", "k_pe", "kv_c", "positions", "slot_mapping"] + (["cos_sin_cache"] if engines_table else
                                                                     ["cos", "sin"])
     read += ["kv_cache_scale"] if cache_dtype == FP8 else []
-    if pooled:
+    if pooled:  # (q_pe, k_pe and kv_c drawn twice as often)
         writer = rng.choice(written)
-        arena.share(writer, rng.choice([n for n in read if n != writer]), apart=rng.random() < 0.25)
+        arena.share(writer, rng.choice([n for n in read + read[:3] if n != writer]), apart=rng.random() < 0.25)
     q_pe = arena.place("q_pe", (tokens, heads, rope_dim), dtype, pick(rng, INPUT_KINDS))
     k_pe = arena.place("k_pe", (tokens, rope_dim), dtype, pick(rng, INPUT_KINDS))
     kv_c = arena.place("kv_c", (tokens, latent), dtype, pick(rng, INPUT_KINDS))

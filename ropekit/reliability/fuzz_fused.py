@@ -28,13 +28,14 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, weight_offset: 
 
 def draw_qk_norm_rope(rng: random.Random, gen: torch.Generator, device) -> Case:
     """``qk_norm_rope`` with apply_rope's hostile arguments and its own weights; in a share of the cases q and one
-    tensor it reads (a weight, a table, positions or cu_seqlens) carved from one byte pool, on each other's bytes
-    (refused when q is written in place) or apart."""
-    arena = Arena(rng, gen, device)
+    tensor it reads (a weight, a table, positions or cu_seqlens) carved from one byte pool: apart, or on each other's
+    bytes in place (to be refused; out of place both are only read)."""
+    arena, inplace = Arena(rng, gen, device), None
     if rng.random() < 0.3:
-        arena.share("q", rng.choice(("q_weight", "k_weight", "cos", "sin", "positions", "cu_seqlens")),
-                    apart=rng.random() < 0.25)
-    args = draw_rope_args(rng, gen, device, conjugate=False, arena=arena)
+        apart = rng.random() < 0.25
+        arena.share("q", rng.choice(("q_weight", "k_weight", "cos", "sin", "positions", "cu_seqlens")), apart=apart)
+        inplace = None if apart else True
+    args = draw_rope_args(rng, gen, device, conjugate=False, arena=arena, inplace=inplace)
     del args.kwargs["conjugate"], args.kwargs["backend"]
     head_dim = args.spec["head_dim"]
     weights, logical = [], {}
