@@ -192,3 +192,13 @@ def test_v_must_reach_its_cache_bit_for_bit():
     row = _row(case.tensors["v_cache"], next(s for s in case.spec["slots"] if s >= 0))
     outcome, problems = fuzz.judge(_then(case, lambda: row.copy_(torch.nextafter(row, torch.full_like(row, 1e9)))))
     assert outcome == "violation" and any("v_cache" in p for p in problems), problems
+
+
+def test_a_pool_grown_for_its_second_tensor_keeps_the_first_ones_writable_bytes():
+    arena = fuzz.Arena(random.Random(0), torch.Generator().manual_seed(0), DEVICE)
+    arena.share("q", "sin", apart=True)
+    q = arena.place("q", (4, 8), torch.bfloat16)
+    arena.allow_writes(q)
+    arena.place("sin", (1024, 8), torch.float32)  # more bytes than the pool has room for past q
+    q.mul_(2)
+    assert arena.changed(allow=True) == [] and arena.changed(allow=False)

@@ -183,14 +183,15 @@ class Arena:
                 high = max(hi - size, lo)
                 low = min(max(0, lo - extent * size + size), high)
                 start = self.rng.randint(-(-low // size), high // size) * size
-            need = start + extent * size + self._POOL_ROOM - share["pool"].base.numel()
+            need = start + extent * size - share["pool"].base.numel()
             if need > 0:  # grow the pool (its storage keeps the first tensor's bytes)
-                pool = share["pool"].base
-                old = pool.numel()
-                pool.untyped_storage().resize_(old + need)
-                share["pool"].base = pool = _carve(pool, 0, (old + need,), [1], torch.uint8)
-                pool[old:] = torch.randint(0, 256, (need,), generator=self.gen, dtype=torch.uint8).to(pool.device)
-                share["pool"].writable = torch.zeros(pool.numel(), dtype=torch.bool)
+                buffer = share["pool"]
+                old = buffer.base.numel()
+                buffer.base.untyped_storage().resize_(old + need)
+                buffer.base = _carve(buffer.base, 0, (old + need,), [1], torch.uint8)
+                buffer.base[old:] = torch.randint(0, 256, (need,), generator=self.gen, dtype=torch.uint8).to(
+                    buffer.base.device)
+                buffer.writable = torch.cat((buffer.writable, torch.zeros(need, dtype=torch.bool)))
         base = share["pool"].base
         view = _carve(base, start, shape, strides, dtype)
         if share.get("first") is not None and not share["apart"] and view.numel() and first.numel() and not bool(

@@ -1,9 +1,13 @@
-"""The fuzzer's targets for the fused ops that write a KV cache: ``ropekit.rope_and_cache`` (a paged cache, QK-norm
-optional, float8 caches with their scales) and ``ropekit.mla_rope_and_cache`` (MLA's latent cache). Caches, slot
-mappings and scales are drawn like the activations: views with guard elements around them, slots that are -1, out of
-range or (in check mode) repeated, positions past the table. The check: every written slot holds the float64
-reference (within the dtype's bound, or one e4m3 spacing of value / scale; v's bits exactly), every other cache
-element and every input is bitwise unchanged (the arena's check), and in check mode a bad slot or position raises."""
+"""The fuzzer's targets for the fused ops that write a KV cache: ``ropekit.rope_and_cache`` (every layout, a paged
+cache or a contiguous one with ``cache_offsets``, QK-norm optional, ``write_k``, float8 caches with their scales) and
+``ropekit.mla_rope_and_cache`` (MLA's latent cache, in place or not). Caches are drawn as engines allocate them
+(vLLM's ``kv[:, 0]``, FlashInfer's HND, padded channels, strided blocks, uint8 bytes); caches, slot mappings and scales
+like the activations: views with guard elements around them, slots that are -1, out of range or (in check mode)
+repeated, positions past the table. In a share of the cases a written tensor and another tensor of the call are
+carved from one byte pool (``Arena.share``): on each other's bytes, an overlap of one of :data:`OVERLAP_KINDS` that
+must be refused before anything is written, or apart. The check: every written slot holds the float64 reference
+(within the dtype's bound, or one e4m3 spacing of value / scale; v's bits exactly), every other cache element and
+every input is bitwise unchanged (the arena's check), and in check mode a bad slot, offset or position raises."""
 
 from __future__ import annotations
 
@@ -13,14 +17,15 @@ import torch
 
 import ropekit
 from ropekit import reference as ref
-from ropekit.layouts import TO_BSHD
 from ropekit.testing import check_close_to_reference, ulp
 
 from .arena import overlaps
+from .common import layout_shape
 from .fuzz import EITHER, MATCH, RAISE, Arena, Case, same_bits, self_overlapping
 from .rope_args import DTYPES, INDEX_KINDS, INPUT_KINDS, from_tokens, pick, position_values, to_tokens
 
-__all__ = ["TARGETS", "OVERLAP_KINDS", "overlap_kind", "pool_overlaps", "draw_rope_and_cache", "draw_mla_rope_and_cache"]
+__all__ = ["TARGETS", "OVERLAP_KINDS", "overlap_kind", "pool_overlaps", "draw_rope_and_cache",
+           "draw_mla_rope_and_cache"]
 
 FP8 = torch.float8_e4m3fn
 # caches are written: no view kind in which two indices name one element
@@ -162,12 +167,6 @@ def _cache_problems(name: str, after: torch.Tensor, before: torch.Tensor, want: 
     return problems
 
 
-def _layout_shape(layout: str, batch: int, seq: int, tokens: int, heads: int, dim: int) -> tuple:
-    if layout == "thd":
-        return (tokens, heads, dim)
-    return tuple((batch, seq, heads, dim)[i] for i in TO_BSHD[layout])
-
-
 def draw_rope_and_cache(rng: random.Random, gen: torch.Generator, device) -> Case:
     """``rope_and_cache`` in every layout (``thd`` with ``cu_seqlens``), q, k, v with any view kind (q without heads
     at times), positions as ids or none, QK-norm or not, in place or not, ``write_k`` or not; a paged cache (a
@@ -219,9 +218,9 @@ def draw_rope_and_cache(rng: random.Random, gen: torch.Generator, device) -> Cas
         local = torch.cat([torch.arange(n) for n in lengths])
     else:
         local = torch.arange(seq).expand(batch, seq)
-    q = arena.place("q", _layout_shape(layout, batch, seq, tokens, hq, head_dim), dtype, pick(rng, INPUT_KINDS))
-    k = arena.place("k", _layout_shape(layout, batch, seq, tokens, hk, head_dim), dtype, pick(rng, INPUT_KINDS))
-    v = arena.place("v", _layout_shape(layout, batch, seq, tokens, hk, v_dim), dtype, pick(rng, INPUT_KINDS))
+    q = arena.place("q", layout_shape(layout, batch, seq, hq, head_dim, tokens), dtype, pick(rng, INPUT_KINDS))
+    k = arena.place("k", layout_shape(layout, batch, seq, hk, head_dim, tokens), dtype, pick(rng, INPUT_KINDS))
+    v = arena.place("v", layout_shape(layout, batch, seq, hk, v_dim, tokens), dtype, pick(rng, INPUT_KINDS))
     cos = arena.place("cos", (rows, rotary_dim // 2), table_dtype, pick(rng, INPUT_KINDS))
     sin = arena.place("sin", (rows, rotary_dim // 2), table_dtype, pick(rng, INPUT_KINDS))
     positions = None
