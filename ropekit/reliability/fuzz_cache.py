@@ -40,16 +40,17 @@ _GROUPS = {"q, k or v": ("q", "k", "v", "q_pe", "k_pe", "kv_c"), "cos/sin": ("co
            "a cache": ("k_cache", "v_cache", "kv_cache")}
 OVERLAP_KINDS = ("a cache over q, k or v", "a cache over cos/sin", "a cache over norm weights",
                  "a cache over index tensors", "a cache over scales", "a cache over a cache",
-                 "float8 and 16-bit views of one byte pool", "in-place q or k over a read tensor")
+                 "a float8 cache and a bf16 (or wider) q, k or v in one byte pool",
+                 "in-place q or k over a read tensor")
 """The overlap kinds the fuzzer draws (``Case.spec["overlap_kind"]``); every one must be refused."""
 
 
 def overlap_kind(written: str, other: str, a: torch.Tensor, b: torch.Tensor) -> str:
     """The kind (one of :data:`OVERLAP_KINDS`) of a written tensor lying on bytes of another."""
-    if {a.element_size(), b.element_size()} == {1, 2}:
-        return "float8 and 16-bit views of one byte pool"
     group = next(g for g, names in _GROUPS.items() if other in names)
     if written in _GROUPS["a cache"]:
+        if group == "q, k or v" and a.element_size() != b.element_size():
+            return "a float8 cache and a bf16 (or wider) q, k or v in one byte pool"
         return f"a cache over {group}"
     return "in-place q or k over a read tensor"
 
