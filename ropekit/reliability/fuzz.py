@@ -4,7 +4,9 @@ Each case draws, independently for *every* tensor argument of an op (q, k, cos, 
 fused ops also their caches, slot mappings and scales), its dtype, its view (contiguous, padded rows, stepped
 channels, permuted dimensions, expanded stride-0 dimensions, self-overlapping ``as_strided``) and its values (positions
 inside and outside the table, negative, ``cu_seqlens`` valid or not, ending past the tokens), plus the switches
-(layout, pairing, ``rotary_dim``, per-token rows, in place, autograd, check mode) and aliasing between tensors.
+(layout, pairing, ``rotary_dim``, per-token rows, in place, autograd, check mode) and aliasing between tensors:
+a tensor the call writes carved from one byte pool with another tensor of the call, on its bytes (an overlap kind
+that must be refused: counted by kind in ``by_overlap_kind``) or apart.
 
 The oracle, for every case:
 
