@@ -143,7 +143,7 @@ class Arena:
         strides, _ = _strides(tuple(shape), kind, self.rng)
         extent = _extent(shape, strides)
         if self._share is not None and name in self._share["names"] and device in (None, self.device):
-            return self._pool_place(name, tuple(shape), strides, extent, dtype, values)
+            return self._pool_place(tuple(shape), strides, extent, dtype, values)
         row = max(shape[-1] if shape else 1, 1)
         pre, post = self.rng.randint(1, 2 * row), self.rng.randint(1, 4 * row)
         base_cpu = torch.empty(pre + extent + post, dtype=dtype)
@@ -161,7 +161,7 @@ class Arena:
 
     _POOL_ROOM = 1 << 12  # bytes past the first tensor of a pool (grown when the second needs more)
 
-    def _pool_place(self, name, shape, strides, extent, dtype, values) -> torch.Tensor:
+    def _pool_place(self, shape, strides, extent, dtype, values) -> torch.Tensor:
         share, size = self._share, torch.empty((), dtype=dtype).element_size()
         given = values is not None
         if not given and dtype.is_floating_point and size > 1:  # random bytes would hold NaN and Inf
