@@ -1,7 +1,11 @@
-"""ropekit.reliability.fuzz_cache: the cache-writing ops under hostile inputs find no violation, and the targets'
-checks fail when a written slot is wrong, when a slot no token names changes, or when v's bits change."""
+"""ropekit.reliability.fuzz_cache: the cache-writing ops under hostile inputs find no violation; the fuzzer draws
+what callers do (every layout, both cache addressings, engines' cache views, every overlap kind); and the targets'
+checks fail when a written slot is wrong, when a slot no token names changes, when v's bits change, and when an
+aliased call is accepted or writes before it is refused."""
 
+import collections
 import json
+import random
 
 import pytest
 import torch
@@ -15,9 +19,119 @@ CACHE = {"rope_and_cache": "k_cache", "mla_rope_and_cache": "kv_cache"}
 
 @pytest.mark.parametrize("name", NAMES)
 def test_a_seeded_run_of_the_cache_ops_finds_no_violation(name):
-    counts = fuzz.run(60, seed=11, device=DEVICE, targets=[name], max_findings=5)
-    assert counts["cases"] == 60 and counts["matched"] > 15 and counts["documented_errors"] > 0
+    # aliased calls among them: each must be refused, before anything is written
+    counts = fuzz.run(40, seed=11, device=DEVICE, targets=[name], max_findings=5)
+    assert counts["cases"] == 40 and counts["matched"] > 15 and counts["documented_errors"] > 0
+    assert sum(kind["cases"] for kind in counts["by_overlap_kind"].values()) > 0
     assert counts["violations"] == 0, json.dumps(counts["findings"], indent=1, default=str)
+
+
+DRAWS = 400  # drawn, not run: a draw places the tensors and states what the call must do
+
+
+@pytest.fixture(scope="module")
+def drawn():
+    targets = fuzz.targets()
+    chosen = {name: targets[name] for name in NAMES + ("qk_norm_rope",)}
+    return [fuzz.draw_case(0, index, DEVICE, chosen).spec for index in range(DRAWS)]
+
+
+@pytest.mark.parametrize("kind", fuzz_cache.OVERLAP_KINDS)
+def test_every_overlap_kind_is_drawn(drawn, kind):
+    counts = collections.Counter(spec.get("overlap_kind") for spec in drawn)
+    assert counts[kind] > 0, counts
+
+
+def _cache_specs(drawn, op):
+    return [spec for spec in drawn if spec.get("op") == op]
+
+
+CALLERS = {
+    **{f"layout {layout}": ("rope_and_cache", lambda spec, layout=layout: spec["layout"] == layout)
+       for layout in ("bshd", "sbhd", "bhsd", "thd")},
+    "a paged cache": ("rope_and_cache", lambda spec: spec["paged"]),
+    "a contiguous cache with cache_offsets": ("rope_and_cache", lambda spec: not spec["paged"]),
+    "vLLM's kv[:, 0] and kv[:, 1]": ("rope_and_cache", lambda spec: spec["engine_cache"]["pair"]),
+    "FlashInfer's HND transpose": ("rope_and_cache", lambda spec: spec["engine_cache"]["hnd"]),
+    "head dim padded in the allocation": ("rope_and_cache", lambda spec: spec["engine_cache"]["pad"] > 0),
+    "blocks a step apart": ("rope_and_cache", lambda spec: spec["engine_cache"]["step"] > 1),
+    "a uint8 cache": ("rope_and_cache", lambda spec: spec["cache_dtype"] == "torch.uint8"),
+    "write_k": ("rope_and_cache", lambda spec: spec["write_k"]),
+    "a short slot mapping": ("rope_and_cache", lambda spec: spec["paged"] and len(spec["slot_mapping"])
+                             < spec["tokens"]),
+    "Hq = 0": ("rope_and_cache", lambda spec: spec["hq"] == 0 and spec["tokens"] > 0),
+    "a cache that requires grad": ("rope_and_cache", lambda spec: spec["cache_requires_grad"]),
+    "tensors apart in one byte pool": ("rope_and_cache", lambda spec: spec.get("overlap") == "apart in one pool"),
+    "MLA out of place": ("mla_rope_and_cache", lambda spec: not spec["inplace"]),
+    "MLA's uint8 cache": ("mla_rope_and_cache", lambda spec: spec["cache_dtype"] == "torch.uint8"),
+    "MLA's engines' cos_sin_cache": ("mla_rope_and_cache", lambda spec: spec["engines_table"]),
+    "MLA's short slot mapping": ("mla_rope_and_cache", lambda spec: len(spec["slot_mapping"]) < spec["tokens"]),
+    "MLA out of place on an aliased cache": ("mla_rope_and_cache", lambda spec: not spec["inplace"]
+                                             and spec.get("overlap_kind", "").startswith("a cache")),
+}
+
+
+@pytest.mark.parametrize("what", CALLERS)
+def test_the_fuzzer_draws_what_callers_do(drawn, what):
+    op, has = CALLERS[what]
+    assert any(has(spec) for spec in _cache_specs(drawn, op))
+
+
+def _aliased_case(name: str):
+    """The first drawn case of ``name`` whose cache lies on another tensor's bytes (it must be refused)."""
+    for index in range(400):
+        case = fuzz.draw_case(5, index, DEVICE, {name: fuzz_cache.TARGETS[name]})
+        if case.spec.get("overlap_kind", "").startswith("a cache over") and case.expect == fuzz.RAISE:
+            return case
+    raise AssertionError("no aliased case drawn")
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_an_accepted_aliased_call_is_a_violation_named_by_its_overlap(name):
+    case = _aliased_case(name)
+    case.call = lambda: None  # accepted, nothing written
+    outcome, problems = fuzz.judge(case)
+    written, other = case.spec["overlap"].split(" over ")
+    assert outcome == "violation" and f"must refuse ({written} lies on {other}'s bytes" in problems[-1], problems
+    assert case.spec["overlap_kind"] in fuzz_cache.OVERLAP_KINDS
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_an_aliased_call_refused_by_name_is_a_documented_error_unless_it_wrote_first(name):
+    case = _aliased_case(name)
+    cache = case.tensors[CACHE[name]]
+
+    def refuse():
+        raise ValueError(f"{CACHE[name]} and another argument share memory")
+
+    case.call = refuse
+    assert fuzz.judge(case) == ("documented_error", [])
+
+    def write_then_refuse():
+        cache[(0,) * (cache.ndim - 1)].view(torch.uint8)[0].add_(1)  # one byte of the cache's first row
+        refuse()
+
+    case = _aliased_case(name)
+    cache = case.tensors[CACHE[name]]
+    case.call = write_then_refuse
+    outcome, problems = fuzz.judge(case)
+    assert outcome == "violation" and "raised ValueError but wrote" in problems[0], problems
+
+
+def test_footprints_and_overlaps_are_in_bytes_whatever_the_dtypes():
+    arena = fuzz.Arena(random.Random(0), torch.Generator().manual_seed(0), DEVICE)
+    arena.share("cache", "v", apart=False)
+    cache = arena.place("cache", (4, 8), torch.uint8)
+    v = arena.place("v", (2, 4), torch.bfloat16)
+    base = arena.buffer_of(v).base
+    assert int(fuzz.footprint(v, base).sum()) == 2 * v.numel() and arena.pooled()
+    assert fuzz_cache.pool_overlaps(arena, {}, {"cache": cache}, {"v": v})[0] == ["cache lies on v's bytes"]
+    arena = fuzz.Arena(random.Random(0), torch.Generator().manual_seed(0), DEVICE)
+    arena.share("cache", "v", apart=True)
+    cache, v = arena.place("cache", (4, 8), torch.uint8), arena.place("v", (2, 4), torch.bfloat16)
+    spec = {}
+    assert fuzz_cache.pool_overlaps(arena, spec, {"cache": cache}, {"v": v}) == ([], False)
+    assert spec == {"overlap": "apart in one pool"}
 
 
 def _case(name: str, want=lambda spec: True):
@@ -27,7 +141,7 @@ def _case(name: str, want=lambda spec: True):
         case = fuzz.draw_case(23, index, DEVICE, {name: fuzz_cache.TARGETS[name]})
         spec = case.spec
         if (case.expect == fuzz.MATCH and any(s >= 0 for s in spec["slots"]) and "float8" not in spec["cache_dtype"]
-                and want(spec)):
+                and "uint8" not in spec["cache_dtype"] and want(spec)):
             return case, case.tensors[CACHE[name]]
     raise AssertionError("no such case drawn")
 
@@ -66,7 +180,7 @@ def test_a_wrong_value_in_a_written_slot_is_a_violation(name):
 @pytest.mark.parametrize("name", NAMES)
 def test_a_change_to_a_slot_no_token_names_is_a_violation(name):
     case, cache = _case(name, lambda spec: len({s for s in spec["slots"] if s >= 0})
-                        < spec["num_blocks"] * spec["block_size"])
+                        < spec["cache_shape"][0] * spec["cache_shape"][1])
     named = {s for s in case.spec["slots"] if s >= 0}
     free = next(s for s in range(cache.shape[0] * cache.shape[1]) if s not in named)
     outcome, problems = fuzz.judge(_then(case, lambda: _row(cache, free).neg_()))
@@ -78,3 +192,13 @@ def test_v_must_reach_its_cache_bit_for_bit():
     row = _row(case.tensors["v_cache"], next(s for s in case.spec["slots"] if s >= 0))
     outcome, problems = fuzz.judge(_then(case, lambda: row.copy_(torch.nextafter(row, torch.full_like(row, 1e9)))))
     assert outcome == "violation" and any("v_cache" in p for p in problems), problems
+
+
+def test_a_pool_grown_for_its_second_tensor_keeps_the_first_ones_writable_bytes():
+    arena = fuzz.Arena(random.Random(0), torch.Generator().manual_seed(0), DEVICE)
+    arena.share("q", "sin", apart=True)
+    q = arena.place("q", (4, 8), torch.bfloat16)
+    arena.allow_writes(q)
+    arena.place("sin", (1024, 8), torch.float32)  # more bytes than the pool has room for past q
+    q.mul_(2)
+    assert arena.changed(allow=True) == [] and arena.changed(allow=False)

@@ -80,8 +80,9 @@ def run_fuzz(cases: int, seed: int, *, workers: int = 1, budget_s: float | None 
     counts = fuzz.run(cases, seed, isolate=_device.DEVICE == "cuda", workers=workers, time_budget_s=budget_s)
     return {"fuzz_cases": counts["cases"], "checked": counts["cases"], "failed": counts["violations"],
             "matched": counts["matched"], "documented_errors": counts["documented_errors"],
-            "by_target": counts.get("by_target", {}),
+            "by_target": counts.get("by_target", {}), "by_overlap_kind": counts.get("by_overlap_kind", {}),
             "failures": [{"backend": f.get("target", "apply_rope"), "case": f"seed {seed} case {f.get('case')}",
+                          **({"overlap": f["overlap"]} if "overlap" in f else {}),
                           "messages": list(f.get("problems", []))} for f in counts.get("findings", [])[:20]],
             "seconds": counts.get("seconds")}
 

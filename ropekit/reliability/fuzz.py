@@ -4,7 +4,9 @@ Each case draws, independently for *every* tensor argument of an op (q, k, cos, 
 fused ops also their caches, slot mappings and scales), its dtype, its view (contiguous, padded rows, stepped
 channels, permuted dimensions, expanded stride-0 dimensions, self-overlapping ``as_strided``) and its values (positions
 inside and outside the table, negative, ``cu_seqlens`` valid or not, ending past the tokens), plus the switches
-(layout, pairing, ``rotary_dim``, per-token rows, in place, autograd, check mode) and aliasing between tensors.
+(layout, pairing, ``rotary_dim``, per-token rows, in place, autograd, check mode) and aliasing between tensors:
+a tensor the call writes carved from one byte pool with another tensor of the call, on its bytes (an overlap kind
+that must be refused: counted by kind in ``by_overlap_kind``) or apart.
 
 The oracle, for every case:
 
@@ -142,8 +144,10 @@ def judge(case: Case) -> tuple[str, list[str]]:
 
 # Targets a run leaves out unless named (--target): the CUDA backend builds its extension with nvcc first.
 OPT_IN = frozenset({"apply_rope_cuda"})
-# apply_rope has the most arguments to draw; the engines' two names share one contract
-_WEIGHT = {"apply_rope": 6, "apply_rope_cuda": 6, "apply_rope_with_cos_sin_cache_inplace": 1, "rotary_embedding": 2}
+# apply_rope has the most arguments to draw; the engines' two names share one contract; the cache writers draw
+# layouts, cache addressing, engines' cache views and overlaps of their own
+_WEIGHT = {"apply_rope": 6, "apply_rope_cuda": 6, "apply_rope_with_cos_sin_cache_inplace": 1, "rotary_embedding": 2,
+           "rope_and_cache": 3, "mla_rope_and_cache": 2, "qk_norm_rope": 2}
 
 
 def _targets() -> dict:
@@ -198,8 +202,16 @@ def _tally(counts: dict, index: int, target: str, outcome: str, problems: list, 
     per = counts["by_target"].setdefault(target, {"cases": 0, "matched": 0, "documented_errors": 0, "violations": 0})
     per["cases"] += 1
     per[key] += 1
+    kind = spec.get("overlap_kind")  # a written tensor drawn on another one's bytes: docs/fuzzing.md's kinds
+    if kind:
+        per = counts["by_overlap_kind"].setdefault(kind, {"cases": 0, "violations": 0, "by_pair": {}})
+        per["cases"] += 1
+        per["violations"] += key == "violations"
+        if key == "violations":
+            per["by_pair"][spec["overlap"]] = per["by_pair"].get(spec["overlap"], 0) + 1
     if problems and len(counts["findings"]) < max_findings:
-        counts["findings"].append({"case": index, "target": target, "problems": problems, "spec": spec})
+        named = {"overlap": spec["overlap"]} if kind else {}
+        counts["findings"].append({"case": index, "target": target, **named, "problems": problems, "spec": spec})
 
 
 def _isolated_chunk(start: int, stop: int, seed: int, device, chosen: dict, deadline: float | None,
@@ -257,7 +269,8 @@ def run(cases: int, seed: int, device: str | None = None, *, targets: list[str] 
     available = _targets()
     chosen = {name: available[name] for name in (targets or sorted(set(available) - OPT_IN))}
     counts = {"cases": 0, "matched": 0, "documented_errors": 0, "violations": 0, "seed": seed, "device": str(device),
-              "targets": sorted(chosen), "family_size": family_size, "by_target": {}, "findings": []}
+              "targets": sorted(chosen), "family_size": family_size, "by_target": {}, "by_overlap_kind": {},
+              "findings": []}
     start = time.perf_counter()
     deadline = None if time_budget_s is None else time.time() + time_budget_s
     lock = threading.Lock()

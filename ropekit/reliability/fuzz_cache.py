@@ -1,9 +1,13 @@
-"""The fuzzer's targets for the fused ops that write a KV cache: ``ropekit.rope_and_cache`` (a paged cache, QK-norm
-optional, float8 caches with their scales) and ``ropekit.mla_rope_and_cache`` (MLA's latent cache). Caches, slot
-mappings and scales are drawn like the activations: views with guard elements around them, slots that are -1, out of
-range or (in check mode) repeated, positions past the table. The check: every written slot holds the float64
-reference (within the dtype's bound, or one e4m3 spacing of value / scale; v's bits exactly), every other cache
-element and every input is bitwise unchanged (the arena's check), and in check mode a bad slot or position raises."""
+"""The fuzzer's targets for the fused ops that write a KV cache: ``ropekit.rope_and_cache`` (every layout, a paged
+cache or a contiguous one with ``cache_offsets``, QK-norm optional, ``write_k``, float8 caches with their scales) and
+``ropekit.mla_rope_and_cache`` (MLA's latent cache, in place or not). Caches are drawn as engines allocate them
+(vLLM's ``kv[:, 0]``, FlashInfer's HND, padded channels, strided blocks, uint8 bytes); caches, slot mappings and scales
+like the activations: views with guard elements around them, slots that are -1, out of range or (in check mode)
+repeated, positions past the table. In a share of the cases a written tensor and another tensor of the call are
+carved from one byte pool (``Arena.share``): on each other's bytes, an overlap of one of :data:`OVERLAP_KINDS` that
+must be refused before anything is written, or apart. The check: every written slot holds the float64 reference
+(within the dtype's bound, or one e4m3 spacing of value / scale; v's bits exactly), every other cache element and
+every input is bitwise unchanged (the arena's check), and in check mode a bad slot, offset or position raises."""
 
 from __future__ import annotations
 
@@ -15,14 +19,53 @@ import ropekit
 from ropekit import reference as ref
 from ropekit.testing import check_close_to_reference, ulp
 
+from .arena import overlaps
+from .common import layout_shape
 from .fuzz import EITHER, MATCH, RAISE, Arena, Case, same_bits, self_overlapping
-from .rope_args import DTYPES, INDEX_KINDS, INPUT_KINDS, pick, position_values
+from .rope_args import DTYPES, INDEX_KINDS, INPUT_KINDS, from_tokens, pick, position_values, to_tokens
 
-__all__ = ["TARGETS", "draw_rope_and_cache", "draw_mla_rope_and_cache"]
+__all__ = ["TARGETS", "OVERLAP_KINDS", "overlap_kind", "pool_overlaps", "draw_rope_and_cache",
+           "draw_mla_rope_and_cache"]
 
 FP8 = torch.float8_e4m3fn
 # caches are written: no view kind in which two indices name one element
 _CACHE_KINDS = (("contiguous", 3), ("padded", 2))
+# the share of cases whose written tensor is carved from one byte pool with another tensor of the call
+_POOL_PROBABILITY = 0.35
+
+# The tensors of a call, grouped for the overlap kinds' names (docs/fuzzing.md).
+_GROUPS = {"q, k or v": ("q", "k", "v", "q_pe", "k_pe", "kv_c"), "cos/sin": ("cos", "sin", "cos_sin_cache"),
+           "norm weights": ("q_weight", "k_weight"), "scales": ("k_scale", "v_scale", "kv_cache_scale"),
+           "index tensors": ("positions", "slot_mapping", "cu_seqlens", "cache_offsets"),
+           "a cache": ("k_cache", "v_cache", "kv_cache")}
+OVERLAP_KINDS = ("a cache over q, k or v", "a cache over cos/sin", "a cache over norm weights",
+                 "a cache over index tensors", "a cache over scales", "a cache over a cache",
+                 "a float8 cache and a bf16 (or wider) q, k or v in one byte pool",
+                 "in-place q or k over a read tensor")
+"""The overlap kinds the fuzzer draws (``Case.spec["overlap_kind"]``); every one must be refused."""
+
+
+def overlap_kind(written: str, other: str, a: torch.Tensor, b: torch.Tensor) -> str:
+    """The kind (one of :data:`OVERLAP_KINDS`) of a written tensor lying on bytes of another."""
+    group = next(g for g, names in _GROUPS.items() if other in names)
+    if written in _GROUPS["a cache"]:
+        if group == "q, k or v" and a.element_size() != b.element_size():
+            return "a float8 cache and a bf16 (or wider) q, k or v in one byte pool"
+        return f"a cache over {group}"
+    return "in-place q or k over a read tensor"
+
+
+def pool_overlaps(arena: Arena, spec: dict, written: dict, others: dict) -> tuple[list, bool]:
+    """Where the drawn tensors overlap: the reasons the call must be refused (a written tensor on another one's
+    bytes; named in ``spec``) and whether either outcome is right (byte spans that meet, elements apart)."""
+    shared, spans = overlaps(arena, written, others)
+    named = {**others, **written}
+    if shared:
+        w, t = shared[0]
+        spec.update(overlap=f"{w} over {t}", overlap_kind=overlap_kind(w, t, named[w], named[t]))
+    elif arena.pooled():
+        spec.update(overlap="apart in one pool")
+    return [f"{w} lies on {t}'s bytes" for w, t in shared], bool(spans)
 
 
 def _slots(rng: random.Random, tokens: int, n_slots: int, hostile: bool, repeat: bool) -> list[int]:
@@ -37,16 +80,37 @@ def _slots(rng: random.Random, tokens: int, n_slots: int, hostile: bool, repeat:
     return slots
 
 
-def _place_cache(arena: Arena, name: str, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
-    kind = pick(arena.rng, _CACHE_KINDS)
-    if dtype == FP8:  # random bytes, NaN encodings among them: untouched slots are compared bit for bit
-        return arena.place(name, shape, torch.uint8, kind).view(FP8)
-    return arena.place(name, shape, dtype, kind)
+def _engine_caches(arena: Arena, name: str, shape: tuple, dtype: torch.dtype, pair: bool = False) -> tuple[list,
+                                                                                                          dict]:
+    """The cache(s) of ``shape`` as engines allocate them: vLLM's k and v as ``kv[:, 0]`` and ``kv[:, 1]`` of one
+    ``(num_blocks, 2, ...)`` tensor (``pair``), FlashInfer's HND (heads before rows, seen transposed), head dims
+    padded in the allocation, blocks a step apart, float8 caches stored as bytes (read through a float8 view or
+    passed as vLLM's ``torch.uint8``). Returns the caches and what was drawn."""
+    rng = arena.rng
+    fp8 = dtype == FP8
+    how = dict(hnd=len(shape) == 4 and rng.random() < 0.3, pad=rng.choice((0, 0, 0, 4)),
+               step=rng.choice((1, 1, 1, 2)), uint8=fp8 and rng.random() < 0.5, pair=pair)
+    blocks, rows, *heads, dim = shape
+    inner = (tuple(heads) + (rows,)) if how["hnd"] else ((rows,) + tuple(heads))
+    allocation = (blocks * how["step"],) + ((2,) if pair else ()) + inner + (dim + how["pad"],)
+    stored = torch.uint8 if fp8 else dtype
+    whole = arena.place(name, allocation, stored, pick(rng, _CACHE_KINDS))[::how["step"], ..., :dim]
+    if fp8 and not how["uint8"]:
+        whole = whole.view(FP8)
+    caches = [whole[:, 0], whole[:, 1]] if pair else [whole]
+    if how["hnd"]:
+        caches = [c.transpose(1, 2) for c in caches]
+    return caches, how
+
+
+def _as_fp8(t: torch.Tensor) -> torch.Tensor:
+    return t.view(FP8) if t.dtype == torch.uint8 else t
 
 
 def _refusals(check_mode: bool, positions: torch.Tensor, rows: int, slots: list[int], n_slots: int,
-              overlap: bool) -> list[str]:
-    """Why the call must raise (empty: it must not): check mode's position and slot checks, in-place overlap."""
+              overlap: bool, outside: bool = False) -> list[str]:
+    """Why the call must raise (empty: it must not): check mode's position and slot checks (``slots``: the
+    mapping as passed; ``outside``: a contiguous cache's row outside it), in-place overlap."""
     reasons = []
     if check_mode and bool(((positions < 0) | (positions >= rows)).any()):
         reasons.append("check mode: positions outside the table")
@@ -54,6 +118,8 @@ def _refusals(check_mode: bool, positions: torch.Tensor, rows: int, slots: list[
         reasons.append("check mode: a slot outside the cache")
     if check_mode and len({s for s in slots if s >= 0}) < sum(s >= 0 for s in slots):
         reasons.append("check mode: two tokens name one slot")
+    if check_mode and outside:
+        reasons.append("check mode: cache_offsets place a sequence outside the cache")
     if overlap:
         reasons.append("in place on overlapping memory")
     return reasons
@@ -103,35 +169,100 @@ def _cache_problems(name: str, after: torch.Tensor, before: torch.Tensor, want: 
 
 
 def draw_rope_and_cache(rng: random.Random, gen: torch.Generator, device) -> Case:
-    """``rope_and_cache`` on a paged cache: (1, tokens, heads, head_dim) q, k, v with any view kind, position ids,
-    QK-norm or not, in place or not, a cache in the activations' dtype or float8 e4m3."""
+    """``rope_and_cache`` in every layout (``thd`` with ``cu_seqlens``), q, k, v with any view kind (q without heads
+    at times), positions as ids or none, QK-norm or not, in place or not, ``write_k`` or not; a paged cache (a
+    slot mapping, shorter than the tokens at times) or a contiguous one with ``cache_offsets``, in the activations'
+    dtype or float8 e4m3 (as bytes at times), drawn as engines allocate it; a cache that requires grad; and, in a
+    share of the cases, a written tensor and another of the call carved from one byte pool, on each other's bytes
+    (to be refused) or apart (to be accepted)."""
     arena = Arena(rng, gen, device)
     either = []
-    tokens, hq, hk = rng.randint(0, 6), rng.randint(1, 3), rng.randint(1, 2)
+    layout = rng.choice(("bshd", "sbhd", "bhsd", "thd"))
+    if layout == "thd":
+        lengths = [rng.randint(0, 3) for _ in range(rng.randint(1, 3))]
+        batch, seq, tokens = len(lengths), max(lengths), sum(lengths)
+    else:
+        batch, seq = rng.randint(1, 2), rng.randint(0, 3)
+        lengths, tokens = [seq] * batch, batch * seq
+    token_shape = (tokens,) if layout == "thd" else (batch, seq)
+    hq, hk = rng.randint(1, 3) if rng.random() > 0.1 else 0, rng.randint(1, 2)
     head_dim = rng.choice((8, 16))
     rotary_dim, v_dim = rng.choice((head_dim, head_dim // 2)), rng.choice((head_dim, 8))
-    interleaved, norm, inplace = rng.random() < 0.4, rng.random() < 0.4, rng.random() < 0.5
+    interleaved, norm, inplace, write_k = (rng.random() < 0.4, rng.random() < 0.4, rng.random() < 0.5,
+                                           rng.random() < 0.3)
+    pooled = rng.random() < _POOL_PROBABILITY
     dtype = rng.choices(DTYPES, weights=(4, 3, 2, 1))[0]
-    cache_dtype = FP8 if dtype != torch.float64 and rng.random() < 0.3 else dtype
-    hostile, check_mode = rng.random() < 0.25, rng.random() < 0.2
-    rows, block_size, num_blocks = rng.randint(1, 12), rng.choice((1, 2, 4)), rng.randint(1, 4)
+    cache_dtype = FP8 if dtype != torch.float64 and rng.random() < (0.5 if pooled else 0.3) else dtype
+    hostile, check_mode = not pooled and rng.random() < 0.25, not pooled and rng.random() < 0.2
+    rows, block_size, num_blocks = rng.randint(max(seq, 1), 12), rng.choice((1, 2, 4)), rng.randint(1, 4)
+    paged, pair = rng.random() < 0.7, v_dim == head_dim and rng.random() < 0.3
+    positions_given = rng.random() < 0.7 and not (layout == "thd" and batch == tokens > 1)  # (tokens,) == (n_seqs,)
+    short = paged and tokens and rng.random() < 0.2
     table_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+    written = ["k_cache", "v_cache"] + (["q"] + (["k"] if write_k else []) if inplace else [])
+    read = ["q", "k", "v", "cos", "sin", "slot_mapping" if paged else "cache_offsets"]
+    read += (["positions"] if positions_given else []) + (["cu_seqlens"] if layout == "thd" else [])
+    read += (["q_weight", "k_weight"] if norm else []) + (["k_scale", "v_scale"] if cache_dtype == FP8 else [])
+    if pooled:  # (vLLM's k and v caches are one allocation, named k_cache; q, k and v drawn twice as often)
+        writer = rng.choice([n for n in written if not (pair and n == "v_cache")])
+        partners = [n for n in read + written + ["q", "k", "v"] if n not in (writer, "v_cache" if pair else "")]
+        arena.share(writer, rng.choice(partners), apart=rng.random() < 0.25)
 
-    q = arena.place("q", (1, tokens, hq, head_dim), dtype, pick(rng, INPUT_KINDS))
-    k = arena.place("k", (1, tokens, hk, head_dim), dtype, pick(rng, INPUT_KINDS))
-    v = arena.place("v", (1, tokens, hk, v_dim), dtype, pick(rng, INPUT_KINDS))
+    cu = max_seqlen = None
+    if layout == "thd":
+        cu_list = [0]
+        for n in lengths:
+            cu_list.append(cu_list[-1] + n)
+        cu = arena.place("cu_seqlens", (len(cu_list),), rng.choice((torch.int32, torch.int64)),
+                         pick(rng, INDEX_KINDS), lambda shape: torch.tensor(cu_list))
+        max_seqlen = rng.choice((seq, None))
+        local = torch.cat([torch.arange(n) for n in lengths])
+    else:
+        local = torch.arange(seq).expand(batch, seq)
+    q = arena.place("q", layout_shape(layout, batch, seq, hq, head_dim, tokens), dtype, pick(rng, INPUT_KINDS))
+    k = arena.place("k", layout_shape(layout, batch, seq, hk, head_dim, tokens), dtype, pick(rng, INPUT_KINDS))
+    v = arena.place("v", layout_shape(layout, batch, seq, hk, v_dim, tokens), dtype, pick(rng, INPUT_KINDS))
     cos = arena.place("cos", (rows, rotary_dim // 2), table_dtype, pick(rng, INPUT_KINDS))
     sin = arena.place("sin", (rows, rotary_dim // 2), table_dtype, pick(rng, INPUT_KINDS))
-    positions = arena.place("positions", (1, tokens), rng.choice((torch.int64, torch.int32)), pick(rng, INDEX_KINDS),
-                            position_values(gen, 0, rows - 1, hostile, rows))
-    k_cache = _place_cache(arena, "k_cache", (num_blocks, block_size, hk, head_dim), cache_dtype)
-    v_cache = _place_cache(arena, "v_cache", (num_blocks, block_size, hk, v_dim), cache_dtype)
-    n_slots = num_blocks * block_size
-    slots = _slots(rng, tokens, n_slots, hostile, repeat=check_mode and rng.random() < 0.3)
-    slot_mapping = arena.place("slot_mapping", (tokens,), torch.int64, pick(rng, INDEX_KINDS),
-                               lambda shape: torch.tensor(slots, dtype=torch.int64).reshape(shape))
-    kwargs = dict(k_cache=k_cache, v_cache=v_cache, slot_mapping=slot_mapping, positions=positions,
-                  interleaved=interleaved, inplace=inplace)
+    positions = None
+    if positions_given:
+        positions = arena.place("positions", token_shape, rng.choice((torch.int64, torch.int32)),
+                                pick(rng, INDEX_KINDS), position_values(gen, 0, rows - 1, hostile, rows))
+    pos = local if positions is None else positions.detach().cpu().to(torch.int64)
+    if paged:
+        shape = (num_blocks, block_size)
+    else:
+        shape = (batch, max(max(lengths), 1) + rng.randint(0, 2))
+    caches, engine = _engine_caches(arena, "k_cache", shape + (hk, head_dim), cache_dtype, pair)
+    if not pair:
+        caches += _engine_caches(arena, "v_cache", shape + (hk, v_dim), cache_dtype)[0]
+    k_cache, v_cache = caches
+    n_slots = shape[0] * shape[1]
+    outside = False
+    if paged:
+        mapped = _slots(rng, tokens, n_slots, hostile, repeat=check_mode and rng.random() < 0.3)
+        if short:
+            mapped = mapped[:rng.randrange(tokens)]
+        slot_mapping = arena.place("slot_mapping", (len(mapped),), torch.int64, pick(rng, INDEX_KINDS),
+                                   lambda s: torch.tensor(mapped, dtype=torch.int64).reshape(s))
+        slots = mapped + [-1] * (tokens - len(mapped))
+        addressing = dict(slot_mapping=slot_mapping)
+    else:  # token s of sequence b at row offsets[b] + s of cache[b]: as slots of the flattened cache
+        offsets = [rng.randint(0, shape[1] - n) for n in lengths]
+        if hostile:
+            offsets[rng.randrange(batch)] = rng.choice((shape[1], -1, shape[1] - 1))
+        ends = [o + n for o, n in zip(offsets, lengths)]
+        outside = any(o < 0 or e > shape[1] for o, n, e in zip(offsets, lengths, ends) if n)
+        slots = [b * shape[1] + offsets[b] + s if 0 <= offsets[b] + s < shape[1] else -1
+                 for b, n in enumerate(lengths) for s in range(n)]
+        if rng.random() < 0.3 and min(offsets) >= 0 and len(set(offsets)) == 1:
+            cache_offsets = offsets[0]
+        else:
+            cache_offsets = arena.place("cache_offsets", (batch,), rng.choice((torch.int32, torch.int64)),
+                                        pick(rng, INDEX_KINDS), lambda s: torch.tensor(offsets).reshape(s))
+        addressing, mapped = dict(cache_offsets=cache_offsets), []
+    kwargs = dict(k_cache=k_cache, v_cache=v_cache, positions=positions, layout=layout, interleaved=interleaved,
+                  inplace=inplace, write_k=write_k, cu_seqlens=cu, max_seqlen=max_seqlen, **addressing)
     if cache_dtype == FP8:
         kwargs.update(k_scale=arena.place("k_scale", (1,), torch.float32, values=lambda s: torch.full(s, rng.choice(
                           (0.05, 1.0, 3.0)))),
@@ -141,30 +272,42 @@ def draw_rope_and_cache(rng: random.Random, gen: torch.Generator, device) -> Cas
     if norm:
         kwargs.update(q_weight=arena.place("q_weight", (head_dim,), dtype), eps=eps, weight_offset=weight_offset,
                       k_weight=arena.place("k_weight", (head_dim,), dtype))
+    grad_cache = not pooled and cache_dtype == dtype and rng.random() < 0.05
+    if grad_cache:
+        k_cache.requires_grad_()
 
-    pos = positions.detach().cpu().to(torch.int64)
-    overlap = inplace and self_overlapping(q)
-    why_raise = _refusals(check_mode, pos, rows, slots, n_slots, overlap)
+    spec = dict(op="rope_and_cache", layout=layout, lengths=lengths, tokens=tokens, hq=hq, hk=hk, head_dim=head_dim,
+                rotary_dim=rotary_dim, v_dim=v_dim, interleaved=interleaved, norm=norm, inplace=inplace,
+                write_k=write_k, dtype=str(dtype), cache_dtype=str(k_cache.dtype), rows=rows, paged=paged,
+                cache_shape=tuple(k_cache.shape), engine_cache=engine, slots=slots, slot_mapping=mapped,
+                cache_offsets=None if paged else offsets, positions=None if positions is None else pos.tolist(),
+                check_mode=check_mode, cache_requires_grad=grad_cache)
+    tensors = dict(q=q, k=k, v=v, cos=cos, sin=sin, positions=positions, cu_seqlens=cu, k_cache=k_cache,
+                   v_cache=v_cache, **{n: kwargs.get(n) for n in ("slot_mapping", "cache_offsets", "k_scale",
+                                                                  "v_scale", "q_weight", "k_weight")})
+    tensors = {n: t for n, t in tensors.items() if isinstance(t, torch.Tensor)}
+    writes = {n: tensors[n] for n in written}
+    aliased, spans = pool_overlaps(arena, spec, writes, {n: t for n, t in tensors.items() if n not in writes})
+    overlap = inplace and (self_overlapping(q) or (write_k and self_overlapping(k)))
+    why_raise = _refusals(check_mode, pos, rows, mapped, n_slots, overlap, outside) + aliased
+    if grad_cache:
+        why_raise.append("a cache that requires grad")
     expect = RAISE if why_raise else MATCH
-    if inplace:
-        arena.allow_writes(q)
-    arena.allow_writes(k_cache)
-    arena.allow_writes(v_cache)
+    for name in written:
+        arena.allow_writes(tensors[name])
     if tokens == 0:
         either.append("no tokens")
+    if spans:
+        either.append("byte spans that meet, elements apart")
 
-    logical = {name: t.detach().cpu().clone() for name, t in (("q", q), ("k", k), ("v", v), ("cos", cos),
-                                                               ("sin", sin))}
+    logical = {name: t.detach().cpu().clone() for name, t in tensors.items() if name in ("q", "k", "v", "cos", "sin")}
     weights = {name: kwargs[name].detach().cpu() for name in ("q_weight", "k_weight") if name in kwargs}
-    caches_before = [c.detach().cpu().clone() for c in (k_cache, v_cache)]
+    caches_before = [_as_fp8(c.detach().cpu().clone()) for c in (k_cache, v_cache)]
     scales = [float(kwargs[name]) for name in ("k_scale", "v_scale")] if cache_dtype == FP8 else [None, None]
-    spec = dict(op="rope_and_cache", tokens=tokens, hq=hq, hk=hk, head_dim=head_dim, rotary_dim=rotary_dim,
-                v_dim=v_dim, interleaved=interleaved, norm=norm, inplace=inplace, dtype=str(dtype),
-                cache_dtype=str(cache_dtype), rows=rows, block_size=block_size, num_blocks=num_blocks, slots=slots,
-                positions=pos.tolist(), scales=scales, check_mode=check_mode)
+    spec["scales"] = scales
 
-    def rotated(name: str) -> torch.Tensor:
-        x = logical[name].to(torch.float64)
+    def rotated(name: str) -> torch.Tensor:  # in the tokens' layout: (batch, seq, heads, dim) or (tokens, ...)
+        x = to_tokens(logical[name], layout)
         if norm:
             x = ref.rms_norm(x, weights[name + "_weight"], eps=eps, weight_offset=weight_offset)
         table = _table_rows(logical, pos, rows)
@@ -174,73 +317,112 @@ def draw_rope_and_cache(rng: random.Random, gen: torch.Generator, device) -> Cas
 
     def check(result) -> list[str]:
         q_out, k_out = result
-        problems = [] if k_out is None else ["returned a rotated k without write_k"]
-        if inplace and q_out is not q:
-            problems.append("in place, but the returned q is not q")
-        message = check_close_to_reference(q_out, rotated("q"))
-        if message is not None:
-            problems.append(f"q: {message}")
+        problems = []
+        for name, out, x in (("q", q_out, q), ("k", k_out, k)):
+            if name == "k" and not write_k:
+                problems += [] if k_out is None else ["returned a rotated k without write_k"]
+                continue
+            if inplace and out is not x:
+                problems.append(f"in place, but the returned {name} is not {name}")
+            message = check_close_to_reference(out, from_tokens(rotated(name), layout))
+            if message is not None:
+                problems.append(f"{name}: {message}")
         for name, cache, before, want, scale, exact in (
                 ("k_cache", k_cache, caches_before[0], rotated("k"), scales[0], False),
-                ("v_cache", v_cache, caches_before[1], logical["v"].to(torch.float64), scales[1], True)):
-            flat = cache.detach().cpu().reshape(n_slots, *cache.shape[2:])
-            problems += _cache_problems(name, flat, before.reshape(n_slots, *cache.shape[2:]), want[0], slots,
-                                        scale, exact)
+                ("v_cache", v_cache, caches_before[1], to_tokens(logical["v"], layout), scales[1], True)):
+            flat = _as_fp8(cache.detach().cpu()).reshape(n_slots, *cache.shape[2:])
+            problems += _cache_problems(name, flat, before.reshape(n_slots, *cache.shape[2:]),
+                                        want.reshape(tokens, *cache.shape[2:]), slots, scale, exact)
         return problems
 
-    return Case("rope_and_cache", spec, arena, lambda: ropekit.rope_and_cache(q, k, v, cos, sin, **kwargs), check,
+    return Case("rope_and_cache", spec, arena,
+                lambda: ropekit.rope_and_cache(q, k, v, cos, sin, **kwargs), check,
                 expect=EITHER if expect == MATCH and either else expect, why_raise="; ".join(why_raise),
-                overlap=overlap, inplace_targets=[t for t in ((q,) if inplace else ()) if t.numel()],
-                env={"ROPEKIT_CHECK": "1" if check_mode else "0"},
-                tensors=dict(q=q, k=k, v=v, k_cache=k_cache, v_cache=v_cache, slot_mapping=slot_mapping))
+                overlap=overlap or {"q", "k"} <= set(spec.get("overlap", "").split(" over ")),
+                inplace_targets=[t for t in ((q, k) if write_k else (q,)) if inplace and t.numel()],
+                env={"ROPEKIT_CHECK": "1" if check_mode else "0"}, tensors=tensors)
 
 
 def draw_mla_rope_and_cache(rng: random.Random, gen: torch.Generator, device) -> Case:
     """``mla_rope_and_cache``: q_pe (tokens, heads, rope_dim) and the shared k_pe (tokens, rope_dim) rotated, the row
-    ``[kv_c | rotated k_pe]`` written at each token's slot of a paged latent cache (float8 with one scale, or the
-    activations' dtype); GPT-J or NeoX pairing; in place (the engines' contract) or not."""
+    ``[kv_c | rotated k_pe]`` written at each token's slot of a paged latent cache (float8 with one scale, as bytes
+    at times, or the activations' dtype; drawn as engines allocate it); half-width tables or the engines'
+    ``cos_sin_cache``; positions longer than the tokens and slot mappings shorter at times; GPT-J or NeoX pairing;
+    in place (the engines' contract) or not; a cache that requires grad; and, in a share of the cases, a written
+    tensor and another of the call carved from one byte pool (on each other's bytes, or apart)."""
     arena = Arena(rng, gen, device)
     either = []
     tokens, heads, rope_dim, latent = rng.randint(0, 6), rng.randint(1, 4), rng.choice((8, 16)), rng.choice((8, 32))
-    interleaved, inplace = rng.random() < 0.7, rng.random() < 0.7
+    interleaved, inplace = rng.random() < 0.7, rng.random() < 0.6
+    pooled = rng.random() < _POOL_PROBABILITY
     dtype = rng.choices(DTYPES, weights=(4, 3, 2, 1))[0]
-    cache_dtype = FP8 if dtype != torch.float64 and rng.random() < 0.3 else dtype
-    hostile, check_mode = rng.random() < 0.25, rng.random() < 0.2
+    cache_dtype = FP8 if dtype != torch.float64 and rng.random() < (0.5 if pooled else 0.3) else dtype
+    hostile, check_mode = not pooled and rng.random() < 0.25, not pooled and rng.random() < 0.2
     rows, block_size, num_blocks = rng.randint(1, 12), rng.choice((1, 2, 4)), rng.randint(1, 4)
+    engines_table, extra_positions = rng.random() < 0.3, rng.choice((0, 0, 0, 2))
+    short = tokens and rng.random() < 0.2
     table_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+    written = ["kv_cache"] + (["q_pe", "k_pe"] if inplace else [])
+    read = ["q_pe", "k_pe", "kv_c", "positions", "slot_mapping"] + (["cos_sin_cache"] if engines_table else
+                                                                    ["cos", "sin"])
+    read += ["kv_cache_scale"] if cache_dtype == FP8 else []
+    if pooled:  # (q_pe, k_pe and kv_c drawn twice as often)
+        writer = rng.choice(written)
+        arena.share(writer, rng.choice([n for n in read + read[:3] if n != writer]), apart=rng.random() < 0.25)
     q_pe = arena.place("q_pe", (tokens, heads, rope_dim), dtype, pick(rng, INPUT_KINDS))
     k_pe = arena.place("k_pe", (tokens, rope_dim), dtype, pick(rng, INPUT_KINDS))
     kv_c = arena.place("kv_c", (tokens, latent), dtype, pick(rng, INPUT_KINDS))
-    cos = arena.place("cos", (rows, rope_dim // 2), table_dtype, pick(rng, INPUT_KINDS))
-    sin = arena.place("sin", (rows, rope_dim // 2), table_dtype, pick(rng, INPUT_KINDS))
-    positions = arena.place("positions", (tokens,), rng.choice((torch.int64, torch.int32)), pick(rng, INDEX_KINDS),
-                            position_values(gen, 0, rows - 1, hostile, rows))
-    kv_cache = _place_cache(arena, "kv_cache", (num_blocks, block_size, latent + rope_dim), cache_dtype)
+    if engines_table:
+        cos_sin_cache = arena.place("cos_sin_cache", (rows, rope_dim), rng.choice((table_dtype, dtype)),
+                                    pick(rng, INPUT_KINDS))
+        cos, sin = cos_sin_cache[:, :rope_dim // 2], cos_sin_cache[:, rope_dim // 2:]
+        tables = dict(cos_sin_cache=cos_sin_cache)
+    else:
+        cos = arena.place("cos", (rows, rope_dim // 2), table_dtype, pick(rng, INPUT_KINDS))
+        sin = arena.place("sin", (rows, rope_dim // 2), table_dtype, pick(rng, INPUT_KINDS))
+        tables = dict(cos=cos, sin=sin)
+    positions = arena.place("positions", (tokens + extra_positions,), rng.choice((torch.int64, torch.int32)),
+                            pick(rng, INDEX_KINDS), position_values(gen, 0, rows - 1, hostile, rows))
+    (kv_cache,), engine = _engine_caches(arena, "kv_cache", (num_blocks, block_size, latent + rope_dim), cache_dtype)
     n_slots = num_blocks * block_size
-    slots = _slots(rng, tokens, n_slots, hostile, repeat=check_mode and rng.random() < 0.3)
-    slot_mapping = arena.place("slot_mapping", (tokens,), torch.int64, pick(rng, INDEX_KINDS),
-                               lambda shape: torch.tensor(slots, dtype=torch.int64).reshape(shape))
+    mapped = _slots(rng, tokens, n_slots, hostile, repeat=check_mode and rng.random() < 0.3)
+    if short:
+        mapped = mapped[:rng.randrange(tokens)]
+    slots = mapped + [-1] * (tokens - len(mapped))
+    slot_mapping = arena.place("slot_mapping", (len(mapped),), torch.int64, pick(rng, INDEX_KINDS),
+                               lambda shape: torch.tensor(mapped, dtype=torch.int64).reshape(shape))
     scale = (arena.place("kv_cache_scale", (1,), torch.float32, values=lambda s: torch.full(s, rng.choice(
         (0.05, 1.0, 2.0)))) if cache_dtype == FP8 else None)
+    grad_cache = not pooled and cache_dtype == dtype and rng.random() < 0.05
+    if grad_cache:
+        kv_cache.requires_grad_()
 
-    pos = positions.detach().cpu().to(torch.int64)
+    pos = positions.detach().cpu().to(torch.int64)[:tokens]
+    spec = dict(op="mla_rope_and_cache", tokens=tokens, heads=heads, rope_dim=rope_dim, latent=latent,
+                interleaved=interleaved, inplace=inplace, dtype=str(dtype), cache_dtype=str(kv_cache.dtype),
+                rows=rows, cache_shape=tuple(kv_cache.shape), engine_cache=engine, slots=slots,
+                slot_mapping=mapped, positions=positions.detach().cpu().tolist(), engines_table=engines_table,
+                check_mode=check_mode, cache_requires_grad=grad_cache)
+    tensors = dict(q_pe=q_pe, k_pe=k_pe, kv_c=kv_c, positions=positions, kv_cache=kv_cache,
+                   slot_mapping=slot_mapping, **tables, **({} if scale is None else dict(kv_cache_scale=scale)))
+    writes = {n: tensors[n] for n in written}
+    aliased, spans = pool_overlaps(arena, spec, writes, {n: t for n, t in tensors.items() if n not in writes})
     overlap = inplace and (self_overlapping(q_pe) or self_overlapping(k_pe))
-    why_raise = _refusals(check_mode, pos, rows, slots, n_slots, overlap)
+    why_raise = _refusals(check_mode, pos, rows, mapped, n_slots, overlap) + aliased
+    if grad_cache:
+        why_raise.append("a cache that requires grad")
     expect = RAISE if why_raise else MATCH
-    if inplace:
-        arena.allow_writes(q_pe)
-        arena.allow_writes(k_pe)
-    arena.allow_writes(kv_cache)
+    for name in written:
+        arena.allow_writes(tensors[name])
     if tokens == 0:
         either.append("no tokens")
+    if spans:
+        either.append("byte spans that meet, elements apart")
     logical = {name: t.detach().cpu().clone() for name, t in (("q_pe", q_pe), ("k_pe", k_pe), ("kv_c", kv_c),
                                                                ("cos", cos), ("sin", sin))}
-    before = kv_cache.detach().cpu().clone().reshape(n_slots, -1)
+    before = _as_fp8(kv_cache.detach().cpu().clone()).reshape(n_slots, -1)
     scale_value = None if scale is None else float(scale)
-    spec = dict(op="mla_rope_and_cache", tokens=tokens, heads=heads, rope_dim=rope_dim, latent=latent,
-                interleaved=interleaved, inplace=inplace, dtype=str(dtype), cache_dtype=str(cache_dtype), rows=rows,
-                block_size=block_size, num_blocks=num_blocks, slots=slots, positions=pos.tolist(),
-                scale=scale_value, check_mode=check_mode)
+    spec["scale"] = scale_value
 
     def rotated(name: str) -> torch.Tensor:  # (tokens, ..., rope_dim) rotated at each token's position
         x = logical[name].to(torch.float64)
@@ -257,7 +439,7 @@ def draw_mla_rope_and_cache(rng: random.Random, gen: torch.Generator, device) ->
             message = check_close_to_reference(got, rotated(name))
             if message is not None:
                 problems.append(f"{name}: {message}")
-        after = kv_cache.detach().cpu().reshape(n_slots, -1)
+        after = _as_fp8(kv_cache.detach().cpu()).reshape(n_slots, -1)
         problems += _cache_problems("kv_cache (latent part)", after[:, :latent], before[:, :latent],
                                     logical["kv_c"].to(torch.float64), slots, scale_value, True)
         problems += _cache_problems("kv_cache (rope part)", after[:, latent:], before[:, latent:], rotated("k_pe"),
@@ -265,12 +447,13 @@ def draw_mla_rope_and_cache(rng: random.Random, gen: torch.Generator, device) ->
         return problems
 
     return Case("mla_rope_and_cache", spec, arena,
-                lambda: ropekit.mla_rope_and_cache(q_pe, k_pe, kv_c, kv_cache, slot_mapping, positions, cos, sin,
-                                                   interleaved=interleaved, inplace=inplace, kv_cache_scale=scale),
+                lambda: ropekit.mla_rope_and_cache(q_pe, k_pe, kv_c, kv_cache, slot_mapping, positions,
+                                                   interleaved=interleaved, inplace=inplace, kv_cache_scale=scale,
+                                                   **tables),
                 check, expect=EITHER if expect == MATCH and either else expect, why_raise="; ".join(why_raise),
-                overlap=overlap, inplace_targets=[t for t in ((q_pe, k_pe) if inplace else ()) if t.numel()],
-                env={"ROPEKIT_CHECK": "1" if check_mode else "0"},
-                tensors=dict(q_pe=q_pe, k_pe=k_pe, kv_c=kv_c, kv_cache=kv_cache, slot_mapping=slot_mapping))
+                overlap=overlap or {"q_pe", "k_pe"} <= set(spec.get("overlap", "").split(" over ")),
+                inplace_targets=[t for t in ((q_pe, k_pe) if inplace else ()) if t.numel()],
+                env={"ROPEKIT_CHECK": "1" if check_mode else "0"}, tensors=tensors)
 
 
 TARGETS = {name: draw for name, draw in (("rope_and_cache", draw_rope_and_cache),

@@ -14,6 +14,7 @@ from ropekit import reference as ref
 from ropekit.testing import check_close_to_reference
 
 from .fuzz import EITHER, MATCH, RAISE, Arena, Case, footprint, same_bits, self_overlapping
+from .fuzz_cache import pool_overlaps
 from .fuzz_rope import rope_case
 from .rope_args import DTYPES, INDEX_KINDS, INPUT_KINDS, pick, position_values, draw_rope_args
 
@@ -26,7 +27,15 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, weight_offset: 
 
 
 def draw_qk_norm_rope(rng: random.Random, gen: torch.Generator, device) -> Case:
-    args = draw_rope_args(rng, gen, device, conjugate=False)
+    """``qk_norm_rope`` with apply_rope's hostile arguments and its own weights; in a share of the cases q and one
+    tensor it reads (a weight, a table, positions or cu_seqlens) carved from one byte pool: apart, or on each other's
+    bytes in place (to be refused; out of place both are only read)."""
+    arena, inplace = Arena(rng, gen, device), None
+    if rng.random() < 0.3:
+        apart = rng.random() < 0.25
+        arena.share("q", rng.choice(("q_weight", "k_weight", "cos", "sin", "positions", "cu_seqlens")), apart=apart)
+        inplace = None if apart else True
+    args = draw_rope_args(rng, gen, device, conjugate=False, arena=arena, inplace=inplace)
     del args.kwargs["conjugate"], args.kwargs["backend"]
     head_dim = args.spec["head_dim"]
     weights, logical = [], {}
@@ -40,6 +49,17 @@ def draw_qk_norm_rope(rng: random.Random, gen: torch.Generator, device) -> Case:
         w = args.arena.place(name, (length,), rng.choice((x.dtype, torch.float32)), pick(rng, INPUT_KINDS))
         weights.append(w)
         logical[name[0]] = w.detach().cpu().clone()
+    for name, x in (("q", args.q), ("k", args.k)):  # a weight placed on q's bytes changed them
+        if x is not None:
+            args.logical[name] = x.detach().cpu().clone()
+    reads = dict(cos=args.cos, sin=args.sin, positions=args.kwargs["positions"], cu_seqlens=args.kwargs["cu_seqlens"],
+                 q_weight=weights[0], k_weight=weights[1])
+    aliased, spans = pool_overlaps(args.arena, args.spec, {"q": args.q, "k": args.k} if args.kwargs["inplace"] else {},
+                                   {n: t for n, t in reads.items() if isinstance(t, torch.Tensor)})
+    for why in aliased:
+        args.refuse(why)
+    if spans:
+        args.either.append("byte spans that meet, elements apart")
     eps, weight_offset = rng.choice((1e-6, 1e-5)), rng.choice((0.0, 1.0))
     args.kwargs.update(eps=eps, weight_offset=weight_offset)
     args.spec.update(eps=eps, weight_offset=weight_offset, q_weight=_shape(weights[0]), k_weight=_shape(weights[1]))

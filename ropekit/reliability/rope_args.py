@@ -166,16 +166,18 @@ class RopeArgs:
 
 
 def draw_rope_args(rng: random.Random, gen: torch.Generator, device, *, backend: str = "triton",
-                   conjugate: bool = True) -> RopeArgs:
-    """Draw every argument of a rotary call (see the module docstring); ``conjugate``: may the call take one."""
-    arena = Arena(rng, gen, device)
+                   conjugate: bool = True, arena: Arena | None = None, inplace: bool | None = None) -> RopeArgs:
+    """Draw every argument of a rotary call (see the module docstring); ``conjugate``: may the call take one;
+    ``arena``: where to place the tensors (a fresh one by default); ``inplace``: given rather than drawn."""
+    arena = arena or Arena(rng, gen, device)
     expect, why_raise, either = MATCH, [], []
     layout = rng.choice(("bshd", "sbhd", "bhsd", "thd"))
     dtype = rng.choices(DTYPES, weights=(4, 3, 2, 1))[0]
     head_dim = rng.choice((8, 16))
     rotary_dim = rng.choice((head_dim, head_dim // 2))
     interleaved, conjugate = rng.random() < 0.4, conjugate and rng.random() < 0.2
-    per_token, inplace = rng.random() < 0.25, rng.random() < 0.35
+    per_token, drawn_inplace = rng.random() < 0.25, rng.random() < 0.35
+    inplace = drawn_inplace if inplace is None else inplace
     grad = not inplace and rng.random() < 0.1
     check_mode = rng.random() < 0.2
     hq = rng.choice((1, 2, 3)) if rng.random() > 0.04 else 0
