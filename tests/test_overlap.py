@@ -292,3 +292,13 @@ def test_mla_kv_cache_that_requires_grad_is_refused_by_name():
     call["kv_cache"].requires_grad_(True)
     with pytest.raises(ValueError, match="kv_cache requires grad"):
         ropekit.mla_rope_and_cache(**call)
+
+
+def test_in_place_q_on_a_ropetables_rows_is_refused_by_name():
+    """With table= the call reads the table's cos/sin: an in-place q lying on them is refused, naming table."""
+    table = ropekit.RopeTable(8, 16, device=DEVICE)  # cos, sin: (16, 4) float32
+    q = table.cos.view(-1)[:32].view(1, 1, 4, 8)
+    before = table.cos.clone()
+    with pytest.raises(ValueError, match="table"):
+        ropekit.apply_rope(q, None, table=table, inplace=True)
+    assert torch.equal(table.cos, before)

@@ -131,8 +131,10 @@ def rope_and_cache(q: torch.Tensor, k: torch.Tensor, v: Optional[torch.Tensor], 
                                                v_scale, spec, layout)
     validate.check_no_grad("rope_and_cache", _NAMES, user)
     plan = (cache_mode, spec.mode, spec.offset, spec.max_seqlen or 0, rotary_dim, eps, weight_offset, set())
-    _check_memory(user[:3] + (cos, sin) + user[5:], "table" if table is not None else None, inplace, write_k,
-                  plan[-1])
+    # the caller's tensors, as the cached path checks them (a table the validation derived from cos/sin is a view of
+    # them or a fresh copy); with table= the table's own cos/sin
+    tables = (cos, sin) if table is not None else (user_cos, user_sin)
+    _check_memory(user[:3] + tables + user[5:], "table" if table is not None else None, inplace, write_k, plan[-1])
     derived = (cos, sin, spec.tensor, spec.cu_seqlens, slots)
     given = (user_cos, user_sin, positions, cu_seqlens, slot_mapping if cache_offsets is None else cache_offsets)
     if key is not None and not q.is_meta and all(a is b for a, b in zip(derived, given)):

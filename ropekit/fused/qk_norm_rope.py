@@ -164,6 +164,7 @@ def qk_norm_rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, cos: Optiona
     Autograd (out of place): gradients for q, k, q_weight and k_weight from one fused backward launch.
     Raises ``TypeError``/``ValueError`` naming the argument, before anything is written.
     """
+    user_tables = (cos, sin)
     cos, sin, spec, rotary_dim = validate.rotary_arguments(q, k, cos, sin, table, positions, layout, rotary_dim,
                                                            cu_seqlens, max_seqlen, per_token, interleaved)
     eps, weight_offset = validate.check_norm(q, k, q_weight, k_weight, eps, weight_offset)
@@ -176,9 +177,13 @@ def qk_norm_rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, cos: Optiona
         if needs_grad:
             raise ValueError("inplace=True does not support autograd; use inplace=False when q, k or the weights "
                              "require grad")
+        # the caller's own tensors (what validation derived from them is a view of them or a fresh copy); with
+        # table= the table's cos/sin
         validate.check_overlaps(("q", "k", "q_weight", "k_weight") + (("table", "table") if table is not None else
                                 ("cos", "sin")) + ("positions", "cu_seqlens"),
-                                (q, k, q_weight, k_weight, cos, sin, spec.tensor, spec.cu_seqlens), ("q", "k"))
+                                (q, k, q_weight, k_weight, *((cos, sin) if table is not None else user_tables),
+                                 positions if isinstance(positions, torch.Tensor) else None, cu_seqlens),
+                                ("q", "k"))
         if q.is_meta:
             return q, k
         if compiling:
