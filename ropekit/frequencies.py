@@ -439,7 +439,8 @@ def cos_sin_table(max_positions: int, rotary_dim: int | None = None, *, base: fl
     if inv_freq is None:
         if rotary_dim is None:
             raise TypeError("cos_sin_table needs rotary_dim or inv_freq")
-        inv_freq = inverse_frequencies(rotary_dim, base)
+        inv_freq = inverse_frequencies(rotary_dim, base)  # (on the CPU: the table goes to the default device)
+        device = device if device is not None else torch.get_default_device()
     if not isinstance(inv_freq, torch.Tensor) or not inv_freq.is_floating_point() or inv_freq.ndim != 1:
         raise ValueError(f"inv_freq must be a 1-D floating tensor (rotary_dim/2,), got "
                          f"{getattr(inv_freq, 'dtype', type(inv_freq).__name__)} of shape "

@@ -132,18 +132,40 @@ _PROBE_DTYPES = ((torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16
 _verdicts: dict = {}  # (module name, its function, its rotate_half) -> why the drop-in can't stand in (None: it can)
 
 
-def _probe_inputs(dtype: torch.dtype, rotary_dim: int, head_dim: int = 16, table_dtype: torch.dtype | None = None):
-    """q (2 heads) and k (1 head) in transformers' ``(batch, heads, seq, head_dim)`` and per-token cos/sin rows of
-    ``rotary_dim`` columns, the two halves equal, in ``dtype`` (as transformers' rotary modules return them; in
-    ``table_dtype`` when given)."""
-    generator = torch.Generator().manual_seed(0)
-    q = torch.randn(2, 2, 5, head_dim, generator=generator)
-    k = torch.randn(2, 1, 5, head_dim, generator=generator)
-    theta = torch.rand(2, 5, rotary_dim // 2, generator=generator, dtype=torch.float64) * 40
-    cos, sin = torch.cat((theta.cos(), theta.cos()), -1), torch.cat((theta.sin(), theta.sin()), -1)
-    from .device import DEVICE
-    return (*(t.to(device=DEVICE, dtype=dtype) for t in (q, k)),
-            *(t.to(device=DEVICE, dtype=table_dtype or dtype) for t in (cos, sin)))
+# The probe's sequences, (tokens, batch): a short prefill, a decode step, one past a few token blocks, and one past
+# 8192 tokens (llama3's trained context; past longrope's and most yarn models' original one), where a module that
+# switches its computation for long sequences (as the dynamic, yarn, longrope and llama3 rope types may) shows it. A
+# module's function cannot tell its model's rope type (the config holds it), so every module runs every length.
+_PROBE_SHAPES = ((5, 2), (1, 1), (40, 1), (8200, 1))
+
+
+def _probe_inputs(rotary_dim: int, seq: int, batch: int) -> tuple[torch.Tensor, ...]:
+    """q (2 heads) and k (1 head) of head_dim 16 in transformers' ``(batch, heads, seq, head_dim)`` and per-token
+    cos/sin rows of ``rotary_dim`` columns, the two halves equal (as transformers' rotary modules return them), in
+    float64 on the CPU: each dtype's probe casts them."""
+    generator = torch.Generator().manual_seed(seq)
+    q = torch.randn(batch, 2, seq, 16, generator=generator, dtype=torch.float64)
+    k = torch.randn(batch, 1, seq, 16, generator=generator, dtype=torch.float64)
+    theta = torch.rand(batch, seq, rotary_dim // 2, generator=generator, dtype=torch.float64) * 40
+    return q, k, torch.cat((theta.cos(), theta.cos()), -1), torch.cat((theta.sin(), theta.sin()), -1)
+
+
+def _sampled_tokens(seq: int) -> list[int]:
+    """The tokens of a probe the drop-in is compared on: all of a short one; of a longer one the first and the last,
+    and of one past 8192 tokens also token 8192. (With ``_PROBE_SHAPES``, 16 in all: one program's tile under the
+    interpreter.)"""
+    if seq <= 8:
+        return list(range(seq))
+    return sorted({0, seq - 1} | ({8192} if seq > 8192 else set()))
+
+
+def _fold(x: torch.Tensor, tokens: list[int]) -> torch.Tensor:
+    """The sampled tokens of every sequence of a ``(batch, heads, seq, d)`` tensor or ``(batch, seq, d)`` rows, as one
+    sequence of ``batch * len(tokens)`` tokens (``(1, heads, n, d)`` or ``(1, n, d)``)."""
+    if x.ndim == 4:
+        picked = x[:, :, tokens].transpose(0, 1)
+        return picked.reshape(1, picked.shape[0], -1, picked.shape[-1])
+    return x[:, tokens].reshape(1, -1, x.shape[-1])
 
 
 def _rotate_half_hint(module) -> str:
@@ -169,42 +191,73 @@ def _rotate_half_hint(module) -> str:
 def _probe(original) -> str | None:
     """Run ``original`` and the drop-in on the same probe inputs: None when they agree (bit for bit in bfloat16, at
     float32's default tolerance in float32), else what differs. cos/sin full width, then half width (partial rotary):
-    a width ``original`` cannot take is skipped, but each dtype needs one width it takes."""
+    a width ``original`` cannot take is skipped, but each dtype needs one width it takes. Each width runs every
+    sequence of ``_PROBE_SHAPES``; the drop-in's result for a token depends on that token's q, k, cos and sin only, so
+    it runs once on the sampled tokens of them all (a long call is minutes in the Triton interpreter)."""
+    from .device import DEVICE
+    inputs = {}  # (rotary_dim, seq, batch) -> the float64 inputs, drawn once for every dtype
     for dtype, table_dtype in _PROBE_DTYPES:
         ran = False
         for width, rotary_dim in (("full-width", 16), ("half-width", 8)):
-            q, k, cos, sin = _probe_inputs(dtype, rotary_dim, head_dim=16, table_dtype=table_dtype)
-            try:
-                want = original(q.clone(), k.clone(), cos.clone(), sin.clone())
-            except Exception:  # noqa: BLE001  (it does not take cos/sin of this width: models never call it so)
+            probes = []
+            for seq, batch in _PROBE_SHAPES:
+                if (rotary_dim, seq, batch) not in inputs:
+                    inputs[rotary_dim, seq, batch] = _probe_inputs(rotary_dim, seq, batch)
+                q, k, cos, sin = inputs[rotary_dim, seq, batch]
+                q, k = (t.to(device=DEVICE, dtype=dtype) for t in (q, k))
+                cos, sin = (t.to(device=DEVICE, dtype=table_dtype) for t in (cos, sin))
+                where = (f"a {seq}-token {str(dtype).removeprefix('torch.')} probe with {width} cos/sin in "
+                         f"{str(table_dtype).removeprefix('torch.')}")
+                try:
+                    want = original(q.clone(), k.clone(), cos.clone(), sin.clone())
+                except Exception as error:  # noqa: BLE001
+                    if not probes:  # it does not take cos/sin of this width: models never call it so
+                        break
+                    return (f"on {where} it raises ({type(error).__name__}) where it takes {_PROBE_SHAPES[0][0]} "
+                            "tokens")
+                if not (isinstance(want, (tuple, list)) and len(want) == 2
+                        and all(isinstance(w, torch.Tensor) and w.shape == x.shape for w, x in zip(want, (q, k)))):
+                    kinds = ", ".join(f"{tuple(w.shape)} {str(w.dtype).removeprefix('torch.')}"
+                                      if isinstance(w, torch.Tensor) else type(w).__name__ for w in want) \
+                        if isinstance(want, (tuple, list)) else type(want).__name__
+                    return f"on {where} it returns ({kinds}), not (q_embed, k_embed) of q's and k's shapes"
+                tokens = _sampled_tokens(seq)
+                probes.append((where, [_fold(t, tokens) for t in (q, k, cos, sin)], [_fold(w, tokens) for w in want]))
+            if not probes:
                 continue
             ran = True
-            where = (f"a {str(dtype).removeprefix('torch.')} probe with {width} cos/sin in "
-                     f"{str(table_dtype).removeprefix('torch.')}")
-            try:
-                got = apply_rotary_pos_emb(q, k, cos, sin)
-            except (TypeError, ValueError) as error:
-                return f"on {where} ropekit's drop-in raises ({error}) where it returns a result"
-            if not (isinstance(want, (tuple, list)) and len(want) == 2
-                    and all(isinstance(w, torch.Tensor) and w.shape == g.shape and w.dtype == g.dtype
-                            for w, g in zip(want, got))):
-                kinds = ", ".join(f"{tuple(w.shape)} {str(w.dtype).removeprefix('torch.')}"
-                                  if isinstance(w, torch.Tensor) else type(w).__name__ for w in want) \
-                    if isinstance(want, (tuple, list)) else type(want).__name__
-                return (f"on {where} it returns ({kinds}), not (q_embed, k_embed) of ropekit's shapes and dtypes "
-                        f"({', '.join(str(g.dtype).removeprefix('torch.') for g in got)})")
-            for name, g, w in zip(("q", "k"), got, want):
-                if g.dtype == torch.float32:
-                    same = torch.allclose(g, w, rtol=1.3e-6, atol=1e-5, equal_nan=True)
-                else:
-                    same = torch.equal(g, w)
-                if not same:
-                    gap = float((g.double() - w.double()).abs().max())
-                    exact = "differs from" if g.dtype == torch.float32 else "is not bit-identical to"
-                    return (f"on {where} its {name}_embed {exact} ropekit's (max |difference| {gap:.3g}); "
-                            "it computes another rotation or rounds differently")
+            why = _compare(probes)
+            if why is not None:
+                return why
         if not ran and dtype == table_dtype:
             return f"it raises on every {str(dtype).removeprefix('torch.')} probe (full- and half-width cos/sin)"
+    return None
+
+
+def _compare(probes) -> str | None:
+    """The drop-in, once, on every probe's sampled tokens, against the module's results there: what differs."""
+    inputs = [torch.cat([given[i] for _, given, _ in probes], dim=2 if i < 2 else 1) for i in range(4)]
+    try:
+        got_q, got_k = apply_rotary_pos_emb(*inputs)
+    except (TypeError, ValueError) as error:
+        return f"on {probes[0][0]} ropekit's drop-in raises ({error}) where it returns a result"
+    start = 0
+    for where, given, want in probes:
+        n = given[0].shape[2]
+        for name, g, w in zip(("q", "k"), (got_q[:, :, start:start + n], got_k[:, :, start:start + n]), want):
+            if w.dtype != g.dtype:
+                return (f"on {where} its {name}_embed is {str(w.dtype).removeprefix('torch.')}, ropekit's "
+                        f"{str(g.dtype).removeprefix('torch.')}")
+            if g.dtype == torch.float32:
+                same = torch.allclose(g, w, rtol=1.3e-6, atol=1e-5, equal_nan=True)
+            else:
+                same = torch.equal(g, w)
+            if not same:
+                gap = float((g.double() - w.double()).abs().max())
+                exact = "differs from" if g.dtype == torch.float32 else "is not bit-identical to"
+                return (f"on {where} its {name}_embed {exact} ropekit's (max |difference| {gap:.3g}); "
+                        "it computes another rotation or rounds differently")
+        start += n
     return None
 
 
@@ -233,9 +286,11 @@ def patched(*module_names: str, fn=apply_rotary_pos_emb):
 
     With the default ``fn`` (the NeoX drop-in) every module is verified before anything is patched: its own
     ``apply_rotary_pos_emb`` and ropekit's run on probe inputs (float32 and bfloat16; full-width cos/sin, and
-    half-width where the module takes them) and must agree, bit for bit in bfloat16. A module that computes something
-    else (another pairing, a sign-flipped ``rotate_half``, half-width cos, the complex form, float32 math rounded once,
-    another signature) is refused with a ``ValueError`` naming it, instead of silently changing the model's output.
+    half-width where the module takes them; 5, 1, 40 and 8200 tokens, the last past 8192 where a scaled rope type's
+    code may switch) and must agree, bit for bit in bfloat16. A module that computes something else (another pairing,
+    a sign-flipped ``rotate_half``, half-width cos, the complex form, float32 math rounded once, another signature,
+    another result for decode steps or long sequences only) is refused with a ``ValueError`` naming it, instead of
+    silently changing the model's output.
     A custom ``fn`` is the caller's to vouch for: it is not probed."""
     modules = [importlib.import_module(name) for name in module_names or ("transformers.models.llama.modeling_llama",)]
     if fn is apply_rotary_pos_emb:

@@ -182,7 +182,35 @@ def _position_ids_first(q, k, position_ids, cos, sin):
     return q, k
 
 
+def _switches_for(tokens, other):
+    """transformers' formula, but ``other`` for the calls whose sequence length ``tokens`` accepts: a module that
+    differs only on decode steps, or only on long sequences (as a scaled rope type's code path may)."""
+    eager = _eager(_neox_rotate_half)
+
+    def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
+        return (other if tokens(q.shape[2]) else eager)(q, k, cos, sin, unsqueeze_dim)
+
+    return apply_rotary_pos_emb
+
+
+def _last_positions_scaled(q, k, cos, sin, unsqueeze_dim=1):
+    """transformers' formula, with the rows past position 8191 scaled (a longrope-like switch of factors)."""
+    cos, sin = cos.clone(), sin.clone()
+    cos[:, 8192:] *= 1.5
+    sin[:, 8192:] *= 1.5
+    return _eager(_neox_rotate_half)(q, k, cos, sin, unsqueeze_dim)
+
+
 SYNTHETIC = {
+    "decode-step-differs": (_switches_for(lambda n: n == 1, _eager(_gptj_rotate_half)), _neox_rotate_half,
+                            "1-token"),
+    "differs-past-8-tokens": (_switches_for(lambda n: n > 8, _eager(_neox_rotate_half, float32=True)),
+                              _neox_rotate_half, "40-token bfloat16 probe"),
+    "differs-past-8192-tokens": (_switches_for(lambda n: n > 8192, _eager(_flipped_rotate_half)),
+                                 _neox_rotate_half, "8200-token"),
+    "differs-at-positions-past-8192": (_last_positions_scaled, _neox_rotate_half, "8200-token"),
+    "raises-on-long-sequences": (_switches_for(lambda n: n > 8192, _always_raises), _neox_rotate_half,
+                                 "raises (RuntimeError) where it takes 5 tokens"),
     "neox": (_eager(_neox_rotate_half), _neox_rotate_half, None),
     "sign-flipped": (_eager(_flipped_rotate_half), _flipped_rotate_half, "rotate_half is not transformers'"),
     "gptj-pairs": (_eager(_gptj_rotate_half), _gptj_rotate_half, "GPT-J's way"),
