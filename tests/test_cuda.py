@@ -587,3 +587,17 @@ def test_sanitizer_subset_table(kernels, fast):
     bound = 1e-3 if fast else 2e-7
     assert float((cos.double().cpu() - want_cos).abs().max()) <= bound
     assert float((sin.double().cpu() - want_sin).abs().max()) <= bound
+
+
+@gpu_only
+@pytest.mark.parametrize("inplace", [False, True], ids=["out-of-place", "in-place"])
+def test_k_is_rotated_when_q_has_no_heads(kernels, inplace):
+    """Hq = 0 (a call that rotates only keys): the extension sizes its launch from q, so k must still be rotated."""
+    q = torch.randn(2, 5, 0, 64, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(2, 5, 2, 64, device="cuda", dtype=torch.bfloat16)
+    cos, sin = table(16, 64)
+    k_before = k.clone()
+    _, out_k = ropekit.apply_rope(q, k, cos, sin, positions=3, backend="cuda", inplace=inplace)
+    positions = torch.arange(3, 8, device="cuda").expand(2, 5)
+    assert_close_to_reference(out_k, ref.rope(k_before, positions))
+    assert (out_k is k) == inplace

@@ -302,3 +302,25 @@ def test_in_place_q_on_a_ropetables_rows_is_refused_by_name():
     with pytest.raises(ValueError, match="table"):
         ropekit.apply_rope(q, None, table=table, inplace=True)
     assert torch.equal(table.cos, before)
+
+
+@pytest.mark.parametrize("transposed", [False, True], ids=["contiguous", "transposed"])
+@pytest.mark.parametrize("table_dtype", [torch.float32, torch.float64], ids=["float32-tables", "float64-tables"])
+def test_mla_in_place_k_pe_on_the_callers_sin_is_refused(table_dtype, transposed):
+    """MLA reads the caller's cos/sin (a float32 copy of them when they are not float32): k_pe written in place on
+    sin's bytes is refused by name, whatever dtype the tables have."""
+    tokens, heads, rope_dim, latent = 2, 3, 8, 8
+    cos = torch.randn(16, rope_dim // 2, dtype=table_dtype, device=DEVICE)
+    sin = torch.randn(16, rope_dim // 2, dtype=table_dtype, device=DEVICE)
+    if transposed:  # a table validation reads through a contiguous copy
+        sin = torch.randn(rope_dim // 2, 16, dtype=table_dtype, device=DEVICE).t()
+    storage = torch.empty(0, dtype=table_dtype, device=DEVICE).set_(sin.untyped_storage())  # sin's bytes, flat
+    k_pe = storage.view(torch.float32)[: tokens * rope_dim].view(tokens, rope_dim)  # on sin's first bytes
+    q_pe = torch.randn(tokens, heads, rope_dim, device=DEVICE)
+    kv_c = torch.randn(tokens, latent, device=DEVICE)
+    kv_cache = torch.zeros(2, 2, latent + rope_dim, device=DEVICE)
+    slots, positions = torch.tensor([0, 1], device=DEVICE), torch.tensor([1, 2], device=DEVICE)
+    before = sin.clone()
+    with pytest.raises(ValueError, match="k_pe"):
+        ropekit.mla_rope_and_cache(q_pe, k_pe, kv_c, kv_cache, slots, positions, cos=cos, sin=sin, inplace=True)
+    assert torch.equal(sin, before) and not kv_cache.any()

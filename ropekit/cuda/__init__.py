@@ -190,6 +190,9 @@ def _launch(q, k, cos, sin, out_q, out_k, positions: PositionSpec, rotary_dim: i
     if positions.is_varlen:
         raise NotImplementedError("ropekit's CUDA backend does not implement packed varlen sequences (layout 'thd' "
                                   "with cu_seqlens); use backend='triton' for those")
+    if q.shape[2] == 0 and k is not None:
+        # no q heads (Hq = 0): the extension sizes its launch from q and would launch nothing, so k goes alone
+        q, k, out_q, out_k = k, None, out_k, None
     module = load()
     pos_mode = SCALAR_OFFSET if cos_per_token else positions.mode
     return module.rope(q, k, cos, sin, out_q, out_k, pos_mode, positions.offset,

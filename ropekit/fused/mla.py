@@ -77,6 +77,7 @@ def mla_rope_and_cache(q_pe: torch.Tensor, k_pe: torch.Tensor, kv_c: torch.Tenso
                          "one is read for the first tokens), got "
                          f"{getattr(positions, 'shape', type(positions).__name__)}")
     positions = positions[:tokens]  # an engine's CUDA-graph batch may pad positions past the tokens
+    user_tables = (cos, sin)
     kv_cache = validate.fp8_bytes(kv_cache)
     q = q_pe[None]
     k = _tokens_view("k_pe", k_pe, tokens, rope_dim)
@@ -106,8 +107,9 @@ def mla_rope_and_cache(q_pe: torch.Tensor, k_pe: torch.Tensor, kv_c: torch.Tenso
     table_names = (("cos_sin_cache",) if cos_sin_cache is not None else ("table", "table") if table is not None
                    else ("cos", "sin"))
     names = ("q_pe", "k_pe", "kv_c", "kv_cache", "slot_mapping", "positions", "kv_cache_scale") + table_names
+    # the caller's own tables (what validation derived from them is a view of them or a fresh copy)
     tensors = (q, k, v, kv_cache, slot_mapping, positions, kv_cache_scale if fp8 else None) + (
-        (cos_sin_cache,) if cos_sin_cache is not None else (cos, sin))
+        (cos_sin_cache,) if cos_sin_cache is not None else (cos, sin) if table is not None else user_tables)
     validate.check_no_grad("mla_rope_and_cache", names, tensors)
     validate.check_overlaps(names, tensors, ("kv_cache", "q_pe", "k_pe") if inplace else ("kv_cache",))
     out_q, out_k = (q, k) if inplace else (new_output(q), new_output(k))

@@ -108,7 +108,12 @@ def draw(rng: random.Random, gen: torch.Generator, device, backend: str = "trito
 
 
 def draw_cuda(rng: random.Random, gen: torch.Generator, device) -> Case:
-    return draw(rng, gen, device, backend="cuda")
+    """``draw`` on the CUDA backend, whose documented contract leaves packed varlen batches out: a valid ``thd`` call
+    may raise its NotImplementedError (docs/api.md), and is checked like any other when it runs."""
+    case = draw(rng, gen, device, backend="cuda")
+    if case.spec.get("layout") == "thd" and case.expect == MATCH:
+        case.expect = EITHER
+    return case
 
 
 def _meta_like(t):
