@@ -324,3 +324,20 @@ def test_mla_in_place_k_pe_on_the_callers_sin_is_refused(table_dtype, transposed
     with pytest.raises(ValueError, match="k_pe"):
         ropekit.mla_rope_and_cache(q_pe, k_pe, kv_c, kv_cache, slots, positions, cos=cos, sin=sin, inplace=True)
     assert torch.equal(sin, before) and not kv_cache.any()
+
+
+def test_mla_in_place_k_pe_on_a_short_slot_mappings_bytes_is_refused():
+    """A slot mapping shorter than the tokens is read through a padded copy: the rule compares the caller's own
+    mapping, so an in-place k_pe lying on its bytes is refused by name."""
+    tokens, heads, rope_dim, latent = 4, 2, 8, 8
+    pool = torch.zeros(16, dtype=torch.int64, device=DEVICE)  # 128 bytes: the mapping, then k_pe on the same bytes
+    slot_mapping = pool[:2]  # covers the first two tokens; the rest are padding
+    k_pe = pool.view(torch.float32)[: tokens * rope_dim].view(tokens, rope_dim)
+    q_pe = torch.randn(tokens, heads, rope_dim, device=DEVICE)
+    kv_c = torch.randn(tokens, latent, device=DEVICE)
+    kv_cache = torch.zeros(2, 2, latent + rope_dim, device=DEVICE)
+    cos_sin_cache = torch.randn(8, rope_dim, device=DEVICE)
+    with pytest.raises(ValueError, match="k_pe"):
+        ropekit.mla_rope_and_cache(q_pe, k_pe, kv_c, kv_cache, slot_mapping, torch.arange(tokens, device=DEVICE),
+                                   cos_sin_cache=cos_sin_cache, inplace=True)
+    assert not pool.any() and not kv_cache.any()

@@ -102,13 +102,15 @@ def mla_rope_and_cache(q_pe: torch.Tensor, k_pe: torch.Tensor, kv_c: torch.Tenso
                              device=q.device)
         fp8 = kv_cache.dtype == validate.FP8_DTYPE
         validate.check_scale("kv_cache_scale", kv_cache_scale, fp8, q.device)
+        user_slots = slot_mapping
         slot_mapping = validate.check_slot_mapping(slot_mapping, tokens, kv_cache.shape[0] * kv_cache.shape[1],
                                                    q.device)
     table_names = (("cos_sin_cache",) if cos_sin_cache is not None else ("table", "table") if table is not None
                    else ("cos", "sin"))
     names = ("q_pe", "k_pe", "kv_c", "kv_cache", "slot_mapping", "positions", "kv_cache_scale") + table_names
-    # the caller's own tables (what validation derived from them is a view of them or a fresh copy)
-    tensors = (q, k, v, kv_cache, slot_mapping, positions, kv_cache_scale if fp8 else None) + (
+    # the caller's own slot mapping and tables (what validation derived from them is a view of them or a fresh
+    # copy)
+    tensors = (q, k, v, kv_cache, user_slots, positions, kv_cache_scale if fp8 else None) + (
         (cos_sin_cache,) if cos_sin_cache is not None else (cos, sin) if table is not None else user_tables)
     validate.check_no_grad("mla_rope_and_cache", names, tensors)
     validate.check_overlaps(names, tensors, ("kv_cache", "q_pe", "k_pe") if inplace else ("kv_cache",))

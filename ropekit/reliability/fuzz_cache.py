@@ -252,7 +252,8 @@ def draw_rope_and_cache(rng: random.Random, gen: torch.Generator, device) -> Cas
         if hostile:
             offsets[rng.randrange(batch)] = rng.choice((shape[1], -1, shape[1] - 1))
         ends = [o + n for o, n in zip(offsets, lengths)]
-        outside = any(o < 0 or e > shape[1] for o, n, e in zip(offsets, lengths, ends) if n)
+        # docs/fused.md: offsets >= 0 and every sequence inside the rows, an empty one too (checked in check mode)
+        outside = any(o < 0 or e > shape[1] for o, e in zip(offsets, ends))
         slots = [b * shape[1] + offsets[b] + s if 0 <= offsets[b] + s < shape[1] else -1
                  for b, n in enumerate(lengths) for s in range(n)]
         if rng.random() < 0.3 and min(offsets) >= 0 and len(set(offsets)) == 1:
