@@ -13,7 +13,7 @@ copyright = "ropekit developers · Apache-2.0 license"
 version = release = ropekit.__version__
 extensions = ["myst_nb", "sphinx.ext.autodoc", "sphinx.ext.napoleon"]
 root_doc = "site/index"
-include_patterns = ["site/*.md", "site/*.rst", "README.md", "docs/*.md", "notebooks/*.ipynb"]
+include_patterns = ["site/*.md", "site/*.rst", "README.md", "CHANGELOG.md", "docs/*.md", "notebooks/*.ipynb"]
 exclude_patterns = ["_site", "**/.ipynb_checkpoints"]
 templates_path = ["_templates"]
 html_static_path = ["_static"]

@@ -18,7 +18,7 @@ FULL = ON_GPU or os.environ.get("ROPEKIT_FULL_TESTS") == "1"
 
 gpu_only = pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU (this run uses the Triton interpreter)")
 
-TRITON_FILES = ("test_v4.py", "test_launch.py", "test_triton_", "test_reliability_", "test_course")
+TRITON_FILES = ("test_v4.py", "test_launch.py", "test_triton_", "test_reliability_", "test_course", "test_bench_fused_tune.py")
 
 
 def pytest_configure(config):

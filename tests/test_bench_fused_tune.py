@@ -3,6 +3,8 @@ the forced configuration, the rows timed by a fake clock (made-up numbers, never
 
 import json
 
+import sys
+
 import pytest
 
 from conftest import DEVICE
@@ -56,7 +58,8 @@ def test_every_configuration_is_checked_through_the_forced_config(monkeypatch):
         seen.append(triton_fused.fused_config(1, 1, 1))
         return launch(*args, **kwargs)
 
-    monkeypatch.setattr("ropekit.fused.kv_cache.launch_fused", spy)
+    # the module (its package re-exports a function of the same name): what fused_launcher() hands every op
+    monkeypatch.setattr(sys.modules["ropekit.fused.qk_norm_rope"], "launch_fused", spy)
     case = fused_cases.tiny(CASES["decode-b64-fp8"])
     rows = fused_tune.tune_case(case, FakeClock(), DEVICE, ceiling_gbps=1.0, log=lambda line: None)
     assert [r["status"] for r in rows] == ["ok"] * len(rows)

@@ -7,6 +7,7 @@
 #   bash tools/gpu_run.sh notebooks [NB ...]    execute notebooks in place (default: all) and run nbval on them
 #   bash tools/gpu_run.sh ab COMMIT             this tree against COMMIT in one process (export .ab first, see below)
 #   bash tools/gpu_run.sh nccl                  python -m ropekit.distributed, one rank per visible GPU (2 or more)
+#   bash tools/gpu_run.sh configs [--cases C]   every tune-tool configuration once, plain and under memcheck; the tool
 #
 # Carry .whl (nbval/nbconvert wheels, for notebooks), .shared (gpu-notebooks.sh), .peers (Liger, flash-attention's
 # file: tools/fetch_peers.sh) and .ab (tools/ab_versions.py --export COMMIT) as the stage needs. Everything a stage
@@ -77,10 +78,10 @@ case "$stage" in
     # every launch configuration the tune tool reaches, once each on the real case shapes: plain (fills the compile
     # caches, compares with the table), then under compute-sanitizer memcheck; then the tune tool itself
     mkdir -p "$OUT/configs"
-    timeout 150 python3 tools/sanitize_configs.py "$@" 2>&1 | tee "$OUT/configs/plain.txt" | tail -3
+    timeout 150 python3 tools/tune_v4.py --once "$@" 2>&1 | tee "$OUT/configs/plain.txt" | tail -3
     cs=$(command -v compute-sanitizer || ls -d /usr/local/cuda*/bin/compute-sanitizer | sort -V | tail -1)
     PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 240 "$cs" --tool memcheck --report-api-errors no \
-      --print-limit 20 python3 tools/sanitize_configs.py "$@" > "$OUT/configs/memcheck.txt" 2>&1
+      --print-limit 20 python3 tools/tune_v4.py --once "$@" > "$OUT/configs/memcheck.txt" 2>&1
     grep -E "ERROR SUMMARY|Invalid|of size|at .*rope|configs differing" "$OUT/configs/memcheck.txt" | head -30
     timeout 150 python3 tools/tune_v4.py --cases "${TUNE_CASES:-decode,mha-fp16}" --rounds 3 --out "$OUT/configs/tune.json" \
       2>&1 | tee "$OUT/configs/tune.txt" | tail -25

@@ -4,6 +4,10 @@ JSON). How every entry of the launch table was chosen; docs/tuning.md records th
     python tools/tune_v4.py --cases llama3-8b-prefill,fp32 --out $OUT/tune_v4.json
     python tools/tune_v4.py --cases small-prefill --configs "table; block_s=1,block_h=32,num_warps=4"
     python tools/tune_v4.py --dry-run --cases small-prefill       # CPU: the whole path, tiny shapes, no clock
+    PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer python tools/tune_v4.py --once   # each configuration once
+
+``--once`` runs every configuration once on the case's real shape, compares it with the table's output and times
+nothing: what compute-sanitizer watches, each configuration alone (``bash tools/gpu_run.sh configs``).
 
 A configuration is ``table`` (whatever ``launch_config`` picks) or ``field=value,...`` over ``LaunchConfig``'s fields
 (unnamed fields keep the table's value for that case). Without ``--configs`` each case gets the table's choice and its
@@ -135,6 +139,30 @@ def tune_case(case, config_text, timer, settings, ceiling_gbps) -> dict:
     return {"case": case.name, "bytes": moved, "buffer_sets": len(data_sets), "rows": rows}
 
 
+def run_once(cases, config_text) -> int:
+    """Every configuration once on each case's real shape, checked bit for bit against the table's output; returns
+    the number that differ."""
+    device = ropekit.device.DEVICE
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    differing = 0
+    for case in cases:
+        tables = make_tables(case, device)
+        data = make_data(case, device, seed_for(case.name, "0"))
+        expected = [t.clone() for t in launches(case, None, tables, [data])[0]()]
+        sync()
+        for label, config in parse_configs(config_text, case):
+            try:
+                got = launches(case, config, tables, [data])[0]()
+                sync()
+                verdict = "same as table" if all(torch.equal(a, b) for a, b in zip(got, expected)) else "DIFFERS"
+            except Exception as error:  # noqa: BLE001  (a configuration the compiler or the launcher refuses)
+                verdict = f"refused: {type(error).__name__}: {str(error)[:160]}"
+            differing += verdict == "DIFFERS"
+            print(f"{case.name:20s} {label:40s} {verdict}", flush=True)
+    print(f"configs differing from the table: {differing}")
+    return differing
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", default=DEFAULT_CASES, help="comma-separated benchmark case names")
@@ -142,9 +170,13 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=7, help="interleaved graph-replay rounds")
     parser.add_argument("--graph-ms", type=float, default=40.0, help="replay time per configuration, all rounds")
     parser.add_argument("--dry-run", action="store_true", help="CPU: tiny shapes, every call once, no clock")
+    parser.add_argument("--once", action="store_true", help="real shapes, every configuration once, no clock "
+                                                            "(for compute-sanitizer)")
     parser.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "tune_v4.json"))
     args = parser.parse_args(argv)
     cases = resolve_cases(args.cases.split(","))
+    if args.once:
+        return 1 if run_once(cases, args.configs) else 0
     settings = Settings(graph_rounds=args.rounds, graph_ms=args.graph_ms)
     if args.dry_run:
         timer = DryRunTimer()
