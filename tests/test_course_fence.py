@@ -33,7 +33,9 @@ def test_a_store_far_outside_the_output_is_stopped_before_it_runs():
         _copy_rows[(4,)](x, out, 1 << 24, N=8)
     found = fence.finding(raised.value)
     assert found is not None and found.diagnosis == "out_of_bounds", raised.value
-    assert "8 store lane(s)" in found.message and "past the end of the nearest tensor" in found.message
+    # past out's end, or, when the allocator put x (or another tensor) further up, before that one: either names it
+    assert "8 store lane(s)" in found.message and \
+        ("past the end of the nearest tensor" in found.message or "before the nearest tensor" in found.message)
     assert torch.equal(out[1:], torch.zeros(3, 8))  # row 0 is in bounds and was written; nothing after it ran
 
 
