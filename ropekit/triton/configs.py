@@ -1,0 +1,70 @@
+"""What a launch choice is: the configurations of the kernels, and the shapes they are chosen for.
+
+:mod:`ropekit.triton.choice` turns a shape into a configuration (the performance model, refined by a bounded
+autotune cached on disk); the launchers (:mod:`ropekit.triton.launch`, :mod:`ropekit.triton.fused`) turn a
+configuration into a grid and a kernel's block sizes.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+__all__ = ["TileConfig", "FlatConfig", "FusedConfig", "RopeShape", "FusedShape"]
+
+
+class TileConfig(NamedTuple):
+    """The tile kernel (``ropekit.triton.v4``): a program rotates ``block_s`` tokens x ``block_h`` heads."""
+
+    block_s: int  # tokens a program
+    block_h: int  # heads a program (with fused_qk: at least q's head count, and k's heads beside them)
+    num_warps: int
+    fused_qk: bool = False  # one program takes every head of q and of k for its tokens (cos/sin fetched once)
+    evict_first: bool = False  # the streaming cache hint on q/k loads and stores
+
+
+class FlatConfig(NamedTuple):
+    """The flat kernel (``ropekit.triton.v4_flat``): a program rotates ``block`` consecutive elements."""
+
+    block: int  # elements a program (of q, then of k; with paired, of q and k together)
+    num_warps: int
+    paired: bool = False  # the same block of q and of k in one program (q and k of one shape)
+    streaming: bool = False  # the streaming cache hint on loads and stores
+
+
+class FusedConfig(NamedTuple):
+    """The fused kernels (``ropekit.triton.fused``): a program takes ``block_s`` tokens x ``block_h`` heads of q, or
+    of k with the same heads of v."""
+
+    block_s: int
+    block_h: int
+    num_warps: int
+    evict_first: bool = False  # the streaming hint on activation loads and on every store
+    heads_inner: bool = False  # launch order: the head blocks of one token block next to each other
+    token_blocks: int = 1  # backward: token blocks a program walks, its weight-gradient terms summed in registers
+    stages: int = 1  # backward: software-pipeline stages of that walk
+
+
+class RopeShape(NamedTuple):
+    """What a RoPE launch choice depends on."""
+
+    n_tokens: int  # batch x seq (packed tokens for varlen)
+    n_heads_q: int
+    n_heads_k: int  # 0 without k
+    head_dim: int
+    rotary_dim: int
+    element_size: int  # bytes of one q element
+    cos_per_token: bool  # full-width cos/sin rows per token instead of a table read at positions
+    flat_ok: bool  # the flat kernel can run this call (contiguous, out of place, NeoX over the whole head, table)
+    same_shape: bool = True  # k has q's shape (the flat kernel may pair them)
+
+
+class FusedShape(NamedTuple):
+    """What a fused launch choice depends on."""
+
+    n_tokens: int
+    n_heads: int  # the larger of q's and k's head counts
+    width: int  # the widest head vector a program holds (k's, or v's)
+    element_size: int
+    fp8: bool  # a float8 cache is written
+    norm: bool  # QK-norm
+    backward: bool  # the QK-norm + RoPE backward
