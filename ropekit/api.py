@@ -30,7 +30,7 @@ from . import native
 from .layouts import LAYOUTS, TO_BSHD, batch_and_seq_axes
 from .outputs import bump_versions, new_output
 from .positions import SCALAR_OFFSET, PositionSpec
-from .triton.launch import plan_v4, plans, rope_v4
+from .triton.launch import plan_rope, plans, rope_v4
 from .validate import BACKENDS, check_mode, check_overlaps, prepare
 
 __all__ = ["apply_rope", "LAYOUTS", "BACKENDS"]
@@ -251,7 +251,7 @@ class _EagerPlan:
     __slots__ = ("launch", "inplace", "max_offset", "checked")
 
     def __init__(self, launch, inplace: bool, max_offset: int | None):
-        self.launch = launch  # a V4Launch, or None when there is nothing to compute (empty tensors)
+        self.launch = launch  # a RopeLaunch, or None when there is nothing to compute (empty tensors)
         self.inplace = inplace
         self.max_offset = max_offset  # host-int offsets must lie in [0, max_offset] (None: no int offset)
         # In place, whether the tensors overlap depends on where they lie, which the signature does not hold: the
@@ -278,7 +278,7 @@ def _make_plan(key, q, k, call: RopeCall, inplace: bool, out_q, out_k) -> _Eager
     """The plan for a call that :func:`~ropekit.validate.prepare` has just validated; ``out_q``/``out_k`` are that
     call's outputs (their strides are the plan's)."""
     q4, k4, oq4, ok4 = _kernel_views(q, k, out_q, out_k, call.layout)
-    launch = plan_v4(q4, k4, call.cos, call.sin, out_q=oq4, out_k=ok4, **_switches(call), copy_tail=not inplace,
+    launch = plan_rope(q4, k4, call.cos, call.sin, out_q=oq4, out_k=ok4, **_switches(call), copy_tail=not inplace,
                      eager_rounding=call.eager_rounding)
     max_offset = None
     if call.spec.mode == SCALAR_OFFSET and not call.per_token:

@@ -8,26 +8,32 @@ import ropekit
 from ropekit import reference as ref
 from ropekit.positions import resolve_positions
 from ropekit.testing import assert_close_to_reference
-from ropekit.triton.launch import LaunchConfig, forced_config, plan_v4, rope_v4
+from ropekit.triton.launch import FlatConfig, TileConfig, forced_config, plan_rope, rope_v4
 from conftest import DEVICE
 from rope_cases import CASES, expected, make, positions_for, table
 
-# Every v4 tile shape must give the same answer: the layouts the H100 launch table picks (including one program per
-# token block holding all q and k heads) are forced here onto every case, so the interpreter checks them on CPU.
+# Every configuration must give the same answer: tiles of the kinds the launch choice picks (including one program per
+# token block holding all q and k heads) and the flat kernel (where the tensors allow it; the usual choice elsewhere)
+# are forced here onto every case, so the interpreter checks them on CPU.
 V4_CONFIGS = [
-    LaunchConfig(1, 4, 4, fused_qk=True),
-    LaunchConfig(2, 1, 2, fused_qk=True, evict_first=True),
-    LaunchConfig(4, 2, 4),
-    LaunchConfig(1, 1, 1, evict_first=True),
-    LaunchConfig(2, 1, 32, fused_qk=True, evict_first=True),
-    LaunchConfig(1, 1, 4, flat=64, flat_warps=4),  # the flat path where the tensors allow it, else this tile
-    LaunchConfig(1, 1, 4, flat=32, flat_warps=1, flat_paired=True),  # q and k in one program where shapes match
+    TileConfig(1, 4, 4, fused_qk=True),
+    TileConfig(2, 1, 2, fused_qk=True, evict_first=True),
+    TileConfig(4, 2, 4),
+    TileConfig(1, 1, 1, evict_first=True),
+    TileConfig(2, 1, 32, fused_qk=True, evict_first=True),
+    FlatConfig(64, 4),
+    FlatConfig(32, 1, paired=True),  # q and k in one program where shapes match
 ]
 
 
-@pytest.mark.parametrize("config", V4_CONFIGS, ids=lambda c: f"s{c.block_s}h{c.block_h}w{c.num_warps}"
-                         + ("-fused" if c.fused_qk else "") + ("-evict" if c.evict_first else "")
-                         + (f"-flat{c.flat}" if c.flat else "") + ("-paired" if c.flat_paired else ""))
+def _config_id(c):
+    if type(c) is FlatConfig:
+        return f"flat{c.block}w{c.num_warps}" + ("-paired" if c.paired else "")
+    return f"s{c.block_s}h{c.block_h}w{c.num_warps}" + ("-fused" if c.fused_qk else "") + (
+        "-evict" if c.evict_first else "")
+
+
+@pytest.mark.parametrize("config", V4_CONFIGS, ids=_config_id)
 @pytest.mark.parametrize("case", CASES[:6], ids=[c[0] for c in CASES[:6]])
 def test_every_v4_tile_shape_matches_reference(case, config):
     with forced_config(config):
@@ -58,8 +64,8 @@ def _check_case_and_varlen(case):
     assert_close_to_reference(out_k, ref.rope(k_thd, ref.varlen_positions(cu), **kw))
 
 
-FLAT = LaunchConfig(1, 1, 4, flat=64, flat_warps=4)
-FLAT_PAIRED = FLAT._replace(flat_paired=True)
+FLAT = FlatConfig(64, 4)
+FLAT_PAIRED = FLAT._replace(paired=True)
 
 
 @pytest.mark.parametrize("paired", [False, True], ids=["q-then-k", "paired"])
@@ -82,12 +88,7 @@ def test_v4_flat_path_matches_reference(kind, dtype, paired):
         out_k = torch.full_like(k, float("nan")) if k is not None else None
         kw = dict(out_q=out_q, out_k=out_k, positions=spec, rotary_dim=head_dim, interleaved=interleaved,
                   conjugate=conjugate, config=FLAT_PAIRED if paired else FLAT)
-        plan = plan_v4(q, k, cos, sin, **kw)
-        assert plan.constexprs["FLAT"] == 64 and plan.grid[1:] == (1, 1)
-        pairs = paired and heads_k != 1
-        assert plan.constexprs["FLAT_PAIRED"] == pairs
-        q_blocks = -(-q.numel() // 64)
-        assert plan.grid[0] == q_blocks + (0 if pairs or k is None else -(-k.numel() // 64))
+        assert plan_rope(q, k, cos, sin, **kw).config == kw["config"]
         rope_v4(q, k, cos, sin, **kw)
         for x, out in ((q, out_q), (k, out_k)):
             if x is not None:
@@ -97,22 +98,31 @@ def test_v4_flat_path_matches_reference(kind, dtype, paired):
 
 def test_v4_flat_path_only_where_it_applies():
     # in place (a partner may be overwritten before it is read), partial rotary, varlen, per-token rows and
-    # non-contiguous tensors take the tile path; positions outside the table still give NaN on the flat path
+    # non-contiguous tensors take the tile kernel: a FlatConfig given for them is refused by the launcher, and a
+    # forced one leaves them to the usual choice; positions outside the table still give NaN on the flat kernel
     q = torch.randn(2, 4, 2, 16, device=DEVICE)
     cos, sin = table(8, 16)
     spec = resolve_positions(batch=2, seqlen=4, positions=None)
 
-    def flat_of(x, out, **kw):
-        kw = {"positions": spec, "rotary_dim": 16, "config": FLAT, **kw}
-        return plan_v4(x, None, cos, sin, out_q=out, out_k=None, **kw).constexprs["FLAT"]
-    assert flat_of(q, torch.empty_like(q)) == 64
-    assert flat_of(q, q) == 0  # in place
-    assert flat_of(q, torch.empty_like(q), interleaved=True) == 0  # GPT-J pairs keep the tile
-    assert flat_of(q, torch.empty_like(q), rotary_dim=8) == 0  # partial rotary
-    assert flat_of(q, torch.empty_like(q), eager_rounding=True) == 0
-    assert flat_of(q.double(), torch.empty_like(q.double())) == 0  # fp64 math stays on the tiles
+    def flat_runs(x, out, **kw):
+        kw = {"positions": spec, "rotary_dim": 16, **kw}
+        with forced_config(FLAT):
+            forced = type(plan_rope(x, None, cos, sin, out_q=out, out_k=None, **kw).config) is FlatConfig
+        try:
+            plan_rope(x, None, cos, sin, out_q=out, out_k=None, config=FLAT, **kw)
+        except ValueError as error:
+            assert "flat kernel cannot run" in str(error) and not forced
+            return False
+        assert forced
+        return True
+    assert flat_runs(q, torch.empty_like(q))
+    assert not flat_runs(q, q)  # in place
+    assert not flat_runs(q, torch.empty_like(q), interleaved=True)  # GPT-J pairs keep the tile
+    assert not flat_runs(q, torch.empty_like(q), rotary_dim=8)  # partial rotary
+    assert not flat_runs(q, torch.empty_like(q), eager_rounding=True)
+    assert not flat_runs(q.double(), torch.empty_like(q.double()))  # fp64 math stays on the tiles
     wide = torch.randn(2, 4, 3, 16, device=DEVICE)[:, :, :2]
-    assert flat_of(wide, torch.empty_like(q)) == 0  # not contiguous
+    assert not flat_runs(wide, torch.empty_like(q))  # not contiguous
     far = resolve_positions(batch=2, seqlen=4, positions=6)  # tokens at positions 6..9 of an 8-row table
     out = torch.empty_like(q)
     rope_v4(q, None, cos, sin, out_q=out, out_k=None, positions=far, rotary_dim=16, config=FLAT)

@@ -164,7 +164,7 @@ def _token_block(X, OUT, G, W, V, KC, VC, K_SCALE, V_SCALE, COS, SIN, POSITIONS,
                     mask=mask[:, :, None] & (v_channels < V_DIM)[None, None, :], other=0.0, eviction_policy=EVICT)
     cos_a, sin_a, cos_b, sin_b = _cos_sin(
         COS, SIN, POSITIONS, pid_b, batch_index, s_local, token_rows, token_mask, table_len, position_offset,
-        stride_cos_b, stride_cos_s, stride_cos_d, stride_pos_b, stride_pos_s,
+        (stride_cos_b, stride_cos_s, stride_cos_d), (stride_pos_b, stride_pos_s),
         ROTARY_DIM, BLOCK_HALF, INTERLEAVED, POS_MODE, COS_PER_TOKEN, BACKWARD, MATH_DTYPE)
     cos_a, sin_a, cos_b, sin_b = cos_a[:, None, :], sin_a[:, None, :], cos_b[:, None, :], sin_b[:, None, :]
     if CACHE != 0:

@@ -1,4 +1,4 @@
-"""v4 — the production kernel: every feature as a compile-time switch of one kernel.
+"""v4 — the production tile kernel: one algorithm, every feature of a call as a compile-time switch.
 
 New since v3 (tiles of tokens x heads that share cos/sin rows):
 
@@ -7,7 +7,7 @@ New since v3 (tiles of tokens x heads that share cos/sin rows):
 * **Pairing** ``INTERLEAVED``: NeoX halves ``(i, i + R/2)`` or GPT-J neighbours ``(2i, 2i+1)``. GPT-J loads the rotary
   channels as one contiguous block and splits it into pairs in registers (``tl.reshape`` + ``tl.split``), so both
   pairings read memory the same way.
-* **Partial rotary**: only ``ROTARY_DIM <= HEAD_DIM`` channels turn; out of place, ``COPY_TAIL`` copies the rest.
+* **Partial rotary**: only ``ROTARY_DIM <= HEAD_DIM`` channels turn; out of place, the rest is copied.
 * **Positions** ``POS_MODE`` (scalar offset / per-sequence offsets / position ids, see ``ropekit.positions``) and
   ``IS_VARLEN`` (packed ``thd`` with ``cu_seqlens``). Positions live on the device: no host sync, graph-capturable.
 * **cos/sin** from the half-width float32 table indexed by position, or (``COS_PER_TOKEN``) full-width rows given per
@@ -16,11 +16,11 @@ New since v3 (tiles of tokens x heads that share cos/sin rows):
 * In place (out pointer == in pointer) or out of place; offsets in int64 whenever a view spans 2**31 elements
   or more (int32 otherwise: fewer instructions), so huge tensors are correct (docs/tuning.md#index-dtype).
 * Positions outside the table are never read (masked loads); such tokens come out as NaN so the error is loud.
-* A **flat path** (``FLAT``, ``ropekit.triton.v4_flat``) for prefill-sized, contiguous, out-of-place NeoX calls over
-  the whole head: blocks of consecutive elements instead of tiles (docs/tuning.md#flat-path).
+* One algorithm: tiles. Prefill-sized, contiguous, out-of-place NeoX calls over the whole head may instead take the
+  flat kernel, blocks of consecutive elements (``ropekit.triton.v4_flat``, docs/tuning.md#flat-path).
 
-This module is the kernel only. Block sizes, plans and launching live in ``ropekit.triton.launch``, whose
-:func:`~ropekit.triton.launch.rope_v4` is the launcher.
+This module is the kernel only. The launch choice lives in ``ropekit.triton.choice``; plans and launching in
+``ropekit.triton.launch``, whose :func:`~ropekit.triton.launch.rope_v4` is the launcher.
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ import triton
 import triton.language as tl
 
 from .. import device as _device  # noqa: F401  (interpreter switch before the kernels are decorated)
-from .v4_flat import flat_program
 
 __all__ = ["rope_v4_kernel"]
 
@@ -70,14 +69,16 @@ def _rotate(x_a, x_b, cos_a, sin_a, cos_b, sin_b, OUT_DTYPE: tl.constexpr, EAGER
 
 @triton.jit
 def _cos_sin(COS, SIN, POSITIONS, pid_b, batch_index, s_local, token_rows, token_mask, table_len, position_offset,
-             stride_cos_b, stride_cos_s, stride_cos_d, stride_pos_b, stride_pos_s,
-             ROTARY_DIM: tl.constexpr, BLOCK_HALF: tl.constexpr, INTERLEAVED: tl.constexpr, POS_MODE: tl.constexpr,
+             cos_strides, position_strides, ROTARY_DIM: tl.constexpr, BLOCK_HALF: tl.constexpr, INTERLEAVED: tl.constexpr, POS_MODE: tl.constexpr,
              COS_PER_TOKEN: tl.constexpr, CONJUGATE: tl.constexpr, MATH_DTYPE: tl.constexpr):
     """cos/sin of every pair of BLOCK_S tokens, as four [BLOCK_S, BLOCK_HALF] tiles (first / second channel of a pair).
 
     Called after the q/k tile is loaded, so those loads are already in flight while the dependent chain
-    position -> table row -> cos/sin resolves (it dominates a decode step's latency).
+    position -> table row -> cos/sin resolves (it dominates a decode step's latency). ``cos_strides``: (sequence,
+    row, column) of per-token rows, or (unused, row, column) of a table; ``position_strides``: (sequence, token).
     """
+    stride_cos_b, stride_cos_s, stride_cos_d = cos_strides[0], cos_strides[1], cos_strides[2]
+    stride_pos_b, stride_pos_s = position_strides[0], position_strides[1]
     pairs = tl.arange(0, BLOCK_HALF)
     pair_mask = pairs < ROTARY_DIM // 2
     if COS_PER_TOKEN:
@@ -122,25 +123,28 @@ def _cos_sin(COS, SIN, POSITIONS, pid_b, batch_index, s_local, token_rows, token
 
 
 @triton.jit
-def _tile_rows(batch_index, token_rows, token_mask, first_head, n_heads, stride_b, stride_s, stride_h,
-               out_stride_b, out_stride_s, out_stride_h, BLOCK_H: tl.constexpr, INDEX_DTYPE: tl.constexpr):
-    """[BLOCK_S, BLOCK_H] start of every head vector in the input and the output, and which of them exist.
-
-    int64 arithmetic when a view spans 2**31 elements or more (INDEX_DTYPE), int32 otherwise.
-    """
+def _tile_rows(strides, out_strides, batch_index, token_rows, token_mask, first_head, n_heads, BLOCK_H: tl.constexpr,
+               INDEX_DTYPE: tl.constexpr):
+    """[BLOCK_S, BLOCK_H] start of every head vector in a (batch, seq, heads, dim) input and its output, and which of
+    them exist. ``strides``: the input's (batch, seq, head, channel) strides; int64 arithmetic when a view spans 2**31
+    elements or more (INDEX_DTYPE), int32 otherwise."""
     heads = (first_head + tl.arange(0, BLOCK_H)).to(INDEX_DTYPE)
-    row_in = batch_index * stride_b + token_rows[:, None] * stride_s + heads[None, :] * stride_h
-    row_out = batch_index * out_stride_b + token_rows[:, None] * out_stride_s + heads[None, :] * out_stride_h
+    row_in = batch_index * strides[0] + token_rows[:, None] * strides[1] + heads[None, :] * strides[2]
+    row_out = batch_index * out_strides[0] + token_rows[:, None] * out_strides[1] + heads[None, :] * out_strides[2]
     row_mask = token_mask[:, None] & (heads < n_heads)[None, :]
     return row_in, row_out, row_mask
 
 
 @triton.jit
-def _dense_strides(n_heads, seqlen, HEAD_DIM: tl.constexpr, INDEX_DTYPE: tl.constexpr):
-    """(batch, seq, head) strides of a contiguous (batch, seq, n_heads, HEAD_DIM) tensor; the batch stride in
-    INDEX_DTYPE, since one sequence may span 2**31 elements."""
-    per_token = n_heads * HEAD_DIM
-    return tl.cast(per_token, INDEX_DTYPE) * seqlen, per_token, HEAD_DIM
+def _head_strides(strides, n_heads, seqlen, HEAD_DIM: tl.constexpr, DENSE: tl.constexpr, INDEX_DTYPE: tl.constexpr):
+    """A (batch, seq, heads, HEAD_DIM) view's strides: as passed, or with DENSE those of a contiguous tensor, derived
+    here so that the launch passes 1 (a constant to Triton, not an argument: docs/tuning.md#dense-strides); the batch
+    stride in INDEX_DTYPE, since one sequence may span 2**31 elements."""
+    if DENSE:
+        per_token = n_heads * HEAD_DIM
+        return tl.cast(per_token, INDEX_DTYPE) * seqlen, per_token, HEAD_DIM, 1
+    else:
+        return strides[0], strides[1], strides[2], strides[3]
 
 
 @triton.jit
@@ -201,61 +205,51 @@ def _rotate_store(X, OUT, x_a, x_b, cos_a, sin_a, cos_b, sin_b, row_in, row_out,
 
 @triton.jit
 def rope_v4_kernel(
-    Q, K, OUT_Q, OUT_K, COS, SIN, POSITIONS, CU_SEQLENS,
-    seqlen, n_heads_q, n_heads_k, n_head_blocks_q, table_len, position_offset,
-    stride_qb, stride_qs, stride_qh, stride_qd,
-    stride_kb, stride_ks, stride_kh, stride_kd,
-    stride_oqb, stride_oqs, stride_oqh, stride_oqd,
-    stride_okb, stride_oks, stride_okh, stride_okd,
-    stride_cos_b, stride_cos_s, stride_cos_d,
-    stride_pos_b, stride_pos_s, n_tokens,
-    ROTARY_DIM: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_HALF: tl.constexpr,
-    BLOCK_TAIL: tl.constexpr,
-    INTERLEAVED: tl.constexpr, CONJUGATE: tl.constexpr, POS_MODE: tl.constexpr, IS_VARLEN: tl.constexpr,
-    COS_PER_TOKEN: tl.constexpr, COPY_TAIL: tl.constexpr, HAS_K: tl.constexpr, MATH_DTYPE: tl.constexpr,
-    EAGER_ROUNDING: tl.constexpr, FUSED_QK: tl.constexpr, EVICT: tl.constexpr, INDEX_DTYPE: tl.constexpr,
-    FLAT: tl.constexpr, FLAT_PAIRED: tl.constexpr, DENSE: tl.constexpr, IN_PLACE: tl.constexpr,
+    # q and k: (batch, seq, heads, HEAD_DIM) views, or one packed (1, tokens, heads, HEAD_DIM) with IS_VARLEN; their
+    # outputs (None in place: the kernel writes through Q and K). Strides are (batch, seq, head, channel) tuples.
+    Q, K, OUT_Q, OUT_K, q_strides, k_strides, out_q_strides, out_k_strides,
+    # the angles: a (table_len, ROTARY_DIM / 2) float32 table read at each token's position, or with COS_PER_TOKEN
+    # full-width rows given per token; cos_strides: (sequence, row, column)
+    COS, SIN, cos_strides,
+    # positions: POS_MODE says what POSITIONS holds (position_strides: (sequence, token)); CU_SEQLENS the packed
+    # sequences' starts; position_offset arrives plus one (the common offset, 0, becomes the constant 1)
+    POSITIONS, position_strides, CU_SEQLENS, position_offset,
+    # (seqlen, n_heads_q, n_heads_k, table_len, n_tokens)
+    sizes,
+    # the head vector and the tile
+    ROTARY_DIM: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr,
+    BLOCK_HK: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_TAIL: tl.constexpr, FUSED_QK: tl.constexpr,
+    # what the call asks for
+    HAS_K: tl.constexpr, INTERLEAVED: tl.constexpr, CONJUGATE: tl.constexpr, POS_MODE: tl.constexpr,
+    IS_VARLEN: tl.constexpr, COS_PER_TOKEN: tl.constexpr, EAGER_ROUNDING: tl.constexpr, MATH_DTYPE: tl.constexpr,
+    # what the tensors allow
+    DENSE: tl.constexpr, IN_PLACE: tl.constexpr, INDEX_DTYPE: tl.constexpr, EVICT: tl.constexpr,
 ):
     """Grid: (token blocks, head blocks of q then of k, batch or sequence).
 
-    With FUSED_QK the head axis has a single program: it takes every head of q (a BLOCK_H tile) and of k (a
-    BLOCK_HK tile) for its tokens, issues all their loads first, and fetches cos/sin once for both.
-    Otherwise a program takes BLOCK_H heads of q or of k. With FLAT (a block of elements, not a tile: see
-    ``ropekit.triton.v4_flat``) the grid is one axis of FLAT-element blocks of q, then of k, or with FLAT_PAIRED of q
-    and k together.
+    A program takes BLOCK_S tokens x BLOCK_H heads of q or of k; with FUSED_QK the head axis has a single program,
+    which takes every head of q (a BLOCK_H tile) and of k (a BLOCK_HK tile), issues all their loads first and fetches
+    cos/sin once for both.
 
-    Arguments a launch does not read, or that the kernel can derive, arrive as 1 (integers) or None (pointers),
-    which Triton turns into constants: the strides of DENSE tensors and tables, the outputs' pointers and strides
-    in place (IN_PLACE), the position strides without positions, where k's head blocks begin on the tiles; the
-    position offset arrives plus one, so that 0 is a constant too (``ropekit.triton.launch.plan_v4``). In CUDA-graph
-    replay every byte of kernel arguments costs time (docs/tuning.md#lean-launch).
+    Arguments a launch does not read, or that the kernel derives, arrive as 1 (integers) or None (pointers), which
+    Triton turns into constants: the strides of DENSE tensors and tables, the outputs and their strides IN_PLACE,
+    the position strides without positions. In CUDA-graph replay every byte of arguments costs time
+    (docs/tuning.md#lean-launch).
     """
-    # plan_v4 passes position_offset + 1, so that the most common offset, 0, arrives as the constant 1
+    seqlen, n_heads_q, n_heads_k, table_len, n_tokens = sizes[0], sizes[1], sizes[2], sizes[3], sizes[4]
     position_offset = position_offset - 1
     if DENSE and not COS_PER_TOKEN:
-        stride_cos_s = ROTARY_DIM // 2  # a contiguous table of rotary_dim / 2 columns (plan_v4 passes 1)
-    if FLAT:
-        # FLAT elements a program over contiguous q then k (plan_v4 decides when the tensors allow it)
-        flat_program(Q, K, OUT_Q, OUT_K, COS, SIN, POSITIONS, n_tokens, seqlen, n_heads_q, n_heads_k,
-                     n_head_blocks_q, table_len, position_offset, stride_cos_s, stride_cos_d, stride_pos_b,
-                     stride_pos_s, HEAD_DIM, FLAT, FLAT_PAIRED, HAS_K, POS_MODE, CONJUGATE, EVICT, INDEX_DTYPE)
-        return
-    # plan_v4 passes 1 on the tiles (1 with FUSED_QK too). Plain integer arithmetic, not tl.cdiv: that is a jitted
-    # library function, decorated when triton was imported, i.e. without the interpreter if triton came first
-    n_head_blocks_q = (n_heads_q + BLOCK_H - 1) // BLOCK_H
-    if DENSE:
-        # contiguous q, k and outputs: their strides follow from the shapes, and plan_v4 passes 1 for each stride
-        # argument so that Triton drops it from the launch (docs/tuning.md#dense-strides)
-        stride_qb, stride_qs, stride_qh = _dense_strides(n_heads_q, seqlen, HEAD_DIM, INDEX_DTYPE)
-        stride_kb, stride_ks, stride_kh = _dense_strides(n_heads_k, seqlen, HEAD_DIM, INDEX_DTYPE)
-        stride_oqb, stride_oqs, stride_oqh = stride_qb, stride_qs, stride_qh
-        stride_okb, stride_oks, stride_okh = stride_kb, stride_ks, stride_kh
+        cos_strides = (1, ROTARY_DIM // 2, 1)  # a contiguous table of ROTARY_DIM / 2 columns
+    q_strides = _head_strides(q_strides, n_heads_q, seqlen, HEAD_DIM, DENSE, INDEX_DTYPE)
+    k_strides = _head_strides(k_strides, n_heads_k, seqlen, HEAD_DIM, DENSE, INDEX_DTYPE)
     if IN_PLACE:
-        # the outputs are the inputs: plan_v4 passes None for their pointers and 1 for their strides
         OUT_Q, OUT_K = Q, K
-        stride_oqb, stride_oqs, stride_oqh, stride_oqd = stride_qb, stride_qs, stride_qh, stride_qd
-        stride_okb, stride_oks, stride_okh, stride_okd = stride_kb, stride_ks, stride_kh, stride_kd
+        out_q_strides, out_k_strides = q_strides, k_strides
+    elif DENSE:
+        out_q_strides, out_k_strides = q_strides, k_strides
+    # plain integer arithmetic, not tl.cdiv: a jitted library function, decorated when triton was imported, i.e.
+    # without the interpreter if triton came first
+    n_head_blocks_q = (n_heads_q + BLOCK_H - 1) // BLOCK_H
     pid_s = tl.program_id(0)
     pid_h = tl.program_id(1)
     pid_b = tl.program_id(2)
@@ -281,40 +275,37 @@ def rope_v4_kernel(
 
     # --- which heads: a block of q's or of k's heads, or (FUSED_QK) all of both ----------------------------------
     if FUSED_QK or pid_h < n_head_blocks_q:
-        q_in, q_out, q_mask = _tile_rows(batch_index, token_rows, token_mask, pid_h * BLOCK_H, n_heads_q,
-                                         stride_qb, stride_qs, stride_qh, stride_oqb, stride_oqs, stride_oqh,
-                                         BLOCK_H, INDEX_DTYPE)
-        q_a, q_b = _load_pairs(Q, q_in, q_mask, stride_qd, ROTARY_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF, INTERLEAVED,
+        q_in, q_out, q_mask = _tile_rows(q_strides, out_q_strides, batch_index, token_rows, token_mask,
+                                         pid_h * BLOCK_H, n_heads_q, BLOCK_H, INDEX_DTYPE)
+        q_a, q_b = _load_pairs(Q, q_in, q_mask, q_strides[3], ROTARY_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF, INTERLEAVED,
                                MATH_DTYPE, EVICT)
         if FUSED_QK and HAS_K:
-            k_in, k_out, k_mask = _tile_rows(batch_index, token_rows, token_mask, 0, n_heads_k,
-                                             stride_kb, stride_ks, stride_kh, stride_okb, stride_oks, stride_okh,
-                                             BLOCK_HK, INDEX_DTYPE)
-            k_a, k_b = _load_pairs(K, k_in, k_mask, stride_kd, ROTARY_DIM, BLOCK_S, BLOCK_HK, BLOCK_HALF,
+            k_in, k_out, k_mask = _tile_rows(k_strides, out_k_strides, batch_index, token_rows, token_mask, 0,
+                                             n_heads_k, BLOCK_HK, INDEX_DTYPE)
+            k_a, k_b = _load_pairs(K, k_in, k_mask, k_strides[3], ROTARY_DIM, BLOCK_S, BLOCK_HK, BLOCK_HALF,
                                    INTERLEAVED, MATH_DTYPE, EVICT)
-        # The q/k loads are in flight while the dependent chain position -> table row -> cos/sin resolves
-        # (it dominates a decode step's latency).
+        # The q/k loads are in flight while the dependent chain position -> table row -> cos/sin resolves (it
+        # dominates a decode step's latency).
         cos_a, sin_a, cos_b, sin_b = _cos_sin(
             COS, SIN, POSITIONS, pid_b, batch_index, s_local, token_rows, token_mask, table_len, position_offset,
-            stride_cos_b, stride_cos_s, stride_cos_d, stride_pos_b, stride_pos_s,
-            ROTARY_DIM, BLOCK_HALF, INTERLEAVED, POS_MODE, COS_PER_TOKEN, CONJUGATE, MATH_DTYPE)
-        _rotate_store(Q, OUT_Q, q_a, q_b, cos_a, sin_a, cos_b, sin_b, q_in, q_out, q_mask, stride_qd, stride_oqd,
-                      ROTARY_DIM, HEAD_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_TAIL, INTERLEAVED, COPY_TAIL,
-                      EAGER_ROUNDING, EVICT)
+            cos_strides, position_strides, ROTARY_DIM, BLOCK_HALF, INTERLEAVED, POS_MODE, COS_PER_TOKEN, CONJUGATE,
+            MATH_DTYPE)
+        _rotate_store(Q, OUT_Q, q_a, q_b, cos_a, sin_a, cos_b, sin_b, q_in, q_out, q_mask, q_strides[3],
+                      out_q_strides[3], ROTARY_DIM, HEAD_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_TAIL, INTERLEAVED,
+                      ROTARY_DIM < HEAD_DIM and not IN_PLACE, EAGER_ROUNDING, EVICT)
         if FUSED_QK and HAS_K:
-            _rotate_store(K, OUT_K, k_a, k_b, cos_a, sin_a, cos_b, sin_b, k_in, k_out, k_mask, stride_kd,
-                          stride_okd, ROTARY_DIM, HEAD_DIM, BLOCK_S, BLOCK_HK, BLOCK_HALF, BLOCK_TAIL, INTERLEAVED,
-                          COPY_TAIL, EAGER_ROUNDING, EVICT)
+            _rotate_store(K, OUT_K, k_a, k_b, cos_a, sin_a, cos_b, sin_b, k_in, k_out, k_mask, k_strides[3],
+                          out_k_strides[3], ROTARY_DIM, HEAD_DIM, BLOCK_S, BLOCK_HK, BLOCK_HALF, BLOCK_TAIL,
+                          INTERLEAVED, ROTARY_DIM < HEAD_DIM and not IN_PLACE, EAGER_ROUNDING, EVICT)
     elif HAS_K:
-        k_in, k_out, k_mask = _tile_rows(batch_index, token_rows, token_mask, (pid_h - n_head_blocks_q) * BLOCK_H,
-                                         n_heads_k, stride_kb, stride_ks, stride_kh, stride_okb, stride_oks,
-                                         stride_okh, BLOCK_H, INDEX_DTYPE)
-        k_a, k_b = _load_pairs(K, k_in, k_mask, stride_kd, ROTARY_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF, INTERLEAVED,
+        k_in, k_out, k_mask = _tile_rows(k_strides, out_k_strides, batch_index, token_rows, token_mask,
+                                         (pid_h - n_head_blocks_q) * BLOCK_H, n_heads_k, BLOCK_H, INDEX_DTYPE)
+        k_a, k_b = _load_pairs(K, k_in, k_mask, k_strides[3], ROTARY_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF, INTERLEAVED,
                                MATH_DTYPE, EVICT)
         cos_a, sin_a, cos_b, sin_b = _cos_sin(
             COS, SIN, POSITIONS, pid_b, batch_index, s_local, token_rows, token_mask, table_len, position_offset,
-            stride_cos_b, stride_cos_s, stride_cos_d, stride_pos_b, stride_pos_s,
-            ROTARY_DIM, BLOCK_HALF, INTERLEAVED, POS_MODE, COS_PER_TOKEN, CONJUGATE, MATH_DTYPE)
-        _rotate_store(K, OUT_K, k_a, k_b, cos_a, sin_a, cos_b, sin_b, k_in, k_out, k_mask, stride_kd, stride_okd,
-                      ROTARY_DIM, HEAD_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_TAIL, INTERLEAVED, COPY_TAIL,
-                      EAGER_ROUNDING, EVICT)
+            cos_strides, position_strides, ROTARY_DIM, BLOCK_HALF, INTERLEAVED, POS_MODE, COS_PER_TOKEN, CONJUGATE,
+            MATH_DTYPE)
+        _rotate_store(K, OUT_K, k_a, k_b, cos_a, sin_a, cos_b, sin_b, k_in, k_out, k_mask, k_strides[3],
+                      out_k_strides[3], ROTARY_DIM, HEAD_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_TAIL, INTERLEAVED,
+                      ROTARY_DIM < HEAD_DIM and not IN_PLACE, EAGER_ROUNDING, EVICT)
