@@ -14,16 +14,14 @@ def test_sanitize_driver_runs_every_kernel_cleanly(capsys):
     lines = capsys.readouterr().out.splitlines()
     for kernel in ("triton v1", "triton v2", "triton v3", "out-of-table"):
         assert any(line.startswith("ok") and kernel in line for line in lines), kernel
-    # every configuration once with the launcher's own tile and once with each tile of large prefills forced: the
-    # fused tiles at 16 and 32 warps, and the flat path, q then k and paired (where a configuration allows it, else
-    # that tile)
+    # every configuration once with the launcher's own choice and once with each forced configuration: tiles and
+    # the flat kernel, q then k and paired (where a configuration allows it, else the usual choice)
     n_configs = len(sanitize.sanitize_configs())
     tiles = sanitize.SANITIZE_TILES
-    assert len(tiles) == 4 and all(tile.flat for tile in tiles[-2:])
-    assert [tile.flat_paired for tile in tiles[-2:]] == [False, True]
+    kinds = {(type(t).__name__, getattr(t, "paired", None)) for t in tiles}
+    assert {("TileConfig", None), ("FlatConfig", False), ("FlatConfig", True)} <= kinds
     assert sum(line.startswith("ok    triton ") and "seed=" in line for line in lines) == (1 + len(tiles)) * n_configs
     for tile in tiles:
-        assert tile.fused_qk and tile.num_warps in (16, 32)
         assert sum(line.startswith("ok    triton ") and f"tile={tuple(tile)}" in line for line in lines) == n_configs
 
 

@@ -21,7 +21,7 @@ from ropekit.testing import check_close_to_reference
 from .build import BuiltCase, build_case, expected_output
 from .common import DTYPES, Unsupported, available_backends, to_bshd
 from .configs import Config, Family
-from .kernels import LaunchConfig, rope_v4
+from .kernels import FlatConfig, TileConfig, forced_config, rope_v4
 from .properties import run_config
 
 __all__ = ["sanitize_configs", "SANITIZE_TILES", "run_with_launch_config", "sanitize_driver"]
@@ -85,15 +85,14 @@ def _ladder_launchers() -> list:
 # The launcher picks its tile from the token count: the small sanitizer shapes would never reach the tiles of large
 # prefills, so every configuration also runs with each of them forced: the fused q-and-k tile at 16 and 32 warps,
 # and the flat path, q then k, and paired (where a configuration allows the flat path; else the fused tile).
-SANITIZE_TILES = (LaunchConfig(2, 1, 16, fused_qk=True, evict_first=True),
-                  LaunchConfig(2, 1, 32, fused_qk=True, evict_first=True),
-                  LaunchConfig(2, 1, 16, fused_qk=True, evict_first=True, flat=2048, flat_warps=8),
-                  LaunchConfig(2, 1, 16, fused_qk=True, evict_first=True, flat=512, flat_warps=8,
-                               flat_paired=True, flat_streaming=False))
+SANITIZE_TILES = (TileConfig(2, 1, 16, fused_qk=True, evict_first=True),
+                  TileConfig(2, 1, 32, fused_qk=True, evict_first=True),
+                  FlatConfig(2048, 8),
+                  FlatConfig(512, 8, paired=True))
 
 
 def _launch_forced(cfg: Config, case: BuiltCase, q: torch.Tensor, k: Optional[torch.Tensor], conjugate: bool,
-                   config: LaunchConfig) -> tuple:
+                   config: TileConfig | FlatConfig) -> tuple:
     """Launch Triton v4 on the configuration's tensors with ``config`` forced; returns the outputs as the kernel
     sees them: (batch, seq, heads, head_dim) views, or (tokens, heads, head_dim) for thd."""
     f, kwargs = cfg.family, case.kwargs
@@ -119,13 +118,13 @@ def _launch_forced(cfg: Config, case: BuiltCase, q: torch.Tensor, k: Optional[to
     else:
         spec = resolve_positions(batch=batch, seqlen=seqlen, positions=kwargs["positions"], cu_seqlens=cu_seqlens,
                                  max_seqlen=max_seqlen if f.varlen else None, device=q.device)
-    rope_v4(q, k, cos, sin, out_q=out_q, out_k=out_k, positions=spec, rotary_dim=f.rotary_dim,
-            interleaved=f.interleaved, conjugate=conjugate, cos_per_token=f.per_token, copy_tail=not f.inplace,
-            config=config)
+    with forced_config(config):  # a flat configuration where the flat kernel cannot run: the usual choice
+        rope_v4(q, k, cos, sin, out_q=out_q, out_k=out_k, positions=spec, rotary_dim=f.rotary_dim,
+                interleaved=f.interleaved, conjugate=conjugate, cos_per_token=f.per_token, copy_tail=not f.inplace)
     return out_q, out_k
 
 
-def run_with_launch_config(cfg: Config, config: LaunchConfig, device=None) -> list[str]:
+def run_with_launch_config(cfg: Config, config: TileConfig | FlatConfig, device=None) -> list[str]:
     """Run ``cfg`` through Triton v4 with the launch configuration ``config`` forced, forward and (for a
     configuration with a backward) the conjugate rotation the backward launches; returns what differs from the
     float64 reference."""

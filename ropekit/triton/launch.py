@@ -189,6 +189,7 @@ class LaunchRecord(NamedTuple):
     grid: tuple
     arguments: dict  # every argument by parameter name, the call's tensors included
     num_warps: int
+    constexprs: frozenset  # the names of the compile-time arguments among them
 
 
 @contextlib.contextmanager
@@ -202,7 +203,8 @@ def recorded_launches():
     real = _launch
 
     def record(launch, values):
-        records.append(LaunchRecord(launch.kernel, launch.grid, launch.named(values), launch.num_warps))
+        records.append(LaunchRecord(launch.kernel, launch.grid, launch.named(values), launch.num_warps,
+                                   _constexprs(launch.kernel)))
 
     _launch = record
     plans.clear()
