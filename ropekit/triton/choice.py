@@ -95,7 +95,8 @@ def device_facts(device=None) -> DeviceFacts:
     facts = DeviceFacts(name=name, n_sms=n_sms, ceiling_gbps=gbps, latency_ns=ASSUMED_LATENCY_NS,
                         latency_source=_ASSUMED_LATENCY_SOURCE, max_warps_per_sm=max(1, threads // 32),
                         max_programs_per_sm=_PROGRAMS_PER_SM.get(capability, 32),
-                        registers_per_sm=registers or 65536, l2_bytes=l2_bytes or 0, capability=capability,
+                        registers_per_sm=registers or 65536, l2_bytes=l2_bytes or DeviceFacts.l2_bytes,
+                        capability=capability,
                         bandwidth_source=source, memory_bytes=memory_bytes)
     if source.startswith("measured"):
         _facts[index] = facts
