@@ -144,8 +144,9 @@ def _v4_launches(case, device: DeviceModel) -> list[Launch]:
     size, tokens = case.element_size, case.n_tokens
     flat_ok = (case.layout == "bshd" and case.rotary == case.head_dim and not case.interleaved
                and case.positions == "none" and not case.inplace)
-    config = model_rope(device, RopeShape(tokens, case.heads_q, case.heads_k, case.head_dim, case.rotary, size,
-                                          cos_per_token=False, flat_ok=flat_ok, same_shape=case.heads_q == case.heads_k))
+    shape = RopeShape(tokens, case.heads_q, case.heads_k, case.head_dim, case.rotary, size, cos_per_token=False,
+                      flat_ok=flat_ok, same_shape=case.heads_q == case.heads_k)
+    config = model_rope(device, shape)
     elements = tokens * (case.heads_q + case.heads_k) * case.head_dim
     if isinstance(config, FlatConfig):  # blocks of consecutive elements; paired: the same block of q and of k
         per_program = config.block * (2 if config.paired else 1)

@@ -36,9 +36,9 @@ from dataclasses import dataclass
 from .configs import FlatConfig, FusedConfig, FusedShape, RopeShape, TileConfig
 
 __all__ = ["DeviceFacts", "Launch", "WARPS", "resident_programs", "bytes_in_flight_per_sm", "predicted_pct",
-           "fit_latency_ns", "register_budget", "THREAD_BYTES", "tile_values_max", "fits_in_l2", "model_rope", "model_fused",
-           "rope_candidates", "fused_candidates", "rope_candidate_space", "fused_candidate_space", "is_valid_rope",
-           "is_valid_fused", "DECODE_TOKENS"]
+           "fit_latency_ns", "register_budget", "THREAD_BYTES", "tile_values_max", "fits_in_l2", "model_rope",
+           "model_fused", "rope_candidates", "fused_candidates", "rope_candidate_space", "fused_candidate_space",
+           "is_valid_rope", "is_valid_fused", "DECODE_TOKENS"]
 
 WARPS = (1, 2, 4, 8, 16, 32)  # the warp counts a Triton launch takes
 DECODE_TOKENS = 128  # at most this many tokens: a decode step, whose time is the launch chain, not its bytes
@@ -187,8 +187,8 @@ def model_rope(facts: DeviceFacts, shape: RopeShape) -> TileConfig | FlatConfig:
       - the flat kernel where the call allows it (``shape.flat_ok``), 8 warps, one 16-byte vector a thread;
       - else a fused q+k tile of 2 tokens x every head of q and of k (cos/sin fetched once a token, every load
         issued before any store), 1 token when 2 would exceed :func:`tile_values_max`, with the fewest warps
-        (at least 4) at which a thread holds at most :data:`THREAD_BYTES` of it, and the streaming hint (q and k are read
-        once; the L2 keeps the table). A head of q and k too large even for 1 token: 16 tokens x 1 head, 8 warps.
+        (at least 4) at which a thread holds at most :data:`THREAD_BYTES` of it, and the streaming hint (q and k
+        are read once; the L2 keeps the table). Heads too many even for 1 token: 16 tokens x 1 head, 8 warps.
     * L2-resident: a tile of 4 warps, 2 tokens (1 with per-token cos/sin rows, whose rows no token shares) x as
       many heads as a thread's register budget allows; then heads, then tokens, halved while the grid would give
       an SM fewer than two programs.
