@@ -188,9 +188,10 @@ def model_rope(facts: DeviceFacts, shape: RopeShape) -> TileConfig | FlatConfig:
       - else a fused q+k tile of 2 tokens x every head of q and of k (cos/sin fetched once a token, every load
         issued before any store), 1 token when 2 would exceed :func:`tile_values_max`, with the fewest warps
         (at least 4) at which a thread holds at most :data:`THREAD_BYTES` of it, and the streaming hint (q and k
-        are read once; the L2 keeps the table). Heads too many even for 1 token: 16 tokens x 1 head, 8 warps.
+        are read once; the L2 keeps the table). Heads too many even for 1 token: 16 tokens (fewer for very
+        wide heads) x 1 head, 8 warps.
     * L2-resident: a tile of 4 warps, 2 tokens (1 with per-token cos/sin rows, whose rows no token shares) x as
-      many heads as a thread's register budget allows; then heads, then tokens, halved while the grid would give
+      many heads as a thread's register budget allows; then tokens, then heads, halved while the grid would give
       an SM fewer than two programs.
     """
     if not fits_in_l2(facts, shape):
@@ -202,7 +203,10 @@ def model_rope(facts: DeviceFacts, shape: RopeShape) -> TileConfig | FlatConfig:
             if values <= limit:
                 return TileConfig(block_s, _pow2(max(shape.n_heads_q, shape.n_heads_k)),
                                   _fewest_warps(values * shape.element_size), fused_qk=True, evict_first=True)
-        return TileConfig(16, 1, 8, evict_first=True)
+        block_s = 16
+        while block_s > 1 and block_s * _pow2(shape.head_dim) > limit:
+            block_s //= 2
+        return TileConfig(block_s, 1, 8, evict_first=True)
     num_warps = 4
     block_s = 1 if shape.cos_per_token else 2
     heads = _pow2(max(shape.n_heads_q, shape.n_heads_k))
