@@ -98,8 +98,8 @@ def device_facts(device=None) -> DeviceFacts:
                         registers_per_sm=registers or 65536, l2_bytes=l2_bytes or DeviceFacts.l2_bytes,
                         capability=capability,
                         bandwidth_source=source, memory_bytes=memory_bytes)
-    if source.startswith("measured"):
-        _facts[index] = facts
+    if source.startswith("measured") or not _inside_capture_or_compile():
+        _facts[index] = facts  # an estimate made inside capture or compile is measured again later
     return facts
 
 
@@ -152,12 +152,16 @@ def tuning_allowed() -> bool:
     capture on the current stream."""
     if os.environ.get("ROPEKIT_AUTOTUNE", "1").strip().lower() in ("0", "false", "no", "off"):
         return False
-    if _device.INTERPRET or torch.compiler.is_compiling():
-        return False
-    try:
-        return not torch.cuda.is_current_stream_capturing()
-    except RuntimeError:  # a build without CUDA
+    return not _device.INTERPRET and not _inside_capture_or_compile()
+
+
+def _inside_capture_or_compile() -> bool:
+    if torch.compiler.is_compiling():
         return True
+    try:
+        return torch.cuda.is_current_stream_capturing()
+    except RuntimeError:  # a build without CUDA
+        return False
 
 
 def time_launch(fn, *, warmup: int = 2, reps: int = 5) -> float:

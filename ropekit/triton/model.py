@@ -149,9 +149,10 @@ def fits_in_l2(facts: DeviceFacts, shape: RopeShape) -> bool:
     return _rope_moved_bytes(shape) <= facts.l2_bytes
 
 
-def _fused_qk_values(shape: RopeShape, block_s: int) -> int:
-    """Values a fused q+k tile of ``block_s`` tokens holds (heads and channels padded to powers of two)."""
-    heads = _pow2(shape.n_heads_q) + (_pow2(shape.n_heads_k) if shape.n_heads_k else 0)
+def _fused_qk_values(shape: RopeShape, block_s: int, block_h: int = 1) -> int:
+    """Values a fused q+k tile of ``block_s`` tokens holds: q's tile of ``block_h`` heads (at least q's head count)
+    beside k's (heads and channels padded to powers of two)."""
+    heads = max(block_h, _pow2(shape.n_heads_q)) + (_pow2(shape.n_heads_k) if shape.n_heads_k else 0)
     return block_s * heads * _pow2(shape.head_dim)
 
 
@@ -201,7 +202,7 @@ def model_rope(facts: DeviceFacts, shape: RopeShape) -> TileConfig | FlatConfig:
         for block_s in (2, 1):
             values = _fused_qk_values(shape, block_s)
             if values <= limit:
-                return TileConfig(block_s, _pow2(max(shape.n_heads_q, shape.n_heads_k)),
+                return TileConfig(block_s, _pow2(shape.n_heads_q),
                                   _fewest_warps(values * shape.element_size), fused_qk=True, evict_first=True)
         block_s = 16
         while block_s > 1 and block_s * _pow2(shape.head_dim) > limit:
@@ -276,8 +277,8 @@ def is_valid_rope(config: TileConfig | FlatConfig, shape: RopeShape) -> bool:
     if config.block_s != _pow2(config.block_s) or config.block_h != _pow2(config.block_h):
         return False
     if config.fused_qk:
-        return (config.block_h >= _pow2(max(shape.n_heads_q, shape.n_heads_k))
-                and _fused_qk_values(shape, config.block_s) <= _TILE_VALUES_LIMIT)
+        return (config.block_h >= _pow2(shape.n_heads_q)
+                and _fused_qk_values(shape, config.block_s, config.block_h) <= _TILE_VALUES_LIMIT)
     return config.block_s * config.block_h * _pow2(shape.head_dim) <= _TILE_VALUES_LIMIT
 
 
@@ -311,7 +312,8 @@ def rope_candidate_space(shape: RopeShape) -> list[TileConfig | FlatConfig]:
     for block_s in _FUSED_QK_TOKENS:
         for num_warps in (4, 8, 16, 32):
             for evict in (False, True):
-                space.append(TileConfig(block_s, heads, num_warps, fused_qk=True, evict_first=evict))
+                space.append(TileConfig(block_s, _pow2(shape.n_heads_q), num_warps, fused_qk=True,
+                                        evict_first=evict))
     if shape.flat_ok:
         vector = _VECTOR_BYTES // shape.element_size or 1
         for num_warps in _FLAT_WARPS:
