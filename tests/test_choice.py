@@ -381,7 +381,7 @@ def test_device_facts_read_the_properties_torch_has_and_fall_back_on_the_rest(mo
                             max_threads_per_multi_processor=1536, L2_cache_size=2**25, memory_clock_rate=2_000_000,
                             memory_bus_width=4096)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: props)
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 7)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 10**6)  # an index no real GPU has
     monkeypatch.setenv("ROPEKIT_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("ROPEKIT_AUTOTUNE", "0")  # no copy is timed: the bandwidth is estimated
     facts = choice.device_facts()
@@ -395,3 +395,14 @@ def test_time_launch_takes_the_median_of_its_repetitions():
     calls = []
     seconds = choice.time_launch(lambda: calls.append(1), warmup=2, reps=3)
     assert len(calls) == 5 and seconds >= 0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_a_gpu_the_facts_come_from_the_device_and_its_copy_is_measured_once(monkeypatch, tmp_path):
+    monkeypatch.setenv("ROPEKIT_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("ROPEKIT_AUTOTUNE", raising=False)
+    facts = choice.device_facts(torch.cuda.current_device())
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    assert facts.n_sms == props.multi_processor_count and facts.name == props.name
+    assert facts.bandwidth_source.startswith("measured") and facts.ceiling_gbps > 100
+    assert isinstance(choice.choose_rope(SMALL_PREFILL, torch.cuda.current_device()), (TileConfig, FlatConfig))
