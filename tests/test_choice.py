@@ -69,7 +69,9 @@ SHAPES = {**{name: shape for name, (shape, _) in TABLE.items()},
           "one-head-huge-dim": rope(1, 8192, 1, 0, 512, 4),
           "many-heads-no-fused-tile": rope(2, 4096, 128, 128, 256, flat_ok=False),
           "fp64": rope(1, 2048, 8, 8, 64, 8)}
-FUSED_SHAPES = {name: shape for name, (shape, _) in FUSED_TABLE.items()}
+FUSED_SHAPES = {**{name: shape for name, (shape, _) in FUSED_TABLE.items()},
+                "decode-very-wide": FusedShape(8, 64, 2304, 2, False, False, False),
+                "prefill-very-wide": FusedShape(4096, 16, 4096, 4, False, False, False)}
 
 
 # --------------------------------------------------------------------------------------------------------------------

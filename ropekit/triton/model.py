@@ -1,7 +1,7 @@
 """The performance model: from a GPU's facts and a call's shape to a launch configuration.
 
-RoPE moves bytes and does almost no arithmetic, so a launch is good when it keeps the memory system busy. Three
-quantities decide it, each computed here from :class:`DeviceFacts`:
+RoPE moves bytes and does almost no arithmetic, so a launch is good when it keeps the memory system busy. Four
+questions decide it, each answered here from :class:`DeviceFacts`:
 
 * **Bytes in flight (Little's law).** DRAM delivering ``B`` bytes a second with a loaded latency ``L`` holds
   ``B x L`` bytes in flight; split over the SMs, each SM must keep ``B / SMs x L`` bytes of loads outstanding at every
@@ -236,8 +236,18 @@ def model_fused(facts: DeviceFacts, shape: FusedShape) -> FusedConfig:
     * The backward: 1 token x 8 heads a step, 16 token blocks a program walked three stages deep, the
       weight-gradient terms summed in registers.
 
-    Heads a program never exceed the call's (rounded up to a power of two).
+    Heads a program never exceed the call's (rounded up to a power of two), and a program's tile stays within the
+    register bound (at most 32768 values: fewer heads, then fewer tokens, for very wide vectors).
     """
+    config = _fused_rule(facts, shape)
+    while config.block_s * config.block_h * _pow2(shape.width) > _TILE_VALUES_LIMIT and config.block_h > 1:
+        config = config._replace(block_h=config.block_h // 2)  # very wide vectors: within the register bound
+    while config.block_s * config.block_h * _pow2(shape.width) > _TILE_VALUES_LIMIT and config.block_s > 1:
+        config = config._replace(block_s=config.block_s // 2)
+    return config
+
+
+def _fused_rule(facts: DeviceFacts, shape: FusedShape) -> FusedConfig:
     heads = _pow2(shape.n_heads)
     if shape.backward:
         return FusedConfig(1, min(heads, 8), 4, evict_first=True, heads_inner=True, token_blocks=16, stages=3)
