@@ -133,7 +133,6 @@ def test_recorded_launches_run_nothing_and_list_every_launch():
         out_q, out_k = ropekit.apply_rope(q, k, cos, sin, positions=2, backend="triton")
         ropekit.apply_rope(q.requires_grad_(), None, cos, sin, backend="triton")[0].sum().backward()  # fwd, bwd
     assert len(records) == 3
-    assert torch.isnan(out_q).any() or not torch.equal(out_q, ref.rope(q, ref.token_positions(2, 3) + 2).float())
     assert any(t is q for t in passed_tensors(records[0])) and any(t is out_q for t in passed_tensors(records[0]))
     plan = plan_rope(q, k, cos, sin, out_q=out_q, out_k=out_k, rotary_dim=16,
                      positions=resolve_positions(batch=2, seqlen=3, positions=2))

@@ -29,6 +29,7 @@ import triton.language as tl
 
 from .. import device as _device
 from ..positions import POSITION_IDS, PositionSpec
+from . import choice
 from .configs import FlatConfig, RopeShape, TileConfig
 from .v4 import rope_v4_kernel
 from .v4_flat import rope_flat_kernel
@@ -53,27 +54,27 @@ def _cdiv(a: int, b: int) -> int:
 # A launch: one kernel, fully specialised but for the tensors of a call.
 # --------------------------------------------------------------------------------------------------------------------
 
-_constexpr_names: dict = {}
+_signatures: dict = {}
+
+
+def _signature(kernel) -> tuple:
+    """(every parameter name in order, the names of the ``tl.constexpr`` ones) of a kernel, read once from its
+    signature (under the interpreter too)."""
+    signature = _signatures.get(kernel)
+    if signature is None:
+        parameters = inspect.signature(kernel.fn).parameters
+        signature = _signatures[kernel] = (tuple(parameters), frozenset(
+            name for name, p in parameters.items() if "constexpr" in str(p.annotation)))
+    return signature
 
 
 def _constexprs(kernel) -> frozenset:
-    """The names of a kernel's ``tl.constexpr`` parameters (read from its signature, under the interpreter too)."""
-    names = _constexpr_names.get(kernel)
-    if names is None:
-        names = _constexpr_names[kernel] = frozenset(
-            name for name, p in inspect.signature(kernel.fn).parameters.items() if "constexpr" in str(p.annotation))
-    return names
+    return _signature(kernel)[1]
 
 
-def _specialisation(value):
-    """What Triton specialises a launch argument on, for the values that change from call to call: a tensor's
-    16-byte alignment, an integer's being 1, divisible by 16, within 32 bits (dtypes and everything else are the
-    plan's)."""
-    if value is None:
-        return None
-    if type(value) is int:
-        return (value == 1, value % 16 == 0, -2**31 <= value < 2**31)
-    return value.data_ptr() % 16 == 0
+def _static(value):
+    """A launch argument as a key: tensors by dtype (their addresses change from call to call)."""
+    return value.dtype if isinstance(value, torch.Tensor) else value
 
 
 class KernelLaunch:
@@ -87,13 +88,12 @@ class KernelLaunch:
     """
 
     __slots__ = ("kernel", "grid", "num_warps", "arguments", "per_call", "runtime", "runtime_slots", "everything",
-                 "everything_slots", "runners")
+                 "everything_slots", "key")
 
     def __init__(self, kernel, grid: tuple, num_warps: int, per_call: tuple, arguments: dict):
         self.kernel, self.grid, self.num_warps, self.per_call = kernel, grid, num_warps, per_call
         self.arguments = arguments
-        names = list(inspect.signature(kernel.fn).parameters)
-        constexprs = _constexprs(kernel)
+        names, constexprs = _signature(kernel)
         # The compiled runner takes the non-constexpr arguments (Triton 3.6), or every argument (later versions): both
         # orders are kept, with where each per-call value goes in each
         runtime = [n for n in names if n not in constexprs]
@@ -101,7 +101,10 @@ class KernelLaunch:
         self.runtime_slots = tuple(runtime.index(n) for n in per_call)
         self.everything = [arguments[n] for n in names]
         self.everything_slots = tuple(names.index(n) for n in per_call)
-        self.runners: dict = {}
+        # what Triton specialises on but the per-call values: launches with equal keys share compiled runners, so a
+        # launch planned afresh (autograd's backward, an uncached call) still takes the direct path
+        self.key = (kernel, grid, num_warps) + tuple(
+            _static(arguments[n]) for n in names if n not in per_call)
 
     @property
     def constexprs(self) -> dict:
@@ -122,13 +125,18 @@ def _run_direct(launch: KernelLaunch, values: tuple) -> None:
         with _device.INTERPRETER_LOCK:
             launch.kernel[launch.grid](**launch.named(values), num_warps=launch.num_warps)
         return
-    key = tuple(map(_specialisation, values))
-    entry = launch.runners.get(key)
+    key = (launch.key, tuple(map(_specialisation, values)))
+    entry = _runners.get(key)
     if entry is None:
         compiled = launch.kernel[launch.grid](**launch.named(values), num_warps=launch.num_warps)
-        launch.runners[key] = [compiled[launch.grid], None]  # the argument convention is learnt on the next call
+        if len(_runners) > 4096:
+            _runners.clear()
+        _runners[key] = [compiled[launch.grid], None]  # the argument convention is learnt on the next call
         return
     _call_compiled(launch, entry, values)
+
+
+_runners: dict = {}  # compiled runners by (KernelLaunch.key, the per-call values' specialisation)
 
 
 _launch = _run_direct
@@ -238,12 +246,6 @@ plans = PlanCache(1024)
 # RoPE: the tile and the flat kernel behind one launcher.
 # --------------------------------------------------------------------------------------------------------------------
 
-def _interpreter_config(shape: RopeShape) -> TileConfig:
-    """Under the interpreter every program costs Python time: tiles as large as the shape allows, fixed."""
-    return TileConfig(min(_next_pow2(shape.n_tokens), 16), min(_next_pow2(max(shape.n_heads_q, shape.n_heads_k)), 8),
-                      4)
-
-
 _forced: TileConfig | FlatConfig | None = None
 
 
@@ -269,18 +271,13 @@ def rope_config(shape: RopeShape, device=None) -> TileConfig | FlatConfig:
     refined by a measured autotune cached on disk; fixed tiles under the interpreter)."""
     if _forced is not None and (type(_forced) is TileConfig or shape.flat_ok):
         return _forced
-    if _device.INTERPRET:
-        return _interpreter_config(shape)
-    from . import choice
-
     return choice.choose_rope(shape, device, bench=lambda config: _bench_rope(shape, device, config))
 
 
 def _bench_rope(shape: RopeShape, device, config) -> float:
-    """Seconds one launch of ``config`` takes on fresh random tensors of ``shape`` (contiguous q and k, a table of
-    positions 0..seq-1): what the autotune times."""
-    from . import choice
-
+    """Seconds one launch of ``config`` takes on fresh random tensors of the shape's bucket (contiguous q and k, a
+    table of positions 0..seq-1): what the autotune times."""
+    shape = choice.rope_bucket(shape)
     dtype = {2: torch.bfloat16, 4: torch.float32, 8: torch.float64}[shape.element_size]
     q = torch.randn(1, shape.n_tokens, shape.n_heads_q, shape.head_dim, device=device, dtype=dtype)
     k = (torch.randn(1, shape.n_tokens, shape.n_heads_k, shape.head_dim, device=device, dtype=dtype)
