@@ -12,9 +12,9 @@ import torch
 
 from ropekit import device as _device
 
-from ropekit.triton.launch import FlatConfig, TileConfig, forced_config, recorded_launches, rope_v4
+from ropekit.triton.launch import FlatConfig, TileConfig, forced_config, plan_rope, recorded_launches, rope_v4
 
-__all__ = ["TileConfig", "FlatConfig", "forced_config", "rope_v4", "specialisation", "record_launches"]
+__all__ = ["TileConfig", "FlatConfig", "forced_config", "plan_rope", "rope_v4", "specialisation", "record_launches"]
 
 
 def specialisation(value):

@@ -299,6 +299,7 @@ class RopeLaunch(NamedTuple):
     launch: KernelLaunch
     config: TileConfig | FlatConfig
     in_place: bool
+    shape: RopeShape  # what the launch choice saw
 
     def __call__(self, q, k, out_q, out_k, cos, sin, positions, cu_seqlens, position_offset: int) -> None:
         """q/k/out/cos/sin/positions/cu_seqlens: the tensors the plan was made for, or any with the same shapes,
@@ -400,10 +401,10 @@ def plan_rope(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: t
     in_place = _same_view(q, out_q) and (k is None or _same_view(k, out_k))
     flat_ok = _flat_applies(q, k, out_q, out_k, contiguous, positions, rotary_dim, interleaved, cos_per_token,
                             eager_rounding)
+    shape = RopeShape(n_batch * seqlen, n_heads_q, n_heads_k, head_dim, rotary_dim, q.element_size(), cos_per_token,
+                      flat_ok, k is None or k.shape == q.shape)
     if config is None:
-        config = rope_config(RopeShape(n_batch * seqlen, n_heads_q, n_heads_k, head_dim, rotary_dim,
-                                       q.element_size(), cos_per_token, flat_ok,
-                                       k is None or k.shape == q.shape), q.device)
+        config = rope_config(shape, q.device)
     elif type(config) is FlatConfig and not flat_ok:
         raise ValueError("a FlatConfig was given for a call the flat kernel cannot run (it needs contiguous, "
                          "out-of-place NeoX tensors rotated over the whole head, positions from a table)")
@@ -418,15 +419,15 @@ def plan_rope(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: t
     # passed at all), and absent tensors as None: graph replay pays for every byte of arguments
     # (docs/tuning.md#lean-launch).
     if type(config) is FlatConfig:
-        return _plan_flat(q, k, out_q, out_k, cos, sin, positions, config, n_batch, seqlen, n_heads_q, n_heads_k,
-                          index_dtype, conjugate)
-    return _plan_tile(q, k, out_q, out_k, cos, sin, positions, config, n_batch, seqlen, n_heads_q, n_heads_k,
-                      rotary_dim, interleaved, conjugate, cos_per_token, eager_rounding, in_place, contiguous,
-                      index_dtype)
+        return _plan_flat(shape, q, k, out_q, out_k, cos, sin, positions, config, n_batch, seqlen, n_heads_q,
+                          n_heads_k, index_dtype, conjugate)
+    return _plan_tile(shape, q, k, out_q, out_k, cos, sin, positions, config, n_batch, seqlen, n_heads_q,
+                      n_heads_k, rotary_dim, interleaved, conjugate, cos_per_token, eager_rounding, in_place,
+                      contiguous, index_dtype)
 
 
-def _plan_tile(q, k, out_q, out_k, cos, sin, positions, config: TileConfig, n_batch, seqlen, n_heads_q, n_heads_k,
-               rotary_dim, interleaved, conjugate, cos_per_token, eager_rounding, in_place, contiguous,
+def _plan_tile(shape, q, k, out_q, out_k, cos, sin, positions, config: TileConfig, n_batch, seqlen, n_heads_q,
+               n_heads_k, rotary_dim, interleaved, conjugate, cos_per_token, eager_rounding, in_place, contiguous,
                index_dtype) -> RopeLaunch:
     head_dim = q.shape[-1]
     block_h = config.block_h
@@ -474,11 +475,12 @@ def _plan_tile(q, k, out_q, out_k, cos, sin, positions, config: TileConfig, n_ba
         EVICT="evict_first" if config.evict_first else "")
     per_call = (("Q", "K") + (() if in_place else ("OUT_Q", "OUT_K"))
                 + ("COS", "SIN", "POSITIONS", "CU_SEQLENS", "position_offset"))
-    return RopeLaunch(KernelLaunch(rope_v4_kernel, grid, config.num_warps, per_call, arguments), config, in_place)
+    return RopeLaunch(KernelLaunch(rope_v4_kernel, grid, config.num_warps, per_call, arguments), config, in_place,
+                      shape)
 
 
-def _plan_flat(q, k, out_q, out_k, cos, sin, positions, config: FlatConfig, n_batch, seqlen, n_heads_q, n_heads_k,
-               index_dtype, conjugate) -> RopeLaunch:
+def _plan_flat(shape, q, k, out_q, out_k, cos, sin, positions, config: FlatConfig, n_batch, seqlen, n_heads_q,
+               n_heads_k, index_dtype, conjugate) -> RopeLaunch:
     head_dim = q.shape[-1]
     n_tokens = n_batch * seqlen
     paired = config.paired and (k is None or k.shape == q.shape)
@@ -498,4 +500,5 @@ def _plan_flat(q, k, out_q, out_k, cos, sin, positions, config: FlatConfig, n_ba
         HEAD_DIM=head_dim, BLOCK=config.block, PAIRED=paired, HAS_K=k is not None, POS_MODE=positions.mode,
         CONJUGATE=conjugate, EVICT="evict_first" if config.streaming else "", INDEX_DTYPE=index_dtype)
     per_call = ("Q", "K", "OUT_Q", "OUT_K", "COS", "SIN", "POSITIONS", "position_offset")
-    return RopeLaunch(KernelLaunch(rope_flat_kernel, grid, config.num_warps, per_call, arguments), config, False)
+    return RopeLaunch(KernelLaunch(rope_flat_kernel, grid, config.num_warps, per_call, arguments), config, False,
+                      shape)
