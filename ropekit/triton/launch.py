@@ -72,6 +72,17 @@ def _constexprs(kernel) -> frozenset:
     return _signature(kernel)[1]
 
 
+def _specialisation(value):
+    """What Triton specialises a launch argument on, for the values that change from call to call: a tensor's
+    16-byte alignment, an integer's being 1, divisible by 16, within 32 bits (dtypes and everything else are the
+    plan's)."""
+    if value is None:
+        return None
+    if type(value) is int:
+        return (value == 1, value % 16 == 0, -2**31 <= value < 2**31)
+    return value.data_ptr() % 16 == 0
+
+
 def _static(value):
     """A launch argument as a key: tensors by dtype (their addresses change from call to call)."""
     return value.dtype if isinstance(value, torch.Tensor) else value
