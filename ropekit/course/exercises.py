@@ -146,8 +146,12 @@ def _run_rope_torch(fn, inputs):
 
 
 def _run_cuda(source, inputs):
-    from . import cuda
-    return cuda.run(source, inputs)
+    """On a GPU, the kernel itself; on a CPU, every thread of its launch emulated in turn (``cuda_cpu``)."""
+    if inputs.x.view.is_cuda:
+        from . import cuda
+        return cuda.run(source, inputs)
+    from . import cuda_cpu
+    return cuda_cpu.run(source, inputs)
 
 
 # --- the cases -----------------------------------------------------------------------------------------------------
@@ -289,9 +293,10 @@ _add(Exercise(
     name="06_cuda_kernel", title="A CUDA kernel body", language="cuda", entry="rope_pairs_kernel",
     task=("Fill in the body of the CUDA kernel rope_pairs_kernel: one thread per pair of a contiguous float32 "
           "(batch, seq, heads, head_dim) tensor, NeoX pairs, position = the token's index in its sequence. The grid "
-          "is rounded up to whole blocks of 128 threads. Pass the source (a string) to check(); it runs on a GPU."),
-    diagnoses=("wrong_direction", "other_pairing", "position_shift", "unwritten", "out_of_bounds", "compile_error",
-               "wrong"),
+          "is rounded up to whole blocks of 128 threads. Pass the source (a string) to check(): on a GPU it runs "
+          "there; on a CPU every thread of the launch runs in turn, and each access outside a tensor is named."),
+    diagnoses=("wrong_direction", "other_pairing", "position_shift", "unwritten", "out_of_bounds",
+               "load_out_of_bounds", "overlapping_stores", "compile_error", "wrong"),
     cases=(
         RopeCase("float32, contiguous, head_dim 24 (12 pairs per row)", 1, 3, 2, 24),
         RopeCase("float32, 3 sequences x 5 tokens x 3 heads, head_dim 16: 360 pairs, the last block part-filled",
