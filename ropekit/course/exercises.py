@@ -105,11 +105,12 @@ def qk_grid(batch: int, seq: int, heads_q: int, heads_k: int, block_s: int, bloc
     return triton.cdiv(seq, block_s), triton.cdiv(heads_q, block_h) + triton.cdiv(heads_k, block_h), batch
 
 
-def launch_qk(kernel, q, k, cos, sin, offsets, out_q, out_k):
-    """05: q and k in one launch on :func:`qk_grid`, the tile from the kernel."""
+def launch_qk(kernel, q, k, cos, sin, offsets, out_q, out_k, tile: tuple[int, int, int] | None = None):
+    """05: q and k in one launch on :func:`qk_grid`; the tile (BLOCK_S, BLOCK_H, NUM_WARPS) from the kernel's
+    signature unless ``tile`` is given (the reference tiles of ``speed``)."""
     batch, seq, heads_q, head_dim = q.shape
     heads_k = k.shape[2]
-    block_s, block_h, num_warps = tile_of(kernel)
+    block_s, block_h, num_warps = tile or tile_of(kernel)
     grid = qk_grid(batch, seq, heads_q, heads_k, block_s, block_h)
     kernel[grid](q, k, out_q, out_k, cos, sin, offsets, seq, heads_q, heads_k, *q.stride()[:3], *k.stride()[:3],
                  *out_q.stride()[:3], *out_k.stride()[:3], HEAD_DIM=head_dim, BLOCK_S=block_s, BLOCK_H=block_h,
