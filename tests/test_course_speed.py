@@ -190,3 +190,12 @@ def test_the_measuring_script_refuses_a_machine_without_a_gpu(tmp_path, capsys):
     out = tmp_path / "reference_tiles.json"
     assert reference_tiles.main(["--out", str(out)]) == 2
     assert not out.exists() and "CUDA GPU" in capsys.readouterr().err
+
+
+def test_a_kernel_with_wrong_values_is_not_timed_for_the_prediction_or_the_stretch():
+    timer = FakeTimer(ceiling_gbps=1.0, time_us=1.0)  # an empty kernel would look fast: it must not be timed
+    template = course.load_template("05_qk_offsets")
+    for result in (speed.grade_prediction("05_qk_offsets", template, 90, timer=timer),
+                   speed.grade_stretch("05_qk_offsets", template, timer=timer)):
+        assert not result.graded and not result.ok and "not yet solved" in result.message
+    assert timer.calls == []

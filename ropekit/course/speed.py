@@ -185,6 +185,21 @@ def reference_table(shape: "QKShape", runs: dict) -> str:
     return "\n".join(lines)
 
 
+_CHECKED: dict[int, tuple] = {}  # id(kernel) -> (kernel, its check): a kernel's values are checked once
+
+
+def _not_correct(name: str, kernel) -> SpeedGrade | None:
+    """None when the kernel's values are right (a kernel that writes nothing would be timed fast); else the answer."""
+    from .checker import check
+
+    if id(kernel) not in _CHECKED:
+        _CHECKED[id(kernel)] = (kernel, check(name, kernel))
+    result = _CHECKED[id(kernel)][1]
+    if result.ok or result.diagnosis == "too_slow":
+        return None
+    return SpeedGrade(False, False, f"Speed is timed once the values are right; the check says:\n{result}")
+
+
 def grade_prediction(name: str, kernel, predicted_pct: float | None, *, timer=None,
                      data: Path | str | None = None) -> SpeedGrade:
     """Grade the reader's prediction of the % of the copy ceiling their kernel's tile reaches on the stated shape.
@@ -203,6 +218,9 @@ def grade_prediction(name: str, kernel, predicted_pct: float | None, *, timer=No
     tile = tile_of(kernel)
     model = model_pct(tile, shape)
     if timer is not None or torch.cuda.is_available():
+        wrong = _not_correct(name, kernel)
+        if wrong is not None:
+            return wrong
         measured = grade_exercise(name, kernel, timer=timer).speed
         error = predicted_pct - measured.pct_ceiling
         ok = abs(error) <= PREDICTION_TOLERANCE
@@ -249,6 +267,9 @@ def grade_stretch(name: str, kernel, *, timer=None, data: Path | str | None = No
     from .exercises import exercise
 
     if timer is not None or torch.cuda.is_available():
+        wrong = _not_correct(name, kernel)
+        if wrong is not None:
+            return wrong
         result = grade_exercise(name, kernel, timer=timer, target=STRETCH)
         words = f"Stretch target: {result.message}"
         if not result.ok:
