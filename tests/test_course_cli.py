@@ -45,7 +45,7 @@ def test_an_unknown_exercise_is_a_usage_error_listing_the_exercises(capsys):
     assert exit_.value.code == 2 and "01_rotate_pair" in capsys.readouterr().err
 
 
-# --- grade: every exercise whose file is in the reader's folder --------------------------------------------------------
+# --- grade: every exercise whose file is in the reader's folder -------------------------------------------------------
 
 def test_grade_checks_each_file_found_and_says_how_to_start_the_others(tmp_path, capsys):
     (tmp_path / "ex01_rotate_pair.py").write_text(solution_source("01_rotate_pair"))

@@ -185,7 +185,8 @@ def _finding(report: _Report, blocks: int, *, sizes: list[int], n_pairs: int, he
         first, second = report.overlap_first, report.overlap_second
         return Finding("overlapping_stores", (
             f"Run on the CPU, thread by thread: two threads stored to the same element. {_thread(first)} and "
-            f"{_thread(second)} both wrote out[{index}] ({_count(report.overlaps, 'such store')} in all). On a GPU that is a race, and elements another pair should "
+            f"{_thread(second)} both wrote out[{index}] ({_count(report.overlaps, 'such store')} in all). On a GPU "
+            "that is a race, and elements another pair should "
             f"have written stay unwritten. A row of head_dim = {head_dim} channels starts row * head_dim elements "
             "in, and its pair i writes channels i and i + head_dim / 2: check the row's stride (head_dim, not "
             "head_dim / 2) and the pair's channels."))

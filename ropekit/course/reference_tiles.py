@@ -82,7 +82,8 @@ def measure_tiles(rounds: int = 3, timer=None) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ropekit.course.reference_tiles", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m ropekit.course.reference_tiles",
+                                     description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True, help="the JSON file to add this GPU's run to")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds over the tiles (default 3)")
     args = parser.parse_args(argv)

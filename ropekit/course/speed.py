@@ -213,8 +213,8 @@ def grade_prediction(name: str, kernel, predicted_pct: float | None, *, timer=No
 
     shape = exercise(name).notes["speed_shape"]
     if predicted_pct is None:
-        return SpeedGrade(False, False, "Write your prediction first: the % of the copy ceiling you expect your tile to "
-                                        "reach (notebook 04's model, and where it missed, are your guide).")
+        return SpeedGrade(False, False, "Write your prediction first: the % of the copy ceiling you expect your tile "
+                                        "to reach (notebook 04's model, and where it missed, are your guide).")
     tile = tile_of(kernel)
     model = model_pct(tile, shape)
     if timer is not None or torch.cuda.is_available():
