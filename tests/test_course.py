@@ -23,7 +23,7 @@ import pytest
 import torch
 import triton
 import triton.language as tl
-from conftest import ON_GPU, gpu_only
+from conftest import ON_GPU
 
 import ropekit
 from ropekit import course

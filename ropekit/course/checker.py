@@ -211,21 +211,12 @@ def _cuda_precheck(ex, code) -> CheckResult | None:
         if cuda.find_nvcc() is None:
             return CheckResult(ex.name, False, "needs_gpu", "The CUDA exercise needs nvcc (the CUDA compiler), "
                                                             "which this machine lacks; nothing was checked.")
-        try:
-            cuda.build(code)
-        except cuda.CompileError as error:
-            return CheckResult(ex.name, False, "compile_error", f"nvcc rejected the source:\n{error}")
-        except Exception as error:  # noqa: BLE001  (a broken toolchain is reported, not raised)
-            return CheckResult(ex.name, False, "raised", f"Building the CUDA source failed: {error}")
-        return None
+        return _nvcc_verdict(ex, cuda.build, code)
     compiled = ""
     if cuda.find_nvcc() is not None:
-        try:
-            cuda.compile_only(code)
-        except cuda.CompileError as error:
-            return CheckResult(ex.name, False, "compile_error", f"nvcc rejected the source:\n{error}")
-        except Exception as error:  # noqa: BLE001
-            return CheckResult(ex.name, False, "raised", f"Building the CUDA source failed: {error}")
+        rejected = _nvcc_verdict(ex, cuda.compile_only, code)
+        if rejected is not None:
+            return rejected
         compiled = "Compiles with nvcc (-arch=sm_90). "
     if cuda_cpu.find_cxx() is None:
         return CheckResult(ex.name, False, "needs_gpu",
@@ -242,6 +233,18 @@ def _cuda_precheck(ex, code) -> CheckResult | None:
         return CheckResult(ex.name, False, "compile_error",
                            f"The source does not compile (as host C++ for the CPU emulation; this machine has no "
                            f"nvcc):\n{error}")
+    return None
+
+
+def _nvcc_verdict(ex, build, code) -> CheckResult | None:
+    """None when nvcc builds ``code``; else the answer (its errors, or a broken toolchain, reported not raised)."""
+    from .cuda import CompileError
+    try:
+        build(code)
+    except CompileError as error:
+        return CheckResult(ex.name, False, "compile_error", f"nvcc rejected the source:\n{error}")
+    except Exception as error:  # noqa: BLE001
+        return CheckResult(ex.name, False, "raised", f"Building the CUDA source failed: {error}")
     return None
 
 

@@ -20,10 +20,11 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["measure_tiles", "main"]
+__all__ = ["measure_tiles", "commit", "main"]
 
 
-def _commit() -> str | None:
+def commit() -> str | None:
+    """The checkout's commit, for a stored run's provenance (None outside a git checkout)."""
     try:
         done = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10,
                               cwd=Path(__file__).parent)
@@ -73,7 +74,7 @@ def measure_tiles(rounds: int = 3, timer=None) -> dict:
         "method": "CUDA-graph replay medians (ropekit.bench.timing.GpuTimer, default settings), tiles interleaved "
                   f"over {rounds} rounds, median of the rounds; % of the copy ceiling measured before the tiles",
         "command": "python -m " + " ".join(["ropekit.course.reference_tiles", *sys.argv[1:]]),
-        "commit": _commit(),
+        "commit": commit(),
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "torch": torch.__version__,
         "triton": triton.__version__,

@@ -311,15 +311,6 @@ def measure(out: Path) -> dict:
     }
 
 
-def _commit() -> str | None:
-    try:
-        done = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10,
-                              cwd=Path(__file__).parent)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return done.stdout.strip() or None
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ropekit.course.tools_run", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, help="the folder to write tools.json, v1.ptx, v3.ptx and ncu.csv to")
@@ -338,8 +329,10 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     run = measure(args.out)
     run["ncu"] = run_ncu(args.out)
+    from .reference_tiles import commit
+
     run.update(command="python -m ropekit.course.tools_run " + " ".join(sys.argv[1:] if argv is None else argv),
-               commit=_commit(), torch=torch.__version__, triton=triton.__version__,
+               commit=commit(), torch=torch.__version__, triton=triton.__version__,
                created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
     (args.out / "tools.json").write_text(json.dumps(run, indent=1) + "\n")
     for kernel, regs, spills, warps in resources_rows(run):
