@@ -40,7 +40,7 @@ STRETCH = 0.97  # the stretch target, measured on a GPU; the stored reference ti
 PREDICTION_TOLERANCE = 5.0  # points of %: a prediction this close to the measurement is graded right
 GPUS = ("H100", "H200")  # the GPUs the reference tiles are stored for (matched in the device's name)
 # (BLOCK_S, BLOCK_H, NUM_WARPS) tiles of the solution's kernel that reference_tiles measures: the template's 1 x 1,
-# the solution's 4 x 4, and one-constant changes around them.
+# the solution's 4 x 4, and changes of one or two of its constants around them.
 REFERENCE_TILES = ((1, 1, 4), (1, 4, 4), (2, 4, 4), (4, 4, 4), (8, 4, 4), (16, 4, 4), (4, 2, 4), (4, 8, 4),
                    (2, 8, 4), (4, 4, 8))
 REFERENCE_DATA = Path(__file__).parent / "data" / "reference_tiles.json"
@@ -173,7 +173,8 @@ def _no_run(gpu: str) -> str:
 def reference_table(shape: "QKShape", runs: dict) -> str:
     """Markdown: every reference tile, the model's % and each stored GPU's measured % with the model's error."""
     gpus = [gpu for gpu in GPUS if gpu in runs]
-    head = "| tile (BLOCK_S × BLOCK_H, warps) | model % |" + "".join(f" {g} measured % | model error |" for g in gpus)
+    head = (f"| tile (BLOCK_S × BLOCK_H, warps) | model % ({_device_model().name}) |"
+            + "".join(f" {g} measured % | model error |" for g in gpus))
     lines = [head, "|---|---:|" + "---:|---:|" * len(gpus)]
     for tile in REFERENCE_TILES:
         predicted = model_pct(tile, shape)
