@@ -9,6 +9,7 @@ compile error, a kernel decorated before ``import ropekit``), a hint that names 
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
@@ -212,27 +213,29 @@ def _cuda_precheck(ex, code) -> CheckResult | None:
             return CheckResult(ex.name, False, "needs_gpu", "The CUDA exercise needs nvcc (the CUDA compiler), "
                                                             "which this machine lacks; nothing was checked.")
         return _nvcc_verdict(ex, cuda.build, code)
-    compiled = ""
-    if cuda.find_nvcc() is not None:
-        rejected = _nvcc_verdict(ex, cuda.compile_only, code)
-        if rejected is not None:
-            return rejected
-        compiled = "Compiles with nvcc (-arch=sm_90). "
     if cuda_cpu.find_cxx() is None:
-        return CheckResult(ex.name, False, "needs_gpu",
-                           f"{compiled}Running it needs a CUDA GPU, or a C++ compiler (g++) for the CPU emulation; "
-                           "this machine has neither, so nothing ran.")
-    try:
-        cuda_cpu.build(code)
-    except cuda.CompileError as error:
-        if compiled:  # nvcc accepts it: it uses what the emulation leaves out (shared memory, shuffles, vector types)
+        rejected = _nvcc_verdict(ex, cuda.compile_only, code) if cuda.find_nvcc() else None
+        return rejected or CheckResult(ex.name, False, "needs_gpu", (
+            f"{'Compiles with nvcc (-arch=sm_90). ' if cuda.find_nvcc() else ''}Running it needs a CUDA GPU, or a "
+            "C++ compiler (g++) for the CPU emulation; this machine has neither, so nothing ran."))
+    # nvcc (the GPU's verdict on the source) and the host compiler (the emulation) build side by side.
+    with ThreadPoolExecutor(1) as pool:
+        emulation = pool.submit(cuda_cpu.build, code)
+        rejected = _nvcc_verdict(ex, cuda.compile_only, code) if cuda.find_nvcc() else None
+        error = emulation.exception()
+    if rejected is not None:
+        return rejected
+    if isinstance(error, cuda.CompileError):
+        if cuda.find_nvcc():  # nvcc accepts it: it uses what the emulation leaves out (shared memory, shuffles)
             return CheckResult(ex.name, False, "needs_gpu", (
-                f"{compiled}The CPU emulation cannot run it (it runs one thread at a time and supports the kernel's "
-                "float pointers indexed or offset, not shared memory, barriers, warp shuffles or vector types); on a "
-                f"GPU the checker runs it. The host compiler said:\n{error}"))
+                "Compiles with nvcc (-arch=sm_90). The CPU emulation cannot run it (it runs one thread at a time "
+                "and supports the kernel's float pointers indexed or offset, not shared memory, barriers, warp "
+                f"shuffles or vector types); on a GPU the checker runs it. The host compiler said:\n{error}"))
         return CheckResult(ex.name, False, "compile_error",
                            f"The source does not compile (as host C++ for the CPU emulation; this machine has no "
                            f"nvcc):\n{error}")
+    if error is not None:
+        return CheckResult(ex.name, False, "raised", f"Building the CPU emulation failed: {error}")
     return None
 
 
