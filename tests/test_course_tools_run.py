@@ -97,3 +97,35 @@ def test_no_stored_run_reads_as_none(tmp_path):
 def test_the_script_refuses_a_machine_without_a_gpu(tmp_path, capsys):
     assert tools_run.main(["--out", str(tmp_path / "tools")]) == 2
     assert not (tmp_path / "tools").exists() and "CUDA GPU" in capsys.readouterr().err
+
+
+def _fake_ncu(tmp_path, monkeypatch, stdout: str, code: int = 0):
+    """An ``ncu`` that prints ``stdout`` and exits with ``code`` (the real one needs a GPU and its counters)."""
+    script = tmp_path / "ncu"
+    (tmp_path / "ncu.out").write_text(stdout)
+    script.write_text(f"#!/bin/sh\ncat '{tmp_path / 'ncu.out'}'\nexit {code}\n")
+    script.chmod(0o755)
+    monkeypatch.setattr(tools_run, "_find_ncu", lambda: str(script))
+
+
+@pytest.mark.parametrize("stdout, code, status", [
+    (NCU_CSV, 0, "ok"),
+    ("==ERROR== ERR_NVGPUCTRPERM - The user does not have permission to access NVIDIA GPU Performance Counters\n", 1,
+     "no_permission"),
+    ("==ERROR== the application returned an error\n", 1, "failed"),
+], ids=["profiled", "no-permission", "failed"])
+def test_ncu_runs_or_says_why_not(tmp_path, monkeypatch, stdout, code, status):
+    _fake_ncu(tmp_path, monkeypatch, stdout, code)
+    result = tools_run.run_ncu(tmp_path)
+    assert result["status"] == status and (tmp_path / "ncu.csv").read_text() == stdout
+    assert result["command"].startswith("ncu --csv --metrics dram__throughput")
+    if status == "ok":
+        assert set(result["kernels"]) == {"rope_v1_kernel", "rope_v3_kernel"}
+    else:
+        assert ("ERR_NVGPUCTRPERM" if status == "no_permission" else "exited with 1") in result["reason"]
+
+
+def test_without_ncu_the_run_says_it_is_not_installed(monkeypatch, tmp_path):
+    monkeypatch.setattr(tools_run, "_find_ncu", lambda: None)
+    assert tools_run.run_ncu(tmp_path) == {"status": "unavailable",
+                                           "reason": "ncu (Nsight Compute) is not installed on this machine"}

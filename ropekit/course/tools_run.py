@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 
 __all__ = ["SHAPE", "AUTOTUNE_TILES", "NCU_METRICS", "ptx_loads", "parse_ncu_csv", "load", "resources_rows",
-           "ptx_rows", "timing_rows", "ncu_rows", "autotune_rows", "main"]
+           "ptx_rows", "timing_rows", "ncu_rows", "autotune_rows", "run_ncu", "main"]
 
 SHAPE = (4, 4096, 32, 128)  # (batch, seq, heads, head_dim), float32
 AUTOTUNE_TILES = ((1, 4, 4), (2, 4, 4), (4, 4, 4), (8, 4, 4), (16, 4, 4), (4, 2, 4), (4, 8, 4), (4, 4, 8))
@@ -202,19 +202,21 @@ def _profile_target() -> None:
 
 
 def run_ncu(out: Path) -> dict:
+    """One ``ncu`` run of v1 and v3 (raw output in ``out``): ``{"status": "ok", "kernels": ...}``, or a status and
+    the reason it could not profile (not installed, no permission for the counters, failed)."""
     ncu = _find_ncu()
     if ncu is None:
         return {"status": "unavailable", "reason": "ncu (Nsight Compute) is not installed on this machine"}
     command = [ncu, "--csv", "--metrics", ",".join(NCU_METRICS), "--kernel-name", "regex:rope_v[13]_kernel",
                sys.executable, "-m", "ropekit.course.tools_run", "--profile-target"]
+    words = " ".join(["ncu", *command[1:-4], "python -m ropekit.course.tools_run --profile-target"])
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=300)
     except subprocess.TimeoutExpired:
-        return {"status": "failed", "reason": "ncu did not finish within 300 s", "command": " ".join(command[:-3])}
+        return {"status": "failed", "reason": "ncu did not finish within 300 s", "command": words}
     (out / "ncu.csv").write_text(done.stdout)
     (out / "ncu.stderr.txt").write_text(done.stderr)
     kernels = parse_ncu_csv(done.stdout)
-    words = " ".join(command[:1] + command[1:-3]) + " python -m ropekit.course.tools_run --profile-target"
     if "ERR_NVGPUCTRPERM" in done.stdout + done.stderr:
         return {"status": "no_permission", "command": words,
                 "reason": "ncu may not read the GPU's performance counters here (ERR_NVGPUCTRPERM: profiling needs "
