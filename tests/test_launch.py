@@ -33,8 +33,9 @@ def passed_tensors(record) -> list:
     return [v for v in record.arguments.values() if isinstance(v, torch.Tensor)]
 
 
-def record(fn):
-    with recorded_launches() as records:
+def record(fn, config=TileConfig(2, 4, 4)):
+    """The one launch ``fn`` makes, planned with ``config`` (the same on every device)."""
+    with forced_config(config), recorded_launches() as records:
         fn()
     assert len(records) == 1
     return records[0]
@@ -112,7 +113,9 @@ def test_a_forced_config_reaches_every_launch_and_leaves_no_plan_behind():
     assert plans
     with forced_config(tile):
         assert not plans
-        assert record(lambda: ropekit.apply_rope(q, None, cos, sin, backend="triton")).grid == (3, 4, 2)
+        with recorded_launches() as records:
+            ropekit.apply_rope(q, None, cos, sin, backend="triton")
+        assert records[0].grid == (3, 4, 2)
         out, _ = ropekit.apply_rope(q, None, cos, sin, backend="triton")
     assert not plans
     assert_close_to_reference(out, ref.rope(q, ref.token_positions(2, 3)))
@@ -138,6 +141,11 @@ def test_recorded_launches_run_nothing_and_list_every_launch():
                      positions=resolve_positions(batch=2, seqlen=3, positions=2))
     assert records[0].grid == plan.launch.grid and records[0].kernel is plan.launch.kernel
     assert records[1].arguments.keys() == records[2].arguments.keys()
+    # launches of two dtypes never share a compiled kernel (the direct launch keys on the plan's dtypes)
+    spec = resolve_positions(batch=2, seqlen=3, positions=2)
+    half, bf16 = (plan_rope(q.to(t), k.to(t), cos, sin, out_q=out_q.to(t), out_k=out_k.to(t), rotary_dim=16,
+                            positions=spec) for t in (torch.float16, torch.bfloat16))
+    assert half.launch.key != bf16.launch.key
     assert [k for k, v in records[1].arguments.items() if k in records[1].constexprs
             and v != records[2].arguments[k]] != []  # the backward is another specialisation (the conjugate)
 

@@ -112,10 +112,12 @@ class KernelLaunch:
         self.runtime_slots = tuple(runtime.index(n) for n in per_call)
         self.everything = [arguments[n] for n in names]
         self.everything_slots = tuple(names.index(n) for n in per_call)
-        # what Triton specialises on but the per-call values: launches with equal keys share compiled runners, so a
-        # launch planned afresh (autograd's backward, an uncached call) still takes the direct path
+        # what Triton specialises on, but the per-call values' addresses and integer classes: launches with equal
+        # keys share compiled runners, so a launch planned afresh (autograd's backward, an uncached call) still takes
+        # the direct path. A per-call tensor enters by its dtype: a launch is called with tensors of its plan's dtypes.
         self.key = (kernel, grid, num_warps) + tuple(
-            _static(arguments[n]) for n in names if n not in per_call)
+            _static(arguments[n]) if n not in per_call or isinstance(arguments[n], torch.Tensor)
+            else None for n in names)
 
     @property
     def constexprs(self) -> dict:
@@ -282,7 +284,9 @@ def rope_config(shape: RopeShape, device=None) -> TileConfig | FlatConfig:
     refined by a measured autotune cached on disk; fixed tiles under the interpreter)."""
     if _forced is not None and (type(_forced) is TileConfig or shape.flat_ok):
         return _forced
-    return choice.choose_rope(shape, device, bench=lambda config: _bench_rope(shape, device, config))
+    # (inside recorded_launches nothing runs, so nothing could be timed: the choice is made untuned)
+    bench = (lambda config: _bench_rope(shape, device, config)) if _launch is _run_direct else None
+    return choice.choose_rope(shape, device, bench=bench)
 
 
 def _bench_rope(shape: RopeShape, device, config) -> float:
