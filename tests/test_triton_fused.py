@@ -120,23 +120,32 @@ def test_forward_paged_norm_with_position_ids_in_small_tiles(config):
     assert torch.equal(v_cache.cpu().double(), ref.paged_cache_write(torch.zeros(3, 4, hk, d), v[0], slots))
 
 
-def test_the_launch_table_covers_every_shape_class_and_the_override_wins():
-    from ropekit.triton.fused import FUSED_LAUNCH_TABLE, forced_fused_config, fused_config, fused_shape_class
+def test_the_launch_table_covers_every_shape_class_and_the_override_wins(monkeypatch):
+    from ropekit.triton import fused
+    from ropekit.triton.fused import (FUSED_LAUNCH_TABLE, FusedShape, forced_fused_config, fused_config_for,
+                                      fused_shape_class)
 
-    classes = {fused_shape_class(t, w, fp8, norm) for t in (1, 64, 128, 129, 16384) for w in (64, 128, 576)
+    def shape(tokens, width=128, fp8=False, norm=False, backward=False, heads=32):
+        return FusedShape(tokens, heads, width, 2, fp8, norm, backward)
+
+    classes = {fused_shape_class(shape(t, w, fp8, norm)) for t in (1, 64, 128, 129, 16384) for w in (64, 128, 576)
                for fp8 in (False, True) for norm in (False, True)}
-    assert classes | {fused_shape_class(16384, 128, norm=True, backward=True)} == set(FUSED_LAUNCH_TABLE)
-    assert fused_shape_class(64, 128, True) == "decode-fp8" and fused_shape_class(16384, 576) == "prefill-wide"
-    assert fused_shape_class(16384, 128, norm=True) == "prefill-norm" and fused_shape_class(64, 128, norm=True) == "decode"
+    assert classes | {fused_shape_class(shape(16384, norm=True, backward=True))} == set(FUSED_LAUNCH_TABLE)
+    assert fused_shape_class(shape(64, fp8=True)) == "decode-fp8" and fused_shape_class(shape(16384, 576)) == \
+        "prefill-wide"
+    assert fused_shape_class(shape(16384, norm=True)) == "prefill-norm" and \
+        fused_shape_class(shape(64, norm=True)) == "decode"
     assert all(c.block_s >= 1 and c.block_h >= 1 and c.num_warps in (1, 2, 4, 8, 16) for c in
                FUSED_LAUNCH_TABLE.values())
+    monkeypatch.setattr(fused._device, "INTERPRET", False)  # the GPU's table, not the interpreter's fixed tiles
+    assert fused_config_for(shape(16384, heads=4), DEVICE).block_h == 4  # never more heads a program than the call's
     forced = FusedConfig(block_s=3, block_h=5, num_warps=2)  # any value: the override is taken as given
     with forced_fused_config(forced):
-        assert fused_config(16384, 32, 128) == forced
+        assert fused_config_for(shape(16384), DEVICE) == forced
         with forced_fused_config(None):
-            assert fused_config(16384, 32, 128) != forced
-        assert fused_config(1, 1, 1) == forced
-    assert fused_config(16384, 32, 128) != forced
+            assert fused_config_for(shape(16384), DEVICE) != forced
+        assert fused_config_for(shape(1, heads=1), DEVICE) == forced
+    assert fused_config_for(shape(16384), DEVICE) != forced
 
 
 def test_a_forced_config_reaches_the_kernel_through_the_public_op():
