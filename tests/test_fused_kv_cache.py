@@ -329,9 +329,10 @@ def test_cuda_graph_decode_step_replays_with_new_positions_and_slots():
         assert_paged(before, k_cache, ref.rope_table(k, cos, sin, pos)[:, 0], slots)
 
 
+@pytest.mark.backend("triton")
 def test_a_repeated_decode_call_skips_validation_and_a_changed_one_is_validated(monkeypatch):
-    """The eager fast path: a call with a signature seen before goes straight to the launch (new values, right
-    results); a call that differs in any shape, dtype or argument is validated again."""
+    """The eager fast path (a plan is a Triton launch): a call with a signature seen before goes straight to the
+    launch (new values, right results); a call that differs in any shape, dtype or argument is validated again."""
     from ropekit.fused import validate
     call = _valid_call()
     call.update(q=call["q"].transpose(0, 1), k=call["k"].transpose(0, 1), v=call["v"].transpose(0, 1),
