@@ -23,11 +23,6 @@ from .qk_norm_rope import _spec, fused_launcher
 __all__ = ["rope_and_cache", "launch_cache"]
 
 
-def _cache_bits(cache: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
-    """The kernel writes float8 caches as their uint8 bits (the rounding is its own, identical on GPU and CPU)."""
-    return cache.view(torch.uint8) if cache is not None and cache.dtype == validate.FP8_DTYPE else cache
-
-
 def _kernel_arguments(q, k, v, out_q, out_k, k_cache, v_cache, slots, cache_mode: int, cos, sin, positions,
                       pos_mode: int, cu_seqlens, position_offset: int, max_seqlen: int, rotary_dim: int, layout: str,
                       interleaved: bool, per_token: bool, k_scale, v_scale, q_weight, k_weight, eps: float,
@@ -42,7 +37,7 @@ def _kernel_arguments(q, k, v, out_q, out_k, k_cache, v_cache, slots, cache_mode
                 positions=_spec(positions, pos_mode, cu_seqlens, position_offset, max_seqlen, layout),
                 rotary_dim=rotary_dim, interleaved=interleaved, cos_per_token=per_token,
                 out_q=to_bshd(out_q, layout), out_k=to_bshd(out_k, layout), v=to_bshd(v, layout),
-                k_cache=_cache_bits(k_cache), v_cache=_cache_bits(v_cache), cache_mode=cache_mode, slots=slots,
+                k_cache=FusedPlan.bytes_of(k_cache), v_cache=FusedPlan.bytes_of(v_cache), cache_mode=cache_mode, slots=slots,
                 block_size=k_cache.shape[1], cache_len=n_slots, k_scale=k_scale, v_scale=v_scale, q_weight=q_weight,
                 k_weight=k_weight, eps=eps, weight_offset=weight_offset)
 
@@ -145,7 +140,7 @@ def rope_and_cache(q: torch.Tensor, k: torch.Tensor, v: Optional[torch.Tensor], 
     validate.check_no_grad("rope_and_cache", _NAMES, user)
     fp8 = k_cache.dtype == validate.FP8_DTYPE
     written = ("k_cache", "v_cache") + ((("q", "k") if write_k else ("q",)) if inplace else ())
-    plan = FusedPlan(None, _NAMES, written, fp8, user[7].dtype == validate.FP8_DTYPE)
+    plan = FusedPlan(None, _NAMES, written, fp8)
     # the caller's tensors, as a planned call checks them (a table the validation derived from cos/sin is a view of
     # them or a fresh copy); with table= the table's own cos/sin
     if table is None:

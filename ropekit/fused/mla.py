@@ -122,8 +122,7 @@ def mla_rope_and_cache(q_pe: torch.Tensor, k_pe: torch.Tensor, kv_c: torch.Tenso
     tensors = (q, k, v, kv_cache, user_slots, positions, kv_cache_scale if fp8 else None) + (
         (cos_sin_cache,) if cos_sin_cache is not None else (cos, sin) if table is not None else user_tables)
     validate.check_no_grad("mla_rope_and_cache", names, tensors)
-    plan = FusedPlan(None, names, ("kv_cache", "q_pe", "k_pe") if inplace else ("kv_cache",), fp8,
-                     user[3].dtype == validate.FP8_DTYPE)
+    plan = FusedPlan(None, names, ("kv_cache", "q_pe", "k_pe") if inplace else ("kv_cache",), fp8)
     plan.check(tensors)
     out_q, out_k = (q, k) if inplace else (new_output(q), new_output(k))
     launch = (slot_mapping, CACHE_PAGED, cos, sin, spec.tensor, spec.mode, spec.cu_seqlens, spec.offset,

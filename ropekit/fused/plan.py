@@ -14,7 +14,7 @@ import torch
 
 from .. import device as _device
 from ..triton.launch import plans
-from .validate import check_mode, check_overlaps
+from .validate import FP8_DTYPE, check_mode, check_overlaps
 
 __all__ = ["planned", "signature", "reads_callers_memory", "FusedPlan", "plans"]
 
@@ -58,19 +58,20 @@ class FusedPlan:
     """A validated fused call: the kernel's launch (None: nothing to compute) and the overlap facts it recorded.
 
     ``names``/``written``: the call's tensors as :func:`~ropekit.validate.check_overlaps` takes them; ``checked``:
-    the addresses already checked for this signature. ``fp8``: the caches hold e4m3 (their scales are read);
-    ``view_bytes``: the caller's caches are float8 tensors, which the kernel writes as their uint8 bytes."""
+    the addresses already checked for this signature. ``fp8``: the caches hold e4m3 (their scales are read)."""
 
-    __slots__ = ("launch", "names", "written", "checked", "fp8", "view_bytes")
+    __slots__ = ("launch", "names", "written", "checked", "fp8")
 
-    def __init__(self, launch, names: tuple, written: tuple, fp8: bool = False, view_bytes: bool = False):
-        self.launch, self.names, self.written, self.fp8, self.view_bytes = launch, names, written, fp8, view_bytes
+    def __init__(self, launch, names: tuple, written: tuple, fp8: bool = False):
+        self.launch, self.names, self.written, self.fp8 = launch, names, written, fp8
         self.checked: set = set()
 
     def check(self, tensors: tuple) -> None:
         """The overlap rule on this call's tensors (in ``names``' order), at their addresses."""
         check_overlaps(self.names, tensors, self.written, self.checked)
 
-    def bytes_of(self, cache):
-        """A cache as the kernel writes it."""
-        return cache.view(torch.uint8) if self.view_bytes and cache is not None else cache
+    @staticmethod
+    def bytes_of(cache):
+        """A cache as the kernel writes it: a float8 one as its uint8 bytes, whose rounding is the kernel's own,
+        identical on GPU and CPU (a ``torch.uint8`` cache already is bytes)."""
+        return cache.view(torch.uint8) if cache is not None and cache.dtype == FP8_DTYPE else cache
