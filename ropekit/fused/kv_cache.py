@@ -3,8 +3,8 @@ KV cache, contiguous ``(batch, max_seq, heads, dim)`` at per-sequence offsets or
 heads, dim)`` by ``slot_mapping``, optionally as float8 e4m3 with per-tensor scales: one launch.
 
 The call -> validation (apply_rope's rotary checks, then ``validate``'s for weights, caches, slots and scales, all
-before any write) -> ``ropekit::rope_and_cache`` (a mutating custom op, so torch.compile keeps it in the graph; eager
-calls launch directly). No autograd: a cache write is inference.
+before any write) -> ``ropekit::rope_and_cache`` (a mutating custom op, so torch.compile keeps it in the graph); eager
+calls go through a plan (:mod:`ropekit.fused.plan`), made once per call signature and launched directly. No autograd: a cache write is inference.
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ Data flows as in ``apply_rope``: the call -> validation (apply_rope's for the ro
 weights) -> one launch of ``ropekit.triton.fused`` (or, on the native backend, :func:`ropekit.native.fused`). Four
 ways in, one kernel:
 
-* eager inference (no grad, not compiling): the launch, called directly;
+* eager inference (no grad, not compiling): a plan (:mod:`ropekit.fused.plan`), made once per call signature after
+  validation, then launched directly;
 * autograd and ``torch.compile``: the functional custom op ``ropekit::qk_norm_rope`` (fake impl for tracing) whose
   registered backward is ``ropekit::qk_norm_rope_backward``, the same kernel with ``BACKWARD`` on;
 * ``inplace=True``: the mutating op ``ropekit::qk_norm_rope_`` when compiling, the launch otherwise (no autograd).
