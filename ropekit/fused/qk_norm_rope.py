@@ -7,7 +7,7 @@ ways in, one kernel:
 * eager inference (no grad, not compiling): a plan (:mod:`ropekit.fused.plan`), made once per call signature after
   validation, then launched directly;
 * autograd and ``torch.compile``: the functional custom op ``ropekit::qk_norm_rope`` (fake impl for tracing) whose
-  registered backward is ``ropekit::qk_norm_rope_backward``, the same kernel with ``BACKWARD`` on;
+  registered backward is ``ropekit::qk_norm_rope_backward``, the fused backward kernel;
 * ``inplace=True``: the mutating op ``ropekit::qk_norm_rope_`` when compiling, the launch otherwise (no autograd).
 
 Semantics (docs/fused.md): ``y = rope(x * rsqrt(mean(x^2) + eps) * (weight_offset + w))`` per head vector of
