@@ -376,10 +376,10 @@ def test_cached_plan_follows_a_forced_launch_config():
     q, k, cos, sin = valid_call()
     want = ref.rope(q, ref.token_positions(q.shape[0], q.shape[1]))
     ropekit.apply_rope(q, k, cos, sin)  # cached under the launch table
-    tile = launch.LaunchConfig(1, 1, 1)
+    tile = launch.TileConfig(1, 1, 1)
     with launch.forced_config(tile):
         out_q, _ = ropekit.apply_rope(q, k, cos, sin)
-        assert [plan.launch.constexprs["BLOCK_S"] for plan in launch.plans.values()] == [1]
+        assert [plan.launch.config for plan in launch.plans.values()] == [tile]
         assert_close_to_reference(out_q, want)
     assert not launch.plans
     out_q, _ = ropekit.apply_rope(q, k, cos, sin)

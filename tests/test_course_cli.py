@@ -1,10 +1,15 @@
 """``python -m ropekit.course``: list, task, template and check from a terminal (the installed wheel runs it too:
 tools/check_wheel.sh)."""
 
-import pytest
+import inspect
 
-from ropekit.course import solution_source
+import pytest
+from conftest import ON_GPU
+
+from ropekit.course import cuda_cpu as course_cuda_cpu
+from ropekit.course import names, solution_source
 from ropekit.course.__main__ import main
+from ropekit.course.exercises import wrong_variants
 
 
 def test_list_names_every_exercise(capsys):
@@ -38,3 +43,40 @@ def test_an_unknown_exercise_is_a_usage_error_listing_the_exercises(capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["task", "nope"])
     assert exit_.value.code == 2 and "01_rotate_pair" in capsys.readouterr().err
+
+
+# --- grade: every exercise whose file is in the reader's folder -------------------------------------------------------
+
+def test_grade_checks_each_file_found_and_says_how_to_start_the_others(tmp_path, capsys):
+    (tmp_path / "ex01_rotate_pair.py").write_text(solution_source("01_rotate_pair"))
+    neighbours = inspect.getsource(wrong_variants("01_pair_indices")["other_pairing"])  # GPT-J's map for both
+    (tmp_path / "ex01_pair_indices.py").write_text(
+        "import torch\n\n\n" + neighbours.replace("def pair_indices_always_neighbours", "def pair_indices"))
+    assert main(["grade", str(tmp_path)]) == 1  # one failed
+    summary = capsys.readouterr().out.split("=== grades")[1]
+    lines = {line.split()[0]: line for line in summary.strip().splitlines()}
+    assert "PASSED" in lines["01_rotate_pair"] and "FAILED (other_pairing)" in lines["01_pair_indices"]
+    assert f"template 02_row_kernel > {tmp_path / 'ex02_row_kernel.py'}" in lines["02_row_kernel"]
+    assert set(lines) == set(names())
+
+
+@pytest.mark.skipif(ON_GPU, reason="on a GPU the speed exercise is timed")
+def test_grade_on_a_cpu_passes_correct_files_and_says_the_byte_floor_needs_a_gpu(tmp_path, capsys):
+    (tmp_path / "ex05_qk_offsets.py").write_text(solution_source("05_qk_offsets"))
+    assert main(["grade", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "[05_qk_offsets] PASSED" in out and "% of the byte floor: needs a GPU" in out
+
+
+@pytest.mark.skipif(course_cuda_cpu.find_cxx() is None and not ON_GPU, reason="no way to run the CUDA exercise")
+def test_grade_runs_the_cuda_exercise_without_a_gpu_and_names_a_missing_bounds_guard(tmp_path, capsys):
+    (tmp_path / "ex06_cuda_kernel.cu").write_text(wrong_variants("06_cuda_kernel")["out_of_bounds"])
+    assert main(["grade", str(tmp_path)]) == 1
+    assert "FAILED (out_of_bounds)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv", [["grade"], ["grade", "mine", "--solutions"]], ids=["neither", "both"])
+def test_grade_takes_a_folder_or_the_solutions(argv, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2 and "--solutions" in capsys.readouterr().err

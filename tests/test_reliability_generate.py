@@ -6,16 +6,15 @@ from ropekit.reliability.generate import generate_configs, kernel_variants
 
 
 def test_variant_quota_bounds_the_compiles():
-    # A dry run (nothing executes) with the GPU's launch configuration: each family stays within its quota of
+    # A dry run (nothing executes) with this process's launch choice: each family stays within its quota of
     # Triton kernel variants (compiles), while most configurations are still fresh draws.
-    configs, stats = generate_configs(60, seed=3, scale=GPU_SCALE, n_families=6, variant_quota=4, device="cpu",
-                                      simulate_gpu=True)
+    configs, stats = generate_configs(60, seed=3, scale=GPU_SCALE, n_families=6, variant_quota=4, device="cpu")
     per_family = {}
     for cfg in configs:
-        per_family.setdefault(cfg.family, set()).update(kernel_variants(cfg, "cpu", simulate_gpu=True))
+        per_family.setdefault(cfg.family, set()).update(kernel_variants(cfg, "cpu"))
     assert all(len(keys) <= 4 for keys in per_family.values())
     assert stats["kernel_variants"] == len(set().union(*per_family.values())) <= 6 * 4
     assert stats["draws"]["fresh"] > 30 and len({(c.batch, c.seqlen, c.lengths) for c in configs}) > 30
     unbounded, _ = generate_configs(60, seed=3, scale=GPU_SCALE, n_families=6)
-    free = set().union(*(kernel_variants(c, "cpu", simulate_gpu=True) for c in unbounded))
+    free = set().union(*(kernel_variants(c, "cpu") for c in unbounded))
     assert len(free) > stats["kernel_variants"]

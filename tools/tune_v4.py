@@ -1,22 +1,22 @@
-"""Measure v4 launch configurations against the launch table, on the benchmark's cases (GPU; prints a table and writes
-JSON). How every entry of the launch table was chosen; docs/tuning.md records the results.
+"""Measure v4 launch configurations against the library's own choice, on the benchmark's cases (GPU; prints a table
+and writes JSON): how the model's candidates compare on a GPU; docs/tuning.md records the results.
 
     python tools/tune_v4.py --cases llama3-8b-prefill,fp32 --out $OUT/tune_v4.json
-    python tools/tune_v4.py --cases small-prefill --configs "table; block_s=1,block_h=32,num_warps=4"
+    python tools/tune_v4.py --cases small-prefill --configs "choice; tile:block_s=1,block_h=32,num_warps=4"
     python tools/tune_v4.py --dry-run --cases small-prefill       # CPU: the whole path, tiny shapes, no clock
     PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer python tools/tune_v4.py --once   # each configuration once
 
-``--once`` runs every configuration once on the case's real shape, compares it with the table's output and times
+``--once`` runs every configuration once on the case's real shape, compares it with the choice's output and times
 nothing: what compute-sanitizer watches, each configuration alone (``bash tools/gpu_run.sh configs``).
 
-A configuration is ``table`` (whatever ``launch_config`` picks) or ``field=value,...`` over ``LaunchConfig``'s fields
-(unnamed fields keep the table's value for that case). Without ``--configs`` each case gets the table's choice and its
-neighbours: warps halved and doubled, tokens a program halved and doubled, the streaming hint toggled, and the flat
-path on and off.
+A configuration is ``choice`` (whatever ``ropekit.triton.choice`` picks for the call on this GPU), or
+``tile:field=value,...`` over ``TileConfig``'s fields, or ``flat:field=value,...`` over ``FlatConfig``'s (unnamed
+fields keep their defaults). Without ``--configs`` each case gets the choice and every candidate the model offers the
+autotune for the case on this GPU (``ropekit.triton.model.rope_candidates``).
 
 Inputs come from the benchmark (``ropekit.bench``: same shapes, fresh random values, as many buffer sets as the harness
 rotates through so that large cases read DRAM). Each configuration runs through the launcher with
-``config=LaunchConfig(...)``; its output must equal the table's bit for bit before it is timed. All configurations of
+``config=TileConfig(...)`` or ``FlatConfig(...)``; its output must equal the choice's bit for bit before it is timed. All configurations of
 a case are timed together on the harness's graph clock, in interleaved rounds (``ropekit.bench.timing``), against the
 copy ceiling measured in the same run.
 """
@@ -42,53 +42,62 @@ from ropekit.bench.runner import dram_sets, refusal_reason  # noqa: E402
 from ropekit.bench.timing import DryRunTimer, GpuTimer, Settings  # noqa: E402
 from ropekit.positions import resolve_positions  # noqa: E402
 
-from ropekit.triton.launch import launch_config, rope_v4
+from ropekit.triton import choice, model  # noqa: E402
+from ropekit.triton.launch import FlatConfig, TileConfig, plan_rope, rope_v4  # noqa: E402
 
 DEFAULT_CASES = "llama3-8b-prefill,mha-fp16,fp32,small-prefill,decode"
+_KINDS = {"tile": TileConfig, "flat": FlatConfig}
 
 
-def replace(config, **fields):
-    """``config`` with ``fields`` changed (LaunchConfig may be a NamedTuple or a dataclass)."""
-    return config._replace(**fields) if hasattr(config, "_replace") else dataclasses.replace(config, **fields)
+def label_of(config) -> str:
+    kind = "flat" if type(config) is FlatConfig else "tile"
+    return kind + ":" + ",".join(f"{k}={int(v) if isinstance(v, bool) else v}" for k, v in config._asdict().items())
 
 
-def fields_of(config) -> dict:
-    return config._asdict() if hasattr(config, "_asdict") else dataclasses.asdict(config)
+def case_shape(case, tables, data):
+    """The RopeShape the launch choice sees for the case's call."""
+    out_q, out_k = torch.empty_like(data.q), torch.empty_like(data.k)
+    return plan_rope(data.q, data.k, tables.cos_half, tables.sin_half, out_q=out_q, out_k=out_k,
+                     positions=case_positions(case, tables, data), rotary_dim=case.rotary,
+                     interleaved=case.interleaved).shape
 
 
-def table_config(case):
-    return launch_config(case.n_tokens, case.heads_q, case.heads_k, case.head_dim, case.rotary,
-                         element_size=case.element_size)
-
-
-def parse_configs(text: str | None, case) -> list[tuple[str, object]]:
-    """(label, LaunchConfig or None for the table) from ``--configs``; the table's neighbours when not given."""
-    table = table_config(case)
+def parse_configs(text: str | None, shape) -> list[tuple[str, object]]:
+    """(label, configuration or None for the choice) from ``--configs``; without it, the choice and every candidate
+    the model offers the autotune for ``shape`` on this GPU (on a CPU: an H100's facts as published)."""
     if not text:
-        fields = fields_of(table)
-        neighbours = [dict(num_warps=max(1, fields["num_warps"] // 2)), dict(num_warps=fields["num_warps"] * 2),
-                      dict(block_s=max(1, fields["block_s"] // 2)), dict(block_s=fields["block_s"] * 2),
-                      dict(evict_first=not fields.get("evict_first", False))]
-        if "flat" in fields:
-            neighbours.append(dict(flat=0) if fields["flat"] else dict(flat=2048, flat_warps=8))
-        configs = [("table", None)]
-        for change in neighbours:
-            label = ",".join(f"{k}={int(v) if isinstance(v, bool) else v}" for k, v in change.items())
-            configs.append((label, replace(table, **change)))
-        return configs
+        facts = (choice.device_facts() if torch.cuda.is_available()
+                 else model.DeviceFacts("H100 SXM (published)", 132, 3350.0, 600.0, "assumed"))
+        return [("choice", None)] + [(label_of(c), c) for c in model.rope_candidates(facts, shape)]
     configs = []
     for spec in (s.strip() for s in text.split(";")):
-        if spec == "table":
-            configs.append(("table", None))
+        if spec == "choice":
+            configs.append(("choice", None))
             continue
-        change = {}
-        for item in spec.split(","):
+        kind, _, fields = spec.partition(":")
+        cls = _KINDS[kind.strip()]
+        defaults = {"tile": dict(block_s=1, block_h=1, num_warps=4), "flat": dict(block=1024, num_warps=8)}[kind]
+        change = dict(defaults)
+        for item in filter(None, fields.split(",")):
             key, _, value = item.partition("=")
             change[key.strip()] = int(value)
-        default = fields_of(table)
-        change = {k: (bool(v) if isinstance(default.get(k), bool) else v) for k, v in change.items()}
-        configs.append((spec, replace(table, **change)))
+        change = {k: (bool(v) if isinstance(cls._field_defaults.get(k), bool) else v) for k, v in change.items()}
+        configs.append((spec, cls(**change)))
     return configs
+
+
+def case_positions(case, tables, data):
+    return resolve_positions(batch=case.batch, seqlen=case.n_tokens if case.layout == "thd" else case.seqlen,
+                             positions=tables.offsets, cu_seqlens=tables.cu_seqlens, max_seqlen=tables.max_seqlen,
+                             device=data.q.device)
+
+
+def case_shape_config(case, tables, data):
+    """What the launch choice picks for the case's call on this GPU."""
+    out_q, out_k = torch.empty_like(data.q), torch.empty_like(data.k)
+    return plan_rope(data.q, data.k, tables.cos_half, tables.sin_half, out_q=out_q, out_k=out_k,
+                     positions=case_positions(case, tables, data), rotary_dim=case.rotary,
+                     interleaved=case.interleaved).config
 
 
 def launches(case, config, tables, data_sets):
@@ -96,9 +105,7 @@ def launches(case, config, tables, data_sets):
     calls = []
     for data in data_sets:
         out_q, out_k = torch.empty_like(data.q), torch.empty_like(data.k)
-        spec = resolve_positions(batch=case.batch, seqlen=case.n_tokens if case.layout == "thd" else case.seqlen,
-                                 positions=tables.offsets, cu_seqlens=tables.cu_seqlens,
-                                 max_seqlen=tables.max_seqlen, device=data.q.device)
+        spec = case_positions(case, tables, data)
 
         def call(data=data, out_q=out_q, out_k=out_k, spec=spec):
             rope_v4(data.q, data.k, tables.cos_half, tables.sin_half, out_q=out_q, out_k=out_k, positions=spec,
@@ -119,7 +126,7 @@ def tune_case(case, config_text, timer, settings, ceiling_gbps) -> dict:
     table_calls = launches(case, None, tables, data_sets)
     expected = [t.clone() for t in table_calls[0]()]
     labels, graphs, rows = [], [], []
-    for label, config in parse_configs(config_text, case):
+    for label, config in parse_configs(config_text, case_shape(case, tables, data_sets[0])):
         calls = table_calls if config is None else launches(case, config, tables, data_sets)
         try:
             got = calls[0]()
@@ -128,19 +135,20 @@ def tune_case(case, config_text, timer, settings, ceiling_gbps) -> dict:
             rows.append({"config": label, "error": f"{type(error).__name__}: {error}"[:300]})
             continue
         if not same:
-            rows.append({"config": label, "error": "output differs from the launch table's"})
+            rows.append({"config": label, "error": "output differs from the choice's"})
             continue
         labels.append((label, config))
         graphs.append(timer.capture(calls, estimate_us))
     for (label, config), (us, spread, calls) in zip(labels, timer.replay_rounds(graphs)):
-        rows.append({"config": label, "fields": fields_of(config if config is not None else table_config(case)),
+        planned = config if config is not None else case_shape_config(case, tables, data_sets[0])
+        rows.append({"config": label, "fields": {"kind": type(planned).__name__, **planned._asdict()},
                      "graph_us": us, "spread": spread, "calls_per_graph": calls,
                      "pct_ceiling": moved / (us * 1e-6) / 1e9 / ceiling_gbps * 100})
     return {"case": case.name, "bytes": moved, "buffer_sets": len(data_sets), "rows": rows}
 
 
 def run_once(cases, config_text) -> int:
-    """Every configuration once on each case's real shape, checked bit for bit against the table's output; returns
+    """Every configuration once on each case's real shape, checked bit for bit against the choice's output; returns
     the number that differ."""
     device = ropekit.device.DEVICE
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
@@ -150,23 +158,24 @@ def run_once(cases, config_text) -> int:
         data = make_data(case, device, seed_for(case.name, "0"))
         expected = [t.clone() for t in launches(case, None, tables, [data])[0]()]
         sync()
-        for label, config in parse_configs(config_text, case):
+        for label, config in parse_configs(config_text, case_shape(case, tables, data)):
             try:
                 got = launches(case, config, tables, [data])[0]()
                 sync()
-                verdict = "same as table" if all(torch.equal(a, b) for a, b in zip(got, expected)) else "DIFFERS"
+                verdict = "same as choice" if all(torch.equal(a, b) for a, b in zip(got, expected)) else "DIFFERS"
             except Exception as error:  # noqa: BLE001  (a configuration the compiler or the launcher refuses)
                 verdict = f"refused: {type(error).__name__}: {str(error)[:160]}"
             differing += verdict == "DIFFERS"
             print(f"{case.name:20s} {label:40s} {verdict}", flush=True)
-    print(f"configs differing from the table: {differing}")
+    print(f"configs differing from the choice: {differing}")
     return differing
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", default=DEFAULT_CASES, help="comma-separated benchmark case names")
-    parser.add_argument("--configs", default=None, help='"table; field=value,...; ..." (default: the neighbours)')
+    parser.add_argument("--configs", default=None,
+                        help='"choice; tile:field=value,...; flat:field=value,..." (default: the candidates)')
     parser.add_argument("--rounds", type=int, default=7, help="interleaved graph-replay rounds")
     parser.add_argument("--graph-ms", type=float, default=40.0, help="replay time per configuration, all rounds")
     parser.add_argument("--dry-run", action="store_true", help="CPU: tiny shapes, every call once, no clock")

@@ -20,7 +20,7 @@ which Triton reads when ``@triton.jit`` decorates a kernel. The checker recognis
 
 from . import touch
 from .checker import CheckResult, check
-from .diagnose import DIAGNOSES
+from .diagnose import DIAGNOSES, PASSING_NOTES
 from .listing import show_source
 from .exercises import (EXERCISES, Exercise, exercise, load_solution, load_template, names, show_solution,
                         show_task, show_template, solution_source, task, template_source)
@@ -30,6 +30,7 @@ __all__ = [
     "check",
     "CheckResult",
     "DIAGNOSES",
+    "PASSING_NOTES",
     "EXERCISES",
     "Exercise",
     "exercise",

@@ -4,6 +4,12 @@
     python -m ropekit.course task 02_row_kernel                # what to write
     python -m ropekit.course template 02_row_kernel > mine.py  # a file to start from
     python -m ropekit.course check 02_row_kernel mine.py       # the checker's verdict (exit code 0 when solved)
+    python -m ropekit.course grade mine/                       # every exercise whose file is in mine/
+    python -m ropekit.course grade --solutions                 # the course's own solutions: what this machine grades
+
+``grade`` looks for each exercise's file under the template's name (``ex02_row_kernel.py``, ``ex06_cuda_kernel.cu``),
+checks each one found, and for the speed exercise prints the measured % of the byte floor (the copy ceiling measured
+in the same run) and the stretch target. What needs a GPU says so on a machine without one.
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ from pathlib import Path
 
 import ropekit  # noqa: F401  (first: the reader's file may import triton, which must see the interpreter switch)
 
-from . import check, exercise, names, task, template_source
+from . import check, exercise, load_solution, names, task, template_source
 
 
 def _load(name: str, path: Path):
@@ -32,6 +38,49 @@ def _load(name: str, path: Path):
     return getattr(module, ex.entry)
 
 
+def _speed_lines(name: str, code) -> list[str]:
+    """The speed exercise's % of the byte floor and its stretch target (timed on a GPU; said why not elsewhere)."""
+    from . import speed
+
+    stretch = speed.grade_stretch(name, code)
+    if stretch.speed is not None:
+        return [f"    % of the byte floor: {stretch.speed.pct_ceiling:.1f} % (copy ceiling "
+                f"{stretch.speed.ceiling_gbps:.0f} GB/s, measured in this run); stretch target "
+                f"{100 * speed.STRETCH:.0f} %: {'passed' if stretch.ok else 'not reached'}"]
+    if not stretch.graded and "once the values are right" in stretch.message:
+        return []
+    return ["    % of the byte floor: needs a GPU (this machine graded correctness; "
+            "speed.grade_prediction grades a prediction against stored measurements)"]
+
+
+def grade_all(folder: Path | None) -> int:
+    """Check every exercise (the reader's files in ``folder``, or the course's solutions); 0 when none failed."""
+    rows, failed = [], 0
+    for name in names():
+        ex = exercise(name)
+        if folder is None:
+            code, where = load_solution(name), "solution"
+        else:
+            path = folder / (ex.module + ex.suffix)
+            if not path.exists():
+                rows.append((name, "no file", f"start one: python -m ropekit.course template {name} > {path}"))
+                continue
+            code, where = _load(name, path), str(path)
+        result = check(name, code)
+        print(f"--- {name} ({where})\n{result}")
+        extra = _speed_lines(name, code) if ex.notes.get("speed_shape") and result.ok else []
+        for line in extra:
+            print(line)
+        verdict = ("PASSED" if result.ok else "needs a GPU" if result.diagnosis == "needs_gpu"
+                   else "not yet solved" if result.diagnosis == "not_solved" else f"FAILED ({result.diagnosis})")
+        failed += not result.ok and result.diagnosis != "needs_gpu"
+        rows.append((name, verdict, extra[0].strip() if extra else ""))
+    print("\n=== grades")
+    for name, verdict, note in rows:
+        print(f"{name:26s} {verdict:28s} {note}")
+    return 1 if failed else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ropekit.course", description=__doc__.split("\n\n")[0],
                                      epilog="example: python -m ropekit.course check 02_row_kernel mine.py")
@@ -42,6 +91,10 @@ def main(argv: list[str] | None = None) -> int:
     checker = commands.add_parser("check", help="check your file (exit code 0 when the exercise is solved)")
     checker.add_argument("name", help="an exercise (see list)")
     checker.add_argument("file", type=Path, help="your .py file (.cu for a CUDA exercise)")
+    grader = commands.add_parser("grade", help="check every exercise (exit code 0 when none failed)")
+    grader.add_argument("folder", type=Path, nargs="?",
+                        help="your files, named as the templates are (ex02_row_kernel.py, ex06_cuda_kernel.cu)")
+    grader.add_argument("--solutions", action="store_true", help="grade the course's own solutions instead")
     args = parser.parse_args(argv)
     try:
         if args.command == "list":
@@ -51,6 +104,10 @@ def main(argv: list[str] | None = None) -> int:
             print(task(args.name))
         elif args.command == "template":
             print(template_source(args.name), end="")
+        elif args.command == "grade":
+            if (args.folder is None) == (not args.solutions):
+                parser.error("grade takes a folder of your files, or --solutions")
+            return grade_all(None if args.solutions else args.folder)
         else:
             result = check(args.name, _load(args.name, args.file))
             print(result)

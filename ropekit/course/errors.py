@@ -89,6 +89,8 @@ def explain(error: BaseException) -> Finding:
     stopped = fence.finding(error)
     if stopped is not None:
         return stopped
+    if isinstance(getattr(error, "finding", None), Finding):  # a fault the CPU emulation of a CUDA kernel named
+        return error.finding
     text = "".join(traceback.format_exception_only(type(error), error)).strip()
     if len(text) > 1500:
         text = text[:1500] + " ..."

@@ -105,11 +105,12 @@ def qk_grid(batch: int, seq: int, heads_q: int, heads_k: int, block_s: int, bloc
     return triton.cdiv(seq, block_s), triton.cdiv(heads_q, block_h) + triton.cdiv(heads_k, block_h), batch
 
 
-def launch_qk(kernel, q, k, cos, sin, offsets, out_q, out_k):
-    """05: q and k in one launch on :func:`qk_grid`, the tile from the kernel."""
+def launch_qk(kernel, q, k, cos, sin, offsets, out_q, out_k, tile: tuple[int, int, int] | None = None):
+    """05: q and k in one launch on :func:`qk_grid`; the tile (BLOCK_S, BLOCK_H, NUM_WARPS) from the kernel's
+    signature unless ``tile`` is given (the reference tiles of ``speed``)."""
     batch, seq, heads_q, head_dim = q.shape
     heads_k = k.shape[2]
-    block_s, block_h, num_warps = tile_of(kernel)
+    block_s, block_h, num_warps = tile or tile_of(kernel)
     grid = qk_grid(batch, seq, heads_q, heads_k, block_s, block_h)
     kernel[grid](q, k, out_q, out_k, cos, sin, offsets, seq, heads_q, heads_k, *q.stride()[:3], *k.stride()[:3],
                  *out_q.stride()[:3], *out_k.stride()[:3], HEAD_DIM=head_dim, BLOCK_S=block_s, BLOCK_H=block_h,
@@ -146,8 +147,12 @@ def _run_rope_torch(fn, inputs):
 
 
 def _run_cuda(source, inputs):
-    from . import cuda
-    return cuda.run(source, inputs)
+    """On a GPU, the kernel itself; on a CPU, every thread of its launch emulated in turn (``cuda_cpu``)."""
+    if inputs.x.view.is_cuda:
+        from . import cuda
+        return cuda.run(source, inputs)
+    from . import cuda_cpu
+    return cuda_cpu.run(source, inputs)
 
 
 # --- the cases -----------------------------------------------------------------------------------------------------
@@ -289,9 +294,10 @@ _add(Exercise(
     name="06_cuda_kernel", title="A CUDA kernel body", language="cuda", entry="rope_pairs_kernel",
     task=("Fill in the body of the CUDA kernel rope_pairs_kernel: one thread per pair of a contiguous float32 "
           "(batch, seq, heads, head_dim) tensor, NeoX pairs, position = the token's index in its sequence. The grid "
-          "is rounded up to whole blocks of 128 threads. Pass the source (a string) to check(); it runs on a GPU."),
-    diagnoses=("wrong_direction", "other_pairing", "position_shift", "unwritten", "out_of_bounds", "compile_error",
-               "wrong"),
+          "is rounded up to whole blocks of 128 threads. Pass the source (a string) to check(): on a GPU it runs "
+          "there; on a CPU every thread of the launch runs in turn, and each access outside a tensor is named."),
+    diagnoses=("wrong_direction", "other_pairing", "position_shift", "unwritten", "out_of_bounds",
+               "load_out_of_bounds", "overlapping_stores", "compile_error", "wrong"),
     cases=(
         RopeCase("float32, contiguous, head_dim 24 (12 pairs per row)", 1, 3, 2, 24),
         RopeCase("float32, 3 sequences x 5 tokens x 3 heads, head_dim 16: 360 pairs, the last block part-filled",

@@ -18,57 +18,33 @@ transactions and land below it), of the instruction cost (RoPE's few multiply-ad
 memory) or of the tail of the last wave. Its one free parameter is the loaded memory latency: the ``littles_law``
 ablation (``python -m ropekit.course.ablations``) fits it from a copy kernel's sweep of program sizes on the device,
 and :func:`device_model` takes it from that run. Without a run it falls back to an **assumed** latency, labelled so.
+
+The arithmetic is the library's own: :mod:`ropekit.triton.model` (Little's law, residency, the fraction of the
+ceiling) is what :mod:`ropekit.triton.choice` calls to choose a launch, so this page teaches the very functions that
+choose ropekit's configurations. ``DeviceModel`` is the library's :class:`~ropekit.triton.model.DeviceFacts`.
 """
 
 from __future__ import annotations
 
 import math
-import statistics
-from dataclasses import dataclass, replace
+from dataclasses import replace
+
+from ..triton.configs import FlatConfig, RopeShape
+from ..triton.model import (DeviceFacts, Launch, bytes_in_flight_per_sm, fit_latency_ns, model_rope, predicted_pct,
+                            resident_programs)
 
 __all__ = ["DeviceModel", "Launch", "ASSUMED_H100", "device_model", "rope_bytes", "row_launch",
            "resident_programs", "bytes_in_flight_per_sm", "predicted_pct", "fit_latency_ns", "sectors_per_access",
            "tile_launch", "LADDER_LAUNCHES", "predict_case"]
 
 
-@dataclass(frozen=True)
-class DeviceModel:
-    """What the model needs to know about a GPU."""
-
-    name: str
-    n_sms: int
-    ceiling_gbps: float  # the copy ceiling (bytes read + written per second, in GB/s)
-    latency_ns: float  # the loaded memory latency
-    latency_source: str  # "fitted ..." or "assumed ..."
-    max_warps_per_sm: int = 64  # 2048 threads (H100, A100)
-    max_programs_per_sm: int = 32  # thread blocks resident on one SM at most
-    registers_per_sm: int = 65536
-
-    @property
-    def needed_bytes_in_flight_per_sm(self) -> float:
-        """Little's law, per SM: (ceiling / SMs) x latency; GB/s x ns = bytes."""
-        return self.ceiling_gbps / self.n_sms * self.latency_ns
+DeviceModel = DeviceFacts  # what the model needs to know about a GPU
 
 
 # The H100 SXM's SM count and limits are its published specifications. The ceiling and the latency are placeholders
 # until a run on the device provides them (device_model): the latency is an assumption, not a measurement.
 ASSUMED_H100 = DeviceModel(name="H100 SXM (assumed figures)", n_sms=132, ceiling_gbps=3000.0, latency_ns=600.0,
                            latency_source="assumed: the order of an HBM latency under load, not measured here")
-
-
-@dataclass(frozen=True)
-class Launch:
-    """One kernel launch, as the model sees it."""
-
-    programs: int  # the grid's size
-    num_warps: int  # warps per program (Triton's num_warps, default 4)
-    bytes_in_flight_per_program: int  # DRAM bytes a program requests before it waits on any of them
-    registers_per_thread: int | None = None  # from the compiled kernel (n_regs), when known
-    read_bytes: int | None = None  # what the whole launch reads (None: programs x bytes in flight per program)
-
-    @property
-    def bytes_read(self) -> int:
-        return self.read_bytes if self.read_bytes is not None else self.programs * self.bytes_in_flight_per_program
 
 
 def device_model(ablations: dict | None = None, *, base: DeviceModel = ASSUMED_H100) -> DeviceModel:
@@ -123,34 +99,6 @@ def tile_launch(batch: int, seq: int, heads: int, head_dim: int, element_size: i
                   read_bytes=batch * seq * heads * head_dim * element_size)
 
 
-def resident_programs(launch: Launch, device: DeviceModel) -> int:
-    """Programs one SM holds at once: the smallest of its program slots, warp slots and registers allow."""
-    limits = [device.max_programs_per_sm, device.max_warps_per_sm // launch.num_warps]
-    if launch.registers_per_thread:
-        limits.append(device.registers_per_sm // (launch.registers_per_thread * 32 * launch.num_warps))
-    return max(1, min(limits))
-
-
-def bytes_in_flight_per_sm(launch: Launch, device: DeviceModel) -> float:
-    """Resident programs (fewer when the grid does not fill every SM) x each program's bytes in flight."""
-    per_sm = min(resident_programs(launch, device), math.ceil(launch.programs / device.n_sms))
-    return per_sm * launch.bytes_in_flight_per_program
-
-
-def predicted_pct(launch: Launch, device: DeviceModel) -> float:
-    """The model's % of the copy ceiling: min(100, 100 x bytes in flight per SM / what Little's law asks)."""
-    return 100.0 * min(1.0, bytes_in_flight_per_sm(launch, device) / device.needed_bytes_in_flight_per_sm)
-
-
-def fit_latency_ns(points: list[tuple[float, float]], n_sms: int, ceiling_gbps: float,
-                   below: float = 0.7) -> float | None:
-    """The latency that Little's law gives for measured ``(bytes in flight per SM, GB/s)`` points: for each point
-    below ``below`` x the ceiling (where the bytes in flight, not the bus, limit), latency = bytes in flight on the
-    device / bandwidth; the median over those points. None when no point is latency-bound."""
-    estimates = [per_sm * n_sms / gbps for per_sm, gbps in points if 0 < gbps < below * ceiling_gbps]
-    return statistics.median(estimates) if estimates else None
-
-
 def sectors_per_access(lanes: int, stride_bytes: int, element_size: int, sector_bytes: int = 32) -> tuple[int, int]:
     """(sectors a warp-wide access of ``lanes`` elements touches, sectors its useful bytes would fill).
 
@@ -191,25 +139,23 @@ def _v3_launches(case, device: DeviceModel) -> list[Launch] | None:
 
 
 def _v4_launches(case, device: DeviceModel) -> list[Launch]:
-    """v4 on a benchmark case: its one launch for q and k, with the configuration ``launch.launch_config`` chooses on
-    a GPU (the interpreter's own fixed tiles say nothing about a GPU, so they are never modelled: ``interpreted=False``
-    asks for the GPU's table on any machine)."""
-    from ..triton import launch as v4_launch
-
-    config = v4_launch.launch_config(case.n_tokens, case.heads_q, case.heads_k, case.head_dim, case.rotary,
-                                     element_size=case.element_size, interpreted=False)
+    """v4 on a benchmark case: its one launch for q and k, with the configuration the library's model chooses for
+    the device (:func:`ropekit.triton.model.model_rope`; the autotune may refine it on the GPU itself)."""
     size, tokens = case.element_size, case.n_tokens
-    flat = (config.flat and case.layout == "bshd" and case.rotary == case.head_dim and not case.interleaved
-            and case.positions == "none" and not case.inplace)
-    if flat:  # blocks of consecutive elements; paired: the same block of q and of k in one program
-        elements = tokens * (case.heads_q + case.heads_k) * case.head_dim
-        per_program = config.flat * (2 if config.flat_paired else 1)
-        return [Launch(math.ceil(elements / per_program), config.flat_warps, per_program * size,
+    flat_ok = (case.layout == "bshd" and case.rotary == case.head_dim and not case.interleaved
+               and case.positions == "none" and not case.inplace)
+    shape = RopeShape(tokens, case.heads_q, case.heads_k, case.head_dim, case.rotary, size, cos_per_token=False,
+                      flat_ok=flat_ok, same_shape=case.heads_q == case.heads_k)
+    config = model_rope(device, shape)
+    elements = tokens * (case.heads_q + case.heads_k) * case.head_dim
+    if isinstance(config, FlatConfig):  # blocks of consecutive elements; paired: the same block of q and of k
+        per_program = config.block * (2 if config.paired else 1)
+        return [Launch(math.ceil(elements / per_program), config.num_warps, per_program * size,
                        read_bytes=elements * size)]
     if config.fused_qk:  # block_s tokens x every head of q and of k, all loaded before any store
         return [Launch(math.ceil(tokens / config.block_s), config.num_warps,
                        config.block_s * (case.heads_q + case.heads_k) * case.head_dim * size,
-                       read_bytes=tokens * (case.heads_q + case.heads_k) * case.head_dim * size)]
+                       read_bytes=elements * size)]
     return [Launch(math.ceil(tokens / config.block_s) * math.ceil(heads / config.block_h), config.num_warps,
                    config.block_s * config.block_h * case.head_dim * size,
                    read_bytes=tokens * heads * case.head_dim * size)

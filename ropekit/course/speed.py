@@ -8,7 +8,12 @@ the ceiling is measured again in the same call, so that both numbers come from t
 
 * :func:`grade` compares a :class:`~ropekit.course.measure.Measurement` with the exercise's target (``TARGET``);
 * :func:`grade_exercise` builds the exercise's stated shape, times the reader's kernel and grades it. Without a CUDA
-  GPU it says that speed needs one and grades nothing.
+  GPU it says that speed needs one and grades nothing;
+* :func:`grade_prediction` grades the reader's *prediction* of the share their tile reaches: against this run on a
+  GPU, and on a CPU against the stored measurements of the reference tiles (``data/reference_tiles.json``, written on
+  an H100 and an H200 by ``python -m ropekit.course.reference_tiles``), beside the model's error on every such tile;
+* :func:`grade_stretch` asks for ``STRETCH`` of the ceiling, measured on a GPU, never predicted: a kernel changed
+  beyond the solution's tile cannot be judged from the reference tiles, which show what a tile alone reaches.
 
 The timer is a parameter (anything :func:`~ropekit.course.measure.time_launch` accepts): ``GpuTimer`` on a GPU, a
 fake one in the tests.
@@ -16,17 +21,29 @@ fake one in the tests.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 from .. import device as _device
 from . import measure
 
-__all__ = ["TARGET", "SpeedGrade", "grade", "grade_exercise", "grade_speed", "model_words", "QKShape"]
+__all__ = ["TARGET", "STRETCH", "PREDICTION_TOLERANCE", "GPUS", "REFERENCE_TILES", "REFERENCE_DATA", "SpeedGrade",
+           "grade", "grade_exercise", "grade_speed", "grade_prediction", "grade_stretch", "model_words", "model_pct",
+           "load_reference_tiles", "reference_table", "QKShape"]
 
 TARGET = 0.80  # the speed exercise's pass mark: this share of the copy ceiling
+STRETCH = 0.97  # the stretch target, measured on a GPU; the stored reference tiles show what a tile alone reaches
+PREDICTION_TOLERANCE = 5.0  # points of %: a prediction this close to the measurement is graded right
+GPUS = ("H100", "H200")  # the GPUs the reference tiles are stored for (matched in the device's name)
+# (BLOCK_S, BLOCK_H, NUM_WARPS) tiles of the solution's kernel that reference_tiles measures: the template's 1 x 1,
+# the solution's 4 x 4, and changes of one or two of its constants around them.
+REFERENCE_TILES = ((1, 1, 4), (1, 4, 4), (2, 4, 4), (4, 4, 4), (8, 4, 4), (16, 4, 4), (4, 2, 4), (4, 8, 4),
+                   (2, 8, 4), (4, 4, 8))
+REFERENCE_DATA = Path(__file__).parent / "data" / "reference_tiles.json"
 
 
 @dataclass(frozen=True)
@@ -60,24 +77,47 @@ def grade(speed: measure.Measurement, target: float = TARGET, shape_words: str =
 
 
 NO_GPU = ("Speed is graded on a CUDA GPU only (the interpreter's time says nothing about a GPU): on this machine the "
-          "checker checked correctness, not speed.")
+          "checker checked correctness, not speed. speed.grade_prediction grades your prediction of it against "
+          "stored measurements instead.")
+
+
+def _tile_launch(tile: tuple[int, int, int], shape: "QKShape"):
+    from . import perf_model
+    from .exercises import qk_grid
+
+    block_s, block_h, warps = tile
+    programs = math.prod(qk_grid(shape.batch, shape.seq, shape.heads_q, shape.heads_k, block_s, block_h))
+    per_program = block_s * block_h * shape.head_dim * shape.dtype.itemsize
+    return perf_model.Launch(programs=programs, num_warps=warps, bytes_in_flight_per_program=per_program)
+
+
+def _device_model():
+    from . import ablations, perf_model
+
+    return perf_model.device_model(ablations.load())
+
+
+def model_pct(tile: tuple[int, int, int], shape: "QKShape") -> float:
+    """The bytes-in-flight model's % of the copy ceiling for a (BLOCK_S, BLOCK_H, NUM_WARPS) tile on ``shape``."""
+    from . import perf_model
+
+    return perf_model.predicted_pct(_tile_launch(tile, shape), _device_model())
 
 
 def model_words(kernel, shape: "QKShape", target: float = TARGET) -> str:
     """What the bytes-in-flight model (notebooks 02 and 04) predicts for the reader's tile on the stated shape, and
     which way to move when that is below the target: a guide before a GPU is at hand, and beside a measurement that
     misses."""
-    from . import ablations, perf_model
-    from .exercises import qk_grid, tile_of
+    from . import perf_model
+    from .exercises import tile_of
 
     def count(n: int, word: str) -> str:
         return f"{n} {word}" + ("" if n == 1 else "s")
 
     block_s, block_h, warps = tile_of(kernel)
-    programs = math.prod(qk_grid(shape.batch, shape.seq, shape.heads_q, shape.heads_k, block_s, block_h))
-    per_program = block_s * block_h * shape.head_dim * shape.dtype.itemsize
-    launch = perf_model.Launch(programs=programs, num_warps=warps, bytes_in_flight_per_program=per_program)
-    device = perf_model.device_model(ablations.load())
+    launch = _tile_launch((block_s, block_h, warps), shape)
+    per_program = launch.bytes_in_flight_per_program
+    device = _device_model()
     in_flight = perf_model.bytes_in_flight_per_sm(launch, device)
     needed = device.needed_bytes_in_flight_per_sm
     predicted = perf_model.predicted_pct(launch, device)
@@ -99,6 +139,165 @@ def model_words(kernel, shape: "QKShape", target: float = TARGET) -> str:
               "needs many registers holds fewer programs an SM than the model counts (notebook 04's sweep measured "
               "its largest tiles slower).")
     return words
+
+
+# --- the stored reference tiles (graded on a CPU) --------------------------------------------------------------------
+
+def load_reference_tiles(path: Path | str | None = None) -> dict:
+    """``{gpu: run}`` for the GPUs of :data:`GPUS` that have a stored run (none: ``{}``); a run holds ``device``,
+    ``ceiling_gbps`` and ``tiles`` (rows with ``block_s``, ``block_h``, ``num_warps``, ``pct_ceiling``)."""
+    path = Path(path) if path is not None else REFERENCE_DATA
+    if not path.exists():
+        return {}
+    runs = json.loads(path.read_text()).get("runs", {})
+    found = {}
+    for gpu in GPUS:
+        for device, run in runs.items():
+            if gpu in device:
+                found[gpu] = run
+    return found
+
+
+def _row(run: dict, tile: tuple[int, int, int]) -> dict | None:
+    for row in run["tiles"]:
+        if (row["block_s"], row["block_h"], row["num_warps"]) == tuple(tile):
+            return row
+    return None
+
+
+def _no_run(gpu: str) -> str:
+    return (f"{gpu}: no stored measurement for this GPU yet (on one, `python -m ropekit.course.reference_tiles "
+            f"--out ropekit/course/data/reference_tiles.json` adds it).")
+
+
+def reference_table(shape: "QKShape", runs: dict) -> str:
+    """Markdown: every reference tile, the model's % and each stored GPU's measured % with the model's error."""
+    gpus = [gpu for gpu in GPUS if gpu in runs]
+    head = (f"| tile (BLOCK_S × BLOCK_H, warps) | model % ({_device_model().name}) |"
+            + "".join(f" {g} measured % | model error |" for g in gpus))
+    lines = [head, "|---|---:|" + "---:|---:|" * len(gpus)]
+    for tile in REFERENCE_TILES:
+        predicted = model_pct(tile, shape)
+        cells = ""
+        for gpu in gpus:
+            row = _row(runs[gpu], tile)
+            cells += (f" {row['pct_ceiling']:.1f} | {predicted - row['pct_ceiling']:+.1f} |" if row else " — | — |")
+        lines.append(f"| {tile[0]} × {tile[1]}, {tile[2]} | {predicted:.0f} |{cells}")
+    return "\n".join(lines)
+
+
+_CHECKED: dict[int, tuple] = {}  # id(kernel) -> (kernel, its check): a kernel's values are checked once
+
+
+def _not_correct(name: str, kernel) -> SpeedGrade | None:
+    """None when the kernel's values are right (a kernel that writes nothing would be timed fast); else the answer."""
+    from .checker import check
+
+    if id(kernel) not in _CHECKED:
+        _CHECKED[id(kernel)] = (kernel, check(name, kernel))
+    result = _CHECKED[id(kernel)][1]
+    if result.ok or result.diagnosis == "too_slow":
+        return None
+    return SpeedGrade(False, False, f"Speed is timed once the values are right; the check says:\n{result}")
+
+
+def grade_prediction(name: str, kernel, predicted_pct: float | None, *, timer=None,
+                     data: Path | str | None = None) -> SpeedGrade:
+    """Grade the reader's prediction of the % of the copy ceiling their kernel's tile reaches on the stated shape.
+
+    On a GPU (or with a fake ``timer``) against the kernel measured now. Without one, against the stored
+    measurements of the solution's kernel at the same tile on each GPU of :data:`GPUS` (``data``: the file, default
+    :data:`REFERENCE_DATA`); a GPU without a stored run says so and grades nothing. Right means within
+    :data:`PREDICTION_TOLERANCE` points of every measurement; the model's prediction and error are shown beside.
+    """
+    from .exercises import exercise, tile_of
+
+    shape = exercise(name).notes["speed_shape"]
+    if predicted_pct is None:
+        return SpeedGrade(False, False, "Write your prediction first: the % of the copy ceiling you expect your tile "
+                                        "to reach (notebook 04's model, and where it missed, are your guide).")
+    tile = tile_of(kernel)
+    model = model_pct(tile, shape)
+    if timer is not None or torch.cuda.is_available():
+        wrong = _not_correct(name, kernel)
+        if wrong is not None:
+            return wrong
+        measured = grade_exercise(name, kernel, timer=timer).speed
+        error = predicted_pct - measured.pct_ceiling
+        ok = abs(error) <= PREDICTION_TOLERANCE
+        return SpeedGrade(True, ok, (
+            f"{'Right' if ok else 'Off'}: you predicted {predicted_pct:.0f} %, your kernel measured "
+            f"{measured.pct_ceiling:.1f} % of the copy ceiling now ({error:+.1f} points; within "
+            f"{PREDICTION_TOLERANCE:.0f} is right). The model predicted {model:.0f} % "
+            f"({model - measured.pct_ceiling:+.1f} points)."), measured)
+    runs = load_reference_tiles(data)
+    lines, errors = [], []
+    for gpu in GPUS:
+        run = runs.get(gpu)
+        row = _row(run, tile) if run else None
+        if run is None:
+            lines.append(_no_run(gpu))
+        elif row is None:
+            tiles = ", ".join(f"{s} × {h}, {w}" for s, h, w in REFERENCE_TILES)
+            lines.append(f"{gpu}: your tile ({tile[0]} × {tile[1]}, {tile[2]} warps) is not among the measured "
+                         f"reference tiles ({tiles}): choose one of them to have the prediction graded here.")
+        else:
+            error = predicted_pct - row["pct_ceiling"]
+            errors.append(error)
+            lines.append(f"{gpu} ({run['device']}): the solution's kernel at your tile measured "
+                         f"{row['pct_ceiling']:.1f} %; you predicted {predicted_pct:.0f} % ({error:+.1f} points), the "
+                         f"model {model:.0f} % ({model - row['pct_ceiling']:+.1f} points).")
+    graded = bool(errors)
+    ok = graded and all(abs(e) <= PREDICTION_TOLERANCE for e in errors)
+    verdict = ("Right" if ok else "Off") if graded else "Not graded"
+    words = (f"{verdict}: your prediction against the stored measurements (within {PREDICTION_TOLERANCE:.0f} points "
+             "is right; a kernel written differently from the solution may differ from it at the same tile).\n"
+             + "\n".join(lines))
+    if runs:
+        words += "\n\nThe model against every stored reference tile:\n" + reference_table(shape, runs)
+    return SpeedGrade(graded, ok, words)
+
+
+def grade_stretch(name: str, kernel, *, timer=None, data: Path | str | None = None) -> SpeedGrade:
+    """The stretch target: :data:`STRETCH` of the copy ceiling, measured on a GPU (or with a fake ``timer``).
+
+    Without a GPU nothing is graded: a kernel restructured beyond the solution's cannot be judged from stored
+    measurements. The answer then shows what the stored reference tiles reached, which is why one constant cannot
+    pass.
+    """
+    from .exercises import exercise
+
+    if timer is not None or torch.cuda.is_available():
+        wrong = _not_correct(name, kernel)
+        if wrong is not None:
+            return wrong
+        result = grade_exercise(name, kernel, timer=timer, target=STRETCH)
+        words = f"Stretch target: {result.message}"
+        if not result.ok:
+            words += "\n" + "\n".join(_best_tiles(load_reference_tiles(data)))
+        return SpeedGrade(True, result.ok, words, result.speed)
+    shape = exercise(name).notes["speed_shape"]
+    words = (f"Stretch target ({100 * STRETCH:.0f} % of the copy ceiling, on {shape.words}): graded on a GPU only, "
+             "because a kernel changed beyond the solution's tile cannot be judged from stored measurements of the "
+             "solution's kernel.\n" + "\n".join(_best_tiles(load_reference_tiles(data))))
+    return SpeedGrade(False, False, words)
+
+
+def _best_tiles(runs: dict) -> list[str]:
+    """Per GPU of :data:`GPUS`: the best stored reference tile against the stretch target."""
+    lines = []
+    for gpu in GPUS:
+        run = runs.get(gpu)
+        if run is None:
+            lines.append(_no_run(gpu))
+            continue
+        best = max(run["tiles"], key=lambda row: row["pct_ceiling"])
+        below = best["pct_ceiling"] < 100 * STRETCH
+        lines.append(f"{gpu}: the best reference tile of the solution's kernel ({best['block_s']} × "
+                     f"{best['block_h']}, {best['num_warps']} warps) measured {best['pct_ceiling']:.1f} %, "
+                     + ("below the stretch target: changing the tile alone does not reach it." if below else
+                        "at or above the stretch target."))
+    return lines
 
 
 def grade_exercise(name: str, kernel, *, timer=None, target: float = TARGET) -> SpeedGrade:

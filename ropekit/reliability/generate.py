@@ -18,9 +18,9 @@ from .kernels import record_launches
 __all__ = ["kernel_variants", "run_config_dry", "generate_configs"]
 
 
-def kernel_variants(cfg: Config, device=None, simulate_gpu: bool = False) -> frozenset:
+def kernel_variants(cfg: Config, device=None) -> frozenset:
     """The Triton kernel variants (specialisation keys) that running ``cfg`` forward (and backward) compiles."""
-    with record_launches(simulate_gpu) as recorder:
+    with record_launches() as recorder:
         run_config_dry(cfg, device or _device.DEVICE)
     return frozenset(recorder.keys)
 
@@ -40,7 +40,7 @@ def run_config_dry(cfg: Config, device) -> None:
 
 
 def generate_configs(count: int, *, seed: int = 0, scale: Scale = GPU_SCALE, n_families: int = 48,
-                     variant_quota: Optional[int] = None, device=None, simulate_gpu: bool = False,
+                     variant_quota: Optional[int] = None, device=None,
                      jitter_tries: int = 3) -> tuple[list[Config], dict]:
     """``count`` configurations drawn round-robin from ``n_families`` random families.
 
@@ -60,7 +60,7 @@ def generate_configs(count: int, *, seed: int = 0, scale: Scale = GPU_SCALE, n_f
         family = families[i % n_families]
         cfg = draw_config(rng, family, scale)
         if variant_quota is not None:
-            keys = kernel_variants(cfg, device, simulate_gpu)
+            keys = kernel_variants(cfg, device)
             if keys <= known[family] or len(known[family] | keys) <= variant_quota:
                 known[family] |= keys
                 if keys:
@@ -69,7 +69,7 @@ def generate_configs(count: int, *, seed: int = 0, scale: Scale = GPU_SCALE, n_f
             else:
                 for _ in range(jitter_tries):
                     candidate = _jitter(rng, rng.choice(templates[family]), scale)
-                    if kernel_variants(candidate, device, simulate_gpu) <= known[family]:
+                    if kernel_variants(candidate, device) <= known[family]:
                         cfg = candidate
                         how["jittered sizes"] += 1
                         break

@@ -1,5 +1,5 @@
-"""The reliability run's one door to the Triton launcher: the launch configuration type, the launch table, a launch
-with a forced configuration, and a dry run that records which kernel variants a call would compile.
+"""The reliability run's one door to the Triton launcher: the launch configuration types, a launch with a forced
+configuration, and a dry run that records which kernel variants a call would compile.
 
 Everything else in ``ropekit.reliability`` calls the public API (``ropekit.apply_rope``) only.
 """
@@ -12,9 +12,9 @@ import torch
 
 from ropekit import device as _device
 
-from ropekit.triton.launch import LaunchConfig, launch_config, recorded_launches, rope_v4
+from ropekit.triton.launch import FlatConfig, TileConfig, forced_config, plan_rope, recorded_launches, rope_v4
 
-__all__ = ["LaunchConfig", "launch_config", "rope_v4", "specialisation", "record_launches"]
+__all__ = ["TileConfig", "FlatConfig", "forced_config", "plan_rope", "rope_v4", "specialisation", "record_launches"]
 
 
 def specialisation(value):
@@ -41,21 +41,25 @@ class LaunchRecorder:
         self.keys: list = []
 
     def add(self, record) -> None:
-        self.keys.append(tuple(specialisation(a) for a in (*record.pointers, *record.ints))
-                         + tuple(sorted((k, specialisation(v)) for k, v in record.constexprs.items()))
+        def leaves(value):
+            return tuple(map(specialisation, value)) if isinstance(value, tuple) else specialisation(value)
+
+        self.keys.append((getattr(record.kernel, "__name__", repr(record.kernel)),)
+                         + tuple((name, leaves(value)) for name, value in record.arguments.items())
                          + (("num_warps", record.num_warps),))
 
 
 @contextlib.contextmanager
-def record_launches(simulate_gpu: bool = False):
-    """Launch nothing; record the specialisation key of every launch made inside (``simulate_gpu``: plan with the
-    GPU's launch table, not the interpreter's). Yields the :class:`LaunchRecorder`, filled when the block ends.
+def record_launches():
+    """Launch nothing; record the specialisation key of every launch made inside, with this process's launch choice
+    (on a GPU: the GPU's; under the interpreter: its fixed tiles). Yields the :class:`LaunchRecorder`, filled when
+    the block ends.
 
     Built on the launcher's public dry run (:func:`ropekit.triton.launch.recorded_launches`), with the Triton backend
     the default inside (``ropekit.device.set_backend``): the calls made inside are the kernels' launches.
     """
     recorder = LaunchRecorder()
-    with _device.set_backend("triton"), recorded_launches(gpu_table=simulate_gpu) as records:
+    with _device.set_backend("triton"), recorded_launches() as records:
         yield recorder
     for record in records:
         recorder.add(record)

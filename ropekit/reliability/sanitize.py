@@ -21,10 +21,12 @@ from ropekit.testing import check_close_to_reference
 from .build import BuiltCase, build_case, expected_output
 from .common import DTYPES, Unsupported, available_backends, to_bshd
 from .configs import Config, Family
-from .kernels import LaunchConfig, rope_v4
+from .kernels import FlatConfig, TileConfig, plan_rope, rope_v4
+from ropekit.triton import choice
+from ropekit.triton.model import DeviceFacts, rope_candidates
 from .properties import run_config
 
-__all__ = ["sanitize_configs", "SANITIZE_TILES", "run_with_launch_config", "sanitize_driver"]
+__all__ = ["sanitize_configs", "reachable_configs", "run_with_launch_config", "sanitize_driver"]
 
 
 def sanitize_configs() -> list[Config]:
@@ -82,20 +84,30 @@ def _ladder_launchers() -> list:
     return ladder
 
 
-# The launcher picks its tile from the token count: the small sanitizer shapes would never reach the tiles of large
-# prefills, so every configuration also runs with each of them forced: the fused q-and-k tile at 16 and 32 warps,
-# and the flat path, q then k, and paired (where a configuration allows the flat path; else the fused tile).
-SANITIZE_TILES = (LaunchConfig(2, 1, 16, fused_qk=True, evict_first=True),
-                  LaunchConfig(2, 1, 32, fused_qk=True, evict_first=True),
-                  LaunchConfig(2, 1, 16, fused_qk=True, evict_first=True, flat=2048, flat_warps=8),
-                  LaunchConfig(2, 1, 16, fused_qk=True, evict_first=True, flat=512, flat_warps=8,
-                               flat_paired=True, flat_streaming=False))
+# H100 SXM figures as published, for choosing candidates where no GPU is present (the interpreter's tests)
+_PUBLISHED_H100 = DeviceFacts("H100 SXM (published)", n_sms=132, ceiling_gbps=3350.0, latency_ns=600.0,
+                              latency_source="assumed")
 
 
-def _launch_forced(cfg: Config, case: BuiltCase, q: torch.Tensor, k: Optional[torch.Tensor], conjugate: bool,
-                   config: LaunchConfig) -> tuple:
-    """Launch Triton v4 on the configuration's tensors with ``config`` forced; returns the outputs as the kernel
-    sees them: (batch, seq, heads, head_dim) views, or (tokens, heads, head_dim) for thd."""
+def reachable_configs(cfg: Config, device=None, limit: int | None = None) -> list:
+    """Every launch configuration the choice can pick for ``cfg``'s call on this device: the model's candidates for
+    the call's shape and the device's facts (the autotune picks among them, the disk cache holds only them).
+    Under the interpreter, an H100's as published. ``limit``: the first ``limit`` (the model's own choice first)."""
+    device = device or _device.DEVICE
+    case = build_case(cfg, device, values=False)
+    q = case.q.tensor()
+    k = case.k.tensor() if case.k is not None else None
+    plan = _plan(cfg, case, q, k, conjugate=False)
+    if plan is None:
+        return []
+    facts = _PUBLISHED_H100 if _device.INTERPRET else choice.device_facts(device)
+    return rope_candidates(facts, plan.shape)[:limit]
+
+
+def _kernel_arguments(cfg: Config, case: BuiltCase, q: torch.Tensor, k: Optional[torch.Tensor],
+                      conjugate: bool) -> dict:
+    """The launcher's arguments for the configuration's tensors: (batch, seq, heads, head_dim) views, or (tokens,
+    heads, head_dim) for thd, and fresh outputs (out of place) or the inputs (in place)."""
     f, kwargs = cfg.family, case.kwargs
     cu_seqlens = kwargs.get("cu_seqlens")
     max_seqlen = kwargs.get("max_seqlen")
@@ -119,13 +131,26 @@ def _launch_forced(cfg: Config, case: BuiltCase, q: torch.Tensor, k: Optional[to
     else:
         spec = resolve_positions(batch=batch, seqlen=seqlen, positions=kwargs["positions"], cu_seqlens=cu_seqlens,
                                  max_seqlen=max_seqlen if f.varlen else None, device=q.device)
-    rope_v4(q, k, cos, sin, out_q=out_q, out_k=out_k, positions=spec, rotary_dim=f.rotary_dim,
-            interleaved=f.interleaved, conjugate=conjugate, cos_per_token=f.per_token, copy_tail=not f.inplace,
-            config=config)
-    return out_q, out_k
+    return dict(q=q, k=k, cos=cos, sin=sin, out_q=out_q, out_k=out_k, positions=spec, rotary_dim=f.rotary_dim,
+                interleaved=f.interleaved, conjugate=conjugate, cos_per_token=f.per_token, copy_tail=not f.inplace)
 
 
-def run_with_launch_config(cfg: Config, config: LaunchConfig, device=None) -> list[str]:
+def _plan(cfg: Config, case: BuiltCase, q, k, conjugate: bool):
+    arguments = _kernel_arguments(cfg, case, q, k, conjugate)
+    return plan_rope(arguments.pop("q"), arguments.pop("k"), arguments.pop("cos"), arguments.pop("sin"), **arguments)
+
+
+def _launch_forced(cfg: Config, case: BuiltCase, q: torch.Tensor, k: Optional[torch.Tensor], conjugate: bool,
+                   config: TileConfig | FlatConfig) -> tuple:
+    """Launch Triton v4 on the configuration's tensors with ``config`` forced; returns the outputs as the kernel
+    sees them."""
+    arguments = _kernel_arguments(cfg, case, q, k, conjugate)
+    rope_v4(arguments.pop("q"), arguments.pop("k"), arguments.pop("cos"), arguments.pop("sin"), config=config,
+            **arguments)
+    return arguments["out_q"], arguments["out_k"]
+
+
+def run_with_launch_config(cfg: Config, config: TileConfig | FlatConfig, device=None) -> list[str]:
     """Run ``cfg`` through Triton v4 with the launch configuration ``config`` forced, forward and (for a
     configuration with a backward) the conjugate rotation the backward launches; returns what differs from the
     float64 reference."""
@@ -200,9 +225,10 @@ def _check_cuda_table(fast: bool) -> str:
     return "" if cos.shape == (1003, 40) and bool(torch.isfinite(cos).all()) else "bad table"
 
 
-def sanitize_driver(device=None, verbose: bool = True) -> int:
-    """Run every kernel once on mask-and-tail shapes (what compute-sanitizer watches). Returns 0 when everything ran
-    and matched the reference, 1 otherwise; prints one line per launch."""
+def sanitize_driver(device=None, verbose: bool = True, candidates: int | None = None) -> int:
+    """Run every kernel once on mask-and-tail shapes (what compute-sanitizer watches), the Triton backend once more
+    with each configuration its launch choice can reach (``candidates``: only the first that many a call). Returns 0
+    when everything ran and matched the reference, 1 otherwise; prints one line per launch."""
     device = device or _device.DEVICE
     backends, why = available_backends()
     log = _DriverLog(verbose)
@@ -223,10 +249,11 @@ def sanitize_driver(device=None, verbose: bool = True) -> int:
         for cfg in sanitize_configs():
             log.check(f"{backend} {cfg.describe()}", lambda cfg=cfg: run_config(cfg, backend, device), device)
         if backend == "triton":
-            for tile in SANITIZE_TILES:
-                for cfg in sanitize_configs():
-                    log.check(f"triton {cfg.describe()} tile={tuple(tile)}",
-                              lambda cfg=cfg, tile=tile: run_with_launch_config(cfg, tile, device), device)
+            # every configuration the launch choice can reach for the call, each forced once
+            for cfg in sanitize_configs():
+                for config in reachable_configs(cfg, device, candidates):
+                    log.check(f"triton {cfg.describe()} config={config}",
+                              lambda cfg=cfg, config=config: run_with_launch_config(cfg, config, device), device)
         log.check(f"{backend} out-of-table position ids (masked loads)", lambda: _check_out_of_table(backend, device),
                   device)
     if "cuda" in backends:

@@ -29,6 +29,7 @@ import triton.language as tl
 
 from .. import device as _device
 from ..positions import POSITION_IDS, PositionSpec
+from . import choice
 from .configs import FlatConfig, RopeShape, TileConfig
 from .v4 import rope_v4_kernel
 from .v4_flat import rope_flat_kernel
@@ -53,16 +54,22 @@ def _cdiv(a: int, b: int) -> int:
 # A launch: one kernel, fully specialised but for the tensors of a call.
 # --------------------------------------------------------------------------------------------------------------------
 
-_constexpr_names: dict = {}
+_signatures: dict = {}
+
+
+def _signature(kernel) -> tuple:
+    """(every parameter name in order, the names of the ``tl.constexpr`` ones) of a kernel, read once from its
+    signature (under the interpreter too)."""
+    signature = _signatures.get(kernel)
+    if signature is None:
+        parameters = inspect.signature(kernel.fn).parameters
+        signature = _signatures[kernel] = (tuple(parameters), frozenset(
+            name for name, p in parameters.items() if "constexpr" in str(p.annotation)))
+    return signature
 
 
 def _constexprs(kernel) -> frozenset:
-    """The names of a kernel's ``tl.constexpr`` parameters (read from its signature, under the interpreter too)."""
-    names = _constexpr_names.get(kernel)
-    if names is None:
-        names = _constexpr_names[kernel] = frozenset(
-            name for name, p in inspect.signature(kernel.fn).parameters.items() if "constexpr" in str(p.annotation))
-    return names
+    return _signature(kernel)[1]
 
 
 def _specialisation(value):
@@ -76,6 +83,11 @@ def _specialisation(value):
     return value.data_ptr() % 16 == 0
 
 
+def _static(value):
+    """A launch argument as a key: tensors by dtype (their addresses change from call to call)."""
+    return value.dtype if isinstance(value, torch.Tensor) else value
+
+
 class KernelLaunch:
     """One kernel launch with everything fixed but the arguments named in ``per_call``: ``kernel[grid](**arguments,
     num_warps=num_warps)`` with ``per_call``'s values given at each call, in that order.
@@ -87,13 +99,12 @@ class KernelLaunch:
     """
 
     __slots__ = ("kernel", "grid", "num_warps", "arguments", "per_call", "runtime", "runtime_slots", "everything",
-                 "everything_slots", "runners")
+                 "everything_slots", "key")
 
     def __init__(self, kernel, grid: tuple, num_warps: int, per_call: tuple, arguments: dict):
         self.kernel, self.grid, self.num_warps, self.per_call = kernel, grid, num_warps, per_call
         self.arguments = arguments
-        names = list(inspect.signature(kernel.fn).parameters)
-        constexprs = _constexprs(kernel)
+        names, constexprs = _signature(kernel)
         # The compiled runner takes the non-constexpr arguments (Triton 3.6), or every argument (later versions): both
         # orders are kept, with where each per-call value goes in each
         runtime = [n for n in names if n not in constexprs]
@@ -101,7 +112,10 @@ class KernelLaunch:
         self.runtime_slots = tuple(runtime.index(n) for n in per_call)
         self.everything = [arguments[n] for n in names]
         self.everything_slots = tuple(names.index(n) for n in per_call)
-        self.runners: dict = {}
+        # what Triton specialises on but the per-call values: launches with equal keys share compiled runners, so a
+        # launch planned afresh (autograd's backward, an uncached call) still takes the direct path
+        self.key = (kernel, grid, num_warps) + tuple(
+            _static(arguments[n]) for n in names if n not in per_call)
 
     @property
     def constexprs(self) -> dict:
@@ -122,13 +136,18 @@ def _run_direct(launch: KernelLaunch, values: tuple) -> None:
         with _device.INTERPRETER_LOCK:
             launch.kernel[launch.grid](**launch.named(values), num_warps=launch.num_warps)
         return
-    key = tuple(map(_specialisation, values))
-    entry = launch.runners.get(key)
+    key = (launch.key, tuple(map(_specialisation, values)))
+    entry = _runners.get(key)
     if entry is None:
         compiled = launch.kernel[launch.grid](**launch.named(values), num_warps=launch.num_warps)
-        launch.runners[key] = [compiled[launch.grid], None]  # the argument convention is learnt on the next call
+        if len(_runners) > 4096:
+            _runners.clear()
+        _runners[key] = [compiled[launch.grid], None]  # the argument convention is learnt on the next call
         return
     _call_compiled(launch, entry, values)
+
+
+_runners: dict = {}  # compiled runners by (KernelLaunch.key, the per-call values' specialisation)
 
 
 _launch = _run_direct
@@ -189,6 +208,7 @@ class LaunchRecord(NamedTuple):
     grid: tuple
     arguments: dict  # every argument by parameter name, the call's tensors included
     num_warps: int
+    constexprs: frozenset  # the names of the compile-time arguments among them
 
 
 @contextlib.contextmanager
@@ -202,7 +222,8 @@ def recorded_launches():
     real = _launch
 
     def record(launch, values):
-        records.append(LaunchRecord(launch.kernel, launch.grid, launch.named(values), launch.num_warps))
+        records.append(LaunchRecord(launch.kernel, launch.grid, launch.named(values), launch.num_warps,
+                                   _constexprs(launch.kernel)))
 
     _launch = record
     plans.clear()
@@ -236,12 +257,6 @@ plans = PlanCache(1024)
 # RoPE: the tile and the flat kernel behind one launcher.
 # --------------------------------------------------------------------------------------------------------------------
 
-def _interpreter_config(shape: RopeShape) -> TileConfig:
-    """Under the interpreter every program costs Python time: tiles as large as the shape allows, fixed."""
-    return TileConfig(min(_next_pow2(shape.n_tokens), 16), min(_next_pow2(max(shape.n_heads_q, shape.n_heads_k)), 8),
-                      4)
-
-
 _forced: TileConfig | FlatConfig | None = None
 
 
@@ -267,18 +282,13 @@ def rope_config(shape: RopeShape, device=None) -> TileConfig | FlatConfig:
     refined by a measured autotune cached on disk; fixed tiles under the interpreter)."""
     if _forced is not None and (type(_forced) is TileConfig or shape.flat_ok):
         return _forced
-    if _device.INTERPRET:
-        return _interpreter_config(shape)
-    from . import choice
-
     return choice.choose_rope(shape, device, bench=lambda config: _bench_rope(shape, device, config))
 
 
 def _bench_rope(shape: RopeShape, device, config) -> float:
-    """Seconds one launch of ``config`` takes on fresh random tensors of ``shape`` (contiguous q and k, a table of
-    positions 0..seq-1): what the autotune times."""
-    from . import choice
-
+    """Seconds one launch of ``config`` takes on fresh random tensors of the shape's bucket (contiguous q and k, a
+    table of positions 0..seq-1): what the autotune times."""
+    shape = choice.rope_bucket(shape)
     dtype = {2: torch.bfloat16, 4: torch.float32, 8: torch.float64}[shape.element_size]
     q = torch.randn(1, shape.n_tokens, shape.n_heads_q, shape.head_dim, device=device, dtype=dtype)
     k = (torch.randn(1, shape.n_tokens, shape.n_heads_k, shape.head_dim, device=device, dtype=dtype)
@@ -300,6 +310,7 @@ class RopeLaunch(NamedTuple):
     launch: KernelLaunch
     config: TileConfig | FlatConfig
     in_place: bool
+    shape: RopeShape  # what the launch choice saw
 
     def __call__(self, q, k, out_q, out_k, cos, sin, positions, cu_seqlens, position_offset: int) -> None:
         """q/k/out/cos/sin/positions/cu_seqlens: the tensors the plan was made for, or any with the same shapes,
@@ -401,10 +412,10 @@ def plan_rope(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: t
     in_place = _same_view(q, out_q) and (k is None or _same_view(k, out_k))
     flat_ok = _flat_applies(q, k, out_q, out_k, contiguous, positions, rotary_dim, interleaved, cos_per_token,
                             eager_rounding)
+    shape = RopeShape(n_batch * seqlen, n_heads_q, n_heads_k, head_dim, rotary_dim, q.element_size(), cos_per_token,
+                      flat_ok, k is None or k.shape == q.shape)
     if config is None:
-        config = rope_config(RopeShape(n_batch * seqlen, n_heads_q, n_heads_k, head_dim, rotary_dim,
-                                       q.element_size(), cos_per_token, flat_ok,
-                                       k is None or k.shape == q.shape), q.device)
+        config = rope_config(shape, q.device)
     elif type(config) is FlatConfig and not flat_ok:
         raise ValueError("a FlatConfig was given for a call the flat kernel cannot run (it needs contiguous, "
                          "out-of-place NeoX tensors rotated over the whole head, positions from a table)")
@@ -419,15 +430,15 @@ def plan_rope(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: t
     # passed at all), and absent tensors as None: graph replay pays for every byte of arguments
     # (docs/tuning.md#lean-launch).
     if type(config) is FlatConfig:
-        return _plan_flat(q, k, out_q, out_k, cos, sin, positions, config, n_batch, seqlen, n_heads_q, n_heads_k,
-                          index_dtype, conjugate)
-    return _plan_tile(q, k, out_q, out_k, cos, sin, positions, config, n_batch, seqlen, n_heads_q, n_heads_k,
-                      rotary_dim, interleaved, conjugate, cos_per_token, eager_rounding, in_place, contiguous,
-                      index_dtype)
+        return _plan_flat(shape, q, k, out_q, out_k, cos, sin, positions, config, n_batch, seqlen, n_heads_q,
+                          n_heads_k, index_dtype, conjugate)
+    return _plan_tile(shape, q, k, out_q, out_k, cos, sin, positions, config, n_batch, seqlen, n_heads_q,
+                      n_heads_k, rotary_dim, interleaved, conjugate, cos_per_token, eager_rounding, in_place,
+                      contiguous, index_dtype)
 
 
-def _plan_tile(q, k, out_q, out_k, cos, sin, positions, config: TileConfig, n_batch, seqlen, n_heads_q, n_heads_k,
-               rotary_dim, interleaved, conjugate, cos_per_token, eager_rounding, in_place, contiguous,
+def _plan_tile(shape, q, k, out_q, out_k, cos, sin, positions, config: TileConfig, n_batch, seqlen, n_heads_q,
+               n_heads_k, rotary_dim, interleaved, conjugate, cos_per_token, eager_rounding, in_place, contiguous,
                index_dtype) -> RopeLaunch:
     head_dim = q.shape[-1]
     block_h = config.block_h
@@ -475,11 +486,12 @@ def _plan_tile(q, k, out_q, out_k, cos, sin, positions, config: TileConfig, n_ba
         EVICT="evict_first" if config.evict_first else "")
     per_call = (("Q", "K") + (() if in_place else ("OUT_Q", "OUT_K"))
                 + ("COS", "SIN", "POSITIONS", "CU_SEQLENS", "position_offset"))
-    return RopeLaunch(KernelLaunch(rope_v4_kernel, grid, config.num_warps, per_call, arguments), config, in_place)
+    return RopeLaunch(KernelLaunch(rope_v4_kernel, grid, config.num_warps, per_call, arguments), config, in_place,
+                      shape)
 
 
-def _plan_flat(q, k, out_q, out_k, cos, sin, positions, config: FlatConfig, n_batch, seqlen, n_heads_q, n_heads_k,
-               index_dtype, conjugate) -> RopeLaunch:
+def _plan_flat(shape, q, k, out_q, out_k, cos, sin, positions, config: FlatConfig, n_batch, seqlen, n_heads_q,
+               n_heads_k, index_dtype, conjugate) -> RopeLaunch:
     head_dim = q.shape[-1]
     n_tokens = n_batch * seqlen
     paired = config.paired and (k is None or k.shape == q.shape)
@@ -499,4 +511,5 @@ def _plan_flat(q, k, out_q, out_k, cos, sin, positions, config: FlatConfig, n_ba
         HEAD_DIM=head_dim, BLOCK=config.block, PAIRED=paired, HAS_K=k is not None, POS_MODE=positions.mode,
         CONJUGATE=conjugate, EVICT="evict_first" if config.streaming else "", INDEX_DTYPE=index_dtype)
     per_call = ("Q", "K", "OUT_Q", "OUT_K", "COS", "SIN", "POSITIONS", "position_offset")
-    return RopeLaunch(KernelLaunch(rope_flat_kernel, grid, config.num_warps, per_call, arguments), config, False)
+    return RopeLaunch(KernelLaunch(rope_flat_kernel, grid, config.num_warps, per_call, arguments), config, False,
+                      shape)

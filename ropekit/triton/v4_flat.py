@@ -1,9 +1,9 @@
 """v4's flat kernel: one program per block of consecutive elements, for contiguous NeoX calls over the whole head.
 
-A second algorithm beside the tile (``ropekit.triton.v4``), in a kernel of its own, behind the same launcher. It has the structure of the element-wise kernel torch.compile
-generates for the eager formula: no tile of heads, each element's partner (``e +- HEAD_DIM/2``) loaded separately
-and served by the cache, because it lies in a line the same program loads. On contiguous prefill-sized work this
-beats the tile on some GPUs; ``ropekit.triton.choice`` decides where it runs (docs/tuning.md#flat-path).
+A second algorithm beside the tile (``ropekit.triton.v4``), in a kernel of its own, behind the same launcher. It has
+the structure of the element-wise kernel torch.compile generates for the eager formula: no tile of heads, each
+element's partner (``e +- HEAD_DIM/2``) loaded separately and served by the cache, because it lies in a line the
+same program loads. On contiguous prefill-sized work this beats the tile on some GPUs; ``ropekit.triton.choice`` decides where it runs (docs/tuning.md#flat-path).
 """
 
 from __future__ import annotations

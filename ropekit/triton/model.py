@@ -1,0 +1,395 @@
+"""The performance model: from a GPU's facts and a call's shape to a launch configuration.
+
+RoPE moves bytes and does almost no arithmetic, so a launch is good when it keeps the memory system busy. Four
+questions decide it, each answered here from :class:`DeviceFacts`:
+
+* **Bytes in flight (Little's law).** DRAM delivering ``B`` bytes a second with a loaded latency ``L`` holds
+  ``B x L`` bytes in flight; split over the SMs, each SM must keep ``B / SMs x L`` bytes of loads outstanding at every
+  moment (:attr:`DeviceFacts.needed_bytes_in_flight_per_sm`). A program has in flight what it loads before it waits
+  on any of it; an SM holds as many programs at once as its warp slots, program slots and registers allow
+  (:func:`resident_programs`). :func:`predicted_pct` is the fraction of the copy ceiling this predicts.
+* **Residency and registers.** A thread holding more values than the registers an SM gives each thread at full
+  residency (``registers_per_sm / (32 x max_warps_per_sm)``) costs residency or spills; :func:`register_budget`.
+* **Waves.** A short call must still give every SM work: a grid of fewer than two programs an SM leaves SMs idle.
+* **Where the bytes live.** A call whose bytes (read and written) fit in the L2 cache is served by the L2, where
+  every request counts, so table rows fetched once a token (a tile) beat rows fetched once an element (the flat
+  kernel). A call larger than the L2 streams from DRAM, where table rows are L2 hits and cost nothing; there the
+  flat kernel (torch.compile's structure: consecutive elements, one 16-byte vector a thread) keeps the most bytes in
+  flight for the fewest instructions.
+
+:func:`model_rope` and :func:`model_fused` turn these into a :class:`~ropekit.triton.configs.TileConfig`,
+:class:`~ropekit.triton.configs.FlatConfig` or :class:`~ropekit.triton.configs.FusedConfig`;
+:func:`rope_candidates` and :func:`fused_candidates` list a few neighbours for the autotune
+(:mod:`ropekit.triton.choice`), drawn from :func:`rope_candidate_space` / :func:`fused_candidate_space`, the whole
+set of configurations the model and the autotune can reach. docs/tuning.md explains each rule with its measurement.
+
+Pure arithmetic: nothing here touches a GPU, so the course (:mod:`ropekit.course.perf_model`) teaches these very
+functions on any machine.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+
+from .configs import FlatConfig, FusedConfig, FusedShape, RopeShape, TileConfig
+
+__all__ = ["DeviceFacts", "Launch", "WARPS", "resident_programs", "bytes_in_flight_per_sm", "predicted_pct",
+           "fit_latency_ns", "register_budget", "THREAD_BYTES", "tile_values_max", "fits_in_l2", "model_rope",
+           "model_fused", "rope_candidates", "fused_candidates", "rope_candidate_space", "fused_candidate_space",
+           "is_valid_rope", "is_valid_fused", "DECODE_TOKENS"]
+
+WARPS = (1, 2, 4, 8, 16, 32)  # the warp counts a Triton launch takes
+DECODE_TOKENS = 128  # at most this many tokens: a decode step, whose time is the launch chain, not its bytes
+_VECTOR_BYTES = 16  # the widest load a thread issues in one instruction
+_MIN_PROGRAMS_PER_SM = 2  # fewer leaves SMs idle while others work
+# Bytes of a fused q+k tile one thread holds at most (three 16-byte vectors): beyond it, more warps share the tile.
+# The H100 measured the bound (docs/tuning.md#launch-table): at 16 warps 40 bytes a thread ran as fast as any tile,
+# 64 bytes ran slower than the same tile at 32 warps.
+THREAD_BYTES = 48
+
+
+@dataclass(frozen=True)
+class DeviceFacts:
+    """What the model knows about a GPU: its published limits, its copy bandwidth and its loaded memory latency.
+
+    The first five fields keep the order of the course's ``DeviceModel`` (which is this class), so
+    ``DeviceFacts(name, n_sms, ceiling_gbps, latency_ns, latency_source)`` describes a GPU by its SMs and bus alone.
+    """
+
+    name: str
+    n_sms: int
+    ceiling_gbps: float  # the copy bandwidth: bytes read + written a second, in GB/s
+    latency_ns: float  # the loaded memory latency
+    latency_source: str  # "fitted ..." or "assumed ..."
+    max_warps_per_sm: int = 64  # 2048 threads (H100, H200, A100)
+    max_programs_per_sm: int = 32  # thread blocks resident on one SM at most
+    registers_per_sm: int = 65536
+    l2_bytes: int = 50 * 2**20  # H100 / H200
+    capability: tuple[int, int] = (9, 0)
+    bandwidth_source: str = "assumed"  # "measured ..." when a device copy timed it
+    memory_bytes: int = 0  # the device's memory (part of the autotune cache's key)
+
+    @property
+    def needed_bytes_in_flight_per_sm(self) -> float:
+        """Little's law, per SM: (ceiling / SMs) x latency; GB/s x ns = bytes."""
+        return self.ceiling_gbps / self.n_sms * self.latency_ns
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One kernel launch, as the model sees it."""
+
+    programs: int  # the grid's size
+    num_warps: int  # warps per program
+    bytes_in_flight_per_program: int  # DRAM bytes a program requests before it waits on any of them
+    registers_per_thread: int | None = None  # from the compiled kernel (n_regs), when known
+    read_bytes: int | None = None  # what the whole launch reads (None: programs x bytes in flight per program)
+
+    @property
+    def bytes_read(self) -> int:
+        return self.read_bytes if self.read_bytes is not None else self.programs * self.bytes_in_flight_per_program
+
+
+def resident_programs(launch: Launch, device: DeviceFacts) -> int:
+    """Programs one SM holds at once: the smallest of its program slots, warp slots and registers allow."""
+    limits = [device.max_programs_per_sm, device.max_warps_per_sm // launch.num_warps]
+    if launch.registers_per_thread:
+        limits.append(device.registers_per_sm // (launch.registers_per_thread * 32 * launch.num_warps))
+    return max(1, min(limits))
+
+
+def bytes_in_flight_per_sm(launch: Launch, device: DeviceFacts) -> float:
+    """Resident programs (fewer when the grid does not fill every SM) x each program's bytes in flight."""
+    per_sm = min(resident_programs(launch, device), math.ceil(launch.programs / device.n_sms))
+    return per_sm * launch.bytes_in_flight_per_program
+
+
+def predicted_pct(launch: Launch, device: DeviceFacts) -> float:
+    """The model's % of the copy ceiling: min(100, 100 x bytes in flight per SM / what Little's law asks)."""
+    return 100.0 * min(1.0, bytes_in_flight_per_sm(launch, device) / device.needed_bytes_in_flight_per_sm)
+
+
+def fit_latency_ns(points: list[tuple[float, float]], n_sms: int, ceiling_gbps: float,
+                   below: float = 0.7) -> float | None:
+    """The latency that Little's law gives for measured ``(bytes in flight per SM, GB/s)`` points: for each point
+    below ``below`` x the ceiling (where the bytes in flight, not the bus, limit), latency = bytes in flight on the
+    device / bandwidth; the median over those points. None when no point is latency-bound."""
+    estimates = [per_sm * n_sms / gbps for per_sm, gbps in points if 0 < gbps < below * ceiling_gbps]
+    return statistics.median(estimates) if estimates else None
+
+
+def register_budget(facts: DeviceFacts) -> int:
+    """32-bit registers a thread may hold while the SM keeps every warp slot filled (32 on the H100: 65536 / 2048).
+    The model lets a thread hold that many tile values (the kernels compute in float32)."""
+    return max(8, facts.registers_per_sm // (32 * facts.max_warps_per_sm))
+
+
+def tile_values_max(facts: DeviceFacts) -> int:
+    """The most tile values one program may hold: the register budget at the largest warp count (32768 on the H100:
+    32 values x 32 threads x 32 warps). A larger tile would spill."""
+    return register_budget(facts) * 32 * WARPS[-1]
+
+
+def _pow2(n: int) -> int:
+    return 1 << (max(n, 1) - 1).bit_length()
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _rope_moved_bytes(shape: RopeShape) -> int:
+    return 2 * shape.n_tokens * (shape.n_heads_q + shape.n_heads_k) * shape.head_dim * shape.element_size
+
+
+def fits_in_l2(facts: DeviceFacts, shape: RopeShape) -> bool:
+    """Whether the call's bytes (q and k, read and written) fit in the L2 cache: then the L2 serves it."""
+    return _rope_moved_bytes(shape) <= facts.l2_bytes
+
+
+def _fused_qk_values(shape: RopeShape, block_s: int, block_h: int = 1) -> int:
+    """Values a fused q+k tile of ``block_s`` tokens holds: q's tile of ``block_h`` heads (at least q's head count)
+    beside k's (heads and channels padded to powers of two)."""
+    heads = max(block_h, _pow2(shape.n_heads_q)) + (_pow2(shape.n_heads_k) if shape.n_heads_k else 0)
+    return block_s * heads * _pow2(shape.head_dim)
+
+
+def _fewest_warps(tile_bytes: int, least: int = 4) -> int:
+    """The fewest warps (at least ``least``) at which a thread holds at most :data:`THREAD_BYTES` of the tile."""
+    for warps in WARPS:
+        if warps >= least and tile_bytes <= THREAD_BYTES * 32 * warps:
+            return warps
+    return WARPS[-1]
+
+
+def _tile_programs(shape: RopeShape, block_s: int, block_h: int) -> int:
+    heads = _cdiv(shape.n_heads_q, block_h) + (_cdiv(shape.n_heads_k, block_h) if shape.n_heads_k else 0)
+    return _cdiv(shape.n_tokens, block_s) * heads
+
+
+def _flat_config(facts: DeviceFacts, shape: RopeShape, num_warps: int = 8, paired: bool = False) -> FlatConfig:
+    """One 16-byte vector a thread a stream (paired: half a vector of q and half of k), grown while the SM's
+    resident programs would keep fewer bytes in flight than Little's law asks."""
+    vector = _VECTOR_BYTES // shape.element_size or 1
+    block = 32 * num_warps * vector // (2 if paired else 1)
+    resident = min(facts.max_programs_per_sm, facts.max_warps_per_sm // num_warps)
+    while resident * block * shape.element_size * (2 if paired else 1) < facts.needed_bytes_in_flight_per_sm \
+            and block < 8 * 32 * num_warps * vector:
+        block *= 2
+    return FlatConfig(block=block, num_warps=num_warps, paired=paired)
+
+
+def model_rope(facts: DeviceFacts, shape: RopeShape) -> TileConfig | FlatConfig:
+    """The model's configuration for a RoPE launch (docs/tuning.md#how-the-library-chooses).
+
+    * Larger than the L2 (DRAM-bound):
+      - the flat kernel where the call allows it (``shape.flat_ok``), 8 warps, one 16-byte vector a thread;
+      - else a fused q+k tile of 2 tokens x every head of q and of k (cos/sin fetched once a token, every load
+        issued before any store), 1 token when 2 would exceed :func:`tile_values_max`, with the fewest warps
+        (at least 4) at which a thread holds at most :data:`THREAD_BYTES` of it, and the streaming hint (q and k
+        are read once; the L2 keeps the table). Heads too many even for 1 token: 16 tokens (fewer for very
+        wide heads) x 1 head, 8 warps.
+    * L2-resident: a tile of 4 warps, 2 tokens (1 with per-token cos/sin rows, whose rows no token shares) x as
+      many heads as a thread's register budget allows; then tokens, then heads, halved while the grid would give
+      an SM fewer than two programs.
+    """
+    if not fits_in_l2(facts, shape):
+        if shape.flat_ok:
+            return _flat_config(facts, shape)
+        limit = tile_values_max(facts)
+        for block_s in (2, 1):
+            values = _fused_qk_values(shape, block_s)
+            if values <= limit:
+                return TileConfig(block_s, _pow2(shape.n_heads_q),
+                                  _fewest_warps(values * shape.element_size), fused_qk=True, evict_first=True)
+        block_s = 16
+        while block_s > 1 and block_s * _pow2(shape.head_dim) > limit:
+            block_s //= 2
+        return TileConfig(block_s, 1, 8, evict_first=True)
+    num_warps = 4
+    block_s = 1 if shape.cos_per_token else 2
+    heads = _pow2(max(shape.n_heads_q, shape.n_heads_k))
+    per_thread = register_budget(facts) * 32 * num_warps
+    block_h = max(1, min(heads, _TILE_HEADS[-1], per_thread // (block_s * _pow2(shape.head_dim))))
+    block_h = 1 << (block_h.bit_length() - 1)
+    target = _MIN_PROGRAMS_PER_SM * facts.n_sms
+    while _tile_programs(shape, block_s, block_h) < target and (block_s > 1 or block_h > 1):
+        if block_s > 1:
+            block_s //= 2
+        else:
+            block_h //= 2
+    return TileConfig(block_s, block_h, num_warps)
+
+
+def model_fused(facts: DeviceFacts, shape: FusedShape) -> FusedConfig:
+    """The model's configuration for a fused launch (docs/tuning.md#how-the-library-chooses).
+
+    * A decode step (at most :data:`DECODE_TOKENS` tokens) is bound by its launch chain, not its bytes: one token a
+      program, 4 warps, no hint; 8 heads a program (4 with a float8 cache, whose rounding is the program's cost;
+      32 for vectors wider than 128 channels, MLA's latent); then heads halved while the grid (q and k programs)
+      would give an SM fewer than two programs.
+    * A prefill streams from DRAM: the streaming hint, and each token block's q and k programs launched side by side
+      (the k programs' arithmetic under the q programs' traffic); 2 tokens x 8 heads, 4 tokens with QK-norm (its
+      reduction amortised over more rows; 32 values a thread at 4 warps); wider vectors: 8 warps, no hint.
+    * The backward: 1 token x 8 heads a step, 16 token blocks a program walked three stages deep, the
+      weight-gradient terms summed in registers.
+
+    Heads a program never exceed the call's (rounded up to a power of two), and a program's tile stays within the
+    register bound (at most 32768 values: fewer heads, then fewer tokens, for very wide vectors).
+    """
+    config = _fused_rule(facts, shape)
+    while config.block_s * config.block_h * _pow2(shape.width) > _TILE_VALUES_LIMIT and config.block_h > 1:
+        config = config._replace(block_h=config.block_h // 2)  # very wide vectors: within the register bound
+    while config.block_s * config.block_h * _pow2(shape.width) > _TILE_VALUES_LIMIT and config.block_s > 1:
+        config = config._replace(block_s=config.block_s // 2)
+    return config
+
+
+def _fused_rule(facts: DeviceFacts, shape: FusedShape) -> FusedConfig:
+    heads = _pow2(shape.n_heads)
+    if shape.backward:
+        return FusedConfig(1, min(heads, 8), 4, evict_first=True, heads_inner=True, token_blocks=16, stages=3)
+    if shape.n_tokens <= DECODE_TOKENS:
+        block_h = min(heads, 32 if shape.width > 128 else 4 if shape.fp8 else 8)
+        target = _MIN_PROGRAMS_PER_SM * facts.n_sms
+        while block_h > 1 and 2 * shape.n_tokens * _cdiv(shape.n_heads, block_h) < target:
+            block_h //= 2
+        return FusedConfig(1, block_h, 4)
+    if shape.width > 128:
+        return FusedConfig(2, min(heads, 8), 8)
+    return FusedConfig(4 if shape.norm and not shape.fp8 else 2, min(heads, 8), 4, evict_first=True,
+                       heads_inner=True)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Candidates: the model's choice and a few neighbours, every one a configuration the kernels accept.
+# --------------------------------------------------------------------------------------------------------------------
+
+_TILE_TOKENS = (1, 2, 4, 8, 16)
+_TILE_HEADS = (1, 2, 4, 8, 16, 32)
+_FUSED_QK_TOKENS = (1, 2, 4)
+_FLAT_WARPS = (4, 8, 16)
+_FUSED_TOKENS = (1, 2, 4, 8)
+_FUSED_HEADS = (1, 2, 4, 8, 16, 32, 64)
+
+
+def is_valid_rope(config: TileConfig | FlatConfig, shape: RopeShape) -> bool:
+    """Whether the kernels accept ``config`` for ``shape`` and it stays within the register bound: power-of-two
+    blocks, warps in :data:`WARPS`, a flat block a multiple of 32 x warps (flat only where ``shape.flat_ok``, paired
+    only where k has q's shape), a tile of at most 32768 values (the H100's :func:`tile_values_max`)."""
+    if config.num_warps not in WARPS:
+        return False
+    if isinstance(config, FlatConfig):
+        return (shape.flat_ok and config.block == _pow2(config.block) and config.block % (32 * config.num_warps) == 0
+                and (not config.paired or (shape.same_shape and shape.n_heads_k > 0)))
+    if config.block_s != _pow2(config.block_s) or config.block_h != _pow2(config.block_h):
+        return False
+    if config.fused_qk:
+        return (config.block_h >= _pow2(shape.n_heads_q)
+                and _fused_qk_values(shape, config.block_s, config.block_h) <= _TILE_VALUES_LIMIT)
+    return config.block_s * config.block_h * _pow2(shape.head_dim) <= _TILE_VALUES_LIMIT
+
+
+def is_valid_fused(config: FusedConfig, shape: FusedShape) -> bool:
+    """Whether the fused kernels accept ``config`` for ``shape``: power-of-two blocks, warps in :data:`WARPS`, a
+    program's tile within the register bound; walking several token blocks only in the backward."""
+    if config.num_warps not in WARPS or config.token_blocks < 1 or config.stages < 1:
+        return False
+    if any(n != _pow2(n) for n in (config.block_s, config.block_h)):
+        return False
+    if not shape.backward and (config.token_blocks, config.stages) != (1, 1):
+        return False
+    return config.block_s * config.block_h * _pow2(shape.width) <= _TILE_VALUES_LIMIT
+
+
+_TILE_VALUES_LIMIT = 32768  # the H100's tile_values_max: the kernels' register bound on any GPU
+
+
+def rope_candidate_space(shape: RopeShape) -> list[TileConfig | FlatConfig]:
+    """Every configuration the model and the autotune can reach for ``shape``, whatever the GPU: tiles of
+    1-16 tokens x 1-32 heads (2-8 warps, with and without the hint), fused q+k tiles of 1-4 tokens (4-32 warps),
+    and where the call allows the flat kernel, its blocks of one vector a thread at 4-16 warps (paired where k has
+    q's shape, with and without the hint). For compute-sanitizer runs over the whole space."""
+    heads = _pow2(max(shape.n_heads_q, shape.n_heads_k))
+    space: list = []
+    for block_s in _TILE_TOKENS:
+        for block_h in (h for h in _TILE_HEADS if h <= max(heads, 1)):
+            for num_warps in (2, 4, 8):
+                for evict in (False, True):
+                    space.append(TileConfig(block_s, block_h, num_warps, evict_first=evict))
+    for block_s in _FUSED_QK_TOKENS:
+        for num_warps in (4, 8, 16, 32):
+            for evict in (False, True):
+                space.append(TileConfig(block_s, _pow2(shape.n_heads_q), num_warps, fused_qk=True,
+                                        evict_first=evict))
+    if shape.flat_ok:
+        vector = _VECTOR_BYTES // shape.element_size or 1
+        for num_warps in _FLAT_WARPS:
+            for paired in (False, True):
+                for scale in (1, 2, 4, 8):
+                    block = 32 * num_warps * vector * scale // (2 if paired else 1)
+                    for streaming in (False, True):
+                        space.append(FlatConfig(block, num_warps, paired=paired, streaming=streaming))
+    return [c for c in dict.fromkeys(space) if is_valid_rope(c, shape)]
+
+
+def fused_candidate_space(shape: FusedShape) -> list[FusedConfig]:
+    """Every configuration the model and the autotune can reach for a fused ``shape``: 1-8 tokens x 1-64 heads
+    (capped at the call's), 2-8 warps, with and without the hint and the heads-inner order; for the backward, 1, 8
+    or 16 token blocks a program at 1 or 3 stages."""
+    heads = _pow2(shape.n_heads)
+    walks = ((1, 1), (8, 3), (16, 3)) if shape.backward else ((1, 1),)
+    space = [FusedConfig(block_s, block_h, num_warps, evict, inner, blocks, stages)
+             for block_s in _FUSED_TOKENS for block_h in _FUSED_HEADS if block_h <= heads
+             for num_warps in (2, 4, 8) for evict in (False, True) for inner in (False, True)
+             for blocks, stages in walks]
+    return [c for c in space if is_valid_fused(c, shape)]
+
+
+def _keep(candidates: list, space: list, limit: int = 8) -> list:
+    allowed = set(space)
+    return [c for c in dict.fromkeys(candidates) if c in allowed][:limit]
+
+
+def rope_candidates(facts: DeviceFacts, shape: RopeShape) -> list[TileConfig | FlatConfig]:
+    """At most 8 configurations for the autotune, the model's choice first: its neighbours (half and twice the
+    tokens, heads, warps or block), the other kernel where it may run (a flat call also tries the fused tile), and
+    the pairing and warp choices the H100 measured best. Each is in :func:`rope_candidate_space`."""
+    chosen = model_rope(facts, shape)
+    out = [chosen]
+    if isinstance(chosen, FlatConfig):
+        out += [chosen._replace(paired=True, block=chosen.block // 2) if shape.same_shape else None,
+                _flat_config(facts, shape, num_warps=4), _flat_config(facts, shape, num_warps=16),
+                chosen._replace(block=chosen.block * 2)]
+        tile = model_rope(facts, shape._replace(flat_ok=False))
+        out += [tile, tile._replace(num_warps=min(32, tile.num_warps * 2))]
+    elif chosen.fused_qk:
+        out += [chosen._replace(num_warps=min(32, chosen.num_warps * 2)),
+                chosen._replace(num_warps=max(4, chosen.num_warps // 2)),
+                chosen._replace(block_s=1), chosen._replace(block_s=4),
+                chosen._replace(evict_first=False), TileConfig(16, 1, 8, evict_first=True)]
+    else:
+        s, h, w = chosen.block_s, chosen.block_h, chosen.num_warps
+        out += [chosen._replace(block_h=h * 2), chosen._replace(block_h=max(1, h // 2)),
+                chosen._replace(block_s=s * 2), chosen._replace(block_s=max(1, s // 2)),
+                chosen._replace(num_warps=w * 2), chosen._replace(num_warps=max(2, w // 2)),
+                chosen._replace(evict_first=not chosen.evict_first)]
+    return _keep([c for c in out if c is not None], rope_candidate_space(shape))
+
+
+def fused_candidates(facts: DeviceFacts, shape: FusedShape) -> list[FusedConfig]:
+    """At most 8 configurations for the fused autotune, the model's choice first, then its neighbours: twice and
+    half the heads and the tokens, twice the warps, the hint and launch order flipped; for the backward, half the
+    token blocks and no pipelining. Each is in :func:`fused_candidate_space`."""
+    chosen = model_fused(facts, shape)
+    s, h, w = chosen.block_s, chosen.block_h, chosen.num_warps
+    out = [chosen, chosen._replace(block_h=h * 2), chosen._replace(block_h=max(1, h // 2)),
+           chosen._replace(block_s=s * 2), chosen._replace(block_s=max(1, s // 2)),
+           chosen._replace(num_warps=w * 2)]
+    if shape.backward:
+        out += [chosen._replace(token_blocks=8), chosen._replace(stages=1, token_blocks=1)]
+    else:
+        out += [chosen._replace(evict_first=not chosen.evict_first, heads_inner=not chosen.heads_inner)]
+    return _keep(out, fused_candidate_space(shape))

@@ -1,0 +1,410 @@
+"""Launch choices: the performance model, its candidates, shape buckets, and the autotune with its disk cache.
+
+The GPUs are described by their published specifications (NVIDIA's data sheets): the H100 SXM has 132 SMs, a 50 MB
+L2 and 3.35 TB/s of HBM3; the H200 has 132 SMs, the same L2 and 4.8 TB/s of HBM3e. The latency is the model's assumed
+600 ns. The small GPU is invented: 20 SMs, a 4 MB L2, 400 GB/s.
+"""
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import ropekit
+from ropekit.triton import choice, model
+from ropekit.triton.configs import FlatConfig, FusedConfig, FusedShape, RopeShape, TileConfig
+
+H100 = model.DeviceFacts("H100 SXM (published)", n_sms=132, ceiling_gbps=3350.0, latency_ns=600.0,
+                         latency_source="assumed", l2_bytes=50 * 2**20)
+H200 = model.DeviceFacts("H200 (published)", n_sms=132, ceiling_gbps=4800.0, latency_ns=600.0,
+                         latency_source="assumed", l2_bytes=50 * 2**20)
+SMALL = model.DeviceFacts("a small GPU", n_sms=20, ceiling_gbps=400.0, latency_ns=600.0, latency_source="assumed",
+                          l2_bytes=4 * 2**20, capability=(8, 6), max_warps_per_sm=48, max_programs_per_sm=16)
+GPUS = {"h100": H100, "h200": H200, "small": SMALL}
+
+
+def rope(batch, seq, heads_q, heads_k, head_dim, element_size=2, flat_ok=True, cos_per_token=False):
+    return RopeShape(batch * seq, heads_q, heads_k, head_dim, head_dim, element_size, cos_per_token, flat_ok,
+                     same_shape=heads_q == heads_k)
+
+
+# The benchmark's shapes, and what the H100 launch table (measured: docs/tuning.md#launch-table) chose for each.
+TABLE = {
+    "llama3-8b-prefill": (rope(4, 4096, 32, 8, 128), FlatConfig(2048, 8)),
+    "llama3-8b-prefill-in-place": (rope(4, 4096, 32, 8, 128, flat_ok=False),
+                                   TileConfig(2, 32, 16, fused_qk=True, evict_first=True)),
+    "mha-fp16": (rope(8, 2048, 64, 64, 128), FlatConfig(2048, 8)),
+    "mha-fp16-in-place": (rope(8, 2048, 64, 64, 128, flat_ok=False),
+                          TileConfig(2, 64, 32, fused_qk=True, evict_first=True)),
+    "fp32": (rope(2, 2048, 32, 32, 64, 4), FlatConfig(512, 8, paired=True)),
+    "fp32-in-place": (rope(2, 2048, 32, 32, 64, 4, flat_ok=False),
+                      TileConfig(2, 32, 32, fused_qk=True, evict_first=True)),
+    "llama3-8b-fp32": (rope(4, 4096, 32, 8, 128, 4), FlatConfig(1024, 8)),
+    "small-prefill": (rope(1, 512, 32, 8, 128), TileConfig(2, 16, 4)),
+    "small-prefill-cos-per-token": (rope(1, 512, 32, 8, 128, cos_per_token=True), TileConfig(1, 32, 4)),
+    "decode": (rope(64, 1, 32, 8, 128), TileConfig(1, 8, 4)),
+}
+# Where the model and the table differ, the measurements were within the run-to-run spread (docs/tuning.md).
+MODEL_DIFFERS = {"fp32"}
+
+FUSED_TABLE = {  # ropekit's fused launch table on the H100 (docs/tuning.md#fused-launch-table)
+    "decode": (FusedShape(64, 32, 128, 2, False, False, False), FusedConfig(1, 8, 4)),
+    "decode-fp8": (FusedShape(64, 32, 128, 2, True, False, False), FusedConfig(1, 4, 4)),
+    "decode-norm": (FusedShape(64, 32, 128, 2, False, True, False), FusedConfig(1, 8, 4)),
+    "mla-decode": (FusedShape(64, 128, 576, 2, False, False, False), FusedConfig(1, 32, 4)),
+    "prefill": (FusedShape(16384, 32, 128, 2, False, False, False), FusedConfig(2, 8, 4, True, True)),
+    "prefill-norm": (FusedShape(16384, 32, 128, 2, False, True, False), FusedConfig(4, 8, 4, True, True)),
+    "prefill-fp8": (FusedShape(16384, 32, 128, 2, True, False, False), FusedConfig(2, 8, 4, True, True)),
+    "prefill-wide": (FusedShape(16384, 16, 192, 2, False, False, False), FusedConfig(2, 8, 8)),
+    "backward": (FusedShape(16384, 32, 128, 2, False, True, True), FusedConfig(1, 8, 4, True, True, 16, 3)),
+}
+
+SHAPES = {**{name: shape for name, (shape, _) in TABLE.items()},
+          "gptj-few-heads": rope(2, 300, 4, 4, 64, flat_ok=False),
+          "one-head-huge-dim": rope(1, 8192, 1, 0, 512, 4),
+          "many-heads-no-fused-tile": rope(2, 4096, 128, 128, 256, flat_ok=False),
+          "fp64": rope(1, 2048, 8, 8, 64, 8)}
+FUSED_SHAPES = {**{name: shape for name, (shape, _) in FUSED_TABLE.items()},
+                "decode-very-wide": FusedShape(8, 64, 2304, 2, False, False, False),
+                "prefill-very-wide": FusedShape(4096, 16, 4096, 4, False, False, False)}
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The model.
+# --------------------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("case", [c for c in TABLE if c not in MODEL_DIFFERS])
+def test_with_h100_facts_the_model_picks_what_the_h100_table_measured_best(case):
+    shape, table = TABLE[case]
+    assert model.model_rope(H100, shape) == table
+
+
+@pytest.mark.parametrize("gpu", ["h100", "h200"])
+@pytest.mark.parametrize("case", list(TABLE))
+def test_the_h100_tables_choice_is_among_the_candidates(case, gpu):
+    shape, table = TABLE[case]
+    assert table in model.rope_candidates(GPUS[gpu], shape)
+
+
+@pytest.mark.parametrize("case", list(FUSED_TABLE))
+def test_with_h100_facts_the_fused_model_picks_the_fused_table(case):
+    shape, table = FUSED_TABLE[case]
+    assert model.model_fused(H100, shape) == table
+    assert table in model.fused_candidates(H200, shape)
+
+
+@pytest.mark.parametrize("gpu", list(GPUS))
+@pytest.mark.parametrize("case", list(TABLE))
+def test_the_flat_kernel_runs_only_where_the_call_allows_it_and_only_beyond_the_l2(case, gpu):
+    shape, _ = TABLE[case]
+    facts = GPUS[gpu]
+    chosen = model.model_rope(facts, shape)
+    assert isinstance(chosen, FlatConfig) == (shape.flat_ok and not model.fits_in_l2(facts, shape))
+    assert not isinstance(model.model_rope(facts, shape._replace(flat_ok=False)), FlatConfig)
+
+
+def test_a_gpu_with_a_smaller_l2_streams_sooner():
+    small_prefill = TABLE["small-prefill"][0]  # 10.5 MB moved: in the H100's L2, not in a 4 MB one
+    assert isinstance(model.model_rope(H100, small_prefill), TileConfig)
+    assert isinstance(model.model_rope(SMALL, small_prefill), FlatConfig)
+
+
+def test_the_flat_block_grows_with_the_bytes_in_flight_littles_law_asks():
+    shape = TABLE["llama3-8b-prefill"][0]
+    blocks = [model.model_rope(dataclasses.replace(H100, ceiling_gbps=gbps), shape).block
+              for gbps in (3350.0, 20_000.0, 80_000.0)]
+    assert blocks[0] == 2048 and blocks[0] < blocks[1] < blocks[2]
+
+
+def test_fewer_sms_take_more_heads_a_program_so_that_a_decode_step_still_fills_the_gpu():
+    decode = TABLE["decode"][0]
+    h100, small = model.model_rope(H100, decode), model.model_rope(SMALL, decode)
+    assert (h100.block_s, h100.block_h) == (1, 8)  # 320 programs on 132 SMs
+    assert (small.block_s, small.block_h) == (2, 16)  # 96 programs on 20 SMs
+
+
+def test_the_predicted_fraction_of_the_ceiling_follows_littles_law():
+    needed = H100.needed_bytes_in_flight_per_sm  # 3350 / 132 x 600 bytes
+    assert needed == pytest.approx(3350 / 132 * 600)
+    launch = model.Launch(programs=10**6, num_warps=8, bytes_in_flight_per_program=1024)
+    assert model.resident_programs(launch, H100) == 8
+    assert model.predicted_pct(launch, H100) == pytest.approx(100 * 8 * 1024 / needed)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Candidates.
+# --------------------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("gpu", list(GPUS))
+@pytest.mark.parametrize("case", list(SHAPES))
+def test_rope_candidates_are_few_valid_and_start_with_the_models_choice(case, gpu):
+    shape, facts = SHAPES[case], GPUS[gpu]
+    candidates = model.rope_candidates(facts, shape)
+    space = model.rope_candidate_space(shape)
+    assert 1 <= len(candidates) <= 8 and len(set(candidates)) == len(candidates)
+    assert candidates[0] == model.model_rope(facts, shape)
+    for config in candidates:
+        assert config in space and model.is_valid_rope(config, shape)
+
+
+@pytest.mark.parametrize("case", list(SHAPES))
+def test_every_configuration_of_the_candidate_space_is_one_the_kernels_accept(case):
+    shape = SHAPES[case]
+    for config in model.rope_candidate_space(shape):
+        assert config.num_warps in (1, 2, 4, 8, 16, 32)
+        if isinstance(config, FlatConfig):
+            assert shape.flat_ok
+            assert config.block & (config.block - 1) == 0 and config.block % (32 * config.num_warps) == 0
+            assert not config.paired or shape.same_shape
+        else:
+            assert config.block_s & (config.block_s - 1) == 0 and config.block_h & (config.block_h - 1) == 0
+            heads = config.block_h * (2 if config.fused_qk else 1)
+            assert config.block_s * heads * shape.head_dim <= 2 * 32768  # the register bound (padded heads aside)
+
+
+@pytest.mark.parametrize("gpu", list(GPUS))
+@pytest.mark.parametrize("case", list(FUSED_SHAPES))
+def test_fused_candidates_are_few_valid_and_start_with_the_models_choice(case, gpu):
+    shape, facts = FUSED_SHAPES[case], GPUS[gpu]
+    candidates = model.fused_candidates(facts, shape)
+    assert 1 <= len(candidates) <= 8 and candidates[0] == model.model_fused(facts, shape)
+    space = model.fused_candidate_space(shape)
+    for config in candidates:
+        assert config in space
+    for config in space:
+        assert model.is_valid_fused(config, shape) and config.num_warps in model.WARPS
+        assert config.block_h <= 1 << (shape.n_heads - 1).bit_length()
+        assert shape.backward or (config.token_blocks, config.stages) == (1, 1)
+
+
+def test_a_tile_too_large_for_the_registers_is_refused():
+    shape = SHAPES["many-heads-no-fused-tile"]  # 2 tokens x 256 heads x 256 channels: 131072 values
+    assert not model.is_valid_rope(TileConfig(2, 128, 32, fused_qk=True), shape)
+    assert model.model_rope(H100, shape) == TileConfig(16, 1, 8, evict_first=True)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Buckets.
+# --------------------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("tokens, bucket", [(1, 1), (64, 64), (65, 128), (3000, 4096), (4096, 4096), (4097, 8192)])
+def test_buckets_round_the_token_count_up_to_a_power_of_two_and_keep_everything_else(tokens, bucket):
+    shape = rope(1, tokens, 32, 8, 128)
+    assert choice.rope_bucket(shape) == shape._replace(n_tokens=bucket)
+    fused = FUSED_SHAPES["prefill"]._replace(n_tokens=tokens)
+    assert choice.fused_bucket(fused) == fused._replace(n_tokens=bucket)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Choosing: the autotune and its disk cache.
+# --------------------------------------------------------------------------------------------------------------------
+
+class FakeBench:
+    """Times a configuration by a table of seconds (default 1.0); records what it was asked."""
+
+    def __init__(self, seconds=None, fails=()):
+        self.seconds, self.fails, self.calls = seconds or {}, set(fails), []
+
+    def __call__(self, config):
+        self.calls.append(config)
+        if config in self.fails:
+            raise RuntimeError("out of resources")
+        return self.seconds.get(config, 1.0)
+
+
+@pytest.fixture
+def gpu(tmp_path, monkeypatch, request):
+    """A GPU of the H100's facts, named after the test (so no other test's choices are in memory), choosing outside
+    the interpreter, with the disk cache in a temporary directory."""
+    monkeypatch.setenv("ROPEKIT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("ROPEKIT_AUTOTUNE", raising=False)
+    monkeypatch.setattr(ropekit.device, "INTERPRET", False)
+    if not torch.cuda.is_available():
+        monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    return dataclasses.replace(H100, name=f"test GPU {request.node.name}")
+
+
+SMALL_PREFILL = TABLE["small-prefill"][0]
+
+
+def test_a_first_call_tunes_its_bucket_once_and_keeps_the_fastest(gpu):
+    candidates = model.rope_candidates(gpu, SMALL_PREFILL)
+    fastest = candidates[-1]
+    bench = FakeBench({fastest: 0.5})
+    assert choice.choose_rope(SMALL_PREFILL, gpu, bench) == fastest
+    assert sorted(bench.calls) == sorted(candidates)  # each candidate once
+    assert choice.choose_rope(SMALL_PREFILL._replace(n_tokens=400), gpu, bench) == fastest  # the same bucket
+    assert len(bench.calls) == len(candidates)
+
+
+def test_the_choice_is_on_disk_and_a_later_process_starts_warm_without_timing(gpu, tmp_path):
+    fastest = model.rope_candidates(gpu, SMALL_PREFILL)[2]
+    choice.choose_rope(SMALL_PREFILL, gpu, FakeBench({fastest: 0.5}))
+    document = json.loads(choice.cache_path().read_text())
+    assert [entry["config"] for entry in document["entries"].values()] == [fastest._asdict()]
+    script = (
+        "import dataclasses, sys, ropekit\n"
+        "from ropekit.triton import choice, model\n"
+        "from ropekit.triton.configs import RopeShape\n"
+        "ropekit.device.INTERPRET = False\n"
+        f"facts = model.DeviceFacts(**{dataclasses_dict(gpu)!r})\n"
+        "def bench(config): raise AssertionError('timed although cached')\n"
+        f"print(choice.choose_rope(RopeShape(*{tuple(SMALL_PREFILL)!r}), facts, bench))\n")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == repr(fastest)
+
+
+def dataclasses_dict(facts):
+    return dataclasses.asdict(facts)
+
+
+def test_once_cached_the_choice_is_deterministic(gpu):
+    first = choice.choose_rope(SMALL_PREFILL, gpu, FakeBench({model.model_rope(gpu, SMALL_PREFILL): 0.1}))
+    for seconds in (0.01, 0.001):
+        other = model.rope_candidates(gpu, SMALL_PREFILL)[-1]
+        bench = FakeBench({other: seconds})
+        assert choice.choose_rope(SMALL_PREFILL, gpu, bench) == first and bench.calls == []
+
+
+def test_without_a_bench_the_models_choice_is_used_and_not_stored(gpu):
+    assert choice.choose_rope(SMALL_PREFILL, gpu) == model.model_rope(gpu, SMALL_PREFILL)
+    assert not choice.cache_path().exists()
+    fastest = model.rope_candidates(gpu, SMALL_PREFILL)[1]
+    assert choice.choose_rope(SMALL_PREFILL, gpu, FakeBench({fastest: 0.5})) == fastest  # tuned later
+
+
+@pytest.mark.parametrize("where", ["autotune off", "cuda graph capture", "torch.compile trace"])
+def test_no_timing_when_tuning_is_off_or_inside_capture_or_compile(gpu, monkeypatch, where):
+    if where == "autotune off":
+        monkeypatch.setenv("ROPEKIT_AUTOTUNE", "0")
+    elif where == "cuda graph capture":
+        monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    else:
+        monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    assert not choice.tuning_allowed()
+    bench = FakeBench({model.rope_candidates(gpu, SMALL_PREFILL)[1]: 0.5})
+    assert choice.choose_rope(SMALL_PREFILL, gpu, bench) == model.model_rope(gpu, SMALL_PREFILL)
+    fused = FUSED_SHAPES["decode"]
+    assert choice.choose_fused(fused, gpu, bench) == model.model_fused(gpu, fused)
+    assert bench.calls == [] and not choice.cache_path().exists()
+
+
+def test_a_corrupt_cache_file_is_ignored_and_replaced(gpu):
+    path = choice.cache_path()
+    path.parent.mkdir(parents=True)
+    path.write_text("{ not json")
+    assert choice.choose_rope(SMALL_PREFILL, gpu) == model.model_rope(gpu, SMALL_PREFILL)
+    fastest = model.rope_candidates(gpu, SMALL_PREFILL)[1]
+    assert choice.choose_rope(SMALL_PREFILL, gpu, FakeBench({fastest: 0.5})) == fastest
+    assert len(json.loads(path.read_text())["entries"]) == 1
+
+
+def test_a_cached_entry_the_kernels_would_refuse_is_ignored(gpu, tmp_path, monkeypatch):
+    shape = SMALL_PREFILL._replace(n_tokens=1024)
+    fastest = model.rope_candidates(gpu, shape)[1]
+    choice.choose_rope(shape, gpu, FakeBench({fastest: 0.5}))
+    document = json.loads(choice.cache_path().read_text())
+    for entry in document["entries"].values():
+        entry["config"]["num_warps"] = 3
+    edited = tmp_path / "edited"
+    edited.mkdir()
+    (edited / "autotune.json").write_text(json.dumps(document))
+    monkeypatch.setenv("ROPEKIT_CACHE_DIR", str(edited))
+    other = dataclasses.replace(gpu, latency_ns=601.0)  # the same GPU's key on disk; nothing of it in memory
+    bench = FakeBench()
+    assert choice.choose_rope(shape, other, bench) == model.model_rope(other, shape)  # re-tuned: all tie, the model's
+    assert len(bench.calls) == len(model.rope_candidates(other, shape))
+
+
+def test_an_unwritable_cache_keeps_the_choice_in_memory(gpu, tmp_path, monkeypatch):
+    blocker = tmp_path / "a file"
+    blocker.write_text("")
+    monkeypatch.setenv("ROPEKIT_CACHE_DIR", str(blocker / "cache"))
+    fastest = model.rope_candidates(gpu, SMALL_PREFILL)[1]
+    bench = FakeBench({fastest: 0.5})
+    assert choice.choose_rope(SMALL_PREFILL, gpu, bench) == fastest
+    assert choice.choose_rope(SMALL_PREFILL, gpu, bench) == fastest and len(bench.calls) == len(
+        model.rope_candidates(gpu, SMALL_PREFILL))
+
+
+def test_candidates_that_fail_are_skipped_and_if_all_fail_the_model_decides_later(gpu):
+    candidates = model.rope_candidates(gpu, SMALL_PREFILL)
+    bench = FakeBench({candidates[1]: 0.1, candidates[2]: 0.2}, fails={candidates[1]})
+    assert choice.choose_rope(SMALL_PREFILL, gpu, bench) == candidates[2]
+    decode = TABLE["decode"][0]
+    assert choice.choose_rope(decode, gpu, FakeBench(fails=model.rope_candidates(gpu, decode))) == \
+        model.model_rope(gpu, decode)
+    assert len(json.loads(choice.cache_path().read_text())["entries"]) == 1  # only the tuned bucket
+
+
+def test_the_fused_choice_tunes_and_caches_like_the_rope_choice(gpu):
+    shape = FUSED_SHAPES["prefill"]
+    candidates = model.fused_candidates(gpu, shape)
+    bench = FakeBench({candidates[-1]: 0.5})
+    assert choice.choose_fused(shape, gpu, bench) == candidates[-1]
+    assert choice.choose_fused(shape, gpu, bench) == candidates[-1] and len(bench.calls) == len(candidates)
+
+
+@pytest.mark.parametrize("variable, expected", [
+    ({"ROPEKIT_CACHE_DIR": "/somewhere"}, "/somewhere/autotune.json"),
+    ({"XDG_CACHE_HOME": "/xdg"}, "/xdg/ropekit/autotune.json"),
+    ({"HOME": "/home/user"}, "/home/user/.cache/ropekit/autotune.json"),
+])
+def test_the_cache_lives_in_the_users_cache_directory(monkeypatch, variable, expected):
+    for name in ("ROPEKIT_CACHE_DIR", "XDG_CACHE_HOME"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in variable.items():
+        monkeypatch.setenv(name, value)
+    assert str(choice.cache_path()) == expected
+
+
+@pytest.mark.skipif(not ropekit.device.INTERPRET, reason="the interpreter's fixed configurations")
+@pytest.mark.parametrize("tokens, heads, expected", [(1, 4, (1, 4)), (64, 32, (16, 8)), (5, 3, (8, 4))])
+def test_under_the_interpreter_the_configurations_are_fixed(tokens, heads, expected):
+    bench = FakeBench()
+    assert choice.choose_rope(rope(1, tokens, heads, heads, 64), "cpu", bench) == TileConfig(*expected, 4)
+    fused = FusedShape(tokens, heads, 64, 2, False, False, False)
+    assert choice.choose_fused(fused, "cpu", bench) == FusedConfig(*expected, 4)
+    assert bench.calls == []
+
+
+def test_device_facts_read_the_properties_torch_has_and_fall_back_on_the_rest(monkeypatch, tmp_path):
+    """torch 2.11-2.13 name some fields differently or lack them: what is missing takes a labelled default."""
+    from types import SimpleNamespace
+
+    props = SimpleNamespace(name="Some GPU", major=9, minor=0, multi_processor_count=100, total_memory=2**34,
+                            max_threads_per_multi_processor=1536, L2_cache_size=2**25, memory_clock_rate=2_000_000,
+                            memory_bus_width=4096)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: props)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 10**6)  # an index no real GPU has
+    monkeypatch.setenv("ROPEKIT_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("ROPEKIT_AUTOTUNE", "0")  # no copy is timed: the bandwidth is estimated
+    facts = choice.device_facts()
+    assert (facts.n_sms, facts.max_warps_per_sm, facts.l2_bytes, facts.registers_per_sm) == (100, 48, 2**25, 65536)
+    assert facts.ceiling_gbps == pytest.approx(2e9 * 2 * 512 / 1e9) and facts.bandwidth_source.startswith("estimated")
+    assert facts.latency_source.startswith("assumed")
+    assert isinstance(model.model_rope(facts, SMALL_PREFILL), (TileConfig, FlatConfig))
+
+
+def test_time_launch_takes_the_median_of_its_repetitions():
+    calls = []
+    seconds = choice.time_launch(lambda: calls.append(1), warmup=2, reps=3)
+    assert len(calls) == 5 and seconds >= 0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_a_gpu_the_facts_come_from_the_device_and_its_copy_is_measured_once(monkeypatch, tmp_path):
+    monkeypatch.setenv("ROPEKIT_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("ROPEKIT_AUTOTUNE", raising=False)
+    facts = choice.device_facts(torch.cuda.current_device())
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    assert facts.n_sms == props.multi_processor_count and facts.name == props.name
+    assert facts.bandwidth_source.startswith("measured") and facts.ceiling_gbps > 100
+    assert isinstance(choice.choose_rope(SMALL_PREFILL, torch.cuda.current_device()), (TileConfig, FlatConfig))

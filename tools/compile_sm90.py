@@ -1,0 +1,127 @@
+"""Compile the kernels a workload would launch for sm_90, on a machine without a GPU: catches what the interpreter
+cannot (type errors of the compiler, unsupported constructs) before device time is spent.
+
+    python tools/compile_sm90.py            # every rope kernel variant the small matrix below plans
+
+The kernels are decorated for a GPU (``torch.cuda.is_available`` is answered True while ropekit is imported),
+planned on empty CPU tensors through the public launcher, and each planned launch is compiled by Triton's own compiler
+for an H100 target. Prints one line a variant; exits 1 on the first failure.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.pop("TRITON_INTERPRET", None)
+os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+_available = torch.cuda.is_available
+torch.cuda.is_available = lambda: True
+import ropekit  # noqa: E402
+from ropekit.positions import resolve_positions  # noqa: E402
+from ropekit.triton import launch  # noqa: E402
+torch.cuda.is_available = _available
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+_TYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", torch.float64: "fp64",
+          torch.int32: "i32", torch.int64: "i64", torch.uint8: "u8"}
+
+
+def _leaf(value, path, constants):
+    if value is None or type(value) is str:
+        constants[path] = value
+        return "constexpr"
+    if isinstance(value, torch.Tensor):
+        return "*" + _TYPES[value.dtype]
+    if type(value) is bool:
+        constants[path] = value
+        return "constexpr"
+    if type(value) is int:
+        if value == 1:
+            constants[path] = 1
+            return "constexpr"
+        return "i32" if -2**31 <= value < 2**31 else "i64"
+    if type(value) is float:
+        return "fp32"
+    if isinstance(value, tuple):
+        return tuple(_leaf(v, path + (i,), constants) for i, v in enumerate(value))
+    raise TypeError(f"no signature type for {value!r}")
+
+
+def compile_record(record):
+    """Triton's compiler on one recorded launch, for sm_90; returns the compiled kernel."""
+    names = list(record.arguments)
+    signature, constants = {}, {}
+    for i, name in enumerate(names):
+        value = record.arguments[name]
+        if name in record.constexprs:
+            signature[name] = "constexpr"
+            constants[(i,)] = value
+        else:
+            signature[name] = _leaf(value, (i,), constants)
+    source = ASTSource(fn=record.kernel, signature=signature, constexprs=constants)
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": record.num_warps})
+
+
+def _rope_calls():
+    """A small matrix of apply_rope-shaped launches: tile (fused q+k or not), flat (paired or not), in place,
+    strided, varlen, per-token rows, GPT-J, partial rotary, fp64, the conjugate."""
+    meta = dict(device="cpu")
+    for dtype in (torch.bfloat16, torch.float32, torch.float64):
+        q = torch.empty(2, 64, 8, 128, dtype=dtype, **meta)
+        k = torch.empty(2, 64, 2, 128, dtype=dtype, **meta)
+        cos = torch.empty(4096, 64, **meta)
+        spec = resolve_positions(batch=2, seqlen=64, positions=None)
+        for config in (launch.TileConfig(2, 1, 16, fused_qk=True, evict_first=True), launch.TileConfig(1, 8, 4),
+                       launch.FlatConfig(2048, 8), launch.FlatConfig(512, 8, paired=True)):
+            if type(config) is launch.FlatConfig and dtype == torch.float64:
+                continue
+            for kk in (k, None, torch.empty_like(q)):
+                yield dict(q=q, k=kk, cos=cos, sin=cos, out_q=torch.empty_like(q),
+                           out_k=None if kk is None else torch.empty_like(kk), positions=spec, rotary_dim=128,
+                           config=config)
+        offsets = torch.empty(2, dtype=torch.int64, **meta)
+        by_offsets = resolve_positions(batch=2, seqlen=64, positions=offsets)
+        tile = launch.TileConfig(1, 8, 4)
+        yield dict(q=q, k=k, cos=cos, sin=cos, out_q=q, out_k=k, positions=by_offsets, rotary_dim=64, config=tile,
+                   interleaved=True)
+        strided = torch.empty(2, 64, 10, 128, dtype=dtype, **meta)[:, :, 1:9]
+        yield dict(q=strided, k=k, cos=cos, sin=cos, out_q=torch.empty_like(q), out_k=torch.empty_like(k),
+                   positions=by_offsets, rotary_dim=128, config=tile, conjugate=True)
+        rows = torch.empty(2, 64, 128, dtype=dtype, **meta)
+        yield dict(q=q, k=k, cos=rows, sin=rows, out_q=torch.empty_like(q), out_k=torch.empty_like(k),
+                   positions=spec, rotary_dim=128, config=tile, cos_per_token=True, eager_rounding=True)
+        cu = torch.empty(3, dtype=torch.int32, **meta)
+        varlen = resolve_positions(batch=2, seqlen=100, positions=None, cu_seqlens=cu, max_seqlen=64)
+        packed = torch.empty(100, 8, 128, dtype=dtype, **meta)
+        yield dict(q=packed, k=None, cos=cos, sin=cos, out_q=torch.empty_like(packed), out_k=None, positions=varlen,
+                   rotary_dim=128, config=tile)
+
+
+def main() -> int:
+    count = 0
+    for call in _rope_calls():
+        plan = launch.plan_rope(call.pop("q"), call.pop("k"), call.pop("cos"), call.pop("sin"), **call)
+        with launch.recorded_launches() as records:
+            plan.launch(*[plan.launch.arguments[n] for n in plan.launch.per_call])
+        for record in records:
+            try:
+                compiled = compile_record(record)
+            except Exception as error:  # noqa: BLE001
+                print(f"FAIL {record.kernel.__name__} {plan.config}: {type(error).__name__}: {error}")
+                return 1
+            count += 1
+            print(f"ok   {record.kernel.__name__:18s} {plan.config}  ({len(compiled.asm['ptx'])} bytes of PTX)")
+    print(f"{count} launches compiled for sm_90")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
