@@ -5,6 +5,8 @@ Written once here; validation, the launch path, the module and the tools read th
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 __all__ = ["LAYOUTS", "TO_BSHD", "to_bshd", "batch_and_seq_axes"]
@@ -18,9 +20,10 @@ TO_BSHD = {"bshd": (0, 1, 2, 3), "sbhd": (1, 0, 2, 3), "bhsd": (0, 2, 1, 3)}
 involution, so the same permutation views a ``bshd`` tensor in that layout."""
 
 
-def to_bshd(x: torch.Tensor, layout: str) -> torch.Tensor:
-    """``x`` (in ``layout``) as a ``(batch, seq, heads, head_dim)`` view; packed ``thd`` stays as it is."""
-    return x if layout in ("thd", "bshd") else x.permute(TO_BSHD[layout])
+def to_bshd(x: Optional[torch.Tensor], layout: str) -> Optional[torch.Tensor]:
+    """``x`` (in ``layout``) as a ``(batch, seq, heads, head_dim)`` view (the kernels' view: the same data pointer);
+    packed ``thd`` stays as it is, and None stays None. Its own inverse: a ``bshd`` tensor viewed in ``layout``."""
+    return x if x is None or layout in ("thd", "bshd") else x.permute(TO_BSHD[layout])
 
 
 def batch_and_seq_axes(layout: str) -> tuple[int, int]:

@@ -3,8 +3,6 @@ the forced configuration, the rows timed by a fake clock (made-up numbers, never
 
 import json
 
-import sys
-
 import pytest
 
 from conftest import DEVICE
@@ -38,8 +36,9 @@ def test_the_sweep_is_bounded_and_starts_from_the_table(monkeypatch):
         configs = fused_tune.candidates(CASES[name])
         assert len(set(configs)) == len(configs)
         c = CASES[name]
-        entry = triton_fused.FUSED_LAUNCH_TABLE[triton_fused.fused_shape_class(
-            c.tokens, max(c.head_dim, c.latent), c.fp8, c.qk_norm, c.kind == "backward")]
+        entry = triton_fused.FUSED_LAUNCH_TABLE[triton_fused.fused_shape_class(triton_fused.FusedShape(
+            c.tokens, max(c.heads_q, c.heads_kv), max(c.head_dim, c.latent), 2, c.fp8, c.qk_norm,
+            c.kind == "backward"))]
         heads = 1 << (max(c.heads_q, c.heads_kv) - 1).bit_length()
         assert configs[0] == entry._replace(block_h=min(heads, entry.block_h))
         if c.decode:
@@ -52,20 +51,22 @@ def test_the_sweep_is_bounded_and_starts_from_the_table(monkeypatch):
 
 def test_every_configuration_is_checked_through_the_forced_config(monkeypatch):
     seen = []
-    launch = triton_fused.launch_fused
+    choose = triton_fused.fused_config_for
 
-    def spy(*args, **kwargs):
-        seen.append(triton_fused.fused_config(1, 1, 1))
-        return launch(*args, **kwargs)
+    def spy(shape, device):
+        config = choose(shape, device)
+        if not seen or seen[-1] != config:  # (a plan is made once per configuration and call signature)
+            seen.append(config)
+        return config
 
-    # the module (its package re-exports a function of the same name): what fused_launcher() hands every op
-    monkeypatch.setattr(sys.modules["ropekit.fused.qk_norm_rope"], "launch_fused", spy)
+    monkeypatch.setattr(triton_fused, "fused_config_for", spy)  # where every fused plan gets its configuration
     case = fused_cases.tiny(CASES["decode-b64-fp8"])
     rows = fused_tune.tune_case(case, FakeClock(), DEVICE, ceiling_gbps=1.0, log=lambda line: None)
     assert [r["status"] for r in rows] == ["ok"] * len(rows)
     assert seen == fused_tune.candidates(case)
     assert all(r["graph_us"] is not None and r["floor_pct"] > 0 for r in rows)
-    assert triton_fused.fused_config(1, 1, 1) != seen[1]  # the override ends with the block
+    shape = triton_fused.FusedShape(1, 1, 1, 2, False, False, False)
+    assert choose(shape, DEVICE) != seen[1]  # the override ends with the block
 
 
 def test_a_wrong_configuration_is_reported_not_timed(monkeypatch):

@@ -153,6 +153,7 @@ def test_native_e4m3_conversion_gives_the_integer_rounding_bits(monkeypatch):
     """On a GPU with its own e4m3 conversion: a million float32 bit patterns (every exponent, NaNs and infinities
     among them) stored through v stay bitwise what the integer rounding stores."""
     from ropekit.triton import fused
+    from ropekit.triton.launch import plans
 
     if not fused.native_fp8(DEVICE):
         pytest.skip("this GPU converts to e4m3 with integer arithmetic only")
@@ -166,6 +167,7 @@ def test_native_e4m3_conversion_gives_the_integer_rounding_bits(monkeypatch):
     stored = []
     for native in (True, False):
         monkeypatch.setattr(fused, "native_fp8", lambda device, native=native: native)
+        plans.clear()  # the conversion is chosen when a call is planned
         k_cache = torch.zeros(256, 16, 1, 16, device=DEVICE, dtype=FP8)
         v_cache = torch.zeros(256, 16, 1, 256, device=DEVICE, dtype=FP8)
         ropekit.rope_and_cache(k, k, values, cos, sin, k_cache=k_cache, v_cache=v_cache, slot_mapping=slots,
@@ -329,9 +331,10 @@ def test_cuda_graph_decode_step_replays_with_new_positions_and_slots():
         assert_paged(before, k_cache, ref.rope_table(k, cos, sin, pos)[:, 0], slots)
 
 
+@pytest.mark.backend("triton")
 def test_a_repeated_decode_call_skips_validation_and_a_changed_one_is_validated(monkeypatch):
-    """The eager fast path: a call with a signature seen before goes straight to the launch (new values, right
-    results); a call that differs in any shape, dtype or argument is validated again."""
+    """The eager fast path (a plan is a Triton launch): a call with a signature seen before goes straight to the
+    launch (new values, right results); a call that differs in any shape, dtype or argument is validated again."""
     from ropekit.fused import validate
     call = _valid_call()
     call.update(q=call["q"].transpose(0, 1), k=call["k"].transpose(0, 1), v=call["v"].transpose(0, 1),

@@ -120,23 +120,32 @@ def test_forward_paged_norm_with_position_ids_in_small_tiles(config):
     assert torch.equal(v_cache.cpu().double(), ref.paged_cache_write(torch.zeros(3, 4, hk, d), v[0], slots))
 
 
-def test_the_launch_table_covers_every_shape_class_and_the_override_wins():
-    from ropekit.triton.fused import FUSED_LAUNCH_TABLE, forced_fused_config, fused_config, fused_shape_class
+def test_the_launch_table_covers_every_shape_class_and_the_override_wins(monkeypatch):
+    from ropekit.triton import fused
+    from ropekit.triton.fused import (FUSED_LAUNCH_TABLE, FusedShape, forced_fused_config, fused_config_for,
+                                      fused_shape_class)
 
-    classes = {fused_shape_class(t, w, fp8, norm) for t in (1, 64, 128, 129, 16384) for w in (64, 128, 576)
+    def shape(tokens, width=128, fp8=False, norm=False, backward=False, heads=32):
+        return FusedShape(tokens, heads, width, 2, fp8, norm, backward)
+
+    classes = {fused_shape_class(shape(t, w, fp8, norm)) for t in (1, 64, 128, 129, 16384) for w in (64, 128, 576)
                for fp8 in (False, True) for norm in (False, True)}
-    assert classes | {fused_shape_class(16384, 128, norm=True, backward=True)} == set(FUSED_LAUNCH_TABLE)
-    assert fused_shape_class(64, 128, True) == "decode-fp8" and fused_shape_class(16384, 576) == "prefill-wide"
-    assert fused_shape_class(16384, 128, norm=True) == "prefill-norm" and fused_shape_class(64, 128, norm=True) == "decode"
+    assert classes | {fused_shape_class(shape(16384, norm=True, backward=True))} == set(FUSED_LAUNCH_TABLE)
+    assert fused_shape_class(shape(64, fp8=True)) == "decode-fp8" and fused_shape_class(shape(16384, 576)) == \
+        "prefill-wide"
+    assert fused_shape_class(shape(16384, norm=True)) == "prefill-norm" and \
+        fused_shape_class(shape(64, norm=True)) == "decode"
     assert all(c.block_s >= 1 and c.block_h >= 1 and c.num_warps in (1, 2, 4, 8, 16) for c in
                FUSED_LAUNCH_TABLE.values())
+    monkeypatch.setattr(fused._device, "INTERPRET", False)  # the GPU's table, not the interpreter's fixed tiles
+    assert fused_config_for(shape(16384, heads=4), DEVICE).block_h == 4  # never more heads a program than the call's
     forced = FusedConfig(block_s=3, block_h=5, num_warps=2)  # any value: the override is taken as given
     with forced_fused_config(forced):
-        assert fused_config(16384, 32, 128) == forced
+        assert fused_config_for(shape(16384), DEVICE) == forced
         with forced_fused_config(None):
-            assert fused_config(16384, 32, 128) != forced
-        assert fused_config(1, 1, 1) == forced
-    assert fused_config(16384, 32, 128) != forced
+            assert fused_config_for(shape(16384), DEVICE) != forced
+        assert fused_config_for(shape(1, heads=1), DEVICE) == forced
+    assert fused_config_for(shape(16384), DEVICE) != forced
 
 
 def test_a_forced_config_reaches_the_kernel_through_the_public_op():
@@ -152,3 +161,58 @@ def test_a_forced_config_reaches_the_kernel_through_the_public_op():
         got = qk_norm_rope(q, k, cos, sin, w, w)
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b)
+
+
+def _python_calls(fn) -> int:
+    """Python function calls one call of ``fn`` makes (the profiler's "call" events)."""
+    import sys
+
+    calls = [0]
+
+    def count(frame, event, arg):
+        if event == "call":
+            calls[0] += 1
+
+    sys.setprofile(count)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return calls[0]
+
+
+@pytest.mark.parametrize("op", ["rope_and_cache", "rope_and_cache-qk-norm", "qk_norm_rope", "qk_norm_rope-in-place",
+                                "mla_rope_and_cache"])
+def test_a_repeated_fused_call_costs_the_host_about_what_apply_rope_costs(op):
+    """A decode step repeated with the same signature goes straight to its plan: the fused op's host path makes at most
+    1.5 times the Python calls of apply_rope's on the same q and k (launches held back: nothing runs)."""
+    from ropekit.triton.launch import recorded_launches
+
+    batch, dtype = 4, torch.bfloat16
+    q, k, v = (torch.randn(batch, 1, h, 128, device=DEVICE, dtype=dtype) for h in (8, 2, 2))
+    cos, sin = ropekit.cos_sin_table(64, 128, device=DEVICE)
+    offsets = torch.tensor([3, 9, 0, 40], device=DEVICE)
+    k_cache, v_cache = (torch.zeros(2, 4, 2, 128, device=DEVICE, dtype=dtype) for _ in range(2))
+    slots = torch.arange(batch, device=DEVICE)
+    w = torch.randn(128, device=DEVICE, dtype=dtype)
+    q_pe, k_pe, kv_c = (torch.randn(batch, *shape, device=DEVICE, dtype=dtype) for shape in ((8, 64), (64,), (96,)))
+    kv_cache = torch.zeros(2, 4, 96 + 64, device=DEVICE, dtype=dtype)
+    cos64, sin64 = ropekit.cos_sin_table(64, 64, device=DEVICE)
+    calls = {
+        "rope_and_cache": lambda: ropekit.rope_and_cache(q, k, v, cos, sin, k_cache=k_cache, v_cache=v_cache,
+                                                         slot_mapping=slots, positions=offsets),
+        "rope_and_cache-qk-norm": lambda: ropekit.rope_and_cache(q, k, v, cos, sin, k_cache=k_cache, v_cache=v_cache,
+                                                                 slot_mapping=slots, positions=offsets, q_weight=w,
+                                                                 k_weight=w),
+        "qk_norm_rope": lambda: ropekit.qk_norm_rope(q, k, cos, sin, w, w, positions=offsets),
+        "qk_norm_rope-in-place": lambda: ropekit.qk_norm_rope(q, k, cos, sin, w, w, positions=offsets, inplace=True),
+        "mla_rope_and_cache": lambda: ropekit.mla_rope_and_cache(q_pe, k_pe, kv_c, kv_cache, slots, offsets, cos64,
+                                                                 sin64),
+    }
+    with torch.no_grad(), recorded_launches() as launches:
+        rope = lambda: ropekit.apply_rope(q, k, cos, sin, positions=offsets)  # noqa: E731
+        rope(), calls[op]()  # the first calls validate and plan
+        planned = len(launches)
+        rope_calls, fused_calls = _python_calls(rope), _python_calls(calls[op])
+        assert len(launches) == planned + 2  # the repeated calls launched
+    assert fused_calls <= 1.5 * rope_calls, (fused_calls, rope_calls)

@@ -1,7 +1,7 @@
 """Compile the kernels a workload would launch for sm_90, on a machine without a GPU: catches what the interpreter
 cannot (type errors of the compiler, unsupported constructs) before device time is spent.
 
-    python tools/compile_sm90.py            # every rope kernel variant the small matrix below plans
+    python tools/compile_sm90.py            # every rope and fused kernel variant the small matrices below plan
 
 The kernels are decorated for a GPU (``torch.cuda.is_available`` is answered True while ropekit is imported),
 planned on empty CPU tensors through the public launcher, and each planned launch is compiled by Triton's own compiler
@@ -10,6 +10,7 @@ for an H100 target. Prints one line a variant; exits 1 on the first failure.
 
 from __future__ import annotations
 
+import inspect
 import os
 import sys
 from pathlib import Path
@@ -23,7 +24,7 @@ _available = torch.cuda.is_available
 torch.cuda.is_available = lambda: True
 import ropekit  # noqa: E402
 from ropekit.positions import resolve_positions  # noqa: E402
-from ropekit.triton import launch  # noqa: E402
+from ropekit.triton import fused, launch  # noqa: E402
 torch.cuda.is_available = _available
 
 import triton  # noqa: E402
@@ -57,7 +58,7 @@ def _leaf(value, path, constants):
 
 def compile_record(record):
     """Triton's compiler on one recorded launch, for sm_90; returns the compiled kernel."""
-    names = list(record.arguments)
+    names = list(inspect.signature(record.kernel.fn).parameters)  # the kernel's order, whatever the plan's
     signature, constants = {}, {}
     for i, name in enumerate(names):
         value = record.arguments[name]
@@ -105,20 +106,92 @@ def _rope_calls():
                    rotary_dim=128, config=tile)
 
 
+def _fused_calls():
+    """A small matrix of the fused ops' launches: the forward with and without QK-norm, paged and contiguous caches,
+    bf16 and float8 (its bytes), v of another width (MLA's latent), GPT-J, partial rotary, in place, varlen; the
+    backward in both ways of summing the weight gradient, in both launch orders."""
+    meta = dict(device="cpu")
+    for dtype in (torch.bfloat16, torch.float32):
+        q = torch.empty(2, 64, 8, 128, dtype=dtype, **meta)
+        k, v = (torch.empty(2, 64, 2, 128, dtype=dtype, **meta) for _ in range(2))
+        cos = torch.empty(4096, 64, **meta)
+        weight = torch.empty(128, dtype=dtype, **meta)
+        offsets = torch.empty(2, dtype=torch.int64, **meta)
+        by_offsets = resolve_positions(batch=2, seqlen=64, positions=offsets)
+        slots = torch.empty(128, dtype=torch.int64, **meta)
+        scale = torch.empty(1, **meta)
+        for cache_dtype in (dtype, torch.uint8):
+            caches = dict(k_cache=torch.empty(16, 16, 2, 128, dtype=cache_dtype, **meta),
+                          v_cache=torch.empty(16, 16, 2, 128, dtype=cache_dtype, **meta))
+            if cache_dtype == torch.uint8:
+                caches.update(k_scale=scale, v_scale=scale)
+            for norm in (dict(), dict(q_weight=weight, k_weight=weight, eps=1e-6)):
+                for config in (fused.FusedConfig(1, 8, 4), fused.FusedConfig(2, 8, 4, True, True)):
+                    yield dict(q=q, k=k, cos=cos, sin=cos, positions=by_offsets, rotary_dim=128,
+                               out_q=torch.empty_like(q), v=v, cache_mode=fused.CACHE_PAGED, slots=slots,
+                               block_size=16, cache_len=256, config=config, **caches, **norm)
+        contiguous = torch.empty(2, 80, 2, 128, dtype=dtype, **meta)
+        yield dict(q=q, k=k, cos=cos, sin=cos, positions=by_offsets, rotary_dim=64, interleaved=True, out_q=q,
+                   out_k=k, v=v, k_cache=contiguous, v_cache=torch.empty_like(contiguous),
+                   cache_mode=fused.CACHE_CONTIGUOUS, slots=offsets, block_size=80, cache_len=80,
+                   config=fused.FusedConfig(1, 4, 4))
+        latent = torch.empty(1, 64, 1, 512, dtype=dtype, **meta)
+        yield dict(q=torch.empty(1, 64, 16, 64, dtype=dtype, **meta), k=torch.empty(1, 64, 1, 64, dtype=dtype, **meta),
+                   cos=torch.empty(4096, 32, **meta), sin=torch.empty(4096, 32, **meta),
+                   positions=resolve_positions(batch=1, seqlen=64, positions=torch.empty(1, 64, dtype=torch.int64)),
+                   rotary_dim=64, interleaved=True, v=latent,
+                   k_cache=torch.empty(8, 16, 1, 64, dtype=dtype, **meta),
+                   v_cache=torch.empty(8, 16, 1, 512, dtype=dtype, **meta), cache_mode=fused.CACHE_PAGED,
+                   slots=torch.empty(64, dtype=torch.int64, **meta), block_size=16, cache_len=128,
+                   config=fused.FusedConfig(1, 32, 4))
+        cu = torch.empty(3, dtype=torch.int32, **meta)
+        varlen = resolve_positions(batch=2, seqlen=100, positions=None, cu_seqlens=cu, max_seqlen=64)
+        packed = torch.empty(100, 8, 128, dtype=dtype, **meta)
+        yield dict(q=packed, k=None, cos=cos, sin=cos, positions=varlen, rotary_dim=96, out_q=torch.empty_like(packed),
+                   q_weight=weight, eps=1e-6, config=fused.FusedConfig(2, 8, 4))
+        for deterministic in (False, True):
+            for config in (fused.FUSED_LAUNCH_TABLE["backward"], fused.FusedConfig(2, 4, 4, token_blocks=4)):
+                yield dict(q=q, k=k, cos=cos, sin=cos, positions=by_offsets, rotary_dim=128,
+                           out_q=torch.empty_like(q), out_k=torch.empty_like(k), q_weight=weight, k_weight=weight,
+                           eps=1e-6, grad_q=torch.empty_like(q), grad_k=torch.empty_like(k), config=config,
+                           deterministic=deterministic)
+
+
+def _fused_launch(call):
+    """Plan a fused call and launch it with the plan's own tensors (inside recorded_launches: nothing runs)."""
+    deterministic = call.pop("deterministic", False)
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(deterministic)
+    try:
+        plan = fused.plan_fused(call.pop("q"), call.pop("k"), call.pop("cos"), call.pop("sin"), **call)
+    finally:
+        torch.use_deterministic_algorithms(before)
+    if isinstance(plan, fused.FusedBackward):  # (it allocates the weight-gradient rows)
+        plan(*[plan.launch.arguments[n] for n in fused.BACKWARD_PER_CALL if n != "DW"])
+    else:
+        plan(*[plan.arguments[n] for n in plan.per_call])
+    return call["config"]
+
+
 def main() -> int:
     count = 0
-    for call in _rope_calls():
-        plan = launch.plan_rope(call.pop("q"), call.pop("k"), call.pop("cos"), call.pop("sin"), **call)
+    plans = [(launch.plan_rope, call) for call in _rope_calls()] + [(None, call) for call in _fused_calls()]
+    for plan_rope, call in plans:
         with launch.recorded_launches() as records:
-            plan.launch(*[plan.launch.arguments[n] for n in plan.launch.per_call])
+            if plan_rope is None:
+                config = _fused_launch(call)
+            else:
+                plan = plan_rope(call.pop("q"), call.pop("k"), call.pop("cos"), call.pop("sin"), **call)
+                config = plan.config
+                plan.launch(*[plan.launch.arguments[n] for n in plan.launch.per_call])
         for record in records:
             try:
                 compiled = compile_record(record)
             except Exception as error:  # noqa: BLE001
-                print(f"FAIL {record.kernel.__name__} {plan.config}: {type(error).__name__}: {error}")
+                print(f"FAIL {record.kernel.__name__} {config}: {type(error).__name__}: {error}")
                 return 1
             count += 1
-            print(f"ok   {record.kernel.__name__:18s} {plan.config}  ({len(compiled.asm['ptx'])} bytes of PTX)")
+            print(f"ok   {record.kernel.__name__:21s} {config}  ({len(compiled.asm['ptx'])} bytes of PTX)")
     print(f"{count} launches compiled for sm_90")
     return 0
 

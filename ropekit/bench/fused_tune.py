@@ -22,7 +22,7 @@ from typing import Optional
 
 import torch
 
-from ..triton.fused import FusedConfig, fused_config, forced_fused_config, fused_shape_class
+from ..triton.fused import FusedConfig, FusedShape, forced_fused_config, fused_config_for, fused_shape_class
 from .fused import checked_call, cli_parser, impls, stream_for
 from .fused_cases import CASES, floor_bytes, tiny
 
@@ -64,10 +64,14 @@ def _width(case) -> int:
     return max(case.head_dim, case.latent or 0)
 
 
+def _shape(case) -> FusedShape:
+    return FusedShape(case.tokens, max(case.heads_q, case.heads_kv), _width(case), case.dtype.itemsize, case.fp8,
+                      case.qk_norm, case.kind == "backward")
+
+
 def _table_choice(case) -> FusedConfig:
-    """What the launch table picks for ``case`` outside the interpreter's fixed tiles."""
-    return fused_config(case.tokens, max(case.heads_q, case.heads_kv), _width(case), fp8=case.fp8,
-                        norm=case.qk_norm, backward=case.kind == "backward")
+    """What the launch choice picks for ``case`` outside the interpreter's fixed tiles (on the current device)."""
+    return fused_config_for(_shape(case), None)
 
 
 def candidates(case) -> list[FusedConfig]:
@@ -89,8 +93,7 @@ def tune_case(case, timer, device, ceiling_gbps: Optional[float], seed: int = 0,
     table = _table_choice(case)
     rows, pending = [], []
     for i, config in enumerate(candidates(case)):
-        row = dict(case=case.name, shape_class=fused_shape_class(case.tokens, _width(case), case.fp8, case.qk_norm,
-                                                                 case.kind == "backward"),
+        row = dict(case=case.name, shape_class=fused_shape_class(_shape(case)),
                    **config._asdict(), table=config == table, status="ok", graph_us=None)
         rows.append(row)
         try:

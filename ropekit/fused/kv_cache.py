@@ -3,8 +3,8 @@ KV cache, contiguous ``(batch, max_seq, heads, dim)`` at per-sequence offsets or
 heads, dim)`` by ``slot_mapping``, optionally as float8 e4m3 with per-tensor scales: one launch.
 
 The call -> validation (apply_rope's rotary checks, then ``validate``'s for weights, caches, slots and scales, all
-before any write) -> ``ropekit::rope_and_cache`` (a mutating custom op, so torch.compile keeps it in the graph; eager
-calls launch directly). No autograd: a cache write is inference.
+before any write) -> ``ropekit::rope_and_cache`` (a mutating custom op, so torch.compile keeps it in the graph); eager
+calls go through a plan (:mod:`ropekit.fused.plan`), made once per call signature and launched directly. No autograd: a cache write is inference.
 """
 
 from __future__ import annotations
@@ -13,37 +13,42 @@ from typing import Optional
 
 import torch
 
+from ..layouts import to_bshd
 from ..outputs import bump_versions, new_output
-from ..triton.fused import CACHE_CONTIGUOUS, CACHE_PAGED
+from ..triton.fused import CACHE_CONTIGUOUS, CACHE_PAGED, plan_fused
 from . import validate
-from .qk_norm_rope import _spec, fused_launcher, kernel_view
+from .plan import FusedPlan, planned, plans, reads_callers_memory, signature
+from .qk_norm_rope import _spec, fused_launcher
 
 __all__ = ["rope_and_cache", "launch_cache"]
 
 
-def _cache_bits(cache: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
-    """The kernel writes float8 caches as their uint8 bits (the rounding is its own, identical on GPU and CPU)."""
-    return cache.view(torch.uint8) if cache is not None and cache.dtype == validate.FP8_DTYPE else cache
-
-
-def launch_cache(q, k, v, out_q, out_k, k_cache, v_cache, slots, cache_mode: int, cos, sin, positions, pos_mode: int,
-                 cu_seqlens, position_offset: int, max_seqlen: int, rotary_dim: int, layout: str, interleaved: bool,
-                 per_token: bool, k_scale, v_scale, q_weight, k_weight, eps: float, weight_offset: float) -> None:
-    """One launch on validated arguments. ``q``/``k`` None: read the rotary inputs from ``out_q``/``out_k`` (in place;
-    the way the mutating custom op is called, so that no input aliases a mutated argument)."""
-    q = out_q if q is None else q
-    k = out_k if k is None else k
-    if k_cache.dtype != validate.FP8_DTYPE:  # scales are read with a float8 cache only: the kernel never sees others
+def _kernel_arguments(q, k, v, out_q, out_k, k_cache, v_cache, slots, cache_mode: int, cos, sin, positions,
+                      pos_mode: int, cu_seqlens, position_offset: int, max_seqlen: int, rotary_dim: int, layout: str,
+                      interleaved: bool, per_token: bool, k_scale, v_scale, q_weight, k_weight, eps: float,
+                      weight_offset: float) -> dict:
+    """A validated call as the fused launcher (:func:`~ropekit.triton.fused.plan_fused`, or the native
+    :func:`ropekit.native.fused`) takes it: the kernels' views, the cache's geometry, the scales only with a float8
+    cache (the kernel never sees others)."""
+    if k_cache.dtype != validate.FP8_DTYPE:
         k_scale = v_scale = None
     n_slots = k_cache.shape[0] * k_cache.shape[1] if cache_mode == CACHE_PAGED else k_cache.shape[1]
-    fused_launcher()(
-        kernel_view(q, layout), kernel_view(k, layout), cos, sin,
-        positions=_spec(positions, pos_mode, cu_seqlens, position_offset, max_seqlen, layout), rotary_dim=rotary_dim,
-        interleaved=interleaved, cos_per_token=per_token, out_q=kernel_view(out_q, layout),
-        out_k=kernel_view(out_k, layout), v=kernel_view(v, layout), k_cache=_cache_bits(k_cache),
-        v_cache=_cache_bits(v_cache), cache_mode=cache_mode, slots=slots, block_size=k_cache.shape[1],
-        cache_len=n_slots, k_scale=k_scale, v_scale=v_scale, q_weight=q_weight, k_weight=k_weight, eps=eps,
-        weight_offset=weight_offset)
+    return dict(q=to_bshd(q, layout), k=to_bshd(k, layout), cos=cos, sin=sin,
+                positions=_spec(positions, pos_mode, cu_seqlens, position_offset, max_seqlen, layout),
+                rotary_dim=rotary_dim, interleaved=interleaved, cos_per_token=per_token,
+                out_q=to_bshd(out_q, layout), out_k=to_bshd(out_k, layout), v=to_bshd(v, layout),
+                k_cache=FusedPlan.bytes_of(k_cache), v_cache=FusedPlan.bytes_of(v_cache), cache_mode=cache_mode, slots=slots,
+                block_size=k_cache.shape[1], cache_len=n_slots, k_scale=k_scale, v_scale=v_scale, q_weight=q_weight,
+                k_weight=k_weight, eps=eps, weight_offset=weight_offset)
+
+
+def launch_cache(q, k, v, out_q, out_k, k_cache, v_cache, *args) -> None:
+    """One launch on validated arguments (:func:`_kernel_arguments`'). ``q``/``k`` None: read the rotary inputs from
+    ``out_q``/``out_k`` (in place; the way the mutating custom op is called, so that no input aliases a mutated
+    argument)."""
+    q = out_q if q is None else q
+    k = out_k if k is None else k
+    fused_launcher()(**_kernel_arguments(q, k, v, out_q, out_k, k_cache, v_cache, *args))
 
 
 @torch.library.custom_op("ropekit::rope_and_cache", mutates_args=("out_q", "out_k", "k_cache", "v_cache"))
@@ -109,17 +114,20 @@ def rope_and_cache(q: torch.Tensor, k: torch.Tensor, v: Optional[torch.Tensor], 
 
     Raises ``TypeError``/``ValueError`` naming the argument before anything is written (cache and inputs unchanged).
     """
-    k_cache, v_cache = validate.fp8_bytes(k_cache), validate.fp8_bytes(v_cache)
     user = (q, k, v, cos, sin, positions, cu_seqlens, k_cache, v_cache, slot_mapping, cache_offsets, k_scale,
             v_scale, q_weight, k_weight)
-    flags = (eps, weight_offset, layout, interleaved, rotary_dim, inplace, max_seqlen, per_token, write_k)
-    key = _plan_key(user, flags, table)
-    plan = _plans.get(key) if key is not None else None
-    if plan is not None:  # a call signature validated before: where the tensors lie, then the launch
-        _check_memory(user, None, inplace, write_k, plan[-1])  # (a call with table= has no plan)
-        return _write(q, k, v, k_cache, v_cache, inplace, write_k, slot_mapping if cache_offsets is None
-                      else cache_offsets, plan[0], cos, sin, positions, plan[1], cu_seqlens, *plan[2:5], layout,
-                      interleaved, per_token, k_scale, v_scale, q_weight, k_weight, *plan[5:7])
+    key = None
+    if table is None and (positions is None or isinstance(positions, torch.Tensor)) and \
+            not isinstance(cache_offsets, int) and (layout != "thd" or max_seqlen is not None) and planned(user):
+        # (a table may grow, an int offset is checked against it and cu_seqlens without max_seqlen are read: calls
+        # whose validation reads more than the signature are not planned)
+        key = signature("rope_and_cache", user, (eps, weight_offset, layout, interleaved, rotary_dim, inplace,
+                                                 max_seqlen, per_token, write_k))
+        plan = plans.get(key) if key is not None else None
+        if plan is not None:  # a call signature validated before: where the tensors lie, then the launch
+            plan.check(_read_scales(user, plan.fp8))
+            return _run_plan(plan, user, inplace, write_k)
+    k_cache, v_cache = validate.fp8_bytes(k_cache), validate.fp8_bytes(v_cache)
     if not isinstance(k, torch.Tensor):
         raise TypeError(f"k must be a torch.Tensor (it is written to the cache), got {type(k).__name__}")
     user_cos, user_sin = cos, sin
@@ -130,25 +138,30 @@ def rope_and_cache(q: torch.Tensor, k: torch.Tensor, v: Optional[torch.Tensor], 
     slots, cache_mode = _check_cache_arguments(q, k, v, k_cache, v_cache, slot_mapping, cache_offsets, k_scale,
                                                v_scale, spec, layout)
     validate.check_no_grad("rope_and_cache", _NAMES, user)
-    plan = (cache_mode, spec.mode, spec.offset, spec.max_seqlen or 0, rotary_dim, eps, weight_offset, set())
-    # the caller's tensors, as the cached path checks them (a table the validation derived from cos/sin is a view of
+    fp8 = k_cache.dtype == validate.FP8_DTYPE
+    written = ("k_cache", "v_cache") + ((("q", "k") if write_k else ("q",)) if inplace else ())
+    plan = FusedPlan(None, _NAMES, written, fp8)
+    # the caller's tensors, as a planned call checks them (a table the validation derived from cos/sin is a view of
     # them or a fresh copy); with table= the table's own cos/sin
-    tables = (cos, sin) if table is not None else (user_cos, user_sin)
-    _check_memory(user[:3] + tables + user[5:], "table" if table is not None else None, inplace, write_k, plan[-1])
+    if table is None:
+        plan.check(_read_scales(user, fp8))
+    else:
+        validate.check_overlaps(_NAMES[:3] + ("table", "table") + _NAMES[5:],
+                                _read_scales(user[:3] + (cos, sin) + user[5:], fp8), written)
+    launch = (slots, cache_mode, cos, sin, spec.tensor, spec.mode, spec.cu_seqlens, spec.offset, spec.max_seqlen or 0,
+              rotary_dim, layout, interleaved, per_token, k_scale, v_scale, q_weight, k_weight, eps, weight_offset)
+    out_q = q if inplace else new_output(q)
+    out_k = (k if inplace else new_output(k)) if write_k else None
     derived = (cos, sin, spec.tensor, spec.cu_seqlens, slots)
     given = (user_cos, user_sin, positions, cu_seqlens, slot_mapping if cache_offsets is None else cache_offsets)
-    if key is not None and not q.is_meta and all(a is b for a, b in zip(derived, given)):
-        # (only when the launch reads the caller's own tensors: not grown tables, copies or derived views)
-        if len(_plans) >= _PLANS_MAX:
-            _plans.clear()
-        _plans[key] = plan
-    return _write(q, k, v, k_cache, v_cache, inplace, write_k, slots, cache_mode, cos, sin, spec.tensor, spec.mode,
-                  spec.cu_seqlens, spec.offset, spec.max_seqlen or 0, rotary_dim, layout, interleaved, per_token,
-                  k_scale, v_scale, q_weight, k_weight, eps, weight_offset)
-
-
-def _needs_grad(*tensors) -> bool:
-    return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
+    if key is not None and not q.is_meta and reads_callers_memory(derived, given):
+        # planned only when the launch reads the caller's own tensors (not grown tables, copies or derived views)
+        plan.launch = plan_fused(**_kernel_arguments(q, k, v, out_q, out_k, k_cache, v_cache, *launch))
+        plans.put(key, plan)
+        return _run_plan(plan, user, inplace, write_k, out_q, out_k)
+    if not q.is_meta:
+        run_cache_op(q, k, v, out_q, out_k, k_cache, v_cache, *launch)
+    return out_q, out_k
 
 
 # the names of rope_and_cache's tensors, in the order the call lists them
@@ -156,61 +169,39 @@ _NAMES = ("q", "k", "v", "cos", "sin", "positions", "cu_seqlens", "k_cache", "v_
           "cache_offsets", "k_scale", "v_scale", "q_weight", "k_weight")
 
 
-def _check_memory(tensors, table_name, inplace, write_k, memo) -> None:
-    """The overlap rule on the call's tensors (``_NAMES``): the caches are written, and q (and k with ``write_k``)
-    in place; everything else is read, the scales only with a float8 cache. ``memo``: the plan's checked addresses."""
-    written = ("k_cache", "v_cache") + ((("q", "k") if write_k else ("q",)) if inplace else ())
-    names = _NAMES if table_name is None else _NAMES[:3] + (table_name, table_name) + _NAMES[5:]
-    if tensors[7].dtype != validate.FP8_DTYPE:
-        tensors = tensors[:11] + (None, None) + tensors[13:]
-    validate.check_overlaps(names, tensors, written, memo)
+def _read_scales(tensors: tuple, fp8: bool) -> tuple:
+    """The call's tensors (``_NAMES``) as the overlap rule sees them: the scales are read with a float8 cache only."""
+    return tensors if fp8 else tensors[:11] + (None, None) + tensors[13:]
 
 
-def _write(q, k, v, k_cache, v_cache, inplace, write_k, *launch):
-    """The outputs and the launch of a validated call."""
-    out_q = q if inplace else new_output(q)
-    out_k = (k if inplace else new_output(k)) if write_k else None
-    if not q.is_meta:
-        run_cache_op(q, k, v, out_q, out_k, k_cache, v_cache, *launch)
+def _run_plan(plan, user, inplace, write_k, out_q=None, out_k=None):
+    """A planned call: its outputs and its launch, on the caller's own tensors (the kernel's views of them have the
+    same data pointers)."""
+    q, k, v, cos, sin, positions, cu_seqlens, k_cache, v_cache, slot_mapping, cache_offsets, k_scale, v_scale, \
+        q_weight, k_weight = user
+    if out_q is None:
+        out_q = q if inplace else new_output(q)
+        out_k = (k if inplace else new_output(k)) if write_k else None
+    if plan.launch is not None:
+        plan.launch(q, k, out_q, out_k, v, plan.bytes_of(k_cache), plan.bytes_of(v_cache),
+                    k_scale if plan.fp8 else None, v_scale if plan.fp8 else None,
+                    slot_mapping if cache_offsets is None else cache_offsets, q_weight, k_weight, cos, sin, positions,
+                    cu_seqlens, 0)
+    bump_versions(k_cache, v_cache)
+    if inplace:
+        bump_versions(q, out_k)
     return out_q, out_k
-
-
-# The eager fast path: a call whose signature (every tensor's shape, strides, dtype and device, every host argument)
-# was validated before skips validation (a decode step's host time). Validation reads no device value outside check
-# mode, so the signature decides it; calls whose validation derives something from values (an int offset against the
-# table, a growing table, max_seqlen from cu_seqlens) or views of the caller's tensors are not cached.
-_plans: dict = {}
-_PLANS_MAX = 1024
-
-
-def _tensor_key(t):
-    return (t.shape, t.stride(), t.dtype, t.device) if isinstance(t, torch.Tensor) else (type(t), t)
-
-
-def _plan_key(tensors, flags, table):
-    """The signature of an eager call, or None for one that is not cached."""
-    positions, cache_offsets, max_seqlen, layout = tensors[5], tensors[10], flags[6], flags[2]
-    if (table is not None or torch.compiler.is_compiling() or validate.check_mode() or _needs_grad(*tensors)
-            or not isinstance(positions, (torch.Tensor, type(None))) or isinstance(cache_offsets, int)
-            or (layout == "thd" and max_seqlen is None)):
-        return None
-    key = tuple(_tensor_key(t) for t in tensors) + tuple((type(f), f) for f in flags)
-    try:
-        hash(key)
-    except TypeError:  # an unhashable argument: validation will say what is wrong with it
-        return None
-    return key
 
 
 def _check_cache_arguments(q, k, v, k_cache, v_cache, slot_mapping, cache_offsets, k_scale, v_scale, spec, layout):
     """The cache side of the call: v, the caches, the addressing, the scales. Returns (slots tensor, cache mode)."""
-    kv = kernel_view(k, layout)
+    kv = to_bshd(k, layout)
     if v is not None:
         if not isinstance(v, torch.Tensor):
             raise TypeError(f"v must be a torch.Tensor or None, got {type(v).__name__}")
         if v.dtype != k.dtype or v.device != k.device:
             raise TypeError(f"v must have k's dtype and device ({k.dtype} on {k.device}), got {v.dtype} on {v.device}")
-        if v.ndim != k.ndim or tuple(kernel_view(v, layout).shape[:-1]) != tuple(kv.shape[:-1]):
+        if v.ndim != k.ndim or tuple(to_bshd(v, layout).shape[:-1]) != tuple(kv.shape[:-1]):
             raise ValueError(f"v must have k's tokens and heads (shape {tuple(k.shape[:-1])} in every dimension but "
                              f"the last, in layout {layout!r}), got {tuple(v.shape)}")
     if (v is None) != (v_cache is None):

@@ -13,11 +13,12 @@ from typing import Optional
 
 import torch
 
-from ..outputs import new_output
-from ..triton.fused import CACHE_PAGED
+from ..outputs import bump_versions, new_output
+from ..triton.fused import CACHE_PAGED, plan_fused
 from ..validate import in_callers_names
 from . import validate
-from .kv_cache import run_cache_op
+from .kv_cache import _kernel_arguments, run_cache_op
+from .plan import FusedPlan, planned, plans, reads_callers_memory, signature
 
 __all__ = ["mla_rope_and_cache"]
 
@@ -55,6 +56,13 @@ def mla_rope_and_cache(q_pe: torch.Tensor, k_pe: torch.Tensor, kv_c: torch.Tenso
             (exactly rope_dim wide: q_pe's last dimension).
         interleaved: GPT-J pairing (DeepSeek's default); False pairs NeoX halves.
     """
+    user = (q_pe, k_pe, kv_c, kv_cache, slot_mapping, positions, cos, sin, cos_sin_cache, kv_cache_scale)
+    key = None
+    if table is None and planned(user):
+        key = signature("mla_rope_and_cache", user, (interleaved, inplace))
+        plan = plans.get(key) if key is not None else None
+        if plan is not None:  # a call signature validated before: where the tensors lie, then the launch
+            return _run_plan(plan, user, inplace)
     if not isinstance(q_pe, torch.Tensor) or q_pe.ndim != 3:
         raise ValueError(f"q_pe must be a (tokens, heads, rope_dim) tensor, got "
                          f"{getattr(q_pe, 'shape', type(q_pe).__name__)}")
@@ -78,6 +86,7 @@ def mla_rope_and_cache(q_pe: torch.Tensor, k_pe: torch.Tensor, kv_c: torch.Tenso
                          f"{getattr(positions, 'shape', type(positions).__name__)}")
     positions = positions[:tokens]  # an engine's CUDA-graph batch may pad positions past the tokens
     user_tables = (cos, sin)
+    user_positions = positions[None]
     kv_cache = validate.fp8_bytes(kv_cache)
     q = q_pe[None]
     k = _tokens_view("k_pe", k_pe, tokens, rope_dim)
@@ -88,7 +97,7 @@ def mla_rope_and_cache(q_pe: torch.Tensor, k_pe: torch.Tensor, kv_c: torch.Tenso
         if v.dtype != q.dtype or v.device != q.device:
             raise TypeError(f"kv_c must have q_pe's dtype and device ({q.dtype} on {q.device}), got {v.dtype} on "
                             f"{v.device}")
-        cos, sin, spec, rotary_dim = validate.rotary_arguments(q, k, cos, sin, table, positions[None], "bshd",
+        cos, sin, spec, rotary_dim = validate.rotary_arguments(q, k, cos, sin, table, user_positions, "bshd",
                                                                rope_dim, None, None, False, interleaved)
         latent = v.shape[-1]
         if not isinstance(kv_cache, torch.Tensor) or kv_cache.ndim != 3:
@@ -113,10 +122,44 @@ def mla_rope_and_cache(q_pe: torch.Tensor, k_pe: torch.Tensor, kv_c: torch.Tenso
     tensors = (q, k, v, kv_cache, user_slots, positions, kv_cache_scale if fp8 else None) + (
         (cos_sin_cache,) if cos_sin_cache is not None else (cos, sin) if table is not None else user_tables)
     validate.check_no_grad("mla_rope_and_cache", names, tensors)
-    validate.check_overlaps(names, tensors, ("kv_cache", "q_pe", "k_pe") if inplace else ("kv_cache",))
+    plan = FusedPlan(None, names, ("kv_cache", "q_pe", "k_pe") if inplace else ("kv_cache",), fp8)
+    plan.check(tensors)
     out_q, out_k = (q, k) if inplace else (new_output(q), new_output(k))
+    launch = (slot_mapping, CACHE_PAGED, cos, sin, spec.tensor, spec.mode, spec.cu_seqlens, spec.offset,
+              spec.max_seqlen or 0, rotary_dim, "bshd", interleaved, False, kv_cache_scale, kv_cache_scale, None, None,
+              1e-6, 0.0)
+    if key is not None and not q.is_meta and reads_callers_memory((slot_mapping, spec.tensor, cos, sin),
+                                                                  (user_slots, user_positions, *user_tables)):
+        # planned only when the launch reads the caller's own tensors (not a padded slot mapping or copies)
+        plan.launch = plan_fused(**_kernel_arguments(q, k, v, out_q, out_k, k_cache, v_cache, *launch))
+        plans.put(key, plan)
+        return _run_plan(plan, user, inplace, out_q[0], out_k[0, :, 0])
     if not q.is_meta:
-        run_cache_op(q, k, v, out_q, out_k, k_cache, v_cache, slot_mapping, CACHE_PAGED, cos, sin, spec.tensor,
-                     spec.mode, spec.cu_seqlens, spec.offset, spec.max_seqlen or 0, rotary_dim, "bshd", interleaved,
-                     False, kv_cache_scale, kv_cache_scale, None, None, 1e-6, 0.0)
+        run_cache_op(q, k, v, out_q, out_k, k_cache, v_cache, *launch)
     return out_q[0], out_k[0, :, 0]
+
+
+def _run_plan(plan, user, inplace, out_q=None, out_k=None):
+    """A planned call: the overlap rule at the tensors' addresses, the outputs and the launch, on the caller's own
+    tensors (the kernel's views of q_pe, k_pe, kv_c, positions and v's part of kv_cache have their data pointers;
+    k's part of kv_cache and sin's half of cos_sin_cache are the two views taken here)."""
+    q_pe, k_pe, kv_c, kv_cache, slot_mapping, positions, cos, sin, cos_sin_cache, scale = user
+    tokens, rope_dim = q_pe.shape[0], q_pe.shape[2]
+    positions = positions[:tokens]
+    if cos_sin_cache is not None:
+        cos, sin = cos_sin_cache, cos_sin_cache[:, rope_dim // 2:]
+    if out_q is None:
+        plan.check((q_pe, k_pe, kv_c, kv_cache, slot_mapping, positions, scale if plan.fp8 else None) + (
+            (cos_sin_cache,) if cos_sin_cache is not None else (cos, sin)))
+        if inplace:
+            out_q, out_k = q_pe, (k_pe if k_pe.ndim == 2 else k_pe[:, 0])
+        else:
+            out_q, out_k = new_output(q_pe), k_pe.new_empty((tokens, rope_dim))
+    if plan.launch is not None:
+        scale = scale if plan.fp8 else None
+        plan.launch(q_pe, k_pe, out_q, out_k, kv_c, plan.bytes_of(kv_cache[..., kv_c.shape[-1]:]),
+                    plan.bytes_of(kv_cache), scale, scale, slot_mapping, None, None, cos, sin, positions, None, 0)
+    bump_versions(kv_cache, None)
+    if inplace:
+        bump_versions(q_pe, k_pe)
+    return out_q, out_k

@@ -4,9 +4,10 @@ Data flows as in ``apply_rope``: the call -> validation (apply_rope's for the ro
 weights) -> one launch of ``ropekit.triton.fused`` (or, on the native backend, :func:`ropekit.native.fused`). Four
 ways in, one kernel:
 
-* eager inference (no grad, not compiling): the launch, called directly;
+* eager inference (no grad, not compiling): a plan (:mod:`ropekit.fused.plan`), made once per call signature after
+  validation, then launched directly;
 * autograd and ``torch.compile``: the functional custom op ``ropekit::qk_norm_rope`` (fake impl for tracing) whose
-  registered backward is ``ropekit::qk_norm_rope_backward``, the same kernel with ``BACKWARD`` on;
+  registered backward is ``ropekit::qk_norm_rope_backward``, the fused backward kernel;
 * ``inplace=True``: the mutating op ``ropekit::qk_norm_rope_`` when compiling, the launch otherwise (no autograd).
 
 Semantics (docs/fused.md): ``y = rope(x * rsqrt(mean(x^2) + eps) * (weight_offset + w))`` per head vector of
@@ -22,13 +23,14 @@ import torch
 
 from .. import device as _device
 from .. import native
-from ..layouts import TO_BSHD
+from ..layouts import to_bshd
 from ..outputs import bump_versions, new_output
 from ..positions import PositionSpec
-from ..triton.fused import launch_fused
+from ..triton.fused import launch_fused, plan_fused
 from . import validate
+from .plan import FusedPlan, planned, plans, reads_callers_memory, signature
 
-__all__ = ["qk_norm_rope", "kernel_view", "fused_launcher"]
+__all__ = ["qk_norm_rope", "fused_launcher"]
 
 
 def fused_launcher():
@@ -37,25 +39,23 @@ def fused_launcher():
     return native.fused if _device.default_backend() == "native" else launch_fused
 
 
-def kernel_view(x: Optional[torch.Tensor], layout: str) -> Optional[torch.Tensor]:
-    """The kernel's ``(batch, seq, heads, dim)`` view of a tensor in ``layout`` (thd stays ``(tokens, heads, dim)``)."""
-    if x is None or layout in ("bshd", "thd"):
-        return x
-    return x.permute(TO_BSHD[layout])
-
-
 def _spec(positions, pos_mode, cu_seqlens, position_offset, max_seqlen, layout) -> PositionSpec:
     return PositionSpec(pos_mode, position_offset, positions, cu_seqlens, max_seqlen if layout == "thd" else None)
 
 
-def _launch(q, k, q_weight, k_weight, cos, sin, positions, pos_mode, cu_seqlens, position_offset, max_seqlen,
-            rotary_dim, layout, interleaved, per_token, eps, weight_offset, out_q, out_k, grad_q=None, grad_k=None):
-    return fused_launcher()(
-        kernel_view(q, layout), kernel_view(k, layout), cos, sin,
-        positions=_spec(positions, pos_mode, cu_seqlens, position_offset, max_seqlen, layout), rotary_dim=rotary_dim,
-        interleaved=interleaved, cos_per_token=per_token, out_q=kernel_view(out_q, layout),
-        out_k=kernel_view(out_k, layout), q_weight=q_weight, k_weight=k_weight, eps=eps, weight_offset=weight_offset,
-        grad_q=kernel_view(grad_q, layout), grad_k=kernel_view(grad_k, layout))
+def _kernel_arguments(q, k, q_weight, k_weight, cos, sin, positions, pos_mode, cu_seqlens, position_offset,
+                      max_seqlen, rotary_dim, layout, interleaved, per_token, eps, weight_offset, out_q, out_k,
+                      grad_q=None, grad_k=None) -> dict:
+    """A validated call as the fused launcher takes it: the kernels' ``(batch, seq, heads, dim)`` views."""
+    return dict(q=to_bshd(q, layout), k=to_bshd(k, layout), cos=cos, sin=sin,
+                positions=_spec(positions, pos_mode, cu_seqlens, position_offset, max_seqlen, layout),
+                rotary_dim=rotary_dim, interleaved=interleaved, cos_per_token=per_token, out_q=to_bshd(out_q, layout),
+                out_k=to_bshd(out_k, layout), q_weight=q_weight, k_weight=k_weight, eps=eps,
+                weight_offset=weight_offset, grad_q=to_bshd(grad_q, layout), grad_k=to_bshd(grad_k, layout))
+
+
+def _launch(*args):
+    return fused_launcher()(**_kernel_arguments(*args))
 
 
 def _forward_new(q, k, *args):
@@ -164,6 +164,16 @@ def qk_norm_rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, cos: Optiona
     Autograd (out of place): gradients for q, k, q_weight and k_weight from one fused backward launch.
     Raises ``TypeError``/``ValueError`` naming the argument, before anything is written.
     """
+    user = (q, k, q_weight, k_weight, cos, sin, positions, cu_seqlens)
+    key = None
+    if table is None and (positions is None or isinstance(positions, torch.Tensor)) and \
+            (layout != "thd" or max_seqlen is not None) and planned(user):
+        # (as rope_and_cache: calls whose validation reads more than the signature are not planned)
+        key = signature("qk_norm_rope", user, (eps, weight_offset, layout, interleaved, rotary_dim, inplace,
+                                               max_seqlen, per_token))
+        plan = plans.get(key) if key is not None else None
+        if plan is not None:
+            return _run_plan(plan, user, inplace)
     user_tables = (cos, sin)
     cos, sin, spec, rotary_dim = validate.rotary_arguments(q, k, cos, sin, table, positions, layout, rotary_dim,
                                                            cu_seqlens, max_seqlen, per_token, interleaved)
@@ -173,28 +183,56 @@ def qk_norm_rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, cos: Optiona
     compiling = torch.compiler.is_compiling()
     needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad
                                                  for t in (q, k, q_weight, k_weight))
+    plan = FusedPlan(None, _NAMES, ("q", "k") if inplace else ())
     if inplace:
         if needs_grad:
             raise ValueError("inplace=True does not support autograd; use inplace=False when q, k or the weights "
                              "require grad")
         # the caller's own tensors (what validation derived from them is a view of them or a fresh copy); with
         # table= the table's cos/sin
-        validate.check_overlaps(("q", "k", "q_weight", "k_weight") + (("table", "table") if table is not None else
-                                ("cos", "sin")) + ("positions", "cu_seqlens"),
-                                (q, k, q_weight, k_weight, *((cos, sin) if table is not None else user_tables),
-                                 positions if isinstance(positions, torch.Tensor) else None, cu_seqlens),
-                                ("q", "k"))
+        if table is None:
+            plan.check(user)
+        else:
+            validate.check_overlaps(_NAMES[:4] + ("table", "table") + _NAMES[6:],
+                                    (q, k, q_weight, k_weight, cos, sin, positions, cu_seqlens), ("q", "k"))
         if q.is_meta:
             return q, k
-        if compiling:
-            _norm_rope_inplace_op(q, k, *args)
-        else:
-            _launch(q, k, *args, q, k)
-            bump_versions(q, k)
-        return q, k
     if q.is_meta:
         return new_output(q), (None if k is None else new_output(k))
     if compiling or needs_grad:
+        if inplace:
+            _norm_rope_inplace_op(q, k, *args)
+            return q, k
         out_q, out_k = _norm_rope_op(q, k, *args)
         return out_q, (out_k if k is not None else None)
-    return _forward_new(q, k, *args)
+    out_q, out_k = (q, k) if inplace else (new_output(q), None if k is None else new_output(k))
+    if key is not None and reads_callers_memory((cos, sin, spec.tensor, spec.cu_seqlens),
+                                                (*user_tables, positions, cu_seqlens)):
+        # planned only when the launch reads the caller's own tensors (not grown tables, copies or derived views)
+        plan.launch = plan_fused(**_kernel_arguments(q, k, *args, out_q, out_k))
+        plans.put(key, plan)
+        return _run_plan(plan, user, inplace, out_q, out_k)
+    _launch(q, k, *args, out_q, out_k)
+    if inplace:
+        bump_versions(q, k)
+    return out_q, out_k
+
+
+# the names of qk_norm_rope's tensors, in the order a plan checks them
+_NAMES = ("q", "k", "q_weight", "k_weight", "cos", "sin", "positions", "cu_seqlens")
+
+
+def _run_plan(plan, user, inplace, out_q=None, out_k=None):
+    """A planned call: the overlap rule in place, the outputs and the launch, on the caller's own tensors (the
+    kernel's views of them have the same data pointers)."""
+    q, k, q_weight, k_weight, cos, sin, positions, cu_seqlens = user
+    if out_q is None:
+        if inplace:
+            plan.check(user)
+        out_q, out_k = (q, k) if inplace else (new_output(q), None if k is None else new_output(k))
+    if plan.launch is not None:
+        plan.launch(q, k, out_q, out_k, None, None, None, None, None, None, q_weight, k_weight, cos, sin, positions,
+                    cu_seqlens, 0)
+    if inplace:
+        bump_versions(q, k)
+    return out_q, out_k

@@ -18,7 +18,7 @@ from typing import Callable
 import torch
 
 from ropekit import reference as ref
-from ropekit.layouts import TO_BSHD
+from ropekit.layouts import TO_BSHD, to_bshd
 
 from .fuzz import EITHER, MATCH, RAISE, Arena, footprint, self_overlapping
 
@@ -59,12 +59,10 @@ def _layout_shape(layout, batch, seq, heads, head_dim, tokens):
 
 def to_tokens(x: torch.Tensor, layout: str) -> torch.Tensor:
     """x in (batch, seq, heads, head_dim) (or (tokens, heads, head_dim)), float64 on the CPU."""
-    x = x.detach().cpu().to(torch.float64)
-    return x if layout == "thd" else x.permute(TO_BSHD[layout])
+    return to_bshd(x.detach().cpu().to(torch.float64), layout)
 
 
-def from_tokens(x: torch.Tensor, layout: str) -> torch.Tensor:
-    return x if layout == "thd" else x.permute(TO_BSHD[layout])
+from_tokens = to_bshd  # the permutations are their own inverses
 
 
 def _rotate(x_tokens, cos_half, sin_half, rotary_dim, interleaved, conjugate):

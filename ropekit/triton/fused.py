@@ -1,262 +1,319 @@
-"""The fused pre-processing kernel: per-head RMSNorm, RoPE and the KV-cache write in one launch.
+"""The fused pre-processing kernels and their launcher: per-head RMSNorm, RoPE and the KV-cache write in one launch
+(the forward), and the vector-Jacobian product of QK-norm + RoPE with the weight gradients (the backward).
 
-One kernel, compile-time switches (no copies): ``NORM`` (QK-norm before the rotation; the weight offset, 0 or Gemma's
-1, is a runtime float), ``CACHE`` (0: none, 1: a contiguous ``(batch, max_seq, heads, dim)`` cache written at
-per-sequence offsets, 2: a paged ``(num_blocks, block_size, heads, dim)`` cache addressed by a slot per token, -1
-skips), ``HAS_V`` (v's head vectors copied into the v cache untouched), ``FP8`` (the caches hold e4m3 bits of
-``x / scale``; ``FP8_NATIVE``: converted by the GPU's instruction rather than integer arithmetic, same bits),
-``WRITE_Q``/``WRITE_K`` (whether rotated q/k are stored at all: an engine may only want the cache), ``WRITE_TAIL``
-(the channels past ``ROTARY_DIM`` are stored: out of place, or normalised), and ``BACKWARD`` (the vector-Jacobian
-product of norm + rotation: the incoming gradient is rotated by -θ and pushed through the norm; each program adds its
-partial weight gradient into ``DW``'s row for q or for k with ``DW_ATOMIC``, else stores it in a row of its own).
+Two kernels, one algorithm each, as in Triton's layer-norm tutorial:
+
+* :func:`fused_forward_kernel` normalises (``NORM``: QK-norm before the rotation; the weight offset, 0 or Gemma's 1,
+  is a runtime float), rotates, stores the outputs (``WRITE_Q``/``WRITE_K``: an engine may only want the cache;
+  ``WRITE_TAIL``: the channels past ``ROTARY_DIM`` too, out of place or normalised) and writes k and v into a cache
+  (``CACHE`` 0: none, 1: a contiguous ``(batch, max_seq, heads, dim)`` cache at per-sequence offsets, 2: a paged
+  ``(num_blocks, block_size, heads, dim)`` cache addressed by a slot per token, -1 skips; ``HAS_V``: v's head vectors
+  copied untouched; ``FP8``: e4m3 bits of ``x / scale``, ``FP8_NATIVE`` converted by the GPU's instruction rather
+  than integer arithmetic, the same bits).
+* :func:`fused_backward_kernel` turns the incoming gradient by -θ and pushes it through the norm; each program sums
+  its weight-gradient terms over ``TOKEN_BLOCKS`` token blocks, then adds them into ``DW``'s row for q or for k
+  (``DW_ATOMIC``) or stores them in a row of its own.
+
 Pairing, partial rotary, every position form, varlen and per-token cos/sin rows are v4's switches, read through v4's
 helpers (``_cos_sin``, ``_rotate``); the tile loads and stores are :mod:`ropekit.triton.fused_tiles`.
 
 Grid: (token groups, head blocks of q then of k, batch or sequence); with ``HEADS_INNER`` the first two axes are one,
 head blocks inner, so that the q programs and the (heavier) k + v programs of a token group run side by side. A group
-is one block of ``BLOCK_S`` tokens, or in the backward ``TOKEN_BLOCKS`` of them (one reduction across warps and one
-weight-gradient add or row a program). q's head blocks hold ``BLOCK_H`` heads and k's ``BLOCK_HK``, no more than k has.
-A program reads its rows of q (or of k and the same heads of v) once and writes each output once: the byte floor of
-the fused step. ``EVICT`` is the cache hint on activation loads and on stores (streaming: each byte is touched once).
+is one block of ``BLOCK_S`` tokens, or in the backward ``TOKEN_BLOCKS`` of them. q's head blocks hold ``BLOCK_H``
+heads and k's ``BLOCK_HK``, no more than k has. A program reads its rows of q (or of k and the same heads of v) once
+and writes each output once: the byte floor of the fused step. ``EVICT`` is the cache hint on activation loads and on
+stores (streaming: each byte is touched once).
+
+The host side: :func:`fused_config_for` is the launch choice, :func:`plan_fused` makes a plan (a
+:class:`~ropekit.triton.launch.KernelLaunch`, or a :class:`FusedBackward` around one) once per call signature, and
+the ops' front doors (``ropekit.fused``) keep it in :data:`ropekit.triton.launch.plans`.
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 
 from .. import device as _device
-from ..positions import POSITION_IDS, PositionSpec
-from .fused_tiles import (cache_slot, load_head, norm_weights, rsqrt_mean_square, sequence_span, store_channels,
-                          store_head)
+from ..positions import PositionSpec
+from .configs import FusedConfig, FusedShape
+from .fused_tiles import cache_slot, load_head, norm_weights, rsqrt_mean_square, sequence_span, store_channels, \
+    store_head
+from .launch import KernelLaunch, _cdiv, _next_pow2, _position_strides, plans
 from .v4 import _cos_sin, _rotate
 
-__all__ = ["fused_rope_kernel", "FusedConfig", "FUSED_LAUNCH_TABLE", "fused_shape_class", "fused_config",
-           "forced_fused_config", "launch_fused", "native_fp8", "CACHE_NONE", "CACHE_CONTIGUOUS",
-           "CACHE_PAGED"]
+__all__ = ["fused_forward_kernel", "fused_backward_kernel", "FusedConfig", "FusedShape", "FUSED_LAUNCH_TABLE",
+           "fused_shape_class", "fused_config_for", "forced_fused_config", "plan_fused", "FusedBackward",
+           "launch_fused", "native_fp8", "CACHE_NONE", "CACHE_CONTIGUOUS", "CACHE_PAGED"]
 
 CACHE_NONE, CACHE_CONTIGUOUS, CACHE_PAGED = 0, 1, 2
 
 
-@triton.jit
-def _head_tile(OUT, G, W, KC, VC, K_SCALE, V_SCALE, x_a, x_b, x_t, v, cos_a, sin_a, cos_b, sin_b,
-               batch_index, token_rows, heads, head_mask, mask, eps, weight_offset,
-               cache_block, cache_row, cache_mask,
-               sob, sos, soh, sod, sgb, sgs, sgh, sgd,
-               skcb, skcs, skch, skcd, svcb, svcs, svch, svcd, stride_w,
-               ROTARY_DIM: tl.constexpr, HEAD_DIM: tl.constexpr, V_DIM: tl.constexpr, BLOCK_S: tl.constexpr,
-               BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_TAIL: tl.constexpr, BLOCK_V: tl.constexpr,
-               INTERLEAVED: tl.constexpr, MATH_DTYPE: tl.constexpr, INDEX_DTYPE: tl.constexpr, NORM: tl.constexpr,
-               WRITE_OUT: tl.constexpr, WRITE_TAIL: tl.constexpr, CACHE: tl.constexpr, HAS_V: tl.constexpr,
-               FP8: tl.constexpr, FP8_NATIVE: tl.constexpr, BACKWARD: tl.constexpr, EVICT: tl.constexpr):
-    """BLOCK_H heads of q or of k for the tile's tokens, loaded (``x_*``; ``v``: the same heads of v, for the v
-    cache): normalise, rotate, store to the output and/or the cache (and v to the v cache); or, with BACKWARD, the
-    gradient of all that. Returns the tile's per-element terms of the weight gradient (``g x r``, zero on padding
-    lanes) with BACKWARD, else the loaded tile (unused)."""
-    rows_out = batch_index * sob + token_rows[:, None] * sos + heads[None, :] * soh
-    if NORM:
-        w_a, w_b, w_t = norm_weights(W, stride_w, weight_offset, ROTARY_DIM, HEAD_DIM, BLOCK_HALF, BLOCK_TAIL,
-                                     INTERLEAVED, MATH_DTYPE)
-        r = rsqrt_mean_square(x_a, x_b, x_t, eps, HEAD_DIM, MATH_DTYPE)
-    else:
-        w_a, w_b, w_t, r = 1.0, 1.0, 1.0, 1.0  # (unread without NORM)
-    if BACKWARD:
-        # cos/sin arrive conjugated: the rotation's VJP turns the incoming gradient by -θ
-        rows_g = batch_index * sgb + token_rows[:, None] * sgs + heads[None, :] * sgh
-        g_a, g_b, g_t = load_head(G, rows_g, mask, sgd, ROTARY_DIM, HEAD_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF,
-                                  BLOCK_TAIL, INTERLEAVED, MATH_DTYPE, EVICT)
-        g_a, g_b = _rotate(g_a, g_b, cos_a, sin_a, cos_b, sin_b, MATH_DTYPE, False)
-        # padding lanes (pairs past ROTARY_DIM / 2, rows past the tile's tokens or heads) hold NaN from the table's
-        # masked loads: keep them out of the sums
-        pair_valid = mask[:, :, None] & (tl.arange(0, BLOCK_HALF) < ROTARY_DIM // 2)[None, None, :]
-        g_a, g_b = tl.where(pair_valid, g_a, 0.0), tl.where(pair_valid, g_b, 0.0)
-        # n = x r w:  dx = r w g - x r^3 mean(g w x),  dw = sum over rows of g x r
-        dot = tl.sum(g_a * w_a * x_a, 2) + tl.sum(g_b * w_b * x_b, 2) + tl.sum(g_t * w_t * x_t, 2)
-        c = r * r * r * (dot / HEAD_DIM)[:, :, None]
-        store_head(OUT, rows_out, mask, r * w_a * g_a - c * x_a, r * w_b * g_b - c * x_b,
-                   r * w_t * g_t - c * x_t, sod, 1.0, ROTARY_DIM, HEAD_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_TAIL,
-                   INTERLEAVED, True, False, False, EVICT, False)
-        terms = g_a * x_a * r, g_b * x_b * r, g_t * x_t * r
-    else:
-        terms = x_a, x_b, x_t
-        _forward_tile(OUT, KC, VC, K_SCALE, V_SCALE, x_a, x_b, x_t, v, r, w_a, w_b, w_t, cos_a, sin_a, cos_b, sin_b,
-                      heads, head_mask, mask, rows_out, cache_block, cache_row, cache_mask,
-                      sod, skcb, skcs, skch, skcd, svcb, svcs, svch, svcd,
-                      ROTARY_DIM, HEAD_DIM, V_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_TAIL, BLOCK_V, INTERLEAVED,
-                      MATH_DTYPE, NORM, WRITE_OUT, WRITE_TAIL, CACHE, HAS_V, FP8, FP8_NATIVE, EVICT)
-    return terms
-
+# --------------------------------------------------------------------------------------------------------------------
+# Device code shared by both kernels.
+# --------------------------------------------------------------------------------------------------------------------
 
 @triton.jit
-def _forward_tile(OUT, KC, VC, K_SCALE, V_SCALE, x_a, x_b, x_t, v, r, w_a, w_b, w_t, cos_a, sin_a, cos_b, sin_b,
-                  heads, head_mask, mask, rows_out, cache_block, cache_row, cache_mask,
-                  sod, skcb, skcs, skch, skcd, svcb, svcs, svch, svcd,
-                  ROTARY_DIM: tl.constexpr, HEAD_DIM: tl.constexpr, V_DIM: tl.constexpr, BLOCK_S: tl.constexpr,
-                  BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_TAIL: tl.constexpr, BLOCK_V: tl.constexpr,
-                  INTERLEAVED: tl.constexpr, MATH_DTYPE: tl.constexpr, NORM: tl.constexpr, WRITE_OUT: tl.constexpr,
-                  WRITE_TAIL: tl.constexpr, CACHE: tl.constexpr, HAS_V: tl.constexpr, FP8: tl.constexpr,
-                  FP8_NATIVE: tl.constexpr, EVICT: tl.constexpr):
-    """The forward of a loaded tile: normalise (NORM), rotate, store to the output and/or the cache, and store the
-    loaded v (the same heads) into the v cache."""
-    if NORM:
-        x_a, x_b, x_t = x_a * r * w_a, x_b * r * w_b, x_t * r * w_t
-    y_a, y_b = _rotate(x_a, x_b, cos_a, sin_a, cos_b, sin_b, MATH_DTYPE, False)
-    if WRITE_OUT:
-        store_head(OUT, rows_out, mask, y_a, y_b, x_t, sod, 1.0, ROTARY_DIM, HEAD_DIM, BLOCK_S, BLOCK_H,
-                   BLOCK_HALF, BLOCK_TAIL, INTERLEAVED, WRITE_TAIL, False, False, EVICT, False)
-    if CACHE != 0:
-        c_mask = cache_mask[:, None] & head_mask[None, :]
-        rows_kc = cache_block[:, None] * skcb + cache_row[:, None] * skcs + heads[None, :].to(tl.int64) * skch
-        k_scale = 1.0
-        if FP8:
-            k_scale = tl.load(K_SCALE)
-        store_head(KC, rows_kc, c_mask, y_a, y_b, x_t, skcd, k_scale, ROTARY_DIM, HEAD_DIM, BLOCK_S, BLOCK_H,
-                   BLOCK_HALF, BLOCK_TAIL, INTERLEAVED, True, FP8, FP8_NATIVE, EVICT, False)
-        if HAS_V:
-            # v passes through: its head vectors as one "tail" of V_DIM channels
-            channels = tl.arange(0, BLOCK_V)
-            v_mask = c_mask[:, :, None] & (channels < V_DIM)[None, None, :]
-            v_scale = 1.0
-            if FP8:
-                v_scale = tl.load(V_SCALE)
-            rows_vc = cache_block[:, None] * svcb + cache_row[:, None] * svcs + heads[None, :].to(tl.int64) * svch
-            store_channels(VC, rows_vc, channels, v, v_mask, svcd, v_scale, FP8, FP8_NATIVE, EVICT, False)
-
-
-@triton.jit
-def _token_block(X, OUT, G, W, V, KC, VC, K_SCALE, V_SCALE, COS, SIN, POSITIONS, SLOTS, block,
-                 pid_b, first, seq_len, batch_index, seqlen, n_tokens, table_len, position_offset, cache_len,
-                 block_size, first_head, n_heads, eps, weight_offset,
-                 sxb, sxs, sxh, sxd, sob, sos, soh, sod, sgb, sgs, sgh, sgd, svb, svs, svh, svd,
-                 skcb, skcs, skch, skcd, svcb, svcs, svch, svcd, stride_w,
-                 stride_cos_b, stride_cos_s, stride_cos_d, stride_pos_b, stride_pos_s, stride_slot,
-                 ROTARY_DIM: tl.constexpr, HEAD_DIM: tl.constexpr, V_DIM: tl.constexpr, BLOCK_S: tl.constexpr,
-                 BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_TAIL: tl.constexpr, BLOCK_V: tl.constexpr,
-                 INTERLEAVED: tl.constexpr, POS_MODE: tl.constexpr, IS_VARLEN: tl.constexpr,
-                 COS_PER_TOKEN: tl.constexpr, MATH_DTYPE: tl.constexpr, INDEX_DTYPE: tl.constexpr,
-                 NORM: tl.constexpr, WRITE_OUT: tl.constexpr, WRITE_TAIL: tl.constexpr, CACHE: tl.constexpr,
-                 HAS_V: tl.constexpr, FP8: tl.constexpr, FP8_NATIVE: tl.constexpr, BACKWARD: tl.constexpr,
-                 EVICT: tl.constexpr):
-    """Token block ``block`` of sequence ``pid_b`` for one block of heads: its rows of x (and of v, for the v cache),
-    its tokens' cos/sin rows and cache slots, then :func:`_head_tile`. Returns what ``_head_tile`` returns."""
+def _token_block(first, seq_len, block, n_tokens, BLOCK_S: tl.constexpr, INDEX_DTYPE: tl.constexpr):
+    """Token block ``block`` of a sequence that starts at row ``first``: each token's index in its sequence, its row,
+    and whether it exists (varlen: whatever cu_seqlens hold, only rows of the packed tensor are touched)."""
     s_local = block * BLOCK_S + tl.arange(0, BLOCK_S)
     token_rows = first + s_local.to(INDEX_DTYPE)
     token_mask = (s_local < seq_len) & (token_rows >= 0) & (token_rows < n_tokens)
-    # (varlen: whatever cu_seqlens hold, only rows of the packed tensor are touched)
+    return s_local, token_rows, token_mask
+
+
+@triton.jit
+def _rows(strides, outer, token_rows, heads):
+    """Where each (token, head) vector of a tile starts: ``outer`` (a batch index, or a [BLOCK_S, 1] column of cache
+    blocks) times the first stride, plus the token's row and the head by the next two."""
+    return outer * strides[0] + token_rows[:, None] * strides[1] + heads[None, :] * strides[2]
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The forward.
+# --------------------------------------------------------------------------------------------------------------------
+
+@triton.jit
+def _forward_heads(
+    # the tensor (q, or k) and its output
+    X, OUT, x_strides, out_strides,
+    # the cache side (k's programs only): v, the caches, the scales, the slots
+    V, K_CACHE, V_CACHE, K_SCALE, V_SCALE, SLOTS, v_strides, k_cache_strides, v_cache_strides, slot_stride,
+    # the norm's weight
+    W, w_stride, eps, weight_offset,
+    # the angles and the positions
+    COS, SIN, cos_strides, POSITIONS, position_strides, position_offset,
+    # this program's tokens and heads
+    pid_s, pid_b, first, seq_len, batch_index, first_head, n_heads, sizes,
+    ROTARY_DIM: tl.constexpr, HEAD_DIM: tl.constexpr, V_DIM: tl.constexpr, BLOCK_S: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_TAIL: tl.constexpr, BLOCK_V: tl.constexpr,
+    INTERLEAVED: tl.constexpr, POS_MODE: tl.constexpr, IS_VARLEN: tl.constexpr, COS_PER_TOKEN: tl.constexpr,
+    NORM: tl.constexpr, WRITE_OUT: tl.constexpr, WRITE_TAIL: tl.constexpr, CACHE: tl.constexpr,
+    HAS_V: tl.constexpr, FP8: tl.constexpr, MATH_DTYPE: tl.constexpr, FP8_NATIVE: tl.constexpr,
+    INDEX_DTYPE: tl.constexpr, EVICT: tl.constexpr,
+):
+    """BLOCK_S tokens x BLOCK_H heads of q, or of k with the same heads of v: normalise, rotate, store to the output
+    and/or the cache (and v to the v cache)."""
+    seqlen, table_len, n_tokens, cache_len, block_size = sizes[0], sizes[3], sizes[4], sizes[5], sizes[6]
+    s_local, token_rows, token_mask = _token_block(first, seq_len, pid_s, n_tokens, BLOCK_S, INDEX_DTYPE)
     heads = (first_head + tl.arange(0, BLOCK_H)).to(INDEX_DTYPE)
     head_mask = heads < n_heads
     mask = token_mask[:, None] & head_mask[None, :]
     # The tile's loads are issued first, v's with x's: they are in flight while the dependent chains position ->
     # table row -> cos/sin and token -> slot resolve. (v is read for every token of the tile, a skipped slot's too:
     # the store, not the load, honours -1.)
-    rows_x = batch_index * sxb + token_rows[:, None] * sxs + heads[None, :] * sxh
-    x_a, x_b, x_t = load_head(X, rows_x, mask, sxd, ROTARY_DIM, HEAD_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF,
-                              BLOCK_TAIL, INTERLEAVED, MATH_DTYPE, EVICT)
-    v = 0.0
-    if HAS_V and CACHE != 0 and not BACKWARD:
+    x_a, x_b, x_t = load_head(X, _rows(x_strides, batch_index, token_rows, heads), mask, x_strides[3], ROTARY_DIM,
+                              HEAD_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_TAIL, INTERLEAVED, MATH_DTYPE, EVICT)
+    if HAS_V:
         v_channels = tl.arange(0, BLOCK_V)
-        rows_v = batch_index * svb + token_rows[:, None] * svs + heads[None, :] * svh
-        v = tl.load(V + rows_v[:, :, None] + v_channels[None, None, :] * svd,
+        rows_v = _rows(v_strides, batch_index, token_rows, heads)
+        v = tl.load(V + rows_v[:, :, None] + v_channels[None, None, :] * v_strides[3],
                     mask=mask[:, :, None] & (v_channels < V_DIM)[None, None, :], other=0.0, eviction_policy=EVICT)
     cos_a, sin_a, cos_b, sin_b = _cos_sin(
         COS, SIN, POSITIONS, pid_b, batch_index, s_local, token_rows, token_mask, table_len, position_offset,
-        (stride_cos_b, stride_cos_s, stride_cos_d), (stride_pos_b, stride_pos_s),
-        ROTARY_DIM, BLOCK_HALF, INTERLEAVED, POS_MODE, COS_PER_TOKEN, BACKWARD, MATH_DTYPE)
+        cos_strides, position_strides, ROTARY_DIM, BLOCK_HALF, INTERLEAVED, POS_MODE, COS_PER_TOKEN, False,
+        MATH_DTYPE)
     cos_a, sin_a, cos_b, sin_b = cos_a[:, None, :], sin_a[:, None, :], cos_b[:, None, :], sin_b[:, None, :]
     if CACHE != 0:
-        if IS_VARLEN:
-            token = token_rows
-        else:
-            token = pid_b.to(tl.int64) * seqlen + s_local
+        token = token_rows if IS_VARLEN else pid_b.to(tl.int64) * seqlen + s_local
         cache_block, cache_row, cache_mask = cache_slot(SLOTS, token, s_local, pid_b, token_mask, cache_len,
-                                                        block_size, stride_slot, CACHE)
-    else:
-        cache_block, cache_row, cache_mask = s_local, s_local, token_mask
-    return _head_tile(OUT, G, W, KC, VC, K_SCALE, V_SCALE, x_a, x_b, x_t, v, cos_a, sin_a, cos_b, sin_b,
-                      batch_index, token_rows, heads, head_mask, mask, eps, weight_offset,
-                      cache_block, cache_row, cache_mask,
-                      sob, sos, soh, sod, sgb, sgs, sgh, sgd,
-                      skcb, skcs, skch, skcd, svcb, svcs, svch, svcd, stride_w,
-                      ROTARY_DIM, HEAD_DIM, V_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_TAIL, BLOCK_V, INTERLEAVED,
-                      MATH_DTYPE, INDEX_DTYPE, NORM, WRITE_OUT, WRITE_TAIL, CACHE, HAS_V, FP8, FP8_NATIVE,
-                      BACKWARD, EVICT)
+                                                        block_size, slot_stride, CACHE)
+    if NORM:
+        w_a, w_b, w_t = norm_weights(W, w_stride, weight_offset, ROTARY_DIM, HEAD_DIM, BLOCK_HALF, BLOCK_TAIL,
+                                     INTERLEAVED, MATH_DTYPE)
+        r = rsqrt_mean_square(x_a, x_b, x_t, eps, HEAD_DIM, MATH_DTYPE)
+        x_a, x_b, x_t = x_a * r * w_a, x_b * r * w_b, x_t * r * w_t
+    y_a, y_b = _rotate(x_a, x_b, cos_a, sin_a, cos_b, sin_b, MATH_DTYPE, False)
+    if WRITE_OUT:
+        store_head(OUT, _rows(out_strides, batch_index, token_rows, heads), mask, y_a, y_b, x_t, out_strides[3], 1.0,
+                   ROTARY_DIM, HEAD_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_TAIL, INTERLEAVED, WRITE_TAIL, False,
+                   False, EVICT, False)
+    if CACHE != 0:
+        c_mask = cache_mask[:, None] & head_mask[None, :]
+        k_scale = 1.0
+        if FP8:
+            k_scale = tl.load(K_SCALE)
+        store_head(K_CACHE, _rows(k_cache_strides, cache_block[:, None], cache_row, heads.to(tl.int64)), c_mask,
+                   y_a, y_b, x_t, k_cache_strides[3], k_scale, ROTARY_DIM, HEAD_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF,
+                   BLOCK_TAIL, INTERLEAVED, True, FP8, FP8_NATIVE, EVICT, False)
+        if HAS_V:
+            # v passes through: its head vectors as one "tail" of V_DIM channels
+            v_mask = c_mask[:, :, None] & (v_channels < V_DIM)[None, None, :]
+            v_scale = 1.0
+            if FP8:
+                v_scale = tl.load(V_SCALE)
+            rows_vc = _rows(v_cache_strides, cache_block[:, None], cache_row, heads.to(tl.int64))
+            store_channels(V_CACHE, rows_vc, v_channels, v, v_mask, v_cache_strides[3], v_scale, FP8, FP8_NATIVE,
+                           EVICT, False)
 
 
 @triton.jit
-def _heads_program(X, OUT, G, W, DW, V, KC, VC, K_SCALE, V_SCALE, COS, SIN, POSITIONS, SLOTS, pid_s, dw_row,
-                   pid_b, first, seq_len, batch_index, seqlen, n_tokens, table_len, position_offset, cache_len,
-                   block_size, first_head, n_heads, eps, weight_offset,
-                   sxb, sxs, sxh, sxd, sob, sos, soh, sod, sgb, sgs, sgh, sgd, svb, svs, svh, svd,
-                   skcb, skcs, skch, skcd, svcb, svcs, svch, svcd, stride_w,
-                   stride_cos_b, stride_cos_s, stride_cos_d, stride_pos_b, stride_pos_s, stride_slot,
-                   ROTARY_DIM: tl.constexpr, HEAD_DIM: tl.constexpr, V_DIM: tl.constexpr, BLOCK_S: tl.constexpr,
-                   BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_TAIL: tl.constexpr,
-                   BLOCK_V: tl.constexpr, TOKEN_BLOCKS: tl.constexpr, STAGES: tl.constexpr,
-                   INTERLEAVED: tl.constexpr,
-                   POS_MODE: tl.constexpr, IS_VARLEN: tl.constexpr, COS_PER_TOKEN: tl.constexpr,
-                   MATH_DTYPE: tl.constexpr, INDEX_DTYPE: tl.constexpr, NORM: tl.constexpr,
-                   WRITE_OUT: tl.constexpr, WRITE_TAIL: tl.constexpr, CACHE: tl.constexpr, HAS_V: tl.constexpr,
-                   FP8: tl.constexpr, FP8_NATIVE: tl.constexpr, BACKWARD: tl.constexpr, DW_ATOMIC: tl.constexpr,
-                   EVICT: tl.constexpr):
-    """One program's work on one tensor (q, or k with v and the caches): TOKEN_BLOCKS consecutive token blocks (one
-    outside the backward). With BACKWARD their weight-gradient terms are summed element by element and reduced over
-    tokens and heads once (one cross-warp reduction a program, not one a tile), then stored into row ``dw_row`` of
-    DW, or with DW_ATOMIC added to it."""
-    if BACKWARD:
-        acc_a = tl.zeros([BLOCK_S, BLOCK_H, BLOCK_HALF], dtype=MATH_DTYPE)
-        acc_b = tl.zeros([BLOCK_S, BLOCK_H, BLOCK_HALF], dtype=MATH_DTYPE)
-        acc_t = tl.zeros([BLOCK_S, BLOCK_H, BLOCK_TAIL], dtype=MATH_DTYPE)
-    for i in tl.range(TOKEN_BLOCKS, num_stages=STAGES):
-        p_a, p_b, p_t = _token_block(
-            X, OUT, G, W, V, KC, VC, K_SCALE, V_SCALE, COS, SIN, POSITIONS, SLOTS, pid_s * TOKEN_BLOCKS + i,
-            pid_b, first, seq_len, batch_index, seqlen, n_tokens, table_len, position_offset, cache_len,
-            block_size, first_head, n_heads, eps, weight_offset,
-            sxb, sxs, sxh, sxd, sob, sos, soh, sod, sgb, sgs, sgh, sgd, svb, svs, svh, svd,
-            skcb, skcs, skch, skcd, svcb, svcs, svch, svcd, stride_w,
-            stride_cos_b, stride_cos_s, stride_cos_d, stride_pos_b, stride_pos_s, stride_slot,
-            ROTARY_DIM, HEAD_DIM, V_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_TAIL, BLOCK_V, INTERLEAVED,
-            POS_MODE, IS_VARLEN, COS_PER_TOKEN, MATH_DTYPE, INDEX_DTYPE, NORM, WRITE_OUT, WRITE_TAIL, CACHE,
-            HAS_V, FP8, FP8_NATIVE, BACKWARD, EVICT)
-        if BACKWARD:
-            acc_a += p_a
-            acc_b += p_b
-            acc_t += p_t
-    if BACKWARD:
-        dw_a = tl.sum(tl.sum(acc_a, 1), 0)[None, None, :]
-        dw_b = tl.sum(tl.sum(acc_b, 1), 0)[None, None, :]
-        dw_t = tl.sum(tl.sum(acc_t, 1), 0)[None, None, :]
-        origin = tl.zeros([1, 1], dtype=tl.int64) + dw_row * HEAD_DIM
-        store_head(DW, origin, origin >= 0, dw_a, dw_b, dw_t, 1, 1.0, ROTARY_DIM, HEAD_DIM, 1, 1, BLOCK_HALF,
-                   BLOCK_TAIL, INTERLEAVED, True, False, False, "", DW_ATOMIC)
-
-
-@triton.jit
-def fused_rope_kernel(
-    Q, K, V, OUT_Q, OUT_K, GQ, GK, K_CACHE, V_CACHE, COS, SIN, POSITIONS, CU_SEQLENS, Q_W, K_W, DW, SLOTS,
-    K_SCALE, V_SCALE,
-    seqlen, n_heads_q, n_heads_k, table_len, position_offset, n_tokens, cache_len, block_size, eps, weight_offset,
-    sqb, sqs, sqh, sqd, skb, sks, skh, skd, svb, svs, svh, svd,
-    soqb, soqs, soqh, soqd, sokb, soks, sokh, sokd,
-    sgqb, sgqs, sgqh, sgqd, sgkb, sgks, sgkh, sgkd,
-    skcb, skcs, skch, skcd, svcb, svcs, svch, svcd,
-    stride_cos_b, stride_cos_s, stride_cos_d, stride_pos_b, stride_pos_s, stride_qw, stride_kw, stride_slot,
+def fused_forward_kernel(
+    # q and k: (batch, seq, heads, HEAD_DIM) views, or one packed (1, tokens, heads, HEAD_DIM) with IS_VARLEN, and
+    # their outputs (stored with WRITE_Q / WRITE_K; an output that is its input is written in place). Strides are
+    # (batch, seq, head, channel) tuples.
+    Q, K, OUT_Q, OUT_K, q_strides, k_strides, out_q_strides, out_k_strides,
+    # the cache side, read and written by k's programs (CACHE): v (HAS_V: k's tokens and heads, V_DIM channels), the
+    # caches (float8 ones as uint8 bits, FP8, with one-element float32 scales), SLOTS (paged: a slot per token;
+    # contiguous: an offset per sequence). Cache strides: (block or sequence, row, head, channel).
+    V, K_CACHE, V_CACHE, K_SCALE, V_SCALE, SLOTS, v_strides, k_cache_strides, v_cache_strides, slot_stride,
+    # the QK-norm (NORM): the (HEAD_DIM,) weights and their strides (q's, k's), eps, the weight offset
+    Q_W, K_W, weight_strides, eps, weight_offset,
+    # the angles: a (table_len, ROTARY_DIM / 2) float32 table, or COS_PER_TOKEN rows; (sequence, row, column)
+    COS, SIN, cos_strides,
+    # positions: POS_MODE says what POSITIONS holds (position_strides: (sequence, token)); CU_SEQLENS the packed
+    # sequences' starts
+    POSITIONS, position_strides, CU_SEQLENS, position_offset,
+    # (seqlen, n_heads_q, n_heads_k, table_len, n_tokens, cache_len, block_size)
+    sizes,
+    # the head vector and the tile
     ROTARY_DIM: tl.constexpr, HEAD_DIM: tl.constexpr, V_DIM: tl.constexpr, BLOCK_S: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_TAIL: tl.constexpr,
-    BLOCK_V: tl.constexpr, TOKEN_BLOCKS: tl.constexpr, STAGES: tl.constexpr,
-    INTERLEAVED: tl.constexpr, POS_MODE: tl.constexpr, IS_VARLEN: tl.constexpr, COS_PER_TOKEN: tl.constexpr,
-    HAS_K: tl.constexpr, MATH_DTYPE: tl.constexpr, INDEX_DTYPE: tl.constexpr, NORM: tl.constexpr,
-    WRITE_Q: tl.constexpr, WRITE_K: tl.constexpr, WRITE_TAIL: tl.constexpr, CACHE: tl.constexpr,
-    HAS_V: tl.constexpr, FP8: tl.constexpr, FP8_NATIVE: tl.constexpr, BACKWARD: tl.constexpr,
-    DW_ATOMIC: tl.constexpr, EVICT: tl.constexpr, HEADS_INNER: tl.constexpr,
+    BLOCK_V: tl.constexpr, HEADS_INNER: tl.constexpr,
+    # what the call asks for
+    HAS_K: tl.constexpr, INTERLEAVED: tl.constexpr, POS_MODE: tl.constexpr, IS_VARLEN: tl.constexpr,
+    COS_PER_TOKEN: tl.constexpr, NORM: tl.constexpr, WRITE_Q: tl.constexpr, WRITE_K: tl.constexpr,
+    WRITE_TAIL: tl.constexpr, CACHE: tl.constexpr, HAS_V: tl.constexpr, FP8: tl.constexpr, MATH_DTYPE: tl.constexpr,
+    # what the tensors and the GPU allow
+    FP8_NATIVE: tl.constexpr, INDEX_DTYPE: tl.constexpr, EVICT: tl.constexpr,
+):
+    """Grid: (token blocks, head blocks of q then of k, batch or sequence), or with HEADS_INNER (token blocks x head
+    blocks, 1, batch or sequence). See the module docstring."""
+    seqlen, n_heads_q, n_heads_k = sizes[0], sizes[1], sizes[2]
+    n_head_blocks_q = (n_heads_q + BLOCK_H - 1) // BLOCK_H
+    if HEADS_INNER:
+        n_head_blocks = n_head_blocks_q + (n_heads_k + BLOCK_HK - 1) // BLOCK_HK  # n_heads_k is 0 without k
+        pid_s = tl.program_id(0) // n_head_blocks
+        pid_h = tl.program_id(0) % n_head_blocks
+    else:
+        pid_s = tl.program_id(0)
+        pid_h = tl.program_id(1)
+    pid_b = tl.program_id(2)
+    first, seq_len, batch_index = sequence_span(CU_SEQLENS, pid_b, seqlen, IS_VARLEN, INDEX_DTYPE)
+    if pid_s * BLOCK_S >= seq_len:
+        return  # varlen: this sequence is shorter than the longest one
+    if pid_h < n_head_blocks_q:
+        _forward_heads(Q, OUT_Q, q_strides, out_q_strides,
+                       None, None, None, None, None, None, v_strides, k_cache_strides, v_cache_strides, slot_stride,
+                       Q_W, weight_strides[0], eps, weight_offset,
+                       COS, SIN, cos_strides, POSITIONS, position_strides, position_offset,
+                       pid_s, pid_b, first, seq_len, batch_index, pid_h * BLOCK_H, n_heads_q, sizes,
+                       ROTARY_DIM, HEAD_DIM, V_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_TAIL, BLOCK_V, INTERLEAVED,
+                       POS_MODE, IS_VARLEN, COS_PER_TOKEN, NORM, WRITE_Q, WRITE_TAIL, 0, False, False, MATH_DTYPE,
+                       False, INDEX_DTYPE, EVICT)
+    elif HAS_K:
+        _forward_heads(K, OUT_K, k_strides, out_k_strides,
+                       V, K_CACHE, V_CACHE, K_SCALE, V_SCALE, SLOTS, v_strides, k_cache_strides, v_cache_strides,
+                       slot_stride,
+                       K_W, weight_strides[1], eps, weight_offset,
+                       COS, SIN, cos_strides, POSITIONS, position_strides, position_offset,
+                       pid_s, pid_b, first, seq_len, batch_index, (pid_h - n_head_blocks_q) * BLOCK_HK, n_heads_k,
+                       sizes,
+                       ROTARY_DIM, HEAD_DIM, V_DIM, BLOCK_S, BLOCK_HK, BLOCK_HALF, BLOCK_TAIL, BLOCK_V, INTERLEAVED,
+                       POS_MODE, IS_VARLEN, COS_PER_TOKEN, NORM, WRITE_K, WRITE_TAIL, CACHE, HAS_V, FP8, MATH_DTYPE,
+                       FP8_NATIVE, INDEX_DTYPE, EVICT)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The backward: n = x r w with r = 1 / sqrt(mean(x^2) + eps) and w = weight_offset + weight, then y = rotate(n, θ).
+#   dn = rotate(g, -θ)                           (the rotation is orthogonal: its VJP turns by -θ)
+#   dx = r w dn - x r^3 mean(dn w x)             (the norm's VJP, the mean over all HEAD_DIM channels)
+#   dw = sum over tokens and heads of dn x r
+# --------------------------------------------------------------------------------------------------------------------
+
+@triton.jit
+def _backward_heads(
+    # the forward's input (q, or k), the incoming gradient and where the input's gradient goes
+    X, G, DX, x_strides, g_strides, dx_strides,
+    # the norm's weight, and the weight gradient's row this program writes (DW_ATOMIC: adds into)
+    W, w_stride, eps, weight_offset, DW, dw_row,
+    # the angles and the positions
+    COS, SIN, cos_strides, POSITIONS, position_strides, position_offset,
+    # this program's tokens and heads
+    pid_s, pid_b, first, seq_len, batch_index, first_head, n_heads, sizes,
+    ROTARY_DIM: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr,
+    BLOCK_HALF: tl.constexpr, BLOCK_TAIL: tl.constexpr, TOKEN_BLOCKS: tl.constexpr, STAGES: tl.constexpr,
+    INTERLEAVED: tl.constexpr, POS_MODE: tl.constexpr, COS_PER_TOKEN: tl.constexpr, MATH_DTYPE: tl.constexpr,
+    DW_ATOMIC: tl.constexpr, INDEX_DTYPE: tl.constexpr, EVICT: tl.constexpr,
+):
+    """TOKEN_BLOCKS consecutive blocks of BLOCK_S tokens x BLOCK_H heads of q or of k: the input gradient of each,
+    and the weight-gradient terms summed element by element, then reduced over tokens and heads once (one cross-warp
+    reduction a program, not one a block) and stored into (added to) row ``dw_row`` of DW."""
+    table_len, n_tokens = sizes[3], sizes[4]
+    heads = (first_head + tl.arange(0, BLOCK_H)).to(INDEX_DTYPE)
+    w_a, w_b, w_t = norm_weights(W, w_stride, weight_offset, ROTARY_DIM, HEAD_DIM, BLOCK_HALF, BLOCK_TAIL,
+                                 INTERLEAVED, MATH_DTYPE)
+    acc_a = tl.zeros([BLOCK_S, BLOCK_H, BLOCK_HALF], dtype=MATH_DTYPE)
+    acc_b = tl.zeros([BLOCK_S, BLOCK_H, BLOCK_HALF], dtype=MATH_DTYPE)
+    acc_t = tl.zeros([BLOCK_S, BLOCK_H, BLOCK_TAIL], dtype=MATH_DTYPE)
+    for i in tl.range(TOKEN_BLOCKS, num_stages=STAGES):
+        s_local, token_rows, token_mask = _token_block(first, seq_len, pid_s * TOKEN_BLOCKS + i, n_tokens, BLOCK_S,
+                                                       INDEX_DTYPE)
+        mask = token_mask[:, None] & (heads < n_heads)[None, :]
+        x_a, x_b, x_t = load_head(X, _rows(x_strides, batch_index, token_rows, heads), mask, x_strides[3],
+                                  ROTARY_DIM, HEAD_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_TAIL, INTERLEAVED,
+                                  MATH_DTYPE, EVICT)
+        cos_a, sin_a, cos_b, sin_b = _cos_sin(
+            COS, SIN, POSITIONS, pid_b, batch_index, s_local, token_rows, token_mask, table_len, position_offset,
+            cos_strides, position_strides, ROTARY_DIM, BLOCK_HALF, INTERLEAVED, POS_MODE, COS_PER_TOKEN, True,
+            MATH_DTYPE)  # conjugated: the rotation by -θ
+        r = rsqrt_mean_square(x_a, x_b, x_t, eps, HEAD_DIM, MATH_DTYPE)
+        g_a, g_b, g_t = load_head(G, _rows(g_strides, batch_index, token_rows, heads), mask, g_strides[3],
+                                  ROTARY_DIM, HEAD_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_TAIL, INTERLEAVED,
+                                  MATH_DTYPE, EVICT)
+        g_a, g_b = _rotate(g_a, g_b, cos_a[:, None, :], sin_a[:, None, :], cos_b[:, None, :], sin_b[:, None, :],
+                           MATH_DTYPE, False)
+        # padding lanes (pairs past ROTARY_DIM / 2, rows past the block's tokens or heads) hold NaN from the table's
+        # masked loads: keep them out of the sums
+        pair_valid = mask[:, :, None] & (tl.arange(0, BLOCK_HALF) < ROTARY_DIM // 2)[None, None, :]
+        g_a, g_b = tl.where(pair_valid, g_a, 0.0), tl.where(pair_valid, g_b, 0.0)
+        dot = tl.sum(g_a * w_a * x_a, 2) + tl.sum(g_b * w_b * x_b, 2) + tl.sum(g_t * w_t * x_t, 2)
+        c = r * r * r * (dot / HEAD_DIM)[:, :, None]
+        store_head(DX, _rows(dx_strides, batch_index, token_rows, heads), mask, r * w_a * g_a - c * x_a,
+                   r * w_b * g_b - c * x_b, r * w_t * g_t - c * x_t, dx_strides[3], 1.0, ROTARY_DIM, HEAD_DIM,
+                   BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_TAIL, INTERLEAVED, True, False, False, EVICT, False)
+        acc_a += g_a * x_a * r
+        acc_b += g_b * x_b * r
+        acc_t += g_t * x_t * r
+    dw_a = tl.sum(tl.sum(acc_a, 1), 0)[None, None, :]
+    dw_b = tl.sum(tl.sum(acc_b, 1), 0)[None, None, :]
+    dw_t = tl.sum(tl.sum(acc_t, 1), 0)[None, None, :]
+    origin = tl.zeros([1, 1], dtype=tl.int64) + dw_row * HEAD_DIM
+    store_head(DW, origin, origin >= 0, dw_a, dw_b, dw_t, 1, 1.0, ROTARY_DIM, HEAD_DIM, 1, 1, BLOCK_HALF,
+               BLOCK_TAIL, INTERLEAVED, True, False, False, "", DW_ATOMIC)
+
+
+@triton.jit
+def fused_backward_kernel(
+    # q and k (the forward's inputs) and the gradients of the forward's outputs: (batch, seq, heads, HEAD_DIM)
+    # views, or packed with IS_VARLEN; strides are (batch, seq, head, channel) tuples
+    Q, K, GQ, GK, q_strides, k_strides, gq_strides, gk_strides,
+    # where the gradients of q and k go
+    DQ, DK, dq_strides, dk_strides,
+    # the norm: the (HEAD_DIM,) weights and their strides (q's, k's), eps, the weight offset; DW the weight
+    # gradients, two rows (q's, k's) every program adds into with DW_ATOMIC, else a row a program
+    Q_W, K_W, weight_strides, eps, weight_offset, DW,
+    # the angles and the positions, as the forward's
+    COS, SIN, cos_strides, POSITIONS, position_strides, CU_SEQLENS, position_offset,
+    # (seqlen, n_heads_q, n_heads_k, table_len, n_tokens)
+    sizes,
+    # the head vector and the tile
+    ROTARY_DIM: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr,
+    BLOCK_HK: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_TAIL: tl.constexpr, TOKEN_BLOCKS: tl.constexpr,
+    STAGES: tl.constexpr, HEADS_INNER: tl.constexpr,
+    # what the call asks for
+    HAS_K: tl.constexpr, INTERLEAVED: tl.constexpr, POS_MODE: tl.constexpr, IS_VARLEN: tl.constexpr,
+    COS_PER_TOKEN: tl.constexpr, MATH_DTYPE: tl.constexpr, DW_ATOMIC: tl.constexpr,
+    # what the tensors allow
+    INDEX_DTYPE: tl.constexpr, EVICT: tl.constexpr,
 ):
     """Grid: (token-block groups, head blocks of q then of k, batch or sequence), or with HEADS_INNER (groups x head
-    blocks, 1, batch or sequence), the head blocks of a group adjacent in launch order. A group is TOKEN_BLOCKS
-    blocks of BLOCK_S tokens (one outside the backward). q's head blocks hold BLOCK_H heads, k's BLOCK_HK (k may
-    have far fewer heads: MLA's one shared k_pe). See the module docstring."""
+    blocks, 1, batch or sequence); a group is TOKEN_BLOCKS blocks of BLOCK_S tokens."""
+    seqlen, n_heads_q, n_heads_k = sizes[0], sizes[1], sizes[2]
     n_head_blocks_q = (n_heads_q + BLOCK_H - 1) // BLOCK_H
     n_head_blocks = n_head_blocks_q + (n_heads_k + BLOCK_HK - 1) // BLOCK_HK  # n_heads_k is 0 without k
     n_groups = ((seqlen + BLOCK_S - 1) // BLOCK_S + TOKEN_BLOCKS - 1) // TOKEN_BLOCKS
@@ -275,51 +332,27 @@ def fused_rope_kernel(
     else:
         dw_row = (pid_b * n_head_blocks + pid_h) * n_groups + pid_s
     if pid_h < n_head_blocks_q:
-        _heads_program(Q, OUT_Q, GQ, Q_W, DW, V, K_CACHE, V_CACHE, K_SCALE, V_SCALE, COS, SIN, POSITIONS, SLOTS,
-                       pid_s, dw_row, pid_b, first, seq_len, batch_index, seqlen, n_tokens, table_len,
-                       position_offset, cache_len, block_size, pid_h * BLOCK_H, n_heads_q, eps, weight_offset,
-                       sqb, sqs, sqh, sqd, soqb, soqs, soqh, soqd, sgqb, sgqs, sgqh, sgqd, svb, svs, svh, svd,
-                       skcb, skcs, skch, skcd, svcb, svcs, svch, svcd, stride_qw,
-                       stride_cos_b, stride_cos_s, stride_cos_d, stride_pos_b, stride_pos_s, stride_slot,
-                       ROTARY_DIM, HEAD_DIM, V_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_TAIL, BLOCK_V, TOKEN_BLOCKS,
-                       STAGES, INTERLEAVED, POS_MODE, IS_VARLEN, COS_PER_TOKEN, MATH_DTYPE, INDEX_DTYPE, NORM,
-                       WRITE_Q, WRITE_TAIL, 0, False, False, False, BACKWARD, DW_ATOMIC, EVICT)
+        _backward_heads(Q, GQ, DQ, q_strides, gq_strides, dq_strides, Q_W, weight_strides[0], eps, weight_offset, DW,
+                        dw_row, COS, SIN, cos_strides, POSITIONS, position_strides, position_offset,
+                        pid_s, pid_b, first, seq_len, batch_index, pid_h * BLOCK_H, n_heads_q, sizes,
+                        ROTARY_DIM, HEAD_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_TAIL, TOKEN_BLOCKS, STAGES,
+                        INTERLEAVED, POS_MODE, COS_PER_TOKEN, MATH_DTYPE, DW_ATOMIC, INDEX_DTYPE, EVICT)
     elif HAS_K:
-        _heads_program(K, OUT_K, GK, K_W, DW, V, K_CACHE, V_CACHE, K_SCALE, V_SCALE, COS, SIN, POSITIONS, SLOTS,
-                       pid_s, dw_row, pid_b, first, seq_len, batch_index, seqlen, n_tokens, table_len,
-                       position_offset, cache_len, block_size, (pid_h - n_head_blocks_q) * BLOCK_HK, n_heads_k, eps,
-                       weight_offset,
-                       skb, sks, skh, skd, sokb, soks, sokh, sokd, sgkb, sgks, sgkh, sgkd, svb, svs, svh, svd,
-                       skcb, skcs, skch, skcd, svcb, svcs, svch, svcd, stride_kw,
-                       stride_cos_b, stride_cos_s, stride_cos_d, stride_pos_b, stride_pos_s, stride_slot,
-                       ROTARY_DIM, HEAD_DIM, V_DIM, BLOCK_S, BLOCK_HK, BLOCK_HALF, BLOCK_TAIL, BLOCK_V,
-                       TOKEN_BLOCKS, STAGES, INTERLEAVED, POS_MODE, IS_VARLEN, COS_PER_TOKEN, MATH_DTYPE,
-                       INDEX_DTYPE, NORM, WRITE_K, WRITE_TAIL, CACHE, HAS_V, FP8, FP8_NATIVE, BACKWARD, DW_ATOMIC,
-                       EVICT)
+        _backward_heads(K, GK, DK, k_strides, gk_strides, dk_strides, K_W, weight_strides[1], eps, weight_offset, DW,
+                        dw_row, COS, SIN, cos_strides, POSITIONS, position_strides, position_offset,
+                        pid_s, pid_b, first, seq_len, batch_index, (pid_h - n_head_blocks_q) * BLOCK_HK, n_heads_k,
+                        sizes, ROTARY_DIM, HEAD_DIM, BLOCK_S, BLOCK_HK, BLOCK_HALF, BLOCK_TAIL, TOKEN_BLOCKS, STAGES,
+                        INTERLEAVED, POS_MODE, COS_PER_TOKEN, MATH_DTYPE, DW_ATOMIC, INDEX_DTYPE, EVICT)
 
 
-class FusedConfig(NamedTuple):
-    block_s: int  # tokens per program
-    block_h: int  # heads per program (of q, or of k and v)
-    num_warps: int
-    evict_first: bool = False  # the streaming hint on activation loads and on every store
-    heads_inner: bool = False  # launch order: the head blocks of one token block next to each other
-    token_blocks: int = 1  # backward: token blocks a program walks, its weight-gradient terms summed in registers
-    stages: int = 1  # backward: software-pipeline stages of that walk (>1: the next block's loads start early)
+# --------------------------------------------------------------------------------------------------------------------
+# The launch choice.
+# --------------------------------------------------------------------------------------------------------------------
 
-
-def _next_pow2(n: int) -> int:
-    return 1 << (max(n, 1) - 1).bit_length()
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-# The launch table, one entry a shape class (:func:`fused_shape_class`): block sizes for the fused kernel, chosen by the
-# sweep ``python -m ropekit.bench.fused_tune`` (prefill-wide is not swept yet); the alternatives and their numbers live
-# in docs/tuning.md#fused-launch-table. ``block_h`` is a ceiling: a program never takes more heads than the call has
-# (rounded up to a power of two).
+# The launch table, one entry a shape class (:func:`fused_shape_class`): block sizes for the fused kernels, chosen by
+# the sweep ``python -m ropekit.bench.fused_tune`` (prefill-wide is not swept yet); the alternatives and their numbers
+# live in docs/tuning.md#fused-launch-table. ``block_h`` is a ceiling: a program never takes more heads than the call
+# has (rounded up to a power of two).
 FUSED_LAUNCH_TABLE: dict = {
     "decode": FusedConfig(1, 8, 4),  # few tokens: one token a program, so that the grid covers the GPU
     "decode-fp8": FusedConfig(1, 4, 4),
@@ -339,45 +372,46 @@ _forced_fused: FusedConfig | None = None
 
 @contextlib.contextmanager
 def forced_fused_config(config: FusedConfig | None):
-    """Every fused launch inside the block that is not given ``config=`` uses ``config`` instead of the launch table
-    (None: the table), whichever public op reaches it (:mod:`ropekit.fused`, autograd). For tools that measure
-    launch configurations through the public API (``ropekit.bench.fused_tune``); the same pattern as v4's
-    ``ropekit.triton.launch.forced_config``."""
+    """Every fused launch planned inside the block that is not given ``config=`` uses ``config`` (None: the usual
+    choice), whichever public op reaches it (:mod:`ropekit.fused`, autograd). For tools that measure launch
+    configurations through the public API (``ropekit.bench.fused_tune``), as
+    :func:`ropekit.triton.launch.forced_config` is for RoPE; plans are forgotten on entry and on exit."""
     global _forced_fused
     saved, _forced_fused = _forced_fused, config
+    plans.clear()
     try:
         yield
     finally:
         _forced_fused = saved
+        plans.clear()
 
 
-def fused_shape_class(n_tokens: int, width: int, fp8: bool = False, norm: bool = False,
-                      backward: bool = False) -> str:
-    """The launch table's key for a call: "backward" for the QK-norm + RoPE backward (its own class: it reads twice
-    what it writes, and reduces the weight gradient); else "decode" (at most 128 tokens) or "prefill", "-wide" when
-    a program holds head vectors wider than 128 channels (``width``: k's or v's), else "-fp8" for a float8 cache,
-    else "-norm" for a prefill with QK-norm (decode has one class: its programs are one token either way)."""
-    if backward:
+def fused_shape_class(shape: FusedShape) -> str:
+    """The launch table's key for a shape: "backward" for the QK-norm + RoPE backward (its own class: it reads twice
+    what it writes, and reduces the weight gradient); else "decode" (at most 128 tokens) or "prefill", "-wide" when a
+    program holds head vectors wider than 128 channels, else "-fp8" for a float8 cache, else "-norm" for a prefill
+    with QK-norm (decode has one class: its programs are one token either way)."""
+    if shape.backward:
         return "backward"
-    kind = "decode" if n_tokens <= 128 else "prefill"
-    if width > 128:
+    kind = "decode" if shape.n_tokens <= 128 else "prefill"
+    if shape.width > 128:
         return kind + "-wide"
-    if fp8:
+    if shape.fp8:
         return kind + "-fp8"
-    return kind + "-norm" if norm and kind == "prefill" else kind
+    return kind + "-norm" if shape.norm and kind == "prefill" else kind
 
 
-def fused_config(n_tokens: int, n_heads: int, width: int, fp8: bool = False, norm: bool = False,
-                 backward: bool = False) -> FusedConfig:
-    """Block sizes for a call: :data:`FUSED_LAUNCH_TABLE` at the call's :func:`fused_shape_class`, heads a program
-    capped at the call's (power-of-two) head count; inside :func:`forced_fused_config`, the forced configuration.
-    Under the interpreter every program costs Python time: tiles as large as the shape allows."""
+def fused_config_for(shape: FusedShape, device) -> FusedConfig:
+    """The launch choice for a fused call of this shape on ``device``: inside :func:`forced_fused_config` the forced
+    one; under the interpreter (where every program costs Python time) tiles as large as the shape allows, fixed;
+    otherwise :data:`FUSED_LAUNCH_TABLE` at the shape's class, heads a program capped at the call's (power-of-two)
+    head count. (This last step is where ``ropekit.triton.choice`` takes over.)"""
     if _forced_fused is not None:
         return _forced_fused
-    heads = _next_pow2(n_heads)
+    heads = _next_pow2(shape.n_heads)
     if _device.INTERPRET:
-        return FusedConfig(min(_next_pow2(n_tokens), 16), min(heads, 8), 4)
-    entry = FUSED_LAUNCH_TABLE[fused_shape_class(n_tokens, width, fp8, norm, backward)]
+        return FusedConfig(min(_next_pow2(shape.n_tokens), 16), min(heads, 8), 4)
+    entry = FUSED_LAUNCH_TABLE[fused_shape_class(shape)]
     return entry._replace(block_h=min(heads, entry.block_h))
 
 
@@ -389,48 +423,66 @@ def native_fp8(device) -> bool:
     return not _device.INTERPRET and device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9)
 
 
+# --------------------------------------------------------------------------------------------------------------------
+# Plans and launches.
+# --------------------------------------------------------------------------------------------------------------------
+
+# What a forward plan takes at each call, in this order (a KernelLaunch's per-call arguments); None where the plan
+# was made without that tensor
+FORWARD_PER_CALL = ("Q", "K", "OUT_Q", "OUT_K", "V", "K_CACHE", "V_CACHE", "K_SCALE", "V_SCALE", "SLOTS", "Q_W",
+                    "K_W", "COS", "SIN", "POSITIONS", "CU_SEQLENS", "position_offset")
+BACKWARD_PER_CALL = ("Q", "K", "GQ", "GK", "DQ", "DK", "Q_W", "K_W", "DW", "COS", "SIN", "POSITIONS", "CU_SEQLENS",
+                     "position_offset")
+
+_MATH = {torch.float64: tl.float64}
+_UNREAD = (1, 1, 1, 1)  # the strides of a tensor a launch does not read: constants to Triton
+
+
+def _strides(t) -> tuple:
+    return tuple(t.stride()) if t is not None else _UNREAD
+
+
 def _reach_fits_int32(*tensors) -> bool:
     """Whether every element offset of these views (from their own data pointers) stays below 2**31."""
     return all(sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride()) if n > 0) < 2**31
                for t in tensors if t is not None)
 
 
-def _strides(t, n: int = 4) -> tuple:
-    return tuple(t.stride()) if t is not None else (1,) * n
+class FusedBackward:
+    """A planned backward launch: allocates the weight-gradient rows a call's programs write, launches, and sums
+    them. Called with :data:`BACKWARD_PER_CALL`'s tensors but ``DW``; returns ``(dw_q, dw_k)`` in the math dtype."""
+
+    __slots__ = ("launch", "dw_shape", "dw_dtype", "dw_zeroed", "dw_atomic", "n_blocks_q")
+
+    def __init__(self, launch, dw_shape, dw_dtype, dw_zeroed: bool, dw_atomic: bool, n_blocks_q: int):
+        self.launch, self.dw_shape, self.dw_dtype = launch, dw_shape, dw_dtype  # launch None: nothing to compute
+        self.dw_zeroed, self.dw_atomic, self.n_blocks_q = dw_zeroed, dw_atomic, n_blocks_q
+
+    def __call__(self, q, k, grad_q, grad_k, out_q, out_k, q_weight, k_weight, cos, sin, positions, cu_seqlens,
+                 position_offset: int):
+        if self.launch is None:
+            zeros = torch.zeros(self.dw_shape[-1], dtype=self.dw_dtype, device=q.device)
+            return zeros, zeros.clone()
+        dw = (torch.zeros if self.dw_zeroed else torch.empty)(self.dw_shape, dtype=self.dw_dtype, device=q.device)
+        self.launch(q, k, grad_q, grad_k, out_q, out_k, q_weight, k_weight, dw, cos, sin, positions, cu_seqlens,
+                    position_offset)
+        if self.dw_atomic:
+            return dw[0], dw[1]
+        return dw[:, :self.n_blocks_q].sum((0, 1, 2)), dw[:, self.n_blocks_q:].sum((0, 1, 2))
 
 
-_MATH = {torch.float64: tl.float64}
-
-
-def _position_strides(spec: PositionSpec) -> tuple:
-    """The (sequence, token) strides ``_cos_sin`` walks the positions with: per-sequence offsets ``(batch,)`` step by
-    sequence, 1-D position ids (varlen) by packed token, 2-D ids by both; (1, 1) without a tensor (not read)."""
-    t = spec.tensor
-    if t is None:
-        return 1, 1
-    if t.ndim == 2:
-        return t.stride(0), t.stride(1)
-    return (0, t.stride(0)) if spec.mode == POSITION_IDS else (t.stride(0), 1)
-
-
-def launch_fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, interleaved: bool = False,
-                 cos_per_token: bool = False, out_q=None, out_k=None, v=None, k_cache=None, v_cache=None,
-                 cache_mode: int = CACHE_NONE, slots=None, block_size: int = 1, cache_len: int = 0,
-                 k_scale=None, v_scale=None, q_weight=None, k_weight=None, eps: float = 0.0,
-                 weight_offset: float = 0.0, grad_q=None, grad_k=None, config: FusedConfig | None = None):
-    """Launch the fused kernel on validated arguments (``ropekit.fused`` validates; this trusts its caller).
-
-    q, k, v, the outputs and the incoming gradients are ``(batch, seq, heads, dim)`` views with any strides, or
-    ``(tokens, heads, dim)`` when ``positions.is_varlen``; caches are ``(blocks or batch, rows, heads, dim)`` views
-    (float8 caches as their uint8 bits). An output that is its input is written in place. ``out_q``/``out_k`` None:
-    not written. With ``grad_q`` (BACKWARD) the outputs receive the input gradients and the call returns the weight
-    gradients ``(dw_q, dw_k)`` in the math dtype; otherwise None. The programs add their weight-gradient terms
-    into two rows with atomic adds (no second reduction kernel; the float sum's rounding depends on the order the
-    adds arrive in), or, under ``torch.use_deterministic_algorithms``, each program stores its own row and one
-    reduction in a fixed order sums them.
-    """
+def plan_fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, interleaved: bool = False,
+               cos_per_token: bool = False, out_q=None, out_k=None, v=None, k_cache=None, v_cache=None,
+               cache_mode: int = CACHE_NONE, slots=None, block_size: int = 1, cache_len: int = 0, k_scale=None,
+               v_scale=None, q_weight=None, k_weight=None, eps: float = 0.0, weight_offset: float = 0.0,
+               grad_q=None, grad_k=None, config: FusedConfig | None = None):
+    """The plan for :func:`launch_fused`'s arguments: for the forward a :class:`~ropekit.triton.launch.KernelLaunch`
+    called with :data:`FORWARD_PER_CALL`'s tensors (None when there is nothing to do), for the backward (``grad_q``
+    given) a :class:`FusedBackward`. Later calls pass tensors of the same shapes, strides and dtypes (or views of
+    them with the same data pointers: the caller's own layout), and only their pointers are read."""
     backward = grad_q is not None
-    if positions.is_varlen:
+    varlen = positions.is_varlen
+    if varlen:
         q, k, v, out_q, out_k, grad_q, grad_k = (None if t is None else t.unsqueeze(0)
                                                   for t in (q, k, v, out_q, out_k, grad_q, grad_k))
         n_batch, seqlen, n_tokens = positions.cu_seqlens.shape[0] - 1, positions.max_seqlen, q.shape[1]
@@ -442,64 +494,94 @@ def launch_fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, in
     head_dim, n_heads_q = q.shape[-1], q.shape[2]
     n_heads_k = k.shape[2] if k is not None else 0
     fp8 = k_cache is not None and k_cache.dtype == torch.uint8
+    norm = q_weight is not None
     if config is None:
-        config = fused_config(n_batch * seqlen, max(n_heads_q, n_heads_k),
-                              max(head_dim, v.shape[-1] if v is not None else 0), fp8=fp8,
-                              norm=q_weight is not None or k_weight is not None, backward=backward)
+        width = max(head_dim, v.shape[-1] if v is not None else 0)
+        config = fused_config_for(FusedShape(n_batch * seqlen, max(n_heads_q, n_heads_k), width, q.element_size(),
+                                             fp8, norm or k_weight is not None, backward), q.device)
     block_hk = min(config.block_h, _next_pow2(n_heads_k))
     token_blocks = config.token_blocks if backward else 1
     n_blocks_q = _cdiv(n_heads_q, config.block_h)
     n_blocks_s = _cdiv(_cdiv(seqlen, config.block_s), token_blocks)
     n_blocks_h = n_blocks_q + _cdiv(n_heads_k, block_hk)
     grid = (n_blocks_s * n_blocks_h, 1, n_batch) if config.heads_inner else (n_blocks_s, n_blocks_h, n_batch)
-    dw = None
-    dw_atomic = backward and not torch.are_deterministic_algorithms_enabled()
+    empty = grid[0] == 0 or n_batch == 0 or n_tokens == 0
     if backward:
+        dw_atomic = not torch.are_deterministic_algorithms_enabled()
         dw_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
-        if dw_atomic:
-            dw = torch.zeros((2, head_dim), dtype=dw_dtype, device=q.device)
-        else:
-            # every program writes its row, except varlen programs past their sequence's end
-            empty = torch.zeros if positions.is_varlen else torch.empty
-            dw = empty((n_batch, n_blocks_h, n_blocks_s, head_dim), dtype=dw_dtype, device=q.device)
-    if grid[0] == 0 or n_batch == 0 or n_tokens == 0:
-        return None if dw is None else (dw.new_zeros(head_dim), dw.new_zeros(head_dim))
+        # atomic: two rows every program adds into; else a row a program (varlen programs past their sequence's end
+        # write none: zeroed)
+        dw_shape = (2, head_dim) if dw_atomic else (n_batch, n_blocks_h, n_blocks_s, head_dim)
+        dw_zeroed = dw_atomic or varlen
+    if empty:
+        return FusedBackward(None, (head_dim,), dw_dtype, True, True, 0) if backward else None
     if cos_per_token:
-        cos_strides, table_len = (0 if positions.is_varlen else cos.stride(0), cos.stride(1), cos.stride(2)), 1
+        cos_strides, table_len = (0 if varlen else cos.stride(0), cos.stride(1), cos.stride(2)), 1
     else:
         cos_strides, table_len = (1, cos.stride(0), cos.stride(1)), cos.shape[0]
     pos = positions.tensor
-    pos_strides = _position_strides(positions)
-    norm = q_weight is not None
-    write_q, write_k = out_q is not None, out_k is not None
-    in_place = (write_q and out_q.data_ptr() == q.data_ptr()) or (write_k and out_k.data_ptr() == k.data_ptr())
-    k_args = k if k is not None else q
-    pointers = (q, k_args, v, out_q, out_k, grad_q, grad_k, k_cache, v_cache, cos, sin, pos, positions.cu_seqlens,
-                q_weight, k_weight, dw, slots, k_scale, v_scale)
-    ints = (seqlen, n_heads_q, n_heads_k, table_len, positions.offset, n_tokens, cache_len, block_size, eps,
-            weight_offset, *_strides(q), *_strides(k_args), *_strides(v), *_strides(out_q), *_strides(out_k),
-            *_strides(grad_q), *_strides(grad_k), *_strides(k_cache), *_strides(v_cache), *cos_strides,
-            *pos_strides, *_strides(q_weight, 1), *_strides(k_weight, 1), *_strides(slots, 1))
-    v_dim = v.shape[-1] if v is not None else 1
-    constexprs = dict(
-        ROTARY_DIM=rotary_dim, HEAD_DIM=head_dim, V_DIM=v_dim, BLOCK_S=config.block_s, BLOCK_H=config.block_h,
-        BLOCK_HK=block_hk, BLOCK_HALF=_next_pow2(rotary_dim // 2), BLOCK_TAIL=_next_pow2(max(head_dim - rotary_dim, 1)),
-        BLOCK_V=_next_pow2(v_dim), TOKEN_BLOCKS=token_blocks,
-        STAGES=config.stages if backward else 1, INTERLEAVED=interleaved, POS_MODE=positions.mode,
-        IS_VARLEN=positions.is_varlen, COS_PER_TOKEN=cos_per_token, HAS_K=k is not None,
-        MATH_DTYPE=_MATH.get(q.dtype, tl.float32),
+    common = dict(
+        Q=q, K=k, q_strides=_strides(q), k_strides=_strides(k),
+        Q_W=q_weight, K_W=k_weight, eps=eps, weight_offset=weight_offset,
+        weight_strides=(q_weight.stride(0) if norm else 1, k_weight.stride(0) if k_weight is not None else 1),
+        COS=cos, SIN=sin, cos_strides=cos_strides,
+        POSITIONS=pos, position_strides=_position_strides(positions), CU_SEQLENS=positions.cu_seqlens,
+        position_offset=positions.offset,
+        ROTARY_DIM=rotary_dim, HEAD_DIM=head_dim, BLOCK_S=config.block_s, BLOCK_H=config.block_h, BLOCK_HK=block_hk,
+        BLOCK_HALF=_next_pow2(rotary_dim // 2), BLOCK_TAIL=_next_pow2(max(head_dim - rotary_dim, 1)),
+        HEADS_INNER=config.heads_inner, HAS_K=k is not None, INTERLEAVED=interleaved, POS_MODE=positions.mode,
+        IS_VARLEN=varlen, COS_PER_TOKEN=cos_per_token, MATH_DTYPE=_MATH.get(q.dtype, tl.float32),
         INDEX_DTYPE=tl.int32 if _reach_fits_int32(q, k, v, out_q, out_k, grad_q, grad_k, cos, sin, pos)
         else tl.int64,
-        NORM=norm, WRITE_Q=write_q, WRITE_K=write_k, WRITE_TAIL=backward or norm or not in_place, CACHE=cache_mode,
-        HAS_V=v is not None, FP8=fp8, FP8_NATIVE=fp8 and native_fp8(q.device), BACKWARD=backward, DW_ATOMIC=dw_atomic,
-        EVICT="evict_first" if config.evict_first else "", HEADS_INNER=config.heads_inner)
-    if _device.INTERPRET:
-        with _device.INTERPRETER_LOCK:
-            fused_rope_kernel[grid](*pointers, *ints, **constexprs, num_warps=config.num_warps)
-    else:
-        fused_rope_kernel[grid](*pointers, *ints, **constexprs, num_warps=config.num_warps)
-    if dw is None:
-        return None
-    if dw_atomic:
-        return dw[0], dw[1]
-    return dw[:, :n_blocks_q].sum((0, 1, 2)), dw[:, n_blocks_q:].sum((0, 1, 2))
+        EVICT="evict_first" if config.evict_first else "")
+    if backward:
+        arguments = dict(
+            common, GQ=grad_q, GK=grad_k, gq_strides=_strides(grad_q), gk_strides=_strides(grad_k),
+            DQ=out_q, DK=out_k, dq_strides=_strides(out_q), dk_strides=_strides(out_k), DW=None,
+            sizes=(seqlen, n_heads_q, n_heads_k, table_len, n_tokens),
+            TOKEN_BLOCKS=token_blocks, STAGES=config.stages, DW_ATOMIC=dw_atomic)
+        launch = KernelLaunch(fused_backward_kernel, grid, config.num_warps, BACKWARD_PER_CALL, arguments)
+        return FusedBackward(launch, dw_shape, dw_dtype, dw_zeroed, dw_atomic, n_blocks_q)
+    write_q, write_k = out_q is not None, out_k is not None
+    in_place = (write_q and out_q.data_ptr() == q.data_ptr()) or (write_k and out_k.data_ptr() == k.data_ptr())
+    v_dim = v.shape[-1] if v is not None else 1
+    arguments = dict(
+        common, OUT_Q=out_q, OUT_K=out_k, out_q_strides=_strides(out_q), out_k_strides=_strides(out_k),
+        V=v, K_CACHE=k_cache, V_CACHE=v_cache, K_SCALE=k_scale, V_SCALE=v_scale, SLOTS=slots,
+        v_strides=_strides(v), k_cache_strides=_strides(k_cache), v_cache_strides=_strides(v_cache),
+        slot_stride=slots.stride(0) if slots is not None else 1,
+        sizes=(seqlen, n_heads_q, n_heads_k, table_len, n_tokens, cache_len, block_size),
+        V_DIM=v_dim, BLOCK_V=_next_pow2(v_dim), NORM=norm, WRITE_Q=write_q, WRITE_K=write_k,
+        WRITE_TAIL=norm or not in_place, CACHE=cache_mode, HAS_V=v is not None and cache_mode != CACHE_NONE,
+        FP8=fp8, FP8_NATIVE=fp8 and native_fp8(q.device))
+    return KernelLaunch(fused_forward_kernel, grid, config.num_warps, FORWARD_PER_CALL, arguments)
+
+
+def launch_fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, interleaved: bool = False,
+                 cos_per_token: bool = False, out_q=None, out_k=None, v=None, k_cache=None, v_cache=None,
+                 cache_mode: int = CACHE_NONE, slots=None, block_size: int = 1, cache_len: int = 0,
+                 k_scale=None, v_scale=None, q_weight=None, k_weight=None, eps: float = 0.0,
+                 weight_offset: float = 0.0, grad_q=None, grad_k=None, config: FusedConfig | None = None):
+    """Plan and launch the fused kernels on validated arguments (``ropekit.fused`` validates; this trusts its caller).
+
+    q, k, v, the outputs and the incoming gradients are ``(batch, seq, heads, dim)`` views with any strides, or
+    ``(tokens, heads, dim)`` when ``positions.is_varlen``; caches are ``(blocks or batch, rows, heads, dim)`` views
+    (float8 caches as their uint8 bits). An output that is its input is written in place. ``out_q``/``out_k`` None:
+    not written. With ``grad_q`` (the backward) the outputs receive the input gradients and the call returns the
+    weight gradients ``(dw_q, dw_k)`` in the math dtype; otherwise None. The programs add their weight-gradient terms
+    into two rows with atomic adds (no second reduction kernel; the float sum's rounding depends on the order the
+    adds arrive in), or, under ``torch.use_deterministic_algorithms``, each program stores its own row and one
+    reduction in a fixed order sums them. ``config`` forces a launch configuration (tools and tests).
+    """
+    plan = plan_fused(q, k, cos, sin, positions=positions, rotary_dim=rotary_dim, interleaved=interleaved,
+                      cos_per_token=cos_per_token, out_q=out_q, out_k=out_k, v=v, k_cache=k_cache, v_cache=v_cache,
+                      cache_mode=cache_mode, slots=slots, block_size=block_size, cache_len=cache_len,
+                      k_scale=k_scale, v_scale=v_scale, q_weight=q_weight, k_weight=k_weight, eps=eps,
+                      weight_offset=weight_offset, grad_q=grad_q, grad_k=grad_k, config=config)
+    if grad_q is not None:
+        return plan(q, k, grad_q, grad_k, out_q, out_k, q_weight, k_weight, cos, sin, positions.tensor,
+                    positions.cu_seqlens, positions.offset)
+    if plan is not None:
+        plan(q, k, out_q, out_k, v, k_cache, v_cache, k_scale, v_scale, slots, q_weight, k_weight, cos, sin,
+             positions.tensor, positions.cu_seqlens, positions.offset)
+    return None

@@ -1,0 +1,77 @@
+"""The fused ops' one path: validate once, make a plan, launch; a repeated call signature goes straight to its plan.
+
+Every fused op (``qk_norm_rope``, ``rope_and_cache``, ``mla_rope_and_cache``, and the engines' signatures through
+them) keeps its plans in :data:`ropekit.triton.launch.plans`, the cache ``apply_rope`` uses, under a key that starts
+with the op's name (:func:`signature`). A plan is made only after the call was validated; a hit then does what the
+call's tensors force and nothing else: the key itself (shapes, strides, dtypes and devices), the overlap check at the
+tensors' addresses (skipped at addresses the plan has seen), the outputs, and the launch with their data pointers.
+Validation never reads device values outside check mode, so the signature decides it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import device as _device
+from ..triton.launch import plans
+from .validate import FP8_DTYPE, check_mode, check_overlaps
+
+__all__ = ["planned", "signature", "reads_callers_memory", "FusedPlan", "plans"]
+
+
+def planned(tensors: tuple) -> bool:
+    """Whether an eager call takes (and leaves) a plan: the Triton backend, not compiling, not in check mode (which
+    reads device values on every call), and with grad enabled no tensor requiring grad (that call is autograd's)."""
+    if _device.default_backend() != "triton" or torch.compiler.is_compiling() or check_mode():
+        return False
+    if torch.is_grad_enabled():
+        for t in tensors:
+            if isinstance(t, torch.Tensor) and t.requires_grad:
+                return False
+    return True
+
+
+def signature(op: str, tensors: tuple, flags: tuple) -> tuple | None:
+    """A plan's key: the op's name, every tensor by shape, strides, dtype and device (anything else by type and
+    value), every host argument by type and value (True == 1 as dict keys, but not as arguments); None for a call
+    with an unhashable argument (validation says what is wrong with it)."""
+    key = (op, *[(t.shape, t.stride(), t.dtype, t.device) if isinstance(t, torch.Tensor) else (type(t), t)
+                 for t in tensors], *[(type(f), f) for f in flags])
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+def reads_callers_memory(derived: tuple, given: tuple) -> bool:
+    """Whether what validation derived (tables, positions, slots) lies where the caller's own tensors do: the same
+    tensor or a view at the same data pointer (its strides follow from the signature). Not so for a grown table, a
+    copy or a padded slot mapping, which a later call would not pass: such calls are not planned."""
+    for a, b in zip(derived, given):
+        if a is not b and (a is None or not isinstance(b, torch.Tensor) or a.data_ptr() != b.data_ptr()):
+            return False
+    return True
+
+
+class FusedPlan:
+    """A validated fused call: the kernel's launch (None: nothing to compute) and the overlap facts it recorded.
+
+    ``names``/``written``: the call's tensors as :func:`~ropekit.validate.check_overlaps` takes them; ``checked``:
+    the addresses already checked for this signature. ``fp8``: the caches hold e4m3 (their scales are read)."""
+
+    __slots__ = ("launch", "names", "written", "checked", "fp8")
+
+    def __init__(self, launch, names: tuple, written: tuple, fp8: bool = False):
+        self.launch, self.names, self.written, self.fp8 = launch, names, written, fp8
+        self.checked: set = set()
+
+    def check(self, tensors: tuple) -> None:
+        """The overlap rule on this call's tensors (in ``names``' order), at their addresses."""
+        check_overlaps(self.names, tensors, self.written, self.checked)
+
+    @staticmethod
+    def bytes_of(cache):
+        """A cache as the kernel writes it: a float8 one as its uint8 bytes, whose rounding is the kernel's own,
+        identical on GPU and CPU (a ``torch.uint8`` cache already is bytes)."""
+        return cache.view(torch.uint8) if cache is not None and cache.dtype == FP8_DTYPE else cache
