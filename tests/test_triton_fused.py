@@ -120,25 +120,20 @@ def test_forward_paged_norm_with_position_ids_in_small_tiles(config):
     assert torch.equal(v_cache.cpu().double(), ref.paged_cache_write(torch.zeros(3, 4, hk, d), v[0], slots))
 
 
-def test_the_launch_table_covers_every_shape_class_and_the_override_wins(monkeypatch):
-    from ropekit.triton import fused
-    from ropekit.triton.fused import (FUSED_LAUNCH_TABLE, FusedShape, forced_fused_config, fused_config_for,
-                                      fused_shape_class)
+def test_the_launch_choice_is_the_models_and_the_override_wins(monkeypatch):
+    from ropekit.triton import choice, fused, model
+    from ropekit.triton.fused import FusedShape, forced_fused_config, fused_config_for
 
     def shape(tokens, width=128, fp8=False, norm=False, backward=False, heads=32):
         return FusedShape(tokens, heads, width, 2, fp8, norm, backward)
 
-    classes = {fused_shape_class(shape(t, w, fp8, norm)) for t in (1, 64, 128, 129, 16384) for w in (64, 128, 576)
-               for fp8 in (False, True) for norm in (False, True)}
-    assert classes | {fused_shape_class(shape(16384, norm=True, backward=True))} == set(FUSED_LAUNCH_TABLE)
-    assert fused_shape_class(shape(64, fp8=True)) == "decode-fp8" and fused_shape_class(shape(16384, 576)) == \
-        "prefill-wide"
-    assert fused_shape_class(shape(16384, norm=True)) == "prefill-norm" and \
-        fused_shape_class(shape(64, norm=True)) == "decode"
-    assert all(c.block_s >= 1 and c.block_h >= 1 and c.num_warps in (1, 2, 4, 8, 16) for c in
-               FUSED_LAUNCH_TABLE.values())
-    monkeypatch.setattr(fused._device, "INTERPRET", False)  # the GPU's table, not the interpreter's fixed tiles
-    assert fused_config_for(shape(16384, heads=4), DEVICE).block_h == 4  # never more heads a program than the call's
+    # under the interpreter: fixed tiles; on a GPU: the model's choice on the GPU's facts (tests/test_choice.py holds
+    # what the H100's measured table knew), never more heads a program than the call has
+    assert fused_config_for(shape(3, heads=4), DEVICE) == FusedConfig(4, 4, 4)
+    facts = model.DeviceFacts("H100 SXM (published)", 132, 3350.0, 600.0, "assumed")
+    monkeypatch.setattr(fused._device, "INTERPRET", False)
+    monkeypatch.setattr(choice, "choose_fused", lambda s, device=None, bench=None: model.model_fused(facts, s))
+    assert fused_config_for(shape(16384, heads=4), DEVICE).block_h <= 4
     forced = FusedConfig(block_s=3, block_h=5, num_warps=2)  # any value: the override is taken as given
     with forced_fused_config(forced):
         assert fused_config_for(shape(16384), DEVICE) == forced

@@ -150,7 +150,8 @@ def _fused_calls():
         yield dict(q=packed, k=None, cos=cos, sin=cos, positions=varlen, rotary_dim=96, out_q=torch.empty_like(packed),
                    q_weight=weight, eps=1e-6, config=fused.FusedConfig(2, 8, 4))
         for deterministic in (False, True):
-            for config in (fused.FUSED_LAUNCH_TABLE["backward"], fused.FusedConfig(2, 4, 4, token_blocks=4)):
+            for config in (fused.FusedConfig(1, 8, 4, evict_first=True, heads_inner=True, token_blocks=16, stages=3),
+                           fused.FusedConfig(2, 4, 4, token_blocks=4)):
                 yield dict(q=q, k=k, cos=cos, sin=cos, positions=by_offsets, rotary_dim=128,
                            out_q=torch.empty_like(q), out_k=torch.empty_like(k), q_weight=weight, k_weight=weight,
                            eps=1e-6, grad_q=torch.empty_like(q), grad_k=torch.empty_like(k), config=config,

@@ -1,7 +1,7 @@
 """The fused kernel's launch sweep: graph time of ``ropekit-fused`` under a bounded set of launch configurations
 (tokens a program x heads a program x warps, the streaming hint, the launch order) on the fused benchmark's cases,
-against the copy ceiling measured in the same run. Its output fills the launch table (``ropekit.triton.fused.FUSED_LAUNCH_TABLE``;
-docs/tuning.md#fused-launch-table).
+against the copy ceiling measured in the same run: how the launch choice (``ropekit.triton.choice.choose_fused``, the
+model's) compares with its neighbours on a GPU (docs/tuning.md#fused-launch-table).
 
     python -m ropekit.bench.fused_tune --out DIR --time-budget 150   # on a GPU: fused_tune.json + a table on stdout
     python -m ropekit.bench.fused_tune --out DIR --dry-run           # anywhere: tiny shapes, every config checked
@@ -9,7 +9,7 @@ docs/tuning.md#fused-launch-table).
 Every configuration runs through the public op (``ropekit.fused``) inside
 :func:`ropekit.triton.fused.forced_fused_config`, on fresh random inputs, and is checked against the float64
 reference before it is timed; a configuration that gives a wrong result is reported, not timed. The graphs of one
-case (the table's own choice among them) are replayed in interleaved rounds (:mod:`ropekit.bench.timing`).
+case (the launch choice among them) are replayed in interleaved rounds (:mod:`ropekit.bench.timing`).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Optional
 
 import torch
 
-from ..triton.fused import FusedConfig, FusedShape, forced_fused_config, fused_config_for, fused_shape_class
+from ..triton.fused import FusedConfig, FusedShape, forced_fused_config, fused_config_for
 from .fused import checked_call, cli_parser, impls, stream_for
 from .fused_cases import CASES, floor_bytes, tiny
 
@@ -75,7 +75,7 @@ def _table_choice(case) -> FusedConfig:
 
 
 def candidates(case) -> list[FusedConfig]:
-    """The sweep's configurations for ``case`` (block_h capped at the case's heads), the table's first."""
+    """The sweep's configurations for ``case`` (block_h capped at the case's heads), the launch choice's first."""
     heads = max(case.heads_q, case.heads_kv)
     out = [_table_choice(case)]
     for fields in SWEEP[_kind(case)]:
@@ -93,7 +93,7 @@ def tune_case(case, timer, device, ceiling_gbps: Optional[float], seed: int = 0,
     table = _table_choice(case)
     rows, pending = [], []
     for i, config in enumerate(candidates(case)):
-        row = dict(case=case.name, shape_class=fused_shape_class(_shape(case)),
+        row = dict(case=case.name, shape=_shape(case)._asdict(),
                    **config._asdict(), table=config == table, status="ok", graph_us=None)
         rows.append(row)
         try:

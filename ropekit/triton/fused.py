@@ -39,14 +39,14 @@ import triton.language as tl
 
 from .. import device as _device
 from ..positions import PositionSpec
+from . import choice
 from .configs import FusedConfig, FusedShape
 from .fused_tiles import cache_slot, load_head, norm_weights, rsqrt_mean_square, sequence_span, store_channels, \
     store_head
 from .launch import KernelLaunch, _cdiv, _next_pow2, _position_strides, plans
 from .v4 import _cos_sin, _rotate
 
-__all__ = ["fused_forward_kernel", "fused_backward_kernel", "FusedConfig", "FusedShape", "FUSED_LAUNCH_TABLE",
-           "fused_shape_class", "fused_config_for", "forced_fused_config", "plan_fused", "FusedBackward",
+__all__ = ["fused_forward_kernel", "fused_backward_kernel", "FusedConfig", "FusedShape", "fused_config_for", "forced_fused_config", "plan_fused", "FusedBackward",
            "launch_fused", "native_fp8", "CACHE_NONE", "CACHE_CONTIGUOUS", "CACHE_PAGED"]
 
 CACHE_NONE, CACHE_CONTIGUOUS, CACHE_PAGED = 0, 1, 2
@@ -349,24 +349,6 @@ def fused_backward_kernel(
 # The launch choice.
 # --------------------------------------------------------------------------------------------------------------------
 
-# The launch table, one entry a shape class (:func:`fused_shape_class`): block sizes for the fused kernels, chosen by
-# the sweep ``python -m ropekit.bench.fused_tune`` (prefill-wide is not swept yet); the alternatives and their numbers
-# live in docs/tuning.md#fused-launch-table. ``block_h`` is a ceiling: a program never takes more heads than the call
-# has (rounded up to a power of two).
-FUSED_LAUNCH_TABLE: dict = {
-    "decode": FusedConfig(1, 8, 4),  # few tokens: one token a program, so that the grid covers the GPU
-    "decode-fp8": FusedConfig(1, 4, 4),
-    "decode-wide": FusedConfig(1, 32, 4),  # vectors wider than 128 channels (MLA's latent): more heads a program
-    # prefill: the streaming hint and the heads-inner launch order on (see docs/tuning.md#fused-launch-table)
-    "prefill": FusedConfig(2, 8, 4, evict_first=True, heads_inner=True),
-    "prefill-norm": FusedConfig(4, 8, 4, evict_first=True, heads_inner=True),  # the norm holds more per program
-    "prefill-fp8": FusedConfig(2, 8, 4, evict_first=True, heads_inner=True),
-    "prefill-wide": FusedConfig(2, 8, 8),  # fewer tokens a program bound the registers a thread holds
-    # the backward: one token x 8 heads a step, 16 steps a program (one weight-gradient reduction per 16 tokens),
-    # the walk software-pipelined three deep
-    "backward": FusedConfig(1, 8, 4, evict_first=True, heads_inner=True, token_blocks=16, stages=3),
-}
-
 _forced_fused: FusedConfig | None = None
 
 
@@ -386,33 +368,13 @@ def forced_fused_config(config: FusedConfig | None):
         plans.clear()
 
 
-def fused_shape_class(shape: FusedShape) -> str:
-    """The launch table's key for a shape: "backward" for the QK-norm + RoPE backward (its own class: it reads twice
-    what it writes, and reduces the weight gradient); else "decode" (at most 128 tokens) or "prefill", "-wide" when a
-    program holds head vectors wider than 128 channels, else "-fp8" for a float8 cache, else "-norm" for a prefill
-    with QK-norm (decode has one class: its programs are one token either way)."""
-    if shape.backward:
-        return "backward"
-    kind = "decode" if shape.n_tokens <= 128 else "prefill"
-    if shape.width > 128:
-        return kind + "-wide"
-    if shape.fp8:
-        return kind + "-fp8"
-    return kind + "-norm" if shape.norm and kind == "prefill" else kind
-
-
 def fused_config_for(shape: FusedShape, device) -> FusedConfig:
     """The launch choice for a fused call of this shape on ``device``: inside :func:`forced_fused_config` the forced
-    one; under the interpreter (where every program costs Python time) tiles as large as the shape allows, fixed;
-    otherwise :data:`FUSED_LAUNCH_TABLE` at the shape's class, heads a program capped at the call's (power-of-two)
-    head count. (This last step is where ``ropekit.triton.choice`` takes over.)"""
+    one; otherwise ``ropekit.triton.choice.choose_fused`` (the model's choice on this GPU's facts; fixed tiles under
+    the interpreter, where every program costs Python time)."""
     if _forced_fused is not None:
         return _forced_fused
-    heads = _next_pow2(shape.n_heads)
-    if _device.INTERPRET:
-        return FusedConfig(min(_next_pow2(shape.n_tokens), 16), min(heads, 8), 4)
-    entry = FUSED_LAUNCH_TABLE[fused_shape_class(shape)]
-    return entry._replace(block_h=min(heads, entry.block_h))
+    return choice.choose_fused(shape, device)
 
 
 def native_fp8(device) -> bool:
