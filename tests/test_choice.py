@@ -229,7 +229,15 @@ def gpu(tmp_path, monkeypatch, request):
     return dataclasses.replace(H100, name=f"test GPU {request.node.name}")
 
 
-SMALL_PREFILL = TABLE["small-prefill"][0]
+# the autotune times calls past the L2 (an in-place prefill: several tile candidates); a call the L2 serves is not timed
+SMALL_PREFILL = TABLE["llama3-8b-prefill-in-place"][0]
+
+
+def test_a_call_the_l2_serves_is_never_timed(gpu):
+    small = TABLE["small-prefill"][0]
+    bench = FakeBench({model.rope_candidates(gpu, small)[-1]: 0.5})
+    if model.fits_in_l2(gpu, small):
+        assert choice.choose_rope(small, gpu, bench) == model.model_rope(gpu, small) and bench.calls == []
 
 
 def test_a_first_call_tunes_its_bucket_once_and_keeps_the_fastest(gpu):
@@ -238,7 +246,8 @@ def test_a_first_call_tunes_its_bucket_once_and_keeps_the_fastest(gpu):
     bench = FakeBench({fastest: 0.5})
     assert choice.choose_rope(SMALL_PREFILL, gpu, bench) == fastest
     assert sorted(bench.calls) == sorted(candidates)  # each candidate once
-    assert choice.choose_rope(SMALL_PREFILL._replace(n_tokens=400), gpu, bench) == fastest  # the same bucket
+    assert choice.choose_rope(SMALL_PREFILL._replace(n_tokens=SMALL_PREFILL.n_tokens - 100), gpu,
+                              bench) == fastest  # the same bucket
     assert len(bench.calls) == len(candidates)
 
 
@@ -307,7 +316,7 @@ def test_a_corrupt_cache_file_is_ignored_and_replaced(gpu):
 
 
 def test_a_cached_entry_the_kernels_would_refuse_is_ignored(gpu, tmp_path, monkeypatch):
-    shape = SMALL_PREFILL._replace(n_tokens=1024)
+    shape = SMALL_PREFILL._replace(n_tokens=16384)
     fastest = model.rope_candidates(gpu, shape)[1]
     choice.choose_rope(shape, gpu, FakeBench({fastest: 0.5}))
     document = json.loads(choice.cache_path().read_text())

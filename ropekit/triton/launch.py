@@ -284,9 +284,11 @@ def rope_config(shape: RopeShape, device=None) -> TileConfig | FlatConfig:
     refined by a measured autotune cached on disk; fixed tiles under the interpreter)."""
     if _forced is not None and (type(_forced) is TileConfig or shape.flat_ok):
         return _forced
-    # (inside recorded_launches nothing runs, so nothing could be timed: the choice is made untuned)
-    bench = (lambda config: _bench_rope(shape, device, config)) if _launch is _run_direct else None
-    return choice.choose_rope(shape, device, bench=bench)
+    # Timed only where launches really run on a GPU: not inside recorded_launches, not for tensors planned on another
+    # device (meta tensors: the current GPU's choice, untimed)
+    if torch.device(device).type != "cuda" or _launch is not _run_direct:
+        return choice.choose_rope(shape, None if torch.device(device).type != "cuda" else device)
+    return choice.choose_rope(shape, device, bench=lambda config: _bench_rope(shape, device, config))
 
 
 def _bench_rope(shape: RopeShape, device, config) -> float:
