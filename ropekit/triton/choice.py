@@ -318,10 +318,17 @@ def choose_rope(shape: RopeShape, device=None, bench=None) -> TileConfig | FlatC
     """
     if _device.INTERPRET and not isinstance(device, DeviceFacts):
         return TileConfig(min(_pow2(shape.n_tokens), 16), min(_pow2(max(shape.n_heads_q, shape.n_heads_k)), 8), 4)
-    # A call the L2 serves lasts a few microseconds, mostly its launch chain, which the event clock of one launch
-    # cannot tell apart: the model's choice (the H100's measured table) stands there, untimed.
     return _choose("rope", rope_bucket(shape), device, bench, model_rope, rope_candidates, rope_candidate_space,
-                   worth_timing=lambda facts, bucket: not fits_in_l2(facts, bucket))
+                   worth_timing=_worth_timing)
+
+
+def _worth_timing(facts: DeviceFacts, bucket: RopeShape) -> bool:
+    """Whether the autotune's clock can improve on the model for this bucket: only calls past the L2 (one that the
+    L2 serves lasts a few microseconds, mostly its launch chain, which the event clock of one launch cannot tell
+    apart), and only where the benchmark call is the real one: contiguous, out of place, NeoX pairs, a table
+    (``flat_ok``: where the tile and the flat kernel compete, the choice that differs most between GPUs). Elsewhere
+    the model's choice, which reproduces the H100's measured table, stands untimed."""
+    return bucket.flat_ok and not fits_in_l2(facts, bucket)
 
 
 def choose_fused(shape: FusedShape, device=None, bench=None) -> FusedConfig:
