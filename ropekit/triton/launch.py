@@ -468,7 +468,7 @@ def _plan_tile(shape, q, k, out_q, out_k, cos, sin, positions, config: TileConfi
     k_args = k if k is not None else q
     unread = (1, 1, 1, 1)
     if log.isEnabledFor(logging.DEBUG):
-        log.debug("ropekit triton v4: tiles, grid=%s %s q=%s k=%s dtype=%s rotary_dim=%d interleaved=%s "
+        log.debug("ropekit triton v4: tile kernel, grid=%s %s q=%s k=%s dtype=%s rotary_dim=%d interleaved=%s "
                   "conjugate=%s pos_mode=%d varlen=%s cos_per_token=%s", grid, config, tuple(q.shape),
                   None if k is None else tuple(k.shape), q.dtype, rotary_dim, interleaved, conjugate, positions.mode,
                   positions.is_varlen, cos_per_token)
@@ -506,7 +506,9 @@ def _plan_flat(shape, q, k, out_q, out_k, cos, sin, positions, config: FlatConfi
     grid = (n_q_blocks + (0 if paired else _cdiv(n_tokens * n_heads_k * head_dim, config.block)), 1, 1)
     if index_dtype == tl.int32 and max(q.numel(), k.numel() if k is not None else 0) + config.block >= 2**31:
         index_dtype = tl.int64  # a block's last lane
-    log.debug("ropekit triton v4: flat kernel, %s, grid=%s", config, grid)
+    if log.isEnabledFor(logging.DEBUG):
+        log.debug("ropekit triton v4: flat kernel, grid=%s %s q=%s k=%s dtype=%s conjugate=%s pos_mode=%d", grid,
+                  config, tuple(q.shape), None if k is None else tuple(k.shape), q.dtype, conjugate, positions.mode)
     k_args = k if k is not None else q
     arguments = dict(
         Q=q, K=k_args, OUT_Q=out_q, OUT_K=out_k if out_k is not None else out_q,
