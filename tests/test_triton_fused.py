@@ -121,7 +121,7 @@ def test_forward_paged_norm_with_position_ids_in_small_tiles(config):
 
 
 def test_the_launch_choice_is_the_models_and_the_override_wins(monkeypatch):
-    from ropekit.triton import choice, fused, model
+    from ropekit.triton import choice, model
     from ropekit.triton.fused import FusedShape, forced_fused_config, fused_config_for
 
     def shape(tokens, width=128, fp8=False, norm=False, backward=False, heads=32):
@@ -129,10 +129,10 @@ def test_the_launch_choice_is_the_models_and_the_override_wins(monkeypatch):
 
     # under the interpreter: fixed tiles; on a GPU: the model's choice on the GPU's facts (tests/test_choice.py holds
     # what the H100's measured table knew), never more heads a program than the call has
-    if fused._device.INTERPRET:
+    if ropekit.device.INTERPRET:
         assert fused_config_for(shape(3, heads=4), DEVICE) == FusedConfig(4, 4, 4)
     facts = model.DeviceFacts("H100 SXM (published)", 132, 3350.0, 600.0, "assumed")
-    monkeypatch.setattr(fused._device, "INTERPRET", False)
+    monkeypatch.setattr(ropekit.device, "INTERPRET", False)
     monkeypatch.setattr(choice, "choose_fused", lambda s, device=None, bench=None: model.model_fused(facts, s))
     assert fused_config_for(shape(16384, heads=4), DEVICE).block_h <= 4
     forced = FusedConfig(block_s=3, block_h=5, num_warps=2)  # any value: the override is taken as given
