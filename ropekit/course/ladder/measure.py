@@ -88,3 +88,25 @@ def measure_steps(shape=LLAMA3_8B_PREFILL, *, timer=None, device="cuda", facts=N
         rows.append({"step": name, "launch": launch, "time_us": time_us, "spread": spread, "gbps": gbps,
                      "share": gbps / ceiling, "ceiling_gbps": ceiling})
     return rows
+
+
+def main(argv=None) -> None:
+    """``python -m ropekit.course.ladder.measure [--out FILE]``: the waterfall on this GPU, as a table (and JSON)."""
+    import argparse
+    import json
+
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--out", help="write the rows and the GPU's name to this JSON file")
+    args = parser.parse_args(argv)
+    rows = measure_steps()
+    for row in rows:
+        print(f"{row['step']:20s} {row['time_us']:8.2f} µs {row['gbps']:7.0f} GB/s {100 * row['share']:6.1f} % of "
+              f"copy (± {100 * row['spread']:.1f} %)  {row['launch']}")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"gpu": torch.cuda.get_device_name(), "shape": repr(LLAMA3_8B_PREFILL), "rows": rows}, f,
+                      indent=1)
+
+
+if __name__ == "__main__":
+    main()
