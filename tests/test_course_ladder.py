@@ -1,10 +1,13 @@
-"""Spec of ropekit.course.ladder: notebook 05's six steps from v3 to v4.
+"""Spec of ropekit.course.ladder: notebook 05's eight steps from v3 to the production kernels.
 
-* each step is a complete kernel of at most 60 lines that matches the float64 reference on every shape, tile and
-  feature it has (tails on the token and head axes, MQA/GQA, a head_dim that is not a power of two, every dtype);
-* each step adds exactly one feature to the one before it, and the launcher refuses (naming the step that adds it) a
-  feature the kernel does not have yet;
-* the int64 switch is chosen from the views' spans.
+* each step is a complete kernel that matches the float64 reference on every shape, tile and feature it has (tails
+  on the token and head axes, MQA/GQA, a head_dim that is not a power of two, every dtype);
+* steps 1-6 (at most 60 lines) each add exactly one feature to the one before it, and the launcher refuses (naming
+  the step that adds it) a feature the kernel does not have yet;
+* steps 7 and 8 (at most about 40 lines) each add one speed idea to step 1: the fused q+k tile, the flat path; the
+  flat path refuses every call but contiguous NeoX over the whole head, out of place, naming what it lacks;
+* the int64 switch is chosen from the views' spans;
+* the waterfall times v3, every step and the production kernel in one run.
 """
 
 from __future__ import annotations
@@ -21,23 +24,64 @@ from ropekit.device import DEVICE
 STEP_NUMBERS = range(1, len(ladder.STEPS) + 1)
 
 
+FEATURE_NUMBERS = range(1, len(ladder.FEATURE_STEPS) + 1)
+SPEED_NUMBERS = range(len(ladder.FEATURE_STEPS) + 1, len(ladder.STEPS) + 1)
+
+
 @pytest.mark.parametrize("number", STEP_NUMBERS, ids=lambda n: ladder.STEPS[n - 1])
 def test_each_step_matches_the_reference_on_every_shape_and_feature(number):
     module = ladder.step(number)
-    configs = verify.CONFIGS if number == len(ladder.STEPS) else verify.CONFIGS[1:]  # the last step: every tile
+    configs = verify.configs_for(module)
+    if number < len(ladder.FEATURE_STEPS):  # the last feature step and the speed steps: every tile or block
+        configs = configs[1:]
     lines = verify.check_step(module, DEVICE, configs=configs)
     assert len(lines) >= len(verify.SHAPES)
 
 
-@pytest.mark.parametrize("number", STEP_NUMBERS, ids=lambda n: ladder.STEPS[n - 1])
-def test_each_step_is_at_most_60_lines_and_adds_one_feature(number):
+@pytest.mark.parametrize("number", FEATURE_NUMBERS, ids=lambda n: ladder.STEPS[n - 1])
+def test_each_feature_step_is_at_most_60_lines_and_adds_one_feature(number):
     module = ladder.step(number)
     assert 0 < ladder.kernel_lines(module) <= 60
     assert "teaching copy" in module.__doc__
     if number > 1:
-        before = ladder.step(number - 1)
+        before = ladder.base(module)
+        assert before is ladder.step(number - 1)
         assert module.FEATURES[:-1] == before.FEATURES
         assert ladder.kernel_lines(module) > ladder.kernel_lines(before)
+
+
+@pytest.mark.parametrize("number", SPEED_NUMBERS, ids=lambda n: ladder.STEPS[n - 1])
+def test_each_speed_step_is_about_40_lines_and_a_copy_of_step_1(number):
+    module = ladder.step(number)
+    assert 0 < ladder.kernel_lines(module) <= 42
+    assert "teaching copy of step 1" in module.__doc__
+    assert ladder.base(module) is ladder.step(1)
+    assert module.FEATURES == ladder.step(1).FEATURES  # speed, no feature
+
+
+FLAT_REFUSES = [
+    ("gptj", {"interleaved": True}, "flat path"),
+    ("positions", {"positions": 3}, "flat path"),
+    ("partial", {"rotary_dim": 8}, "flat path"),
+    ("conjugate", {"conjugate": True}, "flat path"),
+    ("int64", {"force_int64": True}, "flat path"),
+    ("inplace", {"inplace": True}, "^inplace: the flat path"),
+    ("strided-q", {"q": lambda q: q.transpose(1, 2).contiguous().transpose(1, 2)}, "^q must be contiguous"),
+    ("strided-out_k", {"out_k": lambda k: torch.empty(1, 3, 2, 16)[:, :, :1]}, "^out_k must be contiguous"),
+]
+
+
+@pytest.mark.parametrize("change, match", [c[1:] for c in FLAT_REFUSES], ids=[c[0] for c in FLAT_REFUSES])
+def test_the_flat_step_refuses_every_call_but_contiguous_neox_over_the_whole_head(change, match):
+    q, k = torch.randn(1, 3, 2, 16), torch.randn(1, 3, 1, 16)
+    cos, sin = ropekit.cos_sin_table(8, change.get("rotary_dim", 16))
+    kwargs = {key: value for key, value in change.items() if key not in ("q", "out_k")}
+    if "q" in change:
+        q = change["q"](q)
+    if "out_k" in change:
+        kwargs["out_k"] = change["out_k"](k)
+    with pytest.raises(ValueError, match=match):
+        ladder.rope_ladder(ladder.step(8).KERNEL, q, k, cos, sin, **kwargs)
 
 
 @pytest.mark.parametrize("kwargs, step_named", [
@@ -74,24 +118,47 @@ def test_int64_offsets_are_chosen_from_the_span_of_the_views():
 
 
 class FakeTimer:
-    """Every kernel takes 100 µs, the copy ceiling is 1000 GB/s."""
+    """No clock: the copy ceiling is 1000 GB/s, and the i-th graph captured takes 100 + i µs. It records what was
+    captured and how the replays were asked for."""
+
+    def __init__(self):
+        self.captured, self.rounds = [], []
 
     def copy_ceiling(self):
         return {"gbps": 1000.0}
 
-    def graph_us(self, fns, estimate_us):
+    def capture(self, fns, estimate_us):
         for fn in fns:
             fn()
-        return 100.0, 0.0, len(fns)
+        self.captured.append(fns)
+        return len(self.captured) - 1
+
+    def replay_rounds(self, graphs):
+        self.rounds.append(list(graphs))
+        return [(100.0 + graph, 0.0, 1) for graph in graphs]
 
 
-def test_measure_steps_runs_every_step_and_reports_its_share_of_the_ceiling():
+def test_measure_steps_times_v3_every_step_and_the_production_kernel_in_one_interleaved_run():
     shape = (1, 3, 2, 1, 16, torch.float32)
-    rows = measure.measure_steps(shape, timer=FakeTimer(), device=DEVICE)
-    assert [row["step"] for row in rows] == list(ladder.STEPS)
+    timer = FakeTimer()
+    rows = measure.measure_steps(shape, timer=timer, device=DEVICE)
+    assert [row["step"] for row in rows] == ["v3", *ladder.STEPS, "ropekit.apply_rope"]
+    assert timer.rounds == [list(range(len(rows)))]  # one replay_rounds call over every graph: one run
     moved = 2 * (1 * 3 * 2 * 16 + 1 * 3 * 1 * 16) * 4
-    assert rows[0]["gbps"] == pytest.approx(moved / 100.0 / 1e3)
-    assert rows[0]["share"] == pytest.approx(rows[0]["gbps"] / 1000.0)
+    for i, row in enumerate(rows):
+        assert row["time_us"] == 100.0 + i
+        assert row["gbps"] == pytest.approx(moved / row["time_us"] / 1e3)
+        assert row["share"] == pytest.approx(row["gbps"] / 1000.0) and row["ceiling_gbps"] == 1000.0
+
+
+def test_the_speed_steps_are_timed_at_the_launch_the_library_model_picks():
+    from ropekit.triton.model import DeviceFacts
+
+    h100 = DeviceFacts("H100 SXM", 132, 3350.0, 600.0, "assumed")
+    configs = measure.step_configs(measure.LLAMA3_8B_PREFILL, h100)
+    assert set(configs) == {"step7_fused_qk", "step8_flat"}
+    assert configs["step7_fused_qk"].block_h >= 32  # every q head
+    assert isinstance(configs["step8_flat"], ladder.FlatBlock)
 
 
 @gpu_only

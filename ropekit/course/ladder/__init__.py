@@ -1,4 +1,4 @@
-"""The v4 ladder: notebook 05 builds the production kernel in six steps, each a complete kernel of its own.
+"""The v4 ladder: notebook 05 builds the production kernels in eight steps, each a complete kernel of its own.
 
 Each step is a **teaching copy** of the step before it with one idea added, so that its diff with that step is the
 lesson; the package's production kernel (``ropekit.triton.v4``) is where the ideas live together, with the switches
@@ -10,7 +10,16 @@ float64 reference on several shapes (:mod:`.verify`).
 3. ``step3_gptj`` — GPT-J's neighbour pairs as a switch;
 4. ``step4_partial`` — rotary on the first ``rotary_dim`` channels only, the tail copied;
 5. ``step5_conjugate`` — the rotation by -θ (the backward pass); in place needs no new kernel code;
-6. ``step6_int64`` — offsets in int64 when a tensor spans 2**31 elements or more.
+6. ``step6_int64`` — offsets in int64 when a tensor spans 2**31 elements or more;
+
+and two steps that add speed, not features, each a copy of step 1 (what the timed prefill needs) with one idea:
+
+7. ``step7_fused_qk`` — one program takes a block of tokens x every head of q and of k, all loads before any store,
+   cos/sin fetched once for both (the production tile's ``FUSED_QK``);
+8. ``step8_flat`` — blocks of consecutive elements, each element's NeoX partner loaded separately (the production
+   flat kernel, ``ropekit.triton.v4_flat``); contiguous NeoX over the whole head only.
+
+``FEATURE_STEPS`` and ``SPEED_STEPS`` name the two groups; a speed step's ``BASE`` names the step it copies.
 """
 
 from __future__ import annotations
@@ -19,19 +28,31 @@ import ast
 import importlib
 import inspect
 
-from .launch import LadderConfig, bytes_moved, needs_int64, rope_ladder
+from .launch import FlatBlock, LadderConfig, bytes_moved, needs_int64, rope_ladder
 
-__all__ = ["STEPS", "step", "kernel_lines", "rope_ladder", "LadderConfig", "bytes_moved", "needs_int64"]
+__all__ = ["STEPS", "step", "kernel_lines", "rope_ladder", "LadderConfig", "FlatBlock", "FEATURE_STEPS", "SPEED_STEPS", "base",
+           "bytes_moved", "needs_int64"]
 
-STEPS = ("step1_qk", "step2_positions", "step3_gptj", "step4_partial", "step5_conjugate", "step6_int64")
+FEATURE_STEPS = ("step1_qk", "step2_positions", "step3_gptj", "step4_partial", "step5_conjugate", "step6_int64")
+SPEED_STEPS = ("step7_fused_qk", "step8_flat")
+STEPS = FEATURE_STEPS + SPEED_STEPS
 
 
 def step(name_or_number):
-    """A step's module, by number (1..6) or name."""
+    """A step's module, by number (1..8) or name."""
     name = STEPS[name_or_number - 1] if isinstance(name_or_number, int) else name_or_number
     if name not in STEPS:
         raise ValueError(f"no ladder step {name_or_number!r}; the steps are {', '.join(STEPS)}")
     return importlib.import_module(f"{__name__}.{name}")
+
+
+def base(module):
+    """The step a step is a copy of: the one before it, or a speed step's ``BASE``; None for step 1."""
+    name = module.__name__.rsplit(".", 1)[-1]
+    if hasattr(module, "BASE"):
+        return step(module.BASE)
+    number = STEPS.index(name)
+    return step(number) if number else None
 
 
 def kernel_lines(module) -> int:

@@ -4,6 +4,10 @@ Every step's kernel takes a subset of the same named arguments (a step adds argu
 launcher serves them all: it builds every argument the ladder knows and passes those the step's kernel declares. A
 call that needs a feature the step does not have yet (GPT-J pairs on step 1, say) raises and names the step that adds
 it, instead of silently computing something else.
+
+The grid follows the kernel's shape, read from its arguments too: a tile of ``BLOCK_S`` tokens x ``BLOCK_H`` heads
+(steps 1-6), a tile of tokens x every head of q and of k (``BLOCK_HK``: step 7), or blocks of ``BLOCK`` consecutive
+elements (step 8, the flat path, which runs contiguous NeoX calls over the whole head only).
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import triton.language as tl
 from ...positions import resolve_positions
 from ...triton import v3
 
-__all__ = ["LadderConfig", "rope_ladder", "needs_int64", "bytes_moved"]
+__all__ = ["LadderConfig", "FlatBlock", "rope_ladder", "needs_int64", "bytes_moved"]
 
 # kernel argument -> (what it enables, the step that adds it)
 _ADDED_BY = {"POS_MODE": ("positions", "step 2"), "INTERLEAVED": ("GPT-J pairing", "step 3"),
@@ -29,7 +33,14 @@ _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 class LadderConfig(NamedTuple):
     block_s: int  # tokens per program
-    block_h: int  # heads per program
+    block_h: int  # heads per program (step 7 takes every head: its tiles are sized from the head counts)
+    num_warps: int
+
+
+class FlatBlock(NamedTuple):
+    """The flat path's launch (step 8): ``block`` consecutive elements a program."""
+
+    block: int
     num_warps: int
 
 
@@ -74,12 +85,14 @@ def _check(q, k, cos, sin, out_q, out_k, rotary_dim):
 
 
 def rope_ladder(kernel, q, k, cos, sin, *, positions=None, rotary_dim=None, interleaved=False, conjugate=False,
-                inplace=False, out_q=None, out_k=None, config: LadderConfig | None = None, force_int64: bool = False):
+                inplace=False, out_q=None, out_k=None, config: LadderConfig | FlatBlock | None = None,
+                force_int64: bool = False):
     """Rotate q and k with a ladder step's ``kernel`` in one launch; return ``(out_q, out_k)``.
 
     ``positions``: None (0..seq-1), an int offset, per-sequence offsets ``(batch,)`` or position ids ``(batch, seq)``
     (``ropekit.positions.resolve_positions``). ``inplace``: rotate q and k in their own memory. ``config``: the tile,
-    by default v3's ``launch_config`` for the shape. ``force_int64``: int64 offsets even for a small tensor (so the
+    by default v3's ``launch_config`` for the shape (step 7: 2 tokens, 8 warps; step 8: a :class:`FlatBlock`, by
+    default one 16-byte vector a thread at 8 warps). ``force_int64``: int64 offsets even for a small tensor (so the
     int64 code path can be checked where a tensor of 2**31 elements does not fit, e.g. under the interpreter).
     """
     head_dim = q.shape[-1] if isinstance(q, torch.Tensor) and q.ndim == 4 else 0
@@ -94,18 +107,39 @@ def rope_ladder(kernel, q, k, cos, sin, *, positions=None, rotary_dim=None, inte
     heads_k = k.shape[2]
     spec = resolve_positions(batch=batch, seqlen=seqlen, positions=positions, device=q.device)
     declared = set(inspect.signature(getattr(kernel, "fn", kernel)).parameters)
+    flat, fused_qk = "BLOCK" in declared, "BLOCK_HK" in declared
     wanted = {"POS_MODE": positions is not None, "INTERLEAVED": interleaved, "ROTARY_DIM": rotary_dim != head_dim,
               "CONJUGATE": conjugate, "INDEX_DTYPE": force_int64 or needs_int64(q, k, out_q, out_k)}
     for argument, asked in wanted.items():
         if asked and argument not in declared:
             feature, step = _ADDED_BY[argument]
+            if flat:
+                raise ValueError(f"{feature}: the flat path (step 8) rotates contiguous NeoX pairs over the whole "
+                                 "head at positions 0..seq-1 only; use a tile step")
             raise ValueError(f"{feature}: this kernel does not have it yet ({step} adds it)")
+    if flat:
+        if inplace:
+            raise ValueError("inplace: the flat path (step 8) runs out of place only (a program could overwrite a "
+                             "partner another program still reads)")
+        for name, t in (("q", q), ("k", k), ("out_q", out_q), ("out_k", out_k)):
+            if not t.is_contiguous():
+                raise ValueError(f"{name} must be contiguous for the flat path (step 8): an element's partner must "
+                                 "lie HEAD_DIM/2 elements away")
     if "POS_MODE" not in declared and cos.shape[0] < seqlen:
         raise ValueError(f"cos has {cos.shape[0]} rows; without positions the kernel reads rows 0..{seqlen - 1}")
     if q.numel() == 0 or k.numel() == 0:
         return out_q, out_k
-    if config is None:
-        config = LadderConfig(*v3.launch_config(batch, seqlen, max(heads_q, heads_k), head_dim, q.element_size()))
+    if flat:
+        # default: one 16-byte vector a thread at 8 warps
+        config = config or FlatBlock(32 * 8 * max(1, 16 // q.element_size()), 8)
+        if not isinstance(config, FlatBlock):
+            raise ValueError(f"config must be a FlatBlock for the flat path (step 8), got {config!r}")
+    elif config is None:
+        if fused_qk:  # 2 tokens x every head
+            config = LadderConfig(2, triton.next_power_of_2(heads_q), 8)
+        else:
+            config = LadderConfig(*v3.launch_config(batch, seqlen, max(heads_q, heads_k), head_dim,
+                                                    q.element_size()))
     pos = spec.tensor
     arguments = dict(
         Q=q, K=k, OUT_Q=out_q, OUT_K=out_k, COS=cos, SIN=sin, POSITIONS=pos, seqlen=seqlen, n_heads_q=heads_q,
@@ -114,15 +148,22 @@ def rope_ladder(kernel, q, k, cos, sin, *, positions=None, rotary_dim=None, inte
         stride_kb=k.stride(0), stride_ks=k.stride(1), stride_kh=k.stride(2),
         stride_oqb=out_q.stride(0), stride_oqs=out_q.stride(1), stride_oqh=out_q.stride(2),
         stride_okb=out_k.stride(0), stride_oks=out_k.stride(1), stride_okh=out_k.stride(2),
-        stride_pos_b=pos.stride(0) if pos is not None else 0,
+        batch=batch, stride_pos_b=pos.stride(0) if pos is not None else 0,
         stride_pos_s=pos.stride(1) if pos is not None and pos.ndim == 2 else 0,
         HEAD_DIM=head_dim, ROTARY_DIM=rotary_dim, BLOCK_HALF=triton.next_power_of_2(rotary_dim // 2),
-        BLOCK_TAIL=triton.next_power_of_2(max(head_dim - rotary_dim, 1)), BLOCK_S=config.block_s,
-        BLOCK_H=config.block_h, POS_MODE=spec.mode, INTERLEAVED=interleaved,
+        BLOCK_TAIL=triton.next_power_of_2(max(head_dim - rotary_dim, 1)), BLOCK=getattr(config, "block", None),
+        BLOCK_S=getattr(config, "block_s", None), BLOCK_HK=triton.next_power_of_2(heads_k),
+        BLOCK_H=triton.next_power_of_2(heads_q) if fused_qk else getattr(config, "block_h", None),
+        POS_MODE=spec.mode, INTERLEAVED=interleaved,
         COPY_TAIL=rotary_dim < head_dim and not inplace, CONJUGATE=conjugate,
         INDEX_DTYPE=tl.int64 if wanted["INDEX_DTYPE"] else tl.int32)
-    grid = (triton.cdiv(seqlen, config.block_s), triton.cdiv(heads_q, config.block_h)
-            + triton.cdiv(heads_k, config.block_h), batch)
+    if flat:
+        grid = (triton.cdiv(q.numel(), config.block) + triton.cdiv(k.numel(), config.block),)
+    elif fused_qk:
+        grid = (triton.cdiv(seqlen, config.block_s), 1, batch)
+    else:
+        grid = (triton.cdiv(seqlen, config.block_s), triton.cdiv(heads_q, config.block_h)
+                + triton.cdiv(heads_k, config.block_h), batch)
     kernel[grid](**{name: value for name, value in arguments.items() if name in declared},
                  num_warps=config.num_warps)
     return out_q, out_k

@@ -3,15 +3,17 @@ step has: what notebook 05 runs after each step, and what the tests run for ever
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 
 from ... import reference
 from ...frequencies import cos_sin_table
 from ...testing import assert_close_to_reference
 from ..speed import QKShape as Shape
-from .launch import LadderConfig, rope_ladder
+from .launch import FlatBlock, LadderConfig, rope_ladder
 
-__all__ = ["Shape", "SHAPES", "CONFIGS", "check_step"]
+__all__ = ["Shape", "SHAPES", "CONFIGS", "FLAT_CONFIGS", "configs_for", "check_step"]
 
 
 # Nothing divides evenly: token tails (5, 7 tokens), head tails (3, 5 heads; MQA's single k head), a head_dim that is
@@ -23,6 +25,14 @@ SHAPES = (
 )
 # None: the launcher's own tile; (2, 2, 1): several token tiles and head blocks even on these small shapes.
 CONFIGS = (None, LadderConfig(2, 2, 1))
+# The flat path (step 8): its own default block, and blocks of 64 elements (many blocks; with head_dim 80 a block
+# ends inside a head vector, so a partner lies in another program's block).
+FLAT_CONFIGS = (None, FlatBlock(64, 1))
+
+
+def configs_for(module) -> tuple:
+    """The launch configs a step is checked with: tiles, or for the flat path (a ``BLOCK`` argument) flat blocks."""
+    return FLAT_CONFIGS if "BLOCK" in inspect.signature(module.KERNEL.fn).parameters else CONFIGS
 
 
 def _runs(features, shape: Shape, device):
@@ -57,12 +67,14 @@ def _runs(features, shape: Shape, device):
             "positions": reference.token_positions(batch, seq), "conjugate": True, "interleaved": True}
 
 
-def check_step(module, device, shapes=SHAPES, configs=CONFIGS, *, newest_only: bool = False) -> list[str]:
+def check_step(module, device, shapes=SHAPES, configs=None, *, newest_only: bool = False) -> list[str]:
     """Run ``module``'s kernel on every shape, tile config and feature it has; assert each against the float64
     reference (outputs NaN-poisoned first; q and k both); return one line per run.
 
-    ``newest_only``: of the features, only the one this step adds (and plain positions 0..seq-1)."""
+    ``configs``: default :func:`configs_for` the step. ``newest_only``: of the features, only the one this step adds
+    (and plain positions 0..seq-1)."""
     kernel = module.KERNEL
+    configs = configs_for(module) if configs is None else configs
     features = module.FEATURES[-1:] if newest_only else module.FEATURES
     lines = []
     generator = torch.Generator().manual_seed(0)
