@@ -1,15 +1,17 @@
 """Compile the kernels a workload would launch for sm_90, on a machine without a GPU: catches what the interpreter
 cannot (type errors of the compiler, unsupported constructs) before device time is spent.
 
-    python tools/compile_sm90.py            # every rope and fused kernel variant the small matrices below plan
+    python tools/compile_sm90.py            # every rope and fused kernel variant the small matrices below plan,
+                                            # and the course ladder's eight steps
 
 The kernels are decorated for a GPU (``torch.cuda.is_available`` is answered True while ropekit is imported),
-planned on empty CPU tensors through the public launcher, and each planned launch is compiled by Triton's own compiler
-for an H100 target. Prints one line a variant; exits 1 on the first failure.
+planned on empty CPU tensors through the public launcher (the ladder's launcher calls Triton's entry point, which is
+intercepted instead), and each planned launch is compiled by Triton's own compiler for an H100 target. Prints one line a variant; exits 1 on the first failure.
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
 import sys
@@ -174,6 +176,45 @@ def _fused_launch(call):
     return call["config"]
 
 
+@contextlib.contextmanager
+def _captured_jit_launches():
+    """Every ``kernel[grid](...)`` inside the block is recorded (kernel, grid, arguments by name) instead of run: for
+    launchers that call Triton's entry point themselves (the course's ladder)."""
+    records = []
+    real = triton.runtime.jit.JITFunction.run
+
+    def run(self, *args, grid, warmup, **kwargs):
+        names = [p.name for p in self.params]
+        arguments = dict(zip(names, args))
+        num_warps = kwargs.pop("num_warps", 4)
+        arguments.update({k: v for k, v in kwargs.items() if k in names})
+        constexprs = frozenset(p.name for p in self.params if p.is_constexpr)
+        records.append(launch.LaunchRecord(self, grid, arguments, num_warps, constexprs))
+
+    triton.runtime.jit.JITFunction.run = run
+    try:
+        yield records
+    finally:
+        triton.runtime.jit.JITFunction.run = real
+
+
+def _ladder_records():
+    """The course ladder's eight steps on a Llama-like bf16 call, each once with its default configuration."""
+    from ropekit.course import ladder
+
+    q = torch.empty(2, 64, 8, 128, dtype=torch.bfloat16)
+    k = torch.empty(2, 64, 2, 128, dtype=torch.bfloat16)
+    cos = torch.empty(4096, 64)
+    with _captured_jit_launches() as records:
+        for name in ladder.STEPS:
+            kernel = ladder.step(name).KERNEL
+            declared = inspect.signature(kernel.fn).parameters
+            # the tile steps at v3's H100 tile (v3 sizes it from the SM count, which this machine has not)
+            config = None if "BLOCK" in declared or "BLOCK_HK" in declared else ladder.LadderConfig(4, 8, 4)
+            ladder.rope_ladder(kernel, q, k, cos, cos, config=config)
+    return records
+
+
 def main() -> int:
     count = 0
     plans = [(launch.plan_rope, call) for call in _rope_calls()] + [(None, call) for call in _fused_calls()]
@@ -193,6 +234,14 @@ def main() -> int:
                 return 1
             count += 1
             print(f"ok   {record.kernel.__name__:21s} {config}  ({len(compiled.asm['ptx'])} bytes of PTX)")
+    for record in _ladder_records():
+        try:
+            compile_record(record)
+        except Exception as error:  # noqa: BLE001
+            print(f"FAIL ladder {record.kernel.__name__}: {type(error).__name__}: {error}")
+            return 1
+        count += 1
+        print(f"ok   ladder {record.kernel.__name__}")
     print(f"{count} launches compiled for sm_90")
     return 0
 
