@@ -93,8 +93,9 @@ def _angle_cos_sin(INV_FREQ, position, pairs, pair_mask, stride, angle_scale, MA
     θ is formed in float64 (a position below 2**53 and the frequency are exact there), reduced to [-π, π] by
     subtracting whole turns of 2π in three parts (Cody–Waite: ``turns * part`` is exact for the first two parts while
     turns < 2**29, i.e. |θ| below about 3.4e9), and its cos/sin taken in float64 and rounded once to the math dtype.
-    float32 sin/cos of the reduced angle would not do: rounding the reduced angle to float32 alone errs by up to
-    1.2e-7 near ±π, four times half a float32 ulp of a cos near 1, which the float64-angle table meets.
+    float32 sin/cos of the reduced angle would not do: rounding the reduced angle to float32 alone moves it by up to
+    1.2e-7 near ±π, and sin by as much, four times the float64-angle table's largest error (half a float32 ulp of
+    values near 1).
     """
     inv_freq = tl.load(INV_FREQ + pairs * stride, mask=pair_mask, other=0.0).to(tl.float64)
     angle = position.to(tl.float64)[:, None] * inv_freq[None, :]
