@@ -124,6 +124,18 @@ def test_scale_is_the_attention_scaling_of_the_table(backend, rope_parameters):
                                                    attention_scaling=attention_scaling))
 
 
+def test_scale_multiplies_in_float64(backend):
+    """A scale that float32 cannot hold gives the table's values (built with that scale in float64), not those of
+    the scale rounded to float32 (which would move about one value in six by an ulp)."""
+    scale = 1 + 2**-26 + 2**-28
+    inv_freq = inverse_frequencies(64)
+    probe = _cos_sin_probe(256, 64)
+    cos, sin = ropekit.cos_sin_table(256, inv_freq=inv_freq, attention_scaling=scale, device=DEVICE)
+    from_table, _ = ropekit.apply_rope(probe, None, cos, sin)
+    table_free, _ = ropekit.apply_rope(probe, None, inv_freq=inv_freq.to(DEVICE), scale=scale)
+    assert (table_free != from_table).sum() <= from_table.numel() // 1000
+
+
 @triton_backend
 def test_the_kernel_and_the_native_backend_agree():
     q = make("bshd", 2, 6, 4, 64, torch.float32)
@@ -300,3 +312,19 @@ def test_a_table_free_call_never_takes_the_flat_kernel():
     kernels = [record.kernel.__name__ for record in records]
     assert kernels == ["rope_flat_kernel", "rope_v4_kernel"]
     assert records[1].arguments["ANGLES"]
+
+
+# --- the measurement command runs its whole path (on a CPU: no clock, nothing measured) -----------------------------
+
+def test_the_angles_benchmark_runs_dry(tmp_path, capsys):
+    from ropekit.bench import angles
+    from ropekit.bench.timing import DryRunTimer
+
+    rows = angles.accuracy(DEVICE, "native", rotary_dim=16, window=8)
+    assert {r["path"] for r in rows} == {"table", "table-free", "fp32-reduced-angle"}
+    assert all(r["values_unlike_the_table"] == 0 for r in rows if r["path"] == "table-free")
+    tiny = (dict(angles.CASES[0], batch=2, offsets_below=64), dict(angles.CASES[2], seqlen=4))
+    speed = angles.speed(DEVICE, DryRunTimer(), tiny)
+    assert [r["max_abs_difference"] <= 2**-3 for r in speed] == [True, True]  # bf16 outputs: an ulp at most
+    assert angles.main(["--out", str(tmp_path), "--no-speed", "--window", "4"]) == 0
+    assert (tmp_path / "angles.json").exists() and "no worse than the table" in capsys.readouterr().out

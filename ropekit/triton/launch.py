@@ -489,7 +489,6 @@ def _plan_tile(shape, q, k, out_q, out_k, cos, sin, positions, config: TileConfi
         out_q_strides=unread if dense or in_place else tuple(out_q.stride()),
         out_k_strides=unread if dense or in_place else tuple((out_k if out_k is not None else out_q).stride()),
         COS=cos, SIN=sin, cos_strides=cos_strides,
-        angle_scale=1 if not angles or scale == 1 else float(scale),  # 1 (a constant) when not read or not scaling
         POSITIONS=positions.tensor, position_strides=_position_strides(positions), CU_SEQLENS=positions.cu_seqlens,
         position_offset=positions.offset + 1,
         # varlen tiles bound their rows by the packed token count (1 elsewhere: not read)
@@ -498,7 +497,8 @@ def _plan_tile(shape, q, k, out_q, out_k, cos, sin, positions, config: TileConfi
         BLOCK_HK=_next_pow2(n_heads_k) if config.fused_qk else 1, BLOCK_HALF=_next_pow2(rotary_dim // 2),
         BLOCK_TAIL=_next_pow2(max(head_dim - rotary_dim, 1)), FUSED_QK=config.fused_qk,
         HAS_K=k is not None, INTERLEAVED=interleaved, CONJUGATE=conjugate, POS_MODE=positions.mode,
-        IS_VARLEN=positions.is_varlen, COS_PER_TOKEN=cos_per_token, ANGLES=angles, EAGER_ROUNDING=eager_rounding,
+        IS_VARLEN=positions.is_varlen, COS_PER_TOKEN=cos_per_token, ANGLES=angles,
+        ANGLE_SCALE=float(scale) if angles else 1.0, EAGER_ROUNDING=eager_rounding,
         MATH_DTYPE=_MATH_DTYPE.get(q.dtype, tl.float32),
         DENSE=dense, IN_PLACE=in_place, INDEX_DTYPE=index_dtype,
         EVICT="evict_first" if config.evict_first else "")

@@ -87,15 +87,17 @@ def _rotate(x_a, x_b, cos_a, sin_a, cos_b, sin_b, OUT_DTYPE: tl.constexpr, EAGER
 
 
 @triton.jit
-def _angle_cos_sin(INV_FREQ, position, pairs, pair_mask, stride, angle_scale, MATH_DTYPE: tl.constexpr):
-    """cos and sin (times ``angle_scale``) of θ = position × inv_freq for [BLOCK_S] positions and [BLOCK_HALF] pairs.
+def _angle_cos_sin(INV_FREQ, position, pairs, pair_mask, stride, ANGLE_SCALE: tl.constexpr,
+                   MATH_DTYPE: tl.constexpr):
+    """cos and sin (times ``ANGLE_SCALE``) of θ = position × inv_freq for [BLOCK_S] positions and [BLOCK_HALF] pairs.
 
     θ is formed in float64 (a position below 2**53 and the frequency are exact there), reduced to [-π, π] by
     subtracting whole turns of 2π in three parts (Cody–Waite: ``turns * part`` is exact for the first two parts while
     turns < 2**29, i.e. |θ| below about 3.4e9), and its cos/sin taken in float64 and rounded once to the math dtype.
     float32 sin/cos of the reduced angle would not do: rounding the reduced angle to float32 alone moves it by up to
     1.2e-7 near ±π, and sin by as much, four times the float64-angle table's largest error (half a float32 ulp of
-    values near 1).
+    values near 1). ANGLE_SCALE is a compile-time float64 constant: a float argument would arrive rounded to
+    float32.
     """
     inv_freq = tl.load(INV_FREQ + pairs * stride, mask=pair_mask, other=0.0).to(tl.float64)
     angle = position.to(tl.float64)[:, None] * inv_freq[None, :]
@@ -104,8 +106,9 @@ def _angle_cos_sin(INV_FREQ, position, pairs, pair_mask, stride, angle_scale, MA
     reduced = angle - turns * tl.full([], _TWO_PI_1, tl.float64)
     reduced = reduced - turns * tl.full([], _TWO_PI_2, tl.float64)
     reduced = reduced - turns * tl.full([], _TWO_PI_3, tl.float64)
-    cos = (tl.cos(reduced) * angle_scale).to(MATH_DTYPE)
-    sin = (tl.sin(reduced) * angle_scale).to(MATH_DTYPE)
+    scale = tl.full([], ANGLE_SCALE, tl.float64)
+    cos = (tl.cos(reduced) * scale).to(MATH_DTYPE)
+    sin = (tl.sin(reduced) * scale).to(MATH_DTYPE)
     return cos, sin
 
 
@@ -113,14 +116,14 @@ def _angle_cos_sin(INV_FREQ, position, pairs, pair_mask, stride, angle_scale, MA
 def _cos_sin(COS, SIN, POSITIONS, pid_b, batch_index, s_local, token_rows, token_mask, table_len, position_offset,
              cos_strides, position_strides, ROTARY_DIM: tl.constexpr, BLOCK_HALF: tl.constexpr,
              INTERLEAVED: tl.constexpr, POS_MODE: tl.constexpr, COS_PER_TOKEN: tl.constexpr, CONJUGATE: tl.constexpr,
-             MATH_DTYPE: tl.constexpr, ANGLES: tl.constexpr = False, angle_scale=1.0):
+             MATH_DTYPE: tl.constexpr, ANGLES: tl.constexpr = False, ANGLE_SCALE: tl.constexpr = 1.0):
     """cos/sin of every pair of BLOCK_S tokens, as four [BLOCK_S, BLOCK_HALF] tiles (first / second channel of a pair).
 
     Called after the q/k tile is loaded, so those loads are already in flight while the dependent chain
     position -> table row -> cos/sin resolves (it dominates a decode step's latency). ``cos_strides``: (sequence,
     row, column) of per-token rows, or (unused, row, column) of a table; ``position_strides``: (sequence, token).
     With ANGLES, COS holds the (ROTARY_DIM / 2,) inverse frequencies (column stride ``cos_strides[2]``), SIN is not
-    read, and cos/sin are computed at each token's position and multiplied by ``angle_scale``.
+    read, and cos/sin are computed at each token's position and multiplied by ANGLE_SCALE.
     """
     stride_cos_b, stride_cos_s, stride_cos_d = cos_strides[0], cos_strides[1], cos_strides[2]
     stride_pos_b, stride_pos_s = position_strides[0], position_strides[1]
@@ -152,7 +155,7 @@ def _cos_sin(COS, SIN, POSITIONS, pid_b, batch_index, s_local, token_rows, token
             position = tl.load(POSITIONS + batch_index * stride_pos_b + token_rows * stride_pos_s,
                                mask=token_mask, other=0).to(tl.int64)
         if ANGLES:
-            cos_a, sin_a = _angle_cos_sin(COS, position, pairs, pair_mask, stride_cos_d, angle_scale, MATH_DTYPE)
+            cos_a, sin_a = _angle_cos_sin(COS, position, pairs, pair_mask, stride_cos_d, ANGLE_SCALE, MATH_DTYPE)
         else:
             in_table = (position >= 0) & (position < table_len)
             # Never read outside the table; out-of-range tokens get NaN (loud) instead of a neighbour's angle.
@@ -258,8 +261,8 @@ def rope_v4_kernel(
     Q, K, OUT_Q, OUT_K, q_strides, k_strides, out_q_strides, out_k_strides,
     # the angles: a (table_len, ROTARY_DIM / 2) float32 table read at each token's position, or with COS_PER_TOKEN
     # full-width rows given per token, or with ANGLES the (ROTARY_DIM / 2,) inverse frequencies in COS (SIN unread),
-    # cos/sin computed at the position and multiplied by angle_scale; cos_strides: (sequence, row, column)
-    COS, SIN, cos_strides, angle_scale,
+    # cos/sin computed at the position and multiplied by ANGLE_SCALE; cos_strides: (sequence, row, column)
+    COS, SIN, cos_strides,
     # positions: POS_MODE says what POSITIONS holds (position_strides: (sequence, token)); CU_SEQLENS the packed
     # sequences' starts; position_offset arrives plus one (the common offset, 0, becomes the constant 1)
     POSITIONS, position_strides, CU_SEQLENS, position_offset,
@@ -270,7 +273,8 @@ def rope_v4_kernel(
     BLOCK_HK: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_TAIL: tl.constexpr, FUSED_QK: tl.constexpr,
     # what the call asks for
     HAS_K: tl.constexpr, INTERLEAVED: tl.constexpr, CONJUGATE: tl.constexpr, POS_MODE: tl.constexpr,
-    IS_VARLEN: tl.constexpr, COS_PER_TOKEN: tl.constexpr, ANGLES: tl.constexpr, EAGER_ROUNDING: tl.constexpr, MATH_DTYPE: tl.constexpr,
+    IS_VARLEN: tl.constexpr, COS_PER_TOKEN: tl.constexpr, ANGLES: tl.constexpr, ANGLE_SCALE: tl.constexpr,
+    EAGER_ROUNDING: tl.constexpr, MATH_DTYPE: tl.constexpr,
     # what the tensors allow
     DENSE: tl.constexpr, IN_PLACE: tl.constexpr, INDEX_DTYPE: tl.constexpr, EVICT: tl.constexpr,
 ):
@@ -338,7 +342,7 @@ def rope_v4_kernel(
         cos_a, sin_a, cos_b, sin_b = _cos_sin(
             COS, SIN, POSITIONS, pid_b, batch_index, s_local, token_rows, token_mask, table_len, position_offset,
             cos_strides, position_strides, ROTARY_DIM, BLOCK_HALF, INTERLEAVED, POS_MODE, COS_PER_TOKEN, CONJUGATE,
-            MATH_DTYPE, ANGLES, angle_scale)
+            MATH_DTYPE, ANGLES, ANGLE_SCALE)
         _rotate_store(Q, OUT_Q, q_a, q_b, cos_a, sin_a, cos_b, sin_b, q_in, q_out, q_mask, q_strides[3],
                       out_q_strides[3], ROTARY_DIM, HEAD_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_TAIL, INTERLEAVED,
                       ROTARY_DIM < HEAD_DIM and not IN_PLACE, EAGER_ROUNDING, EVICT)
@@ -354,7 +358,7 @@ def rope_v4_kernel(
         cos_a, sin_a, cos_b, sin_b = _cos_sin(
             COS, SIN, POSITIONS, pid_b, batch_index, s_local, token_rows, token_mask, table_len, position_offset,
             cos_strides, position_strides, ROTARY_DIM, BLOCK_HALF, INTERLEAVED, POS_MODE, COS_PER_TOKEN, CONJUGATE,
-            MATH_DTYPE, ANGLES, angle_scale)
+            MATH_DTYPE, ANGLES, ANGLE_SCALE)
         _rotate_store(K, OUT_K, k_a, k_b, cos_a, sin_a, cos_b, sin_b, k_in, k_out, k_mask, k_strides[3],
                       out_k_strides[3], ROTARY_DIM, HEAD_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_TAIL, INTERLEAVED,
                       ROTARY_DIM < HEAD_DIM and not IN_PLACE, EAGER_ROUNDING, EVICT)
