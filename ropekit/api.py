@@ -39,10 +39,12 @@ log = logging.getLogger("ropekit")
 
 
 class RopeCall(NamedTuple):
-    """A validated call but for q, k and the outputs: what every way in hands to the launch."""
+    """A validated call but for q, k and the outputs: what every way in hands to the launch. Its angles come from
+    the cos/sin tables (or per-token rows), or, with ``inv_freq`` (cos and sin None), from each position times the
+    inverse frequencies, multiplied by ``scale``."""
 
-    cos: torch.Tensor
-    sin: torch.Tensor
+    cos: Optional[torch.Tensor]
+    sin: Optional[torch.Tensor]
     spec: PositionSpec
     rotary_dim: int
     layout: str
@@ -51,6 +53,8 @@ class RopeCall(NamedTuple):
     per_token: bool
     eager_rounding: bool
     backend: str
+    inv_freq: Optional[torch.Tensor] = None
+    scale: float = 1.0
 
 
 def _launcher(backend: str):
@@ -87,8 +91,9 @@ def _kernel_views(q, k, out_q, out_k, layout: str) -> tuple:
 
 def _switches(call: RopeCall) -> dict:
     """The launcher's keyword arguments that follow from the call alone."""
+    angles = {} if call.inv_freq is None else dict(inv_freq=call.inv_freq, scale=call.scale)
     return dict(positions=call.spec, rotary_dim=call.rotary_dim, interleaved=call.interleaved,
-                conjugate=call.conjugate, cos_per_token=call.per_token)
+                conjugate=call.conjugate, cos_per_token=call.per_token, **angles)
 
 
 def _run(q, k, call: RopeCall, out_q, out_k) -> None:
@@ -112,9 +117,10 @@ def _rotate_new(q, k, call: RopeCall):
 # spec's fields spelled out in schema types, since a custom op takes tensors, numbers and strings only.
 # --------------------------------------------------------------------------------------------------------------------
 
-_OP_PARAMS = ("Tensor{q} q", "Tensor{k}? k", "Tensor cos", "Tensor sin", "Tensor? positions", "int pos_mode",
+_OP_PARAMS = ("Tensor{q} q", "Tensor{k}? k", "Tensor? cos", "Tensor? sin", "Tensor? positions", "int pos_mode",
               "Tensor? cu_seqlens", "int position_offset", "int max_seqlen", "int rotary_dim", "str layout",
-              "bool interleaved", "bool conjugate", "bool per_token", "bool eager_rounding", "str backend")
+              "bool interleaved", "bool conjugate", "bool per_token", "bool eager_rounding", "str backend",
+              "Tensor? inv_freq", "float scale")
 _NO_GRADS = (None,) * (len(_OP_PARAMS) - 2)  # the backward's answer for every input after q and k
 
 
@@ -160,7 +166,7 @@ def _rope_fake(q, k, *rest):
 def _save_for_backward(ctx, k, call: RopeCall) -> None:
     """Keep the call for the backward. Its tensors go through ``save_for_backward`` as well, so that autograd refuses
     a backward after one of them (positions, say) was modified in place, as it does for every op."""
-    ctx.save_for_backward(call.cos, call.sin, call.spec.tensor, call.spec.cu_seqlens)
+    ctx.save_for_backward(call.cos, call.sin, call.spec.tensor, call.spec.cu_seqlens, call.inv_freq)
     ctx.call, ctx.has_k = call, k is not None
 
 
@@ -221,7 +227,7 @@ def _tensor_key(t):
 
 
 def _signature(q, k, cos, sin, positions, layout, interleaved, rotary_dim, inplace, cu_seqlens, max_seqlen, per_token,
-               conjugate, eager_rounding) -> tuple | None:
+               conjugate, eager_rounding, inv_freq, scale) -> tuple | None:
     """Everything that validation and the launch derive from, or None for a call that is not cached.
 
     A host-int position offset enters by its type only (its range is checked on every call, see ``_EagerPlan``);
@@ -236,13 +242,13 @@ def _signature(q, k, cos, sin, positions, layout, interleaved, rotary_dim, inpla
         return None
     if layout == "thd" and max_seqlen is None:
         return None  # prepare derives it with a host sync: not something to skip
-    for t in (q, k, cos, sin, cu_seqlens):
+    for t in (q, k, cos, sin, cu_seqlens, inv_freq):
         if t is not None and not isinstance(t, torch.Tensor):
             return None
     # types beside values: True == 1 as dict keys, but not as arguments
     return (_tensor_key(q), _tensor_key(k), _tensor_key(cos), _tensor_key(sin), pos_key, layout, type(interleaved),
             interleaved, type(rotary_dim), rotary_dim, inplace, _tensor_key(cu_seqlens), type(max_seqlen), max_seqlen,
-            per_token, type(conjugate), conjugate, eager_rounding)
+            per_token, type(conjugate), conjugate, eager_rounding, _tensor_key(inv_freq), type(scale), scale)
 
 
 class _EagerPlan:
@@ -281,16 +287,18 @@ def _make_plan(key, q, k, call: RopeCall, inplace: bool, out_q, out_k) -> _Eager
     launch = plan_rope(q4, k4, call.cos, call.sin, out_q=oq4, out_k=ok4, **_switches(call), copy_tail=not inplace,
                      eager_rounding=call.eager_rounding)
     max_offset = None
-    if call.spec.mode == SCALAR_OFFSET and not call.per_token:
+    if call.spec.mode == SCALAR_OFFSET and call.inv_freq is not None:
+        max_offset = 2**62  # no table to stay inside
+    elif call.spec.mode == SCALAR_OFFSET and not call.per_token:
         n_positions = call.spec.max_seqlen if call.layout == "thd" else q.shape[batch_and_seq_axes(call.layout)[1]]
         max_offset = call.cos.shape[0] - n_positions if n_positions > 0 else 2**62
     return plans.put(key, _EagerPlan(launch, inplace, max_offset))
 
 
-def _check_in_place(q, k, cos, sin, positions, cu_seqlens, table, memo=None) -> None:
+def _check_in_place(q, k, cos, sin, positions, cu_seqlens, table, inv_freq, memo=None) -> None:
     """In place the call writes q and k: neither may share memory with itself, the other or what the call reads."""
-    check_overlaps(("q", "k") + (("table", "table") if table is not None else ("cos", "sin")) + ("positions",
-                   "cu_seqlens"), (q, k, cos, sin, positions, cu_seqlens), ("q", "k"), memo)
+    check_overlaps(("q", "k") + (("table", "table") if table is not None else ("cos", "sin")) + (
+        "positions", "cu_seqlens", "inv_freq"), (q, k, cos, sin, positions, cu_seqlens, inv_freq), ("q", "k"), memo)
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -298,10 +306,11 @@ def _check_in_place(q, k, cos, sin, positions, cu_seqlens, table, memo=None) -> 
 # --------------------------------------------------------------------------------------------------------------------
 
 def apply_rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, cos: Optional[torch.Tensor] = None,
-               sin: Optional[torch.Tensor] = None, *, table=None, positions=None, layout: str = "bshd",
-               interleaved: bool = False, rotary_dim: Optional[int] = None, inplace: bool = False,
-               cu_seqlens: Optional[torch.Tensor] = None, max_seqlen: Optional[int] = None, per_token: bool = False,
-               conjugate: bool = False, eager_rounding: bool = False, backend: Optional[str] = None):
+               sin: Optional[torch.Tensor] = None, *, table=None, inv_freq: Optional[torch.Tensor] = None,
+               scale: float = 1.0, positions=None, layout: str = "bshd", interleaved: bool = False,
+               rotary_dim: Optional[int] = None, inplace: bool = False, cu_seqlens: Optional[torch.Tensor] = None,
+               max_seqlen: Optional[int] = None, per_token: bool = False, conjugate: bool = False,
+               eager_rounding: bool = False, backend: Optional[str] = None):
     """Rotate q (and k) by their positions. Returns ``(q_out, k_out)`` (``k_out`` is None when k is None).
 
     Args:
@@ -310,6 +319,12 @@ def apply_rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, cos: Optional[
             with ``per_token=True`` full-width rows in transformers' layout that broadcast to ``(batch, seq,
             rotary_dim)`` (``(tokens, rotary_dim)`` for thd).
         table: a :class:`ropekit.RopeTable` instead of cos/sin (grows for host-known positions).
+        inv_freq: instead of cos/sin or a table, the float32 or float64 inverse frequencies ``(rotary_dim/2,)`` (any
+            rope type's, e.g. ``ropekit.frequencies``' or a transformers rotary module's ``inv_freq``): the kernel
+            computes cos and sin of ``position * inv_freq`` in float64, reduced mod 2π, at every position, with no
+            table in memory (docs/api.md#angles-without-a-table). Not with ``per_token`` nor ``backend="cuda"``.
+        scale: with ``inv_freq``, multiplies cos and sin: the attention scaling some rope types apply to them
+            (transformers' ``attention_scaling``, YaRN's and LongRoPE's mscale). A host float, 1.0 by default.
         positions: None (0..S-1), an int offset, a ``(batch,)`` tensor of per-sequence offsets (decode with a KV
             cache), or position ids that broadcast to ``(batch, seq)`` (``(tokens,)`` for thd).
         layout: "bshd", "sbhd", "bhsd" or "thd" (packed varlen; needs ``cu_seqlens`` and ideally ``max_seqlen``).
@@ -327,12 +342,15 @@ def apply_rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, cos: Optional[
     """
     if backend is None:
         backend = _device.default_backend()
-    if table is not None:
+    if inv_freq is not None:
+        if cos is not None or sin is not None or table is not None:
+            raise ValueError("pass either inv_freq= or cos/sin or table=, not more than one")
+    elif table is not None:
         if cos is not None or sin is not None:
             raise ValueError("pass either cos/sin or table=, not both")
         cos, sin = table.cos, table.sin
     elif cos is None or sin is None:
-        raise TypeError("apply_rope needs cos and sin tables (or table=ropekit.RopeTable(...))")
+        raise TypeError("apply_rope needs cos and sin tables (or table=ropekit.RopeTable(...), or inv_freq=)")
     # Eager, no autograd, Triton: a call with a signature seen before goes straight to its plan (not in check mode,
     # which reads device values every call, nor with debug logging, which reports every launch).
     # (getattr: q and k are not validated yet; a wrong type is reported by prepare below)
@@ -341,21 +359,22 @@ def apply_rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, cos: Optional[
     key = None
     if eager and backend == "triton" and not check_mode() and not log.isEnabledFor(logging.DEBUG):
         key = _signature(q, k, cos, sin, positions, layout, interleaved, rotary_dim, inplace, cu_seqlens, max_seqlen,
-                         per_token, conjugate, eager_rounding)
+                         per_token, conjugate, eager_rounding, inv_freq, scale)
         plan = plans.get(key) if key is not None else None
         if plan is not None and plan.accepts(positions):
             if inplace:
-                _check_in_place(q, k, cos, sin, positions, cu_seqlens, table, plan.checked)
-            return plan(q, k, cos, sin, positions, cu_seqlens)
+                _check_in_place(q, k, cos, sin, positions, cu_seqlens, table, inv_freq, plan.checked)
+            return plan(q, k, cos if inv_freq is None else inv_freq, sin, positions, cu_seqlens)
 
     user_cos, user_sin = cos, sin
     cos, sin, spec, rotary_dim = prepare(q, k, cos, sin, positions, layout, rotary_dim, cu_seqlens, max_seqlen,
-                                         per_token, eager_rounding, backend, table, interleaved)
-    call = RopeCall(cos, sin, spec, rotary_dim, layout, interleaved, conjugate, per_token, eager_rounding, backend)
+                                         per_token, eager_rounding, backend, table, interleaved, inv_freq, scale)
+    call = RopeCall(cos, sin, spec, rotary_dim, layout, interleaved, conjugate, per_token, eager_rounding, backend,
+                    inv_freq, float(scale))
     if inplace:
         if torch.is_grad_enabled() and (q.requires_grad or (k is not None and k.requires_grad)):
             raise ValueError("inplace=True does not support autograd; use inplace=False when q or k requires grad")
-        _check_in_place(q, k, user_cos, user_sin, positions, cu_seqlens, table)
+        _check_in_place(q, k, user_cos, user_sin, positions, cu_seqlens, table, inv_freq)
     if q.is_meta:
         # shape inference (validated above): the outputs' shapes, strides and dtypes, no data touched
         return _outputs(q, k, inplace)
@@ -364,14 +383,14 @@ def apply_rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, cos: Optional[
             out_q, out_k = _rope_op(*_op_args(q, k, call))
             return out_q, (out_k if k is not None else None)
         return _RopeFunction.apply(q, k, call)
-    if key is not None and spec.cu_seqlens is cu_seqlens and user_cos.stride() == user_sin.stride() and (
-            per_token or (cos is user_cos and sin is user_sin)):
+    if key is not None and spec.cu_seqlens is cu_seqlens and (inv_freq is not None or (
+            user_cos.stride() == user_sin.stride() and (per_token or (cos is user_cos and sin is user_sin)))):
         # validated: remember the plan (not when prepare grew the table: the grown one is a new signature; nor when
         # it read cos/sin or cu_seqlens through copies, which a later call would not pass; per-token rows never
         # grow, prepare only broadcasts them, which the plan's strides already hold)
         out_q, out_k = _outputs(q, k, inplace)
-        return _make_plan(key, q, k, call, inplace, out_q, out_k).run(q, k, out_q, out_k, cos, sin, positions,
-                                                                      cu_seqlens)
+        return _make_plan(key, q, k, call, inplace, out_q, out_k).run(
+            q, k, out_q, out_k, cos if inv_freq is None else inv_freq, sin, positions, cu_seqlens)
     if inplace:
         if torch.compiler.is_compiling():
             _rope_inplace_op(*_op_args(q, k, call))

@@ -12,6 +12,9 @@ The semantics are the kernels' (docs/api.md, docs/fused.md):
 * Pair ``(a, b)`` (NeoX: channels ``i, i + R/2``; GPT-J: ``2i, 2i + 1``) becomes ``(a cos_a - b sin_a, b cos_b + a
   sin_b)``; ``conjugate`` (and the backward) applies the transpose: ``sin_a, sin_b <- -sin_b, -sin_a``.
 * A table position outside the table reads NaN angles (the token comes out NaN, loudly).
+* Without a table (``inv_freq``): cos and sin of the float64 angle ``position * inv_freq``, times ``scale``, rounded
+  once to the math dtype (the kernel reduces the angle mod 2π in float64 first, so its bits may differ in the last
+  place of the math dtype).
 * Varlen: sequence ``b`` covers the packed rows ``cu[b] + s`` for ``s < min(len_b, max_seqlen)``; rows outside
   ``[0, tokens)`` are never touched and rows no sequence covers are not written, whatever ``cu_seqlens`` holds.
 * Caches: the rotated k (QK-normed first when weights are given) and v go to ``slot = slots[token]`` (paged: block
@@ -103,11 +106,15 @@ def _joined(a: torch.Tensor, b: torch.Tensor, interleaved: bool) -> torch.Tensor
 
 
 def _angles(cos, sin, spec: PositionSpec, tokens: _Tokens, rotary_dim: int, interleaved: bool, per_token: bool,
-            conjugate: bool, math: torch.dtype) -> tuple:
+            conjugate: bool, math: torch.dtype, inv_freq: Optional[torch.Tensor] = None, scale: float = 1.0) -> tuple:
     """``(cos_a, sin_a, cos_b, sin_b)`` of every covered token's pairs, in the math dtype, with a heads axis to
-    broadcast over: from the half-width table at the token's position (NaN outside the table), or from the token's
-    own full-width row (channel a's and channel b's columns)."""
-    if per_token:
+    broadcast over: from the half-width table at the token's position (NaN outside the table), from the token's
+    own full-width row (channel a's and channel b's columns), or computed from the position and ``inv_freq``."""
+    if inv_freq is not None:
+        angle = _positions(spec, tokens).to(torch.float64)[..., None] * inv_freq[:rotary_dim // 2].to(torch.float64)
+        cos_a = cos_b = (torch.cos(angle) * scale).to(math)
+        sin_a = sin_b = (torch.sin(angle) * scale).to(math)
+    elif per_token:
         cos_a, cos_b = _pairs(tokens.take(cos).to(math), rotary_dim, interleaved)
         sin_a, sin_b = _pairs(tokens.take(sin).to(math), rotary_dim, interleaved)
     else:
@@ -148,17 +155,18 @@ def _same_view(x: torch.Tensor, out: torch.Tensor) -> bool:
 # apply_rope: v4's launcher, natively.
 # --------------------------------------------------------------------------------------------------------------------
 
-def rope(q: torch.Tensor, k: Optional[torch.Tensor], cos: torch.Tensor, sin: torch.Tensor, *,
+def rope(q: torch.Tensor, k: Optional[torch.Tensor], cos: Optional[torch.Tensor], sin: Optional[torch.Tensor], *,
          out_q: torch.Tensor, out_k: Optional[torch.Tensor], positions: PositionSpec, rotary_dim: int,
          interleaved: bool = False, conjugate: bool = False, cos_per_token: bool = False, copy_tail: bool = True,
-         eager_rounding: bool = False) -> None:
+         eager_rounding: bool = False, inv_freq: Optional[torch.Tensor] = None, scale: float = 1.0) -> None:
     """:func:`ropekit.triton.launch.rope_v4`'s arguments and outputs (q/k/out ``(batch, seq, heads, head_dim)`` views,
     ``(tokens, heads, head_dim)`` for varlen), computed in PyTorch ops. Trusts its caller, as the launcher does."""
     varlen = positions.is_varlen
     n_batch = positions.cu_seqlens.shape[0] - 1 if varlen else q.shape[0]
     tokens = _tokens(positions, n_batch, 0 if varlen else q.shape[1], q.shape[0], q.device)
     math, head_dim = _math_dtype(q), q.shape[-1]
-    angles = _angles(cos, sin, positions, tokens, rotary_dim, interleaved, cos_per_token, conjugate, math)
+    angles = _angles(cos, sin, positions, tokens, rotary_dim, interleaved, cos_per_token, conjugate, math, inv_freq,
+                     scale)
     in_place = _same_view(q, out_q) and (k is None or _same_view(k, out_k))
     for x, out in ((q, out_q), (k, out_k)):
         if x is None or x.numel() == 0:

@@ -10,6 +10,7 @@ sync, which CUDA graphs forbid.
 from __future__ import annotations
 
 import contextlib
+import math
 import operator
 import os
 import torch
@@ -62,9 +63,36 @@ def _check_tensor(name: str, x, ndim: int) -> None:
         raise ValueError(f"{name} must have {ndim} dimensions for this layout, got shape {tuple(x.shape)}")
 
 
+def _check_angles(inv_freq, scale, q, backend: str, per_token: bool) -> None:
+    """Table-free angles: ``inv_freq`` a float32/float64 vector on q's device, ``scale`` a finite host number."""
+    if backend == "cuda":
+        raise ValueError("inv_freq (angles computed without a table) is implemented by backend='triton' and 'native' "
+                         "only; pass a cos/sin table to backend='cuda'")
+    if per_token:
+        raise ValueError("inv_freq computes each position's angles; per_token=True takes cos/sin rows instead, "
+                         "not both")
+    if not isinstance(inv_freq, torch.Tensor):
+        raise TypeError(f"inv_freq must be a torch.Tensor, got {type(inv_freq).__name__}")
+    if inv_freq.dtype not in (torch.float32, torch.float64):
+        raise TypeError(f"inv_freq must be float32 or float64, got {inv_freq.dtype}")
+    if inv_freq.ndim != 1 or inv_freq.shape[0] == 0:
+        raise ValueError(f"inv_freq must be 1-D (rotary_dim/2,), got shape {tuple(inv_freq.shape)}")
+    if inv_freq.device != q.device:
+        raise ValueError(f"inv_freq is on {inv_freq.device} but q is on {q.device}")
+    _check_scale(scale)
+
+
+def _check_scale(scale) -> None:
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+        raise TypeError(f"scale must be a host float, got {type(scale).__name__}")
+    if not math.isfinite(scale):
+        raise ValueError(f"scale must be finite, got {scale}")
+
+
 def prepare(q, k, cos, sin, positions, layout, rotary_dim, cu_seqlens, max_seqlen, per_token, eager_rounding,
-             backend, table=None, interleaved=False):
-    """Validate the call; return (cos, sin, spec, rotary_dim): tables as the kernel reads them, positions."""
+            backend, table=None, interleaved=False, inv_freq=None, scale=1.0):
+    """Validate the call; return (cos, sin, spec, rotary_dim): tables as the kernel reads them (None with
+    ``inv_freq``, the table-free angles, which the kernel reads as given), positions."""
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
     if backend not in BACKENDS:
@@ -81,14 +109,22 @@ def prepare(q, k, cos, sin, positions, layout, rotary_dim, cu_seqlens, max_seqle
             raise ValueError(f"q and k must be on the same device, got q on {q.device} and k on {k.device}")
         if k.shape[-1] != q.shape[-1]:
             raise ValueError(f"k's head_dim ({k.shape[-1]}) must equal q's head_dim ({q.shape[-1]})")
-    for name, t in (("cos", cos), ("sin", sin)):
+    angles = inv_freq is not None
+    if angles:
+        _check_angles(inv_freq, scale, q, backend, per_token)
+    else:
+        _check_scale(scale)
+        if scale != 1:
+            raise ValueError(f"scale ({scale}) multiplies the angles computed from inv_freq; scale a cos/sin table "
+                             "itself")
+    for name, t in (("cos", cos), ("sin", sin)) if not angles else ():
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a tensor (or pass table=...), got {type(t).__name__}")
         if t.dtype not in FLOAT_DTYPES:
             raise TypeError(f"{name} must be a floating tensor, got {t.dtype}")
         if t.device != q.device:
             raise ValueError(f"{name} is on {t.device} but q is on {q.device}")
-    if cos.shape != sin.shape:
+    if not angles and cos.shape != sin.shape:
         raise ValueError(f"cos and sin must have the same shape, got {tuple(cos.shape)} and {tuple(sin.shape)}")
 
     if varlen:
@@ -123,7 +159,9 @@ def prepare(q, k, cos, sin, positions, layout, rotary_dim, cu_seqlens, max_seqle
                              f"got k with {(k.shape[batch_axis], k.shape[seq_axis])}")
 
     head_dim = q.shape[-1]
-    if per_token:
+    if angles:
+        rotary_dim_from_cos = 2 * inv_freq.shape[0]
+    elif per_token:
         if positions is not None:
             raise ValueError("positions must be None with per_token=True: the per-token cos/sin rows already hold "
                              "each token's angles")
@@ -147,6 +185,9 @@ def prepare(q, k, cos, sin, positions, layout, rotary_dim, cu_seqlens, max_seqle
         raise ValueError(f"rotary_dim ({rotary_dim}) must equal the width of the per-token cos/sin rows "
                          f"({rotary_dim_from_cos}): a row's two halves pair channel i with i + width/2, so rotating "
                          "fewer channels with the same rows is not a rotation; slice the rows to rotary_dim instead")
+    if rotary_dim > rotary_dim_from_cos and angles:
+        raise ValueError(f"rotary_dim ({rotary_dim}) needs inv_freq with {rotary_dim // 2} entries, got "
+                         f"{inv_freq.shape[0]}")
     if rotary_dim > rotary_dim_from_cos:
         columns = rotary_dim // 2 if not per_token else rotary_dim
         raise ValueError(f"rotary_dim ({rotary_dim}) needs cos/sin with {columns}"
@@ -172,7 +213,7 @@ def prepare(q, k, cos, sin, positions, layout, rotary_dim, cu_seqlens, max_seqle
             last = spec.offset + (max_seqlen if varlen else seqlen) - 1
             if spec.offset < 0:
                 raise ValueError(f"positions (offset) must be >= 0, got {spec.offset}")
-            if last >= cos.shape[0] and (max_seqlen if varlen else seqlen) > 0:
+            if not angles and last >= cos.shape[0] and (max_seqlen if varlen else seqlen) > 0:
                 if table is not None:
                     table.ensure(last + 1)
                     cos, sin = table.cos, table.sin
@@ -185,7 +226,9 @@ def prepare(q, k, cos, sin, positions, layout, rotary_dim, cu_seqlens, max_seqle
             table.ensure(max_seqlen if varlen else seqlen)
             cos, sin = table.cos, table.sin
         if check_mode() and not q.is_meta:
-            _check_device_values(spec, cos.shape[0], seqlen)
+            _check_device_values(spec, 2**63 - 1 if angles else cos.shape[0], seqlen)
+    if angles:
+        return None, None, spec, rotary_dim
     if cos.stride() != sin.stride():
         # The kernel walks cos and sin with one set of strides; tables that differ (a column slice of a wider
         # buffer, say) are read through contiguous copies.

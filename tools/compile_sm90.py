@@ -75,7 +75,7 @@ def compile_record(record):
 
 def _rope_calls():
     """A small matrix of apply_rope-shaped launches: tile (fused q+k or not), flat (paired or not), in place,
-    strided, varlen, per-token rows, GPT-J, partial rotary, fp64, the conjugate."""
+    strided, varlen, per-token rows, GPT-J, partial rotary, fp64, the conjugate, table-free angles."""
     meta = dict(device="cpu")
     for dtype in (torch.bfloat16, torch.float32, torch.float64):
         q = torch.empty(2, 64, 8, 128, dtype=dtype, **meta)
@@ -106,6 +106,19 @@ def _rope_calls():
         packed = torch.empty(100, 8, 128, dtype=dtype, **meta)
         yield dict(q=packed, k=None, cos=cos, sin=cos, out_q=torch.empty_like(packed), out_k=None, positions=varlen,
                    rotary_dim=128, config=tile)
+        # table-free angles: float64 and (strided) float32 frequencies, a scale, every position form
+        inv_freq = torch.empty(64, dtype=torch.float64, **meta)
+        strided_freq = torch.empty(128, **meta)[::2]
+        for freq, scale, where in ((inv_freq, 1.0, spec), (strided_freq, 0.75, by_offsets),
+                                   (inv_freq, 1.0, resolve_positions(batch=2, seqlen=64, positions=torch.empty(
+                                       2, 64, dtype=torch.int64, **meta)))):
+            yield dict(q=q, k=k, cos=None, sin=None, out_q=torch.empty_like(q), out_k=torch.empty_like(k),
+                       positions=where, rotary_dim=128, config=tile, inv_freq=freq, scale=scale)
+        yield dict(q=q, k=k, cos=None, sin=None, out_q=q, out_k=k, positions=by_offsets, rotary_dim=64,
+                   config=launch.TileConfig(2, 1, 16, fused_qk=True), interleaved=True, conjugate=True,
+                   inv_freq=inv_freq[:32])
+        yield dict(q=packed, k=None, cos=None, sin=None, out_q=torch.empty_like(packed), out_k=None,
+                   positions=varlen, rotary_dim=128, config=tile, inv_freq=inv_freq)
 
 
 def _fused_calls():

@@ -7,7 +7,8 @@
 
 Rooms: ``cases`` (what is measured and how many bytes it must move), ``inputs`` (fresh inputs, the pre-timing check),
 ``impls`` (one adapter per implementation, peers loaded by ``peers``), ``timing`` (the clocks), ``runner`` (the loop
-and the rows), ``report`` (the JSON), ``plots``, ``markdown`` (docs/benchmarks.md), ``cli``.
+and the rows), ``report`` (the JSON), ``plots``, ``markdown`` (docs/benchmarks.md), ``cli``; ``angles`` (its own
+command, ``python -m ropekit.bench.angles``: table-free angles' accuracy, and their speed against the table).
 On a machine without a GPU nothing is timed: the Triton interpreter is correct but it is not a benchmark.
 """
 

@@ -14,7 +14,7 @@ import torch
 from ropekit import device as _device
 from ropekit import reference as ref
 from ropekit.api import apply_rope
-from ropekit.frequencies import cos_sin_table
+from ropekit.frequencies import cos_sin_table, inverse_frequencies
 from ropekit.positions import SCALAR_OFFSET, PositionSpec, resolve_positions
 from ropekit.testing import check_close_to_reference
 
@@ -217,6 +217,23 @@ def _check_out_of_table(backend: str, device) -> str:
     return "" if ok else "tokens past the table are not NaN (or tokens inside it are not finite)"
 
 
+def _check_table_free(backend: str, device) -> str:
+    """Angles without a table: partial rotary of a non-power-of-two pair count (masked frequency loads), GQA, a
+    frequency vector of exactly rotary_dim/2 entries (a read past it is outside the allocation), packed sequences
+    with an empty one, positions up to 1e7."""
+    cu = torch.tensor([0, 5, 5, 12], dtype=torch.int32, device=device)
+    q, k = torch.randn(12, 3, 80, device=device), torch.randn(12, 1, 80, device=device)
+    ids = torch.randint(0, 10_000_000, (12,))
+    inv_freq = inverse_frequencies(48).to(device)
+    out_q, out_k = apply_rope(q, k, inv_freq=inv_freq, scale=0.9, positions=ids.to(device), layout="thd",
+                              cu_seqlens=cu, max_seqlen=7, backend=backend)
+    for out, x in ((out_q, q), (out_k, k)):
+        problem = check_close_to_reference(out, ref.rope(x, ids, rotary_dim=48, attention_scaling=0.9))
+        if problem:
+            return problem
+    return ""
+
+
 def _check_cuda_table(fast: bool) -> str:
     from ropekit.cuda import cos_sin_table_cuda
 
@@ -256,6 +273,9 @@ def sanitize_driver(device=None, verbose: bool = True, candidates: int | None = 
                               lambda cfg=cfg, config=config: run_with_launch_config(cfg, config, device), device)
         log.check(f"{backend} out-of-table position ids (masked loads)", lambda: _check_out_of_table(backend, device),
                   device)
+        if backend != "cuda":  # (the CUDA backend takes tables only)
+            log.check(f"{backend} table-free angles (thd, partial rotary, GQA, positions < 1e7)",
+                      lambda: _check_table_free(backend, device), device)
     if "cuda" in backends:
         for fast in (False, True):  # the table kernel (fast=True: the course's float32-angle variant)
             log.check(f"cuda table kernel fast={fast} (1003 rows, rotary_dim 80)", lambda fast=fast:

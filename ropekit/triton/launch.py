@@ -321,7 +321,8 @@ class RopeLaunch(NamedTuple):
     def __call__(self, q, k, out_q, out_k, cos, sin, positions, cu_seqlens, position_offset: int) -> None:
         """q/k/out/cos/sin/positions/cu_seqlens: the tensors the plan was made for, or any with the same shapes,
         strides and dtypes (views count: only their data pointers are read); k, positions and cu_seqlens may be
-        None when the plan was made without them. A plan made in place writes through q and k."""
+        None when the plan was made without them. A plan made with ``inv_freq`` takes that vector as ``cos`` (sin:
+        None). A plan made in place writes through q and k."""
         k = k if k is not None else q  # the kernel's HAS_K skips it
         if self.in_place:
             self.launch(q, k, cos, sin, positions, cu_seqlens, position_offset + 1)
@@ -335,11 +336,13 @@ class RopeLaunch(NamedTuple):
 def rope_v4(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor, *,
             out_q: torch.Tensor, out_k: torch.Tensor | None, positions: PositionSpec, rotary_dim: int,
             interleaved: bool = False, conjugate: bool = False, cos_per_token: bool = False,
-            copy_tail: bool = True, eager_rounding: bool = False,
-            config: TileConfig | FlatConfig | None = None) -> None:
+            copy_tail: bool = True, eager_rounding: bool = False, inv_freq: torch.Tensor | None = None,
+            scale: float = 1.0, config: TileConfig | FlatConfig | None = None) -> None:
     """Launch v4. q/k/out are 4-D ``(batch, seq, heads, head_dim)`` views with any strides, or 3-D ``(tokens, heads,
     head_dim)`` when ``positions.is_varlen``. cos/sin: ``(table_len, rotary_dim/2)`` tables, or with
-    ``cos_per_token`` full-width rows ``(batch, seq, rotary_dim)`` (``(tokens, rotary_dim)`` for varlen).
+    ``cos_per_token`` full-width rows ``(batch, seq, rotary_dim)`` (``(tokens, rotary_dim)`` for varlen), or None
+    with ``inv_freq``: the ``(>= rotary_dim/2,)`` float32/float64 inverse frequencies, cos/sin computed in the kernel
+    at each position and multiplied by ``scale`` (the tile kernel only).
 
     The launcher trusts its caller (``ropekit.api`` validates); it only normalises shapes and plans the launch.
     ``config`` forces a configuration instead of :func:`rope_config`'s (tuning and reliability tools); a
@@ -347,9 +350,10 @@ def rope_v4(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: tor
     """
     plan = plan_rope(q, k, cos, sin, out_q=out_q, out_k=out_k, positions=positions, rotary_dim=rotary_dim,
                      interleaved=interleaved, conjugate=conjugate, cos_per_token=cos_per_token, copy_tail=copy_tail,
-                     eager_rounding=eager_rounding, config=config)
+                     eager_rounding=eager_rounding, inv_freq=inv_freq, scale=scale, config=config)
     if plan is not None:
-        plan(q, k, out_q, out_k, cos, sin, positions.tensor, positions.cu_seqlens, positions.offset)
+        plan(q, k, out_q, out_k, cos if inv_freq is None else inv_freq, sin, positions.tensor, positions.cu_seqlens,
+             positions.offset)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -394,9 +398,12 @@ def _position_strides(positions: PositionSpec) -> tuple:
 def plan_rope(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor, *,
               out_q: torch.Tensor, out_k: torch.Tensor | None, positions: PositionSpec, rotary_dim: int,
               interleaved: bool = False, conjugate: bool = False, cos_per_token: bool = False,
-              copy_tail: bool = True, eager_rounding: bool = False,
-              config: TileConfig | FlatConfig | None = None) -> RopeLaunch | None:
+              copy_tail: bool = True, eager_rounding: bool = False, inv_freq: torch.Tensor | None = None,
+              scale: float = 1.0, config: TileConfig | FlatConfig | None = None) -> RopeLaunch | None:
     """The :class:`RopeLaunch` for :func:`rope_v4`'s arguments (None when there is nothing to do)."""
+    angles = inv_freq is not None
+    if angles:
+        cos, sin = inv_freq, None  # the kernel reads the frequencies where a table would be
     if positions.is_varlen:
         q, out_q = q.unsqueeze(0), out_q.unsqueeze(0)
         if k is not None:
@@ -416,8 +423,9 @@ def plan_rope(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: t
         raise ValueError(f"v4 handles at most 65535 sequences per launch (grid axis 2), got {n_batch}")
     contiguous = all(t.is_contiguous() for t in (q, k, out_q, out_k) if t is not None)
     in_place = _same_view(q, out_q) and (k is None or _same_view(k, out_k))
-    flat_ok = _flat_applies(q, k, out_q, out_k, contiguous, positions, rotary_dim, interleaved, cos_per_token,
-                            eager_rounding)
+    # the flat kernel reads tables only
+    flat_ok = not angles and _flat_applies(q, k, out_q, out_k, contiguous, positions, rotary_dim, interleaved,
+                                           cos_per_token, eager_rounding)
     shape = RopeShape(n_batch * seqlen, n_heads_q, n_heads_k, head_dim, rotary_dim, q.element_size(), cos_per_token,
                       flat_ok, k is None or k.shape == q.shape)
     if config is None:
@@ -427,11 +435,8 @@ def plan_rope(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: t
                          "out-of-place NeoX tensors rotated over the whole head, positions from a table)")
     k_args = k if k is not None else q
     out_k_args = out_k if out_k is not None else out_q
-    pos_tensor = positions.tensor
-    index_dtype = tl.int32 if _fits_int32(
-        q.shape, q.stride(), k_args.shape, k_args.stride(), out_q.shape, out_q.stride(), out_k_args.shape,
-        out_k_args.stride(), cos.shape, cos.stride(), sin.shape, sin.stride(),
-        *((pos_tensor.shape, pos_tensor.stride()) if pos_tensor is not None else ())) else tl.int64
+    index_dtype = tl.int32 if _fits_int32(*(part for t in (q, k_args, out_q, out_k_args, cos, sin, positions.tensor)
+                                            if t is not None for part in (t.shape, t.stride()))) else tl.int64
     # Integer arguments a launch does not read are passed as 1, which Triton specialises into a constant (1 is not
     # passed at all), and absent tensors as None: graph replay pays for every byte of arguments
     # (docs/tuning.md#lean-launch).
@@ -440,12 +445,12 @@ def plan_rope(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: t
                           n_heads_k, index_dtype, conjugate)
     return _plan_tile(shape, q, k, out_q, out_k, cos, sin, positions, config, n_batch, seqlen, n_heads_q,
                       n_heads_k, rotary_dim, interleaved, conjugate, cos_per_token, eager_rounding, in_place,
-                      contiguous, index_dtype)
+                      contiguous, index_dtype, angles, scale)
 
 
 def _plan_tile(shape, q, k, out_q, out_k, cos, sin, positions, config: TileConfig, n_batch, seqlen, n_heads_q,
                n_heads_k, rotary_dim, interleaved, conjugate, cos_per_token, eager_rounding, in_place, contiguous,
-               index_dtype) -> RopeLaunch:
+               index_dtype, angles=False, scale=1.0) -> RopeLaunch:
     head_dim = q.shape[-1]
     block_h = config.block_h
     if config.fused_qk:
@@ -455,11 +460,17 @@ def _plan_tile(shape, q, k, out_q, out_k, cos, sin, positions, config: TileConfi
     else:
         n_head_blocks = _cdiv(n_heads_q, block_h) + _cdiv(n_heads_k, block_h)
     grid = (_cdiv(seqlen, config.block_s), n_head_blocks, n_batch)
-    # DENSE: contiguous q, k and outputs, and a contiguous table of rotary_dim / 2 columns; the kernel derives
-    # their strides (docs/tuning.md#dense-strides)
-    dense = contiguous and (cos_per_token or (cos.is_contiguous() and sin.is_contiguous()
-                                              and cos.shape[1] == rotary_dim // 2))
-    if cos_per_token:
+    # DENSE: contiguous q, k and outputs, and a contiguous table of rotary_dim / 2 columns (or contiguous
+    # frequencies); the kernel derives their strides (docs/tuning.md#dense-strides)
+    if angles:
+        dense = contiguous and cos.is_contiguous()
+    else:
+        dense = contiguous and (cos_per_token or (cos.is_contiguous() and sin.is_contiguous()
+                                                  and cos.shape[1] == rotary_dim // 2))
+    if angles:
+        cos_strides = (1, 1, 1) if dense else (1, 1, cos.stride(0))  # the frequencies: columns only
+        table_len = 1  # not read
+    elif cos_per_token:
         cos_strides = (0 if positions.is_varlen else cos.stride(0), cos.stride(1), cos.stride(2))
         table_len = 1  # not read
     else:
@@ -469,9 +480,9 @@ def _plan_tile(shape, q, k, out_q, out_k, cos, sin, positions, config: TileConfi
     unread = (1, 1, 1, 1)
     if log.isEnabledFor(logging.DEBUG):
         log.debug("ropekit triton v4: tile kernel, grid=%s %s q=%s k=%s dtype=%s rotary_dim=%d interleaved=%s "
-                  "conjugate=%s pos_mode=%d varlen=%s cos_per_token=%s", grid, config, tuple(q.shape),
+                  "conjugate=%s pos_mode=%d varlen=%s cos_per_token=%s angles=%s", grid, config, tuple(q.shape),
                   None if k is None else tuple(k.shape), q.dtype, rotary_dim, interleaved, conjugate, positions.mode,
-                  positions.is_varlen, cos_per_token)
+                  positions.is_varlen, cos_per_token, angles)
     arguments = dict(
         Q=q, K=k_args, OUT_Q=None if in_place else out_q, OUT_K=None if in_place else out_k,
         q_strides=unread if dense else tuple(q.stride()), k_strides=unread if dense else tuple(k_args.stride()),
@@ -486,7 +497,8 @@ def _plan_tile(shape, q, k, out_q, out_k, cos, sin, positions, config: TileConfi
         BLOCK_HK=_next_pow2(n_heads_k) if config.fused_qk else 1, BLOCK_HALF=_next_pow2(rotary_dim // 2),
         BLOCK_TAIL=_next_pow2(max(head_dim - rotary_dim, 1)), FUSED_QK=config.fused_qk,
         HAS_K=k is not None, INTERLEAVED=interleaved, CONJUGATE=conjugate, POS_MODE=positions.mode,
-        IS_VARLEN=positions.is_varlen, COS_PER_TOKEN=cos_per_token, EAGER_ROUNDING=eager_rounding,
+        IS_VARLEN=positions.is_varlen, COS_PER_TOKEN=cos_per_token, ANGLES=angles,
+        ANGLE_SCALE=float(scale) if angles else 1.0, EAGER_ROUNDING=eager_rounding,
         MATH_DTYPE=_MATH_DTYPE.get(q.dtype, tl.float32),
         DENSE=dense, IN_PLACE=in_place, INDEX_DTYPE=index_dtype,
         EVICT="evict_first" if config.evict_first else "")

@@ -11,7 +11,8 @@ New since v3 (tiles of tokens x heads that share cos/sin rows):
 * **Positions** ``POS_MODE`` (scalar offset / per-sequence offsets / position ids, see ``ropekit.positions``) and
   ``IS_VARLEN`` (packed ``thd`` with ``cu_seqlens``). Positions live on the device: no host sync, graph-capturable.
 * **cos/sin** from the half-width float32 table indexed by position, or (``COS_PER_TOKEN``) full-width rows given per
-  token in any float dtype, the way transformers passes them (this covers M-RoPE and the HF drop-in).
+  token in any float dtype, the way transformers passes them (this covers M-RoPE and the HF drop-in), or
+  (``ANGLES``) computed from the position and the inverse frequencies: no table (see :func:`_angle_cos_sin`).
 * ``CONJUGATE`` rotates by -θ: the backward pass is the same kernel.
 * In place (out pointer == in pointer) or out of place; offsets in int64 whenever a view spans 2**31 elements
   or more (int32 otherwise: fewer instructions), so huge tensors are correct (docs/tuning.md#index-dtype).
@@ -31,6 +32,24 @@ import triton.language as tl
 from .. import device as _device  # noqa: F401  (interpreter switch before the kernels are decorated)
 
 __all__ = ["rope_v4_kernel"]
+
+
+def _split_two_pi() -> tuple:
+    """2π as three float64 parts (Cody–Waite): the first two of 24 significant bits, so that ``turns * part`` is
+    exact for every ``turns < 2**29``; the third the float64 nearest to the rest."""
+    import math
+    from fractions import Fraction
+    rest = 2 * Fraction("3.14159265358979323846264338327950288419716939937510582097494459230781640628620899863")
+    parts = []
+    for _ in range(2):
+        step = Fraction(2) ** (math.frexp(float(rest))[1] - 24)  # rest < 2**exponent: 24 bits above the step
+        parts.append(float(rest // step * step))
+        rest -= Fraction(parts[-1])
+    return (*parts, float(rest))
+
+
+_TWO_PI_1, _TWO_PI_2, _TWO_PI_3 = (tl.constexpr(part) for part in _split_two_pi())
+_INV_TWO_PI = tl.constexpr(0.15915494309189535)  # 1/(2π) rounded: only picks the number of turns
 
 
 @triton.jit
@@ -68,15 +87,43 @@ def _rotate(x_a, x_b, cos_a, sin_a, cos_b, sin_b, OUT_DTYPE: tl.constexpr, EAGER
 
 
 @triton.jit
+def _angle_cos_sin(INV_FREQ, position, pairs, pair_mask, stride, ANGLE_SCALE: tl.constexpr,
+                   MATH_DTYPE: tl.constexpr):
+    """cos and sin (times ``ANGLE_SCALE``) of θ = position × inv_freq for [BLOCK_S] positions and [BLOCK_HALF] pairs.
+
+    θ is formed in float64 (a position below 2**53 and the frequency are exact there), reduced to [-π, π] by
+    subtracting whole turns of 2π in three parts (Cody–Waite: ``turns * part`` is exact for the first two parts while
+    turns < 2**29, i.e. |θ| below about 3.4e9), and its cos/sin taken in float64 and rounded once to the math dtype.
+    float32 sin/cos of the reduced angle would not do: rounding the reduced angle to float32 alone moves it by up to
+    1.2e-7 near ±π, and sin by as much, four times the float64-angle table's largest error (half a float32 ulp of
+    values near 1). ANGLE_SCALE is a compile-time float64 constant: a float argument would arrive rounded to
+    float32.
+    """
+    inv_freq = tl.load(INV_FREQ + pairs * stride, mask=pair_mask, other=0.0).to(tl.float64)
+    angle = position.to(tl.float64)[:, None] * inv_freq[None, :]
+    # constants as float64 tensors: a bare Python float in a jitted function is a float32 constant
+    turns = tl.floor(angle * tl.full([], _INV_TWO_PI, tl.float64) + 0.5)
+    reduced = angle - turns * tl.full([], _TWO_PI_1, tl.float64)
+    reduced = reduced - turns * tl.full([], _TWO_PI_2, tl.float64)
+    reduced = reduced - turns * tl.full([], _TWO_PI_3, tl.float64)
+    scale = tl.full([], ANGLE_SCALE, tl.float64)
+    cos = (tl.cos(reduced) * scale).to(MATH_DTYPE)
+    sin = (tl.sin(reduced) * scale).to(MATH_DTYPE)
+    return cos, sin
+
+
+@triton.jit
 def _cos_sin(COS, SIN, POSITIONS, pid_b, batch_index, s_local, token_rows, token_mask, table_len, position_offset,
              cos_strides, position_strides, ROTARY_DIM: tl.constexpr, BLOCK_HALF: tl.constexpr,
-             INTERLEAVED: tl.constexpr, POS_MODE: tl.constexpr,
-             COS_PER_TOKEN: tl.constexpr, CONJUGATE: tl.constexpr, MATH_DTYPE: tl.constexpr):
+             INTERLEAVED: tl.constexpr, POS_MODE: tl.constexpr, COS_PER_TOKEN: tl.constexpr, CONJUGATE: tl.constexpr,
+             MATH_DTYPE: tl.constexpr, ANGLES: tl.constexpr = False, ANGLE_SCALE: tl.constexpr = 1.0):
     """cos/sin of every pair of BLOCK_S tokens, as four [BLOCK_S, BLOCK_HALF] tiles (first / second channel of a pair).
 
     Called after the q/k tile is loaded, so those loads are already in flight while the dependent chain
     position -> table row -> cos/sin resolves (it dominates a decode step's latency). ``cos_strides``: (sequence,
     row, column) of per-token rows, or (unused, row, column) of a table; ``position_strides``: (sequence, token).
+    With ANGLES, COS holds the (ROTARY_DIM / 2,) inverse frequencies (column stride ``cos_strides[2]``), SIN is not
+    read, and cos/sin are computed at each token's position and multiplied by ANGLE_SCALE.
     """
     stride_cos_b, stride_cos_s, stride_cos_d = cos_strides[0], cos_strides[1], cos_strides[2]
     stride_pos_b, stride_pos_s = position_strides[0], position_strides[1]
@@ -107,12 +154,15 @@ def _cos_sin(COS, SIN, POSITIONS, pid_b, batch_index, s_local, token_rows, token
         else:
             position = tl.load(POSITIONS + batch_index * stride_pos_b + token_rows * stride_pos_s,
                                mask=token_mask, other=0).to(tl.int64)
-        in_table = (position >= 0) & (position < table_len)
-        # Never read outside the table; out-of-range tokens get NaN (loud) instead of a neighbour's angle.
-        cs_mask = (token_mask & in_table)[:, None] & pair_mask[None, :]
-        offs = position[:, None] * stride_cos_s + pairs[None, :] * stride_cos_d
-        cos_a = tl.load(COS + offs, mask=cs_mask, other=float("nan")).to(MATH_DTYPE)
-        sin_a = tl.load(SIN + offs, mask=cs_mask, other=float("nan")).to(MATH_DTYPE)
+        if ANGLES:
+            cos_a, sin_a = _angle_cos_sin(COS, position, pairs, pair_mask, stride_cos_d, ANGLE_SCALE, MATH_DTYPE)
+        else:
+            in_table = (position >= 0) & (position < table_len)
+            # Never read outside the table; out-of-range tokens get NaN (loud) instead of a neighbour's angle.
+            cs_mask = (token_mask & in_table)[:, None] & pair_mask[None, :]
+            offs = position[:, None] * stride_cos_s + pairs[None, :] * stride_cos_d
+            cos_a = tl.load(COS + offs, mask=cs_mask, other=float("nan")).to(MATH_DTYPE)
+            sin_a = tl.load(SIN + offs, mask=cs_mask, other=float("nan")).to(MATH_DTYPE)
         cos_b = cos_a
         sin_b = sin_a
     if CONJUGATE:
@@ -210,7 +260,8 @@ def rope_v4_kernel(
     # outputs (None in place: the kernel writes through Q and K). Strides are (batch, seq, head, channel) tuples.
     Q, K, OUT_Q, OUT_K, q_strides, k_strides, out_q_strides, out_k_strides,
     # the angles: a (table_len, ROTARY_DIM / 2) float32 table read at each token's position, or with COS_PER_TOKEN
-    # full-width rows given per token; cos_strides: (sequence, row, column)
+    # full-width rows given per token, or with ANGLES the (ROTARY_DIM / 2,) inverse frequencies in COS (SIN unread),
+    # cos/sin computed at the position and multiplied by ANGLE_SCALE; cos_strides: (sequence, row, column)
     COS, SIN, cos_strides,
     # positions: POS_MODE says what POSITIONS holds (position_strides: (sequence, token)); CU_SEQLENS the packed
     # sequences' starts; position_offset arrives plus one (the common offset, 0, becomes the constant 1)
@@ -222,7 +273,8 @@ def rope_v4_kernel(
     BLOCK_HK: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_TAIL: tl.constexpr, FUSED_QK: tl.constexpr,
     # what the call asks for
     HAS_K: tl.constexpr, INTERLEAVED: tl.constexpr, CONJUGATE: tl.constexpr, POS_MODE: tl.constexpr,
-    IS_VARLEN: tl.constexpr, COS_PER_TOKEN: tl.constexpr, EAGER_ROUNDING: tl.constexpr, MATH_DTYPE: tl.constexpr,
+    IS_VARLEN: tl.constexpr, COS_PER_TOKEN: tl.constexpr, ANGLES: tl.constexpr, ANGLE_SCALE: tl.constexpr,
+    EAGER_ROUNDING: tl.constexpr, MATH_DTYPE: tl.constexpr,
     # what the tensors allow
     DENSE: tl.constexpr, IN_PLACE: tl.constexpr, INDEX_DTYPE: tl.constexpr, EVICT: tl.constexpr,
 ):
@@ -290,7 +342,7 @@ def rope_v4_kernel(
         cos_a, sin_a, cos_b, sin_b = _cos_sin(
             COS, SIN, POSITIONS, pid_b, batch_index, s_local, token_rows, token_mask, table_len, position_offset,
             cos_strides, position_strides, ROTARY_DIM, BLOCK_HALF, INTERLEAVED, POS_MODE, COS_PER_TOKEN, CONJUGATE,
-            MATH_DTYPE)
+            MATH_DTYPE, ANGLES, ANGLE_SCALE)
         _rotate_store(Q, OUT_Q, q_a, q_b, cos_a, sin_a, cos_b, sin_b, q_in, q_out, q_mask, q_strides[3],
                       out_q_strides[3], ROTARY_DIM, HEAD_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_TAIL, INTERLEAVED,
                       ROTARY_DIM < HEAD_DIM and not IN_PLACE, EAGER_ROUNDING, EVICT)
@@ -306,7 +358,7 @@ def rope_v4_kernel(
         cos_a, sin_a, cos_b, sin_b = _cos_sin(
             COS, SIN, POSITIONS, pid_b, batch_index, s_local, token_rows, token_mask, table_len, position_offset,
             cos_strides, position_strides, ROTARY_DIM, BLOCK_HALF, INTERLEAVED, POS_MODE, COS_PER_TOKEN, CONJUGATE,
-            MATH_DTYPE)
+            MATH_DTYPE, ANGLES, ANGLE_SCALE)
         _rotate_store(K, OUT_K, k_a, k_b, cos_a, sin_a, cos_b, sin_b, k_in, k_out, k_mask, k_strides[3],
                       out_k_strides[3], ROTARY_DIM, HEAD_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_TAIL, INTERLEAVED,
                       ROTARY_DIM < HEAD_DIM and not IN_PLACE, EAGER_ROUNDING, EVICT)
