@@ -293,20 +293,18 @@ def rope_config(shape: RopeShape, device=None) -> TileConfig | FlatConfig:
 
 def _bench_rope(shape: RopeShape, device, config) -> float:
     """Seconds one launch of ``config`` takes on fresh random tensors of the shape's bucket (contiguous q and k, a
-    table of positions 0..seq-1): what the autotune times."""
+    table of positions 0..seq-1): what the autotune times. The choice times only such calls (contiguous, out of place,
+    NeoX pairs, a table), so the benchmark call is the real one."""
     shape = choice.rope_bucket(shape)
     dtype = {2: torch.bfloat16, 4: torch.float32, 8: torch.float64}[shape.element_size]
     q = torch.randn(1, shape.n_tokens, shape.n_heads_q, shape.head_dim, device=device, dtype=dtype)
     k = (torch.randn(1, shape.n_tokens, shape.n_heads_k, shape.head_dim, device=device, dtype=dtype)
          if shape.n_heads_k else None)
-    if shape.cos_per_token:
-        cos = torch.randn(1, shape.n_tokens, shape.rotary_dim, device=device, dtype=dtype)
-    else:
-        cos = torch.randn(shape.n_tokens, shape.rotary_dim // 2, device=device)
+    cos = torch.randn(shape.n_tokens, shape.rotary_dim // 2, device=device)
     sin = torch.randn_like(cos)
     out_q, out_k = torch.empty_like(q), (torch.empty_like(k) if k is not None else None)
     launch = plan_rope(q, k, cos, sin, out_q=out_q, out_k=out_k, positions=PositionSpec(0, 0, None, None, None),
-                       rotary_dim=shape.rotary_dim, cos_per_token=shape.cos_per_token, config=config)
+                       rotary_dim=shape.rotary_dim, config=config)
     return choice.time_launch(lambda: launch(q, k, out_q, out_k, cos, sin, None, None, 0))
 
 
