@@ -32,7 +32,11 @@ echo "[gpu_run] stage $stage: started $(date -u +%H:%M:%S)"
 case "$stage" in
   test)
     [ $# -gt 0 ] || set -- tests/
-    timeout 560 python3 -m pytest -q -p no:cacheprovider -o addopts="" "$@" 2>&1 | tee "$OUT/pytest.txt" | tail -25
+    # TEST_WORKERS > 0 spreads the files over pytest-xdist workers (carry its wheel in .whl): one GPU holds them all
+    workers=()
+    [ "${TEST_WORKERS:-0}" -gt 0 ] && workers=(-n "$TEST_WORKERS" --dist loadfile)
+    timeout "${TEST_SECONDS:-560}" python3 -m pytest -q -p no:cacheprovider -o addopts="" "${workers[@]}" "$@" 2>&1 \
+      | tee "$OUT/pytest.txt" | tail -25
     ;;
   bench)
     # the main cases and the seed sweep, each merged into docs/benchmarks.{json,md} and the plots; the raw run
