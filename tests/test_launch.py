@@ -168,5 +168,6 @@ def test_a_kernel_launch_places_arguments_by_name_and_takes_new_tensors_each_cal
     assert torch.equal(out, 2 * x)
     y, out2 = torch.randn(3, 8, device=DEVICE), torch.empty(3, 8, device=DEVICE)
     launch(y, out2)
-    launch(y, out2)  # a second call of the same specialisation: the direct launch on a GPU
+    launch(y, out2)  # a second call of the same specialisation: the direct launch on a GPU (a 1-D grid, padded)
     assert torch.equal(out2, 2 * y)
+    assert launch.grid == (3, 1, 1)

@@ -26,7 +26,7 @@ import torch
 import triton
 
 from .buffers import Layout
-from .cases import RopeCase
+from .cases import RopeCase, make_inputs
 from .function_checks import check_pair_indices, check_rotate_pair
 from .speed import QKShape, grade_speed
 from .fusion.paged_check import check_rope_cache
@@ -147,12 +147,21 @@ def _run_rope_torch(fn, inputs):
 
 
 def _run_cuda(source, inputs):
-    """On a GPU, the kernel itself; on a CPU, every thread of its launch emulated in turn (``cuda_cpu``)."""
-    if inputs.x.view.is_cuda:
-        from . import cuda
-        return cuda.run(source, inputs)
-    from . import cuda_cpu
-    return cuda_cpu.run(source, inputs)
+    """Every thread of the launch emulated in turn on the CPU (``cuda_cpu``), which names the thread that read or
+    stored outside its tensor or stored over another's element; then, on a GPU, the kernel itself. A GPU alone shows
+    only the consequence (an element never written, or a wrong value), so the emulation runs there too wherever a
+    host C++ compiler is."""
+    from . import cuda, cuda_cpu
+    if not inputs.x.view.is_cuda:
+        return cuda_cpu.run(source, inputs)
+    if cuda_cpu.find_cxx() is not None:
+        try:
+            cuda_cpu.build(source)
+        except cuda.CompileError:  # what the emulation leaves out (shared memory, shuffles): the GPU's run decides
+            pass
+        else:
+            cuda_cpu.run(source, make_inputs(inputs.case, "cpu"))
+    return cuda.run(source, inputs)
 
 
 # --- the cases -----------------------------------------------------------------------------------------------------

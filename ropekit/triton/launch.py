@@ -102,7 +102,9 @@ class KernelLaunch:
                  "everything_slots", "key")
 
     def __init__(self, kernel, grid: tuple, num_warps: int, per_call: tuple, arguments: dict):
-        self.kernel, self.grid, self.num_warps, self.per_call = kernel, grid, num_warps, per_call
+        # the grid as three extents: a compiled runner reads grid[0], grid[1] and grid[2] (the JIT entry pads them)
+        self.grid = tuple(grid) + (1,) * (3 - len(grid))
+        self.kernel, self.num_warps, self.per_call = kernel, num_warps, per_call
         self.arguments = arguments
         names, constexprs = _signature(kernel)
         # The compiled runner takes the non-constexpr arguments (Triton 3.6), or every argument (later versions): both
