@@ -6,6 +6,7 @@
 #   bash tools/gpu_run.sh verify                the reliability run and compute-sanitizer, rendered into docs/
 #   bash tools/gpu_run.sh notebooks [NB ...]    execute notebooks in place (default: all) and run nbval on them
 #   bash tools/gpu_run.sh ab COMMIT             this tree against COMMIT in one process (export .ab first, see below)
+#   bash tools/gpu_run.sh course [NB ...]       the course's GPU data (reference tiles, tools), then notebooks NB
 #   bash tools/gpu_run.sh nccl                  python -m ropekit.distributed, one rank per visible GPU (2 or more)
 #   bash tools/gpu_run.sh configs [--cases C]   every tune-tool configuration once, plain and under memcheck; the tool
 #
@@ -67,6 +68,15 @@ case "$stage" in
     [ $# -gt 0 ] || set -- notebooks/*.ipynb
     OUT=$OUT bash tools/gpu_notebooks_batch.sh "${NOTEBOOK_SECONDS:-150}" "$@"
     ;;
+  course)
+    # the course's stored GPU data, then the notebooks given (which read it) executed in place: the reference tiles
+    # measured on this GPU (added under its name to ropekit/course/data/reference_tiles.json) and the tools on v1
+    # and v3 (docs/gpu-runs/course-tools/); both come back in $OUT/course-data.tgz
+    timeout 120 python3 -m ropekit.course.reference_tiles --out ropekit/course/data/reference_tiles.json 2>&1 | tail -4
+    timeout 180 python3 -m ropekit.course.tools_run --out docs/gpu-runs/course-tools/ 2>&1 | tail -12
+    tar -czf "$OUT/course-data.tgz" ropekit/course/data/reference_tiles.json docs/gpu-runs/course-tools
+    [ $# -gt 0 ] && OUT=$OUT bash tools/gpu_notebooks_batch.sh "${NOTEBOOK_SECONDS:-150}" "$@"
+    ;;
   ab)
     # this tree against COMMIT, both through their public API, every published case, one harness run with
     # interleaved graph rounds: $OUT/ab/ab.json and ab.md
@@ -102,6 +112,6 @@ case "$stage" in
       timeout 300 python3 -m ropekit.distributed --world "$gpus" --backend nccl; echo "exit status $?"; } 2>&1 \
       | tee "$OUT/nccl.txt"
     ;;
-  *) echo "usage: bash tools/gpu_run.sh test [PATH ...]|bench|verify|notebooks [NB ...]|ab COMMIT|configs|nccl"; exit 2 ;;
+  *) echo "usage: bash tools/gpu_run.sh test [PATH ...]|bench|verify|notebooks [NB ...]|course [NB ...]|ab COMMIT|configs|nccl"; exit 2 ;;
 esac
 echo "[gpu_run] stage $stage: done in ${SECONDS} s"
