@@ -75,7 +75,7 @@ def run(cases, impls=None, *, settings: Settings | None = None, ceiling_gbps: fl
     runner = Runner(case_list, impl_list, settings=settings, timer=timer, device=_device.DEVICE,
                     progress=Progress(directions * len(impl_list), enabled=progress), ceiling_gbps=ceiling_gbps)
     runner.run()
-    return derive_metrics(runner.rows, ceiling_gbps)
+    return derive_metrics(runner.rows, ceiling_gbps, runner.launch_floors)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -150,6 +150,9 @@ def _summary(doc) -> str:
     from .markdown import targets
 
     lines = [f"copy ceiling: {doc['copy_ceiling']['gbps']:.0f} GB/s  ({doc['environment'].get('gpu')})"]
+    for name, floor in doc.get("launch_floors", {}).items():
+        lines.append(f"launch-chain floor ({name}): " + (f"{floor['graph_us']:.2f} µs (graph)" if floor.get("graph_us")
+                                                        else f"not measured: {floor.get('error', 'no graph')}"))
     for case in doc["cases"]:
         if case["group"] != "main":
             continue
@@ -160,7 +163,9 @@ def _summary(doc) -> str:
                 chosen = [r for r in rows if r["residency"] == residency]
                 if not chosen:
                     continue
-                cells = " ".join(f"{r['impl']}={r['time_us']:.1f}" for r in sorted(chosen, key=lambda r: r["time_us"]))
+                cells = " ".join(f"{r['impl']}={r['time_us']:.1f}"
+                                 + (f"({r['vs_launch_floor']:.2f}x floor)" if r.get("vs_launch_floor") else "")
+                                 for r in sorted(chosen, key=lambda r: r["time_us"]))
                 lines.append(f"{case['name']:22s} {direction[:3]} {residency:4s} µs ({chosen[0]['time_source']}): "
                              f"{cells}")
     failures = [r for r in doc["rows"] if r["status"] == "error"]
@@ -233,13 +238,13 @@ def main(argv: list[str] | None = None) -> int:
 
     def document(complete: bool, aborted=None, ceiling_end=None) -> dict:
         duration = round(time.perf_counter() - started, 1)
-        rows = derive_metrics([dict(r) for r in runner.rows], ceiling["gbps"])
+        rows = derive_metrics([dict(r) for r in runner.rows], ceiling["gbps"], runner.launch_floors)
         impl_info = [{"name": i.name, "label": i.label, "kind": i.kind,
                       "unavailable": runner.unavailable.get(i.name), "info": _safe_info(i)} for i in impls]
         return make_document(command=command, settings=settings.to_json(), environment=env, copy_ceiling=ceiling,
                              copy_ceiling_end=ceiling_end, l2_bytes=runner.l2_bytes, cases=cases, impls=impl_info,
                              rows=rows, complete=complete, aborted=aborted, duration_s=duration,
-                             copy_floors=runner.copy_floors)
+                             copy_floors=runner.copy_floors, launch_floors=runner.launch_floors)
 
     runner.on_case_done = lambda rows: write_json(document(False), doc_path)
     try:  # a SIGTERM (e.g. from `timeout`) ends the run like Ctrl-C: what was measured is still written
