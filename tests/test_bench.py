@@ -9,6 +9,7 @@ import json
 import math
 import time
 import weakref
+from pathlib import Path
 
 import pytest
 import torch
@@ -731,3 +732,71 @@ def test_a_short_real_run_on_the_gpu():
     ok = [r for r in rows if r["status"] == "ok"]
     assert {r["residency"] for r in ok} == {"l2", "dram"}
     assert all(r["time_us"] > 0 and math.isfinite(r["gbps"]) and r["eager_us"] > 0 for r in ok)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Two GPUs side by side in one page (each GPU's columns from its own run)
+# --------------------------------------------------------------------------------------------------------------------
+
+def _on_gpu(doc, gpu, factor, created):
+    """The fake run as if measured on ``gpu``, every time scaled by ``factor`` (its ratios re-derived in its run)."""
+    doc = _copy(doc)
+    doc["environment"]["gpu"], doc["created"] = gpu, created
+    for row in doc["rows"]:
+        for key in ("graph_us", "do_bench_us", "eager_us"):
+            if row[key] is not None:
+                row[key] *= factor
+    for floor in doc["launch_floors"].values():
+        floor["graph_us"] *= 0.5
+    derive_metrics(doc["rows"], doc["copy_ceiling"]["gbps"], doc["launch_floors"])
+    return doc
+
+
+@pytest.mark.parametrize("gpus, labels", [
+    (["NVIDIA H100 80GB HBM3", "NVIDIA H200"], ["H100", "H200"]),
+    (["NVIDIA H100 80GB HBM3", "NVIDIA H100 80GB HBM3"], ["H100 #1", "H100 #2"]),
+    (["NVIDIA A100-SXM4-80GB", "Some GPU"], ["A100", "Some GPU"]),
+], ids=["h100-h200", "same-gpu-twice", "other-names"])
+def test_gpu_labels_are_the_models(gpus, labels):
+    assert bench.markdown.gpu_labels([{"environment": {"gpu": g}} for g in gpus]) == labels
+
+
+def test_two_gpus_runs_side_by_side_each_with_its_own_ratios(fake_run, tmp_path):
+    h100 = _on_gpu(fake_run[0], "NVIDIA H100 80GB HBM3", 1.0, "2098-01-01T00:00:00+00:00")
+    h200 = _on_gpu(fake_run[0], "NVIDIA H200", 0.5, "2099-01-01T00:00:00+00:00")
+    paths = [write_json(doc, tmp_path / f"{name}.json") for name, doc in (("h100", h100), ("h200", h200))]
+    page = tmp_path / "benchmarks.md"
+    page.write_text("# B\n\n<!-- bench:targets -->\nkept\n<!-- /bench:targets -->\n\n"
+                    "<!-- bench:gpus -->\nold\n<!-- /bench:gpus -->\n")
+    assert bench.main(["--side-by-side", *map(str, paths), "--out", str(tmp_path)]) == 0
+    text = page.read_text()
+    assert "kept" in text and "old" not in text  # only the gpus block is rendered
+    assert "- **H100**: NVIDIA H100 80GB HBM3" in text and "- **H200**: NVIDIA H200" in text
+    assert "[h100.json](h100.json)" in text and "| target | case | H100 | H200 |" in text
+    small = text.split("#### small-prefill")[1].split("####")[0]
+    assert "| H100 µs | H100 % ceiling | H100 ÷ launch floor | H100 ÷ fastest peer | H200 µs |" in small
+    for doc in (h100, h200):  # every cell is the number of its own run
+        row = next(r for r in doc["rows"] if r["case"] == "small-prefill" and r["impl"] == "ropekit"
+                   and r["residency"] == "l2" and r["direction"] == "forward")
+        assert f"{row['pct_ceiling']:.1f}%" in small and f"{row['vs_launch_floor']:.2f}x" in small
+    large = text.split(f"#### {fake_run[3][1].name}")[1].split("####")[0]
+    assert "launch floor" not in large
+    # a later render of one run keeps the side-by-side block as it is
+    write_markdown(paths[0], page)
+    assert page.read_text().count("- **H200**: NVIDIA H200") == 1
+
+
+def test_side_by_side_needs_two_runs_and_a_block_to_fill(fake_run, tmp_path):
+    path = write_json(fake_run[0], tmp_path / "one.json")
+    page = tmp_path / "page.md"
+    page.write_text("<!-- bench:gpus -->\n<!-- /bench:gpus -->\n")
+    with pytest.raises(ValueError, match="two runs"):
+        bench.write_side_by_side([path], page)
+    page.write_text("<!-- bench:targets -->\n<!-- /bench:targets -->\n")
+    with pytest.raises(ValueError, match="no <!-- bench:gpus -->"):
+        bench.write_side_by_side([path, path], page)
+
+
+def test_the_published_page_has_the_side_by_side_block():
+    page = (Path(bench.report.published_json_path()).parent / "benchmarks.md").read_text()
+    assert "<!-- bench:gpus -->" in page and "--side-by-side" in page

@@ -105,6 +105,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--list", action="store_true", help="list cases and implementations, then exit")
     p.add_argument("--render", metavar="JSON", help="write the PNGs and the markdown page from an existing JSON")
     p.add_argument("--merge", nargs="+", metavar="JSON", help="merge runs into <out>/benchmarks.json, then render")
+    p.add_argument("--side-by-side", nargs="+", metavar="JSON",
+                   help="runs on different GPUs (one JSON each, in column order) for the page's GPUs-side-by-side "
+                        "block; alone it fills only that block of <out>/benchmarks.md, with --render or --merge "
+                        "the whole page")
     return p
 
 
@@ -119,7 +123,13 @@ def _template(args) -> Path | None:
     return default if default.is_file() else None
 
 
-def _render(doc_path: Path, out_dir: Path, template: Path | None, plots: bool = True) -> None:
+def _page_template(out_dir: Path, template: Path | None) -> Path | None:
+    """The template for <out_dir>/benchmarks.md: None when it is that page itself (filled where it stands)."""
+    same = template is not None and template.resolve() == (out_dir / MD_NAME).resolve()
+    return None if same else template
+
+
+def _render(doc_path: Path, out_dir: Path, template: Path | None, plots: bool = True, side_by_side=None) -> None:
     from .markdown import write_markdown
     from .plots import write_plots
 
@@ -128,8 +138,7 @@ def _render(doc_path: Path, out_dir: Path, template: Path | None, plots: bool = 
         for path in write_plots(doc, out_dir):
             print(f"wrote {path}")
     md_path = out_dir / MD_NAME
-    same = template is not None and template.resolve() == md_path.resolve()
-    write_markdown(doc_path, md_path, template=None if same else template)
+    write_markdown(doc_path, md_path, template=_page_template(out_dir, template), side_by_side=side_by_side)
     print(f"wrote {md_path}")
 
 
@@ -187,13 +196,24 @@ def main(argv: list[str] | None = None) -> int:
         return _list(args)
     if args.render:
         doc_path = Path(args.render)
-        _render(doc_path, Path(args.out) if args.out else doc_path.parent, _template(args), not args.no_plots)
+        _render(doc_path, Path(args.out) if args.out else doc_path.parent, _template(args), not args.no_plots,
+                args.side_by_side)
         return 0
     if args.merge:
         out_dir = Path(args.out or "bench-results")
         doc_path = write_json(merge_documents([load_document(p) for p in args.merge]), out_dir / JSON_NAME)
         print(f"wrote {doc_path}")
-        _render(doc_path, out_dir, _template(args), not args.no_plots)
+        _render(doc_path, out_dir, _template(args), not args.no_plots, args.side_by_side)
+        return 0
+    if args.side_by_side:
+        from .markdown import write_side_by_side
+
+        out_dir = Path(args.out) if args.out else _REPO / "docs"
+        # the page's other blocks stay as they are: filled where it stands, from the template when it is not there
+        in_place = (out_dir / MD_NAME).is_file() and not args.template
+        write_side_by_side(args.side_by_side, out_dir / MD_NAME,
+                           template=None if in_place else _page_template(out_dir, _template(args)))
+        print(f"wrote {out_dir / MD_NAME} (the GPUs side by side)")
         return 0
 
     reason = refusal_reason()
