@@ -35,7 +35,7 @@ def test_every_fused_op_is_timed_beside_its_unfused_chain():
 
 
 def test_back_to_back_calls_are_timed_with_one_sync_at_the_end(monkeypatch):
-    """µs a call = the wall clock of N calls (a fake clock: each call takes 3 µs) over N; one sync before, one after."""
+    """µs a call = the wall clock of N calls (a fake clock: a call takes 3 µs) over N; one sync before, one after."""
     now, events = [0.0], []
 
     def call():

@@ -40,8 +40,8 @@ from . import floor
 from .fused_cases import (BLOCK_SIZE, CASES, EPS, FP8, Data, FusedCase, actual, check, expected, floor_bytes,
                           make_data, meta_bytes, tiny)
 
-__all__ = ["CASES", "IMPL_NAMES", "COPY_REFERENCE", "LAUNCH_FLOOR", "impls", "checked_call", "stream_for", "run_case", "run",
-           "cli_parser", "main"]
+__all__ = ["CASES", "IMPL_NAMES", "COPY_REFERENCE", "LAUNCH_FLOOR", "impls", "checked_call", "stream_for", "run_case",
+           "run", "cli_parser", "main"]
 
 
 # --- the implementations: each builds, from one case's data, a call that returns the rotated q (or the gradients) ---

@@ -82,8 +82,8 @@ def render_markdown(doc: dict) -> str:
              "shows what moving the floor costs on this clock, its start and end included. Neither is the row "
              "\"launch-chain floor\" of the decode cases: 64 programs that load a position, then the table row at "
              "it, and store the row, timed in the same rounds; a decode call is bound by that chain more than by its "
-             "bytes. FlashInfer's fused op is "
-             "not in the comparison: it was not installed on the benchmark machine.", "",
+             "bytes. FlashInfer's fused op is not in the comparison: it was not installed on the benchmark machine.",
+             "",
              *([f"Command: `{doc['command']}`  "] if doc.get("command") else []),
              f"Device: {env.get('gpu', env['device'])}, torch {env['torch']}, triton {env['triton']}  ",
              f"Copy ceiling: {_fmt(ceiling and ceiling['gbps'], '.0f')} GB/s" if ceiling else

@@ -200,7 +200,7 @@ def _block_cases(doc, direction, md_dir, json_path, only=None) -> str:
                           "out-of-place rotation.")
         chain_us = _launch_floor_us(doc, case["name"]) if direction == "forward" else None
         if chain_us:
-            floor_text += (f" The launch-chain floor (64 programs: load a position, then the table row at it, store it; "
+            floor_text += (" The launch-chain floor (64 programs: load a position, then the table row at it, store it; "
                            f"buffers L2-resident; graph clock, same rounds, this run) takes {_fmt_us(chain_us)} µs: "
                            "the floor of a call that bytes do not bound. The rows' graph time over it is listed.")
         parts.append(f"### {case['name']}: {case['title']}\n\n{case['moved_bytes'] / 1e6:.1f} MB moved per call "

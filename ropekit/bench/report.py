@@ -2,7 +2,8 @@
 
 One document per run: the environment (GPU, versions, date), the settings, the copy ceiling measured at the start
 (and again at the end, to show drift), the case table, every implementation with its availability, the rows
-(``runner.ROW_FIELDS``), the large cases' copy floors and the small cases' launch-chain floors. ``docs/benchmarks.json`` is the published one (``load_published``).
+(``runner.ROW_FIELDS``), the large cases' copy floors and the small cases' launch-chain floors.
+``docs/benchmarks.json`` is the published one (``load_published``).
 """
 
 from __future__ import annotations

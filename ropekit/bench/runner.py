@@ -28,8 +28,8 @@ from .cases import LAUNCH_FLOOR_CASES, Case
 from .impls import BACKWARD, FORWARD, Impl
 from .inputs import check_outputs, expected_output, make_data, make_tables, seed_for
 
-__all__ = ["ROW_FIELDS", "LATER_ROW_FIELDS", "Runner", "BenchRefused", "refusal_reason", "residencies", "dram_sets", "derive_metrics",
-           "Progress"]
+__all__ = ["ROW_FIELDS", "LATER_ROW_FIELDS", "Runner", "BenchRefused", "refusal_reason", "residencies", "dram_sets",
+           "derive_metrics", "Progress"]
 
 ROW_FIELDS = (
     "case", "group", "impl", "kind", "direction", "residency", "status", "reason", "inplace", "bytes",
@@ -387,8 +387,8 @@ def _primary(row: dict) -> tuple[float | None, str | None]:
 
 
 def derive_metrics(rows: list[dict], ceiling_gbps: float | None, launch_floors: dict | None = None) -> list[dict]:
-    """Fill time_us/time_source, GB/s, % of the copy ceiling, the ratios to the fastest peer, and (rows of a case
-    in ``launch_floors``: case name -> the floor's graph_us) the graph time over the launch-chain floor, in place."""
+    """Fill time_us/time_source, GB/s, % of the copy ceiling, the ratios to the fastest peer, and the graph time over
+    the launch-chain floor (rows of a case in ``launch_floors``, case name -> the floor with its graph_us), in place."""
     for row in rows:
         if row["status"] != "ok":
             continue
