@@ -49,7 +49,7 @@ def test_back_to_back_calls_are_timed_with_one_sync_at_the_end(monkeypatch):
 def _fake_ops(log, broken=False):
     def make(name, wrong=False):
         def prepare(case, device):
-            return eager.Prepared(lambda: log.append(name), 2.0 if wrong else 0.1,
+            return eager.CheckedCall(lambda: log.append(name), 2.0 if wrong else 0.1,
                                   "wrong result: made up" if wrong else None)
         return lambda peers: prepare
     return (eager.Op(eager.APPLY_ROPE, "rope", make(eager.APPLY_ROPE)),

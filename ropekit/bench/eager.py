@@ -49,8 +49,8 @@ from .impls import FORWARD, make_impls
 from .inputs import check_outputs, expected_output, make_data, make_tables, seed_for
 from .timing import back_to_back_us
 
-__all__ = ["EagerCase", "CASES", "OPS", "Op", "tiny", "run", "evaluate_targets", "render_markdown", "publish", "main",
-           "TARGETS", "SCHEMA"]
+__all__ = ["EagerCase", "CASES", "OPS", "Op", "CheckedCall", "Skip", "tiny", "run_case", "run", "evaluate_targets",
+           "render_markdown", "publish", "main", "TARGETS", "SCHEMA", "APPLY_ROPE", "APPLY_ROPE_INPLACE", "LIGER"]
 
 SCHEMA = "ropekit-bench-eager/1"
 APPLY_ROPE, APPLY_ROPE_INPLACE, LIGER = "apply_rope", "apply_rope (in place)", "Liger rope"
@@ -106,7 +106,7 @@ class Skip(Exception):
 
 
 @dataclass
-class Prepared:
+class CheckedCall:
     fn: Callable[[], object]
     check_error: float  # worst error as a multiple of the allowance (<= 1 passes)
     message: Optional[str] = None  # why the check failed
@@ -114,7 +114,7 @@ class Prepared:
 
 def _single_op(impl_name: str, peers_dir) -> Callable:
     """A main-benchmark adapter (``ropekit``, ``ropekit-inplace``, ``liger``) on the case's single-op inputs."""
-    def prepare(case: EagerCase, device) -> Prepared:
+    def prepare(case: EagerCase, device) -> CheckedCall:
         impl = next(i for i in make_impls(peers_dir) if i.name == impl_name)
         reason = impl.available() or impl.supports(case.rope, FORWARD)
         if reason:
@@ -125,17 +125,17 @@ def _single_op(impl_name: str, peers_dir) -> Callable:
         expected = [expected_output(case.rope, tables, x) for x in (data.q, data.k)]  # before any in-place call
         result = prepared.fn()
         error, message = check_outputs(case.rope, prepared.outputs(result), expected)
-        return Prepared(prepared.fn, error, message)
+        return CheckedCall(prepared.fn, error, message)
     return prepare
 
 
 def _fused_benchmark(kind: str, impl_name: str) -> Callable:
     """The fused benchmark's call ``impl_name`` (the fused op or its unfused chain) on the case's ``kind`` inputs."""
-    def prepare(case: EagerCase, device) -> Prepared:
+    def prepare(case: EagerCase, device) -> CheckedCall:
         fused_case = getattr(case, kind)
         build = fused.impls()[impl_name]
         result, _, fn = fused.checked_call(fused_case, build, device, seed_for(fused_case.name, impl_name, "eager"))
-        return Prepared(fn, max(result["error_ratio"], result["e4m3_ulps"] or 0.0),
+        return CheckedCall(fn, max(result["error_ratio"], result["e4m3_ulps"] or 0.0),
                         None if result["ok"] else f"wrong result: {result}")
     return prepare
 
@@ -143,7 +143,7 @@ def _fused_benchmark(kind: str, impl_name: str) -> Callable:
 def _norm_rope(fused_op: bool) -> Callable:
     """``qk_norm_rope`` in place on the packed projection's q and k, or its chain: ``F.rms_norm`` x2, then
     ``apply_rope`` in place on the normalised tensors (checked against the float64 norm and rotation)."""
-    def prepare(case: EagerCase, device) -> Prepared:
+    def prepare(case: EagerCase, device) -> CheckedCall:
         c = case.qknorm
         data = fused_cases.make_data(c, device, seed_for(c.name, "qk_norm_rope", str(fused_op), "eager"))
         q, k, _ = data.split()
@@ -163,14 +163,15 @@ def _norm_rope(fused_op: bool) -> Callable:
         q_out, k_out = fn()
         got = {"q": q_out.reshape(c.tokens, -1, c.head_dim), "k": k_out.reshape(c.tokens, -1, c.head_dim)}
         result = fused_cases.check(data, want, got)
-        return Prepared(fn, result["error_ratio"], None if result["ok"] else f"wrong result: {result}")
+        return CheckedCall(fn, result["error_ratio"], None if result["ok"] else f"wrong result: {result}")
     return prepare
 
 
 @dataclass(frozen=True)
 class Op:
     """A timed call: ``kind`` "rope" (apply_rope), "peer", "fused" (its ``chain`` names its unfused chain) or
-    "chain"; ``prepare(case, device, peers_dir)`` returns a checked :class:`Prepared` or raises :class:`Skip`."""
+    "chain"; ``make(peers_dir)`` gives ``prepare(case, device)``, which returns a :class:`CheckedCall` or raises
+    :class:`Skip`."""
 
     name: str
     kind: str
