@@ -526,7 +526,10 @@ def test_main_measures_writes_and_renders_with_a_fake_clock(monkeypatch, tmp_pat
     assert {(r["impl"], r["residency"]) for r in doc["rows"]} == {
         ("ropekit", "l2"), ("ropekit", "dram"), ("torch-eager", "l2"), ("torch-eager", "dram")}
     assert (tmp_path / "benchmarks.md").is_file() and (tmp_path / "benchmarks_small.png").is_file()
-    assert "targets:" in capsys.readouterr().out
+    floor = doc["launch_floors"]["small-prefill"]["graph_us"]  # timed in the run, its rows divided by it
+    assert floor > 0 and all(r["vs_launch_floor"] == pytest.approx(r["graph_us"] / floor) for r in doc["rows"])
+    out = capsys.readouterr().out
+    assert "targets:" in out and f"launch-chain floor (small-prefill): {floor:.2f} µs" in out
 
 
 class _FakeCuda:
