@@ -134,3 +134,12 @@ def test_a_fused_op_that_skips_the_norm_fails_its_check(monkeypatch):
     op = next(op for op in eager.OPS if op.name == "qk_norm_rope")
     prepared = op.make(None)(DECODE, "cpu")
     assert prepared.message and prepared.check_error > 1.0
+
+
+def test_a_spent_time_budget_marks_the_remaining_cases_not_run(monkeypatch):
+    log = []
+    monkeypatch.setattr(eager, "OPS", _fake_ops(log))
+    doc = eager.run([DECODE, DECODE], "cpu", calls=1, repeats=1, warmup=0, dry_run=True, log=lambda line: None,
+                    budget_s=1e-9)
+    assert [r["status"] for r in doc["rows"]] == ["ok"] * 3 + ["not run"] * 3  # the first case always runs
+    assert "not run" in eager.render_markdown(doc)

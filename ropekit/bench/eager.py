@@ -245,13 +245,20 @@ def run_case(case: EagerCase, device, *, calls: int, repeats: int, warmup: int, 
     return rows
 
 
-def run(cases, device, *, calls: int, repeats: int, warmup: int, dry_run: bool, peers_dir=None, log=print) -> dict:
-    """The whole run as one JSON-ready document, its targets judged."""
+def run(cases, device, *, calls: int, repeats: int, warmup: int, dry_run: bool, peers_dir=None, log=print,
+        budget_s: Optional[float] = None) -> dict:
+    """The whole run as one JSON-ready document, its targets judged. Once ``budget_s`` seconds have passed, the
+    remaining cases get "not run" rows (the first case always runs)."""
     from .report import environment
 
     started = time.perf_counter()
     rows = []
     for case in cases:
+        if rows and budget_s and time.perf_counter() - started > budget_s:
+            rows += [{"case": case.name, "op": op.name, "kind": op.kind, "chain": op.chain, "status": "not run",
+                      "reason": f"time budget of {budget_s:g} s used up (--time-budget)", "us": None, "runs_us": [],
+                      "check_error": None} for op in OPS]
+            continue
         rows += run_case(case, device, calls=calls, repeats=repeats, warmup=warmup, peers_dir=peers_dir, log=log)
     doc = {
         "schema": SCHEMA, "benchmark": "eager host cost",
@@ -367,6 +374,8 @@ def main(argv=None) -> int:
     parser.add_argument("--warmup", type=int, help="warm-up calls of every call (default 50; dry run 1)")
     parser.add_argument("--peers", help="directory tools/fetch_peers.sh filled (default .peers)")
     parser.add_argument("--cases", nargs="*", default=None, help=f"case names (default all): {[c.name for c in CASES]}")
+    parser.add_argument("--time-budget", type=float, default=240.0,
+                        help="seconds after which no new case starts (0: no limit); the outputs are written either way")
     args = parser.parse_args(argv)
     unknown = set(args.cases or ()) - {c.name for c in CASES}
     if unknown:
@@ -383,7 +392,7 @@ def main(argv=None) -> int:
     calls, repeats, warmup = (given if given is not None else default
                               for given, default in zip((args.calls, args.repeats, args.warmup), defaults))
     doc = run(cases, "cuda" if gpu else "cpu", calls=calls, repeats=repeats, warmup=warmup, dry_run=args.dry_run,
-              peers_dir=args.peers)
+              peers_dir=args.peers, budget_s=args.time_budget)
     doc["command"] = "python -m ropekit.bench.eager " + " ".join(argv if argv is not None else sys.argv[1:])
     publish(doc, args.out)
     print(_summary(doc))
