@@ -1,6 +1,6 @@
 """Eager host cost: what a call costs when nothing hides the host's work, on the decode and small-prefill cases.
 
-    python -m ropekit.bench.eager --out DIR            # on a GPU, real sizes: JSON + markdown (about a minute)
+    python -m ropekit.bench.eager --out DIR            # on a GPU, real sizes: JSON + markdown
     python -m ropekit.bench.eager --out DIR --dry-run  # anywhere: tiny shapes, a few calls, every call checked
 
 A CUDA graph hides the host: its replays launch without Python. Eager calls are what HF generation and a training
