@@ -9,6 +9,7 @@ import json
 import math
 import time
 import weakref
+from pathlib import Path
 
 import pytest
 import torch
@@ -309,13 +310,13 @@ def fake_run():
     clock = FakeClock(l2_bytes=small.working_set_bytes)  # small fits, large does not
     runner = Runner(cases, impls, settings=bench.QUICK, timer=clock, device=ropekit.device.DEVICE,
                     progress=bench.runner.Progress(1, enabled=False))
-    rows = derive_metrics(runner.run(), 1000.0)
+    rows = derive_metrics(runner.run(), 1000.0, runner.launch_floors)
     impl_info = [{"name": i.name, "label": i.label, "kind": i.kind, "unavailable": runner.unavailable[i.name],
                   "info": i.info()} for i in impls]
     doc = make_document(command="fake", settings=bench.QUICK.to_json(), environment={
         "python": "3", "torch": torch.__version__, "triton": "x", "ropekit": ropekit.__version__},
         copy_ceiling=clock.copy_ceiling(), l2_bytes=clock._l2, cases=cases, impls=impl_info, rows=rows, complete=True,
-        copy_floors=runner.copy_floors)
+        copy_floors=runner.copy_floors, launch_floors=runner.launch_floors)
     return doc, runner, clock, cases
 
 
@@ -350,11 +351,12 @@ def test_runner_rows_follow_the_schema(fake_run):
     assert skipped and all(r["reason"] for r in skipped)
     # graphs are captured per row and timed together, one replay_rounds call per case and direction holding every
     # implementation's graphs (so that drift over the run reaches them alike)
+    # (and the small case's forward rounds hold its launch-chain floor too)
     graph_rows = [r for r in ok if r["graph_us"] is not None]
-    assert clock.captured == sum(clock.replayed) == len(graph_rows)
+    assert clock.captured == sum(clock.replayed) == len(graph_rows) + 1
     groups = {(r["case"], r["direction"]) for r in graph_rows}
     assert sorted(clock.replayed) == sorted(sum(1 for r in graph_rows if (r["case"], r["direction"]) == g)
-                                            for g in groups)
+                                            + (g == (small.name, "forward")) for g in groups)
     for row in ok:
         assert row["gbps"] == pytest.approx(row["bytes"] / (row["time_us"] * 1e-6) / 1e9)
         assert row["pct_ceiling"] == pytest.approx(100 * row["gbps"] / 1000.0)
@@ -363,6 +365,49 @@ def test_runner_rows_follow_the_schema(fake_run):
                     and r["direction"] == row["direction"] and r["residency"] == row["residency"])
         assert row["vs_fastest_peer"] == pytest.approx(row["time_us"] / peer[f"{row['time_source']}_us"])
     validate_document(json.loads(json.dumps(doc)))
+
+
+def test_the_small_cases_rows_are_divided_by_the_launch_chain_floor_of_their_own_rounds(fake_run):
+    doc, runner, clock, (small, large, sweep) = fake_run
+    assert set(doc["launch_floors"]) == {small.name}  # the large case and the sweep have none
+    floor = doc["launch_floors"][small.name]
+    assert floor["graph_us"] > 0 and floor["residency"] == "l2" and "64-program" in floor["method"]
+    for row in doc["rows"]:
+        if row["status"] == "ok" and row["case"] == small.name and row["graph_us"] is not None:
+            assert row["vs_launch_floor"] == pytest.approx(row["graph_us"] / floor["graph_us"])
+        else:
+            assert row["vs_launch_floor"] is None
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_the_launch_chain_floor_copies_the_table_row_at_each_position(seed):
+    from ropekit.bench import floor
+
+    chain = floor.launch_chain(ropekit.device.DEVICE, seed)
+    assert chain.positions.dtype == torch.int64 and chain.positions.shape == (floor.PROGRAMS,)
+    assert int(chain.positions.max()) < floor.TABLE_ROWS and chain.positions.unique().numel() > floor.PROGRAMS // 2
+    assert chain.table.shape == (floor.TABLE_ROWS, floor.ROW) and chain.table.dtype == torch.float32
+    assert torch.equal(chain(), chain.table[chain.positions])
+    chain.table.mul_(2)  # the chain reads the table on every call
+    assert torch.equal(chain(), chain.table[chain.positions])
+
+
+def test_a_floor_kernel_that_writes_the_wrong_row_is_refused(monkeypatch):
+    from ropekit.bench import floor
+
+    chain = floor.LaunchChain(ropekit.device.DEVICE)
+    monkeypatch.setattr(floor.LaunchChain, "__call__", lambda self: self.table[: floor.PROGRAMS].clone())
+    with pytest.raises(RuntimeError, match="wrong rows"):
+        chain.check()
+
+
+def test_a_document_from_before_the_launch_floor_still_validates(fake_run):
+    doc = _copy(fake_run[0])
+    for row in doc["rows"]:
+        row.pop("vs_launch_floor")
+    doc.pop("launch_floors")
+    validate_document(doc)
+    assert not [c for c in targets(doc) if "launch-chain" in c["target"] and c["met"] is not None]
 
 
 @pytest.mark.parametrize("mutation, message", [
@@ -392,6 +437,11 @@ def test_json_plots_and_markdown_from_one_document(fake_run, tmp_path):
     row = next(r for r in doc["rows"] if r["status"] == "ok" and r["impl"] == "ropekit" and r["group"] == "main")
     assert f"{row['gbps']:.0f}" in page and f"{row['pct_ceiling']:.1f}%" in page  # numbers come from the JSON
     assert "![forward GB/s per case](benchmarks_forward.png)" in page
+    # the small case's table divides by its launch-chain floor; the large case's table has no such column
+    floored = next(r for r in doc["rows"] if r["case"] == "small-prefill" and r["vs_launch_floor"])
+    assert f"{floored['vs_launch_floor']:.2f}x" in page and "The launch-chain floor (64 programs" in page
+    large_table = page.split(f"### {fake_run[3][1].name}")[1].split("###")[0]
+    assert "launch floor" not in large_table
 
 
 def test_render_writes_every_file_to_out_and_none_next_to_the_json(fake_run, tmp_path):
@@ -427,7 +477,9 @@ def test_targets_read_the_issue_thresholds():
         row("ropekit", "ropekit", "mha-fp16", "forward", "dram", 380.0, 94.0, 1.05),
         row("ropekit", "ropekit", "decode", "forward", "l2", 1.5, None, None, eager=4.0, eager_vs=0.7),
         row("liger", "peer", "decode", "forward", "l2", 1.6, None, None, eager=5.7, eager_vs=1.0),
+        row("ropekit-inplace", "ropekit", "decode", "forward", "l2", 1.4, None, None),
     ]}
+    doc["rows"][2]["vs_launch_floor"], doc["rows"][4]["vs_launch_floor"] = 1.15, 1.08
     verdicts = {(c["case"], c["target"]): c["met"] for c in targets(doc)}
     assert verdicts[("llama3-8b-prefill", "forward >= 97% of the copy ceiling")] is True
     assert verdicts[("llama3-8b-prefill", "forward no slower than the fastest peer (±1%)")] is True
@@ -435,6 +487,10 @@ def test_targets_read_the_issue_thresholds():
     assert verdicts[("decode", "graph replay (L2-resident) no slower than Liger (±1%)")] is True
     assert verdicts[("decode", "eager call <= 0.9x the fastest peer's eager call (L2-resident)")] is True
     assert verdicts[("fp32", "forward >= 97% of the copy ceiling")] is None  # not measured is not a pass
+    floor = next(c for c in targets(doc) if c["target"] == "graph replay (L2-resident) <= 1.10x the launch-chain floor")
+    assert (floor["case"], floor["impl"], floor["value"], floor["met"]) == ("decode", "ropekit-inplace", 1.08, True)
+    doc["rows"][4]["vs_launch_floor"] = 1.11  # the best ropekit path above 1.10x: not met
+    assert next(c for c in targets(doc) if c["target"] == floor["target"])["met"] is False
 
 
 def test_merge_keeps_both_runs_and_later_rows_win(fake_run):
@@ -470,7 +526,10 @@ def test_main_measures_writes_and_renders_with_a_fake_clock(monkeypatch, tmp_pat
     assert {(r["impl"], r["residency"]) for r in doc["rows"]} == {
         ("ropekit", "l2"), ("ropekit", "dram"), ("torch-eager", "l2"), ("torch-eager", "dram")}
     assert (tmp_path / "benchmarks.md").is_file() and (tmp_path / "benchmarks_small.png").is_file()
-    assert "targets:" in capsys.readouterr().out
+    floor = doc["launch_floors"]["small-prefill"]["graph_us"]  # timed in the run, its rows divided by it
+    assert floor > 0 and all(r["vs_launch_floor"] == pytest.approx(r["graph_us"] / floor) for r in doc["rows"])
+    out = capsys.readouterr().out
+    assert "targets:" in out and f"launch-chain floor (small-prefill): {floor:.2f} µs" in out
 
 
 class _FakeCuda:
@@ -676,3 +735,71 @@ def test_a_short_real_run_on_the_gpu():
     ok = [r for r in rows if r["status"] == "ok"]
     assert {r["residency"] for r in ok} == {"l2", "dram"}
     assert all(r["time_us"] > 0 and math.isfinite(r["gbps"]) and r["eager_us"] > 0 for r in ok)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Two GPUs side by side in one page (each GPU's columns from its own run)
+# --------------------------------------------------------------------------------------------------------------------
+
+def _on_gpu(doc, gpu, factor, created):
+    """The fake run as if measured on ``gpu``, every time scaled by ``factor`` (its ratios re-derived in its run)."""
+    doc = _copy(doc)
+    doc["environment"]["gpu"], doc["created"] = gpu, created
+    for row in doc["rows"]:
+        for key in ("graph_us", "do_bench_us", "eager_us"):
+            if row[key] is not None:
+                row[key] *= factor
+    for floor in doc["launch_floors"].values():
+        floor["graph_us"] *= 0.5
+    derive_metrics(doc["rows"], doc["copy_ceiling"]["gbps"], doc["launch_floors"])
+    return doc
+
+
+@pytest.mark.parametrize("gpus, labels", [
+    (["NVIDIA H100 80GB HBM3", "NVIDIA H200"], ["H100", "H200"]),
+    (["NVIDIA H100 80GB HBM3", "NVIDIA H100 80GB HBM3"], ["H100 #1", "H100 #2"]),
+    (["NVIDIA A100-SXM4-80GB", "Some GPU"], ["A100", "Some GPU"]),
+], ids=["h100-h200", "same-gpu-twice", "other-names"])
+def test_gpu_labels_are_the_models(gpus, labels):
+    assert bench.markdown.gpu_labels([{"environment": {"gpu": g}} for g in gpus]) == labels
+
+
+def test_two_gpus_runs_side_by_side_each_with_its_own_ratios(fake_run, tmp_path):
+    h100 = _on_gpu(fake_run[0], "NVIDIA H100 80GB HBM3", 1.0, "2098-01-01T00:00:00+00:00")
+    h200 = _on_gpu(fake_run[0], "NVIDIA H200", 0.5, "2099-01-01T00:00:00+00:00")
+    paths = [write_json(doc, tmp_path / f"{name}.json") for name, doc in (("h100", h100), ("h200", h200))]
+    page = tmp_path / "benchmarks.md"
+    page.write_text("# B\n\n<!-- bench:targets -->\nkept\n<!-- /bench:targets -->\n\n"
+                    "<!-- bench:gpus -->\nold\n<!-- /bench:gpus -->\n")
+    assert bench.main(["--side-by-side", *map(str, paths), "--out", str(tmp_path)]) == 0
+    text = page.read_text()
+    assert "kept" in text and "old" not in text  # only the gpus block is rendered
+    assert "- **H100**: NVIDIA H100 80GB HBM3" in text and "- **H200**: NVIDIA H200" in text
+    assert "[h100.json](h100.json)" in text and "| target | case | H100 | H200 |" in text
+    small = text.split("#### small-prefill")[1].split("####")[0]
+    assert "| H100 µs | H100 % ceiling | H100 ÷ launch floor | H100 ÷ fastest peer | H200 µs |" in small
+    for doc in (h100, h200):  # every cell is the number of its own run
+        row = next(r for r in doc["rows"] if r["case"] == "small-prefill" and r["impl"] == "ropekit"
+                   and r["residency"] == "l2" and r["direction"] == "forward")
+        assert f"{row['pct_ceiling']:.1f}%" in small and f"{row['vs_launch_floor']:.2f}x" in small
+    large = text.split(f"#### {fake_run[3][1].name}")[1].split("####")[0]
+    assert "launch floor" not in large
+    # a later render of one run keeps the side-by-side block as it is
+    write_markdown(paths[0], page)
+    assert page.read_text().count("- **H200**: NVIDIA H200") == 1
+
+
+def test_side_by_side_needs_two_runs_and_a_block_to_fill(fake_run, tmp_path):
+    path = write_json(fake_run[0], tmp_path / "one.json")
+    page = tmp_path / "page.md"
+    page.write_text("<!-- bench:gpus -->\n<!-- /bench:gpus -->\n")
+    with pytest.raises(ValueError, match="two runs"):
+        bench.write_side_by_side([path], page)
+    page.write_text("<!-- bench:targets -->\n<!-- /bench:targets -->\n")
+    with pytest.raises(ValueError, match="no <!-- bench:gpus -->"):
+        bench.write_side_by_side([path, path], page)
+
+
+def test_the_published_page_has_the_side_by_side_block():
+    page = (Path(bench.report.published_json_path()).parent / "benchmarks.md").read_text()
+    assert "<!-- bench:gpus -->" in page and "--side-by-side" in page

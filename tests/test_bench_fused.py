@@ -39,7 +39,8 @@ class FakeClock:
     """Made-up times (not a measurement): a fixed number per implementation, to exercise the runner and report."""
 
     US = {"ropekit-fused": 1.0, "unfused (index_copy_)": 3.0, "unfused (index_put_)": 4.0, "torch.compile": 0.9,
-          fused.COPY_REFERENCE: 0.95}  # in capture order: a case's implementations, then its copy reference
+          fused.COPY_REFERENCE: 0.95, fused.LAUNCH_FLOOR: 0.8}
+    # in capture order within one case: its implementations, its copy reference, (decode) its launch-chain floor
 
     def __init__(self):
         self.captured = []
@@ -51,8 +52,8 @@ class FakeClock:
         self.captured.append(fns)
         return len(self.captured) - 1
 
-    def replay_rounds(self, graphs):
-        return [(self.US[list(self.US)[g % len(self.US)]], 0.0, 1) for g in graphs]
+    def replay_rounds(self, graphs):  # one call per case: the i-th graph of a case gets the i-th time
+        return [(self.US[list(self.US)[i % len(self.US)]], 0.0, 1) for i in range(len(graphs))]
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +67,7 @@ def fake_doc():
 
 
 def test_every_implementation_is_checked_and_timed(fake_doc):
-    rows = [r for r in fake_doc["rows"] if r["impl"] != fused.COPY_REFERENCE]
+    rows = [r for r in fake_doc["rows"] if r["impl"] in fused.IMPL_NAMES]
     assert len(rows) == 4 * len(fused.IMPL_NAMES)
     for row in rows:
         if row["impl"] == "unfused (index_put_)" and row["case"].startswith("qknorm-backward"):
@@ -89,6 +90,28 @@ def test_each_timed_case_has_a_copy_of_its_floor_as_a_reference_row(fake_doc):
     assert fused_report.best_unfused(decode)["impl"] == "unfused (index_copy_)"
     page = fused_report.render_markdown(fake_doc)
     assert f"| {fused.COPY_REFERENCE} | 0.95 |" in page
+
+
+def test_each_timed_decode_case_has_the_launch_chain_floor_as_a_reference_row(fake_doc):
+    chains = [r for r in fake_doc["rows"] if r["impl"] == fused.LAUNCH_FLOOR]
+    assert [r["case"] for r in chains] == [c["name"] for c in fake_doc["cases"] if c["decode"]]
+    assert all(r["status"] == "reference" and r["graph_us"] == 0.8 for r in chains)
+    target = next(t for t in fake_doc["targets"] if t["case"] == "decode-b64-fp8" and "launch-chain" in t["target"])
+    assert target["target"] == "decode <= 1.3x the launch-chain floor"
+    assert target["value"] == pytest.approx(1.0 / 0.8) and target["met"] is True  # fake: 1.0 us against 0.8 us
+    assert not [t for t in fake_doc["targets"] if "launch-chain" in t["target"] and t["case"] != "decode-b64-fp8"
+                and not t["case"].startswith("mla-decode")]
+    page = fused_report.render_markdown(fake_doc)
+    assert f"| {fused.LAUNCH_FLOOR} | 0.80 |" in page and "Launch-chain floor 0.80 µs; ropekit-fused at 1.25x" in page
+
+
+@pytest.mark.parametrize("fused_us, met", [(1.04, True), (1.3, True), (1.31, False)], ids=["1.04x", "1.30x", "1.31x"])
+def test_fused_decode_is_judged_against_1_3x_the_launch_chain_floor(fused_us, met):
+    doc = {"cases": [{"name": "d", "kind": "cache", "decode": True, "fp8": False, "floor_us": 0.4}],
+           "rows": [{"case": "d", "impl": fused.LAUNCH_FLOOR, "graph_us": 1.0},
+                    {"case": "d", "impl": "ropekit-fused", "graph_us": fused_us}]}
+    target = next(t for t in fused_report.evaluate_targets(doc) if "launch-chain" in t["target"])
+    assert target["value"] == pytest.approx(fused_us) and target["met"] is met
 
 
 def test_the_copy_reference_moves_the_floor_in_random_bytes():

@@ -184,6 +184,11 @@ MAIN_CASES: tuple[Case, ...] = (
 )
 
 
+# The cases whose rows are also divided by the launch-chain floor (``floor``): a decode call costs a dependent chain
+# of one small launch more than it costs bytes, and the small prefill is a few of those chains' worth.
+LAUNCH_FLOOR_CASES = ("small-prefill", "decode")
+
+
 def sweep_cases(seqlens=SWEEP_SEQLENS, batches=SWEEP_BATCHES) -> tuple[Case, ...]:
     """The seed benchmark's grid: (seq, batch, 64 heads, 128) fp16, q and k both 64 heads.
 

@@ -75,7 +75,7 @@ def run(cases, impls=None, *, settings: Settings | None = None, ceiling_gbps: fl
     runner = Runner(case_list, impl_list, settings=settings, timer=timer, device=_device.DEVICE,
                     progress=Progress(directions * len(impl_list), enabled=progress), ceiling_gbps=ceiling_gbps)
     runner.run()
-    return derive_metrics(runner.rows, ceiling_gbps)
+    return derive_metrics(runner.rows, ceiling_gbps, runner.launch_floors)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -105,6 +105,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--list", action="store_true", help="list cases and implementations, then exit")
     p.add_argument("--render", metavar="JSON", help="write the PNGs and the markdown page from an existing JSON")
     p.add_argument("--merge", nargs="+", metavar="JSON", help="merge runs into <out>/benchmarks.json, then render")
+    p.add_argument("--side-by-side", nargs="+", metavar="JSON",
+                   help="runs on different GPUs (one JSON each, in column order) for the page's GPUs-side-by-side "
+                        "block; alone it fills only that block of <out>/benchmarks.md, with --render or --merge "
+                        "the whole page")
     return p
 
 
@@ -119,7 +123,13 @@ def _template(args) -> Path | None:
     return default if default.is_file() else None
 
 
-def _render(doc_path: Path, out_dir: Path, template: Path | None, plots: bool = True) -> None:
+def _page_template(out_dir: Path, template: Path | None) -> Path | None:
+    """The template for <out_dir>/benchmarks.md: None when it is that page itself (filled where it stands)."""
+    same = template is not None and template.resolve() == (out_dir / MD_NAME).resolve()
+    return None if same else template
+
+
+def _render(doc_path: Path, out_dir: Path, template: Path | None, plots: bool = True, side_by_side=None) -> None:
     from .markdown import write_markdown
     from .plots import write_plots
 
@@ -128,8 +138,7 @@ def _render(doc_path: Path, out_dir: Path, template: Path | None, plots: bool = 
         for path in write_plots(doc, out_dir):
             print(f"wrote {path}")
     md_path = out_dir / MD_NAME
-    same = template is not None and template.resolve() == md_path.resolve()
-    write_markdown(doc_path, md_path, template=None if same else template)
+    write_markdown(doc_path, md_path, template=_page_template(out_dir, template), side_by_side=side_by_side)
     print(f"wrote {md_path}")
 
 
@@ -150,6 +159,9 @@ def _summary(doc) -> str:
     from .markdown import targets
 
     lines = [f"copy ceiling: {doc['copy_ceiling']['gbps']:.0f} GB/s  ({doc['environment'].get('gpu')})"]
+    for name, floor in doc.get("launch_floors", {}).items():
+        lines.append(f"launch-chain floor ({name}): " + (f"{floor['graph_us']:.2f} µs (graph)" if floor.get("graph_us")
+                                                        else f"not measured: {floor.get('error', 'no graph')}"))
     for case in doc["cases"]:
         if case["group"] != "main":
             continue
@@ -160,7 +172,9 @@ def _summary(doc) -> str:
                 chosen = [r for r in rows if r["residency"] == residency]
                 if not chosen:
                     continue
-                cells = " ".join(f"{r['impl']}={r['time_us']:.1f}" for r in sorted(chosen, key=lambda r: r["time_us"]))
+                cells = " ".join(f"{r['impl']}={r['time_us']:.1f}"
+                                 + (f"({r['vs_launch_floor']:.2f}x floor)" if r.get("vs_launch_floor") else "")
+                                 for r in sorted(chosen, key=lambda r: r["time_us"]))
                 lines.append(f"{case['name']:22s} {direction[:3]} {residency:4s} µs ({chosen[0]['time_source']}): "
                              f"{cells}")
     failures = [r for r in doc["rows"] if r["status"] == "error"]
@@ -182,13 +196,24 @@ def main(argv: list[str] | None = None) -> int:
         return _list(args)
     if args.render:
         doc_path = Path(args.render)
-        _render(doc_path, Path(args.out) if args.out else doc_path.parent, _template(args), not args.no_plots)
+        _render(doc_path, Path(args.out) if args.out else doc_path.parent, _template(args), not args.no_plots,
+                args.side_by_side)
         return 0
     if args.merge:
         out_dir = Path(args.out or "bench-results")
         doc_path = write_json(merge_documents([load_document(p) for p in args.merge]), out_dir / JSON_NAME)
         print(f"wrote {doc_path}")
-        _render(doc_path, out_dir, _template(args), not args.no_plots)
+        _render(doc_path, out_dir, _template(args), not args.no_plots, args.side_by_side)
+        return 0
+    if args.side_by_side:
+        from .markdown import write_side_by_side
+
+        out_dir = Path(args.out) if args.out else _REPO / "docs"
+        # the page's other blocks stay as they are: filled where it stands, from the template when it is not there
+        in_place = (out_dir / MD_NAME).is_file() and not args.template
+        write_side_by_side(args.side_by_side, out_dir / MD_NAME,
+                           template=None if in_place else _page_template(out_dir, _template(args)))
+        print(f"wrote {out_dir / MD_NAME} (the GPUs side by side)")
         return 0
 
     reason = refusal_reason()
@@ -233,13 +258,13 @@ def main(argv: list[str] | None = None) -> int:
 
     def document(complete: bool, aborted=None, ceiling_end=None) -> dict:
         duration = round(time.perf_counter() - started, 1)
-        rows = derive_metrics([dict(r) for r in runner.rows], ceiling["gbps"])
+        rows = derive_metrics([dict(r) for r in runner.rows], ceiling["gbps"], runner.launch_floors)
         impl_info = [{"name": i.name, "label": i.label, "kind": i.kind,
                       "unavailable": runner.unavailable.get(i.name), "info": _safe_info(i)} for i in impls]
         return make_document(command=command, settings=settings.to_json(), environment=env, copy_ceiling=ceiling,
                              copy_ceiling_end=ceiling_end, l2_bytes=runner.l2_bytes, cases=cases, impls=impl_info,
                              rows=rows, complete=complete, aborted=aborted, duration_s=duration,
-                             copy_floors=runner.copy_floors)
+                             copy_floors=runner.copy_floors, launch_floors=runner.launch_floors)
 
     runner.on_case_done = lambda rows: write_json(document(False), doc_path)
     try:  # a SIGTERM (e.g. from `timeout`) ends the run like Ctrl-C: what was measured is still written

@@ -16,7 +16,9 @@ captured in a CUDA graph; the graphs of one case are replayed in interleaved rou
 reported. The copy ceiling is measured in the same run. The byte floor counts each activation and cache tensor once
 read and once written (q, k, v read; q written in place, k and v written to the cache; the backward reads q, k and
 both output gradients and writes both input gradients); the per-token metadata (positions, slots, cos/sin rows) is
-reported beside it and not counted, as in the published targets.
+reported beside it and not counted, as in the published targets. A decode call is bound by a chain of dependent
+steps more than by its bytes: the decode cases also time the launch-chain floor (:mod:`ropekit.bench.floor`) in the
+same rounds.
 """
 
 from __future__ import annotations
@@ -34,11 +36,12 @@ import torch.nn.functional as F
 
 from ..api import apply_rope
 from ..fused import mla_rope_and_cache, qk_norm_rope, rope_and_cache
+from . import floor
 from .fused_cases import (BLOCK_SIZE, CASES, EPS, FP8, Data, FusedCase, actual, check, expected, floor_bytes,
                           make_data, meta_bytes, tiny)
 
-__all__ = ["CASES", "IMPL_NAMES", "COPY_REFERENCE", "impls", "checked_call", "stream_for", "run_case", "run",
-           "cli_parser", "main"]
+__all__ = ["CASES", "IMPL_NAMES", "COPY_REFERENCE", "LAUNCH_FLOOR", "impls", "checked_call", "stream_for", "run_case",
+           "run", "cli_parser", "main"]
 
 
 # --- the implementations: each builds, from one case's data, a call that returns the rotated q (or the gradients) ---
@@ -189,6 +192,8 @@ def _compiled(backend: str) -> Callable:
 IMPL_NAMES = ("ropekit-fused", "unfused (index_copy_)", "unfused (index_put_)", "torch.compile")
 # not an implementation: a plain device copy that moves the case's byte floor, timed with them
 COPY_REFERENCE = "copy of the floor's bytes"
+# not an implementation either: the decode cases' launch-chain floor (ropekit.bench.floor), timed with them
+LAUNCH_FLOOR = floor.NAME
 
 
 def impls(compile_backend: str = "inductor") -> dict:
@@ -215,7 +220,8 @@ def run_case(case: FusedCase, builders: dict, timer, device, seed: int = 0, ceil
 
     ``timer``: :class:`ropekit.bench.timing.GpuTimer` (or a fake with ``capture``/``replay_rounds``), or None for a
     dry run (checked, not timed). A failing implementation gives an error row; the others go on. A timed run adds
-    the row ``COPY_REFERENCE`` (status "reference"): a plain copy of the case's byte floor in the same rounds.
+    the row ``COPY_REFERENCE`` (status "reference"): a plain copy of the case's byte floor in the same rounds; and
+    for a decode case the row ``LAUNCH_FLOOR`` (status "reference"): the launch-chain floor, in the same rounds.
     """
     rows, pending = [], []
     floor_us = floor_bytes(case) / (ceiling_gbps * 1e3) if ceiling_gbps else 1.0
@@ -240,6 +246,14 @@ def run_case(case: FusedCase, builders: dict, timer, device, seed: int = 0, ceil
         rows.append(row)
         copy = _copy_of_floor(case, device)
         pending.append((row, timer.capture([copy], floor_us), copy))
+        if case.decode:
+            row = {"case": case.name, "impl": LAUNCH_FLOOR, "status": "reference", "graph_us": None}
+            rows.append(row)
+            try:
+                chain = floor.launch_chain(device, seed)
+                pending.append((row, timer.capture([chain], floor_us), chain))
+            except Exception as error:  # noqa: BLE001  (a floor is context; its failure must not end the run)
+                row.update(status="error", reason=f"{type(error).__name__}: {error}"[:400])
     if pending:
         results = timer.replay_rounds([captured for _, captured, _ in pending])
         for (row, _, _), (median, spread, calls) in zip(pending, results):

@@ -2,7 +2,9 @@
 
 The page is a template: hand-written prose around blocks delimited by ``<!-- bench:NAME -->`` and
 ``<!-- /bench:NAME -->``. ``write_markdown`` replaces the inside of every block with tables rendered from the JSON and
-leaves the prose alone, so it can be re-run after every benchmark run.
+leaves the prose alone, so it can be re-run after every benchmark run. One block, ``gpus``, shows several runs (one
+a GPU) side by side; it is filled only when those runs are given (``side_by_side``, ``write_side_by_side``) and kept
+as it is otherwise.
 """
 
 from __future__ import annotations
@@ -15,9 +17,10 @@ from .impls import ROPEKIT_NAMES
 from .plots import PLOT_FILES
 from .report import load_document
 
-__all__ = ["write_markdown", "render_blocks", "targets", "BLOCK_NAMES", "DEFAULT_TEMPLATE"]
+__all__ = ["write_markdown", "write_side_by_side", "render_blocks", "render_side_by_side", "gpu_labels", "targets",
+           "BLOCK_NAMES", "DEFAULT_TEMPLATE"]
 
-BLOCK_NAMES = ("environment", "targets", "forward", "small", "backward", "sweep", "unavailable")
+BLOCK_NAMES = ("environment", "targets", "gpus", "forward", "small", "backward", "sweep", "unavailable")
 _BLOCK = re.compile(r"(<!-- bench:(?P<name>[a-z]+) -->\n)(?P<body>.*?)(<!-- /bench:(?P=name) -->)", re.S)
 
 DEFAULT_TEMPLATE = "# Benchmarks\n\n" + "".join(f"<!-- bench:{n} -->\n<!-- /bench:{n} -->\n\n" for n in BLOCK_NAMES)
@@ -26,6 +29,7 @@ DEFAULT_TEMPLATE = "# Benchmarks\n\n" + "".join(f"<!-- bench:{n} -->\n<!-- /benc
 LARGE_CASES = ("llama3-8b-prefill", "mha-fp16", "fp32")
 SMALL_CASES = ("small-prefill", "decode")
 EQUAL_WITHIN = 1.01
+DECODE_OVER_LAUNCH_FLOOR = 1.10  # decode's graph replay at most this many times the launch-chain floor
 
 
 def _fmt_us(x) -> str:
@@ -97,6 +101,13 @@ def targets(doc: dict) -> list[dict]:
         ratio = row["eager_vs_fastest_peer"] if row else None
         add("eager call <= 0.9x the fastest peer's eager call (L2-resident)", case, row, ratio, 0.9,
             None if ratio is None else ratio <= 0.9, "x")
+    # the floor of a decode call is a dependent chain, not its bytes (ropekit.bench.floor); graph clock, same rounds
+    floored = [r for r in _rows(doc, case="decode", direction="forward", residency="l2", status="ok")
+               if r["impl"] in ROPEKIT_NAMES and r.get("vs_launch_floor") is not None]
+    row = min(floored, key=lambda r: r["vs_launch_floor"]) if floored else None
+    ratio = row["vs_launch_floor"] if row else None
+    add(f"graph replay (L2-resident) <= {DECODE_OVER_LAUNCH_FLOOR:.2f}x the launch-chain floor", "decode", row, ratio,
+        DECODE_OVER_LAUNCH_FLOOR, None if ratio is None else ratio <= DECODE_OVER_LAUNCH_FLOOR, "x")
     return checks
 
 
@@ -142,21 +153,28 @@ def _block_targets(doc, md_dir, json_path) -> str:
     return _table(["target", "case", "ropekit path", "measured", "verdict"], lines)
 
 
+def _launch_floor_us(doc, case_name):
+    """The launch-chain floor's graph time for a case of ``doc`` (None when it was not measured)."""
+    return (doc.get("launch_floors", {}).get(case_name) or {}).get("graph_us")
+
+
 def _case_table(doc, case, direction) -> str:
     order = _impl_order(doc)
     rows = sorted(_rows(doc, case=case["name"], direction=direction),
                   key=lambda r: (order.get(r["impl"], 99), r["residency"] != "l2"))
     ok = [r for r in rows if r["status"] == "ok"]
+    floored = any(r.get("vs_launch_floor") is not None for r in ok)  # the column only where there is a floor
     lines = [[r["impl"], {"l2": "L2", "dram": "DRAM"}[r["residency"]]
               + (f" ({r['n_buffer_sets']} sets)" if r["n_buffer_sets"] and r["n_buffer_sets"] > 1 else ""),
               _fmt_us(r["graph_us"]), _fmt_us(r["do_bench_us"]), _fmt_us(r["eager_us"]), r["time_source"],
-              _fmt(r["gbps"], ".0f"),
-              _fmt(r["pct_ceiling"], ".1f", "%"), _fmt(r["vs_fastest_peer"], ".2f", "x"),
-              _fmt(r["eager_vs_fastest_peer"], ".2f", "x")] for r in ok]
+              _fmt(r["gbps"], ".0f"), _fmt(r["pct_ceiling"], ".1f", "%")]
+             + ([_fmt(r.get("vs_launch_floor"), ".2f", "x")] if floored else [])
+             + [_fmt(r["vs_fastest_peer"], ".2f", "x"), _fmt(r["eager_vs_fastest_peer"], ".2f", "x")] for r in ok]
     text = ""
     if lines:
         text = _table(["implementation", "residency", "graph µs", "do_bench µs", "eager µs", "clock", "GB/s",
-                       "% ceiling", "÷ fastest peer", "eager ÷ fastest peer"], lines)
+                       "% ceiling"] + (["graph ÷ launch floor"] if floored else [])
+                      + ["÷ fastest peer", "eager ÷ fastest peer"], lines)
     others = [r for r in rows if r["status"] != "ok" and r["reason"] != "no backward pass"]
     if others:
         text += "\nNot timed: " + "; ".join(f"{r['impl']} ({r['status']}: {r['reason']})" for r in others) + "\n"
@@ -180,6 +198,11 @@ def _block_cases(doc, direction, md_dir, json_path, only=None) -> str:
             floor_text = (f" Copying the same bytes (torch `copy_` of q and k into new tensors, graph clock{rotation}, "
                           f"this run) takes {floor['graph_us']:.1f} µs = {pct:.1f}% of the ceiling: the floor of an "
                           "out-of-place rotation.")
+        chain_us = _launch_floor_us(doc, case["name"]) if direction == "forward" else None
+        if chain_us:
+            floor_text += (" The launch-chain floor (64 programs: load a position, then the table row at it, store it; "
+                           f"buffers L2-resident; graph clock, same rounds, this run) takes {_fmt_us(chain_us)} µs: "
+                           "the floor of a call that bytes do not bound. The rows' graph time over it is listed.")
         parts.append(f"### {case['name']}: {case['title']}\n\n{case['moved_bytes'] / 1e6:.1f} MB moved per call "
                      f"(q and k read and written once{', rotary part only' if rotary_only else ''}).{floor_text}\n\n"
                      + _case_table(doc, case, direction))
@@ -246,30 +269,142 @@ def render_blocks(doc: dict, md_dir, json_path) -> dict[str, str]:
     }
 
 
-def write_markdown(json_path, md_path, template=None) -> str:
-    """Fill the ``<!-- bench:NAME -->`` blocks of ``md_path`` (or of ``template``, or a bare default page) from the
-    JSON at ``json_path``; write ``md_path`` and return its text. Prose outside the blocks is kept as it is."""
-    json_path, md_path = Path(json_path).resolve(), Path(md_path).resolve()
-    doc = load_document(json_path)
+def gpu_labels(docs: list[dict]) -> list[str]:
+    """A short column label per run: the GPU's model (``NVIDIA H100 80GB HBM3`` -> ``H100``), numbered when two runs
+    share one."""
+    labels = []
+    for doc in docs:
+        name = doc["environment"].get("gpu") or "no GPU"
+        model = re.search(r"\b[A-Z]{1,3}\d{2,4}[A-Za-z]*\b", name.replace("NVIDIA", ""))
+        labels.append(model.group(0) if model else name)
+    return [label if labels.count(label) == 1 else f"{label} #{labels[:i + 1].count(label)}"
+            for i, label in enumerate(labels)]
+
+
+def _cell_time(row) -> str:
+    if row is None:
+        return "–"
+    clock = "" if row["time_source"] == "graph" else f" ({row['time_source']})"
+    return _fmt_us(row["time_us"]) + clock
+
+
+def _side_by_side_case(docs, labels, case, direction) -> str:
+    """One case's rows, each GPU's numbers in its own columns (every ratio from that GPU's own run)."""
+    order = _impl_order(docs[0])
+    keyed = [{(r["impl"], r["residency"]): r for r in _rows(doc, case=case["name"], direction=direction, status="ok")}
+             for doc in docs]
+    keys = sorted(set().union(*keyed), key=lambda k: (order.get(k[0], 99), k[1] != "l2"))
+    if not keys:
+        return ""
+    floored = any(r.get("vs_launch_floor") is not None for rows in keyed for r in rows.values())
+    header = ["implementation", "residency"]
+    for label in labels:
+        header += [f"{label} µs", f"{label} % ceiling"] + ([f"{label} ÷ launch floor"] if floored else []) \
+            + [f"{label} ÷ fastest peer"]
+    lines = []
+    for impl, residency in keys:
+        cells = [impl, {"l2": "L2", "dram": "DRAM"}[residency]]
+        for rows in keyed:
+            r = rows.get((impl, residency))
+            cells += [_cell_time(r), _fmt(r and r["pct_ceiling"], ".1f", "%")]
+            cells += [_fmt(r and r.get("vs_launch_floor"), ".2f", "x")] if floored else []
+            cells += [_fmt(r and r["vs_fastest_peer"], ".2f", "x")]
+        lines.append(cells)
+    return f"#### {case['name']}: {case['title']}\n\n" + _table(header, lines)
+
+
+def render_side_by_side(docs: list[dict], md_dir, json_paths) -> str:
+    """The ``gpus`` block: the runs (one a GPU), the targets judged on each, and every main case's rows side by
+    side. Each column is one run: its percentages divide by its own copy ceiling, its ratios by its own peers and
+    floors, measured in that run."""
+    labels = gpu_labels(docs)
+    lines = ["Each GPU's columns come from one run: its copy ceiling, its peers and its floors were measured in "
+             "that run, and every ratio divides by them. Graph replay unless another clock is named.", ""]
+    for label, doc, path in zip(labels, docs, json_paths):
+        env, ceiling = doc["environment"], doc["copy_ceiling"]
+        merged = f" (the latest of {len(doc['runs'])} merged runs)" if len(doc.get("runs") or ()) > 1 else ""
+        lines.append(f"- **{label}**: {env.get('gpu', 'no GPU')}, copy ceiling "
+                     f"{_fmt(ceiling and ceiling['gbps'], '.0f', ' GB/s')}, {doc['created']}, `{doc['command']}`"
+                     f"{merged}, torch {env['torch']}, Triton {env['triton']}"
+                     + ("" if doc["complete"] else " (**incomplete run**)")
+                     + f"; raw data: [{Path(path).name}]({os.path.relpath(Path(path).resolve(), md_dir)})")
+    verdicts = {True: "met", False: "**not met**", None: "–"}
+    judged = [targets(doc) for doc in docs]
+    rows = []
+    for i, check in enumerate(judged[0]):
+        cells = [check["target"], check["case"]]
+        for checks in judged:
+            other = checks[i]
+            if other["value"] is None:
+                cells.append("not measured")
+            else:
+                value = f"{other['value']:.1f}%" if other["unit"] == "%" else f"{other['value']:.3f}x"
+                cells.append(f"{value} ({other['impl']}) {verdicts[other['met']]}")
+        rows.append(cells)
+    lines += ["", "### Targets on each GPU", "", _table(["target", "case"] + labels, rows)]
+    cases = {}
+    for doc in docs:
+        for case in doc["cases"]:
+            if case["group"] == "main":
+                cases.setdefault(case["name"], case)
+    for direction in ("forward", "backward"):
+        parts = [_side_by_side_case(docs, labels, case, direction) for case in cases.values()]
+        parts = [p for p in parts if p]
+        if parts:
+            lines += [f"### {direction.capitalize()} pass, {' and '.join(labels)}", "", "\n".join(parts)]
+    return "\n".join(lines)
+
+
+def _fill(md_path: Path, template, blocks: dict[str, str]) -> str:
+    """Replace the blocks named in ``blocks`` in ``md_path`` (or ``template``, or a bare default page); the other
+    known blocks keep their text. Write ``md_path`` and return its text."""
     if template is not None:
         text = Path(template).read_text()
     elif md_path.is_file():
         text = md_path.read_text()
     else:
         text = DEFAULT_TEMPLATE
-    blocks = render_blocks(doc, md_path.parent, json_path)
     seen = set()
 
     def fill(match):
         name = match.group("name")
-        if name not in blocks:
+        if name not in BLOCK_NAMES:
             raise ValueError(f"{md_path}: unknown block <!-- bench:{name} --> (known: {BLOCK_NAMES})")
         seen.add(name)
-        return match.group(1) + blocks[name] + match.group(4)
+        return match.group(1) + blocks[name] + match.group(4) if name in blocks else match.group(0)
 
     text = _BLOCK.sub(fill, text)
     if not seen:
         raise ValueError(f"no <!-- bench:NAME --> blocks found in the template for {md_path}")
+    if "gpus" in blocks and "gpus" not in seen:
+        raise ValueError(f"{md_path} has no <!-- bench:gpus --> block for the runs side by side")
     md_path.parent.mkdir(parents=True, exist_ok=True)
     md_path.write_text(text)
     return text
+
+
+def write_markdown(json_path, md_path, template=None, side_by_side=None) -> str:
+    """Fill the ``<!-- bench:NAME -->`` blocks of ``md_path`` (or of ``template``, or a bare default page) from the
+    JSON at ``json_path``; write ``md_path`` and return its text. Prose outside the blocks is kept as it is.
+
+    ``side_by_side``: JSON paths of runs (one a GPU) for the ``gpus`` block; without them that block keeps its text.
+    """
+    json_path, md_path = Path(json_path).resolve(), Path(md_path).resolve()
+    blocks = render_blocks(load_document(json_path), md_path.parent, json_path)
+    if side_by_side:
+        blocks["gpus"] = _side_by_side_block(side_by_side, md_path)
+    return _fill(md_path, template, blocks)
+
+
+def write_side_by_side(json_paths, md_path, template=None) -> str:
+    """Fill only the ``gpus`` block of ``md_path`` (or of ``template``) with the runs at ``json_paths`` (one a GPU,
+    in column order); every other block keeps its text."""
+    md_path = Path(md_path).resolve()
+    return _fill(md_path, template, {"gpus": _side_by_side_block(json_paths, md_path)})
+
+
+def _side_by_side_block(json_paths, md_path: Path) -> str:
+    paths = [Path(p).resolve() for p in json_paths]
+    if len(paths) < 2:
+        raise ValueError(f"side by side needs two runs or more, got {len(paths)}")
+    return render_side_by_side([load_document(p) for p in paths], md_path.parent, paths)

@@ -103,7 +103,8 @@ def plot_cases(doc: dict, path=None, direction: str = "forward"):
 
 
 def plot_small(doc: dict, path=None):
-    """Small cases: µs per call, graph replay (L2-resident, DRAM) and eager call (L2-resident)."""
+    """Small cases: µs per call, graph replay (L2-resident, DRAM) and eager call (L2-resident); the launch-chain
+    floor, where the run measured it, as a dashed line."""
     plt = _pyplot()
     small = [c["name"] for c in doc["cases"] if _ok_rows(doc, case=c["name"], residency="l2")]
     fig, axes = plt.subplots(1, max(1, len(small)), figsize=(6.5 * max(1, len(small)), 3.6), squeeze=False)
@@ -123,6 +124,9 @@ def plot_small(doc: dict, path=None):
                 row = next((r for r in rows if r["impl"] == impl and r["residency"] == residency), None)
                 values.append(row[key] if row is not None and row[key] is not None else 0.0)
             ax.bar([i + s * width for i in range(len(names))], values, width=width, label=label)
+        floor_us = (doc.get("launch_floors", {}).get(name) or {}).get("graph_us")
+        if floor_us:
+            ax.axhline(floor_us, color="black", lw=1, ls="--", label=f"launch-chain floor {floor_us:.2f} µs")
         ax.set_xticks([i + width for i in range(len(names))], names, rotation=45, ha="right", fontsize=8)
         ax.set_yscale("log")
         ax.set_ylabel("µs per call")

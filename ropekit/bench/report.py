@@ -1,8 +1,9 @@
 """The benchmark's JSON document: what it holds, how it is written, checked, merged and read back.
 
 One document per run: the environment (GPU, versions, date), the settings, the copy ceiling measured at the start
-(and again at the end, to show drift), the case table, every implementation with its availability, and the rows
-(``runner.ROW_FIELDS``). ``docs/benchmarks.json`` is the published one (``load_published``).
+(and again at the end, to show drift), the case table, every implementation with its availability, the rows
+(``runner.ROW_FIELDS``), the large cases' copy floors and the small cases' launch-chain floors.
+``docs/benchmarks.json`` is the published one (``load_published``).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import math
 import platform
 from pathlib import Path
 
-from .runner import RESIDENCIES, ROW_FIELDS, STATUSES
+from .runner import LATER_ROW_FIELDS, RESIDENCIES, ROW_FIELDS, STATUSES
 
 __all__ = ["SCHEMA", "environment", "make_document", "validate_document", "write_json", "load_document",
            "published_json_path", "load_published", "merge_documents"]
@@ -43,13 +44,14 @@ def environment() -> dict:
 def make_document(*, command: str, settings: dict, environment: dict, copy_ceiling: dict | None, l2_bytes,
                   cases: list, impls: list[dict], rows: list[dict], complete: bool, aborted: str | None = None,
                   copy_ceiling_end: dict | None = None, created: str | None = None,
-                  duration_s: float | None = None, copy_floors: dict | None = None) -> dict:
+                  duration_s: float | None = None, copy_floors: dict | None = None,
+                  launch_floors: dict | None = None) -> dict:
     created = created or datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat()
     return {
         "schema": SCHEMA, "created": created, "command": command, "complete": complete, "aborted": aborted,
         "environment": environment, "settings": settings, "copy_ceiling": copy_ceiling,
         "copy_ceiling_end": copy_ceiling_end, "l2_bytes": l2_bytes, "duration_s": duration_s,
-        "copy_floors": copy_floors or {},
+        "copy_floors": copy_floors or {}, "launch_floors": launch_floors or {},
         "cases": [c if isinstance(c, dict) else c.to_json() for c in cases], "impls": impls, "rows": rows,
     }
 
@@ -72,7 +74,7 @@ def validate_document(doc: dict) -> None:
     impl_names = {i["name"] for i in doc["impls"]}
     for index, row in enumerate(doc["rows"]):
         where = f"row {index} ({row.get('case')}/{row.get('impl')}/{row.get('direction')})"
-        lacking = [f for f in ROW_FIELDS if f not in row]
+        lacking = [f for f in ROW_FIELDS if f not in row and f not in LATER_ROW_FIELDS]
         if lacking:
             raise ValueError(f"{where} lacks {lacking}")
         if row["status"] not in STATUSES:
@@ -146,6 +148,7 @@ def merge_documents(docs: list[dict]) -> dict:
     merged["impls"] = list(impls.values())
     merged["rows"] = [row for group in rows.values() for row in group]
     merged["copy_floors"] = {name: floor for doc in docs for name, floor in doc.get("copy_floors", {}).items()}
+    merged["launch_floors"] = {name: floor for doc in docs for name, floor in doc.get("launch_floors", {}).items()}
     merged["complete"] = all(doc["complete"] for doc in docs)
     merged["aborted"] = "; ".join(doc["aborted"] for doc in docs if doc["aborted"]) or None
     # every source run once: a document that is itself a merge contributes the runs it lists

@@ -10,7 +10,8 @@ A row is a flat dict (``ROW_FIELDS``). Per (case, implementation, direction):
 
 The primary time (``time_us``) is the graph replay (backward rows too: autograd's backward is captured on the stream
 its forward ran on), do_bench for sweep rows and for what a graph cannot capture; GB/s, % of the copy ceiling and the
-ratio to the fastest peer are derived from it, comparing only numbers of the same clock and residency.
+ratio to the fastest peer are derived from it, comparing only numbers of the same clock and residency. The small
+cases' rows are also divided by the launch-chain floor (``floor``), timed on the graph clock in the same rounds.
 """
 
 from __future__ import annotations
@@ -23,19 +24,22 @@ import traceback
 import torch
 
 from ..progress import Progress as StageProgress
-from .cases import Case
+from .cases import LAUNCH_FLOOR_CASES, Case
 from .impls import BACKWARD, FORWARD, Impl
 from .inputs import check_outputs, expected_output, make_data, make_tables, seed_for
 
-__all__ = ["ROW_FIELDS", "Runner", "BenchRefused", "refusal_reason", "residencies", "dram_sets", "derive_metrics",
-           "Progress"]
+__all__ = ["ROW_FIELDS", "LATER_ROW_FIELDS", "Runner", "BenchRefused", "refusal_reason", "residencies", "dram_sets",
+           "derive_metrics", "Progress"]
 
 ROW_FIELDS = (
     "case", "group", "impl", "kind", "direction", "residency", "status", "reason", "inplace", "bytes",
     "n_buffer_sets", "do_bench_us", "graph_us", "graph_spread", "graph_calls", "eager_us", "eager_spread",
     "eager_calls", "time_us", "time_source", "gbps", "pct_ceiling", "ceiling_gbps", "fastest_peer",
     "vs_fastest_peer", "fastest_peer_eager", "eager_vs_fastest_peer", "check_error", "graph_error",
+    "vs_launch_floor",
 )
+# fields added after documents were first published: a document from before them still validates without them
+LATER_ROW_FIELDS = ("vs_launch_floor",)
 STATUSES = ("ok", "skipped", "error", "not run")
 RESIDENCIES = ("l2", "dram")
 
@@ -144,6 +148,7 @@ class Runner:
         self.aborted: str | None = None
         self.started_at = started_at  # the time budget counts from here (default: when run() starts)
         self.copy_floors: dict[str, dict] = {}  # case name -> the same bytes copied (see copy_floor)
+        self.launch_floors: dict[str, dict] = {}  # case name -> the launch-chain floor (see _launch_floor)
 
     def probe(self) -> None:
         """Ask every implementation once whether it can run here (ropekit.cuda builds now, which can take a while)."""
@@ -172,6 +177,8 @@ class Runner:
                 # every implementation's graphs are captured first and replayed together afterwards, in
                 # interleaved rounds (GpuTimer.replay_rounds): the same stretch of the run times them all
                 pending: list[tuple[dict, object, list]] = []  # (row, captured graph, what the graph reads)
+                if direction == FORWARD:
+                    self._launch_floor(case, start, pending)
                 for impl in self.impls:
                     rows = self._item(case, tables, impl, direction, start, pending)
                     self.rows.extend(rows)
@@ -214,6 +221,29 @@ class Runner:
             return {"graph_us": None, "error": f"{type(error).__name__}: {error}"[:300]}
         return {"graph_us": graph_us, "graph_spread": spread, "graph_calls": calls, "n_buffer_sets": n_sets,
                 "bytes": case.moved_bytes(inplace=False), "method": "torch copy_ of q and k into new tensors"}
+
+    def _launch_floor(self, case, start, pending: list) -> None:
+        """Capture the launch-chain floor (``floor``) for a case in LAUNCH_FLOOR_CASES into the case's forward
+        rounds: a graph of as many calls as the case's rows get, replayed interleaved with theirs."""
+        budget = self.settings.time_budget_s
+        if case.group != "main" or case.name not in LAUNCH_FLOOR_CASES or (
+                budget and time.perf_counter() - start > budget):
+            return
+        from .floor import METHOD, NAME, PROGRAMS, launch_chain
+
+        floor = {"impl": NAME, "residency": "l2", "programs": PROGRAMS, "method": METHOD, "graph_us": None}
+        self.launch_floors[case.name] = floor
+        try:
+            chain = launch_chain(self.device, seed_for(case.name, "launch-chain floor"))
+            captured = self.timer.capture([chain], self._device_estimate_us(case, False, 1.0))
+        except Exception as error:  # noqa: BLE001  (a floor is context; its failure must not end the run)
+            floor["error"] = f"{type(error).__name__}: {error}"[:300]
+            try:
+                self._after_graph_failure()
+            except Aborted as broken:
+                self.aborted = str(broken)
+            return
+        pending.append((floor, captured, [chain]))
 
     def _item(self, case, tables, impl, direction, start, pending: list) -> list[dict]:
         reason = self.unavailable.get(impl.name) or impl.supports(case, direction)
@@ -356,11 +386,15 @@ def _primary(row: dict) -> tuple[float | None, str | None]:
     return None, None
 
 
-def derive_metrics(rows: list[dict], ceiling_gbps: float | None) -> list[dict]:
-    """Fill time_us/time_source, GB/s, % of the copy ceiling, and the ratios to the fastest peer (in place)."""
+def derive_metrics(rows: list[dict], ceiling_gbps: float | None, launch_floors: dict | None = None) -> list[dict]:
+    """Fill time_us/time_source, GB/s, % of the copy ceiling, the ratios to the fastest peer, and the graph time over
+    the launch-chain floor (rows of a case in ``launch_floors``, case name -> the floor with its graph_us), in place."""
     for row in rows:
         if row["status"] != "ok":
             continue
+        floor_us = ((launch_floors or {}).get(row["case"]) or {}).get("graph_us")
+        if floor_us and row.get("graph_us"):
+            row["vs_launch_floor"] = row["graph_us"] / floor_us
         row["time_us"], row["time_source"] = _primary(row)
         if row["time_us"]:
             row["gbps"] = row["bytes"] / (row["time_us"] * 1e-6) / 1e9

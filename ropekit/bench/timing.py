@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, replace
 import torch
 
 __all__ = ["Settings", "QUICK", "GpuTimer", "DryRunTimer", "CapturedGraph", "copy_ceiling", "median_and_spread",
-           "cuda_healthy"]
+           "back_to_back_us", "cuda_healthy"]
 
 CEILING_BYTES = 1 << 30  # the copy ceiling copies this many bytes (and reads as many): far beyond any L2
 
@@ -83,6 +83,18 @@ def median_and_spread(samples: list[float]) -> tuple[float, float]:
     low = ordered[int(0.2 * (len(ordered) - 1))]
     high = ordered[int(math.ceil(0.8 * (len(ordered) - 1)))]
     return median, (high - low) / median
+
+
+def back_to_back_us(fn, calls: int, sync) -> float:
+    """µs a call: the wall clock of ``calls`` back-to-back calls of ``fn`` with one ``sync()`` at the end (and one
+    before the start), over ``calls``. Host time included: the eager clock of the clarifications. The caller warms
+    ``fn`` up first and keeps the garbage collector out of the loop (``gc.disable``, as timeit does)."""
+    sync()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    sync()
+    return (time.perf_counter() - start) / calls * 1e6
 
 
 class GpuTimer:

@@ -1,0 +1,63 @@
+"""The launch-chain floor: what a decode call costs when its bytes cost nothing.
+
+A decode step's RoPE moves about a megabyte, which the copy ceiling moves in well under a microsecond. What no decode
+kernel avoids is a chain of dependent steps: the launch of a small grid, a load of each program's position, a load of
+the table row at that position (its address depends on the first load), a store. This kernel is that chain and
+nothing else: 64 programs, program ``i`` loads ``positions[i]`` (int64), then the 64-float row of an 8192-row float32
+table at that position, and stores the row to ``out[i]``.
+
+The benchmarks time it in the same run and on the same clock as the rows it bounds (captured in a CUDA graph of as
+many calls as the case's rows, replayed in the same interleaved rounds, median), with its buffers reused every call
+(L2-resident, like the small cases' L2 rows), and divide the decode rows by it.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+__all__ = ["PROGRAMS", "ROW", "TABLE_ROWS", "METHOD", "NAME", "launch_chain_kernel", "LaunchChain", "launch_chain"]
+
+PROGRAMS, ROW, TABLE_ROWS = 64, 64, 8192
+NAME = "launch-chain floor"
+METHOD = (f"{PROGRAMS}-program Triton kernel: program i loads positions[i] (int64), then the {ROW}-float row of a "
+          f"{TABLE_ROWS}-row float32 table at that position, and stores it to out[i]; buffers reused every call "
+          "(L2-resident); graph replay in the case's interleaved rounds, median")
+
+
+@triton.jit
+def launch_chain_kernel(positions_ptr, table_ptr, out_ptr, ROW: tl.constexpr):
+    i = tl.program_id(0)
+    position = tl.load(positions_ptr + i)  # the second load's address depends on this one: a chain
+    columns = tl.arange(0, ROW)
+    row = tl.load(table_ptr + position * ROW + columns)
+    tl.store(out_ptr + i * ROW + columns, row)
+
+
+class LaunchChain:
+    """One buffer set of the chain (random positions below TABLE_ROWS, a random table) and its launch as a call."""
+
+    def __init__(self, device, seed: int = 0):
+        generator = torch.Generator().manual_seed(seed)
+        self.positions = torch.randint(0, TABLE_ROWS, (PROGRAMS,), generator=generator, dtype=torch.int64).to(device)
+        self.table = torch.randn(TABLE_ROWS, ROW, generator=generator).to(device)
+        self.out = torch.empty(PROGRAMS, ROW, device=device)
+
+    def __call__(self) -> torch.Tensor:
+        launch_chain_kernel[(PROGRAMS,)](self.positions, self.table, self.out, ROW=ROW, num_warps=1)
+        return self.out
+
+    def check(self) -> None:
+        """Raise unless a call writes every row of ``out`` with the table row at its position."""
+        self.out.fill_(float("nan"))
+        got = self()
+        if not torch.equal(got, self.table[self.positions]):
+            raise RuntimeError("the launch-chain floor kernel wrote the wrong rows")
+
+
+def launch_chain(device, seed: int = 0) -> LaunchChain:
+    """The floor's call on ``device``, run once and checked."""
+    chain = LaunchChain(device, seed)
+    chain.check()
+    return chain
