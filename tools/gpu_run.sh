@@ -7,6 +7,7 @@
 #   bash tools/gpu_run.sh notebooks [NB ...]    execute notebooks in place (default: all) and run nbval on them
 #   bash tools/gpu_run.sh ab COMMIT             this tree against COMMIT in one process (export .ab first, see below)
 #   bash tools/gpu_run.sh course [NB ...]       the course's GPU data (reference tiles, tools), then notebooks NB
+#   bash tools/gpu_run.sh targets               the launch-chain floor (plain and fused decode) and the eager host costs
 #   bash tools/gpu_run.sh nccl                  python -m ropekit.distributed, one rank per visible GPU (2 or more)
 #   bash tools/gpu_run.sh configs [--cases C]   every tune-tool configuration once, plain and under memcheck; the tool
 #
@@ -77,6 +78,16 @@ case "$stage" in
     tar -czf "$OUT/course-data.tgz" ropekit/course/data/reference_tiles.json docs/gpu-runs/course-tools
     [ $# -gt 0 ] && OUT=$OUT bash tools/gpu_notebooks_batch.sh "${NOTEBOOK_SECONDS:-150}" "$@"
     ;;
+  targets)
+    # issue 32's floors and host costs: the decode and small-prefill cases against the launch-chain floor (with the
+    # peers), the fused decode cases against it, and the eager back-to-back wall clock of every op and its chain
+    timeout 170 python3 -m ropekit bench --cases small-prefill,decode --skip ropekit-cuda --peers .peers \
+      --time-budget 100 --out "$OUT/floor" 2>&1 | tee "$OUT/floor.txt" | grep -v "^\[" | tail -14
+    timeout 150 python3 -m ropekit.bench.fused --cases decode-b64 decode-b64-qknorm mla-decode-b64 --time-budget 60 \
+      --out "$OUT/fused" 2>&1 | tee "$OUT/fused.txt" | grep -v "^\[" | tail -10
+    timeout 150 python3 -m ropekit.bench.eager --peers .peers --time-budget 90 --out "$OUT/eager" 2>&1 \
+      | tee "$OUT/eager.txt" | grep -v "^\[" | tail -24
+    ;;
   ab)
     # this tree against COMMIT, both through their public API, every published case, one harness run with
     # interleaved graph rounds: $OUT/ab/ab.json and ab.md
@@ -112,6 +123,6 @@ case "$stage" in
       timeout 300 python3 -m ropekit.distributed --world "$gpus" --backend nccl; echo "exit status $?"; } 2>&1 \
       | tee "$OUT/nccl.txt"
     ;;
-  *) echo "usage: bash tools/gpu_run.sh test [PATH ...]|bench|verify|notebooks [NB ...]|course [NB ...]|ab COMMIT|configs|nccl"; exit 2 ;;
+  *) echo "usage: bash tools/gpu_run.sh test [PATH ...]|bench|verify|notebooks [NB ...]|course [NB ...]|targets|ab COMMIT|configs|nccl"; exit 2 ;;
 esac
 echo "[gpu_run] stage $stage: done in ${SECONDS} s"
