@@ -102,7 +102,9 @@ def test_a_dry_run_judges_nothing():
 
 
 def test_dry_run_end_to_end(tmp_path, capsys):
-    code = eager.main(["--out", str(tmp_path), "--dry-run", "--cases", "decode", "--calls", "2", "--repeats", "2"])
+    # no peers folder: Liger is skipped (a checkout may hold .peers, whose Liger is a GPU peer)
+    code = eager.main(["--out", str(tmp_path), "--dry-run", "--cases", "decode", "--calls", "2", "--repeats", "2",
+                       "--peers", str(tmp_path / "no-peers")])
     assert code == 0
     doc = json.loads((tmp_path / "benchmarks_eager.json").read_text())
     assert doc["dry_run"] and doc["settings"]["calls"] == 2 and doc["environment"]["torch"] == torch.__version__
