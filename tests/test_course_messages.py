@@ -259,3 +259,11 @@ def test_a_mask_from_the_loaded_slot_gets_a_way_forward_on_the_cpu():
         return
     assert result.diagnosis == "raised" and "mask has unsupported dtype" in result.message
     assert "Hint:" in result.message and "if slot >= 0:" in result.message
+
+
+def test_a_padding_token_that_writes_is_told_the_form_both_machines_run():
+    """The padding message's advice is the scalar branch, not a mask built from the loaded slot (which the interpreter
+    refuses: the test above)."""
+    result = course.check("09_rope_cache_kernel", wrong_variants("09_rope_cache_kernel")["out_of_bounds"])
+    assert result.diagnosis == "out_of_bounds" and "slot -1 is padding" in result.message
+    assert "inside `if slot >= 0:`" in result.message and "mask the stores" not in result.message

@@ -118,7 +118,7 @@ def _finding(case: PagedCase, r) -> Finding:
         inside = slice(GUARD_SLOTS, buffer.shape[0] - GUARD_SLOTS)
         if (buffer[:GUARD_SLOTS] != POISON).any():
             return Finding("out_of_bounds", f"{name}: a row before the cache was written. A token with slot -1 "
-                                            "is padding: it writes nothing (mask the stores with slot >= 0).")
+                                            "is padding: it writes nothing (put the cache stores inside `if slot >= 0:`).")
         if (buffer[inside.stop:] != POISON).any():
             return Finding("out_of_bounds", f"{name}: a row past the end of the cache was written (the last slot "
                                             "is a token's). Only k's n_heads_kv heads exist: mask the head lanes "
