@@ -267,3 +267,35 @@ def test_a_padding_token_that_writes_is_told_the_form_both_machines_run():
     result = course.check("09_rope_cache_kernel", wrong_variants("09_rope_cache_kernel")["out_of_bounds"])
     assert result.diagnosis == "out_of_bounds" and "slot -1 is padding" in result.message
     assert "inside `if slot >= 0:`" in result.message and "mask the stores" not in result.message
+
+
+@triton.jit
+def _offsets_read_at_the_head_block(Q, K, OUT_Q, OUT_K, COS, SIN, OFFSETS, seq_len, n_heads_q, n_heads_k,
+                                    stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh,
+                                    stride_oqb, stride_oqs, stride_oqh, stride_okb, stride_oks, stride_okh,
+                                    HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr = 4, BLOCK_H: tl.constexpr = 4,
+                                    NUM_WARPS: tl.constexpr = 4):
+    tokens = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
+    head_block = tl.program_id(1)
+    batch = tl.program_id(2)
+    HALF: tl.constexpr = HEAD_DIM // 2
+    pairs = tl.arange(0, HALF)
+    token_ok = tokens < seq_len
+    position = tl.load(OFFSETS + head_block % 2) + tokens  # the mistake: a head block's id, not the sequence's
+    table = position[:, None] * HALF + pairs[None, :]
+    cos = tl.load(COS + table, mask=token_ok[:, None], other=0.0)[:, None, :]
+    sin = tl.load(SIN + table, mask=token_ok[:, None], other=0.0)[:, None, :]
+    n_q_blocks = (n_heads_q + BLOCK_H - 1) // BLOCK_H
+    if head_block < n_q_blocks:
+        _rotate_block(Q, OUT_Q, cos, sin, batch, tokens, token_ok, head_block * BLOCK_H, n_heads_q,
+                      stride_qb, stride_qs, stride_qh, stride_oqb, stride_oqs, stride_oqh, HEAD_DIM, BLOCK_H)
+    else:
+        _rotate_block(K, OUT_K, cos, sin, batch, tokens, token_ok, (head_block - n_q_blocks) * BLOCK_H, n_heads_k,
+                      stride_kb, stride_ks, stride_kh, stride_okb, stride_oks, stride_okh, HEAD_DIM, BLOCK_H)
+
+
+def test_offsets_read_at_a_head_blocks_id_are_named_as_that_not_as_a_broadcast():
+    result = course.check("05_qk_offsets", _offsets_read_at_the_head_block)
+    assert result.diagnosis == "broadcast", str(result)
+    assert "different sequences' offsets" in result.message and "tl.program_id(2)" in result.message, result.message
+    assert "cos[:, None, :]" not in result.message

@@ -448,6 +448,20 @@ def _fit_positions(inputs: RopeInputs, y: torch.Tensor, x64: torch.Tensor, scale
                   "of a masked load of a cos/sin row that was out of range." if zero.any() else "")
     varies = [(b, s) for b in range(batch) for s in range(seq)
               if len(set(fitted[b, s][found[b, s]].tolist())) > 1]
+    if varies and "broadcast" in candidates and case.offsets:
+        # Each head at its own token index plus some sequence's offset, another sequence's for some heads: the
+        # offset was read with the wrong index (a head block's program id, say), not the sequence's.
+        offsets = [int(o) for o in case.offsets]
+        b, s = varies[0]
+        used = {int(fitted[b, s, h]) - s for h in range(heads) if found[b, s, h]}
+        if used <= set(offsets) and used != {offsets[b]}:
+            seen = ", ".join(f"{names.head(h)} with offset {int(fitted[b, s, h]) - s}"
+                             for h in range(heads) if found[b, s, h])
+            return Finding("broadcast", (
+                f"The heads of one token were rotated with different sequences' offsets: token {s} of sequence {b} "
+                f"(offset {offsets[b]}, so position {int(truth[b, s, 0])}) has {seen}. A token's offset belongs to "
+                "its sequence: read OFFSETS at the sequence's index (the grid axis over sequences, e.g. "
+                "tl.program_id(2)), not at a head block's or a token block's program id."))
     if varies and "broadcast" in candidates:
         b, s = varies[0]
         seen = ", ".join(f"{names.head(h)} at position {int(fitted[b, s, h])}"
