@@ -299,3 +299,14 @@ def test_offsets_read_at_a_head_blocks_id_are_named_as_that_not_as_a_broadcast()
     assert result.diagnosis == "broadcast", str(result)
     assert "different sequences' offsets" in result.message and "tl.program_id(2)" in result.message, result.message
     assert "cos[:, None, :]" not in result.message
+
+
+def test_a_shifted_position_in_the_torch_exercise_speaks_of_angles_not_table_rows():
+    solution = course.load_solution("01_rope_torch")
+
+    def counted_from_one(x, positions, **kwargs):
+        return solution(x, positions + 1, **kwargs)
+
+    result = course.check("01_rope_torch", counted_from_one)
+    assert result.diagnosis == "position_shift", str(result)
+    assert "positions + 1 in the angles" in result.message and "cos/sin row" not in result.message

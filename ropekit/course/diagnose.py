@@ -351,9 +351,11 @@ def _alternatives(inputs: RopeInputs, candidates: frozenset[str]):
         for delta in (1, -1):
             shifted = inputs.positions + delta
             rows = shifted >= 0 if case.table_len is None else (shifted >= 0) & (shifted < case.table_len)
+            where = (f"the cos/sin row {'after' if delta > 0 else 'before'} the right one" if case.table_len
+                     is not None else f"positions {'+' if delta > 0 else '-'} 1 in the angles, or a position "
+                     "counted from 1")
             words = (f"Positions shifted by one: every token was rotated with the angle of position "
-                     f"p {'+' if delta > 0 else '-'} 1 instead of its own position p (e.g. the cos/sin row "
-                     f"{'after' if delta > 0 else 'before'} the right one).")
+                     f"p {'+' if delta > 0 else '-'} 1 instead of its own position p (e.g. {where}).")
             if case.offsets:
                 words += " In decode, token s of sequence b sits at offsets[b] + s."
             yield "position_shift", reference.rope(x, shifted, **kwargs), rows, words
