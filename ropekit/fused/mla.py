@@ -125,7 +125,7 @@ def mla_rope_and_cache(q_pe: torch.Tensor, k_pe: torch.Tensor, kv_c: torch.Tenso
     plan = FusedPlan(None, names, ("kv_cache", "q_pe", "k_pe") if inplace else ("kv_cache",), fp8)
     plan.check(tensors)
     out_q, out_k = (q, k) if inplace else (new_output(q), new_output(k))
-    launch = (slot_mapping, CACHE_PAGED, cos, sin, spec.tensor, spec.mode, spec.cu_seqlens, spec.offset,
+    launch = (slot_mapping, CACHE_PAGED, None, None, None, "NHD", cos, sin, spec.tensor, spec.mode, spec.cu_seqlens, spec.offset,
               spec.max_seqlen or 0, rotary_dim, "bshd", interleaved, False, kv_cache_scale, kv_cache_scale, None, None,
               1e-6, 0.0)
     if key is not None and not q.is_meta and reads_callers_memory((slot_mapping, spec.tensor, cos, sin),
@@ -158,7 +158,8 @@ def _run_plan(plan, user, inplace, out_q=None, out_k=None):
     if plan.launch is not None:
         scale = scale if plan.fp8 else None
         plan.launch(q_pe, k_pe, out_q, out_k, kv_c, plan.bytes_of(kv_cache[..., kv_c.shape[-1]:]),
-                    plan.bytes_of(kv_cache), scale, scale, slot_mapping, None, None, cos, sin, positions, None, 0)
+                    plan.bytes_of(kv_cache), scale, scale, slot_mapping, None, None, None, None, None, cos, sin,
+                    positions, None, 0)
     bump_versions(kv_cache, None)
     if inplace:
         bump_versions(q_pe, k_pe)
