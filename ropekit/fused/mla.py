@@ -99,6 +99,7 @@ def mla_rope_and_cache(q_pe: torch.Tensor, k_pe: torch.Tensor, kv_c: torch.Tenso
         raise ValueError(f"positions must be a ({tokens},) integer tensor (one position per token; a longer "
                          "one is read for the first tokens), got "
                          f"{getattr(positions, 'shape', type(positions).__name__)}")
+    given_positions = positions  # (the whole tensor is the call's: no cache may lie on its padding either)
     positions = positions[:tokens]  # an engine's CUDA-graph batch may pad positions past the tokens
     user_tables = (cos, sin)
     user_positions = positions[None]
@@ -148,7 +149,7 @@ def mla_rope_and_cache(q_pe: torch.Tensor, k_pe: torch.Tensor, kv_c: torch.Tenso
     # the caller's own slot mapping and tables (what validation derived from them is a view of them or a fresh
     # copy)
     tensors = (q, k, v, ckv_cache) + ((kpe_cache,) if separate else ()) + (
-        slot_mapping, positions, kv_cache_scale if fp8 else None, *page_table) + (
+        slot_mapping, given_positions, kv_cache_scale if fp8 else None, *page_table) + (
         (cos_sin_cache,) if cos_sin_cache is not None else (cos, sin) if table is not None else user_tables)
     validate.check_no_grad("mla_rope_and_cache", names, tensors)
     plan = FusedPlan(None, names, cache_names + (("q_pe", "k_pe") if inplace else ()), fp8)
@@ -197,7 +198,6 @@ def _run_plan(plan, user, inplace, out_q=None, out_k=None):
     q_pe, k_pe, kv_c, ckv_cache, kpe_cache, slot_mapping, positions, cos, sin, cos_sin_cache, scale, kv_indices, \
         kv_indptr, batch_indices, cache_positions = user
     tokens, rope_dim = q_pe.shape[0], q_pe.shape[2]
-    positions = positions[:tokens]
     if cos_sin_cache is not None:
         cos, sin = cos_sin_cache, cos_sin_cache[:, rope_dim // 2:]
     if out_q is None:
@@ -209,6 +209,7 @@ def _run_plan(plan, user, inplace, out_q=None, out_k=None):
             out_q, out_k = q_pe, (k_pe if k_pe.ndim == 2 else k_pe[:, 0])
         else:
             out_q, out_k = new_output(q_pe), k_pe.new_empty((tokens, rope_dim))
+    positions = positions[:tokens]
     if plan.launch is not None:
         scale = scale if plan.fp8 else None
         k_cache = ckv_cache[..., kv_c.shape[-1]:] if kpe_cache is None else kpe_cache
