@@ -345,6 +345,28 @@ def test_torch_compile_fullgraph_with_device_resident_page_table():
     torch.testing.assert_close(v_cache, caches[1])
 
 
+def test_torch_compile_fullgraph_writes_flashinfers_5d_paged_kv_cache():
+    """The 5-D form's two halves are views of the graph's input, written by the mutating custom op."""
+    table = page_table([3, 1, 2], [1, 1, 1], 2, 10)
+    q, k, v = (torch.randn(3, 1, 2, 8, device=DEVICE) for _ in range(3))
+    paged = torch.randn(10, 2, 2, 2, 8, device=DEVICE)  # HND: (pages, k and v, heads, rows, dim)
+    before = paged.clone()
+    cos, sin = ropekit.cos_sin_table(16, 8, device=DEVICE)
+    address = [table[n] for n in ("kv_indices", "kv_indptr", "batch_indices", "cache_positions")]
+
+    def step(q, k, v, paged, kv_indices, kv_indptr, batch_indices, cache_positions):
+        out_q, _ = ropekit.rope_and_cache(q, k, v, cos, sin, k_cache=paged, kv_layout="HND",
+                                          positions=cache_positions, kv_indices=kv_indices, kv_indptr=kv_indptr,
+                                          batch_indices=batch_indices, cache_positions=cache_positions)
+        return out_q * 2
+
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager" if DEVICE == "cpu" else "inductor")
+    compiled(q, k, v, paged, *address)
+    pos = table["cache_positions"].cpu().long()[:, None]
+    assert_round_trip(before[:, 0], paged[:, 0], ref.rope_table(k, cos, sin, pos)[:, 0], table, "HND")
+    assert_round_trip(before[:, 1], paged[:, 1], v[:, 0].double().cpu(), table, "HND", exact=True)
+
+
 @pytest.mark.backend("triton")
 def test_a_repeated_call_reads_new_index_values_through_its_plan(monkeypatch):
     """A repeated call signature goes straight to its planned launch, which reads the page table's current values."""
