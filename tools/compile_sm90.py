@@ -161,24 +161,18 @@ def _fused_calls():
                    cache_mode=fused.CACHE_CONTIGUOUS, slots=offsets, block_size=80, cache_len=80,
                    config=fused.FusedConfig(1, 4, 4))
         latent = torch.empty(1, 64, 1, 512, dtype=dtype, **meta)
-        yield dict(q=torch.empty(1, 64, 16, 64, dtype=dtype, **meta), k=torch.empty(1, 64, 1, 64, dtype=dtype, **meta),
-                   cos=torch.empty(4096, 32, **meta), sin=torch.empty(4096, 32, **meta),
-                   positions=resolve_positions(batch=1, seqlen=64, positions=torch.empty(1, 64, dtype=torch.int64)),
-                   rotary_dim=64, interleaved=True, v=latent,
-                   k_cache=torch.empty(8, 16, 1, 64, dtype=dtype, **meta),
-                   v_cache=torch.empty(8, 16, 1, 512, dtype=dtype, **meta), cache_mode=fused.CACHE_PAGED,
-                   slots=torch.empty(64, dtype=torch.int64, **meta), block_size=16, cache_len=128,
-                   config=fused.FusedConfig(1, 32, 4))
-        # MLA into FlashInfer's two caches (ckv_cache, kpe_cache) through its page table
-        yield dict(q=torch.empty(1, 64, 16, 64, dtype=dtype, **meta), k=torch.empty(1, 64, 1, 64, dtype=dtype, **meta),
-                   cos=torch.empty(4096, 32, **meta), sin=torch.empty(4096, 32, **meta),
-                   positions=resolve_positions(batch=1, seqlen=64, positions=torch.empty(1, 64, dtype=torch.int64)),
-                   rotary_dim=64, interleaved=True, v=latent,
-                   k_cache=torch.empty(8, 16, 1, 64, dtype=dtype, **meta),
-                   v_cache=torch.empty(8, 16, 1, 512, dtype=dtype, **meta), cache_mode=fused.CACHE_PAGE_TABLE,
-                   slots=torch.empty(64, dtype=torch.int32, **meta),
-                   page_table=tuple(torch.empty(n, dtype=torch.int32, **meta) for n in (64, 8, 5)), block_size=16,
-                   cache_len=128, config=fused.FusedConfig(1, 32, 4))
+        # MLA by slot mapping, and into FlashInfer's two caches (ckv_cache, kpe_cache) through its page table
+        for address in (dict(cache_mode=fused.CACHE_PAGED, slots=torch.empty(64, dtype=torch.int64, **meta)),
+                        dict(cache_mode=fused.CACHE_PAGE_TABLE, slots=torch.empty(64, dtype=torch.int32, **meta),
+                             page_table=tuple(torch.empty(n, dtype=torch.int32, **meta) for n in (64, 8, 5)))):
+            yield dict(q=torch.empty(1, 64, 16, 64, dtype=dtype, **meta),
+                       k=torch.empty(1, 64, 1, 64, dtype=dtype, **meta), cos=torch.empty(4096, 32, **meta),
+                       sin=torch.empty(4096, 32, **meta),
+                       positions=resolve_positions(batch=1, seqlen=64, positions=torch.empty(1, 64, dtype=torch.int64)),
+                       rotary_dim=64, interleaved=True, v=latent,
+                       k_cache=torch.empty(8, 16, 1, 64, dtype=dtype, **meta),
+                       v_cache=torch.empty(8, 16, 1, 512, dtype=dtype, **meta), block_size=16, cache_len=128,
+                       config=fused.FusedConfig(1, 32, 4), **address)
         cu = torch.empty(3, dtype=torch.int32, **meta)
         varlen = resolve_positions(batch=2, seqlen=100, positions=None, cu_seqlens=cu, max_seqlen=64)
         packed = torch.empty(100, 8, 128, dtype=dtype, **meta)
