@@ -41,9 +41,9 @@ def _kernel_arguments(q, k, v, out_q, out_k, k_cache, v_cache, slots, cache_mode
                 positions=_spec(positions, pos_mode, cu_seqlens, position_offset, max_seqlen, layout),
                 rotary_dim=rotary_dim, interleaved=interleaved, cos_per_token=per_token,
                 out_q=to_bshd(out_q, layout), out_k=to_bshd(out_k, layout), v=to_bshd(v, layout),
-                k_cache=FusedPlan.bytes_of(k_cache), v_cache=FusedPlan.bytes_of(v_cache), cache_mode=cache_mode, slots=slots,
-                page_table=page_table, block_size=k_cache.shape[1], cache_len=n_slots, k_scale=k_scale, v_scale=v_scale, q_weight=q_weight,
-                k_weight=k_weight, eps=eps, weight_offset=weight_offset)
+                k_cache=FusedPlan.bytes_of(k_cache), v_cache=FusedPlan.bytes_of(v_cache), cache_mode=cache_mode,
+                slots=slots, page_table=page_table, block_size=k_cache.shape[1], cache_len=n_slots, k_scale=k_scale,
+                v_scale=v_scale, q_weight=q_weight, k_weight=k_weight, eps=eps, weight_offset=weight_offset)
 
 
 def launch_cache(q, k, v, out_q, out_k, k_cache, v_cache, *args) -> None:
@@ -67,9 +67,8 @@ def _rope_and_cache_op(q: Optional[torch.Tensor], k: Optional[torch.Tensor], v: 
                        v_scale: Optional[torch.Tensor], q_weight: Optional[torch.Tensor],
                        k_weight: Optional[torch.Tensor], eps: float, weight_offset: float) -> None:
     launch_cache(q, k, v, out_q, out_k, k_cache, v_cache, slots, cache_mode, batch_indices, kv_indices, kv_indptr,
-                 kv_layout, cos, sin, positions, pos_mode,
-                 cu_seqlens, position_offset, max_seqlen, rotary_dim, layout, interleaved, per_token, k_scale,
-                 v_scale, q_weight, k_weight, eps, weight_offset)
+                 kv_layout, cos, sin, positions, pos_mode, cu_seqlens, position_offset, max_seqlen, rotary_dim,
+                 layout, interleaved, per_token, k_scale, v_scale, q_weight, k_weight, eps, weight_offset)
 
 
 @_rope_and_cache_op.register_fake
@@ -191,17 +190,18 @@ _NAMES = ("q", "k", "v", "cos", "sin", "positions", "cu_seqlens", "k_cache", "v_
 
 
 def _paged_kv_cache(paged_kv_cache, v_cache):
-    """FlashInfer's ``paged_kv_cache`` given as ``k_cache``: a ``(k_cache, v_cache)`` tuple or a 5-D tensor whose
+    """FlashInfer's ``paged_kv_cache`` given as ``k_cache``: a ``(k_cache, v_cache)`` pair or a 5-D tensor whose
     ``[:, 0]`` and ``[:, 1]`` are the k and v caches (views)."""
+    pair = isinstance(paged_kv_cache, (tuple, list)) and len(paged_kv_cache) == 2
+    five_d = isinstance(paged_kv_cache, torch.Tensor) and paged_kv_cache.shape[1] == 2
+    if not pair and not five_d:
+        error = ValueError if isinstance(paged_kv_cache, (torch.Tensor, tuple, list)) else TypeError
+        raise error("k_cache must be a 4-D tensor, a (k_cache, v_cache) pair or a 5-D (num_blocks, 2, ...) tensor "
+                    f"(FlashInfer's paged_kv_cache), got {getattr(paged_kv_cache, 'shape', type(paged_kv_cache))}")
     if v_cache is not None:
         raise ValueError("k_cache given as a (k_cache, v_cache) pair or a 5-D (num_blocks, 2, ...) tensor holds the v "
                          "cache too: pass v_cache=None")
-    if isinstance(paged_kv_cache, (tuple, list)) and len(paged_kv_cache) == 2:
-        return tuple(paged_kv_cache)
-    if isinstance(paged_kv_cache, torch.Tensor) and paged_kv_cache.shape[1] == 2:
-        return paged_kv_cache[:, 0], paged_kv_cache[:, 1]
-    raise ValueError("k_cache must be a 4-D tensor, a (k_cache, v_cache) pair or a 5-D (num_blocks, 2, ...) tensor "
-                     f"(FlashInfer's paged_kv_cache), got {getattr(paged_kv_cache, 'shape', type(paged_kv_cache))}")
+    return tuple(paged_kv_cache) if pair else (paged_kv_cache[:, 0], paged_kv_cache[:, 1])
 
 
 def _slots(slot_mapping, cache_offsets, cache_positions):
