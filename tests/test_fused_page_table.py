@@ -323,7 +323,7 @@ def test_mla_errors_name_the_separate_caches():
     assert not ckv.any() and not kpe.any()
 
 
-# --- compile, the eager fast path and CUDA graphs ----------------------------------------------------------------------
+# --- compile, the eager fast path and CUDA graphs -------------------------------------------------------------------
 
 def test_torch_compile_fullgraph_with_device_resident_page_table():
     call = _valid_call("HND")

@@ -38,8 +38,8 @@ def _tokens_view(name: str, x, tokens: int, width: Optional[int] = None) -> torc
 
 
 def mla_rope_and_cache(q_pe: torch.Tensor, k_pe: torch.Tensor, kv_c: torch.Tensor, kv_cache,
-                       slot_mapping: Optional[torch.Tensor], positions: torch.Tensor, cos: Optional[torch.Tensor] = None,
-                       sin: Optional[torch.Tensor] = None, *, cos_sin_cache: Optional[torch.Tensor] = None,
+                       slot_mapping: Optional[torch.Tensor], positions: torch.Tensor,
+                       cos: Optional[torch.Tensor] = None, sin: Optional[torch.Tensor] = None, *, cos_sin_cache: Optional[torch.Tensor] = None,
                        table=None, interleaved: bool = True, inplace: bool = True,
                        kv_cache_scale: Optional[torch.Tensor] = None, kv_indices: Optional[torch.Tensor] = None,
                        kv_indptr: Optional[torch.Tensor] = None, batch_indices: Optional[torch.Tensor] = None,

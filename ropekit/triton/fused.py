@@ -548,8 +548,8 @@ def launch_fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, in
     ``(tokens, heads, dim)`` when ``positions.is_varlen``; caches are ``(blocks or batch, rows, heads, dim)`` views
     (float8 caches as their uint8 bits). ``slots``: the contiguous cache's offsets (one a sequence), the paged
     cache's slots or the page table's positions (one a token); ``page_table``: ``(batch_indices, kv_indices,
-    kv_indptr)`` with ``cache_mode`` CACHE_PAGE_TABLE. An output that is its input is written in place. ``out_q``/``out_k`` None:
-    not written. With ``grad_q`` (the backward) the outputs receive the input gradients and the call returns the
+    kv_indptr)`` with ``cache_mode`` CACHE_PAGE_TABLE. An output that is its input is written in place.
+    ``out_q``/``out_k`` None: not written. With ``grad_q`` (the backward) the outputs receive the input gradients and the call returns the
     weight gradients ``(dw_q, dw_k)`` in the math dtype; otherwise None. The programs add their weight-gradient terms
     into two rows with atomic adds (no second reduction kernel; the float sum's rounding depends on the order the
     adds arrive in), or, under ``torch.use_deterministic_algorithms``, each program stores its own row and one
@@ -558,8 +558,8 @@ def launch_fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, in
     plan = plan_fused(q, k, cos, sin, positions=positions, rotary_dim=rotary_dim, interleaved=interleaved,
                       cos_per_token=cos_per_token, out_q=out_q, out_k=out_k, v=v, k_cache=k_cache, v_cache=v_cache,
                       cache_mode=cache_mode, slots=slots, page_table=page_table, block_size=block_size,
-                      cache_len=cache_len, k_scale=k_scale, v_scale=v_scale, q_weight=q_weight, k_weight=k_weight, eps=eps,
-                      weight_offset=weight_offset, grad_q=grad_q, grad_k=grad_k, config=config)
+                      cache_len=cache_len, k_scale=k_scale, v_scale=v_scale, q_weight=q_weight, k_weight=k_weight,
+                      eps=eps, weight_offset=weight_offset, grad_q=grad_q, grad_k=grad_k, config=config)
     if grad_q is not None:
         return plan(q, k, grad_q, grad_k, out_q, out_k, q_weight, k_weight, cos, sin, positions.tensor,
                     positions.cu_seqlens, positions.offset)
