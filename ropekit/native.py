@@ -37,7 +37,7 @@ from .positions import SCALAR_OFFSET, SEQ_OFFSETS, PositionSpec
 
 __all__ = ["rope", "fused", "e4m3_bits"]
 
-CACHE_CONTIGUOUS, CACHE_PAGED = 1, 2  # the fused kernel's cache modes (ropekit.triton.fused)
+CACHE_CONTIGUOUS, CACHE_PAGED, CACHE_PAGE_TABLE = 1, 2, 3  # the fused kernel's cache modes (ropekit.triton.fused)
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -196,18 +196,32 @@ def _cache_values(values: torch.Tensor, cache: torch.Tensor, scale) -> torch.Ten
     return e4m3_bits(values, scale) if cache.dtype == torch.uint8 else values.to(cache.dtype)
 
 
-def _cache_places(tokens: _Tokens, seqlen: int, cache_mode: int, slots, block_size: int, cache_len: int):
-    """Every covered token's (block, row) in the cache and whether it is written at all, flattened."""
+def _cache_places(tokens: _Tokens, seqlen: int, cache_mode: int, slots, page_table, block_size: int,
+                  cache_len: int):
+    """Every covered token's (block, row) in the cache and whether it is written at all, flattened: the fused
+    kernel's address map (``ropekit.triton.fused_tiles.cache_slot``), reading no index outside its tensor."""
     if cache_mode == CACHE_CONTIGUOUS:
         row = slots.to(torch.int64)[tokens.seq] + tokens.local
         block = tokens.seq.expand_as(row)
         written = (row >= 0) & (row < cache_len)
-    else:
-        token = tokens.rows if tokens.rows is not None else tokens.seq * seqlen + tokens.local
+        return block.reshape(-1), row.reshape(-1), written.reshape(-1)
+    token = (tokens.rows if tokens.rows is not None else tokens.seq * seqlen + tokens.local).reshape(-1)
+    if cache_mode == CACHE_PAGED:
         slot = slots.to(torch.int64)[token]
         written = (slot >= 0) & (slot < cache_len)
-        block, row = slot // block_size, slot % block_size
-    return block.reshape(-1), row.reshape(-1), written.reshape(-1)
+        return slot // max(block_size, 1), slot % max(block_size, 1), written
+    batch_indices, kv_indices, kv_indptr = (t.to(torch.int64) for t in page_table)
+    request, position = batch_indices[token], slots.to(torch.int64)[token]
+    n_requests = kv_indptr.shape[0] - 1
+    written = (request >= 0) & (request < n_requests) & (position >= 0) & (block_size > 0) & (kv_indices.numel() > 0)
+    request, position = request.where(written, 0), position.where(written, 0)
+    first = kv_indptr[request]
+    end = kv_indptr[(request + 1).clamp(max=n_requests)]
+    page_iter = first + position // max(block_size, 1)
+    written &= (page_iter >= 0) & (page_iter < end) & (page_iter < kv_indices.shape[0])
+    page = kv_indices[page_iter.where(written, 0)] if kv_indices.numel() else page_iter
+    written &= (page >= 0) & (page < cache_len // max(block_size, 1))
+    return page.where(written, 0), position % max(block_size, 1), written
 
 
 def _write_cache(cache, places, values, scale) -> None:
@@ -219,8 +233,9 @@ def _write_cache(cache, places, values, scale) -> None:
 
 def fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, interleaved: bool = False,
           cos_per_token: bool = False, out_q=None, out_k=None, v=None, k_cache=None, v_cache=None,
-          cache_mode: int = 0, slots=None, block_size: int = 1, cache_len: int = 0, k_scale=None, v_scale=None,
-          q_weight=None, k_weight=None, eps: float = 0.0, weight_offset: float = 0.0, grad_q=None, grad_k=None):
+          cache_mode: int = 0, slots=None, page_table=None, block_size: int = 1, cache_len: int = 0, k_scale=None,
+          v_scale=None, q_weight=None, k_weight=None, eps: float = 0.0, weight_offset: float = 0.0, grad_q=None,
+          grad_k=None):
     """:func:`ropekit.triton.fused.launch_fused`'s arguments and outputs, computed in PyTorch ops: per-head RMSNorm
     (with weights), RoPE, the outputs (None: not written) and, for k, the caches; with ``grad_q`` the backward of
     norm + rotation, returning the weight gradients ``(dw_q, dw_k)`` in the math dtype."""
@@ -264,7 +279,7 @@ def fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, interleav
             x_a, x_b, x_t = x_a * r * w_a, x_b * r * w_b, x_t * r * w_t
         y = torch.cat((_joined(*_rotate(x_a, x_b, *angles), interleaved), x_t), -1)
         if i == 1 and cache_mode:
-            places = _cache_places(tokens, seqlen, cache_mode, slots, block_size, cache_len)
+            places = _cache_places(tokens, seqlen, cache_mode, slots, page_table, block_size, cache_len)
             _write_cache(k_cache, places, y, k_scale)
             if v is not None:
                 _write_cache(v_cache, places, tokens.take(v), v_scale)

@@ -197,3 +197,17 @@ def test_the_backward_reference_differentiates_cpu_copies(monkeypatch):
     data = fused_cases.make_data(fused_cases.tiny(CASES["qknorm-backward-b4-s4096"]), DEVICE, seed=0)
     want = fused_cases.expected(data)
     assert seen and set(seen) == {"cpu"} and {t.device.type for t in want.values()} == {"cpu"}
+
+
+@pytest.mark.parametrize("name", ["decode-b64-page-table", "prefill-b4-s4096-page-table"])
+def test_the_page_table_cases_write_the_slot_cases_rows(name):
+    """FlashInfer's page table names the rows the slot mapping names: the fused call through it passes the same
+    check, and the unfused peers (which write by slot) stay the same pipelines."""
+    case = fused_cases.tiny(CASES[name])
+    data = fused_cases.make_data(case, DEVICE, seed=0)
+    table = {n: t.cpu().long() for n, t in data.page_table.items()}
+    block = fused_cases.BLOCK_SIZE
+    page = table["kv_indices"][table["kv_indptr"][table["batch_indices"]] + table["cache_positions"] // block]
+    assert torch.equal(page * block + table["cache_positions"] % block, data.slots.cpu())
+    result, _, _ = fused.checked_call(case, fused.impls("aot_eager")["ropekit-fused"], DEVICE, seed=0)
+    assert result["ok"], result

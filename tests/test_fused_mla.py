@@ -177,3 +177,22 @@ def test_deepseek_decode_shapes_on_gpu(cache_dtype):
     want_k = ref.rope_table(k0[:, None], cos, sin, positions.cpu(), interleaved=True)[:, 0]
     assert_close_to_reference(q_pe, ref.rope_table(q0, cos, sin, positions.cpu(), interleaved=True))
     check_cache(before, kv_cache, kv_c, want_k, slots, scale=None if scale is None else scale.cpu())
+
+
+@pytest.mark.parametrize("form", ["kv_cache", "kpe_cache"])
+def test_a_cache_on_the_padding_of_positions_is_refused(form):
+    """positions may be longer than the tokens (a CUDA-graph batch's padding); the whole tensor is the call's, so a
+    cache lying on its unread tail is refused like any overlap, before anything is written."""
+    tokens, heads, rope_dim, latent = 2, 2, 16, 16
+    width = latent + rope_dim if form == "kv_cache" else rope_dim
+    pool = torch.zeros(8 * tokens + 2 * 4 * width * 2, dtype=torch.uint8, device=DEVICE)
+    positions = pool[:8 * (tokens + 2)].view(torch.int64)                        # two padding positions
+    cache = pool[8 * tokens:].view(torch.bfloat16).view(2, 4, width)           # on the padding's bytes
+    caches = cache if form == "kv_cache" else (torch.zeros(2, 4, latent, device=DEVICE, dtype=torch.bfloat16), cache)
+    q_pe = torch.randn(tokens, heads, rope_dim, device=DEVICE, dtype=torch.bfloat16)
+    k_pe, kv_c = (torch.randn(tokens, n, device=DEVICE, dtype=torch.bfloat16) for n in (rope_dim, latent))
+    cos, sin = ropekit.cos_sin_table(8, rope_dim, device=DEVICE)
+    before = pool.clone()
+    with pytest.raises(ValueError, match=f"{form}.*positions|positions.*{form}"):
+        ropekit.mla_rope_and_cache(q_pe, k_pe, kv_c, caches, torch.arange(tokens, device=DEVICE), positions, cos, sin)
+    assert torch.equal(pool, before)

@@ -3,17 +3,18 @@ sanitizer; here it runs under the interpreter, where every result is still check
 
 import pytest
 
+import ropekit
 from ropekit.reliability import sanitize
 from ropekit.triton.configs import FlatConfig
 from ropekit.reliability.configs import Config, Family
-from conftest import ON_GPU
+from conftest import DEVICE, ON_GPU
 
 
 @pytest.mark.skipif(ON_GPU, reason="on the GPU, tools/sanitize.sh runs the driver under compute-sanitizer")
 def test_sanitize_driver_runs_every_kernel_cleanly(capsys):
     assert sanitize.sanitize_driver(verbose=True, candidates=2) == 0
     lines = capsys.readouterr().out.splitlines()
-    for kernel in ("triton v1", "triton v2", "triton v3", "out-of-table"):
+    for kernel in ("triton v1", "triton v2", "triton v3", "out-of-table", "fused cache write"):
         assert any(line.startswith("ok") and kernel in line for line in lines), kernel
     # every configuration once with the launcher's own choice and once with each configuration the choice can reach
     # for it (here the first two candidates a call: the model's own first)
@@ -35,3 +36,23 @@ def test_a_forced_launch_config_is_checked_against_the_reference(monkeypatch):
                                                                                      **kwargs))
     messages = sanitize.run_with_launch_config(cfg, FlatConfig(32, 1, paired=True))
     assert any(m.startswith("q:") for m in messages) and any(m.startswith("k (conjugate):") for m in messages)
+
+
+@pytest.mark.parametrize("address,kv_layout,fp8", sanitize.CACHE_ADDRESS_MAPS,
+                         ids=[f"{a}-{layout}{'-fp8' if fp8 else ''}" for a, layout, fp8 in sanitize.CACHE_ADDRESS_MAPS])
+def test_the_driver_writes_through_every_cache_address_map_and_reads_it_back(address, kv_layout, fp8, monkeypatch):
+    """Each address map of the fused forward, launched on the Triton kernel and read back through the map; a map
+    that sends a token to the wrong row fails the check."""
+    with ropekit.device.set_backend("triton"):
+        assert sanitize.check_cache_address_map(address, kv_layout, fp8, DEVICE) == ""
+        real = ropekit.rope_and_cache if not address.startswith("MLA") else ropekit.mla_rope_and_cache
+        name = "rope_and_cache" if not address.startswith("MLA") else "mla_rope_and_cache"
+
+        def shifted(*args, **kwargs):  # every token one row further: the wrong address
+            for key in ("slot_mapping", "cache_positions"):
+                if kwargs.get(key) is not None:
+                    kwargs[key] = kwargs[key] + 1
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(sanitize, name, shifted)
+        assert "is not its reference" in sanitize.check_cache_address_map(address, kv_layout, fp8, DEVICE)

@@ -145,20 +145,34 @@ def _fused_calls():
                     yield dict(q=q, k=k, cos=cos, sin=cos, positions=by_offsets, rotary_dim=128,
                                out_q=torch.empty_like(q), v=v, cache_mode=fused.CACHE_PAGED, slots=slots,
                                block_size=16, cache_len=256, config=config, **caches, **norm)
+            # FlashInfer's page table: int32 indices (as FlashInfer passes them) into an NHD cache, int64 into an
+            # HND one (its strides)
+            for index_dtype, hnd in ((torch.int32, False), (torch.int64, True)):
+                table = tuple(torch.empty(n, dtype=index_dtype, **meta) for n in (128, 40, 3))
+                paged = {name: (c.transpose(1, 2).contiguous().transpose(1, 2) if hnd and c.ndim == 4 else c)
+                         for name, c in caches.items()}
+                yield dict(q=q, k=k, cos=cos, sin=cos, positions=by_offsets, rotary_dim=128,
+                           out_q=torch.empty_like(q), v=v, cache_mode=fused.CACHE_PAGE_TABLE,
+                           slots=torch.empty(128, dtype=index_dtype, **meta), page_table=table, block_size=16,
+                           cache_len=256, config=fused.FusedConfig(2, 8, 4, True, True), **paged)
         contiguous = torch.empty(2, 80, 2, 128, dtype=dtype, **meta)
         yield dict(q=q, k=k, cos=cos, sin=cos, positions=by_offsets, rotary_dim=64, interleaved=True, out_q=q,
                    out_k=k, v=v, k_cache=contiguous, v_cache=torch.empty_like(contiguous),
                    cache_mode=fused.CACHE_CONTIGUOUS, slots=offsets, block_size=80, cache_len=80,
                    config=fused.FusedConfig(1, 4, 4))
         latent = torch.empty(1, 64, 1, 512, dtype=dtype, **meta)
-        yield dict(q=torch.empty(1, 64, 16, 64, dtype=dtype, **meta), k=torch.empty(1, 64, 1, 64, dtype=dtype, **meta),
-                   cos=torch.empty(4096, 32, **meta), sin=torch.empty(4096, 32, **meta),
-                   positions=resolve_positions(batch=1, seqlen=64, positions=torch.empty(1, 64, dtype=torch.int64)),
-                   rotary_dim=64, interleaved=True, v=latent,
-                   k_cache=torch.empty(8, 16, 1, 64, dtype=dtype, **meta),
-                   v_cache=torch.empty(8, 16, 1, 512, dtype=dtype, **meta), cache_mode=fused.CACHE_PAGED,
-                   slots=torch.empty(64, dtype=torch.int64, **meta), block_size=16, cache_len=128,
-                   config=fused.FusedConfig(1, 32, 4))
+        # MLA by slot mapping, and into FlashInfer's two caches (ckv_cache, kpe_cache) through its page table
+        for address in (dict(cache_mode=fused.CACHE_PAGED, slots=torch.empty(64, dtype=torch.int64, **meta)),
+                        dict(cache_mode=fused.CACHE_PAGE_TABLE, slots=torch.empty(64, dtype=torch.int32, **meta),
+                             page_table=tuple(torch.empty(n, dtype=torch.int32, **meta) for n in (64, 8, 5)))):
+            yield dict(q=torch.empty(1, 64, 16, 64, dtype=dtype, **meta),
+                       k=torch.empty(1, 64, 1, 64, dtype=dtype, **meta), cos=torch.empty(4096, 32, **meta),
+                       sin=torch.empty(4096, 32, **meta),
+                       positions=resolve_positions(batch=1, seqlen=64, positions=torch.empty(1, 64, dtype=torch.int64)),
+                       rotary_dim=64, interleaved=True, v=latent,
+                       k_cache=torch.empty(8, 16, 1, 64, dtype=dtype, **meta),
+                       v_cache=torch.empty(8, 16, 1, 512, dtype=dtype, **meta), block_size=16, cache_len=128,
+                       config=fused.FusedConfig(1, 32, 4), **address)
         cu = torch.empty(3, dtype=torch.int32, **meta)
         varlen = resolve_positions(batch=2, seqlen=100, positions=None, cu_seqlens=cu, max_seqlen=64)
         packed = torch.empty(100, 8, 128, dtype=dtype, **meta)

@@ -57,8 +57,8 @@ def _fused(data: Data) -> Callable:
                                           data.slots, positions, cos, sin, interleaved=True, inplace=True,
                                           kv_cache_scale=scale)[0]
     q, k, v = data.split()
-    kwargs = dict(k_cache=data.k_cache, v_cache=data.v_cache, slot_mapping=data.slots, positions=data.offsets,
-                  inplace=True)
+    kwargs = dict(k_cache=data.k_cache, v_cache=data.v_cache, positions=data.offsets, inplace=True,
+                  **(data.page_table or dict(slot_mapping=data.slots)))
     if data.weights:
         kwargs.update(q_weight=data.weights[0], k_weight=data.weights[1], eps=EPS)
     if data.scales:

@@ -29,7 +29,9 @@ FP8 = torch.float8_e4m3fn
 @dataclass(frozen=True)
 class FusedCase:
     """One shape. ``kind``: "cache" (rope [+ QK-norm] + paged cache write), "mla" (q_pe/k_pe rope + latent cache
-    write) or "backward" (QK-norm + RoPE backward). Tokens: ``batch`` sequences of ``seqlen`` (decode: 1)."""
+    write) or "backward" (QK-norm + RoPE backward). Tokens: ``batch`` sequences of ``seqlen`` (decode: 1).
+    ``page_table``: the fused call addresses the cache through FlashInfer's page table (int32 ``kv_indices``,
+    ``kv_indptr``, a request and a position per token) instead of a slot mapping; the same rows either way."""
 
     name: str
     title: str
@@ -43,6 +45,7 @@ class FusedCase:
     qk_norm: bool = False
     fp8: bool = False
     latent: int = 0  # MLA: kv_lora_rank
+    page_table: bool = False
 
     @property
     def tokens(self) -> int:
@@ -63,6 +66,10 @@ CASES = (
     FusedCase("decode-b64-fp8", "Llama-3-8B decode b64, paged float8 e4m3", "cache", 64, 1, fp8=True, **_LLAMA),
     FusedCase("prefill-b4-s4096-fp8", "Llama-3-8B prefill b4 s4096, paged float8 e4m3", "cache", 4, 4096, fp8=True,
               **_LLAMA),
+    FusedCase("decode-b64-page-table", "Llama-3-8B decode b64, paged bf16 by FlashInfer's page table", "cache", 64, 1,
+              page_table=True, **_LLAMA),
+    FusedCase("prefill-b4-s4096-page-table", "Llama-3-8B prefill b4 s4096, paged bf16 by FlashInfer's page table",
+              "cache", 4, 4096, page_table=True, **_LLAMA),
     FusedCase("mla-decode-b64", "DeepSeek MLA decode b64 (128 heads, rope 64, latent 512)", "mla", 64, 1, 128, 1,
               64, latent=512),
     FusedCase("qknorm-backward-b4-s4096", "Qwen3-8B QK-norm + RoPE backward b4 s4096", "backward", 4, 4096,
@@ -114,6 +121,7 @@ class Data:
     scales: tuple  # (k_scale, v_scale) or ()
     cos: torch.Tensor
     sin: torch.Tensor
+    page_table: Optional[dict] = None  # kv_indices, kv_indptr, batch_indices, cache_positions: the slots' rows
 
     @property
     def token_positions(self) -> torch.Tensor:
@@ -135,7 +143,7 @@ def make_data(case: FusedCase, device, seed: int) -> Data:
     offsets = (torch.randint(0, TABLE_POSITIONS - case.seqlen, (case.batch,), generator=g) if case.decode
                else torch.zeros(case.batch, dtype=torch.int64)).to(device)
     cos, sin = cos_sin_table(TABLE_POSITIONS, d, device=device)
-    grads, slots, k_cache, v_cache, extra = (), None, None, None, None
+    grads, slots, k_cache, v_cache, extra, page_table = (), None, None, None, None, None
     if case.kind == "backward":
         qkv, extra = randn(case.batch, case.seqlen, case.heads_q, d), randn(case.batch, case.seqlen, case.heads_kv, d)
         grads = (torch.randn_like(qkv), torch.randn_like(extra))
@@ -145,6 +153,10 @@ def make_data(case: FusedCase, device, seed: int) -> Data:
         pos = (offsets[:, None] + torch.arange(case.seqlen, device=device)).reshape(-1)
         seq = torch.arange(case.batch, device=device).repeat_interleave(case.seqlen)
         slots = table[seq, pos // BLOCK_SIZE] * BLOCK_SIZE + pos % BLOCK_SIZE
+        if case.page_table:  # request b's pages are table[b]: the same rows as the slots
+            page_table = {name: t.to(torch.int32) for name, t in (
+                ("kv_indices", table.reshape(-1)), ("kv_indptr", torch.arange(case.batch + 1, device=device) * per_seq),
+                ("batch_indices", seq), ("cache_positions", pos))}
         cache_dtype = FP8 if case.fp8 else case.dtype
         if case.kind == "mla":
             qkv, extra = randn(t, case.heads_q, d), randn(t, case.latent + d)
@@ -156,7 +168,7 @@ def make_data(case: FusedCase, device, seed: int) -> Data:
             v_cache = torch.zeros_like(k_cache)
     weights = ((1 + 0.2 * randn(d), 1 + 0.2 * randn(d)) if case.qk_norm else ())
     scales = (torch.tensor([K_SCALE], device=device), torch.tensor([V_SCALE], device=device)) if case.fp8 else ()
-    return Data(case, qkv, extra, grads, offsets, slots, k_cache, v_cache, weights, scales, cos, sin)
+    return Data(case, qkv, extra, grads, offsets, slots, k_cache, v_cache, weights, scales, cos, sin, page_table)
 
 
 def _sample(case: FusedCase) -> torch.Tensor:

@@ -1,6 +1,8 @@
 """``rope_and_cache``: rotate q and k (optionally QK-normed first) and write rotated k and untouched v straight into a
-KV cache, contiguous ``(batch, max_seq, heads, dim)`` at per-sequence offsets or paged ``(num_blocks, block_size,
-heads, dim)`` by ``slot_mapping``, optionally as float8 e4m3 with per-tensor scales: one launch.
+KV cache, contiguous ``(batch, max_seq, heads, dim)`` at per-sequence offsets, or paged ``(num_blocks, block_size,
+heads, dim)`` by ``slot_mapping`` (vLLM's) or by a page table (FlashInfer's ``kv_indices``/``kv_indptr`` with a
+request and a position per token), the head axis second (``kv_layout="HND"``) or third, optionally as float8 e4m3
+with per-tensor scales: one launch.
 
 The call -> validation (apply_rope's rotary checks, then ``validate``'s for weights, caches, slots and scales, all
 before any write) -> ``ropekit::rope_and_cache`` (a mutating custom op, so torch.compile keeps it in the graph); eager
@@ -15,7 +17,7 @@ import torch
 
 from ..layouts import to_bshd
 from ..outputs import bump_versions, new_output
-from ..triton.fused import CACHE_CONTIGUOUS, CACHE_PAGED, plan_fused
+from ..triton.fused import CACHE_CONTIGUOUS, CACHE_PAGE_TABLE, CACHE_PAGED, plan_fused
 from . import validate
 from .plan import FusedPlan, planned, plans, reads_callers_memory, signature
 from .qk_norm_rope import _spec, fused_launcher
@@ -23,23 +25,25 @@ from .qk_norm_rope import _spec, fused_launcher
 __all__ = ["rope_and_cache", "launch_cache"]
 
 
-def _kernel_arguments(q, k, v, out_q, out_k, k_cache, v_cache, slots, cache_mode: int, cos, sin, positions,
-                      pos_mode: int, cu_seqlens, position_offset: int, max_seqlen: int, rotary_dim: int, layout: str,
-                      interleaved: bool, per_token: bool, k_scale, v_scale, q_weight, k_weight, eps: float,
-                      weight_offset: float) -> dict:
+def _kernel_arguments(q, k, v, out_q, out_k, k_cache, v_cache, slots, cache_mode: int, batch_indices, kv_indices,
+                      kv_indptr, kv_layout: str, cos, sin, positions, pos_mode: int, cu_seqlens, position_offset: int,
+                      max_seqlen: int, rotary_dim: int, layout: str, interleaved: bool, per_token: bool, k_scale,
+                      v_scale, q_weight, k_weight, eps: float, weight_offset: float) -> dict:
     """A validated call as the fused launcher (:func:`~ropekit.triton.fused.plan_fused`, or the native
-    :func:`ropekit.native.fused`) takes it: the kernels' views, the cache's geometry, the scales only with a float8
-    cache (the kernel never sees others)."""
+    :func:`ropekit.native.fused`) takes it: the kernels' views (the caches as ``(blocks, rows, heads, dim)``), the
+    cache's geometry and address map, the scales only with a float8 cache (the kernel never sees others)."""
     if k_cache.dtype != validate.FP8_DTYPE:
         k_scale = v_scale = None
-    n_slots = k_cache.shape[0] * k_cache.shape[1] if cache_mode == CACHE_PAGED else k_cache.shape[1]
+    k_cache, v_cache = validate.nhd(k_cache, kv_layout), validate.nhd(v_cache, kv_layout)
+    n_slots = k_cache.shape[1] if cache_mode == CACHE_CONTIGUOUS else k_cache.shape[0] * k_cache.shape[1]
+    page_table = (batch_indices, kv_indices, kv_indptr) if cache_mode == CACHE_PAGE_TABLE else None
     return dict(q=to_bshd(q, layout), k=to_bshd(k, layout), cos=cos, sin=sin,
                 positions=_spec(positions, pos_mode, cu_seqlens, position_offset, max_seqlen, layout),
                 rotary_dim=rotary_dim, interleaved=interleaved, cos_per_token=per_token,
                 out_q=to_bshd(out_q, layout), out_k=to_bshd(out_k, layout), v=to_bshd(v, layout),
-                k_cache=FusedPlan.bytes_of(k_cache), v_cache=FusedPlan.bytes_of(v_cache), cache_mode=cache_mode, slots=slots,
-                block_size=k_cache.shape[1], cache_len=n_slots, k_scale=k_scale, v_scale=v_scale, q_weight=q_weight,
-                k_weight=k_weight, eps=eps, weight_offset=weight_offset)
+                k_cache=FusedPlan.bytes_of(k_cache), v_cache=FusedPlan.bytes_of(v_cache), cache_mode=cache_mode,
+                slots=slots, page_table=page_table, block_size=k_cache.shape[1], cache_len=n_slots, k_scale=k_scale,
+                v_scale=v_scale, q_weight=q_weight, k_weight=k_weight, eps=eps, weight_offset=weight_offset)
 
 
 def launch_cache(q, k, v, out_q, out_k, k_cache, v_cache, *args) -> None:
@@ -54,15 +58,17 @@ def launch_cache(q, k, v, out_q, out_k, k_cache, v_cache, *args) -> None:
 @torch.library.custom_op("ropekit::rope_and_cache", mutates_args=("out_q", "out_k", "k_cache", "v_cache"))
 def _rope_and_cache_op(q: Optional[torch.Tensor], k: Optional[torch.Tensor], v: Optional[torch.Tensor],
                        out_q: Optional[torch.Tensor], out_k: Optional[torch.Tensor], k_cache: torch.Tensor,
-                       v_cache: Optional[torch.Tensor], slots: torch.Tensor, cache_mode: int, cos: torch.Tensor,
+                       v_cache: Optional[torch.Tensor], slots: torch.Tensor, cache_mode: int,
+                       batch_indices: Optional[torch.Tensor], kv_indices: Optional[torch.Tensor],
+                       kv_indptr: Optional[torch.Tensor], kv_layout: str, cos: torch.Tensor,
                        sin: torch.Tensor, positions: Optional[torch.Tensor], pos_mode: int,
                        cu_seqlens: Optional[torch.Tensor], position_offset: int, max_seqlen: int, rotary_dim: int,
                        layout: str, interleaved: bool, per_token: bool, k_scale: Optional[torch.Tensor],
                        v_scale: Optional[torch.Tensor], q_weight: Optional[torch.Tensor],
                        k_weight: Optional[torch.Tensor], eps: float, weight_offset: float) -> None:
-    launch_cache(q, k, v, out_q, out_k, k_cache, v_cache, slots, cache_mode, cos, sin, positions, pos_mode,
-                 cu_seqlens, position_offset, max_seqlen, rotary_dim, layout, interleaved, per_token, k_scale,
-                 v_scale, q_weight, k_weight, eps, weight_offset)
+    launch_cache(q, k, v, out_q, out_k, k_cache, v_cache, slots, cache_mode, batch_indices, kv_indices, kv_indptr,
+                 kv_layout, cos, sin, positions, pos_mode, cu_seqlens, position_offset, max_seqlen, rotary_dim,
+                 layout, interleaved, per_token, k_scale, v_scale, q_weight, k_weight, eps, weight_offset)
 
 
 @_rope_and_cache_op.register_fake
@@ -85,13 +91,15 @@ def run_cache_op(q, k, v, out_q, out_k, k_cache, v_cache, *args) -> None:
 
 
 def rope_and_cache(q: torch.Tensor, k: torch.Tensor, v: Optional[torch.Tensor], cos: Optional[torch.Tensor] = None,
-                   sin: Optional[torch.Tensor] = None, *, k_cache: torch.Tensor, v_cache: Optional[torch.Tensor] = None,
+                   sin: Optional[torch.Tensor] = None, *, k_cache, v_cache: Optional[torch.Tensor] = None,
                    slot_mapping: Optional[torch.Tensor] = None, cache_offsets=None,
-                   k_scale: Optional[torch.Tensor] = None, v_scale: Optional[torch.Tensor] = None,
-                   q_weight: Optional[torch.Tensor] = None, k_weight: Optional[torch.Tensor] = None,
-                   eps: float = 1e-6, weight_offset: float = 0.0, table=None, positions=None, layout: str = "bshd",
-                   interleaved: bool = False, rotary_dim: Optional[int] = None, inplace: bool = False,
-                   cu_seqlens: Optional[torch.Tensor] = None, max_seqlen: Optional[int] = None,
+                   kv_indices: Optional[torch.Tensor] = None, kv_indptr: Optional[torch.Tensor] = None,
+                   batch_indices: Optional[torch.Tensor] = None, cache_positions: Optional[torch.Tensor] = None,
+                   kv_layout: str = "NHD", k_scale: Optional[torch.Tensor] = None,
+                   v_scale: Optional[torch.Tensor] = None, q_weight: Optional[torch.Tensor] = None,
+                   k_weight: Optional[torch.Tensor] = None, eps: float = 1e-6, weight_offset: float = 0.0, table=None,
+                   positions=None, layout: str = "bshd", interleaved: bool = False, rotary_dim: Optional[int] = None,
+                   inplace: bool = False, cu_seqlens: Optional[torch.Tensor] = None, max_seqlen: Optional[int] = None,
                    per_token: bool = False, write_k: bool = False):
     """Rotate q and k and write rotated k and v into a KV cache, in one launch. Returns ``(q_out, k_out)``.
 
@@ -99,14 +107,22 @@ def rope_and_cache(q: torch.Tensor, k: torch.Tensor, v: Optional[torch.Tensor], 
         q, k, cos, sin, table, positions, layout, interleaved, rotary_dim, cu_seqlens, max_seqlen, per_token: as
             :func:`ropekit.apply_rope` (q, k and v may be strided slices of a packed qkv projection).
         v: k-shaped values (their head size may differ from k's), copied into ``v_cache`` untouched; or None.
-        k_cache, v_cache: paged ``(num_blocks, block_size, Hkv, D)`` with ``slot_mapping``, or contiguous
-            ``(batch, max_seq, Hkv, D)`` (``(n_seqs, ...)`` for thd) with ``cache_offsets``; q's dtype or
+        k_cache, v_cache: paged ``(num_blocks, block_size, Hkv, D)`` with ``slot_mapping`` or the page table, or
+            contiguous ``(batch, max_seq, Hkv, D)`` (``(n_seqs, ...)`` for thd) with ``cache_offsets``; with
+            ``kv_layout="HND"`` the head axis comes second, ``(num_blocks, Hkv, block_size, D)``. q's dtype or
             ``torch.float8_e4m3fn`` (then ``k_scale``/``v_scale``: float32 one-element tensors, stored = x / scale;
             a ``torch.uint8`` cache is read as e4m3 bytes; with a cache in q's dtype a scale is accepted and unread).
+            ``k_cache`` may also be FlashInfer's ``paged_kv_cache``: a ``(k_cache, v_cache)`` tuple, or one 5-D
+            tensor ``(num_blocks, 2, ...)`` whose ``[:, 0]`` is the k cache and ``[:, 1]`` the v cache.
         slot_mapping: int64 ``(tokens,)``, token ``b * seq + s`` (the packed row for thd) goes to slot
             ``block * block_size + row``; -1 writes nothing. A shorter mapping covers the first tokens (the rest, an
             engine's CUDA-graph padding, are rotated and not cached).
         cache_offsets: an int or ``(n_seqs,)`` tensor: token ``s`` of sequence ``b`` goes to row ``offsets[b] + s``.
+        kv_indices, kv_indptr, batch_indices, cache_positions: FlashInfer's page table (int32 or int64): token
+            ``t`` goes to row ``p % block_size`` of block ``kv_indices[kv_indptr[b] + p // block_size]``, with
+            ``b = batch_indices[t]`` (-1 writes nothing) and ``p = cache_positions[t]`` (FlashInfer's
+            ``positions``, from ``get_batch_indices_positions``); a position past the request's pages writes nothing.
+        kv_layout: ``"NHD"`` or ``"HND"``, where the caches' head axis lies (FlashInfer's names).
         q_weight, k_weight, eps, weight_offset: QK-norm before the rotation (both weights, or neither), as
             :func:`ropekit.qk_norm_rope`.
         inplace: q (and k when ``write_k``) are rotated where they lie; otherwise into new tensors.
@@ -114,15 +130,17 @@ def rope_and_cache(q: torch.Tensor, k: torch.Tensor, v: Optional[torch.Tensor], 
 
     Raises ``TypeError``/``ValueError`` naming the argument before anything is written (cache and inputs unchanged).
     """
+    if not isinstance(k_cache, torch.Tensor) or k_cache.ndim == 5:
+        k_cache, v_cache = _paged_kv_cache(k_cache, v_cache)
     user = (q, k, v, cos, sin, positions, cu_seqlens, k_cache, v_cache, slot_mapping, cache_offsets, k_scale,
-            v_scale, q_weight, k_weight)
+            v_scale, q_weight, k_weight, kv_indices, kv_indptr, batch_indices, cache_positions)
     key = None
     if table is None and (positions is None or isinstance(positions, torch.Tensor)) and \
             not isinstance(cache_offsets, int) and (layout != "thd" or max_seqlen is not None) and planned(user):
         # (a table may grow, an int offset is checked against it and cu_seqlens without max_seqlen are read: calls
         # whose validation reads more than the signature are not planned)
         key = signature("rope_and_cache", user, (eps, weight_offset, layout, interleaved, rotary_dim, inplace,
-                                                 max_seqlen, per_token, write_k))
+                                                 max_seqlen, per_token, write_k, kv_layout))
         plan = plans.get(key) if key is not None else None
         if plan is not None:  # a call signature validated before: where the tensors lie, then the launch
             plan.check(_read_scales(user, plan.fp8))
@@ -135,8 +153,8 @@ def rope_and_cache(q: torch.Tensor, k: torch.Tensor, v: Optional[torch.Tensor], 
                                                            cu_seqlens, max_seqlen, per_token, interleaved)
     norm = q_weight is not None or k_weight is not None
     eps, weight_offset = validate.check_norm(q, k, q_weight, k_weight, eps, weight_offset) if norm else (0.0, 0.0)
-    slots, cache_mode = _check_cache_arguments(q, k, v, k_cache, v_cache, slot_mapping, cache_offsets, k_scale,
-                                               v_scale, spec, layout)
+    slots, cache_mode = _check_cache_arguments(q, k, v, k_cache, v_cache, slot_mapping, cache_offsets, user[15:],
+                                               validate.check_kv_layout(kv_layout), k_scale, v_scale, spec, layout)
     validate.check_no_grad("rope_and_cache", _NAMES, user)
     fp8 = k_cache.dtype == validate.FP8_DTYPE
     written = ("k_cache", "v_cache") + ((("q", "k") if write_k else ("q",)) if inplace else ())
@@ -148,12 +166,13 @@ def rope_and_cache(q: torch.Tensor, k: torch.Tensor, v: Optional[torch.Tensor], 
     else:
         validate.check_overlaps(_NAMES[:3] + ("table", "table") + _NAMES[5:],
                                 _read_scales(user[:3] + (cos, sin) + user[5:], fp8), written)
-    launch = (slots, cache_mode, cos, sin, spec.tensor, spec.mode, spec.cu_seqlens, spec.offset, spec.max_seqlen or 0,
-              rotary_dim, layout, interleaved, per_token, k_scale, v_scale, q_weight, k_weight, eps, weight_offset)
+    launch = (slots, cache_mode, batch_indices, kv_indices, kv_indptr, kv_layout, cos, sin, spec.tensor, spec.mode,
+              spec.cu_seqlens, spec.offset, spec.max_seqlen or 0, rotary_dim, layout, interleaved, per_token, k_scale,
+              v_scale, q_weight, k_weight, eps, weight_offset)
     out_q = q if inplace else new_output(q)
     out_k = (k if inplace else new_output(k)) if write_k else None
     derived = (cos, sin, spec.tensor, spec.cu_seqlens, slots)
-    given = (user_cos, user_sin, positions, cu_seqlens, slot_mapping if cache_offsets is None else cache_offsets)
+    given = (user_cos, user_sin, positions, cu_seqlens, _slots(slot_mapping, cache_offsets, cache_positions))
     if key is not None and not q.is_meta and reads_callers_memory(derived, given):
         # planned only when the launch reads the caller's own tensors (not grown tables, copies or derived views)
         plan.launch = plan_fused(**_kernel_arguments(q, k, v, out_q, out_k, k_cache, v_cache, *launch))
@@ -164,9 +183,32 @@ def rope_and_cache(q: torch.Tensor, k: torch.Tensor, v: Optional[torch.Tensor], 
     return out_q, out_k
 
 
-# the names of rope_and_cache's tensors, in the order the call lists them
+# the names of rope_and_cache's tensors, in the order the call lists them (the page table last)
 _NAMES = ("q", "k", "v", "cos", "sin", "positions", "cu_seqlens", "k_cache", "v_cache", "slot_mapping",
-          "cache_offsets", "k_scale", "v_scale", "q_weight", "k_weight")
+          "cache_offsets", "k_scale", "v_scale", "q_weight", "k_weight", "kv_indices", "kv_indptr", "batch_indices",
+          "cache_positions")
+
+
+def _paged_kv_cache(paged_kv_cache, v_cache):
+    """FlashInfer's ``paged_kv_cache`` given as ``k_cache``: a ``(k_cache, v_cache)`` pair or a 5-D tensor whose
+    ``[:, 0]`` and ``[:, 1]`` are the k and v caches (views)."""
+    pair = isinstance(paged_kv_cache, (tuple, list)) and len(paged_kv_cache) == 2
+    five_d = isinstance(paged_kv_cache, torch.Tensor) and paged_kv_cache.shape[1] == 2
+    if not pair and not five_d:
+        error = ValueError if isinstance(paged_kv_cache, (torch.Tensor, tuple, list)) else TypeError
+        raise error("k_cache must be a 4-D tensor, a (k_cache, v_cache) pair or a 5-D (num_blocks, 2, ...) tensor "
+                    f"(FlashInfer's paged_kv_cache), got {getattr(paged_kv_cache, 'shape', type(paged_kv_cache))}")
+    if v_cache is not None:
+        raise ValueError("k_cache given as a (k_cache, v_cache) pair or a 5-D (num_blocks, 2, ...) tensor holds the v "
+                         "cache too: pass v_cache=None")
+    return tuple(paged_kv_cache) if pair else (paged_kv_cache[:, 0], paged_kv_cache[:, 1])
+
+
+def _slots(slot_mapping, cache_offsets, cache_positions):
+    """The tensor the kernel reads as SLOTS: the slot mapping, the contiguous cache's offsets or the page table's
+    positions, whichever the call gives."""
+    return slot_mapping if slot_mapping is not None else cache_offsets if cache_offsets is not None else \
+        cache_positions
 
 
 def _read_scales(tensors: tuple, fp8: bool) -> tuple:
@@ -178,23 +220,25 @@ def _run_plan(plan, user, inplace, write_k, out_q=None, out_k=None):
     """A planned call: its outputs and its launch, on the caller's own tensors (the kernel's views of them have the
     same data pointers)."""
     q, k, v, cos, sin, positions, cu_seqlens, k_cache, v_cache, slot_mapping, cache_offsets, k_scale, v_scale, \
-        q_weight, k_weight = user
+        q_weight, k_weight, kv_indices, kv_indptr, batch_indices, cache_positions = user
     if out_q is None:
         out_q = q if inplace else new_output(q)
         out_k = (k if inplace else new_output(k)) if write_k else None
     if plan.launch is not None:
         plan.launch(q, k, out_q, out_k, v, plan.bytes_of(k_cache), plan.bytes_of(v_cache),
                     k_scale if plan.fp8 else None, v_scale if plan.fp8 else None,
-                    slot_mapping if cache_offsets is None else cache_offsets, q_weight, k_weight, cos, sin, positions,
-                    cu_seqlens, 0)
+                    _slots(slot_mapping, cache_offsets, cache_positions), batch_indices, kv_indices, kv_indptr,
+                    q_weight, k_weight, cos, sin, positions, cu_seqlens, 0)
     bump_versions(k_cache, v_cache)
     if inplace:
         bump_versions(q, out_k)
     return out_q, out_k
 
 
-def _check_cache_arguments(q, k, v, k_cache, v_cache, slot_mapping, cache_offsets, k_scale, v_scale, spec, layout):
-    """The cache side of the call: v, the caches, the addressing, the scales. Returns (slots tensor, cache mode)."""
+def _check_cache_arguments(q, k, v, k_cache, v_cache, slot_mapping, cache_offsets, page_table, kv_layout, k_scale,
+                           v_scale, spec, layout):
+    """The cache side of the call: v, the caches, the address map, the scales. Returns (the tensor the kernel reads
+    as slots, cache mode)."""
     kv = to_bshd(k, layout)
     if v is not None:
         if not isinstance(v, torch.Tensor):
@@ -206,29 +250,39 @@ def _check_cache_arguments(q, k, v, k_cache, v_cache, slot_mapping, cache_offset
                              f"the last, in layout {layout!r}), got {tuple(v.shape)}")
     if (v is None) != (v_cache is None):
         raise ValueError("v and v_cache go together: pass both or neither")
-    if (slot_mapping is None) == (cache_offsets is None):
-        raise ValueError("pass exactly one of slot_mapping (a paged cache) and cache_offsets (a contiguous cache)")
-    paged = slot_mapping is not None
+    kv_indices, kv_indptr, batch_indices, cache_positions = page_table
+    by_table = any(t is not None for t in page_table)
+    if by_table and any(t is None for t in page_table):
+        raise ValueError("the page table is kv_indices, kv_indptr, batch_indices and cache_positions: pass all four "
+                         "or none")
+    if (slot_mapping is not None) + (cache_offsets is not None) + by_table != 1:
+        raise ValueError("pass exactly one of slot_mapping (a paged cache), the page table (kv_indices, kv_indptr, "
+                         "batch_indices, cache_positions: a paged cache) and cache_offsets (a contiguous cache)")
+    paged = cache_offsets is None
     n_seqs = spec.cu_seqlens.shape[0] - 1 if spec.is_varlen else kv.shape[0]
     n_heads, head_dim = kv.shape[-2], kv.shape[-1]
     validate.check_cache("k_cache", k_cache, leading=None if paged else (n_seqs,), n_heads=n_heads,
-                         head_dim=head_dim, dtype=k.dtype, device=q.device)
+                         head_dim=head_dim, dtype=k.dtype, device=q.device, kv_layout=kv_layout)
+    blocks = tuple(validate.nhd(k_cache, kv_layout).shape[:2])
     if v_cache is not None:
-        validate.check_cache("v_cache", v_cache, leading=tuple(k_cache.shape[:2]), n_heads=n_heads,
-                             head_dim=v.shape[-1], dtype=k.dtype, device=q.device)
+        validate.check_cache("v_cache", v_cache, leading=blocks, n_heads=n_heads, head_dim=v.shape[-1],
+                             dtype=k.dtype, device=q.device, kv_layout=kv_layout)
         if v_cache.dtype != k_cache.dtype:
             raise TypeError(f"v_cache must have k_cache's dtype ({k_cache.dtype}), got {v_cache.dtype}")
     fp8 = k_cache.dtype == validate.FP8_DTYPE
     validate.check_scale("k_scale", k_scale, fp8, q.device)
     validate.check_scale("v_scale", v_scale, fp8 and v_cache is not None, q.device)
+    n_tokens = kv.shape[0] if spec.is_varlen else kv.shape[0] * kv.shape[1]
+    if by_table:
+        validate.check_page_table(kv_indices, kv_indptr, batch_indices, cache_positions, n_tokens, blocks[0],
+                                  blocks[1], q.device)
+        return cache_positions, CACHE_PAGE_TABLE
     if paged:
-        n_tokens = kv.shape[0] if spec.is_varlen else kv.shape[0] * kv.shape[1]
-        return validate.check_slot_mapping(slot_mapping, n_tokens, k_cache.shape[0] * k_cache.shape[1],
-                                           q.device), CACHE_PAGED
+        return validate.check_slot_mapping(slot_mapping, n_tokens, blocks[0] * blocks[1], q.device), CACHE_PAGED
 
     def lengths():
         cu = spec.cu_seqlens
         return (cu[1:] - cu[:-1]).cpu() if spec.is_varlen else [kv.shape[1]] * n_seqs
 
-    offsets = validate.check_cache_offsets(cache_offsets, n_seqs, lengths, k_cache.shape[1], q.device)
+    offsets = validate.check_cache_offsets(cache_offsets, n_seqs, lengths, blocks[1], q.device)
     return offsets, CACHE_CONTIGUOUS

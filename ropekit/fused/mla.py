@@ -3,8 +3,10 @@
 Rotates ``q_pe (tokens, heads, rope_dim)`` and the shared ``k_pe (tokens, rope_dim)`` (GPT-J pairing by default,
 tables of any rope type, YaRN's included), and writes ``[kv_c | rotated k_pe]`` into ``kv_cache (num_blocks,
 block_size, kv_lora_rank + rope_dim)`` at ``slot_mapping`` (-1: skip), the contract of vLLM's
-``concat_and_cache_mla_rope_fused``. It is :func:`ropekit.rope_and_cache` with one k head, kv_c as v and the two
-caches as the column ranges of one buffer.
+``concat_and_cache_mla_rope_fused``; or kv_c into ``ckv_cache`` and the rotated k_pe into ``kpe_cache``, two separate
+caches, as FlashInfer's ``append_paged_mla_kv_cache`` does, addressed by a slot mapping or by FlashInfer's page table.
+It is :func:`ropekit.rope_and_cache` with one k head and kv_c as v; the v and k caches are the column ranges of one
+buffer, or the two caches.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import Optional
 import torch
 
 from ..outputs import bump_versions, new_output
-from ..triton.fused import CACHE_PAGED, plan_fused
+from ..triton.fused import CACHE_PAGE_TABLE, CACHE_PAGED, plan_fused
 from ..validate import in_callers_names
 from . import validate
 from .kv_cache import _kernel_arguments, run_cache_op
@@ -35,28 +37,41 @@ def _tokens_view(name: str, x, tokens: int, width: Optional[int] = None) -> torc
     return x[None, :, None, :]
 
 
-def mla_rope_and_cache(q_pe: torch.Tensor, k_pe: torch.Tensor, kv_c: torch.Tensor, kv_cache: torch.Tensor,
-                       slot_mapping: torch.Tensor, positions: torch.Tensor, cos: Optional[torch.Tensor] = None,
-                       sin: Optional[torch.Tensor] = None, *, cos_sin_cache: Optional[torch.Tensor] = None,
+def mla_rope_and_cache(q_pe: torch.Tensor, k_pe: torch.Tensor, kv_c: torch.Tensor, kv_cache,
+                       slot_mapping: Optional[torch.Tensor], positions: torch.Tensor,
+                       cos: Optional[torch.Tensor] = None, sin: Optional[torch.Tensor] = None, *, cos_sin_cache: Optional[torch.Tensor] = None,
                        table=None, interleaved: bool = True, inplace: bool = True,
-                       kv_cache_scale: Optional[torch.Tensor] = None):
-    """Rotate q_pe and k_pe, write ``[kv_c | rotated k_pe]`` to the paged latent cache. Returns ``(q_pe_out,
+                       kv_cache_scale: Optional[torch.Tensor] = None, kv_indices: Optional[torch.Tensor] = None,
+                       kv_indptr: Optional[torch.Tensor] = None, batch_indices: Optional[torch.Tensor] = None,
+                       cache_positions: Optional[torch.Tensor] = None):
+    """Rotate q_pe and k_pe, write kv_c and the rotated k_pe to the paged latent cache. Returns ``(q_pe_out,
     k_pe_out)``: q_pe and k_pe themselves in place (the engines' contract), new tensors otherwise.
 
     Args:
         q_pe: ``(tokens, heads, rope_dim)``; k_pe: ``(tokens, rope_dim)`` (or ``(tokens, 1, rope_dim)``);
             kv_c: ``(tokens, kv_lora_rank)`` (or ``(tokens, 1, kv_lora_rank)``); one dtype, any strides.
-        kv_cache: ``(num_blocks, block_size, kv_lora_rank + rope_dim)``, q_pe's dtype or ``torch.float8_e4m3fn``
-            (then ``kv_cache_scale``: a float32 one-element tensor, stored = x / scale, for both parts).
-        slot_mapping: int64 ``(tokens,)``, -1 skips the token (a shorter mapping covers the first tokens);
-            positions: int ``(tokens,)`` (a longer one is read for the first tokens). A ``torch.uint8`` kv_cache is
-            read as e4m3 bytes; with a cache in q_pe's dtype ``kv_cache_scale`` is accepted and unread.
+        kv_cache: ``(num_blocks, block_size, kv_lora_rank + rope_dim)`` holding ``[kv_c | rotated k_pe]`` (vLLM's),
+            or a pair ``(ckv_cache, kpe_cache)`` of ``(num_blocks, block_size, kv_lora_rank)`` and ``(num_blocks,
+            block_size, rope_dim)`` caches (FlashInfer's); q_pe's dtype or ``torch.float8_e4m3fn`` (then
+            ``kv_cache_scale``: a float32 one-element tensor, stored = x / scale, for both parts).
+        slot_mapping: int64 ``(tokens,)``, -1 skips the token (a shorter mapping covers the first tokens); or None
+            with the page table ``kv_indices``, ``kv_indptr``, ``batch_indices``, ``cache_positions``, as
+            :func:`ropekit.rope_and_cache` reads it. positions: int ``(tokens,)`` (a longer one is read for the
+            first tokens). A ``torch.uint8`` cache is read as e4m3 bytes; with a cache in q_pe's dtype
+            ``kv_cache_scale`` is accepted and unread.
         cos, sin / cos_sin_cache / table: half-width tables ``(max_positions, rope_dim/2)``, or the engines'
             ``(max_positions, rope_dim)`` buffer with cos in the first half of the columns and sin in the second
             (exactly rope_dim wide: q_pe's last dimension).
         interleaved: GPT-J pairing (DeepSeek's default); False pairs NeoX halves.
     """
-    user = (q_pe, k_pe, kv_c, kv_cache, slot_mapping, positions, cos, sin, cos_sin_cache, kv_cache_scale)
+    separate = isinstance(kv_cache, (tuple, list))
+    if separate and len(kv_cache) != 2:
+        raise ValueError(f"kv_cache given as a sequence must be the pair (ckv_cache, kpe_cache), got {len(kv_cache)} "
+                         "elements")
+    ckv_cache, kpe_cache = kv_cache if separate else (kv_cache, None)
+    page_table = (kv_indices, kv_indptr, batch_indices, cache_positions)
+    user = (q_pe, k_pe, kv_c, ckv_cache, kpe_cache, slot_mapping, positions, cos, sin, cos_sin_cache, kv_cache_scale,
+            *page_table)
     key = None
     if table is None and planned(user):
         key = signature("mla_rope_and_cache", user, (interleaved, inplace))
@@ -84,13 +99,15 @@ def mla_rope_and_cache(q_pe: torch.Tensor, k_pe: torch.Tensor, kv_c: torch.Tenso
         raise ValueError(f"positions must be a ({tokens},) integer tensor (one position per token; a longer "
                          "one is read for the first tokens), got "
                          f"{getattr(positions, 'shape', type(positions).__name__)}")
+    given_positions = positions  # (the whole tensor is the call's: no cache may lie on its padding either)
     positions = positions[:tokens]  # an engine's CUDA-graph batch may pad positions past the tokens
     user_tables = (cos, sin)
     user_positions = positions[None]
-    kv_cache = validate.fp8_bytes(kv_cache)
+    ckv_cache, kpe_cache = validate.fp8_bytes(ckv_cache), validate.fp8_bytes(kpe_cache)
     q = q_pe[None]
     k = _tokens_view("k_pe", k_pe, tokens, rope_dim)
     v = _tokens_view("kv_c", kv_c, tokens)
+    cache_names = ("ckv_cache", "kpe_cache") if separate else ("kv_cache",)
     # the rotation's checks name its own arguments; the message adds which of this call's they are
     with in_callers_names("mla_rope_and_cache", "q is q_pe, k is k_pe, v is kv_c, rotary_dim and head_dim are "
                           f"rope_dim (q_pe's last dimension, {rope_dim}){tables}"):
@@ -100,35 +117,48 @@ def mla_rope_and_cache(q_pe: torch.Tensor, k_pe: torch.Tensor, kv_c: torch.Tenso
         cos, sin, spec, rotary_dim = validate.rotary_arguments(q, k, cos, sin, table, user_positions, "bshd",
                                                                rope_dim, None, None, False, interleaved)
         latent = v.shape[-1]
-        if not isinstance(kv_cache, torch.Tensor) or kv_cache.ndim != 3:
-            raise ValueError(f"kv_cache must be (num_blocks, block_size, {latent + rope_dim}), got "
-                             f"{getattr(kv_cache, 'shape', type(kv_cache).__name__)}")
-        if kv_cache.shape[2] != latent + rope_dim:
-            raise ValueError(f"kv_cache's last dimension must be kv_lora_rank + rope_dim = {latent + rope_dim}, got "
-                             f"shape {tuple(kv_cache.shape)}")
-        v_cache, k_cache = kv_cache[..., None, :latent], kv_cache[..., None, latent:]
-        validate.check_cache("kv_cache", k_cache, leading=None, n_heads=1, head_dim=rope_dim, dtype=q.dtype,
+        v_cache, k_cache = _latent_caches(ckv_cache, kpe_cache, latent, rope_dim)
+        validate.check_cache(cache_names[-1], k_cache, leading=None, n_heads=1, head_dim=rope_dim, dtype=q.dtype,
                              device=q.device)
-        fp8 = kv_cache.dtype == validate.FP8_DTYPE
+        if separate:
+            validate.check_cache("ckv_cache", v_cache, leading=tuple(k_cache.shape[:2]), n_heads=1,
+                                 head_dim=latent, dtype=q.dtype, device=q.device)
+            if ckv_cache.dtype != kpe_cache.dtype:
+                raise TypeError(f"ckv_cache and kpe_cache must have one dtype, got {ckv_cache.dtype} and "
+                                f"{kpe_cache.dtype}")
+        fp8 = ckv_cache.dtype == validate.FP8_DTYPE
         validate.check_scale("kv_cache_scale", kv_cache_scale, fp8, q.device)
-        user_slots = slot_mapping
-        slot_mapping = validate.check_slot_mapping(slot_mapping, tokens, kv_cache.shape[0] * kv_cache.shape[1],
-                                                   q.device)
+        by_table = any(t is not None for t in page_table)
+        if by_table and any(t is None for t in page_table):
+            raise ValueError("the page table is kv_indices, kv_indptr, batch_indices and cache_positions: pass all "
+                             "four or none")
+        if by_table == (slot_mapping is not None):
+            raise ValueError("pass exactly one of slot_mapping and the page table (kv_indices, kv_indptr, "
+                             "batch_indices, cache_positions)")
+        if by_table:
+            validate.check_page_table(*page_table, tokens, k_cache.shape[0], k_cache.shape[1], q.device)
+            slots, cache_mode, user_slots = cache_positions, CACHE_PAGE_TABLE, cache_positions
+        else:
+            user_slots = slot_mapping
+            slots = validate.check_slot_mapping(slot_mapping, tokens, k_cache.shape[0] * k_cache.shape[1], q.device)
+            cache_mode = CACHE_PAGED
     table_names = (("cos_sin_cache",) if cos_sin_cache is not None else ("table", "table") if table is not None
                    else ("cos", "sin"))
-    names = ("q_pe", "k_pe", "kv_c", "kv_cache", "slot_mapping", "positions", "kv_cache_scale") + table_names
+    names = ("q_pe", "k_pe", "kv_c") + cache_names + ("slot_mapping", "positions", "kv_cache_scale") + \
+        _PAGE_TABLE + table_names
     # the caller's own slot mapping and tables (what validation derived from them is a view of them or a fresh
     # copy)
-    tensors = (q, k, v, kv_cache, user_slots, positions, kv_cache_scale if fp8 else None) + (
+    tensors = (q, k, v, ckv_cache) + ((kpe_cache,) if separate else ()) + (
+        slot_mapping, given_positions, kv_cache_scale if fp8 else None, *page_table) + (
         (cos_sin_cache,) if cos_sin_cache is not None else (cos, sin) if table is not None else user_tables)
     validate.check_no_grad("mla_rope_and_cache", names, tensors)
-    plan = FusedPlan(None, names, ("kv_cache", "q_pe", "k_pe") if inplace else ("kv_cache",), fp8)
+    plan = FusedPlan(None, names, cache_names + (("q_pe", "k_pe") if inplace else ()), fp8)
     plan.check(tensors)
     out_q, out_k = (q, k) if inplace else (new_output(q), new_output(k))
-    launch = (slot_mapping, CACHE_PAGED, cos, sin, spec.tensor, spec.mode, spec.cu_seqlens, spec.offset,
-              spec.max_seqlen or 0, rotary_dim, "bshd", interleaved, False, kv_cache_scale, kv_cache_scale, None, None,
-              1e-6, 0.0)
-    if key is not None and not q.is_meta and reads_callers_memory((slot_mapping, spec.tensor, cos, sin),
+    launch = (slots, cache_mode, batch_indices, kv_indices, kv_indptr, "NHD", cos, sin, spec.tensor, spec.mode,
+              spec.cu_seqlens, spec.offset, spec.max_seqlen or 0, rotary_dim, "bshd", interleaved, False,
+              kv_cache_scale, kv_cache_scale, None, None, 1e-6, 0.0)
+    if key is not None and not q.is_meta and reads_callers_memory((slots, spec.tensor, cos, sin),
                                                                   (user_slots, user_positions, *user_tables)):
         # planned only when the launch reads the caller's own tensors (not a padded slot mapping or copies)
         plan.launch = plan_fused(**_kernel_arguments(q, k, v, out_q, out_k, k_cache, v_cache, *launch))
@@ -139,27 +169,54 @@ def mla_rope_and_cache(q_pe: torch.Tensor, k_pe: torch.Tensor, kv_c: torch.Tenso
     return out_q[0], out_k[0, :, 0]
 
 
+_PAGE_TABLE = ("kv_indices", "kv_indptr", "batch_indices", "cache_positions")
+
+
+def _latent_caches(ckv_cache, kpe_cache, latent: int, rope_dim: int) -> tuple:
+    """The v (latent) and k (rope) caches as the kernel's ``(num_blocks, block_size, 1, width)`` views: the two
+    column ranges of one ``kv_cache``, or ``ckv_cache`` and ``kpe_cache``."""
+    if kpe_cache is None:
+        if not isinstance(ckv_cache, torch.Tensor) or ckv_cache.ndim != 3:
+            raise ValueError(f"kv_cache must be (num_blocks, block_size, {latent + rope_dim}) or a pair (ckv_cache, "
+                             f"kpe_cache), got {getattr(ckv_cache, 'shape', type(ckv_cache).__name__)}")
+        if ckv_cache.shape[2] != latent + rope_dim:
+            raise ValueError(f"kv_cache's last dimension must be kv_lora_rank + rope_dim = {latent + rope_dim}, got "
+                             f"shape {tuple(ckv_cache.shape)}")
+        return ckv_cache[..., None, :latent], ckv_cache[..., None, latent:]
+    for name, cache, width, what in (("ckv_cache", ckv_cache, latent, "kv_lora_rank"),
+                                     ("kpe_cache", kpe_cache, rope_dim, "rope_dim")):
+        if not isinstance(cache, torch.Tensor) or cache.ndim != 3 or cache.shape[2] != width:
+            raise ValueError(f"{name} must be (num_blocks, block_size, {width}) ({what}), got "
+                             f"{getattr(cache, 'shape', type(cache).__name__)}")
+    return ckv_cache[..., None, :], kpe_cache[..., None, :]
+
+
 def _run_plan(plan, user, inplace, out_q=None, out_k=None):
     """A planned call: the overlap rule at the tensors' addresses, the outputs and the launch, on the caller's own
-    tensors (the kernel's views of q_pe, k_pe, kv_c, positions and v's part of kv_cache have their data pointers;
-    k's part of kv_cache and sin's half of cos_sin_cache are the two views taken here)."""
-    q_pe, k_pe, kv_c, kv_cache, slot_mapping, positions, cos, sin, cos_sin_cache, scale = user
+    tensors (the kernel's views of q_pe, k_pe, kv_c, positions, ckv_cache, kpe_cache and v's part of kv_cache have
+    their data pointers; k's part of kv_cache and sin's half of cos_sin_cache are the two views taken here)."""
+    q_pe, k_pe, kv_c, ckv_cache, kpe_cache, slot_mapping, positions, cos, sin, cos_sin_cache, scale, kv_indices, \
+        kv_indptr, batch_indices, cache_positions = user
     tokens, rope_dim = q_pe.shape[0], q_pe.shape[2]
-    positions = positions[:tokens]
     if cos_sin_cache is not None:
         cos, sin = cos_sin_cache, cos_sin_cache[:, rope_dim // 2:]
     if out_q is None:
-        plan.check((q_pe, k_pe, kv_c, kv_cache, slot_mapping, positions, scale if plan.fp8 else None) + (
+        caches = (ckv_cache,) if kpe_cache is None else (ckv_cache, kpe_cache)
+        plan.check((q_pe, k_pe, kv_c) + caches + (slot_mapping, positions, scale if plan.fp8 else None, kv_indices,
+                                                  kv_indptr, batch_indices, cache_positions) + (
             (cos_sin_cache,) if cos_sin_cache is not None else (cos, sin)))
         if inplace:
             out_q, out_k = q_pe, (k_pe if k_pe.ndim == 2 else k_pe[:, 0])
         else:
             out_q, out_k = new_output(q_pe), k_pe.new_empty((tokens, rope_dim))
+    positions = positions[:tokens]
     if plan.launch is not None:
         scale = scale if plan.fp8 else None
-        plan.launch(q_pe, k_pe, out_q, out_k, kv_c, plan.bytes_of(kv_cache[..., kv_c.shape[-1]:]),
-                    plan.bytes_of(kv_cache), scale, scale, slot_mapping, None, None, cos, sin, positions, None, 0)
-    bump_versions(kv_cache, None)
+        k_cache = ckv_cache[..., kv_c.shape[-1]:] if kpe_cache is None else kpe_cache
+        plan.launch(q_pe, k_pe, out_q, out_k, kv_c, plan.bytes_of(k_cache), plan.bytes_of(ckv_cache), scale, scale,
+                    slot_mapping if cache_positions is None else cache_positions, batch_indices, kv_indices,
+                    kv_indptr, None, None, cos, sin, positions, None, 0)
+    bump_versions(ckv_cache, kpe_cache)
     if inplace:
         bump_versions(q_pe, k_pe)
     return out_q, out_k

@@ -231,8 +231,8 @@ def _run_plan(plan, user, inplace, out_q=None, out_k=None):
             plan.check(user)
         out_q, out_k = (q, k) if inplace else (new_output(q), None if k is None else new_output(k))
     if plan.launch is not None:
-        plan.launch(q, k, out_q, out_k, None, None, None, None, None, None, q_weight, k_weight, cos, sin, positions,
-                    cu_seqlens, 0)
+        plan.launch(q, k, out_q, out_k, None, None, None, None, None, None, None, None, None, q_weight, k_weight,
+                    cos, sin, positions, cu_seqlens, 0)
     if inplace:
         bump_versions(q, k)
     return out_q, out_k

@@ -15,7 +15,8 @@ import torch
 
 from ..validate import FLOAT_DTYPES, OverlapError, check_mode, check_overlaps, prepare
 
-__all__ = ["FP8_DTYPE", "fp8_bytes", "rotary_arguments", "check_norm", "check_cache", "check_slot_mapping",
+__all__ = ["FP8_DTYPE", "KV_LAYOUTS", "fp8_bytes", "rotary_arguments", "check_norm", "check_kv_layout", "nhd",
+           "check_cache", "check_slot_mapping", "check_page_table",
            "check_cache_offsets", "check_scale", "check_no_grad", "check_overlaps", "OverlapError", "check_mode"]
 
 FP8_DTYPE = torch.float8_e4m3fn
@@ -78,19 +79,39 @@ def check_norm(q, k, q_weight, k_weight, eps, weight_offset) -> tuple[float, flo
     return eps, _number("weight_offset", weight_offset)
 
 
+KV_LAYOUTS = ("NHD", "HND")
+
+
+def check_kv_layout(kv_layout) -> str:
+    """Where a cache's head axis lies: ``"NHD"`` ``(blocks, rows, heads, dim)`` or ``"HND"`` ``(blocks, heads, rows,
+    dim)``, FlashInfer's names."""
+    if not isinstance(kv_layout, str) or kv_layout not in KV_LAYOUTS:
+        raise ValueError(f"kv_layout must be 'NHD' or 'HND', got {kv_layout!r}")
+    return kv_layout
+
+
+def nhd(cache, kv_layout: str):
+    """A 4-D cache as the kernel addresses it, ``(blocks, rows, heads, dim)``: an HND one is a transposed view (its
+    strides say where the head axis lies)."""
+    return cache.transpose(1, 2) if kv_layout == "HND" and cache is not None else cache
+
+
 def check_cache(name: str, cache, *, leading: tuple | None, n_heads: int, head_dim: int, dtype: torch.dtype,
-                device: torch.device) -> None:
-    """A 4-D cache ``(blocks or batch, rows, n_heads, head_dim)`` of ``dtype`` or float8 e4m3 on ``device``;
-    ``leading``: the first dimensions it must have (None: any)."""
+                device: torch.device, kv_layout: str = "NHD") -> None:
+    """A 4-D cache ``(blocks or batch, rows, n_heads, head_dim)`` (``kv_layout`` "HND": ``(blocks or batch, n_heads,
+    rows, head_dim)``) of ``dtype`` or float8 e4m3 on ``device``; ``leading``: the blocks and rows it must have
+    (None: any)."""
     if not isinstance(cache, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(cache).__name__}")
     if cache.dtype not in (dtype, FP8_DTYPE):
         raise TypeError(f"{name} must be {dtype} (the inputs' dtype) or {FP8_DTYPE}, got {cache.dtype}")
-    if cache.ndim != 4 or tuple(cache.shape[2:]) != (n_heads, head_dim):
-        raise ValueError(f"{name} must have shape (blocks, block_size, {n_heads}, {head_dim}), got "
-                         f"{tuple(cache.shape)}")
-    if leading is not None and tuple(cache.shape[:len(leading)]) != leading:
-        raise ValueError(f"{name} must start with {leading}, got shape {tuple(cache.shape)}")
+    form = (f"(blocks, {n_heads}, block_size, {head_dim}) (kv_layout 'HND')" if kv_layout == "HND" else
+            f"(blocks, block_size, {n_heads}, {head_dim})")
+    if cache.ndim != 4 or tuple(nhd(cache, kv_layout).shape[2:]) != (n_heads, head_dim):
+        raise ValueError(f"{name} must have shape {form}, got {tuple(cache.shape)}")
+    if leading is not None and tuple(nhd(cache, kv_layout).shape[:len(leading)]) != leading:
+        raise ValueError(f"{name}'s (blocks, block_size) must be {leading}, got shape {tuple(cache.shape)} "
+                         f"(kv_layout {kv_layout!r})")
     if not _on(cache, device):
         raise ValueError(f"{name} is on {cache.device} but q is on {device}")
     if cache.numel() and cache.stride(-1) != 1 and cache.dtype == FP8_DTYPE:
@@ -126,6 +147,54 @@ def check_slot_mapping(slot_mapping, n_tokens: int, n_slots: int, device) -> tor
         if written.unique().numel() != written.numel():
             raise ValueError("slot_mapping names a slot twice: two tokens would race for one cache row")
     return slot_mapping
+
+
+def check_page_table(kv_indices, kv_indptr, batch_indices, cache_positions, n_tokens: int, n_pages: int,
+                     page_size: int, device) -> None:
+    """FlashInfer's page table: request ``b``'s pages are ``kv_indices[kv_indptr[b]:kv_indptr[b + 1]]``, and token
+    ``t`` goes to position ``cache_positions[t]`` of request ``batch_indices[t]`` (-1: nowhere). int32 or int64, 1-D,
+    ``batch_indices`` and ``cache_positions`` one a token. Check mode: ``kv_indptr`` starts at 0 or more, never
+    decreases and ends inside ``kv_indices``; every page in ``[0, n_pages)``; every batch index in ``[-1,
+    requests)``; every cached token's position ``>= 0`` and inside its request's pages; no (page, row) twice."""
+    for name, t in (("kv_indices", kv_indices), ("kv_indptr", kv_indptr), ("batch_indices", batch_indices),
+                    ("cache_positions", cache_positions)):
+        _index_tensor(name, t, device, (torch.int32, torch.int64))
+        if t.ndim != 1:
+            raise ValueError(f"{name} must be 1-D, got shape {tuple(t.shape)}")
+    if kv_indptr.shape[0] < 1:
+        raise ValueError("kv_indptr must have shape (requests + 1,), at least one element, got shape (0,)")
+    for name, t in (("batch_indices", batch_indices), ("cache_positions", cache_positions)):
+        if t.shape[0] != n_tokens:
+            raise ValueError(f"{name} must have shape ({n_tokens},) (one a token), got {tuple(t.shape)}")
+    if not check_mode() or kv_indptr.is_meta:
+        return
+    indices, indptr = kv_indices.cpu().to(torch.int64), kv_indptr.cpu().to(torch.int64)
+    requests = batch_indices.cpu().to(torch.int64)
+    positions = cache_positions.cpu().to(torch.int64)
+    if int(indptr[0]) < 0 or bool((indptr[1:] < indptr[:-1]).any()) or int(indptr[-1]) > indices.shape[0]:
+        raise ValueError(f"kv_indptr must start at 0 or more, never decrease and end at most at kv_indices' length "
+                         f"({indices.shape[0]}), got {indptr.tolist()}"[:400])
+    if indices.numel() and bool(((indices < 0) | (indices >= n_pages)).any()):
+        raise ValueError(f"kv_indices values must lie in [0, {n_pages}) (the cache's pages), got min "
+                         f"{int(indices.min())} max {int(indices.max())}")
+    n_requests = indptr.shape[0] - 1
+    if requests.numel() and bool(((requests < -1) | (requests >= n_requests)).any()):
+        raise ValueError(f"batch_indices values must lie in [-1, {n_requests}) (kv_indptr's requests), got min "
+                         f"{int(requests.min())} max {int(requests.max())}")
+    cached = requests >= 0
+    request, position = requests[cached], positions[cached]
+    if position.numel() and int(position.min()) < 0:
+        raise ValueError(f"cache_positions of cached tokens must be >= 0, got {int(position.min())}")
+    page_iter = indptr[request] + position // max(page_size, 1)
+    outside = page_iter >= indptr[request + 1]
+    if bool(outside.any()):
+        t = int(torch.nonzero(cached)[:, 0][outside][0])
+        raise ValueError(f"cache_positions[{t}] = {int(positions[t])} lies past request {int(requests[t])}'s "
+                         f"{int(indptr[requests[t] + 1] - indptr[requests[t]])} pages of {page_size} rows "
+                         "(kv_indptr)")
+    slots = indices[page_iter] * page_size + position % max(page_size, 1)
+    if slots.unique().numel() != slots.numel():
+        raise ValueError("batch_indices and cache_positions name a cache row twice: two tokens would race for it")
 
 
 def check_cache_offsets(offsets, n_seqs: int, lengths, max_seq: int, device) -> torch.Tensor:

@@ -1,9 +1,12 @@
-"""The fuzzer's targets for the fused ops that write a KV cache: ``ropekit.rope_and_cache`` (every layout, a paged
-cache or a contiguous one with ``cache_offsets``, QK-norm optional, ``write_k``, float8 caches with their scales) and
-``ropekit.mla_rope_and_cache`` (MLA's latent cache, in place or not). Caches are drawn as engines allocate them
-(vLLM's ``kv[:, 0]``, FlashInfer's HND, padded channels, strided blocks, uint8 bytes); caches, slot mappings and scales
-like the activations: views with guard elements around them, slots that are -1, out of range or (in check mode)
-repeated, positions past the table. In a share of the cases a written tensor and another tensor of the call are
+"""The fuzzer's targets for the fused ops that write a KV cache: ``ropekit.rope_and_cache`` (every layout, every
+address map: a paged cache by slot mapping or by FlashInfer's page table, or a contiguous one with ``cache_offsets``;
+QK-norm optional, ``write_k``, float8 caches with their scales) and ``ropekit.mla_rope_and_cache`` (MLA's latent
+cache, or FlashInfer's two caches ``(ckv_cache, kpe_cache)``, by slot mapping or page table, in place or not). Caches
+are drawn as engines allocate them (vLLM's ``kv[:, 0]``, FlashInfer's HND passed as it lies with ``kv_layout="HND"``
+or seen transposed, its 5-D ``paged_kv_cache``, padded channels, strided blocks, uint8 bytes); caches, slot mappings,
+page tables and scales like the activations: views with guard elements around them, slots and batch indices that are
+-1, out of range or (in check mode) repeated, positions past a request's pages, pages outside the pool, positions past
+the table. In a share of the cases a written tensor and another tensor of the call are
 carved from one byte pool (``Arena.share``): on each other's bytes, an overlap of one of :data:`OVERLAP_KINDS` that
 must be refused before anything is written, or apart. The check: every written slot holds the float64 reference
 (within the dtype's bound, or one e4m3 spacing of value / scale; v's bits exactly), every other cache element and
@@ -36,8 +39,9 @@ _POOL_PROBABILITY = 0.35
 # The tensors of a call, grouped for the overlap kinds' names (docs/fuzzing.md).
 _GROUPS = {"q, k or v": ("q", "k", "v", "q_pe", "k_pe", "kv_c"), "cos/sin": ("cos", "sin", "cos_sin_cache"),
            "norm weights": ("q_weight", "k_weight"), "scales": ("k_scale", "v_scale", "kv_cache_scale"),
-           "index tensors": ("positions", "slot_mapping", "cu_seqlens", "cache_offsets"),
-           "a cache": ("k_cache", "v_cache", "kv_cache")}
+           "index tensors": ("positions", "slot_mapping", "cu_seqlens", "cache_offsets", "kv_indices", "kv_indptr",
+                             "batch_indices", "cache_positions"),
+           "a cache": ("k_cache", "v_cache", "kv_cache", "ckv_cache", "kpe_cache")}
 OVERLAP_KINDS = ("a cache over q, k or v", "a cache over cos/sin", "a cache over norm weights",
                  "a cache over index tensors", "a cache over scales", "a cache over a cache",
                  "a float8 cache and a bf16 (or wider) q, k or v in one byte pool",
@@ -80,12 +84,71 @@ def _slots(rng: random.Random, tokens: int, n_slots: int, hostile: bool, repeat:
     return slots
 
 
+_PAGE_TABLE = ("kv_indices", "kv_indptr", "batch_indices", "cache_positions")
+
+
+def _page_table(arena: Arena, rng: random.Random, tokens: int, num_blocks: int, block_size: int, hostile: bool,
+                repeat: bool) -> tuple[dict, list[int], list[str]]:
+    """FlashInfer's page table for ``tokens`` tokens: up to three requests holding distinct pages of the pool
+    (``kv_indices``, ``kv_indptr``), each token a request (or -1) and a distinct position in it (``batch_indices``,
+    ``cache_positions``), int32 or int64 views with guards; ``hostile`` adds one of: a batch index past the requests,
+    a position past its request's pages, a negative position, a page outside the pool; ``repeat`` names one row
+    twice. Returns the tensors, each token's slot as the kernel writes it (-1: nowhere) and what check mode refuses
+    (docs/fused.md's rules, read from the values drawn)."""
+    n_requests = rng.randint(1, 3)
+    pages = rng.sample(range(num_blocks), rng.randint(0, num_blocks))
+    indptr = [0] + sorted(rng.randint(0, len(pages)) for _ in range(n_requests - 1)) + [len(pages)]
+    free = [(b, p) for b in range(n_requests) for p in range((indptr[b + 1] - indptr[b]) * block_size)]
+    chosen = rng.sample(free, min(tokens, len(free)))
+    pairs = [chosen[t] if t < len(chosen) and rng.random() < 0.85 else (-1, rng.randint(0, 5)) for t in range(tokens)]
+    indices = list(pages)
+    if hostile and tokens:
+        t, kind = rng.randrange(tokens), rng.choice(("request", "past", "negative", "page"))
+        b, p = pairs[t]
+        if kind == "request":
+            pairs[t] = (n_requests + rng.randint(0, 2), p)
+        elif kind == "past" and b >= 0:
+            pairs[t] = (b, (indptr[b + 1] - indptr[b]) * block_size + rng.randint(0, 3))
+        elif kind == "negative" and b >= 0:
+            pairs[t] = (b, -rng.randint(1, 5))
+        elif kind == "page" and indices:
+            indices[rng.randrange(len(indices))] = num_blocks + rng.randint(0, 3)
+    if repeat and tokens >= 2 and pairs[0][0] >= 0:
+        pairs[1] = pairs[0]
+    why, slots = [], []
+    if any(not 0 <= i < num_blocks for i in indices):
+        why.append("check mode: a page outside the pool")
+    for b, p in pairs:
+        slot = -1
+        if not -1 <= b < n_requests:
+            why.append("check mode: a batch index past the requests")
+        elif b >= 0 and p < 0:
+            why.append("check mode: a negative cache position")
+        elif b >= 0 and indptr[b] + p // block_size >= indptr[b + 1]:
+            why.append("check mode: a cache position past its request's pages")
+        elif b >= 0 and 0 <= indices[indptr[b] + p // block_size] < num_blocks:
+            slot = indices[indptr[b] + p // block_size] * block_size + p % block_size
+        slots.append(slot)
+    cached = [(b, p) for b, p in pairs if 0 <= b < n_requests and 0 <= p and indptr[b] + p // block_size < indptr[
+        b + 1]]
+    if len(set(cached)) < len(cached):
+        why.append("check mode: two tokens name one row")
+    values = dict(kv_indices=indices, kv_indptr=indptr, batch_indices=[b for b, _ in pairs],
+                  cache_positions=[p for _, p in pairs])
+    tensors = {name: arena.place(name, (len(v),), rng.choice((torch.int32, torch.int64)), pick(rng, INDEX_KINDS),
+                                 lambda shape, v=v: torch.tensor(v, dtype=torch.int64).reshape(shape))
+               for name, v in values.items()}
+    return tensors, slots, sorted(set(why))
+
+
 def _engine_caches(arena: Arena, name: str, shape: tuple, dtype: torch.dtype, pair: bool = False) -> tuple[list,
-                                                                                                          dict]:
+                                                                                                          dict,
+                                                                                                          torch.Tensor]:
     """The cache(s) of ``shape`` as engines allocate them: vLLM's k and v as ``kv[:, 0]`` and ``kv[:, 1]`` of one
     ``(num_blocks, 2, ...)`` tensor (``pair``), FlashInfer's HND (heads before rows, seen transposed), head dims
     padded in the allocation, blocks a step apart, float8 caches stored as bytes (read through a float8 view or
-    passed as vLLM's ``torch.uint8``). Returns the caches and what was drawn."""
+    passed as vLLM's ``torch.uint8``). Returns the caches (``(blocks, rows, ...)`` views), what was drawn, and the
+    allocation as engines hold it (the ``(num_blocks, 2, ...)`` pair, or the cache; HND: heads before rows)."""
     rng = arena.rng
     fp8 = dtype == FP8
     how = dict(hnd=len(shape) == 4 and rng.random() < 0.3, pad=rng.choice((0, 0, 0, 4)),
@@ -100,7 +163,7 @@ def _engine_caches(arena: Arena, name: str, shape: tuple, dtype: torch.dtype, pa
     caches = [whole[:, 0], whole[:, 1]] if pair else [whole]
     if how["hnd"]:
         caches = [c.transpose(1, 2) for c in caches]
-    return caches, how
+    return caches, how, whole
 
 
 def _as_fp8(t: torch.Tensor) -> torch.Tensor:
@@ -195,12 +258,13 @@ def draw_rope_and_cache(rng: random.Random, gen: torch.Generator, device) -> Cas
     cache_dtype = FP8 if dtype != torch.float64 and rng.random() < (0.5 if pooled else 0.3) else dtype
     hostile, check_mode = not pooled and rng.random() < 0.25, not pooled and rng.random() < 0.2
     rows, block_size, num_blocks = rng.randint(max(seq, 1), 12), rng.choice((1, 2, 4)), rng.randint(1, 4)
-    paged, pair = rng.random() < 0.7, v_dim == head_dim and rng.random() < 0.3
+    address = rng.choices(("slot_mapping", "page table", "cache_offsets"), weights=(4, 3, 3))[0]
+    paged, pair = address != "cache_offsets", v_dim == head_dim and rng.random() < 0.3
     positions_given = rng.random() < 0.7 and not (layout == "thd" and batch == tokens > 1)  # (tokens,) == (n_seqs,)
-    short = paged and tokens and rng.random() < 0.2
+    short = address == "slot_mapping" and tokens and rng.random() < 0.2
     table_dtype = torch.float64 if dtype == torch.float64 else torch.float32
     written = ["k_cache", "v_cache"] + (["q"] + (["k"] if write_k else []) if inplace else [])
-    read = ["q", "k", "v", "cos", "sin", "slot_mapping" if paged else "cache_offsets"]
+    read = ["q", "k", "v", "cos", "sin"] + (list(_PAGE_TABLE) if address == "page table" else [address])
     read += (["positions"] if positions_given else []) + (["cu_seqlens"] if layout == "thd" else [])
     read += (["q_weight", "k_weight"] if norm else []) + (["k_scale", "v_scale"] if cache_dtype == FP8 else [])
     if pooled:  # (vLLM's k and v caches are one allocation, named k_cache; q, k and v drawn twice as often)
@@ -233,13 +297,17 @@ def draw_rope_and_cache(rng: random.Random, gen: torch.Generator, device) -> Cas
         shape = (num_blocks, block_size)
     else:
         shape = (batch, max(max(lengths), 1) + rng.randint(0, 2))
-    caches, engine = _engine_caches(arena, "k_cache", shape + (hk, head_dim), cache_dtype, pair)
+    caches, engine, allocation = _engine_caches(arena, "k_cache", shape + (hk, head_dim), cache_dtype, pair)
     if not pair:
         caches += _engine_caches(arena, "v_cache", shape + (hk, v_dim), cache_dtype)[0]
     k_cache, v_cache = caches
     n_slots = shape[0] * shape[1]
-    outside = False
-    if paged:
+    outside, table_refusals = False, []
+    if address == "page table":
+        addressing, slots, table_refusals = _page_table(arena, rng, tokens, num_blocks, block_size, hostile,
+                                                        repeat=check_mode and rng.random() < 0.3)
+        mapped = []
+    elif paged:
         mapped = _slots(rng, tokens, n_slots, hostile, repeat=check_mode and rng.random() < 0.3)
         if short:
             mapped = mapped[:rng.randrange(tokens)]
@@ -262,8 +330,16 @@ def draw_rope_and_cache(rng: random.Random, gen: torch.Generator, device) -> Cas
             cache_offsets = arena.place("cache_offsets", (batch,), rng.choice((torch.int32, torch.int64)),
                                         pick(rng, INDEX_KINDS), lambda s: torch.tensor(offsets).reshape(s))
         addressing, mapped = dict(cache_offsets=cache_offsets), []
-    kwargs = dict(k_cache=k_cache, v_cache=v_cache, positions=positions, layout=layout, interleaved=interleaved,
-                  inplace=inplace, write_k=write_k, cu_seqlens=cu, max_seqlen=max_seqlen, **addressing)
+    # FlashInfer's caches as it holds them: an HND cache as it lies (kv_layout="HND"), the (num_blocks, 2, ...)
+    # pair as one 5-D paged_kv_cache
+    five_d = pair and rng.random() < 0.4
+    kv_layout = "HND" if engine["hnd"] and (five_d or rng.random() < 0.5) else "NHD"
+    given = [c.transpose(1, 2) if kv_layout == "HND" else c for c in (k_cache, v_cache)]
+    caches_given = dict(k_cache=allocation) if five_d else dict(k_cache=given[0], v_cache=given[1])
+    kwargs = dict(**caches_given, positions=positions, layout=layout, interleaved=interleaved, inplace=inplace,
+                  write_k=write_k, cu_seqlens=cu, max_seqlen=max_seqlen, **addressing)
+    if kv_layout == "HND" or rng.random() < 0.1:
+        kwargs["kv_layout"] = kv_layout
     if cache_dtype == FP8:
         kwargs.update(k_scale=arena.place("k_scale", (1,), torch.float32, values=lambda s: torch.full(s, rng.choice(
                           (0.05, 1.0, 3.0)))),
@@ -273,24 +349,27 @@ def draw_rope_and_cache(rng: random.Random, gen: torch.Generator, device) -> Cas
     if norm:
         kwargs.update(q_weight=arena.place("q_weight", (head_dim,), dtype), eps=eps, weight_offset=weight_offset,
                       k_weight=arena.place("k_weight", (head_dim,), dtype))
-    grad_cache = not pooled and cache_dtype == dtype and rng.random() < 0.05
+    grad_cache = not pooled and not five_d and kv_layout == "NHD" and cache_dtype == dtype and rng.random() < 0.05
     if grad_cache:
         k_cache.requires_grad_()
 
     spec = dict(op="rope_and_cache", layout=layout, lengths=lengths, tokens=tokens, hq=hq, hk=hk, head_dim=head_dim,
                 rotary_dim=rotary_dim, v_dim=v_dim, interleaved=interleaved, norm=norm, inplace=inplace,
                 write_k=write_k, dtype=str(dtype), cache_dtype=str(k_cache.dtype), rows=rows, paged=paged,
-                cache_shape=tuple(k_cache.shape), engine_cache=engine, slots=slots, slot_mapping=mapped,
+                cache_shape=tuple(k_cache.shape), engine_cache=engine, kv_layout=kv_layout, five_d=five_d,
+                address=address, page_table={n: addressing[n].tolist() for n in _PAGE_TABLE if n in addressing},
+                slots=slots, slot_mapping=mapped,
                 cache_offsets=None if paged else offsets, positions=None if positions is None else pos.tolist(),
                 check_mode=check_mode, cache_requires_grad=grad_cache)
     tensors = dict(q=q, k=k, v=v, cos=cos, sin=sin, positions=positions, cu_seqlens=cu, k_cache=k_cache,
                    v_cache=v_cache, **{n: kwargs.get(n) for n in ("slot_mapping", "cache_offsets", "k_scale",
-                                                                  "v_scale", "q_weight", "k_weight")})
+                                                                  "v_scale", "q_weight", "k_weight") + _PAGE_TABLE})
     tensors = {n: t for n, t in tensors.items() if isinstance(t, torch.Tensor)}
     writes = {n: tensors[n] for n in written}
     aliased, spans = pool_overlaps(arena, spec, writes, {n: t for n, t in tensors.items() if n not in writes})
     overlap = inplace and (self_overlapping(q) or (write_k and self_overlapping(k)))
     why_raise = _refusals(check_mode, pos, rows, mapped, n_slots, overlap, outside) + aliased
+    why_raise += table_refusals if check_mode else []
     if grad_cache:
         why_raise.append("a cache that requires grad")
     expect = RAISE if why_raise else MATCH
@@ -349,8 +428,9 @@ def draw_mla_rope_and_cache(rng: random.Random, gen: torch.Generator, device) ->
     ``[kv_c | rotated k_pe]`` written at each token's slot of a paged latent cache (float8 with one scale, as bytes
     at times, or the activations' dtype; drawn as engines allocate it); half-width tables or the engines'
     ``cos_sin_cache``; positions longer than the tokens and slot mappings shorter at times; GPT-J or NeoX pairing;
-    in place (the engines' contract) or not; a cache that requires grad; and, in a share of the cases, a written
-    tensor and another of the call carved from one byte pool (on each other's bytes, or apart)."""
+    in place (the engines' contract) or not; the two caches ``(ckv_cache, kpe_cache)`` instead of one at times, and
+    FlashInfer's page table instead of the slot mapping; a cache that requires grad; and, in a share of the cases, a
+    written tensor and another of the call carved from one byte pool (on each other's bytes, or apart)."""
     arena = Arena(rng, gen, device)
     either = []
     tokens, heads, rope_dim, latent = rng.randint(0, 6), rng.randint(1, 4), rng.choice((8, 16)), rng.choice((8, 32))
@@ -363,9 +443,11 @@ def draw_mla_rope_and_cache(rng: random.Random, gen: torch.Generator, device) ->
     engines_table, extra_positions = rng.random() < 0.3, rng.choice((0, 0, 0, 2))
     short = tokens and rng.random() < 0.2
     table_dtype = torch.float64 if dtype == torch.float64 else torch.float32
-    written = ["kv_cache"] + (["q_pe", "k_pe"] if inplace else [])
-    read = ["q_pe", "k_pe", "kv_c", "positions", "slot_mapping"] + (["cos_sin_cache"] if engines_table else
-                                                                    ["cos", "sin"])
+    separate, by_table = rng.random() < 0.4, rng.random() < 0.4
+    caches_named = ["ckv_cache", "kpe_cache"] if separate else ["kv_cache"]
+    written = caches_named + (["q_pe", "k_pe"] if inplace else [])
+    read = ["q_pe", "k_pe", "kv_c", "positions"] + (list(_PAGE_TABLE) if by_table else ["slot_mapping"]) + (
+        ["cos_sin_cache"] if engines_table else ["cos", "sin"])
     read += ["kv_cache_scale"] if cache_dtype == FP8 else []
     if pooled:  # (q_pe, k_pe and kv_c drawn twice as often)
         writer = rng.choice(written)
@@ -384,32 +466,48 @@ def draw_mla_rope_and_cache(rng: random.Random, gen: torch.Generator, device) ->
         tables = dict(cos=cos, sin=sin)
     positions = arena.place("positions", (tokens + extra_positions,), rng.choice((torch.int64, torch.int32)),
                             pick(rng, INDEX_KINDS), position_values(gen, 0, rows - 1, hostile, rows))
-    (kv_cache,), engine = _engine_caches(arena, "kv_cache", (num_blocks, block_size, latent + rope_dim), cache_dtype)
+    if separate:  # FlashInfer's: kv_c's and k_pe's caches apart
+        (ckv_cache,), engine, _ = _engine_caches(arena, "ckv_cache", (num_blocks, block_size, latent), cache_dtype)
+        (kpe_cache,), _, _ = _engine_caches(arena, "kpe_cache", (num_blocks, block_size, rope_dim), cache_dtype)
+        kv_cache, latent_cache, rope_cache = (ckv_cache, kpe_cache), ckv_cache, kpe_cache
+    else:
+        (kv_cache,), engine, _ = _engine_caches(arena, "kv_cache", (num_blocks, block_size, latent + rope_dim),
+                                                cache_dtype)
+        latent_cache, rope_cache = kv_cache[..., :latent], kv_cache[..., latent:]
     n_slots = num_blocks * block_size
-    mapped = _slots(rng, tokens, n_slots, hostile, repeat=check_mode and rng.random() < 0.3)
-    if short:
-        mapped = mapped[:rng.randrange(tokens)]
-    slots = mapped + [-1] * (tokens - len(mapped))
-    slot_mapping = arena.place("slot_mapping", (len(mapped),), torch.int64, pick(rng, INDEX_KINDS),
-                               lambda shape: torch.tensor(mapped, dtype=torch.int64).reshape(shape))
+    if by_table:
+        address, slots, table_refusals = _page_table(arena, rng, tokens, num_blocks, block_size, hostile,
+                                                     repeat=check_mode and rng.random() < 0.3)
+        mapped, slot_mapping = [], None
+    else:
+        mapped = _slots(rng, tokens, n_slots, hostile, repeat=check_mode and rng.random() < 0.3)
+        if short:
+            mapped = mapped[:rng.randrange(tokens)]
+        slots = mapped + [-1] * (tokens - len(mapped))
+        slot_mapping = arena.place("slot_mapping", (len(mapped),), torch.int64, pick(rng, INDEX_KINDS),
+                                   lambda shape: torch.tensor(mapped, dtype=torch.int64).reshape(shape))
+        address, table_refusals = dict(slot_mapping=slot_mapping), []
     scale = (arena.place("kv_cache_scale", (1,), torch.float32, values=lambda s: torch.full(s, rng.choice(
         (0.05, 1.0, 2.0)))) if cache_dtype == FP8 else None)
     grad_cache = not pooled and cache_dtype == dtype and rng.random() < 0.05
     if grad_cache:
-        kv_cache.requires_grad_()
+        (kpe_cache if separate else kv_cache).requires_grad_()
 
     pos = positions.detach().cpu().to(torch.int64)[:tokens]
     spec = dict(op="mla_rope_and_cache", tokens=tokens, heads=heads, rope_dim=rope_dim, latent=latent,
-                interleaved=interleaved, inplace=inplace, dtype=str(dtype), cache_dtype=str(kv_cache.dtype),
-                rows=rows, cache_shape=tuple(kv_cache.shape), engine_cache=engine, slots=slots,
+                interleaved=interleaved, inplace=inplace, dtype=str(dtype), cache_dtype=str(rope_cache.dtype),
+                rows=rows, cache_shape=tuple(latent_cache.shape[:2]), engine_cache=engine, separate=separate,
+                page_table={n: address[n].tolist() for n in _PAGE_TABLE if n in address}, slots=slots,
                 slot_mapping=mapped, positions=positions.detach().cpu().tolist(), engines_table=engines_table,
                 check_mode=check_mode, cache_requires_grad=grad_cache)
-    tensors = dict(q_pe=q_pe, k_pe=k_pe, kv_c=kv_c, positions=positions, kv_cache=kv_cache,
-                   slot_mapping=slot_mapping, **tables, **({} if scale is None else dict(kv_cache_scale=scale)))
+    tensors = dict(q_pe=q_pe, k_pe=k_pe, kv_c=kv_c, positions=positions, **dict(zip(caches_named, (
+        (ckv_cache, kpe_cache) if separate else (kv_cache,)))), **address, **tables,
+        **({} if scale is None else dict(kv_cache_scale=scale)))
     writes = {n: tensors[n] for n in written}
     aliased, spans = pool_overlaps(arena, spec, writes, {n: t for n, t in tensors.items() if n not in writes})
     overlap = inplace and (self_overlapping(q_pe) or self_overlapping(k_pe))
     why_raise = _refusals(check_mode, pos, rows, mapped, n_slots, overlap) + aliased
+    why_raise += table_refusals if check_mode else []
     if grad_cache:
         why_raise.append("a cache that requires grad")
     expect = RAISE if why_raise else MATCH
@@ -421,7 +519,7 @@ def draw_mla_rope_and_cache(rng: random.Random, gen: torch.Generator, device) ->
         either.append("byte spans that meet, elements apart")
     logical = {name: t.detach().cpu().clone() for name, t in (("q_pe", q_pe), ("k_pe", k_pe), ("kv_c", kv_c),
                                                                ("cos", cos), ("sin", sin))}
-    before = _as_fp8(kv_cache.detach().cpu().clone()).reshape(n_slots, -1)
+    before = [_as_fp8(c.detach().cpu().clone()).reshape(n_slots, -1) for c in (latent_cache, rope_cache)]
     scale_value = None if scale is None else float(scale)
     spec["scale"] = scale_value
 
@@ -440,16 +538,17 @@ def draw_mla_rope_and_cache(rng: random.Random, gen: torch.Generator, device) ->
             message = check_close_to_reference(got, rotated(name))
             if message is not None:
                 problems.append(f"{name}: {message}")
-        after = _as_fp8(kv_cache.detach().cpu()).reshape(n_slots, -1)
-        problems += _cache_problems("kv_cache (latent part)", after[:, :latent], before[:, :latent],
-                                    logical["kv_c"].to(torch.float64), slots, scale_value, True)
-        problems += _cache_problems("kv_cache (rope part)", after[:, latent:], before[:, latent:], rotated("k_pe"),
-                                    slots, scale_value, False)
+        after = [_as_fp8(c.detach().cpu()).reshape(n_slots, -1) for c in (latent_cache, rope_cache)]
+        names = ("ckv_cache", "kpe_cache") if separate else ("kv_cache (latent part)", "kv_cache (rope part)")
+        problems += _cache_problems(names[0], after[0], before[0], logical["kv_c"].to(torch.float64), slots,
+                                    scale_value, True)
+        problems += _cache_problems(names[1], after[1], before[1], rotated("k_pe"), slots, scale_value, False)
         return problems
 
     return Case("mla_rope_and_cache", spec, arena,
                 lambda: ropekit.mla_rope_and_cache(q_pe, k_pe, kv_c, kv_cache, slot_mapping, positions,
                                                    interleaved=interleaved, inplace=inplace, kv_cache_scale=scale,
+                                                   **{n: t for n, t in address.items() if n != "slot_mapping"},
                                                    **tables),
                 check, expect=EITHER if expect == MATCH and either else expect, why_raise="; ".join(why_raise),
                 overlap=overlap or {"q_pe", "k_pe"} <= set(spec.get("overlap", "").split(" over ")),

@@ -14,9 +14,10 @@ import torch
 from ropekit import device as _device
 from ropekit import reference as ref
 from ropekit.api import apply_rope
+from ropekit.fused import mla_rope_and_cache, rope_and_cache
 from ropekit.frequencies import cos_sin_table, inverse_frequencies
 from ropekit.positions import SCALAR_OFFSET, PositionSpec, resolve_positions
-from ropekit.testing import check_close_to_reference
+from ropekit.testing import check_close_to_reference, ulp
 
 from .build import BuiltCase, build_case, expected_output
 from .common import DTYPES, Unsupported, available_backends, to_bshd
@@ -26,7 +27,8 @@ from ropekit.triton import choice
 from ropekit.triton.model import DeviceFacts, rope_candidates
 from .properties import run_config
 
-__all__ = ["sanitize_configs", "reachable_configs", "run_with_launch_config", "sanitize_driver"]
+__all__ = ["sanitize_configs", "reachable_configs", "run_with_launch_config", "sanitize_driver", "CACHE_ADDRESS_MAPS",
+           "check_cache_address_map"]
 
 
 def sanitize_configs() -> list[Config]:
@@ -234,6 +236,103 @@ def _check_table_free(backend: str, device) -> str:
     return ""
 
 
+# the fused forward's cache address maps (ropekit.triton.fused_tiles.cache_slot), each with a head layout
+CACHE_ADDRESS_MAPS = (("slot_mapping", "HND", False), ("page table prefill", "NHD", False),
+                      ("page table prefill", "HND", True), ("page table decode", "HND", False),
+                      ("page table paged_kv_cache 5-D", "NHD", True), ("MLA (ckv_cache, kpe_cache) page table", "NHD",
+                                                                      False))
+
+
+def check_cache_address_map(address: str, kv_layout: str, fp8: bool, device) -> str:
+    """``rope_and_cache`` (or MLA's write into two caches) through one address map into caches of exactly the pages
+    the requests hold (a write past them is outside the allocation): head_dim 80 and 3 kv heads (masked channels and
+    heads), token blocks with remainders, a padding token (-1); every written row is read back through the map (the
+    engine's reader: NHD ``cache[page, row]``, HND ``cache[page, :, row]``) and compared with the float64
+    reference, and every other row must be unchanged."""
+    gpu = device == "cuda"
+    decode = "decode" in address
+    seq_lens, append = (([40, 9, 23, 70], [1] * 4) if decode else ([23, 9, 40], [20, 9, 8])) if gpu else \
+        (([5, 3], [1, 1]) if decode else ([5, 3, 4], [3, 3, 1]))
+    page_size = 16 if gpu else 4
+    pages = [(n + page_size - 1) // page_size for n in seq_lens]
+    n_pages, tokens = sum(pages), sum(append)
+    kv_indices = torch.randperm(n_pages, device=device).to(torch.int32)
+    kv_indptr = torch.tensor([0] + torch.tensor(pages).cumsum(0).tolist(), dtype=torch.int32, device=device)
+    batch = torch.cat([torch.full((a,), b) for b, a in enumerate(append)])
+    local = torch.cat([torch.arange(n - a, n) for n, a in zip(seq_lens, append)])
+    batch[1] = -1  # padding
+    batch_indices, cache_positions = batch.to(torch.int32).to(device), local.to(device)
+    page_of = [int(kv_indices[int(kv_indptr[b]) + int(p) // page_size]) if b >= 0 else -1
+               for b, p in zip(batch.tolist(), local.tolist())]
+    places = [(t, page, int(p) % page_size) for t, (page, p) in enumerate(zip(page_of, local.tolist())) if page >= 0]
+    table = dict(kv_indices=kv_indices, kv_indptr=kv_indptr, batch_indices=batch_indices,
+                 cache_positions=cache_positions)
+    cos, sin = cos_sin_table(int(local.max()) + 1, 80, device=device)
+    cache_dtype = torch.float8_e4m3fn if fp8 else torch.bfloat16
+    scale = torch.tensor([0.05], device=device) if fp8 else None
+    positions = cache_positions[None]
+    if address.startswith("MLA"):
+        q_pe, k_pe = torch.randn(tokens, 5, 64, device=device), torch.randn(tokens, 64, device=device)
+        kv_c = torch.randn(tokens, 96, device=device)
+        q_pe, k_pe, kv_c = (x.to(torch.bfloat16) for x in (q_pe, k_pe, kv_c))
+        k_pe64 = k_pe.double().cpu()
+        caches = [torch.randn(n_pages, page_size, 1, width, device=device).to(cache_dtype) for width in (96, 64)]
+        before = [c.clone() for c in caches]
+        mla_rope_and_cache(q_pe, k_pe, kv_c, (caches[0][:, :, 0], caches[1][:, :, 0]), None, cache_positions,
+                           cos[:, :32], sin[:, :32], kv_cache_scale=scale, **table)
+        want = [kv_c.double().cpu()[:, None], ref.rope_table(k_pe64[:, None], cos[:, :32], sin[:, :32],
+                                                              local, interleaved=True)]
+        return _read_back(caches, before, want, (True, False), places, "NHD", scale)
+    q, k, v = (torch.randn(tokens, h, 80, device=device).to(torch.bfloat16) for h in (5, 3, 3))
+    shape = (n_pages, 3, page_size, 80) if kv_layout == "HND" else (n_pages, page_size, 3, 80)
+    if "5-D" in address:
+        paged = torch.randn(n_pages, 2, *shape[1:], device=device).to(cache_dtype)
+        caches, given = [paged[:, 0], paged[:, 1]], dict(k_cache=paged)
+    else:
+        caches = [torch.randn(shape, device=device).to(cache_dtype) for _ in range(2)]
+        given = dict(k_cache=caches[0], v_cache=caches[1])
+    before = [c.clone() for c in caches]
+    if address == "slot_mapping":
+        slots = torch.tensor([page * page_size + row if page >= 0 else -1
+                              for page, row in zip(page_of, (local % page_size).tolist())], device=device)
+        given.update(slot_mapping=slots)
+    else:
+        given.update(table)
+    cu = torch.tensor([0] + torch.tensor(append).cumsum(0).tolist(), device=device)
+    out_q, _ = rope_and_cache(q, k, v, cos, sin, kv_layout=kv_layout, positions=positions, layout="thd",
+                              cu_seqlens=cu, max_seqlen=max(append), k_scale=scale, v_scale=scale, **given)
+    problem = check_close_to_reference(out_q, ref.rope_table(q, cos, sin, local))
+    want = [ref.rope_table(k, cos, sin, local), v.double().cpu()]
+    return problem or _read_back(caches, before, want, (False, True), places, kv_layout, scale)
+
+
+def _read_back(caches, before, want, exact, places, kv_layout, scale) -> str:
+    """Each (token, page, row) of ``places`` read back from each cache: bit for bit where ``exact`` (a copied value,
+    or with a float8 cache e4m3 of its float32 quotient by the scale), else within the dtype's bound (one e4m3
+    spacing of value / scale); every other row bitwise as ``before``."""
+    for cache, old, values, copied in zip(caches, before, want, exact):
+        rows = (cache.transpose(1, 2) if kv_layout == "HND" else cache).cpu()
+        old_rows = (old.transpose(1, 2) if kv_layout == "HND" else old).cpu()
+        kept = torch.ones(rows.shape[:2], dtype=torch.bool)
+        for t, page, row in places:
+            kept[page, row] = False
+            got = rows[page, row].double()
+            if scale is not None and copied:
+                ok = torch.equal(got, ref.e4m3((values[t].float() / scale.cpu()).double()))
+            elif scale is not None:
+                quotient = values[t] / float(scale)
+                ok = bool(((got - quotient).abs() <= ulp(quotient, torch.float8_e4m3fn)).all())
+            elif copied:
+                ok = torch.equal(got, values[t])
+            else:
+                ok = check_close_to_reference(rows[page, row], values[t]) is None
+            if not ok:
+                return f"token {t}'s row (page {page}, row {row}) is not its reference"
+        if not torch.equal(rows[kept].view(torch.uint8), old_rows[kept].view(torch.uint8)):
+            return "a row no token names changed"
+    return ""
+
+
 def _check_cuda_table(fast: bool) -> str:
     from ropekit.cuda import cos_sin_table_cuda
 
@@ -276,6 +375,11 @@ def sanitize_driver(device=None, verbose: bool = True, candidates: int | None = 
         if backend != "cuda":  # (the CUDA backend takes tables only)
             log.check(f"{backend} table-free angles (thd, partial rotary, GQA, positions < 1e7)",
                       lambda: _check_table_free(backend, device), device)
+    with _device.set_backend("triton"):
+        for address, kv_layout, fp8 in CACHE_ADDRESS_MAPS:
+            log.check(f"triton fused cache write: {address} {kv_layout}{' float8' if fp8 else ''}",
+                      lambda a=address, layout=kv_layout, fp8=fp8: check_cache_address_map(a, layout, fp8, device),
+                      device)
     if "cuda" in backends:
         for fast in (False, True):  # the table kernel (fast=True: the course's float32-angle variant)
             log.check(f"cuda table kernel fast={fast} (1003 rows, rotary_dim 80)", lambda fast=fast:

@@ -7,7 +7,9 @@ Two kernels, one algorithm each, as in Triton's layer-norm tutorial:
   is a runtime float), rotates, stores the outputs (``WRITE_Q``/``WRITE_K``: an engine may only want the cache;
   ``WRITE_TAIL``: the channels past ``ROTARY_DIM`` too, out of place or normalised) and writes k and v into a cache
   (``CACHE`` 0: none, 1: a contiguous ``(batch, max_seq, heads, dim)`` cache at per-sequence offsets, 2: a paged
-  ``(num_blocks, block_size, heads, dim)`` cache addressed by a slot per token, -1 skips; ``HAS_V``: v's head vectors
+  ``(num_blocks, block_size, heads, dim)`` cache addressed by a slot per token, -1 skips, 3: the same cache addressed
+  through a page table, a request and a position per token; the address map is ``fused_tiles.cache_slot``, and
+  where the head axis lies is the cache's strides; ``HAS_V``: v's head vectors
   copied untouched; ``FP8``: e4m3 bits of ``x / scale``, ``FP8_NATIVE`` converted by the GPU's instruction rather
   than integer arithmetic, the same bits).
 * :func:`fused_backward_kernel` turns the incoming gradient by -θ and pushes it through the norm; each program sums
@@ -47,9 +49,12 @@ from .launch import KernelLaunch, _cdiv, _next_pow2, _position_strides, plans
 from .v4 import _cos_sin, _rotate
 
 __all__ = ["fused_forward_kernel", "fused_backward_kernel", "FusedConfig", "FusedShape", "fused_config_for", "forced_fused_config", "plan_fused", "FusedBackward",
-           "launch_fused", "native_fp8", "CACHE_NONE", "CACHE_CONTIGUOUS", "CACHE_PAGED"]
+           "launch_fused", "native_fp8", "CACHE_NONE", "CACHE_CONTIGUOUS", "CACHE_PAGED",
+           "CACHE_PAGE_TABLE"]
 
-CACHE_NONE, CACHE_CONTIGUOUS, CACHE_PAGED = 0, 1, 2
+# the cache address maps (fused_tiles.cache_slot): none, contiguous at per-sequence offsets, a slot per token, a page
+# table with a request and a position per token
+CACHE_NONE, CACHE_CONTIGUOUS, CACHE_PAGED, CACHE_PAGE_TABLE = 0, 1, 2, 3
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -83,6 +88,7 @@ def _forward_heads(
     X, OUT, x_strides, out_strides,
     # the cache side (k's programs only): v, the caches, the scales, the slots
     V, K_CACHE, V_CACHE, K_SCALE, V_SCALE, SLOTS, v_strides, k_cache_strides, v_cache_strides, slot_stride,
+    BATCH_INDICES, KV_INDICES, KV_INDPTR, page_table,
     # the norm's weight
     W, w_stride, eps, weight_offset,
     # the angles and the positions
@@ -120,8 +126,9 @@ def _forward_heads(
     cos_a, sin_a, cos_b, sin_b = cos_a[:, None, :], sin_a[:, None, :], cos_b[:, None, :], sin_b[:, None, :]
     if CACHE != 0:
         token = token_rows if IS_VARLEN else pid_b.to(tl.int64) * seqlen + s_local
-        cache_block, cache_row, cache_mask = cache_slot(SLOTS, token, s_local, pid_b, token_mask, cache_len,
-                                                        block_size, slot_stride, CACHE)
+        cache_block, cache_row, cache_mask = cache_slot(SLOTS, BATCH_INDICES, KV_INDICES, KV_INDPTR, slot_stride,
+                                                        page_table, token, s_local, pid_b, token_mask, cache_len,
+                                                        block_size, CACHE)
     if NORM:
         w_a, w_b, w_t = norm_weights(W, w_stride, weight_offset, ROTARY_DIM, HEAD_DIM, BLOCK_HALF, BLOCK_TAIL,
                                      INTERLEAVED, MATH_DTYPE)
@@ -159,8 +166,13 @@ def fused_forward_kernel(
     Q, K, OUT_Q, OUT_K, q_strides, k_strides, out_q_strides, out_k_strides,
     # the cache side, read and written by k's programs (CACHE): v (HAS_V: k's tokens and heads, V_DIM channels), the
     # caches (float8 ones as uint8 bits, FP8, with one-element float32 scales), SLOTS (paged: a slot per token;
-    # contiguous: an offset per sequence). Cache strides: (block or sequence, row, head, channel).
+    # contiguous: an offset per sequence; a page table: a position per token). Cache strides: (block or sequence,
+    # row, head, channel), whichever of NHD and HND the cache is stored in.
     V, K_CACHE, V_CACHE, K_SCALE, V_SCALE, SLOTS, v_strides, k_cache_strides, v_cache_strides, slot_stride,
+    # the page table (CACHE 3, FlashInfer's): each token's request (-1: none) and the requests' pages, read by
+    # fused_tiles.cache_slot; page_table: (BATCH_INDICES', KV_INDICES' and KV_INDPTR's strides, KV_INDICES' length,
+    # the number of requests)
+    BATCH_INDICES, KV_INDICES, KV_INDPTR, page_table,
     # the QK-norm (NORM): the (HEAD_DIM,) weights and their strides (q's, k's), eps, the weight offset
     Q_W, K_W, weight_strides, eps, weight_offset,
     # the angles: a (table_len, ROTARY_DIM / 2) float32 table, or COS_PER_TOKEN rows; (sequence, row, column)
@@ -199,6 +211,7 @@ def fused_forward_kernel(
     if pid_h < n_head_blocks_q:
         _forward_heads(Q, OUT_Q, q_strides, out_q_strides,
                        None, None, None, None, None, None, v_strides, k_cache_strides, v_cache_strides, slot_stride,
+                       None, None, None, page_table,
                        Q_W, weight_strides[0], eps, weight_offset,
                        COS, SIN, cos_strides, POSITIONS, position_strides, position_offset,
                        pid_s, pid_b, first, seq_len, batch_index, pid_h * BLOCK_H, n_heads_q, sizes,
@@ -208,7 +221,7 @@ def fused_forward_kernel(
     elif HAS_K:
         _forward_heads(K, OUT_K, k_strides, out_k_strides,
                        V, K_CACHE, V_CACHE, K_SCALE, V_SCALE, SLOTS, v_strides, k_cache_strides, v_cache_strides,
-                       slot_stride,
+                       slot_stride, BATCH_INDICES, KV_INDICES, KV_INDPTR, page_table,
                        K_W, weight_strides[1], eps, weight_offset,
                        COS, SIN, cos_strides, POSITIONS, position_strides, position_offset,
                        pid_s, pid_b, first, seq_len, batch_index, (pid_h - n_head_blocks_q) * BLOCK_HK, n_heads_k,
@@ -391,8 +404,9 @@ def native_fp8(device) -> bool:
 
 # What a forward plan takes at each call, in this order (a KernelLaunch's per-call arguments); None where the plan
 # was made without that tensor
-FORWARD_PER_CALL = ("Q", "K", "OUT_Q", "OUT_K", "V", "K_CACHE", "V_CACHE", "K_SCALE", "V_SCALE", "SLOTS", "Q_W",
-                    "K_W", "COS", "SIN", "POSITIONS", "CU_SEQLENS", "position_offset")
+FORWARD_PER_CALL = ("Q", "K", "OUT_Q", "OUT_K", "V", "K_CACHE", "V_CACHE", "K_SCALE", "V_SCALE", "SLOTS",
+                    "BATCH_INDICES", "KV_INDICES", "KV_INDPTR", "Q_W", "K_W", "COS", "SIN", "POSITIONS", "CU_SEQLENS",
+                    "position_offset")
 BACKWARD_PER_CALL = ("Q", "K", "GQ", "GK", "DQ", "DK", "Q_W", "K_W", "DW", "COS", "SIN", "POSITIONS", "CU_SEQLENS",
                      "position_offset")
 
@@ -435,8 +449,8 @@ class FusedBackward:
 
 def plan_fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, interleaved: bool = False,
                cos_per_token: bool = False, out_q=None, out_k=None, v=None, k_cache=None, v_cache=None,
-               cache_mode: int = CACHE_NONE, slots=None, block_size: int = 1, cache_len: int = 0, k_scale=None,
-               v_scale=None, q_weight=None, k_weight=None, eps: float = 0.0, weight_offset: float = 0.0,
+               cache_mode: int = CACHE_NONE, slots=None, page_table=None, block_size: int = 1, cache_len: int = 0,
+               k_scale=None, v_scale=None, q_weight=None, k_weight=None, eps: float = 0.0, weight_offset: float = 0.0,
                grad_q=None, grad_k=None, config: FusedConfig | None = None):
     """The plan for :func:`launch_fused`'s arguments: for the forward a :class:`~ropekit.triton.launch.KernelLaunch`
     called with :data:`FORWARD_PER_CALL`'s tensors (None when there is nothing to do), for the backward (``grad_q``
@@ -505,6 +519,7 @@ def plan_fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, inte
         launch = KernelLaunch(fused_backward_kernel, grid, config.num_warps, BACKWARD_PER_CALL, arguments)
         return FusedBackward(launch, dw_shape, dw_dtype, dw_zeroed, dw_atomic, n_blocks_q)
     write_q, write_k = out_q is not None, out_k is not None
+    batch_indices, kv_indices, kv_indptr = page_table or (None,) * 3
     in_place = (write_q and out_q.data_ptr() == q.data_ptr()) or (write_k and out_k.data_ptr() == k.data_ptr())
     v_dim = v.shape[-1] if v is not None else 1
     arguments = dict(
@@ -512,6 +527,9 @@ def plan_fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, inte
         V=v, K_CACHE=k_cache, V_CACHE=v_cache, K_SCALE=k_scale, V_SCALE=v_scale, SLOTS=slots,
         v_strides=_strides(v), k_cache_strides=_strides(k_cache), v_cache_strides=_strides(v_cache),
         slot_stride=slots.stride(0) if slots is not None else 1,
+        BATCH_INDICES=batch_indices, KV_INDICES=kv_indices, KV_INDPTR=kv_indptr,
+        page_table=(batch_indices.stride(0), kv_indices.stride(0), kv_indptr.stride(0), kv_indices.shape[0],
+                    kv_indptr.shape[0] - 1) if page_table is not None else (1, 1, 1, 0, 0),
         sizes=(seqlen, n_heads_q, n_heads_k, table_len, n_tokens, cache_len, block_size),
         V_DIM=v_dim, BLOCK_V=_next_pow2(v_dim), NORM=norm, WRITE_Q=write_q, WRITE_K=write_k,
         WRITE_TAIL=norm or not in_place, CACHE=cache_mode, HAS_V=v is not None and cache_mode != CACHE_NONE,
@@ -521,15 +539,17 @@ def plan_fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, inte
 
 def launch_fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, interleaved: bool = False,
                  cos_per_token: bool = False, out_q=None, out_k=None, v=None, k_cache=None, v_cache=None,
-                 cache_mode: int = CACHE_NONE, slots=None, block_size: int = 1, cache_len: int = 0,
-                 k_scale=None, v_scale=None, q_weight=None, k_weight=None, eps: float = 0.0,
+                 cache_mode: int = CACHE_NONE, slots=None, page_table=None, block_size: int = 1,
+                 cache_len: int = 0, k_scale=None, v_scale=None, q_weight=None, k_weight=None, eps: float = 0.0,
                  weight_offset: float = 0.0, grad_q=None, grad_k=None, config: FusedConfig | None = None):
     """Plan and launch the fused kernels on validated arguments (``ropekit.fused`` validates; this trusts its caller).
 
     q, k, v, the outputs and the incoming gradients are ``(batch, seq, heads, dim)`` views with any strides, or
     ``(tokens, heads, dim)`` when ``positions.is_varlen``; caches are ``(blocks or batch, rows, heads, dim)`` views
-    (float8 caches as their uint8 bits). An output that is its input is written in place. ``out_q``/``out_k`` None:
-    not written. With ``grad_q`` (the backward) the outputs receive the input gradients and the call returns the
+    (float8 caches as their uint8 bits). ``slots``: the contiguous cache's offsets (one a sequence), the paged
+    cache's slots or the page table's positions (one a token); ``page_table``: ``(batch_indices, kv_indices,
+    kv_indptr)`` with ``cache_mode`` CACHE_PAGE_TABLE. An output that is its input is written in place.
+    ``out_q``/``out_k`` None: not written. With ``grad_q`` (the backward) the outputs receive the input gradients and the call returns the
     weight gradients ``(dw_q, dw_k)`` in the math dtype; otherwise None. The programs add their weight-gradient terms
     into two rows with atomic adds (no second reduction kernel; the float sum's rounding depends on the order the
     adds arrive in), or, under ``torch.use_deterministic_algorithms``, each program stores its own row and one
@@ -537,13 +557,13 @@ def launch_fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, in
     """
     plan = plan_fused(q, k, cos, sin, positions=positions, rotary_dim=rotary_dim, interleaved=interleaved,
                       cos_per_token=cos_per_token, out_q=out_q, out_k=out_k, v=v, k_cache=k_cache, v_cache=v_cache,
-                      cache_mode=cache_mode, slots=slots, block_size=block_size, cache_len=cache_len,
-                      k_scale=k_scale, v_scale=v_scale, q_weight=q_weight, k_weight=k_weight, eps=eps,
-                      weight_offset=weight_offset, grad_q=grad_q, grad_k=grad_k, config=config)
+                      cache_mode=cache_mode, slots=slots, page_table=page_table, block_size=block_size,
+                      cache_len=cache_len, k_scale=k_scale, v_scale=v_scale, q_weight=q_weight, k_weight=k_weight,
+                      eps=eps, weight_offset=weight_offset, grad_q=grad_q, grad_k=grad_k, config=config)
     if grad_q is not None:
         return plan(q, k, grad_q, grad_k, out_q, out_k, q_weight, k_weight, cos, sin, positions.tensor,
                     positions.cu_seqlens, positions.offset)
     if plan is not None:
-        plan(q, k, out_q, out_k, v, k_cache, v_cache, k_scale, v_scale, slots, q_weight, k_weight, cos, sin,
-             positions.tensor, positions.cu_seqlens, positions.offset)
+        plan(q, k, out_q, out_k, v, k_cache, v_cache, k_scale, v_scale, slots, *(page_table or (None,) * 3),
+             q_weight, k_weight, cos, sin, positions.tensor, positions.cu_seqlens, positions.offset)
     return None

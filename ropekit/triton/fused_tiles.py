@@ -122,21 +122,48 @@ def rsqrt_mean_square(x_a, x_b, x_t, eps, HEAD_DIM: tl.constexpr, MATH_DTYPE: tl
 
 
 @triton.jit
-def cache_slot(SLOTS, token, s_local, pid_b, mask, cache_len, block_size, stride_slot, CACHE: tl.constexpr):
-    """Where each token of the tile goes in the cache: (block or sequence, row inside it) and whether it is written.
-    Contiguous: sequence ``pid_b`` at its offset ``SLOTS[pid_b]`` plus the token's index, inside ``cache_len`` rows.
-    Paged: ``slot = SLOTS[token]``, block ``slot // block_size``, row ``slot % block_size``; -1 (any slot outside the
-    ``cache_len`` slots) writes nothing."""
+def cache_slot(SLOTS, BATCH_INDICES, KV_INDICES, KV_INDPTR, slot_stride, page_table, token, s_local, pid_b, mask,
+               cache_len, block_size, CACHE: tl.constexpr):
+    """The address map: where each token of the tile goes in the cache, as (block or sequence, row inside it) and
+    whether it is written at all. Where the head axis lies (NHD or HND) is the cache's strides, not this map's.
+
+    * CACHE 1, contiguous: sequence ``pid_b`` at its offset ``SLOTS[pid_b]`` plus the token's index, inside
+      ``cache_len`` rows.
+    * CACHE 2, slots (vLLM's ``slot_mapping``): ``slot = SLOTS[token]``, block ``slot // block_size``, row
+      ``slot % block_size``; -1 (any slot outside the ``cache_len`` slots) writes nothing.
+    * CACHE 3, a page table (FlashInfer's): request ``b = BATCH_INDICES[token]`` (-1 writes nothing), position
+      ``p = SLOTS[token]`` in it; its pages are ``KV_INDICES[KV_INDPTR[b]:KV_INDPTR[b + 1]]``, so the block is
+      ``KV_INDICES[KV_INDPTR[b] + p // block_size]`` and the row ``p % block_size``. Only entries of the request's
+      own span of KV_INDICES are read and only blocks among the ``cache_len // block_size`` are written.
+      ``page_table``: (BATCH_INDICES' stride, KV_INDICES' stride, KV_INDPTR's stride, KV_INDICES' length, the
+      number of requests).
+    """
     if CACHE == 1:
-        row = tl.load(SLOTS + pid_b * stride_slot).to(tl.int64) + s_local.to(tl.int64)
+        row = tl.load(SLOTS + pid_b * slot_stride).to(tl.int64) + s_local.to(tl.int64)
         block = tl.zeros_like(row) + pid_b
         written = mask & (row >= 0) & (row < cache_len)
-    else:
-        slot = tl.load(SLOTS + token.to(tl.int64) * stride_slot, mask=mask, other=-1).to(tl.int64)
+    elif CACHE == 2:
+        slot = tl.load(SLOTS + token.to(tl.int64) * slot_stride, mask=mask, other=-1).to(tl.int64)
         written = mask & (slot >= 0) & (slot < cache_len)
         slot = tl.where(written, slot, 0)
         block = slot // block_size
         row = slot % block_size
+    else:
+        token = token.to(tl.int64)
+        request = tl.load(BATCH_INDICES + token * page_table[0], mask=mask, other=-1).to(tl.int64)
+        position = tl.load(SLOTS + token * slot_stride, mask=mask, other=-1).to(tl.int64)
+        written = mask & (request >= 0) & (request < page_table[4]) & (position >= 0)
+        request = tl.where(written, request, 0)
+        position = tl.where(written, position, 0)
+        first = tl.load(KV_INDPTR + request * page_table[2], mask=written, other=0).to(tl.int64)
+        end = tl.load(KV_INDPTR + (request + 1) * page_table[2], mask=written, other=0).to(tl.int64)
+        page_iter = first + position // block_size
+        written = written & (page_iter >= 0) & (page_iter < end) & (page_iter < page_table[3])
+        page = tl.load(KV_INDICES + tl.where(written, page_iter, 0) * page_table[1], mask=written,
+                       other=-1).to(tl.int64)
+        written = written & (page >= 0) & (page < cache_len // block_size)
+        block = tl.where(written, page, 0)
+        row = position % block_size
     return block, row, written
 
 
