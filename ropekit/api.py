@@ -227,7 +227,7 @@ def _tensor_key(t):
 
 
 def _signature(q, k, cos, sin, positions, layout, interleaved, rotary_dim, inplace, cu_seqlens, max_seqlen, per_token,
-               conjugate, eager_rounding, inv_freq, scale) -> tuple | None:
+               conjugate, eager_rounding, inv_freq, scale, mrope_section, mrope_interleaved) -> tuple | None:
     """Everything that validation and the launch derive from, or None for a call that is not cached.
 
     A host-int position offset enters by its type only (its range is checked on every call, see ``_EagerPlan``);
@@ -245,10 +245,15 @@ def _signature(q, k, cos, sin, positions, layout, interleaved, rotary_dim, inpla
     for t in (q, k, cos, sin, cu_seqlens, inv_freq):
         if t is not None and not isinstance(t, torch.Tensor):
             return None
+    if mrope_section is not None:
+        if type(mrope_section) not in (list, tuple) or any(type(n) is not int for n in mrope_section):
+            return None  # validation says what is wrong (and an int-valued float is no int)
+        mrope_section = tuple(mrope_section)
     # types beside values: True == 1 as dict keys, but not as arguments
     return (_tensor_key(q), _tensor_key(k), _tensor_key(cos), _tensor_key(sin), pos_key, layout, type(interleaved),
             interleaved, type(rotary_dim), rotary_dim, inplace, _tensor_key(cu_seqlens), type(max_seqlen), max_seqlen,
-            per_token, type(conjugate), conjugate, eager_rounding, _tensor_key(inv_freq), type(scale), scale)
+            per_token, type(conjugate), conjugate, eager_rounding, _tensor_key(inv_freq), type(scale), scale,
+            mrope_section, type(mrope_interleaved), mrope_interleaved)
 
 
 class _EagerPlan:
@@ -310,7 +315,8 @@ def apply_rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, cos: Optional[
                scale: float = 1.0, positions=None, layout: str = "bshd", interleaved: bool = False,
                rotary_dim: Optional[int] = None, inplace: bool = False, cu_seqlens: Optional[torch.Tensor] = None,
                max_seqlen: Optional[int] = None, per_token: bool = False, conjugate: bool = False,
-               eager_rounding: bool = False, backend: Optional[str] = None):
+               eager_rounding: bool = False, backend: Optional[str] = None, mrope_section=None,
+               mrope_interleaved: bool = False):
     """Rotate q (and k) by their positions. Returns ``(q_out, k_out)`` (``k_out`` is None when k is None).
 
     Args:
@@ -326,7 +332,8 @@ def apply_rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, cos: Optional[
         scale: with ``inv_freq``, multiplies cos and sin: the attention scaling some rope types apply to them
             (transformers' ``attention_scaling``, YaRN's and LongRoPE's mscale). A host float, 1.0 by default.
         positions: None (0..S-1), an int offset, a ``(batch,)`` tensor of per-sequence offsets (decode with a KV
-            cache), or position ids that broadcast to ``(batch, seq)`` (``(tokens,)`` for thd).
+            cache), or position ids that broadcast to ``(batch, seq)`` (``(tokens,)`` for thd); with
+            ``mrope_section``, also ``(3, batch, seq)`` (``(3, tokens)`` for thd) temporal, height and width ids.
         layout: "bshd", "sbhd", "bhsd" or "thd" (packed varlen; needs ``cu_seqlens`` and ideally ``max_seqlen``).
         interleaved: GPT-J pairing (2i, 2i+1) instead of NeoX halves (i, i + rotary_dim/2).
         rotary_dim: rotate only the first ``rotary_dim`` channels (default: all that cos/sin cover).
@@ -337,6 +344,13 @@ def apply_rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, cos: Optional[
         backend: "triton" (v4; in Triton's interpreter without a GPU), "cuda" (the hand-written CUDA C++ kernel),
             "native" (PyTorch ops, the same semantics), or None: ``ropekit.device.default_backend()`` ("triton" on a
             GPU, "native" without one).
+        mrope_section: M-RoPE (Qwen2-VL, Qwen2.5-VL, Qwen3-VL): three host ints ``(t, h, w)``, the pairs that follow
+            the temporal, height and width position (summing to rotary_dim/2). With ``(3, ...)`` positions each pair
+            reads the table (or ``inv_freq``) at its own axis' position, inside the kernel; other position forms are
+            text tokens (the three axes equal: the ordinary rotation). docs/api.md#m-rope.
+        mrope_interleaved: Qwen3-VL's layout: the axes take turns pair by pair (pair ``i`` follows height when
+            ``i % 3 == 1`` and ``i < 3h``, width when ``i % 3 == 2`` and ``i < 3w``, else temporal) instead of
+            consecutive sections.
 
     Raises ``TypeError``/``ValueError`` naming the argument, before anything is written.
     """
@@ -359,7 +373,7 @@ def apply_rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, cos: Optional[
     key = None
     if eager and backend == "triton" and not check_mode() and not log.isEnabledFor(logging.DEBUG):
         key = _signature(q, k, cos, sin, positions, layout, interleaved, rotary_dim, inplace, cu_seqlens, max_seqlen,
-                         per_token, conjugate, eager_rounding, inv_freq, scale)
+                         per_token, conjugate, eager_rounding, inv_freq, scale, mrope_section, mrope_interleaved)
         plan = plans.get(key) if key is not None else None
         if plan is not None and plan.accepts(positions):
             if inplace:
@@ -368,7 +382,8 @@ def apply_rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, cos: Optional[
 
     user_cos, user_sin = cos, sin
     cos, sin, spec, rotary_dim = prepare(q, k, cos, sin, positions, layout, rotary_dim, cu_seqlens, max_seqlen,
-                                         per_token, eager_rounding, backend, table, interleaved, inv_freq, scale)
+                                         per_token, eager_rounding, backend, table, interleaved, inv_freq, scale,
+                                         mrope_section, mrope_interleaved)
     call = RopeCall(cos, sin, spec, rotary_dim, layout, interleaved, conjugate, per_token, eager_rounding, backend,
                     inv_freq, float(scale))
     if inplace:

@@ -89,10 +89,43 @@ def _check_scale(scale) -> None:
         raise ValueError(f"scale must be finite, got {scale}")
 
 
+def _check_mrope(mrope_section, mrope_interleaved, rotary_dim: int, backend: str, per_token: bool) -> tuple | None:
+    """M-RoPE's switches: ``mrope_section`` three non-negative host ints (pairs per axis) summing to
+    ``rotary_dim / 2``, ``mrope_interleaved`` a bool. Returns the sections as a tuple (None without M-RoPE)."""
+    if not isinstance(mrope_interleaved, bool):
+        raise TypeError(f"mrope_interleaved must be a bool, got {type(mrope_interleaved).__name__}")
+    if mrope_section is None:
+        if mrope_interleaved:
+            raise ValueError("mrope_interleaved=True needs mrope_section (the pairs of each position axis)")
+        return None
+    try:
+        section = tuple(mrope_section)
+    except TypeError:
+        raise TypeError(f"mrope_section must be a list of three ints (t, h, w), got "
+                        f"{type(mrope_section).__name__}") from None
+    values = [as_integer(n) for n in section]
+    if len(values) != 3 or None in values or min(values) < 0:
+        raise ValueError(f"mrope_section must be three non-negative ints (temporal, height, width pairs), got "
+                         f"{list(section)}")
+    if sum(values) != rotary_dim // 2:
+        raise ValueError(f"mrope_section {values} must sum to rotary_dim/2 = {rotary_dim // 2}, got {sum(values)}")
+    if rotary_dim // 2 >= 4096:
+        raise ValueError(f"mrope_section: M-RoPE takes fewer than 4096 pairs, got rotary_dim {rotary_dim}")
+    if backend == "cuda":
+        raise ValueError("mrope_section (M-RoPE in the kernel) is implemented by backend='triton' and 'native' only; "
+                         "with backend='cuda' pass per-token rows from ropekit.mrope_cos_sin")
+    if per_token:
+        raise ValueError("mrope_section picks each pair's position from positions; per_token=True takes cos/sin rows "
+                         "that already hold the angles, not both")
+    return tuple(values)
+
+
 def prepare(q, k, cos, sin, positions, layout, rotary_dim, cu_seqlens, max_seqlen, per_token, eager_rounding,
-            backend, table=None, interleaved=False, inv_freq=None, scale=1.0):
+            backend, table=None, interleaved=False, inv_freq=None, scale=1.0, mrope_section=None,
+            mrope_interleaved=False):
     """Validate the call; return (cos, sin, spec, rotary_dim): tables as the kernel reads them (None with
-    ``inv_freq``, the table-free angles, which the kernel reads as given), positions."""
+    ``inv_freq``, the table-free angles, which the kernel reads as given), positions (M-RoPE's sections in the
+    position mode, ``ropekit.positions.mrope_mode``)."""
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
     if backend not in BACKENDS:
@@ -193,6 +226,7 @@ def prepare(q, k, cos, sin, positions, layout, rotary_dim, cu_seqlens, max_seqle
         raise ValueError(f"rotary_dim ({rotary_dim}) needs cos/sin with {columns}"
                          f" columns, got {cos.shape[-1]}")
 
+    mrope_section = _check_mrope(mrope_section, mrope_interleaved, rotary_dim, backend, per_token)
     if per_token:
         # Full-width rows per token, broadcast to the token shape without copying.
         token_shape = (seqlen,) if varlen else (n_batch, seqlen)
@@ -207,7 +241,8 @@ def prepare(q, k, cos, sin, positions, layout, rotary_dim, cu_seqlens, max_seqle
             _check_device_values(spec, 0, seqlen)
     else:
         spec = resolve_positions(batch=n_batch, seqlen=seqlen, positions=positions,
-                                 cu_seqlens=cu_seqlens if varlen else None, max_seqlen=max_seqlen, device=q.device)
+                                 cu_seqlens=cu_seqlens if varlen else None, max_seqlen=max_seqlen, device=q.device,
+                                 mrope_section=mrope_section, mrope_interleaved=mrope_interleaved)
         if spec.mode == SCALAR_OFFSET:
             # Host-known positions: check (or grow) the table before launching.
             last = spec.offset + (max_seqlen if varlen else seqlen) - 1

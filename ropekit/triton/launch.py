@@ -374,20 +374,23 @@ def _flat_applies(q, k, out_q, out_k, contiguous: bool, positions: PositionSpec,
                   interleaved: bool, cos_per_token: bool, eager_rounding: bool) -> bool:
     """Whether the flat kernel can run these tensors: contiguous (batch, seq, heads, head_dim) q, k and outputs
     (``contiguous``: the caller's check of all four), the whole head rotated with NeoX pairs, positions from the
-    table (not varlen, not per-token rows), one rounding in fp32 math, and out of place: in place, a lane would
+    table (not varlen, not M-RoPE, not per-token rows), one rounding in fp32 math, and out of place: in place, a lane would
     overwrite an element another warp may still have to read as its partner."""
-    return (not positions.is_varlen and not cos_per_token and not eager_rounding and not interleaved
-            and q.dtype in _FLAT_DTYPES
+    return (not positions.is_varlen and not positions.is_mrope and not cos_per_token and not eager_rounding
+            and not interleaved and q.dtype in _FLAT_DTYPES
             and rotary_dim == q.shape[-1] and q.ndim == 4 and out_q.data_ptr() != q.data_ptr()
             and (k is None or out_k.data_ptr() != k.data_ptr()) and contiguous)
 
 
 def _position_strides(positions: PositionSpec) -> tuple:
     """(sequence, token) strides of the positions tensor: per-sequence offsets ``(batch,)`` step by sequence, 1-D
-    position ids (varlen) by packed token, 2-D ids by both; (1, 1) without a tensor (not read)."""
+    position ids (varlen) by packed token, 2-D ids by both; (1, 1) without a tensor (not read). M-RoPE's ids add
+    the axis stride: (sequence, token, axis) of ``(3, batch, seq)``, or of ``(3, tokens)`` packed (no sequence)."""
     t = positions.tensor
     if t is None:
         return 1, 1
+    if positions.is_mrope:
+        return (t.stride(1), t.stride(2), t.stride(0)) if t.ndim == 3 else (0, t.stride(1), t.stride(0))
     if t.ndim == 2:
         return t.stride(0), t.stride(1)
     return (0, t.stride(0)) if positions.mode == POSITION_IDS else (t.stride(0), 1)
