@@ -113,8 +113,9 @@ def test_matches_reference_for_every_layout_and_pairing(backend, case, variant, 
     out_q, out_k = ropekit.apply_rope(q, k, cos, sin, positions=ids.to(DEVICE), layout=layout, interleaved=pairing,
                                       inplace=inplace, mrope_section=section, mrope_interleaved=interleaved)
     assert (out_q is q) == inplace and (out_k is k) == inplace
-    assert_close_to_reference(out_q, expected(q_before, layout, ids, section, interleaved, interleaved=pairing, rotary_dim=rotary_dim))
-    assert_close_to_reference(out_k, expected(k_before, layout, ids, section, interleaved, interleaved=pairing, rotary_dim=rotary_dim))
+    kw = dict(interleaved=pairing, rotary_dim=rotary_dim)
+    assert_close_to_reference(out_q, expected(q_before, layout, ids, section, interleaved, **kw))
+    assert_close_to_reference(out_k, expected(k_before, layout, ids, section, interleaved, **kw))
     assert torch.equal(out_q[..., rotary_dim:], q_before[..., rotary_dim:])
 
 

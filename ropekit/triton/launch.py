@@ -374,8 +374,8 @@ def _flat_applies(q, k, out_q, out_k, contiguous: bool, positions: PositionSpec,
                   interleaved: bool, cos_per_token: bool, eager_rounding: bool) -> bool:
     """Whether the flat kernel can run these tensors: contiguous (batch, seq, heads, head_dim) q, k and outputs
     (``contiguous``: the caller's check of all four), the whole head rotated with NeoX pairs, positions from the
-    table (not varlen, not M-RoPE, not per-token rows), one rounding in fp32 math, and out of place: in place, a lane would
-    overwrite an element another warp may still have to read as its partner."""
+    table (not varlen, not M-RoPE, not per-token rows), one rounding in fp32 math, and out of place: in place, a lane
+    would overwrite an element another warp may still have to read as its partner."""
     return (not positions.is_varlen and not positions.is_mrope and not cos_per_token and not eager_rounding
             and not interleaved and q.dtype in _FLAT_DTYPES
             and rotary_dim == q.shape[-1] and q.ndim == 4 and out_q.data_ptr() != q.data_ptr()
