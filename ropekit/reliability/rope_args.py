@@ -3,8 +3,9 @@ documentation says the call must do with them, and the float64 reference of its 
 
 Drawn independently: q's and k's dtype and view, k's aliasing with q (a slice of q's heads, q itself), the tables'
 dtypes and views (cos and sin each their own), half-width tables or per-token rows (halves equal), the position form
-(none, host int, 0-d / per-sequence offsets, position ids, broadcast ids) with its dtype, view and values (in and out
-of the table, negative), for ``thd`` the ``cu_seqlens`` dtype, view and values (valid, ending past or before the
+(none, host int, 0-d / per-sequence offsets, position ids, broadcast ids, and for ``apply_rope`` M-RoPE's three ids per
+token with ``mrope_section`` and ``mrope_interleaved``) with its dtype, view and values (in and out of the table,
+negative), for ``thd`` the ``cu_seqlens`` dtype, view and values (valid, ending past or before the
 tokens, decreasing, not starting at 0, negative) and ``max_seqlen``; layout, pairing, ``rotary_dim``, conjugate, in
 place, autograd and check mode. What the documentation says about each combination decides what the oracle expects.
 """
@@ -163,10 +164,18 @@ class RopeArgs:
         return EITHER if self.expect == MATCH and self.either else self.expect
 
 
+def _mrope_section(rng: random.Random, pairs: int) -> list[int]:
+    """Three sections (temporal, height, width) of ``pairs`` pairs, any of them possibly empty."""
+    first, second = sorted(rng.randint(0, pairs) for _ in range(2))
+    return [first, second - first, pairs - second]
+
+
 def draw_rope_args(rng: random.Random, gen: torch.Generator, device, *, backend: str = "triton",
-                   conjugate: bool = True, arena: Arena | None = None, inplace: bool | None = None) -> RopeArgs:
+                   conjugate: bool = True, arena: Arena | None = None, inplace: bool | None = None,
+                   mrope: bool = False) -> RopeArgs:
     """Draw every argument of a rotary call (see the module docstring); ``conjugate``: may the call take one;
-    ``arena``: where to place the tensors (a fresh one by default); ``inplace``: given rather than drawn."""
+    ``arena``: where to place the tensors (a fresh one by default); ``inplace``: given rather than drawn; ``mrope``:
+    may the positions be M-RoPE's (``apply_rope``'s ``mrope_section``)."""
     arena = arena or Arena(rng, gen, device)
     expect, why_raise, either = MATCH, [], []
     layout = rng.choice(("bshd", "sbhd", "bhsd", "thd"))
@@ -255,6 +264,7 @@ def draw_rope_args(rng: random.Random, gen: torch.Generator, device, *, backend:
     # -- positions, tables or per-token rows ----------------------------------------------------------------------------
     rotate_ref = None  # (x float64 in tokens' layout, cos, sin) -> the reference output, differentiable in x
     positions = None
+    mrope_kwargs = {}
     valid_tokens = None
     if per_token:
         width = rotary_dim if rng.random() > 0.15 else rotary_dim + 2 * rng.randint(1, 2)
@@ -290,6 +300,16 @@ def draw_rope_args(rng: random.Random, gen: torch.Generator, device, *, backend:
     else:
         form = rng.choice(("none", "int", "t0d", "offsets", "ids") + (() if layout == "thd" else
                                                                        ("offsets2d", "ids1d", "ids_bcast")))
+        if mrope and rng.random() < 0.2:
+            form = "mrope"
+            section = _mrope_section(rng, rotary_dim // 2)
+            if rng.random() < 0.05:
+                section[rng.randrange(3)] += 1
+                expect, why_raise = RAISE, why_raise + ["an mrope_section that does not sum to rotary_dim/2"]
+            mrope_kwargs = dict(mrope_section=section, mrope_interleaved=rng.random() < 0.5)
+            if backend == "cuda":
+                expect, why_raise = RAISE, why_raise + ["M-RoPE on the CUDA backend"]
+            spec.update(mrope_kwargs)
         span = seq
         rows = rng.randint(max(span, 1), max(span, 1) + 6) if rng.random() > 0.02 else 0
         if rows == 0:
@@ -321,11 +341,11 @@ def draw_rope_args(rng: random.Random, gen: torch.Generator, device, *, backend:
                 either.append("max_seqlen (not the sequences) reaches past the table")
         else:
             shape = {"t0d": (), "offsets": (batch,), "offsets2d": (batch, 1), "ids": token_shape,
-                     "ids1d": (seq,), "ids_bcast": token_shape}[form]
+                     "ids1d": (seq,), "ids_bcast": token_shape, "mrope": (3, *token_shape)}[form]
             kind = "expanded" if form == "ids_bcast" else pos_kind
             elsewhere = rng.random() < 0.03 and str(device).startswith("cuda")  # (drawn on every device alike)
             positions = arena.place("positions", shape, pos_dtype, kind,
-                                    id_values if form.startswith("ids") else offset_values,
+                                    id_values if form.startswith("ids") or form == "mrope" else offset_values,
                                     device="cpu" if elsewhere else None)
             if elsewhere:
                 expect, why_raise = RAISE, why_raise + ["positions on another device than q"]
@@ -342,6 +362,9 @@ def draw_rope_args(rng: random.Random, gen: torch.Generator, device, *, backend:
                     either.append("thd positions of ambiguous shape (both readings agree)")
             if local is None:
                 token_pos = None
+            elif form == "mrope":  # a position per pair: (*tokens, rotary_dim / 2)
+                token_pos = ref.mrope_pair_positions(raw.expand(3, *token_shape), mrope_kwargs["mrope_section"],
+                                                     mrope_interleaved=mrope_kwargs["mrope_interleaved"])
             elif as_ids:
                 token_pos = raw.expand(*token_shape) if layout != "thd" else raw
             elif layout == "thd":
@@ -371,12 +394,16 @@ def draw_rope_args(rng: random.Random, gen: torch.Generator, device, *, backend:
                 elif bool(((raw < 0) | (raw >= rows)).any()):
                     either.append("check mode: an offset outside the table that no token uses")
 
-            def rotate_ref(x, c, s, token_pos=token_pos, valid=valid_tokens):
+            def rotate_ref(x, c, s, token_pos=token_pos, valid=valid_tokens, per_pair=form == "mrope"):
                 def half(t):
                     t = t.detach().cpu().to(torch.float64)
-                    t = t[token_pos.clamp(0, max(rows - 1, 0))][..., :rotary_dim // 2] if rows else \
-                        torch.zeros(*token_pos.shape, rotary_dim // 2, dtype=torch.float64)
-                    return torch.where(valid[..., None], t, torch.full_like(t, float("nan")))
+                    if not rows:
+                        t = torch.zeros(*token_pos.shape[:len(token_shape)], rotary_dim // 2, dtype=torch.float64)
+                    elif per_pair:  # M-RoPE: pair i reads column i of its own axis' row
+                        t = t[token_pos.clamp(0, rows - 1), torch.arange(rotary_dim // 2)]
+                    else:
+                        t = t[token_pos.clamp(0, rows - 1)][..., :rotary_dim // 2]
+                    return torch.where(valid if per_pair else valid[..., None], t, torch.full_like(t, float("nan")))
                 return _rotate(x, half(c), half(s), rotary_dim, interleaved, conjugate)
     past_max = None
     if index_hostile:
@@ -399,7 +426,8 @@ def draw_rope_args(rng: random.Random, gen: torch.Generator, device, *, backend:
         expect = EITHER
 
     kwargs = dict(positions=positions, layout=layout, interleaved=interleaved, rotary_dim=rotary_arg, inplace=inplace,
-                  cu_seqlens=cu, max_seqlen=max_seqlen, per_token=per_token, conjugate=conjugate, backend=backend)
+                  cu_seqlens=cu, max_seqlen=max_seqlen, per_token=per_token, conjugate=conjugate, backend=backend,
+                  **mrope_kwargs)
     spec.update(q=_describe(q), k=_describe(k), cos=_describe(cos), sin=_describe(sin),
                 positions=_describe(positions), cu_seqlens=_describe(cu))
     logical = {name: None if t is None else t.detach().cpu().clone() for name, t in
