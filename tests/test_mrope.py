@@ -419,3 +419,22 @@ def test_one_launch_reads_the_table_and_the_ids_never_per_token_rows():
     assert arguments["POSITIONS"].data_ptr() == ids.data_ptr()
     assert arguments["POS_MODE"] == ropekit.positions.mrope_mode([6, 5, 5], True)
     assert ropekit.positions.mrope_sections(arguments["POS_MODE"]) == ((6, 5, 5), True)
+
+
+# --- the measurement command runs its whole path (on a CPU: no clock, nothing measured) -----------------------------
+
+def test_the_mrope_benchmark_runs_dry_and_its_byte_model_adds_up(tmp_path, capsys):
+    from ropekit.bench import mrope
+    from ropekit.bench.timing import DryRunTimer
+
+    tiny = (dict(mrope.CASES[0], batch=2, heads_q=2, heads_k=1), dict(mrope.CASES[4], seqlen=70, heads_q=2, heads_k=1))
+    rows = mrope.speed(DEVICE, DryRunTimer(), tiny)
+    assert [r["max_abs_difference"] for r in rows] == [0.0, 0.0]  # the same table values reach the same pairs
+    assert {"in-kernel", "rows: rotate", "rows: build + rotate", "text"} <= set(rows[0])
+    ids = mrope.vision_ids(1, 70)
+    assert ids[:, 0, :64].eq(torch.arange(64)).all() and ids[0, 0, 64:].eq(64).all()  # text, then one image
+    model = mrope.byte_model(dict(mrope.CASES[2]))  # qwen2.5vl, 16384 tokens: 128 rotary channels, 4-byte rows
+    assert model["rows_memory"] == 16384 * 128 * 2 * 4
+    assert model["rows: rotate"] - model["q_and_k"] == 2 * (model["in-kernel"] - model["q_and_k"] - model["ids"])
+    assert mrope.main(["--out", str(tmp_path), "--no-speed"]) == 0
+    assert (tmp_path / "mrope.json").exists() and "rows memory" in capsys.readouterr().out
