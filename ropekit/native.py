@@ -178,13 +178,17 @@ def _same_view(x: torch.Tensor, out: torch.Tensor) -> bool:
 def rope(q: torch.Tensor, k: Optional[torch.Tensor], cos: Optional[torch.Tensor], sin: Optional[torch.Tensor], *,
          out_q: torch.Tensor, out_k: Optional[torch.Tensor], positions: PositionSpec, rotary_dim: int,
          interleaved: bool = False, conjugate: bool = False, cos_per_token: bool = False, copy_tail: bool = True,
-         eager_rounding: bool = False, inv_freq: Optional[torch.Tensor] = None, scale: float = 1.0) -> None:
+         eager_rounding: bool = False, inv_freq: Optional[torch.Tensor] = None, scale: float = 1.0,
+         nope: Optional[tuple] = None) -> None:
     """:func:`ropekit.triton.launch.rope_v4`'s arguments and outputs (q/k/out ``(batch, seq, heads, head_dim)`` views,
     ``(tokens, heads, head_dim)`` for varlen), computed in PyTorch ops. Trusts its caller, as the launcher does."""
     varlen = positions.is_varlen
     n_batch = positions.cu_seqlens.shape[0] - 1 if varlen else q.shape[0]
     tokens = _tokens(positions, n_batch, 0 if varlen else q.shape[1], q.shape[0], q.device)
     math, head_dim = _math_dtype(q), q.shape[-1]
+    if nope is not None:
+        _nope(q, k, out_q, out_k, positions, tokens, math, *nope)
+        return
     angles = _angles(cos, sin, positions, tokens, rotary_dim, interleaved, cos_per_token, conjugate, math, inv_freq,
                      scale)
     in_place = _same_view(q, out_q) and (k is None or _same_view(k, out_k))
@@ -198,6 +202,18 @@ def rope(q: torch.Tensor, k: Optional[torch.Tensor], cos: Optional[torch.Tensor]
             tokens.put(out, channels, values)  # (in place: after every read of x)
         if tail is not None:
             tokens.put(out, slice(rotary_dim, head_dim), tail)
+
+
+def _nope(q, k, out_q, out_k, positions: PositionSpec, tokens: _Tokens, math: torch.dtype, floor_scale: int,
+          attn_scale: float) -> None:
+    """A Llama 4 NoPE layer: q times its token's temperature ``log(floor((p + 1) / floor_scale) + 1) * attn_scale +
+    1`` (the floor in integers, the rest in float64, rounded once to the math dtype), k copied out of place."""
+    turns = torch.div(_positions(positions, tokens) + 1, floor_scale, rounding_mode="floor")
+    temperature = (torch.log(turns.to(torch.float64) + 1) * attn_scale + 1).to(math)[..., None, None]
+    if q.numel():
+        tokens.put(out_q, slice(None), tokens.take(q).to(math) * temperature)
+    if k is not None and k.numel() and not _same_view(k, out_k):
+        tokens.put(out_k, slice(None), tokens.take(k))
 
 
 # --------------------------------------------------------------------------------------------------------------------

@@ -29,6 +29,7 @@ __all__ = [
     "rope_backward",
     "mrope_pair_positions",
     "mrope",
+    "nope_temperature",
     "rope_from_cos_sin",
     "rotate_half",
     "rope_rotate_half",
@@ -155,6 +156,16 @@ def mrope(x: torch.Tensor, position_ids: torch.Tensor, mrope_section, *, mrope_i
     rotated = rotate_pairs(x64[..., :rotary_dim], torch.cos(theta), torch.sin(theta), interleaved=interleaved,
                            conjugate=conjugate)
     return torch.cat((rotated, x64[..., rotary_dim:]), dim=-1)
+
+
+def nope_temperature(x: torch.Tensor, positions: torch.Tensor, floor_scale, attn_scale: float) -> torch.Tensor:
+    """Llama 4's NoPE layers (transformers' ``attn_temperature_tuning``): nothing rotates, and every channel of ``x``
+    (``(*tokens, heads, head_dim)``) is multiplied by ``log(floor((position + 1) / floor_scale) + 1) * attn_scale +
+    1`` of its token, in float64 on the CPU (``positions``: ``x``'s token shape)."""
+    pos = torch.as_tensor(positions).to(torch.int64).cpu()
+    turns = torch.div(pos + 1, int(floor_scale), rounding_mode="floor").to(torch.float64)
+    scale = torch.log(turns + 1) * float(attn_scale) + 1
+    return x.to(torch.float64).cpu() * scale[..., None, None]
 
 
 def rope_from_cos_sin(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, interleaved: bool = False,

@@ -16,6 +16,9 @@ New since v3 (tiles of tokens x heads that share cos/sin rows):
   token in any float dtype, the way transformers passes them (the HF drop-in), or
   (``ANGLES``) computed from the position and the inverse frequencies: no table (see :func:`_angle_cos_sin`).
 * ``CONJUGATE`` rotates by -θ: the backward pass is the same kernel.
+* **NoPE layers** (Llama 4, ``NOPE_FLOOR_SCALE`` > 0): nothing rotates; q is multiplied by its token's attention
+  temperature (:func:`_nope_temperature`) and k passes through (out of place: copied). The same kernel is its own
+  backward.
 * In place (out pointer == in pointer) or out of place; offsets in int64 whenever a view spans 2**31 elements
   or more (int32 otherwise: fewer instructions), so huge tensors are correct (docs/tuning.md#index-dtype).
 * Positions outside the table are never read (masked loads); such tokens come out as NaN so the error is loud.
@@ -119,6 +122,19 @@ def _angle_cos_sin(INV_FREQ, position, pairs, pair_mask, stride, ANGLE_SCALE: tl
 
 
 @triton.jit
+def _nope_temperature(position, pairs, FLOOR_SCALE: tl.constexpr, ATTN_SCALE: tl.constexpr,
+                      MATH_DTYPE: tl.constexpr):
+    """Llama 4's attention temperature of a NoPE layer, ``log(floor((position + 1) / FLOOR_SCALE) + 1) * ATTN_SCALE +
+    1``, for [BLOCK_S, 1] positions, broadcast over [BLOCK_HALF] pairs: the floor in integer arithmetic (exact at any
+    position; a negative numerator rounds down too), the rest in float64, rounded once to the math dtype. ATTN_SCALE
+    is a compile-time float64 constant (a float argument would arrive rounded to float32)."""
+    after = position + 1
+    turns = tl.where(after >= 0, after // FLOOR_SCALE, -((FLOOR_SCALE - 1 - after) // FLOOR_SCALE))
+    scale = tl.log(turns.to(tl.float64) + 1.0) * tl.full([], ATTN_SCALE, tl.float64) + 1.0
+    return (scale + tl.zeros([1, pairs.shape[0]], tl.float64)).to(MATH_DTYPE)
+
+
+@triton.jit
 def _mrope_positions(POSITIONS, batch_index, token_rows, token_mask, position_strides, pairs,
                      POS_MODE: tl.constexpr):
     """M-RoPE: the [BLOCK_S, BLOCK_HALF] position of every pair of BLOCK_S tokens, that of the pair's axis.
@@ -150,7 +166,8 @@ def _mrope_positions(POSITIONS, batch_index, token_rows, token_mask, position_st
 def _cos_sin(COS, SIN, POSITIONS, pid_b, batch_index, s_local, token_rows, token_mask, table_len, position_offset,
              cos_strides, position_strides, ROTARY_DIM: tl.constexpr, BLOCK_HALF: tl.constexpr,
              INTERLEAVED: tl.constexpr, POS_MODE: tl.constexpr, COS_PER_TOKEN: tl.constexpr, CONJUGATE: tl.constexpr,
-             MATH_DTYPE: tl.constexpr, ANGLES: tl.constexpr = False, ANGLE_SCALE: tl.constexpr = 1.0):
+             MATH_DTYPE: tl.constexpr, ANGLES: tl.constexpr = False, ANGLE_SCALE: tl.constexpr = 1.0,
+             NOPE_FLOOR_SCALE: tl.constexpr = 0, NOPE_ATTN_SCALE: tl.constexpr = 0.0):
     """cos/sin of every pair of BLOCK_S tokens, as four [BLOCK_S, BLOCK_HALF] tiles (first / second channel of a pair).
 
     Called after the q/k tile is loaded, so those loads are already in flight while the dependent chain
@@ -158,7 +175,8 @@ def _cos_sin(COS, SIN, POSITIONS, pid_b, batch_index, s_local, token_rows, token
     row, column) of per-token rows, or (unused, row, column) of a table; ``position_strides``: (sequence, token), and
     for M-RoPE (``POS_MODE >= MROPE_IDS``) (sequence, token, axis): each pair then reads its own axis' position.
     With ANGLES, COS holds the (ROTARY_DIM / 2,) inverse frequencies (column stride ``cos_strides[2]``), SIN is not
-    read, and cos/sin are computed at each token's position and multiplied by ANGLE_SCALE.
+    read, and cos/sin are computed at each token's position and multiplied by ANGLE_SCALE. With NOPE_FLOOR_SCALE > 0
+    (a NoPE layer) cos is the token's attention temperature and sin 0; nothing is read but the positions.
     """
     stride_cos_b, stride_cos_s, stride_cos_d = cos_strides[0], cos_strides[1], cos_strides[2]
     stride_pos_b, stride_pos_s = position_strides[0], position_strides[1]
@@ -193,7 +211,10 @@ def _cos_sin(COS, SIN, POSITIONS, pid_b, batch_index, s_local, token_rows, token
         else:
             position = tl.load(POSITIONS + batch_index * stride_pos_b + token_rows * stride_pos_s,
                                mask=token_mask, other=0).to(tl.int64)[:, None]
-        if ANGLES:
+        if NOPE_FLOOR_SCALE > 0:
+            cos_a = _nope_temperature(position, pairs, NOPE_FLOOR_SCALE, NOPE_ATTN_SCALE, MATH_DTYPE)
+            sin_a = tl.zeros_like(cos_a)
+        elif ANGLES:
             cos_a, sin_a = _angle_cos_sin(COS, position, pairs, pair_mask, stride_cos_d, ANGLE_SCALE, MATH_DTYPE)
         else:
             in_table = (position >= 0) & (position < table_len)
@@ -264,12 +285,20 @@ def _load_pairs(X, row_in, row_mask, stride_d, ROTARY_DIM: tl.constexpr, BLOCK_S
 def _rotate_store(X, OUT, x_a, x_b, cos_a, sin_a, cos_b, sin_b, row_in, row_out, row_mask, stride_d, out_stride_d,
                   ROTARY_DIM: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr,
                   BLOCK_HALF: tl.constexpr, BLOCK_TAIL: tl.constexpr, INTERLEAVED: tl.constexpr,
-                  COPY_TAIL: tl.constexpr, EAGER_ROUNDING: tl.constexpr, EVICT: tl.constexpr):
+                  COPY_TAIL: tl.constexpr, EAGER_ROUNDING: tl.constexpr, EVICT: tl.constexpr,
+                  TRANSFORM: tl.constexpr = 0):
     """Rotate a loaded tile by its tokens' cos/sin ([BLOCK_S, BLOCK_HALF], shared by every head), store it and,
-    for partial rotary out of place, copy the untouched tail channels."""
+    for partial rotary out of place, copy the untouched tail channels. TRANSFORM 1 (q of a NoPE layer) multiplies
+    both channels of a pair by cos instead (no sin term: an Inf partner must not spoil its neighbour), 2 (k of a NoPE
+    layer) stores them as they are."""
     cos_a, sin_a = cos_a[:, None, :], sin_a[:, None, :]
     cos_b, sin_b = cos_b[:, None, :], sin_b[:, None, :]
-    out_a, out_b = _rotate(x_a, x_b, cos_a, sin_a, cos_b, sin_b, OUT.dtype.element_ty, EAGER_ROUNDING)
+    if TRANSFORM == 1:
+        out_a, out_b = x_a * cos_a, x_b * cos_b
+    elif TRANSFORM == 2:
+        out_a, out_b = x_a, x_b
+    else:
+        out_a, out_b = _rotate(x_a, x_b, cos_a, sin_a, cos_b, sin_b, OUT.dtype.element_ty, EAGER_ROUNDING)
     if INTERLEAVED:
         channels = tl.arange(0, 2 * BLOCK_HALF)
         mask = row_mask[:, :, None] & (channels < ROTARY_DIM)[None, None, :]
@@ -314,7 +343,8 @@ def rope_v4_kernel(
     # what the call asks for
     HAS_K: tl.constexpr, INTERLEAVED: tl.constexpr, CONJUGATE: tl.constexpr, POS_MODE: tl.constexpr,
     IS_VARLEN: tl.constexpr, COS_PER_TOKEN: tl.constexpr, ANGLES: tl.constexpr, ANGLE_SCALE: tl.constexpr,
-    EAGER_ROUNDING: tl.constexpr, MATH_DTYPE: tl.constexpr,
+    NOPE_FLOOR_SCALE: tl.constexpr, NOPE_ATTN_SCALE: tl.constexpr, EAGER_ROUNDING: tl.constexpr,
+    MATH_DTYPE: tl.constexpr,
     # what the tensors allow
     DENSE: tl.constexpr, IN_PLACE: tl.constexpr, INDEX_DTYPE: tl.constexpr, EVICT: tl.constexpr,
 ):
@@ -382,14 +412,15 @@ def rope_v4_kernel(
         cos_a, sin_a, cos_b, sin_b = _cos_sin(
             COS, SIN, POSITIONS, pid_b, batch_index, s_local, token_rows, token_mask, table_len, position_offset,
             cos_strides, position_strides, ROTARY_DIM, BLOCK_HALF, INTERLEAVED, POS_MODE, COS_PER_TOKEN, CONJUGATE,
-            MATH_DTYPE, ANGLES, ANGLE_SCALE)
+            MATH_DTYPE, ANGLES, ANGLE_SCALE, NOPE_FLOOR_SCALE, NOPE_ATTN_SCALE)
         _rotate_store(Q, OUT_Q, q_a, q_b, cos_a, sin_a, cos_b, sin_b, q_in, q_out, q_mask, q_strides[3],
                       out_q_strides[3], ROTARY_DIM, HEAD_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_TAIL, INTERLEAVED,
-                      ROTARY_DIM < HEAD_DIM and not IN_PLACE, EAGER_ROUNDING, EVICT)
+                      ROTARY_DIM < HEAD_DIM and not IN_PLACE, EAGER_ROUNDING, EVICT, 1 if NOPE_FLOOR_SCALE > 0 else 0)
         if FUSED_QK and HAS_K:
             _rotate_store(K, OUT_K, k_a, k_b, cos_a, sin_a, cos_b, sin_b, k_in, k_out, k_mask, k_strides[3],
                           out_k_strides[3], ROTARY_DIM, HEAD_DIM, BLOCK_S, BLOCK_HK, BLOCK_HALF, BLOCK_TAIL,
-                          INTERLEAVED, ROTARY_DIM < HEAD_DIM and not IN_PLACE, EAGER_ROUNDING, EVICT)
+                          INTERLEAVED, ROTARY_DIM < HEAD_DIM and not IN_PLACE, EAGER_ROUNDING, EVICT,
+                          2 if NOPE_FLOOR_SCALE > 0 else 0)
     elif HAS_K:
         k_in, k_out, k_mask = _tile_rows(k_strides, out_k_strides, batch_index, token_rows, token_mask,
                                          (pid_h - n_head_blocks_q) * BLOCK_H, n_heads_k, BLOCK_H, INDEX_DTYPE)
@@ -398,7 +429,7 @@ def rope_v4_kernel(
         cos_a, sin_a, cos_b, sin_b = _cos_sin(
             COS, SIN, POSITIONS, pid_b, batch_index, s_local, token_rows, token_mask, table_len, position_offset,
             cos_strides, position_strides, ROTARY_DIM, BLOCK_HALF, INTERLEAVED, POS_MODE, COS_PER_TOKEN, CONJUGATE,
-            MATH_DTYPE, ANGLES, ANGLE_SCALE)
+            MATH_DTYPE, ANGLES, ANGLE_SCALE, NOPE_FLOOR_SCALE, NOPE_ATTN_SCALE)
         _rotate_store(K, OUT_K, k_a, k_b, cos_a, sin_a, cos_b, sin_b, k_in, k_out, k_mask, k_strides[3],
                       out_k_strides[3], ROTARY_DIM, HEAD_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_TAIL, INTERLEAVED,
-                      ROTARY_DIM < HEAD_DIM and not IN_PLACE, EAGER_ROUNDING, EVICT)
+                      ROTARY_DIM < HEAD_DIM and not IN_PLACE, EAGER_ROUNDING, EVICT, 2 if NOPE_FLOOR_SCALE > 0 else 0)
