@@ -75,7 +75,7 @@ def compile_record(record):
 
 def _rope_calls():
     """A small matrix of apply_rope-shaped launches: tile (fused q+k or not), flat (paired or not), in place,
-    strided, varlen, per-token rows, GPT-J, partial rotary, fp64, the conjugate, table-free angles, M-RoPE."""
+    strided, varlen, per-token rows, GPT-J, partial rotary, fp64, the conjugate, table-free angles, M-RoPE, NoPE."""
     meta = dict(device="cpu")
     for dtype in (torch.bfloat16, torch.float32, torch.float64):
         q = torch.empty(2, 64, 8, 128, dtype=dtype, **meta)
@@ -135,6 +135,11 @@ def _rope_calls():
                    positions=packed_ids, rotary_dim=128, config=tile)
         yield dict(q=q, k=k, cos=None, sin=None, out_q=torch.empty_like(q), out_k=torch.empty_like(k),
                    positions=interleaved, rotary_dim=128, config=tile, inv_freq=inv_freq)
+        # Llama 4's NoPE layer: q times its temperature, k copied out of place (untouched in place)
+        for out_q, out_k, where, config in ((torch.empty_like(q), torch.empty_like(k), by_offsets, tile),
+                                            (q, k, spec, launch.TileConfig(2, 1, 16, fused_qk=True))):
+            yield dict(q=q, k=k, cos=None, sin=None, out_q=out_q, out_k=out_k, positions=where, rotary_dim=128,
+                       config=config, nope=(8192, 0.1))
 
 
 def _fused_calls():
