@@ -263,6 +263,24 @@ def _check_mrope(backend: str, device, interleaved: bool) -> str:
     return ""
 
 
+def _check_nope(backend: str, device) -> str:
+    """Llama 4's NoPE layer: packed sequences with an empty one, a non-power-of-two head_dim (80: masked channel
+    loads), GQA, k copied (out of place) and never touched (in place), positions across several temperatures."""
+    cu = torch.tensor([0, 5, 5, 12], dtype=torch.int32, device=device)
+    q, k = torch.randn(12, 3, 80, device=device), torch.randn(12, 1, 80, device=device)
+    offsets = torch.tensor([0, 7, 8185])
+    kw = dict(positions=offsets.to(device), layout="thd", cu_seqlens=cu, max_seqlen=7, nope_temperature=(4, 0.1),
+              backend=backend)
+    out_q, out_k = apply_rope(q, k, **kw)
+    problem = check_close_to_reference(out_q, ref.nope_temperature(q, ref.varlen_positions(cu, offsets=offsets),
+                                                                   4, 0.1))
+    if problem or not torch.equal(out_k, k):
+        return problem or "k was not copied bit for bit"
+    k_before = k.clone()
+    apply_rope(q, k, inplace=True, **kw)
+    return "" if torch.equal(k, k_before) else "in place, k was written"
+
+
 def _check_cuda_table(fast: bool) -> str:
     from ropekit.cuda import cos_sin_table_cuda
 
@@ -305,6 +323,8 @@ def sanitize_driver(device=None, verbose: bool = True, candidates: int | None = 
         if backend != "cuda":  # (the CUDA backend takes tables only)
             log.check(f"{backend} table-free angles (thd, partial rotary, GQA, positions < 1e7)",
                       lambda: _check_table_free(backend, device), device)
+            log.check(f"{backend} NoPE temperature (thd, head_dim 80, GQA, k copied / untouched)",
+                      lambda: _check_nope(backend, device), device)
             for interleaved in (False, True):
                 log.check(f"{backend} M-RoPE {'interleaved' if interleaved else 'contiguous'} sections (thd, "
                           "partial rotary, GQA, strided ids, a table of the rows they reach)",
