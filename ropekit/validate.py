@@ -18,8 +18,8 @@ import torch
 from .layouts import LAYOUTS, batch_and_seq_axes
 from .positions import SCALAR_OFFSET, SEQ_OFFSETS, PositionSpec, longest_sequence, resolve_positions
 
-__all__ = ["BACKENDS", "prepare", "check_nope", "check_mode", "check_overlaps", "OverlapError", "as_integer", "pair_copies",
-           "in_callers_names"]
+__all__ = ["BACKENDS", "prepare", "check_nope", "check_mode", "check_overlaps", "OverlapError", "as_integer",
+           "pair_copies", "in_callers_names"]
 
 BACKENDS = ("triton", "cuda", "native")
 
@@ -129,7 +129,8 @@ def check_nope(nope_temperature, backend: str, per_token: bool, mrope_section) -
     try:
         floor_scale, attn_scale = nope_temperature
     except (TypeError, ValueError):
-        raise TypeError(f"nope_temperature must be a pair (floor_scale, attn_scale), got {nope_temperature!r}") from None
+        raise TypeError(f"nope_temperature must be a pair (floor_scale, attn_scale), got "
+                        f"{nope_temperature!r}") from None
     whole = as_integer(floor_scale)
     if whole is None and isinstance(floor_scale, float) and floor_scale.is_integer():
         whole = int(floor_scale)

@@ -430,8 +430,8 @@ def plan_rope(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: t
     contiguous = all(t.is_contiguous() for t in (q, k, out_q, out_k) if t is not None)
     in_place = _same_view(q, out_q) and (k is None or _same_view(k, out_k))
     # the flat kernel reads tables only
-    flat_ok = not angles and nope is None and _flat_applies(q, k, out_q, out_k, contiguous, positions, rotary_dim, interleaved,
-                                           cos_per_token, eager_rounding)
+    flat_ok = not angles and nope is None and _flat_applies(q, k, out_q, out_k, contiguous, positions, rotary_dim,
+                                                            interleaved, cos_per_token, eager_rounding)
     shape = RopeShape(n_batch * seqlen, n_heads_q, n_heads_k, head_dim, rotary_dim, q.element_size(), cos_per_token,
                       flat_ok, k is None or k.shape == q.shape)
     if config is None:
