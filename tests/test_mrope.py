@@ -1,11 +1,10 @@
 """M-RoPE chosen inside the kernel, as a specification: ``apply_rope(q, k, cos, sin, positions=<(3, batch, seq) or
 (3, tokens)>, mrope_section=[t, h, w], mrope_interleaved=False)`` rotates pair ``i`` of every token by the angle of
 the position of the pair's axis (temporal, height, width), read from the same half-width table a text call reads,
-with no per-token rows: Qwen2-VL's and Qwen2.5-VL's consecutive sections, and Qwen3-VL's interleaved ones. Every
-layout, GQA, partial rotary, GPT-J pairing, in place, table-free angles, autograd and torch.compile, on the Triton
-kernel and the native backend; validation names the argument before anything is written."""
-
-import importlib
+with no per-token rows: Qwen2-VL's and Qwen2.5-VL's consecutive sections, and Qwen3-VL's interleaved ones (against
+transformers' Qwen-VL modules: tests/test_hf.py). Every layout, GQA, partial rotary, GPT-J pairing, in place,
+table-free angles, autograd and torch.compile, on the Triton kernel and the native backend; validation names the
+argument before anything is written."""
 
 import pytest
 import torch
@@ -19,12 +18,6 @@ from ropekit.triton.launch import FlatConfig, forced_config, plans, recorded_lau
 from conftest import DEVICE, gpu_only
 from rope_cases import make, table
 
-try:
-    import transformers
-except ImportError:  # pragma: no cover - transformers is in the dev extra
-    transformers = None
-
-needs_transformers = pytest.mark.skipif(transformers is None, reason="transformers is not installed")
 triton_backend = pytest.mark.backend("triton")
 
 # (id, mrope_section, mrope_interleaved) for rotary_dim 32: Qwen2-VL's [16, 24, 24] and Qwen3-VL's [24, 20, 20]
@@ -61,31 +54,6 @@ def test_reference_is_vllms_half_width_gather(variant, section, interleaved):
         want = torch.cat([m[i] for i, m in enumerate(theta.split(section, dim=-1))], dim=-1)
     pair_positions = ref.mrope_pair_positions(ids, section, mrope_interleaved=interleaved)
     torch.testing.assert_close(pair_positions.double() * inverse_frequencies(32).double(), want, rtol=0, atol=0)
-
-
-@needs_transformers
-@pytest.mark.parametrize("model, section, interleaved", [("qwen2_vl", [4, 6, 6], False), ("qwen3_vl", [6, 5, 5], True)])
-def test_matches_transformers_qwen_vl(backend, model, section, interleaved):
-    """transformers' Qwen2-VL rotary module with ``apply_multimodal_rotary_pos_emb``, and Qwen3-VL's with its
-    interleaved recomposition: the same output from the kernel reading one table at (3, batch, seq) positions."""
-    modeling = importlib.import_module(f"transformers.models.{model}.modeling_{model}")
-    prefix = {"qwen2_vl": "Qwen2VL", "qwen3_vl": "Qwen3VL"}[model]
-    parameters = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": section}
-    if interleaved:
-        parameters["mrope_interleaved"] = True
-    config = getattr(transformers, f"{prefix}TextConfig")(hidden_size=64, num_attention_heads=2, num_key_value_heads=1,
-                                                          head_dim=32, rope_parameters=parameters)
-    rotary = getattr(modeling, f"{prefix}TextRotaryEmbedding" if interleaved else f"{prefix}RotaryEmbedding")(config)
-    ids = mrope_ids(2, 6, 50).to(DEVICE)
-    q, k = torch.randn(2, 2, 6, 32, device=DEVICE), torch.randn(2, 1, 6, 32, device=DEVICE)
-    cos_hf, sin_hf = rotary.to(DEVICE)(q, ids)
-    want_q, want_k = modeling.apply_rotary_pos_emb(q, k, cos_hf, sin_hf)
-    cos, sin = table(64, 32)
-    got_q, got_k = ropekit.apply_rope(q, k, cos, sin, positions=ids, layout="bhsd", mrope_section=section,
-                                      mrope_interleaved=interleaved)
-    torch.testing.assert_close(got_q, want_q, rtol=1e-5, atol=2e-5)  # transformers forms float32 angles
-    torch.testing.assert_close(got_k, want_k, rtol=1e-5, atol=2e-5)
-    assert_close_to_reference(got_q, expected(q, "bhsd", ids, section, interleaved))
 
 
 # --- every case apply_rope takes ------------------------------------------------------------------------------------
