@@ -406,3 +406,23 @@ def test_the_mrope_benchmark_runs_dry_and_its_byte_model_adds_up(tmp_path, capsy
     assert model["rows: rotate"] - model["q_and_k"] == 2 * (model["in-kernel"] - model["q_and_k"] - model["ids"])
     assert mrope.main(["--out", str(tmp_path), "--no-speed"]) == 0
     assert (tmp_path / "mrope.json").exists() and "rows memory" in capsys.readouterr().out
+
+
+# --- the module ------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("parameters", [
+    {"rope_type": "default", "rope_theta": 1e6, "mrope_section": [4, 6, 6]},
+    {"rope_type": "default", "rope_theta": 5e6, "mrope_section": [6, 5, 5], "mrope_interleaved": True},
+], ids=["qwen2.5-vl", "qwen3-vl"])
+def test_rotary_embedding_takes_mrope_from_the_config(backend, parameters):
+    """``RotaryEmbedding`` built from a Qwen-VL config's rope parameters: (3, batch, seq) ids are M-RoPE's, text
+    positions rotate as ever."""
+    rope = ropekit.RotaryEmbedding(32, scaling=parameters, max_positions=64, device=DEVICE)
+    q, k = make("bshd", 2, 5, 4, 32, torch.float32), make("bshd", 2, 5, 2, 32, torch.float32)
+    ids = mrope_ids(2, 5)
+    out_q, out_k = rope(q, k, positions=ids.to(DEVICE))
+    kw = dict(base=parameters["rope_theta"], mrope_interleaved=parameters.get("mrope_interleaved", False))
+    assert_close_to_reference(out_q, ref.mrope(q, ids, parameters["mrope_section"], **kw))
+    assert_close_to_reference(out_k, ref.mrope(k, ids, parameters["mrope_section"], **kw))
+    text, _ = rope(q, None, positions=3)
+    assert_close_to_reference(text, ref.rope(q, ref.token_positions(2, 5, offsets=3), base=parameters["rope_theta"]))
