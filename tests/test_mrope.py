@@ -426,3 +426,23 @@ def test_rotary_embedding_takes_mrope_from_the_config(backend, parameters):
     assert_close_to_reference(out_k, ref.mrope(k, ids, parameters["mrope_section"], **kw))
     text, _ = rope(q, None, positions=3)
     assert_close_to_reference(text, ref.rope(q, ref.token_positions(2, 5, offsets=3), base=parameters["rope_theta"]))
+
+
+@triton_backend
+@pytest.mark.parametrize("variant, section, interleaved", VARIANTS, ids=VARIANT_IDS)
+def test_the_fused_kernel_reads_mrope_positions_through_the_same_helper(variant, section, interleaved):
+    """The sections travel in the position mode, so the fused pre-processing kernel (which shares the angle lookup)
+    takes an M-RoPE position spec with no argument of its own; its front doors (``ropekit.fused``) do not offer
+    ``mrope_section`` yet."""
+    from ropekit.positions import resolve_positions
+    from ropekit.triton.fused import launch_fused
+
+    q, k = make("bshd", 2, 5, 4, 32, torch.float32), make("bshd", 2, 5, 2, 32, torch.float32)
+    cos, sin = table(64, 32)
+    ids = mrope_ids(2, 5)
+    spec = resolve_positions(batch=2, seqlen=5, positions=ids.to(DEVICE), mrope_section=section,
+                             mrope_interleaved=interleaved)
+    out_q, out_k = torch.empty_like(q), torch.empty_like(k)
+    launch_fused(q, k, cos, sin, positions=spec, rotary_dim=32, out_q=out_q, out_k=out_k)
+    assert_close_to_reference(out_q, ref.mrope(q, ids, section, mrope_interleaved=interleaved))
+    assert_close_to_reference(out_k, ref.mrope(k, ids, section, mrope_interleaved=interleaved))
