@@ -14,7 +14,7 @@ from ropekit import reference as ref
 from ropekit.layouts import TO_BSHD
 from ropekit.testing import assert_close_to_reference
 from ropekit.triton.launch import TileConfig, forced_config, plans, recorded_launches
-from conftest import DEVICE
+from conftest import DEVICE, gpu_only
 from rope_cases import make, positions_for, table
 
 triton_backend = pytest.mark.backend("triton")
@@ -164,6 +164,30 @@ def test_torch_compile_fullgraph_no_graph_break(backend):
     got = torch.compile(scale_in_place, fullgraph=True, backend="aot_eager" if DEVICE == "cpu" else "inductor")(
         x.clone(), offsets)
     assert_close_to_reference(got, ref.nope_temperature(x, ref.token_positions(2, 3, offsets=offsets.cpu()), 4, 0.5))
+
+
+@gpu_only
+def test_cuda_graph_replays_with_new_positions():
+    q = torch.randn(64, 1, 40, 128, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(64, 1, 8, 128, device="cuda", dtype=torch.bfloat16)
+    offsets = torch.randint(0, 100_000, (64,), device="cuda")
+    out = {}
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            ropekit.apply_rope(q, k, positions=offsets, nope_temperature=LLAMA4)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out["q"], out["k"] = ropekit.apply_rope(q, k, positions=offsets, nope_temperature=LLAMA4)
+    for _ in range(3):
+        offsets.copy_(torch.randint(0, 100_000, (64,), device="cuda"))
+        graph.replay()
+        torch.cuda.synchronize()
+        pos = ref.token_positions(64, 1, offsets=offsets.cpu())
+        assert_close_to_reference(out["q"], ref.nope_temperature(q, pos, *LLAMA4))
+        assert torch.equal(out["k"], k)
 
 
 # --- validation: every error names the argument, before anything is written -----------------------------------------
