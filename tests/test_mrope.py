@@ -404,6 +404,8 @@ def test_the_mrope_benchmark_runs_dry_and_its_byte_model_adds_up(tmp_path, capsy
     model = mrope.byte_model(dict(mrope.CASES[2]))  # qwen2.5vl, 16384 tokens: 128 rotary channels, 4-byte rows
     assert model["rows_memory"] == 16384 * 128 * 2 * 4
     assert model["rows: rotate"] - model["q_and_k"] == 2 * (model["in-kernel"] - model["q_and_k"] - model["ids"])
+    ops = mrope.build_operators(DEVICE)
+    assert ops["operators"] == len(ops["names"]) > 10 and ops["host_reads"] == 2  # the rows' range check
     assert mrope.main(["--out", str(tmp_path), "--no-speed"]) == 0
     assert (tmp_path / "mrope.json").exists() and "rows memory" in capsys.readouterr().out
 

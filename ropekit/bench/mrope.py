@@ -27,6 +27,10 @@ position ids, a float32 half-width table of ``rotary_dim/2`` columns):
   concatenation of ``mrope_cos_sin`` add their own intermediates on top: a lower bound).
 * Memory: the rows, ``T R 2 x 4`` bytes held for the step, which the in-kernel path never allocates.
 
+**Host work of the build** (any machine): the PyTorch operators ``mrope_cos_sin`` dispatches for one call, counted
+with a ``TorchDispatchMode``, and how many of them read a device value on the host (``aten._local_scalar_dense``: a
+host sync on a GPU, outside CUDA-graph capture). The in-kernel path dispatches none of them.
+
 **Timing** (CUDA only): each call captured back to back in a CUDA graph and replayed
 (``ropekit.bench.timing.GpuTimer``), the paths of a case in interleaved rounds; q, k, the table and the rows fit in
 L2 or not as the case's size decides (no rotation of buffers): the numbers are labelled with the case's bytes.
@@ -44,7 +48,7 @@ import torch
 
 import ropekit
 
-__all__ = ["CASES", "vision_ids", "byte_model", "speed", "main"]
+__all__ = ["CASES", "vision_ids", "byte_model", "build_operators", "speed", "main"]
 
 _HEAD_DIM = 128
 
@@ -93,6 +97,27 @@ def byte_model(case: dict, dtype: torch.dtype = torch.bfloat16, table_rows: int 
             "in-kernel": qk + ids + table_values, "rows: rotate": qk + rows,
             "rows: build (at least)": ids + rows, "rows: build + rotate (at least)": qk + ids + 2 * rows,
             "rows_memory": rows}
+
+
+def build_operators(device, case: dict = CASES[1]) -> dict:
+    """The PyTorch operators one ``mrope_cos_sin`` call dispatches (views included) and the host reads among them."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class _Count(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    cos, sin = ropekit.cos_sin_table(_table_rows(case), _HEAD_DIM, device=device)
+    ids = vision_ids(case["batch"], case["seqlen"]).to(device)
+    with _Count() as count:
+        ropekit.mrope_cos_sin(cos, sin, ids, case["mrope_section"], interleaved=case["mrope_interleaved"])
+    return {"operators": len(count.names), "host_reads": count.names.count("aten._local_scalar_dense.default"),
+            "names": count.names}
 
 
 def _table_rows(case: dict) -> int:
@@ -176,9 +201,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     device = ropekit.device.DEVICE
     result = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
-              "bytes": {case["name"]: byte_model(case) for case in CASES}, "speed": None}
+              "bytes": {case["name"]: byte_model(case) for case in CASES}, "speed": None,
+              "build_operators": build_operators(device)}
     print("== byte model (bf16 q and k, float32 table and rows, rotary_dim 128)")
     print(_report_bytes())
+    ops = result["build_operators"]
+    print(f"== building the rows (ropekit.mrope_cos_sin, one call): {ops['operators']} PyTorch operators, "
+          f"{ops['host_reads']} of them host reads of a device value; the in-kernel path: none")
     if not args.no_speed:
         if device != "cuda":
             print("speed: needs a CUDA GPU (skipped)")
