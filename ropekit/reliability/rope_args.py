@@ -269,7 +269,7 @@ def draw_rope_args(rng: random.Random, gen: torch.Generator, device, *, backend:
     # -- positions, tables or per-token rows ----------------------------------------------------------------------------
     rotate_ref = None  # (x float64 in tokens' layout, cos, sin) -> the reference output, differentiable in x
     positions = None
-    mrope_kwargs = {}
+    switch_kwargs = {}  # apply_rope's own switches: M-RoPE's sections or a NoPE layer's temperature
     rotate_ref_k = None
     valid_tokens = None
     if per_token:
@@ -305,7 +305,7 @@ def draw_rope_args(rng: random.Random, gen: torch.Generator, device, *, backend:
         columns = width // 2
     elif nope:
         cos = sin = None
-        mrope_kwargs, rotate_ref, rotate_ref_k, why = _draw_nope(rng, gen, arena, device, layout, batch, seq, tokens,
+        switch_kwargs, rotate_ref, rotate_ref_k, why = _draw_nope(rng, gen, arena, device, layout, batch, seq, tokens,
                                                                  token_shape, lengths if layout == "thd" else None,
                                                                  cu, cu_how, check_mode, backend)
         for kind, reason in why:
@@ -313,7 +313,7 @@ def draw_rope_args(rng: random.Random, gen: torch.Generator, device, *, backend:
                 expect, why_raise = RAISE, why_raise + [reason]
             else:
                 either.append(reason)
-        positions = mrope_kwargs.pop("positions")
+        positions = switch_kwargs.pop("positions")
         spec.update(nope=True, positions_form="nope")
         columns = head_dim // 2
     else:
@@ -325,10 +325,10 @@ def draw_rope_args(rng: random.Random, gen: torch.Generator, device, *, backend:
             if rng.random() < 0.05:
                 section[rng.randrange(3)] += 1
                 expect, why_raise = RAISE, why_raise + ["an mrope_section that does not sum to rotary_dim/2"]
-            mrope_kwargs = dict(mrope_section=section, mrope_interleaved=rng.random() < 0.5)
+            switch_kwargs = dict(mrope_section=section, mrope_interleaved=rng.random() < 0.5)
             if backend == "cuda":
                 expect, why_raise = RAISE, why_raise + ["M-RoPE on the CUDA backend"]
-            spec.update(mrope_kwargs)
+            spec.update(switch_kwargs)
         span = seq
         rows = rng.randint(max(span, 1), max(span, 1) + 6) if rng.random() > 0.02 else 0
         if rows == 0:
@@ -382,8 +382,8 @@ def draw_rope_args(rng: random.Random, gen: torch.Generator, device, *, backend:
             if local is None:
                 token_pos = None
             elif form == "mrope":  # a position per pair: (*tokens, rotary_dim / 2)
-                token_pos = ref.mrope_pair_positions(raw.expand(3, *token_shape), mrope_kwargs["mrope_section"],
-                                                     mrope_interleaved=mrope_kwargs["mrope_interleaved"])
+                token_pos = ref.mrope_pair_positions(raw.expand(3, *token_shape), switch_kwargs["mrope_section"],
+                                                     mrope_interleaved=switch_kwargs["mrope_interleaved"])
             elif as_ids:
                 token_pos = raw.expand(*token_shape) if layout != "thd" else raw
             elif layout == "thd":
@@ -446,7 +446,7 @@ def draw_rope_args(rng: random.Random, gen: torch.Generator, device, *, backend:
 
     kwargs = dict(positions=positions, layout=layout, interleaved=interleaved, rotary_dim=rotary_arg, inplace=inplace,
                   cu_seqlens=cu, max_seqlen=max_seqlen, per_token=per_token, conjugate=conjugate, backend=backend,
-                  **mrope_kwargs)
+                  **switch_kwargs)
     spec.update(q=_describe(q), k=_describe(k), cos=_describe(cos), sin=_describe(sin),
                 positions=_describe(positions), cu_seqlens=_describe(cu))
     if nope:
