@@ -31,7 +31,7 @@ from .layouts import LAYOUTS, TO_BSHD, batch_and_seq_axes
 from .outputs import bump_versions, new_output
 from .positions import SCALAR_OFFSET, PositionSpec
 from .triton.launch import plan_rope, plans, rope_v4
-from .validate import BACKENDS, check_mode, check_overlaps, prepare
+from .validate import BACKENDS, check_mode, check_nope, check_overlaps, prepare
 
 __all__ = ["apply_rope", "LAYOUTS", "BACKENDS"]
 
@@ -41,7 +41,8 @@ log = logging.getLogger("ropekit")
 class RopeCall(NamedTuple):
     """A validated call but for q, k and the outputs: what every way in hands to the launch. Its angles come from
     the cos/sin tables (or per-token rows), or, with ``inv_freq`` (cos and sin None), from each position times the
-    inverse frequencies, multiplied by ``scale``."""
+    inverse frequencies, multiplied by ``scale``; for a Llama 4 NoPE layer (``nope_floor_scale`` > 0) from none: q is
+    multiplied by its token's attention temperature."""
 
     cos: Optional[torch.Tensor]
     sin: Optional[torch.Tensor]
@@ -55,6 +56,8 @@ class RopeCall(NamedTuple):
     backend: str
     inv_freq: Optional[torch.Tensor] = None
     scale: float = 1.0
+    nope_floor_scale: int = 0  # > 0: a NoPE layer (no rotation; q times its temperature, k copied)
+    nope_attn_scale: float = 0.0
 
 
 def _launcher(backend: str):
@@ -92,6 +95,8 @@ def _kernel_views(q, k, out_q, out_k, layout: str) -> tuple:
 def _switches(call: RopeCall) -> dict:
     """The launcher's keyword arguments that follow from the call alone."""
     angles = {} if call.inv_freq is None else dict(inv_freq=call.inv_freq, scale=call.scale)
+    if call.nope_floor_scale:
+        angles["nope"] = (call.nope_floor_scale, call.nope_attn_scale)
     return dict(positions=call.spec, rotary_dim=call.rotary_dim, interleaved=call.interleaved,
                 conjugate=call.conjugate, cos_per_token=call.per_token, **angles)
 
@@ -120,7 +125,7 @@ def _rotate_new(q, k, call: RopeCall):
 _OP_PARAMS = ("Tensor{q} q", "Tensor{k}? k", "Tensor? cos", "Tensor? sin", "Tensor? positions", "int pos_mode",
               "Tensor? cu_seqlens", "int position_offset", "int max_seqlen", "int rotary_dim", "str layout",
               "bool interleaved", "bool conjugate", "bool per_token", "bool eager_rounding", "str backend",
-              "Tensor? inv_freq", "float scale")
+              "Tensor? inv_freq", "float scale", "int nope_floor_scale", "float nope_attn_scale")
 _NO_GRADS = (None,) * (len(_OP_PARAMS) - 2)  # the backward's answer for every input after q and k
 
 
@@ -227,7 +232,7 @@ def _tensor_key(t):
 
 
 def _signature(q, k, cos, sin, positions, layout, interleaved, rotary_dim, inplace, cu_seqlens, max_seqlen, per_token,
-               conjugate, eager_rounding, inv_freq, scale) -> tuple | None:
+               conjugate, eager_rounding, inv_freq, scale, mrope_section, mrope_interleaved, nope) -> tuple | None:
     """Everything that validation and the launch derive from, or None for a call that is not cached.
 
     A host-int position offset enters by its type only (its range is checked on every call, see ``_EagerPlan``);
@@ -245,10 +250,15 @@ def _signature(q, k, cos, sin, positions, layout, interleaved, rotary_dim, inpla
     for t in (q, k, cos, sin, cu_seqlens, inv_freq):
         if t is not None and not isinstance(t, torch.Tensor):
             return None
+    if mrope_section is not None:
+        if type(mrope_section) not in (list, tuple) or any(type(n) is not int for n in mrope_section):
+            return None  # validation says what is wrong (and an int-valued float is no int)
+        mrope_section = tuple(mrope_section)
     # types beside values: True == 1 as dict keys, but not as arguments
     return (_tensor_key(q), _tensor_key(k), _tensor_key(cos), _tensor_key(sin), pos_key, layout, type(interleaved),
             interleaved, type(rotary_dim), rotary_dim, inplace, _tensor_key(cu_seqlens), type(max_seqlen), max_seqlen,
-            per_token, type(conjugate), conjugate, eager_rounding, _tensor_key(inv_freq), type(scale), scale)
+            per_token, type(conjugate), conjugate, eager_rounding, _tensor_key(inv_freq), type(scale), scale,
+            mrope_section, type(mrope_interleaved), mrope_interleaved, nope)
 
 
 class _EagerPlan:
@@ -287,7 +297,7 @@ def _make_plan(key, q, k, call: RopeCall, inplace: bool, out_q, out_k) -> _Eager
     launch = plan_rope(q4, k4, call.cos, call.sin, out_q=oq4, out_k=ok4, **_switches(call), copy_tail=not inplace,
                      eager_rounding=call.eager_rounding)
     max_offset = None
-    if call.spec.mode == SCALAR_OFFSET and call.inv_freq is not None:
+    if call.spec.mode == SCALAR_OFFSET and (call.inv_freq is not None or call.nope_floor_scale):
         max_offset = 2**62  # no table to stay inside
     elif call.spec.mode == SCALAR_OFFSET and not call.per_token:
         n_positions = call.spec.max_seqlen if call.layout == "thd" else q.shape[batch_and_seq_axes(call.layout)[1]]
@@ -310,7 +320,8 @@ def apply_rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, cos: Optional[
                scale: float = 1.0, positions=None, layout: str = "bshd", interleaved: bool = False,
                rotary_dim: Optional[int] = None, inplace: bool = False, cu_seqlens: Optional[torch.Tensor] = None,
                max_seqlen: Optional[int] = None, per_token: bool = False, conjugate: bool = False,
-               eager_rounding: bool = False, backend: Optional[str] = None):
+               eager_rounding: bool = False, backend: Optional[str] = None, mrope_section=None,
+               mrope_interleaved: bool = False, nope_temperature=None):
     """Rotate q (and k) by their positions. Returns ``(q_out, k_out)`` (``k_out`` is None when k is None).
 
     Args:
@@ -326,7 +337,8 @@ def apply_rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, cos: Optional[
         scale: with ``inv_freq``, multiplies cos and sin: the attention scaling some rope types apply to them
             (transformers' ``attention_scaling``, YaRN's and LongRoPE's mscale). A host float, 1.0 by default.
         positions: None (0..S-1), an int offset, a ``(batch,)`` tensor of per-sequence offsets (decode with a KV
-            cache), or position ids that broadcast to ``(batch, seq)`` (``(tokens,)`` for thd).
+            cache), or position ids that broadcast to ``(batch, seq)`` (``(tokens,)`` for thd); with
+            ``mrope_section``, also ``(3, batch, seq)`` (``(3, tokens)`` for thd) temporal, height and width ids.
         layout: "bshd", "sbhd", "bhsd" or "thd" (packed varlen; needs ``cu_seqlens`` and ideally ``max_seqlen``).
         interleaved: GPT-J pairing (2i, 2i+1) instead of NeoX halves (i, i + rotary_dim/2).
         rotary_dim: rotate only the first ``rotary_dim`` channels (default: all that cos/sin cover).
@@ -337,12 +349,27 @@ def apply_rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, cos: Optional[
         backend: "triton" (v4; in Triton's interpreter without a GPU), "cuda" (the hand-written CUDA C++ kernel),
             "native" (PyTorch ops, the same semantics), or None: ``ropekit.device.default_backend()`` ("triton" on a
             GPU, "native" without one).
+        mrope_section: M-RoPE (Qwen2-VL, Qwen2.5-VL, Qwen3-VL): three host ints ``(t, h, w)``, the pairs that follow
+            the temporal, height and width position (summing to rotary_dim/2). With ``(3, ...)`` positions each pair
+            reads the table (or ``inv_freq``) at its own axis' position, inside the kernel; other position forms are
+            text tokens (the three axes equal: the ordinary rotation). docs/api.md#m-rope.
+        mrope_interleaved: Qwen3-VL's layout: the axes take turns pair by pair (pair ``i`` follows height when
+            ``i % 3 == 1`` and ``i < 3h``, width when ``i % 3 == 2`` and ``i < 3w``, else temporal) instead of
+            consecutive sections.
+        nope_temperature: ``(floor_scale, attn_scale)``: a Llama 4 NoPE layer (transformers'
+            ``attn_temperature_tuning``). Nothing rotates and no cos/sin, table or inv_freq is given; every channel of
+            q is multiplied by ``log(floor((position + 1) / floor_scale) + 1) * attn_scale + 1`` at its token's
+            position (any position form), and k passes through (copied out of place, untouched in place).
 
     Raises ``TypeError``/``ValueError`` naming the argument, before anything is written.
     """
     if backend is None:
         backend = _device.default_backend()
-    if inv_freq is not None:
+    nope = check_nope(nope_temperature, backend, per_token, mrope_section)
+    if nope is not None:
+        if cos is not None or sin is not None or table is not None or inv_freq is not None:
+            raise ValueError("nope_temperature: a NoPE layer rotates nothing; pass no cos/sin, table= or inv_freq=")
+    elif inv_freq is not None:
         if cos is not None or sin is not None or table is not None:
             raise ValueError("pass either inv_freq= or cos/sin or table=, not more than one")
     elif table is not None:
@@ -359,7 +386,8 @@ def apply_rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, cos: Optional[
     key = None
     if eager and backend == "triton" and not check_mode() and not log.isEnabledFor(logging.DEBUG):
         key = _signature(q, k, cos, sin, positions, layout, interleaved, rotary_dim, inplace, cu_seqlens, max_seqlen,
-                         per_token, conjugate, eager_rounding, inv_freq, scale)
+                         per_token, conjugate, eager_rounding, inv_freq, scale, mrope_section, mrope_interleaved,
+                         nope)
         plan = plans.get(key) if key is not None else None
         if plan is not None and plan.accepts(positions):
             if inplace:
@@ -368,9 +396,10 @@ def apply_rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, cos: Optional[
 
     user_cos, user_sin = cos, sin
     cos, sin, spec, rotary_dim = prepare(q, k, cos, sin, positions, layout, rotary_dim, cu_seqlens, max_seqlen,
-                                         per_token, eager_rounding, backend, table, interleaved, inv_freq, scale)
+                                         per_token, eager_rounding, backend, table, interleaved, inv_freq, scale,
+                                         mrope_section, mrope_interleaved, nope)
     call = RopeCall(cos, sin, spec, rotary_dim, layout, interleaved, conjugate, per_token, eager_rounding, backend,
-                    inv_freq, float(scale))
+                    inv_freq, float(scale), *(nope or (0, 0.0)))
     if inplace:
         if torch.is_grad_enabled() and (q.requires_grad or (k is not None and k.requires_grad)):
             raise ValueError("inplace=True does not support autograd; use inplace=False when q or k requires grad")
@@ -383,7 +412,7 @@ def apply_rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, cos: Optional[
             out_q, out_k = _rope_op(*_op_args(q, k, call))
             return out_q, (out_k if k is not None else None)
         return _RopeFunction.apply(q, k, call)
-    if key is not None and spec.cu_seqlens is cu_seqlens and (inv_freq is not None or (
+    if key is not None and spec.cu_seqlens is cu_seqlens and (inv_freq is not None or nope is not None or (
             user_cos.stride() == user_sin.stride() and (per_token or (cos is user_cos and sin is user_sin)))):
         # validated: remember the plan (not when prepare grew the table: the grown one is a new signature; nor when
         # it read cos/sin or cu_seqlens through copies, which a later call would not pass; per-token rows never

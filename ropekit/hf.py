@@ -16,6 +16,7 @@ from typing import Sequence
 import torch
 
 from .api import apply_rope
+from .positions import mrope_axis_of_pair
 
 __all__ = ["apply_rotary_pos_emb", "mrope_cos_sin", "patched", "rope_config"]
 
@@ -52,6 +53,10 @@ def mrope_cos_sin(cos_table: torch.Tensor, sin_table: torch.Tensor, position_ids
     ``mrope_interleaved``): the axes take turns pair by pair instead, ``i % 3`` = 1 height and 2 width while
     ``i < 3 * mrope_section[axis]``, every other pair temporal.
 
+    ``apply_rope(q, k, cos_table, sin_table, positions=position_ids, mrope_section=...)`` makes the same choice inside
+    the kernel, without these rows (docs/api.md#m-rope-multimodal-positions); the rows serve ``backend="cuda"`` and
+    code that wants them.
+
     Positions outside ``[0, len(cos_table))`` raise a ``ValueError`` (a host sync on a GPU). Inside
     ``torch.compile`` or CUDA-graph capture, where the host cannot read them, their rows are NaN instead: the
     rotated output is NaN there, never a neighbouring row.
@@ -66,10 +71,7 @@ def mrope_cos_sin(cos_table: torch.Tensor, sin_table: torch.Tensor, position_ids
     if interleaved:
         if len(mrope_section) != 3:
             raise ValueError(f"an interleaved mrope_section has three entries (t, h, w), got {list(mrope_section)}")
-        pairs = torch.arange(half)
-        axis_of_pair = torch.zeros(half, dtype=torch.int64)
-        for axis in (1, 2):
-            axis_of_pair[(pairs % 3 == axis) & (pairs < 3 * int(mrope_section[axis]))] = axis
+        axis_of_pair = torch.tensor(mrope_axis_of_pair([int(n) for n in mrope_section], True))
     else:
         axis_of_pair = torch.repeat_interleave(torch.arange(len(mrope_section)) % 3,
                                                torch.tensor(list(mrope_section)))

@@ -99,6 +99,10 @@ class RotaryEmbedding(torch.nn.Module):
         interleaved: GPT-J pairing instead of NeoX. Default: ``scaling["interleaved"]``, else False.
         backend: "triton", "cuda", "native" or None (``ropekit.device.default_backend()``), as for apply_rope.
 
+    A ``scaling`` dict with ``mrope_section`` (and ``mrope_interleaved``), as Qwen2-VL's, Qwen2.5-VL's and Qwen3-VL's
+    configs give it, makes the module M-RoPE's: ``(3, batch, seq)`` positions (``(3, tokens)`` packed) are chosen per
+    pair inside the kernel (``apply_rope``'s ``mrope_section``), every other position form rotates text tokens.
+
     ``dynamic`` and ``longrope`` change their frequencies with the sequence length, as transformers' rotary modules
     do on every forward (from ``max(position_ids) + 1``): dynamic NTK raises the base once the sequence outgrows the
     trained length (and keeps the largest length seen until a sequence fits the trained length again); longrope
@@ -123,6 +127,8 @@ class RotaryEmbedding(torch.nn.Module):
         if self.rotary_dim > head_dim or self.rotary_dim <= 0 or self.rotary_dim % 2:
             raise ValueError(f"rotary_dim must be even and in (0, head_dim={head_dim}], got {self.rotary_dim}")
         self.interleaved = bool(parameters.get("interleaved", False)) if interleaved is None else interleaved
+        self.mrope_section = parameters.get("mrope_section")
+        self.mrope_interleaved = bool(parameters.get("mrope_interleaved", False))
         self.backend = backend
         parameters.setdefault("rope_theta", base)
         self.rope_type = _rope_type(parameters)
@@ -172,14 +178,15 @@ class RotaryEmbedding(torch.nn.Module):
             n_batch, tokens = q.shape[batch_axis], q.shape[seq_axis]
             length = tokens
         spec = resolve_positions(batch=n_batch, seqlen=tokens, positions=positions,
-                                 cu_seqlens=cu_seqlens if layout == "thd" else None, max_seqlen=max_seqlen)
+                                 cu_seqlens=cu_seqlens if layout == "thd" else None, max_seqlen=max_seqlen,
+                                 **self._mrope(positions, layout))
         if spec.tensor is None or spec.tensor.numel() == 0:
             return spec.offset + length
         _refuse_in_capture(f"rope_type {self.rope_type!r} needs the sequence length (pass seq_len=...); reading it "
                            "from the positions tensor is a host sync")
         if spec.mode == SEQ_OFFSETS:
             return int(spec.tensor.max()) + length
-        assert spec.mode == POSITION_IDS
+        assert spec.mode == POSITION_IDS or spec.is_mrope
         return int(spec.tensor.max()) + 1
 
     def _apply(self, fn, recurse=True):
@@ -208,7 +215,7 @@ class RotaryEmbedding(torch.nn.Module):
             cos = torch.empty((2**40, half), dtype=self.table.cos.dtype, device="meta").expand(2**40, half)
             return apply_rope(q, k, cos, cos, positions=positions, layout=layout, interleaved=self.interleaved,
                               rotary_dim=self.rotary_dim, inplace=inplace, cu_seqlens=cu_seqlens,
-                              max_seqlen=max_seqlen, backend=self.backend)
+                              max_seqlen=max_seqlen, backend=self.backend, **self._mrope(positions, layout))
         if self.table.device != q.device:
             self.table.to(q.device)
         if seq_len is not None:
@@ -225,7 +232,15 @@ class RotaryEmbedding(torch.nn.Module):
             self.update_frequencies(seq_len)
         return apply_rope(q, k, table=self.table, positions=positions, layout=layout, interleaved=self.interleaved,
                           rotary_dim=self.rotary_dim, inplace=inplace, cu_seqlens=cu_seqlens,
-                          max_seqlen=max_seqlen, backend=self.backend)
+                          max_seqlen=max_seqlen, backend=self.backend, **self._mrope(positions, layout))
+
+    def _mrope(self, positions, layout: str) -> dict:
+        """apply_rope's M-RoPE switches for a call whose positions are three ids per token (text calls take none, so
+        that a backend without M-RoPE still rotates them)."""
+        if self.mrope_section is None or not isinstance(positions, torch.Tensor) or \
+                positions.ndim != (2 if layout == "thd" else 3):
+            return {}
+        return dict(mrope_section=self.mrope_section, mrope_interleaved=self.mrope_interleaved)
 
     def extra_repr(self) -> str:
         return (f"head_dim={self.head_dim}, rotary_dim={self.rotary_dim}, rows={len(self.table)}, "

@@ -33,7 +33,7 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from .positions import SCALAR_OFFSET, SEQ_OFFSETS, PositionSpec
+from .positions import SCALAR_OFFSET, SEQ_OFFSETS, PositionSpec, mrope_axis_of_pair, mrope_sections
 
 __all__ = ["rope", "fused", "e4m3_bits"]
 
@@ -78,12 +78,25 @@ def _tokens(spec: PositionSpec, n_batch: int, seqlen: int, n_rows: int, device) 
 
 
 def _positions(spec: PositionSpec, tokens: _Tokens) -> torch.Tensor:
-    """Every covered token's table position (``ropekit.positions``' modes)."""
+    """Every covered token's table position (``ropekit.positions``' modes); M-RoPE's three, on a last axis."""
+    if spec.is_mrope:
+        ids = spec.tensor.to(torch.int64)  # (3, batch, seq) or (3, tokens)
+        return torch.stack([tokens.take(axis) for axis in ids], -1)
     if spec.mode == SCALAR_OFFSET:
         return tokens.local + spec.offset
     if spec.mode == SEQ_OFFSETS:
         return spec.tensor.to(torch.int64)[tokens.seq] + tokens.local
     return tokens.take(spec.tensor.to(torch.int64))  # position ids: (batch, seq), or (tokens,) packed
+
+
+def _pair_positions(spec: PositionSpec, tokens: _Tokens) -> torch.Tensor:
+    """Every covered token's position per pair (``(..., rotary_dim / 2)`` with M-RoPE: its axis' position), or per
+    token (``(..., 1)``, shared by the pairs)."""
+    position = _positions(spec, tokens)
+    if not spec.is_mrope:
+        return position[..., None]
+    axis = torch.tensor(mrope_axis_of_pair(*mrope_sections(spec.mode)), device=position.device)
+    return position[..., axis]
 
 
 def _pairs(x: torch.Tensor, rotary_dim: int, interleaved: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -109,14 +122,21 @@ def _angles(cos, sin, spec: PositionSpec, tokens: _Tokens, rotary_dim: int, inte
             conjugate: bool, math: torch.dtype, inv_freq: Optional[torch.Tensor] = None, scale: float = 1.0) -> tuple:
     """``(cos_a, sin_a, cos_b, sin_b)`` of every covered token's pairs, in the math dtype, with a heads axis to
     broadcast over: from the half-width table at the token's position (NaN outside the table), from the token's
-    own full-width row (channel a's and channel b's columns), or computed from the position and ``inv_freq``."""
+    own full-width row (channel a's and channel b's columns), or computed from the position and ``inv_freq``. With
+    M-RoPE, each pair at the position of its axis."""
     if inv_freq is not None:
-        angle = _positions(spec, tokens).to(torch.float64)[..., None] * inv_freq[:rotary_dim // 2].to(torch.float64)
+        angle = _pair_positions(spec, tokens).to(torch.float64) * inv_freq[:rotary_dim // 2].to(torch.float64)
         cos_a = cos_b = (torch.cos(angle) * scale).to(math)
         sin_a = sin_b = (torch.sin(angle) * scale).to(math)
     elif per_token:
         cos_a, cos_b = _pairs(tokens.take(cos).to(math), rotary_dim, interleaved)
         sin_a, sin_b = _pairs(tokens.take(sin).to(math), rotary_dim, interleaved)
+    elif spec.is_mrope:
+        position = _pair_positions(spec, tokens)  # (..., rotary_dim / 2): a row per pair
+        inside = (position >= 0) & (position < cos.shape[0])
+        row, column = torch.where(inside, position, 0), torch.arange(rotary_dim // 2, device=position.device)
+        cos_a = cos_b = torch.where(inside, cos[row, column].to(math), float("nan"))
+        sin_a = sin_b = torch.where(inside, sin[row, column].to(math), float("nan"))
     else:
         position = _positions(spec, tokens)
         inside = ((position >= 0) & (position < cos.shape[0]))[..., None]
@@ -158,13 +178,17 @@ def _same_view(x: torch.Tensor, out: torch.Tensor) -> bool:
 def rope(q: torch.Tensor, k: Optional[torch.Tensor], cos: Optional[torch.Tensor], sin: Optional[torch.Tensor], *,
          out_q: torch.Tensor, out_k: Optional[torch.Tensor], positions: PositionSpec, rotary_dim: int,
          interleaved: bool = False, conjugate: bool = False, cos_per_token: bool = False, copy_tail: bool = True,
-         eager_rounding: bool = False, inv_freq: Optional[torch.Tensor] = None, scale: float = 1.0) -> None:
+         eager_rounding: bool = False, inv_freq: Optional[torch.Tensor] = None, scale: float = 1.0,
+         nope: Optional[tuple] = None) -> None:
     """:func:`ropekit.triton.launch.rope_v4`'s arguments and outputs (q/k/out ``(batch, seq, heads, head_dim)`` views,
     ``(tokens, heads, head_dim)`` for varlen), computed in PyTorch ops. Trusts its caller, as the launcher does."""
     varlen = positions.is_varlen
     n_batch = positions.cu_seqlens.shape[0] - 1 if varlen else q.shape[0]
     tokens = _tokens(positions, n_batch, 0 if varlen else q.shape[1], q.shape[0], q.device)
     math, head_dim = _math_dtype(q), q.shape[-1]
+    if nope is not None:
+        _nope(q, k, out_q, out_k, positions, tokens, math, *nope)
+        return
     angles = _angles(cos, sin, positions, tokens, rotary_dim, interleaved, cos_per_token, conjugate, math, inv_freq,
                      scale)
     in_place = _same_view(q, out_q) and (k is None or _same_view(k, out_k))
@@ -178,6 +202,18 @@ def rope(q: torch.Tensor, k: Optional[torch.Tensor], cos: Optional[torch.Tensor]
             tokens.put(out, channels, values)  # (in place: after every read of x)
         if tail is not None:
             tokens.put(out, slice(rotary_dim, head_dim), tail)
+
+
+def _nope(q, k, out_q, out_k, positions: PositionSpec, tokens: _Tokens, math: torch.dtype, floor_scale: int,
+          attn_scale: float) -> None:
+    """A Llama 4 NoPE layer: q times its token's temperature ``log(floor((p + 1) / floor_scale) + 1) * attn_scale +
+    1`` (the floor in integers, the rest in float64, rounded once to the math dtype), k copied out of place."""
+    turns = torch.div(_positions(positions, tokens) + 1, floor_scale, rounding_mode="floor")
+    temperature = (torch.log(turns.to(torch.float64) + 1) * attn_scale + 1).to(math)[..., None, None]
+    if q.numel():
+        tokens.put(out_q, slice(None), tokens.take(q).to(math) * temperature)
+    if k is not None and k.numel() and not _same_view(k, out_k):
+        tokens.put(out_k, slice(None), tokens.take(k))
 
 
 # --------------------------------------------------------------------------------------------------------------------

@@ -8,14 +8,19 @@ mode                   position of token ``s`` of sequence ``b``              wh
 ``SCALAR_OFFSET`` (0)  ``offset + s``                                        a host integer
 ``SEQ_OFFSETS``   (1)  ``offsets[b] + s``                                    ``(batch,)`` tensor on the GPU
 ``POSITION_IDS``  (2)  ``position_ids[b, s]`` (strides may be 0: broadcast)  ``(batch, seq)`` strided view
+M-RoPE (3 and up)      pair ``i``: ``position_ids[axis(i), b, s]``           ``(3, batch, seq)`` strided view
 =====================  ====================================================  ==============================
+
+M-RoPE (multimodal RoPE: Qwen2-VL, Qwen2.5-VL, Qwen3-VL) gives every token three positions (temporal, height, width)
+and every rotary pair one of the three axes; the pair reads the table row of its axis' position, so one table serves.
+Its mode value holds the sections as well (:func:`mrope_mode`): a kernel switch that travels wherever the position
+mode goes (every kernel that reads positions, the custom ops' ``pos_mode``), so no helper takes a new argument.
 
 Varlen packing (``cu_seqlens``) is orthogonal: ``b`` is then the sequence index, ``s`` counts from that sequence's
 start, and a position-id tensor is indexed by the packed token. Nothing here expands positions into a per-token
 tensor or adds a launch: decode steps stay capturable in a CUDA graph (offsets live on the GPU, no host sync).
 
-This module also holds the position helpers for M-RoPE (Qwen2-VL) and context parallelism, which produce ordinary
-position ids or cos/sin rows for the same kernel.
+This module also holds the position helpers for context parallelism, which produce ordinary position ids.
 """
 
 from __future__ import annotations
@@ -28,7 +33,11 @@ __all__ = [
     "SCALAR_OFFSET",
     "SEQ_OFFSETS",
     "POSITION_IDS",
+    "MROPE_IDS",
     "PositionSpec",
+    "mrope_mode",
+    "mrope_sections",
+    "mrope_axis_of_pair",
     "resolve_positions",
     "context_parallel_positions",
     "context_parallel_shard",
@@ -36,6 +45,36 @@ __all__ = [
 ]
 
 SCALAR_OFFSET, SEQ_OFFSETS, POSITION_IDS = 0, 1, 2
+MROPE_IDS = 3  # the first M-RoPE mode: every mode >= MROPE_IDS is M-RoPE (mrope_mode)
+MROPE_SECTION_BASE = 4096  # each section is below this: mrope_mode packs them as digits of this base
+
+
+def mrope_mode(mrope_section, interleaved: bool) -> int:
+    """The position mode of M-RoPE with sections ``(t, h, w)`` (pairs per axis, summing to ``rotary_dim/2``):
+    ``MROPE_IDS + interleaved + 2 * (t + 4096 * (h + 4096 * w))``. The kernels read the sections back from it at
+    compile time (``ropekit.triton.v4._mrope_positions``); :func:`mrope_sections` is the inverse."""
+    t, h, w = mrope_section
+    return MROPE_IDS + int(bool(interleaved)) + 2 * (t + MROPE_SECTION_BASE * (h + MROPE_SECTION_BASE * w))
+
+
+def mrope_sections(mode: int) -> tuple[tuple[int, int, int], bool]:
+    """``(mrope_section, interleaved)`` of an M-RoPE mode: the inverse of :func:`mrope_mode`."""
+    sections, interleaved = divmod(mode - MROPE_IDS, 2)
+    t, rest = sections % MROPE_SECTION_BASE, sections // MROPE_SECTION_BASE
+    return (t, rest % MROPE_SECTION_BASE, rest // MROPE_SECTION_BASE), bool(interleaved)
+
+
+def mrope_axis_of_pair(mrope_section, interleaved: bool) -> list[int]:
+    """The position axis (0 temporal, 1 height, 2 width) of every rotary pair.
+
+    Contiguous (Qwen2-VL, Qwen2.5-VL): the sections are consecutive ranges of pairs, ``t`` temporal pairs, then
+    ``h`` height, then ``w`` width. Interleaved (Qwen3-VL's ``mrope_interleaved``): the axes take turns pair by pair,
+    pair ``i`` follows height when ``i % 3 == 1`` and ``i < 3h``, width when ``i % 3 == 2`` and ``i < 3w``, temporal
+    otherwise."""
+    t, h, w = mrope_section
+    if not interleaved:
+        return [0] * t + [1] * h + [2] * w
+    return [1 if i % 3 == 1 and i < 3 * h else 2 if i % 3 == 2 and i < 3 * w else 0 for i in range(t + h + w)]
 
 
 @dataclass(frozen=True)
@@ -44,13 +83,18 @@ class PositionSpec:
 
     mode: int = SCALAR_OFFSET
     offset: int = 0
-    tensor: torch.Tensor | None = None  # SEQ_OFFSETS: (batch,); POSITION_IDS: (batch, seq) or (tokens,) for varlen
+    # SEQ_OFFSETS: (batch,); POSITION_IDS: (batch, seq) or (tokens,) for varlen; M-RoPE: (3, batch, seq) or (3, tokens)
+    tensor: torch.Tensor | None = None
     cu_seqlens: torch.Tensor | None = None  # (n_seqs + 1,) int32/int64, varlen only
     max_seqlen: int | None = None  # host int, varlen only
 
     @property
     def is_varlen(self) -> bool:
         return self.cu_seqlens is not None
+
+    @property
+    def is_mrope(self) -> bool:
+        return self.mode >= MROPE_IDS
 
 
 def longest_sequence(cu_seqlens: torch.Tensor) -> int:
@@ -64,12 +108,16 @@ def _same_device(a: torch.device, b: torch.device) -> bool:
 
 
 def resolve_positions(*, batch: int, seqlen: int, positions=None, cu_seqlens=None, max_seqlen=None,
-                      device=None) -> PositionSpec:
+                      device=None, mrope_section=None, mrope_interleaved: bool = False) -> PositionSpec:
     """Classify ``positions`` (None, int, (batch,) offsets or position ids) into a :class:`PositionSpec`.
 
     ``batch``/``seqlen`` are the token shape of q (for varlen: ``batch`` = number of sequences and ``seqlen`` the
     packed token count). Position ids of any shape that broadcasts to ``(batch, seqlen)`` are turned into a strided
     view with zero strides, never copied. Raises ``TypeError``/``ValueError`` naming ``positions``.
+
+    With ``mrope_section`` (validated by the caller), a tensor of three position ids per token, ``(3, batch, seq)``
+    (``(3, tokens)`` packed; any shape with a leading 3 that broadcasts to it), is M-RoPE's; every other form places
+    text tokens, whose three axes agree, and is classified as without it.
     """
     if cu_seqlens is not None:
         if max_seqlen is None:
@@ -86,6 +134,8 @@ def resolve_positions(*, batch: int, seqlen: int, positions=None, cu_seqlens=Non
         raise TypeError(f"positions must be an int32 or int64 tensor, got {positions.dtype}")
     if device is not None and not _same_device(positions.device, torch.device(device)):
         raise ValueError(f"positions is on {positions.device} but q is on {device}")
+    if mrope_section is not None and positions.ndim == (2 if cu_seqlens is not None else 3):
+        return _mrope_positions(positions, batch, seqlen, cu_seqlens, max_seqlen, mrope_section, mrope_interleaved)
     if positions.ndim == 0:
         # A 0-d tensor is a per-batch offset broadcast to every sequence (stays on the device: no .item()).
         return PositionSpec(SEQ_OFFSETS, 0, positions.reshape(1).expand(batch), cu_seqlens, max_seqlen)
@@ -122,6 +172,25 @@ def resolve_positions(*, batch: int, seqlen: int, positions=None, cu_seqlens=Non
             return PositionSpec(POSITION_IDS, 0, view, None, None)
     raise ValueError(f"positions of shape {tuple(positions.shape)} do not broadcast to (batch, seq) = "
                      f"({batch}, {seqlen}) and are not per-sequence offsets of shape ({batch},)")
+
+
+def _mrope_positions(positions: torch.Tensor, batch: int, seqlen: int, cu_seqlens, max_seqlen, mrope_section,
+                     interleaved: bool) -> PositionSpec:
+    if cu_seqlens is not None:
+        if positions.shape != (3, seqlen):
+            # packed sequences: any other 2-D tensor is an ordinary form ((n_seqs, 1) offsets, (1, tokens) ids)
+            return resolve_positions(batch=batch, seqlen=seqlen, positions=positions, cu_seqlens=cu_seqlens,
+                                     max_seqlen=max_seqlen)
+        return PositionSpec(mrope_mode(mrope_section, interleaved), 0, positions, cu_seqlens, max_seqlen)
+    try:
+        view = positions.expand(3, batch, seqlen) if positions.shape[0] == 3 else None
+    except RuntimeError:
+        view = None
+    if view is None:
+        raise ValueError(f"M-RoPE positions must be (3, batch, seq) = (3, {batch}, {seqlen}) (the temporal, height "
+                         f"and width position ids of every token; a (3, 1, seq) tensor is shared by the batch), got "
+                         f"{tuple(positions.shape)}")
+    return PositionSpec(mrope_mode(mrope_section, interleaved), 0, view, None, None)
 
 
 # --------------------------------------------------------------------------------------------------------------------

@@ -27,6 +27,9 @@ __all__ = [
     "rotate_pairs",
     "rope",
     "rope_backward",
+    "mrope_pair_positions",
+    "mrope",
+    "nope_temperature",
     "rope_from_cos_sin",
     "rotate_half",
     "rope_rotate_half",
@@ -114,6 +117,55 @@ def rope_backward(grad_out: torch.Tensor, positions: torch.Tensor, **kwargs) -> 
     """Gradient of :func:`rope` w.r.t. its input: the rotation is orthogonal, so the backward is the rotation by -θ."""
     kwargs["conjugate"] = not kwargs.get("conjugate", False)
     return rope(grad_out, positions, **kwargs)
+
+
+def mrope_pair_positions(position_ids: torch.Tensor, mrope_section, *, mrope_interleaved: bool = False) -> torch.Tensor:
+    """M-RoPE's position of every rotary pair: ``position_ids`` ``(3, *tokens)`` (temporal, height, width) ->
+    ``(*tokens, sum(mrope_section))`` int64.
+
+    Contiguous sections (Qwen2-VL, Qwen2.5-VL; transformers' ``apply_multimodal_rotary_pos_emb``, vLLM's
+    ``MRotaryEmbedding``): the first ``t`` pairs take the temporal position, the next ``h`` the height, the last
+    ``w`` the width. Interleaved (Qwen3-VL; transformers' ``apply_interleaved_mrope``, vLLM's
+    ``apply_interleaved_rope``): pair ``i`` takes the height position when ``i % 3 == 1`` and ``i < 3h``, the width
+    when ``i % 3 == 2`` and ``i < 3w``, the temporal one otherwise.
+    """
+    t, h, w = (int(n) for n in mrope_section)
+    ids = torch.as_tensor(position_ids).to(torch.int64).cpu()
+    columns = []
+    for i in range(t + h + w):
+        if mrope_interleaved:
+            axis = 1 if (i % 3 == 1 and i < 3 * h) else 2 if (i % 3 == 2 and i < 3 * w) else 0
+        else:
+            axis = 0 if i < t else 1 if i < t + h else 2
+        columns.append(ids[axis])
+    return torch.stack(columns, dim=-1)
+
+
+def mrope(x: torch.Tensor, position_ids: torch.Tensor, mrope_section, *, mrope_interleaved: bool = False,
+          base: float = 10000.0, rotary_dim: int | None = None, inv_freq: torch.Tensor | None = None,
+          interleaved: bool = False, conjugate: bool = False) -> torch.Tensor:
+    """Multimodal RoPE of ``x`` (``(*tokens, heads, head_dim)``), in float64 on the CPU: pair ``i`` turns by
+    ``pair_position[i] * inv_freq[i]`` with :func:`mrope_pair_positions`' positions (``position_ids``:
+    ``(3, *tokens)``). ``interleaved``: GPT-J pairing, as in :func:`rope`."""
+    head_dim = x.shape[-1]
+    rotary_dim = head_dim if rotary_dim is None else rotary_dim
+    freqs = inverse_frequencies(rotary_dim, base) if inv_freq is None else inv_freq
+    pair_positions = mrope_pair_positions(position_ids, mrope_section, mrope_interleaved=mrope_interleaved)
+    theta = (pair_positions.to(torch.float64) * freqs.to(torch.float64).cpu()[:rotary_dim // 2])[..., None, :]
+    x64 = x.to(torch.float64).cpu()
+    rotated = rotate_pairs(x64[..., :rotary_dim], torch.cos(theta), torch.sin(theta), interleaved=interleaved,
+                           conjugate=conjugate)
+    return torch.cat((rotated, x64[..., rotary_dim:]), dim=-1)
+
+
+def nope_temperature(x: torch.Tensor, positions: torch.Tensor, floor_scale, attn_scale: float) -> torch.Tensor:
+    """Llama 4's NoPE layers (transformers' ``attn_temperature_tuning``): nothing rotates, and every channel of ``x``
+    (``(*tokens, heads, head_dim)``) is multiplied by ``log(floor((position + 1) / floor_scale) + 1) * attn_scale +
+    1`` of its token, in float64 on the CPU (``positions``: ``x``'s token shape)."""
+    pos = torch.as_tensor(positions).to(torch.int64).cpu()
+    turns = torch.div(pos + 1, int(floor_scale), rounding_mode="floor").to(torch.float64)
+    scale = torch.log(turns + 1) * float(attn_scale) + 1
+    return x.to(torch.float64).cpu() * scale[..., None, None]
 
 
 def rope_from_cos_sin(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, interleaved: bool = False,

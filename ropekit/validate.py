@@ -18,8 +18,8 @@ import torch
 from .layouts import LAYOUTS, batch_and_seq_axes
 from .positions import SCALAR_OFFSET, SEQ_OFFSETS, PositionSpec, longest_sequence, resolve_positions
 
-__all__ = ["BACKENDS", "prepare", "check_mode", "check_overlaps", "OverlapError", "as_integer", "pair_copies",
-           "in_callers_names"]
+__all__ = ["BACKENDS", "prepare", "check_nope", "check_mode", "check_overlaps", "OverlapError", "as_integer",
+           "pair_copies", "in_callers_names"]
 
 BACKENDS = ("triton", "cuda", "native")
 
@@ -89,10 +89,69 @@ def _check_scale(scale) -> None:
         raise ValueError(f"scale must be finite, got {scale}")
 
 
+def _check_mrope(mrope_section, mrope_interleaved, rotary_dim: int, backend: str, per_token: bool) -> tuple | None:
+    """M-RoPE's switches: ``mrope_section`` three non-negative host ints (pairs per axis) summing to
+    ``rotary_dim / 2``, ``mrope_interleaved`` a bool. Returns the sections as a tuple (None without M-RoPE)."""
+    if not isinstance(mrope_interleaved, bool):
+        raise TypeError(f"mrope_interleaved must be a bool, got {type(mrope_interleaved).__name__}")
+    if mrope_section is None:
+        if mrope_interleaved:
+            raise ValueError("mrope_interleaved=True needs mrope_section (the pairs of each position axis)")
+        return None
+    try:
+        section = tuple(mrope_section)
+    except TypeError:
+        raise TypeError(f"mrope_section must be a list of three ints (t, h, w), got "
+                        f"{type(mrope_section).__name__}") from None
+    values = [as_integer(n) for n in section]
+    if len(values) != 3 or None in values or min(values) < 0:
+        raise ValueError(f"mrope_section must be three non-negative ints (temporal, height, width pairs), got "
+                         f"{list(section)}")
+    if sum(values) != rotary_dim // 2:
+        raise ValueError(f"mrope_section {values} must sum to rotary_dim/2 = {rotary_dim // 2}, got {sum(values)}")
+    if rotary_dim // 2 >= 4096:
+        raise ValueError(f"mrope_section: M-RoPE takes fewer than 4096 pairs, got rotary_dim {rotary_dim}")
+    if backend == "cuda":
+        raise ValueError("mrope_section (M-RoPE in the kernel) is implemented by backend='triton' and 'native' only; "
+                         "with backend='cuda' pass per-token rows from ropekit.mrope_cos_sin")
+    if per_token:
+        raise ValueError("mrope_section picks each pair's position from positions; per_token=True takes cos/sin rows "
+                         "that already hold the angles, not both")
+    return tuple(values)
+
+
+def check_nope(nope_temperature, backend: str, per_token: bool, mrope_section) -> tuple | None:
+    """A Llama 4 NoPE layer's switch: ``nope_temperature`` ``(floor_scale, attn_scale)``, a positive integer (an
+    integer-valued float too, as vLLM's config holds it) and a finite host float. Returns them as ``(int, float)``
+    (None without the switch)."""
+    if nope_temperature is None:
+        return None
+    try:
+        floor_scale, attn_scale = nope_temperature
+    except (TypeError, ValueError):
+        raise TypeError(f"nope_temperature must be a pair (floor_scale, attn_scale), got "
+                        f"{nope_temperature!r}") from None
+    whole = as_integer(floor_scale)
+    if whole is None and isinstance(floor_scale, float) and floor_scale.is_integer():
+        whole = int(floor_scale)
+    if whole is None or whole <= 0:
+        raise ValueError(f"nope_temperature: floor_scale must be a positive integer, got {floor_scale!r}")
+    if isinstance(attn_scale, bool) or not isinstance(attn_scale, (int, float)) or not math.isfinite(attn_scale):
+        raise ValueError(f"nope_temperature: attn_scale must be a finite host float, got {attn_scale!r}")
+    if backend == "cuda":
+        raise ValueError("nope_temperature (a NoPE layer) is implemented by backend='triton' and 'native' only")
+    if per_token or mrope_section is not None:
+        raise ValueError("nope_temperature: a NoPE layer rotates nothing; per_token and mrope_section do not apply")
+    return whole, float(attn_scale)
+
+
 def prepare(q, k, cos, sin, positions, layout, rotary_dim, cu_seqlens, max_seqlen, per_token, eager_rounding,
-            backend, table=None, interleaved=False, inv_freq=None, scale=1.0):
+            backend, table=None, interleaved=False, inv_freq=None, scale=1.0, mrope_section=None,
+            mrope_interleaved=False, nope=None):
     """Validate the call; return (cos, sin, spec, rotary_dim): tables as the kernel reads them (None with
-    ``inv_freq``, the table-free angles, which the kernel reads as given), positions."""
+    ``inv_freq``, the table-free angles, which the kernel reads as given, and for a NoPE layer, ``nope`` as
+    :func:`check_nope` returned it, which reads none), positions (M-RoPE's sections in the position mode,
+    ``ropekit.positions.mrope_mode``)."""
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
     if backend not in BACKENDS:
@@ -110,6 +169,7 @@ def prepare(q, k, cos, sin, positions, layout, rotary_dim, cu_seqlens, max_seqle
         if k.shape[-1] != q.shape[-1]:
             raise ValueError(f"k's head_dim ({k.shape[-1]}) must equal q's head_dim ({q.shape[-1]})")
     angles = inv_freq is not None
+    tableless = angles or nope is not None
     if angles:
         _check_angles(inv_freq, scale, q, backend, per_token)
     else:
@@ -117,14 +177,14 @@ def prepare(q, k, cos, sin, positions, layout, rotary_dim, cu_seqlens, max_seqle
         if scale != 1:
             raise ValueError(f"scale ({scale}) multiplies the angles computed from inv_freq; scale a cos/sin table "
                              "itself")
-    for name, t in (("cos", cos), ("sin", sin)) if not angles else ():
+    for name, t in (("cos", cos), ("sin", sin)) if not tableless else ():
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a tensor (or pass table=...), got {type(t).__name__}")
         if t.dtype not in FLOAT_DTYPES:
             raise TypeError(f"{name} must be a floating tensor, got {t.dtype}")
         if t.device != q.device:
             raise ValueError(f"{name} is on {t.device} but q is on {q.device}")
-    if not angles and cos.shape != sin.shape:
+    if not tableless and cos.shape != sin.shape:
         raise ValueError(f"cos and sin must have the same shape, got {tuple(cos.shape)} and {tuple(sin.shape)}")
 
     if varlen:
@@ -159,7 +219,12 @@ def prepare(q, k, cos, sin, positions, layout, rotary_dim, cu_seqlens, max_seqle
                              f"got k with {(k.shape[batch_axis], k.shape[seq_axis])}")
 
     head_dim = q.shape[-1]
-    if angles:
+    if nope is not None:
+        if head_dim % 2 or rotary_dim not in (None, head_dim):
+            raise ValueError(f"nope_temperature scales the whole head: head_dim ({head_dim}) must be even and "
+                             f"rotary_dim None or head_dim, got {rotary_dim}")
+        rotary_dim_from_cos = head_dim
+    elif angles:
         rotary_dim_from_cos = 2 * inv_freq.shape[0]
     elif per_token:
         if positions is not None:
@@ -193,6 +258,7 @@ def prepare(q, k, cos, sin, positions, layout, rotary_dim, cu_seqlens, max_seqle
         raise ValueError(f"rotary_dim ({rotary_dim}) needs cos/sin with {columns}"
                          f" columns, got {cos.shape[-1]}")
 
+    mrope_section = _check_mrope(mrope_section, mrope_interleaved, rotary_dim, backend, per_token)
     if per_token:
         # Full-width rows per token, broadcast to the token shape without copying.
         token_shape = (seqlen,) if varlen else (n_batch, seqlen)
@@ -207,13 +273,14 @@ def prepare(q, k, cos, sin, positions, layout, rotary_dim, cu_seqlens, max_seqle
             _check_device_values(spec, 0, seqlen)
     else:
         spec = resolve_positions(batch=n_batch, seqlen=seqlen, positions=positions,
-                                 cu_seqlens=cu_seqlens if varlen else None, max_seqlen=max_seqlen, device=q.device)
+                                 cu_seqlens=cu_seqlens if varlen else None, max_seqlen=max_seqlen, device=q.device,
+                                 mrope_section=mrope_section, mrope_interleaved=mrope_interleaved)
         if spec.mode == SCALAR_OFFSET:
             # Host-known positions: check (or grow) the table before launching.
             last = spec.offset + (max_seqlen if varlen else seqlen) - 1
             if spec.offset < 0:
                 raise ValueError(f"positions (offset) must be >= 0, got {spec.offset}")
-            if not angles and last >= cos.shape[0] and (max_seqlen if varlen else seqlen) > 0:
+            if not tableless and last >= cos.shape[0] and (max_seqlen if varlen else seqlen) > 0:
                 if table is not None:
                     table.ensure(last + 1)
                     cos, sin = table.cos, table.sin
@@ -226,8 +293,8 @@ def prepare(q, k, cos, sin, positions, layout, rotary_dim, cu_seqlens, max_seqle
             table.ensure(max_seqlen if varlen else seqlen)
             cos, sin = table.cos, table.sin
         if check_mode() and not q.is_meta:
-            _check_device_values(spec, 2**63 - 1 if angles else cos.shape[0], seqlen)
-    if angles:
+            _check_device_values(spec, 2**63 - 1 if tableless else cos.shape[0], seqlen)
+    if tableless:
         return None, None, spec, rotary_dim
     if cos.stride() != sin.stride():
         # The kernel walks cos and sin with one set of strides; tables that differ (a column slice of a wider

@@ -317,6 +317,11 @@ def test_mrope_matches_qwen_vl(model, section, interleaved):
         torch.testing.assert_close(g, w, rtol=1e-5, atol=2e-5)  # transformers forms fp32 angles
     other, _ = ropekit.mrope_cos_sin(cos_t, sin_t, position_ids, section, interleaved=not interleaved)
     assert not torch.allclose(other, cos)  # the two layouts differ: the switch matters
+    # the same choice made inside the kernel, from the table and the (3, batch, seq) ids (tests/test_mrope.py)
+    in_kernel = ropekit.apply_rope(q, k, cos_t, sin_t, positions=position_ids, layout="bhsd", mrope_section=section,
+                                   mrope_interleaved=interleaved)
+    for g, w in zip(in_kernel, want):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=2e-5)
 
 MROPE_ERRORS = {
     "position-minus-one": (lambda ids: ids.index_fill(-1, torch.tensor([0], device=ids.device), -1), [4, 6, 6],

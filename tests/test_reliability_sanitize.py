@@ -14,7 +14,8 @@ from conftest import DEVICE, ON_GPU
 def test_sanitize_driver_runs_every_kernel_cleanly(capsys):
     assert sanitize.sanitize_driver(verbose=True, candidates=2) == 0
     lines = capsys.readouterr().out.splitlines()
-    for kernel in ("triton v1", "triton v2", "triton v3", "out-of-table", "fused cache write"):
+    for kernel in ("triton v1", "triton v2", "triton v3", "out-of-table", "fused cache write",
+                   "triton M-RoPE contiguous", "triton M-RoPE interleaved", "triton NoPE temperature"):
         assert any(line.startswith("ok") and kernel in line for line in lines), kernel
     # every configuration once with the launcher's own choice and once with each configuration the choice can reach
     # for it (here the first two candidates a call: the model's own first)

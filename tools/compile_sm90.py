@@ -75,7 +75,7 @@ def compile_record(record):
 
 def _rope_calls():
     """A small matrix of apply_rope-shaped launches: tile (fused q+k or not), flat (paired or not), in place,
-    strided, varlen, per-token rows, GPT-J, partial rotary, fp64, the conjugate, table-free angles."""
+    strided, varlen, per-token rows, GPT-J, partial rotary, fp64, the conjugate, table-free angles, M-RoPE, NoPE."""
     meta = dict(device="cpu")
     for dtype in (torch.bfloat16, torch.float32, torch.float64):
         q = torch.empty(2, 64, 8, 128, dtype=dtype, **meta)
@@ -119,6 +119,27 @@ def _rope_calls():
                    inv_freq=inv_freq[:32])
         yield dict(q=packed, k=None, cos=None, sin=None, out_q=torch.empty_like(packed), out_k=None,
                    positions=varlen, rotary_dim=128, config=tile, inv_freq=inv_freq)
+        # M-RoPE: the pair's axis chosen in the kernel, contiguous and interleaved sections, (3, batch, seq) and
+        # packed (3, tokens) ids, a table or table-free angles
+        ids = torch.empty(3, 2, 64, dtype=torch.int64, **meta)
+        contiguous = resolve_positions(batch=2, seqlen=64, positions=ids, mrope_section=(16, 24, 24))
+        interleaved = resolve_positions(batch=2, seqlen=64, positions=ids[:, :1].int(), mrope_section=(24, 20, 20),
+                                        mrope_interleaved=True)
+        yield dict(q=q, k=k, cos=cos, sin=cos, out_q=torch.empty_like(q), out_k=torch.empty_like(k),
+                   positions=contiguous, rotary_dim=128, config=launch.TileConfig(2, 1, 16, fused_qk=True))
+        yield dict(q=q, k=k, cos=cos, sin=cos, out_q=q, out_k=k, positions=interleaved, rotary_dim=128, config=tile,
+                   interleaved=True, conjugate=True)
+        packed_ids = resolve_positions(batch=2, seqlen=100, positions=torch.empty(3, 100, dtype=torch.int64, **meta),
+                                       cu_seqlens=cu, max_seqlen=64, mrope_section=(16, 24, 24))
+        yield dict(q=packed, k=None, cos=cos, sin=cos, out_q=torch.empty_like(packed), out_k=None,
+                   positions=packed_ids, rotary_dim=128, config=tile)
+        yield dict(q=q, k=k, cos=None, sin=None, out_q=torch.empty_like(q), out_k=torch.empty_like(k),
+                   positions=interleaved, rotary_dim=128, config=tile, inv_freq=inv_freq)
+        # Llama 4's NoPE layer: q times its temperature, k copied out of place (untouched in place)
+        for out_q, out_k, where, config in ((torch.empty_like(q), torch.empty_like(k), by_offsets, tile),
+                                            (q, k, spec, launch.TileConfig(2, 1, 16, fused_qk=True))):
+            yield dict(q=q, k=k, cos=None, sin=None, out_q=out_q, out_k=out_k, positions=where, rotary_dim=128,
+                       config=config, nope=(8192, 0.1))
 
 
 def _fused_calls():

@@ -54,7 +54,7 @@ _ARGUMENT = re.compile(r"\b(q|k|v|cos|sin|positions|position_ids|cu_seqlens|max_
                        r"per_token|interleaved|table|backend|head_size|query|key|cos_sin_cache|k_cache|v_cache|"
                        r"kv_cache|slot_mapping|cache_offsets|k_scale|v_scale|scale|q_weight|k_weight|kv_c|q_pe|k_pe|"
                        r"eps|weight_offset|kv_indices|kv_indptr|batch_indices|cache_positions|kv_layout|ckv_cache|"
-                       r"kpe_cache)\b")
+                       r"kpe_cache|mrope_section|mrope_interleaved|nope_temperature)\b")
 
 
 # --------------------------------------------------------------------------------------------------------------------

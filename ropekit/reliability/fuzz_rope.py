@@ -73,7 +73,8 @@ def rope_case(target: str, args: RopeArgs, op: Callable, gen: torch.Generator, *
                     problems.append(f"{name}: in place, a packed row no sequence covers was written")
                 continue
             x64 = to_tokens(args.logical[name], layout).requires_grad_(grad)
-            want = rotate_ref(x64 if transform is None else transform(x64, name), args.logical["cos"],
+            reference = args.rotate_ref_k if name == "k" and args.rotate_ref_k is not None else rotate_ref
+            want = reference(x64 if transform is None else transform(x64, name), args.logical["cos"],
                               args.logical["sin"])
             expected, got_rows, past = from_tokens(want.detach(), layout), out, args.past_max
             if past is not None and past.any():
@@ -102,7 +103,7 @@ def rope_case(target: str, args: RopeArgs, op: Callable, gen: torch.Generator, *
 
 def draw(rng: random.Random, gen: torch.Generator, device, backend: str = "triton") -> Case:
     """One ``apply_rope`` case on ``backend`` (the CUDA backend on a GPU machine: ``draw_cuda``)."""
-    args = draw_rope_args(rng, gen, device, backend=backend)
+    args = draw_rope_args(rng, gen, device, backend=backend, switches=True)
     meta = not args.spec["check_mode"] and not args.overlap and not args.grad and rng.random() < 0.04
     return rope_case("apply_rope", args, apply_rope, gen, meta=meta)
 

@@ -3,8 +3,10 @@ documentation says the call must do with them, and the float64 reference of its 
 
 Drawn independently: q's and k's dtype and view, k's aliasing with q (a slice of q's heads, q itself), the tables'
 dtypes and views (cos and sin each their own), half-width tables or per-token rows (halves equal), the position form
-(none, host int, 0-d / per-sequence offsets, position ids, broadcast ids) with its dtype, view and values (in and out
-of the table, negative), for ``thd`` the ``cu_seqlens`` dtype, view and values (valid, ending past or before the
+(none, host int, 0-d / per-sequence offsets, position ids, broadcast ids, and for ``apply_rope`` M-RoPE's three ids per
+token with ``mrope_section`` and ``mrope_interleaved``) with its dtype, view and values (in and out of the table,
+negative), for ``apply_rope`` a Llama 4 NoPE layer instead of a table (``nope_temperature``: no rotation, q scaled, k
+passed through), for ``thd`` the ``cu_seqlens`` dtype, view and values (valid, ending past or before the
 tokens, decreasing, not starting at 0, negative) and ``max_seqlen``; layout, pairing, ``rotary_dim``, conjugate, in
 place, autograd and check mode. What the documentation says about each combination decides what the oracle expects.
 """
@@ -155,6 +157,7 @@ class RopeArgs:
     logical: dict  # CPU copies of q, k, cos, sin as drawn
     untouched: torch.Tensor | None = None  # thd: packed rows no sequence covers (in place they must stay as they were)
     past_max: torch.Tensor | None = None  # thd: rows past max_seqlen in their sequence (see ``rope_case``)
+    rotate_ref_k: Callable | None = None  # k's reference where it differs from q's (a NoPE layer passes k through)
 
     def refuse(self, why: str) -> None:
         self.expect, self.why_raise = RAISE, self.why_raise + [why]
@@ -163,10 +166,18 @@ class RopeArgs:
         return EITHER if self.expect == MATCH and self.either else self.expect
 
 
+def _mrope_section(rng: random.Random, pairs: int) -> list[int]:
+    """Three sections (temporal, height, width) of ``pairs`` pairs, any of them possibly empty."""
+    first, second = sorted(rng.randint(0, pairs) for _ in range(2))
+    return [first, second - first, pairs - second]
+
+
 def draw_rope_args(rng: random.Random, gen: torch.Generator, device, *, backend: str = "triton",
-                   conjugate: bool = True, arena: Arena | None = None, inplace: bool | None = None) -> RopeArgs:
+                   conjugate: bool = True, arena: Arena | None = None, inplace: bool | None = None,
+                   switches: bool = False) -> RopeArgs:
     """Draw every argument of a rotary call (see the module docstring); ``conjugate``: may the call take one;
-    ``arena``: where to place the tensors (a fresh one by default); ``inplace``: given rather than drawn."""
+    ``arena``: where to place the tensors (a fresh one by default); ``inplace``: given rather than drawn;
+    ``switches``: may the call take ``apply_rope``'s own switches (M-RoPE positions, a NoPE layer)."""
     arena = arena or Arena(rng, gen, device)
     expect, why_raise, either = MATCH, [], []
     layout = rng.choice(("bshd", "sbhd", "bhsd", "thd"))
@@ -175,6 +186,9 @@ def draw_rope_args(rng: random.Random, gen: torch.Generator, device, *, backend:
     rotary_dim = rng.choice((head_dim, head_dim // 2))
     interleaved, conjugate = rng.random() < 0.4, conjugate and rng.random() < 0.2
     per_token, drawn_inplace = rng.random() < 0.25, rng.random() < 0.35
+    nope = switches and not per_token and rng.random() < 0.12
+    if nope:
+        rotary_dim = head_dim  # a NoPE layer scales the whole head
     inplace = drawn_inplace if inplace is None else inplace
     grad = not inplace and rng.random() < 0.1
     check_mode = rng.random() < 0.2
@@ -255,6 +269,8 @@ def draw_rope_args(rng: random.Random, gen: torch.Generator, device, *, backend:
     # -- positions, tables or per-token rows ----------------------------------------------------------------------------
     rotate_ref = None  # (x float64 in tokens' layout, cos, sin) -> the reference output, differentiable in x
     positions = None
+    switch_kwargs = {}  # apply_rope's own switches: M-RoPE's sections or a NoPE layer's temperature
+    rotate_ref_k = None
     valid_tokens = None
     if per_token:
         width = rotary_dim if rng.random() > 0.15 else rotary_dim + 2 * rng.randint(1, 2)
@@ -287,9 +303,32 @@ def draw_rope_args(rng: random.Random, gen: torch.Generator, device, *, backend:
             pick = (lambda t: t[..., 0:rotary_dim:2]) if interleaved else (lambda t: t[..., :rotary_dim // 2])
             return _rotate(x, pick(c), pick(s), rotary_dim, interleaved, conjugate)
         columns = width // 2
+    elif nope:
+        cos = sin = None
+        switch_kwargs, rotate_ref, rotate_ref_k, why = _draw_nope(rng, gen, arena, device, layout, batch, seq, tokens,
+                                                                 token_shape, lengths if layout == "thd" else None,
+                                                                 cu, cu_how, check_mode, backend)
+        for kind, reason in why:
+            if kind == RAISE:
+                expect, why_raise = RAISE, why_raise + [reason]
+            else:
+                either.append(reason)
+        positions = switch_kwargs.pop("positions")
+        spec.update(nope=True, positions_form="nope")
+        columns = head_dim // 2
     else:
         form = rng.choice(("none", "int", "t0d", "offsets", "ids") + (() if layout == "thd" else
                                                                        ("offsets2d", "ids1d", "ids_bcast")))
+        if switches and rng.random() < 0.2:
+            form = "mrope"
+            section = _mrope_section(rng, rotary_dim // 2)
+            if rng.random() < 0.05:
+                section[rng.randrange(3)] += 1
+                expect, why_raise = RAISE, why_raise + ["an mrope_section that does not sum to rotary_dim/2"]
+            switch_kwargs = dict(mrope_section=section, mrope_interleaved=rng.random() < 0.5)
+            if backend == "cuda":
+                expect, why_raise = RAISE, why_raise + ["M-RoPE on the CUDA backend"]
+            spec.update(switch_kwargs)
         span = seq
         rows = rng.randint(max(span, 1), max(span, 1) + 6) if rng.random() > 0.02 else 0
         if rows == 0:
@@ -321,11 +360,11 @@ def draw_rope_args(rng: random.Random, gen: torch.Generator, device, *, backend:
                 either.append("max_seqlen (not the sequences) reaches past the table")
         else:
             shape = {"t0d": (), "offsets": (batch,), "offsets2d": (batch, 1), "ids": token_shape,
-                     "ids1d": (seq,), "ids_bcast": token_shape}[form]
+                     "ids1d": (seq,), "ids_bcast": token_shape, "mrope": (3, *token_shape)}[form]
             kind = "expanded" if form == "ids_bcast" else pos_kind
             elsewhere = rng.random() < 0.03 and str(device).startswith("cuda")  # (drawn on every device alike)
             positions = arena.place("positions", shape, pos_dtype, kind,
-                                    id_values if form.startswith("ids") else offset_values,
+                                    id_values if form.startswith("ids") or form == "mrope" else offset_values,
                                     device="cpu" if elsewhere else None)
             if elsewhere:
                 expect, why_raise = RAISE, why_raise + ["positions on another device than q"]
@@ -342,6 +381,9 @@ def draw_rope_args(rng: random.Random, gen: torch.Generator, device, *, backend:
                     either.append("thd positions of ambiguous shape (both readings agree)")
             if local is None:
                 token_pos = None
+            elif form == "mrope":  # a position per pair: (*tokens, rotary_dim / 2)
+                token_pos = ref.mrope_pair_positions(raw.expand(3, *token_shape), switch_kwargs["mrope_section"],
+                                                     mrope_interleaved=switch_kwargs["mrope_interleaved"])
             elif as_ids:
                 token_pos = raw.expand(*token_shape) if layout != "thd" else raw
             elif layout == "thd":
@@ -371,12 +413,16 @@ def draw_rope_args(rng: random.Random, gen: torch.Generator, device, *, backend:
                 elif bool(((raw < 0) | (raw >= rows)).any()):
                     either.append("check mode: an offset outside the table that no token uses")
 
-            def rotate_ref(x, c, s, token_pos=token_pos, valid=valid_tokens):
+            def rotate_ref(x, c, s, token_pos=token_pos, valid=valid_tokens, per_pair=form == "mrope"):
                 def half(t):
                     t = t.detach().cpu().to(torch.float64)
-                    t = t[token_pos.clamp(0, max(rows - 1, 0))][..., :rotary_dim // 2] if rows else \
-                        torch.zeros(*token_pos.shape, rotary_dim // 2, dtype=torch.float64)
-                    return torch.where(valid[..., None], t, torch.full_like(t, float("nan")))
+                    if not rows:
+                        t = torch.zeros(*token_pos.shape[:len(token_shape)], rotary_dim // 2, dtype=torch.float64)
+                    elif per_pair:  # M-RoPE: pair i reads column i of its own axis' row
+                        t = t[token_pos.clamp(0, rows - 1), torch.arange(rotary_dim // 2)]
+                    else:
+                        t = t[token_pos.clamp(0, rows - 1)][..., :rotary_dim // 2]
+                    return torch.where(valid if per_pair else valid[..., None], t, torch.full_like(t, float("nan")))
                 return _rotate(x, half(c), half(s), rotary_dim, interleaved, conjugate)
     past_max = None
     if index_hostile:
@@ -399,10 +445,78 @@ def draw_rope_args(rng: random.Random, gen: torch.Generator, device, *, backend:
         expect = EITHER
 
     kwargs = dict(positions=positions, layout=layout, interleaved=interleaved, rotary_dim=rotary_arg, inplace=inplace,
-                  cu_seqlens=cu, max_seqlen=max_seqlen, per_token=per_token, conjugate=conjugate, backend=backend)
+                  cu_seqlens=cu, max_seqlen=max_seqlen, per_token=per_token, conjugate=conjugate, backend=backend,
+                  **switch_kwargs)
     spec.update(q=_describe(q), k=_describe(k), cos=_describe(cos), sin=_describe(sin),
                 positions=_describe(positions), cu_seqlens=_describe(cu))
+    if nope:
+        spec["nope_temperature"] = list(kwargs["nope_temperature"])
     logical = {name: None if t is None else t.detach().cpu().clone() for name, t in
                (("q", q), ("k", k), ("cos", cos), ("sin", sin))}
     return RopeArgs(arena, spec, q, k, cos, sin, kwargs, expect, why_raise, either, overlap, grad, rotate_ref,
-                    logical, untouched, past_max)
+                    logical, untouched, past_max, rotate_ref_k)
+
+
+def _draw_nope(rng, gen, arena, device, layout, batch, seq, tokens, token_shape, lengths, cu, cu_how, check_mode,
+               backend):
+    """A Llama 4 NoPE layer's arguments: ``nope_temperature`` (sometimes invalid), positions in any form (past
+    several multiples of floor_scale, sometimes negative), and the references of q (scaled by the temperature) and
+    k (passed through). Returns (keyword arguments with ``positions``, q's reference, k's, [(RAISE or EITHER,
+    why)])."""
+    why = []
+    floor_scale = rng.choice((1, 2, 4, 8192, 8192.0))
+    attn_scale = rng.choice((0.1, 0.5, 2.0))
+    if rng.random() < 0.05:
+        floor_scale, attn_scale = rng.choice(((0, attn_scale), (2.5, attn_scale), (floor_scale, float("nan"))))
+        why.append((RAISE, "an invalid nope_temperature"))
+    if backend == "cuda":
+        why.append((RAISE, "a NoPE layer on the CUDA backend"))
+    form = rng.choice(("none", "int", "offsets", "ids") + (() if layout == "thd" else ("ids_bcast",)))
+    hostile = rng.random() < 0.2
+    reach = 3 * int(floor_scale) if floor_scale else 8
+    local = None
+    if layout == "thd" and cu_how == "valid":
+        local = torch.arange(tokens) - torch.repeat_interleave(torch.tensor(cu.cpu().tolist()[:-1]),
+                                                               torch.tensor(lengths))
+    elif layout != "thd":
+        local = torch.arange(seq).expand(batch, seq)
+    positions, token_pos = None, local
+    if form == "int":
+        positions = rng.randint(0, reach) if not hostile else -rng.randint(1, 3)
+        if positions < 0:
+            why.append((RAISE, "a negative host-int offset"))
+        token_pos = None if local is None else local + positions
+    elif form != "none":
+        shape = {"offsets": (batch,), "ids": token_shape, "ids_bcast": token_shape}[form]
+        kind = "expanded" if form == "ids_bcast" else pick(rng, INDEX_KINDS)
+        positions = arena.place("positions", shape, rng.choice((torch.int32, torch.int64)), kind,
+                                lambda core: torch.where(torch.rand(core, generator=gen) < (0.3 if hostile else 0),
+                                                         -torch.randint(1, 4, core, generator=gen),
+                                                         torch.randint(0, reach + 1, core, generator=gen)))
+        raw = positions.detach().cpu().to(torch.int64)
+        as_ids = form.startswith("ids") or (layout != "thd" and batch == seq > 1)
+        if layout == "thd" and batch == tokens > 1:
+            if local is not None and bool((local == 0).all()):
+                why.append((EITHER, "thd positions of ambiguous shape (both readings agree)"))
+            else:
+                why.append((RAISE, "thd positions of ambiguous shape"))
+        if check_mode and bool((raw < 0).any()):
+            why.append((RAISE, "check mode: negative positions"))
+        if kind in _EXOTIC:
+            why.append((EITHER, "an exotic positions view"))
+        if local is None:
+            token_pos = None
+        elif as_ids:
+            token_pos = raw.expand(*token_shape) if layout != "thd" else raw
+        elif layout == "thd":
+            token_pos = local + raw[torch.repeat_interleave(torch.arange(batch), torch.tensor(lengths))]
+        else:
+            token_pos = local + raw.reshape(-1, 1)
+    rotate_q = rotate_k = None
+    if token_pos is not None and not any(kind == RAISE for kind, _ in why):
+        def rotate_q(x, c, s, token_pos=token_pos):
+            return ref.nope_temperature(x, token_pos, int(floor_scale), attn_scale)
+
+        def rotate_k(x, c, s):
+            return x * 1
+    return dict(positions=positions, nope_temperature=(floor_scale, attn_scale)), rotate_q, rotate_k, why

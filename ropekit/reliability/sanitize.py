@@ -333,6 +333,53 @@ def _read_back(caches, before, want, exact, places, kv_layout, scale) -> str:
     return ""
 
 
+def _check_mrope(backend: str, device, interleaved: bool) -> str:
+    """M-RoPE chosen in the kernel: packed sequences with an empty one, partial rotary of a non-power-of-two pair
+    count (24 pairs of 40 channels), GQA, strided (3, tokens) ids, a table of exactly the rows the ids reach (a read
+    past it is outside the allocation) and one id past it (masked: NaN, never read)."""
+    cu = torch.tensor([0, 5, 5, 12], dtype=torch.int32, device=device)
+    q, k = torch.randn(12, 3, 80, device=device), torch.randn(12, 1, 80, device=device)
+    ids = torch.randint(0, 30, (3, 24))[:, ::2]
+    ids[:, 3] = 29
+    section = [8, 8, 8] if interleaved else [4, 10, 10]
+    cos, sin = cos_sin_table(30, 48, device=device)
+    out_q, out_k = apply_rope(q, k, cos, sin, positions=ids.to(device), layout="thd", cu_seqlens=cu, max_seqlen=7,
+                              mrope_section=section, mrope_interleaved=interleaved, backend=backend)
+    for out, x in ((out_q, q), (out_k, k)):
+        problem = check_close_to_reference(out, ref.mrope(x, ids, section, mrope_interleaved=interleaved,
+                                                          rotary_dim=48))
+        if problem:
+            return problem
+    past = ids.clone()
+    past[2, 6] = 30  # the width position of token 6
+    out_q, _ = apply_rope(q, None, cos, sin, positions=past.to(device), layout="thd", cu_seqlens=cu, max_seqlen=7,
+                          mrope_section=section, mrope_interleaved=interleaved, backend=backend)
+    pairs = ref.mrope_pair_positions(torch.arange(3)[:, None], section, mrope_interleaved=interleaved)[0] == 2
+    spoiled = torch.cat((pairs, pairs, torch.zeros(32, dtype=torch.bool)))  # NeoX: both channels of a width pair
+    nan = torch.isnan(out_q).cpu()
+    if not (nan[6] == spoiled).all() or nan[:6].any() or nan[7:].any():
+        return "an M-RoPE position past the table did not spoil exactly its own pairs"
+    return ""
+
+
+def _check_nope(backend: str, device) -> str:
+    """Llama 4's NoPE layer: packed sequences with an empty one, a non-power-of-two head_dim (80: masked channel
+    loads), GQA, k copied (out of place) and never touched (in place), positions across several temperatures."""
+    cu = torch.tensor([0, 5, 5, 12], dtype=torch.int32, device=device)
+    q, k = torch.randn(12, 3, 80, device=device), torch.randn(12, 1, 80, device=device)
+    offsets = torch.tensor([0, 7, 8185])
+    kw = dict(positions=offsets.to(device), layout="thd", cu_seqlens=cu, max_seqlen=7, nope_temperature=(4, 0.1),
+              backend=backend)
+    out_q, out_k = apply_rope(q, k, **kw)
+    problem = check_close_to_reference(out_q, ref.nope_temperature(q, ref.varlen_positions(cu, offsets=offsets),
+                                                                   4, 0.1))
+    if problem or not torch.equal(out_k, k):
+        return problem or "k was not copied bit for bit"
+    k_before = k.clone()
+    apply_rope(q, k, inplace=True, **kw)
+    return "" if torch.equal(k, k_before) else "in place, k was written"
+
+
 def _check_cuda_table(fast: bool) -> str:
     from ropekit.cuda import cos_sin_table_cuda
 
@@ -375,6 +422,12 @@ def sanitize_driver(device=None, verbose: bool = True, candidates: int | None = 
         if backend != "cuda":  # (the CUDA backend takes tables only)
             log.check(f"{backend} table-free angles (thd, partial rotary, GQA, positions < 1e7)",
                       lambda: _check_table_free(backend, device), device)
+            log.check(f"{backend} NoPE temperature (thd, head_dim 80, GQA, k copied / untouched)",
+                      lambda: _check_nope(backend, device), device)
+            for interleaved in (False, True):
+                log.check(f"{backend} M-RoPE {'interleaved' if interleaved else 'contiguous'} sections (thd, "
+                          "partial rotary, GQA, strided ids, a table of the rows they reach)",
+                          lambda interleaved=interleaved: _check_mrope(backend, device, interleaved), device)
     with _device.set_backend("triton"):
         for address, kv_layout, fp8 in CACHE_ADDRESS_MAPS:
             log.check(f"triton fused cache write: {address} {kv_layout}{' float8' if fp8 else ''}",

@@ -337,12 +337,14 @@ def rope_v4(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: tor
             out_q: torch.Tensor, out_k: torch.Tensor | None, positions: PositionSpec, rotary_dim: int,
             interleaved: bool = False, conjugate: bool = False, cos_per_token: bool = False,
             copy_tail: bool = True, eager_rounding: bool = False, inv_freq: torch.Tensor | None = None,
-            scale: float = 1.0, config: TileConfig | FlatConfig | None = None) -> None:
+            scale: float = 1.0, nope: tuple | None = None, config: TileConfig | FlatConfig | None = None) -> None:
     """Launch v4. q/k/out are 4-D ``(batch, seq, heads, head_dim)`` views with any strides, or 3-D ``(tokens, heads,
     head_dim)`` when ``positions.is_varlen``. cos/sin: ``(table_len, rotary_dim/2)`` tables, or with
     ``cos_per_token`` full-width rows ``(batch, seq, rotary_dim)`` (``(tokens, rotary_dim)`` for varlen), or None
     with ``inv_freq``: the ``(>= rotary_dim/2,)`` float32/float64 inverse frequencies, cos/sin computed in the kernel
-    at each position and multiplied by ``scale`` (the tile kernel only).
+    at each position and multiplied by ``scale`` (the tile kernel only). ``nope``: ``(floor_scale, attn_scale)`` of a
+    Llama 4 NoPE layer: nothing rotates, q is multiplied by its token's attention temperature over the whole head and
+    k is copied (not touched in place); cos and sin are None.
 
     The launcher trusts its caller (``ropekit.api`` validates); it only normalises shapes and plans the launch.
     ``config`` forces a configuration instead of :func:`rope_config`'s (tuning and reliability tools); a
@@ -350,7 +352,7 @@ def rope_v4(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: tor
     """
     plan = plan_rope(q, k, cos, sin, out_q=out_q, out_k=out_k, positions=positions, rotary_dim=rotary_dim,
                      interleaved=interleaved, conjugate=conjugate, cos_per_token=cos_per_token, copy_tail=copy_tail,
-                     eager_rounding=eager_rounding, inv_freq=inv_freq, scale=scale, config=config)
+                     eager_rounding=eager_rounding, inv_freq=inv_freq, scale=scale, nope=nope, config=config)
     if plan is not None:
         plan(q, k, out_q, out_k, cos if inv_freq is None else inv_freq, sin, positions.tensor, positions.cu_seqlens,
              positions.offset)
@@ -376,20 +378,23 @@ def _flat_applies(q, k, out_q, out_k, contiguous: bool, positions: PositionSpec,
                   interleaved: bool, cos_per_token: bool, eager_rounding: bool) -> bool:
     """Whether the flat kernel can run these tensors: contiguous (batch, seq, heads, head_dim) q, k and outputs
     (``contiguous``: the caller's check of all four), the whole head rotated with NeoX pairs, positions from the
-    table (not varlen, not per-token rows), one rounding in fp32 math, and out of place: in place, a lane would
-    overwrite an element another warp may still have to read as its partner."""
-    return (not positions.is_varlen and not cos_per_token and not eager_rounding and not interleaved
-            and q.dtype in _FLAT_DTYPES
+    table (not varlen, not M-RoPE, not per-token rows), one rounding in fp32 math, and out of place: in place, a lane
+    would overwrite an element another warp may still have to read as its partner."""
+    return (not positions.is_varlen and not positions.is_mrope and not cos_per_token and not eager_rounding
+            and not interleaved and q.dtype in _FLAT_DTYPES
             and rotary_dim == q.shape[-1] and q.ndim == 4 and out_q.data_ptr() != q.data_ptr()
             and (k is None or out_k.data_ptr() != k.data_ptr()) and contiguous)
 
 
 def _position_strides(positions: PositionSpec) -> tuple:
     """(sequence, token) strides of the positions tensor: per-sequence offsets ``(batch,)`` step by sequence, 1-D
-    position ids (varlen) by packed token, 2-D ids by both; (1, 1) without a tensor (not read)."""
+    position ids (varlen) by packed token, 2-D ids by both; (1, 1) without a tensor (not read). M-RoPE's ids add
+    the axis stride: (sequence, token, axis) of ``(3, batch, seq)``, or of ``(3, tokens)`` packed (no sequence)."""
     t = positions.tensor
     if t is None:
         return 1, 1
+    if positions.is_mrope:
+        return (t.stride(1), t.stride(2), t.stride(0)) if t.ndim == 3 else (0, t.stride(1), t.stride(0))
     if t.ndim == 2:
         return t.stride(0), t.stride(1)
     return (0, t.stride(0)) if positions.mode == POSITION_IDS else (t.stride(0), 1)
@@ -399,9 +404,12 @@ def plan_rope(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: t
               out_q: torch.Tensor, out_k: torch.Tensor | None, positions: PositionSpec, rotary_dim: int,
               interleaved: bool = False, conjugate: bool = False, cos_per_token: bool = False,
               copy_tail: bool = True, eager_rounding: bool = False, inv_freq: torch.Tensor | None = None,
-              scale: float = 1.0, config: TileConfig | FlatConfig | None = None) -> RopeLaunch | None:
+              scale: float = 1.0, nope: tuple | None = None,
+              config: TileConfig | FlatConfig | None = None) -> RopeLaunch | None:
     """The :class:`RopeLaunch` for :func:`rope_v4`'s arguments (None when there is nothing to do)."""
     angles = inv_freq is not None
+    if nope is not None and _same_view(q, out_q):
+        k, out_k = None, None  # a NoPE layer leaves k as it is: in place nothing touches it
     if angles:
         cos, sin = inv_freq, None  # the kernel reads the frequencies where a table would be
     if positions.is_varlen:
@@ -424,8 +432,8 @@ def plan_rope(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: t
     contiguous = all(t.is_contiguous() for t in (q, k, out_q, out_k) if t is not None)
     in_place = _same_view(q, out_q) and (k is None or _same_view(k, out_k))
     # the flat kernel reads tables only
-    flat_ok = not angles and _flat_applies(q, k, out_q, out_k, contiguous, positions, rotary_dim, interleaved,
-                                           cos_per_token, eager_rounding)
+    flat_ok = not angles and nope is None and _flat_applies(q, k, out_q, out_k, contiguous, positions, rotary_dim,
+                                                            interleaved, cos_per_token, eager_rounding)
     shape = RopeShape(n_batch * seqlen, n_heads_q, n_heads_k, head_dim, rotary_dim, q.element_size(), cos_per_token,
                       flat_ok, k is None or k.shape == q.shape)
     if config is None:
@@ -445,12 +453,12 @@ def plan_rope(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: t
                           n_heads_k, index_dtype, conjugate)
     return _plan_tile(shape, q, k, out_q, out_k, cos, sin, positions, config, n_batch, seqlen, n_heads_q,
                       n_heads_k, rotary_dim, interleaved, conjugate, cos_per_token, eager_rounding, in_place,
-                      contiguous, index_dtype, angles, scale)
+                      contiguous, index_dtype, angles, scale, nope)
 
 
 def _plan_tile(shape, q, k, out_q, out_k, cos, sin, positions, config: TileConfig, n_batch, seqlen, n_heads_q,
                n_heads_k, rotary_dim, interleaved, conjugate, cos_per_token, eager_rounding, in_place, contiguous,
-               index_dtype, angles=False, scale=1.0) -> RopeLaunch:
+               index_dtype, angles=False, scale=1.0, nope=None) -> RopeLaunch:
     head_dim = q.shape[-1]
     block_h = config.block_h
     if config.fused_qk:
@@ -462,12 +470,16 @@ def _plan_tile(shape, q, k, out_q, out_k, cos, sin, positions, config: TileConfi
     grid = (_cdiv(seqlen, config.block_s), n_head_blocks, n_batch)
     # DENSE: contiguous q, k and outputs, and a contiguous table of rotary_dim / 2 columns (or contiguous
     # frequencies); the kernel derives their strides (docs/tuning.md#dense-strides)
-    if angles:
+    if nope is not None:
+        dense = contiguous
+    elif angles:
         dense = contiguous and cos.is_contiguous()
     else:
         dense = contiguous and (cos_per_token or (cos.is_contiguous() and sin.is_contiguous()
                                                   and cos.shape[1] == rotary_dim // 2))
-    if angles:
+    if nope is not None:
+        cos_strides, table_len = (1, 1, 1), 1  # nothing read
+    elif angles:
         cos_strides = (1, 1, 1) if dense else (1, 1, cos.stride(0))  # the frequencies: columns only
         table_len = 1  # not read
     elif cos_per_token:
@@ -498,7 +510,8 @@ def _plan_tile(shape, q, k, out_q, out_k, cos, sin, positions, config: TileConfi
         BLOCK_TAIL=_next_pow2(max(head_dim - rotary_dim, 1)), FUSED_QK=config.fused_qk,
         HAS_K=k is not None, INTERLEAVED=interleaved, CONJUGATE=conjugate, POS_MODE=positions.mode,
         IS_VARLEN=positions.is_varlen, COS_PER_TOKEN=cos_per_token, ANGLES=angles,
-        ANGLE_SCALE=float(scale) if angles else 1.0, EAGER_ROUNDING=eager_rounding,
+        ANGLE_SCALE=float(scale) if angles else 1.0, NOPE_FLOOR_SCALE=0 if nope is None else int(nope[0]),
+        NOPE_ATTN_SCALE=0.0 if nope is None else float(nope[1]), EAGER_ROUNDING=eager_rounding,
         MATH_DTYPE=_MATH_DTYPE.get(q.dtype, tl.float32),
         DENSE=dense, IN_PLACE=in_place, INDEX_DTYPE=index_dtype,
         EVICT="evict_first" if config.evict_first else "")

@@ -8,12 +8,17 @@ New since v3 (tiles of tokens x heads that share cos/sin rows):
   channels as one contiguous block and splits it into pairs in registers (``tl.reshape`` + ``tl.split``), so both
   pairings read memory the same way.
 * **Partial rotary**: only ``ROTARY_DIM <= HEAD_DIM`` channels turn; out of place, the rest is copied.
-* **Positions** ``POS_MODE`` (scalar offset / per-sequence offsets / position ids, see ``ropekit.positions``) and
-  ``IS_VARLEN`` (packed ``thd`` with ``cu_seqlens``). Positions live on the device: no host sync, graph-capturable.
+* **Positions** ``POS_MODE`` (scalar offset / per-sequence offsets / position ids / M-RoPE's three ids per token,
+  see ``ropekit.positions``) and ``IS_VARLEN`` (packed ``thd`` with ``cu_seqlens``). Positions live on the device: no
+  host sync, graph-capturable. M-RoPE picks each pair's position from its axis (:func:`_mrope_positions`) and reads
+  the same table (or frequencies) at it.
 * **cos/sin** from the half-width float32 table indexed by position, or (``COS_PER_TOKEN``) full-width rows given per
-  token in any float dtype, the way transformers passes them (this covers M-RoPE and the HF drop-in), or
+  token in any float dtype, the way transformers passes them (the HF drop-in), or
   (``ANGLES``) computed from the position and the inverse frequencies: no table (see :func:`_angle_cos_sin`).
 * ``CONJUGATE`` rotates by -θ: the backward pass is the same kernel.
+* **NoPE layers** (Llama 4, ``NOPE_FLOOR_SCALE`` > 0): nothing rotates; q is multiplied by its token's attention
+  temperature (:func:`_nope_temperature`) and k passes through (out of place: copied). The same kernel is its own
+  backward.
 * In place (out pointer == in pointer) or out of place; offsets in int64 whenever a view spans 2**31 elements
   or more (int32 otherwise: fewer instructions), so huge tensors are correct (docs/tuning.md#index-dtype).
 * Positions outside the table are never read (masked loads); such tokens come out as NaN so the error is loud.
@@ -30,6 +35,7 @@ import triton
 import triton.language as tl
 
 from .. import device as _device  # noqa: F401  (interpreter switch before the kernels are decorated)
+from ..positions import MROPE_IDS, MROPE_SECTION_BASE
 
 __all__ = ["rope_v4_kernel"]
 
@@ -50,6 +56,8 @@ def _split_two_pi() -> tuple:
 
 _TWO_PI_1, _TWO_PI_2, _TWO_PI_3 = (tl.constexpr(part) for part in _split_two_pi())
 _INV_TWO_PI = tl.constexpr(0.15915494309189535)  # 1/(2π) rounded: only picks the number of turns
+_MROPE_IDS = tl.constexpr(MROPE_IDS)
+_MROPE_BASE = tl.constexpr(MROPE_SECTION_BASE)
 
 
 @triton.jit
@@ -89,7 +97,8 @@ def _rotate(x_a, x_b, cos_a, sin_a, cos_b, sin_b, OUT_DTYPE: tl.constexpr, EAGER
 @triton.jit
 def _angle_cos_sin(INV_FREQ, position, pairs, pair_mask, stride, ANGLE_SCALE: tl.constexpr,
                    MATH_DTYPE: tl.constexpr):
-    """cos and sin (times ``ANGLE_SCALE``) of θ = position × inv_freq for [BLOCK_S] positions and [BLOCK_HALF] pairs.
+    """cos and sin (times ``ANGLE_SCALE``) of θ = position × inv_freq for [BLOCK_S, 1] positions (M-RoPE: [BLOCK_S,
+    BLOCK_HALF], one per pair) and [BLOCK_HALF] pairs.
 
     θ is formed in float64 (a position below 2**53 and the frequency are exact there), reduced to [-π, π] by
     subtracting whole turns of 2π in three parts (Cody–Waite: ``turns * part`` is exact for the first two parts while
@@ -100,7 +109,7 @@ def _angle_cos_sin(INV_FREQ, position, pairs, pair_mask, stride, ANGLE_SCALE: tl
     float32.
     """
     inv_freq = tl.load(INV_FREQ + pairs * stride, mask=pair_mask, other=0.0).to(tl.float64)
-    angle = position.to(tl.float64)[:, None] * inv_freq[None, :]
+    angle = position.to(tl.float64) * inv_freq[None, :]
     # constants as float64 tensors: a bare Python float in a jitted function is a float32 constant
     turns = tl.floor(angle * tl.full([], _INV_TWO_PI, tl.float64) + 0.5)
     reduced = angle - turns * tl.full([], _TWO_PI_1, tl.float64)
@@ -113,17 +122,61 @@ def _angle_cos_sin(INV_FREQ, position, pairs, pair_mask, stride, ANGLE_SCALE: tl
 
 
 @triton.jit
+def _nope_temperature(position, pairs, FLOOR_SCALE: tl.constexpr, ATTN_SCALE: tl.constexpr,
+                      MATH_DTYPE: tl.constexpr):
+    """Llama 4's attention temperature of a NoPE layer, ``log(floor((position + 1) / FLOOR_SCALE) + 1) * ATTN_SCALE +
+    1``, for [BLOCK_S, 1] positions, broadcast over [BLOCK_HALF] pairs: the floor in integer arithmetic (exact at any
+    position; a negative numerator rounds down too), the rest in float64, rounded once to the math dtype. ATTN_SCALE
+    is a compile-time float64 constant (a float argument would arrive rounded to float32)."""
+    after = position + 1
+    turns = tl.where(after >= 0, after // FLOOR_SCALE, -((FLOOR_SCALE - 1 - after) // FLOOR_SCALE))
+    scale = tl.log(turns.to(tl.float64) + 1.0) * tl.full([], ATTN_SCALE, tl.float64) + 1.0
+    return (scale + tl.zeros([1, pairs.shape[0]], tl.float64)).to(MATH_DTYPE)
+
+
+@triton.jit
+def _mrope_positions(POSITIONS, batch_index, token_rows, token_mask, position_strides, pairs,
+                     POS_MODE: tl.constexpr):
+    """M-RoPE: the [BLOCK_S, BLOCK_HALF] position of every pair of BLOCK_S tokens, that of the pair's axis.
+
+    ``POSITIONS`` holds three ids per token (temporal, height, width) at strides ``position_strides`` = (sequence,
+    token, axis). The sections are read from the mode at compile time (``ropekit.positions.mrope_mode``: the mode is
+    ``MROPE_IDS + interleaved + 2 * (t + B * (h + B * w))``, B = 4096), and the axis of pair ``i`` is
+    ``ropekit.positions.mrope_axis_of_pair``'s: consecutive sections, or (interleaved) height for ``i % 3 == 1``,
+    ``i < 3h`` and width for ``i % 3 == 2``, ``i < 3w``, temporal otherwise.
+    """
+    sections = (POS_MODE - _MROPE_IDS) // 2
+    t = sections % _MROPE_BASE
+    h = (sections // _MROPE_BASE) % _MROPE_BASE
+    w = sections // (_MROPE_BASE * _MROPE_BASE)
+    ids = POSITIONS + batch_index * position_strides[0] + token_rows * position_strides[1]
+    t_pos = tl.load(ids, mask=token_mask, other=0).to(tl.int64)
+    h_pos = tl.load(ids + position_strides[2], mask=token_mask, other=0).to(tl.int64)
+    w_pos = tl.load(ids + 2 * position_strides[2], mask=token_mask, other=0).to(tl.int64)
+    if (POS_MODE - _MROPE_IDS) % 2 == 1:
+        height = (pairs % 3 == 1) & (pairs < 3 * h)
+        width = (pairs % 3 == 2) & (pairs < 3 * w)
+    else:
+        height = (pairs >= t) & (pairs < t + h)
+        width = pairs >= t + h
+    return tl.where(height[None, :], h_pos[:, None], tl.where(width[None, :], w_pos[:, None], t_pos[:, None]))
+
+
+@triton.jit
 def _cos_sin(COS, SIN, POSITIONS, pid_b, batch_index, s_local, token_rows, token_mask, table_len, position_offset,
              cos_strides, position_strides, ROTARY_DIM: tl.constexpr, BLOCK_HALF: tl.constexpr,
              INTERLEAVED: tl.constexpr, POS_MODE: tl.constexpr, COS_PER_TOKEN: tl.constexpr, CONJUGATE: tl.constexpr,
-             MATH_DTYPE: tl.constexpr, ANGLES: tl.constexpr = False, ANGLE_SCALE: tl.constexpr = 1.0):
+             MATH_DTYPE: tl.constexpr, ANGLES: tl.constexpr = False, ANGLE_SCALE: tl.constexpr = 1.0,
+             NOPE_FLOOR_SCALE: tl.constexpr = 0, NOPE_ATTN_SCALE: tl.constexpr = 0.0):
     """cos/sin of every pair of BLOCK_S tokens, as four [BLOCK_S, BLOCK_HALF] tiles (first / second channel of a pair).
 
     Called after the q/k tile is loaded, so those loads are already in flight while the dependent chain
     position -> table row -> cos/sin resolves (it dominates a decode step's latency). ``cos_strides``: (sequence,
-    row, column) of per-token rows, or (unused, row, column) of a table; ``position_strides``: (sequence, token).
+    row, column) of per-token rows, or (unused, row, column) of a table; ``position_strides``: (sequence, token), and
+    for M-RoPE (``POS_MODE >= MROPE_IDS``) (sequence, token, axis): each pair then reads its own axis' position.
     With ANGLES, COS holds the (ROTARY_DIM / 2,) inverse frequencies (column stride ``cos_strides[2]``), SIN is not
-    read, and cos/sin are computed at each token's position and multiplied by ANGLE_SCALE.
+    read, and cos/sin are computed at each token's position and multiplied by ANGLE_SCALE. With NOPE_FLOOR_SCALE > 0
+    (a NoPE layer) cos is the token's attention temperature and sin 0; nothing is read but the positions.
     """
     stride_cos_b, stride_cos_s, stride_cos_d = cos_strides[0], cos_strides[1], cos_strides[2]
     stride_pos_b, stride_pos_s = position_strides[0], position_strides[1]
@@ -147,20 +200,27 @@ def _cos_sin(COS, SIN, POSITIONS, pid_b, batch_index, s_local, token_rows, token
         cos_b = tl.load(COS + offs_b, mask=cs_mask, other=0.0).to(MATH_DTYPE)
         sin_b = tl.load(SIN + offs_b, mask=cs_mask, other=0.0).to(MATH_DTYPE)
     else:
-        if POS_MODE == 0:
-            position = s_local.to(tl.int64) + position_offset
+        # position: [BLOCK_S, 1], one per token, or with M-RoPE [BLOCK_S, BLOCK_HALF], one per pair
+        if POS_MODE >= _MROPE_IDS:
+            position = _mrope_positions(POSITIONS, batch_index, token_rows, token_mask, position_strides, pairs,
+                                        POS_MODE)
+        elif POS_MODE == 0:
+            position = (s_local.to(tl.int64) + position_offset)[:, None]
         elif POS_MODE == 1:
-            position = s_local.to(tl.int64) + tl.load(POSITIONS + pid_b * stride_pos_b).to(tl.int64)
+            position = (s_local.to(tl.int64) + tl.load(POSITIONS + pid_b * stride_pos_b).to(tl.int64))[:, None]
         else:
             position = tl.load(POSITIONS + batch_index * stride_pos_b + token_rows * stride_pos_s,
-                               mask=token_mask, other=0).to(tl.int64)
-        if ANGLES:
+                               mask=token_mask, other=0).to(tl.int64)[:, None]
+        if NOPE_FLOOR_SCALE > 0:
+            cos_a = _nope_temperature(position, pairs, NOPE_FLOOR_SCALE, NOPE_ATTN_SCALE, MATH_DTYPE)
+            sin_a = tl.zeros_like(cos_a)
+        elif ANGLES:
             cos_a, sin_a = _angle_cos_sin(COS, position, pairs, pair_mask, stride_cos_d, ANGLE_SCALE, MATH_DTYPE)
         else:
             in_table = (position >= 0) & (position < table_len)
-            # Never read outside the table; out-of-range tokens get NaN (loud) instead of a neighbour's angle.
-            cs_mask = (token_mask & in_table)[:, None] & pair_mask[None, :]
-            offs = position[:, None] * stride_cos_s + pairs[None, :] * stride_cos_d
+            # Never read outside the table; out-of-range positions get NaN (loud) instead of a neighbour's angle.
+            cs_mask = token_mask[:, None] & in_table & pair_mask[None, :]
+            offs = position * stride_cos_s + pairs[None, :] * stride_cos_d
             cos_a = tl.load(COS + offs, mask=cs_mask, other=float("nan")).to(MATH_DTYPE)
             sin_a = tl.load(SIN + offs, mask=cs_mask, other=float("nan")).to(MATH_DTYPE)
         cos_b = cos_a
@@ -225,12 +285,20 @@ def _load_pairs(X, row_in, row_mask, stride_d, ROTARY_DIM: tl.constexpr, BLOCK_S
 def _rotate_store(X, OUT, x_a, x_b, cos_a, sin_a, cos_b, sin_b, row_in, row_out, row_mask, stride_d, out_stride_d,
                   ROTARY_DIM: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr,
                   BLOCK_HALF: tl.constexpr, BLOCK_TAIL: tl.constexpr, INTERLEAVED: tl.constexpr,
-                  COPY_TAIL: tl.constexpr, EAGER_ROUNDING: tl.constexpr, EVICT: tl.constexpr):
+                  COPY_TAIL: tl.constexpr, EAGER_ROUNDING: tl.constexpr, EVICT: tl.constexpr,
+                  TRANSFORM: tl.constexpr = 0):
     """Rotate a loaded tile by its tokens' cos/sin ([BLOCK_S, BLOCK_HALF], shared by every head), store it and,
-    for partial rotary out of place, copy the untouched tail channels."""
+    for partial rotary out of place, copy the untouched tail channels. TRANSFORM 1 (q of a NoPE layer) multiplies
+    both channels of a pair by cos instead (no sin term: an Inf partner must not spoil its neighbour), 2 (k of a NoPE
+    layer) stores them as they are."""
     cos_a, sin_a = cos_a[:, None, :], sin_a[:, None, :]
     cos_b, sin_b = cos_b[:, None, :], sin_b[:, None, :]
-    out_a, out_b = _rotate(x_a, x_b, cos_a, sin_a, cos_b, sin_b, OUT.dtype.element_ty, EAGER_ROUNDING)
+    if TRANSFORM == 1:
+        out_a, out_b = x_a * cos_a, x_b * cos_b
+    elif TRANSFORM == 2:
+        out_a, out_b = x_a, x_b
+    else:
+        out_a, out_b = _rotate(x_a, x_b, cos_a, sin_a, cos_b, sin_b, OUT.dtype.element_ty, EAGER_ROUNDING)
     if INTERLEAVED:
         channels = tl.arange(0, 2 * BLOCK_HALF)
         mask = row_mask[:, :, None] & (channels < ROTARY_DIM)[None, None, :]
@@ -263,8 +331,9 @@ def rope_v4_kernel(
     # full-width rows given per token, or with ANGLES the (ROTARY_DIM / 2,) inverse frequencies in COS (SIN unread),
     # cos/sin computed at the position and multiplied by ANGLE_SCALE; cos_strides: (sequence, row, column)
     COS, SIN, cos_strides,
-    # positions: POS_MODE says what POSITIONS holds (position_strides: (sequence, token)); CU_SEQLENS the packed
-    # sequences' starts; position_offset arrives plus one (the common offset, 0, becomes the constant 1)
+    # positions: POS_MODE says what POSITIONS holds (position_strides: (sequence, token), M-RoPE's (sequence, token,
+    # axis)); CU_SEQLENS the packed sequences' starts; position_offset arrives plus one (the common offset, 0, becomes
+    # the constant 1)
     POSITIONS, position_strides, CU_SEQLENS, position_offset,
     # (seqlen, n_heads_q, n_heads_k, table_len, n_tokens)
     sizes,
@@ -274,7 +343,8 @@ def rope_v4_kernel(
     # what the call asks for
     HAS_K: tl.constexpr, INTERLEAVED: tl.constexpr, CONJUGATE: tl.constexpr, POS_MODE: tl.constexpr,
     IS_VARLEN: tl.constexpr, COS_PER_TOKEN: tl.constexpr, ANGLES: tl.constexpr, ANGLE_SCALE: tl.constexpr,
-    EAGER_ROUNDING: tl.constexpr, MATH_DTYPE: tl.constexpr,
+    NOPE_FLOOR_SCALE: tl.constexpr, NOPE_ATTN_SCALE: tl.constexpr, EAGER_ROUNDING: tl.constexpr,
+    MATH_DTYPE: tl.constexpr,
     # what the tensors allow
     DENSE: tl.constexpr, IN_PLACE: tl.constexpr, INDEX_DTYPE: tl.constexpr, EVICT: tl.constexpr,
 ):
@@ -342,14 +412,15 @@ def rope_v4_kernel(
         cos_a, sin_a, cos_b, sin_b = _cos_sin(
             COS, SIN, POSITIONS, pid_b, batch_index, s_local, token_rows, token_mask, table_len, position_offset,
             cos_strides, position_strides, ROTARY_DIM, BLOCK_HALF, INTERLEAVED, POS_MODE, COS_PER_TOKEN, CONJUGATE,
-            MATH_DTYPE, ANGLES, ANGLE_SCALE)
+            MATH_DTYPE, ANGLES, ANGLE_SCALE, NOPE_FLOOR_SCALE, NOPE_ATTN_SCALE)
         _rotate_store(Q, OUT_Q, q_a, q_b, cos_a, sin_a, cos_b, sin_b, q_in, q_out, q_mask, q_strides[3],
                       out_q_strides[3], ROTARY_DIM, HEAD_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_TAIL, INTERLEAVED,
-                      ROTARY_DIM < HEAD_DIM and not IN_PLACE, EAGER_ROUNDING, EVICT)
+                      ROTARY_DIM < HEAD_DIM and not IN_PLACE, EAGER_ROUNDING, EVICT, 1 if NOPE_FLOOR_SCALE > 0 else 0)
         if FUSED_QK and HAS_K:
             _rotate_store(K, OUT_K, k_a, k_b, cos_a, sin_a, cos_b, sin_b, k_in, k_out, k_mask, k_strides[3],
                           out_k_strides[3], ROTARY_DIM, HEAD_DIM, BLOCK_S, BLOCK_HK, BLOCK_HALF, BLOCK_TAIL,
-                          INTERLEAVED, ROTARY_DIM < HEAD_DIM and not IN_PLACE, EAGER_ROUNDING, EVICT)
+                          INTERLEAVED, ROTARY_DIM < HEAD_DIM and not IN_PLACE, EAGER_ROUNDING, EVICT,
+                          2 if NOPE_FLOOR_SCALE > 0 else 0)
     elif HAS_K:
         k_in, k_out, k_mask = _tile_rows(k_strides, out_k_strides, batch_index, token_rows, token_mask,
                                          (pid_h - n_head_blocks_q) * BLOCK_H, n_heads_k, BLOCK_H, INDEX_DTYPE)
@@ -358,7 +429,7 @@ def rope_v4_kernel(
         cos_a, sin_a, cos_b, sin_b = _cos_sin(
             COS, SIN, POSITIONS, pid_b, batch_index, s_local, token_rows, token_mask, table_len, position_offset,
             cos_strides, position_strides, ROTARY_DIM, BLOCK_HALF, INTERLEAVED, POS_MODE, COS_PER_TOKEN, CONJUGATE,
-            MATH_DTYPE, ANGLES, ANGLE_SCALE)
+            MATH_DTYPE, ANGLES, ANGLE_SCALE, NOPE_FLOOR_SCALE, NOPE_ATTN_SCALE)
         _rotate_store(K, OUT_K, k_a, k_b, cos_a, sin_a, cos_b, sin_b, k_in, k_out, k_mask, k_strides[3],
                       out_k_strides[3], ROTARY_DIM, HEAD_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_TAIL, INTERLEAVED,
-                      ROTARY_DIM < HEAD_DIM and not IN_PLACE, EAGER_ROUNDING, EVICT)
+                      ROTARY_DIM < HEAD_DIM and not IN_PLACE, EAGER_ROUNDING, EVICT, 2 if NOPE_FLOOR_SCALE > 0 else 0)

@@ -1,0 +1,261 @@
+"""Llama 4's NoPE layers as a specification: ``apply_rope(q, k, positions=..., nope_temperature=(floor_scale,
+attn_scale))`` rotates nothing; every channel of q is multiplied by ``log(floor((position + 1) / floor_scale) + 1) *
+attn_scale + 1`` at its token's position (transformers' ``attn_temperature_tuning``, vLLM's ``_get_attn_scale``), and
+k passes through. Every layout and position form, in place and out of place, autograd and torch.compile, on the Triton
+kernel and the native backend; validation names the argument before anything is written."""
+
+import math
+
+import pytest
+import torch
+
+import ropekit
+from ropekit import reference as ref
+from ropekit.layouts import TO_BSHD
+from ropekit.testing import assert_close_to_reference
+from ropekit.triton.launch import TileConfig, forced_config, plans, recorded_launches
+from conftest import DEVICE, gpu_only
+from rope_cases import make, positions_for, table
+
+triton_backend = pytest.mark.backend("triton")
+LLAMA4 = (8192, 0.1)  # Llama 4's floor_scale and attn_scale
+
+
+def expected(x, layout, positions, floor_scale, attn_scale):
+    order = TO_BSHD[layout]
+    return ref.nope_temperature(x.permute(order), positions, floor_scale, attn_scale).permute(order)
+
+
+# --- the reference: the engines' formulas ---------------------------------------------------------------------------
+
+def test_reference_is_transformers_and_vllms_formula():
+    """transformers' ``log1p(floor((positions.float() + 1) / floor_scale)) * attn_scale + 1`` and vLLM's
+    ``log(floor((positions + 1) / floor_scale) + 1) * attn_scale + 1``, both in float32, agree with the float64
+    reference within float32 rounding, past many multiples of floor_scale."""
+    positions = torch.cat((torch.arange(0, 20_000, 7), torch.tensor([8190, 8191, 8192, 1_000_000, 9_999_999])))
+    x = torch.ones(len(positions), 1, 1, dtype=torch.float64)
+    want = ref.nope_temperature(x, positions, *LLAMA4)[:, 0, 0]
+    transformers = torch.log1p(torch.floor((positions.float() + 1.0) / LLAMA4[0])) * LLAMA4[1] + 1.0
+    vllm = torch.log(torch.floor((positions.float() + 1.0) / LLAMA4[0]) + 1.0) * LLAMA4[1] + 1.0
+    torch.testing.assert_close(transformers.double(), want, rtol=3e-7, atol=0)
+    torch.testing.assert_close(vllm.double(), want, rtol=3e-7, atol=0)
+    assert want[positions < 8191].eq(1).all() and want[positions == 8191].item() == pytest.approx(1 + 0.1 * math.log(2))
+
+
+def test_matches_transformers_llama4_in_bf16(backend):
+    """q scaled as transformers scales it (float32 math, one rounding to q's dtype) at decode positions past
+    several multiples of floor_scale."""
+    q = make("bshd", 3, 4, 4, 64, torch.bfloat16)
+    offsets = torch.tensor([0, 8190, 123_456])
+    positions = ref.token_positions(3, 4, offsets=offsets).to(DEVICE)
+    scales = torch.log1p(torch.floor((positions.float() + 1.0) / 8192)) * 0.1 + 1.0
+    want = (q * scales[..., None, None]).to(q.dtype)  # transformers' expression
+    got, _ = ropekit.apply_rope(q, None, positions=offsets.to(DEVICE), nope_temperature=LLAMA4)
+    torch.testing.assert_close(got, want)
+
+
+# --- every case apply_rope takes ------------------------------------------------------------------------------------
+
+# (id, layout, batch, seq, hq, hk, head_dim, position kind, dtype)
+CASES = [
+    ("bshd-none-fp32", "bshd", 2, 5, 4, 2, 32, "none", torch.float32),
+    ("sbhd-int-bf16", "sbhd", 2, 5, 4, 4, 32, "int", torch.bfloat16),
+    ("bhsd-offsets-fp16", "bhsd", 3, 4, 4, 1, 48, "offsets", torch.float16),
+    ("bshd-ids-fp64", "bshd", 2, 6, 2, 2, 40, "ids", torch.float64),
+    ("bshd-ids1d-fp32", "bshd", 2, 6, 4, 2, 32, "ids1d", torch.float32),
+]
+
+
+@pytest.mark.parametrize("inplace", [False, True], ids=["out-of-place", "in-place"])
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_q_is_scaled_and_k_passes_through(backend, case, inplace):
+    """A small floor_scale (4) so that positions of a few tokens reach several temperatures."""
+    _, layout, batch, seqlen, hq, hk, head_dim, kind, dtype = case
+    q, k = make(layout, batch, seqlen, hq, head_dim, dtype), make(layout, batch, seqlen, hk, head_dim, dtype)
+    q_before, k_before = q.clone(), k.clone()
+    arg, pos = positions_for(kind, batch, seqlen)
+    out_q, out_k = ropekit.apply_rope(q, k, positions=arg, layout=layout, inplace=inplace, nope_temperature=(4, 0.5))
+    assert (out_q is q) == inplace and (out_k is k) == inplace
+    assert_close_to_reference(out_q, expected(q_before, layout, pos, 4, 0.5))
+    assert torch.equal(out_k, k_before)
+    if not inplace:
+        assert out_k.is_contiguous() and out_k.data_ptr() != k.data_ptr()
+
+
+@pytest.mark.parametrize("config", [TileConfig(2, 1, 4, fused_qk=True), TileConfig(1, 2, 4)], ids=["fused-qk", "tile"])
+@triton_backend
+def test_both_tile_forms_scale_q_and_copy_k(config):
+    q, k = make("bshd", 2, 3, 4, 32, torch.float32), make("bshd", 2, 3, 2, 32, torch.float32)
+    offsets = torch.tensor([5, 40], device=DEVICE)
+    with forced_config(config):
+        out_q, out_k = ropekit.apply_rope(q, k, positions=offsets, nope_temperature=(8, 0.25))
+    assert_close_to_reference(out_q, ref.nope_temperature(q, ref.token_positions(2, 3, offsets=offsets), 8, 0.25))
+    assert torch.equal(out_k, k)
+
+
+def test_varlen_thd(backend):
+    cu = torch.tensor([0, 3, 4, 9], dtype=torch.int32, device=DEVICE)
+    q, k = torch.randn(9, 4, 32, device=DEVICE), torch.randn(9, 2, 32, device=DEVICE)
+    offsets = torch.tensor([2, 8189, 70_000])
+    out_q, out_k = ropekit.apply_rope(q, k, positions=offsets.to(DEVICE), layout="thd", cu_seqlens=cu, max_seqlen=5,
+                                      nope_temperature=LLAMA4)
+    assert_close_to_reference(out_q, ref.nope_temperature(q, ref.varlen_positions(cu, offsets=offsets), *LLAMA4))
+    assert torch.equal(out_k, k)
+
+
+def test_an_infinite_channel_stays_in_its_channel(backend):
+    """A scale, not a rotation: an Inf or NaN in q reaches only its own channel."""
+    q = torch.randn(1, 2, 1, 8, device=DEVICE)
+    q[0, 0, 0, 1], q[0, 1, 0, 6] = float("inf"), float("nan")
+    out, _ = ropekit.apply_rope(q, None, positions=10, nope_temperature=(4, 0.5))
+    bad = ~torch.isfinite(out)
+    assert bad.sum() == 2 and bad[0, 0, 0, 1] and bad[0, 1, 0, 6]
+
+
+@triton_backend
+def test_the_kernel_and_the_native_backend_agree_bit_for_bit():
+    q = make("bshd", 2, 6, 4, 32, torch.bfloat16)
+    offsets = torch.tensor([3, 5_000_000], device=DEVICE)
+    kw = dict(positions=offsets, nope_temperature=LLAMA4)
+    assert torch.equal(ropekit.apply_rope(q, None, backend="triton", **kw)[0],
+                       ropekit.apply_rope(q, None, backend="native", **kw)[0])
+
+
+# --- autograd and torch.compile -------------------------------------------------------------------------------------
+
+def test_backward_scales_q_and_passes_k(backend):
+    q = make("bshd", 2, 4, 4, 32, torch.float32).requires_grad_()
+    k = make("bshd", 2, 4, 2, 32, torch.float32).requires_grad_()
+    offsets = torch.tensor([1, 20], device=DEVICE)
+    out_q, out_k = ropekit.apply_rope(q, k, positions=offsets, nope_temperature=(4, 0.5))
+    grad_q, grad_k = torch.randn_like(out_q), torch.randn_like(out_k)
+    torch.autograd.backward((out_q, out_k), (grad_q, grad_k))
+    assert_close_to_reference(q.grad, ref.nope_temperature(grad_q, ref.token_positions(2, 4, offsets=offsets.cpu()),
+                                                           4, 0.5))
+    assert torch.equal(k.grad, grad_k)
+
+
+def test_gradcheck_in_float64(backend):
+    q = torch.randn(1, 3, 2, 8, dtype=torch.float64, device=DEVICE, requires_grad=True)
+    k = torch.randn(1, 3, 1, 8, dtype=torch.float64, device=DEVICE, requires_grad=True)
+
+    def f(q, k):
+        return ropekit.apply_rope(q, k, positions=6, nope_temperature=(2, 0.3))
+
+    assert torch.autograd.gradcheck(f, (q, k), eps=1e-6, atol=1e-6)
+
+
+def test_torch_compile_fullgraph_no_graph_break(backend):
+    def step(q, k, offsets):
+        q2, k2 = ropekit.apply_rope(q, k, positions=offsets, nope_temperature=(4, 0.5))
+        return (q2 * 2).sum(-1), k2
+
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager" if DEVICE == "cpu" else "inductor")
+    q, k = make("bshd", 2, 3, 4, 32, torch.float32), make("bshd", 2, 3, 2, 32, torch.float32)
+    offsets = torch.tensor([4, 30], device=DEVICE)
+    for got, want in zip(compiled(q, k, offsets), step(q, k, offsets)):
+        torch.testing.assert_close(got, want)
+
+    def scale_in_place(x, offsets):
+        ropekit.apply_rope(x, None, positions=offsets, nope_temperature=(4, 0.5), inplace=True)
+        return x
+
+    x = make("bshd", 2, 3, 4, 32, torch.float32)
+    got = torch.compile(scale_in_place, fullgraph=True, backend="aot_eager" if DEVICE == "cpu" else "inductor")(
+        x.clone(), offsets)
+    assert_close_to_reference(got, ref.nope_temperature(x, ref.token_positions(2, 3, offsets=offsets.cpu()), 4, 0.5))
+
+
+@gpu_only
+def test_cuda_graph_replays_with_new_positions():
+    q = torch.randn(64, 1, 40, 128, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(64, 1, 8, 128, device="cuda", dtype=torch.bfloat16)
+    offsets = torch.randint(0, 100_000, (64,), device="cuda")
+    out = {}
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            ropekit.apply_rope(q, k, positions=offsets, nope_temperature=LLAMA4)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out["q"], out["k"] = ropekit.apply_rope(q, k, positions=offsets, nope_temperature=LLAMA4)
+    for _ in range(3):
+        offsets.copy_(torch.randint(0, 100_000, (64,), device="cuda"))
+        graph.replay()
+        torch.cuda.synchronize()
+        pos = ref.token_positions(64, 1, offsets=offsets.cpu())
+        assert_close_to_reference(out["q"], ref.nope_temperature(q, pos, *LLAMA4))
+        assert torch.equal(out["k"], k)
+
+
+# --- validation: every error names the argument, before anything is written -----------------------------------------
+
+BAD_CALLS = [
+    ("with-cos-sin", ValueError, "nope_temperature", lambda: dict(cos=table()[0], sin=table()[1])),
+    ("with-table", ValueError, "nope_temperature", lambda: dict(table=ropekit.RopeTable(32, 64, device=DEVICE))),
+    ("with-inv-freq", ValueError, "nope_temperature",
+     lambda: dict(inv_freq=ropekit.inverse_frequencies(32).to(DEVICE))),
+    ("not-a-pair", TypeError, "nope_temperature", lambda: dict(nope_temperature=8192)),
+    ("three-values", TypeError, "nope_temperature", lambda: dict(nope_temperature=(8192, 0.1, 1.0))),
+    ("floor-scale-zero", ValueError, "floor_scale", lambda: dict(nope_temperature=(0, 0.1))),
+    ("floor-scale-fraction", ValueError, "floor_scale", lambda: dict(nope_temperature=(2.5, 0.1))),
+    ("floor-scale-bool", ValueError, "floor_scale", lambda: dict(nope_temperature=(True, 0.1))),
+    ("attn-scale-nan", ValueError, "attn_scale", lambda: dict(nope_temperature=(8192, float("nan")))),
+    ("attn-scale-string", ValueError, "attn_scale", lambda: dict(nope_temperature=(8192, "0.1"))),
+    ("partial-rotary", ValueError, "nope_temperature", lambda: dict(rotary_dim=16)),
+    ("per-token", ValueError, "nope_temperature", lambda: dict(per_token=True)),
+    ("mrope", ValueError, "nope_temperature", lambda: dict(mrope_section=[4, 6, 6])),
+    ("cuda-backend", ValueError, "nope_temperature", lambda: dict(backend="cuda")),
+    ("negative-offset", ValueError, "positions", lambda: dict(positions=-1)),
+]
+
+
+@pytest.mark.parametrize("inplace", [False, True], ids=["out-of-place", "in-place"])
+@pytest.mark.parametrize("name, error, argument, spoil", BAD_CALLS, ids=[c[0] for c in BAD_CALLS])
+def test_errors_name_the_argument_before_any_write(backend, name, error, argument, spoil, inplace):
+    q, k = make("bshd", 2, 3, 4, 32, torch.float32), make("bshd", 2, 3, 2, 32, torch.float32)
+    before_q, before_k = q.clone(), k.clone()
+    kwargs = dict(nope_temperature=LLAMA4)
+    kwargs.update(spoil())
+    cos, sin = kwargs.pop("cos", None), kwargs.pop("sin", None)
+    with pytest.raises(error, match=argument):
+        ropekit.apply_rope(q, k, cos, sin, inplace=inplace, **kwargs)
+    assert torch.equal(q, before_q) and torch.equal(k, before_k)
+
+
+def test_an_integer_valued_float_floor_scale_is_vllms_config(backend):
+    q = make("bshd", 1, 3, 2, 32, torch.float32)
+    assert torch.equal(ropekit.apply_rope(q, None, positions=9000, nope_temperature=(8192.0, 0.1))[0],
+                       ropekit.apply_rope(q, None, positions=9000, nope_temperature=(8192, 0.1))[0])
+
+
+# --- the plan cache and the launch ----------------------------------------------------------------------------------
+
+@triton_backend
+def test_a_repeated_call_hits_its_plan_and_other_scales_make_another(monkeypatch):
+    q = make("bshd", 2, 3, 4, 32, torch.float32)
+    ropekit.apply_rope(q, None, positions=5, nope_temperature=(4, 0.5))
+    real_put = plans.put
+    monkeypatch.setattr(plans, "put", lambda key, plan: pytest.fail("the call should have used its plan"))
+    out, _ = ropekit.apply_rope(q, None, positions=9, nope_temperature=(4, 0.5))
+    assert_close_to_reference(out, ref.nope_temperature(q, ref.token_positions(2, 3, offsets=9), 4, 0.5))
+    monkeypatch.setattr(plans, "put", real_put)
+    for temperature in ((4, 0.25), (8, 0.5)):
+        n_plans = len(plans)
+        out, _ = ropekit.apply_rope(q, None, positions=9, nope_temperature=temperature)
+        assert len(plans) == n_plans + 1
+        assert_close_to_reference(out, ref.nope_temperature(q, ref.token_positions(2, 3, offsets=9), *temperature))
+
+
+@triton_backend
+def test_one_launch_that_reads_no_table_and_in_place_never_touches_k():
+    q, k = make("bshd", 2, 3, 4, 32, torch.float32), make("bshd", 2, 3, 2, 32, torch.float32)
+    with recorded_launches() as records:
+        ropekit.apply_rope(q, k, positions=3, nope_temperature=LLAMA4)
+        ropekit.apply_rope(q, k, positions=3, nope_temperature=LLAMA4, inplace=True)
+    assert [r.kernel.__name__ for r in records] == ["rope_v4_kernel"] * 2
+    out_of_place, in_place = (r.arguments for r in records)
+    assert out_of_place["COS"] is None and out_of_place["NOPE_FLOOR_SCALE"] == 8192 and out_of_place["HAS_K"]
+    assert not in_place["HAS_K"]
