@@ -35,7 +35,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 _TYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", torch.float64: "fp64",
-          torch.int32: "i32", torch.int64: "i64", torch.uint8: "u8"}
+          torch.int32: "i32", torch.int64: "i64", torch.uint8: "u8", torch.int8: "i8"}
 
 
 def _leaf(value, path, constants):

@@ -43,8 +43,8 @@ from .. import device as _device
 from ..positions import PositionSpec
 from . import choice
 from .configs import FusedConfig, FusedShape
-from .fused_tiles import E4M3, E5M2, NO_QUANT, PER_HEAD, PER_TENSOR, PER_TOKEN_HEAD, PLAIN, cache_scale, cache_slot, channels_amax, \
-    head_amax, load_head, norm_weights, rsqrt_mean_square, sequence_span, store_channels, store_head
+from .fused_tiles import E4M3, E5M2, NO_QUANT, PER_HEAD, PER_TENSOR, PLAIN, STORE_PLAIN, cache_slot, channels_scale, \
+    head_scale, load_head, norm_weights, rsqrt_mean_square, sequence_span, store_channels, store_head
 from .launch import KernelLaunch, _cdiv, _next_pow2, _position_strides, plans
 from .v4 import _cos_sin, _rotate
 
@@ -134,19 +134,15 @@ def _forward_heads(
     y_a, y_b = _rotate(x_a, x_b, cos_a, sin_a, cos_b, sin_b, MATH_DTYPE, False)
     if WRITE_OUT:
         store_head(OUT, _rows(out_strides, batch_index, token_rows, heads), mask, y_a, y_b, x_t, out_strides[3], 1.0,
-                   ROTARY_DIM, HEAD_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_TAIL, INTERLEAVED, WRITE_TAIL, NO_QUANT,
-                   EVICT, False)
+                   ROTARY_DIM, HEAD_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_TAIL, INTERLEAVED, WRITE_TAIL,
+                   STORE_PLAIN, EVICT, False)
     if CACHE != 0:
         c_mask = cache_mask[:, None] & head_mask[None, :]
         c_heads = heads.to(tl.int64)
         # the quantising store's scale: read, or (PER_TOKEN_HEAD) the head vector's absolute maximum over the
         # format's largest value, from the rotated values already in registers, and written beside the cache
-        k_scale = 1.0
-        if QUANT[0] != PLAIN:
-            k_amax = 0.0
-            if QUANT[1] == PER_TOKEN_HEAD:
-                k_amax = head_amax(y_a, y_b, x_t, ROTARY_DIM, HEAD_DIM, BLOCK_HALF, BLOCK_TAIL).to(tl.float32)
-            k_scale = cache_scale(K_SCALE, scale_strides[0], cache_block, cache_row, c_heads, c_mask, k_amax, QUANT)
+        k_scale = head_scale(K_SCALE, scale_strides[0], cache_block, cache_row, c_heads, c_mask, y_a, y_b, x_t,
+                             ROTARY_DIM, HEAD_DIM, BLOCK_HALF, BLOCK_TAIL, QUANT)
         store_head(K_CACHE, _rows(k_cache_strides, cache_block[:, None], cache_row, c_heads), c_mask,
                    y_a, y_b, x_t, k_cache_strides[3], k_scale, ROTARY_DIM, HEAD_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF,
                    BLOCK_TAIL, INTERLEAVED, True, QUANT, EVICT, False)
@@ -154,13 +150,8 @@ def _forward_heads(
             # v passes through: its head vectors as one "tail" of V_DIM channels
             v_channel_mask = (v_channels < V_DIM)[None, None, :]
             v_mask = c_mask[:, :, None] & v_channel_mask
-            v_scale = 1.0
-            if QUANT[0] != PLAIN:
-                v_amax = 0.0
-                if QUANT[1] == PER_TOKEN_HEAD:
-                    v_amax = channels_amax(v.to(tl.float32), v_channel_mask)
-                v_scale = cache_scale(V_SCALE, scale_strides[1], cache_block, cache_row, c_heads, c_mask, v_amax,
-                                      QUANT)
+            v_scale = channels_scale(V_SCALE, scale_strides[1], cache_block, cache_row, c_heads, c_mask, v,
+                                     v_channel_mask, QUANT)
             rows_vc = _rows(v_cache_strides, cache_block[:, None], cache_row, c_heads)
             store_channels(V_CACHE, rows_vc, v_channels, v, v_mask, v_cache_strides[3], v_scale, QUANT, EVICT,
                            False)
@@ -223,7 +214,7 @@ def fused_forward_kernel(
                        COS, SIN, cos_strides, POSITIONS, position_strides, position_offset,
                        pid_s, pid_b, first, seq_len, batch_index, pid_h * BLOCK_H, n_heads_q, sizes,
                        ROTARY_DIM, HEAD_DIM, V_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_TAIL, BLOCK_V, INTERLEAVED,
-                       POS_MODE, IS_VARLEN, COS_PER_TOKEN, NORM, WRITE_Q, WRITE_TAIL, 0, False, NO_QUANT,
+                       POS_MODE, IS_VARLEN, COS_PER_TOKEN, NORM, WRITE_Q, WRITE_TAIL, 0, False, STORE_PLAIN,
                        MATH_DTYPE, INDEX_DTYPE, EVICT)
     elif HAS_K:
         _forward_heads(K, OUT_K, k_strides, out_k_strides,
@@ -295,7 +286,7 @@ def _backward_heads(
         c = r * r * r * (dot / HEAD_DIM)[:, :, None]
         store_head(DX, _rows(dx_strides, batch_index, token_rows, heads), mask, r * w_a * g_a - c * x_a,
                    r * w_b * g_b - c * x_b, r * w_t * g_t - c * x_t, dx_strides[3], 1.0, ROTARY_DIM, HEAD_DIM,
-                   BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_TAIL, INTERLEAVED, True, False, False, EVICT, False)
+                   BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_TAIL, INTERLEAVED, True, STORE_PLAIN, EVICT, False)
         acc_a += g_a * x_a * r
         acc_b += g_b * x_b * r
         acc_t += g_t * x_t * r
@@ -304,7 +295,7 @@ def _backward_heads(
     dw_t = tl.sum(tl.sum(acc_t, 1), 0)[None, None, :]
     origin = tl.zeros([1, 1], dtype=tl.int64) + dw_row * HEAD_DIM
     store_head(DW, origin, origin >= 0, dw_a, dw_b, dw_t, 1, 1.0, ROTARY_DIM, HEAD_DIM, 1, 1, BLOCK_HALF,
-               BLOCK_TAIL, INTERLEAVED, True, False, False, "", DW_ATOMIC)
+               BLOCK_TAIL, INTERLEAVED, True, STORE_PLAIN, "", DW_ATOMIC)
 
 
 @triton.jit

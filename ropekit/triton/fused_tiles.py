@@ -10,7 +10,8 @@ import triton.language as tl
 from .v4 import _load_pairs
 
 __all__ = ["PLAIN", "E4M3", "E5M2", "INT8", "PER_TENSOR", "PER_HEAD", "PER_TOKEN_HEAD", "NO_QUANT", "float8_bits",
-           "e4m3_bits", "int8_values", "quantised", "head_amax", "channels_amax", "cache_scale", "store_head",
+           "e4m3_bits", "int8_values", "quantised", "head_amax", "channels_amax", "cache_scale", "head_scale",
+           "channels_scale", "STORE_PLAIN", "store_head",
            "store_channels", "load_head", "norm_weights", "rsqrt_mean_square", "cache_slot", "sequence_span"]
 
 
@@ -25,6 +26,10 @@ __all__ = ["PLAIN", "E4M3", "E5M2", "INT8", "PER_TENSOR", "PER_HEAD", "PER_TOKEN
 PLAIN, E4M3, E5M2, INT8 = 0, 1, 2, 3
 PER_TENSOR, PER_HEAD, PER_TOKEN_HEAD = 0, 1, 2
 NO_QUANT = (PLAIN, PER_TENSOR, False)
+# the same, as device code reads globals (constexprs); STORE_PLAIN: an output stored in its own dtype
+_PLAIN, _E5M2, _INT8, _PER_TENSOR, _PER_HEAD, _PER_TOKEN_HEAD = (tl.constexpr(c) for c in (
+    PLAIN, E5M2, INT8, PER_TENSOR, PER_HEAD, PER_TOKEN_HEAD))
+STORE_PLAIN = tl.constexpr(NO_QUANT)
 
 
 @triton.jit
@@ -76,29 +81,31 @@ def quantised(values, scale, QUANT: tl.constexpr):
     """``values / scale`` (the quotient correctly rounded to fp32: the one the float64 reference rounds) in QUANT's
     format: float8 bits, or int8 values."""
     quotient = tl.div_rn(values.to(tl.float32), scale)
-    if QUANT[0] == INT8:
-        return int8_values(quotient)
-    elif QUANT[0] == E5M2:
+    if QUANT[0] == _INT8:
+        stored = int8_values(quotient)
+    elif QUANT[0] == _E5M2:
         if QUANT[2]:
             # the GPU's conversion after saturating (a NaN fails both comparisons and stays NaN)
             quotient = tl.where(quotient > 57344.0, 57344.0, tl.where(quotient < -57344.0, -57344.0, quotient))
-            return quotient.to(tl.float8e5, fp_downcast_rounding="rtne").to(tl.uint8, bitcast=True)
-        return float8_bits(quotient, 2, 15, 0x47600000)
+            stored = quotient.to(tl.float8e5, fp_downcast_rounding="rtne").to(tl.uint8, bitcast=True)
+        else:
+            stored = float8_bits(quotient, 2, 15, 0x47600000)
+    elif QUANT[2]:
+        stored = quotient.to(tl.float8e4nv, fp_downcast_rounding="rtne").to(tl.uint8, bitcast=True)
     else:
-        if QUANT[2]:
-            return quotient.to(tl.float8e4nv, fp_downcast_rounding="rtne").to(tl.uint8, bitcast=True)
-        return e4m3_bits(quotient)
+        stored = e4m3_bits(quotient)
+    return stored
 
 
 @triton.jit
 def format_max(QUANT: tl.constexpr):
     """The largest value QUANT's format stores: what a per-(token, head) scale maps the head's absolute maximum to."""
-    if QUANT[0] == INT8:
-        return 127.0
-    elif QUANT[0] == E5M2:
-        return 57344.0
-    else:
-        return 448.0
+    largest = 448.0
+    if QUANT[0] == _INT8:
+        largest = 127.0
+    elif QUANT[0] == _E5M2:
+        largest = 57344.0
+    return largest
 
 
 @triton.jit
@@ -127,13 +134,41 @@ def cache_scale(SCALE, strides, block, row, heads, mask, amax, QUANT: tl.constex
     tile's (block, row, head) where ``mask`` holds (PER_TOKEN_HEAD; the floor keeps an all-zero head's scale finite
     and nonzero). ``block``, ``row``: [BLOCK_S]; ``amax``: the head vectors' absolute maxima, read only for
     PER_TOKEN_HEAD."""
-    if QUANT[1] == PER_TENSOR:
-        return tl.load(SCALE)
-    pointers = SCALE + block[:, None] * strides[0] + row[:, None] * strides[1] + heads[None, :] * strides[2]
-    if QUANT[1] == PER_HEAD:
-        return tl.load(pointers, mask=mask, other=1.0)[:, :, None]
-    scale = tl.maximum(tl.div_rn(amax, format_max(QUANT)), 1.1754943508222875e-38)
-    tl.store(pointers[:, :, None], scale, mask=mask[:, :, None])
+    if QUANT[1] == _PER_TENSOR:
+        scale = tl.load(SCALE)
+    else:
+        pointers = SCALE + block[:, None] * strides[0] + row[:, None] * strides[1] + heads[None, :] * strides[2]
+        if QUANT[1] == _PER_HEAD:
+            scale = tl.load(pointers, mask=mask, other=1.0)[:, :, None]
+        else:
+            scale = tl.maximum(tl.div_rn(amax, format_max(QUANT)), 1.1754943508222875e-38)
+            tl.store(pointers[:, :, None], scale, mask=mask[:, :, None])
+    return scale
+
+
+@triton.jit
+def head_scale(SCALE, strides, block, row, heads, mask, y_a, y_b, y_t, ROTARY_DIM: tl.constexpr,
+               HEAD_DIM: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_TAIL: tl.constexpr, QUANT: tl.constexpr):
+    """The scale a tile of head vectors (pair halves and tail, rotated) is stored at: 1.0 for a store in the cache's
+    own dtype, else :func:`cache_scale` (per (token, head): from the vectors' absolute maxima, written)."""
+    scale = 1.0
+    if QUANT[0] != _PLAIN:
+        amax = 0.0
+        if QUANT[1] == _PER_TOKEN_HEAD:
+            amax = head_amax(y_a, y_b, y_t, ROTARY_DIM, HEAD_DIM, BLOCK_HALF, BLOCK_TAIL).to(tl.float32)
+        scale = cache_scale(SCALE, strides, block, row, heads, mask, amax, QUANT)
+    return scale
+
+
+@triton.jit
+def channels_scale(SCALE, strides, block, row, heads, mask, values, channel_mask, QUANT: tl.constexpr):
+    """:func:`head_scale` for head vectors given as one run of channels (v's), ``channel_mask`` their extent."""
+    scale = 1.0
+    if QUANT[0] != _PLAIN:
+        amax = 0.0
+        if QUANT[1] == _PER_TOKEN_HEAD:
+            amax = channels_amax(values.to(tl.float32), channel_mask)
+        scale = cache_scale(SCALE, strides, block, row, heads, mask, amax, QUANT)
     return scale
 
 
@@ -170,7 +205,7 @@ def store_channels(OUT, rows, channels, values, mask, stride_d, scale, QUANT: tl
     pointers = OUT + rows[:, :, None] + channels[None, None, :] * stride_d
     if ATOMIC:
         tl.atomic_add(pointers, values.to(OUT.dtype.element_ty), mask=mask, sem="relaxed")
-    elif QUANT[0] != PLAIN:
+    elif QUANT[0] != _PLAIN:
         tl.store(pointers, quantised(values, scale, QUANT), mask=mask, eviction_policy=EVICT)
     else:
         tl.store(pointers, values.to(OUT.dtype.element_ty), mask=mask, eviction_policy=EVICT)
