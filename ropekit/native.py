@@ -267,8 +267,9 @@ def fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, interleav
         return dw
     tokens = _tokens(positions, n_batch, seqlen, q.shape[0], q.device)
     angles = _angles(cos, sin, positions, tokens, rotary_dim, interleaved, cos_per_token, backward, math)
-    in_place = (out_q is not None and out_q.data_ptr() == q.data_ptr()) or (
-        out_k is not None and out_k.data_ptr() == k.data_ptr())
+    # (an empty tensor's data pointer says nothing: q without heads is not "in place")
+    in_place = (out_q is not None and out_q.numel() > 0 and out_q.data_ptr() == q.data_ptr()) or (
+        out_k is not None and out_k.numel() > 0 and out_k.data_ptr() == k.data_ptr())
     write_tail = (backward or q_weight is not None or not in_place) and rotary_dim < head_dim
     for i, (x, out, grad, weight) in enumerate(((q, out_q, grad_q, q_weight), (k, out_k, grad_k, k_weight))):
         if x is None or x.numel() == 0:

@@ -176,6 +176,17 @@ def test_native_e4m3_conversion_gives_the_integer_rounding_bits(monkeypatch):
     assert torch.equal(stored[0], stored[1])
 
 
+def test_q_without_heads_still_gets_the_returned_k_tail(backend):
+    """Out of place with partial rotary, q of no heads (an empty tensor, whose data pointer may equal its output's)
+    is not "in place": the returned k carries its channels past rotary_dim."""
+    q, k, v, k_cache, v_cache, slots = paged_case(3, 1, 1, 16, torch.float32)
+    q = q[:, :0]
+    cos, sin = ropekit.cos_sin_table(8, 8, device=DEVICE)
+    _, out_k = ropekit.rope_and_cache(q[None], k[None], v[None], cos, sin, k_cache=k_cache, v_cache=v_cache,
+                                      slot_mapping=slots, positions=2, write_k=True)
+    assert torch.equal(out_k[0, ..., 8:], k[..., 8:])
+
+
 def test_torch_compile_fullgraph():
     q, k, v, k_cache, v_cache, slots = paged_case(5, 2, 1, 16, torch.float32)
     caches = k_cache.clone(), v_cache.clone()

@@ -518,7 +518,9 @@ def plan_fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, inte
         launch = KernelLaunch(fused_backward_kernel, grid, config.num_warps, BACKWARD_PER_CALL, arguments)
         return FusedBackward(launch, dw_shape, dw_dtype, dw_zeroed, dw_atomic, n_blocks_q)
     write_q, write_k = out_q is not None, out_k is not None
-    in_place = (write_q and out_q.data_ptr() == q.data_ptr()) or (write_k and out_k.data_ptr() == k.data_ptr())
+    # (an empty tensor's data pointer says nothing: q without heads is not "in place")
+    in_place = any(out is not None and out.numel() > 0 and out.data_ptr() == x.data_ptr()
+                   for x, out in ((q, out_q), (k, out_k)))
     v_dim = v.shape[-1] if v is not None else 1
     arguments = dict(
         common, OUT_Q=out_q, OUT_K=out_k, out_q_strides=_strides(out_q), out_k_strides=_strides(out_k),
