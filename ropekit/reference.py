@@ -262,5 +262,5 @@ def contiguous_cache_write(cache: torch.Tensor, values: torch.Tensor, offsets) -
     return out
 
 
-__all__ += ["rms_norm", "rope_table", "e4m3", "e5m2", "int8", "CACHE_FORMATS", "token_head_scale", "quantise",
+__all__ += ["rms_norm", "rope_table", "e4m3", "e5m2", "int8", "token_head_scale", "quantise",
             "dequantise", "paged_cache_write", "contiguous_cache_write"]
