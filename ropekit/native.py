@@ -253,7 +253,8 @@ def _write_cache(cache, places, values, scale, quant: tuple) -> None:
 def fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, interleaved: bool = False,
           cos_per_token: bool = False, out_q=None, out_k=None, v=None, k_cache=None, v_cache=None,
           cache_mode: int = 0, slots=None, block_size: int = 1, cache_len: int = 0, k_scale=None, v_scale=None,
-          quant: tuple = (PLAIN, PER_TENSOR), q_weight=None, k_weight=None, eps: float = 0.0, weight_offset: float = 0.0, grad_q=None, grad_k=None):
+          quant: tuple = (PLAIN, PER_TENSOR), q_format: int = PLAIN, q_scale=None, q_weight=None, k_weight=None,
+          eps: float = 0.0, weight_offset: float = 0.0, grad_q=None, grad_k=None):
     """:func:`ropekit.triton.fused.launch_fused`'s arguments and outputs, computed in PyTorch ops: per-head RMSNorm
     (with weights), RoPE, the outputs (None: not written) and, for k, the caches; with ``grad_q`` the backward of
     norm + rotation, returning the weight gradients ``(dw_q, dw_k)`` in the math dtype."""
@@ -303,5 +304,7 @@ def fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, interleav
             if v is not None:
                 _write_cache(v_cache, places, tokens.take(v), v_scale, quant)
         if out is not None:
+            if i == 0 and q_format != PLAIN:  # a float8 q at one scale
+                y = quantised(y, q_scale.reshape(()), q_format)
             tokens.put(out, slice(0, head_dim if write_tail else rotary_dim), y if write_tail else y[..., :rotary_dim])
     return dw

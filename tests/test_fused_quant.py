@@ -173,17 +173,57 @@ def test_per_head_and_per_tensor_scales_mix():
     assert torch.equal(got_v, ref.quantise(v.double().cpu(), v_scale.cpu()[:, None].double(), E4M3))
 
 
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+def test_a_float8_q_reads_back_within_half_a_spacing(fmt, backend):
+    """q_dtype: q rotated (and QK-normed) straight into float8 at one scale, as float8 attention takes it; read back
+    as stored × q_scale, within half a spacing (plus float32 math) of the float64 truth; the tail too."""
+    q_dtype = FORMATS[fmt][0]
+    q, k, v, (k_cache, v_cache), _, slots = case(cache_dtype=torch.bfloat16)
+    weight = torch.rand(16, device=DEVICE) + 0.5
+    cos, sin = ropekit.cos_sin_table(16, 8, device=DEVICE)  # partial rotary: the tail is quantised too
+    q_scale = torch.tensor([0.02], device=DEVICE)
+    out_q, _ = ropekit.rope_and_cache(q[None], k[None], v[None], cos, sin, k_cache=k_cache, v_cache=v_cache,
+                                      slot_mapping=slots, positions=3, q_weight=weight, k_weight=weight,
+                                      q_dtype=q_dtype, q_scale=q_scale)
+    assert out_q.dtype == q_dtype and out_q.shape == (1, *q.shape)
+    positions = torch.arange(3, 3 + q.shape[0])
+    truth = ref.rope_table(ref.rms_norm(q, weight, eps=1e-6), cos, sin, positions)
+    quotient = truth / 0.02
+    error = (ref.dequantise(out_q[0], 0.02) - truth).abs() / 0.02
+    bound = spacing(quotient, q_dtype) / 2 + 1e-5 * quotient.abs().amax(-1, keepdim=True)
+    assert bool((error <= bound).all()), float((error / bound).max())
+
+
+@pytest.mark.parametrize("bad,error,name", [
+    (dict(q_dtype=torch.int8, q_scale="one"), TypeError, "q_dtype"),
+    (dict(q_dtype=E4M3, q_scale="one", inplace=True), ValueError, "q_dtype"),
+    (dict(q_scale="one"), ValueError, "q_scale"),
+    (dict(q_dtype=E5M2, q_scale="two"), TypeError, "q_scale"),
+    (dict(q_dtype=E5M2), TypeError, "q_scale"),
+], ids=["int8", "inplace", "scale-without-dtype", "scale-shape", "no-scale"])
+def test_a_float8_q_is_validated_by_name(bad, error, name):
+    call = _valid_call(cache_dtype=torch.float32, dynamic=False)
+    scales = {"one": torch.ones(1, device=DEVICE), "two": torch.ones(2, device=DEVICE)}
+    call.update({key: scales.get(value, value) if isinstance(value, str) else value for key, value in bad.items()})
+    before = {key: t.clone() for key, t in call.items() if isinstance(t, torch.Tensor)}
+    with pytest.raises(error, match=name):
+        ropekit.rope_and_cache(**call)
+    for key, t in before.items():
+        assert torch.equal(call[key].view(torch.uint8), t.view(torch.uint8)), key
+
+
 def test_torch_compile_fullgraph_writes_the_scales():
     q, k, v, (k_cache, v_cache), scale_caches, slots = case(cache_dtype=INT8, dtype=torch.float32)
     cos, sin = ropekit.cos_sin_table(16, 16, device=DEVICE)
     ids = torch.tensor([[0, 3, 1, 15, 7, 2]], device=DEVICE)
+    q_scale = torch.tensor([0.01], device=DEVICE)
     eager = [t.clone() for t in (k_cache, v_cache, *scale_caches)]
 
     def step(q, k, v, k_cache, v_cache, k_scales, v_scales, slots, ids):
         out_q, _ = ropekit.rope_and_cache(q, k, v, cos, sin, k_cache=k_cache, v_cache=v_cache, slot_mapping=slots,
                                           positions=ids, k_scale_cache=k_scales, v_scale_cache=v_scales,
-                                          kv_cache_dtype="int8_per_token_head")
-        return out_q * 2
+                                          kv_cache_dtype="int8_per_token_head", q_dtype=E5M2, q_scale=q_scale)
+        return out_q.float() * 2
 
     compiled = torch.compile(step, fullgraph=True, backend="aot_eager" if DEVICE == "cpu" else "inductor")
     got = compiled(q[None], k[None], v[None], k_cache, v_cache, *scale_caches, slots, ids)

@@ -157,6 +157,13 @@ def _fused_calls():
                     yield dict(q=q, k=k, cos=cos, sin=cos, positions=by_offsets, rotary_dim=128,
                                out_q=torch.empty_like(q), v=v, cache_mode=fused.CACHE_PAGED, slots=slots,
                                block_size=16, cache_len=256, config=config, **caches, **norm)
+        for q_format, native in ((tiles.E4M3, True), (tiles.E5M2, False)):  # a float8 q output
+            yield dict(q=q, k=k, cos=cos, sin=cos, positions=by_offsets, rotary_dim=128,
+                       out_q=torch.empty(q.shape, dtype=torch.uint8, **meta), v=v, cache_mode=fused.CACHE_PAGED,
+                       slots=slots, block_size=16, cache_len=256, config=fused.FusedConfig(1, 8, 4),
+                       k_cache=torch.empty(16, 16, 2, 128, dtype=dtype, **meta),
+                       v_cache=torch.empty(16, 16, 2, 128, dtype=dtype, **meta), q_format=q_format, q_scale=scale,
+                       native=native)
         contiguous = torch.empty(2, 80, 2, 128, dtype=dtype, **meta)
         yield dict(q=q, k=k, cos=cos, sin=cos, positions=by_offsets, rotary_dim=64, interleaved=True, out_q=q,
                    out_k=k, v=v, k_cache=contiguous, v_cache=torch.empty_like(contiguous),

@@ -29,11 +29,11 @@ __all__ = ["rope_and_cache", "launch_cache"]
 def _kernel_arguments(q, k, v, out_q, out_k, k_cache, v_cache, slots, cache_mode: int, cos, sin, positions,
                       pos_mode: int, cu_seqlens, position_offset: int, max_seqlen: int, rotary_dim: int, layout: str,
                       interleaved: bool, per_token: bool, k_scale, v_scale, q_weight, k_weight, eps: float,
-                      weight_offset: float, k_scale_cache=None, v_scale_cache=None) -> dict:
+                      weight_offset: float, k_scale_cache=None, v_scale_cache=None, q_scale=None) -> dict:
     """A validated call as the fused launcher (:func:`~ropekit.triton.fused.plan_fused`, or the native
     :func:`ropekit.native.fused`) takes it: the kernels' views, the cache's geometry, and the store the cache's
     dtype and the scales make (the scales only with a quantised cache: the kernel never sees others; with scale
-    caches, those in their place, written)."""
+    caches, those in their place, written; a float8 ``out_q`` as its bytes, at ``q_scale``)."""
     quant = _store(k_cache, k_scale, v_scale, k_scale_cache)
     if quant[0] == PLAIN:
         k_scale = v_scale = None
@@ -43,10 +43,11 @@ def _kernel_arguments(q, k, v, out_q, out_k, k_cache, v_cache, slots, cache_mode
     return dict(q=to_bshd(q, layout), k=to_bshd(k, layout), cos=cos, sin=sin,
                 positions=_spec(positions, pos_mode, cu_seqlens, position_offset, max_seqlen, layout),
                 rotary_dim=rotary_dim, interleaved=interleaved, cos_per_token=per_token,
-                out_q=to_bshd(out_q, layout), out_k=to_bshd(out_k, layout), v=to_bshd(v, layout),
-                k_cache=FusedPlan.bytes_of(k_cache), v_cache=FusedPlan.bytes_of(v_cache), cache_mode=cache_mode, slots=slots,
-                block_size=k_cache.shape[1], cache_len=n_slots, k_scale=k_scale, v_scale=v_scale, quant=quant,
-                q_weight=q_weight, k_weight=k_weight, eps=eps, weight_offset=weight_offset)
+                out_q=to_bshd(FusedPlan.bytes_of(out_q), layout), out_k=to_bshd(out_k, layout), v=to_bshd(v, layout),
+                k_cache=FusedPlan.bytes_of(k_cache), v_cache=FusedPlan.bytes_of(v_cache), cache_mode=cache_mode,
+                slots=slots, block_size=k_cache.shape[1], cache_len=n_slots, k_scale=k_scale, v_scale=v_scale,
+                quant=quant, q_format=_FORMATS.get(out_q.dtype, PLAIN) if out_q is not None else PLAIN,
+                q_scale=q_scale, q_weight=q_weight, k_weight=k_weight, eps=eps, weight_offset=weight_offset)
 
 
 _FORMATS = {torch.float8_e4m3fn: E4M3, torch.float8_e5m2: E5M2, torch.int8: INT8}
@@ -85,10 +86,10 @@ def _rope_and_cache_op(q: Optional[torch.Tensor], k: Optional[torch.Tensor], v: 
                        v_scale: Optional[torch.Tensor], q_weight: Optional[torch.Tensor],
                        k_weight: Optional[torch.Tensor], eps: float, weight_offset: float,
                        k_scale_cache: Optional[torch.Tensor] = None,
-                       v_scale_cache: Optional[torch.Tensor] = None) -> None:
+                       v_scale_cache: Optional[torch.Tensor] = None, q_scale: Optional[torch.Tensor] = None) -> None:
     launch_cache(q, k, v, out_q, out_k, k_cache, v_cache, slots, cache_mode, cos, sin, positions, pos_mode,
                  cu_seqlens, position_offset, max_seqlen, rotary_dim, layout, interleaved, per_token, k_scale,
-                 v_scale, q_weight, k_weight, eps, weight_offset, k_scale_cache, v_scale_cache)
+                 v_scale, q_weight, k_weight, eps, weight_offset, k_scale_cache, v_scale_cache, q_scale)
 
 
 @_rope_and_cache_op.register_fake
@@ -96,17 +97,18 @@ def _rope_and_cache_fake(*args):
     return None
 
 
-def run_cache_op(q, k, v, out_q, out_k, k_cache, v_cache, *args, k_scale_cache=None, v_scale_cache=None) -> None:
+def run_cache_op(q, k, v, out_q, out_k, k_cache, v_cache, *args, k_scale_cache=None, v_scale_cache=None,
+                 q_scale=None) -> None:
     """The launch through the custom op when compiling, directly otherwise (no dispatcher on a decode step's host
     path); in place (``out_q is q``) the rotary inputs are passed only as the written outputs. ``k_scale_cache``,
-    ``v_scale_cache``: per-(token, head) scales, written."""
+    ``v_scale_cache``: per-(token, head) scales, written; ``q_scale``: a float8 ``out_q``'s scale."""
     in_place = out_q is q
     scale_caches = (k_scale_cache, v_scale_cache)
     if torch.compiler.is_compiling():
         _rope_and_cache_op(None if in_place else q, None if in_place else k, v, out_q, out_k, k_cache, v_cache,
-                           *args, *scale_caches)
+                           *args, *scale_caches, q_scale)
         return
-    launch_cache(q, k, v, out_q, out_k, k_cache, v_cache, *args, *scale_caches)
+    launch_cache(q, k, v, out_q, out_k, k_cache, v_cache, *args, *scale_caches, q_scale)
     bump_versions(k_cache, v_cache)
     bump_versions(*scale_caches)
     if in_place:
@@ -122,7 +124,8 @@ def rope_and_cache(q: torch.Tensor, k: torch.Tensor, v: Optional[torch.Tensor], 
                    interleaved: bool = False, rotary_dim: Optional[int] = None, inplace: bool = False,
                    cu_seqlens: Optional[torch.Tensor] = None, max_seqlen: Optional[int] = None,
                    per_token: bool = False, write_k: bool = False, kv_cache_dtype: str = "auto",
-                   k_scale_cache: Optional[torch.Tensor] = None, v_scale_cache: Optional[torch.Tensor] = None):
+                   k_scale_cache: Optional[torch.Tensor] = None, v_scale_cache: Optional[torch.Tensor] = None,
+                   q_dtype: Optional[torch.dtype] = None, q_scale: Optional[torch.Tensor] = None):
     """Rotate q and k and write rotated k and v into a KV cache, in one launch. Returns ``(q_out, k_out)``.
 
     Args:
@@ -142,6 +145,9 @@ def rope_and_cache(q: torch.Tensor, k: torch.Tensor, v: Optional[torch.Tensor], 
         kv_cache_dtype: vLLM's name of the cache's format: ``"auto"`` (the cache's dtype says), ``"float16"``,
             ``"bfloat16"``, ``"fp8"``/``"fp8_e4m3"``, ``"fp8_e5m2"``, ``"fp8_per_token_head"``,
             ``"int8_per_token_head"`` (the last two need the scale caches).
+        q_dtype, q_scale: a float8 q output for float8 attention (``torch.float8_e4m3fn`` or
+            ``torch.float8_e5m2``, out of place): ``q_out = float8(rotated q / q_scale)``, saturating, with
+            ``q_scale`` a float32 one-element tensor (the attention's q descale). None: q's dtype.
         slot_mapping: int64 ``(tokens,)``, token ``b * seq + s`` (the packed row for thd) goes to slot
             ``block * block_size + row``; -1 writes nothing. A shorter mapping covers the first tokens (the rest, an
             engine's CUDA-graph padding, are rotated and not cached).
@@ -154,18 +160,18 @@ def rope_and_cache(q: torch.Tensor, k: torch.Tensor, v: Optional[torch.Tensor], 
     Raises ``TypeError``/``ValueError`` naming the argument before anything is written (cache and inputs unchanged).
     """
     user = (q, k, v, cos, sin, positions, cu_seqlens, k_cache, v_cache, slot_mapping, cache_offsets, k_scale,
-            v_scale, q_weight, k_weight, k_scale_cache, v_scale_cache)
+            v_scale, q_weight, k_weight, k_scale_cache, v_scale_cache, q_scale)
     key = None
     if table is None and (positions is None or isinstance(positions, torch.Tensor)) and \
             not isinstance(cache_offsets, int) and (layout != "thd" or max_seqlen is not None) and planned(user):
         # (a table may grow, an int offset is checked against it and cu_seqlens without max_seqlen are read: calls
         # whose validation reads more than the signature are not planned)
         key = signature("rope_and_cache", user, (eps, weight_offset, layout, interleaved, rotary_dim, inplace,
-                                                 max_seqlen, per_token, write_k, kv_cache_dtype))
+                                                 max_seqlen, per_token, write_k, kv_cache_dtype, q_dtype))
         plan = plans.get(key) if key is not None else None
         if plan is not None:  # a call signature validated before: where the tensors lie, then the launch
             plan.check(_read_scales(user, plan.fp8))
-            return _run_plan(plan, user, inplace, write_k)
+            return _run_plan(plan, user, inplace, write_k, q_dtype)
     k_cache = validate.fp8_bytes(k_cache, kv_cache_dtype)
     v_cache = validate.fp8_bytes(v_cache, kv_cache_dtype)
     if not isinstance(k, torch.Tensor):
@@ -177,6 +183,7 @@ def rope_and_cache(q: torch.Tensor, k: torch.Tensor, v: Optional[torch.Tensor], 
     eps, weight_offset = validate.check_norm(q, k, q_weight, k_weight, eps, weight_offset) if norm else (0.0, 0.0)
     slots, cache_mode = _check_cache_arguments(q, k, v, k_cache, v_cache, slot_mapping, cache_offsets, k_scale,
                                                v_scale, spec, layout, kv_cache_dtype, k_scale_cache, v_scale_cache)
+    q_dtype = validate.check_q_output(q, q_dtype, q_scale, inplace)
     validate.check_no_grad("rope_and_cache", _NAMES, user)
     # the scales are read with a quantised cache and no scale caches; the scale caches are written
     fp8 = k_cache.dtype in validate.QUANT_DTYPES and k_scale_cache is None
@@ -192,25 +199,30 @@ def rope_and_cache(q: torch.Tensor, k: torch.Tensor, v: Optional[torch.Tensor], 
                                 _read_scales(user[:3] + (cos, sin) + user[5:], fp8), written)
     launch = (slots, cache_mode, cos, sin, spec.tensor, spec.mode, spec.cu_seqlens, spec.offset, spec.max_seqlen or 0,
               rotary_dim, layout, interleaved, per_token, k_scale, v_scale, q_weight, k_weight, eps, weight_offset)
-    out_q = q if inplace else new_output(q)
+    out_q = q if inplace else _new_q(q, q_dtype)
     out_k = (k if inplace else new_output(k)) if write_k else None
     derived = (cos, sin, spec.tensor, spec.cu_seqlens, slots)
     given = (user_cos, user_sin, positions, cu_seqlens, slot_mapping if cache_offsets is None else cache_offsets)
     if key is not None and not q.is_meta and reads_callers_memory(derived, given):
         # planned only when the launch reads the caller's own tensors (not grown tables, copies or derived views)
         plan.launch = plan_fused(**_kernel_arguments(q, k, v, out_q, out_k, k_cache, v_cache, *launch,
-                                                     k_scale_cache, v_scale_cache))
+                                                     k_scale_cache, v_scale_cache, q_scale))
         plans.put(key, plan)
-        return _run_plan(plan, user, inplace, write_k, out_q, out_k)
+        return _run_plan(plan, user, inplace, write_k, q_dtype, out_q, out_k)
     if not q.is_meta:
         run_cache_op(q, k, v, out_q, out_k, k_cache, v_cache, *launch, k_scale_cache=k_scale_cache,
-                     v_scale_cache=v_scale_cache)
+                     v_scale_cache=v_scale_cache, q_scale=q_scale)
     return out_q, out_k
+
+
+def _new_q(q, q_dtype):
+    """q's output: in q's dtype, or a float8 one (``q_dtype``)."""
+    return new_output(q) if q_dtype is None else torch.empty(q.shape, dtype=q_dtype, device=q.device)
 
 
 # the names of rope_and_cache's tensors, in the order the call lists them
 _NAMES = ("q", "k", "v", "cos", "sin", "positions", "cu_seqlens", "k_cache", "v_cache", "slot_mapping",
-          "cache_offsets", "k_scale", "v_scale", "q_weight", "k_weight", "k_scale_cache", "v_scale_cache")
+          "cache_offsets", "k_scale", "v_scale", "q_weight", "k_weight", "k_scale_cache", "v_scale_cache", "q_scale")
 
 
 def _read_scales(tensors: tuple, fp8: bool) -> tuple:
@@ -219,22 +231,22 @@ def _read_scales(tensors: tuple, fp8: bool) -> tuple:
     return tensors if fp8 else tensors[:11] + (None, None) + tensors[13:]
 
 
-def _run_plan(plan, user, inplace, write_k, out_q=None, out_k=None):
+def _run_plan(plan, user, inplace, write_k, q_dtype, out_q=None, out_k=None):
     """A planned call: its outputs and its launch, on the caller's own tensors (the kernel's views of them have the
     same data pointers)."""
     q, k, v, cos, sin, positions, cu_seqlens, k_cache, v_cache, slot_mapping, cache_offsets, k_scale, v_scale, \
-        q_weight, k_weight, k_scale_cache, v_scale_cache = user
+        q_weight, k_weight, k_scale_cache, v_scale_cache, q_scale = user
     if k_scale_cache is not None:  # per-(token, head) scales: the scale caches in the scales' place, written
         k_scale, v_scale = k_scale_cache, v_scale_cache
     elif not plan.fp8:
         k_scale = v_scale = None
     if out_q is None:
-        out_q = q if inplace else new_output(q)
+        out_q = q if inplace else _new_q(q, q_dtype)
         out_k = (k if inplace else new_output(k)) if write_k else None
     if plan.launch is not None:
-        plan.launch(q, k, out_q, out_k, v, plan.bytes_of(k_cache), plan.bytes_of(v_cache), k_scale, v_scale,
-                    slot_mapping if cache_offsets is None else cache_offsets, q_weight, k_weight, cos, sin, positions,
-                    cu_seqlens, 0)
+        plan.launch(q, k, plan.bytes_of(out_q), out_k, v, plan.bytes_of(k_cache), plan.bytes_of(v_cache), k_scale,
+                    v_scale, slot_mapping if cache_offsets is None else cache_offsets, q_weight, k_weight, cos, sin,
+                    positions, cu_seqlens, 0, q_scale)
     bump_versions(k_cache, v_cache)
     bump_versions(k_scale_cache, v_scale_cache)
     if inplace:

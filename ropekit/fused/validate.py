@@ -17,7 +17,7 @@ from ..validate import FLOAT_DTYPES, OverlapError, check_mode, check_overlaps, p
 
 __all__ = ["FP8_DTYPE", "QUANT_DTYPES", "KV_CACHE_DTYPES", "fp8_bytes", "rotary_arguments", "check_norm",
            "check_cache", "check_kv_cache_dtype", "check_slot_mapping", "check_cache_offsets", "check_scale",
-           "check_scale_cache", "check_no_grad", "check_overlaps", "OverlapError", "check_mode"]
+           "check_scale_cache", "check_q_output", "check_no_grad", "check_overlaps", "OverlapError", "check_mode"]
 
 FP8_DTYPE = torch.float8_e4m3fn
 # the quantised caches rope_and_cache writes: float8 e4m3fn, float8 e5m2, int8 (each with float32 scales)
@@ -202,6 +202,21 @@ def check_scale(name: str, scale, fp8: bool, device, n_heads: int | None = None)
                         f"{tuple(scale.shape)}")
     if not _on(scale, device):
         raise ValueError(f"{name} is on {scale.device} but q is on {device}")
+
+
+def check_q_output(q, q_dtype, q_scale, inplace: bool):
+    """A float8 q output: ``q_dtype`` None (or q's own dtype), ``torch.float8_e4m3fn`` or ``torch.float8_e5m2``, out of
+    place, with ``q_scale`` a float32 one-element tensor exactly then. Returns the float8 dtype or None."""
+    if q_dtype is None or q_dtype == q.dtype:
+        if q_scale is not None:
+            raise ValueError("q_scale is given but q_dtype is not float8 (q is written in its own dtype)")
+        return None
+    if q_dtype not in (torch.float8_e4m3fn, torch.float8_e5m2):
+        raise TypeError(f"q_dtype must be None, q's dtype, torch.float8_e4m3fn or torch.float8_e5m2, got {q_dtype!r}")
+    if inplace:
+        raise ValueError(f"q_dtype {q_dtype} writes a new q: inplace=True cannot change q's dtype")
+    check_scale("q_scale", q_scale, True, q.device)
+    return q_dtype
 
 
 def check_scale_cache(name: str, scales, cache_name: str, cache, device) -> None:

@@ -251,7 +251,8 @@ def _check_quantised_cache(cache_dtype: torch.dtype, scales: str, device) -> str
     """rope_and_cache into a quantised paged cache: head_dim 80 (masked pair and tail lanes), 3 kv heads, a head
     block and token block with remainders, QK-norm (a second reduction beside the amax), caches and scale caches of
     exactly the slots written (a store past them is outside the allocation); the reader's round trip (stored value
-    times its scale at the token's slot) within one spacing of the format of the float64 truth."""
+    times its scale at the token's slot) within one spacing of the format of the float64 truth; with a float8
+    cache, q written as float8 of the same format too."""
     from ropekit.fused.kv_cache import rope_and_cache
 
     tokens, hk, d = (37 if device == "cuda" else 5), 3, 80
@@ -270,18 +271,25 @@ def _check_quantised_cache(cache_dtype: torch.dtype, scales: str, device) -> str
         size = 1 if scales == "tensor" else hk
         k_scale, v_scale = (torch.full((size,), 8.0 / largest, device=device) for _ in range(2))
         kwargs = dict(k_scale=k_scale, v_scale=v_scale)
+    if cache_dtype != torch.int8:  # and q as float8 of the cache's format, for float8 attention
+        kwargs.update(q_dtype=cache_dtype, q_scale=torch.full((1,), 8.0 / largest, device=device))
     with _device.set_backend("triton"):
-        rope_and_cache(q, k, v, cos, sin, k_cache=k_cache, v_cache=v_cache, slot_mapping=slots, q_weight=weight,
-                       k_weight=weight, positions=positions, layout="thd",
-                       cu_seqlens=torch.tensor([0, tokens], device=device), max_seqlen=tokens, **kwargs)
+        out_q, _ = rope_and_cache(q, k, v, cos, sin, k_cache=k_cache, v_cache=v_cache, slot_mapping=slots,
+                                  q_weight=weight, k_weight=weight, positions=positions, layout="thd",
+                                  cu_seqlens=torch.tensor([0, tokens], device=device), max_seqlen=tokens, **kwargs)
     at = slots.cpu()
-    truth = (ref.rope_table(ref.rms_norm(k, weight, eps=1e-6), cos, sin, positions.cpu()), v.double().cpu())
-    for name, cache, scale, want in (("k", k_cache, k_scale, truth[0]), ("v", v_cache, v_scale, truth[1])):
-        scale = (scale.reshape(-1, hk)[at] if scales == "token_head" else scale.expand(hk)).double().cpu()[..., None]
-        target = (want / scale).clamp(-largest, largest)
-        got = cache.reshape(-1, hk, d)[at].double().cpu()
-        step = torch.ones_like(target) if cache_dtype == torch.int8 else ulp(target, cache_dtype)
-        bad = (got - target).abs() > step
+    truth = [ref.rope_table(ref.rms_norm(x, weight, eps=1e-6), cos, sin, positions.cpu()) for x in (q, k)]
+    if scales == "token_head":  # the reader finds each token's scales at its slot
+        k_scale, v_scale = (s.reshape(-1, hk)[at][..., None] for s in (k_scale, v_scale))
+    # (stored values, their scales, the float64 truth), the caches' rows at the tokens' slots
+    read = [(k_cache.reshape(-1, hk, d)[at], k_scale, truth[1]), (v_cache.reshape(-1, hk, d)[at], v_scale, v)]
+    if "q_scale" in kwargs:
+        read.append((out_q, kwargs["q_scale"], truth[0]))
+    for name, (stored, scale, want) in zip("kvq", read):
+        scale = scale.double().cpu().reshape(scale.shape[0] if scale.ndim == 3 else 1, -1, 1)
+        target = (want.double().cpu() / scale).clamp(-largest, largest)
+        step = torch.ones_like(target) if stored.dtype == torch.int8 else ulp(target, stored.dtype)
+        bad = (stored.double().cpu() - target).abs() > step
         if bool(bad.any()):
             return f"{name}: {int(bad.sum())} stored values more than one spacing from the reference"
     return ""

@@ -85,8 +85,8 @@ def _forward_heads(
     X, OUT, x_strides, out_strides,
     # the cache side (k's programs only): v, the caches, the slots
     V, K_CACHE, V_CACHE, SLOTS, v_strides, k_cache_strides, v_cache_strides, slot_stride,
-    # the caches' scales (QUANT), k's and v's, and their (block, row, head) strides
-    K_SCALE, V_SCALE, scale_strides,
+    # the caches' scales (QUANT), k's and v's, and their (block, row, head) strides; the output's scale (OUT_QUANT)
+    K_SCALE, V_SCALE, scale_strides, OUT_SCALE,
     # the norm's weight
     W, w_stride, eps, weight_offset,
     # the angles and the positions
@@ -97,8 +97,8 @@ def _forward_heads(
     BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_TAIL: tl.constexpr, BLOCK_V: tl.constexpr,
     INTERLEAVED: tl.constexpr, POS_MODE: tl.constexpr, IS_VARLEN: tl.constexpr, COS_PER_TOKEN: tl.constexpr,
     NORM: tl.constexpr, WRITE_OUT: tl.constexpr, WRITE_TAIL: tl.constexpr, CACHE: tl.constexpr,
-    HAS_V: tl.constexpr, QUANT: tl.constexpr, MATH_DTYPE: tl.constexpr, INDEX_DTYPE: tl.constexpr,
-    EVICT: tl.constexpr,
+    HAS_V: tl.constexpr, QUANT: tl.constexpr, OUT_QUANT: tl.constexpr, MATH_DTYPE: tl.constexpr,
+    INDEX_DTYPE: tl.constexpr, EVICT: tl.constexpr,
 ):
     """BLOCK_S tokens x BLOCK_H heads of q, or of k with the same heads of v: normalise, rotate, store to the output
     and/or the cache (and v to the v cache)."""
@@ -133,9 +133,12 @@ def _forward_heads(
         x_a, x_b, x_t = x_a * r * w_a, x_b * r * w_b, x_t * r * w_t
     y_a, y_b = _rotate(x_a, x_b, cos_a, sin_a, cos_b, sin_b, MATH_DTYPE, False)
     if WRITE_OUT:
-        store_head(OUT, _rows(out_strides, batch_index, token_rows, heads), mask, y_a, y_b, x_t, out_strides[3], 1.0,
-                   ROTARY_DIM, HEAD_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_TAIL, INTERLEAVED, WRITE_TAIL,
-                   STORE_PLAIN, EVICT, False)
+        # the output in its dtype, or (OUT_QUANT: a float8 q for float8 attention) at one scale
+        out_scale = head_scale(OUT_SCALE, scale_strides[0], None, None, heads, mask, y_a, y_b, x_t, ROTARY_DIM,
+                               HEAD_DIM, BLOCK_HALF, BLOCK_TAIL, OUT_QUANT)
+        store_head(OUT, _rows(out_strides, batch_index, token_rows, heads), mask, y_a, y_b, x_t, out_strides[3],
+                   out_scale, ROTARY_DIM, HEAD_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_TAIL, INTERLEAVED, WRITE_TAIL,
+                   OUT_QUANT, EVICT, False)
     if CACHE != 0:
         c_mask = cache_mask[:, None] & head_mask[None, :]
         c_heads = heads.to(tl.int64)
@@ -167,9 +170,10 @@ def fused_forward_kernel(
     # caches (float8 ones as uint8 bits), SLOTS (paged: a slot per token; contiguous: an offset per sequence). Cache
     # strides: (block or sequence, row, head, channel).
     V, K_CACHE, V_CACHE, SLOTS, v_strides, k_cache_strides, v_cache_strides, slot_stride,
-    # the quantising store (QUANT = (format, scales, native conversion); fused_tiles): k's and v's float32 scales,
-    # read or (per token and head) written, and their (block or sequence, row, head) strides, k's then v's
-    K_SCALE, V_SCALE, scale_strides,
+    # the quantising stores (QUANT = (format, scales, native conversion); fused_tiles): k's and v's float32 cache
+    # scales, read or (per token and head) written, and their (block or sequence, row, head) strides, k's then v's;
+    # q's output scale (OUT_QUANT: a float8 q at one float32 scale)
+    K_SCALE, V_SCALE, scale_strides, Q_SCALE,
     # the QK-norm (NORM): the (HEAD_DIM,) weights and their strides (q's, k's), eps, the weight offset
     Q_W, K_W, weight_strides, eps, weight_offset,
     # the angles: a (table_len, ROTARY_DIM / 2) float32 table, or COS_PER_TOKEN rows; (sequence, row, column)
@@ -187,7 +191,7 @@ def fused_forward_kernel(
     HAS_K: tl.constexpr, INTERLEAVED: tl.constexpr, POS_MODE: tl.constexpr, IS_VARLEN: tl.constexpr,
     COS_PER_TOKEN: tl.constexpr, NORM: tl.constexpr, WRITE_Q: tl.constexpr, WRITE_K: tl.constexpr,
     WRITE_TAIL: tl.constexpr, CACHE: tl.constexpr, HAS_V: tl.constexpr, QUANT: tl.constexpr,
-    MATH_DTYPE: tl.constexpr,
+    OUT_QUANT: tl.constexpr, MATH_DTYPE: tl.constexpr,
     # what the tensors allow
     INDEX_DTYPE: tl.constexpr, EVICT: tl.constexpr,
 ):
@@ -209,24 +213,24 @@ def fused_forward_kernel(
     if pid_h < n_head_blocks_q:
         _forward_heads(Q, OUT_Q, q_strides, out_q_strides,
                        None, None, None, None, v_strides, k_cache_strides, v_cache_strides, slot_stride,
-                       None, None, scale_strides,
+                       None, None, scale_strides, Q_SCALE,
                        Q_W, weight_strides[0], eps, weight_offset,
                        COS, SIN, cos_strides, POSITIONS, position_strides, position_offset,
                        pid_s, pid_b, first, seq_len, batch_index, pid_h * BLOCK_H, n_heads_q, sizes,
                        ROTARY_DIM, HEAD_DIM, V_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_TAIL, BLOCK_V, INTERLEAVED,
                        POS_MODE, IS_VARLEN, COS_PER_TOKEN, NORM, WRITE_Q, WRITE_TAIL, 0, False, STORE_PLAIN,
-                       MATH_DTYPE, INDEX_DTYPE, EVICT)
+                       OUT_QUANT, MATH_DTYPE, INDEX_DTYPE, EVICT)
     elif HAS_K:
         _forward_heads(K, OUT_K, k_strides, out_k_strides,
                        V, K_CACHE, V_CACHE, SLOTS, v_strides, k_cache_strides, v_cache_strides, slot_stride,
-                       K_SCALE, V_SCALE, scale_strides,
+                       K_SCALE, V_SCALE, scale_strides, None,
                        K_W, weight_strides[1], eps, weight_offset,
                        COS, SIN, cos_strides, POSITIONS, position_strides, position_offset,
                        pid_s, pid_b, first, seq_len, batch_index, (pid_h - n_head_blocks_q) * BLOCK_HK, n_heads_k,
                        sizes,
                        ROTARY_DIM, HEAD_DIM, V_DIM, BLOCK_S, BLOCK_HK, BLOCK_HALF, BLOCK_TAIL, BLOCK_V, INTERLEAVED,
                        POS_MODE, IS_VARLEN, COS_PER_TOKEN, NORM, WRITE_K, WRITE_TAIL, CACHE, HAS_V, QUANT,
-                       MATH_DTYPE, INDEX_DTYPE, EVICT)
+                       STORE_PLAIN, MATH_DTYPE, INDEX_DTYPE, EVICT)
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -403,7 +407,8 @@ def native_fp8(device) -> bool:
 # What a forward plan takes at each call, in this order (a KernelLaunch's per-call arguments); None where the plan
 # was made without that tensor
 FORWARD_PER_CALL = ("Q", "K", "OUT_Q", "OUT_K", "V", "K_CACHE", "V_CACHE", "K_SCALE", "V_SCALE", "SLOTS", "Q_W",
-                    "K_W", "COS", "SIN", "POSITIONS", "CU_SEQLENS", "position_offset")
+                    "K_W", "COS", "SIN", "POSITIONS", "CU_SEQLENS", "position_offset", "Q_SCALE")
+# (a call whose plan stores q in its own dtype may stop before Q_SCALE: the plan's None stays)
 # the per-tensor scale's strides: a constant (its one float is read without them)
 _ONE_SCALE = (1, 1, 1)
 BACKWARD_PER_CALL = ("Q", "K", "GQ", "GK", "DQ", "DK", "Q_W", "K_W", "DW", "COS", "SIN", "POSITIONS", "CU_SEQLENS",
@@ -449,8 +454,9 @@ class FusedBackward:
 def plan_fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, interleaved: bool = False,
                cos_per_token: bool = False, out_q=None, out_k=None, v=None, k_cache=None, v_cache=None,
                cache_mode: int = CACHE_NONE, slots=None, block_size: int = 1, cache_len: int = 0, k_scale=None,
-               v_scale=None, quant: tuple = NO_QUANT[:2], q_weight=None, k_weight=None, eps: float = 0.0,
-               weight_offset: float = 0.0, grad_q=None, grad_k=None, config: FusedConfig | None = None):
+               v_scale=None, quant: tuple = NO_QUANT[:2], q_format: int = PLAIN, q_scale=None, q_weight=None,
+               k_weight=None, eps: float = 0.0, weight_offset: float = 0.0, grad_q=None, grad_k=None,
+               config: FusedConfig | None = None):
     """The plan for :func:`launch_fused`'s arguments: for the forward a :class:`~ropekit.triton.launch.KernelLaunch`
     called with :data:`FORWARD_PER_CALL`'s tensors (None when there is nothing to do), for the backward (``grad_q``
     given) a :class:`FusedBackward`. Later calls pass tensors of the same shapes, strides and dtypes (or views of
@@ -531,7 +537,8 @@ def plan_fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, inte
         V_DIM=v_dim, BLOCK_V=_next_pow2(v_dim), NORM=norm, WRITE_Q=write_q, WRITE_K=write_k,
         WRITE_TAIL=norm or not in_place, CACHE=cache_mode, HAS_V=v is not None and cache_mode != CACHE_NONE,
         QUANT=_quant(quant, k_cache, q.device), scale_strides=(_scale_strides(k_scale, quant),
-                                                               _scale_strides(v_scale, quant)))
+                                                               _scale_strides(v_scale, quant)),
+        Q_SCALE=q_scale, OUT_QUANT=_quant((q_format, PER_TENSOR), out_q, q.device))
     return KernelLaunch(fused_forward_kernel, grid, config.num_warps, FORWARD_PER_CALL, arguments)
 
 
@@ -555,8 +562,8 @@ def _scale_strides(scale, quant: tuple) -> tuple:
 def launch_fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, interleaved: bool = False,
                  cos_per_token: bool = False, out_q=None, out_k=None, v=None, k_cache=None, v_cache=None,
                  cache_mode: int = CACHE_NONE, slots=None, block_size: int = 1, cache_len: int = 0,
-                 k_scale=None, v_scale=None, quant: tuple = NO_QUANT[:2], q_weight=None, k_weight=None,
-                 eps: float = 0.0,
+                 k_scale=None, v_scale=None, quant: tuple = NO_QUANT[:2], q_format: int = PLAIN, q_scale=None,
+                 q_weight=None, k_weight=None, eps: float = 0.0,
                  weight_offset: float = 0.0, grad_q=None, grad_k=None, config: FusedConfig | None = None):
     """Plan and launch the fused kernels on validated arguments (``ropekit.fused`` validates; this trusts its caller).
 
@@ -564,7 +571,8 @@ def launch_fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, in
     ``(tokens, heads, dim)`` when ``positions.is_varlen``; caches are ``(blocks or batch, rows, heads, dim)`` views
     (float8 caches as their uint8 bits; ``quant``: what the cache stores, ``(format, scales)`` of
     :mod:`ropekit.triton.fused_tiles`, with ``k_scale``/``v_scale`` one float32 each, ``(heads,)`` or, per
-    (token, head), scale caches ``(blocks or batch, rows, heads)`` the launch writes). An output that is its input is written in place. ``out_q``/``out_k`` None:
+    (token, head), scale caches ``(blocks or batch, rows, heads)`` the launch writes; ``q_format``: a float8 q
+    output, ``out_q`` as its uint8 bytes, at the one-element ``q_scale``). An output that is its input is written in place. ``out_q``/``out_k`` None:
     not written. With ``grad_q`` (the backward) the outputs receive the input gradients and the call returns the
     weight gradients ``(dw_q, dw_k)`` in the math dtype; otherwise None. The programs add their weight-gradient terms
     into two rows with atomic adds (no second reduction kernel; the float sum's rounding depends on the order the
@@ -574,12 +582,13 @@ def launch_fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, in
     plan = plan_fused(q, k, cos, sin, positions=positions, rotary_dim=rotary_dim, interleaved=interleaved,
                       cos_per_token=cos_per_token, out_q=out_q, out_k=out_k, v=v, k_cache=k_cache, v_cache=v_cache,
                       cache_mode=cache_mode, slots=slots, block_size=block_size, cache_len=cache_len,
-                      k_scale=k_scale, v_scale=v_scale, quant=quant, q_weight=q_weight, k_weight=k_weight, eps=eps,
+                      k_scale=k_scale, v_scale=v_scale, quant=quant, q_format=q_format, q_scale=q_scale,
+                      q_weight=q_weight, k_weight=k_weight, eps=eps,
                       weight_offset=weight_offset, grad_q=grad_q, grad_k=grad_k, config=config)
     if grad_q is not None:
         return plan(q, k, grad_q, grad_k, out_q, out_k, q_weight, k_weight, cos, sin, positions.tensor,
                     positions.cu_seqlens, positions.offset)
     if plan is not None:
         plan(q, k, out_q, out_k, v, k_cache, v_cache, k_scale, v_scale, slots, q_weight, k_weight, cos, sin,
-             positions.tensor, positions.cu_seqlens, positions.offset)
+             positions.tensor, positions.cu_seqlens, positions.offset, q_scale)
     return None
