@@ -233,7 +233,7 @@ def test_torch_compile_fullgraph_writes_the_scales():
         assert torch.equal(a, b)
 
 
-# --- validation --------------------------------------------------------------------------------------------------------
+# --- validation -------------------------------------------------------------------------------------------------------
 
 def _valid_call(cache_dtype=E4M3, dynamic=True):
     q, k, v, (k_cache, v_cache), scale_caches, slots = case(cache_dtype=cache_dtype, dtype=torch.float32)
@@ -281,7 +281,7 @@ def test_errors_name_the_argument_and_write_nothing(name, bad, error, setup):
         assert torch.equal(call[key].view(torch.uint8), t.view(torch.uint8)), key
 
 
-# --- on a GPU ------------------------------------------------------------------------------------------------------------
+# --- on a GPU ---------------------------------------------------------------------------------------------------------
 
 @gpu_only
 @pytest.mark.parametrize("fmt", ["e5m2", "e4m3"])

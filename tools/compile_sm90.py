@@ -125,8 +125,8 @@ def _rope_calls():
 def _fused_calls():
     """A small matrix of the fused ops' launches: the forward with and without QK-norm, paged and contiguous caches,
     bf16 and every quantising store (float8 e4m3/e5m2 bytes and int8; per-tensor, per-head and per-(token, head)
-    scales; integer or the GPU's float8 conversion), v of another width (MLA's latent), GPT-J, partial rotary, in place, varlen; the
-    backward in both ways of summing the weight gradient, in both launch orders."""
+    scales; integer or the GPU's float8 conversion), a float8 q, v of another width (MLA's latent), GPT-J, partial
+    rotary, in place, varlen; the backward in both ways of summing the weight gradient, in both launch orders."""
     meta = dict(device="cpu")
     for dtype in (torch.bfloat16, torch.float32):
         q = torch.empty(2, 64, 8, 128, dtype=dtype, **meta)
@@ -140,11 +140,11 @@ def _fused_calls():
         token_head_scales = torch.empty(16, 16, 2, **meta)
         # the quantising stores: (cache dtype, (format, scales), the scales, whether the GPU converts to float8)
         stores = [(dtype, tiles.NO_QUANT[:2], None, False), (torch.uint8, (tiles.E4M3, tiles.PER_TENSOR), scale, False)]
+        per_head, per_token_head = (tiles.PER_HEAD, head_scales), (tiles.PER_TOKEN_HEAD, token_head_scales)
         stores += [(torch.uint8, (fmt, scales), scale_tensor, native) for fmt in (tiles.E4M3, tiles.E5M2)
-                   for scales, scale_tensor in ((tiles.PER_HEAD, head_scales), (tiles.PER_TOKEN_HEAD, token_head_scales))
-                   for native in (False, True)]
+                   for scales, scale_tensor in (per_head, per_token_head) for native in (False, True)]
         stores += [(torch.int8, (tiles.INT8, scales), scale_tensor, False)
-                   for scales, scale_tensor in ((tiles.PER_TENSOR, scale), (tiles.PER_TOKEN_HEAD, token_head_scales))]
+                   for scales, scale_tensor in ((tiles.PER_TENSOR, scale), per_token_head)]
         for cache_dtype, quant, scales, native in stores:
             caches = dict(k_cache=torch.empty(16, 16, 2, 128, dtype=cache_dtype, **meta),
                           v_cache=torch.empty(16, 16, 2, 128, dtype=cache_dtype, **meta), quant=quant,

@@ -74,6 +74,6 @@ class FusedPlan:
 
     @staticmethod
     def bytes_of(cache):
-        """A cache as the kernel writes it: a float8 one (e4m3, e5m2) as its uint8 bytes, whose rounding is the kernel's own,
-        identical on GPU and CPU (a ``torch.uint8`` cache already is bytes)."""
+        """A cache as the kernel writes it: a float8 one (e4m3, e5m2) as its uint8 bytes, whose rounding is the
+        kernel's own, identical on GPU and CPU (a ``torch.uint8`` cache already is bytes)."""
         return cache.view(torch.uint8) if cache is not None and cache.dtype in FLOAT8_DTYPES else cache

@@ -176,12 +176,13 @@ def check_cache_offsets(offsets, n_seqs: int, lengths, max_seq: int, device) -> 
 
 
 def fp8_bytes(cache, kv_cache_dtype="auto"):
-    """A ``torch.uint8`` cache, as vLLM allocates its float8 caches, read as the float8 values its bytes hold (a
-    view): e5m2 when ``kv_cache_dtype`` is ``"fp8_e5m2"`` (the bytes carry no other mark), e4m3 otherwise; anything
-    else as it is."""
+    """A ``torch.uint8`` cache, as vLLM allocates its quantised caches, read as the values its bytes hold (a view):
+    e5m2 when ``kv_cache_dtype`` is ``"fp8_e5m2"``, int8 when it is ``"int8_per_token_head"`` (the bytes carry no
+    other mark), e4m3 otherwise; anything else as it is."""
     if not isinstance(cache, torch.Tensor) or cache.dtype != torch.uint8:
         return cache
-    return cache.view(torch.float8_e5m2 if kv_cache_dtype == "fp8_e5m2" else FP8_DTYPE)
+    return cache.view({"fp8_e5m2": torch.float8_e5m2, "int8_per_token_head": torch.int8}.get(
+        kv_cache_dtype if isinstance(kv_cache_dtype, str) else "", FP8_DTYPE))
 
 
 def check_scale(name: str, scale, fp8: bool, device, n_heads: int | None = None) -> None:
@@ -193,7 +194,7 @@ def check_scale(name: str, scale, fp8: bool, device, n_heads: int | None = None)
             raise TypeError(f"{name} must be a tensor or None, got {type(scale).__name__}")
         return
     if not isinstance(scale, torch.Tensor):
-        raise TypeError(f"{name} must be a float32 tensor of one element with a float8 cache, got "
+        raise TypeError(f"{name} must be a float32 tensor of one element with a quantised cache, got "
                         f"{type(scale).__name__}")
     per_head = n_heads is not None and scale.ndim == 1 and scale.shape[0] == n_heads
     if scale.dtype != torch.float32 or not (scale.numel() == 1 or per_head):

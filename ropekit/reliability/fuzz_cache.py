@@ -204,12 +204,12 @@ def _scale_problems(name: str, after: torch.Tensor, before: torch.Tensor, want: 
 
 def draw_rope_and_cache(rng: random.Random, gen: torch.Generator, device) -> Case:
     """``rope_and_cache`` in every layout (``thd`` with ``cu_seqlens``), q, k, v with any view kind (q without heads
-    at times), positions as ids or none, QK-norm or not, in place or not, ``write_k`` or not; a paged cache (a
-    slot mapping, shorter than the tokens at times) or a contiguous one with ``cache_offsets``, in the activations'
-    dtype or quantised (float8 e4m3 or e5m2, as bytes at times, or int8; one scale, one a kv head, or one a (token,
-    head) written to scale caches; vLLM's ``kv_cache_dtype`` names at times), drawn as engines allocate it; a cache that requires grad; and, in a
-    share of the cases, a written tensor and another of the call carved from one byte pool, on each other's bytes
-    (to be refused) or apart (to be accepted)."""
+    at times), positions as ids or none, QK-norm or not, in place or not, ``write_k`` or not; a paged cache (a slot
+    mapping, shorter than the tokens at times) or a contiguous one with ``cache_offsets``, in the activations' dtype or
+    quantised (float8 e4m3 or e5m2, as bytes at times, or int8; one scale, one a kv head, or one a (token, head) written
+    to scale caches; vLLM's ``kv_cache_dtype`` names at times), drawn as engines allocate it; a cache that requires
+    grad; and, in a share of the cases, a written tensor and another of the call carved from one byte pool, on each
+    other's bytes (to be refused) or apart (to be accepted)."""
     arena = Arena(rng, gen, device)
     either = []
     layout = rng.choice(("bshd", "sbhd", "bhsd", "thd"))

@@ -409,10 +409,10 @@ def native_fp8(device) -> bool:
 FORWARD_PER_CALL = ("Q", "K", "OUT_Q", "OUT_K", "V", "K_CACHE", "V_CACHE", "K_SCALE", "V_SCALE", "SLOTS", "Q_W",
                     "K_W", "COS", "SIN", "POSITIONS", "CU_SEQLENS", "position_offset", "Q_SCALE")
 # (a call whose plan stores q in its own dtype may stop before Q_SCALE: the plan's None stays)
-# the per-tensor scale's strides: a constant (its one float is read without them)
-_ONE_SCALE = (1, 1, 1)
 BACKWARD_PER_CALL = ("Q", "K", "GQ", "GK", "DQ", "DK", "Q_W", "K_W", "DW", "COS", "SIN", "POSITIONS", "CU_SEQLENS",
                      "position_offset")
+# the per-tensor scale's strides: constants (its one float is read without them)
+_ONE_SCALE = (1, 1, 1)
 
 _MATH = {torch.float64: tl.float64}
 _UNREAD = (1, 1, 1, 1)  # the strides of a tensor a launch does not read: constants to Triton
@@ -563,28 +563,28 @@ def launch_fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, in
                  cos_per_token: bool = False, out_q=None, out_k=None, v=None, k_cache=None, v_cache=None,
                  cache_mode: int = CACHE_NONE, slots=None, block_size: int = 1, cache_len: int = 0,
                  k_scale=None, v_scale=None, quant: tuple = NO_QUANT[:2], q_format: int = PLAIN, q_scale=None,
-                 q_weight=None, k_weight=None, eps: float = 0.0,
-                 weight_offset: float = 0.0, grad_q=None, grad_k=None, config: FusedConfig | None = None):
+                 q_weight=None, k_weight=None, eps: float = 0.0, weight_offset: float = 0.0, grad_q=None, grad_k=None,
+                 config: FusedConfig | None = None):
     """Plan and launch the fused kernels on validated arguments (``ropekit.fused`` validates; this trusts its caller).
 
     q, k, v, the outputs and the incoming gradients are ``(batch, seq, heads, dim)`` views with any strides, or
     ``(tokens, heads, dim)`` when ``positions.is_varlen``; caches are ``(blocks or batch, rows, heads, dim)`` views
     (float8 caches as their uint8 bits; ``quant``: what the cache stores, ``(format, scales)`` of
-    :mod:`ropekit.triton.fused_tiles`, with ``k_scale``/``v_scale`` one float32 each, ``(heads,)`` or, per
-    (token, head), scale caches ``(blocks or batch, rows, heads)`` the launch writes; ``q_format``: a float8 q
-    output, ``out_q`` as its uint8 bytes, at the one-element ``q_scale``). An output that is its input is written in place. ``out_q``/``out_k`` None:
-    not written. With ``grad_q`` (the backward) the outputs receive the input gradients and the call returns the
-    weight gradients ``(dw_q, dw_k)`` in the math dtype; otherwise None. The programs add their weight-gradient terms
-    into two rows with atomic adds (no second reduction kernel; the float sum's rounding depends on the order the
-    adds arrive in), or, under ``torch.use_deterministic_algorithms``, each program stores its own row and one
-    reduction in a fixed order sums them. ``config`` forces a launch configuration (tools and tests).
+    :mod:`ropekit.triton.fused_tiles`, with ``k_scale``/``v_scale`` one float32 each, ``(heads,)`` or, per (token,
+    head), scale caches ``(blocks or batch, rows, heads)`` the launch writes; ``q_format``: a float8 q output, ``out_q``
+    as its uint8 bytes, at the one-element ``q_scale``). An output that is its input is written in place.
+    ``out_q``/``out_k`` None: not written. With ``grad_q`` (the backward) the outputs receive the input gradients and
+    the call returns the weight gradients ``(dw_q, dw_k)`` in the math dtype; otherwise None. The programs add their
+    weight-gradient terms into two rows with atomic adds (no second reduction kernel; the float sum's rounding depends
+    on the order the adds arrive in), or, under ``torch.use_deterministic_algorithms``, each program stores its own row
+    and one reduction in a fixed order sums them. ``config`` forces a launch configuration (tools and tests).
     """
     plan = plan_fused(q, k, cos, sin, positions=positions, rotary_dim=rotary_dim, interleaved=interleaved,
                       cos_per_token=cos_per_token, out_q=out_q, out_k=out_k, v=v, k_cache=k_cache, v_cache=v_cache,
                       cache_mode=cache_mode, slots=slots, block_size=block_size, cache_len=cache_len,
                       k_scale=k_scale, v_scale=v_scale, quant=quant, q_format=q_format, q_scale=q_scale,
-                      q_weight=q_weight, k_weight=k_weight, eps=eps,
-                      weight_offset=weight_offset, grad_q=grad_q, grad_k=grad_k, config=config)
+                      q_weight=q_weight, k_weight=k_weight, eps=eps, weight_offset=weight_offset, grad_q=grad_q,
+                      grad_k=grad_k, config=config)
     if grad_q is not None:
         return plan(q, k, grad_q, grad_k, out_q, out_k, q_weight, k_weight, cos, sin, positions.tensor,
                     positions.cu_seqlens, positions.offset)

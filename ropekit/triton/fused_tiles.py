@@ -1,6 +1,7 @@
 """The fused kernel's tile helpers (device code): loading and storing a tile of head vectors as pair halves and
-a tail, the quantising store (float8 e4m3/e5m2, int8; per-tensor, per-head or per-(token, head) scales), the norm's weights and root mean square, where a token goes in a KV cache, and where a
-sequence's rows lie. The kernel that composes them is :mod:`ropekit.triton.fused`."""
+a tail, the quantising store (float8 e4m3/e5m2, int8; per-tensor, per-head or per-(token, head) scales), the norm's
+weights and root mean square, where a token goes in a KV cache, and where a sequence's rows lie. The kernel that
+composes them is :mod:`ropekit.triton.fused`."""
 
 from __future__ import annotations
 
@@ -9,10 +10,10 @@ import triton.language as tl
 
 from .v4 import _load_pairs
 
-__all__ = ["PLAIN", "E4M3", "E5M2", "INT8", "PER_TENSOR", "PER_HEAD", "PER_TOKEN_HEAD", "NO_QUANT", "float8_bits",
-           "e4m3_bits", "int8_values", "quantised", "head_amax", "channels_amax", "cache_scale", "head_scale",
-           "channels_scale", "STORE_PLAIN", "store_head",
-           "store_channels", "load_head", "norm_weights", "rsqrt_mean_square", "cache_slot", "sequence_span"]
+__all__ = ["PLAIN", "E4M3", "E5M2", "INT8", "PER_TENSOR", "PER_HEAD", "PER_TOKEN_HEAD", "NO_QUANT", "STORE_PLAIN",
+           "float8_bits", "e4m3_bits", "int8_values", "quantised", "head_amax", "channels_amax", "cache_scale",
+           "head_scale", "channels_scale", "store_head", "store_channels", "load_head", "norm_weights",
+           "rsqrt_mean_square", "cache_slot", "sequence_span"]
 
 
 # The cache's store, one constexpr tuple QUANT = (FORMAT, SCALES, NATIVE):
@@ -20,8 +21,8 @@ __all__ = ["PLAIN", "E4M3", "E5M2", "INT8", "PER_TENSOR", "PER_HEAD", "PER_TOKEN
 #   SCALES: PER_TENSOR (one float32), PER_HEAD (one a kv head), PER_TOKEN_HEAD (computed here from the head vector's
 #           absolute maximum and written beside the cache);
 #   NATIVE: float8 bits by the GPU's own conversion instruction rather than integer arithmetic (the same bits).
-# Every scale is addressed alike: SCALE + block * strides[0] + row * strides[1] + head * strides[2] (a per-tensor
-# scale has strides (0, 0, 0), a per-head one (0, 0, stride)), so one group (the scale pointers and their strides)
+# A per-tensor scale is one float; the others are addressed alike, SCALE + block * strides[0] + row * strides[1] +
+# head * strides[2] (a per-head one with strides (0, 0, stride)): one group, the scale pointers and their strides,
 # serves every mode.
 PLAIN, E4M3, E5M2, INT8 = 0, 1, 2, 3
 PER_TENSOR, PER_HEAD, PER_TOKEN_HEAD = 0, 1, 2
