@@ -542,9 +542,10 @@ def plan_fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, inte
     return KernelLaunch(fused_forward_kernel, grid, config.num_warps, FORWARD_PER_CALL, arguments)
 
 
-def _quant(quant: tuple, k_cache, device) -> tuple:
-    """The kernel's QUANT: the call's (format, scales) and whether the GPU converts to float8 itself."""
-    if k_cache is None or quant[0] == PLAIN:
+def _quant(quant: tuple, target, device) -> tuple:
+    """The kernel's QUANT (or OUT_QUANT) for a store into ``target`` (a cache, or q's output; None: no store): the
+    call's (format, scales) and whether the GPU converts to float8 itself."""
+    if target is None or quant[0] == PLAIN:
         return NO_QUANT
     return (quant[0], quant[1], quant[0] in (E4M3, E5M2) and native_fp8(device))
 
