@@ -106,6 +106,37 @@ def test_reader_round_trip(fmt, mode, backend):
             assert torch.equal(a, b)  # static scales: the scale caches are not touched (not passed)
 
 
+@pytest.mark.parametrize("mode", ["tensor", "head", "token_head"])
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_both_backends_store_the_same_bytes(fmt, mode):
+    """The native backend (PyTorch ops) and the Triton kernel (the interpreter on a CPU) write the same caches, scale
+    caches and float8 q, byte for byte (k in float32 math, one rounding: no summation order differs without QK-norm)."""
+    cache_dtype, kv_cache_dtype = FORMATS[fmt]
+    q, k, v, (k_cache, v_cache), scale_caches, slots = case(cache_dtype=cache_dtype)
+    cos, sin = ropekit.cos_sin_table(16, 12, device=DEVICE)  # partial rotary
+    kwargs = dict(kv_cache_dtype=kv_cache_dtype)
+    if mode == "token_head":
+        kwargs.update(k_scale_cache=scale_caches[0], v_scale_cache=scale_caches[1])
+    else:
+        size = 1 if mode == "tensor" else 2
+        kwargs.update(k_scale=torch.full((size,), 0.03, device=DEVICE),
+                      v_scale=torch.full((size,), 0.07, device=DEVICE))
+    if cache_dtype != INT8:
+        kwargs.update(q_dtype=cache_dtype, q_scale=torch.tensor([0.01], device=DEVICE))
+    written = {}
+    for backend in ropekit.device.BACKENDS:
+        outputs = [t.clone() for t in (k_cache, v_cache, *scale_caches)]
+        call = dict(kwargs, **({"k_scale_cache": outputs[2], "v_scale_cache": outputs[3]} if mode == "token_head"
+                               else {}))
+        with ropekit.device.set_backend(backend):
+            out_q, _ = ropekit.rope_and_cache(q[None], k[None], v[None], cos, sin, k_cache=outputs[0],
+                                              v_cache=outputs[1], slot_mapping=slots, positions=2, interleaved=True,
+                                              **call)
+        written[backend] = [t.view(torch.uint8) for t in (out_q, *outputs)]
+    for native, kernel in zip(*written.values()):
+        assert torch.equal(native, kernel)
+
+
 @pytest.mark.parametrize("fmt", ["e4m3", "int8"])
 def test_an_all_zero_head_gets_a_finite_scale(fmt, backend):
     """amax == 0: the scale is the floor (the smallest normal float32), the stored values 0, the read-back 0."""
