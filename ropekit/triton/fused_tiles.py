@@ -86,9 +86,12 @@ def quantised(values, scale, QUANT: tl.constexpr):
         stored = int8_values(quotient)
     elif QUANT[0] == _E5M2:
         if QUANT[2]:
-            # the GPU's conversion after saturating (a NaN fails both comparisons and stays NaN)
+            # the GPU's conversion after saturating (a NaN fails both comparisons), a NaN's code set as the integer
+            # rounding sets it (all ones but the sign)
             quotient = tl.where(quotient > 57344.0, 57344.0, tl.where(quotient < -57344.0, -57344.0, quotient))
-            stored = quotient.to(tl.float8e5, fp_downcast_rounding="rtne").to(tl.uint8, bitcast=True)
+            converted = quotient.to(tl.float8e5, fp_downcast_rounding="rtne").to(tl.uint8, bitcast=True)
+            nan = (((quotient.to(tl.uint32, bitcast=True) >> 24) & 0x80) | 0x7F).to(tl.uint8)
+            stored = tl.where(quotient != quotient, nan, converted)
         else:
             stored = float8_bits(quotient, 2, 15, 0x47600000)
     elif QUANT[2]:
