@@ -22,9 +22,16 @@ key into ``k_buffer[cache_loc]`` and ``value`` untouched into ``v_buffer[cache_l
 ``(slots, heads * head_size)`` or ``(slots, heads, head_size)``; ``cache_loc`` int64, one slot a token; -1 skips, which
 is ropekit's extension: SGLang writes every slot). It is :func:`ropekit.rope_and_cache` on a paged cache of one slot
 a block.
+
+FlashInfer's ``rope_quantize_fp8(q_rope, k_rope, q_nope, k_nope, cos_sin_cache, pos_ids, is_neox, quantize_dtype,
+quant_scale_q, quant_scale_kv, ...)`` rotates ``q_rope`` and ``k_rope`` and returns all four parts as float8 for
+float8 attention: the rotary parts in one launch of the fused kernel (q's float8 output, k written as a cache of one
+slot a token), the non-rotary ones by PyTorch's cast.
 """
 
 from __future__ import annotations
+
+import math
 
 from dataclasses import dataclass
 from typing import Optional
@@ -35,7 +42,7 @@ from .api import apply_rope
 from .fused.kv_cache import rope_and_cache
 from .validate import as_integer, in_callers_names
 
-__all__ = ["rotary_embedding", "apply_rope_with_cos_sin_cache_inplace", "FusedSetKVBufferArg"]
+__all__ = ["rotary_embedding", "apply_rope_with_cos_sin_cache_inplace", "FusedSetKVBufferArg", "rope_quantize_fp8"]
 
 
 @dataclass(kw_only=True)
@@ -180,3 +187,88 @@ def apply_rope_with_cos_sin_cache_inplace(positions: torch.Tensor, query: torch.
     _rotate(positions, query, key, size, cos_sin_cache, is_neox,
             (arg.value, _pool_view("k_buffer", arg.k_buffer, size), _pool_view("v_buffer", arg.v_buffer, size),
              arg.cache_loc))
+
+
+_FLOAT8 = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
+def _float8_of(x: torch.Tensor, quant_scale: float, dtype: torch.dtype) -> torch.Tensor:
+    """``x * quant_scale`` in float32, saturating at the format's largest value, as float8 ``dtype``."""
+    largest = torch.finfo(dtype).max
+    return (x.float() * quant_scale).clamp(-largest, largest).to(dtype)
+
+
+def rope_quantize_fp8(q_rope: torch.Tensor, k_rope: torch.Tensor, q_nope: Optional[torch.Tensor],
+                      k_nope: Optional[torch.Tensor], cos_sin_cache: torch.Tensor, pos_ids: torch.Tensor,
+                      is_neox: bool = True, quantize_dtype: Optional[torch.dtype] = None, quant_scale_q: float = 1.0,
+                      quant_scale_kv: float = 1.0, q_rope_out: Optional[torch.Tensor] = None,
+                      k_rope_out: Optional[torch.Tensor] = None, q_nope_out: Optional[torch.Tensor] = None,
+                      k_nope_out: Optional[torch.Tensor] = None, enable_pdl: bool = False):
+    """FlashInfer's ``rope_quantize_fp8``: ``q_rope (tokens, Hq, rope_dim)`` and ``k_rope (tokens, Hkv, rope_dim)``
+    (MLA: ``(tokens, rope_dim)``) rotated by ``cos_sin_cache`` rows at ``pos_ids``, then every part times its scale
+    (``quant_scale_q`` for q, ``quant_scale_kv`` for k) as float8 ``quantize_dtype`` (None: the given outputs' dtype,
+    else e4m3), saturating. Returns ``(q_rope_out, k_rope_out, q_nope_out, k_nope_out)`` (the given ones written, the
+    others new; a missing nope part is an empty one). The rotary parts divide by ``1 / quant_scale`` in float32, which
+    equals FlashInfer's product for power-of-two scales and may differ in the last place of the quotient otherwise.
+    ``enable_pdl`` is accepted and has no effect."""
+    if quantize_dtype is None:
+        given = [t.dtype for t in (q_rope_out, k_rope_out, q_nope_out, k_nope_out) if isinstance(t, torch.Tensor)]
+        quantize_dtype = given[0] if given else torch.float8_e4m3fn
+    if quantize_dtype not in _FLOAT8:
+        raise TypeError(f"quantize_dtype must be torch.float8_e4m3fn or torch.float8_e5m2, got {quantize_dtype!r}")
+    for name, scale in (("quant_scale_q", quant_scale_q), ("quant_scale_kv", quant_scale_kv)):
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
+            raise ValueError(f"{name} must be a finite float > 0, got {scale!r}"[:200])
+    if not isinstance(q_rope, torch.Tensor) or q_rope.ndim != 3:
+        raise ValueError(f"q_rope must be (tokens, heads, rope_dim), got {getattr(q_rope, 'shape', q_rope)}")
+    if not isinstance(k_rope, torch.Tensor) or k_rope.ndim not in (2, 3):
+        raise ValueError(f"k_rope must be (tokens, heads, rope_dim) or (tokens, rope_dim), got "
+                         f"{getattr(k_rope, 'shape', k_rope)}")
+    for name, out, like in (("q_rope_out", q_rope_out, q_rope), ("k_rope_out", k_rope_out, k_rope),
+                            ("q_nope_out", q_nope_out, q_nope), ("k_nope_out", k_nope_out, k_nope)):
+        if out is not None and (not isinstance(out, torch.Tensor) or out.dtype != quantize_dtype
+                                or like is None or out.shape != like.shape):
+            raise ValueError(f"{name} must be a {quantize_dtype} tensor of its input's shape, got "
+                             f"{getattr(out, 'dtype', type(out).__name__)} {tuple(getattr(out, 'shape', ()))}")
+    tokens, rope_dim = q_rope.shape[0], q_rope.shape[-1]
+    k_heads = k_rope if k_rope.ndim == 3 else k_rope[:, None]
+    k_out = k_rope_out if k_rope_out is not None else torch.empty(k_rope.shape, dtype=quantize_dtype,
+                                                                  device=k_rope.device)
+    # k is written as a paged cache of one slot a block, token t at slot t; q as the float8 output
+    slots = torch.arange(tokens, device=q_rope.device)
+    scales = [torch.full((1,), 1.0 / s, dtype=torch.float32, device=q_rope.device)
+              for s in (quant_scale_q, quant_scale_kv)]
+    cos, sin = _halves(cos_sin_cache)
+    if cos_sin_cache.shape[1] != rope_dim:
+        raise ValueError(f"cos_sin_cache must be (max_position, rope_dim) with q_rope's rope_dim {rope_dim} columns "
+                         f"(cos then sin), got shape {tuple(cos_sin_cache.shape)}")
+    if not isinstance(pos_ids, torch.Tensor) or pos_ids.ndim != 1 or pos_ids.shape[0] != tokens:
+        raise ValueError(f"pos_ids must be ({tokens},) (one position a token of q_rope), got "
+                         f"{getattr(pos_ids, 'shape', type(pos_ids).__name__)}")
+    with in_callers_names("rope_quantize_fp8", "q is q_rope, k is k_rope, k_cache is k_rope_out, cos/sin (the "
+                          "table) are the two halves of cos_sin_cache, positions are pos_ids"):
+        q_out, _ = rope_and_cache(q_rope[None], k_heads[None], None, cos, sin, k_cache=k_out.view(
+                                  tokens, 1, *k_heads.shape[1:]), slot_mapping=slots, k_scale=scales[1],
+                                  positions=pos_ids[None], interleaved=not is_neox, rotary_dim=rope_dim,
+                                  q_dtype=quantize_dtype, q_scale=scales[0])
+    if q_rope_out is not None:
+        q_rope_out.copy_(q_out[0])
+    else:
+        q_rope_out = q_out[0]
+    nope = []
+    for x, out, scale, like in ((q_nope, q_nope_out, quant_scale_q, q_rope), (k_nope, k_nope_out, quant_scale_kv,
+                                                                              k_rope)):
+        if x is None:
+            x = like.new_empty(*like.shape[:-1], 0)
+        values = _float8_of(x, scale, quantize_dtype)
+        nope.append(values if out is None else out.copy_(values))
+    return q_rope_out, k_out, nope[0], nope[1]
+
+
+def _halves(cos_sin_cache):
+    """cos and sin: the two column halves of the engines' ``(max_position, rotary_dim)`` buffer (views)."""
+    if not isinstance(cos_sin_cache, torch.Tensor) or cos_sin_cache.ndim != 2 or cos_sin_cache.shape[1] % 2:
+        raise ValueError(f"cos_sin_cache must be (max_position, rotary_dim) with an even rotary_dim, got "
+                         f"{getattr(cos_sin_cache, 'shape', type(cos_sin_cache).__name__)}")
+    half = cos_sin_cache.shape[1] // 2
+    return cos_sin_cache[:, :half], cos_sin_cache[:, half:]

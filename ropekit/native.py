@@ -19,8 +19,9 @@ The semantics are the kernels' (docs/api.md, docs/fused.md):
   ``[0, tokens)`` are never touched and rows no sequence covers are not written, whatever ``cu_seqlens`` holds.
 * Caches: the rotated k (QK-normed first when weights are given) and v go to ``slot = slots[token]`` (paged: block
   ``slot // block_size``, row ``slot % block_size``) or to row ``offsets[b] + s`` of sequence ``b`` (contiguous); a
-  slot or row outside the cache (-1 among them) writes nothing. A float8 cache receives ``x / scale`` (float32,
-  correctly rounded) rounded to e4m3, saturating at +-448.
+  slot or row outside the cache (-1 among them) writes nothing. A quantised cache receives ``x / scale`` (float32,
+  correctly rounded) rounded to float8 e4m3 or e5m2 (saturating at +-448, +-57344) or int8 (saturating at
+  [-128, 127]), at one scale, one a head, or one a (token, head) computed from the values and written beside.
 
 The operations run in the kernels' order, so the bits are the interpreter's (and the GPU's, where it does not contract
 a product and a sum into one FMA), except the norm's sum of squares and the weight gradient's sums, whose order of
@@ -35,7 +36,7 @@ import torch
 
 from .positions import SCALAR_OFFSET, SEQ_OFFSETS, PositionSpec, mrope_axis_of_pair, mrope_sections
 
-__all__ = ["rope", "fused", "e4m3_bits"]
+__all__ = ["rope", "fused", "e4m3_bits", "quantised", "token_head_scales"]
 
 CACHE_CONTIGUOUS, CACHE_PAGED, CACHE_PAGE_TABLE = 1, 2, 3  # the fused kernel's cache modes (ropekit.triton.fused)
 
@@ -220,16 +221,34 @@ def _nope(q, k, out_q, out_k, positions: PositionSpec, tokens: _Tokens, math: to
 # The fused ops: QK-norm, RoPE and the KV-cache write (and the norm's backward), the fused kernel's launcher natively.
 # --------------------------------------------------------------------------------------------------------------------
 
+# the fused kernel's quantising store (ropekit.triton.fused_tiles): formats and scales
+PLAIN, E4M3, E5M2, INT8 = 0, 1, 2, 3
+PER_TENSOR, PER_HEAD, PER_TOKEN_HEAD = 0, 1, 2
+_FLOAT8 = {E4M3: (torch.float8_e4m3fn, 448.0), E5M2: (torch.float8_e5m2, 57344.0)}
+_FORMAT_MAX = {E4M3: 448.0, E5M2: 57344.0, INT8: 127.0}
+
+
+def quantised(x: torch.Tensor, scale: torch.Tensor, fmt: int) -> torch.Tensor:
+    """``x / scale`` (the quotient correctly rounded in float32) in format ``fmt``: float8 bits (uint8), rounded to
+    nearest even and saturating at the format's largest value (infinities too; PyTorch's own cast gives NaN or
+    infinity past it), NaN kept; or int8 values, rounded to nearest even, saturating at [-128, 127], NaN as 0."""
+    quotient = x.to(torch.float32) / scale
+    if fmt == INT8:
+        return torch.round(torch.nan_to_num(quotient, nan=0.0).clamp(-128.0, 127.0)).to(torch.int8)
+    dtype, largest = _FLOAT8[fmt]
+    return quotient.clamp(-largest, largest).to(dtype).view(torch.uint8)
+
+
 def e4m3_bits(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """The float8 e4m3fn bits (uint8) of ``x / scale``: the quotient correctly rounded in float32, then rounded to
-    nearest even, saturating at +-448 (infinities too; PyTorch's own cast gives NaN past 448), NaN kept."""
-    quotient = x.to(torch.float32) / scale.reshape(())
-    return quotient.clamp(-448.0, 448.0).to(torch.float8_e4m3fn).view(torch.uint8)
+    """The float8 e4m3fn bits (uint8) of ``x / scale`` (:func:`quantised`)."""
+    return quantised(x, scale.reshape(()), E4M3)
 
 
-def _cache_values(values: torch.Tensor, cache: torch.Tensor, scale) -> torch.Tensor:
-    """``values`` as ``cache`` stores them: its dtype, or the e4m3 bits of ``values / scale`` in a uint8 cache."""
-    return e4m3_bits(values, scale) if cache.dtype == torch.uint8 else values.to(cache.dtype)
+def token_head_scales(values: torch.Tensor, fmt: int) -> torch.Tensor:
+    """Per-(token, head) scales of ``(..., channels)`` float32 values: ``max|x| / format max`` (NaN not counted,
+    float32 division), floored at the smallest normal float32; ``(..., 1)``."""
+    amax = torch.where(torch.isnan(values), 0.0, values.abs()).amax(-1, keepdim=True)
+    return (amax.to(torch.float32) / _FORMAT_MAX[fmt]).clamp_min(torch.finfo(torch.float32).tiny)
 
 
 def _cache_places(tokens: _Tokens, seqlen: int, cache_mode: int, slots, page_table, block_size: int,
@@ -260,18 +279,32 @@ def _cache_places(tokens: _Tokens, seqlen: int, cache_mode: int, slots, page_tab
     return page.where(written, 0), position % max(block_size, 1), written
 
 
-def _write_cache(cache, places, values, scale) -> None:
-    """Store the covered tokens' ``values`` (token-major, heads, channels) at their places in ``cache``."""
+def _write_cache(cache, places, values, scale, quant: tuple) -> None:
+    """Store the covered tokens' ``values`` (token-major, heads, channels) at their places in ``cache``: its dtype,
+    or quantised as ``quant`` = (format, scales) says at ``scale`` (one float, one a head, or, per (token, head), a
+    scale cache the computed scales are written to at the same places)."""
     block, row, written = places
     values = values.reshape(written.shape[0], *values.shape[-2:])[written]
-    cache[block[written], row[written]] = _cache_values(values, cache, scale)
+    fmt, scales = quant
+    if fmt == PLAIN:
+        cache[block[written], row[written]] = values.to(cache.dtype)
+        return
+    if scales == PER_TOKEN_HEAD:
+        computed = token_head_scales(values.to(torch.float32), fmt)
+        scale[block[written], row[written]] = computed[..., 0]
+        scale = computed
+    elif scales == PER_HEAD:
+        scale = scale.reshape(-1)[:, None]  # a one-element scale broadcasts over the heads
+    else:
+        scale = scale.reshape(())
+    cache[block[written], row[written]] = quantised(values, scale, fmt)
 
 
 def fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, interleaved: bool = False,
           cos_per_token: bool = False, out_q=None, out_k=None, v=None, k_cache=None, v_cache=None,
           cache_mode: int = 0, slots=None, page_table=None, block_size: int = 1, cache_len: int = 0, k_scale=None,
-          v_scale=None, q_weight=None, k_weight=None, eps: float = 0.0, weight_offset: float = 0.0, grad_q=None,
-          grad_k=None):
+          v_scale=None, quant: tuple = (PLAIN, PER_TENSOR), q_format: int = PLAIN, q_scale=None, q_weight=None,
+          k_weight=None, eps: float = 0.0, weight_offset: float = 0.0, grad_q=None, grad_k=None):
     """:func:`ropekit.triton.fused.launch_fused`'s arguments and outputs, computed in PyTorch ops: per-head RMSNorm
     (with weights), RoPE, the outputs (None: not written) and, for k, the caches; with ``grad_q`` the backward of
     norm + rotation, returning the weight gradients ``(dw_q, dw_k)`` in the math dtype."""
@@ -285,8 +318,9 @@ def fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, interleav
         return dw
     tokens = _tokens(positions, n_batch, seqlen, q.shape[0], q.device)
     angles = _angles(cos, sin, positions, tokens, rotary_dim, interleaved, cos_per_token, backward, math)
-    in_place = (out_q is not None and out_q.data_ptr() == q.data_ptr()) or (
-        out_k is not None and out_k.data_ptr() == k.data_ptr())
+    # (an empty tensor's data pointer says nothing: q without heads is not "in place")
+    in_place = (out_q is not None and out_q.numel() > 0 and out_q.data_ptr() == q.data_ptr()) or (
+        out_k is not None and out_k.numel() > 0 and out_k.data_ptr() == k.data_ptr())
     write_tail = (backward or q_weight is not None or not in_place) and rotary_dim < head_dim
     for i, (x, out, grad, weight) in enumerate(((q, out_q, grad_q, q_weight), (k, out_k, grad_k, k_weight))):
         if x is None or x.numel() == 0:
@@ -316,9 +350,11 @@ def fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, interleav
         y = torch.cat((_joined(*_rotate(x_a, x_b, *angles), interleaved), x_t), -1)
         if i == 1 and cache_mode:
             places = _cache_places(tokens, seqlen, cache_mode, slots, page_table, block_size, cache_len)
-            _write_cache(k_cache, places, y, k_scale)
+            _write_cache(k_cache, places, y, k_scale, quant)
             if v is not None:
-                _write_cache(v_cache, places, tokens.take(v), v_scale)
+                _write_cache(v_cache, places, tokens.take(v), v_scale, quant)
         if out is not None:
+            if i == 0 and q_format != PLAIN:  # a float8 q at one scale
+                y = quantised(y, q_scale.reshape(()), q_format)
             tokens.put(out, slice(0, head_dim if write_tail else rotary_dim), y if write_tail else y[..., :rotary_dim])
     return dw

@@ -254,6 +254,45 @@ def e4m3(x: torch.Tensor) -> torch.Tensor:
     return saturated.to(torch.float8_e4m3fn).to(torch.float64)
 
 
+def e5m2(x: torch.Tensor) -> torch.Tensor:
+    """float64 -> the nearest float8 e5m2 value (ties to even), saturating at ±57344 (infinities too), NaN kept;
+    returned as float64."""
+    x64 = x.to(torch.float64)
+    saturated = torch.where(torch.isnan(x64), x64, x64.clamp(-57344.0, 57344.0))
+    return saturated.to(torch.float8_e5m2).to(torch.float64)
+
+
+def int8(x: torch.Tensor) -> torch.Tensor:
+    """float64 -> the nearest integer (ties to even), saturating at [-128, 127], NaN as 0; returned as float64."""
+    x64 = torch.nan_to_num(x.to(torch.float64), nan=0.0)
+    return torch.round(x64.clamp(-128.0, 127.0))
+
+
+# each quantised cache format: its rounding (float64 -> float64) and the largest value it stores
+CACHE_FORMATS = {torch.float8_e4m3fn: (e4m3, 448.0), torch.float8_e5m2: (e5m2, 57344.0), torch.int8: (int8, 127.0)}
+
+
+def token_head_scale(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The per-(token, head) scale of head vectors ``x`` ``(..., head_dim)`` stored as ``dtype`` (a key of
+    :data:`CACHE_FORMATS`): ``max |x|`` (NaN not counted) over the format's largest value, rounded to float32 and
+    floored at the smallest normal float32 (an all-zero head keeps a finite, nonzero scale); ``(..., 1)`` float64."""
+    x64 = x.to(torch.float64)
+    amax = torch.where(torch.isnan(x64), 0.0, x64.abs()).amax(-1, keepdim=True)
+    scale = (amax / CACHE_FORMATS[dtype][1]).to(torch.float32).clamp_min(torch.finfo(torch.float32).tiny)
+    return scale.to(torch.float64)
+
+
+def quantise(x: torch.Tensor, scale, dtype: torch.dtype) -> torch.Tensor:
+    """What a quantised cache of ``dtype`` stores for ``x`` at ``scale`` (broadcast against x): ``x / scale``
+    rounded to the format (saturating), as float64 values of that format."""
+    return CACHE_FORMATS[dtype][0](x.to(torch.float64) / torch.as_tensor(scale, dtype=torch.float64))
+
+
+def dequantise(stored: torch.Tensor, scale) -> torch.Tensor:
+    """The attention's reader of a quantised cache: the stored values (float8 or int8) times their scale, float64."""
+    return stored.to(torch.float64).cpu() * torch.as_tensor(scale, dtype=torch.float64).cpu()
+
+
 def paged_cache_write(cache: torch.Tensor, values: torch.Tensor, slot_mapping: torch.Tensor) -> torch.Tensor:
     """A float64 copy of ``cache`` ``(num_blocks, block_size, heads, dim)`` with token ``t``'s ``values[t]``
     (``(tokens, heads, dim)``) at slot ``slot_mapping[t] = block * block_size + row``; slot -1 writes nothing."""
@@ -275,4 +314,5 @@ def contiguous_cache_write(cache: torch.Tensor, values: torch.Tensor, offsets) -
     return out
 
 
-__all__ += ["rms_norm", "rope_table", "e4m3", "paged_cache_write", "contiguous_cache_write"]
+__all__ += ["rms_norm", "rope_table", "e4m3", "e5m2", "int8", "token_head_scale", "quantise",
+            "dequantise", "paged_cache_write", "contiguous_cache_write"]

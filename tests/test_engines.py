@@ -247,3 +247,53 @@ def test_fused_set_kv_buffer_arg_is_keyword_only():
     """SGLang's classes order the fields differently (cache_loc before or after the scales): positions are refused."""
     with pytest.raises(TypeError):
         ropekit.engines.FusedSetKVBufferArg(torch.zeros(1), torch.zeros(1), torch.zeros(1), torch.zeros(1))
+
+
+# --- FlashInfer's rope_quantize_fp8 -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("quantize_dtype", [torch.float8_e4m3fn, torch.float8_e5m2], ids=["e4m3", "e5m2"])
+@pytest.mark.parametrize("mla", [False, True], ids=["gqa", "mla"])
+@pytest.mark.parametrize("is_neox", [True, False], ids=["neox", "gptj"])
+def test_rope_quantize_fp8_reads_back_within_half_a_spacing(quantize_dtype, mla, is_neox, backend):
+    """The rotary parts rotated then times their scale as float8 (read back as stored / scale, within half a spacing
+    of the float64 truth), the non-rotary parts the float32 product cast, saturating."""
+    from ropekit.testing import ulp
+
+    tokens, hq, hk, rope_dim, nope_dim = 5, 4, 1 if mla else 2, 16, 24
+    q_rope = torch.randn(tokens, hq, rope_dim, device=DEVICE, dtype=torch.bfloat16)
+    k_rope = torch.randn(*((tokens, rope_dim) if mla else (tokens, hk, rope_dim)), device=DEVICE,
+                         dtype=torch.bfloat16)
+    q_nope = torch.randn(tokens, hq, nope_dim, device=DEVICE, dtype=torch.bfloat16) * 40
+    k_nope = None
+    cache = cache_like_vllm(32, rope_dim, torch.float32)
+    pos_ids = torch.tensor([0, 7, 3, 31, 12], device=DEVICE)
+    k_out = torch.zeros(k_rope.shape, device=DEVICE, dtype=quantize_dtype)
+    q_out, k_out2, q_nope_out, k_nope_out = ropekit.rope_quantize_fp8(
+        q_rope, k_rope, q_nope, k_nope, cache, pos_ids, is_neox, quant_scale_q=4.0, quant_scale_kv=8.0,
+        k_rope_out=k_out)
+    assert k_out2 is k_out and q_out.dtype == quantize_dtype and k_nope_out.shape == (*k_rope.shape[:-1], 0)
+    for got, x, scale in ((q_out, q_rope, 4.0), (k_out, k_rope, 8.0)):
+        truth = engine_reference(pos_ids, x, rope_dim, cache, is_neox).reshape(got.shape) * scale
+        error = (got.double().cpu() - truth).abs()
+        assert bool((error <= ulp(truth, quantize_dtype) / 2 + 1e-5 * truth.abs().max()).all())
+    largest = torch.finfo(quantize_dtype).max
+    want = (q_nope.float() * 4.0).clamp(-largest, largest).to(quantize_dtype)
+    assert torch.equal(q_nope_out.view(torch.uint8), want.view(torch.uint8))
+
+
+@pytest.mark.parametrize("change,error,name", [
+    (dict(quantize_dtype=torch.int8), TypeError, "quantize_dtype"),
+    (dict(quant_scale_q=0.0), ValueError, "quant_scale_q"),
+    (dict(cos_sin_cache="wide"), ValueError, "cos_sin_cache"),
+    (dict(pos_ids="short"), ValueError, "pos_ids"),
+    (dict(k_rope_out="bf16", quantize_dtype=torch.float8_e4m3fn), ValueError, "k_rope_out"),
+], ids=["int8", "zero-scale", "wide-table", "short-positions", "bf16-out"])
+def test_rope_quantize_fp8_errors_name_the_argument(change, error, name):
+    q_rope = torch.randn(3, 2, 16, device=DEVICE)
+    call = dict(q_rope=q_rope, k_rope=torch.randn(3, 1, 16, device=DEVICE), q_nope=None, k_nope=None,
+                cos_sin_cache=cache_like_vllm(8, 16, torch.float32), pos_ids=torch.tensor([0, 1, 2], device=DEVICE))
+    swaps = {"wide": lambda: cache_like_vllm(8, 32, torch.float32), "short": lambda: call["pos_ids"][:2],
+             "bf16": lambda: torch.zeros(3, 1, 16, device=DEVICE, dtype=torch.bfloat16)}
+    call.update({key: swaps[value]() if isinstance(value, str) else value for key, value in change.items()})
+    with pytest.raises(error, match=name):
+        ropekit.rope_quantize_fp8(**call)

@@ -62,6 +62,13 @@ CALLERS = {
     "Hq = 0": ("rope_and_cache", lambda spec: spec["hq"] == 0 and spec["tokens"] > 0),
     "a cache that requires grad": ("rope_and_cache", lambda spec: spec["cache_requires_grad"]),
     "tensors apart in one byte pool": ("rope_and_cache", lambda spec: spec.get("overlap") == "apart in one pool"),
+    "a float8 e5m2 cache": ("rope_and_cache", lambda spec: spec["cache_dtype"] == "torch.float8_e5m2"),
+    "vLLM's uint8 e5m2 cache": ("rope_and_cache", lambda spec: spec["kv_cache_dtype"] == "fp8_e5m2"
+                                and spec["cache_dtype"] == "torch.uint8"),
+    "an int8 cache": ("rope_and_cache", lambda spec: spec["cache_dtype"] == "torch.int8"),
+    "per-head scales": ("rope_and_cache", lambda spec: spec["scales_mode"] == "head"),
+    "per-(token, head) scales": ("rope_and_cache", lambda spec: spec["scales_mode"] == "token_head"),
+    "vLLM's fp8_per_token_head": ("rope_and_cache", lambda spec: spec["kv_cache_dtype"] == "fp8_per_token_head"),
     "MLA out of place": ("mla_rope_and_cache", lambda spec: not spec["inplace"]),
     "MLA's uint8 cache": ("mla_rope_and_cache", lambda spec: spec["cache_dtype"] == "torch.uint8"),
     "MLA's engines' cos_sin_cache": ("mla_rope_and_cache", lambda spec: spec["engines_table"]),
@@ -141,7 +148,7 @@ def _case(name: str, want=lambda spec: True):
         case = fuzz.draw_case(23, index, DEVICE, {name: fuzz_cache.TARGETS[name]})
         spec = case.spec
         if (case.expect == fuzz.MATCH and any(s >= 0 for s in spec["slots"]) and "float8" not in spec["cache_dtype"]
-                and "uint8" not in spec["cache_dtype"] and want(spec)):
+                and "int8" not in spec["cache_dtype"] and want(spec)):
             return case, case.tensors[CACHE[name]]
     raise AssertionError("no such case drawn")
 
@@ -185,6 +192,20 @@ def test_a_change_to_a_slot_no_token_names_is_a_violation(name):
     free = next(s for s in range(cache.shape[0] * cache.shape[1]) if s not in named)
     outcome, problems = fuzz.judge(_then(case, lambda: _row(cache, free).neg_()))
     assert outcome == "violation" and any("no token names" in p for p in problems), problems
+
+
+def test_a_wrong_per_token_head_scale_is_a_violation():
+    for index in range(400):
+        case = fuzz.draw_case(23, index, DEVICE, {"rope_and_cache": fuzz_cache.TARGETS["rope_and_cache"]})
+        spec = case.spec
+        if case.expect == fuzz.MATCH and spec["scales_mode"] == "token_head" and any(s >= 0 for s in spec["slots"]):
+            break
+    else:
+        raise AssertionError("no such case drawn")
+    assert fuzz.judge(case)[0] == "matched"
+    slot = next(s for s in spec["slots"] if s >= 0)
+    outcome, problems = fuzz.judge(_then(case, lambda: _row(case.tensors["v_scale_cache"], slot).mul_(2)))
+    assert outcome == "violation" and any("v_scale_cache" in p for p in problems), problems
 
 
 def test_v_must_reach_its_cache_bit_for_bit():

@@ -17,6 +17,9 @@ def test_sanitize_driver_runs_every_kernel_cleanly(capsys):
     for kernel in ("triton v1", "triton v2", "triton v3", "out-of-table", "fused cache write",
                    "triton M-RoPE contiguous", "triton M-RoPE interleaved", "triton NoPE temperature"):
         assert any(line.startswith("ok") and kernel in line for line in lines), kernel
+    # the fused kernel's every quantising store (float8 e4m3/e5m2, int8 at each kind of scale)
+    assert sum(line.startswith("ok    triton fused quantising store") for line in lines) == len(
+        sanitize.QUANTISED_CACHES)
     # every configuration once with the launcher's own choice and once with each configuration the choice can reach
     # for it (here the first two candidates a call: the model's own first)
     configs = sanitize.sanitize_configs()

@@ -27,6 +27,7 @@ torch.cuda.is_available = lambda: True
 import ropekit  # noqa: E402
 from ropekit.positions import resolve_positions  # noqa: E402
 from ropekit.triton import fused, launch  # noqa: E402
+from ropekit.triton import fused_tiles as tiles  # noqa: E402
 torch.cuda.is_available = _available
 
 import triton  # noqa: E402
@@ -34,7 +35,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 _TYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", torch.float64: "fp64",
-          torch.int32: "i32", torch.int64: "i64", torch.uint8: "u8"}
+          torch.int32: "i32", torch.int64: "i64", torch.uint8: "u8", torch.int8: "i8"}
 
 
 def _leaf(value, path, constants):
@@ -144,8 +145,9 @@ def _rope_calls():
 
 def _fused_calls():
     """A small matrix of the fused ops' launches: the forward with and without QK-norm, paged and contiguous caches,
-    bf16 and float8 (its bytes), v of another width (MLA's latent), GPT-J, partial rotary, in place, varlen; the
-    backward in both ways of summing the weight gradient, in both launch orders."""
+    bf16 and every quantising store (float8 e4m3/e5m2 bytes and int8; per-tensor, per-head and per-(token, head)
+    scales; integer or the GPU's float8 conversion), a float8 q, v of another width (MLA's latent), GPT-J, partial
+    rotary, in place, varlen; the backward in both ways of summing the weight gradient, in both launch orders."""
     meta = dict(device="cpu")
     for dtype in (torch.bfloat16, torch.float32):
         q = torch.empty(2, 64, 8, 128, dtype=dtype, **meta)
@@ -155,27 +157,47 @@ def _fused_calls():
         offsets = torch.empty(2, dtype=torch.int64, **meta)
         by_offsets = resolve_positions(batch=2, seqlen=64, positions=offsets)
         slots = torch.empty(128, dtype=torch.int64, **meta)
-        scale = torch.empty(1, **meta)
-        for cache_dtype in (dtype, torch.uint8):
+        scale, head_scales = torch.empty(1, **meta), torch.empty(2, **meta)
+        token_head_scales = torch.empty(16, 16, 2, **meta)
+        # the quantising stores: (cache dtype, (format, scales), the scales, whether the GPU converts to float8)
+        stores = [(dtype, tiles.NO_QUANT[:2], None, False), (torch.uint8, (tiles.E4M3, tiles.PER_TENSOR), scale, False)]
+        per_head, per_token_head = (tiles.PER_HEAD, head_scales), (tiles.PER_TOKEN_HEAD, token_head_scales)
+        stores += [(torch.uint8, (fmt, scales), scale_tensor, native) for fmt in (tiles.E4M3, tiles.E5M2)
+                   for scales, scale_tensor in (per_head, per_token_head) for native in (False, True)]
+        stores += [(torch.int8, (tiles.INT8, scales), scale_tensor, False)
+                   for scales, scale_tensor in ((tiles.PER_TENSOR, scale), per_token_head)]
+        for cache_dtype, quant, scales, native in stores:
             caches = dict(k_cache=torch.empty(16, 16, 2, 128, dtype=cache_dtype, **meta),
-                          v_cache=torch.empty(16, 16, 2, 128, dtype=cache_dtype, **meta))
-            if cache_dtype == torch.uint8:
-                caches.update(k_scale=scale, v_scale=scale)
-            for norm in (dict(), dict(q_weight=weight, k_weight=weight, eps=1e-6)):
-                for config in (fused.FusedConfig(1, 8, 4), fused.FusedConfig(2, 8, 4, True, True)):
+                          v_cache=torch.empty(16, 16, 2, 128, dtype=cache_dtype, **meta), quant=quant,
+                          native=native)
+            if scales is not None:
+                caches.update(k_scale=scales, v_scale=scales)
+            full = quant[1] == tiles.PER_TENSOR  # every norm and launch order for the stores already measured
+            for norm in (dict(), dict(q_weight=weight, k_weight=weight, eps=1e-6))[0 if full else 1:]:
+                for config in (fused.FusedConfig(1, 8, 4), fused.FusedConfig(2, 8, 4, True, True))[:2 if full else 1]:
                     yield dict(q=q, k=k, cos=cos, sin=cos, positions=by_offsets, rotary_dim=128,
                                out_q=torch.empty_like(q), v=v, cache_mode=fused.CACHE_PAGED, slots=slots,
                                block_size=16, cache_len=256, config=config, **caches, **norm)
+            if not full:  # the address map with the stores of one scale a tensor: the others are the same map
+                continue
             # FlashInfer's page table: int32 indices (as FlashInfer passes them) into an NHD cache, int64 into an
             # HND one (its strides)
             for index_dtype, hnd in ((torch.int32, False), (torch.int64, True)):
                 table = tuple(torch.empty(n, dtype=index_dtype, **meta) for n in (128, 40, 3))
-                paged = {name: (c.transpose(1, 2).contiguous().transpose(1, 2) if hnd and c.ndim == 4 else c)
+                paged = {name: (c.transpose(1, 2).contiguous().transpose(1, 2)
+                                if hnd and isinstance(c, torch.Tensor) and c.ndim == 4 else c)
                          for name, c in caches.items()}
                 yield dict(q=q, k=k, cos=cos, sin=cos, positions=by_offsets, rotary_dim=128,
                            out_q=torch.empty_like(q), v=v, cache_mode=fused.CACHE_PAGE_TABLE,
                            slots=torch.empty(128, dtype=index_dtype, **meta), page_table=table, block_size=16,
                            cache_len=256, config=fused.FusedConfig(2, 8, 4, True, True), **paged)
+        for q_format, native in ((tiles.E4M3, True), (tiles.E5M2, False)):  # a float8 q output
+            yield dict(q=q, k=k, cos=cos, sin=cos, positions=by_offsets, rotary_dim=128,
+                       out_q=torch.empty(q.shape, dtype=torch.uint8, **meta), v=v, cache_mode=fused.CACHE_PAGED,
+                       slots=slots, block_size=16, cache_len=256, config=fused.FusedConfig(1, 8, 4),
+                       k_cache=torch.empty(16, 16, 2, 128, dtype=dtype, **meta),
+                       v_cache=torch.empty(16, 16, 2, 128, dtype=dtype, **meta), q_format=q_format, q_scale=scale,
+                       native=native)
         contiguous = torch.empty(2, 80, 2, 128, dtype=dtype, **meta)
         yield dict(q=q, k=k, cos=cos, sin=cos, positions=by_offsets, rotary_dim=64, interleaved=True, out_q=q,
                    out_k=k, v=v, k_cache=contiguous, v_cache=torch.empty_like(contiguous),
@@ -211,12 +233,15 @@ def _fused_calls():
 def _fused_launch(call):
     """Plan a fused call and launch it with the plan's own tensors (inside recorded_launches: nothing runs)."""
     deterministic = call.pop("deterministic", False)
-    before = torch.are_deterministic_algorithms_enabled()
+    native = call.pop("native", False)
+    before, native_fp8 = torch.are_deterministic_algorithms_enabled(), fused.native_fp8
     torch.use_deterministic_algorithms(deterministic)
+    fused.native_fp8 = lambda device: native  # the GPU's float8 conversion, as an sm_90 plan chooses it
     try:
         plan = fused.plan_fused(call.pop("q"), call.pop("k"), call.pop("cos"), call.pop("sin"), **call)
     finally:
         torch.use_deterministic_algorithms(before)
+        fused.native_fp8 = native_fp8
     if isinstance(plan, fused.FusedBackward):  # (it allocates the weight-gradient rows)
         plan(*[plan.launch.arguments[n] for n in fused.BACKWARD_PER_CALL if n != "DW"])
     else:

@@ -1,8 +1,9 @@
 """``rope_and_cache``: rotate q and k (optionally QK-normed first) and write rotated k and untouched v straight into a
 KV cache, contiguous ``(batch, max_seq, heads, dim)`` at per-sequence offsets, or paged ``(num_blocks, block_size,
 heads, dim)`` by ``slot_mapping`` (vLLM's) or by a page table (FlashInfer's ``kv_indices``/``kv_indptr`` with a
-request and a position per token), the head axis second (``kv_layout="HND"``) or third, optionally as float8 e4m3
-with per-tensor scales: one launch.
+request and a position per token), the head axis second (``kv_layout="HND"``) or third, optionally quantised on
+write (float8 e4m3 or e5m2, int8; per-tensor, per-head or per-(token, head) scales, the last computed from the
+rotated head vector and written beside the cache): one launch.
 
 The call -> validation (apply_rope's rotary checks, then ``validate``'s for weights, caches, slots and scales, all
 before any write) -> ``ropekit::rope_and_cache`` (a mutating custom op, so torch.compile keeps it in the graph); eager
@@ -18,6 +19,7 @@ import torch
 from ..layouts import to_bshd
 from ..outputs import bump_versions, new_output
 from ..triton.fused import CACHE_CONTIGUOUS, CACHE_PAGE_TABLE, CACHE_PAGED, plan_fused
+from ..triton.fused_tiles import E4M3, E5M2, INT8, PER_HEAD, PER_TENSOR, PER_TOKEN_HEAD, PLAIN
 from . import validate
 from .plan import FusedPlan, planned, plans, reads_callers_memory, signature
 from .qk_norm_rope import _spec, fused_launcher
@@ -28,22 +30,46 @@ __all__ = ["rope_and_cache", "launch_cache"]
 def _kernel_arguments(q, k, v, out_q, out_k, k_cache, v_cache, slots, cache_mode: int, batch_indices, kv_indices,
                       kv_indptr, kv_layout: str, cos, sin, positions, pos_mode: int, cu_seqlens, position_offset: int,
                       max_seqlen: int, rotary_dim: int, layout: str, interleaved: bool, per_token: bool, k_scale,
-                      v_scale, q_weight, k_weight, eps: float, weight_offset: float) -> dict:
+                      v_scale, q_weight, k_weight, eps: float, weight_offset: float, k_scale_cache=None,
+                      v_scale_cache=None, q_scale=None) -> dict:
     """A validated call as the fused launcher (:func:`~ropekit.triton.fused.plan_fused`, or the native
     :func:`ropekit.native.fused`) takes it: the kernels' views (the caches as ``(blocks, rows, heads, dim)``), the
-    cache's geometry and address map, the scales only with a float8 cache (the kernel never sees others)."""
-    if k_cache.dtype != validate.FP8_DTYPE:
+    cache's geometry and address map, and the store the cache's dtype and the scales make (the scales only with a
+    quantised cache: the kernel never sees others; with scale caches, those in their place, written; a float8
+    ``out_q`` as its bytes, at ``q_scale``)."""
+    quant = _store(k_cache, k_scale, v_scale, k_scale_cache)
+    if quant[0] == PLAIN:
         k_scale = v_scale = None
+    elif quant[1] == PER_TOKEN_HEAD:
+        k_scale, v_scale = k_scale_cache, v_scale_cache
     k_cache, v_cache = validate.nhd(k_cache, kv_layout), validate.nhd(v_cache, kv_layout)
     n_slots = k_cache.shape[1] if cache_mode == CACHE_CONTIGUOUS else k_cache.shape[0] * k_cache.shape[1]
     page_table = (batch_indices, kv_indices, kv_indptr) if cache_mode == CACHE_PAGE_TABLE else None
     return dict(q=to_bshd(q, layout), k=to_bshd(k, layout), cos=cos, sin=sin,
                 positions=_spec(positions, pos_mode, cu_seqlens, position_offset, max_seqlen, layout),
                 rotary_dim=rotary_dim, interleaved=interleaved, cos_per_token=per_token,
-                out_q=to_bshd(out_q, layout), out_k=to_bshd(out_k, layout), v=to_bshd(v, layout),
+                out_q=to_bshd(FusedPlan.bytes_of(out_q), layout), out_k=to_bshd(out_k, layout), v=to_bshd(v, layout),
                 k_cache=FusedPlan.bytes_of(k_cache), v_cache=FusedPlan.bytes_of(v_cache), cache_mode=cache_mode,
                 slots=slots, page_table=page_table, block_size=k_cache.shape[1], cache_len=n_slots, k_scale=k_scale,
-                v_scale=v_scale, q_weight=q_weight, k_weight=k_weight, eps=eps, weight_offset=weight_offset)
+                v_scale=v_scale, quant=quant,
+                q_format=_FORMATS.get(out_q.dtype, PLAIN) if out_q is not None else PLAIN, q_scale=q_scale,
+                q_weight=q_weight, k_weight=k_weight, eps=eps, weight_offset=weight_offset)
+
+
+_FORMATS = {torch.float8_e4m3fn: E4M3, torch.float8_e5m2: E5M2, torch.int8: INT8}
+
+
+def _store(k_cache, k_scale, v_scale, k_scale_cache) -> tuple:
+    """What a validated call's cache stores, as the kernel's quantising store reads it: (format, scales) of
+    :mod:`ropekit.triton.fused_tiles`, from the cache's dtype and the scales' shapes (per (token, head) with scale
+    caches; per head when either scale has one a head, a one-element one then read at stride 0)."""
+    fmt = _FORMATS.get(k_cache.dtype, PLAIN)
+    if fmt == PLAIN:
+        return PLAIN, PER_TENSOR
+    if k_scale_cache is not None:
+        return fmt, PER_TOKEN_HEAD
+    per_head = any(s is not None and s.numel() > 1 for s in (k_scale, v_scale))
+    return fmt, PER_HEAD if per_head else PER_TENSOR
 
 
 def launch_cache(q, k, v, out_q, out_k, k_cache, v_cache, *args) -> None:
@@ -55,7 +81,8 @@ def launch_cache(q, k, v, out_q, out_k, k_cache, v_cache, *args) -> None:
     fused_launcher()(**_kernel_arguments(q, k, v, out_q, out_k, k_cache, v_cache, *args))
 
 
-@torch.library.custom_op("ropekit::rope_and_cache", mutates_args=("out_q", "out_k", "k_cache", "v_cache"))
+@torch.library.custom_op("ropekit::rope_and_cache", mutates_args=("out_q", "out_k", "k_cache", "v_cache",
+                                                                  "k_scale_cache", "v_scale_cache"))
 def _rope_and_cache_op(q: Optional[torch.Tensor], k: Optional[torch.Tensor], v: Optional[torch.Tensor],
                        out_q: Optional[torch.Tensor], out_k: Optional[torch.Tensor], k_cache: torch.Tensor,
                        v_cache: Optional[torch.Tensor], slots: torch.Tensor, cache_mode: int,
@@ -65,10 +92,13 @@ def _rope_and_cache_op(q: Optional[torch.Tensor], k: Optional[torch.Tensor], v: 
                        cu_seqlens: Optional[torch.Tensor], position_offset: int, max_seqlen: int, rotary_dim: int,
                        layout: str, interleaved: bool, per_token: bool, k_scale: Optional[torch.Tensor],
                        v_scale: Optional[torch.Tensor], q_weight: Optional[torch.Tensor],
-                       k_weight: Optional[torch.Tensor], eps: float, weight_offset: float) -> None:
+                       k_weight: Optional[torch.Tensor], eps: float, weight_offset: float,
+                       k_scale_cache: Optional[torch.Tensor] = None,
+                       v_scale_cache: Optional[torch.Tensor] = None, q_scale: Optional[torch.Tensor] = None) -> None:
     launch_cache(q, k, v, out_q, out_k, k_cache, v_cache, slots, cache_mode, batch_indices, kv_indices, kv_indptr,
                  kv_layout, cos, sin, positions, pos_mode, cu_seqlens, position_offset, max_seqlen, rotary_dim,
-                 layout, interleaved, per_token, k_scale, v_scale, q_weight, k_weight, eps, weight_offset)
+                 layout, interleaved, per_token, k_scale, v_scale, q_weight, k_weight, eps, weight_offset,
+                 k_scale_cache, v_scale_cache, q_scale)
 
 
 @_rope_and_cache_op.register_fake
@@ -76,16 +106,20 @@ def _rope_and_cache_fake(*args):
     return None
 
 
-def run_cache_op(q, k, v, out_q, out_k, k_cache, v_cache, *args) -> None:
+def run_cache_op(q, k, v, out_q, out_k, k_cache, v_cache, *args, k_scale_cache=None, v_scale_cache=None,
+                 q_scale=None) -> None:
     """The launch through the custom op when compiling, directly otherwise (no dispatcher on a decode step's host
-    path); in place (``out_q is q``) the rotary inputs are passed only as the written outputs."""
+    path); in place (``out_q is q``) the rotary inputs are passed only as the written outputs. ``k_scale_cache``,
+    ``v_scale_cache``: per-(token, head) scales, written; ``q_scale``: a float8 ``out_q``'s scale."""
     in_place = out_q is q
+    scale_caches = (k_scale_cache, v_scale_cache)
     if torch.compiler.is_compiling():
         _rope_and_cache_op(None if in_place else q, None if in_place else k, v, out_q, out_k, k_cache, v_cache,
-                           *args)
+                           *args, *scale_caches, q_scale)
         return
-    launch_cache(q, k, v, out_q, out_k, k_cache, v_cache, *args)
+    launch_cache(q, k, v, out_q, out_k, k_cache, v_cache, *args, *scale_caches, q_scale)
     bump_versions(k_cache, v_cache)
+    bump_versions(*scale_caches)
     if in_place:
         bump_versions(q, out_k)
 
@@ -100,7 +134,9 @@ def rope_and_cache(q: torch.Tensor, k: torch.Tensor, v: Optional[torch.Tensor], 
                    k_weight: Optional[torch.Tensor] = None, eps: float = 1e-6, weight_offset: float = 0.0, table=None,
                    positions=None, layout: str = "bshd", interleaved: bool = False, rotary_dim: Optional[int] = None,
                    inplace: bool = False, cu_seqlens: Optional[torch.Tensor] = None, max_seqlen: Optional[int] = None,
-                   per_token: bool = False, write_k: bool = False):
+                   per_token: bool = False, write_k: bool = False, kv_cache_dtype: str = "auto",
+                   k_scale_cache: Optional[torch.Tensor] = None, v_scale_cache: Optional[torch.Tensor] = None,
+                   q_dtype: Optional[torch.dtype] = None, q_scale: Optional[torch.Tensor] = None):
     """Rotate q and k and write rotated k and v into a KV cache, in one launch. Returns ``(q_out, k_out)``.
 
     Args:
@@ -109,11 +145,23 @@ def rope_and_cache(q: torch.Tensor, k: torch.Tensor, v: Optional[torch.Tensor], 
         v: k-shaped values (their head size may differ from k's), copied into ``v_cache`` untouched; or None.
         k_cache, v_cache: paged ``(num_blocks, block_size, Hkv, D)`` with ``slot_mapping`` or the page table, or
             contiguous ``(batch, max_seq, Hkv, D)`` (``(n_seqs, ...)`` for thd) with ``cache_offsets``; with
-            ``kv_layout="HND"`` the head axis comes second, ``(num_blocks, Hkv, block_size, D)``. q's dtype or
-            ``torch.float8_e4m3fn`` (then ``k_scale``/``v_scale``: float32 one-element tensors, stored = x / scale;
-            a ``torch.uint8`` cache is read as e4m3 bytes; with a cache in q's dtype a scale is accepted and unread).
-            ``k_cache`` may also be FlashInfer's ``paged_kv_cache``: a ``(k_cache, v_cache)`` tuple, or one 5-D
-            tensor ``(num_blocks, 2, ...)`` whose ``[:, 0]`` is the k cache and ``[:, 1]`` the v cache.
+            ``kv_layout="HND"`` the head axis comes second, ``(num_blocks, Hkv, block_size, D)``. q's dtype, or
+            quantised (both alike): ``torch.float8_e4m3fn``, ``torch.float8_e5m2`` or ``torch.int8``, stored =
+            x / scale rounded to the format (saturating); a ``torch.uint8`` cache is read as float8 bytes (e5m2
+            with ``kv_cache_dtype="fp8_e5m2"``, e4m3 otherwise). ``k_cache`` may also be FlashInfer's
+            ``paged_kv_cache``: a ``(k_cache, v_cache)`` tuple, or one 5-D tensor ``(num_blocks, 2, ...)`` whose
+            ``[:, 0]`` is the k cache and ``[:, 1]`` the v cache.
+        k_scale, v_scale: with a quantised cache and no scale caches, float32 tensors of one element or of one a kv
+            head ``(Hkv,)``; otherwise accepted and unread (engines pass their scales whatever the cache holds).
+        k_scale_cache, v_scale_cache: per-(token, head) scales, computed on write (``max|x| / format max`` over each
+            rotated head vector, floored at the smallest normal float32) and stored as float32 at the token's slot:
+            the caches' shape without the channels in NHD order, ``(num_blocks, block_size, Hkv)``, any strides.
+        kv_cache_dtype: vLLM's name of the cache's format: ``"auto"`` (the cache's dtype says), ``"float16"``,
+            ``"bfloat16"``, ``"fp8"``/``"fp8_e4m3"``, ``"fp8_e5m2"``, ``"fp8_per_token_head"``,
+            ``"int8_per_token_head"`` (the last two need the scale caches).
+        q_dtype, q_scale: a float8 q output for float8 attention (``torch.float8_e4m3fn`` or
+            ``torch.float8_e5m2``, out of place): ``q_out = float8(rotated q / q_scale)``, saturating, with
+            ``q_scale`` a float32 one-element tensor (the attention's q descale). None: q's dtype.
         slot_mapping: int64 ``(tokens,)``, token ``b * seq + s`` (the packed row for thd) goes to slot
             ``block * block_size + row``; -1 writes nothing. A shorter mapping covers the first tokens (the rest, an
             engine's CUDA-graph padding, are rotated and not cached).
@@ -133,19 +181,22 @@ def rope_and_cache(q: torch.Tensor, k: torch.Tensor, v: Optional[torch.Tensor], 
     if not isinstance(k_cache, torch.Tensor) or k_cache.ndim == 5:
         k_cache, v_cache = _paged_kv_cache(k_cache, v_cache)
     user = (q, k, v, cos, sin, positions, cu_seqlens, k_cache, v_cache, slot_mapping, cache_offsets, k_scale,
-            v_scale, q_weight, k_weight, kv_indices, kv_indptr, batch_indices, cache_positions)
+            v_scale, q_weight, k_weight, kv_indices, kv_indptr, batch_indices, cache_positions, k_scale_cache,
+            v_scale_cache, q_scale)
     key = None
     if table is None and (positions is None or isinstance(positions, torch.Tensor)) and \
             not isinstance(cache_offsets, int) and (layout != "thd" or max_seqlen is not None) and planned(user):
         # (a table may grow, an int offset is checked against it and cu_seqlens without max_seqlen are read: calls
         # whose validation reads more than the signature are not planned)
         key = signature("rope_and_cache", user, (eps, weight_offset, layout, interleaved, rotary_dim, inplace,
-                                                 max_seqlen, per_token, write_k, kv_layout))
+                                                 max_seqlen, per_token, write_k, kv_layout, kv_cache_dtype,
+                                                 q_dtype))
         plan = plans.get(key) if key is not None else None
         if plan is not None:  # a call signature validated before: where the tensors lie, then the launch
             plan.check(_read_scales(user, plan.fp8))
-            return _run_plan(plan, user, inplace, write_k)
-    k_cache, v_cache = validate.fp8_bytes(k_cache), validate.fp8_bytes(v_cache)
+            return _run_plan(plan, user, inplace, write_k, q_dtype)
+    k_cache = validate.fp8_bytes(k_cache, kv_cache_dtype)
+    v_cache = validate.fp8_bytes(v_cache, kv_cache_dtype)
     if not isinstance(k, torch.Tensor):
         raise TypeError(f"k must be a torch.Tensor (it is written to the cache), got {type(k).__name__}")
     user_cos, user_sin = cos, sin
@@ -153,11 +204,15 @@ def rope_and_cache(q: torch.Tensor, k: torch.Tensor, v: Optional[torch.Tensor], 
                                                            cu_seqlens, max_seqlen, per_token, interleaved)
     norm = q_weight is not None or k_weight is not None
     eps, weight_offset = validate.check_norm(q, k, q_weight, k_weight, eps, weight_offset) if norm else (0.0, 0.0)
-    slots, cache_mode = _check_cache_arguments(q, k, v, k_cache, v_cache, slot_mapping, cache_offsets, user[15:],
-                                               validate.check_kv_layout(kv_layout), k_scale, v_scale, spec, layout)
+    slots, cache_mode = _check_cache_arguments(q, k, v, k_cache, v_cache, slot_mapping, cache_offsets, user[15:19],
+                                               validate.check_kv_layout(kv_layout), k_scale, v_scale, spec, layout,
+                                               kv_cache_dtype, k_scale_cache, v_scale_cache)
+    q_dtype = validate.check_q_output(q, q_dtype, q_scale, inplace)
     validate.check_no_grad("rope_and_cache", _NAMES, user)
-    fp8 = k_cache.dtype == validate.FP8_DTYPE
-    written = ("k_cache", "v_cache") + ((("q", "k") if write_k else ("q",)) if inplace else ())
+    # the scales are read with a quantised cache and no scale caches; the scale caches are written
+    fp8 = k_cache.dtype in validate.QUANT_DTYPES and k_scale_cache is None
+    written = ("k_cache", "v_cache", "k_scale_cache", "v_scale_cache") + (
+        (("q", "k") if write_k else ("q",)) if inplace else ())
     plan = FusedPlan(None, _NAMES, written, fp8)
     # the caller's tensors, as a planned call checks them (a table the validation derived from cos/sin is a view of
     # them or a fresh copy); with table= the table's own cos/sin
@@ -169,24 +224,32 @@ def rope_and_cache(q: torch.Tensor, k: torch.Tensor, v: Optional[torch.Tensor], 
     launch = (slots, cache_mode, batch_indices, kv_indices, kv_indptr, kv_layout, cos, sin, spec.tensor, spec.mode,
               spec.cu_seqlens, spec.offset, spec.max_seqlen or 0, rotary_dim, layout, interleaved, per_token, k_scale,
               v_scale, q_weight, k_weight, eps, weight_offset)
-    out_q = q if inplace else new_output(q)
+    out_q = q if inplace else _new_q(q, q_dtype)
     out_k = (k if inplace else new_output(k)) if write_k else None
     derived = (cos, sin, spec.tensor, spec.cu_seqlens, slots)
     given = (user_cos, user_sin, positions, cu_seqlens, _slots(slot_mapping, cache_offsets, cache_positions))
     if key is not None and not q.is_meta and reads_callers_memory(derived, given):
         # planned only when the launch reads the caller's own tensors (not grown tables, copies or derived views)
-        plan.launch = plan_fused(**_kernel_arguments(q, k, v, out_q, out_k, k_cache, v_cache, *launch))
+        plan.launch = plan_fused(**_kernel_arguments(q, k, v, out_q, out_k, k_cache, v_cache, *launch,
+                                                     k_scale_cache, v_scale_cache, q_scale))
         plans.put(key, plan)
-        return _run_plan(plan, user, inplace, write_k, out_q, out_k)
+        return _run_plan(plan, user, inplace, write_k, q_dtype, out_q, out_k)
     if not q.is_meta:
-        run_cache_op(q, k, v, out_q, out_k, k_cache, v_cache, *launch)
+        run_cache_op(q, k, v, out_q, out_k, k_cache, v_cache, *launch, k_scale_cache=k_scale_cache,
+                     v_scale_cache=v_scale_cache, q_scale=q_scale)
     return out_q, out_k
 
 
-# the names of rope_and_cache's tensors, in the order the call lists them (the page table last)
+def _new_q(q, q_dtype):
+    """q's output: in q's dtype, or a float8 one (``q_dtype``)."""
+    return new_output(q) if q_dtype is None else torch.empty(q.shape, dtype=q_dtype, device=q.device)
+
+
+# the names of rope_and_cache's tensors, in the order the call lists them (the page table, then the quantised
+# stores' scale caches and q's scale)
 _NAMES = ("q", "k", "v", "cos", "sin", "positions", "cu_seqlens", "k_cache", "v_cache", "slot_mapping",
           "cache_offsets", "k_scale", "v_scale", "q_weight", "k_weight", "kv_indices", "kv_indptr", "batch_indices",
-          "cache_positions")
+          "cache_positions", "k_scale_cache", "v_scale_cache", "q_scale")
 
 
 def _paged_kv_cache(paged_kv_cache, v_cache):
@@ -212,33 +275,39 @@ def _slots(slot_mapping, cache_offsets, cache_positions):
 
 
 def _read_scales(tensors: tuple, fp8: bool) -> tuple:
-    """The call's tensors (``_NAMES``) as the overlap rule sees them: the scales are read with a float8 cache only."""
+    """The call's tensors (``_NAMES``) as the overlap rule sees them: the scales are read with a quantised cache
+    and no scale caches only."""
     return tensors if fp8 else tensors[:11] + (None, None) + tensors[13:]
 
 
-def _run_plan(plan, user, inplace, write_k, out_q=None, out_k=None):
+def _run_plan(plan, user, inplace, write_k, q_dtype, out_q=None, out_k=None):
     """A planned call: its outputs and its launch, on the caller's own tensors (the kernel's views of them have the
     same data pointers)."""
     q, k, v, cos, sin, positions, cu_seqlens, k_cache, v_cache, slot_mapping, cache_offsets, k_scale, v_scale, \
-        q_weight, k_weight, kv_indices, kv_indptr, batch_indices, cache_positions = user
+        q_weight, k_weight, kv_indices, kv_indptr, batch_indices, cache_positions, k_scale_cache, v_scale_cache, \
+        q_scale = user
+    if k_scale_cache is not None:  # per-(token, head) scales: the scale caches in the scales' place, written
+        k_scale, v_scale = k_scale_cache, v_scale_cache
+    elif not plan.fp8:
+        k_scale = v_scale = None
     if out_q is None:
-        out_q = q if inplace else new_output(q)
+        out_q = q if inplace else _new_q(q, q_dtype)
         out_k = (k if inplace else new_output(k)) if write_k else None
     if plan.launch is not None:
-        plan.launch(q, k, out_q, out_k, v, plan.bytes_of(k_cache), plan.bytes_of(v_cache),
-                    k_scale if plan.fp8 else None, v_scale if plan.fp8 else None,
-                    _slots(slot_mapping, cache_offsets, cache_positions), batch_indices, kv_indices, kv_indptr,
-                    q_weight, k_weight, cos, sin, positions, cu_seqlens, 0)
+        plan.launch(q, k, plan.bytes_of(out_q), out_k, v, plan.bytes_of(k_cache), plan.bytes_of(v_cache), k_scale,
+                    v_scale, _slots(slot_mapping, cache_offsets, cache_positions), batch_indices, kv_indices,
+                    kv_indptr, q_weight, k_weight, cos, sin, positions, cu_seqlens, 0, q_scale)
     bump_versions(k_cache, v_cache)
+    bump_versions(k_scale_cache, v_scale_cache)
     if inplace:
         bump_versions(q, out_k)
     return out_q, out_k
 
 
 def _check_cache_arguments(q, k, v, k_cache, v_cache, slot_mapping, cache_offsets, page_table, kv_layout, k_scale,
-                           v_scale, spec, layout):
-    """The cache side of the call: v, the caches, the address map, the scales. Returns (the tensor the kernel reads
-    as slots, cache mode)."""
+                           v_scale, spec, layout, kv_cache_dtype, k_scale_cache, v_scale_cache):
+    """The cache side of the call: v, the caches, the address map, the format and its scales. Returns (the tensor
+    the kernel reads as slots, cache mode)."""
     kv = to_bshd(k, layout)
     if v is not None:
         if not isinstance(v, torch.Tensor):
@@ -262,16 +331,34 @@ def _check_cache_arguments(q, k, v, k_cache, v_cache, slot_mapping, cache_offset
     n_seqs = spec.cu_seqlens.shape[0] - 1 if spec.is_varlen else kv.shape[0]
     n_heads, head_dim = kv.shape[-2], kv.shape[-1]
     validate.check_cache("k_cache", k_cache, leading=None if paged else (n_seqs,), n_heads=n_heads,
-                         head_dim=head_dim, dtype=k.dtype, device=q.device, kv_layout=kv_layout)
+                         head_dim=head_dim, dtype=k.dtype, device=q.device, kv_layout=kv_layout,
+                         quantised=validate.QUANT_DTYPES)
     blocks = tuple(validate.nhd(k_cache, kv_layout).shape[:2])
     if v_cache is not None:
         validate.check_cache("v_cache", v_cache, leading=blocks, n_heads=n_heads, head_dim=v.shape[-1],
-                             dtype=k.dtype, device=q.device, kv_layout=kv_layout)
+                             dtype=k.dtype, device=q.device, kv_layout=kv_layout, quantised=validate.QUANT_DTYPES)
         if v_cache.dtype != k_cache.dtype:
             raise TypeError(f"v_cache must have k_cache's dtype ({k_cache.dtype}), got {v_cache.dtype}")
-    fp8 = k_cache.dtype == validate.FP8_DTYPE
-    validate.check_scale("k_scale", k_scale, fp8, q.device)
-    validate.check_scale("v_scale", v_scale, fp8 and v_cache is not None, q.device)
+    per_token_head = validate.check_kv_cache_dtype(kv_cache_dtype, k_cache)
+    quantised = k_cache.dtype in validate.QUANT_DTYPES
+    if per_token_head and k_scale_cache is None:
+        raise ValueError(f"kv_cache_dtype {kv_cache_dtype!r} computes a scale per token and head: pass k_scale_cache "
+                         "(and v_scale_cache with v) to receive them")
+    if k_scale_cache is not None or v_scale_cache is not None:
+        if not quantised:
+            raise ValueError(f"k_scale_cache/v_scale_cache are given but k_cache holds {k_cache.dtype}, which has "
+                             "no scales (a quantised cache: float8 e4m3 or e5m2, or int8)")
+        validate.check_scale_cache("k_scale_cache", k_scale_cache, "k_cache", validate.nhd(k_cache, kv_layout),
+                                   q.device)
+        if (v_cache is None) != (v_scale_cache is None):
+            raise ValueError("v_scale_cache goes with v_cache: pass both or neither (with k_scale_cache)")
+        if v_cache is not None:
+            validate.check_scale_cache("v_scale_cache", v_scale_cache, "v_cache", validate.nhd(v_cache, kv_layout),
+                                       q.device)
+    # with scale caches the per-tensor scales are accepted and unread, as with a cache in the model's dtype
+    read = quantised and k_scale_cache is None
+    validate.check_scale("k_scale", k_scale, read, q.device, n_heads)
+    validate.check_scale("v_scale", v_scale, read and v_cache is not None, q.device, n_heads)
     n_tokens = kv.shape[0] if spec.is_varlen else kv.shape[0] * kv.shape[1]
     if by_table:
         validate.check_page_table(kv_indices, kv_indptr, batch_indices, cache_positions, n_tokens, blocks[0],

@@ -14,7 +14,9 @@ import torch
 
 from .. import device as _device
 from ..triton.launch import plans
-from .validate import FP8_DTYPE, check_mode, check_overlaps
+from .validate import check_mode, check_overlaps
+
+FLOAT8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 __all__ = ["planned", "signature", "reads_callers_memory", "FusedPlan", "plans"]
 
@@ -72,6 +74,6 @@ class FusedPlan:
 
     @staticmethod
     def bytes_of(cache):
-        """A cache as the kernel writes it: a float8 one as its uint8 bytes, whose rounding is the kernel's own,
-        identical on GPU and CPU (a ``torch.uint8`` cache already is bytes)."""
-        return cache.view(torch.uint8) if cache is not None and cache.dtype == FP8_DTYPE else cache
+        """A cache as the kernel writes it: a float8 one (e4m3, e5m2) as its uint8 bytes, whose rounding is the
+        kernel's own, identical on GPU and CPU (a ``torch.uint8`` cache already is bytes)."""
+        return cache.view(torch.uint8) if cache is not None and cache.dtype in FLOAT8_DTYPES else cache

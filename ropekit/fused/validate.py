@@ -15,11 +15,22 @@ import torch
 
 from ..validate import FLOAT_DTYPES, OverlapError, check_mode, check_overlaps, prepare
 
-__all__ = ["FP8_DTYPE", "KV_LAYOUTS", "fp8_bytes", "rotary_arguments", "check_norm", "check_kv_layout", "nhd",
-           "check_cache", "check_slot_mapping", "check_page_table",
-           "check_cache_offsets", "check_scale", "check_no_grad", "check_overlaps", "OverlapError", "check_mode"]
+__all__ = ["FP8_DTYPE", "QUANT_DTYPES", "KV_CACHE_DTYPES", "KV_LAYOUTS", "fp8_bytes", "rotary_arguments",
+           "check_norm", "check_kv_layout", "nhd", "check_cache", "check_kv_cache_dtype", "check_slot_mapping",
+           "check_page_table", "check_cache_offsets", "check_scale", "check_scale_cache", "check_q_output",
+           "check_no_grad", "check_overlaps", "OverlapError", "check_mode"]
 
 FP8_DTYPE = torch.float8_e4m3fn
+# the quantised caches rope_and_cache writes: float8 e4m3fn, float8 e5m2, int8 (each with float32 scales)
+QUANT_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2, torch.int8)
+# vLLM's kv_cache_dtype strings this writes: the cache dtype each names (None: the cache's own, "auto") and whether
+# the scales are per (token, head), computed on write
+KV_CACHE_DTYPES = {
+    "auto": (None, False), "float16": (torch.float16, False), "bfloat16": (torch.bfloat16, False),
+    "fp8": (torch.float8_e4m3fn, False), "fp8_e4m3": (torch.float8_e4m3fn, False),
+    "fp8_e5m2": (torch.float8_e5m2, False), "fp8_per_token_head": (torch.float8_e4m3fn, True),
+    "int8_per_token_head": (torch.int8, True),
+}
 
 
 def rotary_arguments(q, k, cos, sin, table, positions, layout, rotary_dim, cu_seqlens, max_seqlen, per_token,
@@ -97,14 +108,15 @@ def nhd(cache, kv_layout: str):
 
 
 def check_cache(name: str, cache, *, leading: tuple | None, n_heads: int, head_dim: int, dtype: torch.dtype,
-                device: torch.device, kv_layout: str = "NHD") -> None:
+                device: torch.device, kv_layout: str = "NHD", quantised: tuple = (FP8_DTYPE,)) -> None:
     """A 4-D cache ``(blocks or batch, rows, n_heads, head_dim)`` (``kv_layout`` "HND": ``(blocks or batch, n_heads,
-    rows, head_dim)``) of ``dtype`` or float8 e4m3 on ``device``; ``leading``: the blocks and rows it must have
-    (None: any)."""
+    rows, head_dim)``) of ``dtype`` or one of the ``quantised`` dtypes on ``device``; ``leading``: the blocks and
+    rows it must have (None: any)."""
     if not isinstance(cache, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(cache).__name__}")
-    if cache.dtype not in (dtype, FP8_DTYPE):
-        raise TypeError(f"{name} must be {dtype} (the inputs' dtype) or {FP8_DTYPE}, got {cache.dtype}")
+    if cache.dtype != dtype and cache.dtype not in quantised:
+        raise TypeError(f"{name} must be {dtype} (the inputs' dtype) or {', '.join(map(str, quantised))}, got "
+                        f"{cache.dtype}")
     form = (f"(blocks, {n_heads}, block_size, {head_dim}) (kv_layout 'HND')" if kv_layout == "HND" else
             f"(blocks, block_size, {n_heads}, {head_dim})")
     if cache.ndim != 4 or tuple(nhd(cache, kv_layout).shape[2:]) != (n_heads, head_dim):
@@ -114,8 +126,20 @@ def check_cache(name: str, cache, *, leading: tuple | None, n_heads: int, head_d
                          f"(kv_layout {kv_layout!r})")
     if not _on(cache, device):
         raise ValueError(f"{name} is on {cache.device} but q is on {device}")
-    if cache.numel() and cache.stride(-1) != 1 and cache.dtype == FP8_DTYPE:
-        raise ValueError(f"{name}: a float8 cache must have contiguous channels (stride 1 in the last dimension)")
+    if cache.numel() and cache.stride(-1) != 1 and cache.dtype in QUANT_DTYPES:
+        raise ValueError(f"{name}: a quantised cache must have contiguous channels (stride 1 in the last dimension)")
+
+
+def check_kv_cache_dtype(kv_cache_dtype, cache) -> bool:
+    """vLLM's ``kv_cache_dtype`` string against the cache it names (``cache``: after :func:`fp8_bytes`): ``"auto"``
+    takes the cache's own dtype, the others must name it. Returns whether the scales are per (token, head)."""
+    if not isinstance(kv_cache_dtype, str) or kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise ValueError(f"kv_cache_dtype must be one of {', '.join(map(repr, KV_CACHE_DTYPES))} (vLLM's names), got "
+                         f"{kv_cache_dtype!r}"[:300])
+    dtype, per_token_head = KV_CACHE_DTYPES[kv_cache_dtype]
+    if dtype is not None and isinstance(cache, torch.Tensor) and cache.dtype != dtype:
+        raise TypeError(f"kv_cache_dtype {kv_cache_dtype!r} writes a {dtype} cache, but k_cache is {cache.dtype}")
+    return per_token_head
 
 
 def _index_tensor(name: str, t, device, dtypes) -> None:
@@ -220,27 +244,65 @@ def check_cache_offsets(offsets, n_seqs: int, lengths, max_seq: int, device) -> 
     return offsets
 
 
-def fp8_bytes(cache):
-    """A ``torch.uint8`` cache, as vLLM allocates its ``"fp8"`` (e4m3) cache, read as the e4m3 values its bytes hold
-    (a view); anything else as it is. An e5m2 cache has no other mark than its bytes: it is not supported."""
-    return cache.view(FP8_DTYPE) if isinstance(cache, torch.Tensor) and cache.dtype == torch.uint8 else cache
+def fp8_bytes(cache, kv_cache_dtype="auto"):
+    """A ``torch.uint8`` cache, as vLLM allocates its quantised caches, read as the values its bytes hold (a view):
+    e5m2 when ``kv_cache_dtype`` is ``"fp8_e5m2"``, int8 when it is ``"int8_per_token_head"`` (the bytes carry no
+    other mark), e4m3 otherwise; anything else as it is."""
+    if not isinstance(cache, torch.Tensor) or cache.dtype != torch.uint8:
+        return cache
+    return cache.view({"fp8_e5m2": torch.float8_e5m2, "int8_per_token_head": torch.int8}.get(
+        kv_cache_dtype if isinstance(kv_cache_dtype, str) else "", FP8_DTYPE))
 
 
-def check_scale(name: str, scale, fp8: bool, device) -> None:
-    """A float32 one-element device tensor with a float8 cache (stored = x / scale). With a cache in the model's
-    dtype a tensor is accepted and not read (engines pass their scales whatever the cache holds), or None."""
+def check_scale(name: str, scale, fp8: bool, device, n_heads: int | None = None) -> None:
+    """A float32 one-element device tensor with a quantised cache (stored = x / scale), or with ``n_heads`` one
+    a kv head, ``(n_heads,)``. With a cache in the model's dtype a tensor is accepted and not read (engines pass
+    their scales whatever the cache holds), or None."""
     if not fp8:
         if scale is not None and not isinstance(scale, torch.Tensor):
             raise TypeError(f"{name} must be a tensor or None, got {type(scale).__name__}")
         return
     if not isinstance(scale, torch.Tensor):
-        raise TypeError(f"{name} must be a float32 tensor of one element with a float8 cache, got "
+        raise TypeError(f"{name} must be a float32 tensor of one element with a quantised cache, got "
                         f"{type(scale).__name__}")
-    if scale.dtype != torch.float32 or scale.numel() != 1:
-        raise TypeError(f"{name} must be a float32 tensor of one element, got {scale.dtype} of shape "
+    per_head = n_heads is not None and scale.ndim == 1 and scale.shape[0] == n_heads
+    if scale.dtype != torch.float32 or not (scale.numel() == 1 or per_head):
+        heads = f" or of shape ({n_heads},) (one a kv head)" if n_heads is not None else ""
+        raise TypeError(f"{name} must be a float32 tensor of one element{heads}, got {scale.dtype} of shape "
                         f"{tuple(scale.shape)}")
     if not _on(scale, device):
         raise ValueError(f"{name} is on {scale.device} but q is on {device}")
+
+
+def check_q_output(q, q_dtype, q_scale, inplace: bool):
+    """A float8 q output: ``q_dtype`` None (or q's own dtype), ``torch.float8_e4m3fn`` or ``torch.float8_e5m2``, out of
+    place, with ``q_scale`` a float32 one-element tensor exactly then. Returns the float8 dtype or None."""
+    if q_dtype is None or q_dtype == q.dtype:
+        if q_scale is not None:
+            raise ValueError("q_scale is given but q_dtype is not float8 (q is written in its own dtype)")
+        return None
+    if q_dtype not in (torch.float8_e4m3fn, torch.float8_e5m2):
+        raise TypeError(f"q_dtype must be None, q's dtype, torch.float8_e4m3fn or torch.float8_e5m2, got {q_dtype!r}")
+    if inplace:
+        raise ValueError(f"q_dtype {q_dtype} writes a new q: inplace=True cannot change q's dtype")
+    check_scale("q_scale", q_scale, True, q.device)
+    return q_dtype
+
+
+def check_scale_cache(name: str, scales, cache_name: str, cache, device) -> None:
+    """A per-(token, head) scale cache: float32, the shape of ``cache`` without its channels (``(blocks, block_size,
+    heads)``, or ``(batch, max_seq, heads)`` beside a contiguous cache), any strides (a ``(blocks, heads,
+    block_size)`` allocation passes as its transposed view), on ``device``. It is written."""
+    if not isinstance(scales, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor (the per-(token, head) scales are written to it), got "
+                        f"{type(scales).__name__}")
+    if scales.dtype != torch.float32:
+        raise TypeError(f"{name} must be float32, got {scales.dtype}")
+    if tuple(scales.shape) != tuple(cache.shape[:3]):
+        raise ValueError(f"{name} must have shape {tuple(cache.shape[:3])} ({cache_name}'s without its channels: "
+                         f"one scale a slot and head), got {tuple(scales.shape)}")
+    if not _on(scales, device):
+        raise ValueError(f"{name} is on {scales.device} but q is on {device}")
 
 
 def check_no_grad(op: str, names: tuple, tensors: tuple) -> None:

@@ -52,9 +52,10 @@ __all__ = ["Arena", "VIEW_KINDS", "Case", "footprint", "self_overlapping", "same
 # An error message must name the argument it is about.
 _ARGUMENT = re.compile(r"\b(q|k|v|cos|sin|positions|position_ids|cu_seqlens|max_seqlen|rotary_dim|layout|inplace|"
                        r"per_token|interleaved|table|backend|head_size|query|key|cos_sin_cache|k_cache|v_cache|"
-                       r"kv_cache|slot_mapping|cache_offsets|k_scale|v_scale|scale|q_weight|k_weight|kv_c|q_pe|k_pe|"
-                       r"eps|weight_offset|kv_indices|kv_indptr|batch_indices|cache_positions|kv_layout|ckv_cache|"
-                       r"kpe_cache|mrope_section|mrope_interleaved|nope_temperature)\b")
+                       r"kv_cache|slot_mapping|cache_offsets|k_scale_cache|v_scale_cache|kv_cache_dtype|k_scale|"
+                       r"v_scale|scale|q_weight|k_weight|kv_c|q_pe|k_pe|eps|weight_offset|kv_indices|kv_indptr|"
+                       r"batch_indices|cache_positions|kv_layout|ckv_cache|kpe_cache|mrope_section|mrope_interleaved|"
+                       r"nope_temperature)\b")
 
 
 # --------------------------------------------------------------------------------------------------------------------

@@ -30,7 +30,12 @@ from .rope_args import DTYPES, INDEX_KINDS, INPUT_KINDS, from_tokens, pick, posi
 __all__ = ["TARGETS", "OVERLAP_KINDS", "overlap_kind", "pool_overlaps", "draw_rope_and_cache",
            "draw_mla_rope_and_cache"]
 
-FP8 = torch.float8_e4m3fn
+FP8, E5M2, INT8 = torch.float8_e4m3fn, torch.float8_e5m2, torch.int8
+# the quantised caches rope_and_cache writes (e4m3 drawn twice as often: the engines' default), each with the vLLM
+# kv_cache_dtype names that may accompany it (per-tensor or per-head scales; per (token, head) scales)
+_QUANT_DTYPES = (FP8, FP8, E5M2, INT8)
+_KV_CACHE_DTYPES = {FP8: (("auto", "fp8", "fp8_e4m3"), ("auto", "fp8_per_token_head")),
+                    E5M2: (("auto", "fp8_e5m2"), ("auto",)), INT8: (("auto",), ("auto", "int8_per_token_head"))}
 # caches are written: no view kind in which two indices name one element
 _CACHE_KINDS = (("contiguous", 3), ("padded", 2))
 # the share of cases whose written tensor is carved from one byte pool with another tensor of the call
@@ -41,7 +46,7 @@ _GROUPS = {"q, k or v": ("q", "k", "v", "q_pe", "k_pe", "kv_c"), "cos/sin": ("co
            "norm weights": ("q_weight", "k_weight"), "scales": ("k_scale", "v_scale", "kv_cache_scale"),
            "index tensors": ("positions", "slot_mapping", "cu_seqlens", "cache_offsets", "kv_indices", "kv_indptr",
                              "batch_indices", "cache_positions"),
-           "a cache": ("k_cache", "v_cache", "kv_cache", "ckv_cache", "kpe_cache")}
+           "a cache": ("k_cache", "v_cache", "kv_cache", "ckv_cache", "kpe_cache", "k_scale_cache", "v_scale_cache")}
 OVERLAP_KINDS = ("a cache over q, k or v", "a cache over cos/sin", "a cache over norm weights",
                  "a cache over index tensors", "a cache over scales", "a cache over a cache",
                  "a float8 cache and a bf16 (or wider) q, k or v in one byte pool",
@@ -150,7 +155,7 @@ def _engine_caches(arena: Arena, name: str, shape: tuple, dtype: torch.dtype, pa
     passed as vLLM's ``torch.uint8``). Returns the caches (``(blocks, rows, ...)`` views), what was drawn, and the
     allocation as engines hold it (the ``(num_blocks, 2, ...)`` pair, or the cache; HND: heads before rows)."""
     rng = arena.rng
-    fp8 = dtype == FP8
+    fp8 = dtype in (FP8, E5M2)
     how = dict(hnd=len(shape) == 4 and rng.random() < 0.3, pad=rng.choice((0, 0, 0, 4)),
                step=rng.choice((1, 1, 1, 2)), uint8=fp8 and rng.random() < 0.5, pair=pair)
     blocks, rows, *heads, dim = shape
@@ -159,15 +164,21 @@ def _engine_caches(arena: Arena, name: str, shape: tuple, dtype: torch.dtype, pa
     stored = torch.uint8 if fp8 else dtype
     whole = arena.place(name, allocation, stored, pick(rng, _CACHE_KINDS))[::how["step"], ..., :dim]
     if fp8 and not how["uint8"]:
-        whole = whole.view(FP8)
+        whole = whole.view(dtype)
     caches = [whole[:, 0], whole[:, 1]] if pair else [whole]
     if how["hnd"]:
         caches = [c.transpose(1, 2) for c in caches]
     return caches, how, whole
 
 
-def _as_fp8(t: torch.Tensor) -> torch.Tensor:
-    return t.view(FP8) if t.dtype == torch.uint8 else t
+def _as_fp8(t: torch.Tensor, dtype: torch.dtype = FP8) -> torch.Tensor:
+    """A cache's bytes as the float8 values they hold (``dtype``), a cache of any other dtype as it is."""
+    return t.view(dtype) if t.dtype == torch.uint8 else t
+
+
+def _spacing(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """One step of the quantised format at ``|values|`` (float64)."""
+    return torch.ones_like(values) if dtype == INT8 else ulp(values, dtype)
 
 
 def _refusals(check_mode: bool, positions: torch.Tensor, rows: int, slots: list[int], n_slots: int,
@@ -198,7 +209,9 @@ def _table_rows(logical: dict, pos: torch.Tensor, rows: int) -> list[torch.Tenso
 
 def _cache_problems(name: str, after: torch.Tensor, before: torch.Tensor, want: torch.Tensor, slots: list[int],
                     scale, exact: bool) -> list[str]:
-    """``after``/``before``: the cache as one row per slot (CPU); ``want``: the float64 rows, one a token."""
+    """``after``/``before``: the cache as one row per slot (CPU); ``want``: the float64 rows, one a token;
+    ``scale``: with a quantised cache, the scale (a float, or ``scale(slots)``: the written slots' scales, ``(n,
+    heads, 1)``), else None."""
     valid = [(t, s) for t, s in enumerate(slots) if 0 <= s < after.shape[0]]
     untouched = torch.ones(after.shape[0], dtype=torch.bool)
     untouched[[s for _, s in valid]] = False
@@ -209,18 +222,21 @@ def _cache_problems(name: str, after: torch.Tensor, before: torch.Tensor, want: 
         return problems
     got = after[[s for _, s in valid]]
     expected = want[[t for t, _ in valid]]
-    if after.dtype == FP8:
-        quotient = expected / float(scale)
-        if exact:  # v (exact in float32): one float32 division, then e4m3 (ties to even, saturating)
-            quotient32 = (expected.to(torch.float32) / torch.tensor(scale, dtype=torch.float32)).to(torch.float64)
-            if not same_bits(got, ref.e4m3(quotient32).to(FP8)):
-                problems.append(f"{name}: float8 bits differ from e4m3(v / scale)")
+    if after.dtype in ref.CACHE_FORMATS:
+        fmt = after.dtype
+        scale = torch.as_tensor(scale([s for _, s in valid]) if callable(scale) else scale, dtype=torch.float64)
+        if exact:  # v (exact in float32): one float32 division, then the format's rounding (saturating)
+            quotient32 = (expected.to(torch.float32) / scale.to(torch.float32)).to(torch.float64)
+            if not same_bits(got, ref.quantise(quotient32, 1.0, fmt).to(fmt)):
+                problems.append(f"{name}: {fmt} values differ from the format's rounding of v / scale")
         else:
-            target = quotient.clamp(-448.0, 448.0)
-            error = (got.to(torch.float64) - target).abs()
-            ok = (error <= ulp(target, FP8)) | (torch.isnan(target) & torch.isnan(got.to(torch.float64)))
+            largest = ref.CACHE_FORMATS[fmt][1]
+            target = (expected / scale).clamp(-largest, largest)
+            got64 = got.to(torch.float64)
+            error = (got64 - target).abs()
+            ok = (error <= _spacing(target, fmt)) | (torch.isnan(target) & (torch.isnan(got64) | (fmt == INT8)))
             if not bool(ok.all()):
-                problems.append(f"{name}: float8 values more than one e4m3 spacing from the reference / scale")
+                problems.append(f"{name}: {fmt} values more than one spacing from the reference / scale")
     elif exact:
         if not same_bits(got, expected.to(after.dtype)):
             problems.append(f"{name}: not v bit for bit")
@@ -231,13 +247,32 @@ def _cache_problems(name: str, after: torch.Tensor, before: torch.Tensor, want: 
     return problems
 
 
+def _scale_problems(name: str, after: torch.Tensor, before: torch.Tensor, want: torch.Tensor, slots: list[int],
+                    dtype: torch.dtype, exact: bool) -> list[str]:
+    """A per-(token, head) scale cache (one row a slot, CPU): untouched slots bitwise, each written slot's scales
+    the reference's (v's exactly, k's within float32 math)."""
+    valid = [(t, s) for t, s in enumerate(slots) if 0 <= s < after.shape[0]]
+    untouched = torch.ones(after.shape[0], dtype=torch.bool)
+    untouched[[s for _, s in valid]] = False
+    problems = [] if same_bits(after[untouched], before[untouched]) else [f"{name}: a slot no token names changed"]
+    if valid:
+        got = after[[s for _, s in valid]].to(torch.float64)
+        expected = ref.token_head_scale(want[[t for t, _ in valid]], dtype)[..., 0]
+        if exact and not torch.equal(got, expected):
+            problems.append(f"{name}: not max|v| / the format's largest value")
+        elif not exact and not torch.allclose(got, expected, rtol=1e-5, atol=0):
+            problems.append(f"{name}: more than float32 math from max|k| / the format's largest value")
+    return problems
+
+
 def draw_rope_and_cache(rng: random.Random, gen: torch.Generator, device) -> Case:
     """``rope_and_cache`` in every layout (``thd`` with ``cu_seqlens``), q, k, v with any view kind (q without heads
-    at times), positions as ids or none, QK-norm or not, in place or not, ``write_k`` or not; a paged cache (a
-    slot mapping, shorter than the tokens at times) or a contiguous one with ``cache_offsets``, in the activations'
-    dtype or float8 e4m3 (as bytes at times), drawn as engines allocate it; a cache that requires grad; and, in a
-    share of the cases, a written tensor and another of the call carved from one byte pool, on each other's bytes
-    (to be refused) or apart (to be accepted)."""
+    at times), positions as ids or none, QK-norm or not, in place or not, ``write_k`` or not; a paged cache (a slot
+    mapping, shorter than the tokens at times) or a contiguous one with ``cache_offsets``, in the activations' dtype or
+    quantised (float8 e4m3 or e5m2, as bytes at times, or int8; one scale, one a kv head, or one a (token, head) written
+    to scale caches; vLLM's ``kv_cache_dtype`` names at times), drawn as engines allocate it; a cache that requires
+    grad; and, in a share of the cases, a written tensor and another of the call carved from one byte pool, on each
+    other's bytes (to be refused) or apart (to be accepted)."""
     arena = Arena(rng, gen, device)
     either = []
     layout = rng.choice(("bshd", "sbhd", "bhsd", "thd"))
@@ -255,7 +290,10 @@ def draw_rope_and_cache(rng: random.Random, gen: torch.Generator, device) -> Cas
                                            rng.random() < 0.3)
     pooled = rng.random() < _POOL_PROBABILITY
     dtype = rng.choices(DTYPES, weights=(4, 3, 2, 1))[0]
-    cache_dtype = FP8 if dtype != torch.float64 and rng.random() < (0.5 if pooled else 0.3) else dtype
+    quantised = dtype != torch.float64 and rng.random() < (0.5 if pooled else 0.3)
+    cache_dtype = rng.choice(_QUANT_DTYPES) if quantised else dtype
+    scales_mode = rng.choice(("tensor", "head", "token_head")) if quantised else None
+    dynamic = scales_mode == "token_head"
     hostile, check_mode = not pooled and rng.random() < 0.25, not pooled and rng.random() < 0.2
     rows, block_size, num_blocks = rng.randint(max(seq, 1), 12), rng.choice((1, 2, 4)), rng.randint(1, 4)
     address = rng.choices(("slot_mapping", "page table", "cache_offsets"), weights=(4, 3, 3))[0]
@@ -263,10 +301,12 @@ def draw_rope_and_cache(rng: random.Random, gen: torch.Generator, device) -> Cas
     positions_given = rng.random() < 0.7 and not (layout == "thd" and batch == tokens > 1)  # (tokens,) == (n_seqs,)
     short = address == "slot_mapping" and tokens and rng.random() < 0.2
     table_dtype = torch.float64 if dtype == torch.float64 else torch.float32
-    written = ["k_cache", "v_cache"] + (["q"] + (["k"] if write_k else []) if inplace else [])
+    written = ["k_cache", "v_cache"] + (["k_scale_cache", "v_scale_cache"] if dynamic else []) + (
+        ["q"] + (["k"] if write_k else []) if inplace else [])
     read = ["q", "k", "v", "cos", "sin"] + (list(_PAGE_TABLE) if address == "page table" else [address])
     read += (["positions"] if positions_given else []) + (["cu_seqlens"] if layout == "thd" else [])
-    read += (["q_weight", "k_weight"] if norm else []) + (["k_scale", "v_scale"] if cache_dtype == FP8 else [])
+    read += (["q_weight", "k_weight"] if norm else []) + (["k_scale", "v_scale"] if quantised and not dynamic
+                                                          else [])
     if pooled:  # (vLLM's k and v caches are one allocation, named k_cache; q, k and v drawn twice as often)
         writer = rng.choice([n for n in written if not (pair and n == "v_cache")])
         partners = [n for n in read + written + ["q", "k", "v"] if n not in (writer, "v_cache" if pair else "")]
@@ -340,11 +380,19 @@ def draw_rope_and_cache(rng: random.Random, gen: torch.Generator, device) -> Cas
                   write_k=write_k, cu_seqlens=cu, max_seqlen=max_seqlen, **addressing)
     if kv_layout == "HND" or rng.random() < 0.1:
         kwargs["kv_layout"] = kv_layout
-    if cache_dtype == FP8:
-        kwargs.update(k_scale=arena.place("k_scale", (1,), torch.float32, values=lambda s: torch.full(s, rng.choice(
-                          (0.05, 1.0, 3.0)))),
-                      v_scale=arena.place("v_scale", (1,), torch.float32, values=lambda s: torch.full(s, rng.choice(
-                          (0.003, 1.0, 0.5)))))
+    if quantised:
+        stored_bytes = torch.uint8 in (k_cache.dtype, v_cache.dtype)  # (e5m2 bytes are named by kv_cache_dtype)
+        names = _KV_CACHE_DTYPES[cache_dtype][dynamic]
+        kwargs["kv_cache_dtype"] = "fp8_e5m2" if stored_bytes and cache_dtype == E5M2 else rng.choice(names)
+    if dynamic:  # (in the caches' NHD order, whatever kv_layout says)
+        kwargs.update({name: arena.place(name, shape + (hk,), torch.float32, pick(rng, _CACHE_KINDS))
+                       for name in ("k_scale_cache", "v_scale_cache")})
+    elif quantised:
+        size = 1 if scales_mode == "tensor" else hk
+        kwargs.update(k_scale=arena.place("k_scale", (size,), torch.float32, values=lambda s: torch.tensor(
+                          [rng.choice((0.05, 1.0, 3.0)) for _ in range(size)]).reshape(s)),
+                      v_scale=arena.place("v_scale", (size,), torch.float32, values=lambda s: torch.tensor(
+                          [rng.choice((0.003, 1.0, 0.5)) for _ in range(size)]).reshape(s)))
     eps, weight_offset = 1e-6, rng.choice((0.0, 1.0))
     if norm:
         kwargs.update(q_weight=arena.place("q_weight", (head_dim,), dtype), eps=eps, weight_offset=weight_offset,
@@ -355,7 +403,8 @@ def draw_rope_and_cache(rng: random.Random, gen: torch.Generator, device) -> Cas
 
     spec = dict(op="rope_and_cache", layout=layout, lengths=lengths, tokens=tokens, hq=hq, hk=hk, head_dim=head_dim,
                 rotary_dim=rotary_dim, v_dim=v_dim, interleaved=interleaved, norm=norm, inplace=inplace,
-                write_k=write_k, dtype=str(dtype), cache_dtype=str(k_cache.dtype), rows=rows, paged=paged,
+                write_k=write_k, dtype=str(dtype), cache_dtype=str(k_cache.dtype), scales_mode=scales_mode,
+                kv_cache_dtype=kwargs.get("kv_cache_dtype"), rows=rows, paged=paged,
                 cache_shape=tuple(k_cache.shape), engine_cache=engine, kv_layout=kv_layout, five_d=five_d,
                 address=address, page_table={n: addressing[n].tolist() for n in _PAGE_TABLE if n in addressing},
                 slots=slots, slot_mapping=mapped,
@@ -363,7 +412,8 @@ def draw_rope_and_cache(rng: random.Random, gen: torch.Generator, device) -> Cas
                 check_mode=check_mode, cache_requires_grad=grad_cache)
     tensors = dict(q=q, k=k, v=v, cos=cos, sin=sin, positions=positions, cu_seqlens=cu, k_cache=k_cache,
                    v_cache=v_cache, **{n: kwargs.get(n) for n in ("slot_mapping", "cache_offsets", "k_scale",
-                                                                  "v_scale", "q_weight", "k_weight") + _PAGE_TABLE})
+                                                                  "v_scale", "q_weight", "k_weight", "k_scale_cache",
+                                                                  "v_scale_cache") + _PAGE_TABLE})
     tensors = {n: t for n, t in tensors.items() if isinstance(t, torch.Tensor)}
     writes = {n: tensors[n] for n in written}
     aliased, spans = pool_overlaps(arena, spec, writes, {n: t for n, t in tensors.items() if n not in writes})
@@ -382,9 +432,12 @@ def draw_rope_and_cache(rng: random.Random, gen: torch.Generator, device) -> Cas
 
     logical = {name: t.detach().cpu().clone() for name, t in tensors.items() if name in ("q", "k", "v", "cos", "sin")}
     weights = {name: kwargs[name].detach().cpu() for name in ("q_weight", "k_weight") if name in kwargs}
-    caches_before = [_as_fp8(c.detach().cpu().clone()) for c in (k_cache, v_cache)]
-    scales = [float(kwargs[name]) for name in ("k_scale", "v_scale")] if cache_dtype == FP8 else [None, None]
-    spec["scales"] = scales
+    caches_before = [_as_fp8(c.detach().cpu().clone(), cache_dtype) for c in (k_cache, v_cache)]
+    scale_caches = [kwargs[n] for n in ("k_scale_cache", "v_scale_cache")] if dynamic else [None, None]
+    scale_caches_before = [None if c is None else c.detach().cpu().clone() for c in scale_caches]
+    static = [kwargs[n].detach().cpu().to(torch.float64).reshape(-1, 1) for n in ("k_scale", "v_scale")] \
+        if quantised and not dynamic else [None, None]
+    spec["scales"] = [None if t is None else t.flatten().tolist() for t in static]
 
     def rotated(name: str) -> torch.Tensor:  # in the tokens' layout: (batch, seq, heads, dim) or (tokens, ...)
         x = to_tokens(logical[name], layout)
@@ -407,12 +460,20 @@ def draw_rope_and_cache(rng: random.Random, gen: torch.Generator, device) -> Cas
             message = check_close_to_reference(out, from_tokens(rotated(name), layout))
             if message is not None:
                 problems.append(f"{name}: {message}")
-        for name, cache, before, want, scale, exact in (
-                ("k_cache", k_cache, caches_before[0], rotated("k"), scales[0], False),
-                ("v_cache", v_cache, caches_before[1], to_tokens(logical["v"], layout), scales[1], True)):
-            flat = _as_fp8(cache.detach().cpu()).reshape(n_slots, *cache.shape[2:])
-            problems += _cache_problems(name, flat, before.reshape(n_slots, *cache.shape[2:]),
-                                        want.reshape(tokens, *cache.shape[2:]), slots, scale, exact)
+        for i, (name, cache, before, want, exact) in enumerate((
+                ("k_cache", k_cache, caches_before[0], rotated("k"), False),
+                ("v_cache", v_cache, caches_before[1], to_tokens(logical["v"], layout), True))):
+            want = want.reshape(tokens, *cache.shape[2:])
+            scale = static[i]
+            if dynamic:  # the reader finds each token's scales at its slot
+                scales_after = scale_caches[i].detach().cpu().reshape(n_slots, hk)
+                problems += _scale_problems(name[0] + "_scale_cache", scales_after,
+                                            scale_caches_before[i].reshape(n_slots, hk), want, slots, cache_dtype,
+                                            exact)
+                scale = lambda at, scales_after=scales_after: scales_after[at].to(torch.float64)[..., None]  # noqa
+            flat = _as_fp8(cache.detach().cpu(), cache_dtype).reshape(n_slots, *cache.shape[2:])
+            problems += _cache_problems(name, flat, before.reshape(n_slots, *cache.shape[2:]), want, slots, scale,
+                                        exact)
         return problems
 
     return Case("rope_and_cache", spec, arena,

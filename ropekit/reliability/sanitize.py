@@ -28,7 +28,7 @@ from ropekit.triton.model import DeviceFacts, rope_candidates
 from .properties import run_config
 
 __all__ = ["sanitize_configs", "reachable_configs", "run_with_launch_config", "sanitize_driver", "CACHE_ADDRESS_MAPS",
-           "check_cache_address_map"]
+           "check_cache_address_map", "QUANTISED_CACHES"]
 
 
 def sanitize_configs() -> list[Config]:
@@ -388,6 +388,59 @@ def _check_cuda_table(fast: bool) -> str:
     return "" if cos.shape == (1003, 40) and bool(torch.isfinite(cos).all()) else "bad table"
 
 
+# the fused kernel's quantising stores: (cache dtype, scales), each run once by the driver
+QUANTISED_CACHES = [(dtype, scales) for dtype in (torch.float8_e4m3fn, torch.float8_e5m2, torch.int8)
+                    for scales in ("tensor", "head", "token_head")]
+
+
+def _check_quantised_cache(cache_dtype: torch.dtype, scales: str, device) -> str:
+    """rope_and_cache into a quantised paged cache: head_dim 80 (masked pair and tail lanes), 3 kv heads, a head
+    block and token block with remainders, QK-norm (a second reduction beside the amax), caches and scale caches of
+    exactly the slots written (a store past them is outside the allocation); the reader's round trip (stored value
+    times its scale at the token's slot) within one spacing of the format of the float64 truth; with a float8
+    cache, q written as float8 of the same format too."""
+    from ropekit.fused.kv_cache import rope_and_cache
+
+    tokens, hk, d = (37 if device == "cuda" else 5), 3, 80
+    q, k, v = (torch.randn(tokens, h, d, device=device, dtype=torch.bfloat16) for h in (4, hk, hk))
+    weight = torch.rand(d, device=device) + 0.5
+    blocks = (tokens + 7) // 8
+    k_cache, v_cache = (torch.zeros(blocks, 8, hk, d, device=device, dtype=cache_dtype) for _ in range(2))
+    slots = torch.randperm(blocks * 8, device=device)[:tokens]
+    positions = torch.randint(0, 64, (tokens,), device=device)
+    cos, sin = cos_sin_table(64, 48, device=device)  # partial rotary: 48 of 80 channels turn
+    largest = ref.CACHE_FORMATS[cache_dtype][1]
+    if scales == "token_head":
+        k_scale, v_scale = (torch.zeros(blocks, 8, hk, device=device) for _ in range(2))
+        kwargs = dict(k_scale_cache=k_scale, v_scale_cache=v_scale)
+    else:
+        size = 1 if scales == "tensor" else hk
+        k_scale, v_scale = (torch.full((size,), 8.0 / largest, device=device) for _ in range(2))
+        kwargs = dict(k_scale=k_scale, v_scale=v_scale)
+    if cache_dtype != torch.int8:  # and q as float8 of the cache's format, for float8 attention
+        kwargs.update(q_dtype=cache_dtype, q_scale=torch.full((1,), 8.0 / largest, device=device))
+    with _device.set_backend("triton"):
+        out_q, _ = rope_and_cache(q, k, v, cos, sin, k_cache=k_cache, v_cache=v_cache, slot_mapping=slots,
+                                  q_weight=weight, k_weight=weight, positions=positions, layout="thd",
+                                  cu_seqlens=torch.tensor([0, tokens], device=device), max_seqlen=tokens, **kwargs)
+    at = slots.cpu()
+    truth = [ref.rope_table(ref.rms_norm(x, weight, eps=1e-6), cos, sin, positions.cpu()) for x in (q, k)]
+    if scales == "token_head":  # the reader finds each token's scales at its slot
+        k_scale, v_scale = (s.reshape(-1, hk)[at][..., None] for s in (k_scale, v_scale))
+    # (stored values, their scales, the float64 truth), the caches' rows at the tokens' slots
+    read = [(k_cache.reshape(-1, hk, d)[at], k_scale, truth[1]), (v_cache.reshape(-1, hk, d)[at], v_scale, v)]
+    if "q_scale" in kwargs:
+        read.append((out_q, kwargs["q_scale"], truth[0]))
+    for name, (stored, scale, want) in zip("kvq", read):
+        scale = scale.double().cpu().reshape(scale.shape[0] if scale.ndim == 3 else 1, -1, 1)
+        target = (want.double().cpu() / scale).clamp(-largest, largest)
+        step = torch.ones_like(target) if stored.dtype == torch.int8 else ulp(target, stored.dtype)
+        bad = (stored.double().cpu() - target).abs() > step
+        if bool(bad.any()):
+            return f"{name}: {int(bad.sum())} stored values more than one spacing from the reference"
+    return ""
+
+
 def sanitize_driver(device=None, verbose: bool = True, candidates: int | None = None) -> int:
     """Run every kernel once on mask-and-tail shapes (what compute-sanitizer watches), the Triton backend once more
     with each configuration its launch choice can reach (``candidates``: only the first that many a call). Returns 0
@@ -433,6 +486,11 @@ def sanitize_driver(device=None, verbose: bool = True, candidates: int | None = 
             log.check(f"triton fused cache write: {address} {kv_layout}{' float8' if fp8 else ''}",
                       lambda a=address, layout=kv_layout, fp8=fp8: check_cache_address_map(a, layout, fp8, device),
                       device)
+    if "triton" in backends:
+        for cache_dtype, scales in QUANTISED_CACHES:
+            log.check(f"triton fused quantising store {cache_dtype} scales={scales} (head_dim 80, partial rotary, "
+                      f"QK-norm, 3 kv heads)", lambda cache_dtype=cache_dtype, scales=scales:
+                      _check_quantised_cache(cache_dtype, scales, device), device)
     if "cuda" in backends:
         for fast in (False, True):  # the table kernel (fast=True: the course's float32-angle variant)
             log.check(f"cuda table kernel fast={fast} (1003 rows, rotary_dim 80)", lambda fast=fast:

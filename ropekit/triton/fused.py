@@ -9,9 +9,10 @@ Two kernels, one algorithm each, as in Triton's layer-norm tutorial:
   (``CACHE`` 0: none, 1: a contiguous ``(batch, max_seq, heads, dim)`` cache at per-sequence offsets, 2: a paged
   ``(num_blocks, block_size, heads, dim)`` cache addressed by a slot per token, -1 skips, 3: the same cache addressed
   through a page table, a request and a position per token; the address map is ``fused_tiles.cache_slot``, and
-  where the head axis lies is the cache's strides; ``HAS_V``: v's head vectors
-  copied untouched; ``FP8``: e4m3 bits of ``x / scale``, ``FP8_NATIVE`` converted by the GPU's instruction rather
-  than integer arithmetic, the same bits).
+  where the head axis lies is the cache's strides; ``HAS_V``: v's head vectors copied untouched; ``QUANT``: the
+  quantising store, a constexpr tuple (format: the cache's dtype, float8 e4m3 or e5m2, int8; scales: per tensor, per
+  kv head, or per (token, head) computed from the rotated head vector and written beside the cache; the GPU's float8
+  conversion instruction or integer arithmetic, the same bits), see :mod:`ropekit.triton.fused_tiles`).
 * :func:`fused_backward_kernel` turns the incoming gradient by -θ and pushes it through the norm; each program sums
   its weight-gradient terms over ``TOKEN_BLOCKS`` token blocks, then adds them into ``DW``'s row for q or for k
   (``DW_ATOMIC``) or stores them in a row of its own.
@@ -43,8 +44,8 @@ from .. import device as _device
 from ..positions import PositionSpec
 from . import choice
 from .configs import FusedConfig, FusedShape
-from .fused_tiles import cache_slot, load_head, norm_weights, rsqrt_mean_square, sequence_span, store_channels, \
-    store_head
+from .fused_tiles import E4M3, E5M2, NO_QUANT, PER_HEAD, PER_TENSOR, PLAIN, STORE_PLAIN, cache_slot, channels_scale, \
+    head_scale, load_head, norm_weights, rsqrt_mean_square, sequence_span, store_channels, store_head
 from .launch import KernelLaunch, _cdiv, _next_pow2, _position_strides, plans
 from .v4 import _cos_sin, _rotate
 
@@ -86,9 +87,11 @@ def _rows(strides, outer, token_rows, heads):
 def _forward_heads(
     # the tensor (q, or k) and its output
     X, OUT, x_strides, out_strides,
-    # the cache side (k's programs only): v, the caches, the scales, the slots
-    V, K_CACHE, V_CACHE, K_SCALE, V_SCALE, SLOTS, v_strides, k_cache_strides, v_cache_strides, slot_stride,
+    # the cache side (k's programs only): v, the caches, the slots, the page table
+    V, K_CACHE, V_CACHE, SLOTS, v_strides, k_cache_strides, v_cache_strides, slot_stride,
     BATCH_INDICES, KV_INDICES, KV_INDPTR, page_table,
+    # the caches' scales (QUANT), k's and v's, and their (block, row, head) strides; the output's scale (OUT_QUANT)
+    K_SCALE, V_SCALE, scale_strides, OUT_SCALE,
     # the norm's weight
     W, w_stride, eps, weight_offset,
     # the angles and the positions
@@ -99,7 +102,7 @@ def _forward_heads(
     BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_TAIL: tl.constexpr, BLOCK_V: tl.constexpr,
     INTERLEAVED: tl.constexpr, POS_MODE: tl.constexpr, IS_VARLEN: tl.constexpr, COS_PER_TOKEN: tl.constexpr,
     NORM: tl.constexpr, WRITE_OUT: tl.constexpr, WRITE_TAIL: tl.constexpr, CACHE: tl.constexpr,
-    HAS_V: tl.constexpr, FP8: tl.constexpr, MATH_DTYPE: tl.constexpr, FP8_NATIVE: tl.constexpr,
+    HAS_V: tl.constexpr, QUANT: tl.constexpr, OUT_QUANT: tl.constexpr, MATH_DTYPE: tl.constexpr,
     INDEX_DTYPE: tl.constexpr, EVICT: tl.constexpr,
 ):
     """BLOCK_S tokens x BLOCK_H heads of q, or of k with the same heads of v: normalise, rotate, store to the output
@@ -136,26 +139,31 @@ def _forward_heads(
         x_a, x_b, x_t = x_a * r * w_a, x_b * r * w_b, x_t * r * w_t
     y_a, y_b = _rotate(x_a, x_b, cos_a, sin_a, cos_b, sin_b, MATH_DTYPE, False)
     if WRITE_OUT:
-        store_head(OUT, _rows(out_strides, batch_index, token_rows, heads), mask, y_a, y_b, x_t, out_strides[3], 1.0,
-                   ROTARY_DIM, HEAD_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_TAIL, INTERLEAVED, WRITE_TAIL, False,
-                   False, EVICT, False)
+        # the output in its dtype, or (OUT_QUANT: a float8 q for float8 attention) at one scale
+        out_scale = head_scale(OUT_SCALE, scale_strides[0], None, None, heads, mask, y_a, y_b, x_t, ROTARY_DIM,
+                               HEAD_DIM, BLOCK_HALF, BLOCK_TAIL, OUT_QUANT)
+        store_head(OUT, _rows(out_strides, batch_index, token_rows, heads), mask, y_a, y_b, x_t, out_strides[3],
+                   out_scale, ROTARY_DIM, HEAD_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_TAIL, INTERLEAVED, WRITE_TAIL,
+                   OUT_QUANT, EVICT, False)
     if CACHE != 0:
         c_mask = cache_mask[:, None] & head_mask[None, :]
-        k_scale = 1.0
-        if FP8:
-            k_scale = tl.load(K_SCALE)
-        store_head(K_CACHE, _rows(k_cache_strides, cache_block[:, None], cache_row, heads.to(tl.int64)), c_mask,
+        c_heads = heads.to(tl.int64)
+        # the quantising store's scale: read, or (PER_TOKEN_HEAD) the head vector's absolute maximum over the
+        # format's largest value, from the rotated values already in registers, and written beside the cache
+        k_scale = head_scale(K_SCALE, scale_strides[0], cache_block, cache_row, c_heads, c_mask, y_a, y_b, x_t,
+                             ROTARY_DIM, HEAD_DIM, BLOCK_HALF, BLOCK_TAIL, QUANT)
+        store_head(K_CACHE, _rows(k_cache_strides, cache_block[:, None], cache_row, c_heads), c_mask,
                    y_a, y_b, x_t, k_cache_strides[3], k_scale, ROTARY_DIM, HEAD_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF,
-                   BLOCK_TAIL, INTERLEAVED, True, FP8, FP8_NATIVE, EVICT, False)
+                   BLOCK_TAIL, INTERLEAVED, True, QUANT, EVICT, False)
         if HAS_V:
             # v passes through: its head vectors as one "tail" of V_DIM channels
-            v_mask = c_mask[:, :, None] & (v_channels < V_DIM)[None, None, :]
-            v_scale = 1.0
-            if FP8:
-                v_scale = tl.load(V_SCALE)
-            rows_vc = _rows(v_cache_strides, cache_block[:, None], cache_row, heads.to(tl.int64))
-            store_channels(V_CACHE, rows_vc, v_channels, v, v_mask, v_cache_strides[3], v_scale, FP8, FP8_NATIVE,
-                           EVICT, False)
+            v_channel_mask = (v_channels < V_DIM)[None, None, :]
+            v_mask = c_mask[:, :, None] & v_channel_mask
+            v_scale = channels_scale(V_SCALE, scale_strides[1], cache_block, cache_row, c_heads, c_mask, v,
+                                     v_channel_mask, QUANT)
+            rows_vc = _rows(v_cache_strides, cache_block[:, None], cache_row, c_heads)
+            store_channels(V_CACHE, rows_vc, v_channels, v, v_mask, v_cache_strides[3], v_scale, QUANT, EVICT,
+                           False)
 
 
 @triton.jit
@@ -165,14 +173,18 @@ def fused_forward_kernel(
     # (batch, seq, head, channel) tuples.
     Q, K, OUT_Q, OUT_K, q_strides, k_strides, out_q_strides, out_k_strides,
     # the cache side, read and written by k's programs (CACHE): v (HAS_V: k's tokens and heads, V_DIM channels), the
-    # caches (float8 ones as uint8 bits, FP8, with one-element float32 scales), SLOTS (paged: a slot per token;
-    # contiguous: an offset per sequence; a page table: a position per token). Cache strides: (block or sequence,
-    # row, head, channel), whichever of NHD and HND the cache is stored in.
-    V, K_CACHE, V_CACHE, K_SCALE, V_SCALE, SLOTS, v_strides, k_cache_strides, v_cache_strides, slot_stride,
+    # caches (float8 ones as uint8 bits), SLOTS (paged: a slot per token; contiguous: an offset per sequence; a page
+    # table: a position per token). Cache strides: (block or sequence, row, head, channel), whichever of NHD and HND
+    # the cache is stored in.
+    V, K_CACHE, V_CACHE, SLOTS, v_strides, k_cache_strides, v_cache_strides, slot_stride,
     # the page table (CACHE 3, FlashInfer's): each token's request (-1: none) and the requests' pages, read by
     # fused_tiles.cache_slot; page_table: (BATCH_INDICES', KV_INDICES' and KV_INDPTR's strides, KV_INDICES' length,
     # the number of requests)
     BATCH_INDICES, KV_INDICES, KV_INDPTR, page_table,
+    # the quantising stores (QUANT = (format, scales, native conversion); fused_tiles): k's and v's float32 cache
+    # scales, read or (per token and head) written, and their (block or sequence, row, head) strides, k's then v's;
+    # q's output scale (OUT_QUANT: a float8 q at one float32 scale)
+    K_SCALE, V_SCALE, scale_strides, Q_SCALE,
     # the QK-norm (NORM): the (HEAD_DIM,) weights and their strides (q's, k's), eps, the weight offset
     Q_W, K_W, weight_strides, eps, weight_offset,
     # the angles: a (table_len, ROTARY_DIM / 2) float32 table, or COS_PER_TOKEN rows; (sequence, row, column)
@@ -189,9 +201,10 @@ def fused_forward_kernel(
     # what the call asks for
     HAS_K: tl.constexpr, INTERLEAVED: tl.constexpr, POS_MODE: tl.constexpr, IS_VARLEN: tl.constexpr,
     COS_PER_TOKEN: tl.constexpr, NORM: tl.constexpr, WRITE_Q: tl.constexpr, WRITE_K: tl.constexpr,
-    WRITE_TAIL: tl.constexpr, CACHE: tl.constexpr, HAS_V: tl.constexpr, FP8: tl.constexpr, MATH_DTYPE: tl.constexpr,
-    # what the tensors and the GPU allow
-    FP8_NATIVE: tl.constexpr, INDEX_DTYPE: tl.constexpr, EVICT: tl.constexpr,
+    WRITE_TAIL: tl.constexpr, CACHE: tl.constexpr, HAS_V: tl.constexpr, QUANT: tl.constexpr,
+    OUT_QUANT: tl.constexpr, MATH_DTYPE: tl.constexpr,
+    # what the tensors allow
+    INDEX_DTYPE: tl.constexpr, EVICT: tl.constexpr,
 ):
     """Grid: (token blocks, head blocks of q then of k, batch or sequence), or with HEADS_INNER (token blocks x head
     blocks, 1, batch or sequence). See the module docstring."""
@@ -210,25 +223,27 @@ def fused_forward_kernel(
         return  # varlen: this sequence is shorter than the longest one
     if pid_h < n_head_blocks_q:
         _forward_heads(Q, OUT_Q, q_strides, out_q_strides,
-                       None, None, None, None, None, None, v_strides, k_cache_strides, v_cache_strides, slot_stride,
+                       None, None, None, None, v_strides, k_cache_strides, v_cache_strides, slot_stride,
                        None, None, None, page_table,
+                       None, None, scale_strides, Q_SCALE,
                        Q_W, weight_strides[0], eps, weight_offset,
                        COS, SIN, cos_strides, POSITIONS, position_strides, position_offset,
                        pid_s, pid_b, first, seq_len, batch_index, pid_h * BLOCK_H, n_heads_q, sizes,
                        ROTARY_DIM, HEAD_DIM, V_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_TAIL, BLOCK_V, INTERLEAVED,
-                       POS_MODE, IS_VARLEN, COS_PER_TOKEN, NORM, WRITE_Q, WRITE_TAIL, 0, False, False, MATH_DTYPE,
-                       False, INDEX_DTYPE, EVICT)
+                       POS_MODE, IS_VARLEN, COS_PER_TOKEN, NORM, WRITE_Q, WRITE_TAIL, 0, False, STORE_PLAIN,
+                       OUT_QUANT, MATH_DTYPE, INDEX_DTYPE, EVICT)
     elif HAS_K:
         _forward_heads(K, OUT_K, k_strides, out_k_strides,
-                       V, K_CACHE, V_CACHE, K_SCALE, V_SCALE, SLOTS, v_strides, k_cache_strides, v_cache_strides,
-                       slot_stride, BATCH_INDICES, KV_INDICES, KV_INDPTR, page_table,
+                       V, K_CACHE, V_CACHE, SLOTS, v_strides, k_cache_strides, v_cache_strides, slot_stride,
+                       BATCH_INDICES, KV_INDICES, KV_INDPTR, page_table,
+                       K_SCALE, V_SCALE, scale_strides, None,
                        K_W, weight_strides[1], eps, weight_offset,
                        COS, SIN, cos_strides, POSITIONS, position_strides, position_offset,
                        pid_s, pid_b, first, seq_len, batch_index, (pid_h - n_head_blocks_q) * BLOCK_HK, n_heads_k,
                        sizes,
                        ROTARY_DIM, HEAD_DIM, V_DIM, BLOCK_S, BLOCK_HK, BLOCK_HALF, BLOCK_TAIL, BLOCK_V, INTERLEAVED,
-                       POS_MODE, IS_VARLEN, COS_PER_TOKEN, NORM, WRITE_K, WRITE_TAIL, CACHE, HAS_V, FP8, MATH_DTYPE,
-                       FP8_NATIVE, INDEX_DTYPE, EVICT)
+                       POS_MODE, IS_VARLEN, COS_PER_TOKEN, NORM, WRITE_K, WRITE_TAIL, CACHE, HAS_V, QUANT,
+                       STORE_PLAIN, MATH_DTYPE, INDEX_DTYPE, EVICT)
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -288,7 +303,7 @@ def _backward_heads(
         c = r * r * r * (dot / HEAD_DIM)[:, :, None]
         store_head(DX, _rows(dx_strides, batch_index, token_rows, heads), mask, r * w_a * g_a - c * x_a,
                    r * w_b * g_b - c * x_b, r * w_t * g_t - c * x_t, dx_strides[3], 1.0, ROTARY_DIM, HEAD_DIM,
-                   BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_TAIL, INTERLEAVED, True, False, False, EVICT, False)
+                   BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_TAIL, INTERLEAVED, True, STORE_PLAIN, EVICT, False)
         acc_a += g_a * x_a * r
         acc_b += g_b * x_b * r
         acc_t += g_t * x_t * r
@@ -297,7 +312,7 @@ def _backward_heads(
     dw_t = tl.sum(tl.sum(acc_t, 1), 0)[None, None, :]
     origin = tl.zeros([1, 1], dtype=tl.int64) + dw_row * HEAD_DIM
     store_head(DW, origin, origin >= 0, dw_a, dw_b, dw_t, 1, 1.0, ROTARY_DIM, HEAD_DIM, 1, 1, BLOCK_HALF,
-               BLOCK_TAIL, INTERLEAVED, True, False, False, "", DW_ATOMIC)
+               BLOCK_TAIL, INTERLEAVED, True, STORE_PLAIN, "", DW_ATOMIC)
 
 
 @triton.jit
@@ -391,9 +406,9 @@ def fused_config_for(shape: FusedShape, device) -> FusedConfig:
 
 
 def native_fp8(device) -> bool:
-    """Whether the kernel converts to e4m3 with the GPU's own instruction (compute capability 8.9 and later: a
-    saturating round-to-nearest-even conversion, two values an instruction) rather than with integer arithmetic
-    on the float32 bits (the interpreter, older GPUs). Both give the same bits."""
+    """Whether the kernel converts to float8 (e4m3, e5m2) with the GPU's own instruction (compute capability 8.9 and
+    later: a saturating round-to-nearest-even conversion, two values an instruction) rather than with integer
+    arithmetic on the float32 bits (the interpreter, older GPUs). Both give the same bits."""
     device = torch.device(device)
     return not _device.INTERPRET and device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9)
 
@@ -406,9 +421,12 @@ def native_fp8(device) -> bool:
 # was made without that tensor
 FORWARD_PER_CALL = ("Q", "K", "OUT_Q", "OUT_K", "V", "K_CACHE", "V_CACHE", "K_SCALE", "V_SCALE", "SLOTS",
                     "BATCH_INDICES", "KV_INDICES", "KV_INDPTR", "Q_W", "K_W", "COS", "SIN", "POSITIONS", "CU_SEQLENS",
-                    "position_offset")
+                    "position_offset", "Q_SCALE")
+# (a call whose plan stores q in its own dtype may stop before Q_SCALE: the plan's None stays)
 BACKWARD_PER_CALL = ("Q", "K", "GQ", "GK", "DQ", "DK", "Q_W", "K_W", "DW", "COS", "SIN", "POSITIONS", "CU_SEQLENS",
                      "position_offset")
+# the per-tensor scale's strides: constants (its one float is read without them)
+_ONE_SCALE = (1, 1, 1)
 
 _MATH = {torch.float64: tl.float64}
 _UNREAD = (1, 1, 1, 1)  # the strides of a tensor a launch does not read: constants to Triton
@@ -450,8 +468,9 @@ class FusedBackward:
 def plan_fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, interleaved: bool = False,
                cos_per_token: bool = False, out_q=None, out_k=None, v=None, k_cache=None, v_cache=None,
                cache_mode: int = CACHE_NONE, slots=None, page_table=None, block_size: int = 1, cache_len: int = 0,
-               k_scale=None, v_scale=None, q_weight=None, k_weight=None, eps: float = 0.0, weight_offset: float = 0.0,
-               grad_q=None, grad_k=None, config: FusedConfig | None = None):
+               k_scale=None, v_scale=None, quant: tuple = NO_QUANT[:2], q_format: int = PLAIN, q_scale=None,
+               q_weight=None, k_weight=None, eps: float = 0.0, weight_offset: float = 0.0, grad_q=None, grad_k=None,
+               config: FusedConfig | None = None):
     """The plan for :func:`launch_fused`'s arguments: for the forward a :class:`~ropekit.triton.launch.KernelLaunch`
     called with :data:`FORWARD_PER_CALL`'s tensors (None when there is nothing to do), for the backward (``grad_q``
     given) a :class:`FusedBackward`. Later calls pass tensors of the same shapes, strides and dtypes (or views of
@@ -469,7 +488,7 @@ def plan_fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, inte
         n_tokens = n_batch * seqlen
     head_dim, n_heads_q = q.shape[-1], q.shape[2]
     n_heads_k = k.shape[2] if k is not None else 0
-    fp8 = k_cache is not None and k_cache.dtype == torch.uint8
+    fp8 = k_cache is not None and quant[0] != PLAIN  # a one-byte cache
     norm = q_weight is not None
     if config is None:
         width = max(head_dim, v.shape[-1] if v is not None else 0)
@@ -520,7 +539,9 @@ def plan_fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, inte
         return FusedBackward(launch, dw_shape, dw_dtype, dw_zeroed, dw_atomic, n_blocks_q)
     write_q, write_k = out_q is not None, out_k is not None
     batch_indices, kv_indices, kv_indptr = page_table or (None,) * 3
-    in_place = (write_q and out_q.data_ptr() == q.data_ptr()) or (write_k and out_k.data_ptr() == k.data_ptr())
+    # (an empty tensor's data pointer says nothing: q without heads is not "in place")
+    in_place = any(out is not None and out.numel() > 0 and out.data_ptr() == x.data_ptr()
+                   for x, out in ((q, out_q), (k, out_k)))
     v_dim = v.shape[-1] if v is not None else 1
     arguments = dict(
         common, OUT_Q=out_q, OUT_K=out_k, out_q_strides=_strides(out_q), out_k_strides=_strides(out_k),
@@ -533,37 +554,62 @@ def plan_fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, inte
         sizes=(seqlen, n_heads_q, n_heads_k, table_len, n_tokens, cache_len, block_size),
         V_DIM=v_dim, BLOCK_V=_next_pow2(v_dim), NORM=norm, WRITE_Q=write_q, WRITE_K=write_k,
         WRITE_TAIL=norm or not in_place, CACHE=cache_mode, HAS_V=v is not None and cache_mode != CACHE_NONE,
-        FP8=fp8, FP8_NATIVE=fp8 and native_fp8(q.device))
+        QUANT=_quant(quant, k_cache, q.device), scale_strides=(_scale_strides(k_scale, quant),
+                                                               _scale_strides(v_scale, quant)),
+        Q_SCALE=q_scale, OUT_QUANT=_quant((q_format, PER_TENSOR), out_q, q.device))
     return KernelLaunch(fused_forward_kernel, grid, config.num_warps, FORWARD_PER_CALL, arguments)
+
+
+def _quant(quant: tuple, target, device) -> tuple:
+    """The kernel's QUANT (or OUT_QUANT) for a store into ``target`` (a cache, or q's output; None: no store): the
+    call's (format, scales) and whether the GPU converts to float8 itself."""
+    if target is None or quant[0] == PLAIN:
+        return NO_QUANT
+    return (quant[0], quant[1], quant[0] in (E4M3, E5M2) and native_fp8(device))
+
+
+def _scale_strides(scale, quant: tuple) -> tuple:
+    """A scale's (block or sequence, row, head) strides: a per-head ``(heads,)`` tensor's, or a per-(token, head)
+    scale cache's; a one-element scale's are not read."""
+    if scale is None or quant[0] == PLAIN or quant[1] == PER_TENSOR:
+        return _ONE_SCALE
+    if quant[1] == PER_HEAD:
+        return (0, 0, scale.stride(0))
+    return tuple(scale.stride())
 
 
 def launch_fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, interleaved: bool = False,
                  cos_per_token: bool = False, out_q=None, out_k=None, v=None, k_cache=None, v_cache=None,
                  cache_mode: int = CACHE_NONE, slots=None, page_table=None, block_size: int = 1,
-                 cache_len: int = 0, k_scale=None, v_scale=None, q_weight=None, k_weight=None, eps: float = 0.0,
-                 weight_offset: float = 0.0, grad_q=None, grad_k=None, config: FusedConfig | None = None):
+                 cache_len: int = 0, k_scale=None, v_scale=None, quant: tuple = NO_QUANT[:2], q_format: int = PLAIN,
+                 q_scale=None, q_weight=None, k_weight=None, eps: float = 0.0, weight_offset: float = 0.0,
+                 grad_q=None, grad_k=None, config: FusedConfig | None = None):
     """Plan and launch the fused kernels on validated arguments (``ropekit.fused`` validates; this trusts its caller).
 
     q, k, v, the outputs and the incoming gradients are ``(batch, seq, heads, dim)`` views with any strides, or
     ``(tokens, heads, dim)`` when ``positions.is_varlen``; caches are ``(blocks or batch, rows, heads, dim)`` views
-    (float8 caches as their uint8 bits). ``slots``: the contiguous cache's offsets (one a sequence), the paged
-    cache's slots or the page table's positions (one a token); ``page_table``: ``(batch_indices, kv_indices,
-    kv_indptr)`` with ``cache_mode`` CACHE_PAGE_TABLE. An output that is its input is written in place.
-    ``out_q``/``out_k`` None: not written. With ``grad_q`` (the backward) the outputs receive the input gradients and the call returns the
-    weight gradients ``(dw_q, dw_k)`` in the math dtype; otherwise None. The programs add their weight-gradient terms
-    into two rows with atomic adds (no second reduction kernel; the float sum's rounding depends on the order the
-    adds arrive in), or, under ``torch.use_deterministic_algorithms``, each program stores its own row and one
-    reduction in a fixed order sums them. ``config`` forces a launch configuration (tools and tests).
+    (float8 caches as their uint8 bits; ``quant``: what the cache stores, ``(format, scales)`` of
+    :mod:`ropekit.triton.fused_tiles`, with ``k_scale``/``v_scale`` one float32 each, ``(heads,)`` or, per (token,
+    head), scale caches ``(blocks or batch, rows, heads)`` the launch writes; ``q_format``: a float8 q output, ``out_q``
+    as its uint8 bytes, at the one-element ``q_scale``). ``slots``: the contiguous cache's offsets (one a sequence),
+    the paged cache's slots or the page table's positions (one a token); ``page_table``: ``(batch_indices,
+    kv_indices, kv_indptr)`` with ``cache_mode`` CACHE_PAGE_TABLE. An output that is its input is written in place.
+    ``out_q``/``out_k`` None: not written. With ``grad_q`` (the backward) the outputs receive the input gradients and
+    the call returns the weight gradients ``(dw_q, dw_k)`` in the math dtype; otherwise None. The programs add their
+    weight-gradient terms into two rows with atomic adds (no second reduction kernel; the float sum's rounding depends
+    on the order the adds arrive in), or, under ``torch.use_deterministic_algorithms``, each program stores its own row
+    and one reduction in a fixed order sums them. ``config`` forces a launch configuration (tools and tests).
     """
     plan = plan_fused(q, k, cos, sin, positions=positions, rotary_dim=rotary_dim, interleaved=interleaved,
                       cos_per_token=cos_per_token, out_q=out_q, out_k=out_k, v=v, k_cache=k_cache, v_cache=v_cache,
                       cache_mode=cache_mode, slots=slots, page_table=page_table, block_size=block_size,
-                      cache_len=cache_len, k_scale=k_scale, v_scale=v_scale, q_weight=q_weight, k_weight=k_weight,
-                      eps=eps, weight_offset=weight_offset, grad_q=grad_q, grad_k=grad_k, config=config)
+                      cache_len=cache_len, k_scale=k_scale, v_scale=v_scale, quant=quant, q_format=q_format,
+                      q_scale=q_scale, q_weight=q_weight, k_weight=k_weight, eps=eps, weight_offset=weight_offset,
+                      grad_q=grad_q, grad_k=grad_k, config=config)
     if grad_q is not None:
         return plan(q, k, grad_q, grad_k, out_q, out_k, q_weight, k_weight, cos, sin, positions.tensor,
                     positions.cu_seqlens, positions.offset)
     if plan is not None:
         plan(q, k, out_q, out_k, v, k_cache, v_cache, k_scale, v_scale, slots, *(page_table or (None,) * 3),
-             q_weight, k_weight, cos, sin, positions.tensor, positions.cu_seqlens, positions.offset)
+             q_weight, k_weight, cos, sin, positions.tensor, positions.cu_seqlens, positions.offset, q_scale)
     return None

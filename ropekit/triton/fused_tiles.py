@@ -1,6 +1,7 @@
 """The fused kernel's tile helpers (device code): loading and storing a tile of head vectors as pair halves and
-a tail, the float8 e4m3 store, the norm's weights and root mean square, where a token goes in a KV cache, and where a
-sequence's rows lie. The kernel that composes them is :mod:`ropekit.triton.fused`."""
+a tail, the quantising store (float8 e4m3/e5m2, int8; per-tensor, per-head or per-(token, head) scales), the norm's
+weights and root mean square, where a token goes in a KV cache, and where a sequence's rows lie. The kernel that
+composes them is :mod:`ropekit.triton.fused`."""
 
 from __future__ import annotations
 
@@ -9,73 +10,207 @@ import triton.language as tl
 
 from .v4 import _load_pairs
 
-__all__ = ["e4m3_bits", "store_head", "store_channels", "load_head", "norm_weights", "rsqrt_mean_square",
-           "cache_slot", "sequence_span"]
+__all__ = ["PLAIN", "E4M3", "E5M2", "INT8", "PER_TENSOR", "PER_HEAD", "PER_TOKEN_HEAD", "NO_QUANT", "STORE_PLAIN",
+           "float8_bits", "e4m3_bits", "int8_values", "quantised", "head_amax", "channels_amax", "cache_scale",
+           "head_scale", "channels_scale", "store_head", "store_channels", "load_head", "norm_weights",
+           "rsqrt_mean_square", "cache_slot", "sequence_span"]
+
+
+# The cache's store, one constexpr tuple QUANT = (FORMAT, SCALES, NATIVE):
+#   FORMAT: PLAIN (the cache's own dtype, no scale), E4M3, E5M2 (float8 bits in a uint8 view), INT8;
+#   SCALES: PER_TENSOR (one float32), PER_HEAD (one a kv head), PER_TOKEN_HEAD (computed here from the head vector's
+#           absolute maximum and written beside the cache);
+#   NATIVE: float8 bits by the GPU's own conversion instruction rather than integer arithmetic (the same bits).
+# A per-tensor scale is one float; the others are addressed alike, SCALE + block * strides[0] + row * strides[1] +
+# head * strides[2] (a per-head one with strides (0, 0, stride)): one group, the scale pointers and their strides,
+# serves every mode.
+PLAIN, E4M3, E5M2, INT8 = 0, 1, 2, 3
+PER_TENSOR, PER_HEAD, PER_TOKEN_HEAD = 0, 1, 2
+NO_QUANT = (PLAIN, PER_TENSOR, False)
+# the same, as device code reads globals (constexprs); STORE_PLAIN: an output stored in its own dtype
+_PLAIN, _E5M2, _INT8, _PER_TENSOR, _PER_HEAD, _PER_TOKEN_HEAD = (tl.constexpr(c) for c in (
+    PLAIN, E5M2, INT8, PER_TENSOR, PER_HEAD, PER_TOKEN_HEAD))
+STORE_PLAIN = tl.constexpr(NO_QUANT)
 
 
 @triton.jit
-def e4m3_bits(x):
-    """The float8 e4m3fn bits (uint8) of fp32 ``x``: round to nearest even, saturate at ±448 (infinities too), NaN
-    stays NaN. Integer arithmetic on the fp32 bits, so the GPU and the interpreter give the same bits."""
+def float8_bits(x, MANTISSA: tl.constexpr, BIAS: tl.constexpr, MAX_BITS: tl.constexpr):
+    """The float8 bits (uint8) of fp32 ``x`` in a format of MANTISSA bits and exponent bias BIAS whose largest
+    finite value has the fp32 bits MAX_BITS (e4m3fn: 3, 7, 448.0; e5m2: 2, 15, 57344.0): round to nearest even,
+    saturate at the largest finite value (infinities too), NaN stays NaN (all ones but the sign). Integer arithmetic
+    on the fp32 bits, so the GPU and the interpreter give the same bits."""
     bits = x.to(tl.uint32, bitcast=True)
     sign = (bits >> 24) & 0x80
     magnitude = bits & 0x7FFFFFFF
     is_nan = magnitude > 0x7F800000
-    magnitude = tl.minimum(magnitude, 0x43E00000)  # 448.0
+    magnitude = tl.minimum(magnitude, MAX_BITS)
     exponent = magnitude >> 23
-    # normal e4m3 (|x| >= 2**-6): keep 3 mantissa bits, rebias the exponent from 127 to 7
-    normal = ((magnitude + 0x7FFFF + ((magnitude >> 20) & 1)) >> 20) - (120 << 3)
-    # subnormal e4m3: m * 2**-9, m = round(|x| * 2**9) from the 24-bit significand
+    # normal (|x| >= 2**(1 - BIAS)): keep MANTISSA bits, rebias the exponent from 127 to BIAS
+    normal = ((magnitude + ((1 << (22 - MANTISSA)) - 1) + ((magnitude >> (23 - MANTISSA)) & 1)) >> (23 - MANTISSA)) \
+        - ((127 - BIAS) << MANTISSA)
+    # subnormal: m * 2**(1 - BIAS - MANTISSA), m = round(|x| / that) from the 24-bit significand
     significand = (magnitude & 0x7FFFFF) | 0x800000
-    shift = tl.minimum(tl.maximum(141 - exponent.to(tl.int32), 1), 25).to(tl.uint32)
+    shift = tl.minimum(tl.maximum((151 - BIAS - MANTISSA) - exponent.to(tl.int32), 1), 25).to(tl.uint32)
     subnormal = (significand + (1 << (shift - 1)) - 1 + ((significand >> shift) & 1)) >> shift
-    code = tl.where(exponent >= 121, normal, subnormal)
+    code = tl.where(exponent >= 128 - BIAS, normal, subnormal)
     code = tl.where(is_nan, 0x7F, code)
     return (code | sign).to(tl.uint8)
 
 
 @triton.jit
+def e4m3_bits(x):
+    """The float8 e4m3fn bits (uint8) of fp32 ``x``: round to nearest even, saturate at ±448 (infinities too), NaN
+    stays NaN."""
+    return float8_bits(x, 3, 7, 0x43E00000)
+
+
+@triton.jit
+def int8_values(x):
+    """fp32 ``x`` rounded to the nearest integer (ties to even), saturating at [-128, 127]; NaN gives 0. Exact fp32
+    arithmetic on the truncated integer, so the GPU and the interpreter agree."""
+    x = tl.where(x != x, 0.0, x)
+    x = tl.where(x > 127.0, 127.0, tl.where(x < -128.0, -128.0, x))
+    whole = x.to(tl.int32)  # toward zero
+    rest = x - whole.to(tl.float32)  # exact: |x| < 2**23
+    step = tl.where(rest > 0, 1, -1)
+    up = (tl.abs(rest) > 0.5) | ((tl.abs(rest) == 0.5) & ((whole & 1) != 0))
+    return tl.where(up, whole + step, whole).to(tl.int8)
+
+
+@triton.jit
+def quantised(values, scale, QUANT: tl.constexpr):
+    """``values / scale`` (the quotient correctly rounded to fp32: the one the float64 reference rounds) in QUANT's
+    format: float8 bits, or int8 values."""
+    quotient = tl.div_rn(values.to(tl.float32), scale)
+    if QUANT[0] == _INT8:
+        stored = int8_values(quotient)
+    elif QUANT[0] == _E5M2:
+        if QUANT[2]:
+            # the GPU's conversion after saturating (a NaN fails both comparisons), a NaN's code set as the integer
+            # rounding sets it (all ones but the sign)
+            quotient = tl.where(quotient > 57344.0, 57344.0, tl.where(quotient < -57344.0, -57344.0, quotient))
+            converted = quotient.to(tl.float8e5, fp_downcast_rounding="rtne").to(tl.uint8, bitcast=True)
+            nan = (((quotient.to(tl.uint32, bitcast=True) >> 24) & 0x80) | 0x7F).to(tl.uint8)
+            stored = tl.where(quotient != quotient, nan, converted)
+        else:
+            stored = float8_bits(quotient, 2, 15, 0x47600000)
+    elif QUANT[2]:
+        stored = quotient.to(tl.float8e4nv, fp_downcast_rounding="rtne").to(tl.uint8, bitcast=True)
+    else:
+        stored = e4m3_bits(quotient)
+    return stored
+
+
+@triton.jit
+def format_max(QUANT: tl.constexpr):
+    """The largest value QUANT's format stores: what a per-(token, head) scale maps the head's absolute maximum to."""
+    largest = 448.0
+    if QUANT[0] == _INT8:
+        largest = 127.0
+    elif QUANT[0] == _E5M2:
+        largest = 57344.0
+    return largest
+
+
+@triton.jit
+def channels_amax(values, mask):
+    """The largest ``|value|`` over the last axis where ``mask`` holds, NaN not counted ([..., 1])."""
+    magnitude = tl.where(mask & (values == values), tl.abs(values), 0.0)
+    return tl.max(magnitude, 2, keep_dims=True)
+
+
+@triton.jit
+def head_amax(y_a, y_b, y_t, ROTARY_DIM: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_HALF: tl.constexpr,
+              BLOCK_TAIL: tl.constexpr):
+    """The largest ``|value|`` of each head vector given as pair halves and a tail ([BLOCK_S, BLOCK_H, 1]; padding
+    channels and NaN not counted): the reduction QK-norm's mean square makes, on the rotated values."""
+    pairs = (tl.arange(0, BLOCK_HALF) < ROTARY_DIM // 2)[None, None, :]
+    amax = tl.maximum(channels_amax(y_a, pairs), channels_amax(y_b, pairs))
+    if ROTARY_DIM < HEAD_DIM:
+        amax = tl.maximum(amax, channels_amax(y_t, (ROTARY_DIM + tl.arange(0, BLOCK_TAIL) < HEAD_DIM)[None, None, :]))
+    return amax
+
+
+@triton.jit
+def cache_scale(SCALE, strides, block, row, heads, mask, amax, QUANT: tl.constexpr):
+    """The scale a tile of head vectors is stored at (one float, or [BLOCK_S, BLOCK_H, 1]): read (PER_TENSOR; PER_HEAD,
+    whose strides are (0, 0, head stride)), or ``max(amax / format max, smallest normal float32)`` written at the
+    tile's (block, row, head) where ``mask`` holds (PER_TOKEN_HEAD; the floor keeps an all-zero head's scale finite
+    and nonzero). ``block``, ``row``: [BLOCK_S]; ``amax``: the head vectors' absolute maxima, read only for
+    PER_TOKEN_HEAD."""
+    if QUANT[1] == _PER_TENSOR:
+        scale = tl.load(SCALE)
+    else:
+        pointers = SCALE + block[:, None] * strides[0] + row[:, None] * strides[1] + heads[None, :] * strides[2]
+        if QUANT[1] == _PER_HEAD:
+            scale = tl.load(pointers, mask=mask, other=1.0)[:, :, None]
+        else:
+            scale = tl.maximum(tl.div_rn(amax, format_max(QUANT)), 1.1754943508222875e-38)
+            tl.store(pointers[:, :, None], scale, mask=mask[:, :, None])
+    return scale
+
+
+@triton.jit
+def head_scale(SCALE, strides, block, row, heads, mask, y_a, y_b, y_t, ROTARY_DIM: tl.constexpr,
+               HEAD_DIM: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_TAIL: tl.constexpr, QUANT: tl.constexpr):
+    """The scale a tile of head vectors (pair halves and tail, rotated) is stored at: 1.0 for a store in the cache's
+    own dtype, else :func:`cache_scale` (per (token, head): from the vectors' absolute maxima, written)."""
+    scale = 1.0
+    if QUANT[0] != _PLAIN:
+        amax = 0.0
+        if QUANT[1] == _PER_TOKEN_HEAD:
+            amax = head_amax(y_a, y_b, y_t, ROTARY_DIM, HEAD_DIM, BLOCK_HALF, BLOCK_TAIL).to(tl.float32)
+        scale = cache_scale(SCALE, strides, block, row, heads, mask, amax, QUANT)
+    return scale
+
+
+@triton.jit
+def channels_scale(SCALE, strides, block, row, heads, mask, values, channel_mask, QUANT: tl.constexpr):
+    """:func:`head_scale` for head vectors given as one run of channels (v's), ``channel_mask`` their extent."""
+    scale = 1.0
+    if QUANT[0] != _PLAIN:
+        amax = 0.0
+        if QUANT[1] == _PER_TOKEN_HEAD:
+            amax = channels_amax(values.to(tl.float32), channel_mask)
+        scale = cache_scale(SCALE, strides, block, row, heads, mask, amax, QUANT)
+    return scale
+
+
+@triton.jit
 def store_head(OUT, rows, mask, y_a, y_b, y_t, stride_d, scale, ROTARY_DIM: tl.constexpr, HEAD_DIM: tl.constexpr,
                BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_TAIL: tl.constexpr,
-               INTERLEAVED: tl.constexpr, WRITE_TAIL: tl.constexpr, FP8: tl.constexpr, FP8_NATIVE: tl.constexpr,
-               EVICT: tl.constexpr, ATOMIC: tl.constexpr):
+               INTERLEAVED: tl.constexpr, WRITE_TAIL: tl.constexpr, QUANT: tl.constexpr, EVICT: tl.constexpr,
+               ATOMIC: tl.constexpr):
     """Store a [BLOCK_S, BLOCK_H] tile of head vectors given as pair halves (and the tail past ROTARY_DIM), cast to
-    OUT's dtype, or with FP8 as the e4m3 bits of ``value / scale`` into a uint8 view of the cache; with ATOMIC, add
-    them to what OUT holds."""
+    OUT's dtype, or quantised at ``scale`` as QUANT says (:func:`store_channels`); with ATOMIC, add them to what
+    OUT holds."""
     if INTERLEAVED:
         channels = tl.arange(0, 2 * BLOCK_HALF)
         y = tl.reshape(tl.join(y_a, y_b), [BLOCK_S, BLOCK_H, 2 * BLOCK_HALF])
         store_channels(OUT, rows, channels, y, mask[:, :, None] & (channels < ROTARY_DIM)[None, None, :],
-                       stride_d, scale, FP8, FP8_NATIVE, EVICT, ATOMIC)
+                       stride_d, scale, QUANT, EVICT, ATOMIC)
     else:
         pairs = tl.arange(0, BLOCK_HALF)
         pair_mask = mask[:, :, None] & (pairs < ROTARY_DIM // 2)[None, None, :]
-        store_channels(OUT, rows, pairs, y_a, pair_mask, stride_d, scale, FP8, FP8_NATIVE, EVICT, ATOMIC)
-        store_channels(OUT, rows, pairs + ROTARY_DIM // 2, y_b, pair_mask, stride_d, scale, FP8, FP8_NATIVE, EVICT,
-                       ATOMIC)
+        store_channels(OUT, rows, pairs, y_a, pair_mask, stride_d, scale, QUANT, EVICT, ATOMIC)
+        store_channels(OUT, rows, pairs + ROTARY_DIM // 2, y_b, pair_mask, stride_d, scale, QUANT, EVICT, ATOMIC)
     if WRITE_TAIL and ROTARY_DIM < HEAD_DIM:
         tail = ROTARY_DIM + tl.arange(0, BLOCK_TAIL)
         tail_mask = mask[:, :, None] & (tail < HEAD_DIM)[None, None, :]
-        store_channels(OUT, rows, tail, y_t, tail_mask, stride_d, scale, FP8, FP8_NATIVE, EVICT, ATOMIC)
+        store_channels(OUT, rows, tail, y_t, tail_mask, stride_d, scale, QUANT, EVICT, ATOMIC)
 
 
 @triton.jit
-def store_channels(OUT, rows, channels, values, mask, stride_d, scale, FP8: tl.constexpr,
-                   FP8_NATIVE: tl.constexpr, EVICT: tl.constexpr, ATOMIC: tl.constexpr):
-    """Store values (FP8: the e4m3 bits of ``values / scale``, computed by :func:`e4m3_bits`, or with FP8_NATIVE
-    by the GPU's own saturating round-to-nearest-even conversion, which gives the same bits); with ATOMIC, add them
-    to OUT's values (an unordered sum: its rounding depends on the order the adds arrive in)."""
+def store_channels(OUT, rows, channels, values, mask, stride_d, scale, QUANT: tl.constexpr, EVICT: tl.constexpr,
+                   ATOMIC: tl.constexpr):
+    """Store values: cast to OUT's dtype, or with a quantising QUANT (:func:`quantised`) the format's bits of
+    ``values / scale`` (``scale`` one float or [BLOCK_S, BLOCK_H, 1]); with ATOMIC, add them to OUT's values (an
+    unordered sum: its rounding depends on the order the adds arrive in)."""
     pointers = OUT + rows[:, :, None] + channels[None, None, :] * stride_d
     if ATOMIC:
         tl.atomic_add(pointers, values.to(OUT.dtype.element_ty), mask=mask, sem="relaxed")
-    elif FP8:
-        # (x / scale) correctly rounded to fp32, then to e4m3: the quotient the float64 reference rounds
-        quotient = tl.div_rn(values.to(tl.float32), scale)
-        if FP8_NATIVE:
-            bits = quotient.to(tl.float8e4nv, fp_downcast_rounding="rtne").to(tl.uint8, bitcast=True)
-        else:
-            bits = e4m3_bits(quotient)
-        tl.store(pointers, bits, mask=mask, eviction_policy=EVICT)
+    elif QUANT[0] != _PLAIN:
+        tl.store(pointers, quantised(values, scale, QUANT), mask=mask, eviction_policy=EVICT)
     else:
         tl.store(pointers, values.to(OUT.dtype.element_ty), mask=mask, eviction_policy=EVICT)
 

@@ -1,0 +1,391 @@
+"""Quantise on write: ropekit.rope_and_cache into float8 e4m3 / e5m2 and int8 caches, at one scale a tensor, one a kv
+head, or one a (token, head) computed from the rotated head vector and written beside the cache (vLLM's
+``fp8_per_token_head`` / ``int8_per_token_head``). Each format is checked by a reader round trip: written by ropekit,
+read back by the reference dequantiser (stored value times its scale, found at the token's slot) and compared with
+the float64 truth within half a spacing of the format; v, which passes through, bit for bit. Both backends."""
+
+import pytest
+import torch
+
+import ropekit
+from ropekit import reference as ref
+from ropekit.testing import ulp
+from conftest import DEVICE, gpu_only
+
+E4M3, E5M2, INT8 = torch.float8_e4m3fn, torch.float8_e5m2, torch.int8
+FORMATS = {"e4m3": (E4M3, "fp8_e4m3"), "e5m2": (E5M2, "fp8_e5m2"), "int8": (INT8, "auto")}
+
+
+def spacing(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The distance between neighbouring values of the format at ``|values|`` (float64)."""
+    return torch.ones_like(values, dtype=torch.float64) if dtype == INT8 else ulp(values, dtype)
+
+
+def case(tokens=6, hk=2, d=16, dtype=torch.bfloat16, cache_dtype=E4M3, num_blocks=3, block_size=4, skip=(2,)):
+    """k and v slices of one projection, caches (and scale caches) filled with sentinel bytes, a slot mapping with
+    padding tokens."""
+    kv = torch.randn(tokens, 2 * hk * d, device=DEVICE).to(dtype) * 3
+    k, v = kv[:, :hk * d].view(tokens, hk, d), kv[:, hk * d:].view(tokens, hk, d)
+    q = torch.randn(tokens, 3, d, device=DEVICE).to(dtype)
+
+    def sentinel(*shape, dtype):
+        return torch.randint(0, 100, shape, device=DEVICE, dtype=torch.uint8).view(dtype) if dtype.itemsize == 1 \
+            else torch.randn(*shape, device=DEVICE).to(dtype)
+
+    caches = [sentinel(num_blocks, block_size, hk, d, dtype=cache_dtype) for _ in range(2)]
+    scale_caches = [torch.full((num_blocks, block_size, hk), -7.0, device=DEVICE) for _ in range(2)]
+    slots = torch.randperm(num_blocks * block_size)[:tokens]
+    slots[list(skip)] = -1
+    return q, k, v, caches, scale_caches, slots.to(DEVICE)
+
+
+def scales_at(mode: str, k_scale, v_scale, scale_caches, slots, hk):
+    """The reader's scales for the written tokens, ``(written, hk, 1)`` float64: found at the token's slot (per
+    (token, head)), or the static ones."""
+    written = slots[slots >= 0]
+    if mode == "token_head":
+        return [c.view(-1, hk)[written].double().cpu()[..., None] for c in scale_caches]
+    return [s.double().cpu().reshape(-1)[:, None].expand(hk, 1).expand(written.numel(), hk, 1)
+            for s in (k_scale, v_scale)]
+
+
+def assert_untouched(before, after, slots):
+    """Every slot no token names holds its bytes (caches and scale caches alike)."""
+    flat_before, flat_after = (t.reshape(-1, *t.shape[2:]).cpu() for t in (before, after))
+    untouched = torch.ones(flat_after.shape[0], dtype=torch.bool)
+    untouched[slots[slots >= 0].cpu()] = False
+    assert torch.equal(flat_after[untouched].contiguous().view(torch.uint8),
+                       flat_before[untouched].contiguous().view(torch.uint8))
+
+
+@pytest.mark.parametrize("mode", ["tensor", "head", "token_head"])
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_reader_round_trip(fmt, mode, backend):
+    """Write with ropekit, read back with the reference dequantiser: k within half a spacing of the format (plus the
+    float32 math's own error) of the float64 truth, v and its per-(token, head) scales bit for bit."""
+    cache_dtype, kv_cache_dtype = FORMATS[fmt]
+    hk = 2
+    q, k, v, (k_cache, v_cache), scale_caches, slots = case(hk=hk, cache_dtype=cache_dtype)
+    before = [t.clone() for t in (k_cache, v_cache, *scale_caches)]
+    cos, sin = ropekit.cos_sin_table(32, 16, device=DEVICE)
+    positions = torch.tensor([0, 3, 1, 31, 7, 2], device=DEVICE)
+    kwargs = dict(kv_cache_dtype=kv_cache_dtype)
+    k_scale = v_scale = None
+    largest = ref.CACHE_FORMATS[cache_dtype][1]
+    if mode == "token_head":
+        kwargs.update(k_scale_cache=scale_caches[0], v_scale_cache=scale_caches[1],
+                      kv_cache_dtype={"e4m3": "fp8_per_token_head", "int8": "int8_per_token_head"}.get(fmt, "auto"))
+    else:  # static scales that keep the values inside the format
+        size = 1 if mode == "tensor" else hk
+        k_scale = (torch.rand(size, device=DEVICE) + 1) * 20 / largest
+        v_scale = (torch.rand(size, device=DEVICE) + 1) * 20 / largest
+        kwargs.update(k_scale=k_scale, v_scale=v_scale)
+    ropekit.rope_and_cache(q, k, v, cos, sin, k_cache=k_cache, v_cache=v_cache, slot_mapping=slots,
+                           positions=positions, layout="thd", cu_seqlens=torch.tensor([0, 6], device=DEVICE),
+                           max_seqlen=6, **kwargs)
+    written = (slots >= 0).cpu()
+    k_read_scale, v_read_scale = scales_at(mode, k_scale, v_scale, scale_caches, slots, hk)
+    truth_k = ref.rope_table(k, cos, sin, positions.cpu())[written]
+    truth_v = v.double().cpu()[written]
+    got_k = ref.dequantise(k_cache.view(-1, hk, 16)[slots[slots >= 0]], k_read_scale)
+    quotient = truth_k / k_read_scale
+    error = (got_k - truth_k).abs() / k_read_scale
+    bound = spacing(quotient, cache_dtype) / 2 + 1e-5 * quotient.abs().amax(-1, keepdim=True)
+    assert bool((error <= bound).all()), float((error / bound).max())
+    if mode == "token_head":
+        # the scale: max|x| over the head vector / the format's largest value, float32
+        assert torch.equal(v_read_scale, ref.token_head_scale(truth_v, cache_dtype))
+        torch.testing.assert_close(k_read_scale, ref.token_head_scale(truth_k, cache_dtype), rtol=1e-6, atol=0)
+        assert bool((quotient.abs().amax(-1) <= largest * (1 + 1e-6)).all())
+    got_v = v_cache.view(-1, hk, 16)[slots[slots >= 0]].double().cpu()
+    assert torch.equal(got_v, ref.quantise(truth_v, v_read_scale, cache_dtype))
+    for b, a in zip(before, (k_cache, v_cache, *scale_caches)):
+        assert_untouched(b, a, slots)
+    if mode != "token_head":
+        for b, a in zip(before[2:], scale_caches):
+            assert torch.equal(a, b)  # static scales: the scale caches are not touched (not passed)
+
+
+@pytest.mark.parametrize("mode", ["tensor", "head", "token_head"])
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_both_backends_store_the_same_bytes(fmt, mode):
+    """The native backend (PyTorch ops) and the Triton kernel (the interpreter on a CPU) write the same caches, scale
+    caches and float8 q, byte for byte (k in float32 math, one rounding: no summation order differs without QK-norm)."""
+    cache_dtype, kv_cache_dtype = FORMATS[fmt]
+    q, k, v, (k_cache, v_cache), scale_caches, slots = case(cache_dtype=cache_dtype)
+    cos, sin = ropekit.cos_sin_table(16, 12, device=DEVICE)  # partial rotary
+    kwargs = dict(kv_cache_dtype=kv_cache_dtype)
+    if mode == "token_head":
+        kwargs.update(k_scale_cache=scale_caches[0], v_scale_cache=scale_caches[1])
+    else:
+        size = 1 if mode == "tensor" else 2
+        kwargs.update(k_scale=torch.full((size,), 0.03, device=DEVICE),
+                      v_scale=torch.full((size,), 0.07, device=DEVICE))
+    if cache_dtype != INT8:
+        kwargs.update(q_dtype=cache_dtype, q_scale=torch.tensor([0.01], device=DEVICE))
+    written = {}
+    for backend in ropekit.device.BACKENDS:
+        outputs = [t.clone() for t in (k_cache, v_cache, *scale_caches)]
+        call = dict(kwargs, **({"k_scale_cache": outputs[2], "v_scale_cache": outputs[3]} if mode == "token_head"
+                               else {}))
+        with ropekit.device.set_backend(backend):
+            out_q, _ = ropekit.rope_and_cache(q[None], k[None], v[None], cos, sin, k_cache=outputs[0],
+                                              v_cache=outputs[1], slot_mapping=slots, positions=2, interleaved=True,
+                                              **call)
+        written[backend] = [t.view(torch.uint8) for t in (out_q, *outputs)]
+    for native, kernel in zip(*written.values()):
+        assert torch.equal(native, kernel)
+
+
+@pytest.mark.parametrize("fmt", ["e4m3", "int8"])
+def test_an_all_zero_head_gets_a_finite_scale(fmt, backend):
+    """amax == 0: the scale is the floor (the smallest normal float32), the stored values 0, the read-back 0."""
+    cache_dtype = FORMATS[fmt][0]
+    q, k, v, (k_cache, v_cache), scale_caches, slots = case(cache_dtype=cache_dtype, skip=())
+    k[1] = 0
+    v[1, 0] = 0
+    cos, sin = ropekit.cos_sin_table(8, 16, device=DEVICE)
+    ropekit.rope_and_cache(q[None], k[None], v[None], cos, sin, k_cache=k_cache, v_cache=v_cache, slot_mapping=slots,
+                           k_scale_cache=scale_caches[0], v_scale_cache=scale_caches[1])
+    slot = int(slots[1])
+    tiny = torch.finfo(torch.float32).tiny
+    assert torch.equal(scale_caches[0].view(-1, 2)[slot].cpu(), torch.full((2,), tiny))
+    assert float(scale_caches[1].view(-1, 2)[slot, 0]) == tiny and float(scale_caches[1].view(-1, 2)[slot, 1]) > tiny
+    assert not k_cache.view(-1, 2, 16)[slot].double().any() and not v_cache.view(-1, 2, 16)[slot, 0].double().any()
+
+
+ROUNDING = [1.0625, 1.1875, 17.0, 19.0, 2.0**-15 * 3, 2.0**-17, 2.0**-18, 57344.0, 60000.0, 61440.0, -1e6,
+            float("inf"), -0.0, 0.0, float("nan"), -2.0**-16]
+INT8_ROUNDING = [0.5, 1.5, 2.5, -0.5, -1.5, 126.5, 127.4, 127.6, -128.4, -129.0, 300.0, float("-inf"), 3.49, -0.0,
+                 float("nan"), 7.0]
+
+
+@pytest.mark.parametrize("fmt", ["e5m2", "int8"])
+def test_rounding_of_the_format(fmt, backend):
+    """v passes through, so with scale 1 its stored values are the format's rounding itself: ties to even,
+    subnormals, saturation (infinities too), signed zeros and NaN (int8: NaN stores 0)."""
+    cache_dtype = FORMATS[fmt][0]
+    values = torch.tensor(ROUNDING if fmt == "e5m2" else INT8_ROUNDING, device=DEVICE)
+    k = torch.zeros(1, 1, 1, 16, device=DEVICE)
+    k_cache, v_cache = (torch.zeros(1, 1, 1, 16, device=DEVICE, dtype=cache_dtype) for _ in range(2))
+    one = torch.ones(1, device=DEVICE)
+    cos, sin = ropekit.cos_sin_table(1, 16, device=DEVICE)
+    ropekit.rope_and_cache(k, k, values.view(1, 1, 1, 16), cos, sin, k_cache=k_cache, v_cache=v_cache,
+                           slot_mapping=torch.zeros(1, dtype=torch.int64, device=DEVICE), k_scale=one, v_scale=one)
+    want = ref.quantise(values.cpu(), 1.0, cache_dtype).to(cache_dtype)
+    assert torch.equal(v_cache.cpu().flatten().view(torch.uint8), want.view(torch.uint8))
+
+
+def test_a_uint8_cache_holds_the_bytes_kv_cache_dtype_names():
+    """vLLM allocates float8 caches as uint8: ``kv_cache_dtype`` says which float8 their bytes are."""
+    q, k, v, _, _, slots = case(skip=())
+    cos, sin = ropekit.cos_sin_table(8, 16, device=DEVICE)
+    scale = torch.tensor([0.01], device=DEVICE)
+    stored = {}
+    for kv_cache_dtype, cache_dtype in (("fp8_e5m2", torch.uint8), ("auto", E5M2), ("fp8", torch.uint8),
+                                        ("fp8_e4m3", E4M3)):
+        k_cache, v_cache = (torch.zeros(3, 4, 2, 16, device=DEVICE, dtype=cache_dtype) for _ in range(2))
+        ropekit.rope_and_cache(q[None], k[None], v[None], cos, sin, k_cache=k_cache, v_cache=v_cache,
+                               slot_mapping=slots, k_scale=scale, v_scale=scale, kv_cache_dtype=kv_cache_dtype)
+        stored[kv_cache_dtype] = v_cache.view(torch.uint8)
+    assert torch.equal(stored["fp8_e5m2"], stored["auto"])
+    assert torch.equal(stored["fp8"], stored["fp8_e4m3"])
+    assert not torch.equal(stored["fp8"], stored["fp8_e5m2"])
+
+
+def test_per_head_and_per_tensor_scales_mix():
+    """A one-element k_scale beside a per-head v_scale: each is read as given."""
+    q, k, v, (k_cache, v_cache), _, slots = case(cache_dtype=E4M3, skip=())
+    cos, sin = ropekit.cos_sin_table(8, 16, device=DEVICE)
+    k_scale, v_scale = torch.tensor([0.05], device=DEVICE), torch.tensor([0.02, 0.5], device=DEVICE)
+    ropekit.rope_and_cache(q[None], k[None], v[None], cos, sin, k_cache=k_cache, v_cache=v_cache, slot_mapping=slots,
+                           k_scale=k_scale, v_scale=v_scale)
+    got_v = v_cache.view(-1, 2, 16)[slots].double().cpu()
+    assert torch.equal(got_v, ref.quantise(v.double().cpu(), v_scale.cpu()[:, None].double(), E4M3))
+
+
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+def test_a_float8_q_reads_back_within_half_a_spacing(fmt, backend):
+    """q_dtype: q rotated (and QK-normed) straight into float8 at one scale, as float8 attention takes it; read back
+    as stored × q_scale, within half a spacing (plus float32 math) of the float64 truth; the tail too."""
+    q_dtype = FORMATS[fmt][0]
+    q, k, v, (k_cache, v_cache), _, slots = case(cache_dtype=torch.bfloat16)
+    weight = torch.rand(16, device=DEVICE) + 0.5
+    cos, sin = ropekit.cos_sin_table(16, 8, device=DEVICE)  # partial rotary: the tail is quantised too
+    q_scale = torch.tensor([0.02], device=DEVICE)
+    out_q, _ = ropekit.rope_and_cache(q[None], k[None], v[None], cos, sin, k_cache=k_cache, v_cache=v_cache,
+                                      slot_mapping=slots, positions=3, q_weight=weight, k_weight=weight,
+                                      q_dtype=q_dtype, q_scale=q_scale)
+    assert out_q.dtype == q_dtype and out_q.shape == (1, *q.shape)
+    positions = torch.arange(3, 3 + q.shape[0])
+    truth = ref.rope_table(ref.rms_norm(q, weight, eps=1e-6), cos, sin, positions)
+    quotient = truth / 0.02
+    error = (ref.dequantise(out_q[0], 0.02) - truth).abs() / 0.02
+    bound = spacing(quotient, q_dtype) / 2 + 1e-5 * quotient.abs().amax(-1, keepdim=True)
+    assert bool((error <= bound).all()), float((error / bound).max())
+
+
+@pytest.mark.parametrize("bad,error,name", [
+    (dict(q_dtype=torch.int8, q_scale="one"), TypeError, "q_dtype"),
+    (dict(q_dtype=E4M3, q_scale="one", inplace=True), ValueError, "q_dtype"),
+    (dict(q_scale="one"), ValueError, "q_scale"),
+    (dict(q_dtype=E5M2, q_scale="two"), TypeError, "q_scale"),
+    (dict(q_dtype=E5M2), TypeError, "q_scale"),
+], ids=["int8", "inplace", "scale-without-dtype", "scale-shape", "no-scale"])
+def test_a_float8_q_is_validated_by_name(bad, error, name):
+    call = _valid_call(cache_dtype=torch.float32, dynamic=False)
+    scales = {"one": torch.ones(1, device=DEVICE), "two": torch.ones(2, device=DEVICE)}
+    call.update({key: scales.get(value, value) if isinstance(value, str) else value for key, value in bad.items()})
+    before = {key: t.clone() for key, t in call.items() if isinstance(t, torch.Tensor)}
+    with pytest.raises(error, match=name):
+        ropekit.rope_and_cache(**call)
+    for key, t in before.items():
+        assert torch.equal(call[key].view(torch.uint8), t.view(torch.uint8)), key
+
+
+def test_torch_compile_fullgraph_writes_the_scales():
+    q, k, v, (k_cache, v_cache), scale_caches, slots = case(cache_dtype=INT8, dtype=torch.float32)
+    cos, sin = ropekit.cos_sin_table(16, 16, device=DEVICE)
+    ids = torch.tensor([[0, 3, 1, 15, 7, 2]], device=DEVICE)
+    q_scale = torch.tensor([0.01], device=DEVICE)
+    eager = [t.clone() for t in (k_cache, v_cache, *scale_caches)]
+
+    def step(q, k, v, k_cache, v_cache, k_scales, v_scales, slots, ids):
+        out_q, _ = ropekit.rope_and_cache(q, k, v, cos, sin, k_cache=k_cache, v_cache=v_cache, slot_mapping=slots,
+                                          positions=ids, k_scale_cache=k_scales, v_scale_cache=v_scales,
+                                          kv_cache_dtype="int8_per_token_head", q_dtype=E5M2, q_scale=q_scale)
+        return out_q.float() * 2
+
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager" if DEVICE == "cpu" else "inductor")
+    got = compiled(q[None], k[None], v[None], k_cache, v_cache, *scale_caches, slots, ids)
+    want = step(q[None], k[None], v[None], *eager, slots, ids)
+    torch.testing.assert_close(got, want)
+    for a, b in zip((k_cache, v_cache, *scale_caches), eager):
+        assert torch.equal(a, b)
+
+
+# --- validation -------------------------------------------------------------------------------------------------------
+
+def _valid_call(cache_dtype=E4M3, dynamic=True):
+    q, k, v, (k_cache, v_cache), scale_caches, slots = case(cache_dtype=cache_dtype, dtype=torch.float32)
+    cos, sin = ropekit.cos_sin_table(8, 16, device=DEVICE)
+    call = dict(q=q[None], k=k[None], v=v[None], cos=cos, sin=sin, k_cache=k_cache, v_cache=v_cache,
+                slot_mapping=slots)
+    if dynamic:
+        call.update(k_scale_cache=scale_caches[0], v_scale_cache=scale_caches[1])
+    return call
+
+
+BAD = [
+    ("kv_cache_dtype", "nvfp4", ValueError, dict()),
+    ("kv_cache_dtype", "fp8_e5m2", TypeError, dict()),  # the cache is e4m3
+    ("kv_cache_dtype", 8, ValueError, dict()),
+    ("kv_cache_dtype", "fp8_per_token_head", ValueError, dict(dynamic=False, scales=True)),
+    ("k_scale_cache", "float16", TypeError, dict()),
+    ("k_scale_cache", "shape", ValueError, dict()),
+    ("v_scale_cache", "shape", ValueError, dict()),
+    ("v_scale_cache", None, ValueError, dict()),
+    ("k_scale_cache", "plain cache", ValueError, dict(cache_dtype=torch.float32)),
+    ("k_scale", "three", TypeError, dict(dynamic=False)),
+    ("k_scale_cache", "aliases v_scale_cache", ValueError, dict()),
+    ("k_cache", "int16", TypeError, dict()),
+]
+
+
+@pytest.mark.parametrize("name,bad,error,setup", BAD, ids=[f"{n}-{b}" for n, b, _, _ in BAD])
+def test_errors_name_the_argument_and_write_nothing(name, bad, error, setup):
+    setup = dict(setup)
+    scales = setup.pop("scales", False)
+    call = _valid_call(**setup)
+    if scales or name == "k_scale":
+        call.update(k_scale=torch.ones(1, device=DEVICE), v_scale=torch.ones(1, device=DEVICE))
+    swaps = {"float16": lambda: call[name].half(), "shape": lambda: call[name][:, :2],
+             "three": lambda: torch.ones(3, device=DEVICE),
+             "plain cache": lambda: torch.zeros(3, 4, 2, device=DEVICE),
+             "aliases v_scale_cache": lambda: call["v_scale_cache"],
+             "int16": lambda: call["k_cache"].view(torch.uint8).to(torch.int16)}
+    call[name] = swaps[bad]() if isinstance(bad, str) and bad in swaps else bad
+    before = {key: t.clone() for key, t in call.items() if isinstance(t, torch.Tensor)}
+    with pytest.raises(error, match=name):
+        ropekit.rope_and_cache(**call)
+    for key, t in before.items():
+        assert torch.equal(call[key].view(torch.uint8), t.view(torch.uint8)), key
+
+
+# --- on a GPU ---------------------------------------------------------------------------------------------------------
+
+@gpu_only
+@pytest.mark.parametrize("fmt", ["e5m2", "e4m3"])
+def test_native_float8_conversion_gives_the_integer_rounding_bits(fmt, monkeypatch):
+    """On a GPU with its own float8 conversion: a million float32 bit patterns (every exponent, NaNs and
+    infinities among them) stored through v stay bitwise what the integer rounding stores."""
+    from ropekit.triton import fused
+    from ropekit.triton.launch import plans
+
+    if not fused.native_fp8(DEVICE):
+        pytest.skip("this GPU converts to float8 with integer arithmetic only")
+    g = torch.Generator(device="cpu").manual_seed(0)
+    bits = torch.randint(-2**31, 2**31, (4096, 256), generator=g, dtype=torch.int64).to(torch.int32)
+    values = bits.view(torch.float32).to(DEVICE).view(1, 4096, 1, 256)
+    k = torch.zeros(1, 4096, 1, 16, device=DEVICE)
+    cos, sin = ropekit.cos_sin_table(4096, 16, device=DEVICE)
+    slots = torch.arange(4096, device=DEVICE)
+    one = torch.ones(1, device=DEVICE)
+    stored = []
+    for native in (True, False):
+        monkeypatch.setattr(fused, "native_fp8", lambda device, native=native: native)
+        plans.clear()  # the conversion is chosen when a call is planned
+        k_cache = torch.zeros(256, 16, 1, 16, device=DEVICE, dtype=FORMATS[fmt][0])
+        v_cache = torch.zeros(256, 16, 1, 256, device=DEVICE, dtype=FORMATS[fmt][0])
+        ropekit.rope_and_cache(k, k, values, cos, sin, k_cache=k_cache, v_cache=v_cache, slot_mapping=slots,
+                               k_scale=one, v_scale=one)
+        stored.append(v_cache.view(torch.uint8).clone())
+    assert torch.equal(stored[0], stored[1])
+
+
+@gpu_only
+@pytest.mark.parametrize("kv_cache_dtype", ["fp8_per_token_head", "int8_per_token_head", "fp8_e5m2"])
+def test_cuda_graph_decode_step_replays_with_new_slots_and_scales(kv_cache_dtype):
+    """A decode step captured once, the scales device-resident (written per token and head, or read): replays with
+    new positions, slots and inputs give the eager step's bytes."""
+    batch, hq, hk, d, block = 64, 32, 8, 128, 16
+    cache_dtype = {"fp8_per_token_head": E4M3, "int8_per_token_head": INT8, "fp8_e5m2": torch.uint8}[kv_cache_dtype]
+    q, k, v = (torch.randn(batch, 1, h, d, device="cuda", dtype=torch.bfloat16) for h in (hq, hk, hk))
+    caches = [torch.zeros(64, block, hk, d, device="cuda", dtype=cache_dtype) for _ in range(2)]
+    dynamic = kv_cache_dtype.endswith("per_token_head")
+    scales = ([torch.zeros(64, block, hk, device="cuda") for _ in range(2)] if dynamic
+              else [torch.full((hk,), 0.02, device="cuda") for _ in range(2)])
+    cos, sin = ropekit.cos_sin_table(8192, d, base=500000.0, device="cuda")
+    positions = torch.randint(0, 8192, (batch,), device="cuda")
+    slots = torch.randperm(64 * block, device="cuda")[:batch]
+    scale_args = (dict(k_scale_cache=scales[0], v_scale_cache=scales[1]) if dynamic
+                  else dict(k_scale=scales[0], v_scale=scales[1]))
+
+    def step(k_cache, v_cache, **scale_args):
+        ropekit.rope_and_cache(q, k, v, cos, sin, k_cache=k_cache, v_cache=v_cache, slot_mapping=slots,
+                               positions=positions, kv_cache_dtype=kv_cache_dtype, **scale_args)
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):  # compile outside the capture
+            step(*caches, **scale_args)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step(*caches, **scale_args)
+    for _ in range(3):
+        positions.copy_(torch.randint(0, 8192, (batch,), device="cuda"))
+        slots.copy_(torch.randperm(64 * block, device="cuda")[:batch])
+        k.copy_(torch.randn_like(k))
+        v.copy_(torch.randn_like(v))
+        eager = [t.clone() for t in caches]
+        eager_scales = dict({key: t.clone() for key, t in scale_args.items()}) if dynamic else scale_args
+        step(*eager, **eager_scales)
+        graph.replay()
+        torch.cuda.synchronize()
+        for a, b in zip(caches, eager):
+            assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+        if dynamic:
+            for key in scale_args:
+                assert torch.equal(scale_args[key], eager_scales[key])
