@@ -80,3 +80,19 @@ def test_grade_takes_a_folder_or_the_solutions(argv, capsys):
     with pytest.raises(SystemExit) as exit_:
         main(argv)
     assert exit_.value.code == 2 and "--solutions" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(ON_GPU, reason="on a GPU the prediction is graded against the kernel measured now")
+def test_grade_takes_a_prediction_and_grades_it_against_the_stored_runs_on_a_cpu(tmp_path, capsys):
+    (tmp_path / "ex05_qk_offsets.py").write_text(solution_source("05_qk_offsets"))
+    assert main(["grade", str(tmp_path), "--predict", "05_qk_offsets=92"]) == 0
+    prediction = [line for line in capsys.readouterr().out.splitlines() if line.strip().startswith("prediction:")]
+    assert prediction and "you predicted 92 %" in " ".join(prediction), prediction
+
+
+@pytest.mark.parametrize("pair, words", [("02_row_kernel=90", "not a speed exercise"),
+                                         ("05_qk_offsets=fast", "a % of the copy ceiling")],
+                         ids=["not-a-speed-exercise", "not-a-number"])
+def test_a_prediction_names_what_is_wrong_with_it(tmp_path, pair, words):
+    with pytest.raises(SystemExit, match=words):
+        main(["grade", str(tmp_path), "--predict", pair])

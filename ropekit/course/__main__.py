@@ -6,10 +6,13 @@
     python -m ropekit.course check 02_row_kernel mine.py       # the checker's verdict (exit code 0 when solved)
     python -m ropekit.course grade mine/                       # every exercise whose file is in mine/
     python -m ropekit.course grade --solutions                 # the course's own solutions: what this machine grades
+    python -m ropekit.course grade mine/ --predict 05_qk_offsets=92   # and your prediction of its % of the floor
 
 ``grade`` looks for each exercise's file under the template's name (``ex02_row_kernel.py``, ``ex06_cuda_kernel.cu``),
 checks each one found, and for the speed exercise prints the measured % of the byte floor (the copy ceiling measured
-in the same run) and the stretch target. What needs a GPU says so on a machine without one.
+in the same run) and the stretch target. What needs a GPU says so on a machine without one. ``--predict NAME=PCT``
+grades a prediction of the speed exercise's % of the copy ceiling: on a GPU against the kernel measured now, on a
+CPU against the stored measurements of the same tile on each GPU (``speed.grade_prediction``).
 """
 
 from __future__ import annotations
@@ -38,22 +41,42 @@ def _load(name: str, path: Path):
     return getattr(module, ex.entry)
 
 
-def _speed_lines(name: str, code) -> list[str]:
-    """The speed exercise's % of the byte floor and its stretch target (timed on a GPU; said why not elsewhere)."""
+def _speed_lines(name: str, code, predicted: float | None = None) -> list[str]:
+    """The speed exercise's % of the byte floor and its stretch target (timed on a GPU; said why not elsewhere), and
+    the grade of the reader's ``predicted`` % (on a CPU against the stored measurements)."""
     from . import speed
 
+    lines = []
+    if predicted is not None:
+        lines = ["    prediction: " + line for line in str(speed.grade_prediction(name, code, predicted)).splitlines()
+                 if line.strip()]
     stretch = speed.grade_stretch(name, code)
     if stretch.speed is not None:
         return [f"    % of the byte floor: {stretch.speed.pct_ceiling:.1f} % (copy ceiling "
                 f"{stretch.speed.ceiling_gbps:.0f} GB/s, measured in this run); stretch target "
-                f"{100 * speed.STRETCH:.0f} %: {'passed' if stretch.ok else 'not reached'}"]
+                f"{100 * speed.STRETCH:.0f} %: {'passed' if stretch.ok else 'not reached'}"] + lines
     if not stretch.graded and "once the values are right" in stretch.message:
-        return []
-    return ["    % of the byte floor: needs a GPU (this machine graded correctness; "
-            "speed.grade_prediction grades a prediction against stored measurements)"]
+        return lines
+    return ["    % of the byte floor: needs a GPU (this machine graded correctness; --predict "
+            f"{name}=PCT grades your prediction against stored measurements)"] + lines
 
 
-def grade_all(folder: Path | None) -> int:
+def _predictions(pairs: list[str]) -> dict[str, float]:
+    """``--predict NAME=PCT`` pairs as {exercise: %}; an exercise that is not a speed exercise is refused."""
+    predicted = {}
+    for pair in pairs:
+        name, _, pct = pair.partition("=")
+        if not exercise(name).notes.get("speed_shape"):
+            raise SystemExit(f"--predict {pair}: {name} is not a speed exercise (those with one: "
+                             f"{', '.join(n for n in names() if exercise(n).notes.get('speed_shape'))})")
+        try:
+            predicted[name] = float(pct.rstrip("%"))
+        except ValueError:
+            raise SystemExit(f"--predict {pair}: the prediction is a % of the copy ceiling, e.g. {name}=92") from None
+    return predicted
+
+
+def grade_all(folder: Path | None, predicted: dict[str, float] | None = None) -> int:
     """Check every exercise (the reader's files in ``folder``, or the course's solutions); 0 when none failed."""
     rows, failed = [], 0
     for name in names():
@@ -68,7 +91,8 @@ def grade_all(folder: Path | None) -> int:
             code, where = _load(name, path), str(path)
         result = check(name, code)
         print(f"--- {name} ({where})\n{result}")
-        extra = _speed_lines(name, code) if ex.notes.get("speed_shape") and result.ok else []
+        extra = _speed_lines(name, code, (predicted or {}).get(name)) if ex.notes.get("speed_shape") and result.ok \
+            else []
         for line in extra:
             print(line)
         verdict = ("PASSED" if result.ok else "needs a GPU" if result.diagnosis == "needs_gpu"
@@ -95,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     grader.add_argument("folder", type=Path, nargs="?",
                         help="your files, named as the templates are (ex02_row_kernel.py, ex06_cuda_kernel.cu)")
     grader.add_argument("--solutions", action="store_true", help="grade the course's own solutions instead")
+    grader.add_argument("--predict", action="append", default=[], metavar="NAME=PCT",
+                        help="your prediction of a speed exercise's %% of the copy ceiling, graded beside it")
     args = parser.parse_args(argv)
     try:
         if args.command == "list":
@@ -107,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "grade":
             if (args.folder is None) == (not args.solutions):
                 parser.error("grade takes a folder of your files, or --solutions")
-            return grade_all(None if args.solutions else args.folder)
+            return grade_all(None if args.solutions else args.folder, _predictions(args.predict))
         else:
             result = check(args.name, _load(args.name, args.file))
             print(result)
