@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from ..triton.configs import FlatConfig, RopeShape
+from ..triton.configs import FlatConfig, RopeShape, next_pow2
 from ..triton.model import (DeviceFacts, Launch, bytes_in_flight_per_sm, fit_latency_ns, model_rope, predicted_pct,
                             resident_programs)
 
@@ -110,10 +110,6 @@ def sectors_per_access(lanes: int, stride_bytes: int, element_size: int, sector_
     return touched, useful
 
 
-def _pow2(n: int) -> int:
-    return 1 << (max(n, 1) - 1).bit_length()
-
-
 def _row_kernel_launches(case, device: DeviceModel) -> list[Launch]:
     """v1/v2 on a benchmark case: one launch for q and one for k, one head vector per program."""
     size = case.element_size
@@ -125,16 +121,16 @@ def _v3_launches(case, device: DeviceModel) -> list[Launch] | None:
     halved while the grid would give an SM fewer than 4 programs (as ``v3.launch_config`` does on a GPU)."""
     from ..triton import v3
 
-    config = v3.GPU_TABLE.get((_pow2(case.head_dim // 2), case.element_size))
+    config = v3.GPU_TABLE.get((next_pow2(case.head_dim // 2), case.element_size))
     if config is None:
         return None
     launches = []
     for heads in (case.heads_q, case.heads_k):
-        block_s = min(config.block_s, _pow2(case.seqlen))
+        block_s = min(config.block_s, next_pow2(case.seqlen))
         while block_s > 1 and math.ceil(case.seqlen / block_s) * case.batch < 4 * device.n_sms:
             block_s //= 2
         launches.append(tile_launch(case.batch, case.seqlen, heads, case.head_dim, case.element_size, block_s,
-                                    min(config.block_h, _pow2(heads)), config.num_warps))
+                                    min(config.block_h, next_pow2(heads)), config.num_warps))
     return launches
 
 

@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 from .. import device as _device
-from .configs import FlatConfig, FusedConfig, FusedShape, RopeShape, TileConfig
+from .configs import FlatConfig, FusedConfig, FusedShape, RopeShape, TileConfig, next_pow2
 from .model import (DeviceFacts, fits_in_l2, fused_candidate_space, fused_candidates, model_fused, model_rope,
                     rope_candidate_space, rope_candidates)
 
@@ -131,19 +131,15 @@ def measure_copy_gbps(device=None, n_bytes: int = 256 * 2**20) -> float:
 # Buckets, the switch, the timer.
 # --------------------------------------------------------------------------------------------------------------------
 
-def _pow2(n: int) -> int:
-    return 1 << (max(n, 1) - 1).bit_length()
-
-
 def rope_bucket(shape: RopeShape) -> RopeShape:
     """The shape a RoPE choice is made and cached for: the token count rounded up to a power of two, everything
     else exact. It is also the shape the autotune times."""
-    return shape._replace(n_tokens=_pow2(shape.n_tokens))
+    return shape._replace(n_tokens=next_pow2(shape.n_tokens))
 
 
 def fused_bucket(shape: FusedShape) -> FusedShape:
     """The shape a fused choice is made and cached for: the token count rounded up to a power of two."""
-    return shape._replace(n_tokens=_pow2(shape.n_tokens))
+    return shape._replace(n_tokens=next_pow2(shape.n_tokens))
 
 
 def tuning_allowed() -> bool:
@@ -317,7 +313,7 @@ def choose_rope(shape: RopeShape, device=None, bench=None) -> TileConfig | FlatC
     16 tokens x 8 heads, 4 warps.
     """
     if _device.INTERPRET and not isinstance(device, DeviceFacts):
-        return TileConfig(min(_pow2(shape.n_tokens), 16), min(_pow2(max(shape.n_heads_q, shape.n_heads_k)), 8), 4)
+        return TileConfig(min(next_pow2(shape.n_tokens), 16), min(next_pow2(max(shape.n_heads_q, shape.n_heads_k)), 8), 4)
     return _choose("rope", rope_bucket(shape), device, bench, model_rope, rope_candidates, rope_candidate_space,
                    worth_timing=_worth_timing)
 
@@ -335,5 +331,5 @@ def choose_fused(shape: FusedShape, device=None, bench=None) -> FusedConfig:
     """The configuration of a fused launch of ``shape`` on ``device``; as :func:`choose_rope`. Under Triton's
     interpreter: at most 16 tokens x 8 heads, 4 warps."""
     if _device.INTERPRET and not isinstance(device, DeviceFacts):
-        return FusedConfig(min(_pow2(shape.n_tokens), 16), min(_pow2(shape.n_heads), 8), 4)
+        return FusedConfig(min(next_pow2(shape.n_tokens), 16), min(next_pow2(shape.n_heads), 8), 4)
     return _choose("fused", fused_bucket(shape), device, bench, model_fused, fused_candidates, fused_candidate_space)

@@ -9,7 +9,18 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-__all__ = ["TileConfig", "FlatConfig", "FusedConfig", "RopeShape", "FusedShape"]
+__all__ = ["TileConfig", "FlatConfig", "FusedConfig", "RopeShape", "FusedShape", "next_pow2", "cdiv"]
+
+
+def next_pow2(n: int) -> int:
+    """The smallest power of two >= n (1 for n <= 1). Plain Python: the host path calls it on every plan, and
+    triton.next_power_of_2 / triton.cdiv are constexpr functions in some Triton versions, microseconds from host code."""
+    return 1 << (max(n, 1) - 1).bit_length()
+
+
+def cdiv(a: int, b: int) -> int:
+    """a / b rounded up."""
+    return -(-a // b)
 
 
 class TileConfig(NamedTuple):

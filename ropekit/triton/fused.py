@@ -43,10 +43,10 @@ import triton.language as tl
 from .. import device as _device
 from ..positions import PositionSpec
 from . import choice
-from .configs import FusedConfig, FusedShape
+from .configs import FusedConfig, FusedShape, cdiv, next_pow2
 from .fused_tiles import E4M3, E5M2, NO_QUANT, PER_HEAD, PER_TENSOR, PLAIN, STORE_PLAIN, cache_slot, channels_scale, \
     head_scale, load_head, norm_weights, rsqrt_mean_square, sequence_span, store_channels, store_head
-from .launch import KernelLaunch, _cdiv, _next_pow2, _position_strides, plans
+from .launch import KernelLaunch, _position_strides, plans
 from .v4 import _cos_sin, _rotate
 
 __all__ = ["fused_forward_kernel", "fused_backward_kernel", "FusedConfig", "FusedShape", "fused_config_for", "forced_fused_config", "plan_fused", "FusedBackward",
@@ -494,11 +494,11 @@ def plan_fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, inte
         width = max(head_dim, v.shape[-1] if v is not None else 0)
         config = fused_config_for(FusedShape(n_batch * seqlen, max(n_heads_q, n_heads_k), width, q.element_size(),
                                              fp8, norm or k_weight is not None, backward), q.device)
-    block_hk = min(config.block_h, _next_pow2(n_heads_k))
+    block_hk = min(config.block_h, next_pow2(n_heads_k))
     token_blocks = config.token_blocks if backward else 1
-    n_blocks_q = _cdiv(n_heads_q, config.block_h)
-    n_blocks_s = _cdiv(_cdiv(seqlen, config.block_s), token_blocks)
-    n_blocks_h = n_blocks_q + _cdiv(n_heads_k, block_hk)
+    n_blocks_q = cdiv(n_heads_q, config.block_h)
+    n_blocks_s = cdiv(cdiv(seqlen, config.block_s), token_blocks)
+    n_blocks_h = n_blocks_q + cdiv(n_heads_k, block_hk)
     grid = (n_blocks_s * n_blocks_h, 1, n_batch) if config.heads_inner else (n_blocks_s, n_blocks_h, n_batch)
     empty = grid[0] == 0 or n_batch == 0 or n_tokens == 0
     if backward:
@@ -523,7 +523,7 @@ def plan_fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, inte
         POSITIONS=pos, position_strides=_position_strides(positions), CU_SEQLENS=positions.cu_seqlens,
         position_offset=positions.offset,
         ROTARY_DIM=rotary_dim, HEAD_DIM=head_dim, BLOCK_S=config.block_s, BLOCK_H=config.block_h, BLOCK_HK=block_hk,
-        BLOCK_HALF=_next_pow2(rotary_dim // 2), BLOCK_TAIL=_next_pow2(max(head_dim - rotary_dim, 1)),
+        BLOCK_HALF=next_pow2(rotary_dim // 2), BLOCK_TAIL=next_pow2(max(head_dim - rotary_dim, 1)),
         HEADS_INNER=config.heads_inner, HAS_K=k is not None, INTERLEAVED=interleaved, POS_MODE=positions.mode,
         IS_VARLEN=varlen, COS_PER_TOKEN=cos_per_token, MATH_DTYPE=_MATH.get(q.dtype, tl.float32),
         INDEX_DTYPE=tl.int32 if _reach_fits_int32(q, k, v, out_q, out_k, grad_q, grad_k, cos, sin, pos)
@@ -552,7 +552,7 @@ def plan_fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, inte
         page_table=(batch_indices.stride(0), kv_indices.stride(0), kv_indptr.stride(0), kv_indices.shape[0],
                     kv_indptr.shape[0] - 1) if page_table is not None else (1, 1, 1, 0, 0),
         sizes=(seqlen, n_heads_q, n_heads_k, table_len, n_tokens, cache_len, block_size),
-        V_DIM=v_dim, BLOCK_V=_next_pow2(v_dim), NORM=norm, WRITE_Q=write_q, WRITE_K=write_k,
+        V_DIM=v_dim, BLOCK_V=next_pow2(v_dim), NORM=norm, WRITE_Q=write_q, WRITE_K=write_k,
         WRITE_TAIL=norm or not in_place, CACHE=cache_mode, HAS_V=v is not None and cache_mode != CACHE_NONE,
         QUANT=_quant(quant, k_cache, q.device), scale_strides=(_scale_strides(k_scale, quant),
                                                                _scale_strides(v_scale, quant)),

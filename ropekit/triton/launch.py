@@ -30,7 +30,7 @@ import triton.language as tl
 from .. import device as _device
 from ..positions import POSITION_IDS, PositionSpec
 from . import choice
-from .configs import FlatConfig, RopeShape, TileConfig
+from .configs import FlatConfig, RopeShape, TileConfig, cdiv, next_pow2
 from .v4 import rope_v4_kernel
 from .v4_flat import rope_flat_kernel
 
@@ -38,16 +38,6 @@ __all__ = ["KernelLaunch", "PlanCache", "plans", "LaunchRecord", "recorded_launc
            "RopeLaunch", "rope_v4", "forced_config", "TileConfig", "FlatConfig"]
 
 log = logging.getLogger("ropekit")
-
-
-def _next_pow2(n: int) -> int:
-    # plain Python on the host path: triton.next_power_of_2 / triton.cdiv are constexpr functions in some Triton
-    # versions and cost microseconds per call from host code
-    return 1 << (max(n, 1) - 1).bit_length()
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -463,11 +453,11 @@ def _plan_tile(shape, q, k, out_q, out_k, cos, sin, positions, config: TileConfi
     block_h = config.block_h
     if config.fused_qk:
         # the q and k tiles cover every head: one program per token block
-        block_h = max(block_h, _next_pow2(n_heads_q))
+        block_h = max(block_h, next_pow2(n_heads_q))
         n_head_blocks = 1
     else:
-        n_head_blocks = _cdiv(n_heads_q, block_h) + _cdiv(n_heads_k, block_h)
-    grid = (_cdiv(seqlen, config.block_s), n_head_blocks, n_batch)
+        n_head_blocks = cdiv(n_heads_q, block_h) + cdiv(n_heads_k, block_h)
+    grid = (cdiv(seqlen, config.block_s), n_head_blocks, n_batch)
     # DENSE: contiguous q, k and outputs, and a contiguous table of rotary_dim / 2 columns (or contiguous
     # frequencies); the kernel derives their strides (docs/tuning.md#dense-strides)
     if nope is not None:
@@ -506,8 +496,8 @@ def _plan_tile(shape, q, k, out_q, out_k, cos, sin, positions, config: TileConfi
         # varlen tiles bound their rows by the packed token count (1 elsewhere: not read)
         sizes=(seqlen, n_heads_q, n_heads_k, table_len, q.shape[1] if positions.is_varlen else 1),
         ROTARY_DIM=rotary_dim, HEAD_DIM=head_dim, BLOCK_S=config.block_s, BLOCK_H=block_h,
-        BLOCK_HK=_next_pow2(n_heads_k) if config.fused_qk else 1, BLOCK_HALF=_next_pow2(rotary_dim // 2),
-        BLOCK_TAIL=_next_pow2(max(head_dim - rotary_dim, 1)), FUSED_QK=config.fused_qk,
+        BLOCK_HK=next_pow2(n_heads_k) if config.fused_qk else 1, BLOCK_HALF=next_pow2(rotary_dim // 2),
+        BLOCK_TAIL=next_pow2(max(head_dim - rotary_dim, 1)), FUSED_QK=config.fused_qk,
         HAS_K=k is not None, INTERLEAVED=interleaved, CONJUGATE=conjugate, POS_MODE=positions.mode,
         IS_VARLEN=positions.is_varlen, COS_PER_TOKEN=cos_per_token, ANGLES=angles,
         ANGLE_SCALE=float(scale) if angles else 1.0, NOPE_FLOOR_SCALE=0 if nope is None else int(nope[0]),
@@ -527,8 +517,8 @@ def _plan_flat(shape, q, k, out_q, out_k, cos, sin, positions, config: FlatConfi
     n_tokens = n_batch * seqlen
     paired = config.paired and (k is None or k.shape == q.shape)
     # one grid axis: the blocks of q, then of k (n_q_blocks tells the kernel where k begins), or of q and k together
-    n_q_blocks = _cdiv(n_tokens * n_heads_q * head_dim, config.block)
-    grid = (n_q_blocks + (0 if paired else _cdiv(n_tokens * n_heads_k * head_dim, config.block)), 1, 1)
+    n_q_blocks = cdiv(n_tokens * n_heads_q * head_dim, config.block)
+    grid = (n_q_blocks + (0 if paired else cdiv(n_tokens * n_heads_k * head_dim, config.block)), 1, 1)
     if index_dtype == tl.int32 and max(q.numel(), k.numel() if k is not None else 0) + config.block >= 2**31:
         index_dtype = tl.int64  # a block's last lane
     if log.isEnabledFor(logging.DEBUG):

@@ -33,7 +33,7 @@ import math
 import statistics
 from dataclasses import dataclass
 
-from .configs import FlatConfig, FusedConfig, FusedShape, RopeShape, TileConfig
+from .configs import FlatConfig, FusedConfig, FusedShape, RopeShape, TileConfig, cdiv, next_pow2
 
 __all__ = ["DeviceFacts", "Launch", "WARPS", "resident_programs", "bytes_in_flight_per_sm", "predicted_pct",
            "fit_latency_ns", "register_budget", "THREAD_BYTES", "tile_values_max", "fits_in_l2", "model_rope",
@@ -132,14 +132,6 @@ def tile_values_max(facts: DeviceFacts) -> int:
     return register_budget(facts) * 32 * WARPS[-1]
 
 
-def _pow2(n: int) -> int:
-    return 1 << (max(n, 1) - 1).bit_length()
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 def _rope_moved_bytes(shape: RopeShape) -> int:
     return 2 * shape.n_tokens * (shape.n_heads_q + shape.n_heads_k) * shape.head_dim * shape.element_size
 
@@ -152,8 +144,8 @@ def fits_in_l2(facts: DeviceFacts, shape: RopeShape) -> bool:
 def _fused_qk_values(shape: RopeShape, block_s: int, block_h: int = 1) -> int:
     """Values a fused q+k tile of ``block_s`` tokens holds: q's tile of ``block_h`` heads (at least q's head count)
     beside k's (heads and channels padded to powers of two)."""
-    heads = max(block_h, _pow2(shape.n_heads_q)) + (_pow2(shape.n_heads_k) if shape.n_heads_k else 0)
-    return block_s * heads * _pow2(shape.head_dim)
+    heads = max(block_h, next_pow2(shape.n_heads_q)) + (next_pow2(shape.n_heads_k) if shape.n_heads_k else 0)
+    return block_s * heads * next_pow2(shape.head_dim)
 
 
 def _fewest_warps(tile_bytes: int, least: int = 4) -> int:
@@ -165,8 +157,8 @@ def _fewest_warps(tile_bytes: int, least: int = 4) -> int:
 
 
 def _tile_programs(shape: RopeShape, block_s: int, block_h: int) -> int:
-    heads = _cdiv(shape.n_heads_q, block_h) + (_cdiv(shape.n_heads_k, block_h) if shape.n_heads_k else 0)
-    return _cdiv(shape.n_tokens, block_s) * heads
+    heads = cdiv(shape.n_heads_q, block_h) + (cdiv(shape.n_heads_k, block_h) if shape.n_heads_k else 0)
+    return cdiv(shape.n_tokens, block_s) * heads
 
 
 def _flat_config(facts: DeviceFacts, shape: RopeShape, num_warps: int = 8, paired: bool = False) -> FlatConfig:
@@ -202,17 +194,17 @@ def model_rope(facts: DeviceFacts, shape: RopeShape) -> TileConfig | FlatConfig:
         for block_s in (2, 1):
             values = _fused_qk_values(shape, block_s)
             if values <= limit:
-                return TileConfig(block_s, _pow2(shape.n_heads_q),
+                return TileConfig(block_s, next_pow2(shape.n_heads_q),
                                   _fewest_warps(values * shape.element_size), fused_qk=True, evict_first=True)
         block_s = 16
-        while block_s > 1 and block_s * _pow2(shape.head_dim) > limit:
+        while block_s > 1 and block_s * next_pow2(shape.head_dim) > limit:
             block_s //= 2
         return TileConfig(block_s, 1, 8, evict_first=True)
     num_warps = 4
     block_s = 1 if shape.cos_per_token else 2
-    heads = _pow2(max(shape.n_heads_q, shape.n_heads_k))
+    heads = next_pow2(max(shape.n_heads_q, shape.n_heads_k))
     per_thread = register_budget(facts) * 32 * num_warps
-    block_h = max(1, min(heads, _TILE_HEADS[-1], per_thread // (block_s * _pow2(shape.head_dim))))
+    block_h = max(1, min(heads, _TILE_HEADS[-1], per_thread // (block_s * next_pow2(shape.head_dim))))
     block_h = 1 << (block_h.bit_length() - 1)
     target = _MIN_PROGRAMS_PER_SM * facts.n_sms
     while _tile_programs(shape, block_s, block_h) < target and (block_s > 1 or block_h > 1):
@@ -240,21 +232,21 @@ def model_fused(facts: DeviceFacts, shape: FusedShape) -> FusedConfig:
     register bound (at most 32768 values: fewer heads, then fewer tokens, for very wide vectors).
     """
     config = _fused_rule(facts, shape)
-    while config.block_s * config.block_h * _pow2(shape.width) > _TILE_VALUES_LIMIT and config.block_h > 1:
+    while config.block_s * config.block_h * next_pow2(shape.width) > _TILE_VALUES_LIMIT and config.block_h > 1:
         config = config._replace(block_h=config.block_h // 2)  # very wide vectors: within the register bound
-    while config.block_s * config.block_h * _pow2(shape.width) > _TILE_VALUES_LIMIT and config.block_s > 1:
+    while config.block_s * config.block_h * next_pow2(shape.width) > _TILE_VALUES_LIMIT and config.block_s > 1:
         config = config._replace(block_s=config.block_s // 2)
     return config
 
 
 def _fused_rule(facts: DeviceFacts, shape: FusedShape) -> FusedConfig:
-    heads = _pow2(shape.n_heads)
+    heads = next_pow2(shape.n_heads)
     if shape.backward:
         return FusedConfig(1, min(heads, 8), 4, evict_first=True, heads_inner=True, token_blocks=16, stages=3)
     if shape.n_tokens <= DECODE_TOKENS:
         block_h = min(heads, 32 if shape.width > 128 else 4 if shape.fp8 else 8)
         target = _MIN_PROGRAMS_PER_SM * facts.n_sms
-        while block_h > 1 and 2 * shape.n_tokens * _cdiv(shape.n_heads, block_h) < target:
+        while block_h > 1 and 2 * shape.n_tokens * cdiv(shape.n_heads, block_h) < target:
             block_h //= 2
         return FusedConfig(1, block_h, 4)
     if shape.width > 128:
@@ -282,14 +274,14 @@ def is_valid_rope(config: TileConfig | FlatConfig, shape: RopeShape) -> bool:
     if config.num_warps not in WARPS:
         return False
     if isinstance(config, FlatConfig):
-        return (shape.flat_ok and config.block == _pow2(config.block) and config.block % (32 * config.num_warps) == 0
+        return (shape.flat_ok and config.block == next_pow2(config.block) and config.block % (32 * config.num_warps) == 0
                 and (not config.paired or (shape.same_shape and shape.n_heads_k > 0)))
-    if config.block_s != _pow2(config.block_s) or config.block_h != _pow2(config.block_h):
+    if config.block_s != next_pow2(config.block_s) or config.block_h != next_pow2(config.block_h):
         return False
     if config.fused_qk:
-        return (config.block_h >= _pow2(shape.n_heads_q)
+        return (config.block_h >= next_pow2(shape.n_heads_q)
                 and _fused_qk_values(shape, config.block_s, config.block_h) <= _TILE_VALUES_LIMIT)
-    return config.block_s * config.block_h * _pow2(shape.head_dim) <= _TILE_VALUES_LIMIT
+    return config.block_s * config.block_h * next_pow2(shape.head_dim) <= _TILE_VALUES_LIMIT
 
 
 def is_valid_fused(config: FusedConfig, shape: FusedShape) -> bool:
@@ -297,11 +289,11 @@ def is_valid_fused(config: FusedConfig, shape: FusedShape) -> bool:
     program's tile within the register bound; walking several token blocks only in the backward."""
     if config.num_warps not in WARPS or config.token_blocks < 1 or config.stages < 1:
         return False
-    if any(n != _pow2(n) for n in (config.block_s, config.block_h)):
+    if any(n != next_pow2(n) for n in (config.block_s, config.block_h)):
         return False
     if not shape.backward and (config.token_blocks, config.stages) != (1, 1):
         return False
-    return config.block_s * config.block_h * _pow2(shape.width) <= _TILE_VALUES_LIMIT
+    return config.block_s * config.block_h * next_pow2(shape.width) <= _TILE_VALUES_LIMIT
 
 
 _TILE_VALUES_LIMIT = 32768  # the H100's tile_values_max: the kernels' register bound on any GPU
@@ -312,7 +304,7 @@ def rope_candidate_space(shape: RopeShape) -> list[TileConfig | FlatConfig]:
     1-16 tokens x 1-32 heads (2-8 warps, with and without the hint), fused q+k tiles of 1-4 tokens (4-32 warps),
     and where the call allows the flat kernel, its blocks of one vector a thread at 4-16 warps (paired where k has
     q's shape, with and without the hint). For compute-sanitizer runs over the whole space."""
-    heads = _pow2(max(shape.n_heads_q, shape.n_heads_k))
+    heads = next_pow2(max(shape.n_heads_q, shape.n_heads_k))
     space: list = []
     for block_s in _TILE_TOKENS:
         for block_h in (h for h in _TILE_HEADS if h <= max(heads, 1)):
@@ -322,7 +314,7 @@ def rope_candidate_space(shape: RopeShape) -> list[TileConfig | FlatConfig]:
     for block_s in _FUSED_QK_TOKENS:
         for num_warps in (4, 8, 16, 32):
             for evict in (False, True):
-                space.append(TileConfig(block_s, _pow2(shape.n_heads_q), num_warps, fused_qk=True,
+                space.append(TileConfig(block_s, next_pow2(shape.n_heads_q), num_warps, fused_qk=True,
                                         evict_first=evict))
     if shape.flat_ok:
         vector = _VECTOR_BYTES // shape.element_size or 1
@@ -339,7 +331,7 @@ def fused_candidate_space(shape: FusedShape) -> list[FusedConfig]:
     """Every configuration the model and the autotune can reach for a fused ``shape``: 1-8 tokens x 1-64 heads
     (capped at the call's), 2-8 warps, with and without the hint and the heads-inner order; for the backward, 1, 8
     or 16 token blocks a program at 1 or 3 stages."""
-    heads = _pow2(shape.n_heads)
+    heads = next_pow2(shape.n_heads)
     walks = ((1, 1), (8, 3), (16, 3)) if shape.backward else ((1, 1),)
     space = [FusedConfig(block_s, block_h, num_warps, evict, inner, blocks, stages)
              for block_s in _FUSED_TOKENS for block_h in _FUSED_HEADS if block_h <= heads
