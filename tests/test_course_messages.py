@@ -376,3 +376,13 @@ def test_a_cache_row_as_long_as_qs_heads_says_how_long_a_slots_row_is():
     assert result.diagnosis == "out_of_bounds", str(result)
     assert "a slot's row is n_heads_kv · HEAD_DIM elements" in result.message, result.message
     assert "(case: " in result.message
+
+
+def test_a_sign_flipped_in_one_channel_only_is_not_a_turn_the_other_way():
+    """b·cos - a·sin in the second channel (the first right) is one sin term's sign, not the rotation by -θ (both)."""
+    result = course.check("02_row_kernel", wrong_variants("02_row_kernel")["sign_in_one_channel"])
+    assert result.diagnosis == "sign_in_one_channel", str(result)
+    assert "the second channel of each pair is wrong: the sign of the a·sin term" in result.message.lower()
+    assert "matches none" not in result.message
+    turned_back = course.check("02_row_kernel", wrong_variants("02_row_kernel")["wrong_direction"])
+    assert turned_back.diagnosis == "wrong_direction", str(turned_back)

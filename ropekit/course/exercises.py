@@ -259,8 +259,8 @@ _add(Exercise(
           "contiguous float32 (batch, seq, heads, HEAD_DIM) tensor, NeoX pairs (i, i + HEAD_DIM/2), at position "
           "(row // n_heads) % seq_len, with cos/sin from row `position` of the half-width tables. Launched as "
           "rope_row_kernel[(batch * seq * heads,)](x, cos, sin, out, seq, heads, HEAD_DIM=head_dim)."),
-    diagnoses=("wrong_direction", "other_pairing", "position_shift", "wrong_positions", "broadcast", "unwritten",
-               "out_of_bounds", "compile_error", "wrong"),
+    diagnoses=("wrong_direction", "sign_in_one_channel", "other_pairing", "position_shift", "wrong_positions",
+               "broadcast", "unwritten", "out_of_bounds", "compile_error", "wrong"),
     cases=(
         RopeCase("float32, contiguous, head_dim 16", 2, 3, 2, 16),
         RopeCase("float32, 3 sequences of 5 tokens, 3 heads (counts that are not powers of two), head_dim 8",
