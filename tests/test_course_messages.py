@@ -386,3 +386,37 @@ def test_a_sign_flipped_in_one_channel_only_is_not_a_turn_the_other_way():
     assert "matches none" not in result.message
     turned_back = course.check("02_row_kernel", wrong_variants("02_row_kernel")["wrong_direction"])
     assert turned_back.diagnosis == "wrong_direction", str(turned_back)
+
+
+@triton.jit
+def _k_masked_with_qs_head_count(Q, K, OUT_Q, OUT_K, COS, SIN, OFFSETS, seq_len, n_heads_q, n_heads_k,
+                                 stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh,
+                                 stride_oqb, stride_oqs, stride_oqh, stride_okb, stride_oks, stride_okh,
+                                 HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr = 4, BLOCK_H: tl.constexpr = 2,
+                                 NUM_WARPS: tl.constexpr = 4):
+    tokens = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
+    head_block = tl.program_id(1)
+    batch = tl.program_id(2)
+    pairs = tl.arange(0, HEAD_DIM // 2)
+    token_ok = tokens < seq_len
+    position = tl.load(OFFSETS + batch) + tokens
+    table = position[:, None] * (HEAD_DIM // 2) + pairs[None, :]
+    cos = tl.load(COS + table, mask=token_ok[:, None], other=0.0)[:, None, :]
+    sin = tl.load(SIN + table, mask=token_ok[:, None], other=0.0)[:, None, :]
+    n_q_blocks = (n_heads_q + BLOCK_H - 1) // BLOCK_H
+    if head_block < n_q_blocks:
+        _rotate_block(Q, OUT_Q, cos, sin, batch, tokens, token_ok, head_block * BLOCK_H, n_heads_q,
+                      stride_qb, stride_qs, stride_qh, stride_oqb, stride_oqs, stride_oqh, HEAD_DIM, BLOCK_H)
+    else:  # the mistake: k's head lanes masked with q's head count
+        _rotate_block(K, OUT_K, cos, sin, batch, tokens, token_ok, (head_block - n_q_blocks) * BLOCK_H, n_heads_q,
+                      stride_kb, stride_ks, stride_kh, stride_okb, stride_oks, stride_okh, HEAD_DIM, BLOCK_H)
+
+
+def test_k_masked_with_qs_head_count_is_told_k_has_fewer_heads():
+    """Stores that land exactly where k's heads n_heads_k.. would be are k's lanes masked with q's head count (GQA),
+    not a loose mask in general."""
+    result = course.check("05_qk_offsets", _k_masked_with_qs_head_count)
+    assert result.diagnosis == "out_of_bounds", str(result)
+    assert "k has n_heads_k heads (GQA" in result.message
+    assert "mask k's head lanes with n_heads_k, not n_heads_q" in result.message
+    assert "mask too loose?" not in result.message

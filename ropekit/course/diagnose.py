@@ -176,6 +176,26 @@ def _describe_outside(inputs: RopeInputs, touched_storage: torch.Tensor, names: 
     return "; ".join(parts)
 
 
+def _past_ks_heads(inputs: RopeInputs, names: Names, touched_storage: torch.Tensor) -> list[int] | None:
+    """k's heads (numbered as k numbers them) past its last one whose elements hold every overwritten canary, when
+    the output holds q's heads then k's (exercise 05) and k has fewer heads than q; else None. Such stores come from
+    k's head lanes masked with q's head count (or the block's width), not from an address that is off."""
+    if names.split is None:
+        return None
+    view = inputs.out.view
+    n_q = names.split
+    n_k = view.shape[2] - n_q
+    if not 0 < n_k < n_q:
+        return None
+    first = inputs.out.offsets[:, :, n_q:n_q + 1, :]  # where k's head 0 lies, for every token and channel
+    head_of = {int(offset): head for head in range(n_k, n_q)
+               for offset in (first + head * view.stride(2)).reshape(-1).tolist()}
+    heads = [head_of.get(int(offset)) for offset in touched_storage.tolist()]
+    if not heads or None in heads:
+        return None
+    return sorted(set(heads))
+
+
 # --- the analysis --------------------------------------------------------------------------------------------------
 
 def analyse(inputs: RopeInputs, output: torch.Tensor, *, candidates: frozenset[str],
@@ -221,6 +241,15 @@ def analyse(inputs: RopeInputs, output: torch.Tensor, *, candidates: frozenset[s
                         "out need not be laid out like x, nor be contiguous."))
             stray = (f"{int(touched.sum())} elements of the memory around and between the output's elements were "
                      f"overwritten: {_describe_outside(inputs, where_outside, names)}.")
+            ghosts = _past_ks_heads(inputs, names, where_outside)
+            if ghosts:
+                n_q = names.split
+                n_k = y.shape[2] - n_q
+                return Finding("out_of_bounds", (
+                    f"Written out of bounds exactly where k's head{'s' if len(ghosts) > 1 else ''} {ranges(ghosts)} "
+                    f"would be in out_k: {stray} "
+                    f"k has n_heads_k heads (GQA; here {n_k}, q has {n_q}): mask k's head lanes with n_heads_k, not "
+                    "n_heads_q (nor the block's width BLOCK_H)."))
             if not written.all():
                 return Finding("out_of_bounds", (
                     f"Stores landed beside their targets: {stray} Meanwhile {_describe_cells(~written, names)} were "
