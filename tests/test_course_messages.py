@@ -420,3 +420,13 @@ def test_k_masked_with_qs_head_count_is_told_k_has_fewer_heads():
     assert "k has n_heads_k heads (GQA" in result.message
     assert "mask k's head lanes with n_heads_k, not n_heads_q" in result.message
     assert "mask too loose?" not in result.message
+
+
+@pytest.mark.skipif(not ropekit.device.INTERPRET, reason="loads are recorded under the Triton interpreter")
+def test_a_table_load_without_the_token_mask_is_caught_where_the_table_ends_with_the_positions():
+    """A case's table has exactly the rows its positions reach, so the last tile's unmasked cos/sin load reads past
+    it; the values still come out right (the stores are masked), so only the recorded loads show it."""
+    assert any(case.table_len == case.seq for case in course.exercise("04_tiled_kernel").cases)
+    result = course.check("04_tiled_kernel", wrong_variants("04_tiled_kernel")["load_out_of_bounds"])
+    assert result.diagnosis == "load_out_of_bounds" and not result.ok, str(result)
+    assert "outside the table" in result.message and "mask=inside[:, None]" in result.message

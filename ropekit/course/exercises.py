@@ -297,8 +297,8 @@ _add(Exercise(
           "loads the tile's cos/sin rows once and then loops over the heads, BLOCK_H = 2 at a time, so that every "
           "step reuses them. Sequence lengths and head counts are not multiples of the block sizes: mask the token and "
           "head axes."),
-    diagnoses=("unwritten", "out_of_bounds", "position_shift", "cos_sin_reloaded", "compile_error", "broadcast",
-               "wrong_direction", "other_pairing", "wrong"),
+    diagnoses=("unwritten", "out_of_bounds", "load_out_of_bounds", "position_shift", "cos_sin_reloaded",
+               "compile_error", "broadcast", "wrong_direction", "other_pairing", "wrong"),
     cases=(
         RopeCase("float32, batch 2, seq 5, 3 heads, head_dim 8, x stored seq-major, out with gaps", 2, 5, 3, 8,
                  x_layout=_SBHD, out_layout=_GAPPED_TILES),
@@ -306,6 +306,10 @@ _add(Exercise(
                  1, 9, 5, 16, out_layout=_GAPPED_TILES, seed=1),
         RopeCase("float32, batch 3, seq 4, 8 heads, head_dim 32 (everything divides: four head steps)", 3, 4, 8, 32,
                  seed=2),
+        # The table ends where the positions do (NaN rows after it): an unmasked cos/sin load of the last tile
+        # reads past it.
+        RopeCase("float32, batch 2, seq 6 (a 2-token tail), 3 heads, head_dim 16, a cos/sin table of exactly the "
+                 "6 rows the positions reach", 2, 6, 3, 16, table_len=6, out_layout=_GAPPED_TILES, seed=3),
     ),
     launch=launch_tiled, run=_run_kernel(launch_tiled), notes={"check_reuse": True},
 ))
