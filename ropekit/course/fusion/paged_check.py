@@ -16,8 +16,8 @@ import triton
 from ... import device as _device
 from ... import reference
 from ...frequencies import cos_sin_table
-from ..diagnose import Finding
 from .. import fence
+from ..diagnose import Finding
 from ..errors import explain
 
 __all__ = ["PagedCase", "CASES", "launch_rope_cache", "check_rope_cache"]
