@@ -96,3 +96,17 @@ def test_grade_takes_a_prediction_and_grades_it_against_the_stored_runs_on_a_cpu
 def test_a_prediction_names_what_is_wrong_with_it(tmp_path, pair, words):
     with pytest.raises(SystemExit, match=words):
         main(["grade", str(tmp_path), "--predict", pair])
+
+
+def test_list_and_grade_follow_the_notebooks(tmp_path, capsys):
+    """01's exercises, then 02's warm-ups before 02's row kernel, then 03, 04, 05, 06, 09: the order a reader meets
+    them."""
+    assert main(["list"]) == 0
+    listed = [line.split()[0] for line in capsys.readouterr().out.splitlines()]
+    assert main(["grade", str(tmp_path)]) == 0  # no files: every exercise listed, none checked
+    graded = [line.split()[0] for line in capsys.readouterr().out.split("=== grades")[1].strip().splitlines()]
+    for order in (listed, graded):
+        notebooks = [name[:2] for name in order]
+        assert notebooks == sorted(notebooks) and set(notebooks) >= {"01", "02", "03", "04", "05", "06", "09"}
+        warmups = [order.index(name) for name in order if name.startswith("02_warmup")]
+        assert warmups and max(warmups) < order.index("02_row_kernel")

@@ -310,3 +310,123 @@ def test_a_shifted_position_in_the_torch_exercise_speaks_of_angles_not_table_row
     result = course.check("01_rope_torch", counted_from_one)
     assert result.diagnosis == "position_shift", str(result)
     assert "positions + 1 in the angles" in result.message and "cos/sin row" not in result.message
+
+
+@triton.jit
+def _paged_kernel_with(Q, K, V, COS, SIN, POS, SLOTS, Q_OUT, K_CACHE, V_CACHE, n_heads_q, n_heads_kv,
+                       HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr, V_FROM_K: tl.constexpr,
+                       ROW_HEADS_Q: tl.constexpr):
+    """09's solution with one planted mistake: V_FROM_K (0: none, 1: k's values, 2: k rotated, stored in the v cache),
+    ROW_HEADS_Q (a slot's cache row taken as n_heads_q heads long)."""
+    token = tl.program_id(0).to(tl.int64)
+    HALF: tl.constexpr = HEAD_DIM // 2
+    heads = tl.arange(0, BLOCK_H)[:, None]
+    lanes = tl.arange(0, HALF)[None, :]
+    position = tl.load(POS + token)
+    cos = tl.load(COS + position * HALF + lanes)
+    sin = tl.load(SIN + position * HALF + lanes)
+    q_mask = (heads < n_heads_q) & (lanes < HALF)
+    q_row = Q + token * n_heads_q * HEAD_DIM + heads * HEAD_DIM
+    q_a = tl.load(q_row + lanes, mask=q_mask)
+    q_b = tl.load(q_row + HALF + lanes, mask=q_mask)
+    out_row = Q_OUT + token * n_heads_q * HEAD_DIM + heads * HEAD_DIM
+    tl.store(out_row + lanes, q_a * cos - q_b * sin, mask=q_mask)
+    tl.store(out_row + HALF + lanes, q_b * cos + q_a * sin, mask=q_mask)
+    slot = tl.load(SLOTS + token)
+    if slot >= 0:
+        kv_mask = (heads < n_heads_kv) & (lanes < HALF)
+        k_row = K + token * n_heads_kv * HEAD_DIM + heads * HEAD_DIM
+        k_a = tl.load(k_row + lanes, mask=kv_mask)
+        k_b = tl.load(k_row + HALF + lanes, mask=kv_mask)
+        row_heads = n_heads_q if ROW_HEADS_Q else n_heads_kv
+        cache_row = slot * row_heads * HEAD_DIM + heads * HEAD_DIM
+        tl.store(K_CACHE + cache_row + lanes, k_a * cos - k_b * sin, mask=kv_mask)
+        tl.store(K_CACHE + cache_row + HALF + lanes, k_b * cos + k_a * sin, mask=kv_mask)
+        v_row = V + token * n_heads_kv * HEAD_DIM + heads * HEAD_DIM
+        v_a = tl.load(v_row + lanes, mask=kv_mask)
+        v_b = tl.load(v_row + HALF + lanes, mask=kv_mask)
+        if V_FROM_K == 1:
+            v_a, v_b = k_a, k_b
+        if V_FROM_K == 2:
+            v_a, v_b = k_a * cos - k_b * sin, k_b * cos + k_a * sin
+        tl.store(V_CACHE + cache_row + lanes, v_a, mask=kv_mask)
+        tl.store(V_CACHE + cache_row + HALF + lanes, v_b, mask=kv_mask)
+
+
+class _Planted:
+    """The planted kernel with its mistake's switches bound, launched as the exercise launches the reader's."""
+
+    def __init__(self, **switches):
+        self.switches = switches
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: _paged_kernel_with[grid](*args, **kwargs, **self.switches)
+
+
+@pytest.mark.parametrize("v_from_k, turned", [(1, "unrotated"), (2, "rotated")], ids=["k-values", "k-rotated"])
+def test_a_v_cache_written_from_k_is_named_as_k_in_the_v_cache(v_from_k, turned):
+    result = course.check("09_rope_cache_kernel", _Planted(V_FROM_K=v_from_k, ROW_HEADS_Q=0))
+    assert result.diagnosis == "wrong", str(result)
+    assert f"v_cache holds k ({turned})" in result.message and "differ from the reference" not in result.message
+    assert "(case: " in result.message
+
+
+def test_a_cache_row_as_long_as_qs_heads_says_how_long_a_slots_row_is():
+    result = course.check("09_rope_cache_kernel", _Planted(V_FROM_K=0, ROW_HEADS_Q=1))
+    assert result.diagnosis == "out_of_bounds", str(result)
+    assert "a slot's row is n_heads_kv · HEAD_DIM elements" in result.message, result.message
+    assert "(case: " in result.message
+
+
+def test_a_sign_flipped_in_one_channel_only_is_not_a_turn_the_other_way():
+    """b·cos - a·sin in the second channel (the first right) is one sin term's sign, not the rotation by -θ (both)."""
+    result = course.check("02_row_kernel", wrong_variants("02_row_kernel")["sign_in_one_channel"])
+    assert result.diagnosis == "sign_in_one_channel", str(result)
+    assert "the second channel of each pair is wrong: the sign of the a·sin term" in result.message.lower()
+    assert "matches none" not in result.message
+    turned_back = course.check("02_row_kernel", wrong_variants("02_row_kernel")["wrong_direction"])
+    assert turned_back.diagnosis == "wrong_direction", str(turned_back)
+
+
+@triton.jit
+def _k_masked_with_qs_head_count(Q, K, OUT_Q, OUT_K, COS, SIN, OFFSETS, seq_len, n_heads_q, n_heads_k,
+                                 stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh,
+                                 stride_oqb, stride_oqs, stride_oqh, stride_okb, stride_oks, stride_okh,
+                                 HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr = 4, BLOCK_H: tl.constexpr = 2,
+                                 NUM_WARPS: tl.constexpr = 4):
+    tokens = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
+    head_block = tl.program_id(1)
+    batch = tl.program_id(2)
+    pairs = tl.arange(0, HEAD_DIM // 2)
+    token_ok = tokens < seq_len
+    position = tl.load(OFFSETS + batch) + tokens
+    table = position[:, None] * (HEAD_DIM // 2) + pairs[None, :]
+    cos = tl.load(COS + table, mask=token_ok[:, None], other=0.0)[:, None, :]
+    sin = tl.load(SIN + table, mask=token_ok[:, None], other=0.0)[:, None, :]
+    n_q_blocks = (n_heads_q + BLOCK_H - 1) // BLOCK_H
+    if head_block < n_q_blocks:
+        _rotate_block(Q, OUT_Q, cos, sin, batch, tokens, token_ok, head_block * BLOCK_H, n_heads_q,
+                      stride_qb, stride_qs, stride_qh, stride_oqb, stride_oqs, stride_oqh, HEAD_DIM, BLOCK_H)
+    else:  # the mistake: k's head lanes masked with q's head count
+        _rotate_block(K, OUT_K, cos, sin, batch, tokens, token_ok, (head_block - n_q_blocks) * BLOCK_H, n_heads_q,
+                      stride_kb, stride_ks, stride_kh, stride_okb, stride_oks, stride_okh, HEAD_DIM, BLOCK_H)
+
+
+def test_k_masked_with_qs_head_count_is_told_k_has_fewer_heads():
+    """Stores that land exactly where k's heads n_heads_k.. would be are k's lanes masked with q's head count (GQA),
+    not a loose mask in general."""
+    result = course.check("05_qk_offsets", _k_masked_with_qs_head_count)
+    assert result.diagnosis == "out_of_bounds", str(result)
+    assert "k has n_heads_k heads (GQA" in result.message
+    assert "mask k's head lanes with n_heads_k, not n_heads_q" in result.message
+    assert "mask too loose?" not in result.message
+
+
+@pytest.mark.skipif(not ropekit.device.INTERPRET, reason="loads are recorded under the Triton interpreter")
+def test_a_table_load_without_the_token_mask_is_caught_where_the_table_ends_with_the_positions():
+    """A case's table has exactly the rows its positions reach, so the last tile's unmasked cos/sin load reads past
+    it; the values still come out right (the stores are masked), so only the recorded loads show it."""
+    assert any(case.table_len == case.seq for case in course.exercise("04_tiled_kernel").cases)
+    result = course.check("04_tiled_kernel", wrong_variants("04_tiled_kernel")["load_out_of_bounds"])
+    assert result.diagnosis == "load_out_of_bounds" and not result.ok, str(result)
+    assert "outside the table" in result.message and "mask=inside[:, None]" in result.message

@@ -133,3 +133,18 @@ def test_exactness_claims_are_asserted_by_the_cells_after_them(path):
 def test_every_notebook_checks_its_claims_with_asserts(path):
     asserts = sum(c.source.count("assert") for c in _read(path) if c.cell_type == "code")
     assert asserts >= 3, f"only {asserts} asserts"
+
+
+def test_the_h100_ceiling_and_latency_are_quoted_from_the_committed_run_only():
+    """One source for the course H100's copy ceiling and fitted latency: the committed ablation run. docs/tuning.md
+    quotes that run's figures; a notebook's prose never types them (a cell prints them from the run)."""
+    from ropekit.course import ablations, perf_model
+
+    model = perf_model.device_model(ablations.load())
+    gbps, latency = f"{model.ceiling_gbps:.0f} GB/s", f"{model.latency_ns:.0f} ns"
+    tuning = " ".join((NOTEBOOKS[0].parent.parent / "docs" / "tuning.md").read_text().split())
+    assert f"measured {gbps} and fitted {latency}" in tuning
+    for path in NOTEBOOKS:
+        for cell in nbformat.read(path, as_version=4).cells:
+            if cell.cell_type == "markdown":
+                assert gbps not in cell.source and latency not in cell.source, (path.stem, cell.source[:200])

@@ -140,6 +140,8 @@ def _check_rope(ex, code) -> CheckResult:
                        or analyse(inputs, output, candidates=candidates, names=names,
                                   program="function" if ex.language == "pytorch" else ex.notes.get("program", "tile")))
         if finding.diagnosis == "correct" and touches is not None:
+            finding = _stray_table_loads(touches, case) or finding
+        if finding.diagnosis == "correct" and touches is not None:
             reloads = touches if reloads is None or touches.reuse("cos") > reloads.reuse("cos") else reloads
         if finding.diagnosis != "correct":
             return CheckResult(ex.name, False, finding.diagnosis, finding.message, finding.max_error, case.label)
@@ -182,6 +184,21 @@ def _validate_returned(ex, inputs, output) -> Finding | None:
         return Finding("wrong", f"Your output is {output.dtype} for a {inputs.case.dtype} x: compute in float32 but "
                                 "return x's dtype.")
     return None
+
+
+def _stray_table_loads(touches, case) -> Finding | None:
+    """Loads of cos/sin rows past the table (recorded under the interpreter): the values are right only because the
+    masked stores dropped them, so the output alone cannot show it."""
+    stray = touches.outside_view("cos", "load") + touches.outside_view("sin", "load")
+    if not stray:
+        return None
+    return Finding("load_out_of_bounds", (
+        f"{stray} cos/sin load lane(s) read outside the table ({case.table_len} rows, one per position the tokens "
+        "reach): the tile's tokens past seq_len read rows that do not exist. The output is right only because the "
+        "masked stores dropped those lanes; on a GPU such a load reads memory that is not yours (garbage, or an "
+        "illegal-address fault at the end of an allocation). Give the cos/sin loads the token mask: "
+        "tl.load(COS + rows, mask=inside[:, None], other=0.0). (Found by recording the loads under the Triton "
+        "interpreter, on a CPU machine.)"))
 
 
 def _reuse_finding(touches, result: CheckResult) -> CheckResult:

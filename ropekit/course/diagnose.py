@@ -42,6 +42,7 @@ DIAGNOSES = {
     "needs_gpu": "the exercise needs a CUDA GPU to run (only compiled here)",
     "too_slow": "correct, but slower than the speed target against the copy ceiling measured in the same check",
     "wrong_direction": "rotation by -θ instead of +θ (or +θ where the backward asks for -θ)",
+    "sign_in_one_channel": "one channel of each pair has the wrong sign on its sin term, the other channel is right",
     "other_pairing": "NeoX pairs (i, i + rotary_dim/2) and GPT-J pairs (2i, 2i+1) mixed up",
     "position_shift": "every token rotated with the angle of the position next to its own",
     "wrong_positions": "tokens rotated at positions other than their own (offsets ignored, the wrong row index)",
@@ -68,7 +69,7 @@ PASSING_NOTES = frozenset({"cos_sin_reloaded"})
 # Considered for every RoPE-shaped exercise, whatever it lists: each fires only when the output (or the error) has its
 # unmistakable signature, so a correct output or another mistake never triggers it.
 GENERIC = frozenset({"wrong_positions", "broadcast", "partial_pairing", "compile_error", "import_order",
-                     "out_stride"})
+                     "out_stride", "sign_in_one_channel"})
 
 HALF_DTYPES = (torch.float16, torch.bfloat16)
 
@@ -175,6 +176,26 @@ def _describe_outside(inputs: RopeInputs, touched_storage: torch.Tensor, names: 
     return "; ".join(parts)
 
 
+def _past_ks_heads(inputs: RopeInputs, names: Names, touched_storage: torch.Tensor) -> list[int] | None:
+    """k's heads (numbered as k numbers them) past its last one whose elements hold every overwritten canary, when
+    the output holds q's heads then k's (exercise 05) and k has fewer heads than q; else None. Such stores come from
+    k's head lanes masked with q's head count (or the block's width), not from an address that is off."""
+    if names.split is None:
+        return None
+    view = inputs.out.view
+    n_q = names.split
+    n_k = view.shape[2] - n_q
+    if not 0 < n_k < n_q:
+        return None
+    first = inputs.out.offsets[:, :, n_q:n_q + 1, :]  # where k's head 0 lies, for every token and channel
+    head_of = {int(offset): head for head in range(n_k, n_q)
+               for offset in (first + head * view.stride(2)).reshape(-1).tolist()}
+    heads = [head_of.get(int(offset)) for offset in touched_storage.tolist()]
+    if not heads or None in heads:
+        return None
+    return sorted(set(heads))
+
+
 # --- the analysis --------------------------------------------------------------------------------------------------
 
 def analyse(inputs: RopeInputs, output: torch.Tensor, *, candidates: frozenset[str],
@@ -220,6 +241,15 @@ def analyse(inputs: RopeInputs, output: torch.Tensor, *, candidates: frozenset[s
                         "out need not be laid out like x, nor be contiguous."))
             stray = (f"{int(touched.sum())} elements of the memory around and between the output's elements were "
                      f"overwritten: {_describe_outside(inputs, where_outside, names)}.")
+            ghosts = _past_ks_heads(inputs, names, where_outside)
+            if ghosts:
+                n_q = names.split
+                n_k = y.shape[2] - n_q
+                return Finding("out_of_bounds", (
+                    f"Written out of bounds exactly where k's head{'s' if len(ghosts) > 1 else ''} {ranges(ghosts)} "
+                    f"would be in out_k: {stray} "
+                    f"k has n_heads_k heads (GQA; here {n_k}, q has {n_q}): mask k's head lanes with n_heads_k, not "
+                    "n_heads_q (nor the block's width BLOCK_H)."))
             if not written.all():
                 return Finding("out_of_bounds", (
                     f"Stores landed beside their targets: {stray} Meanwhile {_describe_cells(~written, names)} were "
@@ -337,6 +367,8 @@ def _alternatives(inputs: RopeInputs, candidates: frozenset[str]):
             words = ("Rotation in the wrong direction: your output is the rotation by -θ. A pair (a, b) turns to "
                      "(a cos θ - b sin θ, b cos θ + a sin θ): check the signs of the two sin terms.")
         yield "wrong_direction", reference.rope(x, inputs.positions, **flipped), all_rows, words
+    if "sign_in_one_channel" in candidates:
+        yield from _one_channel_flipped(inputs, kwargs, all_rows)
     if "other_pairing" in candidates:
         other = dict(kwargs, interleaved=not case.interleaved)
         half = case.rot // 2
@@ -365,6 +397,26 @@ def _alternatives(inputs: RopeInputs, candidates: frozenset[str]):
                  f"{x.stride(-1)} elements apart (stride_xd = {x.stride(-1)}), and your output is what you get by "
                  "reading them as if they were adjacent. Multiply the channel index by the head-dim stride.")
         yield "stride_ignored", reference.rope(as_if_contiguous, inputs.positions, **kwargs), all_rows, words
+
+
+def _one_channel_flipped(inputs: RopeInputs, kwargs: dict, rows: torch.Tensor):
+    """One channel of every pair right and the other turned the other way: a single sin term with the wrong sign.
+    (Both flipped is the rotation by -θ: ``wrong_direction``.)"""
+    case = inputs.case
+    x = inputs.x.view
+    right = reference.rope(x, inputs.positions, **kwargs)
+    flipped = reference.rope(x, inputs.positions, **dict(kwargs, conjugate=not case.conjugate))
+    half = case.rot // 2
+    first = slice(0, case.rot, 2) if case.interleaved else slice(0, half)
+    second = slice(1, case.rot, 2) if case.interleaved else slice(half, case.rot)
+    s1, s2 = ("+", "-") if case.conjugate else ("-", "+")
+    turn = f"(a·cos θ {s1} b·sin θ, b·cos θ {s2} a·sin θ)"
+    for which, other, term, lanes in (("first", "second", "b·sin", first), ("second", "first", "a·sin", second)):
+        alt = right.clone()
+        alt[..., lanes] = flipped[..., lanes]
+        yield "sign_in_one_channel", alt, rows, (
+            f"The {which} channel of each pair is wrong: the sign of the {term} term. The {other} channel is right, "
+            f"so this is not a turn the other way (that flips both signs). A pair (a, b) turns to {turn}.")
 
 
 def _match_mistake(inputs: RopeInputs, y: torch.Tensor, scale: float, candidates: frozenset[str]) -> Finding | None:

@@ -7,8 +7,8 @@ Notebook NN holds the exercises whose name starts with NN. Files, by exercise ``
 * ``solutions/exNN_name.py`` (``.cu``): shown only on request, by :func:`show_solution`;
 * ``wrong/exNN_name.py`` (``wrong/exNN_name/*.cu``): deliberately wrong variants, one per diagnosis, for the tests.
 
-Adding an exercise is one ``_add(Exercise(...))`` at the end of the registry (entries keep their order: it is the
-order of ``names()``). A RoPE-shaped exercise gives ``cases`` and ``run``: the checker runs the reader's code on every
+Adding an exercise is one ``_add(Exercise(...))`` in the registry. ``names()`` is the course's order: by notebook
+(the ``NN``), and within a notebook in the order of registration (02's warm-ups before its row kernel). A RoPE-shaped exercise gives ``cases`` and ``run``: the checker runs the reader's code on every
 case and diagnoses its output. Any other exercise gives ``check``, a function of the reader's code returning a
 :class:`~ropekit.course.diagnose.Finding` (``errors.explain`` turns an exception into one). Either may add ``grade``,
 called only once the code is correct (e.g. speed against the copy ceiling): it returns a Finding, "correct" to pass.
@@ -221,14 +221,46 @@ _add(Exercise(
     run=_run_rope_torch,
 ))
 
+# --- notebook 02's warm-ups (the Triton primer): checked by ropekit.course.warmups --------------------------------
+
+from . import warmups as _warmups  # noqa: E402  (the warm-ups' launches and checks live in their own module)
+
+
+def _add_warmup(name: str, title: str, entry: str, task: str, diagnoses: tuple[str, ...]) -> None:
+    _add(Exercise(name=name, title=title, language="triton", entry=entry, task=task, diagnoses=diagnoses,
+                  check=_warmups.checker(name)))
+
+
+_add_warmup(
+    "02_warmup_copy", "Warm-up 1: pointers, blocks and masks", "copy_kernel",
+    "Fill in copy_kernel: copy the n elements of SRC to DST. Program p owns the BLOCK offsets "
+    "p * BLOCK + tl.arange(0, BLOCK); n is not a multiple of BLOCK, so mask the lanes past the end in the load and "
+    "the store. Checked for n = 64, 100, 1 and 300 with BLOCK = 64.",
+    ("out_of_bounds", "load_out_of_bounds", "unwritten", "raised", "wrong"))
+_add_warmup(
+    "02_warmup_rotate_half", "Warm-up 2: a constexpr inside the kernel", "rotate_half_kernel",
+    "Fill in rotate_half_kernel: program `row` writes cat(-x[D/2:], x[:D/2]) for its row of the contiguous "
+    "(rows, D) tensor X, D a power of two. The block of D/2 lanes needs a compile-time length: declare "
+    "`HALF: tl.constexpr = D // 2`. Checked on 3 rows of D = 8, 5 rows of 16 and 1 row of 64.",
+    ("raised", "wrong_direction", "unwritten", "wrong"))
+_add_warmup(
+    "02_warmup_angles", "Warm-up 3: broadcasting and a 2-D mask", "angles_kernel",
+    "Fill in angles_kernel: OUT[p, i] = p * INV_FREQ[i] (float32) for the BLOCK_P = 16 positions of the program "
+    "and every pair. Make a (BLOCK_P, BLOCK_I) block from a column of positions (positions[:, None]) and a row of "
+    "frequencies (inv_freq[None, :]), convert the integer positions to float32, and mask both axes. Checked for "
+    "16 x 8, 37 x 12 and 5 x 3, and 40 x 6 with INV_FREQ stored in float16 (where int32 positions times float16 "
+    "frequencies would be float16 math).",
+    ("position_shift", "out_of_bounds", "load_out_of_bounds", "half_precision_math", "unwritten", "raised",
+     "wrong"))
+
 _add(Exercise(
     name="02_row_kernel", title="A one-row Triton kernel", language="triton", entry="rope_row_kernel",
     task=("Fill in rope_row_kernel: program `row` rotates one head vector (HEAD_DIM channels, a power of two) of a "
           "contiguous float32 (batch, seq, heads, HEAD_DIM) tensor, NeoX pairs (i, i + HEAD_DIM/2), at position "
           "(row // n_heads) % seq_len, with cos/sin from row `position` of the half-width tables. Launched as "
           "rope_row_kernel[(batch * seq * heads,)](x, cos, sin, out, seq, heads, HEAD_DIM=head_dim)."),
-    diagnoses=("wrong_direction", "other_pairing", "position_shift", "wrong_positions", "broadcast", "unwritten",
-               "out_of_bounds", "compile_error", "wrong"),
+    diagnoses=("wrong_direction", "sign_in_one_channel", "other_pairing", "position_shift", "wrong_positions",
+               "broadcast", "unwritten", "out_of_bounds", "compile_error", "wrong"),
     cases=(
         RopeCase("float32, contiguous, head_dim 16", 2, 3, 2, 16),
         RopeCase("float32, 3 sequences of 5 tokens, 3 heads (counts that are not powers of two), head_dim 8",
@@ -265,8 +297,8 @@ _add(Exercise(
           "loads the tile's cos/sin rows once and then loops over the heads, BLOCK_H = 2 at a time, so that every "
           "step reuses them. Sequence lengths and head counts are not multiples of the block sizes: mask the token and "
           "head axes."),
-    diagnoses=("unwritten", "out_of_bounds", "position_shift", "cos_sin_reloaded", "compile_error", "broadcast",
-               "wrong_direction", "other_pairing", "wrong"),
+    diagnoses=("unwritten", "out_of_bounds", "load_out_of_bounds", "position_shift", "cos_sin_reloaded",
+               "compile_error", "broadcast", "wrong_direction", "other_pairing", "wrong"),
     cases=(
         RopeCase("float32, batch 2, seq 5, 3 heads, head_dim 8, x stored seq-major, out with gaps", 2, 5, 3, 8,
                  x_layout=_SBHD, out_layout=_GAPPED_TILES),
@@ -274,6 +306,10 @@ _add(Exercise(
                  1, 9, 5, 16, out_layout=_GAPPED_TILES, seed=1),
         RopeCase("float32, batch 3, seq 4, 8 heads, head_dim 32 (everything divides: four head steps)", 3, 4, 8, 32,
                  seed=2),
+        # The table ends where the positions do (NaN rows after it): an unmasked cos/sin load of the last tile
+        # reads past it.
+        RopeCase("float32, batch 2, seq 6 (a 2-token tail), 3 heads, head_dim 16, a cos/sin table of exactly the "
+                 "6 rows the positions reach", 2, 6, 3, 16, table_len=6, out_layout=_GAPPED_TILES, seed=3),
     ),
     launch=launch_tiled, run=_run_kernel(launch_tiled), notes={"check_reuse": True},
 ))
@@ -316,38 +352,6 @@ _add(Exercise(
 ))
 
 
-# --- notebook 02's warm-ups (the Triton primer): checked by ropekit.course.warmups --------------------------------
-
-from . import warmups as _warmups  # noqa: E402  (the warm-ups' launches and checks live in their own module)
-
-
-def _add_warmup(name: str, title: str, entry: str, task: str, diagnoses: tuple[str, ...]) -> None:
-    _add(Exercise(name=name, title=title, language="triton", entry=entry, task=task, diagnoses=diagnoses,
-                  check=_warmups.checker(name)))
-
-
-_add_warmup(
-    "02_warmup_copy", "Warm-up 1: pointers, blocks and masks", "copy_kernel",
-    "Fill in copy_kernel: copy the n elements of SRC to DST. Program p owns the BLOCK offsets "
-    "p * BLOCK + tl.arange(0, BLOCK); n is not a multiple of BLOCK, so mask the lanes past the end in the load and "
-    "the store. Checked for n = 64, 100, 1 and 300 with BLOCK = 64.",
-    ("out_of_bounds", "load_out_of_bounds", "unwritten", "raised", "wrong"))
-_add_warmup(
-    "02_warmup_rotate_half", "Warm-up 2: a constexpr inside the kernel", "rotate_half_kernel",
-    "Fill in rotate_half_kernel: program `row` writes cat(-x[D/2:], x[:D/2]) for its row of the contiguous "
-    "(rows, D) tensor X, D a power of two. The block of D/2 lanes needs a compile-time length: declare "
-    "`HALF: tl.constexpr = D // 2`. Checked on 3 rows of D = 8, 5 rows of 16 and 1 row of 64.",
-    ("raised", "wrong_direction", "unwritten", "wrong"))
-_add_warmup(
-    "02_warmup_angles", "Warm-up 3: broadcasting and a 2-D mask", "angles_kernel",
-    "Fill in angles_kernel: OUT[p, i] = p * INV_FREQ[i] (float32) for the BLOCK_P = 16 positions of the program "
-    "and every pair. Make a (BLOCK_P, BLOCK_I) block from a column of positions (positions[:, None]) and a row of "
-    "frequencies (inv_freq[None, :]), convert the integer positions to float32, and mask both axes. Checked for "
-    "16 x 8, 37 x 12 and 5 x 3, and 40 x 6 with INV_FREQ stored in float16 (where int32 positions times float16 "
-    "frequencies would be float16 math).",
-    ("position_shift", "out_of_bounds", "load_out_of_bounds", "half_precision_math", "unwritten", "raised",
-     "wrong"))
-
 _add(Exercise(
     name="09_rope_cache_kernel", title="RoPE and the paged KV-cache write in one kernel", language="triton",
     entry="rope_cache_kernel",
@@ -363,7 +367,8 @@ _add(Exercise(
 # --- access --------------------------------------------------------------------------------------------------------
 
 def names() -> list[str]:
-    return list(EXERCISES)
+    """Every exercise in the course's order: by notebook, then as registered within it."""
+    return sorted(EXERCISES, key=lambda name: name.split("_")[0])
 
 
 def exercise(name: str) -> Exercise:

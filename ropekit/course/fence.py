@@ -21,7 +21,7 @@ import numpy as np
 from .. import device as _device
 from .diagnose import Finding
 
-__all__ = ["OutsideTensors", "fenced", "finding"]
+__all__ = ["OutsideTensors", "fenced", "stopped", "finding"]
 
 
 class OutsideTensors(RuntimeError):
@@ -111,10 +111,16 @@ def fenced():
                 setattr(builder, name, value)
 
 
-def finding(error: BaseException) -> Finding | None:
-    """The checker's finding for an error that :func:`fenced` raised (the interpreter wraps it), else None."""
+def stopped(error: BaseException | None) -> OutsideTensors | None:
+    """The :class:`OutsideTensors` that :func:`fenced` raised behind ``error`` (the interpreter wraps it), else None."""
     while error is not None and not isinstance(error, OutsideTensors):
         error = error.__cause__ or error.__context__
+    return error
+
+
+def finding(error: BaseException) -> Finding | None:
+    """The checker's finding for an error that :func:`fenced` raised (the interpreter wraps it), else None."""
+    error = stopped(error)
     if error is None:
         return None
     if error.kind == "store":

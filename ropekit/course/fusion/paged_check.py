@@ -16,6 +16,7 @@ import triton
 from ... import device as _device
 from ... import reference
 from ...frequencies import cos_sin_table
+from .. import fence
 from ..diagnose import Finding
 from ..errors import explain
 
@@ -122,8 +123,8 @@ def _finding(case: PagedCase, r) -> Finding:
         if (buffer[inside.stop:] != POISON).any():
             return Finding("out_of_bounds", f"{name}: a row past the end of the cache was written (the last slot "
                                             "is a token's). Only k's n_heads_kv heads exist: mask the head lanes "
-                                            "with heads < n_heads_kv, and start slot s's row at "
-                                            "s * n_heads_kv * HEAD_DIM.")
+                                            "with heads < n_heads_kv; and a slot's row is n_heads_kv · HEAD_DIM "
+                                            "elements: start slot s's row at s * n_heads_kv * HEAD_DIM.")
         if close(buffer, expect):
             errors.append(float((buffer[inside] - expect[inside]).abs().max()))
             continue
@@ -147,6 +148,12 @@ def _finding(case: PagedCase, r) -> Finding:
         if name == "v_cache" and close(buffer[written], r["rope"](r["v"])[real]):
             return Finding("wrong", "v_cache: v was rotated. Values are copied into the cache unchanged; only q "
                                     "and k turn.")
+        if name == "v_cache":
+            for turned, k_values in (("unrotated", r["k"].cpu().double()), ("rotated", r["rope"](r["k"]))):
+                if close(buffer[written], k_values[real]):
+                    return Finding("wrong", f"v_cache holds k ({turned}), not v: the value rows were loaded from K. "
+                                            "Load v's row from V (V + token * n_heads_kv * HEAD_DIM) and store it "
+                                            "unchanged into V_CACHE.")
         if name == "k_cache" and close(buffer[written], r["k"].cpu().double()[real]):
             return Finding("wrong", "k_cache: k was copied unrotated. The cache keeps rotated keys: rotate k with "
                                     "the token's cos/sin row, like q, before the store.")
@@ -156,6 +163,18 @@ def _finding(case: PagedCase, r) -> Finding:
     return Finding("correct", f"Correct on {case.label}: max |error| {error:.3g}.", error)
 
 
+def _cache_row_hint(error: BaseException, finding: Finding) -> Finding:
+    """A store stopped outside the caches (under the interpreter) most often comes from a slot's row start: say how
+    long a row of the cache is."""
+    stopped = fence.stopped(error)
+    if stopped is None or stopped.kind != "store" or "cache" not in stopped.where.lower():
+        return finding
+    return Finding(finding.diagnosis, (
+        f"{finding.message} In the caches, a slot's row is n_heads_kv · HEAD_DIM elements (the cache is (num_blocks, "
+        "block_size, n_heads_kv, HEAD_DIM), contiguous): slot s starts at s * n_heads_kv * HEAD_DIM, not at "
+        "s * n_heads_q * HEAD_DIM, and only the n_heads_kv head lanes are stored."), finding.max_error)
+
+
 def check_rope_cache(kernel) -> Finding:
     """The checker's ``check`` hook: every case must pass; the first failing case's finding otherwise."""
     findings = []
@@ -163,8 +182,9 @@ def check_rope_cache(kernel) -> Finding:
         try:
             result = _run(kernel, case, _device.DEVICE)
         except Exception as error:  # noqa: BLE001  (whatever the reader's kernel raises is reported)
-            return explain(error)
-        finding = _finding(case, result)
+            finding = _cache_row_hint(error, explain(error))
+        else:
+            finding = _finding(case, result)
         if finding.diagnosis != "correct":
             return Finding(finding.diagnosis, f"{finding.message}\n(case: {case.label})", finding.max_error)
         findings.append(finding)

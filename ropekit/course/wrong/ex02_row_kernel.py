@@ -21,6 +21,19 @@ def minus_theta(X, COS, SIN, OUT, seq_len, n_heads, HEAD_DIM: tl.constexpr):
 
 
 @triton.jit
+def second_channel_sign(X, COS, SIN, OUT, seq_len, n_heads, HEAD_DIM: tl.constexpr):
+    row = tl.program_id(0)
+    position = (row // n_heads) % seq_len
+    pairs = tl.arange(0, HEAD_DIM // 2)
+    x_a = tl.load(X + row * HEAD_DIM + pairs)
+    x_b = tl.load(X + row * HEAD_DIM + HEAD_DIM // 2 + pairs)
+    cos = tl.load(COS + position * (HEAD_DIM // 2) + pairs)
+    sin = tl.load(SIN + position * (HEAD_DIM // 2) + pairs)
+    tl.store(OUT + row * HEAD_DIM + pairs, x_a * cos - x_b * sin)
+    tl.store(OUT + row * HEAD_DIM + HEAD_DIM // 2 + pairs, x_b * cos - x_a * sin)  # MISTAKE: - a sin, not + a sin
+
+
+@triton.jit
 def neighbour_pairs(X, COS, SIN, OUT, seq_len, n_heads, HEAD_DIM: tl.constexpr):
     row = tl.program_id(0)
     position = (row // n_heads) % seq_len
@@ -102,6 +115,7 @@ def position_from_the_row(X, COS, SIN, OUT, seq_len, n_heads, HEAD_DIM: tl.const
 WRONG = {
     "broadcast": position_from_the_row,
     "wrong_direction": minus_theta,
+    "sign_in_one_channel": second_channel_sign,
     "other_pairing": neighbour_pairs,
     "position_shift": next_position,
     "unwritten": first_half_only,

@@ -60,6 +60,31 @@ def stores_without_token_mask(X, COS, SIN, OUT, seq_len, n_heads, stride_xb, str
 
 
 @triton.jit
+def table_loads_without_token_mask(X, COS, SIN, OUT, seq_len, n_heads, stride_xb, stride_xs, stride_xh,
+                                   stride_ob, stride_os, stride_oh,
+                                   HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr):
+    tokens = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
+    batch = tl.program_id(1)
+    pairs = tl.arange(0, HEAD_DIM // 2)
+    token_ok = tokens < seq_len  # the last tile may stick out of the sequence
+    # cos/sin once per tile: [BLOCK_S, HALF], then a head axis of size 1 that broadcasts over BLOCK_H heads.
+    table = tokens[:, None] * (HEAD_DIM // 2) + pairs[None, :]
+    cos = tl.load(COS + table)[:, None, :]  # MISTAKE: no token mask: the last tile reads rows past the table
+    sin = tl.load(SIN + table)[:, None, :]
+    for first_head in range(0, n_heads, BLOCK_H):  # the head loop: every step reuses the same cos/sin
+        heads = first_head + tl.arange(0, BLOCK_H)
+        mask = (token_ok[:, None] & (heads < n_heads)[None, :])[:, :, None]  # [BLOCK_S, BLOCK_H, 1]
+        x = X + batch * stride_xb + tokens[:, None, None] * stride_xs + heads[None, :, None] * stride_xh \
+            + pairs[None, None, :]
+        out = OUT + batch * stride_ob + tokens[:, None, None] * stride_os + heads[None, :, None] * stride_oh \
+            + pairs[None, None, :]
+        x_a = tl.load(x, mask=mask, other=0.0)
+        x_b = tl.load(x + HEAD_DIM // 2, mask=mask, other=0.0)
+        tl.store(out, x_a * cos - x_b * sin, mask=mask)
+        tl.store(out + HEAD_DIM // 2, x_b * cos + x_a * sin, mask=mask)
+
+
+@triton.jit
 def table_row_plus_one(X, COS, SIN, OUT, seq_len, n_heads, stride_xb, stride_xs, stride_xh,
                        stride_ob, stride_os, stride_oh,
                        HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr):
@@ -138,6 +163,7 @@ def cos_sin_per_head(X, COS, SIN, OUT, seq_len, n_heads, stride_xb, stride_xs, s
 WRONG = {
     "unwritten": no_head_loop,
     "out_of_bounds": stores_without_token_mask,
+    "load_out_of_bounds": table_loads_without_token_mask,
     "position_shift": table_row_plus_one,
     "compile_error": no_head_broadcast,  # [1, BLOCK_S, HALF] does not broadcast against the block
     "cos_sin_reloaded": cos_sin_per_head,
