@@ -102,7 +102,7 @@ def test_a_dry_run_judges_nothing():
 
 
 def test_dry_run_end_to_end(tmp_path, capsys):
-    # no peers folder: Liger is skipped (a checkout may hold .peers, whose Liger is a GPU peer)
+    # no peers folder (a checkout's .peers holds Liger for the GPU)
     code = eager.main(["--out", str(tmp_path), "--dry-run", "--cases", "decode", "--calls", "2", "--repeats", "2",
                        "--peers", str(tmp_path / "no-peers")])
     assert code == 0
@@ -114,6 +114,11 @@ def test_dry_run_end_to_end(tmp_path, capsys):
         row = rows[op.name]
         if op.kind == "peer" and row["status"] == "skipped":  # Liger is optional
             assert "Liger" in row["reason"]
+            continue
+        if op.kind == "peer" and not ON_GPU:
+            # a Liger another test put on the path (.peers) runs under the interpreter here, which is no GPU's
+            # arithmetic for its kernel: checked, reported, never timed when wrong
+            assert row["status"] in ("ok", "wrong result") and (row["status"] == "ok") == (row["check_error"] <= 1.0)
             continue
         assert row["status"] == "ok", row
         assert row["check_error"] <= 1.0 and len(row["runs_us"]) == 2 and row["us"] > 0
