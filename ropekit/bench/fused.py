@@ -87,9 +87,8 @@ class NotApplicable(Exception):
 
 
 def _quantised(x: torch.Tensor, scale: Optional[torch.Tensor], fmt: torch.dtype) -> torch.Tensor:
-    """torch's quantise: x itself with no scale, else the bits (uint8) of ``x / scale`` in format ``fmt`` (float8:
-    saturated at its largest value, then cast, which rounds to nearest even; int8: rounded to nearest even, then
-    saturated)."""
+    """torch's quantise: x itself with no scale, else ``x / scale`` in format ``fmt`` (float8: saturated at its
+    largest value, then cast, which rounds to nearest even; int8: rounded to nearest even, then saturated)."""
     if scale is None:
         return x
     y = x.float() / scale
@@ -97,7 +96,13 @@ def _quantised(x: torch.Tensor, scale: Optional[torch.Tensor], fmt: torch.dtype)
         y = y.round().clamp(-128.0, 127.0)
     else:
         y = y.clamp(-FORMAT_MAX[fmt], FORMAT_MAX[fmt])
-    return y.to(fmt).view(torch.uint8)
+    return y.to(fmt)
+
+
+def _rows(x: torch.Tensor, scale: Optional[torch.Tensor], fmt: torch.dtype) -> torch.Tensor:
+    """Cache rows as :func:`_flat` holds them: quantised ones as their bytes."""
+    x = _quantised(x, scale, fmt)
+    return x.view(torch.uint8) if x.element_size() == 1 else x
 
 
 def _token_head_scale(x: torch.Tensor, fmt: torch.dtype) -> torch.Tensor:
@@ -135,7 +140,7 @@ def _unfused(write: str) -> Callable:
         if scale_flat is not None:
             scale = _token_head_scale(rows, fmt)
             put(scale_flat, slots, scale[..., 0])
-        put(flat, slots, _quantised(rows, scale, fmt))
+        put(flat, slots, _rows(rows, scale, fmt))
 
     def build(data: Data) -> Callable:
         c, cos, sin = data.case, data.cos, data.sin
@@ -169,7 +174,7 @@ def _unfused(write: str) -> Callable:
             store(k_flat, data.slots, k_, k_scale, fmt, k_scales)
             store(v_flat, data.slots, v, v_scale, fmt, v_scales)
             if c.q_dtype is not None:
-                return _quantised(q_, data.q_scale, c.q_dtype).view(c.q_dtype)
+                return _quantised(q_, data.q_scale, c.q_dtype)
             return q_
         return chain
     return build
@@ -208,7 +213,7 @@ def _compiled(backend: str) -> Callable:
                 rows = (cos[positions][:, None, :], sin[positions][:, None, :])
                 q_pe.copy_(_rotate(q_pe.float(), *rows, True).to(q_pe.dtype))
                 k_pe = _rotate(latent[:, None, c.latent:].float(), *rows, True)[:, 0].to(latent.dtype)
-                flat.index_copy_(0, slots, _quantised(torch.cat((latent[:, :c.latent], k_pe), -1), k_scale, fmt))
+                flat.index_copy_(0, slots, _rows(torch.cat((latent[:, :c.latent], k_pe), -1), k_scale, fmt))
                 return q_pe
             compiled = torch.compile(mla, backend=backend, dynamic=False)
             positions = data.token_positions
@@ -223,7 +228,7 @@ def _compiled(backend: str) -> Callable:
             if scale_flat is not None:
                 scale = _token_head_scale(x, fmt)
                 scale_flat.index_copy_(0, slots, scale[..., 0])
-            flat.index_copy_(0, slots, _quantised(x, scale, fmt))
+            flat.index_copy_(0, slots, _rows(x, scale, fmt))
 
         def chain(qkv, positions, slots):
             q, k, v = qkv.split([c.heads_q, c.heads_kv, c.heads_kv], dim=2)
@@ -233,7 +238,7 @@ def _compiled(backend: str) -> Callable:
             store(k_flat, slots, k_rot.reshape(-1, c.heads_kv, c.head_dim), k_scale, k_scales)
             store(v_flat, slots, v.reshape(-1, c.heads_kv, c.head_dim), v_scale, v_scales)
             if c.q_dtype is not None:  # float8 attention's q: quantised from the float32 rotation
-                return _quantised(q_rot, data.q_scale, c.q_dtype).view(c.q_dtype)
+                return _quantised(q_rot, data.q_scale, c.q_dtype)
             q.copy_(q_rot.to(q.dtype))
             return q
         compiled = torch.compile(chain, backend=backend, dynamic=False)
