@@ -143,7 +143,6 @@ CASES = (
     *_formats("fp8-q", "float8 e4m3 + a float8 e4m3 q output (FlashInfer's rope_quantize_fp8)",
               kv_cache_dtype="fp8", q_dtype=FP8),
 )
-FORMAT_CASES = tuple(c.name for c in CASES if c.quantised)
 
 
 def tiny(case: FusedCase) -> FusedCase:
