@@ -135,7 +135,7 @@ def _fused_benchmark(kind: str, impl_name: str) -> Callable:
         fused_case = getattr(case, kind)
         build = fused.impls()[impl_name]
         result, _, fn = fused.checked_call(fused_case, build, device, seed_for(fused_case.name, impl_name, "eager"))
-        return CheckedCall(fn, max(result["error_ratio"], result["e4m3_ulps"] or 0.0),
+        return CheckedCall(fn, max(result["error_ratio"], result["quant_ulps"] or 0.0),
                         None if result["ok"] else f"wrong result: {result}")
     return prepare
 

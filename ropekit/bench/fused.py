@@ -1,12 +1,14 @@
-"""The fused pre-processing benchmark: RoPE (+ QK-norm) + paged KV-cache write (bf16 or float8), DeepSeek MLA's
-decoupled RoPE + latent-cache write, and the QK-norm + RoPE backward, against the pipelines a user builds without
-the fused op.
+"""The fused pre-processing benchmark: RoPE (+ QK-norm) + paged KV-cache write (bf16, or quantised on write: float8
+e4m3 or e5m2, int8; static scales a tensor or a kv head, or scales computed per (token, head); a float8 q output),
+DeepSeek MLA's decoupled RoPE + latent-cache write, and the QK-norm + RoPE backward, against the pipelines a user
+builds without the fused op.
 
     python -m ropekit.bench.fused --out DIR            # on a GPU: JSON + markdown + PNG (a few minutes)
     python -m ropekit.bench.fused --out DIR --dry-run  # anywhere: tiny shapes, every implementation checked, no clock
 
 Implementations per case: ``ropekit-fused`` (one launch of :mod:`ropekit.fused`); the unfused pipelines from the
-single-op pieces (``F.rms_norm`` + :func:`ropekit.apply_rope` in place + the cache write with ``index_copy_`` or
+single-op pieces (``F.rms_norm`` + :func:`ropekit.apply_rope` in place + torch's quantise: the per-(token, head)
+``amax`` and scale, the division, the clamp and the cast, + the cache (and scale-cache) write with ``index_copy_`` or
 ``index_put_``); ``torch.compile`` of the whole chain written in PyTorch. FlashInfer is not measured: its wheel alone
 (62 MB) exceeds what can be carried to the GPU machine with the tree, and that machine has no network.
 
@@ -14,8 +16,9 @@ How it measures (the conventions of :mod:`ropekit.bench.timing`): every implemen
 is checked against the float64 reference (:mod:`ropekit.reference`) on a sample of tokens before it is timed, and is
 captured in a CUDA graph; the graphs of one case are replayed in interleaved rounds and the median per call is
 reported. The copy ceiling is measured in the same run. The byte floor counts each activation and cache tensor once
-read and once written (q, k, v read; q written in place, k and v written to the cache; the backward reads q, k and
-both output gradients and writes both input gradients); the per-token metadata (positions, slots, cos/sin rows) is
+read and once written (q, k, v read; q written in place or as float8, k and v written to the cache in its format,
+the per-(token, head) scales written; the backward reads q, k and both output gradients and writes both input
+gradients); the per-token metadata (positions, slots, cos/sin rows) is
 reported beside it and not counted, as in the published targets. A decode call is bound by a chain of dependent
 steps more than by its bytes: the decode cases also time the launch-chain floor (:mod:`ropekit.bench.floor`) in the
 same rounds.
@@ -37,8 +40,8 @@ import torch.nn.functional as F
 from ..api import apply_rope
 from ..fused import mla_rope_and_cache, qk_norm_rope, rope_and_cache
 from . import floor
-from .fused_cases import (BLOCK_SIZE, CASES, EPS, FP8, Data, FusedCase, actual, check, expected, floor_bytes,
-                          make_data, meta_bytes, tiny)
+from .fused_cases import (BLOCK_SIZE, CASES, EPS, FORMAT_MAX, Data, FusedCase, actual, check, expected,
+                          floor_bytes, make_data, meta_bytes, scale_bytes, static_scale_bytes, tiny)
 
 __all__ = ["CASES", "IMPL_NAMES", "COPY_REFERENCE", "LAUNCH_FLOOR", "impls", "checked_call", "stream_for", "run_case",
            "run", "cli_parser", "main"]
@@ -57,12 +60,17 @@ def _fused(data: Data) -> Callable:
                                           data.slots, positions, cos, sin, interleaved=True, inplace=True,
                                           kv_cache_scale=scale)[0]
     q, k, v = data.split()
-    kwargs = dict(k_cache=data.k_cache, v_cache=data.v_cache, positions=data.offsets, inplace=True,
-                  **(data.page_table or dict(slot_mapping=data.slots)))
+    # a float8 q output is a new tensor: q is rotated in place otherwise
+    kwargs = dict(k_cache=data.k_cache, v_cache=data.v_cache, positions=data.offsets, inplace=c.q_dtype is None,
+                  kv_cache_dtype=c.kv_cache_dtype, **(data.page_table or dict(slot_mapping=data.slots)))
     if data.weights:
         kwargs.update(q_weight=data.weights[0], k_weight=data.weights[1], eps=EPS)
     if data.scales:
         kwargs.update(k_scale=data.scales[0], v_scale=data.scales[1])
+    if data.scale_caches:
+        kwargs.update(k_scale_cache=data.scale_caches[0], v_scale_cache=data.scale_caches[1])
+    if c.q_dtype is not None:
+        kwargs.update(q_dtype=c.q_dtype, q_scale=data.q_scale)
     return lambda: rope_and_cache(q, k, v, cos, sin, **kwargs)[0]
 
 
@@ -78,27 +86,61 @@ class NotApplicable(Exception):
     """An implementation that has nothing to measure in a case (a row marked "skipped")."""
 
 
-def _quantised(x: torch.Tensor, scale: Optional[torch.Tensor]) -> torch.Tensor:
-    """What a cache row stores: x itself, or the bits of e4m3(x / scale) saturated at ±448."""
+def _quantised(x: torch.Tensor, scale: Optional[torch.Tensor], fmt: torch.dtype) -> torch.Tensor:
+    """torch's quantise: x itself with no scale, else ``x / scale`` in format ``fmt`` (float8: saturated at its
+    largest value, then cast, which rounds to nearest even; int8: rounded to nearest even, then saturated)."""
     if scale is None:
         return x
-    return (x.float() / scale).clamp(-448.0, 448.0).to(FP8).view(torch.uint8)
+    y = x.float() / scale
+    if fmt == torch.int8:
+        y = y.round().clamp(-128.0, 127.0)
+    else:
+        y = y.clamp(-FORMAT_MAX[fmt], FORMAT_MAX[fmt])
+    return y.to(fmt)
+
+
+def _rows(x: torch.Tensor, scale: Optional[torch.Tensor], fmt: torch.dtype) -> torch.Tensor:
+    """Cache rows as :func:`_flat` holds them: quantised ones as their bytes."""
+    x = _quantised(x, scale, fmt)
+    return x.view(torch.uint8) if x.element_size() == 1 else x
+
+
+def _token_head_scale(x: torch.Tensor, fmt: torch.dtype) -> torch.Tensor:
+    """torch's per-(token, head) scale of head vectors ``x`` ``(..., D)``: ``max|x| / format max``, floored at the
+    smallest normal float32; ``(..., 1)`` float32."""
+    amax = x.float().abs().amax(-1, keepdim=True)
+    return (amax / FORMAT_MAX[fmt]).clamp_min(torch.finfo(torch.float32).tiny)
 
 
 def _flat(cache: torch.Tensor, row_shape) -> torch.Tensor:
-    """The cache as one row per slot (float8 as its uint8 bits: index_copy_ has no float8 kernel everywhere)."""
-    cache = cache.view(torch.uint8) if cache.dtype == FP8 else cache
+    """The cache as one row per slot (a one-byte cache as its uint8 bits: index_copy_ has no float8 kernel
+    everywhere)."""
+    cache = cache.view(torch.uint8) if cache.element_size() == 1 else cache
     return cache.view(-1, *row_shape)
 
 
+def _static_scales(data: Data) -> tuple:
+    """The static (k, v) scales as they broadcast against ``(tokens, Hkv, D)`` rows (one a tensor or one a kv head),
+    or (None, None)."""
+    return tuple(s.view(-1, 1) for s in data.scales) if data.scales else (None, None)
+
+
 def _unfused(write: str) -> Callable:
-    """ropekit's single-op rope + F.rms_norm + the cache write with ``index_copy_`` or ``index_put_``."""
-    def store(flat, slots, x, scale):
-        rows = _quantised(x.reshape(slots.shape[0], *flat.shape[1:]), scale)
+    """ropekit's single-op rope + F.rms_norm + torch's quantise + the cache write with ``index_copy_`` or
+    ``index_put_`` (with per-(token, head) scales, the scales computed from the rotated rows and written to the scale
+    caches at the same slots)."""
+    def put(flat, slots, rows):
         if write == "index_copy_":
             flat.index_copy_(0, slots, rows)
         else:
             flat.index_put_((slots,), rows)
+
+    def store(flat, slots, x, scale, fmt, scale_flat=None):
+        rows = x.reshape(slots.shape[0], *flat.shape[1:])
+        if scale_flat is not None:
+            scale = _token_head_scale(rows, fmt)
+            put(scale_flat, slots, scale[..., 0])
+        put(flat, slots, _rows(rows, scale, fmt))
 
     def build(data: Data) -> Callable:
         c, cos, sin = data.case, data.cos, data.sin
@@ -107,7 +149,8 @@ def _unfused(write: str) -> Callable:
                 raise NotApplicable("the backward writes no cache (one unfused row)")
             norm = lambda x, w: F.rms_norm(x, (c.head_dim,), w, EPS)  # noqa: E731
             return _autograd(lambda q, k, w_q, w_k: apply_rope(norm(q, w_q), norm(k, w_k), cos, sin), data)
-        k_scale, v_scale = data.scales or (None, None)
+        k_scale, v_scale = _static_scales(data)
+        fmt = c.cache_dtype
         if c.kind == "mla":
             latent, positions = data.extra, data.token_positions[None]
             flat = _flat(data.k_cache, (c.latent + c.head_dim,))
@@ -115,11 +158,12 @@ def _unfused(write: str) -> Callable:
             def mla():
                 apply_rope(data.qkv[None], latent[None, :, None, c.latent:], cos, sin, positions=positions,
                            interleaved=True, inplace=True)
-                store(flat, data.slots, latent, k_scale)  # [kv_c | k_pe] are adjacent in the projection
+                store(flat, data.slots, latent, k_scale, fmt)  # [kv_c | k_pe] are adjacent in the projection
                 return data.qkv
             return mla
         q, k, v = data.split()
         k_flat, v_flat = (_flat(cache, (c.heads_kv, c.head_dim)) for cache in (data.k_cache, data.v_cache))
+        k_scales, v_scales = tuple(s.view(-1, c.heads_kv) for s in data.scale_caches) or (None, None)
 
         def chain():
             q_, k_ = q, k
@@ -127,8 +171,10 @@ def _unfused(write: str) -> Callable:
                 q_ = F.rms_norm(q, (c.head_dim,), data.weights[0], EPS)
                 k_ = F.rms_norm(k, (c.head_dim,), data.weights[1], EPS)
             apply_rope(q_, k_, cos, sin, positions=data.offsets, inplace=True)
-            store(k_flat, data.slots, k_, k_scale)
-            store(v_flat, data.slots, v, v_scale)
+            store(k_flat, data.slots, k_, k_scale, fmt, k_scales)
+            store(v_flat, data.slots, v, v_scale, fmt, v_scales)
+            if c.q_dtype is not None:
+                return _quantised(q_, data.q_scale, c.q_dtype)
             return q_
         return chain
     return build
@@ -149,7 +195,7 @@ def _norm(x, w):  # transformers' RMSNorm: float32 math
 
 
 def _compiled(backend: str) -> Callable:
-    """``torch.compile`` of the whole chain written in PyTorch (norm, rotation, cache write, float8 rounding)."""
+    """``torch.compile`` of the whole chain written in PyTorch (norm, rotation, quantise, cache write)."""
     def build(data: Data) -> Callable:
         c, cos, sin = data.case, data.cos, data.sin
         if c.kind == "backward":
@@ -158,7 +204,8 @@ def _compiled(backend: str) -> Callable:
                 rows = (cos[p][:, None, :], sin[p][:, None, :])
                 return tuple(_rotate(_norm(x, w), *rows, False).to(x.dtype) for x, w in ((q, w_q), (k, w_k)))
             return _autograd(torch.compile(fwd, backend=backend, dynamic=False), data)
-        k_scale, v_scale = data.scales or (None, None)
+        k_scale, v_scale = _static_scales(data)
+        fmt = c.cache_dtype
         if c.kind == "mla":
             flat = _flat(data.k_cache, (c.latent + c.head_dim,))
 
@@ -166,22 +213,33 @@ def _compiled(backend: str) -> Callable:
                 rows = (cos[positions][:, None, :], sin[positions][:, None, :])
                 q_pe.copy_(_rotate(q_pe.float(), *rows, True).to(q_pe.dtype))
                 k_pe = _rotate(latent[:, None, c.latent:].float(), *rows, True)[:, 0].to(latent.dtype)
-                flat.index_copy_(0, slots, _quantised(torch.cat((latent[:, :c.latent], k_pe), -1), k_scale))
+                flat.index_copy_(0, slots, _rows(torch.cat((latent[:, :c.latent], k_pe), -1), k_scale, fmt))
                 return q_pe
             compiled = torch.compile(mla, backend=backend, dynamic=False)
             positions = data.token_positions
             return lambda: compiled(data.qkv, data.extra, positions, data.slots)
         k_flat, v_flat = (_flat(cache, (c.heads_kv, c.head_dim)) for cache in (data.k_cache, data.v_cache))
+        k_scales, v_scales = tuple(s.view(-1, c.heads_kv) for s in data.scale_caches) or (None, None)
         w_q, w_k = data.weights or (None, None)
+
+        def store(flat, slots, x, scale, scale_flat):
+            """x: rows (tokens, Hkv, D) in the model's dtype, written in the cache's format (with scale caches, the
+            per-(token, head) scales computed here and written at the same slots)."""
+            if scale_flat is not None:
+                scale = _token_head_scale(x, fmt)
+                scale_flat.index_copy_(0, slots, scale[..., 0])
+            flat.index_copy_(0, slots, _rows(x, scale, fmt))
 
         def chain(qkv, positions, slots):
             q, k, v = qkv.split([c.heads_q, c.heads_kv, c.heads_kv], dim=2)
             rows = (cos[positions][..., None, :], sin[positions][..., None, :])
-            q_rot = _rotate(_norm(q, w_q) if w_q is not None else q.float(), *rows, False).to(q.dtype)
+            q_rot = _rotate(_norm(q, w_q) if w_q is not None else q.float(), *rows, False)
             k_rot = _rotate(_norm(k, w_k) if w_k is not None else k.float(), *rows, False).to(k.dtype)
-            q.copy_(q_rot)
-            k_flat.index_copy_(0, slots, _quantised(k_rot.reshape(-1, c.heads_kv, c.head_dim), k_scale))
-            v_flat.index_copy_(0, slots, _quantised(v.reshape(-1, c.heads_kv, c.head_dim), v_scale))
+            store(k_flat, slots, k_rot.reshape(-1, c.heads_kv, c.head_dim), k_scale, k_scales)
+            store(v_flat, slots, v.reshape(-1, c.heads_kv, c.head_dim), v_scale, v_scales)
+            if c.q_dtype is not None:  # float8 attention's q: quantised from the float32 rotation
+                return _quantised(q_rot, data.q_scale, c.q_dtype)
+            q.copy_(q_rot.to(q.dtype))
             return q
         compiled = torch.compile(chain, backend=backend, dynamic=False)
         positions = data.token_positions.view(c.batch, c.seqlen)
@@ -297,7 +355,10 @@ def run(cases, builders: dict, timer, device, *, log=print, budget_s: Optional[f
         "cases": [dict(name=c.name, title=c.title, kind=c.kind, batch=c.batch, seqlen=c.seqlen, heads_q=c.heads_q,
                        heads_kv=c.heads_kv, head_dim=c.head_dim, latent=c.latent, dtype=str(c.dtype)[6:],
                        qk_norm=c.qk_norm, fp8=c.fp8, decode=c.decode, block_size=BLOCK_SIZE,
-                       floor_bytes=floor_bytes(c), meta_bytes=meta_bytes(c),
+                       kv_cache_dtype=c.kv_cache_dtype, per_head_scales=c.per_head_scales,
+                       q_dtype=str(c.q_dtype)[6:] if c.q_dtype is not None else None, quantised=c.quantised,
+                       format=c.format, floor_bytes=floor_bytes(c), scale_bytes=scale_bytes(c),
+                       static_scale_bytes=static_scale_bytes(c), meta_bytes=meta_bytes(c),
                        floor_us=floor_bytes(c) / (gbps * 1e3) if gbps else None)
                   for c in cases],
         "rows": rows,

@@ -2,9 +2,17 @@
 of an implementation's outputs against the float64 reference (:mod:`ropekit.reference`) on a sample of tokens.
 
 Bytes: the floor counts each activation and cache tensor read once and written once (q, k, v read; q written in
-place, k and v written to the cache, one byte per element for a float8 cache; the backward reads q, k and both output
-gradients and writes both input gradients). The per-token metadata (positions, slots, cos/sin rows) is reported by
-:func:`meta_bytes` and not counted, as in the published targets.
+place, or as one byte an element for a float8 q output; k and v written to the cache, one byte an element for a
+quantised cache; the per-(token, head) scales written beside it, :func:`scale_bytes`; the backward reads q, k and
+both output gradients and writes both input gradients). The per-token metadata (positions, slots, cos/sin rows) is
+reported by :func:`meta_bytes` and not counted, as in the published targets, nor are the static scales read (one
+float32 a tensor or a kv head, :func:`static_scale_bytes`).
+
+Formats (a case's ``kv_cache_dtype``, vLLM's names): ``"auto"`` (the model's dtype), ``"fp8"`` (float8 e4m3, a
+scale a tensor, or a kv head with ``per_head_scales``), ``"fp8_e5m2"``, ``"fp8_per_token_head"`` and
+``"int8_per_token_head"`` (a scale per token and kv head, computed on write into scale caches); ``q_dtype``: a
+float8 q output at one scale. Every quantised output is checked by the reader's round trip: its stored values times
+their scales, against the float64 truth, in units of the format's spacing at the value.
 """
 
 from __future__ import annotations
@@ -17,13 +25,18 @@ import torch
 
 from .. import reference
 from ..frequencies import cos_sin_table
+from ..fused.validate import KV_CACHE_DTYPES
 
-__all__ = ["FusedCase", "CASES", "tiny", "floor_bytes", "meta_bytes", "Data", "make_data", "expected", "actual",
-           "check", "TABLE_POSITIONS", "BLOCK_SIZE", "EPS", "FP8"]
+__all__ = ["FusedCase", "CASES", "tiny", "floor_bytes", "scale_bytes", "static_scale_bytes", "meta_bytes", "Data",
+           "Stored", "make_data", "expected", "actual", "check", "spacing", "TABLE_POSITIONS", "BLOCK_SIZE", "EPS",
+           "FP8", "FORMAT_MAX"]
 
 TABLE_POSITIONS, BLOCK_SIZE, EPS = 8192, 16, 1e-6
-K_SCALE, V_SCALE = 0.05, 0.02  # float8 scales: the normalised, rotated keys and unit-variance values use e4m3's range
+# static scales: the normalised, rotated keys, unit-variance values and queries use the format's range
+K_SCALE, V_SCALE, Q_SCALE = 0.05, 0.02, 0.05
 FP8 = torch.float8_e4m3fn
+# each quantised format: the largest value it stores (a per-(token, head) scale is max|x| over it)
+FORMAT_MAX = {fmt: largest for fmt, (_, largest) in reference.CACHE_FORMATS.items()}
 
 
 @dataclass(frozen=True)
@@ -31,7 +44,10 @@ class FusedCase:
     """One shape. ``kind``: "cache" (rope [+ QK-norm] + paged cache write), "mla" (q_pe/k_pe rope + latent cache
     write) or "backward" (QK-norm + RoPE backward). Tokens: ``batch`` sequences of ``seqlen`` (decode: 1).
     ``page_table``: the fused call addresses the cache through FlashInfer's page table (int32 ``kv_indices``,
-    ``kv_indptr``, a request and a position per token) instead of a slot mapping; the same rows either way."""
+    ``kv_indptr``, a request and a position per token) instead of a slot mapping; the same rows either way.
+    ``kv_cache_dtype``: the cache's format, vLLM's name (``"auto"``: the model's dtype); ``per_head_scales``: its
+    static scales one a kv head instead of one a tensor; ``q_dtype``: a float8 q output (out of place, at
+    ``Q_SCALE``) instead of q rotated in place."""
 
     name: str
     title: str
@@ -43,9 +59,11 @@ class FusedCase:
     head_dim: int  # the rotated width (MLA: rope_dim)
     dtype: torch.dtype = torch.bfloat16
     qk_norm: bool = False
-    fp8: bool = False
+    kv_cache_dtype: str = "auto"
     latent: int = 0  # MLA: kv_lora_rank
     page_table: bool = False
+    per_head_scales: bool = False
+    q_dtype: Optional[torch.dtype] = None
 
     @property
     def tokens(self) -> int:
@@ -55,17 +73,58 @@ class FusedCase:
     def decode(self) -> bool:
         return self.seqlen == 1
 
+    @property
+    def cache_dtype(self) -> torch.dtype:
+        """What the cache holds: the format's dtype, or the model's."""
+        return KV_CACHE_DTYPES[self.kv_cache_dtype][0] or self.dtype
+
+    @property
+    def fp8(self) -> bool:
+        """A quantised cache, one byte an element (float8 or int8; the launch choice's ``FusedShape.fp8``)."""
+        return self.kv_cache_dtype != "auto"
+
+    @property
+    def token_head_scales(self) -> bool:
+        """Scales computed on write, one a token and kv head, stored in scale caches beside the caches."""
+        return KV_CACHE_DTYPES[self.kv_cache_dtype][1]
+
+    @property
+    def quantised(self) -> bool:
+        """Some output is quantised (the cache or q): the case is judged by the formats' targets."""
+        return self.fp8 or self.q_dtype is not None
+
+    @property
+    def format(self) -> str:
+        """The quantised outputs in words ("" for none), e.g. "float8 e4m3 cache per (token, head)"."""
+        names = {torch.float8_e4m3fn: "float8 e4m3", torch.float8_e5m2: "float8 e5m2", torch.int8: "int8"}
+        parts = []
+        if self.fp8:
+            scales = ("per (token, head)" if self.token_head_scales else "per kv head" if self.per_head_scales
+                      else "per tensor")
+            parts.append(f"{names[self.cache_dtype]} cache {scales}")
+        if self.q_dtype is not None:
+            parts.append(f"{names[self.q_dtype]} q")
+        return ", ".join(parts)
+
 
 _LLAMA = dict(heads_q=32, heads_kv=8, head_dim=128)
+
+
+def _formats(suffix: str, what: str, **fields) -> tuple:
+    """The Llama-3-8B decode b64 and prefill b4 s4096 cases of one format."""
+    return (FusedCase(f"decode-b64-{suffix}", f"Llama-3-8B decode b64, paged {what}", "cache", 64, 1, **fields,
+                      **_LLAMA),
+            FusedCase(f"prefill-b4-s4096-{suffix}", f"Llama-3-8B prefill b4 s4096, paged {what}", "cache", 4, 4096,
+                      **fields, **_LLAMA))
+
+
 CASES = (
     FusedCase("decode-b64", "Llama-3-8B decode b64, paged bf16", "cache", 64, 1, **_LLAMA),
     FusedCase("prefill-b4-s4096", "Llama-3-8B prefill b4 s4096, paged bf16", "cache", 4, 4096, **_LLAMA),
     FusedCase("decode-b64-qknorm", "Qwen3-8B decode b64 + QK-norm", "cache", 64, 1, qk_norm=True, **_LLAMA),
     FusedCase("prefill-b4-s4096-qknorm", "Qwen3-8B prefill b4 s4096 + QK-norm", "cache", 4, 4096, qk_norm=True,
               **_LLAMA),
-    FusedCase("decode-b64-fp8", "Llama-3-8B decode b64, paged float8 e4m3", "cache", 64, 1, fp8=True, **_LLAMA),
-    FusedCase("prefill-b4-s4096-fp8", "Llama-3-8B prefill b4 s4096, paged float8 e4m3", "cache", 4, 4096, fp8=True,
-              **_LLAMA),
+    *_formats("fp8", "float8 e4m3", kv_cache_dtype="fp8"),
     FusedCase("decode-b64-page-table", "Llama-3-8B decode b64, paged bf16 by FlashInfer's page table", "cache", 64, 1,
               page_table=True, **_LLAMA),
     FusedCase("prefill-b4-s4096-page-table", "Llama-3-8B prefill b4 s4096, paged bf16 by FlashInfer's page table",
@@ -74,6 +133,15 @@ CASES = (
               64, latent=512),
     FusedCase("qknorm-backward-b4-s4096", "Qwen3-8B QK-norm + RoPE backward b4 s4096", "backward", 4, 4096,
               qk_norm=True, **_LLAMA),
+    # the quantise-on-write formats
+    *_formats("e5m2", "float8 e5m2", kv_cache_dtype="fp8_e5m2"),
+    *_formats("int8-token-head", "int8 per (token, head) (vLLM's int8_per_token_head)",
+              kv_cache_dtype="int8_per_token_head"),
+    *_formats("fp8-token-head", "float8 e4m3 per (token, head) (vLLM's fp8_per_token_head)",
+              kv_cache_dtype="fp8_per_token_head"),
+    *_formats("fp8-head", "float8 e4m3, static per-head scales", kv_cache_dtype="fp8", per_head_scales=True),
+    *_formats("fp8-q", "float8 e4m3 + a float8 e4m3 q output (FlashInfer's rope_quantize_fp8)",
+              kv_cache_dtype="fp8", q_dtype=FP8),
 )
 
 
@@ -87,16 +155,31 @@ def tiny(case: FusedCase) -> FusedCase:
 
 
 def floor_bytes(case: FusedCase) -> int:
-    """Bytes the op must move: each activation/cache tensor read once and written once."""
+    """Bytes the op must move: each activation/cache tensor read once and written once, the scales written."""
     act = case.dtype.itemsize
-    cache = 1 if case.fp8 else act
+    cache = case.cache_dtype.itemsize
     t, d = case.tokens, case.head_dim
     q, kv = t * case.heads_q * d, t * case.heads_kv * d
     if case.kind == "cache":
-        return (q + 2 * kv) * act + q * act + 2 * kv * cache
+        q_out = case.q_dtype.itemsize if case.q_dtype is not None else act
+        return (q + 2 * kv) * act + q * q_out + 2 * kv * cache + scale_bytes(case)
     if case.kind == "mla":  # read q_pe, k_pe, kv_c; write q_pe, k_pe (in place) and the cache row [kv_c | k_pe]
         return (2 * q + 2 * t * d + t * case.latent) * act + t * (case.latent + d) * cache
     return 3 * (q + kv) * act  # backward: read q, k and the gradients of their outputs; write dq, dk
+
+
+def scale_bytes(case: FusedCase) -> int:
+    """The scales the floor counts: per-(token, head) scales written, one float32 a token and kv head for k and
+    for v (none for static scales)."""
+    return 2 * case.tokens * case.heads_kv * 4 if case.token_head_scales else 0
+
+
+def static_scale_bytes(case: FusedCase) -> int:
+    """The static scales a call reads (one float32 a tensor or a kv head, for each cache and a float8 q), a few
+    bytes the floor leaves out as it leaves out the metadata."""
+    caches = 0 if not case.fp8 or case.token_head_scales else 1 if case.kind == "mla" else 2
+    per_cache = case.heads_kv if case.per_head_scales else 1
+    return 4 * (caches * per_cache + (case.q_dtype is not None))
 
 
 def meta_bytes(case: FusedCase) -> int:
@@ -118,10 +201,12 @@ class Data:
     k_cache: Optional[torch.Tensor]
     v_cache: Optional[torch.Tensor]
     weights: tuple  # (q_weight, k_weight) or ()
-    scales: tuple  # (k_scale, v_scale) or ()
+    scales: tuple  # static (k_scale, v_scale): (1,) or (Hkv,) float32; or ()
     cos: torch.Tensor
     sin: torch.Tensor
     page_table: Optional[dict] = None  # kv_indices, kv_indptr, batch_indices, cache_positions: the slots' rows
+    scale_caches: tuple = ()  # per-(token, head) (k_scale_cache, v_scale_cache): (num_blocks, block_size, Hkv)
+    q_scale: Optional[torch.Tensor] = None  # a float8 q output's scale, (1,) float32
 
     @property
     def token_positions(self) -> torch.Tensor:
@@ -132,8 +217,18 @@ class Data:
         return self.qkv.split([c.heads_q, c.heads_kv, c.heads_kv], dim=2)
 
 
+@dataclass
+class Stored:
+    """A quantised output as its reader sees it: the stored values (float8 or int8) and the scales they are read
+    back with (broadcast against them)."""
+
+    values: torch.Tensor
+    scale: torch.Tensor
+
+
 def make_data(case: FusedCase, device, seed: int) -> Data:
-    """Fresh random inputs: positions spread over the table (decode) or from 0 (prefill), a shuffled block table."""
+    """Fresh random inputs: positions spread over the table (decode) or from 0 (prefill), a shuffled block table,
+    the format's scales (static ones, or zeroed scale caches the call fills)."""
     g = torch.Generator(device="cpu").manual_seed(seed)
 
     def randn(*shape):
@@ -144,6 +239,7 @@ def make_data(case: FusedCase, device, seed: int) -> Data:
                else torch.zeros(case.batch, dtype=torch.int64)).to(device)
     cos, sin = cos_sin_table(TABLE_POSITIONS, d, device=device)
     grads, slots, k_cache, v_cache, extra, page_table = (), None, None, None, None, None
+    scales, scale_caches = (), ()
     if case.kind == "backward":
         qkv, extra = randn(case.batch, case.seqlen, case.heads_q, d), randn(case.batch, case.seqlen, case.heads_kv, d)
         grads = (torch.randn_like(qkv), torch.randn_like(extra))
@@ -157,18 +253,24 @@ def make_data(case: FusedCase, device, seed: int) -> Data:
             page_table = {name: t.to(torch.int32) for name, t in (
                 ("kv_indices", table.reshape(-1)), ("kv_indptr", torch.arange(case.batch + 1, device=device) * per_seq),
                 ("batch_indices", seq), ("cache_positions", pos))}
-        cache_dtype = FP8 if case.fp8 else case.dtype
         if case.kind == "mla":
             qkv, extra = randn(t, case.heads_q, d), randn(t, case.latent + d)
-            k_cache = torch.zeros(table.numel(), BLOCK_SIZE, case.latent + d, dtype=cache_dtype, device=device)
+            k_cache = torch.zeros(table.numel(), BLOCK_SIZE, case.latent + d, dtype=case.cache_dtype, device=device)
         else:
             qkv = randn(case.batch, case.seqlen, case.heads_q + 2 * case.heads_kv, d)
             shape = (table.numel(), BLOCK_SIZE, case.heads_kv, d)
-            k_cache = torch.zeros(shape, dtype=cache_dtype, device=device)
+            k_cache = torch.zeros(shape, dtype=case.cache_dtype, device=device)
             v_cache = torch.zeros_like(k_cache)
+            if case.token_head_scales:
+                scale_caches = tuple(torch.zeros(shape[:3], device=device) for _ in range(2))
     weights = ((1 + 0.2 * randn(d), 1 + 0.2 * randn(d)) if case.qk_norm else ())
-    scales = (torch.tensor([K_SCALE], device=device), torch.tensor([V_SCALE], device=device)) if case.fp8 else ()
-    return Data(case, qkv, extra, grads, offsets, slots, k_cache, v_cache, weights, scales, cos, sin, page_table)
+    if case.fp8 and not case.token_head_scales:
+        # per kv head: scales from half to one and a half times the tensor's, so that each head reads its own
+        spread = (0.5 + torch.arange(case.heads_kv) / case.heads_kv) if case.per_head_scales else torch.ones(1)
+        scales = tuple((s * spread).to(device=device, dtype=torch.float32) for s in (K_SCALE, V_SCALE))
+    q_scale = torch.tensor([Q_SCALE], device=device) if case.q_dtype is not None else None
+    return Data(case, qkv, extra, grads, offsets, slots, k_cache, v_cache, weights, scales, cos, sin, page_table,
+                scale_caches, q_scale)
 
 
 def _sample(case: FusedCase) -> torch.Tensor:
@@ -177,7 +279,8 @@ def _sample(case: FusedCase) -> torch.Tensor:
 
 
 def expected(data: Data) -> dict:
-    """float64 references on the sampled tokens, computed from the inputs before any call."""
+    """float64 references on the sampled tokens, computed from the inputs before any call (with per-(token, head)
+    scales, the scales too: max|x| over the format's largest value)."""
     c, rows = data.case, _sample(data.case)
     pos = data.token_positions.cpu()[rows]
 
@@ -201,50 +304,79 @@ def expected(data: Data) -> dict:
         k_pe = rope(data.extra[:, None, c.latent:], interleaved=True)
         return dict(q=rope(data.qkv, interleaved=True), cache=torch.cat([latent, k_pe], -1)[:, 0])
     q, k, v = data.split()
-    return dict(q=rope(q, w_q), k_cache=rope(k, w_k),
+    want = dict(q=rope(q, w_q), k_cache=rope(k, w_k),
                 v_cache=v.reshape(c.tokens, c.heads_kv, -1)[rows.to(v.device)].double().cpu())
+    if c.token_head_scales:
+        for name in ("k", "v"):
+            want[f"{name}_scales"] = reference.token_head_scale(want[f"{name}_cache"], c.cache_dtype)[..., 0]
+    return want
 
 
 def actual(data: Data, result) -> dict:
     """An implementation's outputs on the sampled tokens: ``result`` is what it returned (the rotated q, or the
-    input gradients), the caches are read back at the tokens' slots (dequantised)."""
+    input gradients), the caches are read back at the tokens' slots; a quantised output as :class:`Stored` (with
+    per-(token, head) scales, the scale caches' entries at those slots as well)."""
     c, rows = data.case, _sample(data.case).to(data.qkv.device)
     if c.kind == "backward":
         return {name: g.reshape(c.tokens, -1, c.head_dim)[rows] for name, g in zip(("dq", "dk"), result)}
     slots = data.slots[rows]
-    out = {"q": result.reshape(c.tokens, -1, c.head_dim)[rows]}
+    q = _take(result.reshape(c.tokens, -1, c.head_dim), rows)
+    out = {"q": Stored(q, data.q_scale) if c.q_dtype is not None else q}
     if c.kind == "mla":
-        out["cache"] = _rows(data.k_cache, (c.latent + c.head_dim,), slots)
+        caches = {"cache": (_take(data.k_cache.reshape(-1, c.latent + c.head_dim), slots), 0)}
     else:
-        for name in ("k_cache", "v_cache"):
-            out[name] = _rows(getattr(data, name), (c.heads_kv, c.head_dim), slots)
-    for name, scale in zip(("k_cache", "v_cache") if c.kind == "cache" else ("cache",), data.scales):
-        out[name] = (out[name].float() * scale).to(torch.float64)
+        caches = {name: (_take(getattr(data, name).reshape(-1, c.heads_kv, c.head_dim), slots), i)
+                  for i, name in enumerate(("k_cache", "v_cache"))}
+    for name, (stored, i) in caches.items():
+        if not c.fp8:
+            out[name] = stored
+        elif c.token_head_scales:  # the reader's scale: the scale cache at the token's slot, for each head
+            out[f"{name[0]}_scales"] = data.scale_caches[i].reshape(-1, c.heads_kv)[slots]
+            out[name] = Stored(stored, out[f"{name[0]}_scales"][..., None])
+        else:  # a static scale: one a tensor, or one a kv head (broadcast over the channels)
+            out[name] = Stored(stored, data.scales[i].view(-1, 1) if c.kind == "cache" else data.scales[i])
     return out
 
 
-def _rows(cache: torch.Tensor, row_shape, slots: torch.Tensor) -> torch.Tensor:
-    """The cache rows at ``slots`` (a float8 cache gathered as its bits: indexing has no float8 kernel everywhere)."""
-    if cache.dtype == FP8:
-        return cache.view(torch.uint8).reshape(-1, *row_shape)[slots].view(FP8)
-    return cache.reshape(-1, *row_shape)[slots]
+def _take(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``x[index]`` (a one-byte tensor gathered as its bits: indexing has no float8 kernel everywhere)."""
+    if x.element_size() == 1 and x.dtype != torch.uint8:
+        return x.view(torch.uint8)[index].view(x.dtype)
+    return x[index]
+
+
+def spacing(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The distance between neighbouring values of the quantised format ``dtype`` at ``x`` (float64): for float8
+    the spacing of x's binade (the subnormals' below the smallest normal), for int8 one."""
+    if dtype == torch.int8:
+        return torch.ones_like(x)
+    finfo = torch.finfo(dtype)
+    binade = torch.floor(torch.log2(x.abs().clamp(min=finfo.smallest_normal)))
+    return torch.exp2(binade) * finfo.eps
 
 
 def check(data: Data, want: dict, got: dict) -> dict:
     """Largest error as a multiple of the allowance: the dtype's tolerance (bf16: rtol = atol = 1.6e-2 on these
-    unit-scale values; float32 1e-5), and for a float8 cache the e4m3 spacing at the value (``e4m3_ulps``: 0.5 is
-    exact rounding of the float64 value)."""
+    unit-scale values; float32 1e-5; the per-(token, head) scales too), and for a quantised output (a
+    :class:`Stored`) the reader's round trip, ``stored x scale`` against the float64 value, in units of the format's
+    spacing at ``value / scale`` (``quant_ulps``: 0.5 is exact rounding of the float64 value)."""
     tol = 1.6e-2 if data.case.dtype in (torch.bfloat16, torch.float16) else 1e-5
-    worst, ulps = 0.0, 0.0
+    worst, ulps, quantised = 0.0, 0.0, False
     for name, ref in want.items():
-        out = got[name].double().cpu()
-        fp8 = data.case.fp8 and "cache" in name
-        if fp8:
-            scale = float(data.scales[0 if name in ("k_cache", "cache") else 1])
-            x = (ref / scale).abs().clamp(min=2.0 ** -6)
-            spacing = torch.exp2(torch.floor(torch.log2(x)) - 3)
-            ulps = max(ulps, float(((out - ref).abs() / scale / spacing).max()))
+        out = got[name]
+        if isinstance(out, Stored):
+            quantised = True
+            scale = out.scale.double().cpu()
+            read = reference.dequantise(out.values, scale)  # the attention's reader
+            step = scale * spacing(ref / scale, out.values.dtype)
+            ulps = max(ulps, _largest(torch.where(read == ref, 0.0, (read - ref).abs() / step)))
         else:
-            worst = max(worst, float(((out - ref).abs() / (tol + tol * ref.abs())).max()))
-    return {"error_ratio": worst, "e4m3_ulps": ulps if data.case.fp8 else None,
-            "ok": worst <= 1.0 and (not data.case.fp8 or ulps <= 1.0)}
+            out = out.double().cpu()
+            worst = max(worst, _largest((out - ref).abs() / (tol + tol * ref.abs())))
+    return {"error_ratio": worst, "quant_ulps": ulps if quantised else None, "ok": worst <= 1.0 and ulps <= 1.0}
+
+
+def _largest(ratios: torch.Tensor) -> float:
+    """The largest error ratio, infinite where one is NaN (a NaN output, or a zero scale, is wrong, and Python's
+    ``max`` would pass over it)."""
+    return float(torch.nan_to_num(ratios, nan=float("inf")).max()) if ratios.numel() else 0.0
