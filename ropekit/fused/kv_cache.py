@@ -344,6 +344,7 @@ def _check_cache_arguments(q, k, v, k_cache, v_cache, slot_mapping, cache_offset
     paged = cache_offsets is None
     n_seqs = spec.cu_seqlens.shape[0] - 1 if spec.is_varlen else kv.shape[0]
     n_heads, head_dim = kv.shape[-2], kv.shape[-1]
+    per_token_head = validate.check_kv_cache_dtype(kv_cache_dtype, k_cache)
     nvfp4 = kv_cache_dtype == "nvfp4"
     if nvfp4:  # two values a byte: the caches hold half the channels' bytes
         validate.check_nvfp4_channels(head_dim, v.shape[-1] if v is not None else None, rotary_dim, interleaved)
@@ -358,7 +359,6 @@ def _check_cache_arguments(q, k, v, k_cache, v_cache, slot_mapping, cache_offset
                              kv_layout=kv_layout, quantised=formats)
         if v_cache.dtype != k_cache.dtype:
             raise TypeError(f"v_cache must have k_cache's dtype ({k_cache.dtype}), got {v_cache.dtype}")
-    per_token_head = validate.check_kv_cache_dtype(kv_cache_dtype, k_cache)
     quantised = k_cache.dtype in validate.QUANT_DTYPES or nvfp4
     if (per_token_head or nvfp4) and k_scale_cache is None:
         what = "a block scale per 16 channels" if nvfp4 else "a scale per token and head"

@@ -320,9 +320,10 @@ def check_nvfp4_channels(head_dim: int, v_dim: int | None, rotary_dim: int, inte
                              f"e4m3 scale per {NVFP4_BLOCK} channels), got {dim}")
     step = NVFP4_BLOCK if interleaved else 2 * NVFP4_BLOCK
     if rotary_dim % step:
-        pairing = "GPT-J (interleaved=True)" if interleaved else "NeoX (interleaved=False): each half"
-        raise ValueError(f"rotary_dim must be a multiple of {step} with kv_cache_dtype 'nvfp4' and {pairing} pairing "
-                         f"(whole {NVFP4_BLOCK}-channel blocks of rotated channels), got {rotary_dim}")
+        pairing = "GPT-J pairing (interleaved=True)" if interleaved else \
+            "NeoX pairing (interleaved=False), each half of the rotated channels"
+        raise ValueError(f"rotary_dim must be a multiple of {step} with kv_cache_dtype 'nvfp4' and {pairing} holding "
+                         f"whole {NVFP4_BLOCK}-channel blocks, got {rotary_dim}")
 
 
 def check_block_scales(name: str, scales, cache_name: str, cache, device) -> None:
