@@ -428,6 +428,27 @@ def test_nvfp4_rounding_of_the_format(backend):
     assert torch.equal(read, want) and torch.equal(torch.signbit(read), torch.signbit(want))
 
 
+def test_nvfp4_under_torch_compile_fullgraph_writes_the_block_scales():
+    q, k, v, (k_cache, v_cache), (k_blocks, v_blocks), slots = nvfp4_case(d=32)
+    cos, sin = ropekit.cos_sin_table(16, 32, device=DEVICE)
+    ids = torch.tensor([[0, 3, 1, 15, 7, 2]], device=DEVICE)
+    scale = torch.tensor([0.002], device=DEVICE)
+    eager = [t.clone() for t in (k_cache, v_cache, k_blocks, v_blocks)]
+
+    def step(q, k, v, k_cache, v_cache, k_blocks, v_blocks):
+        out_q, _ = ropekit.rope_and_cache(q, k, v, cos, sin, k_cache=k_cache, v_cache=v_cache, slot_mapping=slots,
+                                          positions=ids, k_scale_cache=k_blocks, v_scale_cache=v_blocks,
+                                          k_scale=scale, v_scale=scale, kv_cache_dtype="nvfp4")
+        return out_q.float() * 2
+
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager" if DEVICE == "cpu" else "inductor")
+    got = compiled(q[None], k[None], v[None], k_cache, v_cache, k_blocks, v_blocks)
+    want = step(q[None], k[None], v[None], *eager)
+    torch.testing.assert_close(got, want)
+    for a, b in zip((k_cache, v_cache, k_blocks, v_blocks), eager):
+        assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+
+
 NVFP4_BAD = [
     ("k", "head size 40", dict(d=40)),
     ("v", "head size 40", dict(v_dim=40)),
@@ -498,22 +519,27 @@ def test_native_float8_conversion_gives_the_integer_rounding_bits(fmt, monkeypat
 
 
 @gpu_only
-@pytest.mark.parametrize("kv_cache_dtype", ["fp8_per_token_head", "int8_per_token_head", "fp8_e5m2"])
+@pytest.mark.parametrize("kv_cache_dtype", ["fp8_per_token_head", "int8_per_token_head", "fp8_e5m2", "nvfp4"])
 def test_cuda_graph_decode_step_replays_with_new_slots_and_scales(kv_cache_dtype):
     """A decode step captured once, the scales device-resident (written per token and head, or read): replays with
     new positions, slots and inputs give the eager step's bytes."""
     batch, hq, hk, d, block = 64, 32, 8, 128, 16
-    cache_dtype = {"fp8_per_token_head": E4M3, "int8_per_token_head": INT8, "fp8_e5m2": torch.uint8}[kv_cache_dtype]
+    cache_dtype = {"fp8_per_token_head": E4M3, "int8_per_token_head": INT8, "fp8_e5m2": torch.uint8,
+                   "nvfp4": torch.uint8}[kv_cache_dtype]
+    nvfp4 = kv_cache_dtype == "nvfp4"
     q, k, v = (torch.randn(batch, 1, h, d, device="cuda", dtype=torch.bfloat16) for h in (hq, hk, hk))
-    caches = [torch.zeros(64, block, hk, d, device="cuda", dtype=cache_dtype) for _ in range(2)]
-    dynamic = kv_cache_dtype.endswith("per_token_head")
-    scales = ([torch.zeros(64, block, hk, device="cuda") for _ in range(2)] if dynamic
+    caches = [torch.zeros(64, block, hk, d // 2 if nvfp4 else d, device="cuda", dtype=cache_dtype) for _ in range(2)]
+    dynamic = kv_cache_dtype.endswith("per_token_head") or nvfp4  # scale caches written
+    scales = ([torch.zeros(64, block, hk, *((d // 16,) if nvfp4 else ()), device="cuda", dtype=E4M3 if nvfp4
+                           else torch.float32) for _ in range(2)] if dynamic
               else [torch.full((hk,), 0.02, device="cuda") for _ in range(2)])
     cos, sin = ropekit.cos_sin_table(8192, d, base=500000.0, device="cuda")
     positions = torch.randint(0, 8192, (batch,), device="cuda")
     slots = torch.randperm(64 * block, device="cuda")[:batch]
     scale_args = (dict(k_scale_cache=scales[0], v_scale_cache=scales[1]) if dynamic
                   else dict(k_scale=scales[0], v_scale=scales[1]))
+    if nvfp4:  # the global scales, device-resident
+        scale_args.update(k_scale=torch.tensor([0.002], device="cuda"), v_scale=torch.tensor([0.002], device="cuda"))
 
     def step(k_cache, v_cache, **scale_args):
         ropekit.rope_and_cache(q, k, v, cos, sin, k_cache=k_cache, v_cache=v_cache, slot_mapping=slots,
@@ -534,7 +560,8 @@ def test_cuda_graph_decode_step_replays_with_new_slots_and_scales(kv_cache_dtype
         k.copy_(torch.randn_like(k))
         v.copy_(torch.randn_like(v))
         eager = [t.clone() for t in caches]
-        eager_scales = dict({key: t.clone() for key, t in scale_args.items()}) if dynamic else scale_args
+        eager_scales = dict({key: t.clone() if key.endswith("cache") else t for key, t in scale_args.items()}) \
+            if dynamic else scale_args
         step(*eager, **eager_scales)
         graph.replay()
         torch.cuda.synchronize()
@@ -542,4 +569,4 @@ def test_cuda_graph_decode_step_replays_with_new_slots_and_scales(kv_cache_dtype
             assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
         if dynamic:
             for key in scale_args:
-                assert torch.equal(scale_args[key], eager_scales[key])
+                assert torch.equal(scale_args[key].view(torch.uint8), eager_scales[key].view(torch.uint8))

@@ -10,9 +10,10 @@ Two kernels, one algorithm each, as in Triton's layer-norm tutorial:
   ``(num_blocks, block_size, heads, dim)`` cache addressed by a slot per token, -1 skips, 3: the same cache addressed
   through a page table, a request and a position per token; the address map is ``fused_tiles.cache_slot``, and
   where the head axis lies is the cache's strides; ``HAS_V``: v's head vectors copied untouched; ``QUANT``: the
-  quantising store, a constexpr tuple (format: the cache's dtype, float8 e4m3 or e5m2, int8; scales: per tensor, per
-  kv head, or per (token, head) computed from the rotated head vector and written beside the cache; the GPU's float8
-  conversion instruction or integer arithmetic, the same bits), see :mod:`ropekit.triton.fused_tiles`).
+  quantising store, a constexpr tuple (format: the cache's dtype, float8 e4m3 or e5m2, int8, NVFP4; scales: per
+  tensor, per kv head, or per (token, head) computed from the rotated head vector and written beside the cache, or
+  NVFP4's e4m3 scale per 16 channels written beside it over a global scale; the GPU's float8 conversion instruction
+  or integer arithmetic, the same bits), see :mod:`ropekit.triton.fused_tiles`).
 * :func:`fused_backward_kernel` turns the incoming gradient by -θ and pushes it through the norm; each program sums
   its weight-gradient terms over ``TOKEN_BLOCKS`` token blocks, then adds them into ``DW``'s row for q or for k
   (``DW_ATOMIC``) or stores them in a row of its own.
