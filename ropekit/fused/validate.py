@@ -15,13 +15,14 @@ import torch
 
 from ..validate import FLOAT_DTYPES, OverlapError, check_mode, check_overlaps, prepare
 
-__all__ = ["FP8_DTYPE", "QUANT_DTYPES", "KV_CACHE_DTYPES", "KV_LAYOUTS", "fp8_bytes", "rotary_arguments",
+__all__ = ["FP8_DTYPE", "FLOAT8_DTYPES", "QUANT_DTYPES", "MLA_KV_CACHE_DTYPES", "check_mla_kv_cache_dtype", "KV_CACHE_DTYPES", "KV_LAYOUTS", "fp8_bytes", "rotary_arguments",
            "check_norm", "check_kv_layout", "nhd", "check_cache", "check_kv_cache_dtype", "check_slot_mapping",
            "check_page_table", "check_cache_offsets", "check_scale", "check_scale_cache", "check_nvfp4_channels",
            "check_block_scales", "check_q_output",
            "check_no_grad", "check_overlaps", "OverlapError", "check_mode"]
 
 FP8_DTYPE = torch.float8_e4m3fn
+FLOAT8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 # the quantised caches rope_and_cache writes: float8 e4m3fn, float8 e5m2, int8 (each with float32 scales)
 QUANT_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2, torch.int8)
 # vLLM's kv_cache_dtype strings this writes: the cache dtype each names (None: the cache's own, "auto") and whether
@@ -131,7 +132,18 @@ def check_cache(name: str, cache, *, leading: tuple | None, n_heads: int, head_d
         raise ValueError(f"{name}: a quantised cache must have contiguous channels (stride 1 in the last dimension)")
 
 
-def check_kv_cache_dtype(kv_cache_dtype, cache) -> bool:
+# the names mla_rope_and_cache takes: its latent cache at one scale (vLLM's concat_and_cache_mla_rope_fused)
+MLA_KV_CACHE_DTYPES = ("auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2")
+
+
+def check_mla_kv_cache_dtype(kv_cache_dtype) -> None:
+    """The latent cache's format names: :data:`MLA_KV_CACHE_DTYPES` (one scale for the whole cache)."""
+    if not isinstance(kv_cache_dtype, str) or kv_cache_dtype not in MLA_KV_CACHE_DTYPES:
+        raise ValueError(f"kv_cache_dtype must be one of {', '.join(map(repr, MLA_KV_CACHE_DTYPES))} for the latent "
+                         f"cache (vLLM's names, one scale), got {kv_cache_dtype!r}"[:300])
+
+
+def check_kv_cache_dtype(kv_cache_dtype, cache, cache_name: str = "k_cache") -> bool:
     """vLLM's ``kv_cache_dtype`` string against the cache it names (``cache``: after :func:`fp8_bytes`): ``"auto"``
     takes the cache's own dtype, the others must name it. Returns whether the scales are per (token, head)."""
     if not isinstance(kv_cache_dtype, str) or kv_cache_dtype not in KV_CACHE_DTYPES:
@@ -139,7 +151,8 @@ def check_kv_cache_dtype(kv_cache_dtype, cache) -> bool:
                          f"{kv_cache_dtype!r}"[:300])
     dtype, per_token_head = KV_CACHE_DTYPES[kv_cache_dtype]
     if dtype is not None and isinstance(cache, torch.Tensor) and cache.dtype != dtype:
-        raise TypeError(f"kv_cache_dtype {kv_cache_dtype!r} writes a {dtype} cache, but k_cache is {cache.dtype}")
+        raise TypeError(f"kv_cache_dtype {kv_cache_dtype!r} writes a {dtype} cache, but {cache_name} is "
+                        f"{cache.dtype}")
     return per_token_head
 
 
