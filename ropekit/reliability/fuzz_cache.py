@@ -268,7 +268,8 @@ def _scale_problems(name: str, after: torch.Tensor, before: torch.Tensor, want: 
 
 
 def _nvfp4_problems(name: str, after: torch.Tensor, before: torch.Tensor, blocks: torch.Tensor,
-                    blocks_before: torch.Tensor, want: torch.Tensor, slots: list[int], global_scale: float) -> list[str]:
+                    blocks_before: torch.Tensor, want: torch.Tensor, slots: list[int],
+                    global_scale: float) -> list[str]:
     """An NVFP4 cache and its block-scale cache, one row a slot (CPU bytes): untouched slots bitwise; each written
     slot's block scales within one e4m3 step of ``e4m3(amax / (6 global))`` of the float64 values ``want`` (one row
     a token), and the reader's values (e2m1 x block scale x global scale) within half an e2m1 spacing of them at the
@@ -551,7 +552,8 @@ def draw_mla_rope_and_cache(rng: random.Random, gen: torch.Generator, device) ->
     """``mla_rope_and_cache``: q_pe (tokens, heads, rope_dim) and the shared k_pe (tokens, rope_dim) rotated, the row
     ``[kv_c | rotated k_pe]`` written at each token's slot of a paged latent cache (float8 with one scale, as bytes
     at times, or the activations' dtype; drawn as engines allocate it); half-width tables or the engines'
-    ``cos_sin_cache``; positions longer than the tokens and slot mappings shorter at times; GPT-J or NeoX pairing;
+    ``cos_sin_cache``; float8 e4m3 or e5m2, named by vLLM's ``kv_cache_dtype`` at times; positions longer than the
+    tokens and slot mappings shorter at times; GPT-J or NeoX pairing;
     in place (the engines' contract) or not; the two caches ``(ckv_cache, kpe_cache)`` instead of one at times, and
     FlashInfer's page table instead of the slot mapping; a cache that requires grad; and, in a share of the cases, a
     written tensor and another of the call carved from one byte pool (on each other's bytes, or apart)."""
@@ -561,7 +563,9 @@ def draw_mla_rope_and_cache(rng: random.Random, gen: torch.Generator, device) ->
     interleaved, inplace = rng.random() < 0.7, rng.random() < 0.6
     pooled = rng.random() < _POOL_PROBABILITY
     dtype = rng.choices(DTYPES, weights=(4, 3, 2, 1))[0]
-    cache_dtype = FP8 if dtype != torch.float64 and rng.random() < (0.5 if pooled else 0.3) else dtype
+    quantised = dtype != torch.float64 and rng.random() < (0.5 if pooled else 0.3)
+    cache_dtype = rng.choice((FP8, FP8, E5M2)) if quantised else dtype
+    float8 = cache_dtype in (FP8, E5M2)
     hostile, check_mode = not pooled and rng.random() < 0.25, not pooled and rng.random() < 0.2
     rows, block_size, num_blocks = rng.randint(1, 12), rng.choice((1, 2, 4)), rng.randint(1, 4)
     engines_table, extra_positions = rng.random() < 0.3, rng.choice((0, 0, 0, 2))
@@ -572,7 +576,7 @@ def draw_mla_rope_and_cache(rng: random.Random, gen: torch.Generator, device) ->
     written = caches_named + (["q_pe", "k_pe"] if inplace else [])
     read = ["q_pe", "k_pe", "kv_c", "positions"] + (list(_PAGE_TABLE) if by_table else ["slot_mapping"]) + (
         ["cos_sin_cache"] if engines_table else ["cos", "sin"])
-    read += ["kv_cache_scale"] if cache_dtype == FP8 else []
+    read += ["kv_cache_scale"] if float8 else []
     if pooled:  # (q_pe, k_pe and kv_c drawn twice as often)
         writer = rng.choice(written)
         arena.share(writer, rng.choice([n for n in read + read[:3] if n != writer]), apart=rng.random() < 0.25)
@@ -612,7 +616,14 @@ def draw_mla_rope_and_cache(rng: random.Random, gen: torch.Generator, device) ->
                                    lambda shape: torch.tensor(mapped, dtype=torch.int64).reshape(shape))
         address, table_refusals = dict(slot_mapping=slot_mapping), []
     scale = (arena.place("kv_cache_scale", (1,), torch.float32, values=lambda s: torch.full(s, rng.choice(
-        (0.05, 1.0, 2.0)))) if cache_dtype == FP8 else None)
+        (0.05, 1.0, 2.0)))) if float8 else None)
+    # vLLM's kv_cache_dtype names at times (a uint8 cache of e5m2 bytes is named by it)
+    if torch.uint8 in (latent_cache.dtype, rope_cache.dtype) and cache_dtype == E5M2:
+        kv_cache_dtype = "fp8_e5m2"
+    else:
+        kv_cache_dtype = rng.choice({FP8: (None, "auto", "fp8", "fp8_e4m3"), E5M2: (None, "auto", "fp8_e5m2"),
+                                     torch.bfloat16: (None, "auto", "bfloat16"),
+                                     torch.float16: (None, "auto", "float16")}.get(cache_dtype, (None, "auto")))
     grad_cache = not pooled and cache_dtype == dtype and rng.random() < 0.05
     if grad_cache:
         (kpe_cache if separate else kv_cache).requires_grad_()
@@ -623,7 +634,7 @@ def draw_mla_rope_and_cache(rng: random.Random, gen: torch.Generator, device) ->
                 rows=rows, cache_shape=tuple(latent_cache.shape[:2]), engine_cache=engine, separate=separate,
                 page_table={n: address[n].tolist() for n in _PAGE_TABLE if n in address}, slots=slots,
                 slot_mapping=mapped, positions=positions.detach().cpu().tolist(), engines_table=engines_table,
-                check_mode=check_mode, cache_requires_grad=grad_cache)
+                check_mode=check_mode, cache_requires_grad=grad_cache, kv_cache_dtype=kv_cache_dtype)
     tensors = dict(q_pe=q_pe, k_pe=k_pe, kv_c=kv_c, positions=positions, **dict(zip(caches_named, (
         (ckv_cache, kpe_cache) if separate else (kv_cache,)))), **address, **tables,
         **({} if scale is None else dict(kv_cache_scale=scale)))
@@ -643,7 +654,8 @@ def draw_mla_rope_and_cache(rng: random.Random, gen: torch.Generator, device) ->
         either.append("byte spans that meet, elements apart")
     logical = {name: t.detach().cpu().clone() for name, t in (("q_pe", q_pe), ("k_pe", k_pe), ("kv_c", kv_c),
                                                                ("cos", cos), ("sin", sin))}
-    before = [_as_fp8(c.detach().cpu().clone()).reshape(n_slots, -1) for c in (latent_cache, rope_cache)]
+    before = [_as_fp8(c.detach().cpu().clone(), cache_dtype).reshape(n_slots, -1)
+              for c in (latent_cache, rope_cache)]
     scale_value = None if scale is None else float(scale)
     spec["scale"] = scale_value
 
@@ -662,7 +674,7 @@ def draw_mla_rope_and_cache(rng: random.Random, gen: torch.Generator, device) ->
             message = check_close_to_reference(got, rotated(name))
             if message is not None:
                 problems.append(f"{name}: {message}")
-        after = [_as_fp8(c.detach().cpu()).reshape(n_slots, -1) for c in (latent_cache, rope_cache)]
+        after = [_as_fp8(c.detach().cpu(), cache_dtype).reshape(n_slots, -1) for c in (latent_cache, rope_cache)]
         names = ("ckv_cache", "kpe_cache") if separate else ("kv_cache (latent part)", "kv_cache (rope part)")
         problems += _cache_problems(names[0], after[0], before[0], logical["kv_c"].to(torch.float64), slots,
                                     scale_value, True)
@@ -673,7 +685,8 @@ def draw_mla_rope_and_cache(rng: random.Random, gen: torch.Generator, device) ->
                 lambda: ropekit.mla_rope_and_cache(q_pe, k_pe, kv_c, kv_cache, slot_mapping, positions,
                                                    interleaved=interleaved, inplace=inplace, kv_cache_scale=scale,
                                                    **{n: t for n, t in address.items() if n != "slot_mapping"},
-                                                   **tables),
+                                                   **tables, **({} if kv_cache_dtype is None else dict(
+                                                       kv_cache_dtype=kv_cache_dtype))),
                 check, expect=EITHER if expect == MATCH and either else expect, why_raise="; ".join(why_raise),
                 overlap=overlap or {"q_pe", "k_pe"} <= set(spec.get("overlap", "").split(" over ")),
                 inplace_targets=[t for t in ((q_pe, k_pe) if inplace else ()) if t.numel()],

@@ -597,9 +597,9 @@ def launch_fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, in
     ``(tokens, heads, dim)`` when ``positions.is_varlen``; caches are ``(blocks or batch, rows, heads, dim)`` views
     (float8 caches as their uint8 bits; ``quant``: what the cache stores, ``(format, scales)`` of
     :mod:`ropekit.triton.fused_tiles`, with ``k_scale``/``v_scale`` one float32 each, ``(heads,)`` or, per (token,
-    head), scale caches ``(blocks or batch, rows, heads)`` the launch writes; NVFP4 (``quant`` (NVFP4, PER_BLOCK)): the
-    caches ``(..., dim / 2)`` bytes, ``k_scale``/``v_scale`` the block-scale caches ``(..., dim / 16)`` as bytes, written,
-    ``k_global``/``v_global`` the one-element float32 global scales; ``q_format``: a float8 q output, ``out_q``
+    head), scale caches ``(blocks or batch, rows, heads)`` the launch writes; NVFP4 (``quant`` (NVFP4, PER_BLOCK)):
+    the caches ``(..., dim / 2)`` bytes, ``k_scale``/``v_scale`` the block-scale caches ``(..., dim / 16)`` as bytes,
+    written, ``k_global``/``v_global`` the one-element float32 global scales; ``q_format``: a float8 q output, ``out_q``
     as its uint8 bytes, at the one-element ``q_scale``). ``slots``: the contiguous cache's offsets (one a sequence),
     the paged cache's slots or the page table's positions (one a token); ``page_table``: ``(batch_indices,
     kv_indices, kv_indptr)`` with ``cache_mode`` CACHE_PAGE_TABLE. An output that is its input is written in place.

@@ -1,7 +1,7 @@
 """The fused kernel's tile helpers (device code): loading and storing a tile of head vectors as pair halves and
-a tail, the quantising store (float8 e4m3/e5m2, int8; per-tensor, per-head or per-(token, head) scales; NVFP4), the norm's
-weights and root mean square, where a token goes in a KV cache, and where a sequence's rows lie. The kernel that
-composes them is :mod:`ropekit.triton.fused`."""
+a tail, the quantising store (float8 e4m3/e5m2, int8; per-tensor, per-head or per-(token, head) scales; NVFP4), the
+norm's weights and root mean square, where a token goes in a KV cache, and where a sequence's rows lie. The kernel
+that composes them is :mod:`ropekit.triton.fused`."""
 
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ from .v4 import _load_pairs
 
 __all__ = ["PLAIN", "E4M3", "E5M2", "INT8", "NVFP4", "PER_TENSOR", "PER_HEAD", "PER_TOKEN_HEAD", "PER_BLOCK",
            "NO_QUANT", "STORE_PLAIN", "float8_bits", "e4m3_bits", "e4m3_value", "e2m1_codes", "int8_values",
-           "quantised", "head_amax", "channels_amax", "cache_scale", "head_scale", "channels_scale", "store_head", "store_channels", "store_nvfp4", "load_head", "norm_weights",
-           "rsqrt_mean_square", "cache_slot", "sequence_span"]
+           "quantised", "head_amax", "channels_amax", "cache_scale", "head_scale", "channels_scale", "store_head",
+           "store_channels", "store_nvfp4", "load_head", "norm_weights", "rsqrt_mean_square", "cache_slot",
+           "sequence_span"]
 
 
 # The cache's store, one constexpr tuple QUANT = (FORMAT, SCALES, NATIVE):
