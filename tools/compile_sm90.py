@@ -232,6 +232,15 @@ def _fused_calls():
                        k_cache=torch.empty(8, 16, 1, 64, dtype=dtype, **meta),
                        v_cache=torch.empty(8, 16, 1, 512, dtype=dtype, **meta), block_size=16, cache_len=128,
                        config=fused.FusedConfig(1, 32, 4), **address)
+        # MLA's latent cache in float8 e5m2 at one scale (kv_cache_dtype="fp8_e5m2"), the GPU's conversion
+        yield dict(q=torch.empty(1, 64, 16, 64, dtype=dtype, **meta), k=torch.empty(1, 64, 1, 64, dtype=dtype, **meta),
+                   cos=torch.empty(4096, 32, **meta), sin=torch.empty(4096, 32, **meta),
+                   positions=resolve_positions(batch=1, seqlen=64, positions=torch.empty(1, 64, dtype=torch.int64)),
+                   rotary_dim=64, interleaved=True, v=latent, k_cache=torch.empty(8, 16, 1, 64, dtype=torch.uint8),
+                   v_cache=torch.empty(8, 16, 1, 512, dtype=torch.uint8), block_size=16, cache_len=128,
+                   quant=(tiles.E5M2, tiles.PER_TENSOR), k_scale=scale, v_scale=scale, native=True,
+                   cache_mode=fused.CACHE_PAGED, slots=torch.empty(64, dtype=torch.int64, **meta),
+                   config=fused.FusedConfig(1, 32, 4))
         cu = torch.empty(3, dtype=torch.int32, **meta)
         varlen = resolve_positions(batch=2, seqlen=100, positions=None, cu_seqlens=cu, max_seqlen=64)
         packed = torch.empty(100, 8, 128, dtype=dtype, **meta)
