@@ -201,6 +201,25 @@ def _float8_of(x: torch.Tensor, quant_scale: float, dtype: torch.dtype) -> torch
     return (x.float() * quant_scale).clamp(-largest, largest).to(dtype)
 
 
+def _check_quantise(q_rope, k_rope, quantize_dtype, outputs: tuple, quant_scale_q, quant_scale_kv) -> torch.dtype:
+    """FlashInfer's float8 calls' shared arguments: ``quantize_dtype`` (None: the first given output's dtype, else
+    e4m3), the two scales (finite floats > 0), ``q_rope`` 3-D and ``k_rope`` 3-D or MLA's 2-D. Returns the dtype."""
+    if quantize_dtype is None:
+        given = [t.dtype for t in outputs if isinstance(t, torch.Tensor)]
+        quantize_dtype = given[0] if given else torch.float8_e4m3fn
+    if quantize_dtype not in _FLOAT8:
+        raise TypeError(f"quantize_dtype must be torch.float8_e4m3fn or torch.float8_e5m2, got {quantize_dtype!r}")
+    for name, scale in (("quant_scale_q", quant_scale_q), ("quant_scale_kv", quant_scale_kv)):
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
+            raise ValueError(f"{name} must be a finite float > 0, got {scale!r}"[:200])
+    if not isinstance(q_rope, torch.Tensor) or q_rope.ndim != 3:
+        raise ValueError(f"q_rope must be (tokens, heads, rope_dim), got {getattr(q_rope, 'shape', q_rope)}")
+    if not isinstance(k_rope, torch.Tensor) or k_rope.ndim not in (2, 3):
+        raise ValueError(f"k_rope must be (tokens, heads, rope_dim) or (tokens, rope_dim) (MLA), got "
+                         f"{getattr(k_rope, 'shape', k_rope)}")
+    return quantize_dtype
+
+
 def rope_quantize_fp8(q_rope: torch.Tensor, k_rope: torch.Tensor, q_nope: Optional[torch.Tensor],
                       k_nope: Optional[torch.Tensor], cos_sin_cache: torch.Tensor, pos_ids: torch.Tensor,
                       is_neox: bool = True, quantize_dtype: Optional[torch.dtype] = None, quant_scale_q: float = 1.0,
@@ -214,19 +233,8 @@ def rope_quantize_fp8(q_rope: torch.Tensor, k_rope: torch.Tensor, q_nope: Option
     others new; a missing nope part is an empty one). The rotary parts divide by ``1 / quant_scale`` in float32, which
     equals FlashInfer's product for power-of-two scales and may differ in the last place of the quotient otherwise.
     ``enable_pdl`` is accepted and has no effect."""
-    if quantize_dtype is None:
-        given = [t.dtype for t in (q_rope_out, k_rope_out, q_nope_out, k_nope_out) if isinstance(t, torch.Tensor)]
-        quantize_dtype = given[0] if given else torch.float8_e4m3fn
-    if quantize_dtype not in _FLOAT8:
-        raise TypeError(f"quantize_dtype must be torch.float8_e4m3fn or torch.float8_e5m2, got {quantize_dtype!r}")
-    for name, scale in (("quant_scale_q", quant_scale_q), ("quant_scale_kv", quant_scale_kv)):
-        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
-            raise ValueError(f"{name} must be a finite float > 0, got {scale!r}"[:200])
-    if not isinstance(q_rope, torch.Tensor) or q_rope.ndim != 3:
-        raise ValueError(f"q_rope must be (tokens, heads, rope_dim), got {getattr(q_rope, 'shape', q_rope)}")
-    if not isinstance(k_rope, torch.Tensor) or k_rope.ndim not in (2, 3):
-        raise ValueError(f"k_rope must be (tokens, heads, rope_dim) or (tokens, rope_dim), got "
-                         f"{getattr(k_rope, 'shape', k_rope)}")
+    quantize_dtype = _check_quantise(q_rope, k_rope, quantize_dtype, (q_rope_out, k_rope_out, q_nope_out, k_nope_out),
+                                     quant_scale_q, quant_scale_kv)
     for name, out, like in (("q_rope_out", q_rope_out, q_rope), ("k_rope_out", k_rope_out, k_rope),
                             ("q_nope_out", q_nope_out, q_nope), ("k_nope_out", k_nope_out, k_nope)):
         if out is not None and (not isinstance(out, torch.Tensor) or out.dtype != quantize_dtype
@@ -241,13 +249,7 @@ def rope_quantize_fp8(q_rope: torch.Tensor, k_rope: torch.Tensor, q_nope: Option
     slots = torch.arange(tokens, device=q_rope.device)
     scales = [torch.full((1,), 1.0 / s, dtype=torch.float32, device=q_rope.device)
               for s in (quant_scale_q, quant_scale_kv)]
-    cos, sin = _halves(cos_sin_cache)
-    if cos_sin_cache.shape[1] != rope_dim:
-        raise ValueError(f"cos_sin_cache must be (max_position, rope_dim) with q_rope's rope_dim {rope_dim} columns "
-                         f"(cos then sin), got shape {tuple(cos_sin_cache.shape)}")
-    if not isinstance(pos_ids, torch.Tensor) or pos_ids.ndim != 1 or pos_ids.shape[0] != tokens:
-        raise ValueError(f"pos_ids must be ({tokens},) (one position a token of q_rope), got "
-                         f"{getattr(pos_ids, 'shape', type(pos_ids).__name__)}")
+    cos, sin = _rope_halves(cos_sin_cache, pos_ids, tokens, rope_dim)
     with in_callers_names("rope_quantize_fp8", "q is q_rope, k is k_rope, k_cache is k_rope_out, cos/sin (the "
                           "table) are the two halves of cos_sin_cache, positions are pos_ids"):
         q_out, _ = rope_and_cache(q_rope[None], k_heads[None], None, cos, sin, k_cache=k_out.view(
@@ -295,19 +297,8 @@ def rope_quantize_fp8_append_paged_kv_cache(
     q's rotary part likewise, q's non-rotary part by PyTorch's cast. One launch, or two when a GQA k has a non-rotary
     part (the second writes ``k_nope`` and the rotated ``k_rope`` again, the same bytes). ``page_size`` must be the
     caches' page size; ``enable_pdl`` is accepted and has no effect."""
-    if quantize_dtype is None:
-        given = [t.dtype for t in (q_rope_out, q_nope_out) if isinstance(t, torch.Tensor)]
-        quantize_dtype = given[0] if given else torch.float8_e4m3fn
-    if quantize_dtype not in _FLOAT8:
-        raise TypeError(f"quantize_dtype must be torch.float8_e4m3fn or torch.float8_e5m2, got {quantize_dtype!r}")
-    for name, scale in (("quant_scale_q", quant_scale_q), ("quant_scale_kv", quant_scale_kv)):
-        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
-            raise ValueError(f"{name} must be a finite float > 0, got {scale!r}"[:200])
-    if not isinstance(q_rope, torch.Tensor) or q_rope.ndim != 3:
-        raise ValueError(f"q_rope must be (tokens, heads, rope_dim), got {getattr(q_rope, 'shape', q_rope)}")
-    if not isinstance(k_rope, torch.Tensor) or k_rope.ndim not in (2, 3):
-        raise ValueError(f"k_rope must be (tokens, heads, rope_dim) or (tokens, rope_dim) (MLA), got "
-                         f"{getattr(k_rope, 'shape', k_rope)}")
+    quantize_dtype = _check_quantise(q_rope, k_rope, quantize_dtype, (q_rope_out, q_nope_out), quant_scale_q,
+                                     quant_scale_kv)
     mla = k_rope.ndim == 2
     tokens, rope_dim = q_rope.shape[0], q_rope.shape[-1]
     if not isinstance(paged_kv_cache, (tuple, list)) or len(paged_kv_cache) != 2 or not all(
@@ -350,13 +341,7 @@ def rope_quantize_fp8_append_paged_kv_cache(
         k_cache, nope_cache = k_cache[..., :rope_dim], k_cache[..., rope_dim:]
     if as_integer(page_size) != rows:
         raise ValueError(f"page_size must be the caches' page size {rows}, got {page_size}")
-    cos, sin = _halves(cos_sin_cache)
-    if cos_sin_cache.shape[1] != rope_dim:
-        raise ValueError(f"cos_sin_cache must be (max_position, rope_dim) with q_rope's rope_dim {rope_dim} columns "
-                         f"(cos then sin), got shape {tuple(cos_sin_cache.shape)}")
-    if not isinstance(pos_ids, torch.Tensor) or pos_ids.ndim != 1 or pos_ids.shape[0] != tokens:
-        raise ValueError(f"pos_ids must be ({tokens},) (one position a token of q_rope), got "
-                         f"{getattr(pos_ids, 'shape', type(pos_ids).__name__)}")
+    cos, sin = _rope_halves(cos_sin_cache, pos_ids, tokens, rope_dim)
     kv_scale = torch.full((1,), 1.0 / quant_scale_kv, dtype=torch.float32, device=q_rope.device)
     table = dict(kv_indices=kv_indices, kv_indptr=kv_indptr, batch_indices=batch_indices, cache_positions=positions,
                  kv_layout=layout, positions=pos_ids[None], interleaved=not is_neox, rotary_dim=rope_dim,
@@ -377,6 +362,19 @@ def rope_quantize_fp8_append_paged_kv_cache(
     values = _float8_of(q_nope if q_nope is not None else q_rope.new_empty(*q_rope.shape[:-1], 0), quant_scale_q,
                         quantize_dtype)
     return q_rope_out, values if q_nope_out is None else q_nope_out.copy_(values)
+
+
+def _rope_halves(cos_sin_cache, pos_ids, tokens: int, rope_dim: int):
+    """FlashInfer's float8 calls' table and positions: ``cos_sin_cache`` exactly ``rope_dim`` wide (its two halves
+    returned) and ``pos_ids`` one a token."""
+    cos, sin = _halves(cos_sin_cache)
+    if cos_sin_cache.shape[1] != rope_dim:
+        raise ValueError(f"cos_sin_cache must be (max_position, rope_dim) with q_rope's rope_dim {rope_dim} columns "
+                         f"(cos then sin), got shape {tuple(cos_sin_cache.shape)}")
+    if not isinstance(pos_ids, torch.Tensor) or pos_ids.ndim != 1 or pos_ids.shape[0] != tokens:
+        raise ValueError(f"pos_ids must be ({tokens},) (one position a token of q_rope), got "
+                         f"{getattr(pos_ids, 'shape', type(pos_ids).__name__)}")
+    return cos, sin
 
 
 def _halves(cos_sin_cache):
