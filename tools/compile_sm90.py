@@ -147,7 +147,8 @@ def _fused_calls():
     """A small matrix of the fused ops' launches: the forward with and without QK-norm, paged and contiguous caches,
     bf16 and every quantising store (float8 e4m3/e5m2 bytes and int8; per-tensor, per-head and per-(token, head)
     scales; integer or the GPU's float8 conversion; NVFP4), a float8 q, v of another width (MLA's latent), GPT-J,
-    partial rotary, in place, varlen; the backward in both ways of summing the weight gradient, in both launch orders."""
+    partial rotary, in place, varlen; the backward in both ways of summing the weight gradient, in both launch
+    orders."""
     meta = dict(device="cpu")
     for dtype in (torch.bfloat16, torch.float32):
         q = torch.empty(2, 64, 8, 128, dtype=dtype, **meta)
