@@ -25,7 +25,8 @@ from .frequencies import (  # noqa: E402
     rope_init,
     rope_parameters_from_config,
 )
-from .engines import apply_rope_with_cos_sin_cache_inplace, rope_quantize_fp8, rotary_embedding  # noqa: E402
+from .engines import (apply_rope_with_cos_sin_cache_inplace, rope_quantize_fp8,  # noqa: E402
+                      rope_quantize_fp8_append_paged_kv_cache, rotary_embedding)
 from .fused import mla_rope_and_cache, qk_norm_rope, rope_and_cache  # noqa: E402
 from .hf import apply_rotary_pos_emb, mrope_cos_sin  # noqa: E402
 from .module import RopeTable, RotaryEmbedding  # noqa: E402
@@ -49,6 +50,7 @@ __all__ = [
     "rotary_embedding",
     "apply_rope_with_cos_sin_cache_inplace",
     "rope_quantize_fp8",
+    "rope_quantize_fp8_append_paged_kv_cache",
     "qk_norm_rope",
     "rope_and_cache",
     "mla_rope_and_cache",

@@ -26,7 +26,9 @@ a block.
 FlashInfer's ``rope_quantize_fp8(q_rope, k_rope, q_nope, k_nope, cos_sin_cache, pos_ids, is_neox, quantize_dtype,
 quant_scale_q, quant_scale_kv, ...)`` rotates ``q_rope`` and ``k_rope`` and returns all four parts as float8 for
 float8 attention: the rotary parts in one launch of the fused kernel (q's float8 output, k written as a cache of one
-slot a token), the non-rotary ones by PyTorch's cast.
+slot a token), the non-rotary ones by PyTorch's cast. ``rope_quantize_fp8_append_paged_kv_cache`` does the same
+and appends k (and v) to a float8 paged cache through FlashInfer's page table, in the fused kernel: one launch (two
+when k has a non-rotary part).
 """
 
 from __future__ import annotations
@@ -42,7 +44,8 @@ from .api import apply_rope
 from .fused.kv_cache import rope_and_cache
 from .validate import as_integer, in_callers_names
 
-__all__ = ["rotary_embedding", "apply_rope_with_cos_sin_cache_inplace", "FusedSetKVBufferArg", "rope_quantize_fp8"]
+__all__ = ["rotary_embedding", "apply_rope_with_cos_sin_cache_inplace", "FusedSetKVBufferArg", "rope_quantize_fp8",
+           "rope_quantize_fp8_append_paged_kv_cache"]
 
 
 @dataclass(kw_only=True)
@@ -198,6 +201,25 @@ def _float8_of(x: torch.Tensor, quant_scale: float, dtype: torch.dtype) -> torch
     return (x.float() * quant_scale).clamp(-largest, largest).to(dtype)
 
 
+def _check_quantise(q_rope, k_rope, quantize_dtype, outputs: tuple, quant_scale_q, quant_scale_kv) -> torch.dtype:
+    """FlashInfer's float8 calls' shared arguments: ``quantize_dtype`` (None: the first given output's dtype, else
+    e4m3), the two scales (finite floats > 0), ``q_rope`` 3-D and ``k_rope`` 3-D or MLA's 2-D. Returns the dtype."""
+    if quantize_dtype is None:
+        given = [t.dtype for t in outputs if isinstance(t, torch.Tensor)]
+        quantize_dtype = given[0] if given else torch.float8_e4m3fn
+    if quantize_dtype not in _FLOAT8:
+        raise TypeError(f"quantize_dtype must be torch.float8_e4m3fn or torch.float8_e5m2, got {quantize_dtype!r}")
+    for name, scale in (("quant_scale_q", quant_scale_q), ("quant_scale_kv", quant_scale_kv)):
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
+            raise ValueError(f"{name} must be a finite float > 0, got {scale!r}"[:200])
+    if not isinstance(q_rope, torch.Tensor) or q_rope.ndim != 3:
+        raise ValueError(f"q_rope must be (tokens, heads, rope_dim), got {getattr(q_rope, 'shape', q_rope)}")
+    if not isinstance(k_rope, torch.Tensor) or k_rope.ndim not in (2, 3):
+        raise ValueError(f"k_rope must be (tokens, heads, rope_dim) or (tokens, rope_dim) (MLA), got "
+                         f"{getattr(k_rope, 'shape', k_rope)}")
+    return quantize_dtype
+
+
 def rope_quantize_fp8(q_rope: torch.Tensor, k_rope: torch.Tensor, q_nope: Optional[torch.Tensor],
                       k_nope: Optional[torch.Tensor], cos_sin_cache: torch.Tensor, pos_ids: torch.Tensor,
                       is_neox: bool = True, quantize_dtype: Optional[torch.dtype] = None, quant_scale_q: float = 1.0,
@@ -211,19 +233,8 @@ def rope_quantize_fp8(q_rope: torch.Tensor, k_rope: torch.Tensor, q_nope: Option
     others new; a missing nope part is an empty one). The rotary parts divide by ``1 / quant_scale`` in float32, which
     equals FlashInfer's product for power-of-two scales and may differ in the last place of the quotient otherwise.
     ``enable_pdl`` is accepted and has no effect."""
-    if quantize_dtype is None:
-        given = [t.dtype for t in (q_rope_out, k_rope_out, q_nope_out, k_nope_out) if isinstance(t, torch.Tensor)]
-        quantize_dtype = given[0] if given else torch.float8_e4m3fn
-    if quantize_dtype not in _FLOAT8:
-        raise TypeError(f"quantize_dtype must be torch.float8_e4m3fn or torch.float8_e5m2, got {quantize_dtype!r}")
-    for name, scale in (("quant_scale_q", quant_scale_q), ("quant_scale_kv", quant_scale_kv)):
-        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
-            raise ValueError(f"{name} must be a finite float > 0, got {scale!r}"[:200])
-    if not isinstance(q_rope, torch.Tensor) or q_rope.ndim != 3:
-        raise ValueError(f"q_rope must be (tokens, heads, rope_dim), got {getattr(q_rope, 'shape', q_rope)}")
-    if not isinstance(k_rope, torch.Tensor) or k_rope.ndim not in (2, 3):
-        raise ValueError(f"k_rope must be (tokens, heads, rope_dim) or (tokens, rope_dim), got "
-                         f"{getattr(k_rope, 'shape', k_rope)}")
+    quantize_dtype = _check_quantise(q_rope, k_rope, quantize_dtype, (q_rope_out, k_rope_out, q_nope_out, k_nope_out),
+                                     quant_scale_q, quant_scale_kv)
     for name, out, like in (("q_rope_out", q_rope_out, q_rope), ("k_rope_out", k_rope_out, k_rope),
                             ("q_nope_out", q_nope_out, q_nope), ("k_nope_out", k_nope_out, k_nope)):
         if out is not None and (not isinstance(out, torch.Tensor) or out.dtype != quantize_dtype
@@ -238,13 +249,7 @@ def rope_quantize_fp8(q_rope: torch.Tensor, k_rope: torch.Tensor, q_nope: Option
     slots = torch.arange(tokens, device=q_rope.device)
     scales = [torch.full((1,), 1.0 / s, dtype=torch.float32, device=q_rope.device)
               for s in (quant_scale_q, quant_scale_kv)]
-    cos, sin = _halves(cos_sin_cache)
-    if cos_sin_cache.shape[1] != rope_dim:
-        raise ValueError(f"cos_sin_cache must be (max_position, rope_dim) with q_rope's rope_dim {rope_dim} columns "
-                         f"(cos then sin), got shape {tuple(cos_sin_cache.shape)}")
-    if not isinstance(pos_ids, torch.Tensor) or pos_ids.ndim != 1 or pos_ids.shape[0] != tokens:
-        raise ValueError(f"pos_ids must be ({tokens},) (one position a token of q_rope), got "
-                         f"{getattr(pos_ids, 'shape', type(pos_ids).__name__)}")
+    cos, sin = _rope_halves(cos_sin_cache, pos_ids, tokens, rope_dim)
     with in_callers_names("rope_quantize_fp8", "q is q_rope, k is k_rope, k_cache is k_rope_out, cos/sin (the "
                           "table) are the two halves of cos_sin_cache, positions are pos_ids"):
         q_out, _ = rope_and_cache(q_rope[None], k_heads[None], None, cos, sin, k_cache=k_out.view(
@@ -263,6 +268,113 @@ def rope_quantize_fp8(q_rope: torch.Tensor, k_rope: torch.Tensor, q_nope: Option
         values = _float8_of(x, scale, quantize_dtype)
         nope.append(values if out is None else out.copy_(values))
     return q_rope_out, k_out, nope[0], nope[1]
+
+
+def rope_quantize_fp8_append_paged_kv_cache(
+        q_rope: torch.Tensor, k_rope: torch.Tensor, q_nope: Optional[torch.Tensor], k_nope: Optional[torch.Tensor],
+        v: Optional[torch.Tensor], cos_sin_cache: torch.Tensor, pos_ids: torch.Tensor, paged_kv_cache,
+        kv_indices: torch.Tensor, kv_indptr: torch.Tensor, batch_indices: torch.Tensor, positions: torch.Tensor,
+        is_neox: bool = True, quantize_dtype: Optional[torch.dtype] = None, quant_scale_q: float = 1.0,
+        quant_scale_kv: float = 1.0, page_size: int = 16, kv_layout: str = "NHD",
+        q_rope_out: Optional[torch.Tensor] = None, q_nope_out: Optional[torch.Tensor] = None,
+        enable_pdl: bool = False):
+    """FlashInfer's ``rope_quantize_fp8_append_paged_kv_cache``: q and k rotated as :func:`rope_quantize_fp8` does
+    (``q_rope``, ``k_rope`` by ``cos_sin_cache`` rows at ``pos_ids``; every part times its scale as float8
+    ``quantize_dtype``, saturating), q returned, k and v appended to a float8 paged cache through FlashInfer's page
+    table (``kv_indices``, ``kv_indptr``; token ``t`` at position ``positions[t]`` of request ``batch_indices[t]``,
+    -1 writing nothing), as :func:`ropekit.rope_and_cache` addresses it. Returns ``(q_rope_out, q_nope_out)``.
+
+    * GQA/MHA (``k_rope`` ``(tokens, Hkv, rope_dim)``): ``paged_kv_cache = (k_cache, v_cache)``, each ``(pages,
+      page_size, Hkv, head_dim)`` (``kv_layout="HND"``: ``(pages, Hkv, page_size, head_dim)``) of ``quantize_dtype``,
+      ``head_dim = rope_dim + no_rope_dim``: channels ``[0, rope_dim)`` hold the rotated ``k_rope``, the rest
+      ``k_nope``; ``v`` ``(tokens, Hkv, head_dim)`` goes to ``v_cache``.
+    * MLA (``k_rope`` ``(tokens, rope_dim)``): ``paged_kv_cache = (ckv_cache, kpe_cache)``, ``(pages, page_size,
+      no_rope_dim)`` and ``(pages, page_size, rope_dim)``: ``k_nope`` (the latent) and the rotated ``k_rope``; ``v``
+      None; ``kv_layout`` is not read.
+
+    k and v are stored as ``float8(x / (1 / quant_scale_kv))`` by the fused kernel's store (FlashInfer multiplies by
+    the scale: the same float8 value for power-of-two scales, possibly one step apart at a rounding tie otherwise),
+    q's rotary part likewise, q's non-rotary part by PyTorch's cast. One launch, or two when a GQA k has a non-rotary
+    part (the second writes ``k_nope`` and the rotated ``k_rope`` again, the same bytes). ``page_size`` must be the
+    caches' page size; ``enable_pdl`` is accepted and has no effect."""
+    quantize_dtype = _check_quantise(q_rope, k_rope, quantize_dtype, (q_rope_out, q_nope_out), quant_scale_q,
+                                     quant_scale_kv)
+    mla = k_rope.ndim == 2
+    tokens, rope_dim = q_rope.shape[0], q_rope.shape[-1]
+    if not isinstance(paged_kv_cache, (tuple, list)) or len(paged_kv_cache) != 2 or not all(
+            isinstance(c, torch.Tensor) for c in paged_kv_cache):
+        raise ValueError("paged_kv_cache must be a pair of tensors: (k_cache, v_cache), or (ckv_cache, kpe_cache) "
+                         "for MLA")
+    if any(c.dtype != quantize_dtype for c in paged_kv_cache):
+        raise ValueError(f"paged_kv_cache must hold quantize_dtype {quantize_dtype}, got "
+                         f"{[str(c.dtype) for c in paged_kv_cache]}")
+    if mla != (v is None):
+        raise ValueError("v must be None for MLA (a 2-D k_rope: k_nope is the latent) and a (tokens, heads, head_dim) "
+                         "tensor otherwise")
+    for name, out, like in (("q_rope_out", q_rope_out, q_rope), ("q_nope_out", q_nope_out, q_nope)):
+        if out is not None and (not isinstance(out, torch.Tensor) or out.dtype != quantize_dtype or like is None
+                                or out.shape != like.shape):
+            raise ValueError(f"{name} must be a {quantize_dtype} tensor of its input's shape, got "
+                             f"{getattr(out, 'dtype', type(out).__name__)} {tuple(getattr(out, 'shape', ()))}")
+    if as_integer(page_size) is None:
+        raise TypeError(f"page_size must be an int, got {page_size!r}")
+    if mla:
+        ckv_cache, kpe_cache = paged_kv_cache
+        if kpe_cache.ndim != 3 or ckv_cache.ndim != 3:
+            raise ValueError(f"paged_kv_cache for MLA must be (ckv_cache, kpe_cache), 3-D each, got shapes "
+                             f"{tuple(ckv_cache.shape)} and {tuple(kpe_cache.shape)}")
+        rows, layout = kpe_cache.shape[1], "NHD"
+        k_heads, nope = k_rope[:, None], (k_nope if k_nope is not None else k_rope.new_empty(tokens, 0))[:, None]
+        k_cache, nope_cache, v_cache = kpe_cache[:, :, None], ckv_cache[:, :, None], None
+    else:
+        k_cache, v_cache = paged_kv_cache
+        if k_cache.ndim != 4:
+            raise ValueError(f"paged_kv_cache's k_cache must be 4-D (pages, page_size, heads, head_dim) or (pages, "
+                             f"heads, page_size, head_dim) with kv_layout 'HND', got {tuple(k_cache.shape)}")
+        layout = kv_layout
+        rows = k_cache.shape[2 if kv_layout == "HND" else 1]
+        no_rope = k_nope.shape[-1] if isinstance(k_nope, torch.Tensor) else 0
+        if k_cache.shape[-1] != rope_dim + no_rope:
+            raise ValueError(f"paged_kv_cache's k_cache must have head_dim rope_dim + no_rope_dim = {rope_dim} + "
+                             f"{no_rope}, got shape {tuple(k_cache.shape)}")
+        k_heads, nope = k_rope, k_nope if no_rope else None
+        k_cache, nope_cache = k_cache[..., :rope_dim], k_cache[..., rope_dim:]
+    if as_integer(page_size) != rows:
+        raise ValueError(f"page_size must be the caches' page size {rows}, got {page_size}")
+    cos, sin = _rope_halves(cos_sin_cache, pos_ids, tokens, rope_dim)
+    kv_scale = torch.full((1,), 1.0 / quant_scale_kv, dtype=torch.float32, device=q_rope.device)
+    table = dict(kv_indices=kv_indices, kv_indptr=kv_indptr, batch_indices=batch_indices, cache_positions=positions,
+                 kv_layout=layout, positions=pos_ids[None], interleaved=not is_neox, rotary_dim=rope_dim,
+                 k_scale=kv_scale, v_scale=kv_scale)
+    names = ("q is q_rope, k is k_rope, k_cache is paged_kv_cache's (its rotary channels), v_cache is "
+             "paged_kv_cache's v_cache (MLA: ckv_cache, v is k_nope), cos/sin (the table) are the two halves of "
+             "cos_sin_cache, positions are pos_ids, cache_positions are positions")
+    with in_callers_names("rope_quantize_fp8_append_paged_kv_cache", names):
+        # q's float8 output, k's rotary part, and v (MLA: the latent k_nope) in one launch
+        q_out, _ = rope_and_cache(q_rope[None], k_heads[None], (nope if mla else v)[None], cos, sin, k_cache=k_cache,
+                                  v_cache=nope_cache if mla else v_cache, q_dtype=quantize_dtype,
+                                  q_scale=torch.full((1,), 1.0 / quant_scale_q, dtype=torch.float32,
+                                                     device=q_rope.device), **table)
+        if nope is not None and not mla:  # k's non-rotary channels, beside its rotary ones rewritten alike
+            rope_and_cache(q_rope[None, :, :0], k_heads[None], nope[None], cos, sin, k_cache=k_cache,
+                           v_cache=nope_cache, **table)
+    q_rope_out = q_out[0] if q_rope_out is None else q_rope_out.copy_(q_out[0])
+    values = _float8_of(q_nope if q_nope is not None else q_rope.new_empty(*q_rope.shape[:-1], 0), quant_scale_q,
+                        quantize_dtype)
+    return q_rope_out, values if q_nope_out is None else q_nope_out.copy_(values)
+
+
+def _rope_halves(cos_sin_cache, pos_ids, tokens: int, rope_dim: int):
+    """FlashInfer's float8 calls' table and positions: ``cos_sin_cache`` exactly ``rope_dim`` wide (its two halves
+    returned) and ``pos_ids`` one a token."""
+    cos, sin = _halves(cos_sin_cache)
+    if cos_sin_cache.shape[1] != rope_dim:
+        raise ValueError(f"cos_sin_cache must be (max_position, rope_dim) with q_rope's rope_dim {rope_dim} columns "
+                         f"(cos then sin), got shape {tuple(cos_sin_cache.shape)}")
+    if not isinstance(pos_ids, torch.Tensor) or pos_ids.ndim != 1 or pos_ids.shape[0] != tokens:
+        raise ValueError(f"pos_ids must be ({tokens},) (one position a token of q_rope), got "
+                         f"{getattr(pos_ids, 'shape', type(pos_ids).__name__)}")
+    return cos, sin
 
 
 def _halves(cos_sin_cache):

@@ -222,8 +222,8 @@ def _nope(q, k, out_q, out_k, positions: PositionSpec, tokens: _Tokens, math: to
 # --------------------------------------------------------------------------------------------------------------------
 
 # the fused kernel's quantising store (ropekit.triton.fused_tiles): formats and scales
-PLAIN, E4M3, E5M2, INT8 = 0, 1, 2, 3
-PER_TENSOR, PER_HEAD, PER_TOKEN_HEAD = 0, 1, 2
+PLAIN, E4M3, E5M2, INT8, NVFP4 = 0, 1, 2, 3, 4
+PER_TENSOR, PER_HEAD, PER_TOKEN_HEAD, PER_BLOCK = 0, 1, 2, 3
 _FLOAT8 = {E4M3: (torch.float8_e4m3fn, 448.0), E5M2: (torch.float8_e5m2, 57344.0)}
 _FORMAT_MAX = {E4M3: 448.0, E5M2: 57344.0, INT8: 127.0}
 
@@ -242,6 +242,30 @@ def quantised(x: torch.Tensor, scale: torch.Tensor, fmt: int) -> torch.Tensor:
 def e4m3_bits(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """The float8 e4m3fn bits (uint8) of ``x / scale`` (:func:`quantised`)."""
     return quantised(x, scale.reshape(()), E4M3)
+
+
+def e2m1_codes(x: torch.Tensor) -> torch.Tensor:
+    """The e2m1 nibbles (uint8, 0-15) of float32 ``x``: sign in bit 3 (x's sign bit), magnitude code 0-7 for 0, 0.5,
+    1, 1.5, 2, 3, 4, 6, to nearest with ties to the even code, saturating at 6; NaN gives a zero of its sign."""
+    m = x.abs()
+    code = sum(((m > 0.25), (m >= 0.75), (m > 1.25), (m >= 1.75), (m > 2.5), (m >= 3.5), (m > 5.0)),
+               torch.zeros_like(m, dtype=torch.uint8))
+    return code | (torch.signbit(x).to(torch.uint8) << 3)
+
+
+def nvfp4(x: torch.Tensor, global_scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """NVFP4 of ``(..., channels)`` values (channels a multiple of 16) at a one-element float32 global scale: (the
+    e2m1 bytes ``(..., channels / 2)``, channel 2i in the low nibble; the e4m3 block-scale bytes ``(..., channels /
+    16)``). Per 16 channels ``block = e4m3(amax / (6 * global))`` (NaN not counted), and each value stores
+    ``e2m1(x / (block * global))`` in float32 (a zero block scale stores zeros of the values' signs)."""
+    blocks = x.to(torch.float32).unflatten(-1, (-1, 16))
+    g = global_scale.reshape(()).to(torch.float32)
+    amax = torch.where(torch.isnan(blocks), 0.0, blocks.abs()).amax(-1)
+    block = (amax / (6.0 * g)).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+    dequant = (block.to(torch.float32) * g)[..., None]
+    quotient = torch.where(dequant == 0, blocks * 0.0, blocks / torch.where(dequant == 0, 1.0, dequant))
+    codes = e2m1_codes(quotient).flatten(-2)
+    return codes[..., 0::2] | (codes[..., 1::2] << 4), block.view(torch.uint8)
 
 
 def token_head_scales(values: torch.Tensor, fmt: int) -> torch.Tensor:
@@ -279,15 +303,21 @@ def _cache_places(tokens: _Tokens, seqlen: int, cache_mode: int, slots, page_tab
     return page.where(written, 0), position % max(block_size, 1), written
 
 
-def _write_cache(cache, places, values, scale, quant: tuple) -> None:
+def _write_cache(cache, places, values, scale, quant: tuple, global_scale=None) -> None:
     """Store the covered tokens' ``values`` (token-major, heads, channels) at their places in ``cache``: its dtype,
     or quantised as ``quant`` = (format, scales) says at ``scale`` (one float, one a head, or, per (token, head), a
-    scale cache the computed scales are written to at the same places)."""
+    scale cache the computed scales are written to at the same places; NVFP4: the block-scale cache, written, over
+    ``global_scale``)."""
     block, row, written = places
     values = values.reshape(written.shape[0], *values.shape[-2:])[written]
     fmt, scales = quant
     if fmt == PLAIN:
         cache[block[written], row[written]] = values.to(cache.dtype)
+        return
+    if fmt == NVFP4:
+        packed, block_scales = nvfp4(values, global_scale)
+        cache[block[written], row[written]] = packed
+        scale[block[written], row[written]] = block_scales
         return
     if scales == PER_TOKEN_HEAD:
         computed = token_head_scales(values.to(torch.float32), fmt)
@@ -303,8 +333,9 @@ def _write_cache(cache, places, values, scale, quant: tuple) -> None:
 def fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, interleaved: bool = False,
           cos_per_token: bool = False, out_q=None, out_k=None, v=None, k_cache=None, v_cache=None,
           cache_mode: int = 0, slots=None, page_table=None, block_size: int = 1, cache_len: int = 0, k_scale=None,
-          v_scale=None, quant: tuple = (PLAIN, PER_TENSOR), q_format: int = PLAIN, q_scale=None, q_weight=None,
-          k_weight=None, eps: float = 0.0, weight_offset: float = 0.0, grad_q=None, grad_k=None):
+          v_scale=None, quant: tuple = (PLAIN, PER_TENSOR), q_format: int = PLAIN, q_scale=None, k_global=None,
+          v_global=None, q_weight=None, k_weight=None, eps: float = 0.0, weight_offset: float = 0.0, grad_q=None,
+          grad_k=None):
     """:func:`ropekit.triton.fused.launch_fused`'s arguments and outputs, computed in PyTorch ops: per-head RMSNorm
     (with weights), RoPE, the outputs (None: not written) and, for k, the caches; with ``grad_q`` the backward of
     norm + rotation, returning the weight gradients ``(dw_q, dw_k)`` in the math dtype."""
@@ -350,9 +381,9 @@ def fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, interleav
         y = torch.cat((_joined(*_rotate(x_a, x_b, *angles), interleaved), x_t), -1)
         if i == 1 and cache_mode:
             places = _cache_places(tokens, seqlen, cache_mode, slots, page_table, block_size, cache_len)
-            _write_cache(k_cache, places, y, k_scale, quant)
+            _write_cache(k_cache, places, y, k_scale, quant, k_global)
             if v is not None:
-                _write_cache(v_cache, places, tokens.take(v), v_scale, quant)
+                _write_cache(v_cache, places, tokens.take(v), v_scale, quant, v_global)
         if out is not None:
             if i == 0 and q_format != PLAIN:  # a float8 q at one scale
                 y = quantised(y, q_scale.reshape(()), q_format)

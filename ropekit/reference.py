@@ -293,6 +293,59 @@ def dequantise(stored: torch.Tensor, scale) -> torch.Tensor:
     return stored.to(torch.float64).cpu() * torch.as_tensor(scale, dtype=torch.float64).cpu()
 
 
+# NVFP4 (NVIDIA's 4-bit float, as FlashInfer's and vLLM's NVFP4 KV caches store it): e2m1 values (sign bit 3, two
+# exponent bits, one mantissa bit; magnitude code i of the nibble's bits 0-2 is E2M1_VALUES[i]), two a byte with
+# element 2i in the low nibble, one e4m3 block scale per 16 consecutive elements, one float32 global scale a tensor:
+# value = e2m1 * block_scale * global_scale
+E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+NVFP4_BLOCK = 16
+
+
+def e2m1(x: torch.Tensor) -> torch.Tensor:
+    """float64 -> the nearest e2m1 value (ties to the even code: the one whose mantissa bit is 0), saturating at ±6
+    (infinities too), NaN as 0; returned as float64 with x's sign."""
+    x64 = x.to(torch.float64)
+    grid = torch.tensor(E2M1_VALUES, dtype=torch.float64)
+    magnitude = torch.nan_to_num(x64.abs(), nan=0.0).clamp(max=6.0)
+    distance = (magnitude[..., None] - grid).abs()
+    nearest = distance == distance.amin(-1, keepdim=True)
+    even = torch.arange(8) % 2 == 0
+    index = (nearest * (1 + even.to(torch.int64))).argmax(-1)  # a tie: the even code
+    return torch.where(torch.signbit(x64), -grid[index], grid[index])
+
+
+def nvfp4_quantise(x: torch.Tensor, global_scale) -> tuple[torch.Tensor, torch.Tensor]:
+    """What an NVFP4 cache stores for head vectors ``x`` ``(..., head_dim)`` at ``global_scale``, in float64: (the e2m1
+    values ``(..., head_dim)``, the e4m3 block scales ``(..., head_dim / 16)``). Each 16 consecutive elements get
+    ``block = e4m3(amax / (6 * global_scale))`` (amax with NaN not counted), each element ``e2m1(x / (block *
+    global_scale))`` (0 where that product is 0)."""
+    blocks = x.to(torch.float64).cpu().unflatten(-1, (-1, NVFP4_BLOCK))
+    g = float(torch.as_tensor(global_scale, dtype=torch.float64).reshape(()))
+    amax = torch.where(torch.isnan(blocks), 0.0, blocks.abs()).amax(-1)
+    block = e4m3(amax / (6 * g))
+    dequant = (block * g)[..., None]
+    values = torch.where(dequant == 0, 0.0 * blocks, e2m1(blocks / torch.where(dequant == 0, 1.0, dequant)))
+    return values.flatten(-2), block
+
+
+def nvfp4_dequantise(packed: torch.Tensor, block_scales: torch.Tensor, global_scale) -> torch.Tensor:
+    """The attention's reader of an NVFP4 cache: bytes ``(..., head_dim / 2)`` (element 2i in the low nibble) and
+    e4m3 block scales ``(..., head_dim / 16)`` (``torch.float8_e4m3fn`` or its bytes) -> ``e2m1 * block_scale *
+    global_scale``, float64 ``(..., head_dim)``."""
+    packed = packed.cpu().view(torch.uint8).to(torch.int64)
+    codes = torch.stack((packed & 0xF, packed >> 4), -1).flatten(-2)
+    grid = torch.tensor(E2M1_VALUES, dtype=torch.float64)
+    values = torch.where(codes & 0x8 != 0, -grid[codes & 0x7], grid[codes & 0x7])
+    scales = block_scales.cpu().view(torch.float8_e4m3fn).to(torch.float64).repeat_interleave(NVFP4_BLOCK, -1)
+    return values * scales * float(torch.as_tensor(global_scale, dtype=torch.float64).reshape(()))
+
+
+def e2m1_spacing(values: torch.Tensor) -> torch.Tensor:
+    """The distance between neighbouring e2m1 values at ``|values|`` (float64; past 6 that of [4, 6])."""
+    magnitude = values.to(torch.float64).abs()
+    return torch.where(magnitude < 2, 0.5, torch.where(magnitude < 4, 1.0, 2.0))
+
+
 def paged_cache_write(cache: torch.Tensor, values: torch.Tensor, slot_mapping: torch.Tensor) -> torch.Tensor:
     """A float64 copy of ``cache`` ``(num_blocks, block_size, heads, dim)`` with token ``t``'s ``values[t]``
     (``(tokens, heads, dim)``) at slot ``slot_mapping[t] = block * block_size + row``; slot -1 writes nothing."""
@@ -314,5 +367,5 @@ def contiguous_cache_write(cache: torch.Tensor, values: torch.Tensor, offsets) -
     return out
 
 
-__all__ += ["rms_norm", "rope_table", "e4m3", "e5m2", "int8", "token_head_scale", "quantise",
-            "dequantise", "paged_cache_write", "contiguous_cache_write"]
+__all__ += ["rms_norm", "rope_table", "e4m3", "e5m2", "int8", "token_head_scale", "quantise", "dequantise", "e2m1",
+            "nvfp4_quantise", "nvfp4_dequantise", "e2m1_spacing", "paged_cache_write", "contiguous_cache_write"]

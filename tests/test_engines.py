@@ -297,3 +297,125 @@ def test_rope_quantize_fp8_errors_name_the_argument(change, error, name):
     call.update({key: swaps[value]() if isinstance(value, str) else value for key, value in change.items()})
     with pytest.raises(error, match=name):
         ropekit.rope_quantize_fp8(**call)
+
+
+# --- FlashInfer's rope_quantize_fp8_append_paged_kv_cache -------------------------------------------------------------
+
+def flashinfer_reader(cache, kv_indices, kv_indptr, batch_indices, positions, page_size, kv_layout="NHD"):
+    """FlashInfer's paged-cache read of each token's row, as its page table describes it: request ``b``'s pages
+    ``kv_indices[kv_indptr[b]:kv_indptr[b + 1]]``, position ``p`` on page ``p // page_size``, row ``p % page_size``
+    (``(tokens, ...)`` float64; a 3-D MLA cache ``(pages, page_size, dim)``)."""
+    rows = []
+    for b, p in zip(batch_indices.tolist(), positions.tolist()):
+        page = int(kv_indices[int(kv_indptr[b]) + p // page_size])
+        rows.append(cache[page, :, p % page_size] if kv_layout == "HND" and cache.ndim == 4
+                    else cache[page, p % page_size])
+    return torch.stack(rows).double().cpu()
+
+
+def append_case(mla, kv_layout, no_rope_dim, quantize_dtype, page_size=4):
+    """Two requests appending 3 and 2 tokens after 2 and 5 cached ones, on scattered pages of a sentinel-filled
+    pool: bf16 q/k/v parts and the float8 caches FlashInfer allocates."""
+    tokens, hq, hk, rope_dim = 5, 4, 1 if mla else 2, 16
+    parts = dict(q_rope=torch.randn(tokens, hq, rope_dim, device=DEVICE, dtype=torch.bfloat16),
+                 k_rope=torch.randn(*((tokens,) if mla else (tokens, hk)), rope_dim, device=DEVICE,
+                                    dtype=torch.bfloat16),
+                 q_nope=torch.randn(tokens, hq, no_rope_dim, device=DEVICE, dtype=torch.bfloat16) if no_rope_dim
+                 else None,
+                 k_nope=torch.randn(*((tokens,) if mla else (tokens, hk)), no_rope_dim, device=DEVICE,
+                                    dtype=torch.bfloat16) if no_rope_dim else None)
+    head_dim = rope_dim + no_rope_dim
+    parts["v"] = None if mla else torch.randn(tokens, hk, head_dim, device=DEVICE, dtype=torch.bfloat16)
+    pages = 6
+
+    def pool(*shape):
+        return torch.randint(0, 100, shape, device=DEVICE, dtype=torch.uint8).view(quantize_dtype)
+
+    if mla:
+        caches = (pool(pages, page_size, no_rope_dim), pool(pages, page_size, rope_dim))
+    else:
+        shape = (pages, hk, page_size, head_dim) if kv_layout == "HND" else (pages, page_size, hk, head_dim)
+        caches = (pool(*shape), pool(*shape))
+    table = dict(kv_indices=torch.tensor([4, 1, 0, 5, 2], dtype=torch.int32, device=DEVICE),
+                 kv_indptr=torch.tensor([0, 2, 5], dtype=torch.int32, device=DEVICE),
+                 batch_indices=torch.tensor([0, 0, 0, 1, 1], dtype=torch.int32, device=DEVICE),
+                 positions=torch.tensor([2, 3, 4, 5, 6], dtype=torch.int32, device=DEVICE))
+    return parts, caches, table
+
+
+@pytest.mark.parametrize("quantize_dtype", [torch.float8_e4m3fn, torch.float8_e5m2], ids=["e4m3", "e5m2"])
+@pytest.mark.parametrize("form", ["gqa-NHD", "gqa-HND", "gqa-HND-full-rotary", "mla"])
+def test_rope_quantize_fp8_append_paged_kv_cache_reads_back_through_the_page_table(form, quantize_dtype, backend):
+    """FlashInfer's fused call: q returned as float8 (rotary part rotated) and k, v appended to the float8 paged
+    cache; FlashInfer's reader (the page table's row of each token, stored / quant_scale_kv) gives the rotated k_rope,
+    k_nope and v within half a spacing of the float64 truth; every row no token names keeps its bytes."""
+    from ropekit.testing import ulp
+
+    mla, kv_layout = form == "mla", "HND" if "HND" in form else "NHD"
+    no_rope_dim = 0 if form.endswith("full-rotary") else 32
+    parts, caches, table = append_case(mla, kv_layout, no_rope_dim, quantize_dtype)
+    before = [c.clone() for c in caches]
+    cos_sin_cache = cache_like_vllm(32, 16, torch.float32)
+    pos_ids = torch.tensor([2, 3, 4, 5, 6], device=DEVICE)
+    q_rope_out, q_nope_out = ropekit.rope_quantize_fp8_append_paged_kv_cache(
+        parts["q_rope"], parts["k_rope"], parts["q_nope"], parts["k_nope"], parts["v"], cos_sin_cache, pos_ids,
+        caches, table["kv_indices"], table["kv_indptr"], table["batch_indices"], table["positions"],
+        is_neox=form != "mla", quantize_dtype=quantize_dtype, quant_scale_q=2.0, quant_scale_kv=4.0, page_size=4,
+        kv_layout=kv_layout)
+
+    def close(got, truth):
+        error = (got - truth).abs()
+        assert bool((error <= ulp(truth, quantize_dtype) / 2 + 1e-5 * truth.abs().max()).all()), \
+            float((error - ulp(truth, quantize_dtype) / 2).max())
+
+    is_neox = form != "mla"
+    k_rot = engine_reference(pos_ids, parts["k_rope"], 16, cos_sin_cache, is_neox).reshape(parts["k_rope"].shape)
+    close(q_rope_out.double().cpu(), engine_reference(pos_ids, parts["q_rope"], 16, cos_sin_cache, is_neox).reshape(
+        parts["q_rope"].shape) * 2.0)
+    read = [flashinfer_reader(c, page_size=4, kv_layout=kv_layout, **table) / 4.0 for c in caches]
+    if mla:
+        close(read[1], k_rot)
+        close(read[0], parts["k_nope"].double().cpu())
+    else:
+        close(read[0][..., :16], k_rot)
+        if no_rope_dim:
+            close(read[0][..., 16:], parts["k_nope"].double().cpu())
+        close(read[1], parts["v"].double().cpu())
+    if parts["q_nope"] is not None:
+        largest = torch.finfo(quantize_dtype).max
+        want = (parts["q_nope"].float() * 2.0).clamp(-largest, largest).to(quantize_dtype)
+        assert torch.equal(q_nope_out.view(torch.uint8), want.view(torch.uint8))
+    else:
+        assert q_nope_out.shape == (5, 4, 0)
+    named = {(4, 2), (4, 3), (1, 0), (5, 1), (5, 2)}  # (page, row) of each token
+    for b, c in zip(before, caches):
+        for page in range(c.shape[0]):
+            for row in range(4):
+                if (page, row) not in named:
+                    at = (page, slice(None), row) if kv_layout == "HND" and c.ndim == 4 else (page, row)
+                    assert torch.equal(c[at].view(torch.uint8), b[at].view(torch.uint8))
+
+
+@pytest.mark.parametrize("change,error,name", [
+    (dict(quantize_dtype=torch.float8_e5m2), ValueError, "paged_kv_cache"),  # the caches hold e4m3
+    (dict(page_size=8), ValueError, "page_size"),
+    (dict(v=None), ValueError, "v"),
+    (dict(quant_scale_kv=-1.0), ValueError, "quant_scale_kv"),
+    (dict(paged_kv_cache="one"), ValueError, "paged_kv_cache"),
+    (dict(cos_sin_cache="wide"), ValueError, "cos_sin_cache"),
+    (dict(batch_indices="int16"), TypeError, "batch_indices"),
+], ids=["dtype", "page-size", "no-v", "negative-scale", "one-cache", "wide-table", "int16-batch"])
+def test_rope_quantize_fp8_append_paged_kv_cache_errors_name_the_argument_and_write_nothing(change, error, name):
+    parts, caches, table = append_case(False, "NHD", 32, torch.float8_e4m3fn)
+    call = dict(parts, cos_sin_cache=cache_like_vllm(32, 16, torch.float32),
+                pos_ids=torch.tensor([2, 3, 4, 5, 6], device=DEVICE), paged_kv_cache=caches, page_size=4,
+                kv_indices=table["kv_indices"], kv_indptr=table["kv_indptr"], batch_indices=table["batch_indices"],
+                positions=table["positions"])
+    swaps = {"one": lambda: caches[:1], "wide": lambda: cache_like_vllm(32, 32, torch.float32),
+             "int16": lambda: table["batch_indices"].to(torch.int16)}
+    call.update({key: swaps[value]() if isinstance(value, str) else value for key, value in change.items()})
+    before = [c.clone() for c in caches]
+    with pytest.raises(error, match=name):
+        ropekit.rope_quantize_fp8_append_paged_kv_cache(**call)
+    for b, c in zip(before, caches):
+        assert torch.equal(b.view(torch.uint8), c.view(torch.uint8))

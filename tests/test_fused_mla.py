@@ -85,6 +85,61 @@ def test_fp8_latent_cache():
     check_cache(before, kv_cache, kv_c, want_k, slots, scale=scale.cpu())
 
 
+E5M2 = torch.float8_e5m2
+# vLLM's kv_cache_dtype names for the latent cache: (the name, the cache as allocated, the format its bytes hold)
+MLA_FORMATS = {"fp8": (FP8, FP8), "fp8_e4m3-uint8": (torch.uint8, FP8), "fp8_e5m2": (E5M2, E5M2),
+               "fp8_e5m2-uint8": (torch.uint8, E5M2), "auto-e5m2": (E5M2, E5M2)}
+
+
+@pytest.mark.parametrize("separate", [False, True], ids=["one-cache", "ckv-kpe"])
+@pytest.mark.parametrize("name", list(MLA_FORMATS))
+def test_float8_latent_cache_by_kv_cache_dtype_reads_back(name, separate, backend):
+    """kv_cache_dtype as vLLM spells it: the latent cache in float8 e4m3 or e5m2 (or their uint8 bytes) at one
+    kv_cache_scale, both parts through the same quantising store; the reader (stored x scale) gives kv_c as the
+    format's rounding of kv_c / scale and the rotated k_pe within half a spacing (plus float32 math) of the truth."""
+    allocated, fmt = MLA_FORMATS[name]
+    kv_cache_dtype = name.split("-")[0]
+    q_pe, k_pe, kv_c, kv_cache, slots = mla_case(5, 2, 16, 32, torch.bfloat16, num_blocks=3, block_size=4)
+    kv_cache = torch.randint(0, 100, kv_cache.shape, device=DEVICE, dtype=torch.uint8)
+    before = kv_cache.clone()
+    stored = kv_cache if allocated == torch.uint8 else kv_cache.view(allocated)
+    caches = (stored[..., :32], stored[..., 32:]) if separate else stored
+    slots[1] = -1
+    k0 = k_pe.clone()
+    scale = torch.tensor([0.02], device=DEVICE)
+    cos, sin = yarn_tables(16, 32, DEVICE)
+    positions = torch.tensor([1, 2, 30, 4, 0], device=DEVICE)
+    ropekit.mla_rope_and_cache(q_pe, k_pe, kv_c, caches, slots, positions, cos, sin, kv_cache_scale=scale,
+                               kv_cache_dtype=kv_cache_dtype)
+    want_k = ref.rope_table(k0[:, None], cos, sin, positions.cpu(), interleaved=True)[:, 0]
+    flat, flat_before = kv_cache.view(-1, 48).cpu(), before.view(-1, 48).cpu()
+    written, keep = slots[slots >= 0].cpu(), (slots >= 0).cpu()
+    untouched = torch.ones(flat.shape[0], dtype=torch.bool)
+    untouched[written] = False
+    assert torch.equal(flat[untouched], flat_before[untouched])
+    rows = flat[written].view(fmt).double()
+    assert torch.equal(rows[:, :32], ref.quantise(kv_c[keep].float().cpu().double(), 0.02, fmt))
+    quotient = want_k[keep] / 0.02
+    assert bool(((ref.dequantise(rows[:, 32:], 1.0) - quotient).abs()
+                 <= ulp(quotient, fmt) / 2 + 1e-5 * quotient.abs().amax(-1, keepdim=True)).all())
+
+
+@pytest.mark.parametrize("kv_cache_dtype,cache_dtype,error", [
+    ("fp8_e5m2", FP8, TypeError), ("fp8", torch.float32, TypeError), ("nvfp4", torch.uint8, ValueError),
+    ("fp8_per_token_head", FP8, ValueError), ("int8", torch.float32, ValueError)],
+    ids=["e5m2-name-e4m3-cache", "fp8-name-model-dtype-cache", "nvfp4", "per-token-head", "unknown"])
+def test_kv_cache_dtype_names_the_latent_cache_it_writes(kv_cache_dtype, cache_dtype, error):
+    q_pe, k_pe, kv_c, kv_cache, slots = mla_case(4, 2, 16, 32, torch.float32, num_blocks=2, block_size=4,
+                                                 cache_dtype=cache_dtype)
+    cos, sin = ropekit.cos_sin_table(8, 16, device=DEVICE)
+    before = [t.clone() for t in (q_pe, k_pe, kv_c, kv_cache)]
+    with pytest.raises(error, match="kv_cache_dtype"):
+        ropekit.mla_rope_and_cache(q_pe, k_pe, kv_c, kv_cache, slots, torch.arange(4, device=DEVICE), cos, sin,
+                                   kv_cache_scale=torch.ones(1, device=DEVICE), kv_cache_dtype=kv_cache_dtype)
+    for t, b in zip((q_pe, k_pe, kv_c, kv_cache), before):
+        assert torch.equal(t.view(torch.uint8), b.view(torch.uint8))
+
+
 @pytest.mark.parametrize("change,error,name", [
     ("kv_cache width", ValueError, "kv_cache"),
     ("slot int32", TypeError, "slot_mapping"),

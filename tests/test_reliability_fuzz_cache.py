@@ -69,8 +69,16 @@ CALLERS = {
     "per-head scales": ("rope_and_cache", lambda spec: spec["scales_mode"] == "head"),
     "per-(token, head) scales": ("rope_and_cache", lambda spec: spec["scales_mode"] == "token_head"),
     "vLLM's fp8_per_token_head": ("rope_and_cache", lambda spec: spec["kv_cache_dtype"] == "fp8_per_token_head"),
+    "an NVFP4 cache": ("rope_and_cache", lambda spec: spec["kv_cache_dtype"] == "nvfp4"),
+    "an NVFP4 cache in FlashInfer's HND": ("rope_and_cache", lambda spec: spec["kv_cache_dtype"] == "nvfp4"
+                                           and spec["kv_layout"] == "HND"),
+    "an NVFP4 cache with NeoX pairing": ("rope_and_cache", lambda spec: spec["kv_cache_dtype"] == "nvfp4"
+                                         and not spec["interleaved"]),
     "MLA out of place": ("mla_rope_and_cache", lambda spec: not spec["inplace"]),
     "MLA's uint8 cache": ("mla_rope_and_cache", lambda spec: spec["cache_dtype"] == "torch.uint8"),
+    "MLA's float8 e5m2 cache": ("mla_rope_and_cache", lambda spec: spec["cache_dtype"] == "torch.float8_e5m2"),
+    "MLA's uint8 e5m2 cache named fp8_e5m2": ("mla_rope_and_cache", lambda spec: spec["kv_cache_dtype"] == "fp8_e5m2"
+                                              and spec["cache_dtype"] == "torch.uint8"),
     "MLA's engines' cos_sin_cache": ("mla_rope_and_cache", lambda spec: spec["engines_table"]),
     "MLA's short slot mapping": ("mla_rope_and_cache", lambda spec: len(spec["slot_mapping"]) < spec["tokens"]),
     "MLA out of place on an aliased cache": ("mla_rope_and_cache", lambda spec: not spec["inplace"]
@@ -209,6 +217,22 @@ def test_a_wrong_per_token_head_scale_is_a_violation():
     slot = next(s for s in spec["slots"] if s >= 0)
     outcome, problems = fuzz.judge(_then(case, lambda: _row(case.tensors["v_scale_cache"], slot).mul_(2)))
     assert outcome == "violation" and any("v_scale_cache" in p for p in problems), problems
+
+
+@pytest.mark.parametrize("written", ["v_cache", "v_scale_cache"])
+def test_a_wrong_nvfp4_value_or_block_scale_is_a_violation(written):
+    for index in range(800):
+        case = fuzz.draw_case(29, index, DEVICE, {"rope_and_cache": fuzz_cache.TARGETS["rope_and_cache"]})
+        spec = case.spec
+        if case.expect == fuzz.MATCH and spec["kv_cache_dtype"] == "nvfp4" and spec["kv_layout"] == "NHD" and \
+                any(s >= 0 for s in spec["slots"]):
+            break
+    else:
+        raise AssertionError("no such case drawn")
+    assert fuzz.judge(case)[0] == "matched"
+    row = _row(case.tensors[written].view(torch.uint8), next(s for s in spec["slots"] if s >= 0))
+    outcome, problems = fuzz.judge(_then(case, lambda: row.add_(3)))  # a value two codes off, or a scale 3 steps
+    assert outcome == "violation" and any("v_cache" in p for p in problems), problems
 
 
 def test_v_must_reach_its_cache_bit_for_bit():

@@ -146,8 +146,9 @@ def _rope_calls():
 def _fused_calls():
     """A small matrix of the fused ops' launches: the forward with and without QK-norm, paged and contiguous caches,
     bf16 and every quantising store (float8 e4m3/e5m2 bytes and int8; per-tensor, per-head and per-(token, head)
-    scales; integer or the GPU's float8 conversion), a float8 q, v of another width (MLA's latent), GPT-J, partial
-    rotary, in place, varlen; the backward in both ways of summing the weight gradient, in both launch orders."""
+    scales; integer or the GPU's float8 conversion; NVFP4), a float8 q, v of another width (MLA's latent), GPT-J,
+    partial rotary, in place, varlen; the backward in both ways of summing the weight gradient, in both launch
+    orders."""
     meta = dict(device="cpu")
     for dtype in (torch.bfloat16, torch.float32):
         q = torch.empty(2, 64, 8, 128, dtype=dtype, **meta)
@@ -191,6 +192,22 @@ def _fused_calls():
                            out_q=torch.empty_like(q), v=v, cache_mode=fused.CACHE_PAGE_TABLE,
                            slots=torch.empty(128, dtype=index_dtype, **meta), page_table=table, block_size=16,
                            cache_len=256, config=fused.FusedConfig(2, 8, 4, True, True), **paged)
+        # NVFP4: the caches' bytes (two values a byte) and their block scales (one a 16 channels, written) over the
+        # global scales; NeoX with QK-norm by slot mapping, GPT-J partial rotary through the page table into HND
+        block_scales = torch.empty(16, 16, 2, 8, dtype=torch.uint8, **meta)
+        nvfp4 = dict(k_cache=torch.empty(16, 16, 2, 64, dtype=torch.uint8, **meta),
+                     v_cache=torch.empty(16, 16, 2, 64, dtype=torch.uint8, **meta), k_scale=block_scales,
+                     v_scale=block_scales, k_global=scale, v_global=scale, quant=(tiles.NVFP4, tiles.PER_BLOCK))
+        yield dict(q=q, k=k, cos=cos, sin=cos, positions=by_offsets, rotary_dim=128, out_q=torch.empty_like(q), v=v,
+                   cache_mode=fused.CACHE_PAGED, slots=slots, block_size=16, cache_len=256, q_weight=weight,
+                   k_weight=weight, eps=1e-6, config=fused.FusedConfig(1, 8, 4), **nvfp4)
+        hnd = {name: c.transpose(1, 2).contiguous().transpose(1, 2) if name.endswith(("cache", "scale")) else c
+               for name, c in nvfp4.items()}
+        yield dict(q=q, k=k, cos=cos[:, :48], sin=cos[:, :48], positions=by_offsets, rotary_dim=96, interleaved=True,
+                   out_q=torch.empty_like(q), v=v, cache_mode=fused.CACHE_PAGE_TABLE,
+                   slots=torch.empty(128, dtype=torch.int32, **meta),
+                   page_table=tuple(torch.empty(n, dtype=torch.int32, **meta) for n in (128, 40, 3)), block_size=16,
+                   cache_len=256, config=fused.FusedConfig(2, 8, 4, True, True), **hnd)
         for q_format, native in ((tiles.E4M3, True), (tiles.E5M2, False)):  # a float8 q output
             yield dict(q=q, k=k, cos=cos, sin=cos, positions=by_offsets, rotary_dim=128,
                        out_q=torch.empty(q.shape, dtype=torch.uint8, **meta), v=v, cache_mode=fused.CACHE_PAGED,
@@ -216,6 +233,15 @@ def _fused_calls():
                        k_cache=torch.empty(8, 16, 1, 64, dtype=dtype, **meta),
                        v_cache=torch.empty(8, 16, 1, 512, dtype=dtype, **meta), block_size=16, cache_len=128,
                        config=fused.FusedConfig(1, 32, 4), **address)
+        # MLA's latent cache in float8 e5m2 at one scale (kv_cache_dtype="fp8_e5m2"), the GPU's conversion
+        yield dict(q=torch.empty(1, 64, 16, 64, dtype=dtype, **meta), k=torch.empty(1, 64, 1, 64, dtype=dtype, **meta),
+                   cos=torch.empty(4096, 32, **meta), sin=torch.empty(4096, 32, **meta),
+                   positions=resolve_positions(batch=1, seqlen=64, positions=torch.empty(1, 64, dtype=torch.int64)),
+                   rotary_dim=64, interleaved=True, v=latent, k_cache=torch.empty(8, 16, 1, 64, dtype=torch.uint8),
+                   v_cache=torch.empty(8, 16, 1, 512, dtype=torch.uint8), block_size=16, cache_len=128,
+                   quant=(tiles.E5M2, tiles.PER_TENSOR), k_scale=scale, v_scale=scale, native=True,
+                   cache_mode=fused.CACHE_PAGED, slots=torch.empty(64, dtype=torch.int64, **meta),
+                   config=fused.FusedConfig(1, 32, 4))
         cu = torch.empty(3, dtype=torch.int32, **meta)
         varlen = resolve_positions(batch=2, seqlen=100, positions=None, cu_seqlens=cu, max_seqlen=64)
         packed = torch.empty(100, 8, 128, dtype=dtype, **meta)

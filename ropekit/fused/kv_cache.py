@@ -3,7 +3,8 @@ KV cache, contiguous ``(batch, max_seq, heads, dim)`` at per-sequence offsets, o
 heads, dim)`` by ``slot_mapping`` (vLLM's) or by a page table (FlashInfer's ``kv_indices``/``kv_indptr`` with a
 request and a position per token), the head axis second (``kv_layout="HND"``) or third, optionally quantised on
 write (float8 e4m3 or e5m2, int8; per-tensor, per-head or per-(token, head) scales, the last computed from the
-rotated head vector and written beside the cache): one launch.
+rotated head vector and written beside the cache; NVFP4, e2m1 values with an e4m3 scale per 16 channels written beside
+the cache over a global scale): one launch.
 
 The call -> validation (apply_rope's rotary checks, then ``validate``'s for weights, caches, slots and scales, all
 before any write) -> ``ropekit::rope_and_cache`` (a mutating custom op, so torch.compile keeps it in the graph); eager
@@ -19,7 +20,7 @@ import torch
 from ..layouts import to_bshd
 from ..outputs import bump_versions, new_output
 from ..triton.fused import CACHE_CONTIGUOUS, CACHE_PAGE_TABLE, CACHE_PAGED, plan_fused
-from ..triton.fused_tiles import E4M3, E5M2, INT8, PER_HEAD, PER_TENSOR, PER_TOKEN_HEAD, PLAIN
+from ..triton.fused_tiles import E4M3, E5M2, INT8, NVFP4, PER_BLOCK, PER_HEAD, PER_TENSOR, PER_TOKEN_HEAD, PLAIN
 from . import validate
 from .plan import FusedPlan, planned, plans, reads_callers_memory, signature
 from .qk_norm_rope import _spec, fused_launcher
@@ -35,11 +36,16 @@ def _kernel_arguments(q, k, v, out_q, out_k, k_cache, v_cache, slots, cache_mode
     """A validated call as the fused launcher (:func:`~ropekit.triton.fused.plan_fused`, or the native
     :func:`ropekit.native.fused`) takes it: the kernels' views (the caches as ``(blocks, rows, heads, dim)``), the
     cache's geometry and address map, and the store the cache's dtype and the scales make (the scales only with a
-    quantised cache: the kernel never sees others; with scale caches, those in their place, written; a float8
-    ``out_q`` as its bytes, at ``q_scale``)."""
+    quantised cache: the kernel never sees others; with scale caches, those in their place, written; NVFP4: the
+    block-scale caches as bytes in their place and the scales given as the global ones; a float8 ``out_q`` as its
+    bytes, at ``q_scale``)."""
     quant = _store(k_cache, k_scale, v_scale, k_scale_cache)
+    k_global = v_global = None
     if quant[0] == PLAIN:
         k_scale = v_scale = None
+    elif quant[1] == PER_BLOCK:
+        k_global, v_global = k_scale, v_scale
+        k_scale, v_scale = (FusedPlan.bytes_of(validate.nhd(c, kv_layout)) for c in (k_scale_cache, v_scale_cache))
     elif quant[1] == PER_TOKEN_HEAD:
         k_scale, v_scale = k_scale_cache, v_scale_cache
     k_cache, v_cache = validate.nhd(k_cache, kv_layout), validate.nhd(v_cache, kv_layout)
@@ -51,21 +57,22 @@ def _kernel_arguments(q, k, v, out_q, out_k, k_cache, v_cache, slots, cache_mode
                 out_q=to_bshd(FusedPlan.bytes_of(out_q), layout), out_k=to_bshd(out_k, layout), v=to_bshd(v, layout),
                 k_cache=FusedPlan.bytes_of(k_cache), v_cache=FusedPlan.bytes_of(v_cache), cache_mode=cache_mode,
                 slots=slots, page_table=page_table, block_size=k_cache.shape[1], cache_len=n_slots, k_scale=k_scale,
-                v_scale=v_scale, quant=quant,
+                v_scale=v_scale, quant=quant, k_global=k_global, v_global=v_global,
                 q_format=_FORMATS.get(out_q.dtype, PLAIN) if out_q is not None else PLAIN, q_scale=q_scale,
                 q_weight=q_weight, k_weight=k_weight, eps=eps, weight_offset=weight_offset)
 
 
-_FORMATS = {torch.float8_e4m3fn: E4M3, torch.float8_e5m2: E5M2, torch.int8: INT8}
+# (a validated cache still held as torch.uint8 is NVFP4's: validate.fp8_bytes views every other format's bytes)
+_FORMATS = {torch.float8_e4m3fn: E4M3, torch.float8_e5m2: E5M2, torch.int8: INT8, torch.uint8: NVFP4}
 
 
 def _store(k_cache, k_scale, v_scale, k_scale_cache) -> tuple:
     """What a validated call's cache stores, as the kernel's quantising store reads it: (format, scales) of
-    :mod:`ropekit.triton.fused_tiles`, from the cache's dtype and the scales' shapes (per (token, head) with scale
-    caches; per head when either scale has one a head, a one-element one then read at stride 0)."""
+    :mod:`ropekit.triton.fused_tiles`, from the cache's dtype and the scales' shapes (NVFP4: per 16-block; per (token,
+    head) with scale caches; per head when either scale has one a head, a one-element one then read at stride 0)."""
     fmt = _FORMATS.get(k_cache.dtype, PLAIN)
-    if fmt == PLAIN:
-        return PLAIN, PER_TENSOR
+    if fmt in (PLAIN, NVFP4):
+        return fmt, PER_BLOCK if fmt == NVFP4 else PER_TENSOR
     if k_scale_cache is not None:
         return fmt, PER_TOKEN_HEAD
     per_head = any(s is not None and s.numel() > 1 for s in (k_scale, v_scale))
@@ -195,6 +202,7 @@ def rope_and_cache(q: torch.Tensor, k: torch.Tensor, v: Optional[torch.Tensor], 
         if plan is not None:  # a call signature validated before: where the tensors lie, then the launch
             plan.check(_read_scales(user, plan.fp8))
             return _run_plan(plan, user, inplace, write_k, q_dtype)
+    nvfp4 = kv_cache_dtype == "nvfp4"
     k_cache = validate.fp8_bytes(k_cache, kv_cache_dtype)
     v_cache = validate.fp8_bytes(v_cache, kv_cache_dtype)
     if not isinstance(k, torch.Tensor):
@@ -206,11 +214,13 @@ def rope_and_cache(q: torch.Tensor, k: torch.Tensor, v: Optional[torch.Tensor], 
     eps, weight_offset = validate.check_norm(q, k, q_weight, k_weight, eps, weight_offset) if norm else (0.0, 0.0)
     slots, cache_mode = _check_cache_arguments(q, k, v, k_cache, v_cache, slot_mapping, cache_offsets, user[15:19],
                                                validate.check_kv_layout(kv_layout), k_scale, v_scale, spec, layout,
-                                               kv_cache_dtype, k_scale_cache, v_scale_cache)
+                                               kv_cache_dtype, k_scale_cache, v_scale_cache, rotary_dim,
+                                               interleaved)
     q_dtype = validate.check_q_output(q, q_dtype, q_scale, inplace)
     validate.check_no_grad("rope_and_cache", _NAMES, user)
-    # the scales are read with a quantised cache and no scale caches; the scale caches are written
-    fp8 = k_cache.dtype in validate.QUANT_DTYPES and k_scale_cache is None
+    # the scales are read with a quantised cache and no scale caches, and with NVFP4 (the global ones); the scale
+    # caches are written
+    fp8 = (k_cache.dtype in validate.QUANT_DTYPES and k_scale_cache is None) or nvfp4
     written = ("k_cache", "v_cache", "k_scale_cache", "v_scale_cache") + (
         (("q", "k") if write_k else ("q",)) if inplace else ())
     plan = FusedPlan(None, _NAMES, written, fp8)
@@ -286,8 +296,11 @@ def _run_plan(plan, user, inplace, write_k, q_dtype, out_q=None, out_k=None):
     q, k, v, cos, sin, positions, cu_seqlens, k_cache, v_cache, slot_mapping, cache_offsets, k_scale, v_scale, \
         q_weight, k_weight, kv_indices, kv_indptr, batch_indices, cache_positions, k_scale_cache, v_scale_cache, \
         q_scale = user
-    if k_scale_cache is not None:  # per-(token, head) scales: the scale caches in the scales' place, written
-        k_scale, v_scale = k_scale_cache, v_scale_cache
+    k_global = v_global = None
+    if k_scale_cache is not None:  # the scale caches in the scales' place, written (NVFP4: the scales are global)
+        if plan.fp8:
+            k_global, v_global = k_scale, v_scale
+        k_scale, v_scale = plan.bytes_of(k_scale_cache), plan.bytes_of(v_scale_cache)
     elif not plan.fp8:
         k_scale = v_scale = None
     if out_q is None:
@@ -296,7 +309,7 @@ def _run_plan(plan, user, inplace, write_k, q_dtype, out_q=None, out_k=None):
     if plan.launch is not None:
         plan.launch(q, k, plan.bytes_of(out_q), out_k, v, plan.bytes_of(k_cache), plan.bytes_of(v_cache), k_scale,
                     v_scale, _slots(slot_mapping, cache_offsets, cache_positions), batch_indices, kv_indices,
-                    kv_indptr, q_weight, k_weight, cos, sin, positions, cu_seqlens, 0, q_scale)
+                    kv_indptr, q_weight, k_weight, cos, sin, positions, cu_seqlens, 0, q_scale, k_global, v_global)
     bump_versions(k_cache, v_cache)
     bump_versions(k_scale_cache, v_scale_cache)
     if inplace:
@@ -305,7 +318,8 @@ def _run_plan(plan, user, inplace, write_k, q_dtype, out_q=None, out_k=None):
 
 
 def _check_cache_arguments(q, k, v, k_cache, v_cache, slot_mapping, cache_offsets, page_table, kv_layout, k_scale,
-                           v_scale, spec, layout, kv_cache_dtype, k_scale_cache, v_scale_cache):
+                           v_scale, spec, layout, kv_cache_dtype, k_scale_cache, v_scale_cache, rotary_dim,
+                           interleaved):
     """The cache side of the call: v, the caches, the address map, the format and its scales. Returns (the tensor
     the kernel reads as slots, cache mode)."""
     kv = to_bshd(k, layout)
@@ -330,35 +344,47 @@ def _check_cache_arguments(q, k, v, k_cache, v_cache, slot_mapping, cache_offset
     paged = cache_offsets is None
     n_seqs = spec.cu_seqlens.shape[0] - 1 if spec.is_varlen else kv.shape[0]
     n_heads, head_dim = kv.shape[-2], kv.shape[-1]
+    per_token_head = validate.check_kv_cache_dtype(kv_cache_dtype, k_cache)
+    nvfp4 = kv_cache_dtype == "nvfp4"
+    if nvfp4:  # two values a byte: the caches hold half the channels' bytes
+        validate.check_nvfp4_channels(head_dim, v.shape[-1] if v is not None else None, rotary_dim, interleaved)
+    formats = (torch.uint8,) if nvfp4 else validate.QUANT_DTYPES
     validate.check_cache("k_cache", k_cache, leading=None if paged else (n_seqs,), n_heads=n_heads,
-                         head_dim=head_dim, dtype=k.dtype, device=q.device, kv_layout=kv_layout,
-                         quantised=validate.QUANT_DTYPES)
+                         head_dim=head_dim // 2 if nvfp4 else head_dim, dtype=k.dtype, device=q.device,
+                         kv_layout=kv_layout, quantised=formats)
     blocks = tuple(validate.nhd(k_cache, kv_layout).shape[:2])
     if v_cache is not None:
-        validate.check_cache("v_cache", v_cache, leading=blocks, n_heads=n_heads, head_dim=v.shape[-1],
-                             dtype=k.dtype, device=q.device, kv_layout=kv_layout, quantised=validate.QUANT_DTYPES)
+        validate.check_cache("v_cache", v_cache, leading=blocks, n_heads=n_heads,
+                             head_dim=v.shape[-1] // 2 if nvfp4 else v.shape[-1], dtype=k.dtype, device=q.device,
+                             kv_layout=kv_layout, quantised=formats)
         if v_cache.dtype != k_cache.dtype:
             raise TypeError(f"v_cache must have k_cache's dtype ({k_cache.dtype}), got {v_cache.dtype}")
-    per_token_head = validate.check_kv_cache_dtype(kv_cache_dtype, k_cache)
-    quantised = k_cache.dtype in validate.QUANT_DTYPES
-    if per_token_head and k_scale_cache is None:
-        raise ValueError(f"kv_cache_dtype {kv_cache_dtype!r} computes a scale per token and head: pass k_scale_cache "
-                         "(and v_scale_cache with v) to receive them")
+    quantised = k_cache.dtype in validate.QUANT_DTYPES or nvfp4
+    if (per_token_head or nvfp4) and k_scale_cache is None:
+        what = "a block scale per 16 channels" if nvfp4 else "a scale per token and head"
+        raise ValueError(f"kv_cache_dtype {kv_cache_dtype!r} computes {what}: pass k_scale_cache (and v_scale_cache "
+                         "with v) to receive them")
     if k_scale_cache is not None or v_scale_cache is not None:
         if not quantised:
             raise ValueError(f"k_scale_cache/v_scale_cache are given but k_cache holds {k_cache.dtype}, which has "
-                             "no scales (a quantised cache: float8 e4m3 or e5m2, or int8)")
-        validate.check_scale_cache("k_scale_cache", k_scale_cache, "k_cache", validate.nhd(k_cache, kv_layout),
-                                   q.device)
+                             "no scales (a quantised cache: float8 e4m3 or e5m2, int8, or NVFP4)")
+        if nvfp4:
+            validate.check_block_scales("k_scale_cache", k_scale_cache, "k_cache", k_cache, q.device)
+        else:
+            validate.check_scale_cache("k_scale_cache", k_scale_cache, "k_cache", validate.nhd(k_cache, kv_layout),
+                                       q.device)
         if (v_cache is None) != (v_scale_cache is None):
             raise ValueError("v_scale_cache goes with v_cache: pass both or neither (with k_scale_cache)")
-        if v_cache is not None:
+        if v_cache is not None and nvfp4:
+            validate.check_block_scales("v_scale_cache", v_scale_cache, "v_cache", v_cache, q.device)
+        elif v_cache is not None:
             validate.check_scale_cache("v_scale_cache", v_scale_cache, "v_cache", validate.nhd(v_cache, kv_layout),
                                        q.device)
-    # with scale caches the per-tensor scales are accepted and unread, as with a cache in the model's dtype
-    read = quantised and k_scale_cache is None
-    validate.check_scale("k_scale", k_scale, read, q.device, n_heads)
-    validate.check_scale("v_scale", v_scale, read and v_cache is not None, q.device, n_heads)
+    # with scale caches the per-tensor scales are accepted and unread, as with a cache in the model's dtype; NVFP4
+    # reads them as its global scales (one element each)
+    read = (quantised and k_scale_cache is None) or nvfp4
+    validate.check_scale("k_scale", k_scale, read, q.device, None if nvfp4 else n_heads)
+    validate.check_scale("v_scale", v_scale, read and v_cache is not None, q.device, None if nvfp4 else n_heads)
     n_tokens = kv.shape[0] if spec.is_varlen else kv.shape[0] * kv.shape[1]
     if by_table:
         validate.check_page_table(kv_indices, kv_indptr, batch_indices, cache_positions, n_tokens, blocks[0],

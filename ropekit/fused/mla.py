@@ -43,7 +43,7 @@ def mla_rope_and_cache(q_pe: torch.Tensor, k_pe: torch.Tensor, kv_c: torch.Tenso
                        table=None, interleaved: bool = True, inplace: bool = True,
                        kv_cache_scale: Optional[torch.Tensor] = None, kv_indices: Optional[torch.Tensor] = None,
                        kv_indptr: Optional[torch.Tensor] = None, batch_indices: Optional[torch.Tensor] = None,
-                       cache_positions: Optional[torch.Tensor] = None):
+                       cache_positions: Optional[torch.Tensor] = None, kv_cache_dtype: str = "auto"):
     """Rotate q_pe and k_pe, write kv_c and the rotated k_pe to the paged latent cache. Returns ``(q_pe_out,
     k_pe_out)``: q_pe and k_pe themselves in place (the engines' contract), new tensors otherwise.
 
@@ -52,13 +52,17 @@ def mla_rope_and_cache(q_pe: torch.Tensor, k_pe: torch.Tensor, kv_c: torch.Tenso
             kv_c: ``(tokens, kv_lora_rank)`` (or ``(tokens, 1, kv_lora_rank)``); one dtype, any strides.
         kv_cache: ``(num_blocks, block_size, kv_lora_rank + rope_dim)`` holding ``[kv_c | rotated k_pe]`` (vLLM's),
             or a pair ``(ckv_cache, kpe_cache)`` of ``(num_blocks, block_size, kv_lora_rank)`` and ``(num_blocks,
-            block_size, rope_dim)`` caches (FlashInfer's); q_pe's dtype or ``torch.float8_e4m3fn`` (then
-            ``kv_cache_scale``: a float32 one-element tensor, stored = x / scale, for both parts).
+            block_size, rope_dim)`` caches (FlashInfer's); q_pe's dtype, ``torch.float8_e4m3fn`` or
+            ``torch.float8_e5m2`` (then ``kv_cache_scale``: a float32 one-element tensor, stored = x / scale rounded
+            to the format, saturating, for both parts).
         slot_mapping: int64 ``(tokens,)``, -1 skips the token (a shorter mapping covers the first tokens); or None
             with the page table ``kv_indices``, ``kv_indptr``, ``batch_indices``, ``cache_positions``, as
             :func:`ropekit.rope_and_cache` reads it. positions: int ``(tokens,)`` (a longer one is read for the
-            first tokens). A ``torch.uint8`` cache is read as e4m3 bytes; with a cache in q_pe's dtype
-            ``kv_cache_scale`` is accepted and unread.
+            first tokens). A ``torch.uint8`` cache is read as e5m2 bytes with ``kv_cache_dtype="fp8_e5m2"``, e4m3
+            bytes otherwise; with a cache in q_pe's dtype ``kv_cache_scale`` is accepted and unread.
+        kv_cache_dtype: vLLM's name of the cache's format, as :func:`ropekit.rope_and_cache` takes it:
+            ``"auto"`` (the cache's dtype says), ``"float16"``, ``"bfloat16"``, ``"fp8"``/``"fp8_e4m3"``,
+            ``"fp8_e5m2"``; the cache must be of the dtype it names (or ``torch.uint8``).
         cos, sin / cos_sin_cache / table: half-width tables ``(max_positions, rope_dim/2)``, or the engines'
             ``(max_positions, rope_dim)`` buffer with cos in the first half of the columns and sin in the second
             (exactly rope_dim wide: q_pe's last dimension).
@@ -74,7 +78,7 @@ def mla_rope_and_cache(q_pe: torch.Tensor, k_pe: torch.Tensor, kv_c: torch.Tenso
             *page_table)
     key = None
     if table is None and planned(user):
-        key = signature("mla_rope_and_cache", user, (interleaved, inplace))
+        key = signature("mla_rope_and_cache", user, (interleaved, inplace, kv_cache_dtype))
         plan = plans.get(key) if key is not None else None
         if plan is not None:  # a call signature validated before: where the tensors lie, then the launch
             return _run_plan(plan, user, inplace)
@@ -103,7 +107,9 @@ def mla_rope_and_cache(q_pe: torch.Tensor, k_pe: torch.Tensor, kv_c: torch.Tenso
     positions = positions[:tokens]  # an engine's CUDA-graph batch may pad positions past the tokens
     user_tables = (cos, sin)
     user_positions = positions[None]
-    ckv_cache, kpe_cache = validate.fp8_bytes(ckv_cache), validate.fp8_bytes(kpe_cache)
+    validate.check_mla_kv_cache_dtype(kv_cache_dtype)
+    ckv_cache = validate.fp8_bytes(ckv_cache, kv_cache_dtype)
+    kpe_cache = validate.fp8_bytes(kpe_cache, kv_cache_dtype)
     q = q_pe[None]
     k = _tokens_view("k_pe", k_pe, tokens, rope_dim)
     v = _tokens_view("kv_c", kv_c, tokens)
@@ -119,14 +125,15 @@ def mla_rope_and_cache(q_pe: torch.Tensor, k_pe: torch.Tensor, kv_c: torch.Tenso
         latent = v.shape[-1]
         v_cache, k_cache = _latent_caches(ckv_cache, kpe_cache, latent, rope_dim)
         validate.check_cache(cache_names[-1], k_cache, leading=None, n_heads=1, head_dim=rope_dim, dtype=q.dtype,
-                             device=q.device)
+                             device=q.device, quantised=validate.FLOAT8_DTYPES)
         if separate:
             validate.check_cache("ckv_cache", v_cache, leading=tuple(k_cache.shape[:2]), n_heads=1,
-                                 head_dim=latent, dtype=q.dtype, device=q.device)
+                                 head_dim=latent, dtype=q.dtype, device=q.device, quantised=validate.FLOAT8_DTYPES)
             if ckv_cache.dtype != kpe_cache.dtype:
                 raise TypeError(f"ckv_cache and kpe_cache must have one dtype, got {ckv_cache.dtype} and "
                                 f"{kpe_cache.dtype}")
-        fp8 = ckv_cache.dtype == validate.FP8_DTYPE
+        validate.check_kv_cache_dtype(kv_cache_dtype, ckv_cache, cache_names[0])
+        fp8 = ckv_cache.dtype in validate.FLOAT8_DTYPES
         validate.check_scale("kv_cache_scale", kv_cache_scale, fp8, q.device)
         by_table = any(t is not None for t in page_table)
         if by_table and any(t is None for t in page_table):

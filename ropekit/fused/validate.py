@@ -15,12 +15,14 @@ import torch
 
 from ..validate import FLOAT_DTYPES, OverlapError, check_mode, check_overlaps, prepare
 
-__all__ = ["FP8_DTYPE", "QUANT_DTYPES", "KV_CACHE_DTYPES", "KV_LAYOUTS", "fp8_bytes", "rotary_arguments",
-           "check_norm", "check_kv_layout", "nhd", "check_cache", "check_kv_cache_dtype", "check_slot_mapping",
-           "check_page_table", "check_cache_offsets", "check_scale", "check_scale_cache", "check_q_output",
+__all__ = ["FP8_DTYPE", "FLOAT8_DTYPES", "QUANT_DTYPES", "MLA_KV_CACHE_DTYPES", "check_mla_kv_cache_dtype",
+           "KV_CACHE_DTYPES", "KV_LAYOUTS", "fp8_bytes", "rotary_arguments", "check_norm", "check_kv_layout", "nhd",
+           "check_cache", "check_kv_cache_dtype", "check_slot_mapping", "check_page_table", "check_cache_offsets",
+           "check_scale", "check_scale_cache", "check_nvfp4_channels", "check_block_scales", "check_q_output",
            "check_no_grad", "check_overlaps", "OverlapError", "check_mode"]
 
 FP8_DTYPE = torch.float8_e4m3fn
+FLOAT8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 # the quantised caches rope_and_cache writes: float8 e4m3fn, float8 e5m2, int8 (each with float32 scales)
 QUANT_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2, torch.int8)
 # vLLM's kv_cache_dtype strings this writes: the cache dtype each names (None: the cache's own, "auto") and whether
@@ -29,7 +31,7 @@ KV_CACHE_DTYPES = {
     "auto": (None, False), "float16": (torch.float16, False), "bfloat16": (torch.bfloat16, False),
     "fp8": (torch.float8_e4m3fn, False), "fp8_e4m3": (torch.float8_e4m3fn, False),
     "fp8_e5m2": (torch.float8_e5m2, False), "fp8_per_token_head": (torch.float8_e4m3fn, True),
-    "int8_per_token_head": (torch.int8, True),
+    "int8_per_token_head": (torch.int8, True), "nvfp4": (torch.uint8, False),
 }
 
 
@@ -126,11 +128,22 @@ def check_cache(name: str, cache, *, leading: tuple | None, n_heads: int, head_d
                          f"(kv_layout {kv_layout!r})")
     if not _on(cache, device):
         raise ValueError(f"{name} is on {cache.device} but q is on {device}")
-    if cache.numel() and cache.stride(-1) != 1 and cache.dtype in QUANT_DTYPES:
+    if cache.numel() and cache.stride(-1) != 1 and cache.dtype in QUANT_DTYPES + (torch.uint8,):
         raise ValueError(f"{name}: a quantised cache must have contiguous channels (stride 1 in the last dimension)")
 
 
-def check_kv_cache_dtype(kv_cache_dtype, cache) -> bool:
+# the names mla_rope_and_cache takes: its latent cache at one scale (vLLM's concat_and_cache_mla_rope_fused)
+MLA_KV_CACHE_DTYPES = ("auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2")
+
+
+def check_mla_kv_cache_dtype(kv_cache_dtype) -> None:
+    """The latent cache's format names: :data:`MLA_KV_CACHE_DTYPES` (one scale for the whole cache)."""
+    if not isinstance(kv_cache_dtype, str) or kv_cache_dtype not in MLA_KV_CACHE_DTYPES:
+        raise ValueError(f"kv_cache_dtype must be one of {', '.join(map(repr, MLA_KV_CACHE_DTYPES))} for the latent "
+                         f"cache (vLLM's names, one scale), got {kv_cache_dtype!r}"[:300])
+
+
+def check_kv_cache_dtype(kv_cache_dtype, cache, cache_name: str = "k_cache") -> bool:
     """vLLM's ``kv_cache_dtype`` string against the cache it names (``cache``: after :func:`fp8_bytes`): ``"auto"``
     takes the cache's own dtype, the others must name it. Returns whether the scales are per (token, head)."""
     if not isinstance(kv_cache_dtype, str) or kv_cache_dtype not in KV_CACHE_DTYPES:
@@ -138,7 +151,8 @@ def check_kv_cache_dtype(kv_cache_dtype, cache) -> bool:
                          f"{kv_cache_dtype!r}"[:300])
     dtype, per_token_head = KV_CACHE_DTYPES[kv_cache_dtype]
     if dtype is not None and isinstance(cache, torch.Tensor) and cache.dtype != dtype:
-        raise TypeError(f"kv_cache_dtype {kv_cache_dtype!r} writes a {dtype} cache, but k_cache is {cache.dtype}")
+        raise TypeError(f"kv_cache_dtype {kv_cache_dtype!r} writes a {dtype} cache, but {cache_name} is "
+                        f"{cache.dtype}")
     return per_token_head
 
 
@@ -247,8 +261,8 @@ def check_cache_offsets(offsets, n_seqs: int, lengths, max_seq: int, device) -> 
 def fp8_bytes(cache, kv_cache_dtype="auto"):
     """A ``torch.uint8`` cache, as vLLM allocates its quantised caches, read as the values its bytes hold (a view):
     e5m2 when ``kv_cache_dtype`` is ``"fp8_e5m2"``, int8 when it is ``"int8_per_token_head"`` (the bytes carry no
-    other mark), e4m3 otherwise; anything else as it is."""
-    if not isinstance(cache, torch.Tensor) or cache.dtype != torch.uint8:
+    other mark), bytes still with ``"nvfp4"`` (two e2m1 values a byte), e4m3 otherwise; anything else as it is."""
+    if not isinstance(cache, torch.Tensor) or cache.dtype != torch.uint8 or kv_cache_dtype == "nvfp4":
         return cache
     return cache.view({"fp8_e5m2": torch.float8_e5m2, "int8_per_token_head": torch.int8}.get(
         kv_cache_dtype if isinstance(kv_cache_dtype, str) else "", FP8_DTYPE))
@@ -303,6 +317,45 @@ def check_scale_cache(name: str, scales, cache_name: str, cache, device) -> None
                          f"one scale a slot and head), got {tuple(scales.shape)}")
     if not _on(scales, device):
         raise ValueError(f"{name} is on {scales.device} but q is on {device}")
+
+
+# NVFP4 scales each 16 consecutive channels of a head vector with one e4m3 block scale
+NVFP4_BLOCK = 16
+
+
+def check_nvfp4_channels(head_dim: int, v_dim: int | None, rotary_dim: int, interleaved: bool) -> None:
+    """NVFP4's 16-channel blocks against what the kernel holds: whole blocks of k's and v's head vectors, and (the
+    rotation keeps its pair halves, or the rotated channels and the tail, apart) blocks that never straddle them:
+    ``rotary_dim`` a multiple of 16 with GPT-J pairing, of 32 with NeoX pairing (each half whole blocks)."""
+    for name, dim in (("k", head_dim), ("v", v_dim)):
+        if dim is not None and dim % NVFP4_BLOCK:
+            raise ValueError(f"{name}'s head size must be a multiple of {NVFP4_BLOCK} with kv_cache_dtype 'nvfp4' (one "
+                             f"e4m3 scale per {NVFP4_BLOCK} channels), got {dim}")
+    step = NVFP4_BLOCK if interleaved else 2 * NVFP4_BLOCK
+    if rotary_dim % step:
+        pairing = "GPT-J pairing (interleaved=True)" if interleaved else \
+            "NeoX pairing (interleaved=False), each half of the rotated channels"
+        raise ValueError(f"rotary_dim must be a multiple of {step} with kv_cache_dtype 'nvfp4' and {pairing} holding "
+                         f"whole {NVFP4_BLOCK}-channel blocks, got {rotary_dim}")
+
+
+def check_block_scales(name: str, scales, cache_name: str, cache, device) -> None:
+    """NVFP4's block-scale cache: e4m3 bytes (``torch.float8_e4m3fn`` or ``torch.uint8``), ``cache``'s shape (in its
+    own layout, NHD or HND) with ``head_dim / 16`` for the ``head_dim / 2`` bytes, a contiguous last axis, on
+    ``device``. It is written."""
+    if not isinstance(scales, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor (NVFP4's block scales are written to it), got "
+                        f"{type(scales).__name__}")
+    if scales.dtype not in (torch.float8_e4m3fn, torch.uint8):
+        raise TypeError(f"{name} must be torch.float8_e4m3fn (or its torch.uint8 bytes), got {scales.dtype}")
+    want = tuple(cache.shape[:3]) + (cache.shape[3] // (NVFP4_BLOCK // 2),)
+    if tuple(scales.shape) != want:
+        raise ValueError(f"{name} must have shape {want} ({cache_name}'s, in its layout, with one e4m3 scale per "
+                         f"{NVFP4_BLOCK} channels), got {tuple(scales.shape)}")
+    if not _on(scales, device):
+        raise ValueError(f"{name} is on {scales.device} but q is on {device}")
+    if scales.numel() and scales.stride(-1) != 1:
+        raise ValueError(f"{name} must have contiguous block scales (stride 1 in the last dimension)")
 
 
 def check_no_grad(op: str, names: tuple, tensors: tuple) -> None:

@@ -36,6 +36,8 @@ FP8, E5M2, INT8 = torch.float8_e4m3fn, torch.float8_e5m2, torch.int8
 _QUANT_DTYPES = (FP8, FP8, E5M2, INT8)
 _KV_CACHE_DTYPES = {FP8: (("auto", "fp8", "fp8_e4m3"), ("auto", "fp8_per_token_head")),
                     E5M2: (("auto", "fp8_e5m2"), ("auto",)), INT8: (("auto",), ("auto", "int8_per_token_head"))}
+# the share of quantised caches drawn as NVFP4 (e2m1 bytes with e4m3 block scales over a global scale)
+_NVFP4_SHARE = 0.25
 # caches are written: no view kind in which two indices name one element
 _CACHE_KINDS = (("contiguous", 3), ("padded", 2))
 # the share of cases whose written tensor is carved from one byte pool with another tensor of the call
@@ -265,12 +267,45 @@ def _scale_problems(name: str, after: torch.Tensor, before: torch.Tensor, want: 
     return problems
 
 
+def _nvfp4_problems(name: str, after: torch.Tensor, before: torch.Tensor, blocks: torch.Tensor,
+                    blocks_before: torch.Tensor, want: torch.Tensor, slots: list[int],
+                    global_scale: float) -> list[str]:
+    """An NVFP4 cache and its block-scale cache, one row a slot (CPU bytes): untouched slots bitwise; each written
+    slot's block scales within one e4m3 step of ``e4m3(amax / (6 global))`` of the float64 values ``want`` (one row
+    a token), and the reader's values (e2m1 x block scale x global scale) within half an e2m1 spacing of them at the
+    block's scale (saturation at 6 counted; NaN stores 0)."""
+    valid = [(t, s) for t, s in enumerate(slots) if 0 <= s < after.shape[0]]
+    untouched = torch.ones(after.shape[0], dtype=torch.bool)
+    untouched[[s for _, s in valid]] = False
+    problems = []
+    if not same_bits(after[untouched], before[untouched]) or not same_bits(blocks[untouched],
+                                                                           blocks_before[untouched]):
+        problems.append(f"{name}: a slot no token names changed (values or block scales)")
+    if not valid:
+        return problems
+    at, expected = [s for _, s in valid], want[[t for t, _ in valid]].to(torch.float64)
+    got_blocks = blocks[at].view(FP8).to(torch.float64)
+    want_blocks = ref.nvfp4_quantise(expected, global_scale)[1]
+    if not bool(((got_blocks - want_blocks).abs() <= ulp(want_blocks, FP8)).all()):
+        problems.append(f"{name}: block scales more than one e4m3 step from amax / (6 global)")
+    read = ref.nvfp4_dequantise(after[at], blocks[at], global_scale)
+    scale = (got_blocks * global_scale).repeat_interleave(16, -1)
+    quotient = expected / scale
+    error = (read - expected).abs() / scale
+    bound = ref.e2m1_spacing(quotient) / 2 + (quotient.abs() - 6).clamp(min=0) + 1e-5 * quotient.abs().clamp(min=1)
+    ok = (error <= bound) | (torch.isnan(expected) & (read == 0)) | ((scale == 0) & (read == 0))
+    if not bool(ok.all()):
+        problems.append(f"{name}: NVFP4 values more than half an e2m1 spacing from the reference")
+    return problems
+
+
 def draw_rope_and_cache(rng: random.Random, gen: torch.Generator, device) -> Case:
     """``rope_and_cache`` in every layout (``thd`` with ``cu_seqlens``), q, k, v with any view kind (q without heads
     at times), positions as ids or none, QK-norm or not, in place or not, ``write_k`` or not; a paged cache (a slot
     mapping, shorter than the tokens at times) or a contiguous one with ``cache_offsets``, in the activations' dtype or
     quantised (float8 e4m3 or e5m2, as bytes at times, or int8; one scale, one a kv head, or one a (token, head) written
-    to scale caches; vLLM's ``kv_cache_dtype`` names at times), drawn as engines allocate it; a cache that requires
+    to scale caches; vLLM's ``kv_cache_dtype`` names at times; NVFP4 with its block-scale caches, in the caches'
+    layout, over global scales), drawn as engines allocate it; a cache that requires
     grad; and, in a share of the cases, a written tensor and another of the call carved from one byte pool, on each
     other's bytes (to be refused) or apart (to be accepted)."""
     arena = Arena(rng, gen, device)
@@ -291,9 +326,15 @@ def draw_rope_and_cache(rng: random.Random, gen: torch.Generator, device) -> Cas
     pooled = rng.random() < _POOL_PROBABILITY
     dtype = rng.choices(DTYPES, weights=(4, 3, 2, 1))[0]
     quantised = dtype != torch.float64 and rng.random() < (0.5 if pooled else 0.3)
-    cache_dtype = rng.choice(_QUANT_DTYPES) if quantised else dtype
-    scales_mode = rng.choice(("tensor", "head", "token_head")) if quantised else None
-    dynamic = scales_mode == "token_head"
+    nvfp4 = quantised and rng.random() < _NVFP4_SHARE
+    if nvfp4:  # whole 16-channel blocks: of k's and v's head vectors, and of each NeoX half of the rotated channels
+        head_dim = rng.choice((16, 32))
+        interleaved = interleaved or head_dim == 16
+        rotary_dim = rng.choice((16, head_dim)) if interleaved else 32
+        v_dim = rng.choice((head_dim, 16))
+    cache_dtype = torch.uint8 if nvfp4 else rng.choice(_QUANT_DTYPES) if quantised else dtype
+    scales_mode = "block" if nvfp4 else rng.choice(("tensor", "head", "token_head")) if quantised else None
+    dynamic = scales_mode in ("token_head", "block")  # scale caches written
     hostile, check_mode = not pooled and rng.random() < 0.25, not pooled and rng.random() < 0.2
     rows, block_size, num_blocks = rng.randint(max(seq, 1), 12), rng.choice((1, 2, 4)), rng.randint(1, 4)
     address = rng.choices(("slot_mapping", "page table", "cache_offsets"), weights=(4, 3, 3))[0]
@@ -305,8 +346,8 @@ def draw_rope_and_cache(rng: random.Random, gen: torch.Generator, device) -> Cas
         ["q"] + (["k"] if write_k else []) if inplace else [])
     read = ["q", "k", "v", "cos", "sin"] + (list(_PAGE_TABLE) if address == "page table" else [address])
     read += (["positions"] if positions_given else []) + (["cu_seqlens"] if layout == "thd" else [])
-    read += (["q_weight", "k_weight"] if norm else []) + (["k_scale", "v_scale"] if quantised and not dynamic
-                                                          else [])
+    read += (["q_weight", "k_weight"] if norm else []) + (["k_scale", "v_scale"] if quantised and (
+        nvfp4 or not dynamic) else [])
     if pooled:  # (vLLM's k and v caches are one allocation, named k_cache; q, k and v drawn twice as often)
         writer = rng.choice([n for n in written if not (pair and n == "v_cache")])
         partners = [n for n in read + written + ["q", "k", "v"] if n not in (writer, "v_cache" if pair else "")]
@@ -337,9 +378,11 @@ def draw_rope_and_cache(rng: random.Random, gen: torch.Generator, device) -> Cas
         shape = (num_blocks, block_size)
     else:
         shape = (batch, max(max(lengths), 1) + rng.randint(0, 2))
-    caches, engine, allocation = _engine_caches(arena, "k_cache", shape + (hk, head_dim), cache_dtype, pair)
+    packed = 2 if nvfp4 else 1  # NVFP4: two channels a byte
+    caches, engine, allocation = _engine_caches(arena, "k_cache", shape + (hk, head_dim // packed), cache_dtype,
+                                                pair)
     if not pair:
-        caches += _engine_caches(arena, "v_cache", shape + (hk, v_dim), cache_dtype)[0]
+        caches += _engine_caches(arena, "v_cache", shape + (hk, v_dim // packed), cache_dtype)[0]
     k_cache, v_cache = caches
     n_slots = shape[0] * shape[1]
     outside, table_refusals = False, []
@@ -380,11 +423,23 @@ def draw_rope_and_cache(rng: random.Random, gen: torch.Generator, device) -> Cas
                   write_k=write_k, cu_seqlens=cu, max_seqlen=max_seqlen, **addressing)
     if kv_layout == "HND" or rng.random() < 0.1:
         kwargs["kv_layout"] = kv_layout
-    if quantised:
+    if nvfp4:
+        kwargs["kv_cache_dtype"] = "nvfp4"
+    elif quantised:
         stored_bytes = torch.uint8 in (k_cache.dtype, v_cache.dtype)  # (e5m2 bytes are named by kv_cache_dtype)
         names = _KV_CACHE_DTYPES[cache_dtype][dynamic]
         kwargs["kv_cache_dtype"] = "fp8_e5m2" if stored_bytes and cache_dtype == E5M2 else rng.choice(names)
-    if dynamic:  # (in the caches' NHD order, whatever kv_layout says)
+    if nvfp4:  # the block scales in the caches' own layout (NHD or HND), e4m3 or its bytes; the global scales
+        for name, dim in (("k_scale_cache", head_dim), ("v_scale_cache", v_dim)):
+            rows_heads = (hk, shape[1]) if kv_layout == "HND" else (shape[1], hk)
+            kwargs[name] = arena.place(name, (shape[0], *rows_heads, dim // 16), torch.uint8,
+                                       pick(rng, _CACHE_KINDS))
+            if rng.random() < 0.5:
+                kwargs[name] = kwargs[name].view(FP8)
+        kwargs.update({name: arena.place(name, (1,), torch.float32, values=lambda s, c=choices: torch.tensor(
+            [rng.choice(c)]).reshape(s)) for name, choices in (("k_scale", (0.05, 1.0, 0.3)),
+                                                                ("v_scale", (0.003, 1.0, 0.5)))})
+    elif dynamic:  # (in the caches' NHD order, whatever kv_layout says)
         kwargs.update({name: arena.place(name, shape + (hk,), torch.float32, pick(rng, _CACHE_KINDS))
                        for name in ("k_scale_cache", "v_scale_cache")})
     elif quantised:
@@ -436,7 +491,7 @@ def draw_rope_and_cache(rng: random.Random, gen: torch.Generator, device) -> Cas
     scale_caches = [kwargs[n] for n in ("k_scale_cache", "v_scale_cache")] if dynamic else [None, None]
     scale_caches_before = [None if c is None else c.detach().cpu().clone() for c in scale_caches]
     static = [kwargs[n].detach().cpu().to(torch.float64).reshape(-1, 1) for n in ("k_scale", "v_scale")] \
-        if quantised and not dynamic else [None, None]
+        if quantised and (nvfp4 or not dynamic) else [None, None]
     spec["scales"] = [None if t is None else t.flatten().tolist() for t in static]
 
     def rotated(name: str) -> torch.Tensor:  # in the tokens' layout: (batch, seq, heads, dim) or (tokens, ...)
@@ -463,8 +518,17 @@ def draw_rope_and_cache(rng: random.Random, gen: torch.Generator, device) -> Cas
         for i, (name, cache, before, want, exact) in enumerate((
                 ("k_cache", k_cache, caches_before[0], rotated("k"), False),
                 ("v_cache", v_cache, caches_before[1], to_tokens(logical["v"], layout), True))):
-            want = want.reshape(tokens, *cache.shape[2:])
+            want = want.reshape(tokens, *cache.shape[2:-1], want.shape[-1])
             scale = static[i]
+            if nvfp4:  # the reader: e2m1 x the block scale at the token's slot x the global scale
+                blocks = scale_caches[i].detach().cpu().view(torch.uint8)
+                blocks = (blocks.transpose(1, 2) if kv_layout == "HND" else blocks).reshape(n_slots, hk, -1)
+                before_blocks = scale_caches_before[i].view(torch.uint8)
+                before_blocks = before_blocks.transpose(1, 2) if kv_layout == "HND" else before_blocks
+                problems += _nvfp4_problems(name, cache.detach().cpu().reshape(n_slots, hk, -1),
+                                            before.reshape(n_slots, hk, -1), blocks,
+                                            before_blocks.reshape(n_slots, hk, -1), want, slots, float(scale))
+                continue
             if dynamic:  # the reader finds each token's scales at its slot
                 scales_after = scale_caches[i].detach().cpu().reshape(n_slots, hk)
                 problems += _scale_problems(name[0] + "_scale_cache", scales_after,
@@ -488,7 +552,8 @@ def draw_mla_rope_and_cache(rng: random.Random, gen: torch.Generator, device) ->
     """``mla_rope_and_cache``: q_pe (tokens, heads, rope_dim) and the shared k_pe (tokens, rope_dim) rotated, the row
     ``[kv_c | rotated k_pe]`` written at each token's slot of a paged latent cache (float8 with one scale, as bytes
     at times, or the activations' dtype; drawn as engines allocate it); half-width tables or the engines'
-    ``cos_sin_cache``; positions longer than the tokens and slot mappings shorter at times; GPT-J or NeoX pairing;
+    ``cos_sin_cache``; float8 e4m3 or e5m2, named by vLLM's ``kv_cache_dtype`` at times; positions longer than the
+    tokens and slot mappings shorter at times; GPT-J or NeoX pairing;
     in place (the engines' contract) or not; the two caches ``(ckv_cache, kpe_cache)`` instead of one at times, and
     FlashInfer's page table instead of the slot mapping; a cache that requires grad; and, in a share of the cases, a
     written tensor and another of the call carved from one byte pool (on each other's bytes, or apart)."""
@@ -498,7 +563,9 @@ def draw_mla_rope_and_cache(rng: random.Random, gen: torch.Generator, device) ->
     interleaved, inplace = rng.random() < 0.7, rng.random() < 0.6
     pooled = rng.random() < _POOL_PROBABILITY
     dtype = rng.choices(DTYPES, weights=(4, 3, 2, 1))[0]
-    cache_dtype = FP8 if dtype != torch.float64 and rng.random() < (0.5 if pooled else 0.3) else dtype
+    quantised = dtype != torch.float64 and rng.random() < (0.5 if pooled else 0.3)
+    cache_dtype = rng.choice((FP8, FP8, E5M2)) if quantised else dtype
+    float8 = cache_dtype in (FP8, E5M2)
     hostile, check_mode = not pooled and rng.random() < 0.25, not pooled and rng.random() < 0.2
     rows, block_size, num_blocks = rng.randint(1, 12), rng.choice((1, 2, 4)), rng.randint(1, 4)
     engines_table, extra_positions = rng.random() < 0.3, rng.choice((0, 0, 0, 2))
@@ -509,7 +576,7 @@ def draw_mla_rope_and_cache(rng: random.Random, gen: torch.Generator, device) ->
     written = caches_named + (["q_pe", "k_pe"] if inplace else [])
     read = ["q_pe", "k_pe", "kv_c", "positions"] + (list(_PAGE_TABLE) if by_table else ["slot_mapping"]) + (
         ["cos_sin_cache"] if engines_table else ["cos", "sin"])
-    read += ["kv_cache_scale"] if cache_dtype == FP8 else []
+    read += ["kv_cache_scale"] if float8 else []
     if pooled:  # (q_pe, k_pe and kv_c drawn twice as often)
         writer = rng.choice(written)
         arena.share(writer, rng.choice([n for n in read + read[:3] if n != writer]), apart=rng.random() < 0.25)
@@ -549,7 +616,14 @@ def draw_mla_rope_and_cache(rng: random.Random, gen: torch.Generator, device) ->
                                    lambda shape: torch.tensor(mapped, dtype=torch.int64).reshape(shape))
         address, table_refusals = dict(slot_mapping=slot_mapping), []
     scale = (arena.place("kv_cache_scale", (1,), torch.float32, values=lambda s: torch.full(s, rng.choice(
-        (0.05, 1.0, 2.0)))) if cache_dtype == FP8 else None)
+        (0.05, 1.0, 2.0)))) if float8 else None)
+    # vLLM's kv_cache_dtype names at times (a uint8 cache of e5m2 bytes is named by it)
+    if torch.uint8 in (latent_cache.dtype, rope_cache.dtype) and cache_dtype == E5M2:
+        kv_cache_dtype = "fp8_e5m2"
+    else:
+        kv_cache_dtype = rng.choice({FP8: (None, "auto", "fp8", "fp8_e4m3"), E5M2: (None, "auto", "fp8_e5m2"),
+                                     torch.bfloat16: (None, "auto", "bfloat16"),
+                                     torch.float16: (None, "auto", "float16")}.get(cache_dtype, (None, "auto")))
     grad_cache = not pooled and cache_dtype == dtype and rng.random() < 0.05
     if grad_cache:
         (kpe_cache if separate else kv_cache).requires_grad_()
@@ -560,7 +634,7 @@ def draw_mla_rope_and_cache(rng: random.Random, gen: torch.Generator, device) ->
                 rows=rows, cache_shape=tuple(latent_cache.shape[:2]), engine_cache=engine, separate=separate,
                 page_table={n: address[n].tolist() for n in _PAGE_TABLE if n in address}, slots=slots,
                 slot_mapping=mapped, positions=positions.detach().cpu().tolist(), engines_table=engines_table,
-                check_mode=check_mode, cache_requires_grad=grad_cache)
+                check_mode=check_mode, cache_requires_grad=grad_cache, kv_cache_dtype=kv_cache_dtype)
     tensors = dict(q_pe=q_pe, k_pe=k_pe, kv_c=kv_c, positions=positions, **dict(zip(caches_named, (
         (ckv_cache, kpe_cache) if separate else (kv_cache,)))), **address, **tables,
         **({} if scale is None else dict(kv_cache_scale=scale)))
@@ -580,7 +654,8 @@ def draw_mla_rope_and_cache(rng: random.Random, gen: torch.Generator, device) ->
         either.append("byte spans that meet, elements apart")
     logical = {name: t.detach().cpu().clone() for name, t in (("q_pe", q_pe), ("k_pe", k_pe), ("kv_c", kv_c),
                                                                ("cos", cos), ("sin", sin))}
-    before = [_as_fp8(c.detach().cpu().clone()).reshape(n_slots, -1) for c in (latent_cache, rope_cache)]
+    before = [_as_fp8(c.detach().cpu().clone(), cache_dtype).reshape(n_slots, -1)
+              for c in (latent_cache, rope_cache)]
     scale_value = None if scale is None else float(scale)
     spec["scale"] = scale_value
 
@@ -599,7 +674,7 @@ def draw_mla_rope_and_cache(rng: random.Random, gen: torch.Generator, device) ->
             message = check_close_to_reference(got, rotated(name))
             if message is not None:
                 problems.append(f"{name}: {message}")
-        after = [_as_fp8(c.detach().cpu()).reshape(n_slots, -1) for c in (latent_cache, rope_cache)]
+        after = [_as_fp8(c.detach().cpu(), cache_dtype).reshape(n_slots, -1) for c in (latent_cache, rope_cache)]
         names = ("ckv_cache", "kpe_cache") if separate else ("kv_cache (latent part)", "kv_cache (rope part)")
         problems += _cache_problems(names[0], after[0], before[0], logical["kv_c"].to(torch.float64), slots,
                                     scale_value, True)
@@ -610,7 +685,8 @@ def draw_mla_rope_and_cache(rng: random.Random, gen: torch.Generator, device) ->
                 lambda: ropekit.mla_rope_and_cache(q_pe, k_pe, kv_c, kv_cache, slot_mapping, positions,
                                                    interleaved=interleaved, inplace=inplace, kv_cache_scale=scale,
                                                    **{n: t for n, t in address.items() if n != "slot_mapping"},
-                                                   **tables),
+                                                   **tables, **({} if kv_cache_dtype is None else dict(
+                                                       kv_cache_dtype=kv_cache_dtype))),
                 check, expect=EITHER if expect == MATCH and either else expect, why_raise="; ".join(why_raise),
                 overlap=overlap or {"q_pe", "k_pe"} <= set(spec.get("overlap", "").split(" over ")),
                 inplace_targets=[t for t in ((q_pe, k_pe) if inplace else ()) if t.numel()],

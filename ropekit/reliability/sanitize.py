@@ -388,9 +388,10 @@ def _check_cuda_table(fast: bool) -> str:
     return "" if cos.shape == (1003, 40) and bool(torch.isfinite(cos).all()) else "bad table"
 
 
-# the fused kernel's quantising stores: (cache dtype, scales), each run once by the driver
+# the fused kernel's quantising stores: (cache dtype, scales), each run once by the driver; NVFP4 ("nvfp4", its
+# e4m3 scale per 16 channels over a global scale)
 QUANTISED_CACHES = [(dtype, scales) for dtype in (torch.float8_e4m3fn, torch.float8_e5m2, torch.int8)
-                    for scales in ("tensor", "head", "token_head")]
+                    for scales in ("tensor", "head", "token_head")] + [("nvfp4", "block")]
 
 
 def _check_quantised_cache(cache_dtype: torch.dtype, scales: str, device) -> str:
@@ -398,9 +399,13 @@ def _check_quantised_cache(cache_dtype: torch.dtype, scales: str, device) -> str
     block and token block with remainders, QK-norm (a second reduction beside the amax), caches and scale caches of
     exactly the slots written (a store past them is outside the allocation); the reader's round trip (stored value
     times its scale at the token's slot) within one spacing of the format of the float64 truth; with a float8
-    cache, q written as float8 of the same format too."""
+    cache, q written as float8 of the same format too. NVFP4 (``cache_dtype`` "nvfp4"): the same with GPT-J pairing
+    (48 of 80 channels: masked channel lanes), caches of ``d / 2`` bytes and block-scale caches of ``d / 16``, read
+    back within half an e2m1 spacing at each block's scale."""
     from ropekit.fused.kv_cache import rope_and_cache
 
+    if cache_dtype == "nvfp4":
+        return _check_nvfp4_cache(device)
     tokens, hk, d = (37 if device == "cuda" else 5), 3, 80
     q, k, v = (torch.randn(tokens, h, d, device=device, dtype=torch.bfloat16) for h in (4, hk, hk))
     weight = torch.rand(d, device=device) + 0.5
@@ -438,6 +443,40 @@ def _check_quantised_cache(cache_dtype: torch.dtype, scales: str, device) -> str
         bad = (stored.double().cpu() - target).abs() > step
         if bool(bad.any()):
             return f"{name}: {int(bad.sum())} stored values more than one spacing from the reference"
+    return ""
+
+
+def _check_nvfp4_cache(device) -> str:
+    """:func:`_check_quantised_cache` for NVFP4."""
+    from ropekit.fused.kv_cache import rope_and_cache
+
+    tokens, hk, d = (37 if device == "cuda" else 5), 3, 80
+    q, k, v = (torch.randn(tokens, h, d, device=device, dtype=torch.bfloat16) for h in (4, hk, hk))
+    weight = torch.rand(d, device=device) + 0.5
+    blocks = (tokens + 7) // 8
+    caches = [torch.zeros(blocks, 8, hk, d // 2, device=device, dtype=torch.uint8) for _ in range(2)]
+    block_scales = [torch.zeros(blocks, 8, hk, d // 16, device=device, dtype=torch.float8_e4m3fn) for _ in range(2)]
+    global_scale = torch.full((1,), 8.0 / (6 * 448), device=device)
+    slots = torch.randperm(blocks * 8, device=device)[:tokens]
+    positions = torch.randint(0, 64, (tokens,), device=device)
+    cos, sin = cos_sin_table(64, 48, device=device)  # partial rotary: 48 of 80 channels turn
+    with _device.set_backend("triton"):
+        rope_and_cache(q, k, v, cos, sin, k_cache=caches[0], v_cache=caches[1], k_scale_cache=block_scales[0],
+                       v_scale_cache=block_scales[1], k_scale=global_scale, v_scale=global_scale,
+                       kv_cache_dtype="nvfp4", slot_mapping=slots, q_weight=weight, k_weight=weight,
+                       positions=positions, layout="thd", interleaved=True,
+                       cu_seqlens=torch.tensor([0, tokens], device=device), max_seqlen=tokens)
+    at = slots.cpu()
+    truth = ref.rope_table(ref.rms_norm(k, weight, eps=1e-6), cos, sin, positions.cpu(), interleaved=True)
+    for name, cache, scales, want in (("k", caches[0], block_scales[0], truth), ("v", caches[1], block_scales[1], v)):
+        stored, scales = cache.reshape(-1, hk, d // 2)[at], scales.reshape(-1, hk, d // 16)[at]
+        read = ref.nvfp4_dequantise(stored, scales, global_scale)
+        step = (scales.cpu().double() * float(global_scale)).repeat_interleave(16, -1)
+        quotient = want.double().cpu() / step
+        bad = (read - want.double().cpu()).abs() / step > ref.e2m1_spacing(quotient) / 2 + 1e-5 * quotient.abs() + (
+            quotient.abs() - 6).clamp(min=0)
+        if bool(bad.any()):
+            return f"{name}: {int(bad.sum())} NVFP4 values more than half an e2m1 spacing from the reference"
     return ""
 
 

@@ -10,9 +10,10 @@ Two kernels, one algorithm each, as in Triton's layer-norm tutorial:
   ``(num_blocks, block_size, heads, dim)`` cache addressed by a slot per token, -1 skips, 3: the same cache addressed
   through a page table, a request and a position per token; the address map is ``fused_tiles.cache_slot``, and
   where the head axis lies is the cache's strides; ``HAS_V``: v's head vectors copied untouched; ``QUANT``: the
-  quantising store, a constexpr tuple (format: the cache's dtype, float8 e4m3 or e5m2, int8; scales: per tensor, per
-  kv head, or per (token, head) computed from the rotated head vector and written beside the cache; the GPU's float8
-  conversion instruction or integer arithmetic, the same bits), see :mod:`ropekit.triton.fused_tiles`).
+  quantising store, a constexpr tuple (format: the cache's dtype, float8 e4m3 or e5m2, int8, NVFP4; scales: per
+  tensor, per kv head, or per (token, head) computed from the rotated head vector and written beside the cache, or
+  NVFP4's e4m3 scale per 16 channels written beside it over a global scale; the GPU's float8 conversion instruction
+  or integer arithmetic, the same bits), see :mod:`ropekit.triton.fused_tiles`).
 * :func:`fused_backward_kernel` turns the incoming gradient by -θ and pushes it through the norm; each program sums
   its weight-gradient terms over ``TOKEN_BLOCKS`` token blocks, then adds them into ``DW``'s row for q or for k
   (``DW_ATOMIC``) or stores them in a row of its own.
@@ -90,8 +91,9 @@ def _forward_heads(
     # the cache side (k's programs only): v, the caches, the slots, the page table
     V, K_CACHE, V_CACHE, SLOTS, v_strides, k_cache_strides, v_cache_strides, slot_stride,
     BATCH_INDICES, KV_INDICES, KV_INDPTR, page_table,
-    # the caches' scales (QUANT), k's and v's, and their (block, row, head) strides; the output's scale (OUT_QUANT)
-    K_SCALE, V_SCALE, scale_strides, OUT_SCALE,
+    # the caches' scales (QUANT), k's and v's, NVFP4's global scales, and the scales' (block, row, head) strides; the
+    # output's scale (OUT_QUANT)
+    K_SCALE, V_SCALE, K_GLOBAL, V_GLOBAL, scale_strides, OUT_SCALE,
     # the norm's weight
     W, w_stride, eps, weight_offset,
     # the angles and the positions
@@ -140,8 +142,8 @@ def _forward_heads(
     y_a, y_b = _rotate(x_a, x_b, cos_a, sin_a, cos_b, sin_b, MATH_DTYPE, False)
     if WRITE_OUT:
         # the output in its dtype, or (OUT_QUANT: a float8 q for float8 attention) at one scale
-        out_scale = head_scale(OUT_SCALE, scale_strides[0], None, None, heads, mask, y_a, y_b, x_t, ROTARY_DIM,
-                               HEAD_DIM, BLOCK_HALF, BLOCK_TAIL, OUT_QUANT)
+        out_scale = head_scale((OUT_SCALE, OUT_SCALE, scale_strides[0]), None, None, heads, mask, y_a, y_b, x_t,
+                               ROTARY_DIM, HEAD_DIM, BLOCK_HALF, BLOCK_TAIL, OUT_QUANT)
         store_head(OUT, _rows(out_strides, batch_index, token_rows, heads), mask, y_a, y_b, x_t, out_strides[3],
                    out_scale, ROTARY_DIM, HEAD_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_TAIL, INTERLEAVED, WRITE_TAIL,
                    OUT_QUANT, EVICT, False)
@@ -149,9 +151,10 @@ def _forward_heads(
         c_mask = cache_mask[:, None] & head_mask[None, :]
         c_heads = heads.to(tl.int64)
         # the quantising store's scale: read, or (PER_TOKEN_HEAD) the head vector's absolute maximum over the
-        # format's largest value, from the rotated values already in registers, and written beside the cache
-        k_scale = head_scale(K_SCALE, scale_strides[0], cache_block, cache_row, c_heads, c_mask, y_a, y_b, x_t,
-                             ROTARY_DIM, HEAD_DIM, BLOCK_HALF, BLOCK_TAIL, QUANT)
+        # format's largest value, from the rotated values already in registers, and written beside the cache (NVFP4:
+        # the global scale, and where the block scales the store computes go)
+        k_scale = head_scale((K_SCALE, K_GLOBAL, scale_strides[0]), cache_block, cache_row, c_heads, c_mask, y_a,
+                             y_b, x_t, ROTARY_DIM, HEAD_DIM, BLOCK_HALF, BLOCK_TAIL, QUANT)
         store_head(K_CACHE, _rows(k_cache_strides, cache_block[:, None], cache_row, c_heads), c_mask,
                    y_a, y_b, x_t, k_cache_strides[3], k_scale, ROTARY_DIM, HEAD_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF,
                    BLOCK_TAIL, INTERLEAVED, True, QUANT, EVICT, False)
@@ -159,8 +162,8 @@ def _forward_heads(
             # v passes through: its head vectors as one "tail" of V_DIM channels
             v_channel_mask = (v_channels < V_DIM)[None, None, :]
             v_mask = c_mask[:, :, None] & v_channel_mask
-            v_scale = channels_scale(V_SCALE, scale_strides[1], cache_block, cache_row, c_heads, c_mask, v,
-                                     v_channel_mask, QUANT)
+            v_scale = channels_scale((V_SCALE, V_GLOBAL, scale_strides[1]), cache_block, cache_row, c_heads, c_mask,
+                                     v, v_channel_mask, QUANT)
             rows_vc = _rows(v_cache_strides, cache_block[:, None], cache_row, c_heads)
             store_channels(V_CACHE, rows_vc, v_channels, v, v_mask, v_cache_strides[3], v_scale, QUANT, EVICT,
                            False)
@@ -181,10 +184,11 @@ def fused_forward_kernel(
     # fused_tiles.cache_slot; page_table: (BATCH_INDICES', KV_INDICES' and KV_INDPTR's strides, KV_INDICES' length,
     # the number of requests)
     BATCH_INDICES, KV_INDICES, KV_INDPTR, page_table,
-    # the quantising stores (QUANT = (format, scales, native conversion); fused_tiles): k's and v's float32 cache
-    # scales, read or (per token and head) written, and their (block or sequence, row, head) strides, k's then v's;
-    # q's output scale (OUT_QUANT: a float8 q at one float32 scale)
-    K_SCALE, V_SCALE, scale_strides, Q_SCALE,
+    # the quantising stores (QUANT = (format, scales, native conversion); fused_tiles): k's and v's cache scales,
+    # float32 read or (per token and head) written, or NVFP4's e4m3 block scales written beside the cache over the
+    # float32 global scales K_GLOBAL, V_GLOBAL; their (block or sequence, row, head) strides, k's then v's; q's output
+    # scale (OUT_QUANT: a float8 q at one float32 scale)
+    K_SCALE, V_SCALE, K_GLOBAL, V_GLOBAL, scale_strides, Q_SCALE,
     # the QK-norm (NORM): the (HEAD_DIM,) weights and their strides (q's, k's), eps, the weight offset
     Q_W, K_W, weight_strides, eps, weight_offset,
     # the angles: a (table_len, ROTARY_DIM / 2) float32 table, or COS_PER_TOKEN rows; (sequence, row, column)
@@ -225,7 +229,7 @@ def fused_forward_kernel(
         _forward_heads(Q, OUT_Q, q_strides, out_q_strides,
                        None, None, None, None, v_strides, k_cache_strides, v_cache_strides, slot_stride,
                        None, None, None, page_table,
-                       None, None, scale_strides, Q_SCALE,
+                       None, None, None, None, scale_strides, Q_SCALE,
                        Q_W, weight_strides[0], eps, weight_offset,
                        COS, SIN, cos_strides, POSITIONS, position_strides, position_offset,
                        pid_s, pid_b, first, seq_len, batch_index, pid_h * BLOCK_H, n_heads_q, sizes,
@@ -236,7 +240,7 @@ def fused_forward_kernel(
         _forward_heads(K, OUT_K, k_strides, out_k_strides,
                        V, K_CACHE, V_CACHE, SLOTS, v_strides, k_cache_strides, v_cache_strides, slot_stride,
                        BATCH_INDICES, KV_INDICES, KV_INDPTR, page_table,
-                       K_SCALE, V_SCALE, scale_strides, None,
+                       K_SCALE, V_SCALE, K_GLOBAL, V_GLOBAL, scale_strides, None,
                        K_W, weight_strides[1], eps, weight_offset,
                        COS, SIN, cos_strides, POSITIONS, position_strides, position_offset,
                        pid_s, pid_b, first, seq_len, batch_index, (pid_h - n_head_blocks_q) * BLOCK_HK, n_heads_k,
@@ -421,8 +425,9 @@ def native_fp8(device) -> bool:
 # was made without that tensor
 FORWARD_PER_CALL = ("Q", "K", "OUT_Q", "OUT_K", "V", "K_CACHE", "V_CACHE", "K_SCALE", "V_SCALE", "SLOTS",
                     "BATCH_INDICES", "KV_INDICES", "KV_INDPTR", "Q_W", "K_W", "COS", "SIN", "POSITIONS", "CU_SEQLENS",
-                    "position_offset", "Q_SCALE")
-# (a call whose plan stores q in its own dtype may stop before Q_SCALE: the plan's None stays)
+                    "position_offset", "Q_SCALE", "K_GLOBAL", "V_GLOBAL")
+# (a call whose plan stores q in its own dtype, or whose cache is not NVFP4, may stop before Q_SCALE or K_GLOBAL: the
+# plan's None stays)
 BACKWARD_PER_CALL = ("Q", "K", "GQ", "GK", "DQ", "DK", "Q_W", "K_W", "DW", "COS", "SIN", "POSITIONS", "CU_SEQLENS",
                      "position_offset")
 # the per-tensor scale's strides: constants (its one float is read without them)
@@ -469,8 +474,8 @@ def plan_fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, inte
                cos_per_token: bool = False, out_q=None, out_k=None, v=None, k_cache=None, v_cache=None,
                cache_mode: int = CACHE_NONE, slots=None, page_table=None, block_size: int = 1, cache_len: int = 0,
                k_scale=None, v_scale=None, quant: tuple = NO_QUANT[:2], q_format: int = PLAIN, q_scale=None,
-               q_weight=None, k_weight=None, eps: float = 0.0, weight_offset: float = 0.0, grad_q=None, grad_k=None,
-               config: FusedConfig | None = None):
+               k_global=None, v_global=None, q_weight=None, k_weight=None, eps: float = 0.0,
+               weight_offset: float = 0.0, grad_q=None, grad_k=None, config: FusedConfig | None = None):
     """The plan for :func:`launch_fused`'s arguments: for the forward a :class:`~ropekit.triton.launch.KernelLaunch`
     called with :data:`FORWARD_PER_CALL`'s tensors (None when there is nothing to do), for the backward (``grad_q``
     given) a :class:`FusedBackward`. Later calls pass tensors of the same shapes, strides and dtypes (or views of
@@ -545,7 +550,8 @@ def plan_fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, inte
     v_dim = v.shape[-1] if v is not None else 1
     arguments = dict(
         common, OUT_Q=out_q, OUT_K=out_k, out_q_strides=_strides(out_q), out_k_strides=_strides(out_k),
-        V=v, K_CACHE=k_cache, V_CACHE=v_cache, K_SCALE=k_scale, V_SCALE=v_scale, SLOTS=slots,
+        V=v, K_CACHE=k_cache, V_CACHE=v_cache, K_SCALE=k_scale, V_SCALE=v_scale, K_GLOBAL=k_global,
+        V_GLOBAL=v_global, SLOTS=slots,
         v_strides=_strides(v), k_cache_strides=_strides(k_cache), v_cache_strides=_strides(v_cache),
         slot_stride=slots.stride(0) if slots is not None else 1,
         BATCH_INDICES=batch_indices, KV_INDICES=kv_indices, KV_INDPTR=kv_indptr,
@@ -570,27 +576,30 @@ def _quant(quant: tuple, target, device) -> tuple:
 
 def _scale_strides(scale, quant: tuple) -> tuple:
     """A scale's (block or sequence, row, head) strides: a per-head ``(heads,)`` tensor's, or a per-(token, head)
-    scale cache's; a one-element scale's are not read."""
+    scale cache's, or NVFP4's block-scale cache's (whose last axis, the 16-blocks, is contiguous); a one-element
+    scale's are not read."""
     if scale is None or quant[0] == PLAIN or quant[1] == PER_TENSOR:
         return _ONE_SCALE
     if quant[1] == PER_HEAD:
         return (0, 0, scale.stride(0))
-    return tuple(scale.stride())
+    return tuple(scale.stride()[:3])
 
 
 def launch_fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, interleaved: bool = False,
                  cos_per_token: bool = False, out_q=None, out_k=None, v=None, k_cache=None, v_cache=None,
                  cache_mode: int = CACHE_NONE, slots=None, page_table=None, block_size: int = 1,
                  cache_len: int = 0, k_scale=None, v_scale=None, quant: tuple = NO_QUANT[:2], q_format: int = PLAIN,
-                 q_scale=None, q_weight=None, k_weight=None, eps: float = 0.0, weight_offset: float = 0.0,
-                 grad_q=None, grad_k=None, config: FusedConfig | None = None):
+                 q_scale=None, k_global=None, v_global=None, q_weight=None, k_weight=None, eps: float = 0.0,
+                 weight_offset: float = 0.0, grad_q=None, grad_k=None, config: FusedConfig | None = None):
     """Plan and launch the fused kernels on validated arguments (``ropekit.fused`` validates; this trusts its caller).
 
     q, k, v, the outputs and the incoming gradients are ``(batch, seq, heads, dim)`` views with any strides, or
     ``(tokens, heads, dim)`` when ``positions.is_varlen``; caches are ``(blocks or batch, rows, heads, dim)`` views
     (float8 caches as their uint8 bits; ``quant``: what the cache stores, ``(format, scales)`` of
     :mod:`ropekit.triton.fused_tiles`, with ``k_scale``/``v_scale`` one float32 each, ``(heads,)`` or, per (token,
-    head), scale caches ``(blocks or batch, rows, heads)`` the launch writes; ``q_format``: a float8 q output, ``out_q``
+    head), scale caches ``(blocks or batch, rows, heads)`` the launch writes; NVFP4 (``quant`` (NVFP4, PER_BLOCK)):
+    the caches ``(..., dim / 2)`` bytes, ``k_scale``/``v_scale`` the block-scale caches ``(..., dim / 16)`` as bytes,
+    written, ``k_global``/``v_global`` the one-element float32 global scales; ``q_format``: a float8 q output, ``out_q``
     as its uint8 bytes, at the one-element ``q_scale``). ``slots``: the contiguous cache's offsets (one a sequence),
     the paged cache's slots or the page table's positions (one a token); ``page_table``: ``(batch_indices,
     kv_indices, kv_indptr)`` with ``cache_mode`` CACHE_PAGE_TABLE. An output that is its input is written in place.
@@ -604,12 +613,13 @@ def launch_fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, in
                       cos_per_token=cos_per_token, out_q=out_q, out_k=out_k, v=v, k_cache=k_cache, v_cache=v_cache,
                       cache_mode=cache_mode, slots=slots, page_table=page_table, block_size=block_size,
                       cache_len=cache_len, k_scale=k_scale, v_scale=v_scale, quant=quant, q_format=q_format,
-                      q_scale=q_scale, q_weight=q_weight, k_weight=k_weight, eps=eps, weight_offset=weight_offset,
-                      grad_q=grad_q, grad_k=grad_k, config=config)
+                      q_scale=q_scale, k_global=k_global, v_global=v_global, q_weight=q_weight, k_weight=k_weight,
+                      eps=eps, weight_offset=weight_offset, grad_q=grad_q, grad_k=grad_k, config=config)
     if grad_q is not None:
         return plan(q, k, grad_q, grad_k, out_q, out_k, q_weight, k_weight, cos, sin, positions.tensor,
                     positions.cu_seqlens, positions.offset)
     if plan is not None:
         plan(q, k, out_q, out_k, v, k_cache, v_cache, k_scale, v_scale, slots, *(page_table or (None,) * 3),
-             q_weight, k_weight, cos, sin, positions.tensor, positions.cu_seqlens, positions.offset, q_scale)
+             q_weight, k_weight, cos, sin, positions.tensor, positions.cu_seqlens, positions.offset, q_scale,
+             k_global, v_global)
     return None

@@ -1,7 +1,7 @@
 """The fused kernel's tile helpers (device code): loading and storing a tile of head vectors as pair halves and
-a tail, the quantising store (float8 e4m3/e5m2, int8; per-tensor, per-head or per-(token, head) scales), the norm's
-weights and root mean square, where a token goes in a KV cache, and where a sequence's rows lie. The kernel that
-composes them is :mod:`ropekit.triton.fused`."""
+a tail, the quantising store (float8 e4m3/e5m2, int8; per-tensor, per-head or per-(token, head) scales; NVFP4), the
+norm's weights and root mean square, where a token goes in a KV cache, and where a sequence's rows lie. The kernel
+that composes them is :mod:`ropekit.triton.fused`."""
 
 from __future__ import annotations
 
@@ -10,26 +10,29 @@ import triton.language as tl
 
 from .v4 import _load_pairs
 
-__all__ = ["PLAIN", "E4M3", "E5M2", "INT8", "PER_TENSOR", "PER_HEAD", "PER_TOKEN_HEAD", "NO_QUANT", "STORE_PLAIN",
-           "float8_bits", "e4m3_bits", "int8_values", "quantised", "head_amax", "channels_amax", "cache_scale",
-           "head_scale", "channels_scale", "store_head", "store_channels", "load_head", "norm_weights",
-           "rsqrt_mean_square", "cache_slot", "sequence_span"]
+__all__ = ["PLAIN", "E4M3", "E5M2", "INT8", "NVFP4", "PER_TENSOR", "PER_HEAD", "PER_TOKEN_HEAD", "PER_BLOCK",
+           "NO_QUANT", "STORE_PLAIN", "float8_bits", "e4m3_bits", "e4m3_value", "e2m1_codes", "int8_values",
+           "quantised", "head_amax", "channels_amax", "cache_scale", "head_scale", "channels_scale", "store_head",
+           "store_channels", "store_nvfp4", "load_head", "norm_weights", "rsqrt_mean_square", "cache_slot",
+           "sequence_span"]
 
 
 # The cache's store, one constexpr tuple QUANT = (FORMAT, SCALES, NATIVE):
-#   FORMAT: PLAIN (the cache's own dtype, no scale), E4M3, E5M2 (float8 bits in a uint8 view), INT8;
+#   FORMAT: PLAIN (the cache's own dtype, no scale), E4M3, E5M2 (float8 bits in a uint8 view), INT8, NVFP4 (e2m1
+#           values, two a byte, element 2i in the low nibble);
 #   SCALES: PER_TENSOR (one float32), PER_HEAD (one a kv head), PER_TOKEN_HEAD (computed here from the head vector's
-#           absolute maximum and written beside the cache);
+#           absolute maximum and written beside the cache), PER_BLOCK (NVFP4's: an e4m3 scale computed for each 16
+#           consecutive channels and written beside the cache, over one float32 global scale read);
 #   NATIVE: float8 bits by the GPU's own conversion instruction rather than integer arithmetic (the same bits).
 # A per-tensor scale is one float; the others are addressed alike, SCALE + block * strides[0] + row * strides[1] +
-# head * strides[2] (a per-head one with strides (0, 0, stride)): one group, the scale pointers and their strides,
-# serves every mode.
-PLAIN, E4M3, E5M2, INT8 = 0, 1, 2, 3
-PER_TENSOR, PER_HEAD, PER_TOKEN_HEAD = 0, 1, 2
+# head * strides[2] (a per-head one with strides (0, 0, stride); NVFP4's block scales then + the 16-block's index):
+# one group, the scale pointers and their strides (and NVFP4's global scales), serves every mode.
+PLAIN, E4M3, E5M2, INT8, NVFP4 = 0, 1, 2, 3, 4
+PER_TENSOR, PER_HEAD, PER_TOKEN_HEAD, PER_BLOCK = 0, 1, 2, 3
 NO_QUANT = (PLAIN, PER_TENSOR, False)
 # the same, as device code reads globals (constexprs); STORE_PLAIN: an output stored in its own dtype
-_PLAIN, _E5M2, _INT8, _PER_TENSOR, _PER_HEAD, _PER_TOKEN_HEAD = (tl.constexpr(c) for c in (
-    PLAIN, E5M2, INT8, PER_TENSOR, PER_HEAD, PER_TOKEN_HEAD))
+_PLAIN, _E5M2, _INT8, _NVFP4, _PER_TENSOR, _PER_HEAD, _PER_TOKEN_HEAD = (tl.constexpr(c) for c in (
+    PLAIN, E5M2, INT8, NVFP4, PER_TENSOR, PER_HEAD, PER_TOKEN_HEAD))
 STORE_PLAIN = tl.constexpr(NO_QUANT)
 
 
@@ -62,6 +65,29 @@ def e4m3_bits(x):
     """The float8 e4m3fn bits (uint8) of fp32 ``x``: round to nearest even, saturate at ±448 (infinities too), NaN
     stays NaN."""
     return float8_bits(x, 3, 7, 0x43E00000)
+
+
+@triton.jit
+def e4m3_value(code):
+    """The fp32 value of float8 e4m3fn bits (uint8, not NaN): ``2^(e-7) (1 + m/8)``, or ``2^-6 m/8`` for ``e = 0``."""
+    code = code.to(tl.uint32)
+    exponent = (code >> 3) & 0xF
+    mantissa = code & 0x7
+    normal = (((exponent + 120) << 23) | (mantissa << 20)).to(tl.float32, bitcast=True)
+    value = tl.where(exponent == 0, mantissa.to(tl.float32) * 0.001953125, normal)
+    return tl.where((code & 0x80) != 0, -value, value)
+
+
+@triton.jit
+def e2m1_codes(x):
+    """The e2m1 nibbles (uint8, 0-15) of fp32 ``x``: sign in bit 3 (x's sign bit), magnitude code 0-7 for 0, 0.5, 1,
+    1.5, 2, 3, 4, 6; to nearest, ties to the even code, saturating at 6 (infinities too); NaN gives a zero of its
+    sign. Comparisons with the midpoints (exact in fp32), so the GPU and the interpreter give the same bits."""
+    m = tl.abs(x)
+    code = (m > 0.25).to(tl.uint32) + (m >= 0.75).to(tl.uint32) + (m > 1.25).to(tl.uint32) + \
+        (m >= 1.75).to(tl.uint32) + (m > 2.5).to(tl.uint32) + (m >= 3.5).to(tl.uint32) + (m > 5.0).to(tl.uint32)
+    sign = (x.to(tl.uint32, bitcast=True) >> 28) & 0x8
+    return (code | sign).to(tl.uint8)
 
 
 @triton.jit
@@ -132,27 +158,32 @@ def head_amax(y_a, y_b, y_t, ROTARY_DIM: tl.constexpr, HEAD_DIM: tl.constexpr, B
 
 
 @triton.jit
-def cache_scale(SCALE, strides, block, row, heads, mask, amax, QUANT: tl.constexpr):
+def cache_scale(scales, block, row, heads, mask, amax, QUANT: tl.constexpr):
     """The scale a tile of head vectors is stored at (one float, or [BLOCK_S, BLOCK_H, 1]): read (PER_TENSOR; PER_HEAD,
     whose strides are (0, 0, head stride)), or ``max(amax / format max, smallest normal float32)`` written at the
     tile's (block, row, head) where ``mask`` holds (PER_TOKEN_HEAD; the floor keeps an all-zero head's scale finite
-    and nonzero). ``block``, ``row``: [BLOCK_S]; ``amax``: the head vectors' absolute maxima, read only for
-    PER_TOKEN_HEAD."""
+    and nonzero); for NVFP4 (PER_BLOCK) the global scale read and where the tile's block scales go ([BLOCK_S,
+    BLOCK_H] pointers), written by :func:`store_nvfp4`. ``scales``: the store's (scale pointer, NVFP4's global scale
+    pointer, (block, row, head) strides); ``block``, ``row``: [BLOCK_S]; ``amax``: the head vectors' absolute maxima,
+    read only for PER_TOKEN_HEAD."""
+    SCALE, GLOBAL, strides = scales
     if QUANT[1] == _PER_TENSOR:
         scale = tl.load(SCALE)
     else:
         pointers = SCALE + block[:, None] * strides[0] + row[:, None] * strides[1] + heads[None, :] * strides[2]
         if QUANT[1] == _PER_HEAD:
             scale = tl.load(pointers, mask=mask, other=1.0)[:, :, None]
-        else:
+        elif QUANT[1] == _PER_TOKEN_HEAD:
             scale = tl.maximum(tl.div_rn(amax, format_max(QUANT)), 1.1754943508222875e-38)
             tl.store(pointers[:, :, None], scale, mask=mask[:, :, None])
+        else:
+            scale = (tl.load(GLOBAL), pointers)
     return scale
 
 
 @triton.jit
-def head_scale(SCALE, strides, block, row, heads, mask, y_a, y_b, y_t, ROTARY_DIM: tl.constexpr,
-               HEAD_DIM: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_TAIL: tl.constexpr, QUANT: tl.constexpr):
+def head_scale(scales, block, row, heads, mask, y_a, y_b, y_t, ROTARY_DIM: tl.constexpr, HEAD_DIM: tl.constexpr,
+               BLOCK_HALF: tl.constexpr, BLOCK_TAIL: tl.constexpr, QUANT: tl.constexpr):
     """The scale a tile of head vectors (pair halves and tail, rotated) is stored at: 1.0 for a store in the cache's
     own dtype, else :func:`cache_scale` (per (token, head): from the vectors' absolute maxima, written)."""
     scale = 1.0
@@ -160,19 +191,19 @@ def head_scale(SCALE, strides, block, row, heads, mask, y_a, y_b, y_t, ROTARY_DI
         amax = 0.0
         if QUANT[1] == _PER_TOKEN_HEAD:
             amax = head_amax(y_a, y_b, y_t, ROTARY_DIM, HEAD_DIM, BLOCK_HALF, BLOCK_TAIL).to(tl.float32)
-        scale = cache_scale(SCALE, strides, block, row, heads, mask, amax, QUANT)
+        scale = cache_scale(scales, block, row, heads, mask, amax, QUANT)
     return scale
 
 
 @triton.jit
-def channels_scale(SCALE, strides, block, row, heads, mask, values, channel_mask, QUANT: tl.constexpr):
+def channels_scale(scales, block, row, heads, mask, values, channel_mask, QUANT: tl.constexpr):
     """:func:`head_scale` for head vectors given as one run of channels (v's), ``channel_mask`` their extent."""
     scale = 1.0
     if QUANT[0] != _PLAIN:
         amax = 0.0
         if QUANT[1] == _PER_TOKEN_HEAD:
             amax = channels_amax(values.to(tl.float32), channel_mask)
-        scale = cache_scale(SCALE, strides, block, row, heads, mask, amax, QUANT)
+        scale = cache_scale(scales, block, row, heads, mask, amax, QUANT)
     return scale
 
 
@@ -204,15 +235,47 @@ def store_head(OUT, rows, mask, y_a, y_b, y_t, stride_d, scale, ROTARY_DIM: tl.c
 def store_channels(OUT, rows, channels, values, mask, stride_d, scale, QUANT: tl.constexpr, EVICT: tl.constexpr,
                    ATOMIC: tl.constexpr):
     """Store values: cast to OUT's dtype, or with a quantising QUANT (:func:`quantised`) the format's bits of
-    ``values / scale`` (``scale`` one float or [BLOCK_S, BLOCK_H, 1]); with ATOMIC, add them to OUT's values (an
-    unordered sum: its rounding depends on the order the adds arrive in)."""
-    pointers = OUT + rows[:, :, None] + channels[None, None, :] * stride_d
-    if ATOMIC:
-        tl.atomic_add(pointers, values.to(OUT.dtype.element_ty), mask=mask, sem="relaxed")
-    elif QUANT[0] != _PLAIN:
-        tl.store(pointers, quantised(values, scale, QUANT), mask=mask, eviction_policy=EVICT)
+    ``values / scale`` (``scale`` one float or [BLOCK_S, BLOCK_H, 1]; NVFP4: :func:`store_nvfp4`); with ATOMIC, add
+    them to OUT's values (an unordered sum: its rounding depends on the order the adds arrive in)."""
+    if QUANT[0] == _NVFP4:
+        store_nvfp4(OUT, rows, channels, values, mask, stride_d, scale, EVICT)
     else:
-        tl.store(pointers, values.to(OUT.dtype.element_ty), mask=mask, eviction_policy=EVICT)
+        pointers = OUT + rows[:, :, None] + channels[None, None, :] * stride_d
+        if ATOMIC:
+            tl.atomic_add(pointers, values.to(OUT.dtype.element_ty), mask=mask, sem="relaxed")
+        elif QUANT[0] != _PLAIN:
+            tl.store(pointers, quantised(values, scale, QUANT), mask=mask, eviction_policy=EVICT)
+        else:
+            tl.store(pointers, values.to(OUT.dtype.element_ty), mask=mask, eviction_policy=EVICT)
+
+
+@triton.jit
+def store_nvfp4(OUT, rows, channels, values, mask, stride_d, scale, EVICT: tl.constexpr):
+    """NVFP4: a run of channels (``channels``, a multiple of 16 of them from a multiple of 16) as e2m1 nibbles two a
+    byte (channel 2i in the low nibble of byte i of OUT's row) and one e4m3 block scale for each 16 channels,
+    ``block = e4m3(amax / (6 * global))`` (amax over the 16 channels, NaN not counted), written at the row's
+    block-scale pointer + the block's index. Each value stores ``e2m1(x / (block * global))`` (the product and the
+    quotient rounded to fp32; a zero block scale stores zeros of the values' signs). ``scale``: (the global scale,
+    [BLOCK_S, BLOCK_H] block-scale pointers), from :func:`cache_scale`."""
+    global_scale, BLOCK_SCALES = scale
+    S: tl.constexpr = values.shape[0]
+    H: tl.constexpr = values.shape[1]
+    C: tl.constexpr = values.shape[2]
+    x = tl.reshape(values.to(tl.float32), [S, H, C // 16, 16])
+    in_block = tl.reshape(mask, [S, H, C // 16, 16])
+    amax = tl.max(tl.where(in_block & (x == x), tl.abs(x), 0.0), 3)
+    block_bits = e4m3_bits(tl.div_rn(amax, 6.0 * global_scale))
+    dequant = (e4m3_value(block_bits) * global_scale)[:, :, :, None]
+    quotient = tl.div_rn(x, tl.where(dequant == 0.0, 1.0, dequant))
+    quotient = tl.where(dequant == 0.0, x * 0.0, quotient)
+    low, high = tl.split(tl.reshape(e2m1_codes(quotient), [S, H, C // 2, 2]))
+    byte_mask, _ = tl.split(tl.reshape(mask, [S, H, C // 2, 2]))
+    even_channel, _ = tl.split(tl.reshape(channels, [C // 2, 2]))
+    tl.store(OUT + rows[:, :, None] + (even_channel // 2)[None, None, :] * stride_d, low | (high << 4),
+             mask=byte_mask, eviction_policy=EVICT)
+    first_channel = tl.min(tl.reshape(channels, [C // 16, 16]), 1)
+    tl.store(BLOCK_SCALES[:, :, None] + (first_channel // 16)[None, None, :], block_bits,
+             mask=tl.max(in_block.to(tl.int32), 3) > 0)
 
 
 @triton.jit
