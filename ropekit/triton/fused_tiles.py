@@ -255,13 +255,15 @@ def norm_weights(W, stride_w, weight_offset, NORM: tl.constexpr, ROTARY_DIM: tl.
                  MATH_DTYPE: tl.constexpr):
     """The norm's per-channel factor ``weight_offset + w`` laid out like a [1, 1] tile of head vectors (a weightless
     norm: 1)."""
-    if not NORM[1]:
-        return 1.0, 1.0, 1.0
-    origin = tl.zeros([1, 1], dtype=tl.int32)
-    everywhere = origin == 0
-    w_a, w_b, w_t = load_head(W, origin, everywhere, stride_w, ROTARY_DIM, HEAD_DIM, 1, 1, BLOCK_HALF, BLOCK_TAIL,
-                              INTERLEAVED, MATH_DTYPE, "")
-    return w_a + weight_offset, w_b + weight_offset, w_t + weight_offset
+    if NORM[1]:
+        origin = tl.zeros([1, 1], dtype=tl.int32)
+        everywhere = origin == 0
+        w_a, w_b, w_t = load_head(W, origin, everywhere, stride_w, ROTARY_DIM, HEAD_DIM, 1, 1, BLOCK_HALF,
+                                  BLOCK_TAIL, INTERLEAVED, MATH_DTYPE, "")
+        w_a, w_b, w_t = w_a + weight_offset, w_b + weight_offset, w_t + weight_offset
+    else:
+        w_a, w_b, w_t = 1.0, 1.0, 1.0
+    return w_a, w_b, w_t
 
 
 @triton.jit
