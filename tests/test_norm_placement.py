@@ -165,7 +165,7 @@ def test_torch_compile_fullgraph_forward_and_backward_after_the_rotation():
         torch.testing.assert_close(g, w)
 
 
-# --- the cache write ----------------------------------------------------------------------------------------------------
+# --- the cache write --------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("weighted", [True, False], ids=["weights", "weightless"])
 @pytest.mark.parametrize("norm", ["before", "after"])
@@ -175,7 +175,7 @@ def test_rope_and_cache_caches_the_normalised_rotated_k(backend, norm, weighted)
     qw, kw = (torch.randn(d, device=DEVICE), torch.randn(d, device=DEVICE)) if weighted else (None, None)
     cos, sin = ropekit.cos_sin_table(32, 8, device=DEVICE)
     positions = torch.tensor([0, 1, 9, 3, 30], device=DEVICE)
-    k_cache, v_cache = torch.zeros(3, block_size, hk, d, device=DEVICE), torch.zeros(3, block_size, hk, d, device=DEVICE)
+    k_cache, v_cache = (torch.zeros(3, block_size, hk, d, device=DEVICE) for _ in range(2))
     slots = torch.tensor([5, 6, -1, 0, 11], device=DEVICE)
     out_q, out_k = ropekit.rope_and_cache(q, k, v, cos, sin, k_cache=k_cache, v_cache=v_cache, slot_mapping=slots,
                                           q_weight=qw, k_weight=kw, norm=norm, eps=1e-5, positions=positions,
@@ -198,7 +198,7 @@ def test_rope_and_cache_without_norm_or_weights_does_not_normalise():
     assert_close_to_reference(out_q[0], ref.rope_table(q, cos, sin, torch.arange(2)))
 
 
-# --- both backends ------------------------------------------------------------------------------------------------------
+# --- both backends ----------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("norm", ["before", "after"])
 def test_native_backend_gives_the_kernels_results(norm):
@@ -212,7 +212,7 @@ def test_native_backend_gives_the_kernels_results(norm):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
 
 
-# --- validation ---------------------------------------------------------------------------------------------------------
+# --- validation -------------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("op", ["qk_norm_rope", "rope_and_cache"])
 @pytest.mark.parametrize("change,error,name", [

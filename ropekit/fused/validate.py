@@ -16,7 +16,8 @@ import torch
 from ..validate import FLOAT_DTYPES, OverlapError, check_mode, check_overlaps, prepare
 
 __all__ = ["FP8_DTYPE", "QUANT_DTYPES", "KV_CACHE_DTYPES", "KV_LAYOUTS", "fp8_bytes", "rotary_arguments",
-           "check_norm", "check_norm_place", "check_kv_layout", "nhd", "check_cache", "check_kv_cache_dtype", "check_slot_mapping",
+           "check_norm", "check_norm_place", "check_kv_layout", "nhd", "check_cache", "check_kv_cache_dtype",
+           "check_slot_mapping",
            "check_page_table", "check_cache_offsets", "check_scale", "check_scale_cache", "check_q_output",
            "check_no_grad", "check_overlaps", "OverlapError", "check_mode"]
 

@@ -390,7 +390,8 @@ def _check_cuda_table(fast: bool) -> str:
 
 def _check_norm_after(device, weighted: bool) -> str:
     """The norm after the rotation (Llama 4's, weightless; or with weights): packed sequences with an empty one,
-    head_dim 80 (masked channel loads), partial rotary, GQA; the forward with a paged k cache write, and the backward."""
+    head_dim 80 (masked channel loads), partial rotary, GQA; the forward with a paged k cache write, and the
+    backward."""
     with _device.set_backend("triton"):
         cu = torch.tensor([0, 5, 5, 12], dtype=torch.int32, device=device)
         q, k = torch.randn(12, 3, 80, device=device), torch.randn(12, 1, 80, device=device)

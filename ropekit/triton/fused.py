@@ -5,9 +5,9 @@ Two kernels, one algorithm each, as in Triton's layer-norm tutorial:
 
 * :func:`fused_forward_kernel` normalises (``NORM = (place, weighted)``: an RMSNorm of each head vector before the
   rotation, Qwen3's and Gemma 3's QK-norm, or after it, Llama 4's; with weights or without; the weight offset, 0 or
-  Gemma's 1, is a runtime float), rotates, stores the outputs (``WRITE_Q``/``WRITE_K``: an engine may only want the cache;
-  ``WRITE_TAIL``: the channels past ``ROTARY_DIM`` too, out of place or normalised) and writes k and v into a cache
-  (``CACHE`` 0: none, 1: a contiguous ``(batch, max_seq, heads, dim)`` cache at per-sequence offsets, 2: a paged
+  Gemma's 1, is a runtime float), rotates, stores the outputs (``WRITE_Q``/``WRITE_K``: an engine may only want the
+  cache; ``WRITE_TAIL``: the channels past ``ROTARY_DIM`` too, out of place or normalised) and writes k and v into
+  a cache (``CACHE`` 0: none, 1: a contiguous ``(batch, max_seq, heads, dim)`` cache at per-sequence offsets, 2: a paged
   ``(num_blocks, block_size, heads, dim)`` cache addressed by a slot per token, -1 skips, 3: the same cache addressed
   through a page table, a request and a position per token; the address map is ``fused_tiles.cache_slot``, and
   where the head axis lies is the cache's strides; ``HAS_V``: v's head vectors copied untouched; ``QUANT``: the
@@ -15,9 +15,8 @@ Two kernels, one algorithm each, as in Triton's layer-norm tutorial:
   kv head, or per (token, head) computed from the rotated head vector and written beside the cache; the GPU's float8
   conversion instruction or integer arithmetic, the same bits), see :mod:`ropekit.triton.fused_tiles`).
 * :func:`fused_backward_kernel` turns the incoming gradient by -θ and pushes it through the norm (a norm after the
-  rotation: through the norm, then by -θ); each program sums
-  its weight-gradient terms over ``TOKEN_BLOCKS`` token blocks, then adds them into ``DW``'s row for q or for k
-  (``DW_ATOMIC``) or stores them in a row of its own.
+  rotation: through the norm, then by -θ); each program sums its weight-gradient terms over ``TOKEN_BLOCKS`` token
+  blocks, then adds them into ``DW``'s row for q or for k (``DW_ATOMIC``) or stores them in a row of its own.
 
 Pairing, partial rotary, every position form, varlen and per-token cos/sin rows are v4's switches, read through v4's
 helpers (``_cos_sin``, ``_rotate``); the tile loads and stores are :mod:`ropekit.triton.fused_tiles`.
@@ -47,8 +46,8 @@ from ..positions import PositionSpec
 from . import choice
 from .configs import FusedConfig, FusedShape, cdiv, next_pow2
 from .fused_tiles import BEFORE, E4M3, E5M2, NO_NORM, NO_QUANT, NORM_AFTER_C, NORM_BEFORE_C, NORM_NONE_C, \
-    PER_HEAD, PER_TENSOR, PLAIN, STORE_PLAIN, cache_slot, channels_scale, head_scale, load_head, norm_switch, norm_weights, normed, \
-    rsqrt_mean_square, sequence_span, store_channels, store_head
+    PER_HEAD, PER_TENSOR, PLAIN, STORE_PLAIN, cache_slot, channels_scale, head_scale, load_head, norm_switch, \
+    norm_weights, normed, rsqrt_mean_square, sequence_span, store_channels, store_head
 from .launch import KernelLaunch, _position_strides, plans
 from .v4 import _cos_sin, _rotate
 

@@ -13,8 +13,8 @@ from .v4 import _load_pairs
 __all__ = ["PLAIN", "E4M3", "E5M2", "INT8", "PER_TENSOR", "PER_HEAD", "PER_TOKEN_HEAD", "NO_QUANT", "STORE_PLAIN",
            "float8_bits", "e4m3_bits", "int8_values", "quantised", "head_amax", "channels_amax", "cache_scale",
            "head_scale", "channels_scale", "store_head", "store_channels", "load_head", "norm_weights",
-           "rsqrt_mean_square", "normed", "NO_NORM", "BEFORE", "AFTER", "NORM_OFF", "NORM_NONE_C", "NORM_BEFORE_C", "NORM_AFTER_C",
-           "norm_switch", "cache_slot",
+           "rsqrt_mean_square", "normed", "NO_NORM", "BEFORE", "AFTER", "NORM_OFF", "NORM_NONE_C", "NORM_BEFORE_C",
+           "NORM_AFTER_C", "norm_switch", "cache_slot",
            "sequence_span"]
 
 
