@@ -116,7 +116,8 @@ def test_matches_transformers_llama4_rope_then_l2_norm(backend):
 @pytest.mark.parametrize("interleaved,rotary_dim", [(False, 16), (True, 12)], ids=["neox-full", "gptj-partial"])
 @pytest.mark.parametrize("weighted", [True, False], ids=["weights", "weightless"])
 @pytest.mark.parametrize("norm", ["before", "after"])
-def test_gradcheck_through_the_kernel(backend, norm, weighted, interleaved, rotary_dim):
+def test_gradcheck(norm, weighted, interleaved, rotary_dim):
+    """On the process's default backend (the kernel on a GPU); the kernel under the interpreter: the next test."""
     cos, sin = ropekit.cos_sin_table(8, rotary_dim, device=DEVICE)
     cos, sin = cos.double(), sin.double()
     q = torch.randn(1, 3, 2, 16, device=DEVICE, dtype=torch.float64, requires_grad=True)
@@ -128,6 +129,21 @@ def test_gradcheck_through_the_kernel(backend, norm, weighted, interleaved, rota
                                     interleaved=interleaved, weight_offset=0.5 if w else 0.0)
 
     assert torch.autograd.gradcheck(f, (q, k) + (weights if weighted else ()))
+
+
+@pytest.mark.backend("triton")
+@pytest.mark.parametrize("weighted", [True, False], ids=["weights", "weightless"])
+def test_gradcheck_through_the_kernel_after_the_rotation(weighted):
+    cos, sin = ropekit.cos_sin_table(4, 6, device=DEVICE)
+    cos, sin = cos.double(), sin.double()
+    q = torch.randn(1, 2, 1, 8, device=DEVICE, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(8, device=DEVICE, dtype=torch.float64, requires_grad=True)
+
+    def f(q, *w):
+        return ropekit.qk_norm_rope(q, None, cos, sin, *(w or (None,)), norm="after", rotary_dim=6, interleaved=True,
+                                    weight_offset=0.5 if w else 0.0)[0]
+
+    assert torch.autograd.gradcheck(f, (q, w) if weighted else (q,))
 
 
 def test_gradients_match_the_reference_after_the_rotation(backend):
