@@ -224,6 +224,8 @@ def _nope(q, k, out_q, out_k, positions: PositionSpec, tokens: _Tokens, math: to
 # the fused kernel's quantising store (ropekit.triton.fused_tiles): formats and scales
 PLAIN, E4M3, E5M2, INT8, NVFP4 = 0, 1, 2, 3, 4
 PER_TENSOR, PER_HEAD, PER_TOKEN_HEAD, PER_BLOCK = 0, 1, 2, 3
+# and its norm's place
+NO_NORM, BEFORE, AFTER = 0, 1, 2
 _FLOAT8 = {E4M3: (torch.float8_e4m3fn, 448.0), E5M2: (torch.float8_e5m2, 57344.0)}
 _FORMAT_MAX = {E4M3: 448.0, E5M2: 57344.0, INT8: 127.0}
 
@@ -330,12 +332,18 @@ def _write_cache(cache, places, values, scale, quant: tuple, global_scale=None) 
     cache[block[written], row[written]] = quantised(values, scale, fmt)
 
 
+def _rsqrt_mean_square(x_a, x_b, x_t, eps: float, head_dim: int) -> torch.Tensor:
+    """``1 / sqrt(mean(x^2) + eps)`` of each head vector given as pair halves and tail, ``(..., 1)``."""
+    squares = (x_a * x_a).sum(-1) + (x_b * x_b).sum(-1) + (x_t * x_t).sum(-1)
+    return (1.0 / torch.sqrt(squares / head_dim + eps))[..., None]
+
+
 def fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, interleaved: bool = False,
           cos_per_token: bool = False, out_q=None, out_k=None, v=None, k_cache=None, v_cache=None,
           cache_mode: int = 0, slots=None, page_table=None, block_size: int = 1, cache_len: int = 0, k_scale=None,
           v_scale=None, quant: tuple = (PLAIN, PER_TENSOR), q_format: int = PLAIN, q_scale=None, k_global=None,
-          v_global=None, q_weight=None, k_weight=None, eps: float = 0.0, weight_offset: float = 0.0, grad_q=None,
-          grad_k=None):
+          v_global=None, q_weight=None, k_weight=None, eps: float = 0.0, weight_offset: float = 0.0,
+          norm: int | None = None, grad_q=None, grad_k=None):
     """:func:`ropekit.triton.fused.launch_fused`'s arguments and outputs, computed in PyTorch ops: per-head RMSNorm
     (with weights), RoPE, the outputs (None: not written) and, for k, the caches; with ``grad_q`` the backward of
     norm + rotation, returning the weight gradients ``(dw_q, dw_k)`` in the math dtype."""
@@ -352,33 +360,49 @@ def fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, interleav
     # (an empty tensor's data pointer says nothing: q without heads is not "in place")
     in_place = (out_q is not None and out_q.numel() > 0 and out_q.data_ptr() == q.data_ptr()) or (
         out_k is not None and out_k.numel() > 0 and out_k.data_ptr() == k.data_ptr())
-    write_tail = (backward or q_weight is not None or not in_place) and rotary_dim < head_dim
+    if norm is None:  # the norm's place: before the rotation when weights are given
+        norm = BEFORE if q_weight is not None else NO_NORM
+    write_tail = (backward or norm != NO_NORM or not in_place) and rotary_dim < head_dim
     for i, (x, out, grad, weight) in enumerate(((q, out_q, grad_q, q_weight), (k, out_k, grad_k, k_weight))):
         if x is None or x.numel() == 0:
             continue
         x_a, x_b = _pairs(tokens.take(x).to(math), rotary_dim, interleaved)
         x_t = tokens.take(x[..., rotary_dim:]).to(math)
-        if weight is not None:
-            # n = x * r * w with r = 1 / sqrt(mean(x^2) + eps) over the whole head vector, w = weight_offset + weight
-            w = weight.to(math) + weight_offset
+        if norm != NO_NORM:
+            # N(u) = u * r * w with r = 1 / sqrt(mean(u^2) + eps) over the whole head vector, w = weight_offset +
+            # weight (1 without weights); u = x before the rotation, the rotated x after it
+            w = weight.to(math) + weight_offset if weight is not None else torch.ones(head_dim, dtype=math,
+                                                                                     device=q.device)
             (w_a, w_b), w_t = _pairs(w, rotary_dim, interleaved), w[rotary_dim:]
-            squares = (x_a * x_a).sum(-1) + (x_b * x_b).sum(-1) + (x_t * x_t).sum(-1)
-            r = (1.0 / torch.sqrt(squares / head_dim + eps))[..., None]
         if backward:
-            # the rotation's VJP (angles arrive conjugated), then the norm's: dx = r w g - x r^3 mean(g w x),
-            # dw = the sum over tokens and heads of g x r
-            g_a, g_b = _rotate(*_pairs(tokens.take(grad).to(math), rotary_dim, interleaved), *angles)
+            # the norm's VJP N'(u)^T h = r w h - u r^3 mean(h w u) and the rotation's (angles arrive conjugated: by
+            # -θ). Before: u = x, h = rotate(g, -θ), dx = N'(u)^T h; after: u = rotate(x, θ), h = g,
+            # dx = rotate(N'(u)^T h, -θ). dw = the sum over tokens and heads of h u r
+            g_a, g_b = _pairs(tokens.take(grad).to(math), rotary_dim, interleaved)
             g_t = tokens.take(grad[..., rotary_dim:]).to(math)
+            if norm == AFTER:
+                cos_a, sin_a, cos_b, sin_b = angles
+                x_a, x_b = _rotate(x_a, x_b, cos_a, -sin_a, cos_b, -sin_b)
+            else:
+                g_a, g_b = _rotate(g_a, g_b, *angles)
+            r = _rsqrt_mean_square(x_a, x_b, x_t, eps, head_dim)
             dot = (g_a * w_a * x_a).sum(-1) + (g_b * w_b * x_b).sum(-1) + (g_t * w_t * x_t).sum(-1)
             c = r * r * r * (dot / head_dim)[..., None]
             dx_a, dx_b, dx_t = r * w_a * g_a - c * x_a, r * w_b * g_b - c * x_b, r * w_t * g_t - c * x_t
+            if norm == AFTER:
+                dx_a, dx_b = _rotate(dx_a, dx_b, *angles)
             tokens.put(out, slice(0, head_dim), torch.cat((_joined(dx_a, dx_b, interleaved), dx_t), -1))
             terms = torch.cat((_joined(g_a * x_a * r, g_b * x_b * r, interleaved), g_t * x_t * r), -1)
             dw[i] = terms.reshape(-1, head_dim).sum(0)
             continue
-        if weight is not None:
+        if norm == BEFORE:
+            r = _rsqrt_mean_square(x_a, x_b, x_t, eps, head_dim)
             x_a, x_b, x_t = x_a * r * w_a, x_b * r * w_b, x_t * r * w_t
-        y = torch.cat((_joined(*_rotate(x_a, x_b, *angles), interleaved), x_t), -1)
+        y_a, y_b = _rotate(x_a, x_b, *angles)
+        if norm == AFTER:
+            r = _rsqrt_mean_square(y_a, y_b, x_t, eps, head_dim)
+            y_a, y_b, x_t = y_a * r * w_a, y_b * r * w_b, x_t * r * w_t
+        y = torch.cat((_joined(y_a, y_b, interleaved), x_t), -1)
         if i == 1 and cache_mode:
             places = _cache_places(tokens, seqlen, cache_mode, slots, page_table, block_size, cache_len)
             _write_cache(k_cache, places, y, k_scale, quant, k_global)

@@ -144,7 +144,8 @@ def _rope_calls():
 
 
 def _fused_calls():
-    """A small matrix of the fused ops' launches: the forward with and without QK-norm, paged and contiguous caches,
+    """A small matrix of the fused ops' launches: the forward with and without QK-norm (before the rotation, or
+    after it with or without weights), paged and contiguous caches,
     bf16 and every quantising store (float8 e4m3/e5m2 bytes and int8; per-tensor, per-head and per-(token, head)
     scales; integer or the GPU's float8 conversion; NVFP4), a float8 q, v of another width (MLA's latent), GPT-J,
     partial rotary, in place, varlen; the backward in both ways of summing the weight gradient, in both launch
@@ -247,6 +248,17 @@ def _fused_calls():
         packed = torch.empty(100, 8, 128, dtype=dtype, **meta)
         yield dict(q=packed, k=None, cos=cos, sin=cos, positions=varlen, rotary_dim=96, out_q=torch.empty_like(packed),
                    q_weight=weight, eps=1e-6, config=fused.FusedConfig(2, 8, 4))
+        # the norm after the rotation (Llama 4's, weightless; and with weights), partial rotary, forward with a
+        # cache and backward
+        for weights in (dict(), dict(q_weight=weight, k_weight=weight)):
+            yield dict(q=q, k=k, cos=cos, sin=cos, positions=by_offsets, rotary_dim=96, out_q=torch.empty_like(q),
+                       v=v, cache_mode=fused.CACHE_PAGED, slots=slots, block_size=16, cache_len=256,
+                       k_cache=torch.empty(16, 16, 2, 128, dtype=dtype, **meta),
+                       v_cache=torch.empty(16, 16, 2, 128, dtype=dtype, **meta), eps=1e-5, norm=tiles.AFTER,
+                       config=fused.FusedConfig(1, 8, 4), **weights)
+            yield dict(q=q, k=k, cos=cos, sin=cos, positions=by_offsets, rotary_dim=96, out_q=torch.empty_like(q),
+                       out_k=torch.empty_like(k), eps=1e-5, norm=tiles.AFTER, grad_q=torch.empty_like(q),
+                       grad_k=torch.empty_like(k), config=fused.FusedConfig(2, 4, 4, token_blocks=4), **weights)
         for deterministic in (False, True):
             for config in (fused.FusedConfig(1, 8, 4, evict_first=True, heads_inner=True, token_blocks=16, stages=3),
                            fused.FusedConfig(2, 4, 4, token_blocks=4)):

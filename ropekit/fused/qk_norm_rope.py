@@ -10,9 +10,10 @@ ways in, one kernel:
   registered backward is ``ropekit::qk_norm_rope_backward``, the fused backward kernel;
 * ``inplace=True``: the mutating op ``ropekit::qk_norm_rope_`` when compiling, the launch otherwise (no autograd).
 
-Semantics (docs/fused.md): ``y = rope(x * rsqrt(mean(x^2) + eps) * (weight_offset + w))`` per head vector of
-head_dim channels, the mean over all head_dim channels (also with partial rotary), float32 math (float64 for float64
-inputs) and one rounding at the end.
+Semantics (docs/fused.md): ``y = rope(N(x))`` (``norm="before"``) or ``y = N(rope(x))`` (``"after"``) with
+``N(x) = x * rsqrt(mean(x^2) + eps) * (weight_offset + w)`` (1 for w without weights) per head vector of head_dim
+channels, the mean over all head_dim channels (also with partial rotary), float32 math (float64 for float64 inputs)
+and one rounding at the end.
 """
 
 from __future__ import annotations
@@ -44,14 +45,15 @@ def _spec(positions, pos_mode, cu_seqlens, position_offset, max_seqlen, layout) 
 
 
 def _kernel_arguments(q, k, q_weight, k_weight, cos, sin, positions, pos_mode, cu_seqlens, position_offset,
-                      max_seqlen, rotary_dim, layout, interleaved, per_token, eps, weight_offset, out_q, out_k,
+                      max_seqlen, rotary_dim, layout, interleaved, per_token, eps, weight_offset, norm, out_q, out_k,
                       grad_q=None, grad_k=None) -> dict:
     """A validated call as the fused launcher takes it: the kernels' ``(batch, seq, heads, dim)`` views."""
     return dict(q=to_bshd(q, layout), k=to_bshd(k, layout), cos=cos, sin=sin,
                 positions=_spec(positions, pos_mode, cu_seqlens, position_offset, max_seqlen, layout),
                 rotary_dim=rotary_dim, interleaved=interleaved, cos_per_token=per_token, out_q=to_bshd(out_q, layout),
                 out_k=to_bshd(out_k, layout), q_weight=q_weight, k_weight=k_weight, eps=eps,
-                weight_offset=weight_offset, grad_q=to_bshd(grad_q, layout), grad_k=to_bshd(grad_k, layout))
+                weight_offset=weight_offset, norm=norm, grad_q=to_bshd(grad_q, layout),
+                grad_k=to_bshd(grad_k, layout))
 
 
 def _launch(*args):
@@ -65,14 +67,14 @@ def _forward_new(q, k, *args):
 
 
 @torch.library.custom_op("ropekit::qk_norm_rope", mutates_args=())
-def _norm_rope_op(q: torch.Tensor, k: Optional[torch.Tensor], q_weight: torch.Tensor,
+def _norm_rope_op(q: torch.Tensor, k: Optional[torch.Tensor], q_weight: Optional[torch.Tensor],
                   k_weight: Optional[torch.Tensor], cos: torch.Tensor, sin: torch.Tensor,
                   positions: Optional[torch.Tensor], pos_mode: int, cu_seqlens: Optional[torch.Tensor],
                   position_offset: int, max_seqlen: int, rotary_dim: int, layout: str, interleaved: bool,
-                  per_token: bool, eps: float, weight_offset: float) -> tuple[torch.Tensor, torch.Tensor]:
+                  per_token: bool, eps: float, weight_offset: float, norm: int) -> tuple[torch.Tensor, torch.Tensor]:
     out_q, out_k = _forward_new(q, k, q_weight, k_weight, cos, sin, positions, pos_mode, cu_seqlens,
                                 position_offset, max_seqlen, rotary_dim, layout, interleaved, per_token, eps,
-                                weight_offset)
+                                weight_offset, norm)
     return out_q, (out_k if out_k is not None else q.new_empty(0))  # a custom op returns tensors only
 
 
@@ -83,24 +85,28 @@ def _norm_rope_fake(q, k, *args):
 
 @torch.library.custom_op("ropekit::qk_norm_rope_backward", mutates_args=())
 def _norm_rope_backward_op(grad_q: torch.Tensor, grad_k: Optional[torch.Tensor], q: torch.Tensor,
-                           k: Optional[torch.Tensor], q_weight: torch.Tensor, k_weight: Optional[torch.Tensor],
+                           k: Optional[torch.Tensor], q_weight: Optional[torch.Tensor],
+                           k_weight: Optional[torch.Tensor],
                            cos: torch.Tensor, sin: torch.Tensor, positions: Optional[torch.Tensor], pos_mode: int,
                            cu_seqlens: Optional[torch.Tensor], position_offset: int, max_seqlen: int,
                            rotary_dim: int, layout: str, interleaved: bool, per_token: bool, eps: float,
-                           weight_offset: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                           weight_offset: float, norm: int
+                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     dq, dk = new_output(q), (None if k is None else new_output(k))
     dw_q, dw_k = _launch(q, k, q_weight, k_weight, cos, sin, positions, pos_mode, cu_seqlens, position_offset,
-                         max_seqlen, rotary_dim, layout, interleaved, per_token, eps, weight_offset, dq, dk,
+                         max_seqlen, rotary_dim, layout, interleaved, per_token, eps, weight_offset, norm, dq, dk,
                          grad_q, grad_k)
     # a custom op's outputs may not alias each other: the weight gradients are copies (the kernel may leave both in
-    # one buffer), and an absent one is its own empty tensor
-    return (dq, dk if dk is not None else q.new_empty(0), dw_q.to(q_weight.dtype, copy=True),
+    # one buffer), and an absent one (no k, or a weightless norm) is its own empty tensor
+    return (dq, dk if dk is not None else q.new_empty(0),
+            dw_q.to(q_weight.dtype, copy=True) if q_weight is not None else q.new_empty(0),
             dw_k.to(k_weight.dtype, copy=True) if k_weight is not None else q.new_empty(0))
 
 
 @_norm_rope_backward_op.register_fake
 def _norm_rope_backward_fake(grad_q, grad_k, q, k, q_weight, k_weight, *args):
-    return (new_output(q), new_output(k) if k is not None else q.new_empty(0), torch.empty_like(q_weight),
+    return (new_output(q), new_output(k) if k is not None else q.new_empty(0),
+            torch.empty_like(q_weight) if q_weight is not None else q.new_empty(0),
             torch.empty_like(k_weight) if k_weight is not None else q.new_empty(0))
 
 
@@ -121,20 +127,21 @@ def _backward(ctx, grad_q, grad_k):
                                                 k_weight, cos, sin, positions, pos_mode, cu_seqlens,
                                                 position_offset, *rest)
     has_k = k is not None
-    return (dq, dk if has_k else None, dw_q, dw_k if has_k else None) + (None,) * 13
+    return (dq, dk if has_k else None, dw_q if q_weight is not None else None,
+            dw_k if k_weight is not None else None) + (None,) * 14
 
 
 _norm_rope_op.register_autograd(_backward, setup_context=_setup_context)
 
 
 @torch.library.custom_op("ropekit::qk_norm_rope_", mutates_args=("q", "k"))
-def _norm_rope_inplace_op(q: torch.Tensor, k: Optional[torch.Tensor], q_weight: torch.Tensor,
+def _norm_rope_inplace_op(q: torch.Tensor, k: Optional[torch.Tensor], q_weight: Optional[torch.Tensor],
                           k_weight: Optional[torch.Tensor], cos: torch.Tensor, sin: torch.Tensor,
                           positions: Optional[torch.Tensor], pos_mode: int, cu_seqlens: Optional[torch.Tensor],
                           position_offset: int, max_seqlen: int, rotary_dim: int, layout: str, interleaved: bool,
-                          per_token: bool, eps: float, weight_offset: float) -> None:
+                          per_token: bool, eps: float, weight_offset: float, norm: int) -> None:
     _launch(q, k, q_weight, k_weight, cos, sin, positions, pos_mode, cu_seqlens, position_offset, max_seqlen,
-            rotary_dim, layout, interleaved, per_token, eps, weight_offset, q, k)
+            rotary_dim, layout, interleaved, per_token, eps, weight_offset, norm, q, k)
 
 
 @_norm_rope_inplace_op.register_fake
@@ -145,10 +152,11 @@ def _norm_rope_inplace_fake(*args):
 def qk_norm_rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, cos: Optional[torch.Tensor] = None,
                  sin: Optional[torch.Tensor] = None, q_weight: Optional[torch.Tensor] = None,
                  k_weight: Optional[torch.Tensor] = None, *, eps: float = 1e-6, weight_offset: float = 0.0,
-                 table=None, positions=None, layout: str = "bshd", interleaved: bool = False,
+                 norm: str = "before", table=None, positions=None, layout: str = "bshd", interleaved: bool = False,
                  rotary_dim: Optional[int] = None, inplace: bool = False, cu_seqlens: Optional[torch.Tensor] = None,
                  max_seqlen: Optional[int] = None, per_token: bool = False):
-    """Per-head RMSNorm of q and k (Qwen3 / Gemma 3 QK-norm), then RoPE, in one launch.
+    """Per-head RMSNorm of q and k and RoPE in one launch: the norm before the rotation (Qwen3 / Gemma 3 QK-norm) or
+    after it (``norm="after"``: Llama 4's weightless norm of the rotated q and k).
 
     Returns ``(q_out, k_out)`` (``k_out`` None when k is None).
 
@@ -156,12 +164,16 @@ def qk_norm_rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, cos: Optiona
         q, k: as :func:`ropekit.apply_rope`; they may be strided slices of a packed qkv projection.
         cos, sin, table, positions, layout, interleaved, rotary_dim, inplace, cu_seqlens, max_seqlen, per_token: as
             :func:`ropekit.apply_rope`.
-        q_weight, k_weight: the norms' ``(head_dim,)`` weights (k_weight exactly when k is given).
+        q_weight, k_weight: the norms' ``(head_dim,)`` weights (k_weight exactly when k is given), or both None: a
+            norm without weights, ``x * rsqrt(mean(x^2) + eps)``.
         eps: added to the mean square, in float32: a normal float32 number (>= 1.1754944e-38), a Python or numpy
             scalar.
         weight_offset: the weight's offset: 0.0 (``x_hat * w``, Qwen3) or 1.0 (Gemma's ``x_hat * (1 + w)``).
+        norm: ``"before"`` the rotation, ``y = rope(N(x))``, or ``"after"`` it, ``y = N(rope(x))`` (Llama 4's
+            ``Llama4TextL2Norm``, with no weights and its ``eps`` the model's ``rms_norm_eps``).
 
-    Autograd (out of place): gradients for q, k, q_weight and k_weight from one fused backward launch.
+    Autograd (out of place), either placement: gradients for q, k, q_weight and k_weight from one fused backward
+    launch.
     Raises ``TypeError``/``ValueError`` naming the argument, before anything is written.
     """
     user = (q, k, q_weight, k_weight, cos, sin, positions, cu_seqlens)
@@ -169,7 +181,7 @@ def qk_norm_rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, cos: Optiona
     if table is None and (positions is None or isinstance(positions, torch.Tensor)) and \
             (layout != "thd" or max_seqlen is not None) and planned(user):
         # (as rope_and_cache: calls whose validation reads more than the signature are not planned)
-        key = signature("qk_norm_rope", user, (eps, weight_offset, layout, interleaved, rotary_dim, inplace,
+        key = signature("qk_norm_rope", user, (eps, weight_offset, norm, layout, interleaved, rotary_dim, inplace,
                                                max_seqlen, per_token))
         plan = plans.get(key) if key is not None else None
         if plan is not None:
@@ -177,9 +189,10 @@ def qk_norm_rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, cos: Optiona
     user_tables = (cos, sin)
     cos, sin, spec, rotary_dim = validate.rotary_arguments(q, k, cos, sin, table, positions, layout, rotary_dim,
                                                            cu_seqlens, max_seqlen, per_token, interleaved)
-    eps, weight_offset = validate.check_norm(q, k, q_weight, k_weight, eps, weight_offset)
+    place = validate.check_norm_place(norm)
+    eps, weight_offset = validate.check_norm(q, k, q_weight, k_weight, eps, weight_offset, weightless=True)
     args = (q_weight, k_weight, cos, sin, spec.tensor, spec.mode, spec.cu_seqlens, spec.offset,
-            spec.max_seqlen or 0, rotary_dim, layout, interleaved, per_token, eps, weight_offset)
+            spec.max_seqlen or 0, rotary_dim, layout, interleaved, per_token, eps, weight_offset, place)
     compiling = torch.compiler.is_compiling()
     needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad
                                                  for t in (q, k, q_weight, k_weight))

@@ -16,9 +16,10 @@ import torch
 from ..validate import FLOAT_DTYPES, OverlapError, check_mode, check_overlaps, prepare
 
 __all__ = ["FP8_DTYPE", "FLOAT8_DTYPES", "QUANT_DTYPES", "MLA_KV_CACHE_DTYPES", "check_mla_kv_cache_dtype",
-           "KV_CACHE_DTYPES", "KV_LAYOUTS", "fp8_bytes", "rotary_arguments", "check_norm", "check_kv_layout", "nhd",
-           "check_cache", "check_kv_cache_dtype", "check_slot_mapping", "check_page_table", "check_cache_offsets",
-           "check_scale", "check_scale_cache", "check_nvfp4_channels", "check_block_scales", "check_q_output",
+           "KV_CACHE_DTYPES", "KV_LAYOUTS", "fp8_bytes", "rotary_arguments", "check_norm", "check_norm_place",
+           "check_kv_layout", "nhd", "check_cache", "check_kv_cache_dtype", "check_slot_mapping", "check_page_table",
+           "check_cache_offsets", "check_scale", "check_scale_cache", "check_nvfp4_channels", "check_block_scales",
+           "check_q_output",
            "check_no_grad", "check_overlaps", "OverlapError", "check_mode"]
 
 FP8_DTYPE = torch.float8_e4m3fn
@@ -68,10 +69,28 @@ def _number(name: str, value) -> float:
 _EPS_RANGE = (torch.finfo(torch.float32).tiny, torch.finfo(torch.float32).max)
 
 
-def check_norm(q, k, q_weight, k_weight, eps, weight_offset) -> tuple[float, float]:
-    """The RMSNorm's weights ``(head_dim,)`` (k_weight exactly when k is given), ``eps`` (a normal float32) and the
-    weight offset."""
+NORM_PLACES = {"before": 1, "after": 2}  # ropekit.triton.fused_tiles' BEFORE, AFTER
+
+
+def check_norm_place(norm) -> int:
+    """Where the norm lies: ``"before"`` the rotation (Qwen3, Gemma 3) or ``"after"`` it (Llama 4); the kernels'
+    place (:mod:`ropekit.triton.fused_tiles`)."""
+    if not isinstance(norm, str) or norm not in NORM_PLACES:
+        raise ValueError(f"norm must be 'before' or 'after' (where the RMSNorm lies, relative to the rotation), "
+                         f"got {norm!r}")
+    return NORM_PLACES[norm]
+
+
+def check_norm(q, k, q_weight, k_weight, eps, weight_offset, *, weightless: bool = False) -> tuple[float, float]:
+    """The RMSNorm's weights ``(head_dim,)`` (k_weight exactly when k is given; with ``weightless`` both may be None:
+    a norm without weights, and then ``weight_offset`` 0), ``eps`` (a normal float32) and the weight offset."""
     head_dim = q.shape[-1]
+    if weightless and q_weight is None and k_weight is None:
+        eps = _check_eps(eps)
+        if _number("weight_offset", weight_offset) != 0.0:
+            raise ValueError(f"weight_offset applies to the norm's weights; without q_weight and k_weight it must be "
+                             f"0, got {weight_offset!r}")
+        return eps, 0.0
     for name, w, x in (("q_weight", q_weight, q), ("k_weight", k_weight, k)):
         if x is None:
             if w is not None:
@@ -85,11 +104,15 @@ def check_norm(q, k, q_weight, k_weight, eps, weight_offset) -> tuple[float, flo
             raise ValueError(f"{name} must have shape ({head_dim},) (head_dim), got {tuple(w.shape)}")
         if w.device != q.device:
             raise ValueError(f"{name} is on {w.device} but q is on {q.device}")
+    return _check_eps(eps), _number("weight_offset", weight_offset)
+
+
+def _check_eps(eps) -> float:
     eps = _number("eps", eps)
     if not _EPS_RANGE[0] <= eps <= _EPS_RANGE[1]:
         raise ValueError(f"eps must be > 0 and a normal float32 number, in [{_EPS_RANGE[0]:.8g}, {_EPS_RANGE[1]:.8g}] "
                          f"(the norm adds it in float32, where a smaller one is 0), got {eps!r}")
-    return eps, _number("weight_offset", weight_offset)
+    return eps
 
 
 KV_LAYOUTS = ("NHD", "HND")

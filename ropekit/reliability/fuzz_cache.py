@@ -323,6 +323,9 @@ def draw_rope_and_cache(rng: random.Random, gen: torch.Generator, device) -> Cas
     rotary_dim, v_dim = rng.choice((head_dim, head_dim // 2)), rng.choice((head_dim, 8))
     interleaved, norm, inplace, write_k = (rng.random() < 0.4, rng.random() < 0.4, rng.random() < 0.5,
                                            rng.random() < 0.3)
+    # the norm's place (None: the default, before the rotation with weights) and whether it has weights
+    placement = rng.choice((None, "before", "after")) if norm else None
+    weighted = norm and (placement is None or rng.random() < 0.6)
     pooled = rng.random() < _POOL_PROBABILITY
     dtype = rng.choices(DTYPES, weights=(4, 3, 2, 1))[0]
     quantised = dtype != torch.float64 and rng.random() < (0.5 if pooled else 0.3)
@@ -346,7 +349,7 @@ def draw_rope_and_cache(rng: random.Random, gen: torch.Generator, device) -> Cas
         ["q"] + (["k"] if write_k else []) if inplace else [])
     read = ["q", "k", "v", "cos", "sin"] + (list(_PAGE_TABLE) if address == "page table" else [address])
     read += (["positions"] if positions_given else []) + (["cu_seqlens"] if layout == "thd" else [])
-    read += (["q_weight", "k_weight"] if norm else []) + (["k_scale", "v_scale"] if quantised and (
+    read += (["q_weight", "k_weight"] if weighted else []) + (["k_scale", "v_scale"] if quantised and (
         nvfp4 or not dynamic) else [])
     if pooled:  # (vLLM's k and v caches are one allocation, named k_cache; q, k and v drawn twice as often)
         writer = rng.choice([n for n in written if not (pair and n == "v_cache")])
@@ -448,16 +451,19 @@ def draw_rope_and_cache(rng: random.Random, gen: torch.Generator, device) -> Cas
                           [rng.choice((0.05, 1.0, 3.0)) for _ in range(size)]).reshape(s)),
                       v_scale=arena.place("v_scale", (size,), torch.float32, values=lambda s: torch.tensor(
                           [rng.choice((0.003, 1.0, 0.5)) for _ in range(size)]).reshape(s)))
-    eps, weight_offset = 1e-6, rng.choice((0.0, 1.0))
+    eps, weight_offset = 1e-6, rng.choice((0.0, 1.0)) if weighted else 0.0
     if norm:
-        kwargs.update(q_weight=arena.place("q_weight", (head_dim,), dtype), eps=eps, weight_offset=weight_offset,
+        kwargs.update(eps=eps, **({"norm": placement} if placement is not None else {}))
+    if weighted:
+        kwargs.update(q_weight=arena.place("q_weight", (head_dim,), dtype), weight_offset=weight_offset,
                       k_weight=arena.place("k_weight", (head_dim,), dtype))
     grad_cache = not pooled and not five_d and kv_layout == "NHD" and cache_dtype == dtype and rng.random() < 0.05
     if grad_cache:
         k_cache.requires_grad_()
 
     spec = dict(op="rope_and_cache", layout=layout, lengths=lengths, tokens=tokens, hq=hq, hk=hk, head_dim=head_dim,
-                rotary_dim=rotary_dim, v_dim=v_dim, interleaved=interleaved, norm=norm, inplace=inplace,
+                rotary_dim=rotary_dim, v_dim=v_dim, interleaved=interleaved, norm=norm, norm_place=placement,
+                norm_weights=weighted, inplace=inplace,
                 write_k=write_k, dtype=str(dtype), cache_dtype=str(k_cache.dtype), scales_mode=scales_mode,
                 kv_cache_dtype=kwargs.get("kv_cache_dtype"), rows=rows, paged=paged,
                 cache_shape=tuple(k_cache.shape), engine_cache=engine, kv_layout=kv_layout, five_d=five_d,
@@ -496,12 +502,16 @@ def draw_rope_and_cache(rng: random.Random, gen: torch.Generator, device) -> Cas
 
     def rotated(name: str) -> torch.Tensor:  # in the tokens' layout: (batch, seq, heads, dim) or (tokens, ...)
         x = to_tokens(logical[name], layout)
-        if norm:
-            x = ref.rms_norm(x, weights[name + "_weight"], eps=eps, weight_offset=weight_offset)
+
+        def normed(x):
+            return ref.rms_norm(x, weights.get(name + "_weight"), eps=eps, weight_offset=weight_offset) if norm else x
+
+        x = normed(x) if placement != "after" else x
         table = _table_rows(logical, pos, rows)
         turned = ref.rotate_pairs(x[..., :rotary_dim], table[0][..., None, :], table[1][..., None, :],
                                   interleaved=interleaved)
-        return torch.cat((turned, x[..., rotary_dim:]), -1)
+        x = torch.cat((turned, x[..., rotary_dim:]), -1)
+        return normed(x) if placement == "after" else x
 
     def check(result) -> list[str]:
         q_out, k_out = result

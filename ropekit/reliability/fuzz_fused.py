@@ -21,26 +21,31 @@ from .rope_args import DTYPES, INDEX_KINDS, INPUT_KINDS, pick, position_values, 
 __all__ = ["TARGETS", "draw_qk_norm_rope", "draw_rotary_embedding", "draw_flashinfer"]
 
 
-def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, weight_offset: float) -> torch.Tensor:
-    """RMSNorm per head over head_dim in float64: ``x * rsqrt(mean(x^2) + eps) * (weight_offset + weight)``."""
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * (weight_offset + weight.to(torch.float64))
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, weight_offset: float) -> torch.Tensor:
+    """RMSNorm per head over head_dim in float64: ``x * rsqrt(mean(x^2) + eps) * (weight_offset + weight)`` (no
+    weight: ``x * rsqrt(mean(x^2) + eps)``)."""
+    normed = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    return normed if weight is None else normed * (weight_offset + weight.to(torch.float64))
 
 
 def draw_qk_norm_rope(rng: random.Random, gen: torch.Generator, device) -> Case:
-    """``qk_norm_rope`` with apply_rope's hostile arguments and its own weights; in a share of the cases q and one
-    tensor it reads (a weight, a table, positions or cu_seqlens) carved from one byte pool: apart, or on each other's
-    bytes in place (to be refused; out of place both are only read)."""
+    """``qk_norm_rope`` with apply_rope's hostile arguments and its own weights (or none), the norm before or after
+    the rotation; in a share of the cases q and one tensor it reads (a weight, a table, positions or cu_seqlens)
+    carved from one byte pool: apart, or on each other's bytes in place (to be refused; out of place both are only
+    read)."""
     arena, inplace = Arena(rng, gen, device), None
+    placement, weighted = rng.choice(("before", "after")), rng.random() < 0.7
     if rng.random() < 0.3:
         apart = rng.random() < 0.25
-        arena.share("q", rng.choice(("q_weight", "k_weight", "cos", "sin", "positions", "cu_seqlens")), apart=apart)
+        partners = (("q_weight", "k_weight") if weighted else ()) + ("cos", "sin", "positions", "cu_seqlens")
+        arena.share("q", rng.choice(partners), apart=apart)
         inplace = None if apart else True
     args = draw_rope_args(rng, gen, device, conjugate=False, arena=arena, inplace=inplace)
     del args.kwargs["conjugate"], args.kwargs["backend"]
     head_dim = args.spec["head_dim"]
     weights, logical = [], {}
     for name, x in (("q_weight", args.q), ("k_weight", args.k)):
-        if x is None:
+        if x is None or not weighted:
             weights.append(None)
             continue
         length = head_dim if rng.random() > 0.03 else head_dim + 2
@@ -60,14 +65,21 @@ def draw_qk_norm_rope(rng: random.Random, gen: torch.Generator, device) -> Case:
         args.refuse(why)
     if spans:
         args.either.append("byte spans that meet, elements apart")
-    eps, weight_offset = rng.choice((1e-6, 1e-5)), rng.choice((0.0, 1.0))
-    args.kwargs.update(eps=eps, weight_offset=weight_offset)
-    args.spec.update(eps=eps, weight_offset=weight_offset, q_weight=_shape(weights[0]), k_weight=_shape(weights[1]))
+    eps, weight_offset = rng.choice((1e-6, 1e-5)), rng.choice((0.0, 1.0)) if weighted else 0.0
+    args.kwargs.update(eps=eps, weight_offset=weight_offset, norm=placement)
+    args.spec.update(eps=eps, weight_offset=weight_offset, norm=placement, q_weight=_shape(weights[0]),
+                     k_weight=_shape(weights[1]))
 
-    def transform(x, name):
-        return _rms_norm(x, logical[name], eps, weight_offset)
+    def normed(x, name):
+        return _rms_norm(x, logical.get(name), eps, weight_offset)
 
-    return rope_case("qk_norm_rope", args, ropekit.qk_norm_rope, gen, transform=transform, extra=tuple(weights))
+    def identity(x, name):
+        return x
+
+    # (after the rotation the tail is normalised too: transform and after are never both None)
+    return rope_case("qk_norm_rope", args, ropekit.qk_norm_rope, gen, extra=tuple(weights),
+                     transform=normed if placement == "before" else identity,
+                     after=normed if placement == "after" else None)
 
 
 def _shape(t):

@@ -28,9 +28,11 @@ def _rows_past_max(name, out, want, before, past, inplace) -> list[str]:
 
 
 def rope_case(target: str, args: RopeArgs, op: Callable, gen: torch.Generator, *,
-              transform: Callable | None = None, extra=(), meta: bool = False) -> Case:
+              transform: Callable | None = None, after: Callable | None = None, extra=(),
+              meta: bool = False) -> Case:
     """The case of a rotary op ``op(q, k, cos, sin, *extra, **kwargs) -> (q_out, k_out)``: its reference rotates
-    ``transform(x, name)`` (float64, tokens' layout; identity by default, e.g. an RMSNorm for QK-norm)."""
+    ``transform(x, name)`` (float64, tokens' layout; identity by default, e.g. an RMSNorm for QK-norm), then applies
+    ``after(y, name)`` to the rotated values (identity by default; a norm after the rotation)."""
     q, k, cos, sin, kwargs, layout = args.q, args.k, args.cos, args.sin, args.kwargs, args.kwargs["layout"]
     rotary_dim, inplace, grad, rotate_ref = args.spec["rotary_dim"], kwargs["inplace"], args.grad, args.rotate_ref
     if meta:
@@ -75,7 +77,8 @@ def rope_case(target: str, args: RopeArgs, op: Callable, gen: torch.Generator, *
             x64 = to_tokens(args.logical[name], layout).requires_grad_(grad)
             reference = args.rotate_ref_k if name == "k" and args.rotate_ref_k is not None else rotate_ref
             want = reference(x64 if transform is None else transform(x64, name), args.logical["cos"],
-                              args.logical["sin"])
+                             args.logical["sin"])
+            want = want if after is None else after(want, name)
             expected, got_rows, past = from_tokens(want.detach(), layout), out, args.past_max
             if past is not None and past.any():
                 problems += _rows_past_max(name, out.detach().cpu(), expected, args.logical[name], past, inplace)
@@ -84,7 +87,7 @@ def rope_case(target: str, args: RopeArgs, op: Callable, gen: torch.Generator, *
             if message is not None:
                 problems.append(f"{name}: {message}")
             kept = slice(None) if past is None else ~past  # (rows past max_seqlen: unspecified out of place)
-            if transform is None and not same_bits(out.detach().cpu()[kept][..., rotary_dim:],
+            if transform is None and after is None and not same_bits(out.detach().cpu()[kept][..., rotary_dim:],
                                                    args.logical[name][kept][..., rotary_dim:]):
                 problems.append(f"{name}: the channels past rotary_dim are not passed through bit for bit")
             if grad and grads.get(name) is not None and (past is None or not past.any()):

@@ -3,10 +3,11 @@
 
 Two kernels, one algorithm each, as in Triton's layer-norm tutorial:
 
-* :func:`fused_forward_kernel` normalises (``NORM``: QK-norm before the rotation; the weight offset, 0 or Gemma's 1,
-  is a runtime float), rotates, stores the outputs (``WRITE_Q``/``WRITE_K``: an engine may only want the cache;
-  ``WRITE_TAIL``: the channels past ``ROTARY_DIM`` too, out of place or normalised) and writes k and v into a cache
-  (``CACHE`` 0: none, 1: a contiguous ``(batch, max_seq, heads, dim)`` cache at per-sequence offsets, 2: a paged
+* :func:`fused_forward_kernel` normalises (``NORM = (place, weighted)``: an RMSNorm of each head vector before the
+  rotation, Qwen3's and Gemma 3's QK-norm, or after it, Llama 4's; with weights or without; the weight offset, 0 or
+  Gemma's 1, is a runtime float), rotates, stores the outputs (``WRITE_Q``/``WRITE_K``: an engine may only want the
+  cache; ``WRITE_TAIL``: the channels past ``ROTARY_DIM`` too, out of place or normalised) and writes k and v into
+  a cache (``CACHE`` 0: none, 1: a contiguous ``(batch, max_seq, heads, dim)`` cache at per-sequence offsets, 2: a paged
   ``(num_blocks, block_size, heads, dim)`` cache addressed by a slot per token, -1 skips, 3: the same cache addressed
   through a page table, a request and a position per token; the address map is ``fused_tiles.cache_slot``, and
   where the head axis lies is the cache's strides; ``HAS_V``: v's head vectors copied untouched; ``QUANT``: the
@@ -14,9 +15,9 @@ Two kernels, one algorithm each, as in Triton's layer-norm tutorial:
   tensor, per kv head, or per (token, head) computed from the rotated head vector and written beside the cache, or
   NVFP4's e4m3 scale per 16 channels written beside it over a global scale; the GPU's float8 conversion instruction
   or integer arithmetic, the same bits), see :mod:`ropekit.triton.fused_tiles`).
-* :func:`fused_backward_kernel` turns the incoming gradient by -θ and pushes it through the norm; each program sums
-  its weight-gradient terms over ``TOKEN_BLOCKS`` token blocks, then adds them into ``DW``'s row for q or for k
-  (``DW_ATOMIC``) or stores them in a row of its own.
+* :func:`fused_backward_kernel` turns the incoming gradient by -θ and pushes it through the norm (a norm after the
+  rotation: through the norm, then by -θ); each program sums its weight-gradient terms over ``TOKEN_BLOCKS`` token
+  blocks, then adds them into ``DW``'s row for q or for k (``DW_ATOMIC``) or stores them in a row of its own.
 
 Pairing, partial rotary, every position form, varlen and per-token cos/sin rows are v4's switches, read through v4's
 helpers (``_cos_sin``, ``_rotate``); the tile loads and stores are :mod:`ropekit.triton.fused_tiles`.
@@ -45,8 +46,9 @@ from .. import device as _device
 from ..positions import PositionSpec
 from . import choice
 from .configs import FusedConfig, FusedShape, cdiv, next_pow2
-from .fused_tiles import E4M3, E5M2, NO_QUANT, PER_HEAD, PER_TENSOR, PLAIN, STORE_PLAIN, cache_slot, channels_scale, \
-    head_scale, load_head, norm_weights, rsqrt_mean_square, sequence_span, store_channels, store_head
+from .fused_tiles import BEFORE, E4M3, E5M2, NO_NORM, NO_QUANT, NORM_AFTER_C, NORM_BEFORE_C, NORM_NONE_C, \
+    PER_HEAD, PER_TENSOR, PLAIN, STORE_PLAIN, cache_slot, channels_scale, head_scale, load_head, norm_switch, \
+    norm_weights, normed, rsqrt_mean_square, sequence_span, store_channels, store_head
 from .launch import KernelLaunch, _position_strides, plans
 from .v4 import _cos_sin, _rotate
 
@@ -134,12 +136,14 @@ def _forward_heads(
         cache_block, cache_row, cache_mask = cache_slot(SLOTS, BATCH_INDICES, KV_INDICES, KV_INDPTR, slot_stride,
                                                         page_table, token, s_local, pid_b, token_mask, cache_len,
                                                         block_size, CACHE)
-    if NORM:
-        w_a, w_b, w_t = norm_weights(W, w_stride, weight_offset, ROTARY_DIM, HEAD_DIM, BLOCK_HALF, BLOCK_TAIL,
+    if NORM[0] != NORM_NONE_C:
+        w_a, w_b, w_t = norm_weights(W, w_stride, weight_offset, NORM, ROTARY_DIM, HEAD_DIM, BLOCK_HALF, BLOCK_TAIL,
                                      INTERLEAVED, MATH_DTYPE)
-        r = rsqrt_mean_square(x_a, x_b, x_t, eps, HEAD_DIM, MATH_DTYPE)
-        x_a, x_b, x_t = x_a * r * w_a, x_b * r * w_b, x_t * r * w_t
+    if NORM[0] == NORM_BEFORE_C:
+        x_a, x_b, x_t, r = normed(x_a, x_b, x_t, w_a, w_b, w_t, eps, ROTARY_DIM, HEAD_DIM, BLOCK_HALF, MATH_DTYPE)
     y_a, y_b = _rotate(x_a, x_b, cos_a, sin_a, cos_b, sin_b, MATH_DTYPE, False)
+    if NORM[0] == NORM_AFTER_C:
+        y_a, y_b, x_t, r = normed(y_a, y_b, x_t, w_a, w_b, w_t, eps, ROTARY_DIM, HEAD_DIM, BLOCK_HALF, MATH_DTYPE)
     if WRITE_OUT:
         # the output in its dtype, or (OUT_QUANT: a float8 q for float8 attention) at one scale
         out_scale = head_scale((OUT_SCALE, OUT_SCALE, scale_strides[0]), None, None, heads, mask, y_a, y_b, x_t,
@@ -189,7 +193,8 @@ def fused_forward_kernel(
     # float32 global scales K_GLOBAL, V_GLOBAL; their (block or sequence, row, head) strides, k's then v's; q's output
     # scale (OUT_QUANT: a float8 q at one float32 scale)
     K_SCALE, V_SCALE, K_GLOBAL, V_GLOBAL, scale_strides, Q_SCALE,
-    # the QK-norm (NORM): the (HEAD_DIM,) weights and their strides (q's, k's), eps, the weight offset
+    # the QK-norm (NORM = (place, weighted), fused_tiles: none, before or after the rotation; with or without the
+    # (HEAD_DIM,) weights): the weights and their strides (q's, k's), eps, the weight offset
     Q_W, K_W, weight_strides, eps, weight_offset,
     # the angles: a (table_len, ROTARY_DIM / 2) float32 table, or COS_PER_TOKEN rows; (sequence, row, column)
     COS, SIN, cos_strides,
@@ -251,10 +256,11 @@ def fused_forward_kernel(
 
 
 # --------------------------------------------------------------------------------------------------------------------
-# The backward: n = x r w with r = 1 / sqrt(mean(x^2) + eps) and w = weight_offset + weight, then y = rotate(n, θ).
-#   dn = rotate(g, -θ)                           (the rotation is orthogonal: its VJP turns by -θ)
-#   dx = r w dn - x r^3 mean(dn w x)             (the norm's VJP, the mean over all HEAD_DIM channels)
-#   dw = sum over tokens and heads of dn x r
+# The backward. The norm N(u) = u r w with r = 1 / sqrt(mean(u^2) + eps) and w = weight_offset + weight (1 without
+# weights) has the VJP  N'(u)^T h = r w h - u r^3 mean(h w u)  (the mean over all HEAD_DIM channels), and its weight
+# gradient sums h u r over tokens and heads. The rotation R is orthogonal: its VJP turns by -θ.
+#   NORM BEFORE, y = R(N(x)):  u = x,          h = rotate(g, -θ),   dx = N'(u)^T h
+#   NORM AFTER,  y = N(R(x)):  u = rotate(x, θ), h = g,              dx = rotate(N'(u)^T h, -θ)
 # --------------------------------------------------------------------------------------------------------------------
 
 @triton.jit
@@ -269,15 +275,15 @@ def _backward_heads(
     pid_s, pid_b, first, seq_len, batch_index, first_head, n_heads, sizes,
     ROTARY_DIM: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr,
     BLOCK_HALF: tl.constexpr, BLOCK_TAIL: tl.constexpr, TOKEN_BLOCKS: tl.constexpr, STAGES: tl.constexpr,
-    INTERLEAVED: tl.constexpr, POS_MODE: tl.constexpr, COS_PER_TOKEN: tl.constexpr, MATH_DTYPE: tl.constexpr,
-    DW_ATOMIC: tl.constexpr, INDEX_DTYPE: tl.constexpr, EVICT: tl.constexpr,
+    INTERLEAVED: tl.constexpr, POS_MODE: tl.constexpr, COS_PER_TOKEN: tl.constexpr, NORM: tl.constexpr,
+    MATH_DTYPE: tl.constexpr, DW_ATOMIC: tl.constexpr, INDEX_DTYPE: tl.constexpr, EVICT: tl.constexpr,
 ):
     """TOKEN_BLOCKS consecutive blocks of BLOCK_S tokens x BLOCK_H heads of q or of k: the input gradient of each,
     and the weight-gradient terms summed element by element, then reduced over tokens and heads once (one cross-warp
     reduction a program, not one a block) and stored into (added to) row ``dw_row`` of DW."""
     table_len, n_tokens = sizes[3], sizes[4]
     heads = (first_head + tl.arange(0, BLOCK_H)).to(INDEX_DTYPE)
-    w_a, w_b, w_t = norm_weights(W, w_stride, weight_offset, ROTARY_DIM, HEAD_DIM, BLOCK_HALF, BLOCK_TAIL,
+    w_a, w_b, w_t = norm_weights(W, w_stride, weight_offset, NORM, ROTARY_DIM, HEAD_DIM, BLOCK_HALF, BLOCK_TAIL,
                                  INTERLEAVED, MATH_DTYPE)
     acc_a = tl.zeros([BLOCK_S, BLOCK_H, BLOCK_HALF], dtype=MATH_DTYPE)
     acc_b = tl.zeros([BLOCK_S, BLOCK_H, BLOCK_HALF], dtype=MATH_DTYPE)
@@ -293,21 +299,28 @@ def _backward_heads(
             COS, SIN, POSITIONS, pid_b, batch_index, s_local, token_rows, token_mask, table_len, position_offset,
             cos_strides, position_strides, ROTARY_DIM, BLOCK_HALF, INTERLEAVED, POS_MODE, COS_PER_TOKEN, True,
             MATH_DTYPE)  # conjugated: the rotation by -θ
-        r = rsqrt_mean_square(x_a, x_b, x_t, eps, HEAD_DIM, MATH_DTYPE)
+        cos_a, sin_a, cos_b, sin_b = cos_a[:, None, :], sin_a[:, None, :], cos_b[:, None, :], sin_b[:, None, :]
         g_a, g_b, g_t = load_head(G, _rows(g_strides, batch_index, token_rows, heads), mask, g_strides[3],
                                   ROTARY_DIM, HEAD_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_TAIL, INTERLEAVED,
                                   MATH_DTYPE, EVICT)
-        g_a, g_b = _rotate(g_a, g_b, cos_a[:, None, :], sin_a[:, None, :], cos_b[:, None, :], sin_b[:, None, :],
-                           MATH_DTYPE, False)
         # padding lanes (pairs past ROTARY_DIM / 2, rows past the block's tokens or heads) hold NaN from the table's
         # masked loads: keep them out of the sums
         pair_valid = mask[:, :, None] & (tl.arange(0, BLOCK_HALF) < ROTARY_DIM // 2)[None, None, :]
-        g_a, g_b = tl.where(pair_valid, g_a, 0.0), tl.where(pair_valid, g_b, 0.0)
+        if NORM[0] == NORM_AFTER_C:
+            x_a, x_b = _rotate(x_a, x_b, cos_a, -sin_a, cos_b, -sin_b, MATH_DTYPE, False)  # u = rotate(x, θ)
+            x_a, x_b = tl.where(pair_valid, x_a, 0.0), tl.where(pair_valid, x_b, 0.0)
+        else:
+            g_a, g_b = _rotate(g_a, g_b, cos_a, sin_a, cos_b, sin_b, MATH_DTYPE, False)  # h = rotate(g, -θ)
+            g_a, g_b = tl.where(pair_valid, g_a, 0.0), tl.where(pair_valid, g_b, 0.0)
+        r = rsqrt_mean_square(x_a, x_b, x_t, eps, HEAD_DIM, MATH_DTYPE)
         dot = tl.sum(g_a * w_a * x_a, 2) + tl.sum(g_b * w_b * x_b, 2) + tl.sum(g_t * w_t * x_t, 2)
         c = r * r * r * (dot / HEAD_DIM)[:, :, None]
-        store_head(DX, _rows(dx_strides, batch_index, token_rows, heads), mask, r * w_a * g_a - c * x_a,
-                   r * w_b * g_b - c * x_b, r * w_t * g_t - c * x_t, dx_strides[3], 1.0, ROTARY_DIM, HEAD_DIM,
-                   BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_TAIL, INTERLEAVED, True, STORE_PLAIN, EVICT, False)
+        dx_a, dx_b, dx_t = r * w_a * g_a - c * x_a, r * w_b * g_b - c * x_b, r * w_t * g_t - c * x_t
+        if NORM[0] == NORM_AFTER_C:
+            dx_a, dx_b = _rotate(dx_a, dx_b, cos_a, sin_a, cos_b, sin_b, MATH_DTYPE, False)
+        store_head(DX, _rows(dx_strides, batch_index, token_rows, heads), mask, dx_a, dx_b, dx_t, dx_strides[3], 1.0,
+                   ROTARY_DIM, HEAD_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_TAIL, INTERLEAVED, True, STORE_PLAIN,
+                   EVICT, False)
         acc_a += g_a * x_a * r
         acc_b += g_b * x_b * r
         acc_t += g_t * x_t * r
@@ -326,8 +339,9 @@ def fused_backward_kernel(
     Q, K, GQ, GK, q_strides, k_strides, gq_strides, gk_strides,
     # where the gradients of q and k go
     DQ, DK, dq_strides, dk_strides,
-    # the norm: the (HEAD_DIM,) weights and their strides (q's, k's), eps, the weight offset; DW the weight
-    # gradients, two rows (q's, k's) every program adds into with DW_ATOMIC, else a row a program
+    # the norm (NORM: where it lies, before or after the rotation, and whether it has weights): the (HEAD_DIM,)
+    # weights and their strides (q's, k's), eps, the weight offset; DW the weight gradients, two rows (q's, k's) every
+    # program adds into with DW_ATOMIC, else a row a program
     Q_W, K_W, weight_strides, eps, weight_offset, DW,
     # the angles and the positions, as the forward's
     COS, SIN, cos_strides, POSITIONS, position_strides, CU_SEQLENS, position_offset,
@@ -339,7 +353,7 @@ def fused_backward_kernel(
     STAGES: tl.constexpr, HEADS_INNER: tl.constexpr,
     # what the call asks for
     HAS_K: tl.constexpr, INTERLEAVED: tl.constexpr, POS_MODE: tl.constexpr, IS_VARLEN: tl.constexpr,
-    COS_PER_TOKEN: tl.constexpr, MATH_DTYPE: tl.constexpr, DW_ATOMIC: tl.constexpr,
+    COS_PER_TOKEN: tl.constexpr, NORM: tl.constexpr, MATH_DTYPE: tl.constexpr, DW_ATOMIC: tl.constexpr,
     # what the tensors allow
     INDEX_DTYPE: tl.constexpr, EVICT: tl.constexpr,
 ):
@@ -368,13 +382,13 @@ def fused_backward_kernel(
                         dw_row, COS, SIN, cos_strides, POSITIONS, position_strides, position_offset,
                         pid_s, pid_b, first, seq_len, batch_index, pid_h * BLOCK_H, n_heads_q, sizes,
                         ROTARY_DIM, HEAD_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_TAIL, TOKEN_BLOCKS, STAGES,
-                        INTERLEAVED, POS_MODE, COS_PER_TOKEN, MATH_DTYPE, DW_ATOMIC, INDEX_DTYPE, EVICT)
+                        INTERLEAVED, POS_MODE, COS_PER_TOKEN, NORM, MATH_DTYPE, DW_ATOMIC, INDEX_DTYPE, EVICT)
     elif HAS_K:
         _backward_heads(K, GK, DK, k_strides, gk_strides, dk_strides, K_W, weight_strides[1], eps, weight_offset, DW,
                         dw_row, COS, SIN, cos_strides, POSITIONS, position_strides, position_offset,
                         pid_s, pid_b, first, seq_len, batch_index, (pid_h - n_head_blocks_q) * BLOCK_HK, n_heads_k,
                         sizes, ROTARY_DIM, HEAD_DIM, BLOCK_S, BLOCK_HK, BLOCK_HALF, BLOCK_TAIL, TOKEN_BLOCKS, STAGES,
-                        INTERLEAVED, POS_MODE, COS_PER_TOKEN, MATH_DTYPE, DW_ATOMIC, INDEX_DTYPE, EVICT)
+                        INTERLEAVED, POS_MODE, COS_PER_TOKEN, NORM, MATH_DTYPE, DW_ATOMIC, INDEX_DTYPE, EVICT)
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -475,7 +489,8 @@ def plan_fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, inte
                cache_mode: int = CACHE_NONE, slots=None, page_table=None, block_size: int = 1, cache_len: int = 0,
                k_scale=None, v_scale=None, quant: tuple = NO_QUANT[:2], q_format: int = PLAIN, q_scale=None,
                k_global=None, v_global=None, q_weight=None, k_weight=None, eps: float = 0.0,
-               weight_offset: float = 0.0, grad_q=None, grad_k=None, config: FusedConfig | None = None):
+               weight_offset: float = 0.0, norm: int | None = None, grad_q=None, grad_k=None,
+               config: FusedConfig | None = None):
     """The plan for :func:`launch_fused`'s arguments: for the forward a :class:`~ropekit.triton.launch.KernelLaunch`
     called with :data:`FORWARD_PER_CALL`'s tensors (None when there is nothing to do), for the backward (``grad_q``
     given) a :class:`FusedBackward`. Later calls pass tensors of the same shapes, strides and dtypes (or views of
@@ -494,11 +509,14 @@ def plan_fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, inte
     head_dim, n_heads_q = q.shape[-1], q.shape[2]
     n_heads_k = k.shape[2] if k is not None else 0
     fp8 = k_cache is not None and quant[0] != PLAIN  # a one-byte cache
-    norm = q_weight is not None
+    if norm is None:  # the norm's place: before the rotation when weights are given
+        norm = BEFORE if q_weight is not None else NO_NORM
+    norm_flags = norm_switch(norm, q_weight is not None)
+    norm = norm != NO_NORM
     if config is None:
         width = max(head_dim, v.shape[-1] if v is not None else 0)
         config = fused_config_for(FusedShape(n_batch * seqlen, max(n_heads_q, n_heads_k), width, q.element_size(),
-                                             fp8, norm or k_weight is not None, backward), q.device)
+                                             fp8, norm, backward), q.device)
     block_hk = min(config.block_h, next_pow2(n_heads_k))
     token_blocks = config.token_blocks if backward else 1
     n_blocks_q = cdiv(n_heads_q, config.block_h)
@@ -523,7 +541,8 @@ def plan_fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, inte
     common = dict(
         Q=q, K=k, q_strides=_strides(q), k_strides=_strides(k),
         Q_W=q_weight, K_W=k_weight, eps=eps, weight_offset=weight_offset,
-        weight_strides=(q_weight.stride(0) if norm else 1, k_weight.stride(0) if k_weight is not None else 1),
+        weight_strides=(q_weight.stride(0) if q_weight is not None else 1,
+                        k_weight.stride(0) if k_weight is not None else 1), NORM=norm_flags,
         COS=cos, SIN=sin, cos_strides=cos_strides,
         POSITIONS=pos, position_strides=_position_strides(positions), CU_SEQLENS=positions.cu_seqlens,
         position_offset=positions.offset,
@@ -558,7 +577,7 @@ def plan_fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, inte
         page_table=(batch_indices.stride(0), kv_indices.stride(0), kv_indptr.stride(0), kv_indices.shape[0],
                     kv_indptr.shape[0] - 1) if page_table is not None else (1, 1, 1, 0, 0),
         sizes=(seqlen, n_heads_q, n_heads_k, table_len, n_tokens, cache_len, block_size),
-        V_DIM=v_dim, BLOCK_V=next_pow2(v_dim), NORM=norm, WRITE_Q=write_q, WRITE_K=write_k,
+        V_DIM=v_dim, BLOCK_V=next_pow2(v_dim), WRITE_Q=write_q, WRITE_K=write_k,
         WRITE_TAIL=norm or not in_place, CACHE=cache_mode, HAS_V=v is not None and cache_mode != CACHE_NONE,
         QUANT=_quant(quant, k_cache, q.device), scale_strides=(_scale_strides(k_scale, quant),
                                                                _scale_strides(v_scale, quant)),
@@ -590,7 +609,8 @@ def launch_fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, in
                  cache_mode: int = CACHE_NONE, slots=None, page_table=None, block_size: int = 1,
                  cache_len: int = 0, k_scale=None, v_scale=None, quant: tuple = NO_QUANT[:2], q_format: int = PLAIN,
                  q_scale=None, k_global=None, v_global=None, q_weight=None, k_weight=None, eps: float = 0.0,
-                 weight_offset: float = 0.0, grad_q=None, grad_k=None, config: FusedConfig | None = None):
+                 weight_offset: float = 0.0, norm: int | None = None, grad_q=None, grad_k=None,
+                 config: FusedConfig | None = None):
     """Plan and launch the fused kernels on validated arguments (``ropekit.fused`` validates; this trusts its caller).
 
     q, k, v, the outputs and the incoming gradients are ``(batch, seq, heads, dim)`` views with any strides, or
@@ -608,13 +628,15 @@ def launch_fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, in
     weight-gradient terms into two rows with atomic adds (no second reduction kernel; the float sum's rounding depends
     on the order the adds arrive in), or, under ``torch.use_deterministic_algorithms``, each program stores its own row
     and one reduction in a fixed order sums them. ``config`` forces a launch configuration (tools and tests).
+    ``norm``: where the norm lies, :mod:`ropekit.triton.fused_tiles`' NO_NORM, BEFORE or AFTER the rotation (None:
+    BEFORE when ``q_weight`` is given, else none); without weights a norm is weightless.
     """
     plan = plan_fused(q, k, cos, sin, positions=positions, rotary_dim=rotary_dim, interleaved=interleaved,
                       cos_per_token=cos_per_token, out_q=out_q, out_k=out_k, v=v, k_cache=k_cache, v_cache=v_cache,
                       cache_mode=cache_mode, slots=slots, page_table=page_table, block_size=block_size,
                       cache_len=cache_len, k_scale=k_scale, v_scale=v_scale, quant=quant, q_format=q_format,
                       q_scale=q_scale, k_global=k_global, v_global=v_global, q_weight=q_weight, k_weight=k_weight,
-                      eps=eps, weight_offset=weight_offset, grad_q=grad_q, grad_k=grad_k, config=config)
+                      eps=eps, weight_offset=weight_offset, norm=norm, grad_q=grad_q, grad_k=grad_k, config=config)
     if grad_q is not None:
         return plan(q, k, grad_q, grad_k, out_q, out_k, q_weight, k_weight, cos, sin, positions.tensor,
                     positions.cu_seqlens, positions.offset)

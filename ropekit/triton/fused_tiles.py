@@ -13,7 +13,8 @@ from .v4 import _load_pairs
 __all__ = ["PLAIN", "E4M3", "E5M2", "INT8", "NVFP4", "PER_TENSOR", "PER_HEAD", "PER_TOKEN_HEAD", "PER_BLOCK",
            "NO_QUANT", "STORE_PLAIN", "float8_bits", "e4m3_bits", "e4m3_value", "e2m1_codes", "int8_values",
            "quantised", "head_amax", "channels_amax", "cache_scale", "head_scale", "channels_scale", "store_head",
-           "store_channels", "store_nvfp4", "load_head", "norm_weights", "rsqrt_mean_square", "cache_slot",
+           "store_channels", "store_nvfp4", "load_head", "norm_weights", "rsqrt_mean_square", "normed", "NO_NORM",
+           "BEFORE", "AFTER", "NORM_OFF", "NORM_NONE_C", "NORM_BEFORE_C", "NORM_AFTER_C", "norm_switch", "cache_slot",
            "sequence_span"]
 
 
@@ -34,6 +35,21 @@ NO_QUANT = (PLAIN, PER_TENSOR, False)
 _PLAIN, _E5M2, _INT8, _NVFP4, _PER_TENSOR, _PER_HEAD, _PER_TOKEN_HEAD = (tl.constexpr(c) for c in (
     PLAIN, E5M2, INT8, NVFP4, PER_TENSOR, PER_HEAD, PER_TOKEN_HEAD))
 STORE_PLAIN = tl.constexpr(NO_QUANT)
+
+# The norm, one constexpr tuple NORM = (PLACE, WEIGHTED):
+#   PLACE: NO_NORM; BEFORE the rotation (Qwen3's and Gemma 3's QK-norm); AFTER it (Llama 4's, on the rotated vector);
+#   WEIGHTED: the norm multiplies by ``weight_offset + w`` per channel; without weights it is x * rsqrt(mean(x^2) + eps)
+#             (Llama 4's weightless L2 norm).
+# Over what: each head vector's HEAD_DIM channels (the mean square is :func:`rsqrt_mean_square`).
+NO_NORM, BEFORE, AFTER = 0, 1, 2
+NORM_OFF = (NO_NORM, False)
+# (as device code reads them)
+NORM_NONE_C, NORM_BEFORE_C, NORM_AFTER_C = (tl.constexpr(c) for c in (NO_NORM, BEFORE, AFTER))
+
+
+def norm_switch(place: int, weighted: bool) -> tuple:
+    """The kernels' NORM for a norm at ``place`` (NO_NORM, BEFORE, AFTER), with weights or without."""
+    return (place, bool(weighted)) if place != NO_NORM else NORM_OFF
 
 
 @triton.jit
@@ -296,15 +312,20 @@ def load_head(X, rows, mask, stride_d, ROTARY_DIM: tl.constexpr, HEAD_DIM: tl.co
 
 
 @triton.jit
-def norm_weights(W, stride_w, weight_offset, ROTARY_DIM: tl.constexpr, HEAD_DIM: tl.constexpr,
+def norm_weights(W, stride_w, weight_offset, NORM: tl.constexpr, ROTARY_DIM: tl.constexpr, HEAD_DIM: tl.constexpr,
                  BLOCK_HALF: tl.constexpr, BLOCK_TAIL: tl.constexpr, INTERLEAVED: tl.constexpr,
                  MATH_DTYPE: tl.constexpr):
-    """The norm's per-channel factor ``weight_offset + w`` laid out like a [1, 1] tile of head vectors."""
-    origin = tl.zeros([1, 1], dtype=tl.int32)
-    everywhere = origin == 0
-    w_a, w_b, w_t = load_head(W, origin, everywhere, stride_w, ROTARY_DIM, HEAD_DIM, 1, 1, BLOCK_HALF, BLOCK_TAIL,
-                              INTERLEAVED, MATH_DTYPE, "")
-    return w_a + weight_offset, w_b + weight_offset, w_t + weight_offset
+    """The norm's per-channel factor ``weight_offset + w`` laid out like a [1, 1] tile of head vectors (a weightless
+    norm: 1)."""
+    if NORM[1]:
+        origin = tl.zeros([1, 1], dtype=tl.int32)
+        everywhere = origin == 0
+        w_a, w_b, w_t = load_head(W, origin, everywhere, stride_w, ROTARY_DIM, HEAD_DIM, 1, 1, BLOCK_HALF,
+                                  BLOCK_TAIL, INTERLEAVED, MATH_DTYPE, "")
+        w_a, w_b, w_t = w_a + weight_offset, w_b + weight_offset, w_t + weight_offset
+    else:
+        w_a, w_b, w_t = 1.0, 1.0, 1.0
+    return w_a, w_b, w_t
 
 
 @triton.jit
@@ -317,6 +338,17 @@ def rsqrt_mean_square(x_a, x_b, x_t, eps, HEAD_DIM: tl.constexpr, MATH_DTYPE: tl
     else:
         root = tl.sqrt_rn(squares / HEAD_DIM + eps)
     return (1.0 / root)[:, :, None]
+
+
+@triton.jit
+def normed(x_a, x_b, x_t, w_a, w_b, w_t, eps, ROTARY_DIM: tl.constexpr, HEAD_DIM: tl.constexpr,
+           BLOCK_HALF: tl.constexpr, MATH_DTYPE: tl.constexpr):
+    """A tile of head vectors (pair halves and tail) times ``r = rsqrt_mean_square`` and the weights, and ``r``.
+    Padding pairs (past ROTARY_DIM / 2; after a rotation they hold the masked table's NaN) count as 0."""
+    pairs = (tl.arange(0, BLOCK_HALF) < ROTARY_DIM // 2)[None, None, :]
+    x_a, x_b = tl.where(pairs, x_a, 0.0), tl.where(pairs, x_b, 0.0)
+    r = rsqrt_mean_square(x_a, x_b, x_t, eps, HEAD_DIM, MATH_DTYPE)
+    return x_a * r * w_a, x_b * r * w_b, x_t * r * w_t, r
 
 
 @triton.jit
