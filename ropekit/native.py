@@ -273,8 +273,9 @@ def nvfp4(x: torch.Tensor, global_scale: torch.Tensor) -> tuple[torch.Tensor, to
 def token_head_scales(values: torch.Tensor, fmt: int) -> torch.Tensor:
     """Per-(token, head) scales of ``(..., channels)`` float32 values: ``max|x| / format max`` (NaN not counted,
     float32 division), floored at the smallest normal float32; ``(..., 1)``."""
-    amax = torch.where(torch.isnan(values), 0.0, values.abs()).amax(-1, keepdim=True)
-    return (amax.to(torch.float32) / _FORMAT_MAX[fmt]).clamp_min(torch.finfo(torch.float32).tiny)
+    amax = torch.where(torch.isnan(values), 0.0, values.abs()).amax(-1, keepdim=True).to(torch.float32)
+    # divided by a tensor: PyTorch's CUDA division by a Python number multiplies by its reciprocal (one more rounding)
+    return (amax / torch.full_like(amax, _FORMAT_MAX[fmt])).clamp_min(torch.finfo(torch.float32).tiny)
 
 
 def _cache_places(tokens: _Tokens, seqlen: int, cache_mode: int, slots, page_table, block_size: int,

@@ -170,7 +170,7 @@ def test_autograd_through_the_native_path_matches_the_kernel_and_passes_gradchec
     for backend in ropekit.device.BACKENDS:
         x = q.detach().float().requires_grad_()
         out, _ = ropekit.apply_rope(x, None, cos.float(), sin.float(), positions=2, backend=backend)
-        (out * torch.arange(out.numel()).reshape(out.shape)).sum().backward()
+        (out * torch.arange(out.numel(), device=out.device).reshape(out.shape)).sum().backward()
         grads.append(x.grad)
     assert as_the_kernel(*grads)
 

@@ -100,9 +100,10 @@ def _rope_and_cache_op(q: Optional[torch.Tensor], k: Optional[torch.Tensor], v: 
                        layout: str, interleaved: bool, per_token: bool, k_scale: Optional[torch.Tensor],
                        v_scale: Optional[torch.Tensor], q_weight: Optional[torch.Tensor],
                        k_weight: Optional[torch.Tensor], eps: float, weight_offset: float,
-                       k_scale_cache: Optional[torch.Tensor] = None,
-                       v_scale_cache: Optional[torch.Tensor] = None, q_scale: Optional[torch.Tensor] = None,
-                       norm: Optional[int] = None) -> None:
+                       k_scale_cache: Optional[torch.Tensor], v_scale_cache: Optional[torch.Tensor],
+                       q_scale: Optional[torch.Tensor], norm: Optional[int]) -> None:
+    # (no defaults: a mutated argument left at its default is dropped from the boxed call, and torch 2.11's
+    # in-place bookkeeping then indexes past the arguments)
     launch_cache(q, k, v, out_q, out_k, k_cache, v_cache, slots, cache_mode, batch_indices, kv_indices, kv_indptr,
                  kv_layout, cos, sin, positions, pos_mode, cu_seqlens, position_offset, max_seqlen, rotary_dim,
                  layout, interleaved, per_token, k_scale, v_scale, q_weight, k_weight, eps, weight_offset,
