@@ -148,3 +148,12 @@ def test_the_h100_ceiling_and_latency_are_quoted_from_the_committed_run_only():
         for cell in nbformat.read(path, as_version=4).cells:
             if cell.cell_type == "markdown":
                 assert gbps not in cell.source and latency not in cell.source, (path.stem, cell.source[:200])
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
+def test_a_code_cell_with_stored_outputs_has_an_execution_count(path):
+    """nbval refuses a cell that holds outputs but was never run ("Unrun reference cell has outputs")."""
+    cells = nbformat.read(path, as_version=4).cells
+    unrun = [i for i, cell in enumerate(cells)
+             if cell.cell_type == "code" and cell.outputs and cell.execution_count is None]
+    assert not unrun, f"{path.name}: cells {unrun} have outputs and no execution count"
