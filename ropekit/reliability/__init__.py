@@ -10,6 +10,7 @@ Modules, one job each:
 - ``properties``  section 1: each configuration run and checked
 - ``te_matrix``   section 2: Transformer Engine's rope test matrix
 - ``sanitize``    section 3: the driver compute-sanitizer runs (tools/sanitize.sh)
+- ``sanitize_fused``  its checks of the fused ops (cache address maps, quantising stores, the norm after)
 - ``checks``      sections 4, 5, 7: large tensors, determinism, long context
 - ``safety``      section 6: invalid inputs and NaN/Inf containment
 - ``report``      the Markdown page from the JSON
