@@ -1,7 +1,7 @@
 """Angles without a table, as a specification: ``apply_rope(q, k, inv_freq=..., scale=...)`` computes cos and sin of
 ``position * inv_freq`` (float64) at every token, as accurate as the float64-angle table at positions up to 1e7, for
-every position form, layout and pairing, out of place, in place, through autograd and torch.compile, on the Triton
-kernel and the native backend; the CUDA backend refuses it by name."""
+every position form, layout and pairing, out of place, in place, through autograd (torch.compile, CUDA graphs, the
+plan cache: tests/test_api.py), on the Triton kernel and the native backend; the CUDA backend refuses it by name."""
 
 import math
 
@@ -12,8 +12,8 @@ import ropekit
 from ropekit import reference as ref
 from ropekit.frequencies import cos_sin_at, inverse_frequencies, rope_init
 from ropekit.testing import assert_close_to_reference
-from ropekit.triton.launch import FlatConfig, forced_config, plans, recorded_launches
-from conftest import DEVICE, gpu_only
+from ropekit.triton.launch import FlatConfig, forced_config, recorded_launches
+from conftest import DEVICE
 from rope_cases import CASES, expected, make, positions_for, table
 
 triton_backend = pytest.mark.backend("triton")
@@ -145,7 +145,7 @@ def test_the_kernel_and_the_native_backend_agree():
     torch.testing.assert_close(kernel, native, rtol=0, atol=4e-7)
 
 
-# --- autograd and torch.compile -------------------------------------------------------------------------------------
+# --- autograd (torch.compile, CUDA graphs and the plan cache: tests/test_api.py, with the other table-free call) ----
 
 def test_gradcheck_in_float64(backend):
     q = torch.randn(1, 3, 2, 8, dtype=torch.float64, device=DEVICE, requires_grad=True)
@@ -166,72 +166,6 @@ def test_backward_is_the_conjugate_rotation(backend):
     out.backward(grad)
     pos = ref.token_positions(2, 4, offsets=offsets.cpu())
     assert_close_to_reference(q.grad, ref.rope_backward(grad, pos))
-
-
-def test_torch_compile_fullgraph_no_graph_break(backend):
-    inv_freq = freqs(32)
-
-    def step(q, k, offsets):
-        q2, k2 = ropekit.apply_rope(q, k, inv_freq=inv_freq, scale=1.25, positions=offsets)
-        return (q2 * 2).sum(-1), k2
-
-    compiled = torch.compile(step, fullgraph=True, backend="aot_eager" if DEVICE == "cpu" else "inductor")
-    q, k = make("bshd", 2, 3, 4, 32, torch.float32), make("bshd", 2, 3, 2, 32, torch.float32)
-    offsets = torch.tensor([4, 2_000_000], device=DEVICE)
-    got_q, got_k = compiled(q, k, offsets)
-    want_q, want_k = step(q, k, offsets)
-    torch.testing.assert_close(got_q, want_q)
-    torch.testing.assert_close(got_k, want_k)
-
-
-def test_torch_compile_training_step_and_in_place(backend):
-    inv_freq = freqs(32)
-    q = make("bshd", 2, 3, 4, 32, torch.float32).requires_grad_()
-
-    def loss(q):
-        return ropekit.apply_rope(q, None, inv_freq=inv_freq, positions=1)[0].square().sum()
-
-    compiled = torch.compile(loss, fullgraph=True, backend="aot_eager" if DEVICE == "cpu" else "inductor")
-    compiled(q).backward()
-    grad = q.grad.clone()
-    q.grad = None
-    loss(q).backward()
-    torch.testing.assert_close(grad, q.grad)
-
-    def rotate_in_place(x, offsets):
-        ropekit.apply_rope(x, None, inv_freq=inv_freq, positions=offsets, inplace=True)
-        return x
-
-    x = make("bshd", 2, 3, 4, 32, torch.float32)
-    offsets = torch.tensor([7, 0], device=DEVICE)
-    got = torch.compile(rotate_in_place, fullgraph=True, backend="aot_eager" if DEVICE == "cpu" else "inductor")(
-        x.clone(), offsets)
-    assert_close_to_reference(got, ref.rope(x, ref.token_positions(2, 3, offsets=offsets.cpu())))
-
-
-@gpu_only
-def test_cuda_graph_replays_with_new_positions():
-    inv_freq = freqs(128, 500000.0)
-    q = torch.randn(64, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
-    k = torch.randn(64, 1, 8, 128, device="cuda", dtype=torch.bfloat16)
-    offsets = torch.randint(0, 10_000_000, (64,), device="cuda")
-    out = {}
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(2):
-            ropekit.apply_rope(q, k, inv_freq=inv_freq, positions=offsets)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out["q"], out["k"] = ropekit.apply_rope(q, k, inv_freq=inv_freq, positions=offsets)
-    for _ in range(3):
-        offsets.copy_(torch.randint(0, 10_000_000, (64,), device="cuda"))
-        graph.replay()
-        torch.cuda.synchronize()
-        pos = ref.token_positions(64, 1, offsets=offsets.cpu())
-        assert_close_to_reference(out["q"], ref.rope(q, pos, base=500000.0))
-        assert_close_to_reference(out["k"], ref.rope(k, pos, base=500000.0))
 
 
 # --- validation: every error names the argument, before anything is written -----------------------------------------
@@ -278,27 +212,7 @@ def test_in_place_refuses_frequencies_inside_q(backend):
         ropekit.apply_rope(q, None, inv_freq=q.view(-1)[:16], inplace=True)
 
 
-# --- the plan cache and the launch choice ---------------------------------------------------------------------------
-
-@triton_backend
-def test_a_repeated_call_hits_its_plan_and_a_new_scale_makes_another(monkeypatch):
-    inv_freq = freqs(32)
-    for call, offset in enumerate((3, 4_000_000)):
-        if call == 1:
-            real_put = plans.put
-            monkeypatch.setattr(plans, "put", lambda key, plan: pytest.fail("the call should have used its plan"))
-        q, k = _q_k()
-        out_q, out_k = ropekit.apply_rope(q, k, inv_freq=inv_freq, positions=offset)
-        pos = ref.token_positions(2, 3, offsets=offset)
-        assert_close_to_reference(out_q, ref.rope(q, pos))
-        assert_close_to_reference(out_k, ref.rope(k, pos))
-    monkeypatch.setattr(plans, "put", real_put)
-    n_plans = len(plans)
-    q, _ = _q_k()
-    out_q, _ = ropekit.apply_rope(q, None, inv_freq=inv_freq, positions=5, scale=0.5)  # another signature
-    assert len(plans) == n_plans + 1
-    assert_close_to_reference(out_q, 0.5 * ref.rope(q, ref.token_positions(2, 3, offsets=5)))
-
+# --- the launch choice ----------------------------------------------------------------------------------------------
 
 @triton_backend
 def test_a_table_free_call_never_takes_the_flat_kernel():

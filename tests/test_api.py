@@ -401,3 +401,137 @@ def test_torch_compile_fullgraph_in_place_with_a_key():
     got_q, got_k = compiled(q.clone(), k.clone(), torch.tensor([4, 0], device=DEVICE))
     torch.testing.assert_close(got_q, want_q)
     torch.testing.assert_close(got_k, want_k)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Calls without a cos/sin table (table-free angles, Llama 4's NoPE temperature) through torch.compile, a CUDA graph
+# and the plan cache: one specification, each call kind a parameter.
+# --------------------------------------------------------------------------------------------------------------------
+
+class TableFreeAngles:
+    """``apply_rope(q, k, inv_freq=..., scale=...)``: q and k rotated by position * inv_freq, times ``scale``."""
+    far = 2_000_000  # a position past any table a test would build
+    signatures = ((10000.0, 1.25), (10000.0, 0.5))  # (base, scale): each its own call signature
+    graph = (32, 10_000_000, (500000.0, 1.0))  # CUDA graph: q heads, offsets below, signature
+
+    @staticmethod
+    def kwargs(head_dim, signature):
+        base, scale = signature
+        return dict(inv_freq=ropekit.inverse_frequencies(head_dim, base).to(DEVICE, torch.float64), scale=scale)
+
+    @staticmethod
+    def q(x, positions, signature):
+        base, scale = signature
+        return scale * ref.rope(x, positions, base=base)
+
+    k = q
+
+
+class NopeTemperature:
+    """``apply_rope(q, k, nope_temperature=(floor_scale, attn_scale))``: q scaled at its position, k passed through."""
+    far = 30
+    signatures = ((4, 0.5), (4, 0.25), (8, 0.5))  # (floor_scale, attn_scale)
+    graph = (40, 100_000, (8192, 0.1))  # Llama 4's 40 q heads and scales
+
+    @staticmethod
+    def kwargs(head_dim, signature):
+        return dict(nope_temperature=signature)
+
+    @staticmethod
+    def q(x, positions, signature):
+        return ref.nope_temperature(x, positions, *signature)
+
+    @staticmethod
+    def k(x, positions, signature):
+        return x
+
+
+TABLE_FREE = [pytest.param(TableFreeAngles, id="table-free-angles"), pytest.param(NopeTemperature, id="nope")]
+COMPILE_BACKEND = "aot_eager" if DEVICE == "cpu" else "inductor"
+
+
+@pytest.mark.parametrize("kind", TABLE_FREE)
+def test_table_free_calls_compile_fullgraph_out_of_place_in_place_and_for_training(backend, kind):
+    signature = kind.signatures[0]
+    kwargs = kind.kwargs(32, signature)
+
+    def step(q, k, offsets):
+        q2, k2 = ropekit.apply_rope(q, k, positions=offsets, **kwargs)
+        return (q2 * 2).sum(-1), k2
+
+    q, k = make("bshd", 2, 3, 4, 32, torch.float32), make("bshd", 2, 3, 2, 32, torch.float32)
+    offsets = torch.tensor([4, kind.far], device=DEVICE)
+    for got, want in zip(torch.compile(step, fullgraph=True, backend=COMPILE_BACKEND)(q, k, offsets),
+                         step(q, k, offsets)):
+        torch.testing.assert_close(got, want)
+
+    def loss(q):
+        return ropekit.apply_rope(q, None, positions=1, **kwargs)[0].square().sum()
+
+    q = q.detach().requires_grad_()
+    torch.compile(loss, fullgraph=True, backend=COMPILE_BACKEND)(q).backward()
+    grad, q.grad = q.grad.clone(), None
+    loss(q).backward()
+    torch.testing.assert_close(grad, q.grad)
+
+    def in_place(x, offsets):
+        ropekit.apply_rope(x, None, positions=offsets, inplace=True, **kwargs)
+        return x
+
+    x, offsets = make("bshd", 2, 3, 4, 32, torch.float32), torch.tensor([7, 0], device=DEVICE)
+    got = torch.compile(in_place, fullgraph=True, backend=COMPILE_BACKEND)(x.clone(), offsets)
+    assert_close_to_reference(got, kind.q(x, ref.token_positions(2, 3, offsets=offsets.cpu()), signature))
+
+
+@gpu_only
+@pytest.mark.parametrize("kind", TABLE_FREE)
+def test_table_free_calls_replay_in_a_cuda_graph_with_new_positions(kind):
+    heads_q, offsets_below, signature = kind.graph
+    kwargs = kind.kwargs(128, signature)
+    q = torch.randn(64, 1, heads_q, 128, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(64, 1, 8, 128, device="cuda", dtype=torch.bfloat16)
+    offsets = torch.randint(0, offsets_below, (64,), device="cuda")
+    out = {}
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):  # warm up (compile) outside the capture
+            ropekit.apply_rope(q, k, positions=offsets, **kwargs)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out["q"], out["k"] = ropekit.apply_rope(q, k, positions=offsets, **kwargs)
+    for _ in range(3):
+        offsets.copy_(torch.randint(0, offsets_below, (64,), device="cuda"))
+        graph.replay()
+        torch.cuda.synchronize()
+        pos = ref.token_positions(64, 1, offsets=offsets.cpu())
+        assert_close_to_reference(out["q"], kind.q(q, pos, signature))
+        want_k = kind.k(k, pos, signature)
+        if want_k is k:
+            assert torch.equal(out["k"], k)
+        else:
+            assert_close_to_reference(out["k"], want_k)
+
+
+@triton_backend
+@pytest.mark.parametrize("kind", TABLE_FREE)
+def test_table_free_calls_hit_their_plan_and_each_other_signature_makes_another(kind, monkeypatch):
+    first, *others = kind.signatures
+    for call, offset in enumerate((3, kind.far)):
+        if call == 1:
+            real_put = plans.put
+            _no_new_plans(monkeypatch)
+        q, k = make("bshd", 2, 3, 4, 32, torch.float32), make("bshd", 2, 3, 2, 32, torch.float32)  # fresh values
+        out_q, out_k = ropekit.apply_rope(q, k, positions=offset, **kind.kwargs(32, first))
+        pos = ref.token_positions(2, 3, offsets=offset)
+        assert_close_to_reference(out_q, kind.q(q, pos, first))
+        assert_close_to_reference(out_k, kind.k(k, pos, first))
+    monkeypatch.setattr(plans, "put", real_put)
+    for signature in others:
+        n_plans = len(plans)
+        out_q, out_k = ropekit.apply_rope(q, k, positions=9, **kind.kwargs(32, signature))
+        assert len(plans) == n_plans + 1
+        pos = ref.token_positions(2, 3, offsets=9)
+        assert_close_to_reference(out_q, kind.q(q, pos, signature))
+        assert_close_to_reference(out_k, kind.k(k, pos, signature))

@@ -14,58 +14,11 @@ import re
 
 import pytest
 
-import triton
-import triton.language as tl
-
 import ropekit
 from ropekit import course
 from ropekit.course.addressing import Names
 from ropekit.course.exercises import wrong_variants
-from ropekit.course.solutions.ex05_qk_offsets import _rotate_block
-
-
-@triton.jit
-def _out_addressed_as_contiguous(X, COS, SIN, OUT, seq_len, n_heads, stride_xb, stride_xs, stride_xh, stride_xd,
-                                 stride_ob, stride_os, stride_oh, stride_od, HEAD_DIM: tl.constexpr,
-                                 BLOCK_HALF: tl.constexpr):
-    row = tl.program_id(0)
-    head = row % n_heads
-    token = (row // n_heads) % seq_len
-    batch = row // (n_heads * seq_len)
-    pairs = tl.arange(0, BLOCK_HALF)
-    mask = pairs < HEAD_DIM // 2
-    x_row = X + batch * stride_xb + token * stride_xs + head * stride_xh
-    out_row = OUT + row * HEAD_DIM  # the mistake: out taken as contiguous, its strides ignored
-    x_a = tl.load(x_row + pairs * stride_xd, mask=mask, other=0.0).to(tl.float32)
-    x_b = tl.load(x_row + (pairs + HEAD_DIM // 2) * stride_xd, mask=mask, other=0.0).to(tl.float32)
-    cos = tl.load(COS + token * (HEAD_DIM // 2) + pairs, mask=mask, other=0.0)
-    sin = tl.load(SIN + token * (HEAD_DIM // 2) + pairs, mask=mask, other=0.0)
-    tl.store(out_row + pairs, (x_a * cos - x_b * sin).to(OUT.dtype.element_ty), mask=mask)
-    tl.store(out_row + pairs + HEAD_DIM // 2, (x_b * cos + x_a * sin).to(OUT.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def _k_head_offset_missed(Q, K, OUT_Q, OUT_K, COS, SIN, OFFSETS, seq_len, n_heads_q, n_heads_k,
-                          stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh,
-                          stride_oqb, stride_oqs, stride_oqh, stride_okb, stride_oks, stride_okh,
-                          HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr = 4, BLOCK_H: tl.constexpr = 2,
-                          NUM_WARPS: tl.constexpr = 4):
-    tokens = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
-    head_block = tl.program_id(1)
-    batch = tl.program_id(2)
-    pairs = tl.arange(0, HEAD_DIM // 2)
-    token_ok = tokens < seq_len
-    position = tl.load(OFFSETS + batch) + tokens
-    table = position[:, None] * (HEAD_DIM // 2) + pairs[None, :]
-    cos = tl.load(COS + table, mask=token_ok[:, None], other=0.0)[:, None, :]
-    sin = tl.load(SIN + table, mask=token_ok[:, None], other=0.0)[:, None, :]
-    n_q_blocks = (n_heads_q + BLOCK_H - 1) // BLOCK_H
-    if head_block < n_q_blocks:
-        _rotate_block(Q, OUT_Q, cos, sin, batch, tokens, token_ok, head_block * BLOCK_H, n_heads_q,
-                      stride_qb, stride_qs, stride_qh, stride_oqb, stride_oqs, stride_oqh, HEAD_DIM, BLOCK_H)
-    else:  # the mistake: k's first head is head_block * BLOCK_H, q's blocks not subtracted (past k's heads: masked)
-        _rotate_block(K, OUT_K, cos, sin, batch, tokens, token_ok, head_block * BLOCK_H, n_heads_k,
-                      stride_kb, stride_ks, stride_kh, stride_okb, stride_oks, stride_okh, HEAD_DIM, BLOCK_H)
+from ropekit.course.wrong import ex03_strided_kernel, ex04_tiled_kernel, ex05_qk_offsets, ex09_rope_cache_kernel
 
 
 def test_out_addressed_with_x_strides_is_a_stride_mistake_not_a_loose_mask():
@@ -76,7 +29,7 @@ def test_out_addressed_with_x_strides_is_a_stride_mistake_not_a_loose_mask():
 
 
 def test_out_addressed_as_contiguous_is_a_stride_mistake_not_a_loose_mask():
-    result = course.check("03_strided_kernel", _out_addressed_as_contiguous)
+    result = course.check("03_strided_kernel", ex03_strided_kernel.out_addressed_as_contiguous)
     assert result.diagnosis == "out_stride", str(result)
     assert "contiguous" in result.message and "mask too loose" not in result.message
 
@@ -88,7 +41,7 @@ def test_a_loose_mask_is_still_a_loose_mask():
 
 def test_a_missed_k_head_offset_names_ks_own_heads():
     # case 1 has 4 q heads and 2 k heads: k's heads are 0-1 of out_k, not heads 4-5 of the joint output
-    result = course.check("05_qk_offsets", _k_head_offset_missed)
+    result = course.check("05_qk_offsets", ex05_qk_offsets.k_head_offset_missed)
     assert result.diagnosis == "unwritten", str(result)
     assert "k's heads 0-1 in out_k" in result.message, result.message
     assert "heads 4-5" not in result.message and "q's" not in result.message
@@ -136,29 +89,8 @@ def test_skipped_heads_point_at_the_head_loop_not_at_a_mask(exercise):
     assert "Whole heads were skipped" in result.message and "mask too tight" not in result.message
 
 
-@triton.jit
-def _second_half_at_the_block_width(X, COS, SIN, OUT, seq_len, n_heads, stride_xb, stride_xs, stride_xh, stride_xd,
-                                    stride_ob, stride_os, stride_oh, stride_od, HEAD_DIM: tl.constexpr,
-                                    BLOCK_HALF: tl.constexpr):
-    row = tl.program_id(0)
-    head = row % n_heads
-    token = (row // n_heads) % seq_len
-    batch = row // (n_heads * seq_len)
-    pairs = tl.arange(0, BLOCK_HALF)
-    mask = pairs < HEAD_DIM // 2
-    x_row = X + batch * stride_xb + token * stride_xs + head * stride_xh
-    out_row = OUT + batch * stride_ob + token * stride_os + head * stride_oh
-    x_a = tl.load(x_row + pairs * stride_xd, mask=mask, other=0.0).to(tl.float32)
-    x_b = tl.load(x_row + (pairs + HEAD_DIM // 2) * stride_xd, mask=mask, other=0.0).to(tl.float32)
-    cos = tl.load(COS + token * (HEAD_DIM // 2) + pairs, mask=mask, other=0.0)
-    sin = tl.load(SIN + token * (HEAD_DIM // 2) + pairs, mask=mask, other=0.0)
-    tl.store(out_row + pairs * stride_od, (x_a * cos - x_b * sin).to(OUT.dtype.element_ty), mask=mask)
-    # the mistake: the second half stored BLOCK_HALF channels in, not HEAD_DIM // 2
-    tl.store(out_row + (pairs + BLOCK_HALF) * stride_od, (x_b * cos + x_a * sin).to(OUT.dtype.element_ty), mask=mask)
-
-
 def test_stores_shifted_past_their_targets_are_called_an_offset_not_a_loose_mask():
-    result = course.check("03_strided_kernel", _second_half_at_the_block_width)
+    result = course.check("03_strided_kernel", ex03_strided_kernel.second_half_at_the_block_width)
     assert result.diagnosis == "out_of_bounds", str(result)
     assert "Stores landed beside their targets" in result.message and "never written" in result.message
     assert "mask too loose" not in result.message
@@ -173,31 +105,8 @@ def test_the_paged_exercise_checks_both_ends_of_the_cache_and_names_a_row_start_
     assert result.diagnosis == "stray_rows" and "slot * n_heads_kv * HEAD_DIM" in result.message, str(result)
 
 
-@triton.jit
-def _tile_without_the_batch_offset(X, COS, SIN, OUT, seq_len, n_heads, stride_xb, stride_xs, stride_xh,
-                                   stride_ob, stride_os, stride_oh, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr,
-                                   BLOCK_H: tl.constexpr):
-    tokens = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
-    batch = tl.program_id(1)
-    HALF: tl.constexpr = HEAD_DIM // 2
-    pairs = tl.arange(0, HALF)
-    inside = tokens < seq_len
-    rows = tokens[:, None] * HALF + pairs[None, :]
-    cos = tl.load(COS + rows, mask=inside[:, None], other=0.0)[:, None, :]
-    sin = tl.load(SIN + rows, mask=inside[:, None], other=0.0)[:, None, :]
-    for first in range(0, n_heads, BLOCK_H):
-        heads = first + tl.arange(0, BLOCK_H)
-        mask = inside[:, None, None] & (heads < n_heads)[None, :, None]
-        x = X + tokens[:, None, None] * stride_xs + heads[None, :, None] * stride_xh + pairs  # the mistake: no batch
-        out = OUT + batch * stride_ob + tokens[:, None, None] * stride_os + heads[None, :, None] * stride_oh + pairs
-        a = tl.load(x, mask=mask)
-        b = tl.load(x + HALF, mask=mask)
-        tl.store(out, a * cos - b * sin, mask=mask)
-        tl.store(out + HALF, b * cos + a * sin, mask=mask)
-
-
 def test_a_missing_batch_offset_is_located_in_plain_words():
-    result = course.check("04_tiled_kernel", _tile_without_the_batch_offset)
+    result = course.check("04_tiled_kernel", ex04_tiled_kernel.tile_without_the_batch_offset)
     assert result.diagnosis == "wrong", str(result)
     assert "Sequence 0 is right" in result.message and "batch offset" in result.message
     assert "broadcast" not in result.message and "cos_sin_reloaded" not in result.message  # no internal ids
@@ -220,40 +129,10 @@ def test_hints_use_the_words_of_what_the_reader_wrote():
     assert "BLOCK_S" not in row.message and "tile" not in row.message
 
 
-@triton.jit
-def _cache_stores_masked_by_the_slot(Q, K, V, COS, SIN, POS, SLOTS, Q_OUT, K_CACHE, V_CACHE, n_heads_q, n_heads_kv,
-                                     HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr):
-    token = tl.program_id(0).to(tl.int64)
-    HALF: tl.constexpr = HEAD_DIM // 2
-    heads = tl.arange(0, BLOCK_H)[:, None]
-    lanes = tl.arange(0, HALF)[None, :]
-    position = tl.load(POS + token)
-    cos = tl.load(COS + position * HALF + lanes)
-    sin = tl.load(SIN + position * HALF + lanes)
-    q_mask = (heads < n_heads_q) & (lanes < HALF)
-    q_row = Q + token * n_heads_q * HEAD_DIM + heads * HEAD_DIM
-    q_a = tl.load(q_row + lanes, mask=q_mask)
-    q_b = tl.load(q_row + HALF + lanes, mask=q_mask)
-    out_row = Q_OUT + token * n_heads_q * HEAD_DIM + heads * HEAD_DIM
-    tl.store(out_row + lanes, q_a * cos - q_b * sin, mask=q_mask)
-    tl.store(out_row + HALF + lanes, q_b * cos + q_a * sin, mask=q_mask)
-    slot = tl.load(SLOTS + token)
-    kv_mask = (heads < n_heads_kv) & (lanes < HALF) & (slot >= 0)  # what the task's words suggest
-    k_row = K + token * n_heads_kv * HEAD_DIM + heads * HEAD_DIM
-    k_a = tl.load(k_row + lanes, mask=kv_mask)
-    k_b = tl.load(k_row + HALF + lanes, mask=kv_mask)
-    cache_row = slot * n_heads_kv * HEAD_DIM + heads * HEAD_DIM
-    tl.store(K_CACHE + cache_row + lanes, k_a * cos - k_b * sin, mask=kv_mask)
-    tl.store(K_CACHE + cache_row + HALF + lanes, k_b * cos + k_a * sin, mask=kv_mask)
-    v_row = V + token * n_heads_kv * HEAD_DIM + heads * HEAD_DIM
-    tl.store(V_CACHE + cache_row + lanes, tl.load(v_row + lanes, mask=kv_mask), mask=kv_mask)
-    tl.store(V_CACHE + cache_row + HALF + lanes, tl.load(v_row + HALF + lanes, mask=kv_mask), mask=kv_mask)
-
-
 def test_a_mask_from_the_loaded_slot_gets_a_way_forward_on_the_cpu():
     """The GPU compiles stores masked with `slot >= 0`; the interpreter refuses the mask. A CPU reader must learn how
     to write it so that both run it, not just that something raised."""
-    result = course.check("09_rope_cache_kernel", _cache_stores_masked_by_the_slot)
+    result = course.check("09_rope_cache_kernel", ex09_rope_cache_kernel.cache_stores_masked_by_the_slot)
     if not ropekit.device.INTERPRET:
         assert result.ok
         return
@@ -269,33 +148,8 @@ def test_a_padding_token_that_writes_is_told_the_form_both_machines_run():
     assert "inside `if slot >= 0:`" in result.message and "mask the stores" not in result.message
 
 
-@triton.jit
-def _offsets_read_at_the_head_block(Q, K, OUT_Q, OUT_K, COS, SIN, OFFSETS, seq_len, n_heads_q, n_heads_k,
-                                    stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh,
-                                    stride_oqb, stride_oqs, stride_oqh, stride_okb, stride_oks, stride_okh,
-                                    HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr = 4, BLOCK_H: tl.constexpr = 4,
-                                    NUM_WARPS: tl.constexpr = 4):
-    tokens = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
-    head_block = tl.program_id(1)
-    batch = tl.program_id(2)
-    HALF: tl.constexpr = HEAD_DIM // 2
-    pairs = tl.arange(0, HALF)
-    token_ok = tokens < seq_len
-    position = tl.load(OFFSETS + head_block % 2) + tokens  # the mistake: a head block's id, not the sequence's
-    table = position[:, None] * HALF + pairs[None, :]
-    cos = tl.load(COS + table, mask=token_ok[:, None], other=0.0)[:, None, :]
-    sin = tl.load(SIN + table, mask=token_ok[:, None], other=0.0)[:, None, :]
-    n_q_blocks = (n_heads_q + BLOCK_H - 1) // BLOCK_H
-    if head_block < n_q_blocks:
-        _rotate_block(Q, OUT_Q, cos, sin, batch, tokens, token_ok, head_block * BLOCK_H, n_heads_q,
-                      stride_qb, stride_qs, stride_qh, stride_oqb, stride_oqs, stride_oqh, HEAD_DIM, BLOCK_H)
-    else:
-        _rotate_block(K, OUT_K, cos, sin, batch, tokens, token_ok, (head_block - n_q_blocks) * BLOCK_H, n_heads_k,
-                      stride_kb, stride_ks, stride_kh, stride_okb, stride_oks, stride_okh, HEAD_DIM, BLOCK_H)
-
-
 def test_offsets_read_at_a_head_blocks_id_are_named_as_that_not_as_a_broadcast():
-    result = course.check("05_qk_offsets", _offsets_read_at_the_head_block)
+    result = course.check("05_qk_offsets", ex05_qk_offsets.offsets_read_at_the_head_block)
     assert result.diagnosis == "broadcast", str(result)
     assert "different sequences' offsets" in result.message and "tl.program_id(2)" in result.message, result.message
     assert "cos[:, None, :]" not in result.message
@@ -312,67 +166,19 @@ def test_a_shifted_position_in_the_torch_exercise_speaks_of_angles_not_table_row
     assert "positions + 1 in the angles" in result.message and "cos/sin row" not in result.message
 
 
-@triton.jit
-def _paged_kernel_with(Q, K, V, COS, SIN, POS, SLOTS, Q_OUT, K_CACHE, V_CACHE, n_heads_q, n_heads_kv,
-                       HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr, V_FROM_K: tl.constexpr,
-                       ROW_HEADS_Q: tl.constexpr):
-    """09's solution with one planted mistake: V_FROM_K (0: none, 1: k's values, 2: k rotated, stored in the v cache),
-    ROW_HEADS_Q (a slot's cache row taken as n_heads_q heads long)."""
-    token = tl.program_id(0).to(tl.int64)
-    HALF: tl.constexpr = HEAD_DIM // 2
-    heads = tl.arange(0, BLOCK_H)[:, None]
-    lanes = tl.arange(0, HALF)[None, :]
-    position = tl.load(POS + token)
-    cos = tl.load(COS + position * HALF + lanes)
-    sin = tl.load(SIN + position * HALF + lanes)
-    q_mask = (heads < n_heads_q) & (lanes < HALF)
-    q_row = Q + token * n_heads_q * HEAD_DIM + heads * HEAD_DIM
-    q_a = tl.load(q_row + lanes, mask=q_mask)
-    q_b = tl.load(q_row + HALF + lanes, mask=q_mask)
-    out_row = Q_OUT + token * n_heads_q * HEAD_DIM + heads * HEAD_DIM
-    tl.store(out_row + lanes, q_a * cos - q_b * sin, mask=q_mask)
-    tl.store(out_row + HALF + lanes, q_b * cos + q_a * sin, mask=q_mask)
-    slot = tl.load(SLOTS + token)
-    if slot >= 0:
-        kv_mask = (heads < n_heads_kv) & (lanes < HALF)
-        k_row = K + token * n_heads_kv * HEAD_DIM + heads * HEAD_DIM
-        k_a = tl.load(k_row + lanes, mask=kv_mask)
-        k_b = tl.load(k_row + HALF + lanes, mask=kv_mask)
-        row_heads = n_heads_q if ROW_HEADS_Q else n_heads_kv
-        cache_row = slot * row_heads * HEAD_DIM + heads * HEAD_DIM
-        tl.store(K_CACHE + cache_row + lanes, k_a * cos - k_b * sin, mask=kv_mask)
-        tl.store(K_CACHE + cache_row + HALF + lanes, k_b * cos + k_a * sin, mask=kv_mask)
-        v_row = V + token * n_heads_kv * HEAD_DIM + heads * HEAD_DIM
-        v_a = tl.load(v_row + lanes, mask=kv_mask)
-        v_b = tl.load(v_row + HALF + lanes, mask=kv_mask)
-        if V_FROM_K == 1:
-            v_a, v_b = k_a, k_b
-        if V_FROM_K == 2:
-            v_a, v_b = k_a * cos - k_b * sin, k_b * cos + k_a * sin
-        tl.store(V_CACHE + cache_row + lanes, v_a, mask=kv_mask)
-        tl.store(V_CACHE + cache_row + HALF + lanes, v_b, mask=kv_mask)
-
-
-class _Planted:
-    """The planted kernel with its mistake's switches bound, launched as the exercise launches the reader's."""
-
-    def __init__(self, **switches):
-        self.switches = switches
-
-    def __getitem__(self, grid):
-        return lambda *args, **kwargs: _paged_kernel_with[grid](*args, **kwargs, **self.switches)
-
-
-@pytest.mark.parametrize("v_from_k, turned", [(1, "unrotated"), (2, "rotated")], ids=["k-values", "k-rotated"])
-def test_a_v_cache_written_from_k_is_named_as_k_in_the_v_cache(v_from_k, turned):
-    result = course.check("09_rope_cache_kernel", _Planted(V_FROM_K=v_from_k, ROW_HEADS_Q=0))
+@pytest.mark.parametrize("planted, turned", [
+    (ex09_rope_cache_kernel.v_cache_holds_k, "unrotated"),
+    (ex09_rope_cache_kernel.v_cache_holds_k_rotated, "rotated"),
+], ids=["k-values", "k-rotated"])
+def test_a_v_cache_written_from_k_is_named_as_k_in_the_v_cache(planted, turned):
+    result = course.check("09_rope_cache_kernel", planted)
     assert result.diagnosis == "wrong", str(result)
     assert f"v_cache holds k ({turned})" in result.message and "differ from the reference" not in result.message
     assert "(case: " in result.message
 
 
 def test_a_cache_row_as_long_as_qs_heads_says_how_long_a_slots_row_is():
-    result = course.check("09_rope_cache_kernel", _Planted(V_FROM_K=0, ROW_HEADS_Q=1))
+    result = course.check("09_rope_cache_kernel", ex09_rope_cache_kernel.cache_row_of_qs_heads)
     assert result.diagnosis == "out_of_bounds", str(result)
     assert "a slot's row is n_heads_kv · HEAD_DIM elements" in result.message, result.message
     assert "(case: " in result.message
@@ -388,34 +194,10 @@ def test_a_sign_flipped_in_one_channel_only_is_not_a_turn_the_other_way():
     assert turned_back.diagnosis == "wrong_direction", str(turned_back)
 
 
-@triton.jit
-def _k_masked_with_qs_head_count(Q, K, OUT_Q, OUT_K, COS, SIN, OFFSETS, seq_len, n_heads_q, n_heads_k,
-                                 stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh,
-                                 stride_oqb, stride_oqs, stride_oqh, stride_okb, stride_oks, stride_okh,
-                                 HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr = 4, BLOCK_H: tl.constexpr = 2,
-                                 NUM_WARPS: tl.constexpr = 4):
-    tokens = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
-    head_block = tl.program_id(1)
-    batch = tl.program_id(2)
-    pairs = tl.arange(0, HEAD_DIM // 2)
-    token_ok = tokens < seq_len
-    position = tl.load(OFFSETS + batch) + tokens
-    table = position[:, None] * (HEAD_DIM // 2) + pairs[None, :]
-    cos = tl.load(COS + table, mask=token_ok[:, None], other=0.0)[:, None, :]
-    sin = tl.load(SIN + table, mask=token_ok[:, None], other=0.0)[:, None, :]
-    n_q_blocks = (n_heads_q + BLOCK_H - 1) // BLOCK_H
-    if head_block < n_q_blocks:
-        _rotate_block(Q, OUT_Q, cos, sin, batch, tokens, token_ok, head_block * BLOCK_H, n_heads_q,
-                      stride_qb, stride_qs, stride_qh, stride_oqb, stride_oqs, stride_oqh, HEAD_DIM, BLOCK_H)
-    else:  # the mistake: k's head lanes masked with q's head count
-        _rotate_block(K, OUT_K, cos, sin, batch, tokens, token_ok, (head_block - n_q_blocks) * BLOCK_H, n_heads_q,
-                      stride_kb, stride_ks, stride_kh, stride_okb, stride_oks, stride_okh, HEAD_DIM, BLOCK_H)
-
-
 def test_k_masked_with_qs_head_count_is_told_k_has_fewer_heads():
     """Stores that land exactly where k's heads n_heads_k.. would be are k's lanes masked with q's head count (GQA),
     not a loose mask in general."""
-    result = course.check("05_qk_offsets", _k_masked_with_qs_head_count)
+    result = course.check("05_qk_offsets", ex05_qk_offsets.k_masked_with_qs_head_count)
     assert result.diagnosis == "out_of_bounds", str(result)
     assert "k has n_heads_k heads (GQA" in result.message
     assert "mask k's head lanes with n_heads_k, not n_heads_q" in result.message

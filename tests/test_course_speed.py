@@ -83,9 +83,10 @@ def test_an_exercise_without_a_speed_target_is_refused():
 SOLUTION_TILE = (4, 4, 4)
 
 
-def _stored(tmp_path, runs: dict) -> str:
-    """A reference-tile file with ``runs``: {device name: {tile: % of the copy ceiling}} (test data, not measured)."""
-    data = {"runs": {device: {"device": device, "ceiling_gbps": 1000.0, "tiles": [
+def _stored(tmp_path, runs: dict, ceilings: dict | None = None) -> str:
+    """A reference-tile file with ``runs``: {device name: {tile: % of the copy ceiling}} and each run's copy ceiling
+    (``ceilings``: {device name: GB/s}, 1000 where not given) (test data, not measured)."""
+    data = {"runs": {device: {"device": device, "ceiling_gbps": (ceilings or {}).get(device, 1000.0), "tiles": [
         {"block_s": s, "block_h": h, "num_warps": w, "pct_ceiling": pct} for (s, h, w), pct in tiles.items()]}
         for device, tiles in runs.items()}}
     path = tmp_path / "reference_tiles.json"
@@ -124,10 +125,52 @@ def test_the_models_error_is_shown_on_every_stored_reference_tile(tmp_path):
     data = _stored(tmp_path, {"NVIDIA H100 80GB HBM3": {SOLUTION_TILE: 94.5, (1, 1, 4): 30.0}})
     result = speed.grade_prediction("05_qk_offsets", course.load_solution("05_qk_offsets"), 94, data=data)
     shape = course.exercise("05_qk_offsets").notes["speed_shape"]
-    template_model = speed.model_pct((1, 1, 4), shape)
+    template_model = speed.model_pct((1, 1, 4), shape, speed.gpu_model("H100", speed.load_reference_tiles(data)))
     assert "H200: no stored measurement for this GPU yet" in result.message and result.ok  # graded on the H100 alone
     assert f"| 1 × 1, 4 | {template_model:.0f} | 30.0 | {template_model - 30.0:+.1f} |" in result.message
     assert "| 8 × 4, 4 |" in result.message and "— | — |" in result.message  # a tile without a stored row
+
+
+H200_RUN = {"NVIDIA H100 80GB HBM3": {SOLUTION_TILE: 94.5, (1, 1, 4): 30.0}, "NVIDIA H200": {(1, 1, 4): 25.0}}
+
+
+@cpu_only
+def test_each_gpus_model_is_computed_on_that_gpus_own_facts(tmp_path):
+    """The H200's column and line use the H200's SMs, the copy ceiling of its stored run and the data sheet's assumed
+    latency, not the H100's facts; the H100's, its own run's ceiling."""
+    from ropekit.course import perf_model
+    data = _stored(tmp_path, H200_RUN, ceilings={"NVIDIA H100 80GB HBM3": 3000.0, "NVIDIA H200": 4800.0})
+    runs = speed.load_reference_tiles(data)
+    h200 = speed.gpu_model("H200", runs)
+    published = perf_model.PUBLISHED["H200"]
+    assert (h200.name, h200.n_sms, h200.ceiling_gbps, h200.latency_ns) == ("NVIDIA H200", published.n_sms, 4800.0,
+                                                                          published.latency_ns)
+    assert speed.gpu_model("H100", runs).ceiling_gbps == 3000.0
+    shape = course.exercise("05_qk_offsets").notes["speed_shape"]
+    on = {gpu: speed.model_pct((1, 1, 4), shape, speed.gpu_model(gpu, runs)) for gpu in ("H100", "H200")}
+    assert on["H100"] != on["H200"]  # a tile short of bytes in flight: the GPUs' facts tell them apart
+    assert on["H200"] == speed.model_pct((1, 1, 4), shape, perf_model.DeviceModel("H200", published.n_sms, 4800.0,
+                                                                                   published.latency_ns, "assumed"))
+    result = speed.grade_prediction("05_qk_offsets", course.load_solution("05_qk_offsets"), 30, data=data)
+    assert (f"| 1 × 1, 4 | {on['H100']:.0f} | 30.0 | {on['H100'] - 30.0:+.1f} | {on['H200']:.0f} | 25.0 | "
+            f"{on['H200'] - 25.0:+.1f} |") in result.message
+    assert "H200's model: NVIDIA H200, 132 SMs, 4800 GB/s" in result.message
+
+
+@cpu_only
+def test_without_a_stored_run_a_gpus_model_is_its_data_sheets():
+    from ropekit.course import perf_model
+    assert speed.gpu_model("H200", {}) == perf_model.PUBLISHED["H200"]
+
+
+def test_on_an_h200_the_models_words_are_the_h200s(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *device: "NVIDIA H200")
+    shape = course.exercise("05_qk_offsets").notes["speed_shape"]
+    h200 = speed.gpu_model("H200")
+    words = speed.model_words(course.load_solution("05_qk_offsets"), shape)
+    assert f"({h200.ceiling_gbps:.0f} GB/s over {h200.n_sms} SMs x {h200.latency_ns:.0f} ns, {h200.name})" in words
+    assert "H100" not in words
 
 
 @cpu_only

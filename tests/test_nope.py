@@ -1,8 +1,9 @@
 """Llama 4's NoPE layers as a specification: ``apply_rope(q, k, positions=..., nope_temperature=(floor_scale,
 attn_scale))`` rotates nothing; every channel of q is multiplied by ``log(floor((position + 1) / floor_scale) + 1) *
 attn_scale + 1`` at its token's position (transformers' ``attn_temperature_tuning``, vLLM's ``_get_attn_scale``), and
-k passes through. Every layout and position form, in place and out of place, autograd and torch.compile, on the Triton
-kernel and the native backend; validation names the argument before anything is written."""
+k passes through. Every layout and position form, in place and out of place, autograd (torch.compile, CUDA graphs
+and the plan cache: tests/test_api.py), on the Triton kernel and the native backend; validation names the argument
+before anything is written."""
 
 import math
 
@@ -13,8 +14,8 @@ import ropekit
 from ropekit import reference as ref
 from ropekit.layouts import TO_BSHD
 from ropekit.testing import assert_close_to_reference
-from ropekit.triton.launch import TileConfig, forced_config, plans, recorded_launches
-from conftest import DEVICE, gpu_only
+from ropekit.triton.launch import TileConfig, forced_config, recorded_launches
+from conftest import DEVICE
 from rope_cases import make, positions_for, table
 
 triton_backend = pytest.mark.backend("triton")
@@ -121,7 +122,7 @@ def test_the_kernel_and_the_native_backend_agree_bit_for_bit():
                        ropekit.apply_rope(q, None, backend="native", **kw)[0])
 
 
-# --- autograd and torch.compile -------------------------------------------------------------------------------------
+# --- autograd (torch.compile, CUDA graphs and the plan cache: tests/test_api.py, with the other table-free call) ----
 
 def test_backward_scales_q_and_passes_k(backend):
     q = make("bshd", 2, 4, 4, 32, torch.float32).requires_grad_()
@@ -143,51 +144,6 @@ def test_gradcheck_in_float64(backend):
         return ropekit.apply_rope(q, k, positions=6, nope_temperature=(2, 0.3))
 
     assert torch.autograd.gradcheck(f, (q, k), eps=1e-6, atol=1e-6)
-
-
-def test_torch_compile_fullgraph_no_graph_break(backend):
-    def step(q, k, offsets):
-        q2, k2 = ropekit.apply_rope(q, k, positions=offsets, nope_temperature=(4, 0.5))
-        return (q2 * 2).sum(-1), k2
-
-    compiled = torch.compile(step, fullgraph=True, backend="aot_eager" if DEVICE == "cpu" else "inductor")
-    q, k = make("bshd", 2, 3, 4, 32, torch.float32), make("bshd", 2, 3, 2, 32, torch.float32)
-    offsets = torch.tensor([4, 30], device=DEVICE)
-    for got, want in zip(compiled(q, k, offsets), step(q, k, offsets)):
-        torch.testing.assert_close(got, want)
-
-    def scale_in_place(x, offsets):
-        ropekit.apply_rope(x, None, positions=offsets, nope_temperature=(4, 0.5), inplace=True)
-        return x
-
-    x = make("bshd", 2, 3, 4, 32, torch.float32)
-    got = torch.compile(scale_in_place, fullgraph=True, backend="aot_eager" if DEVICE == "cpu" else "inductor")(
-        x.clone(), offsets)
-    assert_close_to_reference(got, ref.nope_temperature(x, ref.token_positions(2, 3, offsets=offsets.cpu()), 4, 0.5))
-
-
-@gpu_only
-def test_cuda_graph_replays_with_new_positions():
-    q = torch.randn(64, 1, 40, 128, device="cuda", dtype=torch.bfloat16)
-    k = torch.randn(64, 1, 8, 128, device="cuda", dtype=torch.bfloat16)
-    offsets = torch.randint(0, 100_000, (64,), device="cuda")
-    out = {}
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(2):
-            ropekit.apply_rope(q, k, positions=offsets, nope_temperature=LLAMA4)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out["q"], out["k"] = ropekit.apply_rope(q, k, positions=offsets, nope_temperature=LLAMA4)
-    for _ in range(3):
-        offsets.copy_(torch.randint(0, 100_000, (64,), device="cuda"))
-        graph.replay()
-        torch.cuda.synchronize()
-        pos = ref.token_positions(64, 1, offsets=offsets.cpu())
-        assert_close_to_reference(out["q"], ref.nope_temperature(q, pos, *LLAMA4))
-        assert torch.equal(out["k"], k)
 
 
 # --- validation: every error names the argument, before anything is written -----------------------------------------
@@ -231,23 +187,7 @@ def test_an_integer_valued_float_floor_scale_is_vllms_config(backend):
                        ropekit.apply_rope(q, None, positions=9000, nope_temperature=(8192, 0.1))[0])
 
 
-# --- the plan cache and the launch ----------------------------------------------------------------------------------
-
-@triton_backend
-def test_a_repeated_call_hits_its_plan_and_other_scales_make_another(monkeypatch):
-    q = make("bshd", 2, 3, 4, 32, torch.float32)
-    ropekit.apply_rope(q, None, positions=5, nope_temperature=(4, 0.5))
-    real_put = plans.put
-    monkeypatch.setattr(plans, "put", lambda key, plan: pytest.fail("the call should have used its plan"))
-    out, _ = ropekit.apply_rope(q, None, positions=9, nope_temperature=(4, 0.5))
-    assert_close_to_reference(out, ref.nope_temperature(q, ref.token_positions(2, 3, offsets=9), 4, 0.5))
-    monkeypatch.setattr(plans, "put", real_put)
-    for temperature in ((4, 0.25), (8, 0.5)):
-        n_plans = len(plans)
-        out, _ = ropekit.apply_rope(q, None, positions=9, nope_temperature=temperature)
-        assert len(plans) == n_plans + 1
-        assert_close_to_reference(out, ref.nope_temperature(q, ref.token_positions(2, 3, offsets=9), *temperature))
-
+# --- the launch -----------------------------------------------------------------------------------------------------
 
 @triton_backend
 def test_one_launch_that_reads_no_table_and_in_place_never_touches_k():

@@ -133,6 +133,22 @@ def test_every_read_input_is_compared_with_every_written_tensor(variant, read, w
     _assert_refused(ropekit.rope_and_cache, call, (written.split("-")[0], read))
 
 
+@pytest.mark.parametrize("cached", [False, True], ids=["first-call", "cached-signature"])
+@pytest.mark.parametrize("written", ["k_cache", "v_cache", "q-in-place"])
+@pytest.mark.parametrize("scale", ["k_scale", "v_scale"])
+def test_a_scale_that_an_unquantised_cache_never_reads_is_not_compared(scale, written, cached):
+    """Engines pass their scales whatever the cache holds: beside a float32 cache they are unread, so a scale lying
+    inside a written tensor is accepted, and the call writes what it writes without it."""
+    call = _call(inplace=written == "q-in-place")
+    call[scale] = _inside(call["q" if written == "q-in-place" else written], torch.tensor([0.5], device=DEVICE), 8)
+    without = {n: (_own(t) if isinstance(t, torch.Tensor) else t) for n, t in call.items() if n != scale}
+    _warm(ropekit.rope_and_cache, call, cached)
+    got, want = ropekit.rope_and_cache(**call), ropekit.rope_and_cache(**without)
+    assert torch.equal(got[0], want[0])
+    for name in ("q", "k_cache", "v_cache"):
+        assert torch.equal(call[name], without[name]), name
+
+
 @pytest.mark.parametrize("case", ["fp8-v_cache-on-bf16-v", "fp8-k_cache-on-in-place-bf16-q",
                                   "fp8-k_cache-on-the-last-byte-of-bf16-v"])
 def test_overlaps_across_element_sizes_are_detected(case):

@@ -4,7 +4,7 @@ sanitizer; here it runs under the interpreter, where every result is still check
 import pytest
 
 import ropekit
-from ropekit.reliability import sanitize
+from ropekit.reliability import sanitize, sanitize_fused
 from ropekit.triton.configs import FlatConfig
 from ropekit.reliability.configs import Config, Family
 from conftest import DEVICE, ON_GPU
@@ -58,5 +58,5 @@ def test_the_driver_writes_through_every_cache_address_map_and_reads_it_back(add
                     kwargs[key] = kwargs[key] + 1
             return real(*args, **kwargs)
 
-        monkeypatch.setattr(sanitize, name, shifted)
+        monkeypatch.setattr(sanitize_fused, name, shifted)  # the module whose check makes the call
         assert "is not its reference" in sanitize.check_cache_address_map(address, kv_layout, fp8, DEVICE)

@@ -11,8 +11,10 @@
 Rooms: ``cases`` (what is measured and how many bytes it must move), ``inputs`` (fresh inputs, the pre-timing check),
 ``impls`` (one adapter per implementation, peers loaded by ``peers``), ``timing`` (the clocks), ``runner`` (the loop
 and the rows), ``floor`` (the launch-chain floor of the small cases), ``report`` (the JSON), ``plots``, ``markdown``
-(docs/benchmarks.md), ``cli``; ``angles`` (its own command, ``python -m ropekit.bench.angles``: table-free angles'
-accuracy, and their speed against the table), ``fused`` and ``eager`` (their own commands, above).
+(docs/benchmarks.md), ``cli``; ``angles`` and ``mrope`` (their own commands, ``python -m ropekit.bench.angles``:
+table-free angles' accuracy and their speed against the table; ``python -m ropekit.bench.mrope``: M-RoPE's bytes and
+speed), whose options, GPU-only timing and JSON come from ``study``; ``fused`` and ``eager`` (their own commands,
+above).
 On a machine without a GPU nothing is timed: the Triton interpreter is correct but it is not a benchmark.
 """
 

@@ -22,16 +22,14 @@ Prints one line a case saying which wins, and writes ``angles.json`` to ``--out`
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 import sys
-from pathlib import Path
 
 import torch
 
 import ropekit
 from ropekit import reference
+from ropekit.bench import study
 from ropekit.frequencies import cos_sin_at, inverse_frequencies
 
 __all__ = ["accuracy", "speed", "main"]
@@ -161,9 +159,7 @@ def _report_speed(rows: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ropekit.bench.angles", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, required=True, help="directory for angles.json")
-    parser.add_argument("--no-speed", action="store_true", help="accuracy only")
+    parser = study.parser("angles", __doc__, "angles.json", "accuracy only")
     parser.add_argument("--window", type=int, default=4096, help="positions per start position (accuracy)")
     args = parser.parse_args(argv)
     device = ropekit.device.DEVICE
@@ -175,17 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         result["accuracy"][backend] = rows
         print(f"== accuracy against float64 position x inv_freq, backend {backend} on {result['device']}")
         print(_report_accuracy(rows))
-    if not args.no_speed:
-        if device != "cuda":
-            print("speed: needs a CUDA GPU (skipped)")
-        else:
-            result["speed"] = speed(device)
-            print(f"== speed on {result['device']} (CUDA-graph replay, µs per call)")
-            print(_report_speed(result["speed"]))
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "angles.json").write_text(json.dumps(result, indent=1))
-    return 0
-
+    return study.finish(args, result, device, "angles.json", speed, _report_speed)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -39,14 +39,12 @@ Writes ``mrope.json`` to ``--out``.
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
-from pathlib import Path
 
 import torch
 
 import ropekit
+from ropekit.bench import study
 
 __all__ = ["CASES", "vision_ids", "byte_model", "build_operators", "speed", "main"]
 
@@ -195,10 +193,7 @@ def _report_speed(rows: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ropekit.bench.mrope", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, required=True, help="directory for mrope.json")
-    parser.add_argument("--no-speed", action="store_true", help="the byte model only")
-    args = parser.parse_args(argv)
+    args = study.parser("mrope", __doc__, "mrope.json", "the byte model only").parse_args(argv)
     device = ropekit.device.DEVICE
     result = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
               "bytes": {case["name"]: byte_model(case) for case in CASES}, "speed": None,
@@ -208,17 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     ops = result["build_operators"]
     print(f"== building the rows (ropekit.mrope_cos_sin, one call): {ops['operators']} PyTorch operators, "
           f"{ops['host_reads']} of them host reads of a device value; the in-kernel path: none")
-    if not args.no_speed:
-        if device != "cuda":
-            print("speed: needs a CUDA GPU (skipped)")
-        else:
-            result["speed"] = speed(device)
-            print(f"== speed on {result['device']} (CUDA-graph replay, µs per call)")
-            print(_report_speed(result["speed"]))
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "mrope.json").write_text(json.dumps(result, indent=1))
-    return 0
-
+    return study.finish(args, result, device, "mrope.json", speed, _report_speed)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -26,7 +26,8 @@ import torch
 
 from .. import reference
 from ..testing import ulp
-from .addressing import Names, matching_strides, ranges
+from .addressing import (Names, describe_cells, describe_outside, matching_strides, past_ks_heads, ranges,
+                         unwritten_hint, whole_tokens_or_heads)
 from .buffers import CANARY, POISON
 from .cases import RopeInputs
 
@@ -104,98 +105,6 @@ def _matches(y: torch.Tensor, alt: torch.Tensor, dtype: torch.dtype, scale: floa
     return float(error.max()) <= 1e-4 * max(scale, 1.0)
 
 
-# --- words for where things happened -------------------------------------------------------------------------------
-
-def _whole(mask: torch.Tensor) -> tuple[str, torch.Tensor] | None:
-    """("tokens", (batch, seq) mask) when a (batch, seq, heads, head_dim) mask is whole tokens (every head and channel
-    of them), ("heads", (heads,) mask) when it is whole heads of every token, else None."""
-    tokens = mask.any(dim=(2, 3))
-    if torch.equal(mask, tokens[:, :, None, None].expand_as(mask)):
-        return "tokens", tokens
-    heads = mask.any(dim=(0, 1, 3))
-    if torch.equal(mask, heads[None, None, :, None].expand_as(mask)):
-        return "heads", heads
-    return None
-
-
-def _describe_cells(mask: torch.Tensor, names: Names = Names()) -> str:
-    """Where a (batch, seq, heads, head_dim) boolean mask is set, in words."""
-    n, total = int(mask.sum()), mask.numel()
-    channels = mask.any(dim=(0, 1, 2))
-    rows = mask.any(dim=-1)
-    if bool(rows.all()) and torch.equal(mask, channels.expand_as(mask)):
-        return f"channels {ranges(torch.nonzero(channels).flatten())} of every head vector ({n} of {total} elements)"
-    whole = _whole(mask)
-    if whole is not None and whole[0] == "tokens":
-        tokens = whole[1]
-        per_seq = [f"sequence {b}: tokens {ranges(torch.nonzero(tokens[b]).flatten())}"
-                   for b in range(mask.shape[0]) if bool(tokens[b].any())]
-        return "all heads and channels of " + "; ".join(per_seq) + f" ({n} of {total} elements)"
-    if whole is not None:
-        return f"every element of {names.heads(torch.nonzero(whole[1]).flatten())} ({n} of {total} elements)"
-    examples = ", ".join(names.element(i) for i in torch.nonzero(mask)[:3])
-    return f"{n} of {total} elements, e.g. {examples}"
-
-
-def _unwritten_hint(mask: torch.Tensor, names: Names = Names()) -> str:
-    """What to look at, from the shape of the unwritten (batch, seq, heads, head_dim) elements: whole heads point at
-    the heads a program covers, whole tokens at the grid, a part of every row at a mask."""
-    whole = _whole(mask)
-    if whole is not None and whole[0] == "heads":
-        return ("Whole heads were skipped: does every head get a program, or a turn of your head loop (its range "
-                "and step), and does the head offset reach " + names.heads(torch.nonzero(whole[1]).flatten()) + "?")
-    if whole is not None:
-        return "Whole tokens were skipped: does the grid (or a loop over tokens) cover every token of every sequence?"
-    return "Is a mask too tight (an off-by-one, or a bound smaller than the row/tile)?"
-
-
-def _describe_outside(inputs: RopeInputs, touched_storage: torch.Tensor, names: Names = Names()) -> str:
-    """Name the output elements right before each overwritten canary."""
-    out = inputs.out
-    flat_offsets = out.offsets.reshape(-1)
-    order = torch.argsort(flat_offsets)
-    sorted_offsets = flat_offsets[order]
-    anchors: dict[int, int] = {}
-    before_start = 0
-    for offset in touched_storage.tolist():
-        position = int(torch.searchsorted(sorted_offsets, torch.tensor(offset))) - 1
-        if position < 0:
-            before_start += 1
-            continue
-        element = int(order[position])
-        anchors[element] = anchors.get(element, 0) + 1
-    shape = out.view.shape
-    parts = []
-    for element, count in list(anchors.items())[:3]:
-        index = torch.unravel_index(torch.tensor(element), shape)
-        parts.append(f"{count} just past {names.element(index)}")
-    if len(anchors) > 3:
-        parts.append(f"... ({len(anchors)} places in all)")
-    if before_start:
-        parts.append(f"{before_start} before out[0, 0, 0, 0]")
-    return "; ".join(parts)
-
-
-def _past_ks_heads(inputs: RopeInputs, names: Names, touched_storage: torch.Tensor) -> list[int] | None:
-    """k's heads (numbered as k numbers them) past its last one whose elements hold every overwritten canary, when
-    the output holds q's heads then k's (exercise 05) and k has fewer heads than q; else None. Such stores come from
-    k's head lanes masked with q's head count (or the block's width), not from an address that is off."""
-    if names.split is None:
-        return None
-    view = inputs.out.view
-    n_q = names.split
-    n_k = view.shape[2] - n_q
-    if not 0 < n_k < n_q:
-        return None
-    first = inputs.out.offsets[:, :, n_q:n_q + 1, :]  # where k's head 0 lies, for every token and channel
-    head_of = {int(offset): head for head in range(n_k, n_q)
-               for offset in (first + head * view.stride(2)).reshape(-1).tolist()}
-    heads = [head_of.get(int(offset)) for offset in touched_storage.tolist()]
-    if not heads or None in heads:
-        return None
-    return sorted(set(heads))
-
-
 # --- the analysis --------------------------------------------------------------------------------------------------
 
 def analyse(inputs: RopeInputs, output: torch.Tensor, *, candidates: frozenset[str],
@@ -240,8 +149,8 @@ def analyse(inputs: RopeInputs, output: torch.Tensor, *, candidates: frozenset[s
                         "address from OUT's own strides (stride_ob, stride_os, stride_oh, stride_od): a view such as "
                         "out need not be laid out like x, nor be contiguous."))
             stray = (f"{int(touched.sum())} elements of the memory around and between the output's elements were "
-                     f"overwritten: {_describe_outside(inputs, where_outside, names)}.")
-            ghosts = _past_ks_heads(inputs, names, where_outside)
+                     f"overwritten: {describe_outside(inputs, where_outside, names)}.")
+            ghosts = past_ks_heads(inputs, names, where_outside)
             if ghosts:
                 n_q = names.split
                 n_k = y.shape[2] - n_q
@@ -252,7 +161,7 @@ def analyse(inputs: RopeInputs, output: torch.Tensor, *, candidates: frozenset[s
                     "n_heads_q (nor the block's width BLOCK_H)."))
             if not written.all():
                 return Finding("out_of_bounds", (
-                    f"Stores landed beside their targets: {stray} Meanwhile {_describe_cells(~written, names)} were "
+                    f"Stores landed beside their targets: {stray} Meanwhile {describe_cells(~written, names)} were "
                     "never written. The lanes are shifted, not too many: an offset is off (for example the second "
                     "half of a head vector starts HEAD_DIM // 2 channels in, whatever the block's width), so "
                     "stores meant for the missing elements went past them."))
@@ -279,8 +188,8 @@ def analyse(inputs: RopeInputs, output: torch.Tensor, *, candidates: frozenset[s
                    f"rotary_dim/2 = {rot // 2}, not head_dim/2.")))
 
     if not written.all():
-        where = _describe_cells(~written, names)
-        hint = _unwritten_hint(~written, names)
+        where = describe_cells(~written, names)
+        hint = unwritten_hint(~written, names)
         if rot < case.head_dim and not (~written)[..., :rot].any():
             hint = ("Out of place, the tail channels past rotary_dim are not rotated but must still be copied to "
                     "the output.")
@@ -342,7 +251,7 @@ def _where_wrong(y: torch.Tensor, expected: torch.Tensor, case, scale: float, na
             wrong, per_seq[:, None, None, None].expand_as(wrong)):
         return (f" Sequence 0 is right and every element of sequences {ranges(torch.nonzero(per_seq).flatten())} is "
                 "wrong: is the batch offset (batch x the batch stride) in every address?")
-    whole = _whole(wrong)
+    whole = whole_tokens_or_heads(wrong)
     if whole is not None and whole[0] == "heads":
         return (f" Exactly {names.heads(torch.nonzero(whole[1]).flatten())} are wrong, in every token: look at the "
                 "head offset (head x the head stride).")

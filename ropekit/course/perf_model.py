@@ -33,7 +33,7 @@ from ..triton.configs import FlatConfig, RopeShape, next_pow2
 from ..triton.model import (DeviceFacts, Launch, bytes_in_flight_per_sm, fit_latency_ns, model_rope, predicted_pct,
                             resident_programs)
 
-__all__ = ["DeviceModel", "Launch", "ASSUMED_H100", "device_model", "rope_bytes", "row_launch",
+__all__ = ["DeviceModel", "Launch", "ASSUMED_H100", "PUBLISHED", "device_model", "rope_bytes", "row_launch",
            "resident_programs", "bytes_in_flight_per_sm", "predicted_pct", "fit_latency_ns", "sectors_per_access",
            "tile_launch", "LADDER_LAUNCHES", "predict_case"]
 
@@ -45,6 +45,14 @@ DeviceModel = DeviceFacts  # what the model needs to know about a GPU
 # until a run on the device provides them (device_model): the latency is an assumption, not a measurement.
 ASSUMED_H100 = DeviceModel(name="H100 SXM (assumed figures)", n_sms=132, ceiling_gbps=3000.0, latency_ns=600.0,
                            latency_source="assumed: the order of an HBM latency under load, not measured here")
+
+
+# What NVIDIA's data sheets give (SMs, HBM bandwidth), with the loaded latency assumed: the model on a GPU that no run
+# has measured (notebook 05 compares the launch choice on both).
+PUBLISHED = {
+    "H100 SXM": DeviceModel("H100 SXM", 132, 3350.0, 600.0, "assumed 600 ns"),
+    "H200": DeviceModel("H200", 132, 4800.0, 600.0, "assumed 600 ns"),
+}
 
 
 def device_model(ablations: dict | None = None, *, base: DeviceModel = ASSUMED_H100) -> DeviceModel:

@@ -11,7 +11,8 @@ the ceiling is measured again in the same call, so that both numbers come from t
   GPU it says that speed needs one and grades nothing;
 * :func:`grade_prediction` grades the reader's *prediction* of the share their tile reaches: against this run on a
   GPU, and on a CPU against the stored measurements of the reference tiles (``data/reference_tiles.json``, written on
-  an H100 and an H200 by ``python -m ropekit.course.reference_tiles``), beside the model's error on every such tile;
+  an H100 and an H200 by ``python -m ropekit.course.reference_tiles``), beside the model's error on every such tile,
+  each GPU's model on that GPU's own facts (:func:`gpu_model`);
 * :func:`grade_stretch` asks for ``STRETCH`` of the ceiling, measured on a GPU, never predicted: a kernel changed
   beyond the solution's tile cannot be judged from the reference tiles, which show what a tile alone reaches.
 
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -33,7 +34,7 @@ from . import measure
 
 __all__ = ["TARGET", "STRETCH", "PREDICTION_TOLERANCE", "GPUS", "REFERENCE_TILES", "REFERENCE_DATA", "SpeedGrade",
            "grade", "grade_exercise", "grade_speed", "grade_prediction", "grade_stretch", "model_words", "model_pct",
-           "load_reference_tiles", "reference_table", "QKShape"]
+           "gpu_model", "load_reference_tiles", "reference_table", "QKShape"]
 
 TARGET = 0.80  # the speed exercise's pass mark: this share of the copy ceiling
 STRETCH = 0.97  # the stretch target, measured on a GPU; the stored reference tiles show what a tile alone reaches
@@ -92,16 +93,43 @@ def _tile_launch(tile: tuple[int, int, int], shape: "QKShape"):
 
 
 def _device_model():
+    """The model of the GPU this runs on, where it is one of :data:`GPUS`; else the course's (its ablation run's
+    device, or assumed H100 figures)."""
     from . import ablations, perf_model
 
+    if torch.cuda.is_available():
+        name = torch.cuda.get_device_name()
+        for gpu in GPUS:
+            if gpu in name:
+                return gpu_model(gpu)
     return perf_model.device_model(ablations.load())
 
 
-def model_pct(tile: tuple[int, int, int], shape: "QKShape") -> float:
-    """The bytes-in-flight model's % of the copy ceiling for a (BLOCK_S, BLOCK_H, NUM_WARPS) tile on ``shape``."""
+def gpu_model(gpu: str, runs: dict | None = None):
+    """The model's facts for ``gpu`` (one of :data:`GPUS`), each from that GPU alone: its data sheet's SMs and
+    bandwidth with an assumed latency (``perf_model.PUBLISHED``); where the course's ablation run was on it, that
+    run's SMs, copy ceiling and fitted latency; where a reference tile run of it is stored (``runs``, as
+    :func:`load_reference_tiles` returns them; default: the stored file), that run's copy ceiling, which its tiles'
+    % are shares of."""
+    from . import ablations, perf_model
+
+    facts = next(facts for name, facts in perf_model.PUBLISHED.items() if gpu in name)
+    measured = ablations.load()
+    if measured and gpu in measured.get("device", ""):
+        facts = perf_model.device_model(measured, base=facts)
+    run = (load_reference_tiles() if runs is None else runs).get(gpu)
+    if run is not None:
+        facts = replace(facts, name=run["device"], ceiling_gbps=run["ceiling_gbps"],
+                        bandwidth_source="measured: the copy ceiling of the stored reference tiles' run")
+    return facts
+
+
+def model_pct(tile: tuple[int, int, int], shape: "QKShape", device=None) -> float:
+    """The bytes-in-flight model's % of the copy ceiling for a (BLOCK_S, BLOCK_H, NUM_WARPS) tile on ``shape``, on
+    ``device``'s facts (a ``perf_model.DeviceModel``; default: the GPU this runs on, else the course's model)."""
     from . import perf_model
 
-    return perf_model.predicted_pct(_tile_launch(tile, shape), _device_model())
+    return perf_model.predicted_pct(_tile_launch(tile, shape), device or _device_model())
 
 
 def model_words(kernel, shape: "QKShape", target: float = TARGET) -> str:
@@ -171,18 +199,23 @@ def _no_run(gpu: str) -> str:
 
 
 def reference_table(shape: "QKShape", runs: dict) -> str:
-    """Markdown: every reference tile, the model's % and each stored GPU's measured % with the model's error."""
-    gpus = [gpu for gpu in GPUS if gpu in runs]
-    head = (f"| tile (BLOCK_S × BLOCK_H, warps) | model % ({_device_model().name}) |"
-            + "".join(f" {g} measured % | model error |" for g in gpus))
-    lines = [head, "|---|---:|" + "---:|---:|" * len(gpus)]
+    """Markdown: every reference tile and, for each stored GPU, the model's % on that GPU's facts
+    (:func:`gpu_model`), the measured % and the model's error; then the facts each model used."""
+    models = {gpu: gpu_model(gpu, runs) for gpu in GPUS if gpu in runs}
+    head = "| tile (BLOCK_S × BLOCK_H, warps) |" + "".join(f" {g} model % | {g} measured % | model error |"
+                                                           for g in models)
+    lines = [head, "|---|" + "---:|---:|---:|" * len(models)]
     for tile in REFERENCE_TILES:
-        predicted = model_pct(tile, shape)
         cells = ""
-        for gpu in gpus:
-            row = _row(runs[gpu], tile)
-            cells += (f" {row['pct_ceiling']:.1f} | {predicted - row['pct_ceiling']:+.1f} |" if row else " — | — |")
-        lines.append(f"| {tile[0]} × {tile[1]}, {tile[2]} | {predicted:.0f} |{cells}")
+        for gpu, facts in models.items():
+            predicted, row = model_pct(tile, shape, facts), _row(runs[gpu], tile)
+            cells += f" {predicted:.0f} |" + (f" {row['pct_ceiling']:.1f} | {predicted - row['pct_ceiling']:+.1f} |"
+                                              if row else " — | — |")
+        lines.append(f"| {tile[0]} × {tile[1]}, {tile[2]} |{cells}")
+    lines.append("")
+    lines += [f"{gpu}'s model: {facts.name}, {facts.n_sms} SMs, {facts.ceiling_gbps:.0f} GB/s "
+              f"({facts.bandwidth_source}), {facts.latency_ns:.0f} ns ({facts.latency_source})."
+              for gpu, facts in models.items()]
     return "\n".join(lines)
 
 
@@ -217,8 +250,8 @@ def grade_prediction(name: str, kernel, predicted_pct: float | None, *, timer=No
         return SpeedGrade(False, False, "Write your prediction first: the % of the copy ceiling you expect your tile "
                                         "to reach (notebook 04's model, and where it missed, are your guide).")
     tile = tile_of(kernel)
-    model = model_pct(tile, shape)
     if timer is not None or torch.cuda.is_available():
+        model = model_pct(tile, shape)
         wrong = _not_correct(name, kernel)
         if wrong is not None:
             return wrong
@@ -244,6 +277,7 @@ def grade_prediction(name: str, kernel, predicted_pct: float | None, *, timer=No
         else:
             error = predicted_pct - row["pct_ceiling"]
             errors.append(error)
+            model = model_pct(tile, shape, gpu_model(gpu, runs))
             lines.append(f"{gpu} ({run['device']}): the solution's kernel at your tile measured "
                          f"{row['pct_ceiling']:.1f} %; you predicted {predicted_pct:.0f} % ({error:+.1f} points), the "
                          f"model {model:.0f} % ({model - row['pct_ceiling']:+.1f} points).")

@@ -293,9 +293,18 @@ def _slots(slot_mapping, cache_offsets, cache_positions):
 
 
 def _read_scales(tensors: tuple, fp8: bool) -> tuple:
-    """The call's tensors (``_NAMES``) as the overlap rule sees them: the scales are read with a quantised cache
-    and no scale caches only."""
-    return tensors if fp8 else tensors[:11] + (None, None) + tensors[13:]
+    """The call's tensors (``_NAMES``) as the overlap rule sees them: ``k_scale`` and ``v_scale`` are read with a
+    quantised cache and no scale caches only, and blanked otherwise (found by name: a cached call pays no more than a
+    slice)."""
+    if fp8:
+        return tensors
+    seen = list(tensors)
+    for at in _STATIC_SCALES_AT:
+        seen[at] = None
+    return tuple(seen)
+
+
+_STATIC_SCALES_AT = tuple(_NAMES.index(name) for name in ("k_scale", "v_scale"))
 
 
 def _run_plan(plan, user, inplace, write_k, q_dtype, out_q=None, out_k=None):

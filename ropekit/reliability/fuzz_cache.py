@@ -20,17 +20,18 @@ import torch
 
 import ropekit
 from ropekit import reference as ref
-from ropekit.testing import check_close_to_reference, ulp
+from ropekit.testing import check_close_to_reference
 
 from .arena import overlaps
+from .cache_args import CACHE_KINDS, E5M2, FP8, INT8, PAGE_TABLE, draw_page_table, draw_slots, engine_caches
+from .cache_readback import as_fp8, cache_problems, nvfp4_problems, refusals, scale_problems, table_rows
 from .common import layout_shape
-from .fuzz import EITHER, MATCH, RAISE, Arena, Case, same_bits, self_overlapping
+from .fuzz import EITHER, MATCH, RAISE, Arena, Case, self_overlapping
 from .rope_args import DTYPES, INDEX_KINDS, INPUT_KINDS, from_tokens, pick, position_values, to_tokens
 
 __all__ = ["TARGETS", "OVERLAP_KINDS", "overlap_kind", "pool_overlaps", "draw_rope_and_cache",
            "draw_mla_rope_and_cache"]
 
-FP8, E5M2, INT8 = torch.float8_e4m3fn, torch.float8_e5m2, torch.int8
 # the quantised caches rope_and_cache writes (e4m3 drawn twice as often: the engines' default), each with the vLLM
 # kv_cache_dtype names that may accompany it (per-tensor or per-head scales; per (token, head) scales)
 _QUANT_DTYPES = (FP8, FP8, E5M2, INT8)
@@ -38,8 +39,6 @@ _KV_CACHE_DTYPES = {FP8: (("auto", "fp8", "fp8_e4m3"), ("auto", "fp8_per_token_h
                     E5M2: (("auto", "fp8_e5m2"), ("auto",)), INT8: (("auto",), ("auto", "int8_per_token_head"))}
 # the share of quantised caches drawn as NVFP4 (e2m1 bytes with e4m3 block scales over a global scale)
 _NVFP4_SHARE = 0.25
-# caches are written: no view kind in which two indices name one element
-_CACHE_KINDS = (("contiguous", 3), ("padded", 2))
 # the share of cases whose written tensor is carved from one byte pool with another tensor of the call
 _POOL_PROBABILITY = 0.35
 
@@ -77,226 +76,6 @@ def pool_overlaps(arena: Arena, spec: dict, written: dict, others: dict) -> tupl
     elif arena.pooled():
         spec.update(overlap="apart in one pool")
     return [f"{w} lies on {t}'s bytes" for w, t in shared], bool(spans)
-
-
-def _slots(rng: random.Random, tokens: int, n_slots: int, hostile: bool, repeat: bool) -> list[int]:
-    """One slot a token: distinct slots of the cache or -1 (skip); ``hostile`` adds slots past either end of the
-    cache, ``repeat`` names one slot twice."""
-    free = rng.sample(range(n_slots), min(tokens, n_slots))
-    slots = [free[t] if t < len(free) and rng.random() < 0.85 else -1 for t in range(tokens)]
-    if hostile and tokens:
-        slots[rng.randrange(tokens)] = rng.choice((n_slots, n_slots + 7, -2, 2**40))
-    if repeat and tokens >= 2:
-        slots[1] = slots[0] = max(slots[0], 0)
-    return slots
-
-
-_PAGE_TABLE = ("kv_indices", "kv_indptr", "batch_indices", "cache_positions")
-
-
-def _page_table(arena: Arena, rng: random.Random, tokens: int, num_blocks: int, block_size: int, hostile: bool,
-                repeat: bool) -> tuple[dict, list[int], list[str]]:
-    """FlashInfer's page table for ``tokens`` tokens: up to three requests holding distinct pages of the pool
-    (``kv_indices``, ``kv_indptr``), each token a request (or -1) and a distinct position in it (``batch_indices``,
-    ``cache_positions``), int32 or int64 views with guards; ``hostile`` adds one of: a batch index past the requests,
-    a position past its request's pages, a negative position, a page outside the pool; ``repeat`` names one row
-    twice. Returns the tensors, each token's slot as the kernel writes it (-1: nowhere) and what check mode refuses
-    (docs/fused.md's rules, read from the values drawn)."""
-    n_requests = rng.randint(1, 3)
-    pages = rng.sample(range(num_blocks), rng.randint(0, num_blocks))
-    indptr = [0] + sorted(rng.randint(0, len(pages)) for _ in range(n_requests - 1)) + [len(pages)]
-    free = [(b, p) for b in range(n_requests) for p in range((indptr[b + 1] - indptr[b]) * block_size)]
-    chosen = rng.sample(free, min(tokens, len(free)))
-    pairs = [chosen[t] if t < len(chosen) and rng.random() < 0.85 else (-1, rng.randint(0, 5)) for t in range(tokens)]
-    indices = list(pages)
-    if hostile and tokens:
-        t, kind = rng.randrange(tokens), rng.choice(("request", "past", "negative", "page"))
-        b, p = pairs[t]
-        if kind == "request":
-            pairs[t] = (n_requests + rng.randint(0, 2), p)
-        elif kind == "past" and b >= 0:
-            pairs[t] = (b, (indptr[b + 1] - indptr[b]) * block_size + rng.randint(0, 3))
-        elif kind == "negative" and b >= 0:
-            pairs[t] = (b, -rng.randint(1, 5))
-        elif kind == "page" and indices:
-            indices[rng.randrange(len(indices))] = num_blocks + rng.randint(0, 3)
-    if repeat and tokens >= 2 and pairs[0][0] >= 0:
-        pairs[1] = pairs[0]
-    why, slots = [], []
-    if any(not 0 <= i < num_blocks for i in indices):
-        why.append("check mode: a page outside the pool")
-    for b, p in pairs:
-        slot = -1
-        if not -1 <= b < n_requests:
-            why.append("check mode: a batch index past the requests")
-        elif b >= 0 and p < 0:
-            why.append("check mode: a negative cache position")
-        elif b >= 0 and indptr[b] + p // block_size >= indptr[b + 1]:
-            why.append("check mode: a cache position past its request's pages")
-        elif b >= 0 and 0 <= indices[indptr[b] + p // block_size] < num_blocks:
-            slot = indices[indptr[b] + p // block_size] * block_size + p % block_size
-        slots.append(slot)
-    cached = [(b, p) for b, p in pairs if 0 <= b < n_requests and 0 <= p and indptr[b] + p // block_size < indptr[
-        b + 1]]
-    if len(set(cached)) < len(cached):
-        why.append("check mode: two tokens name one row")
-    values = dict(kv_indices=indices, kv_indptr=indptr, batch_indices=[b for b, _ in pairs],
-                  cache_positions=[p for _, p in pairs])
-    tensors = {name: arena.place(name, (len(v),), rng.choice((torch.int32, torch.int64)), pick(rng, INDEX_KINDS),
-                                 lambda shape, v=v: torch.tensor(v, dtype=torch.int64).reshape(shape))
-               for name, v in values.items()}
-    return tensors, slots, sorted(set(why))
-
-
-def _engine_caches(arena: Arena, name: str, shape: tuple, dtype: torch.dtype, pair: bool = False) -> tuple[list,
-                                                                                                          dict,
-                                                                                                          torch.Tensor]:
-    """The cache(s) of ``shape`` as engines allocate them: vLLM's k and v as ``kv[:, 0]`` and ``kv[:, 1]`` of one
-    ``(num_blocks, 2, ...)`` tensor (``pair``), FlashInfer's HND (heads before rows, seen transposed), head dims
-    padded in the allocation, blocks a step apart, float8 caches stored as bytes (read through a float8 view or
-    passed as vLLM's ``torch.uint8``). Returns the caches (``(blocks, rows, ...)`` views), what was drawn, and the
-    allocation as engines hold it (the ``(num_blocks, 2, ...)`` pair, or the cache; HND: heads before rows)."""
-    rng = arena.rng
-    fp8 = dtype in (FP8, E5M2)
-    how = dict(hnd=len(shape) == 4 and rng.random() < 0.3, pad=rng.choice((0, 0, 0, 4)),
-               step=rng.choice((1, 1, 1, 2)), uint8=fp8 and rng.random() < 0.5, pair=pair)
-    blocks, rows, *heads, dim = shape
-    inner = (tuple(heads) + (rows,)) if how["hnd"] else ((rows,) + tuple(heads))
-    allocation = (blocks * how["step"],) + ((2,) if pair else ()) + inner + (dim + how["pad"],)
-    stored = torch.uint8 if fp8 else dtype
-    whole = arena.place(name, allocation, stored, pick(rng, _CACHE_KINDS))[::how["step"], ..., :dim]
-    if fp8 and not how["uint8"]:
-        whole = whole.view(dtype)
-    caches = [whole[:, 0], whole[:, 1]] if pair else [whole]
-    if how["hnd"]:
-        caches = [c.transpose(1, 2) for c in caches]
-    return caches, how, whole
-
-
-def _as_fp8(t: torch.Tensor, dtype: torch.dtype = FP8) -> torch.Tensor:
-    """A cache's bytes as the float8 values they hold (``dtype``), a cache of any other dtype as it is."""
-    return t.view(dtype) if t.dtype == torch.uint8 else t
-
-
-def _spacing(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """One step of the quantised format at ``|values|`` (float64)."""
-    return torch.ones_like(values) if dtype == INT8 else ulp(values, dtype)
-
-
-def _refusals(check_mode: bool, positions: torch.Tensor, rows: int, slots: list[int], n_slots: int,
-              overlap: bool, outside: bool = False) -> list[str]:
-    """Why the call must raise (empty: it must not): check mode's position and slot checks (``slots``: the
-    mapping as passed; ``outside``: a contiguous cache's row outside it), in-place overlap."""
-    reasons = []
-    if check_mode and bool(((positions < 0) | (positions >= rows)).any()):
-        reasons.append("check mode: positions outside the table")
-    if check_mode and any(s >= n_slots or s < -1 for s in slots):
-        reasons.append("check mode: a slot outside the cache")
-    if check_mode and len({s for s in slots if s >= 0}) < sum(s >= 0 for s in slots):
-        reasons.append("check mode: two tokens name one slot")
-    if check_mode and outside:
-        reasons.append("check mode: cache_offsets place a sequence outside the cache")
-    if overlap:
-        reasons.append("in place on overlapping memory")
-    return reasons
-
-
-def _table_rows(logical: dict, pos: torch.Tensor, rows: int) -> list[torch.Tensor]:
-    """The float64 cos and sin rows at ``pos`` (shape ``pos.shape + (half,)``), NaN where a position is outside the
-    table's ``rows`` (the kernel's documented result there)."""
-    valid = (pos >= 0) & (pos < rows)
-    return [torch.where(valid[..., None], logical[t].to(torch.float64)[pos.clamp(0, rows - 1)],
-                        torch.tensor(float("nan"), dtype=torch.float64)) for t in ("cos", "sin")]
-
-
-def _cache_problems(name: str, after: torch.Tensor, before: torch.Tensor, want: torch.Tensor, slots: list[int],
-                    scale, exact: bool) -> list[str]:
-    """``after``/``before``: the cache as one row per slot (CPU); ``want``: the float64 rows, one a token;
-    ``scale``: with a quantised cache, the scale (a float, or ``scale(slots)``: the written slots' scales, ``(n,
-    heads, 1)``), else None."""
-    valid = [(t, s) for t, s in enumerate(slots) if 0 <= s < after.shape[0]]
-    untouched = torch.ones(after.shape[0], dtype=torch.bool)
-    untouched[[s for _, s in valid]] = False
-    problems = []
-    if not same_bits(after[untouched], before[untouched]):
-        problems.append(f"{name}: a slot no token names changed")
-    if not valid:
-        return problems
-    got = after[[s for _, s in valid]]
-    expected = want[[t for t, _ in valid]]
-    if after.dtype in ref.CACHE_FORMATS:
-        fmt = after.dtype
-        scale = torch.as_tensor(scale([s for _, s in valid]) if callable(scale) else scale, dtype=torch.float64)
-        if exact:  # v (exact in float32): one float32 division, then the format's rounding (saturating)
-            quotient32 = (expected.to(torch.float32) / scale.to(torch.float32)).to(torch.float64)
-            if not same_bits(got, ref.quantise(quotient32, 1.0, fmt).to(fmt)):
-                problems.append(f"{name}: {fmt} values differ from the format's rounding of v / scale")
-        else:
-            largest = ref.CACHE_FORMATS[fmt][1]
-            target = (expected / scale).clamp(-largest, largest)
-            got64 = got.to(torch.float64)
-            error = (got64 - target).abs()
-            ok = (error <= _spacing(target, fmt)) | (torch.isnan(target) & (torch.isnan(got64) | (fmt == INT8)))
-            if not bool(ok.all()):
-                problems.append(f"{name}: {fmt} values more than one spacing from the reference / scale")
-    elif exact:
-        if not same_bits(got, expected.to(after.dtype)):
-            problems.append(f"{name}: not v bit for bit")
-    else:
-        message = check_close_to_reference(got, expected)
-        if message is not None:
-            problems.append(f"{name}: {message}")
-    return problems
-
-
-def _scale_problems(name: str, after: torch.Tensor, before: torch.Tensor, want: torch.Tensor, slots: list[int],
-                    dtype: torch.dtype, exact: bool) -> list[str]:
-    """A per-(token, head) scale cache (one row a slot, CPU): untouched slots bitwise, each written slot's scales
-    the reference's (v's exactly, k's within float32 math)."""
-    valid = [(t, s) for t, s in enumerate(slots) if 0 <= s < after.shape[0]]
-    untouched = torch.ones(after.shape[0], dtype=torch.bool)
-    untouched[[s for _, s in valid]] = False
-    problems = [] if same_bits(after[untouched], before[untouched]) else [f"{name}: a slot no token names changed"]
-    if valid:
-        got = after[[s for _, s in valid]].to(torch.float64)
-        expected = ref.token_head_scale(want[[t for t, _ in valid]], dtype)[..., 0]
-        if exact and not torch.equal(got, expected):
-            problems.append(f"{name}: not max|v| / the format's largest value")
-        elif not exact and not torch.allclose(got, expected, rtol=1e-5, atol=0):
-            problems.append(f"{name}: more than float32 math from max|k| / the format's largest value")
-    return problems
-
-
-def _nvfp4_problems(name: str, after: torch.Tensor, before: torch.Tensor, blocks: torch.Tensor,
-                    blocks_before: torch.Tensor, want: torch.Tensor, slots: list[int],
-                    global_scale: float) -> list[str]:
-    """An NVFP4 cache and its block-scale cache, one row a slot (CPU bytes): untouched slots bitwise; each written
-    slot's block scales within one e4m3 step of ``e4m3(amax / (6 global))`` of the float64 values ``want`` (one row
-    a token), and the reader's values (e2m1 x block scale x global scale) within half an e2m1 spacing of them at the
-    block's scale (saturation at 6 counted; NaN stores 0)."""
-    valid = [(t, s) for t, s in enumerate(slots) if 0 <= s < after.shape[0]]
-    untouched = torch.ones(after.shape[0], dtype=torch.bool)
-    untouched[[s for _, s in valid]] = False
-    problems = []
-    if not same_bits(after[untouched], before[untouched]) or not same_bits(blocks[untouched],
-                                                                           blocks_before[untouched]):
-        problems.append(f"{name}: a slot no token names changed (values or block scales)")
-    if not valid:
-        return problems
-    at, expected = [s for _, s in valid], want[[t for t, _ in valid]].to(torch.float64)
-    got_blocks = blocks[at].view(FP8).to(torch.float64)
-    want_blocks = ref.nvfp4_quantise(expected, global_scale)[1]
-    if not bool(((got_blocks - want_blocks).abs() <= ulp(want_blocks, FP8)).all()):
-        problems.append(f"{name}: block scales more than one e4m3 step from amax / (6 global)")
-    read = ref.nvfp4_dequantise(after[at], blocks[at], global_scale)
-    scale = (got_blocks * global_scale).repeat_interleave(16, -1)
-    quotient = expected / scale
-    error = (read - expected).abs() / scale
-    bound = ref.e2m1_spacing(quotient) / 2 + (quotient.abs() - 6).clamp(min=0) + 1e-5 * quotient.abs().clamp(min=1)
-    ok = (error <= bound) | (torch.isnan(expected) & (read == 0)) | ((scale == 0) & (read == 0))
-    if not bool(ok.all()):
-        problems.append(f"{name}: NVFP4 values more than half an e2m1 spacing from the reference")
-    return problems
 
 
 def draw_rope_and_cache(rng: random.Random, gen: torch.Generator, device) -> Case:
@@ -347,7 +126,7 @@ def draw_rope_and_cache(rng: random.Random, gen: torch.Generator, device) -> Cas
     table_dtype = torch.float64 if dtype == torch.float64 else torch.float32
     written = ["k_cache", "v_cache"] + (["k_scale_cache", "v_scale_cache"] if dynamic else []) + (
         ["q"] + (["k"] if write_k else []) if inplace else [])
-    read = ["q", "k", "v", "cos", "sin"] + (list(_PAGE_TABLE) if address == "page table" else [address])
+    read = ["q", "k", "v", "cos", "sin"] + (list(PAGE_TABLE) if address == "page table" else [address])
     read += (["positions"] if positions_given else []) + (["cu_seqlens"] if layout == "thd" else [])
     read += (["q_weight", "k_weight"] if weighted else []) + (["k_scale", "v_scale"] if quantised and (
         nvfp4 or not dynamic) else [])
@@ -382,19 +161,19 @@ def draw_rope_and_cache(rng: random.Random, gen: torch.Generator, device) -> Cas
     else:
         shape = (batch, max(max(lengths), 1) + rng.randint(0, 2))
     packed = 2 if nvfp4 else 1  # NVFP4: two channels a byte
-    caches, engine, allocation = _engine_caches(arena, "k_cache", shape + (hk, head_dim // packed), cache_dtype,
-                                                pair)
+    caches, engine, allocation = engine_caches(arena, "k_cache", shape + (hk, head_dim // packed), cache_dtype,
+                                               pair)
     if not pair:
-        caches += _engine_caches(arena, "v_cache", shape + (hk, v_dim // packed), cache_dtype)[0]
+        caches += engine_caches(arena, "v_cache", shape + (hk, v_dim // packed), cache_dtype)[0]
     k_cache, v_cache = caches
     n_slots = shape[0] * shape[1]
     outside, table_refusals = False, []
     if address == "page table":
-        addressing, slots, table_refusals = _page_table(arena, rng, tokens, num_blocks, block_size, hostile,
-                                                        repeat=check_mode and rng.random() < 0.3)
+        addressing, slots, table_refusals = draw_page_table(arena, rng, tokens, num_blocks, block_size, hostile,
+                                                            repeat=check_mode and rng.random() < 0.3)
         mapped = []
     elif paged:
-        mapped = _slots(rng, tokens, n_slots, hostile, repeat=check_mode and rng.random() < 0.3)
+        mapped = draw_slots(rng, tokens, n_slots, hostile, repeat=check_mode and rng.random() < 0.3)
         if short:
             mapped = mapped[:rng.randrange(tokens)]
         slot_mapping = arena.place("slot_mapping", (len(mapped),), torch.int64, pick(rng, INDEX_KINDS),
@@ -436,14 +215,14 @@ def draw_rope_and_cache(rng: random.Random, gen: torch.Generator, device) -> Cas
         for name, dim in (("k_scale_cache", head_dim), ("v_scale_cache", v_dim)):
             rows_heads = (hk, shape[1]) if kv_layout == "HND" else (shape[1], hk)
             kwargs[name] = arena.place(name, (shape[0], *rows_heads, dim // 16), torch.uint8,
-                                       pick(rng, _CACHE_KINDS))
+                                       pick(rng, CACHE_KINDS))
             if rng.random() < 0.5:
                 kwargs[name] = kwargs[name].view(FP8)
         kwargs.update({name: arena.place(name, (1,), torch.float32, values=lambda s, c=choices: torch.tensor(
             [rng.choice(c)]).reshape(s)) for name, choices in (("k_scale", (0.05, 1.0, 0.3)),
                                                                 ("v_scale", (0.003, 1.0, 0.5)))})
     elif dynamic:  # (in the caches' NHD order, whatever kv_layout says)
-        kwargs.update({name: arena.place(name, shape + (hk,), torch.float32, pick(rng, _CACHE_KINDS))
+        kwargs.update({name: arena.place(name, shape + (hk,), torch.float32, pick(rng, CACHE_KINDS))
                        for name in ("k_scale_cache", "v_scale_cache")})
     elif quantised:
         size = 1 if scales_mode == "tensor" else hk
@@ -467,19 +246,19 @@ def draw_rope_and_cache(rng: random.Random, gen: torch.Generator, device) -> Cas
                 write_k=write_k, dtype=str(dtype), cache_dtype=str(k_cache.dtype), scales_mode=scales_mode,
                 kv_cache_dtype=kwargs.get("kv_cache_dtype"), rows=rows, paged=paged,
                 cache_shape=tuple(k_cache.shape), engine_cache=engine, kv_layout=kv_layout, five_d=five_d,
-                address=address, page_table={n: addressing[n].tolist() for n in _PAGE_TABLE if n in addressing},
+                address=address, page_table={n: addressing[n].tolist() for n in PAGE_TABLE if n in addressing},
                 slots=slots, slot_mapping=mapped,
                 cache_offsets=None if paged else offsets, positions=None if positions is None else pos.tolist(),
                 check_mode=check_mode, cache_requires_grad=grad_cache)
     tensors = dict(q=q, k=k, v=v, cos=cos, sin=sin, positions=positions, cu_seqlens=cu, k_cache=k_cache,
                    v_cache=v_cache, **{n: kwargs.get(n) for n in ("slot_mapping", "cache_offsets", "k_scale",
                                                                   "v_scale", "q_weight", "k_weight", "k_scale_cache",
-                                                                  "v_scale_cache") + _PAGE_TABLE})
+                                                                  "v_scale_cache") + PAGE_TABLE})
     tensors = {n: t for n, t in tensors.items() if isinstance(t, torch.Tensor)}
     writes = {n: tensors[n] for n in written}
     aliased, spans = pool_overlaps(arena, spec, writes, {n: t for n, t in tensors.items() if n not in writes})
     overlap = inplace and (self_overlapping(q) or (write_k and self_overlapping(k)))
-    why_raise = _refusals(check_mode, pos, rows, mapped, n_slots, overlap, outside) + aliased
+    why_raise = refusals(check_mode, pos, rows, mapped, n_slots, overlap, outside) + aliased
     why_raise += table_refusals if check_mode else []
     if grad_cache:
         why_raise.append("a cache that requires grad")
@@ -493,7 +272,7 @@ def draw_rope_and_cache(rng: random.Random, gen: torch.Generator, device) -> Cas
 
     logical = {name: t.detach().cpu().clone() for name, t in tensors.items() if name in ("q", "k", "v", "cos", "sin")}
     weights = {name: kwargs[name].detach().cpu() for name in ("q_weight", "k_weight") if name in kwargs}
-    caches_before = [_as_fp8(c.detach().cpu().clone(), cache_dtype) for c in (k_cache, v_cache)]
+    caches_before = [as_fp8(c.detach().cpu().clone(), cache_dtype) for c in (k_cache, v_cache)]
     scale_caches = [kwargs[n] for n in ("k_scale_cache", "v_scale_cache")] if dynamic else [None, None]
     scale_caches_before = [None if c is None else c.detach().cpu().clone() for c in scale_caches]
     static = [kwargs[n].detach().cpu().to(torch.float64).reshape(-1, 1) for n in ("k_scale", "v_scale")] \
@@ -507,7 +286,7 @@ def draw_rope_and_cache(rng: random.Random, gen: torch.Generator, device) -> Cas
             return ref.rms_norm(x, weights.get(name + "_weight"), eps=eps, weight_offset=weight_offset) if norm else x
 
         x = normed(x) if placement != "after" else x
-        table = _table_rows(logical, pos, rows)
+        table = table_rows(logical, pos, rows)
         turned = ref.rotate_pairs(x[..., :rotary_dim], table[0][..., None, :], table[1][..., None, :],
                                   interleaved=interleaved)
         x = torch.cat((turned, x[..., rotary_dim:]), -1)
@@ -535,19 +314,19 @@ def draw_rope_and_cache(rng: random.Random, gen: torch.Generator, device) -> Cas
                 blocks = (blocks.transpose(1, 2) if kv_layout == "HND" else blocks).reshape(n_slots, hk, -1)
                 before_blocks = scale_caches_before[i].view(torch.uint8)
                 before_blocks = before_blocks.transpose(1, 2) if kv_layout == "HND" else before_blocks
-                problems += _nvfp4_problems(name, cache.detach().cpu().reshape(n_slots, hk, -1),
-                                            before.reshape(n_slots, hk, -1), blocks,
-                                            before_blocks.reshape(n_slots, hk, -1), want, slots, float(scale))
+                problems += nvfp4_problems(name, cache.detach().cpu().reshape(n_slots, hk, -1),
+                                           before.reshape(n_slots, hk, -1), blocks,
+                                           before_blocks.reshape(n_slots, hk, -1), want, slots, float(scale))
                 continue
             if dynamic:  # the reader finds each token's scales at its slot
                 scales_after = scale_caches[i].detach().cpu().reshape(n_slots, hk)
-                problems += _scale_problems(name[0] + "_scale_cache", scales_after,
-                                            scale_caches_before[i].reshape(n_slots, hk), want, slots, cache_dtype,
-                                            exact)
+                problems += scale_problems(name[0] + "_scale_cache", scales_after,
+                                           scale_caches_before[i].reshape(n_slots, hk), want, slots, cache_dtype,
+                                           exact)
                 scale = lambda at, scales_after=scales_after: scales_after[at].to(torch.float64)[..., None]  # noqa
-            flat = _as_fp8(cache.detach().cpu(), cache_dtype).reshape(n_slots, *cache.shape[2:])
-            problems += _cache_problems(name, flat, before.reshape(n_slots, *cache.shape[2:]), want, slots, scale,
-                                        exact)
+            flat = as_fp8(cache.detach().cpu(), cache_dtype).reshape(n_slots, *cache.shape[2:])
+            problems += cache_problems(name, flat, before.reshape(n_slots, *cache.shape[2:]), want, slots, scale,
+                                       exact)
         return problems
 
     return Case("rope_and_cache", spec, arena,
@@ -584,7 +363,7 @@ def draw_mla_rope_and_cache(rng: random.Random, gen: torch.Generator, device) ->
     separate, by_table = rng.random() < 0.4, rng.random() < 0.4
     caches_named = ["ckv_cache", "kpe_cache"] if separate else ["kv_cache"]
     written = caches_named + (["q_pe", "k_pe"] if inplace else [])
-    read = ["q_pe", "k_pe", "kv_c", "positions"] + (list(_PAGE_TABLE) if by_table else ["slot_mapping"]) + (
+    read = ["q_pe", "k_pe", "kv_c", "positions"] + (list(PAGE_TABLE) if by_table else ["slot_mapping"]) + (
         ["cos_sin_cache"] if engines_table else ["cos", "sin"])
     read += ["kv_cache_scale"] if float8 else []
     if pooled:  # (q_pe, k_pe and kv_c drawn twice as often)
@@ -605,20 +384,20 @@ def draw_mla_rope_and_cache(rng: random.Random, gen: torch.Generator, device) ->
     positions = arena.place("positions", (tokens + extra_positions,), rng.choice((torch.int64, torch.int32)),
                             pick(rng, INDEX_KINDS), position_values(gen, 0, rows - 1, hostile, rows))
     if separate:  # FlashInfer's: kv_c's and k_pe's caches apart
-        (ckv_cache,), engine, _ = _engine_caches(arena, "ckv_cache", (num_blocks, block_size, latent), cache_dtype)
-        (kpe_cache,), _, _ = _engine_caches(arena, "kpe_cache", (num_blocks, block_size, rope_dim), cache_dtype)
+        (ckv_cache,), engine, _ = engine_caches(arena, "ckv_cache", (num_blocks, block_size, latent), cache_dtype)
+        (kpe_cache,), _, _ = engine_caches(arena, "kpe_cache", (num_blocks, block_size, rope_dim), cache_dtype)
         kv_cache, latent_cache, rope_cache = (ckv_cache, kpe_cache), ckv_cache, kpe_cache
     else:
-        (kv_cache,), engine, _ = _engine_caches(arena, "kv_cache", (num_blocks, block_size, latent + rope_dim),
-                                                cache_dtype)
+        (kv_cache,), engine, _ = engine_caches(arena, "kv_cache", (num_blocks, block_size, latent + rope_dim),
+                                               cache_dtype)
         latent_cache, rope_cache = kv_cache[..., :latent], kv_cache[..., latent:]
     n_slots = num_blocks * block_size
     if by_table:
-        address, slots, table_refusals = _page_table(arena, rng, tokens, num_blocks, block_size, hostile,
-                                                     repeat=check_mode and rng.random() < 0.3)
+        address, slots, table_refusals = draw_page_table(arena, rng, tokens, num_blocks, block_size, hostile,
+                                                         repeat=check_mode and rng.random() < 0.3)
         mapped, slot_mapping = [], None
     else:
-        mapped = _slots(rng, tokens, n_slots, hostile, repeat=check_mode and rng.random() < 0.3)
+        mapped = draw_slots(rng, tokens, n_slots, hostile, repeat=check_mode and rng.random() < 0.3)
         if short:
             mapped = mapped[:rng.randrange(tokens)]
         slots = mapped + [-1] * (tokens - len(mapped))
@@ -642,7 +421,7 @@ def draw_mla_rope_and_cache(rng: random.Random, gen: torch.Generator, device) ->
     spec = dict(op="mla_rope_and_cache", tokens=tokens, heads=heads, rope_dim=rope_dim, latent=latent,
                 interleaved=interleaved, inplace=inplace, dtype=str(dtype), cache_dtype=str(rope_cache.dtype),
                 rows=rows, cache_shape=tuple(latent_cache.shape[:2]), engine_cache=engine, separate=separate,
-                page_table={n: address[n].tolist() for n in _PAGE_TABLE if n in address}, slots=slots,
+                page_table={n: address[n].tolist() for n in PAGE_TABLE if n in address}, slots=slots,
                 slot_mapping=mapped, positions=positions.detach().cpu().tolist(), engines_table=engines_table,
                 check_mode=check_mode, cache_requires_grad=grad_cache, kv_cache_dtype=kv_cache_dtype)
     tensors = dict(q_pe=q_pe, k_pe=k_pe, kv_c=kv_c, positions=positions, **dict(zip(caches_named, (
@@ -651,7 +430,7 @@ def draw_mla_rope_and_cache(rng: random.Random, gen: torch.Generator, device) ->
     writes = {n: tensors[n] for n in written}
     aliased, spans = pool_overlaps(arena, spec, writes, {n: t for n, t in tensors.items() if n not in writes})
     overlap = inplace and (self_overlapping(q_pe) or self_overlapping(k_pe))
-    why_raise = _refusals(check_mode, pos, rows, mapped, n_slots, overlap) + aliased
+    why_raise = refusals(check_mode, pos, rows, mapped, n_slots, overlap) + aliased
     why_raise += table_refusals if check_mode else []
     if grad_cache:
         why_raise.append("a cache that requires grad")
@@ -664,14 +443,14 @@ def draw_mla_rope_and_cache(rng: random.Random, gen: torch.Generator, device) ->
         either.append("byte spans that meet, elements apart")
     logical = {name: t.detach().cpu().clone() for name, t in (("q_pe", q_pe), ("k_pe", k_pe), ("kv_c", kv_c),
                                                                ("cos", cos), ("sin", sin))}
-    before = [_as_fp8(c.detach().cpu().clone(), cache_dtype).reshape(n_slots, -1)
+    before = [as_fp8(c.detach().cpu().clone(), cache_dtype).reshape(n_slots, -1)
               for c in (latent_cache, rope_cache)]
     scale_value = None if scale is None else float(scale)
     spec["scale"] = scale_value
 
     def rotated(name: str) -> torch.Tensor:  # (tokens, ..., rope_dim) rotated at each token's position
         x = logical[name].to(torch.float64)
-        table = _table_rows(logical, pos, rows)
+        table = table_rows(logical, pos, rows)
         shape = (tokens,) + (1,) * (x.ndim - 2) + (rope_dim // 2,)
         return ref.rotate_pairs(x, table[0].reshape(shape), table[1].reshape(shape), interleaved=interleaved)
 
@@ -684,11 +463,11 @@ def draw_mla_rope_and_cache(rng: random.Random, gen: torch.Generator, device) ->
             message = check_close_to_reference(got, rotated(name))
             if message is not None:
                 problems.append(f"{name}: {message}")
-        after = [_as_fp8(c.detach().cpu(), cache_dtype).reshape(n_slots, -1) for c in (latent_cache, rope_cache)]
+        after = [as_fp8(c.detach().cpu(), cache_dtype).reshape(n_slots, -1) for c in (latent_cache, rope_cache)]
         names = ("ckv_cache", "kpe_cache") if separate else ("kv_cache (latent part)", "kv_cache (rope part)")
-        problems += _cache_problems(names[0], after[0], before[0], logical["kv_c"].to(torch.float64), slots,
-                                    scale_value, True)
-        problems += _cache_problems(names[1], after[1], before[1], rotated("k_pe"), slots, scale_value, False)
+        problems += cache_problems(names[0], after[0], before[0], logical["kv_c"].to(torch.float64), slots,
+                                   scale_value, True)
+        problems += cache_problems(names[1], after[1], before[1], rotated("k_pe"), slots, scale_value, False)
         return problems
 
     return Case("mla_rope_and_cache", spec, arena,

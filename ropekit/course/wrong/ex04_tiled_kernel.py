@@ -2,6 +2,9 @@
 
 Each is the solution with one mistake, marked ``# MISTAKE``. ``cos_sin_per_head`` computes the right values: it is
 a performance mistake, which only a record of the loads (under the Triton interpreter) shows.
+
+Below ``WRONG``, more mistakes whose diagnosis a variant in it already holds: the tests of the checker's words
+(tests/test_course_messages.py) import them by name and check what the message says about each.
 """
 
 import triton
@@ -168,3 +171,28 @@ WRONG = {
     "compile_error": no_head_broadcast,  # [1, BLOCK_S, HALF] does not broadcast against the block
     "cos_sin_reloaded": cos_sin_per_head,
 }
+
+# --- deliberately broken too, for the tests of the checker's words (see the module's docstring) ---------------------
+
+
+@triton.jit
+def tile_without_the_batch_offset(X, COS, SIN, OUT, seq_len, n_heads, stride_xb, stride_xs, stride_xh,
+                                  stride_ob, stride_os, stride_oh, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr,
+                                  BLOCK_H: tl.constexpr):
+    tokens = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
+    batch = tl.program_id(1)
+    HALF: tl.constexpr = HEAD_DIM // 2
+    pairs = tl.arange(0, HALF)
+    inside = tokens < seq_len
+    rows = tokens[:, None] * HALF + pairs[None, :]
+    cos = tl.load(COS + rows, mask=inside[:, None], other=0.0)[:, None, :]
+    sin = tl.load(SIN + rows, mask=inside[:, None], other=0.0)[:, None, :]
+    for first in range(0, n_heads, BLOCK_H):
+        heads = first + tl.arange(0, BLOCK_H)
+        mask = inside[:, None, None] & (heads < n_heads)[None, :, None]
+        x = X + tokens[:, None, None] * stride_xs + heads[None, :, None] * stride_xh + pairs  # MISTAKE: no batch
+        out = OUT + batch * stride_ob + tokens[:, None, None] * stride_os + heads[None, :, None] * stride_oh + pairs
+        a = tl.load(x, mask=mask)
+        b = tl.load(x + HALF, mask=mask)
+        tl.store(out, a * cos - b * sin, mask=mask)
+        tl.store(out + HALF, b * cos + a * sin, mask=mask)
