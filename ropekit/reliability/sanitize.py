@@ -388,23 +388,32 @@ def _check_cuda_table(fast: bool) -> str:
     return "" if cos.shape == (1003, 40) and bool(torch.isfinite(cos).all()) else "bad table"
 
 
-def _check_norm_after(device, weighted: bool) -> str:
-    """The norm after the rotation (Llama 4's, weightless; or with weights): packed sequences with an empty one,
-    head_dim 80 (masked channel loads), partial rotary, GQA; the forward with a paged k cache write, and the
-    backward."""
+def _check_norm(device, place: str, weighted: bool, norm_over: str = "head") -> str:
+    """A norm at ``place`` (after the rotation: Llama 4's, weightless; or with weights) over each head or across all
+    heads (``norm_over="heads"``, OLMo-2's: 3 q heads in a tile of 4, the weight a (head, channel)): packed sequences
+    with an empty one, head_dim 80 (masked channel loads), partial rotary, GQA; the forward with a paged k cache
+    write, and the backward."""
     with _device.set_backend("triton"):
         cu = torch.tensor([0, 5, 5, 12], dtype=torch.int32, device=device)
         q, k = torch.randn(12, 3, 80, device=device), torch.randn(12, 1, 80, device=device)
-        weights = (torch.rand(80, device=device) + 0.5,) * 2 if weighted else (None, None)
+        over_heads = norm_over == "heads"
+        weights = tuple(torch.rand(n * 80 if over_heads else 80, device=device) + 0.5 for n in (3, 1)) \
+            if weighted else (None, None)
         cos, sin = cos_sin_table(64, 48, device=device)
         positions = torch.randint(0, 64, (12,), device=device)
         k_cache = torch.zeros(3, 8, 1, 80, device=device)
         slots = torch.randperm(24, device=device)[:12]
-        kw = dict(positions=positions, layout="thd", cu_seqlens=cu, max_seqlen=7, norm="after", eps=1e-5)
+        kw = dict(positions=positions, layout="thd", cu_seqlens=cu, max_seqlen=7, norm=place, norm_over=norm_over,
+                  eps=1e-5)
         out_q, out_k = rope_and_cache(q, k, None, cos, sin, k_cache=k_cache, slot_mapping=slots, q_weight=weights[0],
                                       k_weight=weights[1], write_k=True, **kw)
         pos = positions.cpu()
-        truth = [ref.rms_norm(ref.rope_table(x, cos, sin, pos), w, eps=1e-5) for x, w in zip((q, k), weights)]
+
+        def normed(x, w):
+            return ref.rms_norm(x, w, eps=1e-5, over_heads=over_heads)
+
+        truth = [normed(ref.rope_table(x, cos, sin, pos), w) if place == "after" else
+                 ref.rope_table(normed(x, w), cos, sin, pos) for x, w in zip((q, k), weights)]
         problem = check_close_to_reference(out_q, truth[0]) or check_close_to_reference(out_k, truth[1]) or \
             check_close_to_reference(k_cache.reshape(-1, 1, 80)[slots.cpu()], truth[1])
         if problem:
@@ -413,10 +422,14 @@ def _check_norm_after(device, weighted: bool) -> str:
         grad = torch.randn_like(q)
         torch.autograd.backward(qk_norm_rope(leaf, None, cos, sin, weights[0], **kw)[0], grad)
         leaf64 = q.detach().double().cpu().requires_grad_()
-        torch.autograd.backward(ref.rms_norm(ref.rope_table(leaf64, cos, sin, pos), weights[0], eps=1e-5),
-                                grad.double().cpu())
+        want = normed(ref.rope_table(leaf64, cos, sin, pos), weights[0]) if place == "after" else \
+            ref.rope_table(normed(leaf64, weights[0]), cos, sin, pos)
+        torch.autograd.backward(want, grad.double().cpu())
         return check_close_to_reference(leaf.grad, leaf64.grad) or ""
 
+
+# where a norm across all heads lies, each run once by the driver
+NORM_PLACES = ("before", "after")
 
 # the fused kernel's quantising stores: (cache dtype, scales), each run once by the driver; NVFP4 ("nvfp4", its
 # e4m3 scale per 16 channels over a global scale)
@@ -563,7 +576,11 @@ def sanitize_driver(device=None, verbose: bool = True, candidates: int | None = 
         for weighted in (False, True):
             log.check(f"triton fused norm after the rotation{' with weights' if weighted else ''} (thd, head_dim 80, "
                       f"partial rotary, GQA, paged cache, backward)",
-                      lambda weighted=weighted: _check_norm_after(device, weighted), device)
+                      lambda weighted=weighted: _check_norm(device, "after", weighted), device)
+        for place in NORM_PLACES:
+            log.check(f"triton fused norm across all heads {place} the rotation with weights (thd, head_dim 80, "
+                      f"partial rotary, GQA, paged cache, backward)",
+                      lambda place=place: _check_norm(device, place, True, "heads"), device)
     if "cuda" in backends:
         for fast in (False, True):  # the table kernel (fast=True: the course's float32-angle variant)
             log.check(f"cuda table kernel fast={fast} (1003 rows, rotary_dim 80)", lambda fast=fast:
