@@ -321,12 +321,14 @@ def draw_rope_and_cache(rng: random.Random, gen: torch.Generator, device) -> Cas
     hq, hk = rng.randint(1, 3) if rng.random() > 0.1 else 0, rng.randint(1, 2)
     head_dim = rng.choice((8, 16))
     rotary_dim, v_dim = rng.choice((head_dim, head_dim // 2)), rng.choice((head_dim, 8))
-    interleaved, norm, inplace, write_k = (rng.random() < 0.4, rng.random() < 0.4, rng.random() < 0.5,
-                                           rng.random() < 0.3)
+    interleaved, norm_draw, inplace, write_k = (rng.random() < 0.4, rng.random(), rng.random() < 0.5,
+                                                rng.random() < 0.3)
+    # QK-norm in 40% of the cases, half of them across all heads (heads x head_dim weights): one draw, so that the
+    # draws after it stay each seed's
+    norm, norm_over = norm_draw < 0.4, "heads" if norm_draw < 0.2 else "head"
     # the norm's place (None: the default, before the rotation with weights) and whether it has weights
     placement = rng.choice((None, "before", "after")) if norm else None
     weighted = norm and (placement is None or rng.random() < 0.6)
-    norm_over = rng.choice(("head", "heads")) if norm else "head"  # (across all heads: heads x head_dim weights)
     pooled = rng.random() < _POOL_PROBABILITY
     dtype = rng.choices(DTYPES, weights=(4, 3, 2, 1))[0]
     quantised = dtype != torch.float64 and rng.random() < (0.5 if pooled else 0.3)

@@ -1,11 +1,12 @@
-"""The fused pre-processing kernels and their launcher: per-head RMSNorm, RoPE and the KV-cache write in one launch
-(the forward), and the vector-Jacobian product of QK-norm + RoPE with the weight gradients (the backward).
+"""The fused pre-processing kernels and their launcher: RMSNorm (per head, or across a token's heads), RoPE and the
+KV-cache write in one launch (the forward), and the vector-Jacobian product of QK-norm + RoPE with the weight gradients (the backward).
 
 Two kernels, one algorithm each, as in Triton's layer-norm tutorial:
 
-* :func:`fused_forward_kernel` normalises (``NORM = (place, weighted)``: an RMSNorm of each head vector before the
-  rotation, Qwen3's and Gemma 3's QK-norm, or after it, Llama 4's; with weights or without; the weight offset, 0 or
-  Gemma's 1, is a runtime float), rotates, stores the outputs (``WRITE_Q``/``WRITE_K``: an engine may only want the
+* :func:`fused_forward_kernel` normalises (``NORM = (place, weighted, over_heads)``: an RMSNorm of each head vector
+  before the rotation, Qwen3's and Gemma 3's QK-norm, or after it, Llama 4's; with weights or without; the weight
+  offset, 0 or Gemma's 1, is a runtime float; or of all heads of a token together, OLMo-2's, a program then holding
+  every head of its tokens), rotates, stores the outputs (``WRITE_Q``/``WRITE_K``: an engine may only want the
   cache; ``WRITE_TAIL``: the channels past ``ROTARY_DIM`` too, out of place or normalised) and writes k and v into
   a cache (``CACHE`` 0: none, 1: a contiguous ``(batch, max_seq, heads, dim)`` cache at per-sequence offsets, 2: a paged
   ``(num_blocks, block_size, heads, dim)`` cache addressed by a slot per token, -1 skips, 3: the same cache addressed
@@ -195,8 +196,9 @@ def fused_forward_kernel(
     # float32 global scales K_GLOBAL, V_GLOBAL; their (block or sequence, row, head) strides, k's then v's; q's output
     # scale (OUT_QUANT: a float8 q at one float32 scale)
     K_SCALE, V_SCALE, K_GLOBAL, V_GLOBAL, scale_strides, Q_SCALE,
-    # the QK-norm (NORM = (place, weighted), fused_tiles: none, before or after the rotation; with or without the
-    # (HEAD_DIM,) weights): the weights and their strides (q's, k's), eps, the weight offset
+    # the QK-norm (NORM = (place, weighted, over_heads), fused_tiles: none, before or after the rotation; with or
+    # without the weights, (HEAD_DIM,) or over all heads (n_heads * HEAD_DIM,)): the weights and their strides (q's,
+    # k's), eps, the weight offset
     Q_W, K_W, weight_strides, eps, weight_offset,
     # the angles: a (table_len, ROTARY_DIM / 2) float32 table, or COS_PER_TOKEN rows; (sequence, row, column)
     COS, SIN, cos_strides,
