@@ -364,6 +364,15 @@ def test_the_fused_choice_tunes_and_caches_like_the_rope_choice(gpu):
     assert choice.choose_fused(shape, gpu, bench) == candidates[-1] and len(bench.calls) == len(candidates)
 
 
+@pytest.mark.parametrize("case", ["decode", "decode-fp8", "mla-decode", "small-prefill-fused", "backward"])
+def test_fused_calls_the_clock_cannot_judge_are_never_timed(gpu, case):
+    # a decode step is its launch chain, a prefill the L2 holds lasts a few microseconds, and the backward keeps the
+    # model's walk: the model's choice, untimed
+    shape = {"small-prefill-fused": FusedShape(512, 32, 128, 2, False, False, False)}.get(case) or FUSED_SHAPES[case]
+    bench = FakeBench({model.fused_candidates(gpu, shape)[-1]: 0.5})
+    assert choice.choose_fused(shape, gpu, bench) == model.model_fused(gpu, shape) and bench.calls == []
+
+
 @pytest.mark.parametrize("variable, expected", [
     ({"ROPEKIT_CACHE_DIR": "/somewhere"}, "/somewhere/autotune.json"),
     ({"XDG_CACHE_HOME": "/xdg"}, "/xdg/ropekit/autotune.json"),

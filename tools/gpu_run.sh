@@ -8,6 +8,7 @@
 #   bash tools/gpu_run.sh ab COMMIT             this tree against COMMIT in one process (export .ab first, see below)
 #   bash tools/gpu_run.sh course [NB ...]       the course's GPU data (reference tiles, tools), then notebooks NB
 #   bash tools/gpu_run.sh targets               the launch-chain floor (plain and fused decode) and the eager host costs
+#   bash tools/gpu_run.sh publish               one GPU's column of the side-by-side pages: main cases, every fused case, eager
 #   bash tools/gpu_run.sh nccl                  python -m ropekit.distributed, one rank per visible GPU (2 or more)
 #   bash tools/gpu_run.sh configs [--cases C]   every tune-tool configuration once, plain and under memcheck; the tool
 #
@@ -88,6 +89,20 @@ case "$stage" in
     timeout 150 python3 -m ropekit.bench.eager --peers .peers --time-budget 90 --out "$OUT/eager" 2>&1 \
       | tee "$OUT/eager.txt" | grep -v "^\[" | tail -24
     ;;
+  publish)
+    # one GPU's tables for the pages that set the GPUs side by side: the main cases with the peers (the decode rows
+    # beside the launch-chain floor), every fused case (formats included) with its unfused pipelines and
+    # torch.compile, and the eager host costs; everything in $OUT/publish.tgz (one file comes back, whatever the count)
+    mkdir -p "$OUT/publish"
+    timeout 230 python3 -m ropekit bench --peers .peers --time-budget "${MAIN_SECONDS:-170}" --out "$OUT/publish/main" \
+      2>&1 | tee "$OUT/publish/main.txt" | grep -v "^\[" | tail -12
+    timeout 300 python3 -m ropekit.bench.fused --time-budget "${FUSED_SECONDS:-230}" --out "$OUT/publish/fused" 2>&1 \
+      | tee "$OUT/publish/fused.txt" | grep -v "^\[" | grep -E "target|met|yes|\*\*no" | tail -40
+    timeout 120 python3 -m ropekit.bench.eager --peers .peers --time-budget "${EAGER_SECONDS:-60}" \
+      --out "$OUT/publish/eager" 2>&1 | tee "$OUT/publish/eager.txt" | grep -v "^\[" | tail -16
+    cp "$OUT/gpu.txt" "$OUT/publish/"
+    tar -czf "$OUT/publish.tgz" -C "$OUT" publish && rm -rf "$OUT/publish"
+    ;;
   ab)
     # this tree against COMMIT, both through their public API, every published case, one harness run with
     # interleaved graph rounds: $OUT/ab/ab.json and ab.md
@@ -123,6 +138,6 @@ case "$stage" in
       timeout 300 python3 -m ropekit.distributed --world "$gpus" --backend nccl; echo "exit status $?"; } 2>&1 \
       | tee "$OUT/nccl.txt"
     ;;
-  *) echo "usage: bash tools/gpu_run.sh test [PATH ...]|bench|verify|notebooks [NB ...]|course [NB ...]|targets|ab COMMIT|configs|nccl"; exit 2 ;;
+  *) echo "usage: bash tools/gpu_run.sh test [PATH ...]|bench|verify|notebooks [NB ...]|course [NB ...]|targets|publish|ab COMMIT|configs|nccl"; exit 2 ;;
 esac
 echo "[gpu_run] stage $stage: done in ${SECONDS} s"

@@ -33,7 +33,7 @@ import torch
 
 from .. import device as _device
 from .configs import FlatConfig, FusedConfig, FusedShape, RopeShape, TileConfig, next_pow2
-from .model import (DeviceFacts, fits_in_l2, fused_candidate_space, fused_candidates, model_fused, model_rope,
+from .model import (DECODE_TOKENS, DeviceFacts, fits_in_l2, fused_candidate_space, fused_candidates, model_fused, model_rope,
                     rope_candidate_space, rope_candidates)
 
 __all__ = ["DeviceFacts", "device_facts", "measure_copy_gbps", "rope_bucket", "fused_bucket", "choose_rope",
@@ -332,4 +332,13 @@ def choose_fused(shape: FusedShape, device=None, bench=None) -> FusedConfig:
     interpreter: at most 16 tokens x 8 heads, 4 warps."""
     if _device.INTERPRET and not isinstance(device, DeviceFacts):
         return FusedConfig(min(next_pow2(shape.n_tokens), 16), min(next_pow2(shape.n_heads), 8), 4)
-    return _choose("fused", fused_bucket(shape), device, bench, model_fused, fused_candidates, fused_candidate_space)
+    return _choose("fused", fused_bucket(shape), device, bench, model_fused, fused_candidates, fused_candidate_space,
+                   worth_timing=_fused_worth_timing)
+
+
+def _fused_worth_timing(facts: DeviceFacts, bucket: FusedShape) -> bool:
+    """Whether the autotune's clock can improve on the model for a fused bucket: a forward prefill past the L2 only.
+    A decode step is its launch chain, which the event clock of one launch cannot tell apart; the backward keeps the
+    model's walk of token blocks. (The bytes counted are a lower bound: q and k read and written.)"""
+    moved = 2 * bucket.n_tokens * bucket.n_heads * bucket.width * bucket.element_size
+    return not bucket.backward and bucket.n_tokens > DECODE_TOKENS and moved > facts.l2_bytes

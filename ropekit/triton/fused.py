@@ -50,7 +50,7 @@ from .configs import FusedConfig, FusedShape, cdiv, next_pow2
 from .fused_tiles import BEFORE, E4M3, E5M2, NO_NORM, NO_QUANT, NORM_AFTER_C, NORM_BEFORE_C, NORM_NONE_C, \
     PER_HEAD, PER_TENSOR, PLAIN, STORE_PLAIN, cache_slot, channels_scale, group_sum, head_scale, load_head, \
     norm_switch, norm_weights, normed, rsqrt_mean_square, sequence_span, store_channels, store_head
-from .launch import KernelLaunch, _position_strides, plans
+from .launch import KernelLaunch, _position_strides, launching_directly, plans
 from .v4 import _cos_sin, _rotate
 
 __all__ = ["fused_forward_kernel", "fused_backward_kernel", "FusedConfig", "FusedShape", "fused_config_for", "forced_fused_config", "plan_fused", "FusedBackward",
@@ -435,13 +435,47 @@ def forced_fused_config(config: FusedConfig | None):
         plans.clear()
 
 
-def fused_config_for(shape: FusedShape, device) -> FusedConfig:
+def fused_config_for(shape: FusedShape, device, bench=None) -> FusedConfig:
     """The launch choice for a fused call of this shape on ``device``: inside :func:`forced_fused_config` the forced
-    one; otherwise ``ropekit.triton.choice.choose_fused`` (the model's choice on this GPU's facts; fixed tiles under
-    the interpreter, where every program costs Python time)."""
+    one; otherwise ``ropekit.triton.choice.choose_fused`` (the model's choice on this GPU's facts, refined by the
+    autotune where ``bench`` is given and the bucket is worth timing; fixed tiles under the interpreter, where every
+    program costs Python time)."""
     if _forced_fused is not None:
         return _forced_fused
-    return choice.choose_fused(shape, device)
+    return choice.choose_fused(shape, device, bench=bench)
+
+
+def _forward_values(call: dict) -> tuple:
+    """:data:`FORWARD_PER_CALL`'s values from :func:`plan_fused`'s (or :func:`launch_fused`'s) arguments."""
+    positions = call["positions"]
+    return (call["q"], call["k"], call["out_q"], call["out_k"], call["v"], call["k_cache"], call["v_cache"],
+            call["k_scale"], call["v_scale"], call["slots"], *(call["page_table"] or (None,) * 3), call["q_weight"],
+            call["k_weight"], call["cos"], call["sin"], positions.tensor, positions.cu_seqlens, positions.offset,
+            call["q_scale"], call["k_global"], call["v_global"])
+
+
+def _tuned_forward_config(shape: FusedShape, call: dict) -> FusedConfig:
+    """The choice for a forward call, where the autotune may time candidates on the call's own tensors.
+
+    Every write of a forward launch (outputs, cache rows, scales) is a function of its inputs alone, so launching a
+    candidate again writes the same bytes, except where an output is its own input (in place): those inputs are
+    copied before the first candidate runs and restored after the last, so the call's own launch then reads them as
+    the caller gave them."""
+    saved: list = []
+
+    def bench(config: FusedConfig) -> float:
+        if not saved:
+            saved.append([(x, x.clone()) for x, out in ((call["q"], call["out_q"]), (call["k"], call["out_k"]))
+                          if x is not None and out is not None and out.numel() and out.data_ptr() == x.data_ptr()])
+        launch = plan_fused(**{**call, "config": config})
+        values = _forward_values(call)
+        return choice.time_launch(lambda: launch(*values))
+
+    try:
+        return fused_config_for(shape, call["q"].device, bench)
+    finally:
+        for x, copy in (saved[0] if saved else ()):
+            x.copy_(copy)
 
 
 def native_fp8(device) -> bool:
@@ -521,6 +555,7 @@ def plan_fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, inte
     called with :data:`FORWARD_PER_CALL`'s tensors (None when there is nothing to do), for the backward (``grad_q``
     given) a :class:`FusedBackward`. Later calls pass tensors of the same shapes, strides and dtypes (or views of
     them with the same data pointers: the caller's own layout), and only their pointers are read."""
+    call = dict(locals())  # the arguments as given: what the autotune re-plans a candidate from
     backward = grad_q is not None
     varlen = positions.is_varlen
     if varlen:
@@ -542,8 +577,10 @@ def plan_fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, inte
     over_heads = norm and norm_over_heads
     if config is None:
         width = max(head_dim, v.shape[-1] if v is not None else 0)
-        config = fused_config_for(FusedShape(n_batch * seqlen, max(n_heads_q, n_heads_k), width, q.element_size(),
-                                             fp8, norm, backward, over_heads), q.device)
+        shape = FusedShape(n_batch * seqlen, max(n_heads_q, n_heads_k), width, q.element_size(), fp8, norm, backward,
+                           over_heads)
+        timed = not backward and q.device.type == "cuda" and launching_directly()
+        config = _tuned_forward_config(shape, call) if timed else fused_config_for(shape, q.device)
     if over_heads:  # the norm's group, a token's heads, lies in one program (whatever configuration was forced)
         config = config._replace(block_h=next_pow2(max(n_heads_q, n_heads_k)))
     block_hk = min(config.block_h, next_pow2(n_heads_k))
@@ -676,7 +713,5 @@ def launch_fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, in
         return plan(q, k, grad_q, grad_k, out_q, out_k, q_weight, k_weight, cos, sin, positions.tensor,
                     positions.cu_seqlens, positions.offset)
     if plan is not None:
-        plan(q, k, out_q, out_k, v, k_cache, v_cache, k_scale, v_scale, slots, *(page_table or (None,) * 3),
-             q_weight, k_weight, cos, sin, positions.tensor, positions.cu_seqlens, positions.offset, q_scale,
-             k_global, v_global)
+        plan(*_forward_values(locals()))
     return None

@@ -147,6 +147,12 @@ _runners: dict = {}  # compiled runners by (KernelLaunch.key, the per-call value
 _launch = _run_direct
 
 
+def launching_directly() -> bool:
+    """Whether a launch now really runs its kernel (not inside :func:`recorded_launches`): only then may the autotune
+    time launches."""
+    return _launch is _run_direct
+
+
 def _stream_getter():
     """The current CUDA stream as Triton's launcher takes it, read the way Triton reads it (None: let Triton do it)."""
     raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
@@ -278,7 +284,7 @@ def rope_config(shape: RopeShape, device=None) -> TileConfig | FlatConfig:
         return _forced
     # Timed only where launches really run on a GPU: not inside recorded_launches, not for tensors planned on another
     # device (meta tensors: the current GPU's choice, untimed)
-    if torch.device(device).type != "cuda" or _launch is not _run_direct:
+    if torch.device(device).type != "cuda" or not launching_directly():
         return choice.choose_rope(shape, None if torch.device(device).type != "cuda" else device)
     return choice.choose_rope(shape, device, bench=lambda config: _bench_rope(shape, device, config))
 
