@@ -3,14 +3,15 @@ head_dim)`` and ``k_norm`` over the whole projection before it is split into hea
 transformers also normalise. Checked against the float64 reference (forward, and the backward by float64 autograd and
 gradcheck through the kernel), for head counts that fill no power of two, GQA, every layout, partial rotary, varlen;
 against transformers' own Olmo2 attention; the cache write; the per-head mode left as it was; validation; the launch
-choice holding every head of a token in one program; torch.compile and CUDA graphs; the fuzzer and the sanitizer."""
+choice holding every head of a token in one program; torch.compile; the fuzzer. (CUDA-graph capture of both extents:
+tests/test_fused_qk_norm_rope.py; the sanitizer driver's variants: tests/test_reliability_sanitize.py.)"""
 
 import pytest
 import torch
 
 import ropekit
 from ropekit import reference as ref
-from ropekit.layouts import TO_BSHD
+from ropekit.layouts import TO_BSHD, to_bshd
 from ropekit.testing import assert_close_to_reference
 from ropekit.triton.configs import FusedConfig, FusedShape
 from ropekit.triton.fused import forced_fused_config
@@ -21,17 +22,15 @@ from conftest import DEVICE, gpu_only
 def expected(x, weight, cos, sin, positions, layout="bshd", *, norm="before", eps=1e-6, weight_offset=0.0,
              interleaved=False):
     """The float64 reference in x's layout: the RMSNorm over each token's (heads, head_dim) together, before or
-    after the rotation."""
-    x_bshd = x.permute(TO_BSHD[layout]) if layout in TO_BSHD else x
-
+    after the rotation (``to_bshd`` is its own inverse)."""
     def normed(v):
         return ref.rms_norm(v, weight, eps=eps, weight_offset=weight_offset, over_heads=True)
 
-    if norm == "before":
-        out = ref.rope_table(normed(x_bshd), cos, sin, positions, interleaved=interleaved)
-    else:
-        out = normed(ref.rope_table(x_bshd, cos, sin, positions, interleaved=interleaved))
-    return out.permute(TO_BSHD[layout]) if layout in TO_BSHD else out
+    def turned(v):
+        return ref.rope_table(v, cos, sin, positions, interleaved=interleaved)
+
+    x = to_bshd(x, layout)
+    return to_bshd(turned(normed(x)) if norm == "before" else normed(turned(x)), layout)
 
 
 def make(layout, batch, seqlen, heads, head_dim, dtype, requires_grad=False):
@@ -45,21 +44,23 @@ def weights(hq, hk, head_dim, dtype=torch.float32, requires_grad=False):
                  for h in (hq, hk))
 
 
-CASES = [
-    # id, layout, batch, seq, hq, hk, head_dim, rotary_dim, interleaved, dtype
-    ("olmo2-32x128-gqa8-bf16", "bshd", 1, 2, 32, 8, 128, 128, False, torch.bfloat16),
-    ("wan-40x128-fp32", "bshd", 1, 1, 40, 40, 128, 128, False, torch.float32),
-    ("5x80-sbhd-gptj-partial-fp16", "sbhd", 2, 3, 5, 5, 80, 48, True, torch.float16),
-    ("3x16-bhsd-mqa-fp32", "bhsd", 1, 3, 3, 1, 16, 16, False, torch.float32),
-]
+CASES = {  # (batch and seq apart: a (batch,) offsets tensor is not read as position ids)
+    "olmo2-32x128-gqa8-bf16": dict(layout="bshd", batch=1, seqlen=2, hq=32, hk=8, head_dim=128, rotary_dim=128,
+                                   interleaved=False, dtype=torch.bfloat16),
+    "wan-40x128-fp32": dict(layout="bshd", batch=1, seqlen=1, hq=40, hk=40, head_dim=128, rotary_dim=128,
+                            interleaved=False, dtype=torch.float32),
+    "5x80-sbhd-gptj-partial-fp16": dict(layout="sbhd", batch=2, seqlen=3, hq=5, hk=5, head_dim=80, rotary_dim=48,
+                                        interleaved=True, dtype=torch.float16),
+    "3x16-bhsd-mqa-fp32": dict(layout="bhsd", batch=1, seqlen=3, hq=3, hk=1, head_dim=16, rotary_dim=16,
+                               interleaved=False, dtype=torch.float32),
+}
 
 
 @pytest.mark.parametrize("weighted", [True, False], ids=["weights", "weightless"])
 @pytest.mark.parametrize("norm", ["before", "after"])
-@pytest.mark.parametrize("layout,batch,seqlen,hq,hk,head_dim,rotary_dim,interleaved,dtype",
-                         [c[1:] for c in CASES], ids=[c[0] for c in CASES])
-def test_forward_matches_the_reference(backend, layout, batch, seqlen, hq, hk, head_dim, rotary_dim, interleaved,
-                                       dtype, norm, weighted):
+@pytest.mark.parametrize("case", CASES)
+def test_forward_matches_the_reference(backend, case, norm, weighted):
+    layout, batch, seqlen, hq, hk, head_dim, rotary_dim, interleaved, dtype = CASES[case].values()
     q, k = make(layout, batch, seqlen, hq, head_dim, dtype), make(layout, batch, seqlen, hk, head_dim, dtype)
     qw, kw = weights(hq, hk, head_dim) if weighted else (None, None)
     cos, sin = ropekit.cos_sin_table(64, rotary_dim, base=5e5, device=DEVICE)
@@ -285,34 +286,6 @@ def test_torch_compile_fullgraph_cache_write():
 
 
 @gpu_only
-def test_cuda_graph_replays_with_new_positions():
-    """OLMo-2-7B's decode shapes (32 heads x 128, one program a token's projection), positions read on the device."""
-    q = torch.randn(64, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
-    k = torch.randn(64, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
-    qw, kw = weights(32, 32, 128)
-    cos, sin = ropekit.cos_sin_table(8192, 128, base=5e5, device="cuda")
-    offsets = torch.randint(0, 8000, (64,), device="cuda")
-    out = {}
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(2):
-            ropekit.qk_norm_rope(q, k, cos, sin, qw, kw, positions=offsets, norm_over="heads")
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out["q"], out["k"] = ropekit.qk_norm_rope(q, k, cos, sin, qw, kw, positions=offsets, norm_over="heads")
-    for _ in range(3):
-        offsets.copy_(torch.randint(0, 8000, (64,), device="cuda"))
-        q.copy_(torch.randn_like(q))
-        graph.replay()
-        torch.cuda.synchronize()
-        pos = ref.token_positions(64, 1, offsets=offsets.cpu())
-        assert_close_to_reference(out["q"], expected(q, qw, cos, sin, pos))
-        assert_close_to_reference(out["k"], expected(k, kw, cos, sin, pos))
-
-
-@gpu_only
 @pytest.mark.parametrize("heads,head_dim", [(32, 128), (40, 128), (128, 128)], ids=["32x128", "40x128", "128x128"])
 def test_large_projections_forward_and_backward_on_gpu(heads, head_dim):
     """Prefill-sized projections, up to a tile of one token larger than the usual register bound."""
@@ -388,18 +361,18 @@ VALIDATION = [
 @pytest.mark.parametrize("op,change,error,name", [c[1:] for c in VALIDATION], ids=[c[0] for c in VALIDATION])
 def test_errors_name_the_argument_and_write_nothing(backend, op, change, error, name):
     """q has 3 heads and k 1 of 16 channels: across all heads their weights are (48,) and (16,)."""
-    q, k = torch.randn(1, 2, 3, 16, device=DEVICE), torch.randn(1, 2, 1, 16, device=DEVICE)
+    written = dict(q=torch.randn(1, 2, 3, 16, device=DEVICE), k=torch.randn(1, 2, 1, 16, device=DEVICE),
+                   k_cache=torch.zeros(1, 2, 1, 16, device=DEVICE))
+    before = {name: t.clone() for name, t in written.items()}
     cos, sin = ropekit.cos_sin_table(8, 16, device=DEVICE)
-    k_cache = torch.zeros(1, 2, 1, 16, device=DEVICE)
-    before = q.clone(), k.clone(), k_cache.clone()
     kwargs = {key: torch.ones(v, device=DEVICE) if key.endswith("weight") else v for key, v in change.items()}
+    calls = {  # in place, so that a write before the error would show
+        "qk_norm_rope": lambda q, k, k_cache: ropekit.qk_norm_rope(q, k, cos, sin, inplace=True, **kwargs),
+        "rope_and_cache": lambda q, k, k_cache: ropekit.rope_and_cache(
+            q, k, None, cos, sin, k_cache=k_cache, cache_offsets=0, inplace=True, write_k=True, **kwargs)}
     with pytest.raises(error, match=name):
-        if op == "qk_norm_rope":
-            ropekit.qk_norm_rope(q, k, cos, sin, inplace=True, **kwargs)
-        else:
-            ropekit.rope_and_cache(q, k, None, cos, sin, k_cache=k_cache, cache_offsets=0, inplace=True,
-                                   write_k=True, **kwargs)
-    assert all(torch.equal(a, b) for a, b in zip((q, k, k_cache), before))
+        calls[op](**written)
+    assert all(torch.equal(written[name], before[name]) for name in written)
 
 
 # --- the fuzzer and the sanitizer -------------------------------------------------------------------------------------
