@@ -384,3 +384,16 @@ def test_the_fuzzer_draws_both_extents(target):
     extents = {fuzz.draw_case(0, index, DEVICE, chosen).spec.get("norm_over") for index in range(200)}
     assert {"head", "heads"} <= extents
 
+
+
+@pytest.mark.parametrize("name", ["decode-b64-olmo2", "prefill-b4-s4096-olmo2", "olmo2-backward-b4-s4096"])
+def test_the_fused_benchmark_checks_every_implementation_of_the_olmo2_cases(name):
+    """At tiny shapes: the fused call, the unfused pipelines (``F.rms_norm`` of the whole projection) and the
+    compiled chain each pass the benchmark's float64 check (the backward writes no cache: one unfused row)."""
+    from ropekit.bench import fused, fused_cases
+    case = fused_cases.tiny({c.name: c for c in fused_cases.CASES}[name])
+    assert case.norm_over == "heads" and case.qk_norm
+    rows = fused.run_case(case, fused.impls("aot_eager"), None, DEVICE, log=lambda line: None)
+    assert [r["impl"] for r in rows] == list(fused.IMPL_NAMES)
+    for row in rows:
+        assert (row["status"] == "ok" and row["ok"]) or (case.kind == "backward" and row["status"] == "skipped"), row
