@@ -34,9 +34,9 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, weight_o
 
 def draw_qk_norm_rope(rng: random.Random, gen: torch.Generator, device) -> Case:
     """``qk_norm_rope`` with apply_rope's hostile arguments and its own weights (or none), the norm before or after
-    the rotation, over each head or across all heads (``norm_over``); in a share of the cases q and one tensor it reads (a weight, a table, positions or cu_seqlens)
-    carved from one byte pool: apart, or on each other's bytes in place (to be refused; out of place both are only
-    read)."""
+    the rotation, over each head or across all heads (``norm_over``); in a share of the cases q and one tensor it
+    reads (a weight, a table, positions or cu_seqlens) carved from one byte pool: apart, or on each other's bytes in
+    place (to be refused; out of place both are only read)."""
     arena, inplace = Arena(rng, gen, device), None
     placement, weighted = rng.choice(("before", "after")), rng.random() < 0.7
     norm_over = rng.choice(("head", "heads"))

@@ -1,5 +1,6 @@
 """The fused pre-processing kernels and their launcher: RMSNorm (per head, or across a token's heads), RoPE and the
-KV-cache write in one launch (the forward), and the vector-Jacobian product of QK-norm + RoPE with the weight gradients (the backward).
+KV-cache write in one launch (the forward), and the vector-Jacobian product of QK-norm + RoPE with the weight
+gradients (the backward).
 
 Two kernels, one algorithm each, as in Triton's layer-norm tutorial:
 
