@@ -233,7 +233,7 @@ def model_fused(facts: DeviceFacts, shape: FusedShape) -> FusedConfig:
 
     A norm over all heads of a token (``norm_over_heads``) needs every head of the token in one program: the heads
     are the call's (rounded up), fewer tokens keep the tile within the bound (one token at least, whatever its
-    size), and more warps share a tile of more than 32 values a thread at the rule's warps.
+    size), and more warps share the larger tile at the rule's values a thread (not yet measured on a GPU).
     """
     if shape.norm_over_heads:
         return _all_heads(_fused_rule(facts, shape), shape)
@@ -245,17 +245,17 @@ def model_fused(facts: DeviceFacts, shape: FusedShape) -> FusedConfig:
     return config
 
 
-_ALL_HEADS_VALUES_A_THREAD = 32  # the prefill rule's QK-norm tile: 4 tokens x 8 heads x 128 channels at 4 warps
-
-
 def _all_heads(config: FusedConfig, shape: FusedShape) -> FusedConfig:
-    """The rule's configuration with every head of a token in one program (the norm's reduction runs over them)."""
+    """The rule's configuration with every head of a token in one program (the norm's reduction runs over them):
+    fewer tokens while the tile passes the register bound, and the warps that keep the rule's own values a thread
+    (at least 8: a 16-byte vector of bf16), up to 32."""
     heads, width = next_pow2(shape.n_heads), next_pow2(shape.width)
+    density = max(config.block_s * config.block_h * width // (32 * config.num_warps), 8)
     block_s = config.block_s
     while block_s > 1 and block_s * heads * width > _TILE_VALUES_LIMIT:
         block_s //= 2
-    warps = next_pow2(cdiv(block_s * heads * width, 32 * _ALL_HEADS_VALUES_A_THREAD))
-    return config._replace(block_s=block_s, block_h=heads, num_warps=min(max(config.num_warps, warps), WARPS[-1]))
+    warps = next_pow2(cdiv(block_s * heads * width, 32 * density))
+    return config._replace(block_s=block_s, block_h=heads, num_warps=min(max(warps, config.num_warps), WARPS[-1]))
 
 
 def _fused_rule(facts: DeviceFacts, shape: FusedShape) -> FusedConfig:
