@@ -333,10 +333,19 @@ def _write_cache(cache, places, values, scale, quant: tuple, global_scale=None) 
     cache[block[written], row[written]] = quantised(values, scale, fmt)
 
 
-def _rsqrt_mean_square(x_a, x_b, x_t, eps: float, head_dim: int) -> torch.Tensor:
-    """``1 / sqrt(mean(x^2) + eps)`` of each head vector given as pair halves and tail, ``(..., 1)``."""
+def _group_mean(per_head: torch.Tensor, head_dim: int, over_heads: bool) -> torch.Tensor:
+    """The mean of ``(..., heads)`` sums over each head vector's ``head_dim`` values, or over a token's heads
+    together (``(..., 1)``): the norm's group."""
+    if over_heads:
+        return per_head.sum(-1, keepdim=True) / (per_head.shape[-1] * head_dim)
+    return per_head / head_dim
+
+
+def _rsqrt_mean_square(x_a, x_b, x_t, eps: float, head_dim: int, over_heads: bool) -> torch.Tensor:
+    """``1 / sqrt(mean(x^2) + eps)`` of each head vector given as pair halves and tail, or of a token's heads
+    together, ``(..., heads or 1, 1)``."""
     squares = (x_a * x_a).sum(-1) + (x_b * x_b).sum(-1) + (x_t * x_t).sum(-1)
-    return (1.0 / torch.sqrt(squares / head_dim + eps))[..., None]
+    return (1.0 / torch.sqrt(_group_mean(squares, head_dim, over_heads) + eps))[..., None]
 
 
 def fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, interleaved: bool = False,
@@ -344,16 +353,23 @@ def fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, interleav
           cache_mode: int = 0, slots=None, page_table=None, block_size: int = 1, cache_len: int = 0, k_scale=None,
           v_scale=None, quant: tuple = (PLAIN, PER_TENSOR), q_format: int = PLAIN, q_scale=None, k_global=None,
           v_global=None, q_weight=None, k_weight=None, eps: float = 0.0, weight_offset: float = 0.0,
-          norm: int | None = None, grad_q=None, grad_k=None):
-    """:func:`ropekit.triton.fused.launch_fused`'s arguments and outputs, computed in PyTorch ops: per-head RMSNorm
-    (with weights), RoPE, the outputs (None: not written) and, for k, the caches; with ``grad_q`` the backward of
-    norm + rotation, returning the weight gradients ``(dw_q, dw_k)`` in the math dtype."""
+          norm: int | None = None, norm_over_heads: bool = False, grad_q=None, grad_k=None):
+    """:func:`ropekit.triton.fused.launch_fused`'s arguments and outputs, computed in PyTorch ops: RMSNorm per head
+    or over all heads of a token (``norm_over_heads``; with weights), RoPE, the outputs (None: not written) and, for
+    k, the caches; with ``grad_q`` the backward of norm + rotation, returning the weight gradients ``(dw_q, dw_k)`` in
+    the math dtype."""
     backward = grad_q is not None
     varlen = positions.is_varlen
     n_batch = positions.cu_seqlens.shape[0] - 1 if varlen else q.shape[0]
     seqlen = positions.max_seqlen if varlen else q.shape[1]
     math, head_dim = _math_dtype(q), q.shape[-1]
-    dw = [torch.zeros(head_dim, dtype=math, device=q.device) for _ in range(2)] if backward else None
+    if norm is None:  # the norm's place: before the rotation when weights are given
+        norm = BEFORE if q_weight is not None else NO_NORM
+    over_heads = norm_over_heads and norm != NO_NORM
+    # the weights' lengths: head_dim, or over all heads one a (head, channel)
+    heads = (q.shape[-2], k.shape[-2] if k is not None else 0)
+    lengths = [n * head_dim for n in heads] if over_heads else [head_dim, head_dim]
+    dw = [torch.zeros(n, dtype=math, device=q.device) for n in lengths] if backward else None
     if n_batch == 0 or seqlen == 0 or q.shape[0] == 0:
         return dw
     tokens = _tokens(positions, n_batch, seqlen, q.shape[0], q.device)
@@ -361,8 +377,6 @@ def fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, interleav
     # (an empty tensor's data pointer says nothing: q without heads is not "in place")
     in_place = (out_q is not None and out_q.numel() > 0 and out_q.data_ptr() == q.data_ptr()) or (
         out_k is not None and out_k.numel() > 0 and out_k.data_ptr() == k.data_ptr())
-    if norm is None:  # the norm's place: before the rotation when weights are given
-        norm = BEFORE if q_weight is not None else NO_NORM
     write_tail = (backward or norm != NO_NORM or not in_place) and rotary_dim < head_dim
     for i, (x, out, grad, weight) in enumerate(((q, out_q, grad_q, q_weight), (k, out_k, grad_k, k_weight))):
         if x is None or x.numel() == 0:
@@ -370,11 +384,14 @@ def fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, interleav
         x_a, x_b = _pairs(tokens.take(x).to(math), rotary_dim, interleaved)
         x_t = tokens.take(x[..., rotary_dim:]).to(math)
         if norm != NO_NORM:
-            # N(u) = u * r * w with r = 1 / sqrt(mean(u^2) + eps) over the whole head vector, w = weight_offset +
-            # weight (1 without weights); u = x before the rotation, the rotated x after it
+            # N(u) = u * r * w with r = 1 / sqrt(mean(u^2) + eps) over the whole head vector (or over all heads of
+            # the token), w = weight_offset + weight (1 without weights; over all heads a (heads, head_dim) weight);
+            # u = x before the rotation, the rotated x after it
             w = weight.to(math) + weight_offset if weight is not None else torch.ones(head_dim, dtype=math,
                                                                                      device=q.device)
-            (w_a, w_b), w_t = _pairs(w, rotary_dim, interleaved), w[rotary_dim:]
+            if over_heads and weight is not None:
+                w = w.view(x.shape[-2], head_dim)
+            (w_a, w_b), w_t = _pairs(w, rotary_dim, interleaved), w[..., rotary_dim:]
         if backward:
             # the norm's VJP N'(u)^T h = r w h - u r^3 mean(h w u) and the rotation's (angles arrive conjugated: by
             # -θ). Before: u = x, h = rotate(g, -θ), dx = N'(u)^T h; after: u = rotate(x, θ), h = g,
@@ -386,22 +403,22 @@ def fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, interleav
                 x_a, x_b = _rotate(x_a, x_b, cos_a, -sin_a, cos_b, -sin_b)
             else:
                 g_a, g_b = _rotate(g_a, g_b, *angles)
-            r = _rsqrt_mean_square(x_a, x_b, x_t, eps, head_dim)
+            r = _rsqrt_mean_square(x_a, x_b, x_t, eps, head_dim, over_heads)
             dot = (g_a * w_a * x_a).sum(-1) + (g_b * w_b * x_b).sum(-1) + (g_t * w_t * x_t).sum(-1)
-            c = r * r * r * (dot / head_dim)[..., None]
+            c = r * r * r * _group_mean(dot, head_dim, over_heads)[..., None]
             dx_a, dx_b, dx_t = r * w_a * g_a - c * x_a, r * w_b * g_b - c * x_b, r * w_t * g_t - c * x_t
             if norm == AFTER:
                 dx_a, dx_b = _rotate(dx_a, dx_b, *angles)
             tokens.put(out, slice(0, head_dim), torch.cat((_joined(dx_a, dx_b, interleaved), dx_t), -1))
             terms = torch.cat((_joined(g_a * x_a * r, g_b * x_b * r, interleaved), g_t * x_t * r), -1)
-            dw[i] = terms.reshape(-1, head_dim).sum(0)
+            dw[i] = terms.reshape(-1, lengths[i]).sum(0)  # over the tokens (per head: and the heads)
             continue
         if norm == BEFORE:
-            r = _rsqrt_mean_square(x_a, x_b, x_t, eps, head_dim)
+            r = _rsqrt_mean_square(x_a, x_b, x_t, eps, head_dim, over_heads)
             x_a, x_b, x_t = x_a * r * w_a, x_b * r * w_b, x_t * r * w_t
         y_a, y_b = _rotate(x_a, x_b, *angles)
         if norm == AFTER:
-            r = _rsqrt_mean_square(y_a, y_b, x_t, eps, head_dim)
+            r = _rsqrt_mean_square(y_a, y_b, x_t, eps, head_dim, over_heads)
             y_a, y_b, x_t = y_a * r * w_a, y_b * r * w_b, x_t * r * w_t
         y = torch.cat((_joined(y_a, y_b, interleaved), x_t), -1)
         if i == 1 and cache_mode:

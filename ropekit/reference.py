@@ -226,11 +226,16 @@ def rope_matrix(x: torch.Tensor, positions: torch.Tensor, *, base: float = 10000
 
 # --- The fused pre-processing ops' references: QK-norm, cache writes, float8. -----------------------------------
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, *, eps: float, weight_offset: float = 0.0) -> torch.Tensor:
+def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, *, eps: float, weight_offset: float = 0.0,
+             over_heads: bool = False) -> torch.Tensor:
     """Per-head RMSNorm over the last dimension in float64: ``x * rsqrt(mean(x^2) + eps) * (weight_offset + w)``
     (transformers' Qwen3 ``RMSNorm`` with ``weight_offset=0``, Gemma's ``1 + w`` with 1); ``weight`` None: no weight,
-    ``x * rsqrt(mean(x^2) + eps)`` (Llama 4's ``Llama4TextL2Norm``). Differentiable."""
+    ``x * rsqrt(mean(x^2) + eps)`` (Llama 4's ``Llama4TextL2Norm``). ``over_heads``: over the last two dimensions
+    ``(heads, head_dim)`` together, a ``(heads * head_dim,)`` weight (OLMo-2's RMSNorm of the whole q or k
+    projection, before it is split into heads). Differentiable."""
     x64 = x.to(torch.float64).cpu()
+    if over_heads:
+        return rms_norm(x64.flatten(-2), weight, eps=eps, weight_offset=weight_offset).unflatten(-1, x64.shape[-2:])
     normed = x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + eps)
     return normed if weight is None else normed * (weight_offset + weight.to(torch.float64).cpu())
 

@@ -15,10 +15,12 @@ from conftest import DEVICE, gpu_only
 
 
 
-def expected(x, weight, cos, sin, positions_bs, layout="bshd", *, eps=1e-6, weight_offset=0.0, interleaved=False):
-    """The float64 reference in x's layout: RMSNorm over head_dim, then the table's rotation."""
+def expected(x, weight, cos, sin, positions_bs, layout="bshd", *, eps=1e-6, weight_offset=0.0, interleaved=False,
+             over_heads=False):
+    """The float64 reference in x's layout: RMSNorm over head_dim (``over_heads``: over all heads together), then the
+    table's rotation."""
     x_bshd = x.permute(TO_BSHD[layout]) if layout in TO_BSHD else x
-    normed = ref.rms_norm(x_bshd, weight, eps=eps, weight_offset=weight_offset)
+    normed = ref.rms_norm(x_bshd, weight, eps=eps, weight_offset=weight_offset, over_heads=over_heads)
     out = ref.rope_table(normed, cos, sin, positions_bs, interleaved=interleaved)
     return out.permute(TO_BSHD[layout]) if layout in TO_BSHD else out
 
@@ -301,10 +303,14 @@ def test_gradients_without_k():
 
 
 @gpu_only
-def test_cuda_graph_replays_with_new_positions():
+@pytest.mark.parametrize("norm_over", ["head", "heads"])
+def test_cuda_graph_replays_with_new_positions(norm_over):
+    """Qwen3-8B's decode shapes (32 q / 8 kv heads x 128), per head; across all heads (OLMo-2's norm), a program
+    holds a token's 32 q heads."""
+    over_heads = norm_over == "heads"
     q = torch.randn(64, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
     k = torch.randn(64, 1, 8, 128, device="cuda", dtype=torch.bfloat16)
-    qw, kw = torch.randn(128, device="cuda"), torch.randn(128, device="cuda")
+    qw, kw = (torch.randn(h * 128 if over_heads else 128, device="cuda") for h in (32, 8))
     cos, sin = ropekit.cos_sin_table(8192, 128, device="cuda")
     offsets = torch.randint(0, 8000, (64,), device="cuda")
     out = {}
@@ -312,19 +318,19 @@ def test_cuda_graph_replays_with_new_positions():
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         for _ in range(2):
-            ropekit.qk_norm_rope(q, k, cos, sin, qw, kw, positions=offsets)
+            ropekit.qk_norm_rope(q, k, cos, sin, qw, kw, positions=offsets, norm_over=norm_over)
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out["q"], out["k"] = ropekit.qk_norm_rope(q, k, cos, sin, qw, kw, positions=offsets)
+        out["q"], out["k"] = ropekit.qk_norm_rope(q, k, cos, sin, qw, kw, positions=offsets, norm_over=norm_over)
     for _ in range(3):
         offsets.copy_(torch.randint(0, 8000, (64,), device="cuda"))
         q.copy_(torch.randn_like(q))
         graph.replay()
         torch.cuda.synchronize()
         pos = ref.token_positions(64, 1, offsets=offsets.cpu())
-        assert_close_to_reference(out["q"], expected(q, qw, cos, sin, pos))
-        assert_close_to_reference(out["k"], expected(k, kw, cos, sin, pos))
+        assert_close_to_reference(out["q"], expected(q, qw, cos, sin, pos, over_heads=over_heads))
+        assert_close_to_reference(out["k"], expected(k, kw, cos, sin, pos, over_heads=over_heads))
 
 
 def test_hostile_values_follow_the_reference():

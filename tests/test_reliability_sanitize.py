@@ -20,6 +20,9 @@ def test_sanitize_driver_runs_every_kernel_cleanly(capsys):
     # the fused kernel's every quantising store (float8 e4m3/e5m2, int8 at each kind of scale)
     assert sum(line.startswith("ok    triton fused quantising store") for line in lines) == len(
         sanitize.QUANTISED_CACHES)
+    # the norm across all heads of a token, before and after the rotation, forward and backward
+    assert sum(line.startswith("ok    triton fused norm across all heads") for line in lines) == len(
+        sanitize.NORM_PLACES) == 2
     # every configuration once with the launcher's own choice and once with each configuration the choice can reach
     # for it (here the first two candidates a call: the model's own first)
     configs = sanitize.sanitize_configs()

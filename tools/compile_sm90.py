@@ -145,7 +145,7 @@ def _rope_calls():
 
 def _fused_calls():
     """A small matrix of the fused ops' launches: the forward with and without QK-norm (before the rotation, or
-    after it with or without weights), paged and contiguous caches,
+    after it with or without weights; per head or across all heads), paged and contiguous caches,
     bf16 and every quantising store (float8 e4m3/e5m2 bytes and int8; per-tensor, per-head and per-(token, head)
     scales; integer or the GPU's float8 conversion; NVFP4), a float8 q, v of another width (MLA's latent), GPT-J,
     partial rotary, in place, varlen; the backward in both ways of summing the weight gradient, in both launch
@@ -259,6 +259,18 @@ def _fused_calls():
             yield dict(q=q, k=k, cos=cos, sin=cos, positions=by_offsets, rotary_dim=96, out_q=torch.empty_like(q),
                        out_k=torch.empty_like(k), eps=1e-5, norm=tiles.AFTER, grad_q=torch.empty_like(q),
                        grad_k=torch.empty_like(k), config=fused.FusedConfig(2, 4, 4, token_blocks=4), **weights)
+        # the norm across all heads (OLMo-2's): every head of a token in one program, a weight a (head, channel);
+        # forward with a cache, and backward
+        across = dict(q_weight=torch.empty(8 * 128, dtype=dtype, **meta), eps=1e-6, norm_over_heads=True,
+                      k_weight=torch.empty(2 * 128, dtype=dtype, **meta))
+        yield dict(q=q, k=k, cos=cos, sin=cos, positions=by_offsets, rotary_dim=96, out_q=torch.empty_like(q),
+                   v=v, cache_mode=fused.CACHE_PAGED, slots=slots, block_size=16, cache_len=256,
+                   k_cache=torch.empty(16, 16, 2, 128, dtype=dtype, **meta),
+                   v_cache=torch.empty(16, 16, 2, 128, dtype=dtype, **meta), config=fused.FusedConfig(2, 8, 4),
+                   **across)
+        yield dict(q=q, k=k, cos=cos, sin=cos, positions=by_offsets, rotary_dim=96, out_q=torch.empty_like(q),
+                   out_k=torch.empty_like(k), grad_q=torch.empty_like(q), grad_k=torch.empty_like(k),
+                   norm=tiles.AFTER, config=fused.FusedConfig(1, 8, 4, token_blocks=4), **across)
         for deterministic in (False, True):
             for config in (fused.FusedConfig(1, 8, 4, evict_first=True, heads_inner=True, token_blocks=16, stages=3),
                            fused.FusedConfig(2, 4, 4, token_blocks=4)):

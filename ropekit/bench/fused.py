@@ -52,7 +52,8 @@ __all__ = ["CASES", "IMPL_NAMES", "COPY_REFERENCE", "LAUNCH_FLOOR", "impls", "ch
 def _fused(data: Data) -> Callable:
     c, cos, sin = data.case, data.cos, data.sin
     if c.kind == "backward":
-        return _autograd(lambda q, k, w_q, w_k: qk_norm_rope(q, k, cos, sin, w_q, w_k, eps=EPS), data)
+        return _autograd(lambda q, k, w_q, w_k: qk_norm_rope(q, k, cos, sin, w_q, w_k, eps=EPS,
+                                                             norm_over=c.norm_over), data)
     if c.kind == "mla":
         latent, positions = data.extra, data.token_positions
         scale = data.scales[0] if data.scales else None
@@ -64,7 +65,7 @@ def _fused(data: Data) -> Callable:
     kwargs = dict(k_cache=data.k_cache, v_cache=data.v_cache, positions=data.offsets, inplace=c.q_dtype is None,
                   kv_cache_dtype=c.kv_cache_dtype, **(data.page_table or dict(slot_mapping=data.slots)))
     if data.weights:
-        kwargs.update(q_weight=data.weights[0], k_weight=data.weights[1], eps=EPS)
+        kwargs.update(q_weight=data.weights[0], k_weight=data.weights[1], eps=EPS, norm_over=c.norm_over)
     if data.scales:
         kwargs.update(k_scale=data.scales[0], v_scale=data.scales[1])
     if data.scale_caches:
@@ -147,8 +148,8 @@ def _unfused(write: str) -> Callable:
         if c.kind == "backward":
             if write != "index_copy_":
                 raise NotApplicable("the backward writes no cache (one unfused row)")
-            norm = lambda x, w: F.rms_norm(x, (c.head_dim,), w, EPS)  # noqa: E731
-            return _autograd(lambda q, k, w_q, w_k: apply_rope(norm(q, w_q), norm(k, w_k), cos, sin), data)
+            return _autograd(lambda q, k, w_q, w_k: apply_rope(_rms_norm(q, w_q, c), _rms_norm(k, w_k, c), cos, sin),
+                             data)
         k_scale, v_scale = _static_scales(data)
         fmt = c.cache_dtype
         if c.kind == "mla":
@@ -168,8 +169,7 @@ def _unfused(write: str) -> Callable:
         def chain():
             q_, k_ = q, k
             if data.weights:
-                q_ = F.rms_norm(q, (c.head_dim,), data.weights[0], EPS)
-                k_ = F.rms_norm(k, (c.head_dim,), data.weights[1], EPS)
+                q_, k_ = _rms_norm(q, data.weights[0], c), _rms_norm(k, data.weights[1], c)
             apply_rope(q_, k_, cos, sin, positions=data.offsets, inplace=True)
             store(k_flat, data.slots, k_, k_scale, fmt, k_scales)
             store(v_flat, data.slots, v, v_scale, fmt, v_scales)
@@ -189,7 +189,16 @@ def _rotate(x, cos, sin, interleaved: bool):
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), -1)
 
 
-def _norm(x, w):  # transformers' RMSNorm: float32 math
+def _rms_norm(x, w, c: FusedCase):
+    """``F.rms_norm`` of each head vector, or (``c.norm_over`` "heads") of each token's whole projection."""
+    if c.norm_over == "heads":
+        return F.rms_norm(x.flatten(-2), (x.shape[-2] * x.shape[-1],), w, EPS).view_as(x)
+    return F.rms_norm(x, (c.head_dim,), w, EPS)
+
+
+def _norm(x, w, over_heads: bool = False):  # transformers' RMSNorm: float32 math (over_heads: the whole projection)
+    if over_heads:
+        return _norm(x.flatten(-2), w).unflatten(-1, x.shape[-2:])
     x = x.float()
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + EPS) * w.float()
 
@@ -198,11 +207,13 @@ def _compiled(backend: str) -> Callable:
     """``torch.compile`` of the whole chain written in PyTorch (norm, rotation, quantise, cache write)."""
     def build(data: Data) -> Callable:
         c, cos, sin = data.case, data.cos, data.sin
+        over_heads = c.norm_over == "heads"
         if c.kind == "backward":
             def fwd(q, k, w_q, w_k):
                 p = torch.arange(c.seqlen, device=q.device)
                 rows = (cos[p][:, None, :], sin[p][:, None, :])
-                return tuple(_rotate(_norm(x, w), *rows, False).to(x.dtype) for x, w in ((q, w_q), (k, w_k)))
+                return tuple(_rotate(_norm(x, w, over_heads), *rows, False).to(x.dtype)
+                             for x, w in ((q, w_q), (k, w_k)))
             return _autograd(torch.compile(fwd, backend=backend, dynamic=False), data)
         k_scale, v_scale = _static_scales(data)
         fmt = c.cache_dtype
@@ -233,8 +244,8 @@ def _compiled(backend: str) -> Callable:
         def chain(qkv, positions, slots):
             q, k, v = qkv.split([c.heads_q, c.heads_kv, c.heads_kv], dim=2)
             rows = (cos[positions][..., None, :], sin[positions][..., None, :])
-            q_rot = _rotate(_norm(q, w_q) if w_q is not None else q.float(), *rows, False)
-            k_rot = _rotate(_norm(k, w_k) if w_k is not None else k.float(), *rows, False).to(k.dtype)
+            q_rot = _rotate(_norm(q, w_q, over_heads) if w_q is not None else q.float(), *rows, False)
+            k_rot = _rotate(_norm(k, w_k, over_heads) if w_k is not None else k.float(), *rows, False).to(k.dtype)
             store(k_flat, slots, k_rot.reshape(-1, c.heads_kv, c.head_dim), k_scale, k_scales)
             store(v_flat, slots, v.reshape(-1, c.heads_kv, c.head_dim), v_scale, v_scales)
             if c.q_dtype is not None:  # float8 attention's q: quantised from the float32 rotation

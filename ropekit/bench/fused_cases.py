@@ -47,7 +47,8 @@ class FusedCase:
     ``kv_indptr``, a request and a position per token) instead of a slot mapping; the same rows either way.
     ``kv_cache_dtype``: the cache's format, vLLM's name (``"auto"``: the model's dtype); ``per_head_scales``: its
     static scales one a kv head instead of one a tensor; ``q_dtype``: a float8 q output (out of place, at
-    ``Q_SCALE``) instead of q rotated in place."""
+    ``Q_SCALE``) instead of q rotated in place; ``norm_over``: the QK-norm's extent, ``"heads"`` all heads of q and of k
+    together (OLMo-2's, weights ``(heads * head_dim,)``)."""
 
     name: str
     title: str
@@ -64,6 +65,7 @@ class FusedCase:
     page_table: bool = False
     per_head_scales: bool = False
     q_dtype: Optional[torch.dtype] = None
+    norm_over: str = "head"
 
     @property
     def tokens(self) -> int:
@@ -108,6 +110,7 @@ class FusedCase:
 
 
 _LLAMA = dict(heads_q=32, heads_kv=8, head_dim=128)
+_OLMO2 = dict(heads_q=32, heads_kv=32, head_dim=128, qk_norm=True, norm_over="heads")  # OLMo-2-7B: MHA
 
 
 def _formats(suffix: str, what: str, **fields) -> tuple:
@@ -133,6 +136,12 @@ CASES = (
               64, latent=512),
     FusedCase("qknorm-backward-b4-s4096", "Qwen3-8B QK-norm + RoPE backward b4 s4096", "backward", 4, 4096,
               qk_norm=True, **_LLAMA),
+    # the QK-norm across all heads (OLMo-2's: one program holds a token's 32 heads)
+    FusedCase("decode-b64-olmo2", "OLMo-2-7B decode b64 + QK-norm across all heads", "cache", 64, 1, **_OLMO2),
+    FusedCase("prefill-b4-s4096-olmo2", "OLMo-2-7B prefill b4 s4096 + QK-norm across all heads", "cache", 4, 4096,
+              **_OLMO2),
+    FusedCase("olmo2-backward-b4-s4096", "OLMo-2-7B QK-norm across all heads + RoPE backward b4 s4096", "backward",
+              4, 4096, **_OLMO2),
     # the quantise-on-write formats
     *_formats("e5m2", "float8 e5m2", kv_cache_dtype="fp8_e5m2"),
     *_formats("int8-token-head", "int8 per (token, head) (vLLM's int8_per_token_head)",
@@ -263,7 +272,8 @@ def make_data(case: FusedCase, device, seed: int) -> Data:
             v_cache = torch.zeros_like(k_cache)
             if case.token_head_scales:
                 scale_caches = tuple(torch.zeros(shape[:3], device=device) for _ in range(2))
-    weights = ((1 + 0.2 * randn(d), 1 + 0.2 * randn(d)) if case.qk_norm else ())
+    widths = (case.heads_q * d, case.heads_kv * d) if case.norm_over == "heads" else (d, d)
+    weights = tuple(1 + 0.2 * randn(width) for width in widths) if case.qk_norm else ()
     if case.fp8 and not case.token_head_scales:
         # per kv head: scales from half to one and a half times the tensor's, so that each head reads its own
         spread = (0.5 + torch.arange(case.heads_kv) / case.heads_kv) if case.per_head_scales else torch.ones(1)
@@ -286,17 +296,18 @@ def expected(data: Data) -> dict:
 
     def rope(x, w=None, interleaved=False):
         x = x.reshape(c.tokens, -1, x.shape[-1])[rows.to(x.device)]
-        x = reference.rms_norm(x, w, eps=EPS) if w is not None else x.double().cpu()
+        x = reference.rms_norm(x, w, eps=EPS, over_heads=over_heads) if w is not None else x.double().cpu()
         return reference.rope_table(x, data.cos, data.sin, pos, interleaved=interleaved)
 
     w_q, w_k = data.weights or (None, None)
+    over_heads = c.norm_over == "heads"
     if c.kind == "backward":
         # the leaves are float64 copies on the CPU (rows and positions are CPU tensors): autograd never mixes the
         # inputs' device with the reference's
         q, k = (x.detach().reshape(c.tokens, -1, c.head_dim)[rows.to(x.device)].cpu().double().requires_grad_(True)
                 for x in (data.qkv, data.extra))
-        out = [reference.rope_table(reference.rms_norm(x, w, eps=EPS), data.cos, data.sin, pos) for x, w in
-               ((q, w_q), (k, w_k))]
+        out = [reference.rope_table(reference.rms_norm(x, w, eps=EPS, over_heads=over_heads), data.cos, data.sin,
+                                    pos) for x, w in ((q, w_q), (k, w_k))]
         gq, gk = (g.reshape(c.tokens, -1, c.head_dim)[rows.to(g.device)].double().cpu() for g in data.grads)
         return dict(zip(("dq", "dk"), torch.autograd.grad(out, (q, k), (gq, gk))))
     if c.kind == "mla":

@@ -66,7 +66,7 @@ def _width(case) -> int:
 
 def _shape(case) -> FusedShape:
     return FusedShape(case.tokens, max(case.heads_q, case.heads_kv), _width(case), case.dtype.itemsize, case.fp8,
-                      case.qk_norm, case.kind == "backward")
+                      case.qk_norm, case.kind == "backward", case.qk_norm and case.norm_over == "heads")
 
 
 def _table_choice(case) -> FusedConfig:

@@ -32,7 +32,7 @@ def _kernel_arguments(q, k, v, out_q, out_k, k_cache, v_cache, slots, cache_mode
                       kv_indptr, kv_layout: str, cos, sin, positions, pos_mode: int, cu_seqlens, position_offset: int,
                       max_seqlen: int, rotary_dim: int, layout: str, interleaved: bool, per_token: bool, k_scale,
                       v_scale, q_weight, k_weight, eps: float, weight_offset: float, k_scale_cache=None,
-                      v_scale_cache=None, q_scale=None, norm=None) -> dict:
+                      v_scale_cache=None, q_scale=None, norm=None, norm_over_heads=False) -> dict:
     """A validated call as the fused launcher (:func:`~ropekit.triton.fused.plan_fused`, or the native
     :func:`ropekit.native.fused`) takes it: the kernels' views (the caches as ``(blocks, rows, heads, dim)``), the
     cache's geometry and address map, and the store the cache's dtype and the scales make (the scales only with a
@@ -59,7 +59,8 @@ def _kernel_arguments(q, k, v, out_q, out_k, k_cache, v_cache, slots, cache_mode
                 slots=slots, page_table=page_table, block_size=k_cache.shape[1], cache_len=n_slots, k_scale=k_scale,
                 v_scale=v_scale, quant=quant, k_global=k_global, v_global=v_global,
                 q_format=_FORMATS.get(out_q.dtype, PLAIN) if out_q is not None else PLAIN, q_scale=q_scale,
-                q_weight=q_weight, k_weight=k_weight, eps=eps, weight_offset=weight_offset, norm=norm)
+                q_weight=q_weight, k_weight=k_weight, eps=eps, weight_offset=weight_offset, norm=norm,
+                norm_over_heads=norm_over_heads)
 
 
 # (a validated cache still held as torch.uint8 is NVFP4's: validate.fp8_bytes views every other format's bytes)
@@ -101,13 +102,13 @@ def _rope_and_cache_op(q: Optional[torch.Tensor], k: Optional[torch.Tensor], v: 
                        v_scale: Optional[torch.Tensor], q_weight: Optional[torch.Tensor],
                        k_weight: Optional[torch.Tensor], eps: float, weight_offset: float,
                        k_scale_cache: Optional[torch.Tensor], v_scale_cache: Optional[torch.Tensor],
-                       q_scale: Optional[torch.Tensor], norm: Optional[int]) -> None:
+                       q_scale: Optional[torch.Tensor], norm: Optional[int], norm_over_heads: bool) -> None:
     # (no defaults: a mutated argument left at its default is dropped from the boxed call, and torch 2.11's
     # in-place bookkeeping then indexes past the arguments)
     launch_cache(q, k, v, out_q, out_k, k_cache, v_cache, slots, cache_mode, batch_indices, kv_indices, kv_indptr,
                  kv_layout, cos, sin, positions, pos_mode, cu_seqlens, position_offset, max_seqlen, rotary_dim,
                  layout, interleaved, per_token, k_scale, v_scale, q_weight, k_weight, eps, weight_offset,
-                 k_scale_cache, v_scale_cache, q_scale, norm)
+                 k_scale_cache, v_scale_cache, q_scale, norm, norm_over_heads)
 
 
 @_rope_and_cache_op.register_fake
@@ -116,18 +117,18 @@ def _rope_and_cache_fake(*args):
 
 
 def run_cache_op(q, k, v, out_q, out_k, k_cache, v_cache, *args, k_scale_cache=None, v_scale_cache=None,
-                 q_scale=None, norm=None) -> None:
+                 q_scale=None, norm=None, norm_over_heads=False) -> None:
     """The launch through the custom op when compiling, directly otherwise (no dispatcher on a decode step's host
     path); in place (``out_q is q``) the rotary inputs are passed only as the written outputs. ``k_scale_cache``,
     ``v_scale_cache``: per-(token, head) scales, written; ``q_scale``: a float8 ``out_q``'s scale; ``norm``: the
-    norm's place (None: before the rotation when weights are given)."""
+    norm's place (None: before the rotation when weights are given); ``norm_over_heads``: its extent."""
     in_place = out_q is q
     scale_caches = (k_scale_cache, v_scale_cache)
     if torch.compiler.is_compiling():
         _rope_and_cache_op(None if in_place else q, None if in_place else k, v, out_q, out_k, k_cache, v_cache,
-                           *args, *scale_caches, q_scale, norm)
+                           *args, *scale_caches, q_scale, norm, norm_over_heads)
         return
-    launch_cache(q, k, v, out_q, out_k, k_cache, v_cache, *args, *scale_caches, q_scale, norm)
+    launch_cache(q, k, v, out_q, out_k, k_cache, v_cache, *args, *scale_caches, q_scale, norm, norm_over_heads)
     bump_versions(k_cache, v_cache)
     bump_versions(*scale_caches)
     if in_place:
@@ -142,7 +143,7 @@ def rope_and_cache(q: torch.Tensor, k: torch.Tensor, v: Optional[torch.Tensor], 
                    kv_layout: str = "NHD", k_scale: Optional[torch.Tensor] = None,
                    v_scale: Optional[torch.Tensor] = None, q_weight: Optional[torch.Tensor] = None,
                    k_weight: Optional[torch.Tensor] = None, eps: float = 1e-6, weight_offset: float = 0.0,
-                   norm: Optional[str] = None, table=None,
+                   norm: Optional[str] = None, norm_over: str = "head", table=None,
                    positions=None, layout: str = "bshd", interleaved: bool = False, rotary_dim: Optional[int] = None,
                    inplace: bool = False, cu_seqlens: Optional[torch.Tensor] = None, max_seqlen: Optional[int] = None,
                    per_token: bool = False, write_k: bool = False, kv_cache_dtype: str = "auto",
@@ -186,6 +187,9 @@ def rope_and_cache(q: torch.Tensor, k: torch.Tensor, v: Optional[torch.Tensor], 
             neither). ``norm`` None: before the rotation when weights are given, else none; ``"before"`` or
             ``"after"``: that norm, with weights or weightless (Llama 4: the cache receives the rotated, then
             normalised k).
+        norm_over: the norm's extent, as :func:`ropekit.qk_norm_rope`'s: ``"head"`` (each head vector; Qwen3, Gemma
+            3, Llama 4) or ``"heads"`` (all heads of q, and of k, together; OLMo-2, the video diffusion
+            transformers), with ``(heads * head_dim,)`` weights; only with a norm.
         inplace: q (and k when ``write_k``) are rotated where they lie; otherwise into new tensors.
         write_k: also return the rotated k (the cache always receives it); default None, which saves k's write.
 
@@ -201,8 +205,8 @@ def rope_and_cache(q: torch.Tensor, k: torch.Tensor, v: Optional[torch.Tensor], 
             not isinstance(cache_offsets, int) and (layout != "thd" or max_seqlen is not None) and planned(user):
         # (a table may grow, an int offset is checked against it and cu_seqlens without max_seqlen are read: calls
         # whose validation reads more than the signature are not planned)
-        key = signature("rope_and_cache", user, (eps, weight_offset, norm, layout, interleaved, rotary_dim, inplace,
-                                                 max_seqlen, per_token, write_k, kv_layout, kv_cache_dtype,
+        key = signature("rope_and_cache", user, (eps, weight_offset, norm, norm_over, layout, interleaved, rotary_dim,
+                                                 inplace, max_seqlen, per_token, write_k, kv_layout, kv_cache_dtype,
                                                  q_dtype))
         plan = plans.get(key) if key is not None else None
         if plan is not None:  # a call signature validated before: where the tensors lie, then the launch
@@ -218,8 +222,13 @@ def rope_and_cache(q: torch.Tensor, k: torch.Tensor, v: Optional[torch.Tensor], 
                                                            cu_seqlens, max_seqlen, per_token, interleaved)
     # the norm: before the rotation with weights (norm=None), or where ``norm`` says, with weights or without
     place = validate.check_norm_place(norm) if norm is not None else None
-    eps, weight_offset = validate.check_norm(q, k, q_weight, k_weight, eps, weight_offset, weightless=True) \
-        if place is not None or q_weight is not None or k_weight is not None else (0.0, 0.0)
+    normed = place is not None or q_weight is not None or k_weight is not None
+    over_heads = validate.check_norm_over(norm_over)
+    if over_heads and not normed:
+        raise ValueError("norm_over='heads' is the QK-norm's extent, but this call has no norm: pass q_weight and "
+                         "k_weight, or norm='before' or 'after'")
+    eps, weight_offset = validate.check_norm(q, k, q_weight, k_weight, eps, weight_offset, weightless=True,
+                                             over_heads=over_heads, layout=layout) if normed else (0.0, 0.0)
     slots, cache_mode = _check_cache_arguments(q, k, v, k_cache, v_cache, slot_mapping, cache_offsets, user[15:19],
                                                validate.check_kv_layout(kv_layout), k_scale, v_scale, spec, layout,
                                                kv_cache_dtype, k_scale_cache, v_scale_cache, rotary_dim,
@@ -249,12 +258,12 @@ def rope_and_cache(q: torch.Tensor, k: torch.Tensor, v: Optional[torch.Tensor], 
     if key is not None and not q.is_meta and reads_callers_memory(derived, given):
         # planned only when the launch reads the caller's own tensors (not grown tables, copies or derived views)
         plan.launch = plan_fused(**_kernel_arguments(q, k, v, out_q, out_k, k_cache, v_cache, *launch,
-                                                     k_scale_cache, v_scale_cache, q_scale, place))
+                                                     k_scale_cache, v_scale_cache, q_scale, place, over_heads))
         plans.put(key, plan)
         return _run_plan(plan, user, inplace, write_k, q_dtype, out_q, out_k)
     if not q.is_meta:
         run_cache_op(q, k, v, out_q, out_k, k_cache, v_cache, *launch, k_scale_cache=k_scale_cache,
-                     v_scale_cache=v_scale_cache, q_scale=q_scale, norm=place)
+                     v_scale_cache=v_scale_cache, q_scale=q_scale, norm=place, norm_over_heads=over_heads)
     return out_q, out_k
 
 

@@ -1,4 +1,5 @@
-"""``qk_norm_rope``: per-head RMSNorm of q and k, then RoPE, in one launch, with its fused backward.
+"""``qk_norm_rope``: RMSNorm of q and k (per head, or across all heads of each), then RoPE, in one launch, with its
+fused backward.
 
 Data flows as in ``apply_rope``: the call -> validation (apply_rope's for the rotary arguments, ``validate`` for the
 weights) -> one launch of ``ropekit.triton.fused`` (or, on the native backend, :func:`ropekit.native.fused`). Four
@@ -12,8 +13,9 @@ ways in, one kernel:
 
 Semantics (docs/fused.md): ``y = rope(N(x))`` (``norm="before"``) or ``y = N(rope(x))`` (``"after"``) with
 ``N(x) = x * rsqrt(mean(x^2) + eps) * (weight_offset + w)`` (1 for w without weights) per head vector of head_dim
-channels, the mean over all head_dim channels (also with partial rotary), float32 math (float64 for float64 inputs)
-and one rounding at the end.
+channels, the mean over all head_dim channels (also with partial rotary), or (``norm_over="heads"``) per token over
+all heads x head_dim channels of q (of k) together, float32 math (float64 for float64 inputs) and one rounding at the
+end.
 """
 
 from __future__ import annotations
@@ -45,15 +47,15 @@ def _spec(positions, pos_mode, cu_seqlens, position_offset, max_seqlen, layout) 
 
 
 def _kernel_arguments(q, k, q_weight, k_weight, cos, sin, positions, pos_mode, cu_seqlens, position_offset,
-                      max_seqlen, rotary_dim, layout, interleaved, per_token, eps, weight_offset, norm, out_q, out_k,
-                      grad_q=None, grad_k=None) -> dict:
+                      max_seqlen, rotary_dim, layout, interleaved, per_token, eps, weight_offset, norm,
+                      norm_over_heads, out_q, out_k, grad_q=None, grad_k=None) -> dict:
     """A validated call as the fused launcher takes it: the kernels' ``(batch, seq, heads, dim)`` views."""
     return dict(q=to_bshd(q, layout), k=to_bshd(k, layout), cos=cos, sin=sin,
                 positions=_spec(positions, pos_mode, cu_seqlens, position_offset, max_seqlen, layout),
                 rotary_dim=rotary_dim, interleaved=interleaved, cos_per_token=per_token, out_q=to_bshd(out_q, layout),
                 out_k=to_bshd(out_k, layout), q_weight=q_weight, k_weight=k_weight, eps=eps,
-                weight_offset=weight_offset, norm=norm, grad_q=to_bshd(grad_q, layout),
-                grad_k=to_bshd(grad_k, layout))
+                weight_offset=weight_offset, norm=norm, norm_over_heads=norm_over_heads,
+                grad_q=to_bshd(grad_q, layout), grad_k=to_bshd(grad_k, layout))
 
 
 def _launch(*args):
@@ -71,10 +73,11 @@ def _norm_rope_op(q: torch.Tensor, k: Optional[torch.Tensor], q_weight: Optional
                   k_weight: Optional[torch.Tensor], cos: torch.Tensor, sin: torch.Tensor,
                   positions: Optional[torch.Tensor], pos_mode: int, cu_seqlens: Optional[torch.Tensor],
                   position_offset: int, max_seqlen: int, rotary_dim: int, layout: str, interleaved: bool,
-                  per_token: bool, eps: float, weight_offset: float, norm: int) -> tuple[torch.Tensor, torch.Tensor]:
+                  per_token: bool, eps: float, weight_offset: float, norm: int,
+                  norm_over_heads: bool) -> tuple[torch.Tensor, torch.Tensor]:
     out_q, out_k = _forward_new(q, k, q_weight, k_weight, cos, sin, positions, pos_mode, cu_seqlens,
                                 position_offset, max_seqlen, rotary_dim, layout, interleaved, per_token, eps,
-                                weight_offset, norm)
+                                weight_offset, norm, norm_over_heads)
     return out_q, (out_k if out_k is not None else q.new_empty(0))  # a custom op returns tensors only
 
 
@@ -90,12 +93,12 @@ def _norm_rope_backward_op(grad_q: torch.Tensor, grad_k: Optional[torch.Tensor],
                            cos: torch.Tensor, sin: torch.Tensor, positions: Optional[torch.Tensor], pos_mode: int,
                            cu_seqlens: Optional[torch.Tensor], position_offset: int, max_seqlen: int,
                            rotary_dim: int, layout: str, interleaved: bool, per_token: bool, eps: float,
-                           weight_offset: float, norm: int
+                           weight_offset: float, norm: int, norm_over_heads: bool
                            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     dq, dk = new_output(q), (None if k is None else new_output(k))
     dw_q, dw_k = _launch(q, k, q_weight, k_weight, cos, sin, positions, pos_mode, cu_seqlens, position_offset,
-                         max_seqlen, rotary_dim, layout, interleaved, per_token, eps, weight_offset, norm, dq, dk,
-                         grad_q, grad_k)
+                         max_seqlen, rotary_dim, layout, interleaved, per_token, eps, weight_offset, norm,
+                         norm_over_heads, dq, dk, grad_q, grad_k)
     # a custom op's outputs may not alias each other: the weight gradients are copies (the kernel may leave both in
     # one buffer), and an absent one (no k, or a weightless norm) is its own empty tensor
     return (dq, dk if dk is not None else q.new_empty(0),
@@ -128,7 +131,7 @@ def _backward(ctx, grad_q, grad_k):
                                                 position_offset, *rest)
     has_k = k is not None
     return (dq, dk if has_k else None, dw_q if q_weight is not None else None,
-            dw_k if k_weight is not None else None) + (None,) * 14
+            dw_k if k_weight is not None else None) + (None,) * 15
 
 
 _norm_rope_op.register_autograd(_backward, setup_context=_setup_context)
@@ -139,9 +142,9 @@ def _norm_rope_inplace_op(q: torch.Tensor, k: Optional[torch.Tensor], q_weight: 
                           k_weight: Optional[torch.Tensor], cos: torch.Tensor, sin: torch.Tensor,
                           positions: Optional[torch.Tensor], pos_mode: int, cu_seqlens: Optional[torch.Tensor],
                           position_offset: int, max_seqlen: int, rotary_dim: int, layout: str, interleaved: bool,
-                          per_token: bool, eps: float, weight_offset: float, norm: int) -> None:
+                          per_token: bool, eps: float, weight_offset: float, norm: int, norm_over_heads: bool) -> None:
     _launch(q, k, q_weight, k_weight, cos, sin, positions, pos_mode, cu_seqlens, position_offset, max_seqlen,
-            rotary_dim, layout, interleaved, per_token, eps, weight_offset, norm, q, k)
+            rotary_dim, layout, interleaved, per_token, eps, weight_offset, norm, norm_over_heads, q, k)
 
 
 @_norm_rope_inplace_op.register_fake
@@ -152,11 +155,13 @@ def _norm_rope_inplace_fake(*args):
 def qk_norm_rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, cos: Optional[torch.Tensor] = None,
                  sin: Optional[torch.Tensor] = None, q_weight: Optional[torch.Tensor] = None,
                  k_weight: Optional[torch.Tensor] = None, *, eps: float = 1e-6, weight_offset: float = 0.0,
-                 norm: str = "before", table=None, positions=None, layout: str = "bshd", interleaved: bool = False,
-                 rotary_dim: Optional[int] = None, inplace: bool = False, cu_seqlens: Optional[torch.Tensor] = None,
-                 max_seqlen: Optional[int] = None, per_token: bool = False):
-    """Per-head RMSNorm of q and k and RoPE in one launch: the norm before the rotation (Qwen3 / Gemma 3 QK-norm) or
-    after it (``norm="after"``: Llama 4's weightless norm of the rotated q and k).
+                 norm: str = "before", norm_over: str = "head", table=None, positions=None, layout: str = "bshd",
+                 interleaved: bool = False, rotary_dim: Optional[int] = None, inplace: bool = False,
+                 cu_seqlens: Optional[torch.Tensor] = None, max_seqlen: Optional[int] = None,
+                 per_token: bool = False):
+    """RMSNorm of q and k and RoPE in one launch: the norm before the rotation (Qwen3 / Gemma 3 QK-norm) or after
+    it (``norm="after"``: Llama 4's weightless norm of the rotated q and k), over each head vector or across all
+    heads of q and of k (``norm_over="heads"``: OLMo-2's QK-norm).
 
     Returns ``(q_out, k_out)`` (``k_out`` None when k is None).
 
@@ -164,13 +169,20 @@ def qk_norm_rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, cos: Optiona
         q, k: as :func:`ropekit.apply_rope`; they may be strided slices of a packed qkv projection.
         cos, sin, table, positions, layout, interleaved, rotary_dim, inplace, cu_seqlens, max_seqlen, per_token: as
             :func:`ropekit.apply_rope`.
-        q_weight, k_weight: the norms' ``(head_dim,)`` weights (k_weight exactly when k is given), or both None: a
-            norm without weights, ``x * rsqrt(mean(x^2) + eps)``.
+        q_weight, k_weight: the norms' weights (k_weight exactly when k is given): ``(head_dim,)``, or with
+            ``norm_over="heads"`` ``(q_heads * head_dim,)`` and ``(k_heads * head_dim,)`` (head h's channels at
+            ``h * head_dim``, as the projection's output is laid out); or both None: a norm without weights,
+            ``x * rsqrt(mean(x^2) + eps)``.
         eps: added to the mean square, in float32: a normal float32 number (>= 1.1754944e-38), a Python or numpy
             scalar.
         weight_offset: the weight's offset: 0.0 (``x_hat * w``, Qwen3) or 1.0 (Gemma's ``x_hat * (1 + w)``).
         norm: ``"before"`` the rotation, ``y = rope(N(x))``, or ``"after"`` it, ``y = N(rope(x))`` (Llama 4's
             ``Llama4TextL2Norm``, with no weights and its ``eps`` the model's ``rms_norm_eps``).
+        norm_over: the norm's extent: ``"head"``, each head vector's head_dim channels (Qwen3, Gemma 3, Llama 4), or
+            ``"heads"``, each token's whole q (and k) projection, all heads x head_dim channels together, one mean
+            square a token (OLMo-2's ``q_norm = RMSNorm(num_heads * head_dim)`` and ``k_norm``, applied before the
+            projection is split into heads; the video diffusion transformers' QK-norm over the projection's whole
+            width, e.g. Wan's).
 
     Autograd (out of place), either placement: gradients for q, k, q_weight and k_weight from one fused backward
     launch.
@@ -181,8 +193,8 @@ def qk_norm_rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, cos: Optiona
     if table is None and (positions is None or isinstance(positions, torch.Tensor)) and \
             (layout != "thd" or max_seqlen is not None) and planned(user):
         # (as rope_and_cache: calls whose validation reads more than the signature are not planned)
-        key = signature("qk_norm_rope", user, (eps, weight_offset, norm, layout, interleaved, rotary_dim, inplace,
-                                               max_seqlen, per_token))
+        key = signature("qk_norm_rope", user, (eps, weight_offset, norm, norm_over, layout, interleaved, rotary_dim,
+                                               inplace, max_seqlen, per_token))
         plan = plans.get(key) if key is not None else None
         if plan is not None:
             return _run_plan(plan, user, inplace)
@@ -190,9 +202,11 @@ def qk_norm_rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, cos: Optiona
     cos, sin, spec, rotary_dim = validate.rotary_arguments(q, k, cos, sin, table, positions, layout, rotary_dim,
                                                            cu_seqlens, max_seqlen, per_token, interleaved)
     place = validate.check_norm_place(norm)
-    eps, weight_offset = validate.check_norm(q, k, q_weight, k_weight, eps, weight_offset, weightless=True)
+    over_heads = validate.check_norm_over(norm_over)
+    eps, weight_offset = validate.check_norm(q, k, q_weight, k_weight, eps, weight_offset, weightless=True,
+                                             over_heads=over_heads, layout=layout)
     args = (q_weight, k_weight, cos, sin, spec.tensor, spec.mode, spec.cu_seqlens, spec.offset,
-            spec.max_seqlen or 0, rotary_dim, layout, interleaved, per_token, eps, weight_offset, place)
+            spec.max_seqlen or 0, rotary_dim, layout, interleaved, per_token, eps, weight_offset, place, over_heads)
     compiling = torch.compiler.is_compiling()
     needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad
                                                  for t in (q, k, q_weight, k_weight))

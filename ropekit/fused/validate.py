@@ -13,14 +13,14 @@ import numbers
 
 import torch
 
+from ..layouts import to_bshd
 from ..validate import FLOAT_DTYPES, OverlapError, check_mode, check_overlaps, prepare
 
 __all__ = ["FP8_DTYPE", "FLOAT8_DTYPES", "QUANT_DTYPES", "MLA_KV_CACHE_DTYPES", "check_mla_kv_cache_dtype",
            "KV_CACHE_DTYPES", "KV_LAYOUTS", "fp8_bytes", "rotary_arguments", "check_norm", "check_norm_place",
-           "check_kv_layout", "nhd", "check_cache", "check_kv_cache_dtype", "check_slot_mapping", "check_page_table",
-           "check_cache_offsets", "check_scale", "check_scale_cache", "check_nvfp4_channels", "check_block_scales",
-           "check_q_output",
-           "check_no_grad", "check_overlaps", "OverlapError", "check_mode"]
+           "check_norm_over", "check_kv_layout", "nhd", "check_cache", "check_kv_cache_dtype", "check_slot_mapping",
+           "check_page_table", "check_cache_offsets", "check_scale", "check_scale_cache", "check_nvfp4_channels",
+           "check_block_scales", "check_q_output", "check_no_grad", "check_overlaps", "OverlapError", "check_mode"]
 
 FP8_DTYPE = torch.float8_e4m3fn
 FLOAT8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
@@ -81,9 +81,23 @@ def check_norm_place(norm) -> int:
     return NORM_PLACES[norm]
 
 
-def check_norm(q, k, q_weight, k_weight, eps, weight_offset, *, weightless: bool = False) -> tuple[float, float]:
-    """The RMSNorm's weights ``(head_dim,)`` (k_weight exactly when k is given; with ``weightless`` both may be None:
-    a norm without weights, and then ``weight_offset`` 0), ``eps`` (a normal float32) and the weight offset."""
+NORM_EXTENTS = {"head": False, "heads": True}
+
+
+def check_norm_over(norm_over) -> bool:
+    """The norm's extent: ``"head"``, each head vector (Qwen3, Gemma 3, Llama 4), or ``"heads"``, all heads of a
+    token's q (k) together (OLMo-2, the video diffusion transformers). Returns whether it runs over all heads."""
+    if not isinstance(norm_over, str) or norm_over not in NORM_EXTENTS:
+        raise ValueError(f"norm_over must be 'head' (an RMSNorm of each head vector) or 'heads' (one over all heads of "
+                         f"a token's q and of its k), got {norm_over!r}")
+    return NORM_EXTENTS[norm_over]
+
+
+def check_norm(q, k, q_weight, k_weight, eps, weight_offset, *, weightless: bool = False, over_heads: bool = False,
+               layout: str = "bshd") -> tuple[float, float]:
+    """The RMSNorm's weights (k_weight exactly when k is given; with ``weightless`` both may be None: a norm without
+    weights, and then ``weight_offset`` 0), ``eps`` (a normal float32) and the weight offset. A weight is
+    ``(head_dim,)``, or ``over_heads`` ``(heads * head_dim,)`` of its tensor's heads (q's, k's; in ``layout``)."""
     head_dim = q.shape[-1]
     if weightless and q_weight is None and k_weight is None:
         eps = _check_eps(eps)
@@ -96,12 +110,19 @@ def check_norm(q, k, q_weight, k_weight, eps, weight_offset, *, weightless: bool
             if w is not None:
                 raise ValueError(f"{name} is given but k is None")
             continue
+        n_heads = to_bshd(x, layout).shape[-2]
+        length = n_heads * head_dim if over_heads else head_dim
         if not isinstance(w, torch.Tensor):
-            raise TypeError(f"{name} must be a ({head_dim},) tensor, got {type(w).__name__}")
+            raise TypeError(f"{name} must be a ({length},) tensor, got {type(w).__name__}")
         if w.dtype not in FLOAT_DTYPES:
             raise TypeError(f"{name} must be float16, bfloat16, float32 or float64, got {w.dtype}")
-        if tuple(w.shape) != (head_dim,):
-            raise ValueError(f"{name} must have shape ({head_dim},) (head_dim), got {tuple(w.shape)}")
+        if tuple(w.shape) != (length,):
+            if over_heads:
+                raise ValueError(f"{name} must have shape ({length},) ({name[0]}'s {n_heads} heads x head_dim "
+                                 f"{head_dim}: norm_over='heads' normalises all heads together), got {tuple(w.shape)}")
+            hint = f"; a weight over all {n_heads} heads goes with norm_over='heads'" \
+                if tuple(w.shape) == (n_heads * head_dim,) else ""
+            raise ValueError(f"{name} must have shape ({head_dim},) (head_dim){hint}, got {tuple(w.shape)}")
         if w.device != q.device:
             raise ValueError(f"{name} is on {w.device} but q is on {q.device}")
     return _check_eps(eps), _number("weight_offset", weight_offset)

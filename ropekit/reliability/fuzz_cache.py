@@ -100,8 +100,11 @@ def draw_rope_and_cache(rng: random.Random, gen: torch.Generator, device) -> Cas
     hq, hk = rng.randint(1, 3) if rng.random() > 0.1 else 0, rng.randint(1, 2)
     head_dim = rng.choice((8, 16))
     rotary_dim, v_dim = rng.choice((head_dim, head_dim // 2)), rng.choice((head_dim, 8))
-    interleaved, norm, inplace, write_k = (rng.random() < 0.4, rng.random() < 0.4, rng.random() < 0.5,
-                                           rng.random() < 0.3)
+    interleaved, norm_draw, inplace, write_k = (rng.random() < 0.4, rng.random(), rng.random() < 0.5,
+                                                rng.random() < 0.3)
+    # QK-norm in 40% of the cases, half of them across all heads (heads x head_dim weights): one draw, so that the
+    # draws after it stay each seed's
+    norm, norm_over = norm_draw < 0.4, "heads" if norm_draw < 0.2 else "head"
     # the norm's place (None: the default, before the rotation with weights) and whether it has weights
     placement = rng.choice((None, "before", "after")) if norm else None
     weighted = norm and (placement is None or rng.random() < 0.6)
@@ -232,17 +235,18 @@ def draw_rope_and_cache(rng: random.Random, gen: torch.Generator, device) -> Cas
                           [rng.choice((0.003, 1.0, 0.5)) for _ in range(size)]).reshape(s)))
     eps, weight_offset = 1e-6, rng.choice((0.0, 1.0)) if weighted else 0.0
     if norm:
-        kwargs.update(eps=eps, **({"norm": placement} if placement is not None else {}))
+        kwargs.update(eps=eps, norm_over=norm_over, **({"norm": placement} if placement is not None else {}))
     if weighted:
-        kwargs.update(q_weight=arena.place("q_weight", (head_dim,), dtype), weight_offset=weight_offset,
-                      k_weight=arena.place("k_weight", (head_dim,), dtype))
+        widths = (hq * head_dim, hk * head_dim) if norm_over == "heads" else (head_dim, head_dim)
+        kwargs.update(q_weight=arena.place("q_weight", (widths[0],), dtype), weight_offset=weight_offset,
+                      k_weight=arena.place("k_weight", (widths[1],), dtype))
     grad_cache = not pooled and not five_d and kv_layout == "NHD" and cache_dtype == dtype and rng.random() < 0.05
     if grad_cache:
         k_cache.requires_grad_()
 
     spec = dict(op="rope_and_cache", layout=layout, lengths=lengths, tokens=tokens, hq=hq, hk=hk, head_dim=head_dim,
                 rotary_dim=rotary_dim, v_dim=v_dim, interleaved=interleaved, norm=norm, norm_place=placement,
-                norm_weights=weighted, inplace=inplace,
+                norm_weights=weighted, norm_over=norm_over, inplace=inplace,
                 write_k=write_k, dtype=str(dtype), cache_dtype=str(k_cache.dtype), scales_mode=scales_mode,
                 kv_cache_dtype=kwargs.get("kv_cache_dtype"), rows=rows, paged=paged,
                 cache_shape=tuple(k_cache.shape), engine_cache=engine, kv_layout=kv_layout, five_d=five_d,
@@ -283,7 +287,8 @@ def draw_rope_and_cache(rng: random.Random, gen: torch.Generator, device) -> Cas
         x = to_tokens(logical[name], layout)
 
         def normed(x):
-            return ref.rms_norm(x, weights.get(name + "_weight"), eps=eps, weight_offset=weight_offset) if norm else x
+            return ref.rms_norm(x, weights.get(name + "_weight"), eps=eps, weight_offset=weight_offset,
+                                over_heads=norm_over == "heads") if norm else x
 
         x = normed(x) if placement != "after" else x
         table = table_rows(logical, pos, rows)

@@ -11,6 +11,7 @@ import torch
 
 import ropekit
 from ropekit import reference as ref
+from ropekit.layouts import to_bshd
 from ropekit.testing import check_close_to_reference
 
 from .fuzz import EITHER, MATCH, RAISE, Arena, Case, footprint, same_bits, self_overlapping
@@ -21,20 +22,24 @@ from .rope_args import DTYPES, INDEX_KINDS, INPUT_KINDS, pick, position_values, 
 __all__ = ["TARGETS", "draw_qk_norm_rope", "draw_rotary_embedding", "draw_flashinfer"]
 
 
-def _rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, weight_offset: float) -> torch.Tensor:
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, weight_offset: float,
+              over_heads: bool = False) -> torch.Tensor:
     """RMSNorm per head over head_dim in float64: ``x * rsqrt(mean(x^2) + eps) * (weight_offset + weight)`` (no
-    weight: ``x * rsqrt(mean(x^2) + eps)``)."""
+    weight: ``x * rsqrt(mean(x^2) + eps)``); ``over_heads``: over each token's (heads, head_dim) together."""
+    if over_heads:
+        return _rms_norm(x.flatten(-2), weight, eps, weight_offset).unflatten(-1, x.shape[-2:])
     normed = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
     return normed if weight is None else normed * (weight_offset + weight.to(torch.float64))
 
 
 def draw_qk_norm_rope(rng: random.Random, gen: torch.Generator, device) -> Case:
     """``qk_norm_rope`` with apply_rope's hostile arguments and its own weights (or none), the norm before or after
-    the rotation; in a share of the cases q and one tensor it reads (a weight, a table, positions or cu_seqlens)
-    carved from one byte pool: apart, or on each other's bytes in place (to be refused; out of place both are only
-    read)."""
+    the rotation, over each head or across all heads (``norm_over``); in a share of the cases q and one tensor it
+    reads (a weight, a table, positions or cu_seqlens) carved from one byte pool: apart, or on each other's bytes in
+    place (to be refused; out of place both are only read)."""
     arena, inplace = Arena(rng, gen, device), None
     placement, weighted = rng.choice(("before", "after")), rng.random() < 0.7
+    norm_over = rng.choice(("head", "heads"))
     if rng.random() < 0.3:
         apart = rng.random() < 0.25
         partners = (("q_weight", "k_weight") if weighted else ()) + ("cos", "sin", "positions", "cu_seqlens")
@@ -48,9 +53,11 @@ def draw_qk_norm_rope(rng: random.Random, gen: torch.Generator, device) -> Case:
         if x is None or not weighted:
             weights.append(None)
             continue
-        length = head_dim if rng.random() > 0.03 else head_dim + 2
-        if length != head_dim:
-            args.refuse(f"{name} not of head_dim elements")
+        # (across all heads: a weight a channel of every head, heads x head_dim)
+        wanted = head_dim * (to_bshd(x, args.kwargs["layout"]).shape[-2] if norm_over == "heads" else 1)
+        length = wanted if rng.random() > 0.03 else wanted + 2
+        if length != wanted:
+            args.refuse(f"{name} not of {'heads x ' if norm_over == 'heads' else ''}head_dim elements")
         w = args.arena.place(name, (length,), rng.choice((x.dtype, torch.float32)), pick(rng, INPUT_KINDS))
         weights.append(w)
         logical[name[0]] = w.detach().cpu().clone()
@@ -66,12 +73,12 @@ def draw_qk_norm_rope(rng: random.Random, gen: torch.Generator, device) -> Case:
     if spans:
         args.either.append("byte spans that meet, elements apart")
     eps, weight_offset = rng.choice((1e-6, 1e-5)), rng.choice((0.0, 1.0)) if weighted else 0.0
-    args.kwargs.update(eps=eps, weight_offset=weight_offset, norm=placement)
-    args.spec.update(eps=eps, weight_offset=weight_offset, norm=placement, q_weight=_shape(weights[0]),
-                     k_weight=_shape(weights[1]))
+    args.kwargs.update(eps=eps, weight_offset=weight_offset, norm=placement, norm_over=norm_over)
+    args.spec.update(eps=eps, weight_offset=weight_offset, norm=placement, norm_over=norm_over,
+                     q_weight=_shape(weights[0]), k_weight=_shape(weights[1]))
 
     def normed(x, name):
-        return _rms_norm(x, logical.get(name), eps, weight_offset)
+        return _rms_norm(x, logical.get(name), eps, weight_offset, norm_over == "heads")
 
     def identity(x, name):
         return x

@@ -26,11 +26,11 @@ from .kernels import FlatConfig, TileConfig, plan_rope, rope_v4
 from ropekit.triton import choice
 from ropekit.triton.model import DeviceFacts, rope_candidates
 from .properties import run_config
-from .sanitize_fused import (CACHE_ADDRESS_MAPS, QUANTISED_CACHES, check_cache_address_map, check_norm_after,
+from .sanitize_fused import (CACHE_ADDRESS_MAPS, NORM_PLACES, QUANTISED_CACHES, check_cache_address_map, check_norm,
                              check_quantised_cache)
 
 __all__ = ["sanitize_configs", "reachable_configs", "run_with_launch_config", "sanitize_driver", "CACHE_ADDRESS_MAPS",
-           "check_cache_address_map", "QUANTISED_CACHES"]
+           "check_cache_address_map", "QUANTISED_CACHES", "NORM_PLACES"]
 
 
 def sanitize_configs() -> list[Config]:
@@ -346,7 +346,11 @@ def sanitize_driver(device=None, verbose: bool = True, candidates: int | None = 
         for weighted in (False, True):
             log.check(f"triton fused norm after the rotation{' with weights' if weighted else ''} (thd, head_dim 80, "
                       f"partial rotary, GQA, paged cache, backward)",
-                      lambda weighted=weighted: check_norm_after(device, weighted), device)
+                      lambda weighted=weighted: check_norm(device, "after", weighted), device)
+        for place in NORM_PLACES:
+            log.check(f"triton fused norm across all heads {place} the rotation with weights (thd, head_dim 80, "
+                      f"partial rotary, GQA, paged cache, backward)",
+                      lambda place=place: check_norm(device, place, True, "heads"), device)
     if "cuda" in backends:
         for fast in (False, True):  # the table kernel (fast=True: the course's float32-angle variant)
             log.check(f"cuda table kernel fast={fast} (1003 rows, rotary_dim 80)", lambda fast=fast:

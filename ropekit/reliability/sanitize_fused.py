@@ -14,7 +14,7 @@ from ropekit.fused import mla_rope_and_cache, qk_norm_rope, rope_and_cache
 from ropekit.testing import check_close_to_reference, ulp
 
 __all__ = ["CACHE_ADDRESS_MAPS", "check_cache_address_map", "QUANTISED_CACHES", "check_quantised_cache",
-           "check_norm_after"]
+           "check_norm", "NORM_PLACES"]
 
 
 # the fused forward's cache address maps (ropekit.triton.fused_tiles.cache_slot), each with a head layout
@@ -114,23 +114,32 @@ def _read_back(caches, before, want, exact, places, kv_layout, scale) -> str:
     return ""
 
 
-def check_norm_after(device, weighted: bool) -> str:
-    """The norm after the rotation (Llama 4's, weightless; or with weights): packed sequences with an empty one,
-    head_dim 80 (masked channel loads), partial rotary, GQA; the forward with a paged k cache write, and the
-    backward."""
+def check_norm(device, place: str, weighted: bool, norm_over: str = "head") -> str:
+    """A norm at ``place`` (after the rotation: Llama 4's, weightless; or with weights) over each head or across all
+    heads (``norm_over="heads"``, OLMo-2's: 3 q heads in a tile of 4, the weight a (head, channel)): packed sequences
+    with an empty one, head_dim 80 (masked channel loads), partial rotary, GQA; the forward with a paged k cache
+    write, and the backward."""
     with _device.set_backend("triton"):
         cu = torch.tensor([0, 5, 5, 12], dtype=torch.int32, device=device)
         q, k = torch.randn(12, 3, 80, device=device), torch.randn(12, 1, 80, device=device)
-        weights = (torch.rand(80, device=device) + 0.5,) * 2 if weighted else (None, None)
+        over_heads = norm_over == "heads"
+        weights = tuple(torch.rand(n * 80 if over_heads else 80, device=device) + 0.5 for n in (3, 1)) \
+            if weighted else (None, None)
         cos, sin = cos_sin_table(64, 48, device=device)
         positions = torch.randint(0, 64, (12,), device=device)
         k_cache = torch.zeros(3, 8, 1, 80, device=device)
         slots = torch.randperm(24, device=device)[:12]
-        kw = dict(positions=positions, layout="thd", cu_seqlens=cu, max_seqlen=7, norm="after", eps=1e-5)
+        kw = dict(positions=positions, layout="thd", cu_seqlens=cu, max_seqlen=7, norm=place, norm_over=norm_over,
+                  eps=1e-5)
         out_q, out_k = rope_and_cache(q, k, None, cos, sin, k_cache=k_cache, slot_mapping=slots, q_weight=weights[0],
                                       k_weight=weights[1], write_k=True, **kw)
         pos = positions.cpu()
-        truth = [ref.rms_norm(ref.rope_table(x, cos, sin, pos), w, eps=1e-5) for x, w in zip((q, k), weights)]
+
+        def normed(x, w):
+            return ref.rms_norm(x, w, eps=1e-5, over_heads=over_heads)
+
+        truth = [normed(ref.rope_table(x, cos, sin, pos), w) if place == "after" else
+                 ref.rope_table(normed(x, w), cos, sin, pos) for x, w in zip((q, k), weights)]
         problem = check_close_to_reference(out_q, truth[0]) or check_close_to_reference(out_k, truth[1]) or \
             check_close_to_reference(k_cache.reshape(-1, 1, 80)[slots.cpu()], truth[1])
         if problem:
@@ -139,10 +148,14 @@ def check_norm_after(device, weighted: bool) -> str:
         grad = torch.randn_like(q)
         torch.autograd.backward(qk_norm_rope(leaf, None, cos, sin, weights[0], **kw)[0], grad)
         leaf64 = q.detach().double().cpu().requires_grad_()
-        torch.autograd.backward(ref.rms_norm(ref.rope_table(leaf64, cos, sin, pos), weights[0], eps=1e-5),
-                                grad.double().cpu())
+        want = normed(ref.rope_table(leaf64, cos, sin, pos), weights[0]) if place == "after" else \
+            ref.rope_table(normed(leaf64, weights[0]), cos, sin, pos)
+        torch.autograd.backward(want, grad.double().cpu())
         return check_close_to_reference(leaf.grad, leaf64.grad) or ""
 
+
+# where a norm across all heads lies, each run once by the driver
+NORM_PLACES = ("before", "after")
 
 # the fused kernel's quantising stores: (cache dtype, scales), each run once by the driver; NVFP4 ("nvfp4", its
 # e4m3 scale per 16 channels over a global scale)

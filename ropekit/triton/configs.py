@@ -79,3 +79,4 @@ class FusedShape(NamedTuple):
     fp8: bool  # a float8 cache is written
     norm: bool  # QK-norm
     backward: bool  # the QK-norm + RoPE backward
+    norm_over_heads: bool = False  # the norm runs over all heads of a token: a program holds every head

@@ -1,11 +1,13 @@
-"""The fused pre-processing kernels and their launcher: per-head RMSNorm, RoPE and the KV-cache write in one launch
-(the forward), and the vector-Jacobian product of QK-norm + RoPE with the weight gradients (the backward).
+"""The fused pre-processing kernels and their launcher: RMSNorm (per head, or across a token's heads), RoPE and the
+KV-cache write in one launch (the forward), and the vector-Jacobian product of QK-norm + RoPE with the weight
+gradients (the backward).
 
 Two kernels, one algorithm each, as in Triton's layer-norm tutorial:
 
-* :func:`fused_forward_kernel` normalises (``NORM = (place, weighted)``: an RMSNorm of each head vector before the
-  rotation, Qwen3's and Gemma 3's QK-norm, or after it, Llama 4's; with weights or without; the weight offset, 0 or
-  Gemma's 1, is a runtime float), rotates, stores the outputs (``WRITE_Q``/``WRITE_K``: an engine may only want the
+* :func:`fused_forward_kernel` normalises (``NORM = (place, weighted, over_heads)``: an RMSNorm of each head vector
+  before the rotation, Qwen3's and Gemma 3's QK-norm, or after it, Llama 4's; with weights or without; the weight
+  offset, 0 or Gemma's 1, is a runtime float; or of all heads of a token together, OLMo-2's, a program then holding
+  every head of its tokens), rotates, stores the outputs (``WRITE_Q``/``WRITE_K``: an engine may only want the
   cache; ``WRITE_TAIL``: the channels past ``ROTARY_DIM`` too, out of place or normalised) and writes k and v into
   a cache (``CACHE`` 0: none, 1: a contiguous ``(batch, max_seq, heads, dim)`` cache at per-sequence offsets, 2: a paged
   ``(num_blocks, block_size, heads, dim)`` cache addressed by a slot per token, -1 skips, 3: the same cache addressed
@@ -47,8 +49,8 @@ from ..positions import PositionSpec
 from . import choice
 from .configs import FusedConfig, FusedShape, cdiv, next_pow2
 from .fused_tiles import BEFORE, E4M3, E5M2, NO_NORM, NO_QUANT, NORM_AFTER_C, NORM_BEFORE_C, NORM_NONE_C, \
-    PER_HEAD, PER_TENSOR, PLAIN, STORE_PLAIN, cache_slot, channels_scale, head_scale, load_head, norm_switch, \
-    norm_weights, normed, rsqrt_mean_square, sequence_span, store_channels, store_head
+    PER_HEAD, PER_TENSOR, PLAIN, STORE_PLAIN, cache_slot, channels_scale, group_sum, head_scale, load_head, \
+    norm_switch, norm_weights, normed, rsqrt_mean_square, sequence_span, store_channels, store_head
 from .launch import KernelLaunch, _position_strides, launching_directly, plans
 from .v4 import _cos_sin, _rotate
 
@@ -137,13 +139,15 @@ def _forward_heads(
                                                         page_table, token, s_local, pid_b, token_mask, cache_len,
                                                         block_size, CACHE)
     if NORM[0] != NORM_NONE_C:
-        w_a, w_b, w_t = norm_weights(W, w_stride, weight_offset, NORM, ROTARY_DIM, HEAD_DIM, BLOCK_HALF, BLOCK_TAIL,
-                                     INTERLEAVED, MATH_DTYPE)
+        w_a, w_b, w_t = norm_weights(W, w_stride, heads, head_mask, weight_offset, NORM, ROTARY_DIM, HEAD_DIM,
+                                     BLOCK_HALF, BLOCK_TAIL, INTERLEAVED, MATH_DTYPE)
     if NORM[0] == NORM_BEFORE_C:
-        x_a, x_b, x_t, r = normed(x_a, x_b, x_t, w_a, w_b, w_t, eps, ROTARY_DIM, HEAD_DIM, BLOCK_HALF, MATH_DTYPE)
+        x_a, x_b, x_t, r = normed(x_a, x_b, x_t, w_a, w_b, w_t, eps, n_heads, NORM, ROTARY_DIM, HEAD_DIM, BLOCK_HALF,
+                                  MATH_DTYPE)
     y_a, y_b = _rotate(x_a, x_b, cos_a, sin_a, cos_b, sin_b, MATH_DTYPE, False)
     if NORM[0] == NORM_AFTER_C:
-        y_a, y_b, x_t, r = normed(y_a, y_b, x_t, w_a, w_b, w_t, eps, ROTARY_DIM, HEAD_DIM, BLOCK_HALF, MATH_DTYPE)
+        y_a, y_b, x_t, r = normed(y_a, y_b, x_t, w_a, w_b, w_t, eps, n_heads, NORM, ROTARY_DIM, HEAD_DIM, BLOCK_HALF,
+                                  MATH_DTYPE)
     if WRITE_OUT:
         # the output in its dtype, or (OUT_QUANT: a float8 q for float8 attention) at one scale
         out_scale = head_scale((OUT_SCALE, OUT_SCALE, scale_strides[0]), None, None, heads, mask, y_a, y_b, x_t,
@@ -193,8 +197,9 @@ def fused_forward_kernel(
     # float32 global scales K_GLOBAL, V_GLOBAL; their (block or sequence, row, head) strides, k's then v's; q's output
     # scale (OUT_QUANT: a float8 q at one float32 scale)
     K_SCALE, V_SCALE, K_GLOBAL, V_GLOBAL, scale_strides, Q_SCALE,
-    # the QK-norm (NORM = (place, weighted), fused_tiles: none, before or after the rotation; with or without the
-    # (HEAD_DIM,) weights): the weights and their strides (q's, k's), eps, the weight offset
+    # the QK-norm (NORM = (place, weighted, over_heads), fused_tiles: none, before or after the rotation; with or
+    # without the weights, (HEAD_DIM,) or over all heads (n_heads * HEAD_DIM,)): the weights and their strides (q's,
+    # k's), eps, the weight offset
     Q_W, K_W, weight_strides, eps, weight_offset,
     # the angles: a (table_len, ROTARY_DIM / 2) float32 table, or COS_PER_TOKEN rows; (sequence, row, column)
     COS, SIN, cos_strides,
@@ -257,8 +262,11 @@ def fused_forward_kernel(
 
 # --------------------------------------------------------------------------------------------------------------------
 # The backward. The norm N(u) = u r w with r = 1 / sqrt(mean(u^2) + eps) and w = weight_offset + weight (1 without
-# weights) has the VJP  N'(u)^T h = r w h - u r^3 mean(h w u)  (the mean over all HEAD_DIM channels), and its weight
-# gradient sums h u r over tokens and heads. The rotation R is orthogonal: its VJP turns by -θ.
+# weights) has the VJP  N'(u)^T h = r w h - u r^3 mean(h w u),  the means over the norm's group: a head vector's
+# HEAD_DIM channels, or (NORM[2]) the n_heads x HEAD_DIM channels of a token's projection, all heads together (r, and
+# the mean of h w u, one a token then). Its weight gradient sums h u r over tokens, and per head over the heads too (one
+# weight a channel, every head's); over all heads each head has weights of its own, so that sum stops at the tokens.
+# The rotation R is orthogonal: its VJP turns by -θ.
 #   NORM BEFORE, y = R(N(x)):  u = x,          h = rotate(g, -θ),   dx = N'(u)^T h
 #   NORM AFTER,  y = N(R(x)):  u = rotate(x, θ), h = g,              dx = rotate(N'(u)^T h, -θ)
 # --------------------------------------------------------------------------------------------------------------------
@@ -267,8 +275,8 @@ def fused_forward_kernel(
 def _backward_heads(
     # the forward's input (q, or k), the incoming gradient and where the input's gradient goes
     X, G, DX, x_strides, g_strides, dx_strides,
-    # the norm's weight, and the weight gradient's row this program writes (DW_ATOMIC: adds into)
-    W, w_stride, eps, weight_offset, DW, dw_row,
+    # the norm's weight, and where the weight gradient's row this program writes (DW_ATOMIC: adds into) starts in DW
+    W, w_stride, eps, weight_offset, DW, dw_offset,
     # the angles and the positions
     COS, SIN, cos_strides, POSITIONS, position_strides, position_offset,
     # this program's tokens and heads
@@ -279,19 +287,21 @@ def _backward_heads(
     MATH_DTYPE: tl.constexpr, DW_ATOMIC: tl.constexpr, INDEX_DTYPE: tl.constexpr, EVICT: tl.constexpr,
 ):
     """TOKEN_BLOCKS consecutive blocks of BLOCK_S tokens x BLOCK_H heads of q or of k: the input gradient of each,
-    and the weight-gradient terms summed element by element, then reduced over tokens and heads once (one cross-warp
-    reduction a program, not one a block) and stored into (added to) row ``dw_row`` of DW."""
+    and the weight-gradient terms summed element by element, then reduced over tokens (and per head over the heads)
+    once (one cross-warp reduction a program, not one a block) and stored into (added to) DW's row at ``dw_offset``:
+    HEAD_DIM values, or over all heads (NORM[2]) head h's HEAD_DIM at h * HEAD_DIM."""
     table_len, n_tokens = sizes[3], sizes[4]
     heads = (first_head + tl.arange(0, BLOCK_H)).to(INDEX_DTYPE)
-    w_a, w_b, w_t = norm_weights(W, w_stride, weight_offset, NORM, ROTARY_DIM, HEAD_DIM, BLOCK_HALF, BLOCK_TAIL,
-                                 INTERLEAVED, MATH_DTYPE)
+    head_mask = heads < n_heads
+    w_a, w_b, w_t = norm_weights(W, w_stride, heads, head_mask, weight_offset, NORM, ROTARY_DIM, HEAD_DIM,
+                                 BLOCK_HALF, BLOCK_TAIL, INTERLEAVED, MATH_DTYPE)
     acc_a = tl.zeros([BLOCK_S, BLOCK_H, BLOCK_HALF], dtype=MATH_DTYPE)
     acc_b = tl.zeros([BLOCK_S, BLOCK_H, BLOCK_HALF], dtype=MATH_DTYPE)
     acc_t = tl.zeros([BLOCK_S, BLOCK_H, BLOCK_TAIL], dtype=MATH_DTYPE)
     for i in tl.range(TOKEN_BLOCKS, num_stages=STAGES):
         s_local, token_rows, token_mask = _token_block(first, seq_len, pid_s * TOKEN_BLOCKS + i, n_tokens, BLOCK_S,
                                                        INDEX_DTYPE)
-        mask = token_mask[:, None] & (heads < n_heads)[None, :]
+        mask = token_mask[:, None] & head_mask[None, :]
         x_a, x_b, x_t = load_head(X, _rows(x_strides, batch_index, token_rows, heads), mask, x_strides[3],
                                   ROTARY_DIM, HEAD_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_TAIL, INTERLEAVED,
                                   MATH_DTYPE, EVICT)
@@ -312,9 +322,13 @@ def _backward_heads(
         else:
             g_a, g_b = _rotate(g_a, g_b, cos_a, sin_a, cos_b, sin_b, MATH_DTYPE, False)  # h = rotate(g, -θ)
             g_a, g_b = tl.where(pair_valid, g_a, 0.0), tl.where(pair_valid, g_b, 0.0)
-        r = rsqrt_mean_square(x_a, x_b, x_t, eps, HEAD_DIM, MATH_DTYPE)
-        dot = tl.sum(g_a * w_a * x_a, 2) + tl.sum(g_b * w_b * x_b, 2) + tl.sum(g_t * w_t * x_t, 2)
-        c = r * r * r * (dot / HEAD_DIM)[:, :, None]
+        r = rsqrt_mean_square(x_a, x_b, x_t, eps, n_heads, NORM, HEAD_DIM, MATH_DTYPE)
+        dot = group_sum(tl.sum(g_a * w_a * x_a, 2) + tl.sum(g_b * w_b * x_b, 2) + tl.sum(g_t * w_t * x_t, 2), NORM)
+        if NORM[2]:
+            mean = dot / (n_heads * HEAD_DIM)
+        else:
+            mean = dot / HEAD_DIM
+        c = r * r * r * mean[:, :, None]
         dx_a, dx_b, dx_t = r * w_a * g_a - c * x_a, r * w_b * g_b - c * x_b, r * w_t * g_t - c * x_t
         if NORM[0] == NORM_AFTER_C:
             dx_a, dx_b = _rotate(dx_a, dx_b, cos_a, sin_a, cos_b, sin_b, MATH_DTYPE, False)
@@ -324,11 +338,17 @@ def _backward_heads(
         acc_a += g_a * x_a * r
         acc_b += g_b * x_b * r
         acc_t += g_t * x_t * r
-    dw_a = tl.sum(tl.sum(acc_a, 1), 0)[None, None, :]
-    dw_b = tl.sum(tl.sum(acc_b, 1), 0)[None, None, :]
-    dw_t = tl.sum(tl.sum(acc_t, 1), 0)[None, None, :]
-    origin = tl.zeros([1, 1], dtype=tl.int64) + dw_row * HEAD_DIM
-    store_head(DW, origin, origin >= 0, dw_a, dw_b, dw_t, 1, 1.0, ROTARY_DIM, HEAD_DIM, 1, 1, BLOCK_HALF,
+    if NORM[2]:  # a weight a (head, channel): summed over the tokens, each head's at h * HEAD_DIM of the row
+        dw_a, dw_b, dw_t = tl.sum(acc_a, 0)[None, :, :], tl.sum(acc_b, 0)[None, :, :], tl.sum(acc_t, 0)[None, :, :]
+        origin = dw_offset + heads.to(tl.int64)[None, :] * HEAD_DIM
+        where = head_mask[None, :]
+    else:  # one weight a channel, shared by the heads: summed over the heads and the tokens
+        dw_a = tl.sum(tl.sum(acc_a, 1), 0)[None, None, :]
+        dw_b = tl.sum(tl.sum(acc_b, 1), 0)[None, None, :]
+        dw_t = tl.sum(tl.sum(acc_t, 1), 0)[None, None, :]
+        origin = tl.zeros([1, 1], dtype=tl.int64) + dw_offset
+        where = origin >= 0
+    store_head(DW, origin, where, dw_a, dw_b, dw_t, 1, 1.0, ROTARY_DIM, HEAD_DIM, 1, origin.shape[1], BLOCK_HALF,
                BLOCK_TAIL, INTERLEAVED, True, STORE_PLAIN, "", DW_ATOMIC)
 
 
@@ -339,13 +359,14 @@ def fused_backward_kernel(
     Q, K, GQ, GK, q_strides, k_strides, gq_strides, gk_strides,
     # where the gradients of q and k go
     DQ, DK, dq_strides, dk_strides,
-    # the norm (NORM: where it lies, before or after the rotation, and whether it has weights): the (HEAD_DIM,)
-    # weights and their strides (q's, k's), eps, the weight offset; DW the weight gradients, two rows (q's, k's) every
-    # program adds into with DW_ATOMIC, else a row a program
+    # the norm (NORM: where it lies, before or after the rotation, whether it has weights, over each head or all
+    # heads): the (HEAD_DIM,) or (n_heads * HEAD_DIM,) weights and their strides (q's, k's), eps, the weight offset;
+    # DW the weight gradients, two rows (q's, k's) every program adds into with DW_ATOMIC, else a row a program, each
+    # row sizes[5] values
     Q_W, K_W, weight_strides, eps, weight_offset, DW,
     # the angles and the positions, as the forward's
     COS, SIN, cos_strides, POSITIONS, position_strides, CU_SEQLENS, position_offset,
-    # (seqlen, n_heads_q, n_heads_k, table_len, n_tokens)
+    # (seqlen, n_heads_q, n_heads_k, table_len, n_tokens, the length of a weight-gradient row)
     sizes,
     # the head vector and the tile
     ROTARY_DIM: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr,
@@ -374,18 +395,19 @@ def fused_backward_kernel(
     if pid_s * TOKEN_BLOCKS * BLOCK_S >= seq_len:
         return  # varlen: this sequence is shorter than the longest one
     if DW_ATOMIC:
-        dw_row = (pid_h >= n_head_blocks_q).to(tl.int32)  # one row for q's weight gradient, one for k's
+        dw_row = (pid_h >= n_head_blocks_q).to(tl.int64)  # one row for q's weight gradient, one for k's
     else:
-        dw_row = (pid_b * n_head_blocks + pid_h) * n_groups + pid_s
+        dw_row = ((pid_b * n_head_blocks + pid_h) * n_groups + pid_s).to(tl.int64)
+    dw_offset = dw_row * sizes[5]
     if pid_h < n_head_blocks_q:
         _backward_heads(Q, GQ, DQ, q_strides, gq_strides, dq_strides, Q_W, weight_strides[0], eps, weight_offset, DW,
-                        dw_row, COS, SIN, cos_strides, POSITIONS, position_strides, position_offset,
+                        dw_offset, COS, SIN, cos_strides, POSITIONS, position_strides, position_offset,
                         pid_s, pid_b, first, seq_len, batch_index, pid_h * BLOCK_H, n_heads_q, sizes,
                         ROTARY_DIM, HEAD_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_TAIL, TOKEN_BLOCKS, STAGES,
                         INTERLEAVED, POS_MODE, COS_PER_TOKEN, NORM, MATH_DTYPE, DW_ATOMIC, INDEX_DTYPE, EVICT)
     elif HAS_K:
         _backward_heads(K, GK, DK, k_strides, gk_strides, dk_strides, K_W, weight_strides[1], eps, weight_offset, DW,
-                        dw_row, COS, SIN, cos_strides, POSITIONS, position_strides, position_offset,
+                        dw_offset, COS, SIN, cos_strides, POSITIONS, position_strides, position_offset,
                         pid_s, pid_b, first, seq_len, batch_index, (pid_h - n_head_blocks_q) * BLOCK_HK, n_heads_k,
                         sizes, ROTARY_DIM, HEAD_DIM, BLOCK_S, BLOCK_HK, BLOCK_HALF, BLOCK_TAIL, TOKEN_BLOCKS, STAGES,
                         INTERLEAVED, POS_MODE, COS_PER_TOKEN, NORM, MATH_DTYPE, DW_ATOMIC, INDEX_DTYPE, EVICT)
@@ -497,25 +519,30 @@ def _reach_fits_int32(*tensors) -> bool:
 
 class FusedBackward:
     """A planned backward launch: allocates the weight-gradient rows a call's programs write, launches, and sums
-    them. Called with :data:`BACKWARD_PER_CALL`'s tensors but ``DW``; returns ``(dw_q, dw_k)`` in the math dtype."""
+    them. Called with :data:`BACKWARD_PER_CALL`'s tensors but ``DW``; returns ``(dw_q, dw_k)`` in the math dtype, of
+    ``dw_lengths`` values (the weights' lengths: head_dim each, or over all heads q's and k's heads x head_dim)."""
 
-    __slots__ = ("launch", "dw_shape", "dw_dtype", "dw_zeroed", "dw_atomic", "n_blocks_q")
+    __slots__ = ("launch", "dw_shape", "dw_dtype", "dw_zeroed", "dw_atomic", "n_blocks_q", "dw_lengths")
 
-    def __init__(self, launch, dw_shape, dw_dtype, dw_zeroed: bool, dw_atomic: bool, n_blocks_q: int):
+    def __init__(self, launch, dw_shape, dw_dtype, dw_zeroed: bool, dw_atomic: bool, n_blocks_q: int,
+                 dw_lengths: tuple):
         self.launch, self.dw_shape, self.dw_dtype = launch, dw_shape, dw_dtype  # launch None: nothing to compute
         self.dw_zeroed, self.dw_atomic, self.n_blocks_q = dw_zeroed, dw_atomic, n_blocks_q
+        self.dw_lengths = dw_lengths
 
     def __call__(self, q, k, grad_q, grad_k, out_q, out_k, q_weight, k_weight, cos, sin, positions, cu_seqlens,
                  position_offset: int):
+        length_q, length_k = self.dw_lengths
         if self.launch is None:
-            zeros = torch.zeros(self.dw_shape[-1], dtype=self.dw_dtype, device=q.device)
-            return zeros, zeros.clone()
+            return (torch.zeros(length_q, dtype=self.dw_dtype, device=q.device),
+                    torch.zeros(length_k, dtype=self.dw_dtype, device=q.device))
         dw = (torch.zeros if self.dw_zeroed else torch.empty)(self.dw_shape, dtype=self.dw_dtype, device=q.device)
         self.launch(q, k, grad_q, grad_k, out_q, out_k, q_weight, k_weight, dw, cos, sin, positions, cu_seqlens,
                     position_offset)
         if self.dw_atomic:
-            return dw[0], dw[1]
-        return dw[:, :self.n_blocks_q].sum((0, 1, 2)), dw[:, self.n_blocks_q:].sum((0, 1, 2))
+            return dw[0, :length_q], dw[1, :length_k]
+        return (dw[:, :self.n_blocks_q, :, :length_q].sum((0, 1, 2)),
+                dw[:, self.n_blocks_q:, :, :length_k].sum((0, 1, 2)))
 
 
 def plan_fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, interleaved: bool = False,
@@ -523,8 +550,8 @@ def plan_fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, inte
                cache_mode: int = CACHE_NONE, slots=None, page_table=None, block_size: int = 1, cache_len: int = 0,
                k_scale=None, v_scale=None, quant: tuple = NO_QUANT[:2], q_format: int = PLAIN, q_scale=None,
                k_global=None, v_global=None, q_weight=None, k_weight=None, eps: float = 0.0,
-               weight_offset: float = 0.0, norm: int | None = None, grad_q=None, grad_k=None,
-               config: FusedConfig | None = None):
+               weight_offset: float = 0.0, norm: int | None = None, norm_over_heads: bool = False, grad_q=None,
+               grad_k=None, config: FusedConfig | None = None):
     """The plan for :func:`launch_fused`'s arguments: for the forward a :class:`~ropekit.triton.launch.KernelLaunch`
     called with :data:`FORWARD_PER_CALL`'s tensors (None when there is nothing to do), for the backward (``grad_q``
     given) a :class:`FusedBackward`. Later calls pass tensors of the same shapes, strides and dtypes (or views of
@@ -546,13 +573,17 @@ def plan_fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, inte
     fp8 = k_cache is not None and quant[0] != PLAIN  # a one-byte cache
     if norm is None:  # the norm's place: before the rotation when weights are given
         norm = BEFORE if q_weight is not None else NO_NORM
-    norm_flags = norm_switch(norm, q_weight is not None)
+    norm_flags = norm_switch(norm, q_weight is not None, norm_over_heads)
     norm = norm != NO_NORM
+    over_heads = norm and norm_over_heads
     if config is None:
         width = max(head_dim, v.shape[-1] if v is not None else 0)
-        shape = FusedShape(n_batch * seqlen, max(n_heads_q, n_heads_k), width, q.element_size(), fp8, norm, backward)
+        shape = FusedShape(n_batch * seqlen, max(n_heads_q, n_heads_k), width, q.element_size(), fp8, norm, backward,
+                           over_heads)
         timed = not backward and q.device.type == "cuda" and launching_directly()
         config = _tuned_forward_config(shape, call) if timed else fused_config_for(shape, q.device)
+    if over_heads:  # the norm's group, a token's heads, lies in one program (whatever configuration was forced)
+        config = config._replace(block_h=next_pow2(max(n_heads_q, n_heads_k)))
     block_hk = min(config.block_h, next_pow2(n_heads_k))
     token_blocks = config.token_blocks if backward else 1
     n_blocks_q = cdiv(n_heads_q, config.block_h)
@@ -563,12 +594,15 @@ def plan_fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, inte
     if backward:
         dw_atomic = not torch.are_deterministic_algorithms_enabled()
         dw_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+        # the weights' lengths, and a row's: one weight a channel, or over all heads one a (head, channel)
+        dw_lengths = (n_heads_q * head_dim, n_heads_k * head_dim) if over_heads else (head_dim, head_dim)
+        dw_width = max(dw_lengths)
         # atomic: two rows every program adds into; else a row a program (varlen programs past their sequence's end
         # write none: zeroed)
-        dw_shape = (2, head_dim) if dw_atomic else (n_batch, n_blocks_h, n_blocks_s, head_dim)
+        dw_shape = (2, dw_width) if dw_atomic else (n_batch, n_blocks_h, n_blocks_s, dw_width)
         dw_zeroed = dw_atomic or varlen
     if empty:
-        return FusedBackward(None, (head_dim,), dw_dtype, True, True, 0) if backward else None
+        return FusedBackward(None, (dw_width,), dw_dtype, True, True, 0, dw_lengths) if backward else None
     if cos_per_token:
         cos_strides, table_len = (0 if varlen else cos.stride(0), cos.stride(1), cos.stride(2)), 1
     else:
@@ -593,10 +627,10 @@ def plan_fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, inte
         arguments = dict(
             common, GQ=grad_q, GK=grad_k, gq_strides=_strides(grad_q), gk_strides=_strides(grad_k),
             DQ=out_q, DK=out_k, dq_strides=_strides(out_q), dk_strides=_strides(out_k), DW=None,
-            sizes=(seqlen, n_heads_q, n_heads_k, table_len, n_tokens),
+            sizes=(seqlen, n_heads_q, n_heads_k, table_len, n_tokens, dw_width),
             TOKEN_BLOCKS=token_blocks, STAGES=config.stages, DW_ATOMIC=dw_atomic)
         launch = KernelLaunch(fused_backward_kernel, grid, config.num_warps, BACKWARD_PER_CALL, arguments)
-        return FusedBackward(launch, dw_shape, dw_dtype, dw_zeroed, dw_atomic, n_blocks_q)
+        return FusedBackward(launch, dw_shape, dw_dtype, dw_zeroed, dw_atomic, n_blocks_q, dw_lengths)
     write_q, write_k = out_q is not None, out_k is not None
     batch_indices, kv_indices, kv_indptr = page_table or (None,) * 3
     # (an empty tensor's data pointer says nothing: q without heads is not "in place")
@@ -645,8 +679,8 @@ def launch_fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, in
                  cache_mode: int = CACHE_NONE, slots=None, page_table=None, block_size: int = 1,
                  cache_len: int = 0, k_scale=None, v_scale=None, quant: tuple = NO_QUANT[:2], q_format: int = PLAIN,
                  q_scale=None, k_global=None, v_global=None, q_weight=None, k_weight=None, eps: float = 0.0,
-                 weight_offset: float = 0.0, norm: int | None = None, grad_q=None, grad_k=None,
-                 config: FusedConfig | None = None):
+                 weight_offset: float = 0.0, norm: int | None = None, norm_over_heads: bool = False, grad_q=None,
+                 grad_k=None, config: FusedConfig | None = None):
     """Plan and launch the fused kernels on validated arguments (``ropekit.fused`` validates; this trusts its caller).
 
     q, k, v, the outputs and the incoming gradients are ``(batch, seq, heads, dim)`` views with any strides, or
@@ -665,14 +699,17 @@ def launch_fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, in
     on the order the adds arrive in), or, under ``torch.use_deterministic_algorithms``, each program stores its own row
     and one reduction in a fixed order sums them. ``config`` forces a launch configuration (tools and tests).
     ``norm``: where the norm lies, :mod:`ropekit.triton.fused_tiles`' NO_NORM, BEFORE or AFTER the rotation (None:
-    BEFORE when ``q_weight`` is given, else none); without weights a norm is weightless.
+    BEFORE when ``q_weight`` is given, else none); without weights a norm is weightless. ``norm_over_heads``: the
+    norm's mean square runs over all heads of a token's q (or k) together, with ``(heads * dim,)`` weights, instead
+    of over each head vector.
     """
     plan = plan_fused(q, k, cos, sin, positions=positions, rotary_dim=rotary_dim, interleaved=interleaved,
                       cos_per_token=cos_per_token, out_q=out_q, out_k=out_k, v=v, k_cache=k_cache, v_cache=v_cache,
                       cache_mode=cache_mode, slots=slots, page_table=page_table, block_size=block_size,
                       cache_len=cache_len, k_scale=k_scale, v_scale=v_scale, quant=quant, q_format=q_format,
                       q_scale=q_scale, k_global=k_global, v_global=v_global, q_weight=q_weight, k_weight=k_weight,
-                      eps=eps, weight_offset=weight_offset, norm=norm, grad_q=grad_q, grad_k=grad_k, config=config)
+                      eps=eps, weight_offset=weight_offset, norm=norm, norm_over_heads=norm_over_heads,
+                      grad_q=grad_q, grad_k=grad_k, config=config)
     if grad_q is not None:
         return plan(q, k, grad_q, grad_k, out_q, out_k, q_weight, k_weight, cos, sin, positions.tensor,
                     positions.cu_seqlens, positions.offset)

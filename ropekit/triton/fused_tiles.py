@@ -13,9 +13,9 @@ from .v4 import _load_pairs
 __all__ = ["PLAIN", "E4M3", "E5M2", "INT8", "NVFP4", "PER_TENSOR", "PER_HEAD", "PER_TOKEN_HEAD", "PER_BLOCK",
            "NO_QUANT", "STORE_PLAIN", "float8_bits", "e4m3_bits", "e4m3_value", "e2m1_codes", "int8_values",
            "quantised", "head_amax", "channels_amax", "cache_scale", "head_scale", "channels_scale", "store_head",
-           "store_channels", "store_nvfp4", "load_head", "norm_weights", "rsqrt_mean_square", "normed", "NO_NORM",
-           "BEFORE", "AFTER", "NORM_OFF", "NORM_NONE_C", "NORM_BEFORE_C", "NORM_AFTER_C", "norm_switch", "cache_slot",
-           "sequence_span"]
+           "store_channels", "store_nvfp4", "load_head", "norm_weights", "group_sum", "rsqrt_mean_square", "normed",
+           "NO_NORM", "BEFORE", "AFTER", "NORM_OFF", "NORM_NONE_C", "NORM_BEFORE_C", "NORM_AFTER_C", "norm_switch",
+           "cache_slot", "sequence_span"]
 
 
 # The cache's store, one constexpr tuple QUANT = (FORMAT, SCALES, NATIVE):
@@ -36,20 +36,24 @@ _PLAIN, _E5M2, _INT8, _NVFP4, _PER_TENSOR, _PER_HEAD, _PER_TOKEN_HEAD = (tl.cons
     PLAIN, E5M2, INT8, NVFP4, PER_TENSOR, PER_HEAD, PER_TOKEN_HEAD))
 STORE_PLAIN = tl.constexpr(NO_QUANT)
 
-# The norm, one constexpr tuple NORM = (PLACE, WEIGHTED):
+# The norm, one constexpr tuple NORM = (PLACE, WEIGHTED, OVER_HEADS):
 #   PLACE: NO_NORM; BEFORE the rotation (Qwen3's and Gemma 3's QK-norm); AFTER it (Llama 4's, on the rotated vector);
 #   WEIGHTED: the norm multiplies by ``weight_offset + w`` per channel; without weights it is x * rsqrt(mean(x^2) + eps)
-#             (Llama 4's weightless L2 norm).
-# Over what: each head vector's HEAD_DIM channels (the mean square is :func:`rsqrt_mean_square`).
+#             (Llama 4's weightless L2 norm);
+#   OVER_HEADS: what the mean square runs over (:func:`rsqrt_mean_square`): each head vector's HEAD_DIM channels
+#             (False), or all n_heads x HEAD_DIM channels of a token's q (or k) projection (True: OLMo-2's and the
+#             video diffusion models' QK-norm; the weights are then ``(n_heads * HEAD_DIM,)``, head h's channels at
+#             h * HEAD_DIM, and a program holds every head of its tokens).
 NO_NORM, BEFORE, AFTER = 0, 1, 2
-NORM_OFF = (NO_NORM, False)
+NORM_OFF = (NO_NORM, False, False)
 # (as device code reads them)
 NORM_NONE_C, NORM_BEFORE_C, NORM_AFTER_C = (tl.constexpr(c) for c in (NO_NORM, BEFORE, AFTER))
 
 
-def norm_switch(place: int, weighted: bool) -> tuple:
-    """The kernels' NORM for a norm at ``place`` (NO_NORM, BEFORE, AFTER), with weights or without."""
-    return (place, bool(weighted)) if place != NO_NORM else NORM_OFF
+def norm_switch(place: int, weighted: bool, over_heads: bool = False) -> tuple:
+    """The kernels' NORM for a norm at ``place`` (NO_NORM, BEFORE, AFTER), with weights or without, over each head
+    vector or over all heads of a token."""
+    return (place, bool(weighted), bool(over_heads)) if place != NO_NORM else NORM_OFF
 
 
 @triton.jit
@@ -312,15 +316,20 @@ def load_head(X, rows, mask, stride_d, ROTARY_DIM: tl.constexpr, HEAD_DIM: tl.co
 
 
 @triton.jit
-def norm_weights(W, stride_w, weight_offset, NORM: tl.constexpr, ROTARY_DIM: tl.constexpr, HEAD_DIM: tl.constexpr,
-                 BLOCK_HALF: tl.constexpr, BLOCK_TAIL: tl.constexpr, INTERLEAVED: tl.constexpr,
-                 MATH_DTYPE: tl.constexpr):
-    """The norm's per-channel factor ``weight_offset + w`` laid out like a [1, 1] tile of head vectors (a weightless
-    norm: 1)."""
+def norm_weights(W, stride_w, heads, head_mask, weight_offset, NORM: tl.constexpr, ROTARY_DIM: tl.constexpr,
+                 HEAD_DIM: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_TAIL: tl.constexpr,
+                 INTERLEAVED: tl.constexpr, MATH_DTYPE: tl.constexpr):
+    """The norm's per-channel factor ``weight_offset + w`` laid out like a [1, 1] tile of head vectors (one weight a
+    channel, every head's), or over all heads (NORM[2]) like a [1, BLOCK_H] tile: head ``heads[i]``'s own channels
+    of the ``(n_heads * HEAD_DIM,)`` weight, where ``head_mask`` holds. A weightless norm: 1."""
     if NORM[1]:
-        origin = tl.zeros([1, 1], dtype=tl.int32)
-        everywhere = origin == 0
-        w_a, w_b, w_t = load_head(W, origin, everywhere, stride_w, ROTARY_DIM, HEAD_DIM, 1, 1, BLOCK_HALF,
+        if NORM[2]:
+            origin = (heads * (HEAD_DIM * stride_w))[None, :]
+            where = head_mask[None, :]
+        else:
+            origin = tl.zeros([1, 1], dtype=tl.int32)
+            where = origin == 0
+        w_a, w_b, w_t = load_head(W, origin, where, stride_w, ROTARY_DIM, HEAD_DIM, 1, origin.shape[1], BLOCK_HALF,
                                   BLOCK_TAIL, INTERLEAVED, MATH_DTYPE, "")
         w_a, w_b, w_t = w_a + weight_offset, w_b + weight_offset, w_t + weight_offset
     else:
@@ -329,25 +338,40 @@ def norm_weights(W, stride_w, weight_offset, NORM: tl.constexpr, ROTARY_DIM: tl.
 
 
 @triton.jit
-def rsqrt_mean_square(x_a, x_b, x_t, eps, HEAD_DIM: tl.constexpr, MATH_DTYPE: tl.constexpr):
-    """``1 / sqrt(mean(x^2) + eps)`` per head vector, [BLOCK_S, BLOCK_H, 1] (a correctly rounded square root:
-    ``sqrt_rn`` in fp32; fp64's ``sqrt`` already is)."""
-    squares = tl.sum(x_a * x_a, 2) + tl.sum(x_b * x_b, 2) + tl.sum(x_t * x_t, 2)
-    if MATH_DTYPE == tl.float64:
-        root = tl.sqrt(squares / HEAD_DIM + eps)
+def group_sum(per_head, NORM: tl.constexpr):
+    """A [BLOCK_S, BLOCK_H] sum over each head vector, summed over the norm's group: itself, or (over all heads) the
+    token's heads, [BLOCK_S, 1] (heads past n_heads hold zeros: masked loads)."""
+    if NORM[2]:
+        per_head = tl.sum(per_head, 1, keep_dims=True)
+    return per_head
+
+
+@triton.jit
+def rsqrt_mean_square(x_a, x_b, x_t, eps, n_heads, NORM: tl.constexpr, HEAD_DIM: tl.constexpr,
+                      MATH_DTYPE: tl.constexpr):
+    """``1 / sqrt(mean(x^2) + eps)`` over the norm's group: per head vector [BLOCK_S, BLOCK_H, 1], or over the
+    token's ``n_heads`` heads together (NORM[2]) [BLOCK_S, 1, 1] (a correctly rounded square root: ``sqrt_rn`` in
+    fp32; fp64's ``sqrt`` already is)."""
+    squares = group_sum(tl.sum(x_a * x_a, 2) + tl.sum(x_b * x_b, 2) + tl.sum(x_t * x_t, 2), NORM)
+    if NORM[2]:
+        mean = squares / (n_heads * HEAD_DIM)
     else:
-        root = tl.sqrt_rn(squares / HEAD_DIM + eps)
+        mean = squares / HEAD_DIM
+    if MATH_DTYPE == tl.float64:
+        root = tl.sqrt(mean + eps)
+    else:
+        root = tl.sqrt_rn(mean + eps)
     return (1.0 / root)[:, :, None]
 
 
 @triton.jit
-def normed(x_a, x_b, x_t, w_a, w_b, w_t, eps, ROTARY_DIM: tl.constexpr, HEAD_DIM: tl.constexpr,
-           BLOCK_HALF: tl.constexpr, MATH_DTYPE: tl.constexpr):
+def normed(x_a, x_b, x_t, w_a, w_b, w_t, eps, n_heads, NORM: tl.constexpr, ROTARY_DIM: tl.constexpr,
+           HEAD_DIM: tl.constexpr, BLOCK_HALF: tl.constexpr, MATH_DTYPE: tl.constexpr):
     """A tile of head vectors (pair halves and tail) times ``r = rsqrt_mean_square`` and the weights, and ``r``.
     Padding pairs (past ROTARY_DIM / 2; after a rotation they hold the masked table's NaN) count as 0."""
     pairs = (tl.arange(0, BLOCK_HALF) < ROTARY_DIM // 2)[None, None, :]
     x_a, x_b = tl.where(pairs, x_a, 0.0), tl.where(pairs, x_b, 0.0)
-    r = rsqrt_mean_square(x_a, x_b, x_t, eps, HEAD_DIM, MATH_DTYPE)
+    r = rsqrt_mean_square(x_a, x_b, x_t, eps, n_heads, NORM, HEAD_DIM, MATH_DTYPE)
     return x_a * r * w_a, x_b * r * w_b, x_t * r * w_t, r
 
 

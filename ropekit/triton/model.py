@@ -230,13 +230,32 @@ def model_fused(facts: DeviceFacts, shape: FusedShape) -> FusedConfig:
 
     Heads a program never exceed the call's (rounded up to a power of two), and a program's tile stays within the
     register bound (at most 32768 values: fewer heads, then fewer tokens, for very wide vectors).
+
+    A norm over all heads of a token (``norm_over_heads``) needs every head of the token in one program: the heads
+    are the call's (rounded up), fewer tokens keep the tile within the bound (one token at least, whatever its
+    size), and more warps share the larger tile at the rule's values a thread (not yet measured on a GPU).
     """
+    if shape.norm_over_heads:
+        return _all_heads(_fused_rule(facts, shape), shape)
     config = _fused_rule(facts, shape)
     while config.block_s * config.block_h * next_pow2(shape.width) > _TILE_VALUES_LIMIT and config.block_h > 1:
         config = config._replace(block_h=config.block_h // 2)  # very wide vectors: within the register bound
     while config.block_s * config.block_h * next_pow2(shape.width) > _TILE_VALUES_LIMIT and config.block_s > 1:
         config = config._replace(block_s=config.block_s // 2)
     return config
+
+
+def _all_heads(config: FusedConfig, shape: FusedShape) -> FusedConfig:
+    """The rule's configuration with every head of a token in one program (the norm's reduction runs over them):
+    fewer tokens while the tile passes the register bound, and the warps that keep the rule's own values a thread
+    (at least 8: a 16-byte vector of bf16), up to 32."""
+    heads, width = next_pow2(shape.n_heads), next_pow2(shape.width)
+    density = max(config.block_s * config.block_h * width // (32 * config.num_warps), 8)
+    block_s = config.block_s
+    while block_s > 1 and block_s * heads * width > _TILE_VALUES_LIMIT:
+        block_s //= 2
+    warps = next_pow2(cdiv(block_s * heads * width, 32 * density))
+    return config._replace(block_s=block_s, block_h=heads, num_warps=min(max(warps, config.num_warps), WARPS[-1]))
 
 
 def _fused_rule(facts: DeviceFacts, shape: FusedShape) -> FusedConfig:
@@ -293,7 +312,10 @@ def is_valid_fused(config: FusedConfig, shape: FusedShape) -> bool:
         return False
     if not shape.backward and (config.token_blocks, config.stages) != (1, 1):
         return False
-    return config.block_s * config.block_h * next_pow2(shape.width) <= _TILE_VALUES_LIMIT
+    values = config.block_s * config.block_h * next_pow2(shape.width)
+    if shape.norm_over_heads:  # every head of a token in one program, one token even past the bound
+        return config.block_h == next_pow2(shape.n_heads) and (config.block_s == 1 or values <= _TILE_VALUES_LIMIT)
+    return values <= _TILE_VALUES_LIMIT
 
 
 _TILE_VALUES_LIMIT = 32768  # the H100's tile_values_max: the kernels' register bound on any GPU
@@ -330,12 +352,16 @@ def rope_candidate_space(shape: RopeShape) -> list[TileConfig | FlatConfig]:
 def fused_candidate_space(shape: FusedShape) -> list[FusedConfig]:
     """Every configuration the model and the autotune can reach for a fused ``shape``: 1-8 tokens x 1-64 heads
     (capped at the call's), 2-8 warps, with and without the hint and the heads-inner order; for the backward, 1, 8
-    or 16 token blocks a program at 1 or 3 stages."""
+    or 16 token blocks a program at 1 or 3 stages. A norm over all heads: the call's heads (rounded up) in every
+    program, 2-32 warps."""
     heads = next_pow2(shape.n_heads)
     walks = ((1, 1), (8, 3), (16, 3)) if shape.backward else ((1, 1),)
+    # (a norm over all heads: every head of a token in a program, and the warps a large tile takes)
+    head_blocks = (heads,) if shape.norm_over_heads else [h for h in _FUSED_HEADS if h <= heads]
+    warps = WARPS[1:] if shape.norm_over_heads else (2, 4, 8)
     space = [FusedConfig(block_s, block_h, num_warps, evict, inner, blocks, stages)
-             for block_s in _FUSED_TOKENS for block_h in _FUSED_HEADS if block_h <= heads
-             for num_warps in (2, 4, 8) for evict in (False, True) for inner in (False, True)
+             for block_s in _FUSED_TOKENS for block_h in head_blocks
+             for num_warps in warps for evict in (False, True) for inner in (False, True)
              for blocks, stages in walks]
     return [c for c in space if is_valid_fused(c, shape)]
 
