@@ -109,7 +109,7 @@ def test_gpu_only_marker_is_the_first_line_of_its_block():
 def test_readme_quickstart_commands_are_the_ones_ci_runs():
     readme_commands = [b.source.strip() for b in code_blocks(ROOT / "README.md") if b.language == "bash"][:2]
     assert readme_commands == ['pip install -e ".[dev]" && python -m ropekit check',
-                               'pip install -e ".[dev]" && pytest']
+                               'pip install -e ".[dev]" && pytest -n auto --dist loadfile']
     ci_lines = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
     for command in readme_commands:
         assert command in ci_lines, f".ci/run does not run the README's command {command!r} verbatim"

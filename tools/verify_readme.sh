@@ -37,7 +37,7 @@ fi
 { echo "PATH=$PATH"; env | grep '^PYTHON' ; command -v python pip pytest; python -c 'import sys; print(sys.path)'; } \
   >"$OUT/readme_environment.log" 2>&1
 timed readme_command_check bash -c 'pip install -e ".[dev]" && python -m ropekit check'
-timed readme_command_tests bash -c 'pip install -e ".[dev]" && pytest'
+timed readme_command_tests bash -c 'pip install -e ".[dev]" && pytest -n auto --dist loadfile'
 { pip show -f ropekit | tail -5; cd /tmp && python -c 'import ropekit; print(ropekit.__file__)'; } \
   >>"$OUT/readme_environment.log" 2>&1
 tail -4 "$OUT/readme_readme_command_check.log"
