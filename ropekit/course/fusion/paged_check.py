@@ -164,10 +164,12 @@ def _finding(case: PagedCase, r) -> Finding:
 
 
 def _cache_row_hint(error: BaseException, finding: Finding) -> Finding:
-    """A store stopped outside the caches (under the interpreter) most often comes from a slot's row start: say how
-    long a row of the cache is."""
+    """A store stopped outside every tensor (under the interpreter) most often comes from a slot's row start: say how
+    long a row of the cache is. Where the stray lanes land says little (past a cache's end, the nearest tensor is
+    whichever the allocator placed there), so only a store nearest Q_OUT, the one output that is no cache, goes
+    without the hint."""
     stopped = fence.stopped(error)
-    if stopped is None or stopped.kind != "store" or "cache" not in stopped.where.lower():
+    if stopped is None or stopped.kind != "store" or "q_out" in stopped.where.lower():
         return finding
     return Finding(finding.diagnosis, (
         f"{finding.message} In the caches, a slot's row is n_heads_kv · HEAD_DIM elements (the cache is (num_blocks, "
