@@ -33,8 +33,8 @@ import torch
 
 from .. import device as _device
 from .configs import FlatConfig, FusedConfig, FusedShape, RopeShape, TileConfig, next_pow2
-from .model import (DECODE_TOKENS, DeviceFacts, fits_in_l2, fused_candidate_space, fused_candidates, model_fused, model_rope,
-                    rope_candidate_space, rope_candidates)
+from .model import (DECODE_TOKENS, DeviceFacts, fits_in_l2, fused_candidate_space, fused_candidates, model_fused,
+                    model_rope, rope_candidate_space, rope_candidates)
 
 __all__ = ["DeviceFacts", "device_facts", "measure_copy_gbps", "rope_bucket", "fused_bucket", "choose_rope",
            "choose_fused", "tuning_allowed", "time_launch", "cache_path", "ASSUMED_LATENCY_NS"]
@@ -313,7 +313,8 @@ def choose_rope(shape: RopeShape, device=None, bench=None) -> TileConfig | FlatC
     16 tokens x 8 heads, 4 warps.
     """
     if _device.INTERPRET and not isinstance(device, DeviceFacts):
-        return TileConfig(min(next_pow2(shape.n_tokens), 16), min(next_pow2(max(shape.n_heads_q, shape.n_heads_k)), 8), 4)
+        heads = max(shape.n_heads_q, shape.n_heads_k)
+        return TileConfig(min(next_pow2(shape.n_tokens), 16), min(next_pow2(heads), 8), 4)
     return _choose("rope", rope_bucket(shape), device, bench, model_rope, rope_candidates, rope_candidate_space,
                    worth_timing=_worth_timing)
 

@@ -54,7 +54,8 @@ from .fused_tiles import BEFORE, E4M3, E5M2, NO_NORM, NO_QUANT, NORM_AFTER_C, NO
 from .launch import KernelLaunch, _position_strides, launching_directly, plans
 from .v4 import _cos_sin, _rotate
 
-__all__ = ["fused_forward_kernel", "fused_backward_kernel", "FusedConfig", "FusedShape", "fused_config_for", "forced_fused_config", "plan_fused", "FusedBackward",
+__all__ = ["fused_forward_kernel", "fused_backward_kernel", "FusedConfig", "FusedShape", "fused_config_for",
+           "forced_fused_config", "plan_fused", "FusedBackward",
            "launch_fused", "native_fp8", "CACHE_NONE", "CACHE_CONTIGUOUS", "CACHE_PAGED",
            "CACHE_PAGE_TABLE"]
 
