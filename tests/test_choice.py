@@ -188,6 +188,22 @@ def test_a_tile_too_large_for_the_registers_is_refused():
     assert model.model_rope(H100, shape) == TileConfig(16, 1, 8, evict_first=True)
 
 
+@pytest.mark.parametrize("gpu", sorted(GPUS))
+@pytest.mark.parametrize("heads,element_size", [(32, 2), (32, 4), (128, 2), (128, 4)])
+def test_the_backward_pipeline_fits_in_shared_memory_even_over_every_head_of_128(gpu, heads, element_size):
+    """A norm over all heads walks one token of every head a step; pipelined three deep, 128 heads x 128 float32
+    channels would need 256 KiB of shared memory, more than a Hopper program gets (227 KiB): the launch failed."""
+    for over_heads in (False, True):
+        shape = FusedShape(4096, heads, 128, element_size, False, True, True, norm_over_heads=over_heads)
+        config = model.model_fused(GPUS[gpu], shape)
+        held = (config.stages - 1) * 2 * config.block_s * config.block_h * 128 * element_size
+        assert held <= 219 * 1024 and model.is_valid_fused(config, shape)
+        assert all(model.is_valid_fused(c, shape) for c in model.fused_candidates(GPUS[gpu], shape))
+    too_deep = FusedConfig(1, 128, 16, token_blocks=16, stages=3)
+    assert not model.is_valid_fused(too_deep, FusedShape(4096, 128, 128, 4, False, True, True, norm_over_heads=True))
+    assert model.is_valid_fused(too_deep, FusedShape(4096, 128, 128, 2, False, True, True, norm_over_heads=True))
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # Buckets.
 # --------------------------------------------------------------------------------------------------------------------

@@ -236,12 +236,32 @@ def model_fused(facts: DeviceFacts, shape: FusedShape) -> FusedConfig:
     size), and more warps share the larger tile at the rule's values a thread (not yet measured on a GPU).
     """
     if shape.norm_over_heads:
-        return _all_heads(_fused_rule(facts, shape), shape)
+        return _within_shared_memory(_all_heads(_fused_rule(facts, shape), shape), shape)
     config = _fused_rule(facts, shape)
     while config.block_s * config.block_h * next_pow2(shape.width) > _TILE_VALUES_LIMIT and config.block_h > 1:
         config = config._replace(block_h=config.block_h // 2)  # very wide vectors: within the register bound
     while config.block_s * config.block_h * next_pow2(shape.width) > _TILE_VALUES_LIMIT and config.block_s > 1:
         config = config._replace(block_s=config.block_s // 2)
+    return _within_shared_memory(config, shape)
+
+
+# Shared memory one program may hold on Hopper (227 KiB), less what the backward keeps there besides its pipeline
+# (its cos/sin rows and reductions: about 1 KiB for 128 channels).
+_SHARED_BYTES = 227 * 1024 - 8 * 1024
+
+
+def _pipeline_bytes(config: FusedConfig, shape: FusedShape) -> int:
+    """Shared memory the backward's software pipeline takes: ``stages - 1`` token blocks in flight of the two
+    tensors it walks (the forward's input and the incoming gradient), in their element size."""
+    tile = config.block_s * config.block_h * next_pow2(shape.width) * shape.element_size
+    return (config.stages - 1) * 2 * tile
+
+
+def _within_shared_memory(config: FusedConfig, shape: FusedShape) -> FusedConfig:
+    """Fewer pipeline stages while the backward's walk would need more shared memory than a program has (a norm
+    over 128 heads of 128 float32 channels: 64 KiB a tensor a stage)."""
+    while config.stages > 1 and _pipeline_bytes(config, shape) > _SHARED_BYTES:
+        config = config._replace(stages=config.stages - 1)
     return config
 
 
@@ -305,12 +325,15 @@ def is_valid_rope(config: TileConfig | FlatConfig, shape: RopeShape) -> bool:
 
 def is_valid_fused(config: FusedConfig, shape: FusedShape) -> bool:
     """Whether the fused kernels accept ``config`` for ``shape``: power-of-two blocks, warps in :data:`WARPS`, a
-    program's tile within the register bound; walking several token blocks only in the backward."""
+    program's tile within the register bound, the backward's pipeline within shared memory; walking several token
+    blocks only in the backward."""
     if config.num_warps not in WARPS or config.token_blocks < 1 or config.stages < 1:
         return False
     if any(n != next_pow2(n) for n in (config.block_s, config.block_h)):
         return False
     if not shape.backward and (config.token_blocks, config.stages) != (1, 1):
+        return False
+    if _pipeline_bytes(config, shape) > _SHARED_BYTES:
         return False
     values = config.block_s * config.block_h * next_pow2(shape.width)
     if shape.norm_over_heads:  # every head of a token in one program, one token even past the bound
