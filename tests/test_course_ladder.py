@@ -151,6 +151,23 @@ def test_measure_steps_times_v3_every_step_and_the_production_kernel_in_one_inte
         assert row["share"] == pytest.approx(row["gbps"] / 1000.0) and row["ceiling_gbps"] == 1000.0
 
 
+def test_the_waterfall_is_read_step_against_step_in_points_of_the_ceiling():
+    shares = {"v3": 0.90, "step1_qk": 0.95, "step2_positions": 0.951, "step3_gptj": 0.949, "step4_partial": 0.95,
+              "step5_conjugate": 0.95, "step6_int64": 0.952, "step7_fused_qk": 0.972, "step8_flat": 0.961,
+              "ropekit.apply_rope": 0.964}
+    lines = measure.read_waterfall([{"step": name, "share": share} for name, share in shares.items()])
+    assert lines[0].endswith("+5.0 points") and "-0.1 to +0.2 points" in lines[1]
+    assert "step7_fused_qk against step 1: +2.2 points" in lines and "step8_flat against step 1: +1.1 points" in lines
+    assert lines[-1].startswith("ropekit.apply_rope against step7_fused_qk") and "-0.8 points (96.4 %" in lines[-1]
+
+
+def test_the_stored_waterfall_has_every_row_of_a_run():
+    stored = measure.load_stored()
+    assert stored["gpu"].startswith("NVIDIA H")
+    assert [row["step"] for row in stored["rows"]] == ["v3", *ladder.STEPS, "ropekit.apply_rope"]
+    assert all(0.5 < row["share"] < 1.05 and row["time_us"] > 0 for row in stored["rows"])
+
+
 def test_the_speed_steps_are_timed_at_the_launch_the_library_model_picks():
     from ropekit.triton.model import DeviceFacts
 

@@ -3,20 +3,26 @@ only; the interpreter is never timed)."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import torch
 
 from ... import api
 from ...frequencies import cos_sin_table
 from ...triton import v3
 from .. import measure
-from . import STEPS, step
+from . import FEATURE_STEPS, SPEED_STEPS, STEPS, step
 from .launch import FlatBlock, LadderConfig, bytes_moved, rope_ladder
 
-__all__ = ["LLAMA3_8B_PREFILL", "PRODUCTION", "measure_steps", "step_configs"]
+__all__ = ["LLAMA3_8B_PREFILL", "PRODUCTION", "DATA_FILE", "measure_steps", "step_configs", "load_stored",
+           "read_waterfall"]
 
 # Llama-3-8B prefill (the benchmark's main case): batch 4, 4096 tokens, 32 q heads and 8 k heads of 128, bf16.
 LLAMA3_8B_PREFILL = (4, 4096, 32, 8, 128, torch.bfloat16)
 PRODUCTION = "ropekit.apply_rope"  # the last row: the library's own launch choice
+# The waterfall of the course's stored GPU run, which notebook 05 shows on a machine without a GPU.
+DATA_FILE = Path(__file__).resolve().parents[3] / "notebooks" / "data" / "ladder_waterfall.json"
 
 
 def step_configs(shape, facts) -> dict:
@@ -90,6 +96,28 @@ def measure_steps(shape=LLAMA3_8B_PREFILL, *, timer=None, device="cuda", facts=N
     return rows
 
 
+def load_stored(path=None) -> dict | None:
+    """The stored waterfall (``{"gpu": name, "rows": [...]}``, the rows as :func:`measure_steps` returns them), or
+    None when there is none."""
+    path = Path(path) if path else DATA_FILE
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def read_waterfall(rows: list[dict]) -> list[str]:
+    """What a waterfall measured, step against step, in points of the copy ceiling (one run, one ceiling):
+    step 1 against v3, the spread of the feature steps around step 1, each speed step against step 1, and the
+    production kernel against the faster speed step."""
+    share = {r["step"]: 100 * r["share"] for r in rows}
+    features = [share[name] - share["step1_qk"] for name in FEATURE_STEPS[1:]]
+    best = max(SPEED_STEPS, key=share.get)
+    lines = [f"step 1 against v3 (one launch for q and k instead of two): {share['step1_qk'] - share['v3']:+.1f} points",
+             f"steps 2-6 against step 1 (switches off): {min(features):+.1f} to {max(features):+.1f} points"]
+    lines += [f"{name} against step 1: {share[name] - share['step1_qk']:+.1f} points" for name in SPEED_STEPS]
+    lines.append(f"{PRODUCTION} against {best} (the faster speed step): {share[PRODUCTION] - share[best]:+.1f} points"
+                 f" ({share[PRODUCTION]:.1f} % of the copy ceiling)")
+    return lines
+
+
 def main(argv=None) -> None:
     """``python -m ropekit.course.ladder.measure [--out FILE]``: the waterfall on this GPU, as a table (and JSON)."""
     import argparse
@@ -106,6 +134,7 @@ def main(argv=None) -> None:
         with open(args.out, "w") as f:
             json.dump({"gpu": torch.cuda.get_device_name(), "shape": repr(LLAMA3_8B_PREFILL), "rows": rows}, f,
                       indent=1)
+    print("\n".join(read_waterfall(rows)))
 
 
 if __name__ == "__main__":
