@@ -28,7 +28,10 @@ for folder in .whl .peers; do
 done
 [ -d "$site" ] && export PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH} PATH=$site/bin:$PATH
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/tmp/install.log 2>&1 || { tail -5 /tmp/install.log; exit 1; }
-{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; git rev-parse HEAD 2>/dev/null; date -u; \
+# the clocks and power limit beside the name: two GPUs of one kind can differ in them, and a kernel short of pure
+# streaming feels the SM clock
+{ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm,clocks.mem,power.limit,temperature.gpu \
+    --format=csv; git rev-parse HEAD 2>/dev/null; date -u; \
   python3 -m ropekit info; } 2>&1 | tee "$OUT/gpu.txt"
 
 echo "[gpu_run] stage $stage: started $(date -u +%H:%M:%S)"
