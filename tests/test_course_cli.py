@@ -61,11 +61,31 @@ def test_grade_checks_each_file_found_and_says_how_to_start_the_others(tmp_path,
 
 
 @pytest.mark.skipif(ON_GPU, reason="on a GPU the speed exercise is timed")
-def test_grade_on_a_cpu_passes_correct_files_and_says_the_byte_floor_needs_a_gpu(tmp_path, capsys):
-    (tmp_path / "ex05_qk_offsets.py").write_text(solution_source("05_qk_offsets"))
+@pytest.mark.parametrize("source", ["solution", "1x1"], ids=["tile-4x4", "tile-1x1-model-29pct"])
+def test_grade_on_a_cpu_calls_a_correct_speed_exercise_correct_not_passed(tmp_path, capsys, source):
+    """On a CPU nothing is timed: a correct kernel is correct, whether its tile would reach the target or not."""
+    code = solution_source("05_qk_offsets")
+    if source == "1x1":  # the solution's kernel at the template's 1 x 1 tile: correct, and slow on a GPU
+        code = code.replace("BLOCK_S: tl.constexpr = 4, BLOCK_H: tl.constexpr = 4",
+                            "BLOCK_S: tl.constexpr = 1, BLOCK_H: tl.constexpr = 1")
+        assert code != solution_source("05_qk_offsets")
+    (tmp_path / "ex05_qk_offsets.py").write_text(code)
     assert main(["grade", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert "[05_qk_offsets] PASSED" in out and "% of the byte floor: needs a GPU" in out
+    assert "% of the byte floor: needs a GPU" in out
+    summary = {line.split()[0]: line for line in out.split("=== grades")[1].strip().splitlines()}
+    assert "correct; speed not graded here (needs a GPU)" in summary["05_qk_offsets"]
+    assert "PASSED" not in summary["05_qk_offsets"]
+
+
+def test_a_prediction_for_a_kernel_that_fails_its_check_says_it_was_not_graded(tmp_path, capsys):
+    k_masked_with_qs_heads = solution_source("05_qk_offsets").replace(
+        "(head_block - n_q_blocks) * BLOCK_H, n_heads_k,", "(head_block - n_q_blocks) * BLOCK_H, n_heads_q,")
+    assert k_masked_with_qs_heads != solution_source("05_qk_offsets")
+    (tmp_path / "ex05_qk_offsets.py").write_text(k_masked_with_qs_heads)
+    assert main(["grade", str(tmp_path), "--predict", "05_qk_offsets=92"]) == 1
+    prediction = [line for line in capsys.readouterr().out.splitlines() if line.strip().startswith("prediction:")]
+    assert prediction and "not graded: the kernel failed its check (out_of_bounds)" in prediction[0], prediction
 
 
 @pytest.mark.skipif(course_cuda_cpu.find_cxx() is None and not ON_GPU, reason="no way to run the CUDA exercise")

@@ -178,8 +178,12 @@ def test_a_v_cache_written_from_k_is_named_as_k_in_the_v_cache(planted, turned):
 
 
 def test_a_cache_row_as_long_as_qs_heads_says_how_long_a_slots_row_is():
+    """The rows land in the guard the checker put after the cache, whatever the allocator placed beside it: one
+    message on every run, not a store stopped beside whichever tensor happened to be nearest."""
     result = course.check("09_rope_cache_kernel", ex09_rope_cache_kernel.cache_row_of_qs_heads)
     assert result.diagnosis == "out_of_bounds", str(result)
+    assert "a row past the end of the cache was written" in result.message, result.message
+    assert "nearest tensor" not in result.message
     assert "a slot's row is n_heads_kv · HEAD_DIM elements" in result.message, result.message
     assert "(case: " in result.message
 

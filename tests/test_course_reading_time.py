@@ -31,11 +31,31 @@ def test_counts_prose_code_outputs_figures_and_exercises(tmp_path):
     path = tmp_path / "02_made_up.ipynb"  # number 02: notebook 02's exercises count
     nbformat.write(nb, path)
     t = rt.notebook_time(path)
-    assert (t.prose_words, t.code_lines, t.output_lines, t.figures) == (300, 6, 4, 1)
-    assert t.reading_min == pytest.approx(300 / 150 + 6 / 15 + 4 / 40 + 0.5)
+    assert (t.prose_words, t.code_lines, t.output_lines, t.figures, t.table_rows) == (300, 6, 2, 1, 1)
+    assert t.reading_min == pytest.approx(300 / 150 + 6 / 15 + 2 / 40 + 1 / 10 + 0.5)
     assert "02_row_kernel" in t.exercises and "02_warmup_copy" in t.exercises
     assert t.exercise_min == 30 + 3 * 10  # one Triton kernel, three warm-ups
     assert t.column() == f"{5 + 60} min (5 reading + 60 exercises)"
+
+
+def test_a_table_of_results_is_read_row_by_row_slower_than_printed_lines(tmp_path):
+    """A displayed table's rows (not its |---| rule) at 10 a minute; the same lines printed at 40 a minute."""
+    table = "| tile | µs | model % |\n|---|---:|---:|\n" + "".join(f"| {n} × 4 | 19{n}.0 | 100 |\n" for n in range(8))
+    path = tmp_path / "07_tables.ipynb"
+    nbformat.write(new_notebook(cells=[new_code_cell("show()", outputs=[
+        new_output("display_data", data={"text/markdown": table, "text/plain": "<Markdown>"}),
+        new_output("stream", name="stdout", text=table)])]), path)
+    t = rt.notebook_time(path)
+    assert (t.table_rows, t.output_lines) == (9, 10)
+    assert t.reading_min == pytest.approx(1 / 15 + 9 / 10 + 10 / 40)
+
+
+def test_an_exercise_with_a_speed_target_adds_its_prediction_and_tuning(tmp_path):
+    speed = [name for name, ex in EXERCISES.items() if ex.notes.get("speed_shape")]
+    assert speed == ["05_qk_offsets"]
+    path = tmp_path / "05_made_up.ipynb"
+    nbformat.write(new_notebook(cells=[]), path)
+    assert rt.notebook_time(path).exercise_min == rt.EXERCISE_MIN["triton"] + rt.SPEED_MIN == 50
 
 
 def test_no_exercises_means_reading_only(tmp_path):

@@ -193,9 +193,24 @@ def test_on_a_gpu_the_prediction_is_graded_against_this_runs_measurement():
     assert off.graded and not off.ok and off.message.startswith("Off")
 
 
-def test_no_prediction_asks_for_one():
-    result = speed.grade_prediction("05_qk_offsets", course.load_solution("05_qk_offsets"), None)
-    assert not result.graded and "Write your prediction" in result.message
+def test_without_a_prediction_the_models_stands_in_and_is_called_the_models_on_a_gpu():
+    kernel = course.load_solution("05_qk_offsets")
+    model = speed.model_pct(SOLUTION_TILE, course.exercise("05_qk_offsets").notes["speed_shape"])
+    result = speed.grade_prediction("05_qk_offsets", kernel, None, timer=FakeTimer(ceiling_gbps=409.6, time_us=1.0))
+    assert result.graded and f"the model predicted {model:.0f} % (no prediction of yours was given" in result.message
+    assert "you predicted" not in result.message and "your kernel measured" not in result.message
+    assert "Write your own prediction" in result.message
+
+
+@cpu_only
+def test_without_a_prediction_the_models_stands_in_and_is_called_the_models_on_a_cpu(tmp_path):
+    data = _stored(tmp_path, {"NVIDIA H100 80GB HBM3": {SOLUTION_TILE: 94.5}})
+    result = speed.grade_prediction("05_qk_offsets", course.load_solution("05_qk_offsets"), None, data=data)
+    shape = course.exercise("05_qk_offsets").notes["speed_shape"]
+    model = speed.model_pct(SOLUTION_TILE, shape, speed.gpu_model("H100", speed.load_reference_tiles(data)))
+    assert result.graded and "the model's prediction (no prediction of yours was given" in result.message
+    assert f"the model predicted {model:.0f} % ({model - 94.5:+.1f} points)" in result.message
+    assert "you predicted" not in result.message and "Write your own prediction" in result.message
 
 
 @pytest.mark.parametrize("share, target_passes, stretch_passes", [(0.95, True, False), (0.9699, True, False),

@@ -61,8 +61,8 @@ def _run(ncu: dict) -> dict:
         "resources": {"v1": {"n_regs": 20, "n_spills": 0, "num_warps": 4},
                       "v3": {"n_regs": 40, "n_spills": 0, "num_warps": 4}},
         "ptx": {"v1": {"ld.global (scalar)": 6}, "v3": {"ld.global.v4": 4, "ld.global (scalar)": 2}},
-        "timing": {"v1": {"time_us": 200.0, "pct_ceiling": 50.0, "predicted_pct": 40.0},
-                   "v3": {"time_us": 110.0, "pct_ceiling": 90.0, "predicted_pct": 100.0}},
+        "timing": {"v1": {"time_us": 200.0, "pct_ceiling": 50.0, "predicted_pct": 40.0, "gbps": 1200.0},
+                   "v3": {"time_us": 110.0, "pct_ceiling": 90.0, "predicted_pct": 100.0, "gbps": 2400.0}},
         "ncu": ncu,
         "autotune": {"tiles": [{"block_s": 1, "block_h": 4, "num_warps": 4, "time_us": 120.0, "predicted_pct": 100.0},
                                {"block_s": 4, "block_h": 4, "num_warps": 4, "time_us": 110.0, "predicted_pct": 100.0}],
@@ -82,6 +82,44 @@ def test_a_stored_run_reads_back_as_the_notebooks_rows(tmp_path):
     assert rows["achieved occupancy (% of the warp slots)"] == ("—", "45.5 %")
     assert tools_run.autotune_rows(run) == [("1 × 4, 4 warps", 120.0, 100.0, "model"),
                                             ("4 × 4, 4 warps", 110.0, 100.0, "autotune, library")]
+
+
+def _kernels(**metrics) -> dict:
+    """ncu's parsed values for both kernels: metric=(v1 value, v3 value, unit) (a fixture, not a measurement)."""
+    names = {"read": "dram__bytes_read.sum", "written": "dram__bytes_write.sum", "ns": "gpu__time_duration.sum",
+             "pct": "dram__throughput.avg.pct_of_peak_sustained_elapsed"}
+    return {"status": "ok", "kernels": {
+        kernel: {names[m]: {"value": values[i], "unit": values[2]} for m, values in metrics.items()}
+        for i, kernel in enumerate(("rope_v1_kernel", "rope_v3_kernel"))}}
+
+
+def test_ncu_bytes_read_as_megabytes_and_durations_as_microseconds():
+    run = _run(_kernels(read=(276854016.0, 268435456.0, "byte"), ns=(372736.0, 188448.0, "ns")))
+    rows = {words: (v1, v3) for words, v1, v3 in tools_run.ncu_rows(run)}
+    assert rows["DRAM bytes read"] == ("276.9 MB", "268.4 MB")
+    assert rows["duration"] == ("372.7 µs", "188.4 µs")
+    scaled = _run(_kernels(read=(276.854016, 268.435456, "Mbyte"), ns=(372.736, 188.448, "usecond")))
+    assert tools_run.ncu_rows(scaled) == tools_run.ncu_rows(run)  # ncu's own unit scaling reads the same
+
+
+def test_the_models_residency_comes_from_the_registers_beside_ncus_occupancy():
+    """4-warp programs: 20 registers a thread leave the warp slots to bind (16 programs, all 64 warps); 40 leave room
+    for 65,536 / (40 x 128) = 12 programs, 48 warps, 75 % of the slots."""
+    run = _run({"status": "ok", "kernels": tools_run.parse_ncu_csv(NCU_CSV)})
+    assert tools_run.residency_rows(run) == [("v1", 20, 16, 64, 100.0, None), ("v3", 40, 12, 48, 75.0, 45.5)]
+
+
+def test_ncus_peak_is_recovered_from_its_own_bytes_duration_and_percentage():
+    # v1: 600 MB in 400 µs is 1500 GB/s, given as 50 % of peak: a 3000 GB/s peak; graph replay's 1200 GB/s is 40 %
+    run = _run(_kernels(read=(300e6, 300e6, "byte"), written=(300e6, 300e6, "byte"), ns=(400e3, 250e3, "ns"),
+                        pct=(50.0, 80.0, "%")))
+    (v1, ncu_us, graph_us, gbps, pct, peak, graph_pct), v3 = tools_run.dram_rows(run)
+    assert (v1, ncu_us, graph_us, gbps, pct, peak, graph_pct) == ("v1", 400.0, 200.0, 1500.0, 50.0, 3000.0, 40.0)
+    assert v3[5] == pytest.approx(3000.0) and v3[6] == pytest.approx(80.0)
+
+
+def test_without_ncu_there_is_no_dram_reading():
+    assert tools_run.dram_rows(_run({"status": "unavailable", "reason": "no ncu"})) == []
 
 
 def test_a_run_where_ncu_could_not_profile_says_why():

@@ -41,9 +41,10 @@ def _load(name: str, path: Path):
     return getattr(module, ex.entry)
 
 
-def _speed_lines(name: str, code, predicted: float | None = None) -> list[str]:
+def _speed_lines(name: str, code, predicted: float | None = None) -> tuple[list[str], bool]:
     """The speed exercise's % of the byte floor and its stretch target (timed on a GPU; said why not elsewhere), and
-    the grade of the reader's ``predicted`` % (on a CPU against the stored measurements)."""
+    the grade of the reader's ``predicted`` % (on a CPU against the stored measurements); and whether the kernel
+    was timed."""
     from . import speed
 
     lines = []
@@ -54,11 +55,11 @@ def _speed_lines(name: str, code, predicted: float | None = None) -> list[str]:
     if stretch.speed is not None:
         return [f"    % of the byte floor: {stretch.speed.pct_ceiling:.1f} % (copy ceiling "
                 f"{stretch.speed.ceiling_gbps:.0f} GB/s, measured in this run); stretch target "
-                f"{100 * speed.STRETCH:.0f} %: {'passed' if stretch.ok else 'not reached'}"] + lines
+                f"{100 * speed.STRETCH:.0f} %: {'passed' if stretch.ok else 'not reached'}"] + lines, True
     if not stretch.graded and "once the values are right" in stretch.message:
-        return lines
+        return lines, False
     return ["    % of the byte floor: needs a GPU (this machine graded correctness; --predict "
-            f"{name}=PCT grades your prediction against stored measurements)"] + lines
+            f"{name}=PCT grades your prediction against stored measurements)"] + lines, False
 
 
 def _predictions(pairs: list[str]) -> dict[str, float]:
@@ -91,11 +92,17 @@ def grade_all(folder: Path | None, predicted: dict[str, float] | None = None) ->
             code, where = _load(name, path), str(path)
         result = check(name, code)
         print(f"--- {name} ({where})\n{result}")
-        extra = _speed_lines(name, code, (predicted or {}).get(name)) if ex.notes.get("speed_shape") and result.ok \
-            else []
+        prediction = (predicted or {}).get(name)
+        extra, timed = [], False
+        if ex.notes.get("speed_shape") and (result.ok or result.diagnosis == "too_slow"):  # correct values
+            extra, timed = _speed_lines(name, code, prediction)
+        elif prediction is not None:
+            extra = [f"    prediction: not graded: the kernel failed its check ({result.diagnosis}); a prediction "
+                     "of its speed is graded once its values are right"]
         for line in extra:
             print(line)
-        verdict = ("PASSED" if result.ok else "needs a GPU" if result.diagnosis == "needs_gpu"
+        verdict = ("correct; speed not graded here (needs a GPU)" if result.ok and ex.notes.get("speed_shape")
+                   and not timed else "PASSED" if result.ok else "needs a GPU" if result.diagnosis == "needs_gpu"
                    else "not yet solved" if result.diagnosis == "not_solved" else f"FAILED ({result.diagnosis})")
         failed += not result.ok and result.diagnosis != "needs_gpu"
         rows.append((name, verdict, extra[0].strip() if extra else ""))

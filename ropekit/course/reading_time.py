@@ -5,11 +5,15 @@ tables, source listings the notebook renders, figures). Rates, chosen for techni
 
 * prose: 150 words a minute;
 * code, in cells or rendered as listings: 15 lines a minute;
-* printed output and tables: 40 lines a minute;
+* printed output: 40 lines a minute;
+* a table of results (a markdown table a cell displays): 10 rows a minute. A row is a measurement beside its model
+  and its neighbours, and the prose asks the reader to compare them: slower than a printed line;
 * a figure: half a minute.
 
 Exercises take longer than reading; the estimate per exercise is by kind: a Triton warm-up 10 minutes, a PyTorch
-function 15, a Triton kernel 30, a CUDA kernel 45 (a first-timer's pace, debugging included).
+function 15, a Triton kernel 30, a CUDA kernel 45 (a first-timer's pace, debugging included). An exercise with a speed
+target asks for more than a correct kernel, and adds 20 minutes: a prediction of the tile's speed from the model, its
+grade, and on a GPU the tuning to the target.
 
     python -m ropekit.course.reading_time              # the time column, one line per notebook
     python -m ropekit.course.reading_time --readme     # write it into README.md's course table
@@ -24,17 +28,20 @@ from pathlib import Path
 
 import nbformat
 
-__all__ = ["NotebookTime", "notebook_time", "course_times", "with_times", "README_ROW", "PROSE_WPM", "CODE_LPM", "OUTPUT_LPM", "FIGURE_MIN",
-           "EXERCISE_MIN", "NOTEBOOKS"]
+__all__ = ["NotebookTime", "notebook_time", "course_times", "with_times", "README_ROW", "PROSE_WPM", "CODE_LPM",
+           "OUTPUT_LPM", "TABLE_RPM", "FIGURE_MIN", "EXERCISE_MIN", "SPEED_MIN", "NOTEBOOKS"]
 
 PROSE_WPM = 150
 CODE_LPM = 15
 OUTPUT_LPM = 40
+TABLE_RPM = 10
 FIGURE_MIN = 0.5
 EXERCISE_MIN = {"warm-up": 10, "pytorch": 15, "triton": 30, "cuda": 45}
+SPEED_MIN = 20  # added to an exercise with a speed target
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 
 _FENCE = re.compile(r"```.*?```", re.S)
+_TABLE_RULE = re.compile(r"^\|[\s:|-]+\|$")  # a table's |---|---| line: no content
 # A row of the README's course table: | [title](notebooks/FILE.ipynb) | what you learn | time |
 README_ROW = re.compile(r"^(?P<head>\| \[[^\]]+\]\(notebooks/(?P<file>[^)]+\.ipynb)\) \|.*\|) (?P<time>[^|]+) \|$")
 
@@ -46,6 +53,7 @@ class NotebookTime:
     code_lines: int
     output_lines: int
     figures: int
+    table_rows: int
     exercises: tuple[str, ...]
     reading_min: float
     exercise_min: float
@@ -80,6 +88,13 @@ def _count_markdown(text: str) -> tuple[int, int]:
     return _words(_FENCE.sub(" ", text)), code
 
 
+def _table_rows(text: str) -> tuple[int, int]:
+    """(table rows with content, other non-blank lines) of a markdown text with its fenced blocks taken out."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    rows = [line for line in lines if line.startswith("|") and line.endswith("|")]
+    return sum(not _TABLE_RULE.match(row) for row in rows), len(lines) - len(rows)
+
+
 def _exercise_kind(ex) -> str:
     return "warm-up" if ex.title.lower().startswith("warm-up") else ex.language
 
@@ -90,7 +105,7 @@ def notebook_time(path) -> NotebookTime:
 
     path = Path(path)
     notebook = nbformat.read(path, as_version=4)
-    words = code = output = figures = 0
+    words = code = output = figures = tables = 0
     for cell in notebook.cells:
         if cell.cell_type == "markdown":
             w, c = _count_markdown(cell.source)
@@ -108,15 +123,17 @@ def notebook_time(path) -> NotebookTime:
                     figures += 1
                 elif "text/markdown" in data:
                     w, c = _count_markdown(data["text/markdown"])
-                    code += c
-                    output += _lines(_FENCE.sub(" ", data["text/markdown"]))
+                    rows, other = _table_rows(_FENCE.sub(" ", data["text/markdown"]))
+                    code, tables, output = code + c, tables + rows, output + other
                 elif "text/plain" in data:
                     output += _lines(data["text/plain"])
     number = path.name.split("_")[0]
     names = tuple(name for name in exercises.names() if name.split("_")[0] == number)
-    doing = sum(EXERCISE_MIN[_exercise_kind(exercises.exercise(name))] for name in names)
-    reading = words / PROSE_WPM + code / CODE_LPM + output / OUTPUT_LPM + figures * FIGURE_MIN
-    return NotebookTime(path.stem, words, code, output, figures, names, reading, float(doing))
+    doing = sum(EXERCISE_MIN[_exercise_kind(exercises.exercise(name))]
+                + (SPEED_MIN if exercises.exercise(name).notes.get("speed_shape") else 0) for name in names)
+    reading = (words / PROSE_WPM + code / CODE_LPM + output / OUTPUT_LPM + tables / TABLE_RPM
+               + figures * FIGURE_MIN)
+    return NotebookTime(path.stem, words, code, output, figures, tables, names, reading, float(doing))
 
 
 def course_times(folder=NOTEBOOKS) -> dict[str, NotebookTime]:
@@ -147,6 +164,7 @@ if __name__ == "__main__":
         readme.write_text(with_times(readme.read_text(), times))
     for name, t in times.items():
         print(f"{name:34s} {t.column():40s} prose {t.prose_words} words, code {t.code_lines} lines, "
-              f"output {t.output_lines} lines, {t.figures} figures, {len(t.exercises)} exercises")
+              f"output {t.output_lines} lines, {t.table_rows} table rows, {t.figures} figures, "
+              f"{len(t.exercises)} exercises")
     total = sum(_round5(t.reading_min) + _round5(t.exercise_min) for t in times.values())
     print(f"course: {total} min ({total / 60:.1f} h)")

@@ -234,6 +234,10 @@ def _not_correct(name: str, kernel) -> SpeedGrade | None:
     return SpeedGrade(False, False, f"Speed is timed once the values are right; the check says:\n{result}")
 
 
+_ASK = ("Write your own prediction (the % of the copy ceiling you expect your tile to reach; notebook 04's model, and "
+        "where it missed, are your guide) to have it graded.")
+
+
 def grade_prediction(name: str, kernel, predicted_pct: float | None, *, timer=None,
                      data: Path | str | None = None) -> SpeedGrade:
     """Grade the reader's prediction of the % of the copy ceiling their kernel's tile reaches on the stated shape.
@@ -242,24 +246,31 @@ def grade_prediction(name: str, kernel, predicted_pct: float | None, *, timer=No
     measurements of the solution's kernel at the same tile on each GPU of :data:`GPUS` (``data``: the file, default
     :data:`REFERENCE_DATA`); a GPU without a stored run says so and grades nothing. Right means within
     :data:`PREDICTION_TOLERANCE` points of every measurement; the model's prediction and error are shown beside.
+    With ``predicted_pct`` None the model's prediction stands in, graded the same way and labelled as the model's:
+    how far off the model is, and a prompt to write one's own.
     """
     from .exercises import exercise, tile_of
 
     shape = exercise(name).notes["speed_shape"]
-    if predicted_pct is None:
-        return SpeedGrade(False, False, "Write your prediction first: the % of the copy ceiling you expect your tile "
-                                        "to reach (notebook 04's model, and where it missed, are your guide).")
     tile = tile_of(kernel)
+    by_model = predicted_pct is None
     if timer is not None or torch.cuda.is_available():
         model = model_pct(tile, shape)
         wrong = _not_correct(name, kernel)
         if wrong is not None:
             return wrong
         measured = grade_exercise(name, kernel, timer=timer).speed
-        error = predicted_pct - measured.pct_ceiling
+        predicted = model if by_model else predicted_pct
+        error = predicted - measured.pct_ceiling
         ok = abs(error) <= PREDICTION_TOLERANCE
+        verdict = "Right" if ok else "Off"
+        if by_model:
+            return SpeedGrade(True, ok, (
+                f"{verdict}: the model predicted {model:.0f} % (no prediction of yours was given: the model's "
+                f"stands in), the kernel measured {measured.pct_ceiling:.1f} % of the copy ceiling now "
+                f"({error:+.1f} points; within {PREDICTION_TOLERANCE:.0f} is right). {_ASK}"), measured)
         return SpeedGrade(True, ok, (
-            f"{'Right' if ok else 'Off'}: you predicted {predicted_pct:.0f} %, your kernel measured "
+            f"{verdict}: you predicted {predicted_pct:.0f} %, your kernel measured "
             f"{measured.pct_ceiling:.1f} % of the copy ceiling now ({error:+.1f} points; within "
             f"{PREDICTION_TOLERANCE:.0f} is right). The model predicted {model:.0f} % "
             f"({model - measured.pct_ceiling:+.1f} points)."), measured)
@@ -275,18 +286,22 @@ def grade_prediction(name: str, kernel, predicted_pct: float | None, *, timer=No
             lines.append(f"{gpu}: your tile ({tile[0]} × {tile[1]}, {tile[2]} warps) is not among the measured "
                          f"reference tiles ({tiles}): choose one of them to have the prediction graded here.")
         else:
-            error = predicted_pct - row["pct_ceiling"]
-            errors.append(error)
             model = model_pct(tile, shape, gpu_model(gpu, runs))
+            error = (model if by_model else predicted_pct) - row["pct_ceiling"]
+            errors.append(error)
             lines.append(f"{gpu} ({run['device']}): the solution's kernel at your tile measured "
-                         f"{row['pct_ceiling']:.1f} %; you predicted {predicted_pct:.0f} % ({error:+.1f} points), the "
-                         f"model {model:.0f} % ({model - row['pct_ceiling']:+.1f} points).")
+                         f"{row['pct_ceiling']:.1f} %; " + (
+                             f"the model predicted {model:.0f} % ({error:+.1f} points)." if by_model else
+                             f"you predicted {predicted_pct:.0f} % ({error:+.1f} points), the model {model:.0f} % "
+                             f"({model - row['pct_ceiling']:+.1f} points)."))
     graded = bool(errors)
     ok = graded and all(abs(e) <= PREDICTION_TOLERANCE for e in errors)
     verdict = ("Right" if ok else "Off") if graded else "Not graded"
-    words = (f"{verdict}: your prediction against the stored measurements (within {PREDICTION_TOLERANCE:.0f} points "
+    whose = ("the model's prediction (no prediction of yours was given: the model's stands in)" if by_model
+             else "your prediction")
+    words = (f"{verdict}: {whose} against the stored measurements (within {PREDICTION_TOLERANCE:.0f} points "
              "is right; a kernel written differently from the solution may differ from it at the same tile).\n"
-             + "\n".join(lines))
+             + "\n".join(lines) + (f"\n{_ASK}" if by_model else ""))
     if runs:
         words += "\n\nThe model against every stored reference tile:\n" + reference_table(shape, runs)
     return SpeedGrade(graded, ok, words)

@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 
 __all__ = ["SHAPE", "AUTOTUNE_TILES", "NCU_METRICS", "ptx_loads", "parse_ncu_csv", "load", "resources_rows",
-           "ptx_rows", "timing_rows", "ncu_rows", "autotune_rows", "run_ncu", "main"]
+           "ptx_rows", "timing_rows", "ncu_rows", "residency_rows", "dram_rows", "autotune_rows", "run_ncu", "main"]
 
 SHAPE = (4, 4096, 32, 128)  # (batch, seq, heads, head_dim), float32
 AUTOTUNE_TILES = ((1, 4, 4), (2, 4, 4), (4, 4, 4), (8, 4, 4), (16, 4, 4), (4, 2, 4), (4, 8, 4), (4, 4, 8))
@@ -112,19 +112,78 @@ def timing_rows(run: dict) -> list[tuple]:
     return [(k, t["time_us"], t["pct_ceiling"], t["predicted_pct"]) for k, t in run["timing"].items()]
 
 
+# ncu scales its units to the value unless told otherwise: each in bytes or nanoseconds
+_BYTES = {"byte": 1.0, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9}
+_NANOSECONDS = {"ns": 1.0, "nsecond": 1.0, "us": 1e3, "usecond": 1e3, "ms": 1e6, "msecond": 1e6}
+
+
+def _base(entry: dict) -> float:
+    """An ncu value in bytes, nanoseconds, or as given (%)."""
+    return entry["value"] * _BYTES.get(entry["unit"], _NANOSECONDS.get(entry["unit"], 1.0))
+
+
+def _quantity(entry: dict | None) -> str:
+    """An ncu value in the units the notebooks use: bytes in MB, times in µs."""
+    if entry is None:
+        return "—"
+    if entry["unit"] in _BYTES:
+        return f"{_base(entry) / 1e6:,.1f} MB"
+    if entry["unit"] in _NANOSECONDS:
+        return f"{_base(entry) / 1e3:,.1f} µs"
+    return f"{entry['value']:,.1f} {entry['unit']}".strip()
+
+
 def ncu_rows(run: dict) -> list[tuple] | str:
     """(metric words, v1 value with unit, v3 value with unit), or the reason ncu did not run."""
     ncu = run["ncu"]
     if ncu.get("status") != "ok":
         return ncu.get("reason", "ncu did not run")
     kernels = ncu["kernels"]
+    return [(words, *(_quantity(kernels.get(kernel, {}).get(metric)) for kernel in KERNELS))
+            for metric, words in NCU_METRICS.items()]
+
+
+def _ncu_value(run: dict, name: str, metric: str) -> float | None:
+    if run["ncu"].get("status") != "ok":
+        return None
+    entry = run["ncu"]["kernels"].get(f"rope_{name}_kernel", {}).get(metric)
+    return _base(entry) if entry else None
+
+
+def residency_rows(run: dict) -> list[tuple]:
+    """(kernel, registers a thread, programs an SM holds by the model, their warps, those warps as a % of the SM's
+    warp slots, ncu's achieved occupancy in % or None). The model's residency (``perf_model.resident_programs``) on
+    the limits the H100 and H200 share: 64 warp slots, 32 programs, 65,536 registers an SM."""
+    from . import perf_model
+
+    device = perf_model.ASSUMED_H100
     rows = []
-    for metric, words in NCU_METRICS.items():
-        cells = []
-        for kernel in KERNELS:
-            entry = kernels.get(kernel, {}).get(metric)
-            cells.append(f"{entry['value']:,.1f} {entry['unit']}".strip() if entry else "—")
-        rows.append((words, *cells))
+    for name, resources in run["resources"].items():
+        launch = perf_model.Launch(programs=10**6, num_warps=resources["num_warps"], bytes_in_flight_per_program=0,
+                                   registers_per_thread=resources["n_regs"])
+        programs = perf_model.resident_programs(launch, device)
+        warps = programs * resources["num_warps"]
+        rows.append((name, resources["n_regs"], programs, warps, 100.0 * warps / device.max_warps_per_sm,
+                     _ncu_value(run, name, "sm__warps_active.avg.pct_of_peak_sustained_active")))
+    return rows
+
+
+def dram_rows(run: dict) -> list[tuple]:
+    """What ncu's DRAM counters say against the graph-replay clock, per kernel: (kernel, ncu's µs, graph replay's µs,
+    ncu's DRAM GB/s (bytes read + written over its duration), ncu's % of peak, the peak that % implies in GB/s, the
+    graph replay's GB/s as a % of that peak). Empty when ncu did not run."""
+    rows = []
+    for name, timing in run["timing"].items():
+        values = [_ncu_value(run, name, metric) for metric in ("dram__bytes_read.sum", "dram__bytes_write.sum",
+                                                                "gpu__time_duration.sum",
+                                                                "dram__throughput.avg.pct_of_peak_sustained_elapsed")]
+        if None in values:
+            continue
+        read, written, duration_ns, pct_of_peak = values
+        gbps = (read + written) / duration_ns
+        peak = 100.0 * gbps / pct_of_peak
+        rows.append((name, duration_ns / 1e3, timing["time_us"], gbps, pct_of_peak, peak,
+                     100.0 * timing["gbps"] / peak))
     return rows
 
 

@@ -2,7 +2,9 @@
 
 The check runs the kernel on small cases whose slots are shuffled over the cache and include -1 (padding). Every
 output starts as a poison value, and the caches sit inside a larger buffer with guard rows on both sides, so that a
-store for a -1 slot (the row before the cache) or past the end shows. It then compares q, the written cache rows and
+store for a -1 slot (the row before the cache) or past the end shows. The guard after a cache holds every row the
+launch's head lanes can address (a slot's row taken ``BLOCK_H`` heads long), so a row-length mistake lands in it, at a
+place the checker fixed, not beside whatever tensor the allocator placed after the cache. It then compares q, the written cache rows and
 everything else against the float64 reference (:mod:`ropekit.reference`) and names the first mistake it recognises.
 """
 
@@ -60,6 +62,14 @@ def launch_rope_cache(kernel, q, k, v, cos, sin, positions, slots, q_out, k_cach
                       HEAD_DIM=head_dim, BLOCK_H=block_h)
 
 
+def _guard_rows_after(case: PagedCase) -> int:
+    """Poison rows after a cache: :data:`GUARD_SLOTS`, plus what it takes for slot rows ``BLOCK_H`` heads long (the
+    most heads the launch's lanes address) to end inside the buffer."""
+    n_slots = case.num_blocks * case.block_size
+    block_h = triton.next_power_of_2(max(case.heads_q, case.heads_kv))
+    return GUARD_SLOTS + -(-n_slots * block_h // case.heads_kv) - n_slots
+
+
 def _run(kernel, case: PagedCase, device):
     g = torch.Generator().manual_seed(case.seed)
     t = len(case.positions)
@@ -69,8 +79,8 @@ def _run(kernel, case: PagedCase, device):
     positions = torch.tensor(case.positions, device=device)
     slots = torch.tensor(case.slots, device=device)
     n_slots = case.num_blocks * case.block_size
-    buffers = [torch.full((n_slots + 2 * GUARD_SLOTS, case.heads_kv, case.head_dim), POISON, device=device)
-               for _ in range(2)]
+    buffers = [torch.full((GUARD_SLOTS + n_slots + _guard_rows_after(case), case.heads_kv, case.head_dim), POISON,
+                          device=device) for _ in range(2)]
     k_cache, v_cache = (b[GUARD_SLOTS:GUARD_SLOTS + n_slots].view(case.num_blocks, case.block_size, case.heads_kv,
                                                                   case.head_dim) for b in buffers)
     q_out = torch.full_like(q, POISON)
@@ -116,7 +126,7 @@ def _finding(case: PagedCase, r) -> Finding:
         for token, slot in enumerate(slots):
             if slot >= 0:
                 expect[GUARD_SLOTS + slot] = ref[token]
-        inside = slice(GUARD_SLOTS, buffer.shape[0] - GUARD_SLOTS)
+        inside = slice(GUARD_SLOTS, GUARD_SLOTS + case.num_blocks * case.block_size)
         if (buffer[:GUARD_SLOTS] != POISON).any():
             return Finding("out_of_bounds", f"{name}: a row before the cache was written. A token with slot -1 "
                                             "is padding: it writes nothing (put the cache stores inside `if slot >= 0:`).")
@@ -165,9 +175,9 @@ def _finding(case: PagedCase, r) -> Finding:
 
 def _cache_row_hint(error: BaseException, finding: Finding) -> Finding:
     """A store stopped outside every tensor (under the interpreter) most often comes from a slot's row start: say how
-    long a row of the cache is. Where the stray lanes land says little (past a cache's end, the nearest tensor is
-    whichever the allocator placed there), so only a store nearest Q_OUT, the one output that is no cache, goes
-    without the hint."""
+    long a row of the cache is. A row up to ``BLOCK_H`` heads long lands in the cache's own guard (:func:`_run`), so
+    what gets here went further, and the nearest tensor is whichever the allocator placed there: only a store nearest
+    Q_OUT, the one output that is no cache, goes without the hint."""
     stopped = fence.stopped(error)
     if stopped is None or stopped.kind != "store" or "q_out" in stopped.where.lower():
         return finding
