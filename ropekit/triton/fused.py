@@ -121,10 +121,6 @@ class Types(NamedTuple):
     EVICT: str
 
 
-# the cache write of q's programs: none
-_NO_CACHE = tl.constexpr(CacheWrite(0, False, 1, 1, NO_QUANT))
-
-
 # --------------------------------------------------------------------------------------------------------------------
 # Device code shared by both kernels.
 # --------------------------------------------------------------------------------------------------------------------
@@ -178,11 +174,11 @@ def _forward_heads(
     # first_head, of n_heads; the kernel's sizes
     tokens, first_head, n_heads, sizes,
     HEAD: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, POSITION: tl.constexpr, NORM: tl.constexpr,
-    WRITE_OUT: tl.constexpr, WRITE_TAIL: tl.constexpr, CACHE: tl.constexpr, OUT_QUANT: tl.constexpr,
-    TYPES: tl.constexpr,
+    WRITE_OUT: tl.constexpr, WRITE_TAIL: tl.constexpr, CACHE: tl.constexpr, TO_CACHE: tl.constexpr,
+    OUT_QUANT: tl.constexpr, TYPES: tl.constexpr,
 ):
     """BLOCK_S tokens x BLOCK_H heads of q, or of k with the same heads of v: normalise, rotate, store to the output
-    and/or the cache (and v to the v cache)."""
+    and/or (TO_CACHE: k's programs) write the cache as CACHE says (and v to the v cache)."""
     X, x_strides = x
     OUT, out_strides = out[0], out[1]
     pid_s, pid_b, first, seq_len, batch_index = tokens
@@ -190,6 +186,8 @@ def _forward_heads(
     eps, weight_offset = norm
     MATH_DTYPE: tl.constexpr = TYPES.MATH_DTYPE
     EVICT: tl.constexpr = TYPES.EVICT
+    CACHE_MODE: tl.constexpr = CACHE.MODE if TO_CACHE else 0
+    HAS_V: tl.constexpr = CACHE.HAS_V if TO_CACHE else False
     s_local, token_rows, token_mask = _token_block(first, seq_len, pid_s, n_tokens, BLOCK_S, TYPES.INDEX_DTYPE)
     heads = (first_head + tl.arange(0, BLOCK_H)).to(TYPES.INDEX_DTYPE)
     head_mask = heads < n_heads
@@ -199,7 +197,7 @@ def _forward_heads(
     # the store, not the load, honours -1.)
     x_a, x_b, x_t = load_head(X, _rows(x_strides, batch_index, token_rows, heads), mask, x_strides[3], HEAD, BLOCK_S,
                               BLOCK_H, MATH_DTYPE, EVICT)
-    if CACHE.HAS_V:
+    if HAS_V:
         V, v_strides = v
         v_channels = tl.arange(0, CACHE.BLOCK_V)
         rows_v = _rows(v_strides, batch_index, token_rows, heads)
@@ -208,9 +206,9 @@ def _forward_heads(
                            eviction_policy=EVICT)
     cos_a, sin_a, cos_b, sin_b = _angles(angles, positions, pid_b, batch_index, s_local, token_rows, token_mask, HEAD,
                                          POSITION, False, MATH_DTYPE)
-    if CACHE.MODE != 0:
+    if CACHE_MODE != 0:
         token = token_rows if POSITION.IS_VARLEN else pid_b.to(tl.int64) * seqlen + s_local
-        cache_block, cache_row, cache_mask = cache_slot(cache_rows, token, s_local, pid_b, token_mask, CACHE.MODE)
+        cache_block, cache_row, cache_mask = cache_slot(cache_rows, token, s_local, pid_b, token_mask, CACHE_MODE)
     if NORM[0] != NORM_NONE_C:
         w_a, w_b, w_t = norm_weights(weight, heads, head_mask, weight_offset, NORM, HEAD, MATH_DTYPE)
     if NORM[0] == NORM_BEFORE_C:
@@ -223,7 +221,7 @@ def _forward_heads(
         out_scale = head_scale(out, None, None, heads, mask, y_a, y_b, x_t, HEAD, OUT_QUANT)
         store_head(OUT, _rows(out_strides, batch_index, token_rows, heads), mask, y_a, y_b, x_t, out_strides[3],
                    out_scale, HEAD, BLOCK_S, BLOCK_H, WRITE_TAIL, OUT_QUANT, EVICT, False)
-    if CACHE.MODE != 0:
+    if CACHE_MODE != 0:
         c_mask = cache_mask[:, None] & head_mask[None, :]
         c_heads = heads.to(tl.int64)
         # the quantising store's scale: read, or (PER_TOKEN_HEAD) the head vector's absolute maximum over the
@@ -233,7 +231,7 @@ def _forward_heads(
         K_CACHE, k_cache_strides = k_cache[0], k_cache[1]
         store_head(K_CACHE, _rows(k_cache_strides, cache_block[:, None], cache_row, c_heads), c_mask, y_a, y_b, x_t,
                    k_cache_strides[3], k_scale, HEAD, BLOCK_S, BLOCK_H, True, CACHE.QUANT, EVICT, False)
-        if CACHE.HAS_V:
+        if HAS_V:
             # v passes through: its head vectors as one "tail" of V_DIM channels
             v_channel_mask = (v_channels < CACHE.V_DIM)[None, None, :]
             v_mask = c_mask[:, :, None] & v_channel_mask
@@ -300,11 +298,11 @@ def fused_forward_kernel(
     if pid_h < n_head_blocks_q:
         _forward_heads(q, out_q, v, k_cache, v_cache, cache_rows, q_weight, norm, angles, positions, tokens,
                        pid_h * BLOCK_H, n_heads_q, sizes, HEAD, BLOCK_S, BLOCK_H, POSITION, NORM, WRITE.Q, WRITE.TAIL,
-                       _NO_CACHE, OUT_QUANT, TYPES)
+                       CACHE, False, OUT_QUANT, TYPES)
     elif HAS_K:
         _forward_heads(k, out_k, v, k_cache, v_cache, cache_rows, k_weight, norm, angles, positions, tokens,
                        (pid_h - n_head_blocks_q) * BLOCK_HK, n_heads_k, sizes, HEAD, BLOCK_S, BLOCK_HK, POSITION, NORM,
-                       WRITE.K, WRITE.TAIL, CACHE, STORE_PLAIN, TYPES)
+                       WRITE.K, WRITE.TAIL, CACHE, True, STORE_PLAIN, TYPES)
 
 
 # --------------------------------------------------------------------------------------------------------------------
