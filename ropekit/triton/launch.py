@@ -121,16 +121,31 @@ def _assembler(arguments: list, n_values: int, defaults: tuple):
     loop that rebuilds them costs about a microsecond a decode call more (docs/tuning.md#direct-launch)."""
     constants: list = []
 
-    def expression(value) -> str:
-        if isinstance(value, _PerCall):
-            return f"v{value.index}"
-        if isinstance(value, tuple) and _holds_per_call(value):
-            return "(" + "".join(expression(item) + ", " for item in value) + ")"
-        constants.append(value)
-        return f"c[{len(constants) - 1}]"
-    body = ", ".join(expression(value) for value in arguments)
+    def items(values) -> str:
+        """The values as the items of a tuple display: per-call values by name, tuples holding one rebuilt, the
+        others read from ``c``; a long run of them spliced in as one prebuilt tuple (a splice costs more than a few
+        reads)."""
+        parts, run = [], []
+
+        def flush():
+            if len(run) >= 4:
+                constants.append(tuple(run))
+                parts.append(f"*c[{len(constants) - 1}]")
+            for value in run if len(run) < 4 else ():
+                constants.append(value)
+                parts.append(f"c[{len(constants) - 1}]")
+            run.clear()
+        for value in values:
+            if _holds_per_call(value):
+                flush()
+                parts.append(f"v{value.index}" if isinstance(value, _PerCall) else "(" + items(value) + ")")
+            else:
+                run.append(value)
+        flush()
+        return "".join(part + ", " for part in parts)
+    body = items(arguments)
     parameters = ", ".join(f"v{i}=d[{i}]" for i in range(n_values))
-    return _factory(f"lambda c, d: lambda {parameters}: ({body},)")(tuple(constants), defaults)
+    return _factory(f"lambda c, d: lambda {parameters}: ({body})")(tuple(constants), defaults)
 
 
 def _holds_per_call(value) -> bool:
