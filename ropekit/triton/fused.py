@@ -7,29 +7,38 @@ Two kernels, one algorithm each, as in Triton's layer-norm tutorial:
 * :func:`fused_forward_kernel` normalises (``NORM = (place, weighted, over_heads)``: an RMSNorm of each head vector
   before the rotation, Qwen3's and Gemma 3's QK-norm, or after it, Llama 4's; with weights or without; the weight
   offset, 0 or Gemma's 1, is a runtime float; or of all heads of a token together, OLMo-2's, a program then holding
-  every head of its tokens), rotates, stores the outputs (``WRITE_Q``/``WRITE_K``: an engine may only want the
-  cache; ``WRITE_TAIL``: the channels past ``ROTARY_DIM`` too, out of place or normalised) and writes k and v into
-  a cache (``CACHE`` 0: none, 1: a contiguous ``(batch, max_seq, heads, dim)`` cache at per-sequence offsets, 2: a paged
+  every head of its tokens), rotates, stores the outputs (``WRITE``: q's, k's (an engine may only want the cache),
+  the channels past ``ROTARY_DIM`` too, out of place or normalised) and writes k and v into a cache (``CACHE.MODE``
+  0: none, 1: a contiguous ``(batch, max_seq, heads, dim)`` cache at per-sequence offsets, 2: a paged
   ``(num_blocks, block_size, heads, dim)`` cache addressed by a slot per token, -1 skips, 3: the same cache addressed
   through a page table, a request and a position per token; the address map is ``fused_tiles.cache_slot``, and
-  where the head axis lies is the cache's strides; ``HAS_V``: v's head vectors copied untouched; ``QUANT``: the
-  quantising store, a constexpr tuple (format: the cache's dtype, float8 e4m3 or e5m2, int8, NVFP4; scales: per
-  tensor, per kv head, or per (token, head) computed from the rotated head vector and written beside the cache, or
-  NVFP4's e4m3 scale per 16 channels written beside it over a global scale; the GPU's float8 conversion instruction
-  or integer arithmetic, the same bits), see :mod:`ropekit.triton.fused_tiles`).
+  where the head axis lies is the cache's strides; ``CACHE.HAS_V``: v's head vectors copied untouched;
+  ``CACHE.QUANT``: the quantising store, a constexpr tuple (format: the cache's dtype, float8 e4m3 or e5m2, int8,
+  NVFP4; scales: per tensor, per kv head, or per (token, head) computed from the rotated head vector and written
+  beside the cache, or NVFP4's e4m3 scale per 16 channels written beside it over a global scale; the GPU's float8
+  conversion instruction or integer arithmetic, the same bits), see :mod:`ropekit.triton.fused_tiles`).
 * :func:`fused_backward_kernel` turns the incoming gradient by -θ and pushes it through the norm (a norm after the
-  rotation: through the norm, then by -θ); each program sums its weight-gradient terms over ``TOKEN_BLOCKS`` token
-  blocks, then adds them into ``DW``'s row for q or for k (``DW_ATOMIC``) or stores them in a row of its own.
+  rotation: through the norm, then by -θ); each program sums its weight-gradient terms over ``TILE.TOKEN_BLOCKS``
+  token blocks, then adds them into the weight gradient's row for q or for k (``DW_ATOMIC``) or stores them in a
+  row of its own.
 
 Pairing, partial rotary, every position form, varlen and per-token cos/sin rows are v4's switches, read through v4's
 helpers (``_cos_sin``, ``_rotate``); the tile loads and stores are :mod:`ropekit.triton.fused_tiles`.
 
-Grid: (token groups, head blocks of q then of k, batch or sequence); with ``HEADS_INNER`` the first two axes are one,
-head blocks inner, so that the q programs and the (heavier) k + v programs of a token group run side by side. A group
-is one block of ``BLOCK_S`` tokens, or in the backward ``TOKEN_BLOCKS`` of them. q's head blocks hold ``BLOCK_H``
-heads and k's ``BLOCK_HK``, no more than k has. A program reads its rows of q (or of k and the same heads of v) once
-and writes each output once: the byte floor of the fused step. ``EVICT`` is the cache hint on activation loads and on
-stores (streaming: each byte is touched once).
+The arguments travel in groups, as their comments in the signatures say: a tensor with its strides, ``(tensor,
+strides)``; an output or a cache as a store with its scales (``fused_tiles``); the cache's address map; the angles
+with the table's length; the positions with their strides, the packed sequences' starts and the offset. The
+compile-time switches are grouped too, in named tuples read by field (``HEAD.ROTARY_DIM``, ``TILE.BLOCK_S``): the
+head vector (:class:`~ropekit.triton.fused_tiles.Head`), the tile (:class:`Tile`), the positions' form
+(:class:`PositionForm`), the outputs (:class:`Writes`), the cache write (:class:`CacheWrite`), the types
+(:class:`Types`). A plan names a per-call tensor by its group and its place in it (:data:`FORWARD_PER_CALL`).
+
+Grid: (token groups, head blocks of q then of k, batch or sequence); with ``TILE.HEADS_INNER`` the first two axes are
+one, head blocks inner, so that the q programs and the (heavier) k + v programs of a token group run side by side. A
+group is one block of ``TILE.BLOCK_S`` tokens, or in the backward ``TILE.TOKEN_BLOCKS`` of them. q's head blocks hold
+``TILE.BLOCK_H`` heads and k's ``TILE.BLOCK_HK``, no more than k has. A program reads its rows of q (or of k and the
+same heads of v) once and writes each output once: the byte floor of the fused step. ``TYPES.EVICT`` is the cache
+hint on activation loads and on stores (streaming: each byte is touched once).
 
 The host side: :func:`fused_config_for` is the launch choice, :func:`plan_fused` makes a plan (a
 :class:`~ropekit.triton.launch.KernelLaunch`, or a :class:`FusedBackward` around one) once per call signature, and
@@ -565,8 +574,9 @@ def _reach_fits_int32(*tensors) -> bool:
 
 class FusedBackward:
     """A planned backward launch: allocates the weight-gradient rows a call's programs write, launches, and sums
-    them. Called with :data:`BACKWARD_PER_CALL`'s tensors but ``DW``; returns ``(dw_q, dw_k)`` in the math dtype, of
-    ``dw_lengths`` values (the weights' lengths: head_dim each, or over all heads q's and k's heads x head_dim)."""
+    them. Called with :data:`BACKWARD_PER_CALL`'s tensors but the weight gradient's rows; returns ``(dw_q, dw_k)``
+    in the math dtype, of ``dw_lengths`` values (the weights' lengths: head_dim each, or over all heads q's and k's
+    heads x head_dim)."""
 
     __slots__ = ("launch", "dw_shape", "dw_dtype", "dw_zeroed", "dw_atomic", "n_blocks_q", "dw_lengths")
 
