@@ -156,11 +156,9 @@ def _angles(angles, positions, pid_b, batch_index, s_local, token_rows, token_ma
             POSITION: tl.constexpr, CONJUGATE: tl.constexpr, MATH_DTYPE: tl.constexpr):
     """cos and sin of each token's pairs (v4's ``_cos_sin``), as [BLOCK_S, 1, BLOCK_HALF] tiles shared by the heads;
     CONJUGATE: of -θ."""
-    COS, SIN, cos_strides, table_len = angles
-    POSITIONS, position_strides, position_offset = positions[0], positions[1], positions[3]
     cos_a, sin_a, cos_b, sin_b = _cos_sin(
-        COS, SIN, POSITIONS, pid_b, batch_index, s_local, token_rows, token_mask, table_len, position_offset,
-        cos_strides, position_strides, HEAD.ROTARY_DIM, HEAD.BLOCK_HALF, HEAD.INTERLEAVED, POSITION.MODE,
+        angles[0], angles[1], positions[0], pid_b, batch_index, s_local, token_rows, token_mask, angles[3],
+        positions[3], angles[2], positions[1], HEAD.ROTARY_DIM, HEAD.BLOCK_HALF, HEAD.INTERLEAVED, POSITION.MODE,
         POSITION.COS_PER_TOKEN, CONJUGATE, MATH_DTYPE)
     return cos_a[:, None, :], sin_a[:, None, :], cos_b[:, None, :], sin_b[:, None, :]
 
@@ -356,9 +354,11 @@ def _backward_heads(
     heads = (first_head + tl.arange(0, BLOCK_H)).to(TYPES.INDEX_DTYPE)
     head_mask = heads < n_heads
     w_a, w_b, w_t = norm_weights(weight, heads, head_mask, weight_offset, NORM, HEAD, MATH_DTYPE)
-    acc_a = tl.zeros([BLOCK_S, BLOCK_H, HEAD.BLOCK_HALF], dtype=MATH_DTYPE)
-    acc_b = tl.zeros([BLOCK_S, BLOCK_H, HEAD.BLOCK_HALF], dtype=MATH_DTYPE)
-    acc_t = tl.zeros([BLOCK_S, BLOCK_H, HEAD.BLOCK_TAIL], dtype=MATH_DTYPE)
+    BLOCK_HALF: tl.constexpr = HEAD.BLOCK_HALF  # (a shape's extents are constexprs, not fields)
+    BLOCK_TAIL: tl.constexpr = HEAD.BLOCK_TAIL
+    acc_a = tl.zeros([BLOCK_S, BLOCK_H, BLOCK_HALF], dtype=MATH_DTYPE)
+    acc_b = tl.zeros([BLOCK_S, BLOCK_H, BLOCK_HALF], dtype=MATH_DTYPE)
+    acc_t = tl.zeros([BLOCK_S, BLOCK_H, BLOCK_TAIL], dtype=MATH_DTYPE)
     for i in tl.range(TOKEN_BLOCKS, num_stages=TILE.STAGES):
         s_local, token_rows, token_mask = _token_block(first, seq_len, pid_s * TOKEN_BLOCKS + i, n_tokens, BLOCK_S,
                                                        TYPES.INDEX_DTYPE)

@@ -252,7 +252,8 @@ def store_head(OUT, rows, mask, y_a, y_b, y_t, stride_d, scale, HEAD: tl.constex
     OUT holds."""
     if HEAD.INTERLEAVED:
         channels = tl.arange(0, 2 * HEAD.BLOCK_HALF)
-        y = tl.reshape(tl.join(y_a, y_b), [BLOCK_S, BLOCK_H, 2 * HEAD.BLOCK_HALF])
+        CHANNELS: tl.constexpr = 2 * HEAD.BLOCK_HALF  # (a shape's extents are constexprs, not fields)
+        y = tl.reshape(tl.join(y_a, y_b), [BLOCK_S, BLOCK_H, CHANNELS])
         store_channels(OUT, rows, channels, y, mask[:, :, None] & (channels < HEAD.ROTARY_DIM)[None, None, :],
                        stride_d, scale, QUANT, EVICT, ATOMIC)
     else:
@@ -326,7 +327,8 @@ def load_head(X, rows, mask, stride_d, HEAD: tl.constexpr, BLOCK_S: tl.constexpr
         x_t = tl.load(X + rows[:, :, None] + tail[None, None, :] * stride_d, mask=tail_mask, other=0.0,
                       eviction_policy=EVICT).to(MATH_DTYPE)
     else:  # full rotary: no tail, no masked access issued for one
-        x_t = tl.zeros([BLOCK_S, BLOCK_H, HEAD.BLOCK_TAIL], dtype=MATH_DTYPE)
+        BLOCK_TAIL: tl.constexpr = HEAD.BLOCK_TAIL  # (a shape's extents are constexprs, not fields)
+        x_t = tl.zeros([BLOCK_S, BLOCK_H, BLOCK_TAIL], dtype=MATH_DTYPE)
     return x_a, x_b, x_t
 
 
