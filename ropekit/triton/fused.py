@@ -13,7 +13,7 @@ Two kernels, one algorithm each, as in Triton's layer-norm tutorial:
   ``(num_blocks, block_size, heads, dim)`` cache addressed by a slot per token, -1 skips, 3: the same cache addressed
   through a page table, a request and a position per token; the address map is ``fused_tiles.cache_slot``, and
   where the head axis lies is the cache's strides; ``CACHE.HAS_V``: v's head vectors copied untouched;
-  ``CACHE.QUANT``: the quantising store, a constexpr tuple (format: the cache's dtype, float8 e4m3 or e5m2, int8,
+  ``QUANT``: the quantising store, a constexpr tuple (format: the cache's dtype, float8 e4m3 or e5m2, int8,
   NVFP4; scales: per tensor, per kv head, or per (token, head) computed from the rotated head vector and written
   beside the cache, or NVFP4's e4m3 scale per 16 channels written beside it over a global scale; the GPU's float8
   conversion instruction or integer arithmetic, the same bits), see :mod:`ropekit.triton.fused_tiles`).
@@ -195,6 +195,7 @@ def _forward_heads(
     EVICT: tl.constexpr = TYPES.EVICT
     CACHE_MODE: tl.constexpr = CACHE.MODE if TO_CACHE else 0
     HAS_V: tl.constexpr = CACHE.HAS_V if TO_CACHE else False
+    QUANT: tl.constexpr = CACHE.QUANT
     s_local, token_rows, token_mask = _token_block(first, seq_len, pid_s, n_tokens, BLOCK_S, TYPES.INDEX_DTYPE)
     heads = (first_head + tl.arange(0, BLOCK_H)).to(TYPES.INDEX_DTYPE)
     head_mask = heads < n_heads
@@ -234,19 +235,19 @@ def _forward_heads(
         # the quantising store's scale: read, or (PER_TOKEN_HEAD) the head vector's absolute maximum over the
         # format's largest value, from the rotated values already in registers, and written beside the cache (NVFP4:
         # the global scale, and where the block scales the store computes go)
-        k_scale = head_scale(k_cache, cache_block, cache_row, c_heads, c_mask, y_a, y_b, x_t, HEAD, CACHE.QUANT)
+        k_scale = head_scale(k_cache, cache_block, cache_row, c_heads, c_mask, y_a, y_b, x_t, HEAD, QUANT)
         K_CACHE, k_cache_strides = k_cache[0], k_cache[1]
         store_head(K_CACHE, _rows(k_cache_strides, cache_block[:, None], cache_row, c_heads), c_mask, y_a, y_b, x_t,
-                   k_cache_strides[3], k_scale, HEAD, BLOCK_S, BLOCK_H, True, CACHE.QUANT, EVICT, False)
+                   k_cache_strides[3], k_scale, HEAD, BLOCK_S, BLOCK_H, True, QUANT, EVICT, False)
         if HAS_V:
             # v passes through: its head vectors as one "tail" of V_DIM channels
             v_channel_mask = (v_channels < CACHE.V_DIM)[None, None, :]
             v_mask = c_mask[:, :, None] & v_channel_mask
             v_scale = channels_scale(v_cache, cache_block, cache_row, c_heads, c_mask, v_values, v_channel_mask,
-                                     CACHE.QUANT)
+                                     QUANT)
             V_CACHE, v_cache_strides = v_cache[0], v_cache[1]
             rows_vc = _rows(v_cache_strides, cache_block[:, None], cache_row, c_heads)
-            store_channels(V_CACHE, rows_vc, v_channels, v_values, v_mask, v_cache_strides[3], v_scale, CACHE.QUANT,
+            store_channels(V_CACHE, rows_vc, v_channels, v_values, v_mask, v_cache_strides[3], v_scale, QUANT,
                            EVICT, False)
 
 
@@ -285,6 +286,18 @@ def fused_forward_kernel(
 ):
     """Grid: (token blocks, head blocks of q then of k, batch or sequence), or with TILE.HEADS_INNER (token blocks x
     head blocks, 1, batch or sequence). See the module docstring."""
+    # Each group holding a tuple is rebuilt from its items before any branch: Triton 3.6 keeps a stale type for a
+    # tuple nested in a tuple argument, and a branch's copy of the group follows the type (a stride of 1 then reads
+    # as None)
+    q, k, v = (q[0], q[1]), (k[0], k[1]), (v[0], v[1])
+    out_q = (out_q[0], out_q[1], out_q[2], out_q[3], out_q[4])
+    out_k = (out_k[0], out_k[1], out_k[2], out_k[3], out_k[4])
+    k_cache = (k_cache[0], k_cache[1], k_cache[2], k_cache[3], k_cache[4])
+    v_cache = (v_cache[0], v_cache[1], v_cache[2], v_cache[3], v_cache[4])
+    cache_rows = (cache_rows[0], cache_rows[1], cache_rows[2], cache_rows[3], cache_rows[4], cache_rows[5],
+                  cache_rows[6], cache_rows[7])
+    angles = (angles[0], angles[1], angles[2], angles[3])
+    positions = (positions[0], positions[1], positions[2], positions[3])
     BLOCK_S: tl.constexpr = TILE.BLOCK_S
     BLOCK_H: tl.constexpr = TILE.BLOCK_H
     BLOCK_HK: tl.constexpr = TILE.BLOCK_HK
@@ -432,6 +445,11 @@ def fused_backward_kernel(
 ):
     """Grid: (token-block groups, head blocks of q then of k, batch or sequence), or with TILE.HEADS_INNER (groups x
     head blocks, 1, batch or sequence); a group is TILE.TOKEN_BLOCKS blocks of TILE.BLOCK_S tokens."""
+    # (rebuilt before any branch, as the forward's groups)
+    q, k, grad_q, grad_k = (q[0], q[1]), (k[0], k[1]), (grad_q[0], grad_q[1]), (grad_k[0], grad_k[1])
+    dq, dk = (dq[0], dq[1]), (dk[0], dk[1])
+    angles = (angles[0], angles[1], angles[2], angles[3])
+    positions = (positions[0], positions[1], positions[2], positions[3])
     BLOCK_S: tl.constexpr = TILE.BLOCK_S
     BLOCK_H: tl.constexpr = TILE.BLOCK_H
     BLOCK_HK: tl.constexpr = TILE.BLOCK_HK
