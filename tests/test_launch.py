@@ -171,3 +171,34 @@ def test_a_kernel_launch_places_arguments_by_name_and_takes_new_tensors_each_cal
     launch(y, out2)  # a second call of the same specialisation: the direct launch on a GPU (a 1-D grid, padded)
     assert torch.equal(out2, 2 * y)
     assert launch.grid == (3, 1, 1)
+
+
+@triton.jit
+def _double_rows(x, out, BLOCK: tl.constexpr):
+    # x and out: (tensor, strides) pairs, as the fused kernels take their tensors
+    X, x_strides = x
+    OUT, out_strides = out
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    values = tl.load(X + row * x_strides[0] + cols * x_strides[1])
+    tl.store(OUT + row * out_strides[0] + cols * out_strides[1], values * 2)
+
+
+def _rows_at(offset: int) -> torch.Tensor:
+    """A (4, 8) float32 view ``offset`` elements into its buffer: 16-byte aligned at offset 0, not at offset 1."""
+    return torch.randn(4 * 8 + offset, device=DEVICE)[offset:].view(4, 8)
+
+
+def test_a_kernel_launch_places_values_inside_tuple_arguments_and_keys_on_their_alignment():
+    # A per-call value named (parameter, index) goes inside a tuple argument. Triton compiles an aligned pointer into
+    # wide vector loads, wherever it sits: a misaligned tensor in the same place must get a runner of its own (on a
+    # GPU, a runner compiled for the aligned one would fault or read wrong values), however the calls alternate.
+    aligned, out = _rows_at(0), _rows_at(0)
+    launch = KernelLaunch(_double_rows, (4,), 1, (("x", 0), ("out", 0)),
+                          dict(x=(aligned, aligned.stride()), out=(out, out.stride()), BLOCK=8))
+    for offset in (0, 0, 1, 1, 0, 1):  # the first launch of each alignment compiles, the next ones run directly
+        x, y = _rows_at(offset), _rows_at(offset)
+        launch(x, y)
+        assert torch.equal(y, 2 * x), f"offset {offset}"
+    launch()  # no values: the plan's own tensors
+    assert torch.equal(out, 2 * aligned)

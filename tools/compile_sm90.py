@@ -281,21 +281,17 @@ def _fused_calls():
 
 
 def _fused_launch(call):
-    """Plan a fused call and launch it with the plan's own tensors (inside recorded_launches: nothing runs)."""
+    """Plan a fused call and launch it with its own tensors (inside recorded_launches: nothing runs)."""
     deterministic = call.pop("deterministic", False)
     native = call.pop("native", False)
     before, native_fp8 = torch.are_deterministic_algorithms_enabled(), fused.native_fp8
     torch.use_deterministic_algorithms(deterministic)
     fused.native_fp8 = lambda device: native  # the GPU's float8 conversion, as an sm_90 plan chooses it
     try:
-        plan = fused.plan_fused(call.pop("q"), call.pop("k"), call.pop("cos"), call.pop("sin"), **call)
+        fused.launch_fused(call.pop("q"), call.pop("k"), call.pop("cos"), call.pop("sin"), **call)
     finally:
         torch.use_deterministic_algorithms(before)
         fused.native_fp8 = native_fp8
-    if isinstance(plan, fused.FusedBackward):  # (it allocates the weight-gradient rows)
-        plan(*[plan.launch.arguments[n] for n in fused.BACKWARD_PER_CALL if n != "DW"])
-    else:
-        plan(*[plan.arguments[n] for n in plan.per_call])
     return call["config"]
 
 
@@ -348,7 +344,7 @@ def main() -> int:
             else:
                 plan = plan_rope(call.pop("q"), call.pop("k"), call.pop("cos"), call.pop("sin"), **call)
                 config = plan.config
-                plan.launch(*[plan.launch.arguments[n] for n in plan.launch.per_call])
+                plan.launch()
         for record in records:
             try:
                 compiled = compile_record(record)

@@ -229,7 +229,8 @@ def rope_and_cache(q: torch.Tensor, k: torch.Tensor, v: Optional[torch.Tensor], 
                          "k_weight, or norm='before' or 'after'")
     eps, weight_offset = validate.check_norm(q, k, q_weight, k_weight, eps, weight_offset, weightless=True,
                                              over_heads=over_heads, layout=layout) if normed else (0.0, 0.0)
-    slots, cache_mode = _check_cache_arguments(q, k, v, k_cache, v_cache, slot_mapping, cache_offsets, user[15:19],
+    slots, cache_mode = _check_cache_arguments(q, k, v, k_cache, v_cache, slot_mapping, cache_offsets,
+                                               (kv_indices, kv_indptr, batch_indices, cache_positions),
                                                validate.check_kv_layout(kv_layout), k_scale, v_scale, spec, layout,
                                                kv_cache_dtype, k_scale_cache, v_scale_cache, rotary_dim,
                                                interleaved)
@@ -246,8 +247,8 @@ def rope_and_cache(q: torch.Tensor, k: torch.Tensor, v: Optional[torch.Tensor], 
     if table is None:
         plan.check(_read_scales(user, fp8))
     else:
-        validate.check_overlaps(_NAMES[:3] + ("table", "table") + _NAMES[5:],
-                                _read_scales(user[:3] + (cos, sin) + user[5:], fp8), written)
+        validate.check_overlaps(tuple("table" if name in ("cos", "sin") else name for name in _NAMES),
+                                _read_scales(_replaced(user, cos=cos, sin=sin), fp8), written)
     launch = (slots, cache_mode, batch_indices, kv_indices, kv_indptr, kv_layout, cos, sin, spec.tensor, spec.mode,
               spec.cu_seqlens, spec.offset, spec.max_seqlen or 0, rotary_dim, layout, interleaved, per_token, k_scale,
               v_scale, q_weight, k_weight, eps, weight_offset)
@@ -292,6 +293,11 @@ def _paged_kv_cache(paged_kv_cache, v_cache):
         raise ValueError("k_cache given as a (k_cache, v_cache) pair or a 5-D (num_blocks, 2, ...) tensor holds the v "
                          "cache too: pass v_cache=None")
     return tuple(paged_kv_cache) if pair else (paged_kv_cache[:, 0], paged_kv_cache[:, 1])
+
+
+def _replaced(tensors: tuple, **by_name) -> tuple:
+    """The call's tensors (``_NAMES``' order) with those named in ``by_name`` replaced."""
+    return tuple(by_name.get(name, tensor) for name, tensor in zip(_NAMES, tensors))
 
 
 def _slots(slot_mapping, cache_offsets, cache_positions):

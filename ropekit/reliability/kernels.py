@@ -41,8 +41,8 @@ class LaunchRecorder:
         self.keys: list = []
 
     def add(self, record) -> None:
-        def leaves(value):
-            return tuple(map(specialisation, value)) if isinstance(value, tuple) else specialisation(value)
+        def leaves(value):  # (tuple arguments leaf by leaf, at any depth: the fused kernels nest them)
+            return tuple(map(leaves, value)) if isinstance(value, tuple) else specialisation(value)
 
         self.keys.append((getattr(record.kernel, "__name__", repr(record.kernel)),)
                          + tuple((name, leaves(value)) for name, value in record.arguments.items())

@@ -7,29 +7,38 @@ Two kernels, one algorithm each, as in Triton's layer-norm tutorial:
 * :func:`fused_forward_kernel` normalises (``NORM = (place, weighted, over_heads)``: an RMSNorm of each head vector
   before the rotation, Qwen3's and Gemma 3's QK-norm, or after it, Llama 4's; with weights or without; the weight
   offset, 0 or Gemma's 1, is a runtime float; or of all heads of a token together, OLMo-2's, a program then holding
-  every head of its tokens), rotates, stores the outputs (``WRITE_Q``/``WRITE_K``: an engine may only want the
-  cache; ``WRITE_TAIL``: the channels past ``ROTARY_DIM`` too, out of place or normalised) and writes k and v into
-  a cache (``CACHE`` 0: none, 1: a contiguous ``(batch, max_seq, heads, dim)`` cache at per-sequence offsets, 2: a paged
+  every head of its tokens), rotates, stores the outputs (``WRITE``: q's, k's (an engine may only want the cache),
+  the channels past ``ROTARY_DIM`` too, out of place or normalised) and writes k and v into a cache (``CACHE.MODE``
+  0: none, 1: a contiguous ``(batch, max_seq, heads, dim)`` cache at per-sequence offsets, 2: a paged
   ``(num_blocks, block_size, heads, dim)`` cache addressed by a slot per token, -1 skips, 3: the same cache addressed
   through a page table, a request and a position per token; the address map is ``fused_tiles.cache_slot``, and
-  where the head axis lies is the cache's strides; ``HAS_V``: v's head vectors copied untouched; ``QUANT``: the
-  quantising store, a constexpr tuple (format: the cache's dtype, float8 e4m3 or e5m2, int8, NVFP4; scales: per
-  tensor, per kv head, or per (token, head) computed from the rotated head vector and written beside the cache, or
-  NVFP4's e4m3 scale per 16 channels written beside it over a global scale; the GPU's float8 conversion instruction
-  or integer arithmetic, the same bits), see :mod:`ropekit.triton.fused_tiles`).
+  where the head axis lies is the cache's strides; ``CACHE.HAS_V``: v's head vectors copied untouched;
+  ``QUANT``: the quantising store, a constexpr tuple (format: the cache's dtype, float8 e4m3 or e5m2, int8,
+  NVFP4; scales: per tensor, per kv head, or per (token, head) computed from the rotated head vector and written
+  beside the cache, or NVFP4's e4m3 scale per 16 channels written beside it over a global scale; the GPU's float8
+  conversion instruction or integer arithmetic, the same bits), see :mod:`ropekit.triton.fused_tiles`).
 * :func:`fused_backward_kernel` turns the incoming gradient by -θ and pushes it through the norm (a norm after the
-  rotation: through the norm, then by -θ); each program sums its weight-gradient terms over ``TOKEN_BLOCKS`` token
-  blocks, then adds them into ``DW``'s row for q or for k (``DW_ATOMIC``) or stores them in a row of its own.
+  rotation: through the norm, then by -θ); each program sums its weight-gradient terms over ``TILE.TOKEN_BLOCKS``
+  token blocks, then adds them into the weight gradient's row for q or for k (``DW_ATOMIC``) or stores them in a
+  row of its own.
 
 Pairing, partial rotary, every position form, varlen and per-token cos/sin rows are v4's switches, read through v4's
 helpers (``_cos_sin``, ``_rotate``); the tile loads and stores are :mod:`ropekit.triton.fused_tiles`.
 
-Grid: (token groups, head blocks of q then of k, batch or sequence); with ``HEADS_INNER`` the first two axes are one,
-head blocks inner, so that the q programs and the (heavier) k + v programs of a token group run side by side. A group
-is one block of ``BLOCK_S`` tokens, or in the backward ``TOKEN_BLOCKS`` of them. q's head blocks hold ``BLOCK_H``
-heads and k's ``BLOCK_HK``, no more than k has. A program reads its rows of q (or of k and the same heads of v) once
-and writes each output once: the byte floor of the fused step. ``EVICT`` is the cache hint on activation loads and on
-stores (streaming: each byte is touched once).
+The arguments travel in groups, as their comments in the signatures say: a tensor with its strides, ``(tensor,
+strides)``; an output or a cache as a store with its scales (``fused_tiles``); the cache's address map; the angles
+with the table's length; the positions with their strides, the packed sequences' starts and the offset. The
+compile-time switches are grouped too, in named tuples read by field (``HEAD.ROTARY_DIM``, ``TILE.BLOCK_S``): the
+head vector (:class:`~ropekit.triton.fused_tiles.Head`), the tile (:class:`Tile`), the positions' form
+(:class:`PositionForm`), the outputs (:class:`Writes`), the cache write (:class:`CacheWrite`), the types
+(:class:`Types`). A plan names a per-call tensor by its group and its place in it (:data:`FORWARD_PER_CALL`).
+
+Grid: (token groups, head blocks of q then of k, batch or sequence); with ``TILE.HEADS_INNER`` the first two axes are
+one, head blocks inner, so that the q programs and the (heavier) k + v programs of a token group run side by side. A
+group is one block of ``TILE.BLOCK_S`` tokens, or in the backward ``TILE.TOKEN_BLOCKS`` of them. q's head blocks hold
+``TILE.BLOCK_H`` heads and k's ``TILE.BLOCK_HK``, no more than k has. A program reads its rows of q (or of k and the
+same heads of v) once and writes each output once: the byte floor of the fused step. ``TYPES.EVICT`` is the cache
+hint on activation loads and on stores (streaming: each byte is touched once).
 
 The host side: :func:`fused_config_for` is the launch choice, :func:`plan_fused` makes a plan (a
 :class:`~ropekit.triton.launch.KernelLaunch`, or a :class:`FusedBackward` around one) once per call signature, and
@@ -39,6 +48,7 @@ the ops' front doors (``ropekit.fused``) keep it in :data:`ropekit.triton.launch
 from __future__ import annotations
 
 import contextlib
+from typing import NamedTuple
 
 import torch
 import triton
@@ -49,7 +59,7 @@ from ..positions import PositionSpec
 from . import choice
 from .configs import FusedConfig, FusedShape, cdiv, next_pow2
 from .fused_tiles import BEFORE, E4M3, E5M2, NO_NORM, NO_QUANT, NORM_AFTER_C, NORM_BEFORE_C, NORM_NONE_C, \
-    PER_HEAD, PER_TENSOR, PLAIN, STORE_PLAIN, cache_slot, channels_scale, group_sum, head_scale, load_head, \
+    PER_HEAD, PER_TENSOR, PLAIN, STORE_PLAIN, Head, cache_slot, channels_scale, group_sum, head_scale, load_head, \
     norm_switch, norm_weights, normed, rsqrt_mean_square, sequence_span, store_channels, store_head
 from .launch import KernelLaunch, _position_strides, launching_directly, plans
 from .v4 import _cos_sin, _rotate
@@ -62,6 +72,62 @@ __all__ = ["fused_forward_kernel", "fused_backward_kernel", "FusedConfig", "Fuse
 # the cache address maps (fused_tiles.cache_slot): none, contiguous at per-sequence offsets, a slot per token, a page
 # table with a request and a position per token
 CACHE_NONE, CACHE_CONTIGUOUS, CACHE_PAGED, CACHE_PAGE_TABLE = 0, 1, 2, 3
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The kernels' compile-time groups, read by field in device code (a kernel takes each as one constexpr).
+# --------------------------------------------------------------------------------------------------------------------
+
+class Tile(NamedTuple):
+    """The launch tile: BLOCK_S tokens by BLOCK_H heads of q, BLOCK_HK of k; HEADS_INNER: the grid's first axis runs
+    over (token groups x head blocks), head blocks inner; the backward's TOKEN_BLOCKS token blocks a program, its loop
+    pipelined over STAGES (the forward's: 1, 1)."""
+
+    BLOCK_S: int
+    BLOCK_H: int
+    BLOCK_HK: int
+    HEADS_INNER: bool
+    TOKEN_BLOCKS: int = 1
+    STAGES: int = 1
+
+
+class PositionForm(NamedTuple):
+    """Where a token's angles come from: MODE, what the positions tensor holds (``ropekit.positions``); IS_VARLEN,
+    packed sequences (CU_SEQLENS); COS_PER_TOKEN, cos/sin rows per token instead of a table."""
+
+    MODE: int
+    IS_VARLEN: bool
+    COS_PER_TOKEN: bool
+
+
+class Writes(NamedTuple):
+    """Which outputs the forward stores: q's, k's (an engine may only want the cache), and the channels past
+    ROTARY_DIM (out of place, or normalised)."""
+
+    Q: bool
+    K: bool
+    TAIL: bool
+
+
+class CacheWrite(NamedTuple):
+    """The forward's cache write: MODE, the address map (CACHE_NONE, CACHE_CONTIGUOUS, CACHE_PAGED,
+    CACHE_PAGE_TABLE; ``fused_tiles.cache_slot``); HAS_V, v's head vectors of V_DIM channels (BLOCK_V lanes) copied
+    untouched; QUANT, the quantising store (``fused_tiles``: (format, scales, native conversion))."""
+
+    MODE: int
+    HAS_V: bool
+    V_DIM: int
+    BLOCK_V: int
+    QUANT: tuple
+
+
+class Types(NamedTuple):
+    """What the tensors allow: the math dtype, the integer type of element offsets (int32 where every view's reach
+    fits), the eviction hint on activation loads and stores ("evict_first": each byte is touched once)."""
+
+    MATH_DTYPE: object
+    INDEX_DTYPE: object
+    EVICT: str
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -85,147 +151,159 @@ def _rows(strides, outer, token_rows, heads):
     return outer * strides[0] + token_rows[:, None] * strides[1] + heads[None, :] * strides[2]
 
 
+@triton.jit
+def _angles(angles, positions, pid_b, batch_index, s_local, token_rows, token_mask, HEAD: tl.constexpr,
+            POSITION: tl.constexpr, CONJUGATE: tl.constexpr, MATH_DTYPE: tl.constexpr):
+    """cos and sin of each token's pairs (v4's ``_cos_sin``), as [BLOCK_S, 1, BLOCK_HALF] tiles shared by the heads;
+    CONJUGATE: of -θ."""
+    cos_a, sin_a, cos_b, sin_b = _cos_sin(
+        angles[0], angles[1], positions[0], pid_b, batch_index, s_local, token_rows, token_mask, angles[3],
+        positions[3], angles[2], positions[1], HEAD.ROTARY_DIM, HEAD.BLOCK_HALF, HEAD.INTERLEAVED, POSITION.MODE,
+        POSITION.COS_PER_TOKEN, CONJUGATE, MATH_DTYPE)
+    return cos_a[:, None, :], sin_a[:, None, :], cos_b[:, None, :], sin_b[:, None, :]
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # The forward.
 # --------------------------------------------------------------------------------------------------------------------
 
 @triton.jit
 def _forward_heads(
-    # the tensor (q, or k) and its output
-    X, OUT, x_strides, out_strides,
-    # the cache side (k's programs only): v, the caches, the slots, the page table
-    V, K_CACHE, V_CACHE, SLOTS, v_strides, k_cache_strides, v_cache_strides, slot_stride,
-    BATCH_INDICES, KV_INDICES, KV_INDPTR, page_table,
-    # the caches' scales (QUANT), k's and v's, NVFP4's global scales, and the scales' (block, row, head) strides; the
-    # output's scale (OUT_QUANT)
-    K_SCALE, V_SCALE, K_GLOBAL, V_GLOBAL, scale_strides, OUT_SCALE,
-    # the norm's weight
-    W, w_stride, eps, weight_offset,
-    # the angles and the positions
-    COS, SIN, cos_strides, POSITIONS, position_strides, position_offset,
-    # this program's tokens and heads
-    pid_s, pid_b, first, seq_len, batch_index, first_head, n_heads, sizes,
-    ROTARY_DIM: tl.constexpr, HEAD_DIM: tl.constexpr, V_DIM: tl.constexpr, BLOCK_S: tl.constexpr,
-    BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_TAIL: tl.constexpr, BLOCK_V: tl.constexpr,
-    INTERLEAVED: tl.constexpr, POS_MODE: tl.constexpr, IS_VARLEN: tl.constexpr, COS_PER_TOKEN: tl.constexpr,
-    NORM: tl.constexpr, WRITE_OUT: tl.constexpr, WRITE_TAIL: tl.constexpr, CACHE: tl.constexpr,
-    HAS_V: tl.constexpr, QUANT: tl.constexpr, OUT_QUANT: tl.constexpr, MATH_DTYPE: tl.constexpr,
-    INDEX_DTYPE: tl.constexpr, EVICT: tl.constexpr,
+    # the tensor (q, or k) as (tensor, strides), and its output store
+    x, out,
+    # the cache side (k's programs only), as the kernel's: v, the caches' stores, where each token's row is
+    v, k_cache, v_cache, cache_rows,
+    # the norm's weight (tensor, stride), and (eps, weight offset)
+    weight, norm,
+    # the angles and the positions, as the kernel's
+    angles, positions,
+    # this program's tokens (token block, sequence, its first row, its length, its batch index); its heads, from
+    # first_head, of n_heads; the kernel's sizes
+    tokens, first_head, n_heads, sizes,
+    HEAD: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, POSITION: tl.constexpr, NORM: tl.constexpr,
+    WRITE_OUT: tl.constexpr, WRITE_TAIL: tl.constexpr, CACHE: tl.constexpr, TO_CACHE: tl.constexpr,
+    OUT_QUANT: tl.constexpr, TYPES: tl.constexpr,
 ):
     """BLOCK_S tokens x BLOCK_H heads of q, or of k with the same heads of v: normalise, rotate, store to the output
-    and/or the cache (and v to the v cache)."""
-    seqlen, table_len, n_tokens, cache_len, block_size = sizes[0], sizes[3], sizes[4], sizes[5], sizes[6]
-    s_local, token_rows, token_mask = _token_block(first, seq_len, pid_s, n_tokens, BLOCK_S, INDEX_DTYPE)
-    heads = (first_head + tl.arange(0, BLOCK_H)).to(INDEX_DTYPE)
+    and/or (TO_CACHE: k's programs) write the cache as CACHE says (and v to the v cache)."""
+    X, x_strides = x
+    OUT, out_strides = out[0], out[1]
+    pid_s, pid_b, first, seq_len, batch_index = tokens
+    seqlen, n_tokens = sizes[0], sizes[3]
+    eps, weight_offset = norm
+    MATH_DTYPE: tl.constexpr = TYPES.MATH_DTYPE
+    EVICT: tl.constexpr = TYPES.EVICT
+    CACHE_MODE: tl.constexpr = CACHE.MODE if TO_CACHE else 0
+    HAS_V: tl.constexpr = CACHE.HAS_V if TO_CACHE else False
+    QUANT: tl.constexpr = CACHE.QUANT
+    s_local, token_rows, token_mask = _token_block(first, seq_len, pid_s, n_tokens, BLOCK_S, TYPES.INDEX_DTYPE)
+    heads = (first_head + tl.arange(0, BLOCK_H)).to(TYPES.INDEX_DTYPE)
     head_mask = heads < n_heads
     mask = token_mask[:, None] & head_mask[None, :]
     # The tile's loads are issued first, v's with x's: they are in flight while the dependent chains position ->
     # table row -> cos/sin and token -> slot resolve. (v is read for every token of the tile, a skipped slot's too:
     # the store, not the load, honours -1.)
-    x_a, x_b, x_t = load_head(X, _rows(x_strides, batch_index, token_rows, heads), mask, x_strides[3], ROTARY_DIM,
-                              HEAD_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_TAIL, INTERLEAVED, MATH_DTYPE, EVICT)
+    x_a, x_b, x_t = load_head(X, _rows(x_strides, batch_index, token_rows, heads), mask, x_strides[3], HEAD, BLOCK_S,
+                              BLOCK_H, MATH_DTYPE, EVICT)
     if HAS_V:
-        v_channels = tl.arange(0, BLOCK_V)
+        V, v_strides = v
+        v_channels = tl.arange(0, CACHE.BLOCK_V)
         rows_v = _rows(v_strides, batch_index, token_rows, heads)
-        v = tl.load(V + rows_v[:, :, None] + v_channels[None, None, :] * v_strides[3],
-                    mask=mask[:, :, None] & (v_channels < V_DIM)[None, None, :], other=0.0, eviction_policy=EVICT)
-    cos_a, sin_a, cos_b, sin_b = _cos_sin(
-        COS, SIN, POSITIONS, pid_b, batch_index, s_local, token_rows, token_mask, table_len, position_offset,
-        cos_strides, position_strides, ROTARY_DIM, BLOCK_HALF, INTERLEAVED, POS_MODE, COS_PER_TOKEN, False,
-        MATH_DTYPE)
-    cos_a, sin_a, cos_b, sin_b = cos_a[:, None, :], sin_a[:, None, :], cos_b[:, None, :], sin_b[:, None, :]
-    if CACHE != 0:
-        token = token_rows if IS_VARLEN else pid_b.to(tl.int64) * seqlen + s_local
-        cache_block, cache_row, cache_mask = cache_slot(SLOTS, BATCH_INDICES, KV_INDICES, KV_INDPTR, slot_stride,
-                                                        page_table, token, s_local, pid_b, token_mask, cache_len,
-                                                        block_size, CACHE)
+        v_values = tl.load(V + rows_v[:, :, None] + v_channels[None, None, :] * v_strides[3],
+                           mask=mask[:, :, None] & (v_channels < CACHE.V_DIM)[None, None, :], other=0.0,
+                           eviction_policy=EVICT)
+    cos_a, sin_a, cos_b, sin_b = _angles(angles, positions, pid_b, batch_index, s_local, token_rows, token_mask, HEAD,
+                                         POSITION, False, MATH_DTYPE)
+    if CACHE_MODE != 0:
+        token = token_rows if POSITION.IS_VARLEN else pid_b.to(tl.int64) * seqlen + s_local
+        cache_block, cache_row, cache_mask = cache_slot(cache_rows, token, s_local, pid_b, token_mask, CACHE_MODE)
     if NORM[0] != NORM_NONE_C:
-        w_a, w_b, w_t = norm_weights(W, w_stride, heads, head_mask, weight_offset, NORM, ROTARY_DIM, HEAD_DIM,
-                                     BLOCK_HALF, BLOCK_TAIL, INTERLEAVED, MATH_DTYPE)
+        w_a, w_b, w_t = norm_weights(weight, heads, head_mask, weight_offset, NORM, HEAD, MATH_DTYPE)
     if NORM[0] == NORM_BEFORE_C:
-        x_a, x_b, x_t, r = normed(x_a, x_b, x_t, w_a, w_b, w_t, eps, n_heads, NORM, ROTARY_DIM, HEAD_DIM, BLOCK_HALF,
-                                  MATH_DTYPE)
+        x_a, x_b, x_t, r = normed(x_a, x_b, x_t, w_a, w_b, w_t, eps, n_heads, NORM, HEAD, MATH_DTYPE)
     y_a, y_b = _rotate(x_a, x_b, cos_a, sin_a, cos_b, sin_b, MATH_DTYPE, False)
     if NORM[0] == NORM_AFTER_C:
-        y_a, y_b, x_t, r = normed(y_a, y_b, x_t, w_a, w_b, w_t, eps, n_heads, NORM, ROTARY_DIM, HEAD_DIM, BLOCK_HALF,
-                                  MATH_DTYPE)
+        y_a, y_b, x_t, r = normed(y_a, y_b, x_t, w_a, w_b, w_t, eps, n_heads, NORM, HEAD, MATH_DTYPE)
     if WRITE_OUT:
         # the output in its dtype, or (OUT_QUANT: a float8 q for float8 attention) at one scale
-        out_scale = head_scale((OUT_SCALE, OUT_SCALE, scale_strides[0]), None, None, heads, mask, y_a, y_b, x_t,
-                               ROTARY_DIM, HEAD_DIM, BLOCK_HALF, BLOCK_TAIL, OUT_QUANT)
+        out_scale = head_scale(out, None, None, heads, mask, y_a, y_b, x_t, HEAD, OUT_QUANT)
         store_head(OUT, _rows(out_strides, batch_index, token_rows, heads), mask, y_a, y_b, x_t, out_strides[3],
-                   out_scale, ROTARY_DIM, HEAD_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_TAIL, INTERLEAVED, WRITE_TAIL,
-                   OUT_QUANT, EVICT, False)
-    if CACHE != 0:
+                   out_scale, HEAD, BLOCK_S, BLOCK_H, WRITE_TAIL, OUT_QUANT, EVICT, False)
+    if CACHE_MODE != 0:
         c_mask = cache_mask[:, None] & head_mask[None, :]
         c_heads = heads.to(tl.int64)
         # the quantising store's scale: read, or (PER_TOKEN_HEAD) the head vector's absolute maximum over the
         # format's largest value, from the rotated values already in registers, and written beside the cache (NVFP4:
         # the global scale, and where the block scales the store computes go)
-        k_scale = head_scale((K_SCALE, K_GLOBAL, scale_strides[0]), cache_block, cache_row, c_heads, c_mask, y_a,
-                             y_b, x_t, ROTARY_DIM, HEAD_DIM, BLOCK_HALF, BLOCK_TAIL, QUANT)
-        store_head(K_CACHE, _rows(k_cache_strides, cache_block[:, None], cache_row, c_heads), c_mask,
-                   y_a, y_b, x_t, k_cache_strides[3], k_scale, ROTARY_DIM, HEAD_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF,
-                   BLOCK_TAIL, INTERLEAVED, True, QUANT, EVICT, False)
+        k_scale = head_scale(k_cache, cache_block, cache_row, c_heads, c_mask, y_a, y_b, x_t, HEAD, QUANT)
+        K_CACHE, k_cache_strides = k_cache[0], k_cache[1]
+        store_head(K_CACHE, _rows(k_cache_strides, cache_block[:, None], cache_row, c_heads), c_mask, y_a, y_b, x_t,
+                   k_cache_strides[3], k_scale, HEAD, BLOCK_S, BLOCK_H, True, QUANT, EVICT, False)
         if HAS_V:
             # v passes through: its head vectors as one "tail" of V_DIM channels
-            v_channel_mask = (v_channels < V_DIM)[None, None, :]
+            v_channel_mask = (v_channels < CACHE.V_DIM)[None, None, :]
             v_mask = c_mask[:, :, None] & v_channel_mask
-            v_scale = channels_scale((V_SCALE, V_GLOBAL, scale_strides[1]), cache_block, cache_row, c_heads, c_mask,
-                                     v, v_channel_mask, QUANT)
+            v_scale = channels_scale(v_cache, cache_block, cache_row, c_heads, c_mask, v_values, v_channel_mask,
+                                     QUANT)
+            V_CACHE, v_cache_strides = v_cache[0], v_cache[1]
             rows_vc = _rows(v_cache_strides, cache_block[:, None], cache_row, c_heads)
-            store_channels(V_CACHE, rows_vc, v_channels, v, v_mask, v_cache_strides[3], v_scale, QUANT, EVICT,
-                           False)
+            store_channels(V_CACHE, rows_vc, v_channels, v_values, v_mask, v_cache_strides[3], v_scale, QUANT,
+                           EVICT, False)
 
 
 @triton.jit
 def fused_forward_kernel(
-    # q and k: (batch, seq, heads, HEAD_DIM) views, or one packed (1, tokens, heads, HEAD_DIM) with IS_VARLEN, and
-    # their outputs (stored with WRITE_Q / WRITE_K; an output that is its input is written in place). Strides are
-    # (batch, seq, head, channel) tuples.
-    Q, K, OUT_Q, OUT_K, q_strides, k_strides, out_q_strides, out_k_strides,
-    # the cache side, read and written by k's programs (CACHE): v (HAS_V: k's tokens and heads, V_DIM channels), the
-    # caches (float8 ones as uint8 bits), SLOTS (paged: a slot per token; contiguous: an offset per sequence; a page
-    # table: a position per token). Cache strides: (block or sequence, row, head, channel), whichever of NHD and HND
-    # the cache is stored in.
-    V, K_CACHE, V_CACHE, SLOTS, v_strides, k_cache_strides, v_cache_strides, slot_stride,
-    # the page table (CACHE 3, FlashInfer's): each token's request (-1: none) and the requests' pages, read by
-    # fused_tiles.cache_slot; page_table: (BATCH_INDICES', KV_INDICES' and KV_INDPTR's strides, KV_INDICES' length,
-    # the number of requests)
-    BATCH_INDICES, KV_INDICES, KV_INDPTR, page_table,
-    # the quantising stores (QUANT = (format, scales, native conversion); fused_tiles): k's and v's cache scales,
-    # float32 read or (per token and head) written, or NVFP4's e4m3 block scales written beside the cache over the
-    # float32 global scales K_GLOBAL, V_GLOBAL; their (block or sequence, row, head) strides, k's then v's; q's output
-    # scale (OUT_QUANT: a float8 q at one float32 scale)
-    K_SCALE, V_SCALE, K_GLOBAL, V_GLOBAL, scale_strides, Q_SCALE,
-    # the QK-norm (NORM = (place, weighted, over_heads), fused_tiles: none, before or after the rotation; with or
-    # without the weights, (HEAD_DIM,) or over all heads (n_heads * HEAD_DIM,)): the weights and their strides (q's,
-    # k's), eps, the weight offset
-    Q_W, K_W, weight_strides, eps, weight_offset,
-    # the angles: a (table_len, ROTARY_DIM / 2) float32 table, or COS_PER_TOKEN rows; (sequence, row, column)
-    COS, SIN, cos_strides,
-    # positions: POS_MODE says what POSITIONS holds (position_strides: (sequence, token)); CU_SEQLENS the packed
-    # sequences' starts
-    POSITIONS, position_strides, CU_SEQLENS, position_offset,
-    # (seqlen, n_heads_q, n_heads_k, table_len, n_tokens, cache_len, block_size)
+    # q and k as (tensor, strides): (batch, seq, heads, HEAD_DIM) views, or one packed (1, tokens, heads, HEAD_DIM)
+    # with POSITION.IS_VARLEN; strides (batch, seq, head, channel)
+    q, k,
+    # their outputs, stores (fused_tiles: (tensor, strides, scale, scale strides, global scale)), written with
+    # WRITE.Q / WRITE.K (an output that is its input is written in place); q's at one float32 scale with OUT_QUANT
+    # (a float8 q)
+    out_q, out_k,
+    # the cache side, read and written by k's programs (CACHE): v (tensor, strides), k's tokens and heads, V_DIM
+    # channels; the caches' stores (float8 ones as uint8 bits; strides (block or sequence, row, head, channel),
+    # whichever of NHD and HND; scales float32 read or (per token and head) written, or NVFP4's e4m3 block scales
+    # written beside the cache over a float32 global scale, their strides (block or sequence, row, head)); where each
+    # token's row is (fused_tiles.cache_slot: the slots or the page table, cache_len, block_size)
+    v, k_cache, v_cache, cache_rows,
+    # the QK-norm (NORM = (place, weighted, over_heads), fused_tiles): the weights (tensor, stride), (HEAD_DIM,) or
+    # over all heads (n_heads * HEAD_DIM,); (eps, weight offset)
+    q_weight, k_weight, norm,
+    # the angles: (COS, SIN, (sequence, row, column) strides, table_len), a (table_len, ROTARY_DIM / 2) float32
+    # table or COS_PER_TOKEN rows
+    angles,
+    # the positions: (POSITIONS, (sequence, token) strides, CU_SEQLENS, position offset); POSITION.MODE says what
+    # POSITIONS holds, CU_SEQLENS are the packed sequences' starts
+    positions,
+    # (seqlen, n_heads_q, n_heads_k, n_tokens)
     sizes,
-    # the head vector and the tile
-    ROTARY_DIM: tl.constexpr, HEAD_DIM: tl.constexpr, V_DIM: tl.constexpr, BLOCK_S: tl.constexpr,
-    BLOCK_H: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_TAIL: tl.constexpr,
-    BLOCK_V: tl.constexpr, HEADS_INNER: tl.constexpr,
-    # what the call asks for
-    HAS_K: tl.constexpr, INTERLEAVED: tl.constexpr, POS_MODE: tl.constexpr, IS_VARLEN: tl.constexpr,
-    COS_PER_TOKEN: tl.constexpr, NORM: tl.constexpr, WRITE_Q: tl.constexpr, WRITE_K: tl.constexpr,
-    WRITE_TAIL: tl.constexpr, CACHE: tl.constexpr, HAS_V: tl.constexpr, QUANT: tl.constexpr,
-    OUT_QUANT: tl.constexpr, MATH_DTYPE: tl.constexpr,
-    # what the tensors allow
-    INDEX_DTYPE: tl.constexpr, EVICT: tl.constexpr,
+    # the head vector (fused_tiles.Head), the tile (Tile), the positions' form (PositionForm)
+    HEAD: tl.constexpr, TILE: tl.constexpr, POSITION: tl.constexpr,
+    # what the call asks for: k's programs, the norm, the outputs (Writes), the cache write (CacheWrite), q's store
+    HAS_K: tl.constexpr, NORM: tl.constexpr, WRITE: tl.constexpr, CACHE: tl.constexpr, OUT_QUANT: tl.constexpr,
+    # what the tensors allow (Types)
+    TYPES: tl.constexpr,
 ):
-    """Grid: (token blocks, head blocks of q then of k, batch or sequence), or with HEADS_INNER (token blocks x head
-    blocks, 1, batch or sequence). See the module docstring."""
+    """Grid: (token blocks, head blocks of q then of k, batch or sequence), or with TILE.HEADS_INNER (token blocks x
+    head blocks, 1, batch or sequence). See the module docstring."""
+    # Each group holding a tuple is rebuilt from its items before any branch: Triton 3.6 keeps a stale type for a
+    # tuple nested in a tuple argument, and a branch's copy of the group follows the type (a stride of 1 then reads
+    # as None)
+    q, k, v = (q[0], q[1]), (k[0], k[1]), (v[0], v[1])
+    out_q = (out_q[0], out_q[1], out_q[2], out_q[3], out_q[4])
+    out_k = (out_k[0], out_k[1], out_k[2], out_k[3], out_k[4])
+    k_cache = (k_cache[0], k_cache[1], k_cache[2], k_cache[3], k_cache[4])
+    v_cache = (v_cache[0], v_cache[1], v_cache[2], v_cache[3], v_cache[4])
+    cache_rows = (cache_rows[0], cache_rows[1], cache_rows[2], cache_rows[3], cache_rows[4], cache_rows[5],
+                  cache_rows[6], cache_rows[7])
+    angles = (angles[0], angles[1], angles[2], angles[3])
+    positions = (positions[0], positions[1], positions[2], positions[3])
+    BLOCK_S: tl.constexpr = TILE.BLOCK_S
+    BLOCK_H: tl.constexpr = TILE.BLOCK_H
+    BLOCK_HK: tl.constexpr = TILE.BLOCK_HK
     seqlen, n_heads_q, n_heads_k = sizes[0], sizes[1], sizes[2]
     n_head_blocks_q = (n_heads_q + BLOCK_H - 1) // BLOCK_H
-    if HEADS_INNER:
+    if TILE.HEADS_INNER:
         n_head_blocks = n_head_blocks_q + (n_heads_k + BLOCK_HK - 1) // BLOCK_HK  # n_heads_k is 0 without k
         pid_s = tl.program_id(0) // n_head_blocks
         pid_h = tl.program_id(0) % n_head_blocks
@@ -233,32 +311,18 @@ def fused_forward_kernel(
         pid_s = tl.program_id(0)
         pid_h = tl.program_id(1)
     pid_b = tl.program_id(2)
-    first, seq_len, batch_index = sequence_span(CU_SEQLENS, pid_b, seqlen, IS_VARLEN, INDEX_DTYPE)
+    first, seq_len, batch_index = sequence_span(positions[2], pid_b, seqlen, POSITION.IS_VARLEN, TYPES.INDEX_DTYPE)
     if pid_s * BLOCK_S >= seq_len:
         return  # varlen: this sequence is shorter than the longest one
+    tokens = (pid_s, pid_b, first, seq_len, batch_index)
     if pid_h < n_head_blocks_q:
-        _forward_heads(Q, OUT_Q, q_strides, out_q_strides,
-                       None, None, None, None, v_strides, k_cache_strides, v_cache_strides, slot_stride,
-                       None, None, None, page_table,
-                       None, None, None, None, scale_strides, Q_SCALE,
-                       Q_W, weight_strides[0], eps, weight_offset,
-                       COS, SIN, cos_strides, POSITIONS, position_strides, position_offset,
-                       pid_s, pid_b, first, seq_len, batch_index, pid_h * BLOCK_H, n_heads_q, sizes,
-                       ROTARY_DIM, HEAD_DIM, V_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_TAIL, BLOCK_V, INTERLEAVED,
-                       POS_MODE, IS_VARLEN, COS_PER_TOKEN, NORM, WRITE_Q, WRITE_TAIL, 0, False, STORE_PLAIN,
-                       OUT_QUANT, MATH_DTYPE, INDEX_DTYPE, EVICT)
+        _forward_heads(q, out_q, v, k_cache, v_cache, cache_rows, q_weight, norm, angles, positions, tokens,
+                       pid_h * BLOCK_H, n_heads_q, sizes, HEAD, BLOCK_S, BLOCK_H, POSITION, NORM, WRITE.Q, WRITE.TAIL,
+                       CACHE, False, OUT_QUANT, TYPES)
     elif HAS_K:
-        _forward_heads(K, OUT_K, k_strides, out_k_strides,
-                       V, K_CACHE, V_CACHE, SLOTS, v_strides, k_cache_strides, v_cache_strides, slot_stride,
-                       BATCH_INDICES, KV_INDICES, KV_INDPTR, page_table,
-                       K_SCALE, V_SCALE, K_GLOBAL, V_GLOBAL, scale_strides, None,
-                       K_W, weight_strides[1], eps, weight_offset,
-                       COS, SIN, cos_strides, POSITIONS, position_strides, position_offset,
-                       pid_s, pid_b, first, seq_len, batch_index, (pid_h - n_head_blocks_q) * BLOCK_HK, n_heads_k,
-                       sizes,
-                       ROTARY_DIM, HEAD_DIM, V_DIM, BLOCK_S, BLOCK_HK, BLOCK_HALF, BLOCK_TAIL, BLOCK_V, INTERLEAVED,
-                       POS_MODE, IS_VARLEN, COS_PER_TOKEN, NORM, WRITE_K, WRITE_TAIL, CACHE, HAS_V, QUANT,
-                       STORE_PLAIN, MATH_DTYPE, INDEX_DTYPE, EVICT)
+        _forward_heads(k, out_k, v, k_cache, v_cache, cache_rows, k_weight, norm, angles, positions, tokens,
+                       (pid_h - n_head_blocks_q) * BLOCK_HK, n_heads_k, sizes, HEAD, BLOCK_S, BLOCK_HK, POSITION, NORM,
+                       WRITE.K, WRITE.TAIL, CACHE, True, STORE_PLAIN, TYPES)
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -274,74 +338,77 @@ def fused_forward_kernel(
 
 @triton.jit
 def _backward_heads(
-    # the forward's input (q, or k), the incoming gradient and where the input's gradient goes
-    X, G, DX, x_strides, g_strides, dx_strides,
-    # the norm's weight, and where the weight gradient's row this program writes (DW_ATOMIC: adds into) starts in DW
-    W, w_stride, eps, weight_offset, DW, dw_offset,
-    # the angles and the positions
-    COS, SIN, cos_strides, POSITIONS, position_strides, position_offset,
-    # this program's tokens and heads
-    pid_s, pid_b, first, seq_len, batch_index, first_head, n_heads, sizes,
-    ROTARY_DIM: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr,
-    BLOCK_HALF: tl.constexpr, BLOCK_TAIL: tl.constexpr, TOKEN_BLOCKS: tl.constexpr, STAGES: tl.constexpr,
-    INTERLEAVED: tl.constexpr, POS_MODE: tl.constexpr, COS_PER_TOKEN: tl.constexpr, NORM: tl.constexpr,
-    MATH_DTYPE: tl.constexpr, DW_ATOMIC: tl.constexpr, INDEX_DTYPE: tl.constexpr, EVICT: tl.constexpr,
+    # the forward's input (q, or k), the incoming gradient and where the input's gradient goes: (tensor, strides)
+    x, grad, dx,
+    # the norm's weight (tensor, stride), (eps, weight offset), the weight gradient (rows, a row's length) and where
+    # the row this program writes (DW_ATOMIC: adds into) starts
+    weight, norm, dw, dw_offset,
+    # the angles and the positions, as the kernel's
+    angles, positions,
+    # this program's tokens (token group, sequence, its first row, its length, its batch index); its heads, from
+    # first_head, of n_heads; the kernel's sizes
+    tokens, first_head, n_heads, sizes,
+    HEAD: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, TILE: tl.constexpr, POSITION: tl.constexpr,
+    NORM: tl.constexpr, DW_ATOMIC: tl.constexpr, TYPES: tl.constexpr,
 ):
-    """TOKEN_BLOCKS consecutive blocks of BLOCK_S tokens x BLOCK_H heads of q or of k: the input gradient of each,
-    and the weight-gradient terms summed element by element, then reduced over tokens (and per head over the heads)
-    once (one cross-warp reduction a program, not one a block) and stored into (added to) DW's row at ``dw_offset``:
-    HEAD_DIM values, or over all heads (NORM[2]) head h's HEAD_DIM at h * HEAD_DIM."""
-    table_len, n_tokens = sizes[3], sizes[4]
-    heads = (first_head + tl.arange(0, BLOCK_H)).to(INDEX_DTYPE)
+    """TILE.TOKEN_BLOCKS consecutive blocks of BLOCK_S tokens x BLOCK_H heads of q or of k: the input gradient of
+    each, and the weight-gradient terms summed element by element, then reduced over tokens (and per head over the
+    heads) once (one cross-warp reduction a program, not one a block) and stored into (added to) the weight
+    gradient's row at ``dw_offset``: HEAD_DIM values, or over all heads (NORM[2]) head h's HEAD_DIM at h * HEAD_DIM."""
+    X, x_strides = x
+    G, g_strides = grad
+    DX, dx_strides = dx
+    pid_s, pid_b, first, seq_len, batch_index = tokens
+    MATH_DTYPE: tl.constexpr = TYPES.MATH_DTYPE
+    EVICT: tl.constexpr = TYPES.EVICT
+    TOKEN_BLOCKS: tl.constexpr = TILE.TOKEN_BLOCKS
+    n_tokens = sizes[3]
+    eps, weight_offset = norm
+    heads = (first_head + tl.arange(0, BLOCK_H)).to(TYPES.INDEX_DTYPE)
     head_mask = heads < n_heads
-    w_a, w_b, w_t = norm_weights(W, w_stride, heads, head_mask, weight_offset, NORM, ROTARY_DIM, HEAD_DIM,
-                                 BLOCK_HALF, BLOCK_TAIL, INTERLEAVED, MATH_DTYPE)
+    w_a, w_b, w_t = norm_weights(weight, heads, head_mask, weight_offset, NORM, HEAD, MATH_DTYPE)
+    BLOCK_HALF: tl.constexpr = HEAD.BLOCK_HALF  # (a shape's extents are constexprs, not fields)
+    BLOCK_TAIL: tl.constexpr = HEAD.BLOCK_TAIL
     acc_a = tl.zeros([BLOCK_S, BLOCK_H, BLOCK_HALF], dtype=MATH_DTYPE)
     acc_b = tl.zeros([BLOCK_S, BLOCK_H, BLOCK_HALF], dtype=MATH_DTYPE)
     acc_t = tl.zeros([BLOCK_S, BLOCK_H, BLOCK_TAIL], dtype=MATH_DTYPE)
-    for i in tl.range(TOKEN_BLOCKS, num_stages=STAGES):
+    for i in tl.range(TOKEN_BLOCKS, num_stages=TILE.STAGES):
         s_local, token_rows, token_mask = _token_block(first, seq_len, pid_s * TOKEN_BLOCKS + i, n_tokens, BLOCK_S,
-                                                       INDEX_DTYPE)
+                                                       TYPES.INDEX_DTYPE)
         mask = token_mask[:, None] & head_mask[None, :]
-        x_a, x_b, x_t = load_head(X, _rows(x_strides, batch_index, token_rows, heads), mask, x_strides[3],
-                                  ROTARY_DIM, HEAD_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_TAIL, INTERLEAVED,
-                                  MATH_DTYPE, EVICT)
-        cos_a, sin_a, cos_b, sin_b = _cos_sin(
-            COS, SIN, POSITIONS, pid_b, batch_index, s_local, token_rows, token_mask, table_len, position_offset,
-            cos_strides, position_strides, ROTARY_DIM, BLOCK_HALF, INTERLEAVED, POS_MODE, COS_PER_TOKEN, True,
-            MATH_DTYPE)  # conjugated: the rotation by -θ
-        cos_a, sin_a, cos_b, sin_b = cos_a[:, None, :], sin_a[:, None, :], cos_b[:, None, :], sin_b[:, None, :]
-        g_a, g_b, g_t = load_head(G, _rows(g_strides, batch_index, token_rows, heads), mask, g_strides[3],
-                                  ROTARY_DIM, HEAD_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_TAIL, INTERLEAVED,
-                                  MATH_DTYPE, EVICT)
+        x_a, x_b, x_t = load_head(X, _rows(x_strides, batch_index, token_rows, heads), mask, x_strides[3], HEAD,
+                                  BLOCK_S, BLOCK_H, MATH_DTYPE, EVICT)
+        cos_a, sin_a, cos_b, sin_b = _angles(angles, positions, pid_b, batch_index, s_local, token_rows, token_mask,
+                                             HEAD, POSITION, True, MATH_DTYPE)  # conjugated: the rotation by -θ
+        g_a, g_b, g_t = load_head(G, _rows(g_strides, batch_index, token_rows, heads), mask, g_strides[3], HEAD,
+                                  BLOCK_S, BLOCK_H, MATH_DTYPE, EVICT)
         # padding lanes (pairs past ROTARY_DIM / 2, rows past the block's tokens or heads) hold NaN from the table's
         # masked loads: keep them out of the sums
-        pair_valid = mask[:, :, None] & (tl.arange(0, BLOCK_HALF) < ROTARY_DIM // 2)[None, None, :]
+        pair_valid = mask[:, :, None] & (tl.arange(0, HEAD.BLOCK_HALF) < HEAD.ROTARY_DIM // 2)[None, None, :]
         if NORM[0] == NORM_AFTER_C:
             x_a, x_b = _rotate(x_a, x_b, cos_a, -sin_a, cos_b, -sin_b, MATH_DTYPE, False)  # u = rotate(x, θ)
             x_a, x_b = tl.where(pair_valid, x_a, 0.0), tl.where(pair_valid, x_b, 0.0)
         else:
             g_a, g_b = _rotate(g_a, g_b, cos_a, sin_a, cos_b, sin_b, MATH_DTYPE, False)  # h = rotate(g, -θ)
             g_a, g_b = tl.where(pair_valid, g_a, 0.0), tl.where(pair_valid, g_b, 0.0)
-        r = rsqrt_mean_square(x_a, x_b, x_t, eps, n_heads, NORM, HEAD_DIM, MATH_DTYPE)
+        r = rsqrt_mean_square(x_a, x_b, x_t, eps, n_heads, NORM, HEAD.HEAD_DIM, MATH_DTYPE)
         dot = group_sum(tl.sum(g_a * w_a * x_a, 2) + tl.sum(g_b * w_b * x_b, 2) + tl.sum(g_t * w_t * x_t, 2), NORM)
         if NORM[2]:
-            mean = dot / (n_heads * HEAD_DIM)
+            mean = dot / (n_heads * HEAD.HEAD_DIM)
         else:
-            mean = dot / HEAD_DIM
+            mean = dot / HEAD.HEAD_DIM
         c = r * r * r * mean[:, :, None]
         dx_a, dx_b, dx_t = r * w_a * g_a - c * x_a, r * w_b * g_b - c * x_b, r * w_t * g_t - c * x_t
         if NORM[0] == NORM_AFTER_C:
             dx_a, dx_b = _rotate(dx_a, dx_b, cos_a, sin_a, cos_b, sin_b, MATH_DTYPE, False)
         store_head(DX, _rows(dx_strides, batch_index, token_rows, heads), mask, dx_a, dx_b, dx_t, dx_strides[3], 1.0,
-                   ROTARY_DIM, HEAD_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_TAIL, INTERLEAVED, True, STORE_PLAIN,
-                   EVICT, False)
+                   HEAD, BLOCK_S, BLOCK_H, True, STORE_PLAIN, EVICT, False)
         acc_a += g_a * x_a * r
         acc_b += g_b * x_b * r
         acc_t += g_t * x_t * r
     if NORM[2]:  # a weight a (head, channel): summed over the tokens, each head's at h * HEAD_DIM of the row
         dw_a, dw_b, dw_t = tl.sum(acc_a, 0)[None, :, :], tl.sum(acc_b, 0)[None, :, :], tl.sum(acc_t, 0)[None, :, :]
-        origin = dw_offset + heads.to(tl.int64)[None, :] * HEAD_DIM
+        origin = dw_offset + heads.to(tl.int64)[None, :] * HEAD.HEAD_DIM
         where = head_mask[None, :]
     else:  # one weight a channel, shared by the heads: summed over the heads and the tokens
         dw_a = tl.sum(tl.sum(acc_a, 1), 0)[None, None, :]
@@ -349,69 +416,71 @@ def _backward_heads(
         dw_t = tl.sum(tl.sum(acc_t, 1), 0)[None, None, :]
         origin = tl.zeros([1, 1], dtype=tl.int64) + dw_offset
         where = origin >= 0
-    store_head(DW, origin, where, dw_a, dw_b, dw_t, 1, 1.0, ROTARY_DIM, HEAD_DIM, 1, origin.shape[1], BLOCK_HALF,
-               BLOCK_TAIL, INTERLEAVED, True, STORE_PLAIN, "", DW_ATOMIC)
+    store_head(dw[0], origin, where, dw_a, dw_b, dw_t, 1, 1.0, HEAD, 1, origin.shape[1], True, STORE_PLAIN, "",
+               DW_ATOMIC)
 
 
 @triton.jit
 def fused_backward_kernel(
-    # q and k (the forward's inputs) and the gradients of the forward's outputs: (batch, seq, heads, HEAD_DIM)
-    # views, or packed with IS_VARLEN; strides are (batch, seq, head, channel) tuples
-    Q, K, GQ, GK, q_strides, k_strides, gq_strides, gk_strides,
-    # where the gradients of q and k go
-    DQ, DK, dq_strides, dk_strides,
+    # q and k (the forward's inputs) and the gradients of the forward's outputs, as (tensor, strides):
+    # (batch, seq, heads, HEAD_DIM) views, or packed with POSITION.IS_VARLEN; strides (batch, seq, head, channel)
+    q, k, grad_q, grad_k,
+    # where the gradients of q and k go, as (tensor, strides)
+    dq, dk,
     # the norm (NORM: where it lies, before or after the rotation, whether it has weights, over each head or all
-    # heads): the (HEAD_DIM,) or (n_heads * HEAD_DIM,) weights and their strides (q's, k's), eps, the weight offset;
-    # DW the weight gradients, two rows (q's, k's) every program adds into with DW_ATOMIC, else a row a program, each
-    # row sizes[5] values
-    Q_W, K_W, weight_strides, eps, weight_offset, DW,
+    # heads): the (HEAD_DIM,) or (n_heads * HEAD_DIM,) weights (tensor, stride), (eps, weight offset); the weight
+    # gradients (rows, a row's length): two rows (q's, k's) every program adds into with DW_ATOMIC, else a row a
+    # program
+    q_weight, k_weight, norm, dw,
     # the angles and the positions, as the forward's
-    COS, SIN, cos_strides, POSITIONS, position_strides, CU_SEQLENS, position_offset,
-    # (seqlen, n_heads_q, n_heads_k, table_len, n_tokens, the length of a weight-gradient row)
+    angles, positions,
+    # (seqlen, n_heads_q, n_heads_k, n_tokens)
     sizes,
-    # the head vector and the tile
-    ROTARY_DIM: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr,
-    BLOCK_HK: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_TAIL: tl.constexpr, TOKEN_BLOCKS: tl.constexpr,
-    STAGES: tl.constexpr, HEADS_INNER: tl.constexpr,
-    # what the call asks for
-    HAS_K: tl.constexpr, INTERLEAVED: tl.constexpr, POS_MODE: tl.constexpr, IS_VARLEN: tl.constexpr,
-    COS_PER_TOKEN: tl.constexpr, NORM: tl.constexpr, MATH_DTYPE: tl.constexpr, DW_ATOMIC: tl.constexpr,
-    # what the tensors allow
-    INDEX_DTYPE: tl.constexpr, EVICT: tl.constexpr,
+    # the head vector (fused_tiles.Head), the tile (Tile), the positions' form (PositionForm)
+    HEAD: tl.constexpr, TILE: tl.constexpr, POSITION: tl.constexpr,
+    # what the call asks for: k's programs, the norm, how the weight gradient is summed
+    HAS_K: tl.constexpr, NORM: tl.constexpr, DW_ATOMIC: tl.constexpr,
+    # what the tensors allow (Types)
+    TYPES: tl.constexpr,
 ):
-    """Grid: (token-block groups, head blocks of q then of k, batch or sequence), or with HEADS_INNER (groups x head
-    blocks, 1, batch or sequence); a group is TOKEN_BLOCKS blocks of BLOCK_S tokens."""
+    """Grid: (token-block groups, head blocks of q then of k, batch or sequence), or with TILE.HEADS_INNER (groups x
+    head blocks, 1, batch or sequence); a group is TILE.TOKEN_BLOCKS blocks of TILE.BLOCK_S tokens."""
+    # (rebuilt before any branch, as the forward's groups)
+    q, k, grad_q, grad_k = (q[0], q[1]), (k[0], k[1]), (grad_q[0], grad_q[1]), (grad_k[0], grad_k[1])
+    dq, dk = (dq[0], dq[1]), (dk[0], dk[1])
+    angles = (angles[0], angles[1], angles[2], angles[3])
+    positions = (positions[0], positions[1], positions[2], positions[3])
+    BLOCK_S: tl.constexpr = TILE.BLOCK_S
+    BLOCK_H: tl.constexpr = TILE.BLOCK_H
+    BLOCK_HK: tl.constexpr = TILE.BLOCK_HK
+    TOKEN_BLOCKS: tl.constexpr = TILE.TOKEN_BLOCKS
     seqlen, n_heads_q, n_heads_k = sizes[0], sizes[1], sizes[2]
     n_head_blocks_q = (n_heads_q + BLOCK_H - 1) // BLOCK_H
     n_head_blocks = n_head_blocks_q + (n_heads_k + BLOCK_HK - 1) // BLOCK_HK  # n_heads_k is 0 without k
     n_groups = ((seqlen + BLOCK_S - 1) // BLOCK_S + TOKEN_BLOCKS - 1) // TOKEN_BLOCKS
-    if HEADS_INNER:
+    if TILE.HEADS_INNER:
         pid_s = tl.program_id(0) // n_head_blocks
         pid_h = tl.program_id(0) % n_head_blocks
     else:
         pid_s = tl.program_id(0)
         pid_h = tl.program_id(1)
     pid_b = tl.program_id(2)
-    first, seq_len, batch_index = sequence_span(CU_SEQLENS, pid_b, seqlen, IS_VARLEN, INDEX_DTYPE)
+    first, seq_len, batch_index = sequence_span(positions[2], pid_b, seqlen, POSITION.IS_VARLEN, TYPES.INDEX_DTYPE)
     if pid_s * TOKEN_BLOCKS * BLOCK_S >= seq_len:
         return  # varlen: this sequence is shorter than the longest one
     if DW_ATOMIC:
         dw_row = (pid_h >= n_head_blocks_q).to(tl.int64)  # one row for q's weight gradient, one for k's
     else:
         dw_row = ((pid_b * n_head_blocks + pid_h) * n_groups + pid_s).to(tl.int64)
-    dw_offset = dw_row * sizes[5]
+    dw_offset = dw_row * dw[1]
+    tokens = (pid_s, pid_b, first, seq_len, batch_index)
     if pid_h < n_head_blocks_q:
-        _backward_heads(Q, GQ, DQ, q_strides, gq_strides, dq_strides, Q_W, weight_strides[0], eps, weight_offset, DW,
-                        dw_offset, COS, SIN, cos_strides, POSITIONS, position_strides, position_offset,
-                        pid_s, pid_b, first, seq_len, batch_index, pid_h * BLOCK_H, n_heads_q, sizes,
-                        ROTARY_DIM, HEAD_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_TAIL, TOKEN_BLOCKS, STAGES,
-                        INTERLEAVED, POS_MODE, COS_PER_TOKEN, NORM, MATH_DTYPE, DW_ATOMIC, INDEX_DTYPE, EVICT)
+        _backward_heads(q, grad_q, dq, q_weight, norm, dw, dw_offset, angles, positions, tokens, pid_h * BLOCK_H,
+                        n_heads_q, sizes, HEAD, BLOCK_S, BLOCK_H, TILE, POSITION, NORM, DW_ATOMIC, TYPES)
     elif HAS_K:
-        _backward_heads(K, GK, DK, k_strides, gk_strides, dk_strides, K_W, weight_strides[1], eps, weight_offset, DW,
-                        dw_offset, COS, SIN, cos_strides, POSITIONS, position_strides, position_offset,
-                        pid_s, pid_b, first, seq_len, batch_index, (pid_h - n_head_blocks_q) * BLOCK_HK, n_heads_k,
-                        sizes, ROTARY_DIM, HEAD_DIM, BLOCK_S, BLOCK_HK, BLOCK_HALF, BLOCK_TAIL, TOKEN_BLOCKS, STAGES,
-                        INTERLEAVED, POS_MODE, COS_PER_TOKEN, NORM, MATH_DTYPE, DW_ATOMIC, INDEX_DTYPE, EVICT)
+        _backward_heads(k, grad_k, dk, k_weight, norm, dw, dw_offset, angles, positions, tokens,
+                        (pid_h - n_head_blocks_q) * BLOCK_HK, n_heads_k, sizes, HEAD, BLOCK_S, BLOCK_HK, TILE,
+                        POSITION, NORM, DW_ATOMIC, TYPES)
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -492,15 +561,18 @@ def native_fp8(device) -> bool:
 # Plans and launches.
 # --------------------------------------------------------------------------------------------------------------------
 
-# What a forward plan takes at each call, in this order (a KernelLaunch's per-call arguments); None where the plan
-# was made without that tensor
-FORWARD_PER_CALL = ("Q", "K", "OUT_Q", "OUT_K", "V", "K_CACHE", "V_CACHE", "K_SCALE", "V_SCALE", "SLOTS",
-                    "BATCH_INDICES", "KV_INDICES", "KV_INDPTR", "Q_W", "K_W", "COS", "SIN", "POSITIONS", "CU_SEQLENS",
-                    "position_offset", "Q_SCALE", "K_GLOBAL", "V_GLOBAL")
-# (a call whose plan stores q in its own dtype, or whose cache is not NVFP4, may stop before Q_SCALE or K_GLOBAL: the
-# plan's None stays)
-BACKWARD_PER_CALL = ("Q", "K", "GQ", "GK", "DQ", "DK", "Q_W", "K_W", "DW", "COS", "SIN", "POSITIONS", "CU_SEQLENS",
-                     "position_offset")
+# What a forward plan takes at each call, in this order (a KernelLaunch's per-call values, each a tensor (or the
+# position offset) by its group and its place in the group); None where the plan was made without that tensor
+FORWARD_PER_CALL = (("q", 0), ("k", 0), ("out_q", 0), ("out_k", 0), ("v", 0), ("k_cache", 0), ("v_cache", 0),
+                    ("k_cache", 2), ("v_cache", 2), ("cache_rows", 0), ("cache_rows", 2), ("cache_rows", 3),
+                    ("cache_rows", 4), ("q_weight", 0), ("k_weight", 0), ("angles", 0), ("angles", 1),
+                    ("positions", 0), ("positions", 2), ("positions", 3), ("out_q", 2), ("k_cache", 4),
+                    ("v_cache", 4))
+# (a call whose plan stores q in its own dtype, or whose cache is not NVFP4, may stop before q's scale or k's global
+# scale: the plan's None stays)
+BACKWARD_PER_CALL = (("q", 0), ("k", 0), ("grad_q", 0), ("grad_k", 0), ("dq", 0), ("dk", 0), ("q_weight", 0),
+                     ("k_weight", 0), ("dw", 0), ("angles", 0), ("angles", 1), ("positions", 0), ("positions", 2),
+                     ("positions", 3))
 # the per-tensor scale's strides: constants (its one float is read without them)
 _ONE_SCALE = (1, 1, 1)
 
@@ -520,8 +592,9 @@ def _reach_fits_int32(*tensors) -> bool:
 
 class FusedBackward:
     """A planned backward launch: allocates the weight-gradient rows a call's programs write, launches, and sums
-    them. Called with :data:`BACKWARD_PER_CALL`'s tensors but ``DW``; returns ``(dw_q, dw_k)`` in the math dtype, of
-    ``dw_lengths`` values (the weights' lengths: head_dim each, or over all heads q's and k's heads x head_dim)."""
+    them. Called with :data:`BACKWARD_PER_CALL`'s tensors but the weight gradient's rows; returns ``(dw_q, dw_k)``
+    in the math dtype, of ``dw_lengths`` values (the weights' lengths: head_dim each, or over all heads q's and k's
+    heads x head_dim)."""
 
     __slots__ = ("launch", "dw_shape", "dw_dtype", "dw_zeroed", "dw_atomic", "n_blocks_q", "dw_lengths")
 
@@ -610,26 +683,24 @@ def plan_fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, inte
         cos_strides, table_len = (1, cos.stride(0), cos.stride(1)), cos.shape[0]
     pos = positions.tensor
     common = dict(
-        Q=q, K=k, q_strides=_strides(q), k_strides=_strides(k),
-        Q_W=q_weight, K_W=k_weight, eps=eps, weight_offset=weight_offset,
-        weight_strides=(q_weight.stride(0) if q_weight is not None else 1,
-                        k_weight.stride(0) if k_weight is not None else 1), NORM=norm_flags,
-        COS=cos, SIN=sin, cos_strides=cos_strides,
-        POSITIONS=pos, position_strides=_position_strides(positions), CU_SEQLENS=positions.cu_seqlens,
-        position_offset=positions.offset,
-        ROTARY_DIM=rotary_dim, HEAD_DIM=head_dim, BLOCK_S=config.block_s, BLOCK_H=config.block_h, BLOCK_HK=block_hk,
-        BLOCK_HALF=next_pow2(rotary_dim // 2), BLOCK_TAIL=next_pow2(max(head_dim - rotary_dim, 1)),
-        HEADS_INNER=config.heads_inner, HAS_K=k is not None, INTERLEAVED=interleaved, POS_MODE=positions.mode,
-        IS_VARLEN=varlen, COS_PER_TOKEN=cos_per_token, MATH_DTYPE=_MATH.get(q.dtype, tl.float32),
-        INDEX_DTYPE=tl.int32 if _reach_fits_int32(q, k, v, out_q, out_k, grad_q, grad_k, cos, sin, pos)
-        else tl.int64,
-        EVICT="evict_first" if config.evict_first else "")
+        q=(q, _strides(q)), k=(k, _strides(k)),
+        q_weight=(q_weight, q_weight.stride(0) if q_weight is not None else 1),
+        k_weight=(k_weight, k_weight.stride(0) if k_weight is not None else 1), norm=(eps, weight_offset),
+        angles=(cos, sin, cos_strides, table_len),
+        positions=(pos, _position_strides(positions), positions.cu_seqlens, positions.offset),
+        sizes=(seqlen, n_heads_q, n_heads_k, n_tokens),
+        HEAD=Head(rotary_dim, head_dim, next_pow2(rotary_dim // 2), next_pow2(max(head_dim - rotary_dim, 1)),
+                  interleaved),
+        POSITION=PositionForm(positions.mode, varlen, cos_per_token), HAS_K=k is not None, NORM=norm_flags,
+        TYPES=Types(_MATH.get(q.dtype, tl.float32),
+                    tl.int32 if _reach_fits_int32(q, k, v, out_q, out_k, grad_q, grad_k, cos, sin, pos) else tl.int64,
+                    "evict_first" if config.evict_first else ""))
     if backward:
         arguments = dict(
-            common, GQ=grad_q, GK=grad_k, gq_strides=_strides(grad_q), gk_strides=_strides(grad_k),
-            DQ=out_q, DK=out_k, dq_strides=_strides(out_q), dk_strides=_strides(out_k), DW=None,
-            sizes=(seqlen, n_heads_q, n_heads_k, table_len, n_tokens, dw_width),
-            TOKEN_BLOCKS=token_blocks, STAGES=config.stages, DW_ATOMIC=dw_atomic)
+            common, grad_q=(grad_q, _strides(grad_q)), grad_k=(grad_k, _strides(grad_k)),
+            dq=(out_q, _strides(out_q)), dk=(out_k, _strides(out_k)), dw=(None, dw_width),
+            TILE=Tile(config.block_s, config.block_h, block_hk, config.heads_inner, token_blocks, config.stages),
+            DW_ATOMIC=dw_atomic)
         launch = KernelLaunch(fused_backward_kernel, grid, config.num_warps, BACKWARD_PER_CALL, arguments)
         return FusedBackward(launch, dw_shape, dw_dtype, dw_zeroed, dw_atomic, n_blocks_q, dw_lengths)
     write_q, write_k = out_q is not None, out_k is not None
@@ -638,21 +709,18 @@ def plan_fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, inte
     in_place = any(out is not None and out.numel() > 0 and out.data_ptr() == x.data_ptr()
                    for x, out in ((q, out_q), (k, out_k)))
     v_dim = v.shape[-1] if v is not None else 1
+    quant = _quant(quant, k_cache, q.device)
     arguments = dict(
-        common, OUT_Q=out_q, OUT_K=out_k, out_q_strides=_strides(out_q), out_k_strides=_strides(out_k),
-        V=v, K_CACHE=k_cache, V_CACHE=v_cache, K_SCALE=k_scale, V_SCALE=v_scale, K_GLOBAL=k_global,
-        V_GLOBAL=v_global, SLOTS=slots,
-        v_strides=_strides(v), k_cache_strides=_strides(k_cache), v_cache_strides=_strides(v_cache),
-        slot_stride=slots.stride(0) if slots is not None else 1,
-        BATCH_INDICES=batch_indices, KV_INDICES=kv_indices, KV_INDPTR=kv_indptr,
-        page_table=(batch_indices.stride(0), kv_indices.stride(0), kv_indptr.stride(0), kv_indices.shape[0],
-                    kv_indptr.shape[0] - 1) if page_table is not None else (1, 1, 1, 0, 0),
-        sizes=(seqlen, n_heads_q, n_heads_k, table_len, n_tokens, cache_len, block_size),
-        V_DIM=v_dim, BLOCK_V=next_pow2(v_dim), WRITE_Q=write_q, WRITE_K=write_k,
-        WRITE_TAIL=norm or not in_place, CACHE=cache_mode, HAS_V=v is not None and cache_mode != CACHE_NONE,
-        QUANT=_quant(quant, k_cache, q.device), scale_strides=(_scale_strides(k_scale, quant),
-                                                               _scale_strides(v_scale, quant)),
-        Q_SCALE=q_scale, OUT_QUANT=_quant((q_format, PER_TENSOR), out_q, q.device))
+        common, out_q=_store(out_q, q_scale), out_k=_store(out_k),
+        v=(v, _strides(v)), k_cache=_store(k_cache, k_scale, k_global, quant),
+        v_cache=_store(v_cache, v_scale, v_global, quant),
+        cache_rows=(slots, slots.stride(0) if slots is not None else 1, batch_indices, kv_indices, kv_indptr,
+                    (batch_indices.stride(0), kv_indices.stride(0), kv_indptr.stride(0), kv_indices.shape[0],
+                     kv_indptr.shape[0] - 1) if page_table is not None else (1, 1, 1, 0, 0), cache_len, block_size),
+        TILE=Tile(config.block_s, config.block_h, block_hk, config.heads_inner),
+        WRITE=Writes(write_q, write_k, norm or not in_place),
+        CACHE=CacheWrite(cache_mode, v is not None and cache_mode != CACHE_NONE, v_dim, next_pow2(v_dim), quant),
+        OUT_QUANT=_quant((q_format, PER_TENSOR), out_q, q.device))
     return KernelLaunch(fused_forward_kernel, grid, config.num_warps, FORWARD_PER_CALL, arguments)
 
 
@@ -662,6 +730,12 @@ def _quant(quant: tuple, target, device) -> tuple:
     if target is None or quant[0] == PLAIN:
         return NO_QUANT
     return (quant[0], quant[1], quant[0] in (E4M3, E5M2) and native_fp8(device))
+
+
+def _store(target, scale=None, global_scale=None, quant: tuple = NO_QUANT) -> tuple:
+    """A store as the kernel takes it (``fused_tiles``): (the tensor written, its strides, its scale, the scale's
+    strides, NVFP4's global scale)."""
+    return target, _strides(target), scale, _scale_strides(scale, quant), global_scale
 
 
 def _scale_strides(scale, quant: tuple) -> tuple:

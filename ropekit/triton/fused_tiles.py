@@ -5,12 +5,14 @@ that composes them is :mod:`ropekit.triton.fused`."""
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import triton
 import triton.language as tl
 
 from .v4 import _load_pairs
 
-__all__ = ["PLAIN", "E4M3", "E5M2", "INT8", "NVFP4", "PER_TENSOR", "PER_HEAD", "PER_TOKEN_HEAD", "PER_BLOCK",
+__all__ = ["Head", "PLAIN", "E4M3", "E5M2", "INT8", "NVFP4", "PER_TENSOR", "PER_HEAD", "PER_TOKEN_HEAD", "PER_BLOCK",
            "NO_QUANT", "STORE_PLAIN", "float8_bits", "e4m3_bits", "e4m3_value", "e2m1_codes", "int8_values",
            "quantised", "head_amax", "channels_amax", "cache_scale", "head_scale", "channels_scale", "store_head",
            "store_channels", "store_nvfp4", "load_head", "norm_weights", "group_sum", "rsqrt_mean_square", "normed",
@@ -18,6 +20,21 @@ __all__ = ["PLAIN", "E4M3", "E5M2", "INT8", "NVFP4", "PER_TENSOR", "PER_HEAD", "
            "cache_slot", "sequence_span"]
 
 
+class Head(NamedTuple):
+    """The head vector as a tile lays it out (a constexpr the helpers read by field): ROTARY_DIM rotated channels,
+    paired (i, i + ROTARY_DIM / 2) or, INTERLEAVED, (2i, 2i + 1), each pair's halves in BLOCK_HALF lanes; the tail,
+    the HEAD_DIM - ROTARY_DIM channels past them, in BLOCK_TAIL lanes."""
+
+    ROTARY_DIM: int
+    HEAD_DIM: int
+    BLOCK_HALF: int
+    BLOCK_TAIL: int
+    INTERLEAVED: bool
+
+
+# A store (an output, or a cache) travels as one tuple: (tensor, its strides, the scale, the scale's strides, the
+# global scale), the last three read by the quantising stores only (None, or constants, where a store has no scale).
+#
 # The cache's store, one constexpr tuple QUANT = (FORMAT, SCALES, NATIVE):
 #   FORMAT: PLAIN (the cache's own dtype, no scale), E4M3, E5M2 (float8 bits in a uint8 view), INT8, NVFP4 (e2m1
 #           values, two a byte, element 2i in the low nibble);
@@ -27,7 +44,7 @@ __all__ = ["PLAIN", "E4M3", "E5M2", "INT8", "NVFP4", "PER_TENSOR", "PER_HEAD", "
 #   NATIVE: float8 bits by the GPU's own conversion instruction rather than integer arithmetic (the same bits).
 # A per-tensor scale is one float; the others are addressed alike, SCALE + block * strides[0] + row * strides[1] +
 # head * strides[2] (a per-head one with strides (0, 0, stride); NVFP4's block scales then + the 16-block's index):
-# one group, the scale pointers and their strides (and NVFP4's global scales), serves every mode.
+# the store's scale, its strides and its global scale serve every mode.
 PLAIN, E4M3, E5M2, INT8, NVFP4 = 0, 1, 2, 3, 4
 PER_TENSOR, PER_HEAD, PER_TOKEN_HEAD, PER_BLOCK = 0, 1, 2, 3
 NO_QUANT = (PLAIN, PER_TENSOR, False)
@@ -166,27 +183,27 @@ def channels_amax(values, mask):
 
 
 @triton.jit
-def head_amax(y_a, y_b, y_t, ROTARY_DIM: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_HALF: tl.constexpr,
-              BLOCK_TAIL: tl.constexpr):
+def head_amax(y_a, y_b, y_t, HEAD: tl.constexpr):
     """The largest ``|value|`` of each head vector given as pair halves and a tail ([BLOCK_S, BLOCK_H, 1]; padding
     channels and NaN not counted): the reduction QK-norm's mean square makes, on the rotated values."""
-    pairs = (tl.arange(0, BLOCK_HALF) < ROTARY_DIM // 2)[None, None, :]
+    pairs = (tl.arange(0, HEAD.BLOCK_HALF) < HEAD.ROTARY_DIM // 2)[None, None, :]
     amax = tl.maximum(channels_amax(y_a, pairs), channels_amax(y_b, pairs))
-    if ROTARY_DIM < HEAD_DIM:
-        amax = tl.maximum(amax, channels_amax(y_t, (ROTARY_DIM + tl.arange(0, BLOCK_TAIL) < HEAD_DIM)[None, None, :]))
+    if HEAD.ROTARY_DIM < HEAD.HEAD_DIM:
+        tail = HEAD.ROTARY_DIM + tl.arange(0, HEAD.BLOCK_TAIL)
+        amax = tl.maximum(amax, channels_amax(y_t, (tail < HEAD.HEAD_DIM)[None, None, :]))
     return amax
 
 
 @triton.jit
-def cache_scale(scales, block, row, heads, mask, amax, QUANT: tl.constexpr):
+def cache_scale(store, block, row, heads, mask, amax, QUANT: tl.constexpr):
     """The scale a tile of head vectors is stored at (one float, or [BLOCK_S, BLOCK_H, 1]): read (PER_TENSOR; PER_HEAD,
     whose strides are (0, 0, head stride)), or ``max(amax / format max, smallest normal float32)`` written at the
     tile's (block, row, head) where ``mask`` holds (PER_TOKEN_HEAD; the floor keeps an all-zero head's scale finite
     and nonzero); for NVFP4 (PER_BLOCK) the global scale read and where the tile's block scales go ([BLOCK_S,
-    BLOCK_H] pointers), written by :func:`store_nvfp4`. ``scales``: the store's (scale pointer, NVFP4's global scale
-    pointer, (block, row, head) strides); ``block``, ``row``: [BLOCK_S]; ``amax``: the head vectors' absolute maxima,
+    BLOCK_H] pointers), written by :func:`store_nvfp4`. ``store``: (tensor, strides, scale, the scale's (block, row,
+    head) strides, NVFP4's global scale); ``block``, ``row``: [BLOCK_S]; ``amax``: the head vectors' absolute maxima,
     read only for PER_TOKEN_HEAD."""
-    SCALE, GLOBAL, strides = scales
+    SCALE, strides, GLOBAL = store[2], store[3], store[4]
     if QUANT[1] == _PER_TENSOR:
         scale = tl.load(SCALE)
     else:
@@ -202,52 +219,51 @@ def cache_scale(scales, block, row, heads, mask, amax, QUANT: tl.constexpr):
 
 
 @triton.jit
-def head_scale(scales, block, row, heads, mask, y_a, y_b, y_t, ROTARY_DIM: tl.constexpr, HEAD_DIM: tl.constexpr,
-               BLOCK_HALF: tl.constexpr, BLOCK_TAIL: tl.constexpr, QUANT: tl.constexpr):
+def head_scale(store, block, row, heads, mask, y_a, y_b, y_t, HEAD: tl.constexpr, QUANT: tl.constexpr):
     """The scale a tile of head vectors (pair halves and tail, rotated) is stored at: 1.0 for a store in the cache's
     own dtype, else :func:`cache_scale` (per (token, head): from the vectors' absolute maxima, written)."""
     scale = 1.0
     if QUANT[0] != _PLAIN:
         amax = 0.0
         if QUANT[1] == _PER_TOKEN_HEAD:
-            amax = head_amax(y_a, y_b, y_t, ROTARY_DIM, HEAD_DIM, BLOCK_HALF, BLOCK_TAIL).to(tl.float32)
-        scale = cache_scale(scales, block, row, heads, mask, amax, QUANT)
+            amax = head_amax(y_a, y_b, y_t, HEAD).to(tl.float32)
+        scale = cache_scale(store, block, row, heads, mask, amax, QUANT)
     return scale
 
 
 @triton.jit
-def channels_scale(scales, block, row, heads, mask, values, channel_mask, QUANT: tl.constexpr):
+def channels_scale(store, block, row, heads, mask, values, channel_mask, QUANT: tl.constexpr):
     """:func:`head_scale` for head vectors given as one run of channels (v's), ``channel_mask`` their extent."""
     scale = 1.0
     if QUANT[0] != _PLAIN:
         amax = 0.0
         if QUANT[1] == _PER_TOKEN_HEAD:
             amax = channels_amax(values.to(tl.float32), channel_mask)
-        scale = cache_scale(scales, block, row, heads, mask, amax, QUANT)
+        scale = cache_scale(store, block, row, heads, mask, amax, QUANT)
     return scale
 
 
 @triton.jit
-def store_head(OUT, rows, mask, y_a, y_b, y_t, stride_d, scale, ROTARY_DIM: tl.constexpr, HEAD_DIM: tl.constexpr,
-               BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_TAIL: tl.constexpr,
-               INTERLEAVED: tl.constexpr, WRITE_TAIL: tl.constexpr, QUANT: tl.constexpr, EVICT: tl.constexpr,
+def store_head(OUT, rows, mask, y_a, y_b, y_t, stride_d, scale, HEAD: tl.constexpr, BLOCK_S: tl.constexpr,
+               BLOCK_H: tl.constexpr, WRITE_TAIL: tl.constexpr, QUANT: tl.constexpr, EVICT: tl.constexpr,
                ATOMIC: tl.constexpr):
     """Store a [BLOCK_S, BLOCK_H] tile of head vectors given as pair halves (and the tail past ROTARY_DIM), cast to
     OUT's dtype, or quantised at ``scale`` as QUANT says (:func:`store_channels`); with ATOMIC, add them to what
     OUT holds."""
-    if INTERLEAVED:
-        channels = tl.arange(0, 2 * BLOCK_HALF)
-        y = tl.reshape(tl.join(y_a, y_b), [BLOCK_S, BLOCK_H, 2 * BLOCK_HALF])
-        store_channels(OUT, rows, channels, y, mask[:, :, None] & (channels < ROTARY_DIM)[None, None, :],
+    if HEAD.INTERLEAVED:
+        channels = tl.arange(0, 2 * HEAD.BLOCK_HALF)
+        CHANNELS: tl.constexpr = 2 * HEAD.BLOCK_HALF  # (a shape's extents are constexprs, not fields)
+        y = tl.reshape(tl.join(y_a, y_b), [BLOCK_S, BLOCK_H, CHANNELS])
+        store_channels(OUT, rows, channels, y, mask[:, :, None] & (channels < HEAD.ROTARY_DIM)[None, None, :],
                        stride_d, scale, QUANT, EVICT, ATOMIC)
     else:
-        pairs = tl.arange(0, BLOCK_HALF)
-        pair_mask = mask[:, :, None] & (pairs < ROTARY_DIM // 2)[None, None, :]
+        pairs = tl.arange(0, HEAD.BLOCK_HALF)
+        pair_mask = mask[:, :, None] & (pairs < HEAD.ROTARY_DIM // 2)[None, None, :]
         store_channels(OUT, rows, pairs, y_a, pair_mask, stride_d, scale, QUANT, EVICT, ATOMIC)
-        store_channels(OUT, rows, pairs + ROTARY_DIM // 2, y_b, pair_mask, stride_d, scale, QUANT, EVICT, ATOMIC)
-    if WRITE_TAIL and ROTARY_DIM < HEAD_DIM:
-        tail = ROTARY_DIM + tl.arange(0, BLOCK_TAIL)
-        tail_mask = mask[:, :, None] & (tail < HEAD_DIM)[None, None, :]
+        store_channels(OUT, rows, pairs + HEAD.ROTARY_DIM // 2, y_b, pair_mask, stride_d, scale, QUANT, EVICT, ATOMIC)
+    if WRITE_TAIL and HEAD.ROTARY_DIM < HEAD.HEAD_DIM:
+        tail = HEAD.ROTARY_DIM + tl.arange(0, HEAD.BLOCK_TAIL)
+        tail_mask = mask[:, :, None] & (tail < HEAD.HEAD_DIM)[None, None, :]
         store_channels(OUT, rows, tail, y_t, tail_mask, stride_d, scale, QUANT, EVICT, ATOMIC)
 
 
@@ -299,38 +315,39 @@ def store_nvfp4(OUT, rows, channels, values, mask, stride_d, scale, EVICT: tl.co
 
 
 @triton.jit
-def load_head(X, rows, mask, stride_d, ROTARY_DIM: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr,
-              BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_TAIL: tl.constexpr, INTERLEAVED: tl.constexpr,
+def load_head(X, rows, mask, stride_d, HEAD: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr,
               MATH_DTYPE: tl.constexpr, EVICT: tl.constexpr):
-    """A tile of head vectors as (first of each pair, second of each pair, tail past ROTARY_DIM), in MATH_DTYPE."""
-    x_a, x_b = _load_pairs(X, rows, mask, stride_d, ROTARY_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF, INTERLEAVED,
-                           MATH_DTYPE, EVICT)
-    if ROTARY_DIM < HEAD_DIM:
-        tail = ROTARY_DIM + tl.arange(0, BLOCK_TAIL)
-        tail_mask = mask[:, :, None] & (tail < HEAD_DIM)[None, None, :]
+    """A [BLOCK_S, BLOCK_H] tile of head vectors as (first of each pair, second of each pair, tail past ROTARY_DIM),
+    in MATH_DTYPE."""
+    x_a, x_b = _load_pairs(X, rows, mask, stride_d, HEAD.ROTARY_DIM, BLOCK_S, BLOCK_H, HEAD.BLOCK_HALF,
+                           HEAD.INTERLEAVED, MATH_DTYPE, EVICT)
+    if HEAD.ROTARY_DIM < HEAD.HEAD_DIM:
+        tail = HEAD.ROTARY_DIM + tl.arange(0, HEAD.BLOCK_TAIL)
+        tail_mask = mask[:, :, None] & (tail < HEAD.HEAD_DIM)[None, None, :]
         x_t = tl.load(X + rows[:, :, None] + tail[None, None, :] * stride_d, mask=tail_mask, other=0.0,
                       eviction_policy=EVICT).to(MATH_DTYPE)
     else:  # full rotary: no tail, no masked access issued for one
+        BLOCK_TAIL: tl.constexpr = HEAD.BLOCK_TAIL  # (a shape's extents are constexprs, not fields)
         x_t = tl.zeros([BLOCK_S, BLOCK_H, BLOCK_TAIL], dtype=MATH_DTYPE)
     return x_a, x_b, x_t
 
 
 @triton.jit
-def norm_weights(W, stride_w, heads, head_mask, weight_offset, NORM: tl.constexpr, ROTARY_DIM: tl.constexpr,
-                 HEAD_DIM: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_TAIL: tl.constexpr,
-                 INTERLEAVED: tl.constexpr, MATH_DTYPE: tl.constexpr):
+def norm_weights(weight, heads, head_mask, weight_offset, NORM: tl.constexpr, HEAD: tl.constexpr,
+                 MATH_DTYPE: tl.constexpr):
     """The norm's per-channel factor ``weight_offset + w`` laid out like a [1, 1] tile of head vectors (one weight a
     channel, every head's), or over all heads (NORM[2]) like a [1, BLOCK_H] tile: head ``heads[i]``'s own channels
-    of the ``(n_heads * HEAD_DIM,)`` weight, where ``head_mask`` holds. A weightless norm: 1."""
+    of the ``(n_heads * HEAD_DIM,)`` weight, where ``head_mask`` holds. ``weight``: (tensor, stride). A weightless
+    norm: 1."""
     if NORM[1]:
+        W, stride_w = weight
         if NORM[2]:
-            origin = (heads * (HEAD_DIM * stride_w))[None, :]
+            origin = (heads * (HEAD.HEAD_DIM * stride_w))[None, :]
             where = head_mask[None, :]
         else:
             origin = tl.zeros([1, 1], dtype=tl.int32)
             where = origin == 0
-        w_a, w_b, w_t = load_head(W, origin, where, stride_w, ROTARY_DIM, HEAD_DIM, 1, origin.shape[1], BLOCK_HALF,
-                                  BLOCK_TAIL, INTERLEAVED, MATH_DTYPE, "")
+        w_a, w_b, w_t = load_head(W, origin, where, stride_w, HEAD, 1, origin.shape[1], MATH_DTYPE, "")
         w_a, w_b, w_t = w_a + weight_offset, w_b + weight_offset, w_t + weight_offset
     else:
         w_a, w_b, w_t = 1.0, 1.0, 1.0
@@ -365,19 +382,18 @@ def rsqrt_mean_square(x_a, x_b, x_t, eps, n_heads, NORM: tl.constexpr, HEAD_DIM:
 
 
 @triton.jit
-def normed(x_a, x_b, x_t, w_a, w_b, w_t, eps, n_heads, NORM: tl.constexpr, ROTARY_DIM: tl.constexpr,
-           HEAD_DIM: tl.constexpr, BLOCK_HALF: tl.constexpr, MATH_DTYPE: tl.constexpr):
+def normed(x_a, x_b, x_t, w_a, w_b, w_t, eps, n_heads, NORM: tl.constexpr, HEAD: tl.constexpr,
+           MATH_DTYPE: tl.constexpr):
     """A tile of head vectors (pair halves and tail) times ``r = rsqrt_mean_square`` and the weights, and ``r``.
     Padding pairs (past ROTARY_DIM / 2; after a rotation they hold the masked table's NaN) count as 0."""
-    pairs = (tl.arange(0, BLOCK_HALF) < ROTARY_DIM // 2)[None, None, :]
+    pairs = (tl.arange(0, HEAD.BLOCK_HALF) < HEAD.ROTARY_DIM // 2)[None, None, :]
     x_a, x_b = tl.where(pairs, x_a, 0.0), tl.where(pairs, x_b, 0.0)
-    r = rsqrt_mean_square(x_a, x_b, x_t, eps, n_heads, NORM, HEAD_DIM, MATH_DTYPE)
+    r = rsqrt_mean_square(x_a, x_b, x_t, eps, n_heads, NORM, HEAD.HEAD_DIM, MATH_DTYPE)
     return x_a * r * w_a, x_b * r * w_b, x_t * r * w_t, r
 
 
 @triton.jit
-def cache_slot(SLOTS, BATCH_INDICES, KV_INDICES, KV_INDPTR, slot_stride, page_table, token, s_local, pid_b, mask,
-               cache_len, block_size, CACHE: tl.constexpr):
+def cache_slot(cache_rows, token, s_local, pid_b, mask, CACHE: tl.constexpr):
     """The address map: where each token of the tile goes in the cache, as (block or sequence, row inside it) and
     whether it is written at all. Where the head axis lies (NHD or HND) is the cache's strides, not this map's.
 
@@ -389,9 +405,12 @@ def cache_slot(SLOTS, BATCH_INDICES, KV_INDICES, KV_INDPTR, slot_stride, page_ta
       ``p = SLOTS[token]`` in it; its pages are ``KV_INDICES[KV_INDPTR[b]:KV_INDPTR[b + 1]]``, so the block is
       ``KV_INDICES[KV_INDPTR[b] + p // block_size]`` and the row ``p % block_size``. Only entries of the request's
       own span of KV_INDICES are read and only blocks among the ``cache_len // block_size`` are written.
-      ``page_table``: (BATCH_INDICES' stride, KV_INDICES' stride, KV_INDPTR's stride, KV_INDICES' length, the
-      number of requests).
+
+    ``cache_rows``: (SLOTS, its stride, BATCH_INDICES, KV_INDICES, KV_INDPTR, page_table, cache_len, block_size),
+    ``page_table`` (BATCH_INDICES' stride, KV_INDICES' stride, KV_INDPTR's stride, KV_INDICES' length, the number
+    of requests).
     """
+    SLOTS, slot_stride, BATCH_INDICES, KV_INDICES, KV_INDPTR, page_table, cache_len, block_size = cache_rows
     if CACHE == 1:
         row = tl.load(SLOTS + pid_b * slot_stride).to(tl.int64) + s_local.to(tl.int64)
         block = tl.zeros_like(row) + pid_b

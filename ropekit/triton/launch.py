@@ -73,14 +73,96 @@ def _specialisation(value):
     return value.data_ptr() % 16 == 0
 
 
-def _static(value):
-    """A launch argument as a key: tensors by dtype (their addresses change from call to call)."""
-    return value.dtype if isinstance(value, torch.Tensor) else value
+def _static(value, per_call: bool = False):
+    """A launch argument as a key: tensors by dtype (their addresses change from call to call), tuples leaf by leaf;
+    a per-call value that is not a tensor (the position offset) by nothing (its class is the call's
+    specialisation)."""
+    if isinstance(value, torch.Tensor):
+        return value.dtype
+    return None if per_call else value
+
+
+def _path(per_call) -> tuple:
+    """A per-call entry as a path: a parameter's name, or (name, index, ...) for a value inside a tuple argument."""
+    return (per_call,) if isinstance(per_call, str) else tuple(per_call)
+
+
+def _with_values(names: tuple, arguments: dict, paths: tuple, marker) -> list:
+    """The arguments in ``names``' order, with ``marker(i)`` put where per-call value ``i`` goes (tuples rebuilt
+    around them); arguments holding no per-call value are kept as they are."""
+    inside: dict = {}
+    for i, path in enumerate(paths):
+        inside.setdefault(path[0], []).append((path[1:], i))
+
+    def place(value, entries):
+        if entries == [((), entries[0][1])]:
+            return marker(entries[0][1])
+        items = list(value)
+        for index in {rest[0] for rest, _ in entries}:
+            items[index] = place(items[index], [(rest[1:], i) for rest, i in entries if rest[0] == index])
+        return tuple(items)
+    return [place(arguments[n], inside[n]) if n in inside else arguments[n] for n in names]
+
+
+class _PerCall:
+    """Where per-call value ``index`` goes, while an assembler's expression is written."""
+
+    __slots__ = ("index",)
+
+    def __init__(self, index: int):
+        self.index = index
+
+
+def _assembler(arguments: list, n_values: int, defaults: tuple):
+    """A function of the per-call values (as positional arguments; absent trailing ones are ``defaults``) that returns
+    the runner's arguments: ``arguments`` (marked with :class:`_PerCall` where each value goes) with the values in
+    place. Per-call values may sit inside tuple arguments (a tensor beside its strides), so each call rebuilds those
+    tuples; the function is one tuple expression, written out once per argument structure and compiled, because a
+    loop that rebuilds them costs about a microsecond a decode call more (docs/tuning.md#direct-launch)."""
+    constants: list = []
+
+    def items(values) -> str:
+        """The values as the items of a tuple display: per-call values by name, tuples holding one rebuilt, the
+        others read from ``c``; a long run of them spliced in as one prebuilt tuple (a splice costs more than a few
+        reads)."""
+        parts, run = [], []
+
+        def flush():
+            if len(run) >= 4:
+                constants.append(tuple(run))
+                parts.append(f"*c[{len(constants) - 1}]")
+            for value in run if len(run) < 4 else ():
+                constants.append(value)
+                parts.append(f"c[{len(constants) - 1}]")
+            run.clear()
+        for value in values:
+            if _holds_per_call(value):
+                flush()
+                parts.append(f"v{value.index}" if isinstance(value, _PerCall) else "(" + items(value) + ")")
+            else:
+                run.append(value)
+        flush()
+        return "".join(part + ", " for part in parts)
+    body = items(arguments)
+    parameters = ", ".join(f"v{i}=d[{i}]" for i in range(n_values))
+    return _factory(f"lambda c, d: lambda {parameters}: ({body})")(tuple(constants), defaults)
+
+
+def _holds_per_call(value) -> bool:
+    return isinstance(value, _PerCall) or (isinstance(value, tuple) and any(map(_holds_per_call, value)))
+
+
+@functools.lru_cache(maxsize=256)
+def _factory(source: str):
+    return eval(source)  # noqa: S307 (the source is written by _assembler from argument structures, not from data)
 
 
 class KernelLaunch:
-    """One kernel launch with everything fixed but the arguments named in ``per_call``: ``kernel[grid](**arguments,
-    num_warps=num_warps)`` with ``per_call``'s values given at each call, in that order.
+    """One kernel launch with everything fixed but the values named in ``per_call``: ``kernel[grid](**arguments,
+    num_warps=num_warps)`` with ``per_call``'s values given at each call, in that order. A ``per_call`` entry names a
+    parameter, or a value inside a tuple argument by the parameter's name and the index in it (``("q", 0)``: the
+    tensor of the (tensor, strides) pair ``q``). A call may give fewer values than ``per_call`` names: the rest are
+    the plan's.
 
     Triton's JIT entry point re-derives the specialisation of every argument in Python on every call, which is most of
     a decode step's host time (docs/tuning.md#direct-launch). After the first launch of a given specialisation of the
@@ -88,8 +170,7 @@ class KernelLaunch:
     own order, which this class reads from the kernel's signature: no host code knows where a parameter sits.
     """
 
-    __slots__ = ("kernel", "grid", "num_warps", "arguments", "per_call", "runtime", "runtime_slots", "everything",
-                 "everything_slots", "key")
+    __slots__ = ("kernel", "grid", "num_warps", "arguments", "per_call", "runtime", "everything", "key")
 
     def __init__(self, kernel, grid: tuple, num_warps: int, per_call: tuple, arguments: dict):
         # the grid as three extents: a compiled runner reads grid[0], grid[1] and grid[2] (the JIT entry pads them)
@@ -97,19 +178,18 @@ class KernelLaunch:
         self.kernel, self.num_warps, self.per_call = kernel, num_warps, per_call
         self.arguments = arguments
         names, constexprs = _signature(kernel)
-        # The compiled runner takes the non-constexpr arguments (Triton 3.6), or every argument (later versions): both
-        # orders are kept, with where each per-call value goes in each
-        runtime = [n for n in names if n not in constexprs]
-        self.runtime = [arguments[n] for n in runtime]
-        self.runtime_slots = tuple(runtime.index(n) for n in per_call)
-        self.everything = [arguments[n] for n in names]
-        self.everything_slots = tuple(names.index(n) for n in per_call)
+        paths = tuple(map(_path, per_call))
+        defaults = tuple(_at(arguments, path) for path in paths)
+        marked = _with_values(names, arguments, paths, _PerCall)
+        # The compiled runner takes the non-constexpr arguments (Triton 3.6), or every argument (later versions): an
+        # assembler for each
+        self.everything = _assembler(marked, len(paths), defaults)
+        self.runtime = _assembler([a for n, a in zip(names, marked) if n not in constexprs], len(paths), defaults)
         # what Triton specialises on, but the per-call values' addresses and integer classes: launches with equal
         # keys share compiled runners, so a launch planned afresh (autograd's backward, an uncached call) still takes
         # the direct path. A per-call tensor enters by its dtype: a launch is called with tensors of its plan's dtypes.
-        self.key = (kernel, grid, num_warps) + tuple(
-            _static(arguments[n]) if n not in per_call or isinstance(arguments[n], torch.Tensor)
-            else None for n in names)
+        self.key = (kernel, grid, num_warps) + tuple(_leaves_static(value) for value in _with_values(
+            names, arguments, paths, lambda i: _static(defaults[i], per_call=True)))
 
     @property
     def constexprs(self) -> dict:
@@ -118,10 +198,24 @@ class KernelLaunch:
 
     def named(self, values) -> dict:
         """The launch's arguments by name, with ``values`` for the per-call ones."""
-        return {**self.arguments, **dict(zip(self.per_call, values))}
+        return dict(zip(_signature(self.kernel)[0], self.everything(*values)))
 
     def __call__(self, *values) -> None:
         _launch(self, values)
+
+
+def _at(arguments: dict, path: tuple):
+    value = arguments[path[0]]
+    for index in path[1:]:
+        value = value[index]
+    return value
+
+
+def _leaves_static(value):
+    """:func:`_static` through tuples (a per-call value is already its key)."""
+    if isinstance(value, tuple):
+        return tuple(map(_leaves_static, value))
+    return _static(value)
 
 
 def _run_direct(launch: KernelLaunch, values: tuple) -> None:
@@ -189,12 +283,7 @@ def _call_compiled(launch: KernelLaunch, entry: list, values: tuple) -> None:
     if with_constexprs == "jit":
         launch.kernel[launch.grid](**launch.named(values), num_warps=launch.num_warps)
         return
-    if with_constexprs:
-        args, slots = launch.everything.copy(), launch.everything_slots
-    else:
-        args, slots = launch.runtime.copy(), launch.runtime_slots
-    for slot, value in zip(slots, values):
-        args[slot] = value
+    args = (launch.everything if with_constexprs else launch.runtime)(*values)
     if _current_stream is None:
         runner(*args)
     else:
