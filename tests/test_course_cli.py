@@ -106,8 +106,13 @@ def test_grade_takes_a_folder_or_the_solutions(argv, capsys):
 def test_grade_takes_a_prediction_and_grades_it_against_the_stored_runs_on_a_cpu(tmp_path, capsys):
     (tmp_path / "ex05_qk_offsets.py").write_text(solution_source("05_qk_offsets"))
     assert main(["grade", str(tmp_path), "--predict", "05_qk_offsets=92"]) == 0
-    prediction = [line for line in capsys.readouterr().out.splitlines() if line.strip().startswith("prediction:")]
+    out = capsys.readouterr().out
+    prediction = [line for line in out.splitlines() if line.strip().startswith("prediction:")]
     assert prediction and "you predicted 92 %" in " ".join(prediction), prediction
+    summary = out.split("=== grades")[1]
+    row = next(line for line in summary.splitlines() if "05_qk_offsets" in line)
+    assert "prediction: Right" in row or "prediction: Off" in row, row  # the prediction's grade in the summary
+    assert "--predict" not in out  # no advice to give the prediction already given
 
 
 @pytest.mark.parametrize("pair, words", [("02_row_kernel=90", "not a speed exercise"),

@@ -75,6 +75,13 @@ def test_the_wrong_pair_index_is_read_from_the_values():
     assert result.diagnosis == "other_pairing" and "GPT-J" in result.message
 
 
+def test_a_position_taken_from_the_row_index_is_explained_in_threads_not_programs():
+    result = check(_planted("const int position = (row / n_heads) % seq_len;", "const int position = row % seq_len;"))
+    assert result.diagnosis == "broadcast", str(result)
+    assert "one thread a pair" in result.message and "(row / n_heads) % seq_len" in result.message
+    assert "program" not in result.message
+
+
 def test_a_kernel_using_shared_memory_compiles_with_nvcc_but_is_sent_to_a_gpu():
     if course_cuda.find_nvcc() is None:
         pytest.skip("nvcc is not installed")

@@ -58,8 +58,9 @@ def _speed_lines(name: str, code, predicted: float | None = None) -> tuple[list[
                 f"{100 * speed.STRETCH:.0f} %: {'passed' if stretch.ok else 'not reached'}"] + lines, True
     if not stretch.graded and "once the values are right" in stretch.message:
         return lines, False
-    return ["    % of the byte floor: needs a GPU (this machine graded correctness; --predict "
-            f"{name}=PCT grades your prediction against stored measurements)"] + lines, False
+    graded_how = ("your prediction is graded below against stored measurements" if predicted is not None
+                  else f"--predict {name}=PCT grades your prediction against stored measurements")
+    return [f"    % of the byte floor: needs a GPU (this machine graded correctness; {graded_how})"] + lines, False
 
 
 def _predictions(pairs: list[str]) -> dict[str, float]:
@@ -105,7 +106,10 @@ def grade_all(folder: Path | None, predicted: dict[str, float] | None = None) ->
                    and not timed else "PASSED" if result.ok else "needs a GPU" if result.diagnosis == "needs_gpu"
                    else "not yet solved" if result.diagnosis == "not_solved" else f"FAILED ({result.diagnosis})")
         failed += not result.ok and result.diagnosis != "needs_gpu"
-        rows.append((name, verdict, extra[0].strip() if extra else ""))
+        # the summary's note: the prediction's grade where one was given, else the speed line
+        notes = [line.strip() for line in extra if line.strip().startswith("prediction:")] or [
+            line.strip() for line in extra[:1]]
+        rows.append((name, verdict, notes[0] if notes else ""))
     print("\n=== grades")
     for name, verdict, note in rows:
         print(f"{name:26s} {verdict:28s} {note}")

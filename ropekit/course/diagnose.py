@@ -376,6 +376,8 @@ _BROADCAST_HINTS = {
                  "the head axis: angles[:, :, None, :]."),
     "row": ("With one program a (token, head) row, the position comes from the row's token, "
             "(row // n_heads) % seq_len, not from the row index itself."),
+    "thread": ("With one thread a pair, the position comes from the pair's token: its row is pair / n_pairs_per_row, "
+               "and the row's token (row / n_heads) % seq_len, not the row index itself."),
     "tile": ("In a tile, a token's cos/sin row was spread over the wrong axis: a cos tile [BLOCK_S, HALF] combined "
              "with x [BLOCK_S, BLOCK_H, HALF] lines up from the right, so its token axis lands on the head axis. "
              "Insert the head axis: `cos[:, None, :]` is [BLOCK_S, 1, HALF], one token's row for all of its heads."),

@@ -348,7 +348,7 @@ _add(Exercise(
         RopeCase("float32, 3 sequences x 5 tokens x 3 heads, head_dim 16: 360 pairs, the last block part-filled",
                  3, 5, 3, 16, seed=1),
     ),
-    run=_run_cuda, notes={"program": "row"},
+    run=_run_cuda, notes={"program": "thread"},
 ))
 
 
