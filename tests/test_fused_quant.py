@@ -570,3 +570,32 @@ def test_cuda_graph_decode_step_replays_with_new_slots_and_scales(kv_cache_dtype
         if dynamic:
             for key in scale_args:
                 assert torch.equal(scale_args[key].view(torch.uint8), eager_scales[key].view(torch.uint8))
+
+
+def test_each_format_is_chosen_for_in_a_bucket_of_its_own(monkeypatch):
+    """A float8 rounding, an int8 rounding and a per-(token, head) scale cost differently: the launch choice (and the
+    autotune's disk cache) keeps them apart, not under one "one-byte cache" bucket."""
+    from ropekit.triton import choice
+    from ropekit.triton.launch import plans
+
+    seen = []
+    choose = choice.choose_fused
+    monkeypatch.setattr(choice, "choose_fused", lambda shape, *a, **kw: seen.append(shape) or choose(shape, *a, **kw))
+    for fmt, mode in (("e4m3", "tensor"), ("e5m2", "tensor"), ("int8", "tensor"), ("e4m3", "token_head"),
+                      ("int8", "token_head")):
+        plans.clear()
+        cache_dtype, kv_cache_dtype = FORMATS[fmt]
+        q, k, v, (k_cache, v_cache), scale_caches, slots = case(cache_dtype=cache_dtype)
+        cos, sin = ropekit.cos_sin_table(32, 16, device=DEVICE)
+        if mode == "token_head":
+            kwargs = dict(k_scale_cache=scale_caches[0], v_scale_cache=scale_caches[1],
+                          kv_cache_dtype=f"{'fp8' if fmt == 'e4m3' else fmt}_per_token_head")
+        else:
+            one = torch.ones(1, device=DEVICE)
+            kwargs = dict(k_scale=one, v_scale=one, kv_cache_dtype=kv_cache_dtype)
+        with ropekit.device.set_backend("triton"):
+            ropekit.rope_and_cache(q, k, v, cos, sin, k_cache=k_cache, v_cache=v_cache, slot_mapping=slots,
+                                   positions=torch.arange(6, device=DEVICE), layout="thd",
+                                   cu_seqlens=torch.tensor([0, 6], device=DEVICE), max_seqlen=6, **kwargs)
+    buckets = {choice.fused_bucket(shape) for shape in seen}
+    assert len(seen) == 5 and len(buckets) == 5, seen

@@ -80,3 +80,8 @@ class FusedShape(NamedTuple):
     norm: bool  # QK-norm
     backward: bool  # the QK-norm + RoPE backward
     norm_over_heads: bool = False  # the norm runs over all heads of a token: a program holds every head
+    # the formats written, each with its own costs (a float8 or an int8 rounding, NVFP4's packing, a scale reduced
+    # per (token, head)): the cache's format and scales and q's output format (ropekit.triton.fused_tiles' codes)
+    cache_format: int = 0
+    cache_scales: int = 0
+    q_format: int = 0

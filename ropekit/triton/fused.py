@@ -653,7 +653,7 @@ def plan_fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, inte
     if config is None:
         width = max(head_dim, v.shape[-1] if v is not None else 0)
         shape = FusedShape(n_batch * seqlen, max(n_heads_q, n_heads_k), width, q.element_size(), fp8, norm, backward,
-                           over_heads)
+                           over_heads, *(quant[:2] if fp8 else (PLAIN, PER_TENSOR)), q_format)
         timed = not backward and q.device.type == "cuda" and launching_directly()
         config = _tuned_forward_config(shape, call) if timed else fused_config_for(shape, q.device)
     if over_heads:  # the norm's group, a token's heads, lies in one program (whatever configuration was forced)
