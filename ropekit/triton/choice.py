@@ -340,6 +340,5 @@ def choose_fused(shape: FusedShape, device=None, bench=None) -> FusedConfig:
 def _fused_worth_timing(facts: DeviceFacts, bucket: FusedShape) -> bool:
     """Whether the autotune's clock can improve on the model for a fused bucket: a forward prefill past the L2 only.
     A decode step is its launch chain, which the event clock of one launch cannot tell apart; the backward keeps the
-    model's walk of token blocks. (The bytes counted are a lower bound: q and k read and written.)"""
-    moved = 2 * bucket.n_tokens * bucket.n_heads * bucket.width * bucket.element_size
-    return not bucket.backward and bucket.n_tokens > DECODE_TOKENS and moved > facts.l2_bytes
+    model's walk of token blocks."""
+    return not bucket.backward and bucket.n_tokens > DECODE_TOKENS and not fits_in_l2(facts, bucket)

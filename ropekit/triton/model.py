@@ -132,13 +132,16 @@ def tile_values_max(facts: DeviceFacts) -> int:
     return register_budget(facts) * 32 * WARPS[-1]
 
 
-def _rope_moved_bytes(shape: RopeShape) -> int:
+def _moved_bytes(shape: RopeShape | FusedShape) -> int:
+    """q's and k's bytes, read and written (a fused call's: a lower bound, its widest vector times its most heads)."""
+    if isinstance(shape, FusedShape):
+        return 2 * shape.n_tokens * shape.n_heads * shape.width * shape.element_size
     return 2 * shape.n_tokens * (shape.n_heads_q + shape.n_heads_k) * shape.head_dim * shape.element_size
 
 
-def fits_in_l2(facts: DeviceFacts, shape: RopeShape) -> bool:
+def fits_in_l2(facts: DeviceFacts, shape: RopeShape | FusedShape) -> bool:
     """Whether the call's bytes (q and k, read and written) fit in the L2 cache: then the L2 serves it."""
-    return _rope_moved_bytes(shape) <= facts.l2_bytes
+    return _moved_bytes(shape) <= facts.l2_bytes
 
 
 def _fused_qk_values(shape: RopeShape, block_s: int, block_h: int = 1) -> int:
