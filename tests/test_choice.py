@@ -259,6 +259,23 @@ def test_calls_the_clock_cannot_judge_are_never_timed(gpu, case):
         assert choice.choose_rope(shape, gpu, bench) == model.model_rope(gpu, shape) and bench.calls == []
 
 
+def test_a_bucket_the_clock_never_judges_is_decided_once_a_process(gpu, monkeypatch):
+    """A decode step or a backward is never timed, so the model's answer for its bucket is final: later plans of the
+    bucket (autograd plans its backward afresh) neither read the disk cache nor run the model again."""
+    decode = FusedShape(64, 32, 128, 2, False, True, False)
+    backward = FusedShape(16384, 32, 128, 2, False, True, True)
+    runs = []
+    monkeypatch.setattr(choice, "model_fused",
+                        lambda facts, shape: runs.append(shape) or model.model_fused(facts, shape))
+    for shape in (decode, backward):
+        first = choice.choose_fused(shape, gpu)
+        reads = []
+        monkeypatch.setattr(choice, "_disk", lambda reload=False: reads.append(reload) or {})
+        assert choice.choose_fused(shape, gpu) == first == model.model_fused(gpu, shape)
+        assert reads == [] and len(runs) == 1, (reads, runs)
+        runs.clear()
+
+
 def test_a_first_call_tunes_its_bucket_once_and_keeps_the_fastest(gpu):
     candidates = model.rope_candidates(gpu, SMALL_PREFILL)
     fastest = candidates[-1]

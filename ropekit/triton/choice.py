@@ -265,7 +265,8 @@ _chosen: dict = {}
 
 def _choose(op: str, bucket, device, bench, model, candidates, space, worth_timing=None):
     facts = device if isinstance(device, DeviceFacts) else device_facts(device)
-    if worth_timing is not None and not worth_timing(facts, bucket):
+    never_timed = worth_timing is not None and not worth_timing(facts, bucket)
+    if never_timed:
         bench = None
     memory_key = (facts, op, bucket)
     config = _chosen.get(memory_key)
@@ -280,8 +281,10 @@ def _choose(op: str, bucket, device, bench, model, candidates, space, worth_timi
             if config is not None:
                 _store(key, {"type": type(config).__name__, "config": config._asdict()})
     if config is None:
-        return model(facts, bucket)
-    _chosen[memory_key] = config
+        config = model(facts, bucket)
+        if not never_timed:  # the autotune may still decide this bucket later (outside a capture, say)
+            return config
+    _chosen[memory_key] = config  # a bucket the clock never judges keeps its answer: no lookup on later plans
     return config
 
 

@@ -110,7 +110,8 @@ def read_waterfall(rows: list[dict]) -> list[str]:
     share = {r["step"]: 100 * r["share"] for r in rows}
     features = [share[name] - share["step1_qk"] for name in FEATURE_STEPS[1:]]
     best = max(SPEED_STEPS, key=share.get)
-    lines = [f"step 1 against v3 (one launch for q and k instead of two): {share['step1_qk'] - share['v3']:+.1f} points",
+    one_launch = share["step1_qk"] - share["v3"]
+    lines = [f"step 1 against v3 (one launch for q and k instead of two): {one_launch:+.1f} points",
              f"steps 2-6 against step 1 (switches off): {min(features):+.1f} to {max(features):+.1f} points"]
     lines += [f"{name} against step 1: {share[name] - share['step1_qk']:+.1f} points" for name in SPEED_STEPS]
     lines.append(f"{PRODUCTION} against {best} (the faster speed step): {share[PRODUCTION] - share[best]:+.1f} points"
