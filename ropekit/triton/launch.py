@@ -73,13 +73,12 @@ def _specialisation(value):
     return value.data_ptr() % 16 == 0
 
 
-def _static(value, per_call: bool = False):
-    """A launch argument as a key: tensors by dtype (their addresses change from call to call), tuples leaf by leaf;
-    a per-call value that is not a tensor (the position offset) by nothing (its class is the call's
-    specialisation)."""
-    if isinstance(value, torch.Tensor):
-        return value.dtype
-    return None if per_call else value
+def _static(value):
+    """A launch argument as a key: tensors by dtype (their addresses change from call to call), tuples leaf by
+    leaf."""
+    if isinstance(value, tuple):
+        return tuple(map(_static, value))
+    return value.dtype if isinstance(value, torch.Tensor) else value
 
 
 def _path(per_call) -> tuple:
@@ -187,9 +186,12 @@ class KernelLaunch:
         self.runtime = _assembler([a for n, a in zip(names, marked) if n not in constexprs], len(paths), defaults)
         # what Triton specialises on, but the per-call values' addresses and integer classes: launches with equal
         # keys share compiled runners, so a launch planned afresh (autograd's backward, an uncached call) still takes
-        # the direct path. A per-call tensor enters by its dtype: a launch is called with tensors of its plan's dtypes.
-        self.key = (kernel, grid, num_warps) + tuple(_leaves_static(value) for value in _with_values(
-            names, arguments, paths, lambda i: _static(defaults[i], per_call=True)))
+        # the direct path. A per-call tensor enters by its dtype: a launch is called with tensors of its plan's dtypes;
+        # a per-call value that is not a tensor (the position offset) by nothing (its class is the call's
+        # specialisation).
+        self.key = (kernel, grid, num_warps) + _static(tuple(_with_values(
+            names, arguments, paths,
+            lambda i: defaults[i].dtype if isinstance(defaults[i], torch.Tensor) else None)))
 
     @property
     def constexprs(self) -> dict:
@@ -209,13 +211,6 @@ def _at(arguments: dict, path: tuple):
     for index in path[1:]:
         value = value[index]
     return value
-
-
-def _leaves_static(value):
-    """:func:`_static` through tuples (a per-call value is already its key)."""
-    if isinstance(value, tuple):
-        return tuple(map(_leaves_static, value))
-    return _static(value)
 
 
 def _run_direct(launch: KernelLaunch, values: tuple) -> None:

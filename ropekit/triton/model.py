@@ -238,13 +238,14 @@ def model_fused(facts: DeviceFacts, shape: FusedShape) -> FusedConfig:
     are the call's (rounded up), fewer tokens keep the tile within the bound (one token at least, whatever its
     size), and more warps share the larger tile at the rule's values a thread (not yet measured on a GPU).
     """
-    if shape.norm_over_heads:
-        return _within_shared_memory(_all_heads(_fused_rule(facts, shape), shape), shape)
     config = _fused_rule(facts, shape)
-    while config.block_s * config.block_h * next_pow2(shape.width) > _TILE_VALUES_LIMIT and config.block_h > 1:
-        config = config._replace(block_h=config.block_h // 2)  # very wide vectors: within the register bound
-    while config.block_s * config.block_h * next_pow2(shape.width) > _TILE_VALUES_LIMIT and config.block_s > 1:
-        config = config._replace(block_s=config.block_s // 2)
+    if shape.norm_over_heads:
+        config = _all_heads(config, shape)
+    else:
+        while config.block_s * config.block_h * next_pow2(shape.width) > _TILE_VALUES_LIMIT and config.block_h > 1:
+            config = config._replace(block_h=config.block_h // 2)  # very wide vectors: within the register bound
+        while config.block_s * config.block_h * next_pow2(shape.width) > _TILE_VALUES_LIMIT and config.block_s > 1:
+            config = config._replace(block_s=config.block_s // 2)
     return _within_shared_memory(config, shape)
 
 
