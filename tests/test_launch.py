@@ -17,20 +17,19 @@ from conftest import DEVICE
 from rope_cases import table
 
 
+def leaves(value) -> list:
+    """A value's leaves: tuples (the kernels' argument groups) unpacked all the way down."""
+    return [leaf for item in value for leaf in leaves(item)] if isinstance(value, tuple) else [value]
+
+
 def passed_integers(record) -> list:
     """The integers a recorded launch passes as arguments, tuples unpacked, constants to Triton (1) left out."""
-    leaves = []
-    for name, value in record.arguments.items():
-        if name in record.constexprs:
-            continue
-        for leaf in (value if isinstance(value, tuple) else (value,)):
-            if type(leaf) is int and leaf != 1:
-                leaves.append(leaf)
-    return leaves
+    return [leaf for name, value in record.arguments.items() if name not in record.constexprs
+            for leaf in leaves(value) if type(leaf) is int and leaf != 1]
 
 
 def passed_tensors(record) -> list:
-    return [v for v in record.arguments.values() if isinstance(v, torch.Tensor)]
+    return [v for value in record.arguments.values() for v in leaves(value) if isinstance(v, torch.Tensor)]
 
 
 def record(fn, config=TileConfig(2, 4, 4)):
@@ -92,7 +91,7 @@ def test_int64_addressing_covers_per_token_rows_and_position_ids():
     plain = resolve_positions(batch=1, seqlen=4, positions=None)
 
     def int64(plan):
-        return tl.int64 in plan.launch.constexprs.values()
+        return tl.int64 in leaves(tuple(plan.launch.constexprs.values()))
     assert not int64(plan_rope(q, k, tab, tab, positions=plain, rotary_dim=16, **outs))
     assert int64(plan_rope(q, k, huge_rows, huge_rows, positions=plain, rotary_dim=16, cos_per_token=True, **outs))
     ids = resolve_positions(batch=1, seqlen=4, positions=huge_ids)

@@ -383,10 +383,11 @@ def test_one_launch_reads_the_table_and_the_ids_never_per_token_rows():
         ropekit.apply_rope(q, k, cos, sin, positions=ids, mrope_section=[6, 5, 5], mrope_interleaved=True)
     assert [r.kernel.__name__ for r in records] == ["rope_v4_kernel"]
     arguments = records[0].arguments
-    assert arguments["COS"] is cos and arguments["SIN"] is sin and not arguments["COS_PER_TOKEN"]
-    assert arguments["POSITIONS"].data_ptr() == ids.data_ptr()
-    assert arguments["POS_MODE"] == ropekit.positions.mrope_mode([6, 5, 5], True)
-    assert ropekit.positions.mrope_sections(arguments["POS_MODE"]) == ((6, 5, 5), True)
+    assert arguments["angles"][0] is cos and arguments["angles"][1] is sin
+    assert not arguments["POSITION"].COS_PER_TOKEN
+    assert arguments["positions"][0].data_ptr() == ids.data_ptr()
+    assert arguments["POSITION"].MODE == ropekit.positions.mrope_mode([6, 5, 5], True)
+    assert ropekit.positions.mrope_sections(arguments["POSITION"].MODE) == ((6, 5, 5), True)
 
 
 # --- the measurement command runs its whole path (on a CPU: no clock, nothing measured) -----------------------------

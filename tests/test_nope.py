@@ -197,5 +197,6 @@ def test_one_launch_that_reads_no_table_and_in_place_never_touches_k():
         ropekit.apply_rope(q, k, positions=3, nope_temperature=LLAMA4, inplace=True)
     assert [r.kernel.__name__ for r in records] == ["rope_v4_kernel"] * 2
     out_of_place, in_place = (r.arguments for r in records)
-    assert out_of_place["COS"] is None and out_of_place["NOPE_FLOOR_SCALE"] == 8192 and out_of_place["HAS_K"]
+    assert out_of_place["angles"][0] is None and out_of_place["ROTATION"].NOPE_FLOOR_SCALE == 8192
+    assert out_of_place["HAS_K"]
     assert not in_place["HAS_K"]

@@ -1,10 +1,11 @@
-"""Whether two trees compile the fused kernels to the same code: the PTX of representative launches, compiled for an
-H100 (sm_90) on a machine without a GPU, from the tree at BASE_REF and from this working tree.
+"""Whether two trees compile the tile kernel and the fused kernels to the same code: the PTX of representative
+launches, compiled for an H100 (sm_90) on a machine without a GPU, from the tree at BASE_REF and from this working
+tree.
 
     python tools/ptx_diff.py [BASE_REF]        # default: main
 
-Each case is planned through the public launcher (``ropekit.triton.fused.launch_fused`` inside
-``ropekit.triton.launch.recorded_launches``: nothing runs), and each recorded launch is compiled by Triton's own
+Each case is planned through its launcher (``ropekit.triton.launch.rope_v4`` or ``ropekit.triton.fused.launch_fused``
+inside ``ropekit.triton.launch.recorded_launches``: nothing runs), and each recorded launch is compiled by Triton's own
 compiler with the specialisation Triton's JIT gives these arguments (16-byte alignment of tensors, integers equal to
 1 made constants, integers divisible by 16). Kernel parameters may be grouped or ordered differently in the two trees,
 so before comparing, each PTX parameter is named by the value passed in it (a tensor by the call's name for it, a
@@ -37,9 +38,9 @@ ROOT = Path(__file__).resolve().parents[1]
 # Dumping one tree's code (run in a subprocess, with that tree first on the path).
 # --------------------------------------------------------------------------------------------------------------------
 
-def _cases(torch, fused, tiles, resolve_positions):
-    """(name, launch_fused's keyword arguments, whether the GPU converts to float8 itself). Every tensor has strides
-    of its own where the layout allows, so that a parameter is recognised by its value."""
+def _cases(torch, fused, launch, tiles, resolve_positions):
+    """(name, launch_fused's keyword arguments, or with ``v4`` rope_v4's, whether the GPU converts to float8 itself).
+    Every tensor has strides of its own where the layout allows, so that a parameter is recognised by its value."""
     bf16, meta = torch.bfloat16, dict(device="cpu")
 
     def strided(*shape, dtype=bf16, pad=16):
@@ -62,6 +63,42 @@ def _cases(torch, fused, tiles, resolve_positions):
                     block_size=16, cache_len=640, config=fused.FusedConfig(2, 4, 4))
         call.update(extra)
         return call
+
+    # the tile kernel (rope_v4's arguments, marked "v4"), at forced tiles
+    tile = launch.TileConfig
+    spec = resolve_positions(batch=2, seqlen=48, positions=torch.empty(2, dtype=torch.int64))
+    yield "v4: bf16, contiguous (dense), out of place, NeoX", dict(
+        v4=True, q=torch.empty(2, 48, 8, 128, dtype=bf16), k=torch.empty(2, 48, 2, 128, dtype=bf16),
+        cos=torch.empty(4096, 64), sin=torch.empty(4096, 64), out_q=torch.empty(2, 48, 8, 128, dtype=bf16),
+        out_k=torch.empty(2, 48, 2, 128, dtype=bf16), positions=spec, rotary_dim=128,
+        config=tile(2, 4, 4, evict_first=True)), False
+    q, k = strided(2, 48, 8, 128, pad=32), strided(2, 48, 2, 128, pad=48)
+    yield "v4: strided, in place, GPT-J, partial rotary, q and k in one tile", dict(
+        v4=True, q=q, k=k, cos=cos_sin(4096, 48)[0], sin=cos_sin(4096, 48)[1], out_q=q, out_k=k, positions=spec,
+        rotary_dim=96, interleaved=True, config=tile(1, 8, 4, fused_qk=True)), False
+    yield "v4: float32, the conjugate, per-token cos/sin rows", dict(
+        v4=True, q=strided(2, 48, 8, 64, dtype=torch.float32), k=None,
+        cos=torch.empty(2, 48, 64 + 8)[..., :64], sin=torch.empty(2, 48, 64 + 16)[..., :64],
+        out_q=strided(2, 48, 8, 64, dtype=torch.float32, pad=48), out_k=None,
+        positions=resolve_positions(batch=2, seqlen=48), rotary_dim=64, conjugate=True, cos_per_token=True,
+        config=tile(4, 2, 2)), False
+    yield "v4: varlen, angles without a table", dict(
+        v4=True, q=strided(100, 8, 128, pad=32), k=strided(100, 2, 128, pad=48), cos=None, sin=None,
+        inv_freq=torch.empty(64), scale=0.5, out_q=strided(100, 8, 128, pad=64), out_k=strided(100, 2, 128, pad=80),
+        positions=resolve_positions(batch=2, seqlen=100, positions=None, cu_seqlens=torch.empty(3, dtype=torch.int32),
+                                    max_seqlen=64),
+        rotary_dim=128, config=tile(2, 4, 4)), False
+    yield "v4: M-RoPE, interleaved sections", dict(
+        v4=True, q=strided(2, 48, 8, 128, pad=32), k=strided(2, 48, 2, 128, pad=48), cos=cos_sin(4096, 64)[0],
+        sin=cos_sin(4096, 64)[1], out_q=strided(2, 48, 8, 128, pad=64), out_k=strided(2, 48, 2, 128, pad=80),
+        positions=resolve_positions(batch=2, seqlen=48, positions=torch.empty(3, 2, 48, dtype=torch.int64),
+                                    mrope_section=[24, 20, 20], mrope_interleaved=True),
+        rotary_dim=128, config=tile(2, 4, 4)), False
+    yield "v4: a NoPE layer (attention temperature), decode", dict(
+        v4=True, q=torch.empty(64, 1, 8, 128, dtype=bf16), k=torch.empty(64, 1, 2, 128, dtype=bf16), cos=None,
+        sin=None, out_q=torch.empty(64, 1, 8, 128, dtype=bf16), out_k=torch.empty(64, 1, 2, 128, dtype=bf16),
+        positions=resolve_positions(batch=64, seqlen=1, positions=torch.empty(64, dtype=torch.int64)),
+        rotary_dim=128, nope=(8192, 0.1), config=tile(1, 4, 4)), False
 
     weights = dict(q_weight=torch.empty(160, dtype=bf16)[::1][:128], k_weight=torch.empty(256, dtype=bf16)[::2],
                    eps=1e-6)
@@ -194,14 +231,15 @@ def dump(out: Path) -> None:
                        torch.int32: "i32", torch.int64: "i64", torch.uint8: "u8", torch.int8: "i8"}
     out.mkdir(parents=True, exist_ok=True)
     index = []
-    for n, (name, call, native) in enumerate(_cases(torch, fused, tiles, resolve_positions)):
+    for n, (name, call, native) in enumerate(_cases(torch, fused, launch, tiles, resolve_positions)):
         deterministic = call.pop("deterministic", False)
+        launcher = launch.rope_v4 if call.pop("v4", False) else fused.launch_fused
         before, native_fp8 = torch.are_deterministic_algorithms_enabled(), fused.native_fp8
         torch.use_deterministic_algorithms(deterministic)
         fused.native_fp8 = lambda device: native  # the GPU's float8 conversion, as an sm_90 plan chooses it
         try:
             with launch.recorded_launches() as records:
-                fused.launch_fused(**call)
+                launcher(**call)
         finally:
             torch.use_deterministic_algorithms(before)
             fused.native_fp8 = native_fp8
@@ -237,13 +275,15 @@ def canonical_ptx(ptx: str, labels: list) -> list:
     trailing scratch pointers by position from the end), their declarations and loads sorted, registers numbered by
     first appearance, line and debug records dropped."""
     ptx = ptx.split(".section\t.debug", 1)[0].split(".section .debug", 1)[0]
-    entry = re.search(r"\.entry (\w+)\(", ptx).group(1)
+    found = re.search(r"\.entry (\w+)\(", ptx)
+    entry = found.group(1)
     count: dict = {}
     named = []
     for label in labels:
         count[label] = count.get(label, 0) + 1
         named.append(f"{label} #{count[label]}")
-    declared = [int(i) for i in re.findall(rf"{entry}_param_(\d+)", ptx.split("{", 1)[0])]
+    # the entry's parameter list: from ".entry" to its body (device functions may be declared before it)
+    declared = [int(i) for i in re.findall(rf"{entry}_param_(\d+)", ptx[found.start():].split("{", 1)[0])]
     n = max(declared) + 1 if declared else 0
     extra = n - len(named)
     if extra < 0:

@@ -5,12 +5,10 @@ that composes them is :mod:`ropekit.triton.fused`."""
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import triton
 import triton.language as tl
 
-from .v4 import _load_pairs
+from .v4 import Head, _load_pairs
 
 __all__ = ["Head", "PLAIN", "E4M3", "E5M2", "INT8", "NVFP4", "PER_TENSOR", "PER_HEAD", "PER_TOKEN_HEAD", "PER_BLOCK",
            "NO_QUANT", "STORE_PLAIN", "float8_bits", "e4m3_bits", "e4m3_value", "e2m1_codes", "int8_values",
@@ -18,18 +16,6 @@ __all__ = ["Head", "PLAIN", "E4M3", "E5M2", "INT8", "NVFP4", "PER_TENSOR", "PER_
            "store_channels", "store_nvfp4", "load_head", "norm_weights", "group_sum", "rsqrt_mean_square", "normed",
            "NO_NORM", "BEFORE", "AFTER", "NORM_OFF", "NORM_NONE_C", "NORM_BEFORE_C", "NORM_AFTER_C", "norm_switch",
            "cache_slot", "sequence_span"]
-
-
-class Head(NamedTuple):
-    """The head vector as a tile lays it out (a constexpr the helpers read by field): ROTARY_DIM rotated channels,
-    paired (i, i + ROTARY_DIM / 2) or, INTERLEAVED, (2i, 2i + 1), each pair's halves in BLOCK_HALF lanes; the tail,
-    the HEAD_DIM - ROTARY_DIM channels past them, in BLOCK_TAIL lanes."""
-
-    ROTARY_DIM: int
-    HEAD_DIM: int
-    BLOCK_HALF: int
-    BLOCK_TAIL: int
-    INTERLEAVED: bool
 
 
 # A store (an output, or a cache) travels as one tuple: (tensor, its strides, the scale, the scale's strides, the

@@ -31,7 +31,7 @@ from .. import device as _device
 from ..positions import POSITION_IDS, PositionSpec
 from . import choice
 from .configs import FlatConfig, RopeShape, TileConfig, cdiv, next_pow2
-from .v4 import rope_v4_kernel
+from .v4 import Head, PositionForm, QKTile, Rotation, Types, rope_v4_kernel
 from .v4_flat import rope_flat_kernel
 
 __all__ = ["KernelLaunch", "PlanCache", "plans", "LaunchRecord", "recorded_launches", "rope_config", "plan_rope",
@@ -576,27 +576,25 @@ def _plan_tile(shape, q, k, out_q, out_k, cos, sin, positions, config: TileConfi
                   None if k is None else tuple(k.shape), q.dtype, rotary_dim, interleaved, conjugate, positions.mode,
                   positions.is_varlen, cos_per_token, angles)
     arguments = dict(
-        Q=q, K=k_args, OUT_Q=None if in_place else out_q, OUT_K=None if in_place else out_k,
-        q_strides=unread if dense else tuple(q.stride()), k_strides=unread if dense else tuple(k_args.stride()),
-        out_q_strides=unread if dense or in_place else tuple(out_q.stride()),
-        out_k_strides=unread if dense or in_place else tuple((out_k if out_k is not None else out_q).stride()),
-        COS=cos, SIN=sin, cos_strides=cos_strides,
-        POSITIONS=positions.tensor, position_strides=_position_strides(positions), CU_SEQLENS=positions.cu_seqlens,
-        position_offset=positions.offset + 1,
+        q=(q, unread if dense else tuple(q.stride())), k=(k_args, unread if dense else tuple(k_args.stride())),
+        out_q=(None, unread) if in_place else (out_q, unread if dense else tuple(out_q.stride())),
+        out_k=(None, unread) if in_place else (
+            out_k, unread if dense else tuple((out_k if out_k is not None else out_q).stride())),
+        angles=(cos, sin, cos_strides),
+        positions=(positions.tensor, _position_strides(positions), positions.cu_seqlens, positions.offset + 1),
         # varlen tiles bound their rows by the packed token count (1 elsewhere: not read)
         sizes=(seqlen, n_heads_q, n_heads_k, table_len, q.shape[1] if positions.is_varlen else 1),
-        ROTARY_DIM=rotary_dim, HEAD_DIM=head_dim, BLOCK_S=config.block_s, BLOCK_H=block_h,
-        BLOCK_HK=next_pow2(n_heads_k) if config.fused_qk else 1, BLOCK_HALF=next_pow2(rotary_dim // 2),
-        BLOCK_TAIL=next_pow2(max(head_dim - rotary_dim, 1)), FUSED_QK=config.fused_qk,
-        HAS_K=k is not None, INTERLEAVED=interleaved, CONJUGATE=conjugate, POS_MODE=positions.mode,
-        IS_VARLEN=positions.is_varlen, COS_PER_TOKEN=cos_per_token, ANGLES=angles,
-        ANGLE_SCALE=float(scale) if angles else 1.0, NOPE_FLOOR_SCALE=0 if nope is None else int(nope[0]),
-        NOPE_ATTN_SCALE=0.0 if nope is None else float(nope[1]), EAGER_ROUNDING=eager_rounding,
-        MATH_DTYPE=_MATH_DTYPE.get(q.dtype, tl.float32),
-        DENSE=dense, IN_PLACE=in_place, INDEX_DTYPE=index_dtype,
-        EVICT="evict_first" if config.evict_first else "")
-    per_call = (("Q", "K") + (() if in_place else ("OUT_Q", "OUT_K"))
-                + ("COS", "SIN", "POSITIONS", "CU_SEQLENS", "position_offset"))
+        HEAD=Head(rotary_dim, head_dim, next_pow2(rotary_dim // 2), next_pow2(max(head_dim - rotary_dim, 1)),
+                  interleaved),
+        TILE=QKTile(config.block_s, block_h, next_pow2(n_heads_k) if config.fused_qk else 1, config.fused_qk),
+        POSITION=PositionForm(positions.mode, positions.is_varlen, cos_per_token),
+        HAS_K=k is not None,
+        ROTATION=Rotation(conjugate, angles, float(scale) if angles else 1.0, 0 if nope is None else int(nope[0]),
+                          0.0 if nope is None else float(nope[1]), eager_rounding),
+        TYPES=Types(_MATH_DTYPE.get(q.dtype, tl.float32), index_dtype, "evict_first" if config.evict_first else ""),
+        DENSE=dense, IN_PLACE=in_place)
+    per_call = ((("q", 0), ("k", 0)) + (() if in_place else (("out_q", 0), ("out_k", 0)))
+                + (("angles", 0), ("angles", 1), ("positions", 0), ("positions", 2), ("positions", 3)))
     return RopeLaunch(KernelLaunch(rope_v4_kernel, grid, config.num_warps, per_call, arguments), config, in_place,
                       shape)
 

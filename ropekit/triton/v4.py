@@ -4,21 +4,21 @@ New since v3 (tiles of tokens x heads that share cos/sin rows):
 
 * **q and k in one launch.** The head-block axis of the grid covers q's head blocks, then k's; q and k may have
   different head counts (GQA/MQA) and k may be absent.
-* **Pairing** ``INTERLEAVED``: NeoX halves ``(i, i + R/2)`` or GPT-J neighbours ``(2i, 2i+1)``. GPT-J loads the rotary
-  channels as one contiguous block and splits it into pairs in registers (``tl.reshape`` + ``tl.split``), so both
-  pairings read memory the same way.
+* **Pairing** ``HEAD.INTERLEAVED``: NeoX halves ``(i, i + R/2)`` or GPT-J neighbours ``(2i, 2i+1)``. GPT-J loads the
+  rotary channels as one contiguous block and splits it into pairs in registers (``tl.reshape`` + ``tl.split``), so
+  both pairings read memory the same way.
 * **Partial rotary**: only ``ROTARY_DIM <= HEAD_DIM`` channels turn; out of place, the rest is copied.
-* **Positions** ``POS_MODE`` (scalar offset / per-sequence offsets / position ids / M-RoPE's three ids per token,
-  see ``ropekit.positions``) and ``IS_VARLEN`` (packed ``thd`` with ``cu_seqlens``). Positions live on the device: no
-  host sync, graph-capturable. M-RoPE picks each pair's position from its axis (:func:`_mrope_positions`) and reads
-  the same table (or frequencies) at it.
-* **cos/sin** from the half-width float32 table indexed by position, or (``COS_PER_TOKEN``) full-width rows given per
-  token in any float dtype, the way transformers passes them (the HF drop-in), or
-  (``ANGLES``) computed from the position and the inverse frequencies: no table (see :func:`_angle_cos_sin`).
-* ``CONJUGATE`` rotates by -θ: the backward pass is the same kernel.
-* **NoPE layers** (Llama 4, ``NOPE_FLOOR_SCALE`` > 0): nothing rotates; q is multiplied by its token's attention
-  temperature (:func:`_nope_temperature`) and k passes through (out of place: copied). The same kernel is its own
-  backward.
+* **Positions** ``POSITION.MODE`` (scalar offset / per-sequence offsets / position ids / M-RoPE's three ids per
+  token, see ``ropekit.positions``) and ``POSITION.IS_VARLEN`` (packed ``thd`` with ``cu_seqlens``). Positions live
+  on the device: no host sync, graph-capturable. M-RoPE picks each pair's position from its axis
+  (:func:`_mrope_positions`) and reads the same table (or frequencies) at it.
+* **cos/sin** from the half-width float32 table indexed by position, or (``POSITION.COS_PER_TOKEN``) full-width rows
+  given per token in any float dtype, the way transformers passes them (the HF drop-in), or (``ROTATION.ANGLES``)
+  computed from the position and the inverse frequencies: no table (see :func:`_angle_cos_sin`).
+* ``ROTATION.CONJUGATE`` rotates by -θ: the backward pass is the same kernel.
+* **NoPE layers** (Llama 4, ``ROTATION.NOPE_FLOOR_SCALE`` > 0): nothing rotates; q is multiplied by its token's
+  attention temperature (:func:`_nope_temperature`) and k passes through (out of place: copied). The same kernel is
+  its own backward.
 * In place (out pointer == in pointer) or out of place; offsets in int64 whenever a view spans 2**31 elements
   or more (int32 otherwise: fewer instructions), so huge tensors are correct (docs/tuning.md#index-dtype).
 * Positions outside the table are never read (masked loads); such tokens come out as NaN so the error is loud.
@@ -31,13 +31,72 @@ This module is the kernel only. The launch choice lives in ``ropekit.triton.choi
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import triton
 import triton.language as tl
 
 from .. import device as _device  # noqa: F401  (interpreter switch before the kernels are decorated)
 from ..positions import MROPE_IDS, MROPE_SECTION_BASE
 
-__all__ = ["rope_v4_kernel"]
+__all__ = ["rope_v4_kernel", "Head", "QKTile", "PositionForm", "Rotation", "Types"]
+
+
+# The kernels' compile-time switches travel in groups, each one constexpr the device code reads by field (the fused
+# kernels of ropekit.triton.fused share Head, PositionForm and Types).
+
+class Head(NamedTuple):
+    """The head vector as a tile lays it out: ROTARY_DIM rotated channels, paired (i, i + ROTARY_DIM / 2) or,
+    INTERLEAVED, (2i, 2i + 1), each pair's halves in BLOCK_HALF lanes; the tail, the HEAD_DIM - ROTARY_DIM channels
+    past them, in BLOCK_TAIL lanes."""
+
+    ROTARY_DIM: int
+    HEAD_DIM: int
+    BLOCK_HALF: int
+    BLOCK_TAIL: int
+    INTERLEAVED: bool
+
+
+class QKTile(NamedTuple):
+    """The tile kernel's tile: BLOCK_S tokens by BLOCK_H heads a program; FUSED_QK: one program takes every head of q
+    (a BLOCK_H tile) and of k (a BLOCK_HK tile) and fetches cos/sin once for both (BLOCK_HK is 1 otherwise)."""
+
+    BLOCK_S: int
+    BLOCK_H: int
+    BLOCK_HK: int
+    FUSED_QK: bool
+
+
+class PositionForm(NamedTuple):
+    """Where a token's angles come from: MODE, what the positions tensor holds (``ropekit.positions``); IS_VARLEN,
+    packed sequences (CU_SEQLENS); COS_PER_TOKEN, cos/sin rows per token instead of a table."""
+
+    MODE: int
+    IS_VARLEN: bool
+    COS_PER_TOKEN: bool
+
+
+class Rotation(NamedTuple):
+    """What the tile kernel does to a head vector: CONJUGATE, rotate by -θ (the backward); ANGLES, cos/sin computed
+    from the inverse frequencies at the position times ANGLE_SCALE (no table); NOPE_FLOOR_SCALE > 0, a NoPE layer:
+    q scaled by its token's attention temperature (with NOPE_ATTN_SCALE), nothing rotated; EAGER_ROUNDING, round
+    the products as eager PyTorch does in the input dtype."""
+
+    CONJUGATE: bool
+    ANGLES: bool
+    ANGLE_SCALE: float
+    NOPE_FLOOR_SCALE: int
+    NOPE_ATTN_SCALE: float
+    EAGER_ROUNDING: bool
+
+
+class Types(NamedTuple):
+    """What the tensors allow: the math dtype, the integer type of element offsets (int32 where every view's reach
+    fits), the eviction hint on activation loads and stores ("evict_first": each byte is touched once)."""
+
+    MATH_DTYPE: object
+    INDEX_DTYPE: object
+    EVICT: str
 
 
 def _split_two_pi() -> tuple:
@@ -324,29 +383,27 @@ def _rotate_store(X, OUT, x_a, x_b, cos_a, sin_a, cos_b, sin_b, row_in, row_out,
 
 @triton.jit
 def rope_v4_kernel(
-    # q and k: (batch, seq, heads, HEAD_DIM) views, or one packed (1, tokens, heads, HEAD_DIM) with IS_VARLEN; their
-    # outputs (None in place: the kernel writes through Q and K). Strides are (batch, seq, head, channel) tuples.
-    Q, K, OUT_Q, OUT_K, q_strides, k_strides, out_q_strides, out_k_strides,
-    # the angles: a (table_len, ROTARY_DIM / 2) float32 table read at each token's position, or with COS_PER_TOKEN
-    # full-width rows given per token, or with ANGLES the (ROTARY_DIM / 2,) inverse frequencies in COS (SIN unread),
-    # cos/sin computed at the position and multiplied by ANGLE_SCALE; cos_strides: (sequence, row, column)
-    COS, SIN, cos_strides,
-    # positions: POS_MODE says what POSITIONS holds (position_strides: (sequence, token), M-RoPE's (sequence, token,
-    # axis)); CU_SEQLENS the packed sequences' starts; position_offset arrives plus one (the common offset, 0, becomes
-    # the constant 1)
-    POSITIONS, position_strides, CU_SEQLENS, position_offset,
+    # q and k as (tensor, strides): (batch, seq, heads, HEAD_DIM) views, or one packed (1, tokens, heads, HEAD_DIM)
+    # with POSITION.IS_VARLEN; strides (batch, seq, head, channel). Their outputs alike ((None, unread) IN_PLACE: the
+    # kernel writes through q's and k's pointers)
+    q, k, out_q, out_k,
+    # the angles: (COS, SIN, (sequence, row, column) strides), a (table_len, ROTARY_DIM / 2) float32 table read at
+    # each token's position, or with POSITION.COS_PER_TOKEN full-width rows given per token, or with ROTATION.ANGLES
+    # the (ROTARY_DIM / 2,) inverse frequencies in COS (SIN unread)
+    angles,
+    # the positions: (POSITIONS, strides, CU_SEQLENS, position offset + 1); POSITION.MODE says what POSITIONS holds
+    # (strides (sequence, token), M-RoPE's (sequence, token, axis)), CU_SEQLENS are the packed sequences' starts; the
+    # offset arrives plus one (the common offset, 0, becomes the constant 1)
+    positions,
     # (seqlen, n_heads_q, n_heads_k, table_len, n_tokens)
     sizes,
-    # the head vector and the tile
-    ROTARY_DIM: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr,
-    BLOCK_HK: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_TAIL: tl.constexpr, FUSED_QK: tl.constexpr,
-    # what the call asks for
-    HAS_K: tl.constexpr, INTERLEAVED: tl.constexpr, CONJUGATE: tl.constexpr, POS_MODE: tl.constexpr,
-    IS_VARLEN: tl.constexpr, COS_PER_TOKEN: tl.constexpr, ANGLES: tl.constexpr, ANGLE_SCALE: tl.constexpr,
-    NOPE_FLOOR_SCALE: tl.constexpr, NOPE_ATTN_SCALE: tl.constexpr, EAGER_ROUNDING: tl.constexpr,
-    MATH_DTYPE: tl.constexpr,
-    # what the tensors allow
-    DENSE: tl.constexpr, IN_PLACE: tl.constexpr, INDEX_DTYPE: tl.constexpr, EVICT: tl.constexpr,
+    # the head vector (Head), the tile (QKTile), the positions' form (PositionForm)
+    HEAD: tl.constexpr, TILE: tl.constexpr, POSITION: tl.constexpr,
+    # what the call asks for: k's programs, the rotation (Rotation)
+    HAS_K: tl.constexpr, ROTATION: tl.constexpr,
+    # what the tensors allow (Types); DENSE: contiguous tensors and table, strides derived here; IN_PLACE: outputs
+    # are the inputs
+    TYPES: tl.constexpr, DENSE: tl.constexpr, IN_PLACE: tl.constexpr,
 ):
     """Grid: (token blocks, head blocks of q then of k, batch or sequence).
 
@@ -359,6 +416,35 @@ def rope_v4_kernel(
     the position strides without positions. In CUDA-graph replay every byte of arguments costs time
     (docs/tuning.md#lean-launch).
     """
+    # Each group holding a tuple is rebuilt from its items before any branch: Triton 3.6 keeps a stale type for a
+    # tuple nested in a tuple argument, and a branch's copy of the group follows the type
+    Q, q_strides = q[0], (q[1][0], q[1][1], q[1][2], q[1][3])
+    K, k_strides = k[0], (k[1][0], k[1][1], k[1][2], k[1][3])
+    OUT_Q, out_q_strides = out_q[0], (out_q[1][0], out_q[1][1], out_q[1][2], out_q[1][3])
+    OUT_K, out_k_strides = out_k[0], (out_k[1][0], out_k[1][1], out_k[1][2], out_k[1][3])
+    COS, SIN, cos_strides = angles[0], angles[1], (angles[2][0], angles[2][1], angles[2][2])
+    POSITIONS, position_strides, CU_SEQLENS, position_offset = positions[0], positions[1], positions[2], positions[3]
+    ROTARY_DIM: tl.constexpr = HEAD.ROTARY_DIM
+    HEAD_DIM: tl.constexpr = HEAD.HEAD_DIM
+    BLOCK_HALF: tl.constexpr = HEAD.BLOCK_HALF
+    BLOCK_TAIL: tl.constexpr = HEAD.BLOCK_TAIL
+    INTERLEAVED: tl.constexpr = HEAD.INTERLEAVED
+    BLOCK_S: tl.constexpr = TILE.BLOCK_S
+    BLOCK_H: tl.constexpr = TILE.BLOCK_H
+    BLOCK_HK: tl.constexpr = TILE.BLOCK_HK
+    FUSED_QK: tl.constexpr = TILE.FUSED_QK
+    POS_MODE: tl.constexpr = POSITION.MODE
+    IS_VARLEN: tl.constexpr = POSITION.IS_VARLEN
+    COS_PER_TOKEN: tl.constexpr = POSITION.COS_PER_TOKEN
+    CONJUGATE: tl.constexpr = ROTATION.CONJUGATE
+    ANGLES: tl.constexpr = ROTATION.ANGLES
+    ANGLE_SCALE: tl.constexpr = ROTATION.ANGLE_SCALE
+    NOPE_FLOOR_SCALE: tl.constexpr = ROTATION.NOPE_FLOOR_SCALE
+    NOPE_ATTN_SCALE: tl.constexpr = ROTATION.NOPE_ATTN_SCALE
+    EAGER_ROUNDING: tl.constexpr = ROTATION.EAGER_ROUNDING
+    MATH_DTYPE: tl.constexpr = TYPES.MATH_DTYPE
+    INDEX_DTYPE: tl.constexpr = TYPES.INDEX_DTYPE
+    EVICT: tl.constexpr = TYPES.EVICT
     seqlen, n_heads_q, n_heads_k, table_len, n_tokens = sizes[0], sizes[1], sizes[2], sizes[3], sizes[4]
     position_offset = position_offset - 1
     if DENSE and not COS_PER_TOKEN:
