@@ -8,6 +8,8 @@ import pytest
 from conftest import DEVICE
 from ropekit.bench import fused, fused_cases, fused_tune
 from ropekit.triton import fused as triton_fused
+from ropekit.triton.fused_tiles import E4M3, E5M2, INT8, PER_HEAD, PER_TENSOR, PER_TOKEN_HEAD, PLAIN
+from ropekit.triton.launch import plans
 
 CASES = {c.name: c for c in fused_cases.CASES}
 
@@ -35,15 +37,51 @@ def test_the_sweep_is_bounded_and_starts_from_the_launch_choice():
         configs = fused_tune.candidates(CASES[name])
         assert len(set(configs)) == len(configs)
         c = CASES[name]
-        assert configs[0] == triton_fused.fused_config_for(triton_fused.FusedShape(
-            c.tokens, max(c.heads_q, c.heads_kv), max(c.head_dim, c.latent), 2, c.fp8, c.qk_norm,
-            c.kind == "backward"), None)
+        assert configs[0] == triton_fused.fused_config_for(fused_tune.case_shape(c), None)
         if c.decode:
             assert {config.block_s for config in configs[1:]} == {1}  # one token per sequence: one token block
         if c.kind != "backward":
             assert {config.token_blocks for config in configs} == {1}  # a forward program is one token block
         total += len(configs)
     assert total <= 150  # every case of the sweep in one device call
+
+
+# a case -> the formats its call writes: the cache's format and scales, q's output format
+WRITTEN = {
+    "prefill-b4-s4096": (PLAIN, PER_TENSOR, PLAIN),
+    "decode-b64-fp8": (E4M3, PER_TENSOR, PLAIN),
+    "decode-b64-e5m2": (E5M2, PER_TENSOR, PLAIN),
+    "prefill-b4-s4096-fp8-head": (E4M3, PER_HEAD, PLAIN),
+    "prefill-b4-s4096-fp8-token-head": (E4M3, PER_TOKEN_HEAD, PLAIN),
+    "prefill-b4-s4096-int8-token-head": (INT8, PER_TOKEN_HEAD, PLAIN),
+    "prefill-b4-s4096-fp8-q": (E4M3, PER_TENSOR, E4M3),
+}
+
+
+@pytest.mark.parametrize("name", list(WRITTEN))
+def test_a_case_is_tuned_in_the_bucket_of_the_formats_it_writes(name):
+    shape = fused_tune.case_shape(CASES[name])
+    assert (shape.cache_format, shape.cache_scales, shape.q_format) == WRITTEN[name]
+    assert shape.quantised_cache == (WRITTEN[name][0] != PLAIN)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_the_tools_shape_is_the_one_the_library_asks_the_launch_choice_for(monkeypatch, name):
+    """The tool asks the launch choice (the model, the autotune's disk cache) for the bucket the library's own plan
+    of the case's call asks for: the same tokens, heads, width, norm and formats written."""
+    asked = []
+    choose = triton_fused.fused_config_for
+
+    def spy(shape, device, bench=None):
+        asked.append(shape)
+        return choose(shape, device, bench)
+
+    monkeypatch.setattr(triton_fused, "fused_config_for", spy)  # where every fused plan gets its configuration
+    plans.clear()  # a call signature planned before would not ask again
+    case = fused_cases.tiny(CASES[name])
+    result, _, _ = fused.checked_call(case, fused.impls()["ropekit-fused"], DEVICE, seed=0)
+    assert result["ok"]
+    assert asked[-1] == fused_tune.case_shape(case)  # (the backward's call plans its forward first)
 
 
 def test_every_configuration_is_checked_through_the_forced_config(monkeypatch):
@@ -62,7 +100,7 @@ def test_every_configuration_is_checked_through_the_forced_config(monkeypatch):
     assert [r["status"] for r in rows] == ["ok"] * len(rows)
     assert seen == fused_tune.candidates(case)
     assert all(r["graph_us"] is not None and r["floor_pct"] > 0 for r in rows)
-    shape = triton_fused.FusedShape(1, 1, 1, 2, False, False, False)
+    shape = triton_fused.FusedShape(1, 1, 1, 2)
     assert choose(shape, DEVICE) != seen[1]  # the override ends with the block
 
 

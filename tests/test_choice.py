@@ -18,6 +18,7 @@ import torch
 import ropekit
 from ropekit.triton import choice, model
 from ropekit.triton.configs import FlatConfig, FusedConfig, FusedShape, RopeShape, TileConfig
+from ropekit.triton.fused_tiles import E4M3
 
 H100 = model.DeviceFacts("H100 SXM (published)", n_sms=132, ceiling_gbps=3350.0, latency_ns=600.0,
                          latency_source="assumed", l2_bytes=50 * 2**20)
@@ -53,15 +54,15 @@ TABLE = {
 MODEL_DIFFERS = {"fp32"}
 
 FUSED_TABLE = {  # ropekit's fused launch table on the H100 (docs/tuning.md#fused-launch-table)
-    "decode": (FusedShape(64, 32, 128, 2, False, False, False), FusedConfig(1, 8, 4)),
-    "decode-fp8": (FusedShape(64, 32, 128, 2, True, False, False), FusedConfig(1, 4, 4)),
-    "decode-norm": (FusedShape(64, 32, 128, 2, False, True, False), FusedConfig(1, 8, 4)),
-    "mla-decode": (FusedShape(64, 128, 576, 2, False, False, False), FusedConfig(1, 32, 4)),
-    "prefill": (FusedShape(16384, 32, 128, 2, False, False, False), FusedConfig(2, 8, 4, True, True)),
-    "prefill-norm": (FusedShape(16384, 32, 128, 2, False, True, False), FusedConfig(4, 8, 4, True, True)),
-    "prefill-fp8": (FusedShape(16384, 32, 128, 2, True, False, False), FusedConfig(2, 8, 4, True, True)),
-    "prefill-wide": (FusedShape(16384, 16, 192, 2, False, False, False), FusedConfig(2, 8, 8)),
-    "backward": (FusedShape(16384, 32, 128, 2, False, True, True), FusedConfig(1, 8, 4, True, True, 16, 3)),
+    "decode": (FusedShape(64, 32, 128, 2), FusedConfig(1, 8, 4)),
+    "decode-fp8": (FusedShape(64, 32, 128, 2, cache_format=E4M3), FusedConfig(1, 4, 4)),
+    "decode-norm": (FusedShape(64, 32, 128, 2, norm=True), FusedConfig(1, 8, 4)),
+    "mla-decode": (FusedShape(64, 128, 576, 2), FusedConfig(1, 32, 4)),
+    "prefill": (FusedShape(16384, 32, 128, 2), FusedConfig(2, 8, 4, True, True)),
+    "prefill-norm": (FusedShape(16384, 32, 128, 2, norm=True), FusedConfig(4, 8, 4, True, True)),
+    "prefill-fp8": (FusedShape(16384, 32, 128, 2, cache_format=E4M3), FusedConfig(2, 8, 4, True, True)),
+    "prefill-wide": (FusedShape(16384, 16, 192, 2), FusedConfig(2, 8, 8)),
+    "backward": (FusedShape(16384, 32, 128, 2, norm=True, backward=True), FusedConfig(1, 8, 4, True, True, 16, 3)),
 }
 
 SHAPES = {**{name: shape for name, (shape, _) in TABLE.items()},
@@ -70,8 +71,8 @@ SHAPES = {**{name: shape for name, (shape, _) in TABLE.items()},
           "many-heads-no-fused-tile": rope(2, 4096, 128, 128, 256, flat_ok=False),
           "fp64": rope(1, 2048, 8, 8, 64, 8)}
 FUSED_SHAPES = {**{name: shape for name, (shape, _) in FUSED_TABLE.items()},
-                "decode-very-wide": FusedShape(8, 64, 2304, 2, False, False, False),
-                "prefill-very-wide": FusedShape(4096, 16, 4096, 4, False, False, False)}
+                "decode-very-wide": FusedShape(8, 64, 2304, 2),
+                "prefill-very-wide": FusedShape(4096, 16, 4096, 4)}
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -194,14 +195,15 @@ def test_the_backward_pipeline_fits_in_shared_memory_even_over_every_head_of_128
     """A norm over all heads walks one token of every head a step; pipelined three deep, 128 heads x 128 float32
     channels would need 256 KiB of shared memory, more than a Hopper program gets (227 KiB): the launch failed."""
     for over_heads in (False, True):
-        shape = FusedShape(4096, heads, 128, element_size, False, True, True, norm_over_heads=over_heads)
+        shape = FusedShape(4096, heads, 128, element_size, norm=True, backward=True, norm_over_heads=over_heads)
         config = model.model_fused(GPUS[gpu], shape)
         held = (config.stages - 1) * 2 * config.block_s * config.block_h * 128 * element_size
         assert held <= 219 * 1024 and model.is_valid_fused(config, shape)
         assert all(model.is_valid_fused(c, shape) for c in model.fused_candidates(GPUS[gpu], shape))
     too_deep = FusedConfig(1, 128, 16, token_blocks=16, stages=3)
-    assert not model.is_valid_fused(too_deep, FusedShape(4096, 128, 128, 4, False, True, True, norm_over_heads=True))
-    assert model.is_valid_fused(too_deep, FusedShape(4096, 128, 128, 2, False, True, True, norm_over_heads=True))
+    over_128_heads = dict(norm=True, backward=True, norm_over_heads=True)
+    assert not model.is_valid_fused(too_deep, FusedShape(4096, 128, 128, 4, **over_128_heads))
+    assert model.is_valid_fused(too_deep, FusedShape(4096, 128, 128, 2, **over_128_heads))
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -262,8 +264,8 @@ def test_calls_the_clock_cannot_judge_are_never_timed(gpu, case):
 def test_a_bucket_the_clock_never_judges_is_decided_once_a_process(gpu, monkeypatch):
     """A decode step or a backward is never timed, so the model's answer for its bucket is final: later plans of the
     bucket (autograd plans its backward afresh) neither read the disk cache nor run the model again."""
-    decode = FusedShape(64, 32, 128, 2, False, True, False)
-    backward = FusedShape(16384, 32, 128, 2, False, True, True)
+    decode = FusedShape(64, 32, 128, 2, norm=True)
+    backward = FusedShape(16384, 32, 128, 2, norm=True, backward=True)
     runs = []
     monkeypatch.setattr(choice, "model_fused",
                         lambda facts, shape: runs.append(shape) or model.model_fused(facts, shape))
@@ -401,7 +403,7 @@ def test_the_fused_choice_tunes_and_caches_like_the_rope_choice(gpu):
 def test_fused_calls_the_clock_cannot_judge_are_never_timed(gpu, case):
     # a decode step is its launch chain, a prefill the L2 holds lasts a few microseconds, and the backward keeps the
     # model's walk: the model's choice, untimed
-    shape = {"small-prefill-fused": FusedShape(512, 32, 128, 2, False, False, False)}.get(case) or FUSED_SHAPES[case]
+    shape = {"small-prefill-fused": FusedShape(512, 32, 128, 2)}.get(case) or FUSED_SHAPES[case]
     bench = FakeBench({model.fused_candidates(gpu, shape)[-1]: 0.5})
     assert choice.choose_fused(shape, gpu, bench) == model.model_fused(gpu, shape) and bench.calls == []
 
@@ -424,7 +426,7 @@ def test_the_cache_lives_in_the_users_cache_directory(monkeypatch, variable, exp
 def test_under_the_interpreter_the_configurations_are_fixed(tokens, heads, expected):
     bench = FakeBench()
     assert choice.choose_rope(rope(1, tokens, heads, heads, 64), "cpu", bench) == TileConfig(*expected, 4)
-    fused = FusedShape(tokens, heads, 64, 2, False, False, False)
+    fused = FusedShape(tokens, heads, 64, 2)
     assert choice.choose_fused(fused, "cpu", bench) == FusedConfig(*expected, 4)
     assert bench.calls == []
 

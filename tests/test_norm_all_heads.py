@@ -158,7 +158,7 @@ H100 = DeviceFacts("NVIDIA H100 80GB HBM3", 132, 3000.0, 700.0, "assumed")
 @pytest.mark.parametrize("heads,width", [(32, 128), (40, 128), (5, 80), (3, 16), (24, 128), (128, 256)],
                          ids=["32x128", "40x128", "5x80", "3x16", "24x128", "128x256"])
 def test_the_model_puts_every_head_of_a_token_in_one_program(heads, width, tokens, backward):
-    shape = FusedShape(tokens, heads, width, 2, False, True, backward, norm_over_heads=True)
+    shape = FusedShape(tokens, heads, width, 2, norm=True, backward=backward, norm_over_heads=True)
     config = model_fused(H100, shape)
     assert config.block_h >= heads and is_valid_fused(config, shape)
 

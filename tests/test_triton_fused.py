@@ -124,8 +124,8 @@ def test_the_launch_choice_is_the_models_and_the_override_wins(monkeypatch):
     from ropekit.triton import choice, model
     from ropekit.triton.fused import FusedShape, forced_fused_config, fused_config_for
 
-    def shape(tokens, width=128, fp8=False, norm=False, backward=False, heads=32):
-        return FusedShape(tokens, heads, width, 2, fp8, norm, backward)
+    def shape(tokens, heads=32):
+        return FusedShape(tokens, heads, 128, 2)
 
     # under the interpreter: fixed tiles; on a GPU: the model's choice on the GPU's facts (tests/test_choice.py holds
     # what the H100's measured table knew), never more heads a program than the call has

@@ -82,7 +82,8 @@ class FusedCase:
 
     @property
     def fp8(self) -> bool:
-        """A quantised cache, one byte an element (float8 or int8; the launch choice's ``FusedShape.fp8``)."""
+        """A quantised cache, one byte an element (float8 or int8; the launch choice's
+        ``FusedShape.quantised_cache``)."""
         return self.kv_cache_dtype != "auto"
 
     @property

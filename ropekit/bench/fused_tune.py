@@ -22,11 +22,12 @@ from typing import Optional
 
 import torch
 
+from ..fused.kv_cache import quant_codes
 from ..triton.fused import FusedConfig, FusedShape, forced_fused_config, fused_config_for
 from .fused import checked_call, cli_parser, impls, stream_for
 from .fused_cases import CASES, floor_bytes, tiny
 
-__all__ = ["SWEEP", "TUNED_CASES", "candidates", "tune_case", "tune", "main"]
+__all__ = ["SWEEP", "TUNED_CASES", "case_shape", "candidates", "tune_case", "tune", "main"]
 
 # FusedConfig fields tried per shape class (block_s, block_h, num_warps[, evict_first, heads_inner[, token_blocks
 # [, stages]]]), the table's own choice added first: prefill varies the tile (tokens x heads a program, warps sharing
@@ -64,14 +65,19 @@ def _width(case) -> int:
     return max(case.head_dim, case.latent or 0)
 
 
-def _shape(case) -> FusedShape:
-    return FusedShape(case.tokens, max(case.heads_q, case.heads_kv), _width(case), case.dtype.itemsize, case.fp8,
-                      case.qk_norm, case.kind == "backward", case.qk_norm and case.norm_over == "heads")
+def case_shape(case) -> FusedShape:
+    """The shape the library's plan asks the launch choice for on ``case``'s call, the formats written included."""
+    cache_format, cache_scales = quant_codes(case.cache_dtype, per_head=case.per_head_scales,
+                                             per_token_head=case.token_head_scales)
+    return FusedShape(case.tokens, max(case.heads_q, case.heads_kv), _width(case), case.dtype.itemsize,
+                      norm=case.qk_norm, backward=case.kind == "backward",
+                      norm_over_heads=case.qk_norm and case.norm_over == "heads", cache_format=cache_format,
+                      cache_scales=cache_scales, q_format=quant_codes(case.q_dtype)[0])
 
 
 def _table_choice(case) -> FusedConfig:
     """What the launch choice picks for ``case`` outside the interpreter's fixed tiles (on the current device)."""
-    return fused_config_for(_shape(case), None)
+    return fused_config_for(case_shape(case), None)
 
 
 def candidates(case) -> list[FusedConfig]:
@@ -93,7 +99,7 @@ def tune_case(case, timer, device, ceiling_gbps: Optional[float], seed: int = 0,
     table = _table_choice(case)
     rows, pending = [], []
     for i, config in enumerate(candidates(case)):
-        row = dict(case=case.name, shape=_shape(case)._asdict(),
+        row = dict(case=case.name, shape=case_shape(case)._asdict(),
                    **config._asdict(), table=config == table, status="ok", graph_us=None)
         rows.append(row)
         try:

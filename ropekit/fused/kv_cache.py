@@ -25,7 +25,7 @@ from . import validate
 from .plan import FusedPlan, planned, plans, reads_callers_memory, signature
 from .qk_norm_rope import _spec, fused_launcher
 
-__all__ = ["rope_and_cache", "launch_cache"]
+__all__ = ["rope_and_cache", "launch_cache", "quant_codes"]
 
 
 def _kernel_arguments(q, k, v, out_q, out_k, k_cache, v_cache, slots, cache_mode: int, batch_indices, kv_indices,
@@ -39,7 +39,9 @@ def _kernel_arguments(q, k, v, out_q, out_k, k_cache, v_cache, slots, cache_mode
     quantised cache: the kernel never sees others; with scale caches, those in their place, written; NVFP4: the
     block-scale caches as bytes in their place and the scales given as the global ones; a float8 ``out_q`` as its
     bytes, at ``q_scale``)."""
-    quant = _store(k_cache, k_scale, v_scale, k_scale_cache)
+    # per head when either scale has one a head (a one-element one is then read at stride 0)
+    per_head = any(s is not None and s.numel() > 1 for s in (k_scale, v_scale))
+    quant = quant_codes(k_cache.dtype, per_head=per_head, per_token_head=k_scale_cache is not None)
     k_global = v_global = None
     if quant[0] == PLAIN:
         k_scale = v_scale = None
@@ -58,26 +60,26 @@ def _kernel_arguments(q, k, v, out_q, out_k, k_cache, v_cache, slots, cache_mode
                 k_cache=FusedPlan.bytes_of(k_cache), v_cache=FusedPlan.bytes_of(v_cache), cache_mode=cache_mode,
                 slots=slots, page_table=page_table, block_size=k_cache.shape[1], cache_len=n_slots, k_scale=k_scale,
                 v_scale=v_scale, quant=quant, k_global=k_global, v_global=v_global,
-                q_format=_FORMATS.get(out_q.dtype, PLAIN) if out_q is not None else PLAIN, q_scale=q_scale,
+                q_format=quant_codes(out_q.dtype if out_q is not None else None)[0], q_scale=q_scale,
                 q_weight=q_weight, k_weight=k_weight, eps=eps, weight_offset=weight_offset, norm=norm,
                 norm_over_heads=norm_over_heads)
 
 
-# (a validated cache still held as torch.uint8 is NVFP4's: validate.fp8_bytes views every other format's bytes)
 _FORMATS = {torch.float8_e4m3fn: E4M3, torch.float8_e5m2: E5M2, torch.int8: INT8, torch.uint8: NVFP4}
 
 
-def _store(k_cache, k_scale, v_scale, k_scale_cache) -> tuple:
-    """What a validated call's cache stores, as the kernel's quantising store reads it: (format, scales) of
-    :mod:`ropekit.triton.fused_tiles`, from the cache's dtype and the scales' shapes (NVFP4: per 16-block; per (token,
-    head) with scale caches; per head when either scale has one a head, a one-element one then read at stride 0)."""
-    fmt = _FORMATS.get(k_cache.dtype, PLAIN)
+def quant_codes(dtype, *, per_head: bool = False, per_token_head: bool = False) -> tuple:
+    """What a store of ``dtype`` writes, as the fused kernel's quantising store reads it: ``(format, scales)``, the
+    codes of :mod:`ropekit.triton.fused_tiles` (:func:`~ropekit.triton.fused.plan_fused`'s ``quant``, and the format
+    fields of the launch choice's :class:`~ropekit.triton.configs.FusedShape`). ``dtype``: a validated cache's (a
+    ``torch.uint8`` one is NVFP4's: :func:`validate.fp8_bytes` views every other format's bytes) or a float8 q
+    output's; the model's own dtypes and None are PLAIN. The scales: NVFP4's per 16-block; otherwise per (token, head)
+    when computed on write into scale caches (``per_token_head``), per kv head when static and one a head
+    (``per_head``), per tensor else (PLAIN: per tensor, never read)."""
+    fmt = _FORMATS.get(dtype, PLAIN)
     if fmt in (PLAIN, NVFP4):
         return fmt, PER_BLOCK if fmt == NVFP4 else PER_TENSOR
-    if k_scale_cache is not None:
-        return fmt, PER_TOKEN_HEAD
-    per_head = any(s is not None and s.numel() > 1 for s in (k_scale, v_scale))
-    return fmt, PER_HEAD if per_head else PER_TENSOR
+    return fmt, PER_TOKEN_HEAD if per_token_head else PER_HEAD if per_head else PER_TENSOR
 
 
 def launch_cache(q, k, v, out_q, out_k, k_cache, v_cache, *args) -> None:

@@ -76,12 +76,17 @@ class FusedShape(NamedTuple):
     n_heads: int  # the larger of q's and k's head counts
     width: int  # the widest head vector a program holds (k's, or v's)
     element_size: int
-    fp8: bool  # a float8 cache is written
-    norm: bool  # QK-norm
-    backward: bool  # the QK-norm + RoPE backward
+    norm: bool = False  # QK-norm
+    backward: bool = False  # the QK-norm + RoPE backward
     norm_over_heads: bool = False  # the norm runs over all heads of a token: a program holds every head
     # the formats written, each with its own costs (a float8 or an int8 rounding, NVFP4's packing, a scale reduced
-    # per (token, head)): the cache's format and scales and q's output format (ropekit.triton.fused_tiles' codes)
+    # per (token, head)): the cache's format and scales and q's output format (ropekit.triton.fused_tiles' codes,
+    # 0 being PLAIN: a cache in its own dtype, or none)
     cache_format: int = 0
     cache_scales: int = 0
     q_format: int = 0
+
+    @property
+    def quantised_cache(self) -> bool:
+        """A quantised cache is written (float8, int8 or NVFP4: a byte an element or less, and a rounding)."""
+        return self.cache_format != 0

@@ -627,7 +627,6 @@ def plan_fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, inte
         n_tokens = n_batch * seqlen
     head_dim, n_heads_q = q.shape[-1], q.shape[2]
     n_heads_k = k.shape[2] if k is not None else 0
-    fp8 = k_cache is not None and quant[0] != PLAIN  # a one-byte cache
     if norm is None:  # the norm's place: before the rotation when weights are given
         norm = BEFORE if q_weight is not None else NO_NORM
     norm_flags = norm_switch(norm, q_weight is not None, norm_over_heads)
@@ -635,8 +634,11 @@ def plan_fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, inte
     over_heads = norm and norm_over_heads
     if config is None:
         width = max(head_dim, v.shape[-1] if v is not None else 0)
-        shape = FusedShape(n_batch * seqlen, max(n_heads_q, n_heads_k), width, q.element_size(), fp8, norm, backward,
-                           over_heads, *(quant[:2] if fp8 else (PLAIN, PER_TENSOR)), q_format)
+        # the cache's format and scales as written: a quantised cache's, else PLAIN (its own dtype, or no cache)
+        cache_format, cache_scales = quant[:2] if k_cache is not None and quant[0] != PLAIN else (PLAIN, PER_TENSOR)
+        shape = FusedShape(n_batch * seqlen, max(n_heads_q, n_heads_k), width, q.element_size(), norm=norm,
+                           backward=backward, norm_over_heads=over_heads, cache_format=cache_format,
+                           cache_scales=cache_scales, q_format=q_format)
         timed = not backward and q.device.type == "cuda" and launching_directly()
         config = _tuned_forward_config(shape, call) if timed else fused_config_for(shape, q.device)
     if over_heads:  # the norm's group, a token's heads, lies in one program (whatever configuration was forced)

@@ -287,14 +287,14 @@ def _fused_rule(facts: DeviceFacts, shape: FusedShape) -> FusedConfig:
     if shape.backward:
         return FusedConfig(1, min(heads, 8), 4, evict_first=True, heads_inner=True, token_blocks=16, stages=3)
     if shape.n_tokens <= DECODE_TOKENS:
-        block_h = min(heads, 32 if shape.width > 128 else 4 if shape.fp8 else 8)
+        block_h = min(heads, 32 if shape.width > 128 else 4 if shape.quantised_cache else 8)
         target = _MIN_PROGRAMS_PER_SM * facts.n_sms
         while block_h > 1 and 2 * shape.n_tokens * cdiv(shape.n_heads, block_h) < target:
             block_h //= 2
         return FusedConfig(1, block_h, 4)
     if shape.width > 128:
         return FusedConfig(2, min(heads, 8), 8)
-    return FusedConfig(4 if shape.norm and not shape.fp8 else 2, min(heads, 8), 4, evict_first=True,
+    return FusedConfig(4 if shape.norm and not shape.quantised_cache else 2, min(heads, 8), 4, evict_first=True,
                        heads_inner=True)
 
 
