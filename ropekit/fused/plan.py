@@ -28,7 +28,7 @@ def planned(tensors: tuple) -> bool:
         return False
     if torch.is_grad_enabled():
         for t in tensors:
-            if isinstance(t, torch.Tensor) and t.requires_grad:
+            if t is not None and isinstance(t, torch.Tensor) and t.requires_grad:
                 return False
     return True
 
@@ -37,8 +37,9 @@ def signature(op: str, tensors: tuple, flags: tuple) -> tuple | None:
     """A plan's key: the op's name, every tensor by shape, strides, dtype and device (anything else by type and
     value), every host argument by type and value (True == 1 as dict keys, but not as arguments); None for a call
     with an unhashable argument (validation says what is wrong with it)."""
-    key = (op, *[(t.shape, t.stride(), t.dtype, t.device) if isinstance(t, torch.Tensor) else (type(t), t)
-                 for t in tensors], *[(type(f), f) for f in flags])
+    # (None first: most of a fused call's optional tensors are None, and isinstance against torch.Tensor is slow)
+    key = (op, *[None if t is None else (t.shape, t.stride(), t.dtype, t.device) if isinstance(t, torch.Tensor)
+                 else (type(t), t) for t in tensors], *[(type(f), f) for f in flags])
     try:
         hash(key)
     except TypeError:

@@ -62,15 +62,12 @@ def _constexprs(kernel) -> frozenset:
     return _signature(kernel)[1]
 
 
-def _specialisation(value):
-    """What Triton specialises a launch argument on, for the values that change from call to call: a tensor's
-    16-byte alignment, an integer's being 1, divisible by 16, within 32 bits (dtypes and everything else are the
-    plan's)."""
-    if value is None:
-        return None
-    if type(value) is int:
-        return (value == 1, value % 16 == 0, -2**31 <= value < 2**31)
-    return value.data_ptr() % 16 == 0
+def _specialisation(values: tuple) -> tuple:
+    """What Triton specialises a launch on among the values that change from call to call: a tensor's 16-byte
+    alignment, an integer's being 1, divisible by 16, within 32 bits (dtypes and everything else are the plan's).
+    One comprehension, no call a value: a decode step's host time is in such loops."""
+    return tuple([None if value is None else (value == 1, value % 16 == 0, -2**31 <= value < 2**31)
+                  if type(value) is int else value.data_ptr() % 16 == 0 for value in values])
 
 
 def _static(value):
@@ -219,7 +216,7 @@ def _run_direct(launch: KernelLaunch, values: tuple) -> None:
         with _device.INTERPRETER_LOCK:
             launch.kernel[launch.grid](**launch.named(values), num_warps=launch.num_warps)
         return
-    key = (launch.key, tuple(map(_specialisation, values)))
+    key = (launch.key, _specialisation(values))
     entry = _runners.get(key)
     if entry is None:
         compiled = launch.kernel[launch.grid](**launch.named(values), num_warps=launch.num_warps)
