@@ -23,6 +23,34 @@ TRITON_FILES = ("test_v4.py", "test_launch.py", "test_triton_", "test_reliabilit
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "backend(name): run the test on this backend ('native' or 'triton')")
+    _retry_notebook_kernel_start()
+
+
+def _retry_notebook_kernel_start(attempts: int = 3):
+    """nbval's kernel start, retried. jupyter_client picks a kernel's five ZMQ ports by binding port 0 and letting go;
+    the kernel binds them a moment later. Under ``pytest -n auto`` another worker's process (a second kernel, the
+    site test's browser) can take one of those ports in between, and the kernel dies before it answers
+    ``kernel_info``: every cell of that notebook then errors at setup without having run. A fresh start draws fresh
+    ports; a kernel that dies ``attempts`` times in a row is a real failure and is raised as such. (Here, not in a
+    conftest beside the notebooks: two conftest modules would share the name ``conftest`` the tests import from.)"""
+    try:
+        import nbval.kernel
+    except ImportError:
+        return
+    start = nbval.kernel.start_new_kernel
+    if getattr(start, "retried", False):
+        return
+
+    def retried(*args, **kwargs):
+        for attempt in range(attempts):
+            try:
+                return start(*args, **kwargs)
+            except RuntimeError:
+                if attempt == attempts - 1:
+                    raise
+
+    retried.retried = True
+    nbval.kernel.start_new_kernel = retried
 
 
 @pytest.fixture(autouse=True)
