@@ -405,7 +405,7 @@ def check_overlaps(names: tuple, tensors: tuple, written: tuple, memo: set | Non
     if torch.compiler.is_compiling():
         return
     if memo is not None:
-        # (None first: isinstance against torch.Tensor is slow, and most optional arguments are None)
+        # (None first: isinstance against torch.Tensor is slow for a non-tensor, and most optional arguments are None)
         addresses = tuple([t.data_ptr() for t in tensors if t is not None and isinstance(t, torch.Tensor)])
         if addresses in memo:
             return

@@ -6,6 +6,7 @@ marked ``@pytest.mark.backend(name)`` runs on that one; a test that takes the ``
 """
 
 import os
+import warnings
 
 import ropekit  # noqa: F401  (side effect: ropekit.device decides CUDA vs TRITON_INTERPRET)
 import pytest
@@ -45,9 +46,11 @@ def _retry_notebook_kernel_start(attempts: int = 3):
         for attempt in range(attempts):
             try:
                 return start(*args, **kwargs)
-            except RuntimeError:
+            except RuntimeError as error:
                 if attempt == attempts - 1:
                     raise
+                # visible in the run's summary: a flaky start is retried, not hidden
+                warnings.warn(f"a notebook kernel failed to start ({error}); starting another", stacklevel=2)
 
     retried.retried = True
     nbval.kernel.start_new_kernel = retried

@@ -82,8 +82,8 @@ class FusedCase:
 
     @property
     def fp8(self) -> bool:
-        """A quantised cache, one byte an element (float8 or int8; the launch choice's
-        ``FusedShape.quantised_cache``)."""
+        """A cache format other than the model's own dtype is named (``kv_cache_dtype`` not "auto"): every such case
+        of the benchmark writes a quantised cache (float8 or int8)."""
         return self.kv_cache_dtype != "auto"
 
     @property

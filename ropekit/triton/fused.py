@@ -60,10 +60,10 @@ from ..positions import PositionSpec
 from . import choice
 from .configs import FusedConfig, FusedShape, cdiv, next_pow2
 from .fused_tiles import BEFORE, E4M3, E5M2, NO_NORM, NO_QUANT, NORM_AFTER_C, NORM_BEFORE_C, NORM_NONE_C, \
-    PER_HEAD, PER_TENSOR, PLAIN, STORE_PLAIN, Head, cache_slot, channels_scale, group_sum, head_scale, load_head, \
+    PER_HEAD, PER_TENSOR, PLAIN, STORE_PLAIN, cache_slot, channels_scale, group_sum, head_scale, load_head, \
     norm_switch, norm_weights, normed, rsqrt_mean_square, sequence_span, store_channels, store_head
 from .launch import KernelLaunch, _position_strides, launching_directly, plans
-from .v4 import PositionForm, Types, _cos_sin, _rotate
+from .v4 import Head, PositionForm, Types, _cos_sin, _rotate
 
 __all__ = ["fused_forward_kernel", "fused_backward_kernel", "FusedConfig", "FusedShape", "fused_config_for",
            "forced_fused_config", "plan_fused", "FusedBackward",

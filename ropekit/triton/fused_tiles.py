@@ -8,9 +8,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .v4 import Head, _load_pairs
+from .v4 import _load_pairs
 
-__all__ = ["Head", "PLAIN", "E4M3", "E5M2", "INT8", "NVFP4", "PER_TENSOR", "PER_HEAD", "PER_TOKEN_HEAD", "PER_BLOCK",
+__all__ = ["PLAIN", "E4M3", "E5M2", "INT8", "NVFP4", "PER_TENSOR", "PER_HEAD", "PER_TOKEN_HEAD", "PER_BLOCK",
            "NO_QUANT", "STORE_PLAIN", "float8_bits", "e4m3_bits", "e4m3_value", "e2m1_codes", "int8_values",
            "quantised", "head_amax", "channels_amax", "cache_scale", "head_scale", "channels_scale", "store_head",
            "store_channels", "store_nvfp4", "load_head", "norm_weights", "group_sum", "rsqrt_mean_square", "normed",

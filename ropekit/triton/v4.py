@@ -7,7 +7,7 @@ New since v3 (tiles of tokens x heads that share cos/sin rows):
 * **Pairing** ``HEAD.INTERLEAVED``: NeoX halves ``(i, i + R/2)`` or GPT-J neighbours ``(2i, 2i+1)``. GPT-J loads the
   rotary channels as one contiguous block and splits it into pairs in registers (``tl.reshape`` + ``tl.split``), so
   both pairings read memory the same way.
-* **Partial rotary**: only ``ROTARY_DIM <= HEAD_DIM`` channels turn; out of place, the rest is copied.
+* **Partial rotary**: only ``HEAD.ROTARY_DIM <= HEAD.HEAD_DIM`` channels turn; out of place, the rest is copied.
 * **Positions** ``POSITION.MODE`` (scalar offset / per-sequence offsets / position ids / M-RoPE's three ids per
   token, see ``ropekit.positions``) and ``POSITION.IS_VARLEN`` (packed ``thd`` with ``cu_seqlens``). Positions live
   on the device: no host sync, graph-capturable. M-RoPE picks each pair's position from its axis
@@ -416,8 +416,9 @@ def rope_v4_kernel(
     the position strides without positions. In CUDA-graph replay every byte of arguments costs time
     (docs/tuning.md#lean-launch).
     """
-    # Each group holding a tuple is rebuilt from its items before any branch: Triton 3.6 keeps a stale type for a
-    # tuple nested in a tuple argument, and a branch's copy of the group follows the type
+    # Each group is unpacked before any branch, its strides rebuilt from their items: Triton 3.6 keeps a stale type
+    # for a tuple nested in a tuple argument, and a branch's copy follows the type (the position strides, only ever
+    # read by index, are kept as passed)
     Q, q_strides = q[0], (q[1][0], q[1][1], q[1][2], q[1][3])
     K, k_strides = k[0], (k[1][0], k[1][1], k[1][2], k[1][3])
     OUT_Q, out_q_strides = out_q[0], (out_q[1][0], out_q[1][1], out_q[1][2], out_q[1][3])

@@ -15,7 +15,7 @@ float64 reference on several shapes (:mod:`.verify`).
 and two steps that add speed, not features, each a copy of step 1 (what the timed prefill needs) with one idea:
 
 7. ``step7_fused_qk`` — one program takes a block of tokens x every head of q and of k, all loads before any store,
-   cos/sin fetched once for both (the production tile's ``FUSED_QK``);
+   cos/sin fetched once for both (the production tile's ``TILE.FUSED_QK``);
 8. ``step8_flat`` — blocks of consecutive elements, each element's NeoX partner loaded separately (the production
    flat kernel, ``ropekit.triton.v4_flat``); contiguous NeoX over the whole head only.
 

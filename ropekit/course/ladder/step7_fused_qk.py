@@ -5,8 +5,8 @@ head, forward, int32 offsets: all the timed Llama-3-8B prefill needs), so that e
 grid's head axis is gone: a program takes ``BLOCK_S`` tokens x *every* head of q (a ``BLOCK_H`` tile) and of k (a
 ``BLOCK_HK`` tile), issues all four loads before either store, and fetches its tokens' cos/sin rows once for both
 tensors. Fewer, larger programs, and one table fetch where step 1 has ``heads / BLOCK_H`` of them: the production
-tile's ``FUSED_QK`` switch (``ropekit.triton.v4``). The launcher sizes both tiles from the head counts; its config
-gives the tokens and warps.
+tile's ``TILE.FUSED_QK`` switch (``ropekit.triton.v4``). The launcher sizes both tiles from the head counts; its
+config gives the tokens and warps.
 """
 
 import triton
