@@ -29,10 +29,10 @@ The arguments travel in groups, as their comments in the signatures say: a tenso
 strides)``; an output or a cache as a store with its scales (``fused_tiles``); the cache's address map; the angles
 with the table's length; the positions with their strides, the packed sequences' starts and the offset. The
 compile-time switches are grouped too, in named tuples read by field (``HEAD.ROTARY_DIM``, ``TILE.BLOCK_S``): the
-head vector (:class:`~ropekit.triton.v4.Head`), the tile (:class:`Tile`), the positions' form
-(:class:`~ropekit.triton.v4.PositionForm`), the outputs (:class:`Writes`), the cache write (:class:`CacheWrite`),
-the types (:class:`~ropekit.triton.v4.Types`; Head, PositionForm and Types are the tile kernel's too). A plan names a
-per-call tensor by its group and its place in it (:data:`FORWARD_PER_CALL`).
+head vector (:class:`~ropekit.triton.groups.Head`), the tile (:class:`Tile`), the positions' form
+(:class:`~ropekit.triton.groups.PositionForm`), the outputs (:class:`Writes`), the cache write
+(:class:`CacheWrite`), the types (:class:`~ropekit.triton.groups.Types`; Head, PositionForm and Types are the tile
+kernel's too). A plan names a per-call tensor by its group and its place in it (:data:`FORWARD_PER_CALL`).
 
 Grid: (token groups, head blocks of q then of k, batch or sequence); with ``TILE.HEADS_INNER`` the first two axes are
 one, head blocks inner, so that the q programs and the (heavier) k + v programs of a token group run side by side. A
@@ -63,7 +63,8 @@ from .fused_tiles import BEFORE, E4M3, E5M2, NO_NORM, NO_QUANT, NORM_AFTER_C, NO
     PER_HEAD, PER_TENSOR, PLAIN, STORE_PLAIN, cache_slot, channels_scale, group_sum, head_scale, load_head, \
     norm_switch, norm_weights, normed, rsqrt_mean_square, sequence_span, store_channels, store_head
 from .launch import KernelLaunch, _position_strides, launching_directly, plans
-from .v4 import Head, PositionForm, Types, _cos_sin, _rotate
+from .groups import Head, PositionForm, Types
+from .v4 import _cos_sin, _rotate
 
 __all__ = ["fused_forward_kernel", "fused_backward_kernel", "FusedConfig", "FusedShape", "fused_config_for",
            "forced_fused_config", "plan_fused", "FusedBackward",
@@ -260,7 +261,7 @@ def fused_forward_kernel(
     positions,
     # (seqlen, n_heads_q, n_heads_k, n_tokens)
     sizes,
-    # the head vector (v4.Head), the tile (Tile), the positions' form (v4.PositionForm)
+    # the head vector (groups.Head), the tile (Tile), the positions' form (groups.PositionForm)
     HEAD: tl.constexpr, TILE: tl.constexpr, POSITION: tl.constexpr,
     # what the call asks for: k's programs, the norm, the outputs (Writes), the cache write (CacheWrite), q's store
     HAS_K: tl.constexpr, NORM: tl.constexpr, WRITE: tl.constexpr, CACHE: tl.constexpr, OUT_QUANT: tl.constexpr,
@@ -419,7 +420,7 @@ def fused_backward_kernel(
     angles, positions,
     # (seqlen, n_heads_q, n_heads_k, n_tokens)
     sizes,
-    # the head vector (v4.Head), the tile (Tile), the positions' form (v4.PositionForm)
+    # the head vector (groups.Head), the tile (Tile), the positions' form (groups.PositionForm)
     HEAD: tl.constexpr, TILE: tl.constexpr, POSITION: tl.constexpr,
     # what the call asks for: k's programs, the norm, how the weight gradient is summed
     HAS_K: tl.constexpr, NORM: tl.constexpr, DW_ATOMIC: tl.constexpr,

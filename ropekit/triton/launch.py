@@ -31,7 +31,8 @@ from .. import device as _device
 from ..positions import POSITION_IDS, PositionSpec
 from . import choice
 from .configs import FlatConfig, RopeShape, TileConfig, cdiv, next_pow2
-from .v4 import Head, PositionForm, QKTile, Rotation, Types, rope_v4_kernel
+from .groups import Head, PositionForm, Types
+from .v4 import QKTile, Rotation, rope_v4_kernel
 from .v4_flat import rope_flat_kernel
 
 __all__ = ["KernelLaunch", "PlanCache", "plans", "LaunchRecord", "recorded_launches", "rope_config", "plan_rope",

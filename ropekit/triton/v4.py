@@ -39,23 +39,11 @@ import triton.language as tl
 from .. import device as _device  # noqa: F401  (interpreter switch before the kernels are decorated)
 from ..positions import MROPE_IDS, MROPE_SECTION_BASE
 
-__all__ = ["rope_v4_kernel", "Head", "QKTile", "PositionForm", "Rotation", "Types"]
+__all__ = ["rope_v4_kernel", "QKTile", "Rotation"]
 
 
-# The kernels' compile-time switches travel in groups, each one constexpr the device code reads by field (the fused
-# kernels of ropekit.triton.fused share Head, PositionForm and Types).
-
-class Head(NamedTuple):
-    """The head vector as a tile lays it out: ROTARY_DIM rotated channels, paired (i, i + ROTARY_DIM / 2) or,
-    INTERLEAVED, (2i, 2i + 1), each pair's halves in BLOCK_HALF lanes; the tail, the HEAD_DIM - ROTARY_DIM channels
-    past them, in BLOCK_TAIL lanes."""
-
-    ROTARY_DIM: int
-    HEAD_DIM: int
-    BLOCK_HALF: int
-    BLOCK_TAIL: int
-    INTERLEAVED: bool
-
+# The tile kernel's own compile-time groups, each one constexpr the device code reads by field (the groups it shares
+# with the fused kernels are in ropekit.triton.groups).
 
 class QKTile(NamedTuple):
     """The tile kernel's tile: BLOCK_S tokens by BLOCK_H heads a program; FUSED_QK: one program takes every head of q
@@ -65,15 +53,6 @@ class QKTile(NamedTuple):
     BLOCK_H: int
     BLOCK_HK: int
     FUSED_QK: bool
-
-
-class PositionForm(NamedTuple):
-    """Where a token's angles come from: MODE, what the positions tensor holds (``ropekit.positions``); IS_VARLEN,
-    packed sequences (CU_SEQLENS); COS_PER_TOKEN, cos/sin rows per token instead of a table."""
-
-    MODE: int
-    IS_VARLEN: bool
-    COS_PER_TOKEN: bool
 
 
 class Rotation(NamedTuple):
@@ -88,15 +67,6 @@ class Rotation(NamedTuple):
     NOPE_FLOOR_SCALE: int
     NOPE_ATTN_SCALE: float
     EAGER_ROUNDING: bool
-
-
-class Types(NamedTuple):
-    """What the tensors allow: the math dtype, the integer type of element offsets (int32 where every view's reach
-    fits), the eviction hint on activation loads and stores ("evict_first": each byte is touched once)."""
-
-    MATH_DTYPE: object
-    INDEX_DTYPE: object
-    EVICT: str
 
 
 def _split_two_pi() -> tuple:

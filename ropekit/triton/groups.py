@@ -1,0 +1,39 @@
+"""The compile-time groups the tile kernel (:mod:`ropekit.triton.v4`) and the fused kernels
+(:mod:`ropekit.triton.fused`) share: each travels as one constexpr that device code reads by field
+(``HEAD.ROTARY_DIM``), so a head vector, a position form and a tensor's types mean one thing in all three kernels."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+__all__ = ["Head", "PositionForm", "Types"]
+
+
+class Head(NamedTuple):
+    """The head vector as a tile lays it out: ROTARY_DIM rotated channels, paired (i, i + ROTARY_DIM / 2) or,
+    INTERLEAVED, (2i, 2i + 1), each pair's halves in BLOCK_HALF lanes; the tail, the HEAD_DIM - ROTARY_DIM channels
+    past them, in BLOCK_TAIL lanes."""
+
+    ROTARY_DIM: int
+    HEAD_DIM: int
+    BLOCK_HALF: int
+    BLOCK_TAIL: int
+    INTERLEAVED: bool
+
+
+class PositionForm(NamedTuple):
+    """Where a token's angles come from: MODE, what the positions tensor holds (``ropekit.positions``); IS_VARLEN,
+    packed sequences (CU_SEQLENS); COS_PER_TOKEN, cos/sin rows per token instead of a table."""
+
+    MODE: int
+    IS_VARLEN: bool
+    COS_PER_TOKEN: bool
+
+
+class Types(NamedTuple):
+    """What the tensors allow: the math dtype, the integer type of element offsets (int32 where every view's reach
+    fits), the eviction hint on activation loads and stores ("evict_first": each byte is touched once)."""
+
+    MATH_DTYPE: object
+    INDEX_DTYPE: object
+    EVICT: str
