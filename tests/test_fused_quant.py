@@ -176,6 +176,32 @@ def test_rounding_of_the_format(fmt, backend):
     assert torch.equal(v_cache.cpu().flatten().view(torch.uint8), want.view(torch.uint8))
 
 
+# per-head scales whose quotients a product with the reciprocal gets wrong: with 1/7, (k + 0.5) * 7 lands an ulp past
+# the tie; 3 * 2**-110's reciprocal is near float32's largest; 5 * 2**-140 is subnormal (its reciprocal overflows)
+DIVISION_SCALES = (7.0, 3 * 2.0**-110, 5 * 2.0**-140)
+
+
+def test_a_scale_divides_as_the_division_rounds(backend):
+    """The stored int8 code of ``v / scale`` is the correctly rounded quotient's: quotients on the ties of the int8
+    grid, (k + 0.5) * scale / scale for every k, store the even neighbour at each of DIVISION_SCALES."""
+    ties = torch.arange(-128, 127, dtype=torch.float64) + 0.5
+    scales = torch.tensor(DIVISION_SCALES, dtype=torch.float64)
+    values = (ties[None, :] * scales[:, None]).float()
+    assert torch.equal(values.double() / scales[:, None], ties.expand(3, -1))  # each quotient is exactly a tie
+    v = torch.zeros(1, 1, 3, 256, device=DEVICE)
+    v[0, 0, :, :255] = values.to(DEVICE)
+    k = torch.zeros(1, 1, 3, 16, device=DEVICE)
+    k_cache = torch.zeros(1, 1, 3, 16, device=DEVICE, dtype=INT8)
+    v_cache = torch.zeros(1, 1, 3, 256, device=DEVICE, dtype=INT8)
+    cos, sin = ropekit.cos_sin_table(1, 16, device=DEVICE)
+    ropekit.rope_and_cache(k, k, v, cos, sin, k_cache=k_cache, v_cache=v_cache,
+                           slot_mapping=torch.zeros(1, dtype=torch.int64, device=DEVICE),
+                           k_scale=torch.ones(1, device=DEVICE), v_scale=scales.float().to(DEVICE))
+    stored = v_cache.view(3, 256)[:, :255].cpu()
+    assert torch.equal(stored, torch.round(ties).to(INT8).expand(3, -1))  # ties to even
+    assert torch.equal(stored, ref.quantise(values, scales[:, None], INT8).to(INT8))
+
+
 def test_a_uint8_cache_holds_the_bytes_kv_cache_dtype_names():
     """vLLM allocates float8 caches as uint8: ``kv_cache_dtype`` says which float8 their bytes are."""
     q, k, v, _, _, slots = case(skip=())

@@ -11,7 +11,7 @@ import triton.language as tl
 from .v4 import _load_pairs
 
 __all__ = ["PLAIN", "E4M3", "E5M2", "INT8", "NVFP4", "PER_TENSOR", "PER_HEAD", "PER_TOKEN_HEAD", "PER_BLOCK",
-           "NO_QUANT", "STORE_PLAIN", "float8_bits", "e4m3_bits", "e4m3_value", "e2m1_codes", "int8_values",
+           "NO_QUANT", "STORE_PLAIN", "float8_bits", "e4m3_bits", "e4m3_value", "e2m1_codes", "int8_values", "divided",
            "quantised", "head_amax", "channels_amax", "cache_scale", "head_scale", "channels_scale", "store_head",
            "store_channels", "store_nvfp4", "load_head", "norm_weights", "group_sum", "rsqrt_mean_square", "normed",
            "NO_NORM", "BEFORE", "AFTER", "NORM_OFF", "NORM_NONE_C", "NORM_BEFORE_C", "NORM_AFTER_C", "norm_switch",
@@ -115,22 +115,38 @@ def e2m1_codes(x):
 
 @triton.jit
 def int8_values(x):
-    """fp32 ``x`` rounded to the nearest integer (ties to even), saturating at [-128, 127]; NaN gives 0. Exact fp32
-    arithmetic on the truncated integer, so the GPU and the interpreter agree."""
+    """fp32 ``x`` rounded to the nearest integer (ties to even), saturating at [-128, 127]; NaN gives 0. Adding
+    1.5 * 2**23 leaves no fraction bits in an fp32 of magnitude below 2**22, so the add itself rounds to the nearest
+    integer, ties to even, and subtracting it back is exact: one rounding, the same on the GPU and the interpreter."""
     x = tl.where(x != x, 0.0, x)
     x = tl.where(x > 127.0, 127.0, tl.where(x < -128.0, -128.0, x))
-    whole = x.to(tl.int32)  # toward zero
-    rest = x - whole.to(tl.float32)  # exact: |x| < 2**23
-    step = tl.where(rest > 0, 1, -1)
-    up = (tl.abs(rest) > 0.5) | ((tl.abs(rest) == 0.5) & ((whole & 1) != 0))
-    return tl.where(up, whole + step, whole).to(tl.int8)
+    return ((x + 12582912.0) - 12582912.0).to(tl.int8)
+
+
+@triton.jit
+def divided(x, scale):
+    """fp32 ``x / scale`` correctly rounded, as the division would give, without the division's per-element
+    instruction sequence: the reciprocal once per scale (``scale`` one float or [..., 1]), then per element a product
+    and one correction. ``guess = x * (1 / scale)`` is within an ulp of the quotient, ``residual = x - guess *
+    scale`` is exact in one fma, and ``guess + residual * (1 / scale)`` rounds to the correctly rounded quotient
+    (Markstein's theorem: the reciprocal correctly rounded, no underflow). A scale of magnitude below 2**-100 is
+    first multiplied, with x, by 2**64 (exact: a power of two), so that its reciprocal does not overflow. Where the
+    residual is not a finite nonzero number (x or the quotient infinite or NaN, a zero scale) the product already is
+    the quotient."""
+    factor = tl.where(tl.abs(scale) < 7.888609052210118e-31, 1.8446744073709552e19, 1.0)
+    scale = scale * factor
+    x = x * factor
+    inverse = tl.div_rn(1.0, scale)
+    guess = x * inverse
+    residual = tl.fma(-guess, scale, x)
+    return tl.where((residual > 0) | (residual < 0), tl.fma(residual, inverse, guess), guess)
 
 
 @triton.jit
 def quantised(values, scale, QUANT: tl.constexpr):
     """``values / scale`` (the quotient correctly rounded to fp32: the one the float64 reference rounds) in QUANT's
     format: float8 bits, or int8 values."""
-    quotient = tl.div_rn(values.to(tl.float32), scale)
+    quotient = divided(values.to(tl.float32), scale)
     if QUANT[0] == _INT8:
         stored = int8_values(quotient)
     elif QUANT[0] == _E5M2:
@@ -288,7 +304,7 @@ def store_nvfp4(OUT, rows, channels, values, mask, stride_d, scale, EVICT: tl.co
     amax = tl.max(tl.where(in_block & (x == x), tl.abs(x), 0.0), 3)
     block_bits = e4m3_bits(tl.div_rn(amax, 6.0 * global_scale))
     dequant = (e4m3_value(block_bits) * global_scale)[:, :, :, None]
-    quotient = tl.div_rn(x, tl.where(dequant == 0.0, 1.0, dequant))
+    quotient = divided(x, tl.where(dequant == 0.0, 1.0, dequant))
     quotient = tl.where(dequant == 0.0, x * 0.0, quotient)
     low, high = tl.split(tl.reshape(e2m1_codes(quotient), [S, H, C // 2, 2]))
     byte_mask, _ = tl.split(tl.reshape(mask, [S, H, C // 2, 2]))
