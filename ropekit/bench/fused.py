@@ -1,5 +1,6 @@
 """The fused pre-processing benchmark: RoPE (+ QK-norm) + paged KV-cache write (bf16, or quantised on write: float8
-e4m3 or e5m2, int8; static scales a tensor or a kv head, or scales computed per (token, head); a float8 q output),
+e4m3 or e5m2, int8; static scales a tensor or a kv head, or scales computed per (token, head); NVFP4; a float8 q
+output),
 DeepSeek MLA's decoupled RoPE + latent-cache write, and the QK-norm + RoPE backward, against the pipelines a user
 builds without the fused op.
 
@@ -8,8 +9,9 @@ builds without the fused op.
 
 Implementations per case: ``ropekit-fused`` (one launch of :mod:`ropekit.fused`); the unfused pipelines from the
 single-op pieces (``F.rms_norm`` + :func:`ropekit.apply_rope` in place + torch's quantise: the per-(token, head)
-``amax`` and scale, the division, the clamp and the cast, + the cache (and scale-cache) write with ``index_copy_`` or
-``index_put_``); ``torch.compile`` of the whole chain written in PyTorch. FlashInfer is not measured: its wheel alone
+``amax`` and scale, the division, the clamp and the cast; for NVFP4 the ``amax`` per 16 channels, the e4m3 block
+scale, the e2m1 rounding and the packing of two nibbles a byte, in float32 torch ops, + the cache (and scale-cache)
+write with ``index_copy_`` or ``index_put_``); ``torch.compile`` of the whole chain written in PyTorch. FlashInfer is not measured: its wheel alone
 (62 MB) exceeds what can be carried to the GPU machine with the tree, and that machine has no network.
 
 How it measures (the conventions of :mod:`ropekit.bench.timing`): every implementation gets fresh random inputs,
@@ -17,7 +19,7 @@ is checked against the float64 reference (:mod:`ropekit.reference`) on a sample 
 captured in a CUDA graph; the graphs of one case are replayed in interleaved rounds and the median per call is
 reported. The copy ceiling is measured in the same run. The byte floor counts each activation and cache tensor once
 read and once written (q, k, v read; q written in place or as float8, k and v written to the cache in its format,
-the per-(token, head) scales written; the backward reads q, k and both output gradients and writes both input
+the per-(token, head) scales or NVFP4's block scales written; the backward reads q, k and both output gradients and writes both input
 gradients); the per-token metadata (positions, slots, cos/sin rows) is
 reported beside it and not counted, as in the published targets. A decode call is bound by a chain of dependent
 steps more than by its bytes: the decode cases also time the launch-chain floor (:mod:`ropekit.bench.floor`) in the
@@ -40,7 +42,7 @@ import torch.nn.functional as F
 from ..api import apply_rope
 from ..fused import mla_rope_and_cache, qk_norm_rope, rope_and_cache
 from . import floor
-from .fused_cases import (BLOCK_SIZE, CASES, EPS, FORMAT_MAX, Data, FusedCase, actual, check, expected,
+from .fused_cases import (BLOCK_SIZE, CASES, EPS, FORMAT_MAX, FP8, Data, FusedCase, actual, check, expected,
                           floor_bytes, make_data, meta_bytes, scale_bytes, static_scale_bytes, tiny)
 
 __all__ = ["CASES", "IMPL_NAMES", "COPY_REFERENCE", "LAUNCH_FLOOR", "impls", "checked_call", "stream_for", "run_case",
@@ -113,11 +115,44 @@ def _token_head_scale(x: torch.Tensor, fmt: torch.dtype) -> torch.Tensor:
     return (amax / FORMAT_MAX[fmt]).clamp_min(torch.finfo(torch.float32).tiny)
 
 
-def _flat(cache: torch.Tensor, row_shape) -> torch.Tensor:
-    """The cache as one row per slot (a one-byte cache as its uint8 bits: index_copy_ has no float8 kernel
-    everywhere)."""
+# e2m1's magnitudes (0, 0.5, 1, 1.5, 2, 3, 4, 6) by code: a magnitude's code is how many of these midpoints lie below
+# it, each tie going to the even code (0.25 -> 0, 0.75 -> 1, ..., 5 -> 4): (midpoint, whether a tie rounds up)
+_E2M1_MIDPOINTS = ((0.25, False), (0.75, True), (1.25, False), (1.75, True), (2.5, False), (3.5, True), (5.0, False))
+
+
+def _nvfp4(x: torch.Tensor, global_scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """torch's NVFP4 quantiser, in float32: head vectors ``x`` ``(..., D)`` at a one-element global scale -> (the
+    e2m1 bytes ``(..., D / 2)``, channel 2i in the low nibble; the e4m3 block-scale bytes ``(..., D / 16)``). Each 16
+    channels get the block scale ``e4m3(amax / (6 * global))`` and each value the e2m1 code of ``x / (block *
+    global)`` (a block scale of zero: zeros of the values' signs)."""
+    blocks = x.float().unflatten(-1, (-1, 16))
+    g = global_scale.reshape(())
+    block_scale = (blocks.abs().amax(-1, keepdim=True) / (6 * g)).clamp(max=448.0).to(FP8)
+    dequant = block_scale.float() * g
+    magnitude = torch.where(dequant > 0, blocks.abs() / dequant, 0.0)  # a zero block scale: zeros
+    code = sum(((magnitude >= t) if up else (magnitude > t)).to(torch.uint8) for t, up in _E2M1_MIDPOINTS)
+    nibble = (code | (blocks.signbit().to(torch.uint8) << 3)).flatten(-2)
+    return nibble[..., 0::2] | (nibble[..., 1::2] << 4), block_scale[..., 0].view(torch.uint8)
+
+
+def _cache_rows(rows: torch.Tensor, scale: Optional[torch.Tensor], c: FusedCase):
+    """torch's quantise of cache rows ``(tokens, ..., D)`` in the model's dtype for case ``c``'s cache: (the rows as
+    the flat cache holds them, the scale cache's rows or None). ``scale``: the static scale (NVFP4: the global one),
+    or None."""
+    if c.nvfp4:
+        return _nvfp4(rows, scale)
+    fmt = c.cache_dtype
+    if c.token_head_scales:
+        computed = _token_head_scale(rows, fmt)
+        return _rows(rows, computed, fmt), computed[..., 0]
+    return _rows(rows, scale, fmt), None
+
+
+def _flat(cache: torch.Tensor) -> torch.Tensor:
+    """The cache (or scale cache) as one row per slot (a one-byte cache as its uint8 bits: index_copy_ has no float8
+    kernel everywhere)."""
     cache = cache.view(torch.uint8) if cache.element_size() == 1 else cache
-    return cache.view(-1, *row_shape)
+    return cache.view(-1, *cache.shape[2:])
 
 
 def _static_scales(data: Data) -> tuple:
@@ -136,12 +171,11 @@ def _unfused(write: str) -> Callable:
         else:
             flat.index_put_((slots,), rows)
 
-    def store(flat, slots, x, scale, fmt, scale_flat=None):
-        rows = x.reshape(slots.shape[0], *flat.shape[1:])
+    def store(flat, slots, rows, scale, c, scale_flat=None):
+        cache_rows, scale_rows = _cache_rows(rows, scale, c)
         if scale_flat is not None:
-            scale = _token_head_scale(rows, fmt)
-            put(scale_flat, slots, scale[..., 0])
-        put(flat, slots, _rows(rows, scale, fmt))
+            put(scale_flat, slots, scale_rows)
+        put(flat, slots, cache_rows)
 
     def build(data: Data) -> Callable:
         c, cos, sin = data.case, data.cos, data.sin
@@ -151,28 +185,28 @@ def _unfused(write: str) -> Callable:
             return _autograd(lambda q, k, w_q, w_k: apply_rope(_rms_norm(q, w_q, c), _rms_norm(k, w_k, c), cos, sin),
                              data)
         k_scale, v_scale = _static_scales(data)
-        fmt = c.cache_dtype
         if c.kind == "mla":
             latent, positions = data.extra, data.token_positions[None]
-            flat = _flat(data.k_cache, (c.latent + c.head_dim,))
+            flat = _flat(data.k_cache)
 
             def mla():
                 apply_rope(data.qkv[None], latent[None, :, None, c.latent:], cos, sin, positions=positions,
                            interleaved=True, inplace=True)
-                store(flat, data.slots, latent, k_scale, fmt)  # [kv_c | k_pe] are adjacent in the projection
+                store(flat, data.slots, latent, k_scale, c)  # [kv_c | k_pe] are adjacent in the projection
                 return data.qkv
             return mla
         q, k, v = data.split()
-        k_flat, v_flat = (_flat(cache, (c.heads_kv, c.head_dim)) for cache in (data.k_cache, data.v_cache))
-        k_scales, v_scales = tuple(s.view(-1, c.heads_kv) for s in data.scale_caches) or (None, None)
+        k_flat, v_flat = (_flat(cache) for cache in (data.k_cache, data.v_cache))
+        k_scales, v_scales = tuple(_flat(s) for s in data.scale_caches) or (None, None)
+        heads = (-1, c.heads_kv, c.head_dim)
 
         def chain():
             q_, k_ = q, k
             if data.weights:
                 q_, k_ = _rms_norm(q, data.weights[0], c), _rms_norm(k, data.weights[1], c)
             apply_rope(q_, k_, cos, sin, positions=data.offsets, inplace=True)
-            store(k_flat, data.slots, k_, k_scale, fmt, k_scales)
-            store(v_flat, data.slots, v, v_scale, fmt, v_scales)
+            store(k_flat, data.slots, k_.reshape(heads), k_scale, c, k_scales)
+            store(v_flat, data.slots, v.reshape(heads), v_scale, c, v_scales)
             if c.q_dtype is not None:
                 return _quantised(q_, data.q_scale, c.q_dtype)
             return q_
@@ -216,30 +250,29 @@ def _compiled(backend: str) -> Callable:
                              for x, w in ((q, w_q), (k, w_k)))
             return _autograd(torch.compile(fwd, backend=backend, dynamic=False), data)
         k_scale, v_scale = _static_scales(data)
-        fmt = c.cache_dtype
         if c.kind == "mla":
-            flat = _flat(data.k_cache, (c.latent + c.head_dim,))
+            flat = _flat(data.k_cache)
 
             def mla(q_pe, latent, positions, slots):
                 rows = (cos[positions][:, None, :], sin[positions][:, None, :])
                 q_pe.copy_(_rotate(q_pe.float(), *rows, True).to(q_pe.dtype))
                 k_pe = _rotate(latent[:, None, c.latent:].float(), *rows, True)[:, 0].to(latent.dtype)
-                flat.index_copy_(0, slots, _rows(torch.cat((latent[:, :c.latent], k_pe), -1), k_scale, fmt))
+                flat.index_copy_(0, slots, _cache_rows(torch.cat((latent[:, :c.latent], k_pe), -1), k_scale, c)[0])
                 return q_pe
             compiled = torch.compile(mla, backend=backend, dynamic=False)
             positions = data.token_positions
             return lambda: compiled(data.qkv, data.extra, positions, data.slots)
-        k_flat, v_flat = (_flat(cache, (c.heads_kv, c.head_dim)) for cache in (data.k_cache, data.v_cache))
-        k_scales, v_scales = tuple(s.view(-1, c.heads_kv) for s in data.scale_caches) or (None, None)
+        k_flat, v_flat = (_flat(cache) for cache in (data.k_cache, data.v_cache))
+        k_scales, v_scales = tuple(_flat(s) for s in data.scale_caches) or (None, None)
         w_q, w_k = data.weights or (None, None)
 
         def store(flat, slots, x, scale, scale_flat):
             """x: rows (tokens, Hkv, D) in the model's dtype, written in the cache's format (with scale caches, the
-            per-(token, head) scales computed here and written at the same slots)."""
+            per-(token, head) scales or NVFP4's block scales computed here and written at the same slots)."""
+            cache_rows, scale_rows = _cache_rows(x, scale, c)
             if scale_flat is not None:
-                scale = _token_head_scale(x, fmt)
-                scale_flat.index_copy_(0, slots, scale[..., 0])
-            flat.index_copy_(0, slots, _rows(x, scale, fmt))
+                scale_flat.index_copy_(0, slots, scale_rows)
+            flat.index_copy_(0, slots, cache_rows)
 
         def chain(qkv, positions, slots):
             q, k, v = qkv.split([c.heads_q, c.heads_kv, c.heads_kv], dim=2)

@@ -3,16 +3,20 @@ of an implementation's outputs against the float64 reference (:mod:`ropekit.refe
 
 Bytes: the floor counts each activation and cache tensor read once and written once (q, k, v read; q written in
 place, or as one byte an element for a float8 q output; k and v written to the cache, one byte an element for a
-quantised cache; the per-(token, head) scales written beside it, :func:`scale_bytes`; the backward reads q, k and
-both output gradients and writes both input gradients). The per-token metadata (positions, slots, cos/sin rows) is
+quantised cache, half a byte for NVFP4 (``head_dim / 2`` bytes a head vector); the scales written beside it,
+:func:`scale_bytes`: a float32 per (token, head), or NVFP4's e4m3 block scale per 16 channels (``head_dim / 16``
+bytes a head vector); the backward reads q, k and both output gradients and writes both input gradients). The per-token metadata (positions, slots, cos/sin rows) is
 reported by :func:`meta_bytes` and not counted, as in the published targets, nor are the static scales read (one
 float32 a tensor or a kv head, :func:`static_scale_bytes`).
 
 Formats (a case's ``kv_cache_dtype``, vLLM's names): ``"auto"`` (the model's dtype), ``"fp8"`` (float8 e4m3, a
 scale a tensor, or a kv head with ``per_head_scales``), ``"fp8_e5m2"``, ``"fp8_per_token_head"`` and
-``"int8_per_token_head"`` (a scale per token and kv head, computed on write into scale caches); ``q_dtype``: a
-float8 q output at one scale. Every quantised output is checked by the reader's round trip: its stored values times
-their scales, against the float64 truth, in units of the format's spacing at the value.
+``"int8_per_token_head"`` (a scale per token and kv head, computed on write into scale caches), ``"nvfp4"``
+(e2m1 values two a byte, an e4m3 block scale per 16 channels computed on write into block-scale caches, one float32
+global scale a cache); ``q_dtype``: a float8 q output at one scale. Every quantised output is checked by the reader's
+round trip: its stored values times their scales, against the float64 truth, in units of the format's spacing at the
+value (NVFP4: the e2m1 spacing at the block's scale, ``block scale x global scale``), and the scales computed on
+write against the reference's.
 """
 
 from __future__ import annotations
@@ -28,12 +32,18 @@ from ..frequencies import cos_sin_table
 from ..fused.validate import KV_CACHE_DTYPES
 
 __all__ = ["FusedCase", "CASES", "tiny", "floor_bytes", "scale_bytes", "static_scale_bytes", "meta_bytes", "Data",
-           "Stored", "make_data", "expected", "actual", "check", "spacing", "TABLE_POSITIONS", "BLOCK_SIZE", "EPS",
+           "Stored", "StoredNvfp4", "make_data", "expected", "actual", "check", "spacing", "TABLE_POSITIONS", "BLOCK_SIZE", "EPS",
            "FP8", "FORMAT_MAX"]
 
 TABLE_POSITIONS, BLOCK_SIZE, EPS = 8192, 16, 1e-6
 # static scales: the normalised, rotated keys, unit-variance values and queries use the format's range
 K_SCALE, V_SCALE, Q_SCALE = 0.05, 0.02, 0.05
+# NVFP4's global scale, k's and v's (both unit-variance): a block's amax over 16 such values lies near 0.3 to 5 and
+# the largest of a prefill's 16.8M values near 5.5, so at 2**-8 the block scales amax / (6 * 2**-8) lie near 13 to
+# 210, normal e4m3 numbers (full precision, far from the smallest normal 2**-6) below e4m3's 448, and no value up to
+# 448 * 6 * 2**-8 = 10.5 saturates its block scale (which would leave it further than half an e2m1 spacing from the
+# stored value); a power of two keeps 6 * g and block * g exact in float32
+NVFP4_GLOBAL_SCALE = 2.0**-8
 FP8 = torch.float8_e4m3fn
 # each quantised format: the largest value it stores (a per-(token, head) scale is max|x| over it)
 FORMAT_MAX = {fmt: largest for fmt, (_, largest) in reference.CACHE_FORMATS.items()}
@@ -92,6 +102,11 @@ class FusedCase:
         return KV_CACHE_DTYPES[self.kv_cache_dtype][1]
 
     @property
+    def nvfp4(self) -> bool:
+        """The caches are NVFP4: ``head_dim / 2`` bytes a head vector, block-scale caches of ``head_dim / 16``."""
+        return self.kv_cache_dtype == "nvfp4"
+
+    @property
     def quantised(self) -> bool:
         """Some output is quantised (the cache or q): the case is judged by the formats' targets."""
         return self.fp8 or self.q_dtype is not None
@@ -101,7 +116,9 @@ class FusedCase:
         """The quantised outputs in words ("" for none), e.g. "float8 e4m3 cache per (token, head)"."""
         names = {torch.float8_e4m3fn: "float8 e4m3", torch.float8_e5m2: "float8 e5m2", torch.int8: "int8"}
         parts = []
-        if self.fp8:
+        if self.nvfp4:
+            parts.append("NVFP4 cache (e2m1, an e4m3 scale per 16 channels, a global scale)")
+        elif self.fp8:
             scales = ("per (token, head)" if self.token_head_scales else "per kv head" if self.per_head_scales
                       else "per tensor")
             parts.append(f"{names[self.cache_dtype]} cache {scales}")
@@ -152,6 +169,7 @@ CASES = (
     *_formats("fp8-head", "float8 e4m3, static per-head scales", kv_cache_dtype="fp8", per_head_scales=True),
     *_formats("fp8-q", "float8 e4m3 + a float8 e4m3 q output (FlashInfer's rope_quantize_fp8)",
               kv_cache_dtype="fp8", q_dtype=FP8),
+    *_formats("nvfp4", "NVFP4 (e2m1, e4m3 scales per 16 channels, a global scale)", kv_cache_dtype="nvfp4"),
 )
 
 
@@ -172,21 +190,24 @@ def floor_bytes(case: FusedCase) -> int:
     q, kv = t * case.heads_q * d, t * case.heads_kv * d
     if case.kind == "cache":
         q_out = case.q_dtype.itemsize if case.q_dtype is not None else act
-        return (q + 2 * kv) * act + q * q_out + 2 * kv * cache + scale_bytes(case)
+        cached = kv // 2 if case.nvfp4 else kv * cache  # NVFP4: two e2m1 values a byte
+        return (q + 2 * kv) * act + q * q_out + 2 * cached + scale_bytes(case)
     if case.kind == "mla":  # read q_pe, k_pe, kv_c; write q_pe, k_pe (in place) and the cache row [kv_c | k_pe]
         return (2 * q + 2 * t * d + t * case.latent) * act + t * (case.latent + d) * cache
     return 3 * (q + kv) * act  # backward: read q, k and the gradients of their outputs; write dq, dk
 
 
 def scale_bytes(case: FusedCase) -> int:
-    """The scales the floor counts: per-(token, head) scales written, one float32 a token and kv head for k and
-    for v (none for static scales)."""
+    """The scales the floor counts, written for k and for v: per-(token, head) scales, one float32 a token and kv
+    head; NVFP4's block scales, one e4m3 byte a 16 channels (none for static scales)."""
+    if case.nvfp4:
+        return 2 * case.tokens * case.heads_kv * (case.head_dim // 16)
     return 2 * case.tokens * case.heads_kv * 4 if case.token_head_scales else 0
 
 
 def static_scale_bytes(case: FusedCase) -> int:
-    """The static scales a call reads (one float32 a tensor or a kv head, for each cache and a float8 q), a few
-    bytes the floor leaves out as it leaves out the metadata."""
+    """The static scales a call reads (one float32 a tensor or a kv head, for each cache and a float8 q; NVFP4's
+    global scales), a few bytes the floor leaves out as it leaves out the metadata."""
     caches = 0 if not case.fp8 or case.token_head_scales else 1 if case.kind == "mla" else 2
     per_cache = case.heads_kv if case.per_head_scales else 1
     return 4 * (caches * per_cache + (case.q_dtype is not None))
@@ -211,11 +232,13 @@ class Data:
     k_cache: Optional[torch.Tensor]
     v_cache: Optional[torch.Tensor]
     weights: tuple  # (q_weight, k_weight) or ()
-    scales: tuple  # static (k_scale, v_scale): (1,) or (Hkv,) float32; or ()
+    scales: tuple  # static (k_scale, v_scale): (1,) or (Hkv,) float32 (NVFP4: the global scales, (1,)); or ()
     cos: torch.Tensor
     sin: torch.Tensor
     page_table: Optional[dict] = None  # kv_indices, kv_indptr, batch_indices, cache_positions: the slots' rows
-    scale_caches: tuple = ()  # per-(token, head) (k_scale_cache, v_scale_cache): (num_blocks, block_size, Hkv)
+    # written scales (k_scale_cache, v_scale_cache): per (token, head) float32 (num_blocks, block_size, Hkv); NVFP4's
+    # e4m3 block scales (num_blocks, block_size, Hkv, D / 16)
+    scale_caches: tuple = ()
     q_scale: Optional[torch.Tensor] = None  # a float8 q output's scale, (1,) float32
 
     @property
@@ -235,10 +258,40 @@ class Stored:
     values: torch.Tensor
     scale: torch.Tensor
 
+    def read(self) -> torch.Tensor:
+        """The attention's reader: the stored values times their scales, float64."""
+        return reference.dequantise(self.values, self.scale)
+
+    def step(self, truth: torch.Tensor) -> torch.Tensor:
+        """The format's spacing at each float64 ``truth``, at its scale."""
+        scale = self.scale.double().cpu()
+        return scale * spacing(truth / scale, self.values.dtype)
+
+
+@dataclass
+class StoredNvfp4:
+    """An NVFP4 cache's head vectors as its reader sees them: the e2m1 bytes ``(..., D / 2)``, the e4m3 block scales
+    ``(..., D / 16)``, the global scale (one element)."""
+
+    values: torch.Tensor
+    block_scales: torch.Tensor
+    global_scale: torch.Tensor
+
+    def read(self) -> torch.Tensor:
+        """The attention's reader: ``e2m1 x block scale x global scale``, float64 ``(..., D)``."""
+        return reference.nvfp4_dequantise(self.values, self.block_scales, self.global_scale.cpu())
+
+    def step(self, truth: torch.Tensor) -> torch.Tensor:
+        """The e2m1 spacing at each float64 ``truth``, at its block's scale (block scale x global scale)."""
+        scale = (self.block_scales.cpu().view(FP8).double() * float(self.global_scale)).repeat_interleave(
+            reference.NVFP4_BLOCK, -1)
+        return scale * reference.e2m1_spacing(truth / scale)
+
 
 def make_data(case: FusedCase, device, seed: int) -> Data:
     """Fresh random inputs: positions spread over the table (decode) or from 0 (prefill), a shuffled block table,
-    the format's scales (static ones, or zeroed scale caches the call fills)."""
+    the format's scales (static ones, or zeroed scale caches the call fills; NVFP4: both, the global scales and
+    the block-scale caches)."""
     g = torch.Generator(device="cpu").manual_seed(seed)
 
     def randn(*shape):
@@ -268,14 +321,19 @@ def make_data(case: FusedCase, device, seed: int) -> Data:
             k_cache = torch.zeros(table.numel(), BLOCK_SIZE, case.latent + d, dtype=case.cache_dtype, device=device)
         else:
             qkv = randn(case.batch, case.seqlen, case.heads_q + 2 * case.heads_kv, d)
-            shape = (table.numel(), BLOCK_SIZE, case.heads_kv, d)
+            shape = (table.numel(), BLOCK_SIZE, case.heads_kv, d // 2 if case.nvfp4 else d)
             k_cache = torch.zeros(shape, dtype=case.cache_dtype, device=device)
             v_cache = torch.zeros_like(k_cache)
             if case.token_head_scales:
                 scale_caches = tuple(torch.zeros(shape[:3], device=device) for _ in range(2))
+            if case.nvfp4:
+                scale_caches = tuple(torch.zeros(*shape[:3], d // reference.NVFP4_BLOCK, dtype=FP8, device=device)
+                                     for _ in range(2))
     widths = (case.heads_q * d, case.heads_kv * d) if case.norm_over == "heads" else (d, d)
     weights = tuple(1 + 0.2 * randn(width) for width in widths) if case.qk_norm else ()
-    if case.fp8 and not case.token_head_scales:
+    if case.nvfp4:
+        scales = tuple(torch.tensor([NVFP4_GLOBAL_SCALE], device=device) for _ in range(2))
+    elif case.fp8 and not case.token_head_scales:
         # per kv head: scales from half to one and a half times the tensor's, so that each head reads its own
         spread = (0.5 + torch.arange(case.heads_kv) / case.heads_kv) if case.per_head_scales else torch.ones(1)
         scales = tuple((s * spread).to(device=device, dtype=torch.float32) for s in (K_SCALE, V_SCALE))
@@ -291,7 +349,8 @@ def _sample(case: FusedCase) -> torch.Tensor:
 
 def expected(data: Data) -> dict:
     """float64 references on the sampled tokens, computed from the inputs before any call (with per-(token, head)
-    scales, the scales too: max|x| over the format's largest value)."""
+    scales, the scales too: max|x| over the format's largest value; NVFP4's block scales: e4m3 of amax over the 16
+    channels / (6 x global scale))."""
     c, rows = data.case, _sample(data.case)
     pos = data.token_positions.cpu()[rows]
 
@@ -321,13 +380,17 @@ def expected(data: Data) -> dict:
     if c.token_head_scales:
         for name in ("k", "v"):
             want[f"{name}_scales"] = reference.token_head_scale(want[f"{name}_cache"], c.cache_dtype)[..., 0]
+    if c.nvfp4:
+        for name, global_scale in zip(("k", "v"), data.scales):
+            want[f"{name}_block_scales"] = reference.nvfp4_quantise(want[f"{name}_cache"], global_scale.cpu())[1]
     return want
 
 
 def actual(data: Data, result) -> dict:
     """An implementation's outputs on the sampled tokens: ``result`` is what it returned (the rotated q, or the
     input gradients), the caches are read back at the tokens' slots; a quantised output as :class:`Stored` (with
-    per-(token, head) scales, the scale caches' entries at those slots as well)."""
+    per-(token, head) scales, the scale caches' entries at those slots as well) or :class:`StoredNvfp4` (its block
+    scales, e4m3, as well)."""
     c, rows = data.case, _sample(data.case).to(data.qkv.device)
     if c.kind == "backward":
         return {name: g.reshape(c.tokens, -1, c.head_dim)[rows] for name, g in zip(("dq", "dk"), result)}
@@ -337,11 +400,14 @@ def actual(data: Data, result) -> dict:
     if c.kind == "mla":
         caches = {"cache": (_take(data.k_cache.reshape(-1, c.latent + c.head_dim), slots), 0)}
     else:
-        caches = {name: (_take(getattr(data, name).reshape(-1, c.heads_kv, c.head_dim), slots), i)
+        caches = {name: (_take(getattr(data, name).flatten(0, 1), slots), i)
                   for i, name in enumerate(("k_cache", "v_cache"))}
     for name, (stored, i) in caches.items():
         if not c.fp8:
             out[name] = stored
+        elif c.nvfp4:  # the reader's block scales: the block-scale cache at the token's slot
+            out[f"{name[0]}_block_scales"] = _take(data.scale_caches[i].flatten(0, 1), slots)
+            out[name] = StoredNvfp4(stored, out[f"{name[0]}_block_scales"], data.scales[i])
         elif c.token_head_scales:  # the reader's scale: the scale cache at the token's slot, for each head
             out[f"{name[0]}_scales"] = data.scale_caches[i].reshape(-1, c.heads_kv)[slots]
             out[name] = Stored(stored, out[f"{name[0]}_scales"][..., None])
@@ -369,19 +435,21 @@ def spacing(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 def check(data: Data, want: dict, got: dict) -> dict:
     """Largest error as a multiple of the allowance: the dtype's tolerance (bf16: rtol = atol = 1.6e-2 on these
-    unit-scale values; float32 1e-5; the per-(token, head) scales too), and for a quantised output (a
-    :class:`Stored`) the reader's round trip, ``stored x scale`` against the float64 value, in units of the format's
-    spacing at ``value / scale`` (``quant_ulps``: 0.5 is exact rounding of the float64 value)."""
+    unit-scale values; float32 1e-5; the per-(token, head) scales too; an e4m3 scale, NVFP4's block scales, one e4m3
+    spacing of the reference's: the amax of float32 or bf16 values may round it the other way), and for a quantised
+    output (a :class:`Stored` or :class:`StoredNvfp4`) the reader's round trip, what it reads against the float64
+    value, in units of the format's spacing at the value at its scale (``quant_ulps``: 0.5 is exact rounding of the
+    float64 value)."""
     tol = 1.6e-2 if data.case.dtype in (torch.bfloat16, torch.float16) else 1e-5
     worst, ulps, quantised = 0.0, 0.0, False
     for name, ref in want.items():
         out = got[name]
-        if isinstance(out, Stored):
+        if isinstance(out, (Stored, StoredNvfp4)):
             quantised = True
-            scale = out.scale.double().cpu()
-            read = reference.dequantise(out.values, scale)  # the attention's reader
-            step = scale * spacing(ref / scale, out.values.dtype)
-            ulps = max(ulps, _largest(torch.where(read == ref, 0.0, (read - ref).abs() / step)))
+            read = out.read()  # the attention's reader
+            ulps = max(ulps, _largest(torch.where(read == ref, 0.0, (read - ref).abs() / out.step(ref))))
+        elif out.dtype == FP8:
+            worst = max(worst, _largest((out.double().cpu() - ref).abs() / spacing(ref, FP8)))
         else:
             out = out.double().cpu()
             worst = max(worst, _largest((out - ref).abs() / (tol + tol * ref.abs())))

@@ -90,12 +90,13 @@ def render_markdown(doc: dict) -> str:
     env, ceiling = doc["environment"], doc.get("copy_ceiling")
     lines = ["# Fused pre-processing: benchmarks", "",
              "RoPE with its neighbours (QK-norm, paged KV-cache write, quantise on write: float8 e4m3/e5m2 and int8 "
-             "caches at static or per-(token, head) scales and a float8 q; MLA's latent cache) in one launch "
+             "caches at static or per-(token, head) scales, NVFP4 caches and a float8 q; MLA's latent cache) in one launch "
              "against the unfused pipeline built from the single-op pieces and torch.compile of the whole chain. "
              "Graph replay, medians of interleaved rounds, fresh random inputs, every implementation checked against "
              "the float64 reference before it is timed (a quantised output by its reader's round trip: the stored "
-             "values times their scales, in units of the format's spacing). The byte floor counts each activation "
-             "and cache tensor read once and written once, in its format, and the per-(token, head) scales written, "
+             "values times their scales, in units of the format's spacing at its scale). The byte floor counts each "
+             "activation and cache tensor read once and written once, in its format, and the scales written (per "
+             "(token, head), or NVFP4's per 16 channels), "
              "at the copy ceiling measured in the same run. The row \"copy of the floor's "
              "bytes\" is no implementation: a plain device copy that moves the floor, timed in the same rounds, so it "
              "shows what moving the floor costs on this clock, its start and end included. Neither is the row "
@@ -114,7 +115,8 @@ def render_markdown(doc: dict) -> str:
         chain_text = (f" Launch-chain floor {_fmt(chain['graph_us'])} µs"
                       + (f"; {FUSED} at {fused['graph_us'] / chain['graph_us']:.2f}x it." if fused else ".")
                       if chain else "")
-        scales = (f" Of the floor, per-(token, head) scales written: {case['scale_bytes'] / 1e3:.1f} kB."
+        which = "NVFP4's block scales" if case.get("kv_cache_dtype") == "nvfp4" else "per-(token, head) scales"
+        scales = (f" Of the floor, {which} written: {case['scale_bytes'] / 1e3:.1f} kB."
                   if case.get("scale_bytes") else "")
         if case.get("static_scale_bytes"):
             scales += f" Static scales read, not counted: {case['static_scale_bytes']} B."
