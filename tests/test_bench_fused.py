@@ -215,7 +215,7 @@ def test_the_page_table_cases_write_the_slot_cases_rows(name):
 
 # --- quantise on write: a decode and a prefill case for every format ----------------------------------------------
 
-NEW_FORMATS = ("e5m2", "int8-token-head", "fp8-token-head", "fp8-head", "fp8-q")
+NEW_FORMATS = ("e5m2", "int8-token-head", "fp8-token-head", "fp8-head", "fp8-q", "nvfp4")
 FORMAT_CASES = [f"{shape}-{fmt}" for fmt in NEW_FORMATS for shape in ("decode-b64", "prefill-b4-s4096")]
 
 
@@ -229,9 +229,11 @@ def test_every_format_has_a_llama_decode_and_prefill_case():
     formats = {CASES[f"decode-b64-{fmt}"].format for fmt in NEW_FORMATS}
     assert formats == {"float8 e5m2 cache per tensor", "int8 cache per (token, head)",
                        "float8 e4m3 cache per (token, head)", "float8 e4m3 cache per kv head",
-                       "float8 e4m3 cache per tensor, float8 e4m3 q"}
+                       "float8 e4m3 cache per tensor, float8 e4m3 q",
+                       "NVFP4 cache (e2m1, an e4m3 scale per 16 channels, a global scale)"}
     assert CASES["decode-b64-int8-token-head"].kv_cache_dtype == "int8_per_token_head"  # vLLM's names
     assert CASES["decode-b64-fp8-token-head"].kv_cache_dtype == "fp8_per_token_head"
+    assert CASES["decode-b64-nvfp4"].kv_cache_dtype == "nvfp4"
 
 
 @pytest.mark.parametrize("fmt, q_bytes, cache_bytes, scale_bytes, static_bytes", [
@@ -241,11 +243,12 @@ def test_every_format_has_a_llama_decode_and_prefill_case():
     ("fp8-token-head", 2, 1, 2 * 4 * 8, 0),
     ("fp8-head", 2, 1, 0, 2 * 4 * 8),  # static: one float32 a kv head for each cache, read, not counted
     ("fp8-q", 1, 1, 0, 12),  # q written as one byte an element; q's scale read
+    ("nvfp4", 2, 0.5, 2 * 8 * 128 // 16, 8),  # two e2m1 values a byte, an e4m3 byte a 16 channels; global scales read
 ], ids=lambda v: str(v))
 def test_format_byte_floors_count_q_the_cache_and_the_scales_in_their_formats(fmt, q_bytes, cache_bytes,
                                                                                scale_bytes, static_bytes):
-    """Per token of Llama-3-8B: read q, k, v (bf16); write q (bf16 or float8), k and v (one byte an element) and
-    the per-(token, head) scales."""
+    """Per token of Llama-3-8B: read q, k, v (bf16); write q (bf16 or float8), k and v (one byte an element, NVFP4
+    half a byte) and the scales computed on write (per (token, head), or NVFP4's per 16 channels)."""
     for shape, tokens in (("decode-b64", 64), ("prefill-b4-s4096", 4 * 4096)):
         case = CASES[f"{shape}-{fmt}"]
         per_token = (32 + 16) * 128 * 2 + 32 * 128 * q_bytes + 16 * 128 * cache_bytes + scale_bytes
@@ -255,6 +258,10 @@ def test_format_byte_floors_count_q_the_cache_and_the_scales_in_their_formats(fm
     # the prefill int8 per-(token, head) floor: 370.1 MB, of it 1.05 MB of scales (a quarter of a percent)
     case = CASES["prefill-b4-s4096-int8-token-head"]
     assert fused_cases.floor_bytes(case) == 370_147_328 and fused_cases.scale_bytes(case) == 1_048_576
+    # NVFP4 prefill: k and v as 64 bytes + 8 block-scale bytes a head vector, 16384 tokens x 8 kv heads each
+    nvfp4 = CASES["prefill-b4-s4096-nvfp4"]
+    assert fused_cases.floor_bytes(nvfp4) == 16384 * ((32 + 16) * 128 * 2 + 32 * 128 * 2) + 2 * 16384 * 8 * (64 + 8)
+    assert fused_cases.scale_bytes(nvfp4) == 2_097_152
 
 
 @pytest.mark.parametrize("name", FORMAT_CASES)
@@ -364,3 +371,112 @@ def test_a_nan_output_is_a_wrong_result():
 
     rows = fused.run_case(case, {"nan": writes_nan}, FakeClock(), DEVICE, log=lambda line: None)
     assert rows[0]["status"] == "wrong result" and rows[0]["error_ratio"] == float("inf")
+
+
+# --- NVFP4: e2m1 values two a byte, an e4m3 block scale per 16 channels, a global scale ----------------------------
+
+def test_nvfp4_inputs_are_byte_caches_with_block_scale_caches_and_global_scales():
+    case = fused_cases.tiny(CASES["decode-b64-nvfp4"])
+    data = fused_cases.make_data(case, DEVICE, seed=0)
+    blocks = data.k_cache.shape[0]
+    assert data.k_cache.shape == (blocks, fused_cases.BLOCK_SIZE, 2, 16) and data.k_cache.dtype == torch.uint8
+    assert [s.shape for s in data.scale_caches] == [(blocks, fused_cases.BLOCK_SIZE, 2, 2)] * 2
+    assert {s.dtype for s in data.scale_caches} == {torch.float8_e4m3fn}
+    assert [s.tolist() for s in data.scales] == [[2.0**-8]] * 2
+
+
+@pytest.mark.parametrize("name", ["decode-b64-nvfp4", "prefill-b4-s4096-nvfp4"])
+def test_nvfp4_block_scales_are_checked_against_the_reference(name):
+    """The block-scale caches hold e4m3(amax / (6 g)) of each 16 channels of the rotated k (and of v) at the token's
+    slot: v's exactly (the same float32 quotient, rounded once), k's within one e4m3 step (its float32 rotation)."""
+    case = fused_cases.tiny(CASES[name])
+    result, data, fn = fused.checked_call(case, fused.impls("aot_eager")["ropekit-fused"], DEVICE, seed=0)
+    assert result["ok"] and result["quant_ulps"] <= 0.5 + 1e-3, result
+    want = fused_cases.expected(fused_cases.make_data(case, DEVICE, seed=0))
+    got = fused_cases.actual(data, data.split()[0])
+    assert isinstance(got["k_cache"], fused_cases.StoredNvfp4) and got["k_cache"].values.shape[-1] == 16
+    assert torch.equal(got["v_block_scales"].double().cpu(), want["v_block_scales"])
+    step = fused_cases.spacing(want["k_block_scales"], torch.float8_e4m3fn)
+    assert bool(((got["k_block_scales"].double().cpu() - want["k_block_scales"]).abs() <= step).all())
+    assert float(want["k_block_scales"].min()) >= 2.0**-6  # normal e4m3 numbers at the global scale chosen
+
+
+def test_the_unfused_nvfp4_pipeline_stores_the_fused_kernel_s_bytes_for_v():
+    """torch's float32 quantiser (amax per 16, e4m3 block scale, e2m1 rounding, two nibbles a byte) stores v, which
+    passes through untouched, as the fused kernel does: the same bytes and block scales at every slot."""
+    case = fused_cases.tiny(CASES["prefill-b4-s4096-nvfp4"])
+    stored = {}
+    for impl in ("ropekit-fused", "unfused (index_copy_)", "unfused (index_put_)", "torch.compile"):
+        result, data, _ = fused.checked_call(case, fused.impls("aot_eager")[impl], DEVICE, seed=0)
+        assert result["ok"], (impl, result)
+        stored[impl] = (data.v_cache.cpu(), data.scale_caches[1].view(torch.uint8).cpu())
+    fused_v = stored.pop("ropekit-fused")
+    for impl, (v_cache, v_blocks) in stored.items():
+        assert torch.equal(v_cache, fused_v[0]) and torch.equal(v_blocks, fused_v[1]), impl
+
+
+E2M1_TIES = [0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0, -0.25, -0.75, -2.5, -5.0, 0.0, -0.0, 0.2, 5.1]
+
+
+def test_the_torch_nvfp4_quantiser_rounds_as_the_format_does():
+    """The unfused pipelines' quantiser against the float64 reference's: ties to the even code, signed zeros, the
+    block scale e4m3(amax / (6 g)); a random block (its quotients rounded in float32) and a block of zeros."""
+    ties = torch.tensor(E2M1_TIES)
+    rows = torch.stack([ties, torch.randn(16, generator=torch.Generator().manual_seed(0)) * 3, torch.zeros(16)])
+    global_scale = torch.tensor([1.0])
+    packed, block_scales = fused._nvfp4(rows, global_scale)
+    assert packed.dtype == torch.uint8 and packed.shape == (3, 8) and block_scales.shape == (3, 1)
+    values, want_blocks = fused_cases.reference.nvfp4_quantise(rows, 1.0)
+    assert torch.equal(block_scales.view(torch.float8_e4m3fn).double(), want_blocks)
+    read = fused_cases.reference.nvfp4_dequantise(packed, block_scales, 1.0)
+    want = values * want_blocks.repeat_interleave(16, -1)
+    assert torch.equal(read, want) and torch.equal(torch.signbit(read), torch.signbit(want))
+
+
+def _corrupt(what):
+    """A wrong pipeline: the fused call, then one byte at the first sampled token's slot changed."""
+    def build(data):
+        fn = fused.impls("aot_eager")["ropekit-fused"](data)
+        cache = {"k-value": data.k_cache, "v-value": data.v_cache,
+                 "k-block-scale": data.scale_caches[0].view(torch.uint8)}[what]
+
+        def call():
+            out = fn()
+            row = cache.view(-1, *cache.shape[2:])[data.slots[0]]
+            row[0, 0] ^= 0x42  # a nibble's magnitude bits (a value), or the block scale's exponent
+            return out
+        return call
+    return build
+
+
+@pytest.mark.parametrize("what", ["k-value", "v-value", "k-block-scale"])
+def test_a_corrupted_nvfp4_byte_fails_the_check(what):
+    rows = fused.run_case(fused_cases.tiny(CASES["decode-b64-nvfp4"]), {"wrong": _corrupt(what)}, FakeClock(),
+                          DEVICE, log=lambda line: None)
+    assert rows[0]["status"] == "wrong result" and rows[0]["graph_us"] is None, rows[0]
+
+
+def test_block_scales_twice_too_coarse_fail_the_check_though_they_read_back_consistently(monkeypatch):
+    """A quantiser that maps a block's amax to 3 instead of 6 is self-consistent (every value reads back within half
+    a spacing of its own, too coarse, block scale: the round trip alone passes it); the block scales, one e4m3
+    binade above the reference's, fail it."""
+    monkeypatch.setattr(fused, "E2M1_MAX", 3.0)
+    coarse = fused.impls("aot_eager")["unfused (index_copy_)"]
+    rows = fused.run_case(fused_cases.tiny(CASES["decode-b64-nvfp4"]), {"coarse": coarse}, FakeClock(), DEVICE,
+                          log=lambda line: None)
+    assert rows[0]["quant_ulps"] <= 0.5 + 0.01  # (the bf16 rotation's own rounding)
+    assert rows[0]["status"] == "wrong result" and rows[0]["error_ratio"] > 4, rows[0]
+
+
+def test_the_nvfp4_cases_are_judged_by_the_formats_targets(tmp_path):
+    cases = [fused_cases.tiny(CASES[n]) for n in ("decode-b64-nvfp4", "prefill-b4-s4096-nvfp4")]
+    doc = fused.run(cases, fused.impls("aot_eager"), FakeClock(), DEVICE, log=lambda line: None)
+    fused_report.publish(doc, tmp_path)
+    assert all(r["status"] in ("ok", "reference") for r in doc["rows"]), doc["rows"]
+    targets = {(t["case"].split("-")[0], t["target"]) for t in doc["targets"]}
+    rounding = next(t for t in doc["targets"] if "rounding" in t["target"])["target"]
+    assert {("decode", "decode <= 1.3x the launch-chain floor"), ("prefill", "prefill >= 93% of the fused byte floor"),
+            ("decode", ">= 1.5x faster than the best unfused pipeline"), ("decode", rounding),
+            ("prefill", ">= 1.5x faster than the best unfused pipeline"), ("prefill", rounding)} <= targets
+    page = (tmp_path / "benchmarks_fused.md").read_text()
+    assert "NVFP4's block scales written: 0.1 kB" in page  # 16 tokens, 2 kv heads, 2 blocks, k and v

@@ -8,7 +8,8 @@ import pytest
 from conftest import DEVICE
 from ropekit.bench import fused, fused_cases, fused_tune
 from ropekit.triton import fused as triton_fused
-from ropekit.triton.fused_tiles import E4M3, E5M2, INT8, PER_HEAD, PER_TENSOR, PER_TOKEN_HEAD, PLAIN
+from ropekit.triton.fused_tiles import (E4M3, E5M2, INT8, NVFP4, PER_BLOCK, PER_HEAD, PER_TENSOR, PER_TOKEN_HEAD,
+                                        PLAIN)
 from ropekit.triton.launch import plans
 
 CASES = {c.name: c for c in fused_cases.CASES}
@@ -55,6 +56,8 @@ WRITTEN = {
     "prefill-b4-s4096-fp8-token-head": (E4M3, PER_TOKEN_HEAD, PLAIN),
     "prefill-b4-s4096-int8-token-head": (INT8, PER_TOKEN_HEAD, PLAIN),
     "prefill-b4-s4096-fp8-q": (E4M3, PER_TENSOR, E4M3),
+    "decode-b64-nvfp4": (NVFP4, PER_BLOCK, PLAIN),  # e2m1 bytes, an e4m3 block scale per 16 channels
+    "prefill-b4-s4096-nvfp4": (NVFP4, PER_BLOCK, PLAIN),
 }
 
 
@@ -126,3 +129,13 @@ def test_a_spent_time_budget_leaves_the_remaining_cases_not_run():
     case = fused_cases.tiny(CASES["decode-b64"])
     doc = fused_tune.tune([case], FakeClock(), DEVICE, budget_s=1e-9, log=lambda line: None)
     assert doc["rows"] == [dict(case=case.name, status="not run", reason="time budget of 1e-09 s used up")]
+
+
+def test_an_nvfp4_case_is_swept_over_every_configuration():
+    """Every launch configuration of the sweep writes NVFP4 that passes the benchmark's check (the reader round trip
+    and the block scales), through the public op under the forced configuration."""
+    case = fused_cases.tiny(CASES["prefill-b4-s4096-nvfp4"])
+    rows = fused_tune.tune_case(case, None, DEVICE, ceiling_gbps=None, log=lambda line: None)  # checked, not timed
+    assert len(rows) == len(fused_tune.candidates(case)) > 10
+    assert [r["status"] for r in rows] == ["ok"] * len(rows) and all(r["quant_ulps"] <= 0.5 + 1e-3 for r in rows)
+    assert rows[0]["shape"]["cache_format"] == NVFP4 and rows[0]["shape"]["cache_scales"] == PER_BLOCK

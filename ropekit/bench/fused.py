@@ -1,8 +1,7 @@
 """The fused pre-processing benchmark: RoPE (+ QK-norm) + paged KV-cache write (bf16, or quantised on write: float8
 e4m3 or e5m2, int8; static scales a tensor or a kv head, or scales computed per (token, head); NVFP4; a float8 q
-output),
-DeepSeek MLA's decoupled RoPE + latent-cache write, and the QK-norm + RoPE backward, against the pipelines a user
-builds without the fused op.
+output), DeepSeek MLA's decoupled RoPE + latent-cache write, and the QK-norm + RoPE backward, against the pipelines a
+user builds without the fused op.
 
     python -m ropekit.bench.fused --out DIR            # on a GPU: JSON + markdown + PNG (a few minutes)
     python -m ropekit.bench.fused --out DIR --dry-run  # anywhere: tiny shapes, every implementation checked, no clock
@@ -11,19 +10,19 @@ Implementations per case: ``ropekit-fused`` (one launch of :mod:`ropekit.fused`)
 single-op pieces (``F.rms_norm`` + :func:`ropekit.apply_rope` in place + torch's quantise: the per-(token, head)
 ``amax`` and scale, the division, the clamp and the cast; for NVFP4 the ``amax`` per 16 channels, the e4m3 block
 scale, the e2m1 rounding and the packing of two nibbles a byte, in float32 torch ops, + the cache (and scale-cache)
-write with ``index_copy_`` or ``index_put_``); ``torch.compile`` of the whole chain written in PyTorch. FlashInfer is not measured: its wheel alone
-(62 MB) exceeds what can be carried to the GPU machine with the tree, and that machine has no network.
+write with ``index_copy_`` or ``index_put_``); ``torch.compile`` of the whole chain written in PyTorch. FlashInfer
+is not measured: its wheel alone (62 MB) exceeds what can be carried to the GPU machine with the tree, and that
+machine has no network.
 
 How it measures (the conventions of :mod:`ropekit.bench.timing`): every implementation gets fresh random inputs,
 is checked against the float64 reference (:mod:`ropekit.reference`) on a sample of tokens before it is timed, and is
 captured in a CUDA graph; the graphs of one case are replayed in interleaved rounds and the median per call is
 reported. The copy ceiling is measured in the same run. The byte floor counts each activation and cache tensor once
 read and once written (q, k, v read; q written in place or as float8, k and v written to the cache in its format,
-the per-(token, head) scales or NVFP4's block scales written; the backward reads q, k and both output gradients and writes both input
-gradients); the per-token metadata (positions, slots, cos/sin rows) is
-reported beside it and not counted, as in the published targets. A decode call is bound by a chain of dependent
-steps more than by its bytes: the decode cases also time the launch-chain floor (:mod:`ropekit.bench.floor`) in the
-same rounds.
+the per-(token, head) scales or NVFP4's block scales written; the backward reads q, k and both output gradients
+and writes both input gradients); the per-token metadata (positions, slots, cos/sin rows) is reported beside it
+and not counted, as in the published targets. A decode call is bound by a chain of dependent steps more than by its
+bytes: the decode cases also time the launch-chain floor (:mod:`ropekit.bench.floor`) in the same rounds.
 """
 
 from __future__ import annotations
@@ -118,6 +117,7 @@ def _token_head_scale(x: torch.Tensor, fmt: torch.dtype) -> torch.Tensor:
 # e2m1's magnitudes (0, 0.5, 1, 1.5, 2, 3, 4, 6) by code: a magnitude's code is how many of these midpoints lie below
 # it, each tie going to the even code (0.25 -> 0, 0.75 -> 1, ..., 5 -> 4): (midpoint, whether a tie rounds up)
 _E2M1_MIDPOINTS = ((0.25, False), (0.75, True), (1.25, False), (1.75, True), (2.5, False), (3.5, True), (5.0, False))
+E2M1_MAX = 6.0  # a block's amax lands on e2m1's largest magnitude
 
 
 def _nvfp4(x: torch.Tensor, global_scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -127,7 +127,7 @@ def _nvfp4(x: torch.Tensor, global_scale: torch.Tensor) -> tuple[torch.Tensor, t
     global)`` (a block scale of zero: zeros of the values' signs)."""
     blocks = x.float().unflatten(-1, (-1, 16))
     g = global_scale.reshape(())
-    block_scale = (blocks.abs().amax(-1, keepdim=True) / (6 * g)).clamp(max=448.0).to(FP8)
+    block_scale = (blocks.abs().amax(-1, keepdim=True) / (E2M1_MAX * g)).clamp(max=448.0).to(FP8)
     dequant = block_scale.float() * g
     magnitude = torch.where(dequant > 0, blocks.abs() / dequant, 0.0)  # a zero block scale: zeros
     code = sum(((magnitude >= t) if up else (magnitude > t)).to(torch.uint8) for t, up in _E2M1_MIDPOINTS)

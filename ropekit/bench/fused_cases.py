@@ -5,9 +5,10 @@ Bytes: the floor counts each activation and cache tensor read once and written o
 place, or as one byte an element for a float8 q output; k and v written to the cache, one byte an element for a
 quantised cache, half a byte for NVFP4 (``head_dim / 2`` bytes a head vector); the scales written beside it,
 :func:`scale_bytes`: a float32 per (token, head), or NVFP4's e4m3 block scale per 16 channels (``head_dim / 16``
-bytes a head vector); the backward reads q, k and both output gradients and writes both input gradients). The per-token metadata (positions, slots, cos/sin rows) is
-reported by :func:`meta_bytes` and not counted, as in the published targets, nor are the static scales read (one
-float32 a tensor or a kv head, :func:`static_scale_bytes`).
+bytes a head vector); the backward reads q, k and both output gradients and writes both input gradients). The
+per-token metadata (positions, slots, cos/sin rows) is reported by :func:`meta_bytes` and not counted, as in the
+published targets, nor are the static scales read (one float32 a tensor or a kv head, or NVFP4's global scale a
+cache, :func:`static_scale_bytes`).
 
 Formats (a case's ``kv_cache_dtype``, vLLM's names): ``"auto"`` (the model's dtype), ``"fp8"`` (float8 e4m3, a
 scale a tensor, or a kv head with ``per_head_scales``), ``"fp8_e5m2"``, ``"fp8_per_token_head"`` and
@@ -32,8 +33,8 @@ from ..frequencies import cos_sin_table
 from ..fused.validate import KV_CACHE_DTYPES
 
 __all__ = ["FusedCase", "CASES", "tiny", "floor_bytes", "scale_bytes", "static_scale_bytes", "meta_bytes", "Data",
-           "Stored", "StoredNvfp4", "make_data", "expected", "actual", "check", "spacing", "TABLE_POSITIONS", "BLOCK_SIZE", "EPS",
-           "FP8", "FORMAT_MAX"]
+           "Stored", "StoredNvfp4", "make_data", "expected", "actual", "check", "spacing", "TABLE_POSITIONS",
+           "BLOCK_SIZE", "EPS", "FP8", "FORMAT_MAX", "NVFP4_GLOBAL_SCALE"]
 
 TABLE_POSITIONS, BLOCK_SIZE, EPS = 8192, 16, 1e-6
 # static scales: the normalised, rotated keys, unit-variance values and queries use the format's range

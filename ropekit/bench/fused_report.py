@@ -90,19 +90,19 @@ def render_markdown(doc: dict) -> str:
     env, ceiling = doc["environment"], doc.get("copy_ceiling")
     lines = ["# Fused pre-processing: benchmarks", "",
              "RoPE with its neighbours (QK-norm, paged KV-cache write, quantise on write: float8 e4m3/e5m2 and int8 "
-             "caches at static or per-(token, head) scales, NVFP4 caches and a float8 q; MLA's latent cache) in one launch "
-             "against the unfused pipeline built from the single-op pieces and torch.compile of the whole chain. "
-             "Graph replay, medians of interleaved rounds, fresh random inputs, every implementation checked against "
-             "the float64 reference before it is timed (a quantised output by its reader's round trip: the stored "
-             "values times their scales, in units of the format's spacing at its scale). The byte floor counts each "
-             "activation and cache tensor read once and written once, in its format, and the scales written (per "
-             "(token, head), or NVFP4's per 16 channels), "
-             "at the copy ceiling measured in the same run. The row \"copy of the floor's "
-             "bytes\" is no implementation: a plain device copy that moves the floor, timed in the same rounds, so it "
-             "shows what moving the floor costs on this clock, its start and end included. Neither is the row "
-             "\"launch-chain floor\" of the decode cases: 64 programs that load a position, then the table row at "
-             "it, and store the row, timed in the same rounds; a decode call is bound by that chain more than by its "
-             "bytes. FlashInfer's fused op is not in the comparison: it was not installed on the benchmark machine.",
+             "caches at static or per-(token, head) scales, NVFP4 caches and a float8 q; MLA's latent cache) in one "
+             "launch against the unfused pipeline built from the single-op pieces and torch.compile of the whole "
+             "chain. Graph replay, medians of interleaved rounds, fresh random inputs, every implementation checked "
+             "against the float64 reference before it is timed (a quantised output by its reader's round trip: the "
+             "stored values times their scales, in units of the format's spacing at its scale). The byte floor counts "
+             "each activation and cache tensor read once and written once, in its format, and the scales written (per "
+             "(token, head), or NVFP4's per 16 channels), at the copy ceiling measured in the same run. The row \"copy "
+             "of the floor's bytes\" is no implementation: a plain device copy that moves the floor, timed in the same "
+             "rounds, so it shows what moving the floor costs on this clock, its start and end included. Neither is "
+             "the row \"launch-chain floor\" of the decode cases: 64 programs that load a position, then the table row "
+             "at it, and store the row, timed in the same rounds; a decode call is bound by that chain more than by "
+             "its bytes. FlashInfer's fused op is not in the comparison: it was not installed on the benchmark "
+             "machine.",
              "",
              *([f"Command: `{doc['command']}`  "] if doc.get("command") else []),
              f"Device: {env.get('gpu', env['device'])}, torch {env['torch']}, triton {env['triton']}  ",
