@@ -39,6 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from ..api import apply_rope
+from ..reference import NVFP4_BLOCK
 from ..fused import mla_rope_and_cache, qk_norm_rope, rope_and_cache
 from . import floor
 from .fused_cases import (BLOCK_SIZE, CASES, EPS, FORMAT_MAX, FP8, Data, FusedCase, actual, check, expected,
@@ -125,9 +126,9 @@ def _nvfp4(x: torch.Tensor, global_scale: torch.Tensor) -> tuple[torch.Tensor, t
     e2m1 bytes ``(..., D / 2)``, channel 2i in the low nibble; the e4m3 block-scale bytes ``(..., D / 16)``). Each 16
     channels get the block scale ``e4m3(amax / (6 * global))`` and each value the e2m1 code of ``x / (block *
     global)`` (a block scale of zero: zeros of the values' signs)."""
-    blocks = x.float().unflatten(-1, (-1, 16))
+    blocks = x.float().unflatten(-1, (-1, NVFP4_BLOCK))
     g = global_scale.reshape(())
-    block_scale = (blocks.abs().amax(-1, keepdim=True) / (E2M1_MAX * g)).clamp(max=448.0).to(FP8)
+    block_scale = (blocks.abs().amax(-1, keepdim=True) / (E2M1_MAX * g)).clamp(max=FORMAT_MAX[FP8]).to(FP8)
     dequant = block_scale.float() * g
     magnitude = torch.where(dequant > 0, blocks.abs() / dequant, 0.0)  # a zero block scale: zeros
     code = sum(((magnitude >= t) if up else (magnitude > t)).to(torch.uint8) for t, up in _E2M1_MIDPOINTS)

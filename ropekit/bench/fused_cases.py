@@ -39,11 +39,11 @@ __all__ = ["FusedCase", "CASES", "tiny", "floor_bytes", "scale_bytes", "static_s
 TABLE_POSITIONS, BLOCK_SIZE, EPS = 8192, 16, 1e-6
 # static scales: the normalised, rotated keys, unit-variance values and queries use the format's range
 K_SCALE, V_SCALE, Q_SCALE = 0.05, 0.02, 0.05
-# NVFP4's global scale, k's and v's (both unit-variance): a block's amax over 16 such values lies near 0.3 to 5 and
-# the largest of a prefill's 16.8M values near 5.5, so at 2**-8 the block scales amax / (6 * 2**-8) lie near 13 to
-# 210, normal e4m3 numbers (full precision, far from the smallest normal 2**-6) below e4m3's 448, and no value up to
-# 448 * 6 * 2**-8 = 10.5 saturates its block scale (which would leave it further than half an e2m1 spacing from the
-# stored value); a power of two keeps 6 * g and block * g exact in float32
+# NVFP4's global scale, k's and v's (both unit-variance): over a prefill cache's million blocks, a block's amax over
+# its 16 values lies between about 0.45 and the tensor's largest value, about 5.4, so at 2**-8 the block scales
+# amax / (6 * 2**-8) lie between about 19 and 231: normal e4m3 numbers (full precision, far above the smallest normal
+# 2**-6) below e4m3's 448, and no value below 448 * 6 * 2**-8 = 10.5 saturates its block scale (which would leave it
+# further than half an e2m1 spacing from what is read back); a power of two keeps 6 * g and block * g exact
 NVFP4_GLOBAL_SCALE = 2.0**-8
 FP8 = torch.float8_e4m3fn
 # each quantised format: the largest value it stores (a per-(token, head) scale is max|x| over it)
