@@ -202,7 +202,7 @@ def scale_bytes(case: FusedCase) -> int:
     """The scales the floor counts, written for k and for v: per-(token, head) scales, one float32 a token and kv
     head; NVFP4's block scales, one e4m3 byte a 16 channels (none for static scales)."""
     if case.nvfp4:
-        return 2 * case.tokens * case.heads_kv * (case.head_dim // 16)
+        return 2 * case.tokens * case.heads_kv * (case.head_dim // reference.NVFP4_BLOCK)
     return 2 * case.tokens * case.heads_kv * 4 if case.token_head_scales else 0
 
 
