@@ -90,3 +90,9 @@ class FusedShape(NamedTuple):
     def quantised_cache(self) -> bool:
         """A quantised cache is written (float8, int8 or NVFP4: a byte an element or less, and a rounding)."""
         return self.cache_format != 0
+
+    @property
+    def heavy_store(self) -> bool:
+        """The store does per-head arithmetic beyond a cast: a scale reduced per (token, head) (the cache's scales
+        code 2, ``fused_tiles.PER_TOKEN_HEAD``), or q quantised (every q head rounded)."""
+        return self.cache_scales == 2 or self.q_format != 0

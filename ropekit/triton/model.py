@@ -227,7 +227,9 @@ def model_fused(facts: DeviceFacts, shape: FusedShape) -> FusedConfig:
       would give an SM fewer than two programs.
     * A prefill streams from DRAM: the streaming hint, and each token block's q and k programs launched side by side
       (the k programs' arithmetic under the q programs' traffic); 2 tokens x 8 heads, 4 tokens with QK-norm (its
-      reduction amortised over more rows; 32 values a thread at 4 warps); wider vectors: 8 warps, no hint.
+      reduction amortised over more rows; 32 values a thread at 4 warps); wider vectors: 8 warps, no hint. A store
+      with per-head arithmetic (scales computed per (token, head), or q quantised: :attr:`FusedShape.heavy_store`)
+      takes 16 heads a program: half the programs, each table row loaded once for twice the heads.
     * The backward: 1 token x 8 heads a step, 16 token blocks a program walked three stages deep, the
       weight-gradient terms summed in registers.
 
@@ -294,8 +296,8 @@ def _fused_rule(facts: DeviceFacts, shape: FusedShape) -> FusedConfig:
         return FusedConfig(1, block_h, 4)
     if shape.width > 128:
         return FusedConfig(2, min(heads, 8), 8)
-    return FusedConfig(4 if shape.norm and not shape.quantised_cache else 2, min(heads, 8), 4, evict_first=True,
-                       heads_inner=True)
+    return FusedConfig(4 if shape.norm and not shape.quantised_cache else 2, min(heads, 16 if shape.heavy_store else 8),
+                       4, evict_first=True, heads_inner=True)
 
 
 # --------------------------------------------------------------------------------------------------------------------
