@@ -8,8 +8,7 @@
    ropekit's version and the shape's bucket (:func:`rope_bucket`, :func:`fused_bucket`);
 3. the autotune: when the caller supplies ``bench`` (``bench(config) -> seconds``, one launch of ``config`` on
    tensors of the bucket's shape) and :func:`tuning_allowed`, each of the model's few candidates
-   (:func:`~ropekit.triton.model.rope_candidates`) is timed in three interleaved rounds (each time on an L2 emptied
-   first), the fastest by its median is kept in memory and on disk;
+   (:func:`~ropekit.triton.model.rope_candidates`) is timed once, the fastest is kept in memory and on disk;
 4. otherwise the model's choice (:func:`~ropekit.triton.model.model_rope`), kept nowhere, so that a later call
    outside CUDA-graph capture or a torch.compile trace tunes the bucket.
 
@@ -124,7 +123,7 @@ def measure_copy_gbps(device=None, n_bytes: int = 256 * 2**20) -> float:
     device = torch.device("cuda", _device_index(device))
     src = torch.empty(n_bytes, dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
-    seconds = time_launch(lambda: dst.copy_(src), warmup=3, reps=10, flush_l2=False)  # a copy of 5x the L2
+    seconds = time_launch(lambda: dst.copy_(src), warmup=3, reps=10)
     return 2 * n_bytes / seconds / 1e9
 
 
@@ -161,20 +160,14 @@ def _inside_capture_or_compile() -> bool:
         return False
 
 
-def time_launch(fn, *, warmup: int = 2, reps: int = 9, flush_l2: bool = True) -> float:
+def time_launch(fn, *, warmup: int = 2, reps: int = 5) -> float:
     """Seconds one call of ``fn`` takes on the device: ``warmup`` calls, then the median of ``reps`` calls each timed
-    with CUDA events on the current stream (without CUDA, ``time.perf_counter``). With ``flush_l2`` the L2 is
-    overwritten (a buffer of its size zeroed) before each timed call: a call repeated on the same tensors would
-    otherwise find the end of its previous run's bytes in the L2, which a configuration that leaves more of them
-    there is rewarded for, while the calls it is chosen for stream from DRAM."""
+    with CUDA events on the current stream (without CUDA, ``time.perf_counter``)."""
     for _ in range(warmup):
         fn()
     times = []
     if torch.cuda.is_available():
-        scratch = _l2_scratch() if flush_l2 else None
         for _ in range(reps):
-            if scratch is not None:
-                scratch.zero_()
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             fn()
@@ -187,16 +180,6 @@ def time_launch(fn, *, warmup: int = 2, reps: int = 9, flush_l2: bool = True) ->
             fn()
             times.append(time.perf_counter() - start)
     return statistics.median(times)
-
-
-def _l2_scratch():
-    """A buffer the size of the current device's L2, or None where the memory is not there to spare (the timing
-    then runs without the flush)."""
-    size = getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "L2_cache_size", 0) or 50 * 2**20
-    try:
-        return torch.empty(size, dtype=torch.uint8, device="cuda")
-    except torch.cuda.OutOfMemoryError:
-        return None
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -306,28 +289,20 @@ def _choose(op: str, bucket, device, bench, model, candidates, space, worth_timi
 
 
 _MARGIN = 0.99  # a later candidate must be this much faster than the best so far: the clock's own spread is ~1%
-_ROUNDS = 3  # each candidate timed once a round, the rounds interleaved: a drift of the clocks reaches all alike
 
 
 def _tune(bench, candidates: list):
-    """The fastest candidate by the median of its :data:`_ROUNDS` timings, where a later one (the model's choice comes
-    first) must beat the best so far by more than the clock's spread; None when none ran."""
-    times = [[] for _ in candidates]
-    for _ in range(_ROUNDS):
-        for config, timed in zip(candidates, times):
-            if timed and timed[-1] is None:  # failed in an earlier round
-                continue
-            try:
-                timed.append(float(bench(config)))
-            except Exception as error:  # a candidate that fails to compile or launch here is not chosen
-                log.debug("ropekit: autotune candidate %s failed: %s", config, error)
-                timed.append(None)
+    """The fastest candidate, where a later one (the model's choice comes first) must beat the best so far by more
+    than the clock's spread; None when none ran."""
     best, best_seconds = None, float("inf")
-    for config, timed in zip(candidates, times):
-        if timed and timed[-1] is not None:
-            seconds = statistics.median(timed)
-            if seconds < best_seconds * _MARGIN:
-                best, best_seconds = config, seconds
+    for config in candidates:
+        try:
+            seconds = float(bench(config))
+        except Exception as error:  # a candidate that fails to compile or launch here is not chosen
+            log.debug("ropekit: autotune candidate %s failed: %s", config, error)
+            continue
+        if seconds < best_seconds * _MARGIN:
+            best, best_seconds = config, seconds
     return best
 
 
@@ -336,8 +311,8 @@ def choose_rope(shape: RopeShape, device=None, bench=None) -> TileConfig | FlatC
     :class:`DeviceFacts` to choose for a GPU described by its facts; default: the current CUDA device).
 
     ``bench(config) -> seconds`` times one launch of ``config`` on tensors of :func:`rope_bucket`'s shape; given
-    and allowed (:func:`tuning_allowed`), a bucket seen for the first time is tuned, one ``bench`` call a candidate in
-    each of :data:`_ROUNDS` interleaved rounds. Under Triton's interpreter (on the process's own device): the largest tile the shape allows, at most
+    and allowed (:func:`tuning_allowed`), a bucket seen for the first time is tuned, at most one ``bench`` call a
+    candidate. Under Triton's interpreter (on the process's own device): the largest tile the shape allows, at most
     16 tokens x 8 heads, 4 warps.
     """
     if _device.INTERPRET and not isinstance(device, DeviceFacts):
