@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from ..api import apply_rope
-from ..reference import NVFP4_BLOCK
+from ..reference import E2M1_VALUES, NVFP4_BLOCK
 from ..fused import mla_rope_and_cache, qk_norm_rope, rope_and_cache
 from . import floor
 from .fused_cases import (BLOCK_SIZE, CASES, EPS, FORMAT_MAX, FP8, Data, FusedCase, actual, check, expected,
@@ -115,10 +115,12 @@ def _token_head_scale(x: torch.Tensor, fmt: torch.dtype) -> torch.Tensor:
     return (amax / FORMAT_MAX[fmt]).clamp_min(torch.finfo(torch.float32).tiny)
 
 
-# e2m1's magnitudes (0, 0.5, 1, 1.5, 2, 3, 4, 6) by code: a magnitude's code is how many of these midpoints lie below
-# it, each tie going to the even code (0.25 -> 0, 0.75 -> 1, ..., 5 -> 4): (midpoint, whether a tie rounds up)
-_E2M1_MIDPOINTS = ((0.25, False), (0.75, True), (1.25, False), (1.75, True), (2.5, False), (3.5, True), (5.0, False))
-E2M1_MAX = 6.0  # a block's amax lands on e2m1's largest magnitude
+# e2m1's magnitudes by code (reference.E2M1_VALUES): a magnitude's code is how many of the midpoints between
+# neighbouring magnitudes lie below it, a tie going to the even code (in values 0.25 -> 0, 0.75 -> 1, ..., 5 -> 4):
+# the tie between codes i and i + 1 rounds up where i is odd; (midpoint, whether a tie rounds up)
+_E2M1_MIDPOINTS = tuple(((low + high) / 2, i % 2 == 1)
+                        for i, (low, high) in enumerate(zip(E2M1_VALUES, E2M1_VALUES[1:])))
+E2M1_MAX = E2M1_VALUES[-1]  # a block's amax lands on e2m1's largest magnitude
 
 
 def _nvfp4(x: torch.Tensor, global_scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -35,8 +35,8 @@ def planned(tensors: tuple) -> bool:
 
 def signature(op: str, tensors: tuple, flags: tuple) -> tuple | None:
     """A plan's key: the op's name, every tensor by shape, strides, dtype and device (None as itself, anything else
-    by type and value), every host argument by type and value (True == 1 as dict keys, but not as arguments); None for a call
-    with an unhashable argument (validation says what is wrong with it)."""
+    by type and value), every host argument by type and value (True == 1 as dict keys, but not as arguments); None
+    for a call with an unhashable argument (validation says what is wrong with it)."""
     # (None first: most of a fused call's optional tensors are None, and isinstance against torch.Tensor is slow
     # for a non-tensor)
     key = (op, *[None if t is None else (t.shape, t.stride(), t.dtype, t.device) if isinstance(t, torch.Tensor)
