@@ -33,8 +33,8 @@ import torch
 
 from .. import device as _device
 from .configs import FlatConfig, FusedConfig, FusedShape, RopeShape, TileConfig, next_pow2
-from .model import (DECODE_TOKENS, DeviceFacts, fits_in_l2, fused_candidate_space, fused_candidates, model_fused,
-                    model_rope, rope_candidate_space, rope_candidates)
+from .model import (DECODE_TOKENS, DeviceFacts, fits_in_l2, flat_meets_littles_law, fused_candidate_space,
+                    fused_candidates, model_fused, model_rope, rope_candidate_space, rope_candidates)
 
 __all__ = ["DeviceFacts", "device_facts", "measure_copy_gbps", "rope_bucket", "fused_bucket", "choose_rope",
            "choose_fused", "tuning_allowed", "time_launch", "cache_path", "ASSUMED_LATENCY_NS"]
@@ -325,10 +325,12 @@ def choose_rope(shape: RopeShape, device=None, bench=None) -> TileConfig | FlatC
 def _worth_timing(facts: DeviceFacts, bucket: RopeShape) -> bool:
     """Whether the autotune's clock can improve on the model for this bucket: only calls past the L2 (one that the
     L2 serves lasts a few microseconds, mostly its launch chain, which the event clock of one launch cannot tell
-    apart), and only where the benchmark call is the real one: contiguous, out of place, NeoX pairs, a table
-    (``flat_ok``: where the tile and the flat kernel compete, the choice that differs most between GPUs). Elsewhere
-    the model's choice, which reproduces the H100's measured table, stands untimed."""
-    return bucket.flat_ok and not fits_in_l2(facts, bucket)
+    apart), only where the benchmark call is the real one: contiguous, out of place, NeoX pairs, a table
+    (``flat_ok``), and only where the model is unsure: its flat block, grown to the largest a thread holds, keeps
+    less in flight than Little's law asks (:func:`~ropekit.triton.model.flat_meets_littles_law`). Where it keeps
+    enough (the H100 and the H200), graph replay measured the model's block the fastest of its candidates or within
+    1 % of it, and the clock of single launches can only misjudge. Elsewhere the model's choice stands untimed."""
+    return bucket.flat_ok and not fits_in_l2(facts, bucket) and not flat_meets_littles_law(facts, bucket)
 
 
 def choose_fused(shape: FusedShape, device=None, bench=None) -> FusedConfig:

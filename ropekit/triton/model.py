@@ -38,7 +38,8 @@ from .configs import FlatConfig, FusedConfig, FusedShape, RopeShape, TileConfig,
 __all__ = ["DeviceFacts", "Launch", "WARPS", "resident_programs", "bytes_in_flight_per_sm", "predicted_pct",
            "fit_latency_ns", "register_budget", "THREAD_BYTES", "tile_values_max", "fits_in_l2", "model_rope",
            "model_fused", "rope_candidates", "fused_candidates", "rope_candidate_space", "fused_candidate_space",
-           "is_valid_rope", "is_valid_fused", "DECODE_TOKENS"]
+           "is_valid_rope", "is_valid_fused", "DECODE_TOKENS", "flat_bytes_in_flight_per_sm",
+           "flat_meets_littles_law"]
 
 WARPS = (1, 2, 4, 8, 16, 32)  # the warp counts a Triton launch takes
 DECODE_TOKENS = 128  # at most this many tokens: a decode step, whose time is the launch chain, not its bytes
@@ -164,23 +165,41 @@ def _tile_programs(shape: RopeShape, block_s: int, block_h: int) -> int:
     return cdiv(shape.n_tokens, block_s) * heads
 
 
-def _flat_config(facts: DeviceFacts, shape: RopeShape, num_warps: int = 8, paired: bool = False) -> FlatConfig:
+def flat_bytes_in_flight_per_sm(facts: DeviceFacts, shape: RopeShape, config: FlatConfig) -> int:
+    """What an SM's resident flat programs (its warp and program slots allow) keep in flight: each loads its block
+    (paired: its block of q and of k) before it waits on any of it."""
+    resident = min(facts.max_programs_per_sm, facts.max_warps_per_sm // config.num_warps)
+    return resident * config.block * shape.element_size * (2 if config.paired else 1)
+
+
+def flat_meets_littles_law(facts: DeviceFacts, shape: RopeShape) -> bool:
+    """Whether the model's flat block keeps what Little's law asks in flight on every SM: where it does, the
+    model is sure of its choice; where even its largest block falls short, the autotune decides
+    (:mod:`ropekit.triton.choice`)."""
+    config = _flat_config(facts, shape)
+    return flat_bytes_in_flight_per_sm(facts, shape, config) >= facts.needed_bytes_in_flight_per_sm
+
+
+def _flat_config(facts: DeviceFacts, shape: RopeShape, num_warps: int = 4, paired: bool = False) -> FlatConfig:
     """One 16-byte vector a thread a stream (paired: half a vector of q and half of k), grown while the SM's
-    resident programs would keep fewer bytes in flight than Little's law asks."""
+    resident programs would keep fewer bytes in flight than Little's law asks.
+
+    4 warps a program: at one vector a thread, 16 programs of 4 warps keep the bytes in flight of 8 programs of 8,
+    and an SM refills a program's slots only when its last warp ends, so the smaller program leaves fewer warp
+    slots idle while its warps finish unevenly (docs/tuning.md#flat-path)."""
     vector = _VECTOR_BYTES // shape.element_size or 1
-    block = 32 * num_warps * vector // (2 if paired else 1)
-    resident = min(facts.max_programs_per_sm, facts.max_warps_per_sm // num_warps)
-    while resident * block * shape.element_size * (2 if paired else 1) < facts.needed_bytes_in_flight_per_sm \
-            and block < 8 * 32 * num_warps * vector:
-        block *= 2
-    return FlatConfig(block=block, num_warps=num_warps, paired=paired)
+    config = FlatConfig(block=32 * num_warps * vector // (2 if paired else 1), num_warps=num_warps, paired=paired)
+    while flat_bytes_in_flight_per_sm(facts, shape, config) < facts.needed_bytes_in_flight_per_sm \
+            and config.block < 8 * 32 * num_warps * vector:
+        config = config._replace(block=config.block * 2)
+    return config
 
 
 def model_rope(facts: DeviceFacts, shape: RopeShape) -> TileConfig | FlatConfig:
     """The model's configuration for a RoPE launch (docs/tuning.md#how-the-library-chooses).
 
     * Larger than the L2 (DRAM-bound):
-      - the flat kernel where the call allows it (``shape.flat_ok``), 8 warps, one 16-byte vector a thread;
+      - the flat kernel where the call allows it (``shape.flat_ok``), 4 warps, one 16-byte vector a thread;
       - else a fused q+k tile of 2 tokens x every head of q and of k (cos/sin fetched once a token, every load
         issued before any store), 1 token when 2 would exceed :func:`tile_values_max`, with the fewest warps
         (at least 4) at which a thread holds at most :data:`THREAD_BYTES` of it, and the streaming hint (q and k
@@ -407,8 +426,8 @@ def rope_candidates(facts: DeviceFacts, shape: RopeShape) -> list[TileConfig | F
     chosen = model_rope(facts, shape)
     out = [chosen]
     if isinstance(chosen, FlatConfig):
-        out += [chosen._replace(paired=True, block=chosen.block // 2) if shape.same_shape else None,
-                _flat_config(facts, shape, num_warps=4), _flat_config(facts, shape, num_warps=16),
+        out += [_flat_config(facts, shape, num_warps=8, paired=True) if shape.same_shape else None,
+                _flat_config(facts, shape, num_warps=8), _flat_config(facts, shape, num_warps=16),
                 chosen._replace(block=chosen.block * 2)]
         tile = model_rope(facts, shape._replace(flat_ok=False))
         out += [tile, tile._replace(num_warps=min(32, tile.num_warps * 2))]
