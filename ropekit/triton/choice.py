@@ -325,11 +325,12 @@ def choose_rope(shape: RopeShape, device=None, bench=None) -> TileConfig | FlatC
 def _worth_timing(facts: DeviceFacts, bucket: RopeShape) -> bool:
     """Whether the autotune's clock can improve on the model for this bucket: only calls past the L2 (one that the
     L2 serves lasts a few microseconds, mostly its launch chain, which the event clock of one launch cannot tell
-    apart), only where the benchmark call is the real one: contiguous, out of place, NeoX pairs, a table
-    (``flat_ok``), and only where the model is unsure: its flat block, grown to the largest a thread holds, keeps
-    less in flight than Little's law asks (:func:`~ropekit.triton.model.flat_meets_littles_law`). Where it keeps
-    enough (the H100 and the H200), graph replay measured the model's block the fastest of its candidates or within
-    1 % of it, and the clock of single launches can only misjudge. Elsewhere the model's choice stands untimed."""
+    apart), only where the fresh tensors ``bench`` times make the same kind of call: contiguous, out of place, NeoX
+    pairs, a table (``flat_ok``), and only where the model is unsure: its flat block, even at 8 vectors a thread,
+    keeps less in flight than Little's law asks (:func:`~ropekit.triton.model.flat_meets_littles_law`). Where it
+    keeps enough (the H100 and the H200), the candidates differ by a few per cent at most, the size of the clock's
+    own errors, and graph replay measured the model's block the fastest flat block swept or within 1 % of it. A
+    bucket not worth timing takes what the disk cache holds, else the model's choice."""
     return bucket.flat_ok and not fits_in_l2(facts, bucket) and not flat_meets_littles_law(facts, bucket)
 
 

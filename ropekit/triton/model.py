@@ -167,26 +167,28 @@ def _tile_programs(shape: RopeShape, block_s: int, block_h: int) -> int:
 
 def flat_bytes_in_flight_per_sm(facts: DeviceFacts, shape: RopeShape, config: FlatConfig) -> int:
     """What an SM's resident flat programs (its warp and program slots allow) keep in flight: each loads its block
-    (paired: its block of q and of k) before it waits on any of it."""
+    (paired: its block of q and of k) before it waits on any of it. Registers are not counted (the flat kernel's fit
+    in full residency), nor the partner and cos/sin loads (cache hits)."""
     resident = min(facts.max_programs_per_sm, facts.max_warps_per_sm // config.num_warps)
     return resident * config.block * shape.element_size * (2 if config.paired else 1)
 
 
 def flat_meets_littles_law(facts: DeviceFacts, shape: RopeShape) -> bool:
-    """Whether the model's flat block keeps what Little's law asks in flight on every SM: where it does, the
-    model is sure of its choice; where even its largest block falls short, the autotune decides
-    (:mod:`ropekit.triton.choice`)."""
+    """Whether the model's flat block keeps what Little's law asks in flight on every SM. Where it does, every
+    flat candidate does too, and the model's choice stands untimed; where even its block of 8 vectors a thread falls
+    short, the autotune decides (:mod:`ropekit.triton.choice`)."""
     config = _flat_config(facts, shape)
     return flat_bytes_in_flight_per_sm(facts, shape, config) >= facts.needed_bytes_in_flight_per_sm
 
 
 def _flat_config(facts: DeviceFacts, shape: RopeShape, num_warps: int = 4, paired: bool = False) -> FlatConfig:
-    """One 16-byte vector a thread a stream (paired: half a vector of q and half of k), grown while the SM's
-    resident programs would keep fewer bytes in flight than Little's law asks.
+    """One 16-byte vector a thread a stream (paired: half a vector of q and half of k), doubled while the SM's
+    resident programs would keep fewer bytes in flight than Little's law asks, up to 8 vectors a thread.
 
     4 warps a program: at one vector a thread, 16 programs of 4 warps keep the bytes in flight of 8 programs of 8,
-    and an SM refills a program's slots only when its last warp ends, so the smaller program leaves fewer warp
-    slots idle while its warps finish unevenly (docs/tuning.md#flat-path)."""
+    and graph replay measured them faster on the H200 and level on the H100; an SM refills a program's slots only
+    when its last warp ends, so the smaller program leaves fewer warp slots idle while its warps finish unevenly
+    (docs/tuning.md#flat-path)."""
     vector = _VECTOR_BYTES // shape.element_size or 1
     config = FlatConfig(block=32 * num_warps * vector // (2 if paired else 1), num_warps=num_warps, paired=paired)
     while flat_bytes_in_flight_per_sm(facts, shape, config) < facts.needed_bytes_in_flight_per_sm \
