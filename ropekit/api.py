@@ -102,12 +102,33 @@ def _switches(call: RopeCall) -> dict:
 
 
 def _run(q, k, call: RopeCall, out_q, out_k) -> None:
-    """Run the kernel for a validated call; q/k/out are in the caller's layout."""
+    """Run the kernel for a validated call; q/k/out are in the caller's layout. With the Triton backend the launch
+    comes from the one plan cache, keyed by what :func:`~ropekit.triton.launch.plan_rope` derives it from: the
+    autograd path (forward and backward) and the custom op meet a repeated signature with a dictionary lookup."""
     # per-token cos/sin arrive already broadcast to the token shape (by prepare, before any op or autograd saw them)
     q4, k4, oq4, ok4 = _kernel_views(q, k, out_q, out_k, call.layout)
-    _launcher(call.backend)(q4, k4, call.cos, call.sin, out_q=oq4, out_k=ok4, **_switches(call),
-                            copy_tail=out_q is not q,  # (by identity: two empty tensors share data pointer 0)
-                            **({"eager_rounding": True} if call.eager_rounding else {}))
+    in_place = out_q is q  # (by identity: two empty tensors share data pointer 0)
+    if call.backend != "triton" or log.isEnabledFor(logging.DEBUG):  # (debug logging reports every planning)
+        _launcher(call.backend)(q4, k4, call.cos, call.sin, out_q=oq4, out_k=ok4, **_switches(call),
+                                copy_tail=not in_place, **({"eager_rounding": True} if call.eager_rounding else {}))
+        return
+    spec = call.spec
+    key = ("rope-run", _tensor_key(q4), _tensor_key(k4), _tensor_key(oq4), _tensor_key(ok4), in_place,
+           _tensor_key(call.cos), _tensor_key(call.sin), spec.mode, _tensor_key(spec.tensor),
+           _tensor_key(spec.cu_seqlens), spec.max_seqlen, call.rotary_dim, call.interleaved, call.conjugate,
+           call.per_token, call.eager_rounding, _tensor_key(call.inv_freq), call.scale, call.nope_floor_scale,
+           call.nope_attn_scale)
+    launch = plans.get(key, _UNPLANNED)
+    if launch is _UNPLANNED:
+        _launcher("triton")  # (the interpreter's absence is reported before anything is planned)
+        launch = plans.put(key, plan_rope(q4, k4, call.cos, call.sin, out_q=oq4, out_k=ok4, **_switches(call),
+                                          copy_tail=not in_place, eager_rounding=call.eager_rounding))
+    if launch is not None:  # None: nothing to compute (empty tensors)
+        launch(q4, k4, oq4, ok4, call.cos if call.inv_freq is None else call.inv_freq, call.sin, spec.tensor,
+               spec.cu_seqlens, spec.offset)
+
+
+_UNPLANNED = object()
 
 
 def _rotate_new(q, k, call: RopeCall):

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import ropekit
+from ropekit import api
 from ropekit import reference as ref
 from ropekit.layouts import TO_BSHD
 from ropekit.testing import assert_close_to_reference
@@ -384,6 +385,30 @@ def test_cached_plan_follows_a_forced_launch_config():
     assert not launch.plans
     out_q, _ = ropekit.apply_rope(q, k, cos, sin)
     assert_close_to_reference(out_q, want)
+
+
+@triton_backend
+def test_a_repeated_training_call_plans_its_forward_and_backward_once(monkeypatch):
+    """A call whose q and k require grad goes through autograd, not the eager plan, and is validated every time; its
+    launches, forward and backward, come from the same plan cache: the second step plans nothing. Both steps' outputs
+    and gradients match the float64 reference (the gradient of a rotation is the rotation by -theta)."""
+    cos, sin = table(64, 32)
+    positions = torch.tensor([3, 11], device=DEVICE)
+    pos = ref.token_positions(2, 5, offsets=positions.cpu())
+    for step in range(2):
+        q = torch.randn(2, 5, 4, 32, device=DEVICE, requires_grad=True)
+        k = torch.randn(2, 5, 2, 32, device=DEVICE, requires_grad=True)
+        w_q, w_k = torch.randn_like(q), torch.randn_like(k)
+        if step == 1:
+            _no_new_plans(monkeypatch)
+            for module in (launch, api):  # and no launch derived again, cached or not
+                monkeypatch.setattr(module, "plan_rope", lambda *a, **kw: pytest.fail("a launch was planned again"))
+        out_q, out_k = ropekit.apply_rope(q, k, cos, sin, positions=positions)
+        ((out_q * w_q).sum() + (out_k * w_k).sum()).backward()
+        assert_close_to_reference(out_q, ref.rope(q.detach(), pos))
+        assert_close_to_reference(out_k, ref.rope(k.detach(), pos))
+        assert_close_to_reference(q.grad, ref.rope(w_q, pos, conjugate=True))
+        assert_close_to_reference(k.grad, ref.rope(w_k, pos, conjugate=True))
 
 
 def test_torch_compile_fullgraph_in_place_with_a_key():

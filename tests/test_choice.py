@@ -51,7 +51,7 @@ TABLE = {
     "decode": (rope(64, 1, 32, 8, 128), TileConfig(1, 8, 4)),
 }
 # Where the model and the table differ, the measurements were within the run-to-run spread on the H100
-# (docs/tuning.md): the flat kernel's 4 warps against the table's 8 (0.2-0.4 % on the H100; 4 warps 2.5-3 % faster on
+# (docs/tuning.md): the flat kernel's 4 warps against the table's 8 (0.2-0.4 % on the H100; 4 warps 2.1-2.3 % faster on
 # the H200), and fp32's pairing.
 MODEL_DIFFERS = {"fp32", "llama3-8b-prefill", "mha-fp16", "llama3-8b-fp32"}
 

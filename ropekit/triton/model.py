@@ -167,8 +167,8 @@ def _tile_programs(shape: RopeShape, block_s: int, block_h: int) -> int:
 
 def flat_bytes_in_flight_per_sm(facts: DeviceFacts, shape: RopeShape, config: FlatConfig) -> int:
     """What an SM's resident flat programs (its warp and program slots allow) keep in flight: each loads its block
-    (paired: its block of q and of k) before it waits on any of it. Registers are not counted (the flat kernel's fit
-    in full residency), nor the partner and cos/sin loads (cache hits)."""
+    (paired: its block of q and of k) before it waits on any of it. Registers are not counted (Triton 3.6 compiles the flat
+    kernel to 32 a thread for sm_90: full residency), nor the partner and cos/sin loads (cache hits)."""
     resident = min(facts.max_programs_per_sm, facts.max_warps_per_sm // config.num_warps)
     return resident * config.block * shape.element_size * (2 if config.paired else 1)
 
