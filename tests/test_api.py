@@ -411,6 +411,26 @@ def test_a_repeated_training_call_plans_its_forward_and_backward_once(monkeypatc
         assert_close_to_reference(k.grad, ref.rope(w_k, pos, conjugate=True))
 
 
+@triton_backend
+def test_a_cached_plan_keeps_none_of_its_calls_tensors_alive():
+    """The plans a call leaves in the cache (the eager signature's, the validated call's of a training step) hold no
+    tensor of that call: dropping the caller's references frees its inputs, its outputs and their autograd graph."""
+    import gc
+    import weakref
+
+    cos, sin = table(64, 32)
+    q = torch.randn(2, 5, 4, 32, device=DEVICE, requires_grad=True)
+    k = torch.randn(2, 5, 2, 32, device=DEVICE, requires_grad=True)
+    out_q, out_k = ropekit.apply_rope(q, k, cos, sin)  # autograd: a plan through the validated call
+    out_q.sum().backward()  # and one for the backward
+    x = torch.randn(2, 5, 4, 32, device=DEVICE)
+    out_x, _ = ropekit.apply_rope(x, None, cos, sin)  # eager: a plan by the call's signature
+    refs = [weakref.ref(t) for t in (q, k, out_q, out_k, x, out_x)]
+    del q, k, out_q, out_k, x, out_x
+    gc.collect()
+    assert plans and [ref() for ref in refs] == [None] * len(refs)
+
+
 def test_torch_compile_fullgraph_in_place_with_a_key():
     """In place with both q and k (the overlap check compares data pointers, which a traced graph has not) compiles
     without a graph break, as an engine compiles its model (fullgraph), and rotates like the eager call."""

@@ -200,6 +200,20 @@ class KernelLaunch:
         """The launch's arguments by name, with ``values`` for the per-call ones."""
         return dict(zip(_signature(self.kernel)[0], self.everything(*values)))
 
+    def released(self) -> "KernelLaunch":
+        """The same launch holding none of the tensors it was planned with: each per-call tensor an empty one of its
+        dtype and device (what the launch's key and Triton's specialisation read of it). For a launch kept in a
+        cache: a cached plan must not keep the planning call's memory or autograd graph alive. Called with every
+        per-call value, as the cache's callers call it, it launches the same kernel."""
+        names = _signature(self.kernel)[0]
+        paths = tuple(map(_path, self.per_call))
+
+        def empty(i):
+            value = _at(self.arguments, paths[i])
+            return torch.empty(0, dtype=value.dtype, device=value.device) if isinstance(value, torch.Tensor) else value
+        arguments = dict(zip(names, _with_values(names, self.arguments, paths, empty)))
+        return KernelLaunch(self.kernel, self.grid, self.num_warps, self.per_call, arguments)
+
     def __call__(self, *values) -> None:
         _launch(self, values)
 
@@ -395,6 +409,11 @@ class RopeLaunch(NamedTuple):
     config: TileConfig | FlatConfig
     in_place: bool
     shape: RopeShape  # what the launch choice saw
+
+    def released(self) -> "RopeLaunch":
+        """The same plan holding none of its planning call's tensors (:meth:`KernelLaunch.released`): what the plan
+        cache keeps."""
+        return self._replace(launch=self.launch.released())
 
     def __call__(self, q, k, out_q, out_k, cos, sin, positions, cu_seqlens, position_offset: int) -> None:
         """q/k/out/cos/sin/positions/cu_seqlens: the tensors the plan was made for, or any with the same shapes,
