@@ -30,7 +30,7 @@ from . import native
 from .layouts import LAYOUTS, TO_BSHD, batch_and_seq_axes
 from .outputs import bump_versions, new_output
 from .positions import SCALAR_OFFSET, PositionSpec
-from .triton.launch import plan_rope, plans, rope_v4
+from .triton.launch import plan_rope, plans, released, rope_v4
 from .validate import BACKENDS, check_mode, check_nope, check_overlaps, prepare
 
 __all__ = ["apply_rope", "LAYOUTS", "BACKENDS"]
@@ -123,7 +123,7 @@ def _run(q, k, call: RopeCall, out_q, out_k) -> None:
         _launcher("triton")  # (the interpreter's absence is reported before anything is planned)
         launch = plan_rope(q4, k4, call.cos, call.sin, out_q=oq4, out_k=ok4, **_switches(call),
                            copy_tail=not in_place, eager_rounding=call.eager_rounding)
-        launch = plans.put(key, None if launch is None else launch.released())
+        launch = plans.put(key, released(launch))
     if launch is not None:  # None: nothing to compute (empty tensors)
         launch(q4, k4, oq4, ok4, call.cos if call.inv_freq is None else call.inv_freq, call.sin, spec.tensor,
                spec.cu_seqlens, spec.offset)
@@ -318,7 +318,7 @@ def _make_plan(key, q, k, call: RopeCall, inplace: bool, out_q, out_k) -> _Eager
     q4, k4, oq4, ok4 = _kernel_views(q, k, out_q, out_k, call.layout)
     launch = plan_rope(q4, k4, call.cos, call.sin, out_q=oq4, out_k=ok4, **_switches(call), copy_tail=not inplace,
                      eager_rounding=call.eager_rounding)
-    launch = None if launch is None else launch.released()  # the cache must not keep this call's tensors alive
+    launch = released(launch)  # the cache must not keep this call's tensors alive
     max_offset = None
     if call.spec.mode == SCALAR_OFFSET and (call.inv_freq is not None or call.nope_floor_scale):
         max_offset = 2**62  # no table to stay inside

@@ -413,8 +413,8 @@ def test_a_repeated_training_call_plans_its_forward_and_backward_once(monkeypatc
 
 @triton_backend
 def test_a_cached_plan_keeps_none_of_its_calls_tensors_alive():
-    """The plans a call leaves in the cache (the eager signature's, the validated call's of a training step) hold no
-    tensor of that call: dropping the caller's references frees its inputs, its outputs and their autograd graph."""
+    """The plans a call leaves in the cache (the eager signature's, the validated call's of a training step, a fused
+    op's) hold no tensor of that call: dropping the caller's references frees its inputs, its outputs and their autograd graph."""
     import gc
     import weakref
 
@@ -425,8 +425,10 @@ def test_a_cached_plan_keeps_none_of_its_calls_tensors_alive():
     out_q.sum().backward()  # and one for the backward
     x = torch.randn(2, 5, 4, 32, device=DEVICE)
     out_x, _ = ropekit.apply_rope(x, None, cos, sin)  # eager: a plan by the call's signature
-    refs = [weakref.ref(t) for t in (q, k, out_q, out_k, x, out_x)]
-    del q, k, out_q, out_k, x, out_x
+    y = torch.randn(2, 5, 4, 32, device=DEVICE)
+    out_y, _ = ropekit.qk_norm_rope(y, None, cos, sin, torch.ones(32, device=DEVICE))  # a fused op's plan
+    refs = [weakref.ref(t) for t in (q, k, out_q, out_k, x, out_x, y, out_y)]
+    del q, k, out_q, out_k, x, out_x, y, out_y
     gc.collect()
     assert plans and [ref() for ref in refs] == [None] * len(refs)
 

@@ -20,6 +20,7 @@ import torch
 from ..layouts import to_bshd
 from ..outputs import bump_versions, new_output
 from ..triton.fused import CACHE_CONTIGUOUS, CACHE_PAGE_TABLE, CACHE_PAGED, plan_fused
+from ..triton.launch import released
 from ..triton.fused_tiles import E4M3, E5M2, INT8, NVFP4, PER_BLOCK, PER_HEAD, PER_TENSOR, PER_TOKEN_HEAD, PLAIN
 from . import validate
 from .plan import FusedPlan, planned, plans, reads_callers_memory, signature
@@ -260,8 +261,8 @@ def rope_and_cache(q: torch.Tensor, k: torch.Tensor, v: Optional[torch.Tensor], 
     given = (user_cos, user_sin, positions, cu_seqlens, _slots(slot_mapping, cache_offsets, cache_positions))
     if key is not None and not q.is_meta and reads_callers_memory(derived, given):
         # planned only when the launch reads the caller's own tensors (not grown tables, copies or derived views)
-        plan.launch = plan_fused(**_kernel_arguments(q, k, v, out_q, out_k, k_cache, v_cache, *launch,
-                                                     k_scale_cache, v_scale_cache, q_scale, place, over_heads))
+        plan.launch = released(plan_fused(**_kernel_arguments(q, k, v, out_q, out_k, k_cache, v_cache, *launch,
+                                                     k_scale_cache, v_scale_cache, q_scale, place, over_heads)))
         plans.put(key, plan)
         return _run_plan(plan, user, inplace, write_k, q_dtype, out_q, out_k)
     if not q.is_meta:

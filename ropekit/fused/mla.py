@@ -17,6 +17,7 @@ import torch
 
 from ..outputs import bump_versions, new_output
 from ..triton.fused import CACHE_PAGE_TABLE, CACHE_PAGED, plan_fused
+from ..triton.launch import released
 from ..validate import in_callers_names
 from . import validate
 from .kv_cache import _kernel_arguments, run_cache_op
@@ -168,7 +169,7 @@ def mla_rope_and_cache(q_pe: torch.Tensor, k_pe: torch.Tensor, kv_c: torch.Tenso
     if key is not None and not q.is_meta and reads_callers_memory((slots, spec.tensor, cos, sin),
                                                                   (user_slots, user_positions, *user_tables)):
         # planned only when the launch reads the caller's own tensors (not a padded slot mapping or copies)
-        plan.launch = plan_fused(**_kernel_arguments(q, k, v, out_q, out_k, k_cache, v_cache, *launch))
+        plan.launch = released(plan_fused(**_kernel_arguments(q, k, v, out_q, out_k, k_cache, v_cache, *launch)))
         plans.put(key, plan)
         return _run_plan(plan, user, inplace, out_q[0], out_k[0, :, 0])
     if not q.is_meta:

@@ -30,6 +30,7 @@ from ..layouts import to_bshd
 from ..outputs import bump_versions, new_output
 from ..positions import PositionSpec
 from ..triton.fused import launch_fused, plan_fused
+from ..triton.launch import released
 from . import validate
 from .plan import FusedPlan, planned, plans, reads_callers_memory, signature
 
@@ -236,7 +237,7 @@ def qk_norm_rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, cos: Optiona
     if key is not None and reads_callers_memory((cos, sin, spec.tensor, spec.cu_seqlens),
                                                 (*user_tables, positions, cu_seqlens)):
         # planned only when the launch reads the caller's own tensors (not grown tables, copies or derived views)
-        plan.launch = plan_fused(**_kernel_arguments(q, k, *args, out_q, out_k))
+        plan.launch = released(plan_fused(**_kernel_arguments(q, k, *args, out_q, out_k)))
         plans.put(key, plan)
         return _run_plan(plan, user, inplace, out_q, out_k)
     _launch(q, k, *args, out_q, out_k)

@@ -36,7 +36,7 @@ from .v4 import QKTile, Rotation, rope_v4_kernel
 from .v4_flat import rope_flat_kernel
 
 __all__ = ["KernelLaunch", "PlanCache", "plans", "LaunchRecord", "recorded_launches", "rope_config", "plan_rope",
-           "RopeLaunch", "rope_v4", "forced_config", "TileConfig", "FlatConfig"]
+           "RopeLaunch", "rope_v4", "forced_config", "TileConfig", "FlatConfig", "released"]
 
 log = logging.getLogger("ropekit")
 
@@ -400,6 +400,12 @@ def _bench_rope(shape: RopeShape, device, config) -> float:
     launch = plan_rope(q, k, cos, sin, out_q=out_q, out_k=out_k, positions=PositionSpec(0, 0, None, None, None),
                        rotary_dim=shape.rotary_dim, config=config)
     return choice.time_launch(lambda: launch(q, k, out_q, out_k, cos, sin, None, None, 0))
+
+
+def released(launch):
+    """What a plan cache keeps of a planned launch (a :class:`KernelLaunch` or :class:`RopeLaunch`): the same launch
+    holding none of its planning call's tensors (``launch.released()``), or None for none (nothing to compute)."""
+    return None if launch is None else launch.released()
 
 
 class RopeLaunch(NamedTuple):
