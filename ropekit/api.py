@@ -30,7 +30,7 @@ from . import native
 from .layouts import LAYOUTS, TO_BSHD, batch_and_seq_axes
 from .outputs import bump_versions, new_output
 from .positions import SCALAR_OFFSET, PositionSpec
-from .triton.launch import plan_rope, plans, released, rope_v4
+from .triton.launch import plan_rope, plans, released, rope_v4, signature
 from .validate import BACKENDS, check_mode, check_nope, check_overlaps, prepare
 
 __all__ = ["apply_rope", "LAYOUTS", "BACKENDS"]
@@ -113,17 +113,16 @@ def _run(q, k, call: RopeCall, out_q, out_k) -> None:
                                 copy_tail=not in_place, **({"eager_rounding": True} if call.eager_rounding else {}))
         return
     spec = call.spec
-    key = ("rope-run", _tensor_key(q4), _tensor_key(k4), _tensor_key(oq4), _tensor_key(ok4), in_place,
-           _tensor_key(call.cos), _tensor_key(call.sin), spec.mode, _tensor_key(spec.tensor),
-           _tensor_key(spec.cu_seqlens), spec.max_seqlen, call.rotary_dim, call.interleaved, call.conjugate,
-           call.per_token, call.eager_rounding, _tensor_key(call.inv_freq), call.scale, call.nope_floor_scale,
-           call.nope_attn_scale)
-    launch = plans.get(key, _UNPLANNED)
+    key = signature("rope", (q4, k4, oq4, ok4, call.cos, call.sin, spec.tensor, spec.cu_seqlens, call.inv_freq),
+                    (in_place, spec.mode, spec.max_seqlen, call.rotary_dim, call.interleaved, call.conjugate,
+                     call.per_token, call.eager_rounding, call.scale, call.nope_floor_scale, call.nope_attn_scale))
+    launch = _UNPLANNED if key is None else plans.get(key, _UNPLANNED)
     if launch is _UNPLANNED:
         _launcher("triton")  # (the interpreter's absence is reported before anything is planned)
         launch = plan_rope(q4, k4, call.cos, call.sin, out_q=oq4, out_k=ok4, **_switches(call),
                            copy_tail=not in_place, eager_rounding=call.eager_rounding)
-        launch = plans.put(key, released(launch))
+        if key is not None:
+            launch = plans.put(key, released(launch))
     if launch is not None:  # None: nothing to compute (empty tensors)
         launch(q4, k4, oq4, ok4, call.cos if call.inv_freq is None else call.inv_freq, call.sin, spec.tensor,
                spec.cu_seqlens, spec.offset)

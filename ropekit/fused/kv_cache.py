@@ -262,7 +262,8 @@ def rope_and_cache(q: torch.Tensor, k: torch.Tensor, v: Optional[torch.Tensor], 
     if key is not None and not q.is_meta and reads_callers_memory(derived, given):
         # planned only when the launch reads the caller's own tensors (not grown tables, copies or derived views)
         plan.launch = released(plan_fused(**_kernel_arguments(q, k, v, out_q, out_k, k_cache, v_cache, *launch,
-                                                     k_scale_cache, v_scale_cache, q_scale, place, over_heads)))
+                                                              k_scale_cache, v_scale_cache, q_scale, place,
+                                                              over_heads)))
         plans.put(key, plan)
         return _run_plan(plan, user, inplace, write_k, q_dtype, out_q, out_k)
     if not q.is_meta:

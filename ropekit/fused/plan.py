@@ -2,9 +2,10 @@
 
 Every fused op (``qk_norm_rope``, ``rope_and_cache``, ``mla_rope_and_cache``, and the engines' signatures through
 them) keeps its plans in :data:`ropekit.triton.launch.plans`, the cache ``apply_rope`` uses, under a key that starts
-with the op's name (:func:`signature`). A plan is made only after the call was validated; a hit then does what the
-call's tensors force and nothing else: the key itself (shapes, strides, dtypes and devices), the overlap check at the
-tensors' addresses (skipped at addresses the plan has seen), the outputs, and the launch with their data pointers.
+with the op's name (:func:`~ropekit.triton.launch.signature`). A plan is made only after the call was validated; a
+hit then does what the call's tensors force and nothing else: the key itself (shapes, strides, dtypes and devices),
+the overlap check at the tensors' addresses (skipped at addresses the plan has seen), the outputs, and the launch
+with their data pointers.
 Validation never reads device values outside check mode, so the signature decides it.
 """
 
@@ -13,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from .. import device as _device
-from ..triton.launch import plans
+from ..triton.launch import plans, signature
 from .validate import check_mode, check_overlaps
 
 FLOAT8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
@@ -31,21 +32,6 @@ def planned(tensors: tuple) -> bool:
             if t is not None and isinstance(t, torch.Tensor) and t.requires_grad:
                 return False
     return True
-
-
-def signature(op: str, tensors: tuple, flags: tuple) -> tuple | None:
-    """A plan's key: the op's name, every tensor by shape, strides, dtype and device (None as itself, anything else
-    by type and value), every host argument by type and value (True == 1 as dict keys, but not as arguments); None
-    for a call with an unhashable argument (validation says what is wrong with it)."""
-    # (None first: most of a fused call's optional tensors are None, and isinstance against torch.Tensor is slow
-    # for a non-tensor)
-    key = (op, *[None if t is None else (t.shape, t.stride(), t.dtype, t.device) if isinstance(t, torch.Tensor)
-                 else (type(t), t) for t in tensors], *[(type(f), f) for f in flags])
-    try:
-        hash(key)
-    except TypeError:
-        return None
-    return key
 
 
 def reads_callers_memory(derived: tuple, given: tuple) -> bool:

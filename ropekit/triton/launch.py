@@ -36,7 +36,7 @@ from .v4 import QKTile, Rotation, rope_v4_kernel
 from .v4_flat import rope_flat_kernel
 
 __all__ = ["KernelLaunch", "PlanCache", "plans", "LaunchRecord", "recorded_launches", "rope_config", "plan_rope",
-           "RopeLaunch", "rope_v4", "forced_config", "TileConfig", "FlatConfig", "released"]
+           "RopeLaunch", "rope_v4", "forced_config", "TileConfig", "FlatConfig", "released", "signature"]
 
 log = logging.getLogger("ropekit")
 
@@ -333,7 +333,7 @@ def recorded_launches():
 class PlanCache(dict):
     """Plans by call signature (bounded): the one plan cache every op's front door uses (docs/tuning.md#plan-cache).
     ``get`` is ``dict.get`` (the eager hot path pays a dictionary lookup and nothing more); :meth:`put` forgets
-    everything once it is full. Each op keys its plans by a tuple that starts with the op's name."""
+    everything once it is full. Each op keys its plans by a tuple that starts with the op's name (:func:`signature`)."""
 
     def __init__(self, max_plans: int):
         super().__init__()
@@ -347,6 +347,21 @@ class PlanCache(dict):
 
 
 plans = PlanCache(1024)
+
+
+def signature(op: str, tensors: tuple, flags: tuple) -> tuple | None:
+    """A plan's key: the op's name, every tensor by shape, strides, dtype and device (None as itself, anything else
+    by type and value), every host argument by type and value (True == 1 as dict keys, but not as arguments); None
+    for a call with an unhashable argument (validation says what is wrong with it)."""
+    # (None first: most of a fused call's optional tensors are None, and isinstance against torch.Tensor is slow
+    # for a non-tensor)
+    key = (op, *[None if t is None else (t.shape, t.stride(), t.dtype, t.device) if isinstance(t, torch.Tensor)
+                 else (type(t), t) for t in tensors], *[(type(f), f) for f in flags])
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
 
 
 # --------------------------------------------------------------------------------------------------------------------
