@@ -454,6 +454,29 @@ def test_nvfp4_rounding_of_the_format(backend):
     assert torch.equal(read, want) and torch.equal(torch.signbit(read), torch.signbit(want))
 
 
+def test_nvfp4_rounding_next_to_every_midpoint(backend):
+    """One float32 ulp either side of each midpoint between e2m1's magnitudes (and on it), both signs, in blocks whose
+    amax is 6 (block scale 1 at global scale 1): the stored values are the float64 reference's e2m1 rounding."""
+    midpoints = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0])
+    near = torch.cat([torch.nextafter(midpoints, torch.tensor(0.0)), midpoints,
+                      torch.nextafter(midpoints, torch.tensor(8.0))])
+    sixes = torch.tensor([[6.0, -6.0]]).expand(3, 2)
+    values = torch.cat([torch.cat([near, -near]).view(3, 14), sixes], 1)  # 3 blocks of 16, each with amax 6
+    v = values.view(1, 1, 3, 16).to(DEVICE)
+    k = torch.zeros(1, 1, 3, 16, device=DEVICE)
+    caches = [torch.zeros(1, 1, 3, 8, device=DEVICE, dtype=torch.uint8) for _ in range(2)]
+    blocks = [torch.zeros(1, 1, 3, 1, device=DEVICE, dtype=torch.uint8) for _ in range(2)]
+    one = torch.ones(1, device=DEVICE)
+    cos, sin = ropekit.cos_sin_table(1, 16, device=DEVICE)
+    ropekit.rope_and_cache(k, k, v, cos, sin, k_cache=caches[0], v_cache=caches[1], k_scale_cache=blocks[0],
+                           v_scale_cache=blocks[1], k_scale=one, v_scale=one, kv_cache_dtype="nvfp4",
+                           slot_mapping=torch.zeros(1, dtype=torch.int64, device=DEVICE), interleaved=True)
+    assert blocks[1].view(E4M3).flatten().tolist() == [1.0, 1.0, 1.0]
+    read = ref.nvfp4_dequantise(caches[1][0, 0], blocks[1][0, 0], 1.0)
+    want = ref.e2m1(values.double())
+    assert torch.equal(read, want) and torch.equal(torch.signbit(read), torch.signbit(want))
+
+
 def test_nvfp4_under_torch_compile_fullgraph_writes_the_block_scales():
     q, k, v, (k_cache, v_cache), (k_blocks, v_blocks), slots = nvfp4_case(d=32)
     cos, sin = ropekit.cos_sin_table(16, 32, device=DEVICE)

@@ -27,7 +27,8 @@ __all__ = ["PLAIN", "E4M3", "E5M2", "INT8", "NVFP4", "PER_TENSOR", "PER_HEAD", "
 #   SCALES: PER_TENSOR (one float32), PER_HEAD (one a kv head), PER_TOKEN_HEAD (computed here from the head vector's
 #           absolute maximum and written beside the cache), PER_BLOCK (NVFP4's: an e4m3 scale computed for each 16
 #           consecutive channels and written beside the cache, over one float32 global scale read);
-#   NATIVE: float8 bits by the GPU's own conversion instruction rather than integer arithmetic (the same bits).
+#   NATIVE: float8 bits (the values, or NVFP4's e4m3 block scales) by the GPU's own conversion instruction rather
+#           than integer arithmetic (the same bits).
 # A per-tensor scale is one float; the others are addressed alike, SCALE + block * strides[0] + row * strides[1] +
 # head * strides[2] (a per-head one with strides (0, 0, stride); NVFP4's block scales then + the 16-block's index):
 # the store's scale, its strides and its global scale serve every mode.
@@ -105,10 +106,15 @@ def e4m3_value(code):
 def e2m1_codes(x):
     """The e2m1 nibbles (uint8, 0-15) of fp32 ``x``: sign in bit 3 (x's sign bit), magnitude code 0-7 for 0, 0.5, 1,
     1.5, 2, 3, 4, 6; to nearest, ties to the even code, saturating at 6 (infinities too); NaN gives a zero of its
-    sign. Comparisons with the midpoints (exact in fp32), so the GPU and the interpreter give the same bits."""
+    sign. e2m1's magnitudes are a float format of one mantissa bit: spacing 0.5 below 2, 1 below 4, 2 from 4. Scaled
+    to spacing 1 (exact: a power of two), the magnitude added to 1.5 * 2**23 plus the codes below its range rounds,
+    ties to even, to the code in the sum's low mantissa bits: one rounding, the same on the GPU and the interpreter."""
     m = tl.abs(x)
-    code = (m > 0.25).to(tl.uint32) + (m >= 0.75).to(tl.uint32) + (m > 1.25).to(tl.uint32) + \
-        (m >= 1.75).to(tl.uint32) + (m > 2.5).to(tl.uint32) + (m >= 3.5).to(tl.uint32) + (m > 5.0).to(tl.uint32)
+    m = tl.where(m > 6.0, 6.0, m)
+    low, mid = m < 2.0, m < 4.0
+    scaled = tl.where(low, m * 2.0, tl.where(mid, m, m * 0.5))
+    code = (scaled + tl.where(low, 12582912.0, tl.where(mid, 12582914.0, 12582916.0))).to(tl.uint32, bitcast=True) & 7
+    code = tl.where(m == m, code, 0)  # NaN fails every comparison above
     sign = (x.to(tl.uint32, bitcast=True) >> 28) & 0x8
     return (code | sign).to(tl.uint8)
 
@@ -276,7 +282,7 @@ def store_channels(OUT, rows, channels, values, mask, stride_d, scale, QUANT: tl
     ``values / scale`` (``scale`` one float or [BLOCK_S, BLOCK_H, 1]; NVFP4: :func:`store_nvfp4`); with ATOMIC, add
     them to OUT's values (an unordered sum: its rounding depends on the order the adds arrive in)."""
     if QUANT[0] == _NVFP4:
-        store_nvfp4(OUT, rows, channels, values, mask, stride_d, scale, EVICT)
+        store_nvfp4(OUT, rows, channels, values, mask, stride_d, scale, QUANT[2], EVICT)
     else:
         pointers = OUT + rows[:, :, None] + channels[None, None, :] * stride_d
         if ATOMIC:
@@ -288,32 +294,40 @@ def store_channels(OUT, rows, channels, values, mask, stride_d, scale, QUANT: tl
 
 
 @triton.jit
-def store_nvfp4(OUT, rows, channels, values, mask, stride_d, scale, EVICT: tl.constexpr):
+def store_nvfp4(OUT, rows, channels, values, mask, stride_d, scale, NATIVE: tl.constexpr, EVICT: tl.constexpr):
     """NVFP4: a run of channels (``channels``, a multiple of 16 of them from a multiple of 16) as e2m1 nibbles two a
     byte (channel 2i in the low nibble of byte i of OUT's row) and one e4m3 block scale for each 16 channels,
     ``block = e4m3(amax / (6 * global))`` (amax over the 16 channels, NaN not counted), written at the row's
     block-scale pointer + the block's index. Each value stores ``e2m1(x / (block * global))`` (the product and the
     quotient rounded to fp32; a zero block scale stores zeros of the values' signs). ``scale``: (the global scale,
-    [BLOCK_S, BLOCK_H] block-scale pointers), from :func:`cache_scale`."""
+    [BLOCK_S, BLOCK_H] block-scale pointers), from :func:`cache_scale`; NATIVE: the block scale converted by the GPU's
+    float8 instruction."""
     global_scale, BLOCK_SCALES = scale
     S: tl.constexpr = values.shape[0]
     H: tl.constexpr = values.shape[1]
     C: tl.constexpr = values.shape[2]
     x = tl.reshape(values.to(tl.float32), [S, H, C // 16, 16])
     in_block = tl.reshape(mask, [S, H, C // 16, 16])
-    amax = tl.max(tl.where(in_block & (x == x), tl.abs(x), 0.0), 3)
-    block_bits = e4m3_bits(tl.div_rn(amax, 6.0 * global_scale))
+    # one reduction gives each block's absolute maximum and whether the block is written (-1: masked)
+    largest = tl.max(tl.where(in_block, tl.where(x == x, tl.abs(x), 0.0), -1.0), 3)
+    amax = tl.maximum(largest, 0.0)
+    block = tl.div_rn(amax, 6.0 * global_scale)
+    if NATIVE:  # the GPU's saturating conversion: the same bits as e4m3_bits
+        block_bits = block.to(tl.float8e4nv, fp_downcast_rounding="rtne").to(tl.uint8, bitcast=True)
+    else:
+        block_bits = e4m3_bits(block)
     dequant = (e4m3_value(block_bits) * global_scale)[:, :, :, None]
     quotient = divided(x, tl.where(dequant == 0.0, 1.0, dequant))
     quotient = tl.where(dequant == 0.0, x * 0.0, quotient)
     low, high = tl.split(tl.reshape(e2m1_codes(quotient), [S, H, C // 2, 2]))
-    byte_mask, _ = tl.split(tl.reshape(mask, [S, H, C // 2, 2]))
-    even_channel, _ = tl.split(tl.reshape(channels, [C // 2, 2]))
-    tl.store(OUT + rows[:, :, None] + (even_channel // 2)[None, None, :] * stride_d, low | (high << 4),
+    byte_mask, _ = tl.split(tl.reshape(in_block, [S, H, C // 2, 2]))
+    byte_mask = tl.max_constancy(byte_mask, [1, 1, 8])  # whole 16-channel blocks are masked (the validation's rule)
+    # the run starts at a multiple of 16 channels: its bytes are C // 2 consecutive ones from a multiple of 8
+    first_byte = tl.multiple_of(tl.min(channels, 0) // 2, 8)
+    tl.store(OUT + rows[:, :, None] + (first_byte + tl.arange(0, C // 2))[None, None, :] * stride_d, low | (high << 4),
              mask=byte_mask, eviction_policy=EVICT)
-    first_channel = tl.min(tl.reshape(channels, [C // 16, 16]), 1)
-    tl.store(BLOCK_SCALES[:, :, None] + (first_channel // 16)[None, None, :], block_bits,
-             mask=tl.max(in_block.to(tl.int32), 3) > 0)
+    tl.store(BLOCK_SCALES[:, :, None] + (first_byte // 8 + tl.arange(0, C // 16))[None, None, :], block_bits,
+             mask=largest >= 0.0)
 
 
 @triton.jit

@@ -292,13 +292,24 @@ def _within_shared_memory(config: FusedConfig, shape: FusedShape) -> FusedConfig
     return config
 
 
+# Values a thread of a forward prefill's program that holds every head of its tokens (a norm over all heads): 2 tokens
+# x 32 heads x 128 channels at 4 warps ran 9 % (H100) and 15 % (H200) faster than the 4 tokens at 16 warps that the
+# rule's 32 values a thread give (OLMo-2's prefill, graph replay, docs/tuning.md#fused-launch-table)
+_ALL_HEADS_PREFILL_VALUES = 64
+
+
 def _all_heads(config: FusedConfig, shape: FusedShape) -> FusedConfig:
     """The rule's configuration with every head of a token in one program (the norm's reduction runs over them):
     fewer tokens while the tile passes the register bound, and the warps that keep the rule's own values a thread
-    (at least 8: a 16-byte vector of bf16), up to 32."""
+    (at least 8: a 16-byte vector of bf16), up to 32. A forward prefill takes the plain prefill's 2 tokens and
+    :data:`_ALL_HEADS_PREFILL_VALUES` a thread: its reduction already spans every head of a token, so more tokens a
+    program amortise nothing more, and fewer warps a program ran faster."""
     heads, width = next_pow2(shape.n_heads), next_pow2(shape.width)
-    density = max(config.block_s * config.block_h * width // (32 * config.num_warps), 8)
-    block_s = config.block_s
+    if shape.backward or shape.n_tokens <= DECODE_TOKENS:
+        density = max(config.block_s * config.block_h * width // (32 * config.num_warps), 8)
+        block_s = config.block_s
+    else:
+        density, block_s = _ALL_HEADS_PREFILL_VALUES, min(config.block_s, 2)
     while block_s > 1 and block_s * heads * width > _TILE_VALUES_LIMIT:
         block_s //= 2
     warps = next_pow2(cdiv(block_s * heads * width, 32 * density))
