@@ -18,7 +18,7 @@ import torch
 import ropekit
 from ropekit.triton import choice, model
 from ropekit.triton.configs import FlatConfig, FusedConfig, FusedShape, RopeShape, TileConfig
-from ropekit.triton.fused_tiles import E4M3, INT8, PER_TOKEN_HEAD
+from ropekit.triton.fused_tiles import E4M3, INT8, NVFP4, PER_BLOCK, PER_TOKEN_HEAD
 
 H100 = model.DeviceFacts("H100 SXM (published)", n_sms=132, ceiling_gbps=3350.0, latency_ns=600.0,
                          latency_source="assumed", l2_bytes=50 * 2**20)
@@ -68,6 +68,8 @@ FUSED_TABLE = {  # ropekit's fused launch table on the H100 (docs/tuning.md#fuse
     "prefill-int8-token-head": (FusedShape(16384, 32, 128, 2, cache_format=INT8, cache_scales=PER_TOKEN_HEAD),
                                 FusedConfig(2, 16, 4, True, True)),
     "prefill-fp8-q": (FusedShape(16384, 32, 128, 2, cache_format=E4M3, q_format=E4M3), FusedConfig(2, 16, 4, True, True)),
+    "prefill-nvfp4": (FusedShape(16384, 32, 128, 2, cache_format=NVFP4, cache_scales=PER_BLOCK),
+                      FusedConfig(2, 16, 4, True, True)),
     # a norm over all heads (OLMo-2): 2 tokens x every head at 4 warps, faster than 4 tokens at 16 on the H100 and
     # the H200
     "prefill-norm-all-heads": (FusedShape(16384, 32, 128, 2, norm=True, norm_over_heads=True),

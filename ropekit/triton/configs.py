@@ -93,6 +93,7 @@ class FusedShape(NamedTuple):
 
     @property
     def heavy_store(self) -> bool:
-        """The store does per-head arithmetic beyond a cast: a scale reduced per (token, head) (the cache's scales
-        code 2, ``fused_tiles.PER_TOKEN_HEAD``), or q quantised (every q head rounded)."""
-        return self.cache_scales == 2 or self.q_format != 0
+        """The store does per-head arithmetic beyond a cast: a scale reduced per (token, head) or per 16 channels
+        (the cache's scales code 2 or 3, ``fused_tiles.PER_TOKEN_HEAD``, NVFP4's ``PER_BLOCK``), or q quantised
+        (every q head rounded)."""
+        return self.cache_scales in (2, 3) or self.q_format != 0

@@ -249,8 +249,9 @@ def model_fused(facts: DeviceFacts, shape: FusedShape) -> FusedConfig:
     * A prefill streams from DRAM: the streaming hint, and each token block's q and k programs launched side by side
       (the k programs' arithmetic under the q programs' traffic); 2 tokens x 8 heads, 4 tokens with QK-norm (its
       reduction amortised over more rows; 32 values a thread at 4 warps); wider vectors: 8 warps, no hint. A store
-      with per-head arithmetic (scales computed per (token, head), or q quantised: :attr:`FusedShape.heavy_store`)
-      takes 16 heads a program: half the programs, each table row loaded once for twice the heads.
+      with per-head arithmetic (scales computed per (token, head) or per 16 channels, or q quantised:
+      :attr:`FusedShape.heavy_store`) takes 16 heads a program: half the programs, each table row loaded once for
+      twice the heads.
     * The backward: 1 token x 8 heads a step, 16 token blocks a program walked three stages deep, the
       weight-gradient terms summed in registers.
 
