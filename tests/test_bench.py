@@ -5,6 +5,7 @@ without a GPU. No timing is asserted anywhere: on the CPU the clock is a fake th
 
 import contextlib
 import gc
+import importlib
 import json
 import math
 import time
@@ -220,15 +221,17 @@ def _torch_launcher(x, cos, sin, out):
 @pytest.mark.parametrize("case", [_tiny(MAIN["small-prefill"]), TINY[-2], TINY[-1]],
                          ids=lambda c: f"{c.layout}-b{c.batch}")
 @pytest.mark.parametrize("version", [1, 2])
-def test_ladder_adapter_plumbing(case, version):
+def test_ladder_adapter_plumbing(case, version, monkeypatch):
     case = case.scaled_down(dtype=torch.float32)  # v1 takes float32 only
+    # the rung's launcher, as the adapter finds it by name, replaced by the stand-in
+    monkeypatch.setattr(importlib.import_module(f"ropekit.triton.v{version}"), f"rope_v{version}", _torch_launcher)
     impl = bench.impls.TritonLadder(version)
+    assert impl.available() is None
     reason = impl.supports(case, FORWARD)
     if version == 1 and case.layout == "sbhd" and case.batch > 1:
         assert reason == "contiguous (batch, seq, heads, head_dim) only"
         return
     assert reason is None
-    impl._launcher = _torch_launcher
     tables = make_tables(case, "cpu")
     data = make_data(case, "cpu", seed=3)
     expected = [expected_output(case, tables, x) for x in (data.q, data.k)]
@@ -258,13 +261,13 @@ class FakeClock:
     times, different per implementation, so that the derived numbers can be checked."""
 
     def __init__(self, l2_bytes):
-        self._l2 = l2_bytes
+        self.l2 = l2_bytes
         self.calls = 0
         self.captured = 0
         self.replayed = []  # graphs per replay_rounds call (one call per case and direction)
 
     def l2_bytes(self):
-        return self._l2, "fake"
+        return self.l2, "fake"
 
     def copy_ceiling(self):
         return {"gbps": 1000.0, "time_us": 2.0, "bytes_read": 1000, "bytes_written": 1000, "method": "fake"}
@@ -315,7 +318,7 @@ def fake_run():
                   "info": i.info()} for i in impls]
     doc = make_document(command="fake", settings=bench.QUICK.to_json(), environment={
         "python": "3", "torch": torch.__version__, "triton": "x", "ropekit": ropekit.__version__},
-        copy_ceiling=clock.copy_ceiling(), l2_bytes=clock._l2, cases=cases, impls=impl_info, rows=rows, complete=True,
+        copy_ceiling=clock.copy_ceiling(), l2_bytes=clock.l2, cases=cases, impls=impl_info, rows=rows, complete=True,
         copy_floors=runner.copy_floors, launch_floors=runner.launch_floors)
     return doc, runner, clock, cases
 
@@ -333,7 +336,7 @@ def test_runner_rows_follow_the_schema(fake_run):
     assert {(r["case"], r["residency"]) for r in ok if r["impl"] == "ropekit"} == {
         (small.name, "l2"), (small.name, "dram"), (large.name, "dram"), (sweep.name, "dram")}
     dram_small = next(r for r in ok if r["impl"] == "ropekit" and r["case"] == small.name and r["residency"] == "dram")
-    assert dram_small["n_buffer_sets"] == dram_sets(small, clock._l2, bench.QUICK.dram_factor) > 1
+    assert dram_small["n_buffer_sets"] == dram_sets(small, clock.l2, bench.QUICK.dram_factor) > 1
     assert dram_small["graph_calls"] == dram_small["n_buffer_sets"]  # every set was captured and run
     backward = [r for r in ok if r["direction"] == "backward"]
     assert {r["impl"] for r in backward} == {"triton-v4", "ropekit", "torch-eager"}
@@ -344,7 +347,7 @@ def test_runner_rows_follow_the_schema(fake_run):
     floor = runner.copy_floors[large.name]
     assert floor["graph_us"] > 0 and floor["bytes"] == large.moved_bytes(inplace=False)
     # a case larger than L2 but not than dram_factor x L2 rotates buffer sets in its DRAM rows, the floor alike
-    large_sets = dram_sets(large, clock._l2, bench.QUICK.dram_factor)
+    large_sets = dram_sets(large, clock.l2, bench.QUICK.dram_factor)
     assert large_sets > 1 and floor["n_buffer_sets"] == large_sets
     assert {r["n_buffer_sets"] for r in ok if r["case"] == large.name} == {large_sets}
     skipped = [r for r in rows if r["status"] == "skipped"]

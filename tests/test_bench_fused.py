@@ -86,7 +86,7 @@ def test_each_timed_case_has_a_copy_of_its_floor_as_a_reference_row(fake_doc):
     assert [r["case"] for r in copies] == [c["name"] for c in fake_doc["cases"]]
     assert all(r["status"] == "reference" and r["graph_us"] is not None for r in copies)
     # the reference is timed, never judged: the targets compare the implementations only
-    decode = fused_report._timed(fake_doc, "decode-b64-fp8")
+    decode = fused_report.timed_rows(fake_doc, "decode-b64-fp8")
     assert fused_report.best_unfused(decode)["impl"] == "unfused (index_copy_)"
     page = fused_report.render_markdown(fake_doc)
     assert f"| {fused.COPY_REFERENCE} | 0.95 |" in page
@@ -116,7 +116,7 @@ def test_fused_decode_is_judged_against_1_3x_the_launch_chain_floor(fused_us, me
 
 def test_the_copy_reference_moves_the_floor_in_random_bytes():
     case = fused_cases.tiny(CASES["prefill-b4-s4096"])
-    dst = fused._copy_of_floor(case, DEVICE)()
+    dst = fused.copy_of_floor(case, DEVICE)()
     assert dst.dtype == torch.uint8 and 2 * dst.numel() == fused_cases.floor_bytes(case)
     assert dst.unique().numel() > 200  # random bytes, not a constant
 
@@ -424,7 +424,7 @@ def test_the_torch_nvfp4_quantiser_rounds_as_the_format_does():
     ties = torch.tensor(E2M1_TIES)
     rows = torch.stack([ties, torch.randn(16, generator=torch.Generator().manual_seed(0)) * 3, torch.zeros(16)])
     global_scale = torch.tensor([1.0])
-    packed, block_scales = fused._nvfp4(rows, global_scale)
+    packed, block_scales = fused.torch_nvfp4(rows, global_scale)
     assert packed.dtype == torch.uint8 and packed.shape == (3, 8) and block_scales.shape == (3, 1)
     values, want_blocks = fused_cases.reference.nvfp4_quantise(rows, 1.0)
     assert torch.equal(block_scales.view(torch.float8_e4m3fn).double(), want_blocks)

@@ -365,23 +365,25 @@ def test_plot_shows_the_recorded_grid_and_one_programs_addresses():
     plt.close(fig)
 
 
-def test_record_in_a_subprocess_returns_the_same_touches():
+def test_record_in_a_subprocess_returns_the_same_touches(monkeypatch):
     """What a GPU machine does: the launch runs under TRITON_INTERPRET=1 in a child process."""
     q = torch.randn(1, 20, 2, 8)
     cos, sin = ropekit.cos_sin_table(32, 8)
     out = torch.empty_like(q)
     kwargs = dict(out_q=out, out_k=None, positions=PositionSpec(), rotary_dim=8)
     here = touch.record(rope_v4, q, None, cos, sin, **kwargs) if ropekit.device.INTERPRET else None
-    child = touch._record_in_subprocess(rope_v4, (q, None, cos, sin), kwargs, None)
+    monkeypatch.setattr(ropekit.device, "INTERPRET", False)  # as on a GPU machine: record() uses a child process
+    child = touch.record(rope_v4, q, None, cos, sin, **kwargs)
     assert (child.count("out_q", "store") == 1).all()
     if here is not None:
         assert (child.owner("out_q") == here.owner("out_q")).all()
         assert (child.count("cos") == here.count("cos")).all()
 
 
-def test_record_on_a_gpu_machine_refuses_a_launch_it_cannot_send_to_a_subprocess():
+def test_record_on_a_gpu_machine_refuses_a_launch_it_cannot_send_to_a_subprocess(monkeypatch):
+    monkeypatch.setattr(ropekit.device, "INTERPRET", False)  # as on a GPU machine
     with pytest.raises(ValueError, match="importable"):
-        touch._record_in_subprocess(lambda q: None, (torch.zeros(1),), {}, None)
+        touch.record(lambda q: None, torch.zeros(1))
 
 
 def test_recording_explains_when_the_interpreter_hook_is_missing(monkeypatch):

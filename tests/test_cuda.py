@@ -37,10 +37,9 @@ PERMUTE = TO_BSHD
 @pytest.fixture(scope="module")
 def kernels():
     """The built extension; skips (with the reason) where the CUDA backend cannot be built."""
-    if rcuda._module is None:
-        ok, reason = rcuda.available()
-        if not ok:
-            pytest.skip(reason)
+    ok, reason = rcuda.available()
+    if not ok:
+        pytest.skip(reason)
     return rcuda.load()
 
 

@@ -46,7 +46,7 @@ from .fused_cases import (BLOCK_SIZE, CASES, EPS, FORMAT_MAX, FP8, Data, FusedCa
                           floor_bytes, make_data, meta_bytes, scale_bytes, static_scale_bytes, tiny)
 
 __all__ = ["CASES", "IMPL_NAMES", "COPY_REFERENCE", "LAUNCH_FLOOR", "impls", "checked_call", "stream_for", "run_case",
-           "run", "cli_parser", "main"]
+           "copy_of_floor", "torch_nvfp4", "run", "cli_parser", "main"]
 
 
 # --- the implementations: each builds, from one case's data, a call that returns the rotated q (or the gradients) ---
@@ -123,7 +123,7 @@ _E2M1_MIDPOINTS = tuple(((low + high) / 2, i % 2 == 1)
 E2M1_MAX = E2M1_VALUES[-1]  # a block's amax lands on e2m1's largest magnitude
 
 
-def _nvfp4(x: torch.Tensor, global_scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def torch_nvfp4(x: torch.Tensor, global_scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """torch's NVFP4 quantiser, in float32: head vectors ``x`` ``(..., D)`` at a one-element global scale -> (the
     e2m1 bytes ``(..., D / 2)``, channel 2i in the low nibble; the e4m3 block-scale bytes ``(..., D / 16)``). Each 16
     channels get the block scale ``e4m3(amax / (6 * global))`` and each value the e2m1 code of ``x / (block *
@@ -143,7 +143,7 @@ def _cache_rows(rows: torch.Tensor, scale: Optional[torch.Tensor], c: FusedCase)
     the flat cache holds them, the scale cache's rows or None). ``scale``: the static scale (NVFP4: the global one),
     or None."""
     if c.nvfp4:
-        return _nvfp4(rows, scale)
+        return torch_nvfp4(rows, scale)
     fmt = c.cache_dtype
     if c.token_head_scales:
         computed = _token_head_scale(rows, fmt)
@@ -349,7 +349,7 @@ def run_case(case: FusedCase, builders: dict, timer, device, seed: int = 0, ceil
     if timer is not None:
         row = {"case": case.name, "impl": COPY_REFERENCE, "status": "reference", "graph_us": None}
         rows.append(row)
-        copy = _copy_of_floor(case, device)
+        copy = copy_of_floor(case, device)
         pending.append((row, timer.capture([copy], floor_us), copy))
         if case.decode:
             row = {"case": case.name, "impl": LAUNCH_FLOOR, "status": "reference", "graph_us": None}
@@ -366,7 +366,7 @@ def run_case(case: FusedCase, builders: dict, timer, device, seed: int = 0, ceil
     return rows
 
 
-def _copy_of_floor(case: FusedCase, device) -> Callable:
+def copy_of_floor(case: FusedCase, device) -> Callable:
     """A device-to-device copy of fresh random bytes that moves the case's byte floor (half read, half written):
     what moving the floor costs on the implementations' clock, its start and end included."""
     src = torch.randint(0, 256, (floor_bytes(case) // 2,), dtype=torch.uint8, device=device)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from .floor import NAME as LAUNCH_FLOOR  # the row ropekit.bench.fused times beside a decode case's implementations
 
-__all__ = ["evaluate_targets", "write_outputs", "publish", "render_markdown", "write_plot", "best_unfused"]
+__all__ = ["evaluate_targets", "write_outputs", "publish", "render_markdown", "write_plot", "best_unfused", "timed_rows"]
 
 EQUAL_WITHIN = 0.01  # "no slower than": within the run-to-run spread (1%) counts as equal
 DECODE_OVER_LAUNCH_FLOOR = 1.3  # fused decode at most this many times the launch-chain floor (graph replay)
@@ -23,7 +23,8 @@ FORMAT_SPEEDUP = PREFILL[True][1]  # every format, decode and prefill: at least 
 FUSED, COMPILE = "ropekit-fused", "torch.compile"
 
 
-def _timed(doc: dict, case: str) -> dict:
+def timed_rows(doc: dict, case: str) -> dict:
+    """The rows of ``case`` that have a graph time, by implementation name (references included)."""
     return {r["impl"]: r for r in doc["rows"] if r["case"] == case and r.get("graph_us")}
 
 
@@ -47,7 +48,7 @@ def evaluate_targets(doc: dict) -> list[dict]:
                         "met": None if value is None else bool(met)})
 
     for case in doc["cases"]:
-        rows = _timed(doc, case["name"])
+        rows = timed_rows(doc, case["name"])
         fused, unfused, compiled = rows.get(FUSED), best_unfused(rows), rows.get(COMPILE)
         floor = case.get("floor_us")
         fraction = floor / fused["graph_us"] if fused and floor else None
@@ -110,7 +111,7 @@ def render_markdown(doc: dict) -> str:
              "Copy ceiling: not measured (dry run: checked, not timed)", "", "## Cases", ""]
     for case in doc["cases"]:
         rows = [r for r in doc["rows"] if r["case"] == case["name"]]
-        timed = _timed(doc, case["name"])
+        timed = timed_rows(doc, case["name"])
         fused, chain = timed.get(FUSED), timed.get(LAUNCH_FLOOR)
         chain_text = (f" Launch-chain floor {_fmt(chain['graph_us'])} µs"
                       + (f"; {FUSED} at {fused['graph_us'] / chain['graph_us']:.2f}x it." if fused else ".")
@@ -153,7 +154,7 @@ def write_plot(doc: dict, path: Path) -> Path:
     for j, impl in enumerate(impls):
         values = []
         for case in cases:
-            row = _timed(doc, case["name"]).get(impl)
+            row = timed_rows(doc, case["name"]).get(impl)
             values.append(row["graph_us"] / case["floor_us"] if row and case.get("floor_us") else 0)
         ax.bar([i + j * width for i in range(len(cases))], values, width, label=impl)
     ax.axhline(1.0, color="black", lw=1, ls="--", label="byte floor")

@@ -29,7 +29,7 @@ from .. import device as _device
 from . import fence, touch
 from .diagnose import Finding
 
-__all__ = ["check", "checker", "launch_copy", "launch_rotate_half", "launch_angles", "COPY_BLOCK", "ANGLES_BLOCK_P"]
+__all__ = ["check", "checker", "cases", "launch_copy", "launch_rotate_half", "launch_angles", "COPY_BLOCK", "ANGLES_BLOCK_P"]
 
 COPY_BLOCK = 64
 ANGLES_BLOCK_P = 16
@@ -195,15 +195,21 @@ def _finding(run, kernel, args, expected, mistakes, rtol, device, input_names=()
                             "was expected.", error)
 
 
+def cases(name: str, device="cpu", generator=None):
+    """The cases :func:`check` runs for warm-up ``name``: (label, the kernel's inputs, the expected output, the known
+    mistakes' outputs by diagnosis), as a generator."""
+    return _SETUPS[name][1](device, generator or torch.Generator().manual_seed(0))
+
+
 def check(name: str, kernel) -> Finding:
     """The check of warm-up exercise ``name``: a Finding (the exercise's ``check`` hook, see :func:`checker`)."""
     if not hasattr(kernel, "__getitem__"):
         return Finding("raised", f"Expected a @triton.jit kernel (the template's), got {type(kernel).__name__}.")
-    run, cases, rtol, input_names, output_name = _SETUPS[name]
+    run, _, rtol, input_names, output_name = _SETUPS[name]
     device = _device.DEVICE
     worst = 0.0
     n_cases = 0
-    for label, args, expected, mistakes in cases(device, torch.Generator().manual_seed(0)):
+    for label, args, expected, mistakes in cases(name, device):
         finding = _finding(run, kernel, args, expected.to(device), mistakes, rtol, device, input_names, output_name)
         if finding.diagnosis != "correct":
             return Finding(finding.diagnosis, f"{finding.message} (case {label})", finding.max_error)
