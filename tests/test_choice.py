@@ -307,8 +307,9 @@ def test_a_bucket_the_clock_never_judges_is_decided_once_a_process(gpu, monkeypa
                         lambda facts, shape: runs.append(shape) or model.model_fused(facts, shape))
     for shape in (decode, backward):
         first = choice.choose_fused(shape, gpu)
-        reads = []
-        monkeypatch.setattr(choice, "_disk", lambda reload=False: reads.append(reload) or {})
+        reads = []  # every look at the disk cache starts from its path
+        path = choice.cache_path
+        monkeypatch.setattr(choice, "cache_path", lambda: reads.append(1) or path())
         assert choice.choose_fused(shape, gpu) == first == model.model_fused(gpu, shape)
         assert reads == [] and len(runs) == 1, (reads, runs)
         runs.clear()

@@ -143,7 +143,7 @@ def _fake_ncu(tmp_path, monkeypatch, stdout: str, code: int = 0):
     (tmp_path / "ncu.out").write_text(stdout)
     script.write_text(f"#!/bin/sh\ncat '{tmp_path / 'ncu.out'}'\nexit {code}\n")
     script.chmod(0o755)
-    monkeypatch.setattr(tools_run, "_find_ncu", lambda: str(script))
+    monkeypatch.setattr(tools_run, "find_ncu", lambda: str(script))
 
 
 @pytest.mark.parametrize("stdout, code, status", [
@@ -164,6 +164,6 @@ def test_ncu_runs_or_says_why_not(tmp_path, monkeypatch, stdout, code, status):
 
 
 def test_without_ncu_the_run_says_it_is_not_installed(monkeypatch, tmp_path):
-    monkeypatch.setattr(tools_run, "_find_ncu", lambda: None)
+    monkeypatch.setattr(tools_run, "find_ncu", lambda: None)
     assert tools_run.run_ncu(tmp_path) == {"status": "unavailable",
                                            "reason": "ncu (Nsight Compute) is not installed on this machine"}

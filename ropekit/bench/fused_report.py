@@ -12,7 +12,8 @@ from pathlib import Path
 
 from .floor import NAME as LAUNCH_FLOOR  # the row ropekit.bench.fused times beside a decode case's implementations
 
-__all__ = ["evaluate_targets", "write_outputs", "publish", "render_markdown", "write_plot", "best_unfused", "timed_rows"]
+__all__ = ["evaluate_targets", "write_outputs", "publish", "render_markdown", "write_plot", "best_unfused",
+           "timed_rows"]
 
 EQUAL_WITHIN = 0.01  # "no slower than": within the run-to-run spread (1%) counts as equal
 DECODE_OVER_LAUNCH_FLOOR = 1.3  # fused decode at most this many times the launch-chain floor (graph replay)

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["SHAPE", "AUTOTUNE_TILES", "NCU_METRICS", "ptx_loads", "parse_ncu_csv", "load", "resources_rows",
+__all__ = ["SHAPE", "AUTOTUNE_TILES", "NCU_METRICS", "ptx_loads", "parse_ncu_csv", "find_ncu", "load", "resources_rows",
            "ptx_rows", "timing_rows", "ncu_rows", "residency_rows", "dram_rows", "autotune_rows", "run_ncu", "main"]
 
 SHAPE = (4, 4096, 32, 128)  # (batch, seq, heads, head_dim), float32
@@ -240,7 +240,8 @@ def _device_model(ceiling_gbps: float):
                    ceiling_gbps=ceiling_gbps)
 
 
-def _find_ncu() -> str | None:
+def find_ncu() -> str | None:
+    """The path of Nsight Compute's ``ncu``: on PATH, else under $CUDA_HOME or /usr/local/cuda; None if absent."""
     found = shutil.which("ncu")
     if found:
         return found
@@ -263,7 +264,7 @@ def _profile_target() -> None:
 def run_ncu(out: Path) -> dict:
     """One ``ncu`` run of v1 and v3 (raw output in ``out``): ``{"status": "ok", "kernels": ...}``, or a status and
     the reason it could not profile (not installed, no permission for the counters, failed)."""
-    ncu = _find_ncu()
+    ncu = find_ncu()
     if ncu is None:
         return {"status": "unavailable", "reason": "ncu (Nsight Compute) is not installed on this machine"}
     command = [ncu, "--csv", "--metrics", ",".join(NCU_METRICS), "--kernel-name", "regex:rope_v[13]_kernel",

@@ -29,7 +29,8 @@ from .. import device as _device
 from . import fence, touch
 from .diagnose import Finding
 
-__all__ = ["check", "checker", "cases", "launch_copy", "launch_rotate_half", "launch_angles", "COPY_BLOCK", "ANGLES_BLOCK_P"]
+__all__ = ["check", "checker", "cases", "launch_copy", "launch_rotate_half", "launch_angles", "COPY_BLOCK",
+           "ANGLES_BLOCK_P"]
 
 COPY_BLOCK = 64
 ANGLES_BLOCK_P = 16
