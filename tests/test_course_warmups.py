@@ -85,7 +85,8 @@ def test_a_missing_float32_conversion_fails_on_the_float16_frequencies():
 def test_the_float16_case_separates_float32_math_from_float16_math():
     # the check can only catch the missing conversion if float16 rounding changes some angle of the case
     import torch
-    *_, (label, (inv_freq,), expected, mistakes) = warmups.cases("02_warmup_angles", "cpu", torch.Generator().manual_seed(0))
+    generator = torch.Generator().manual_seed(0)
+    *_, (label, (inv_freq,), expected, mistakes) = warmups.cases("02_warmup_angles", "cpu", generator)
     assert inv_freq.dtype == torch.float16 and "float16" in label
     differ = (mistakes["half_precision_math"] != expected).sum()
     assert int(differ) > expected.numel() // 4, int(differ)

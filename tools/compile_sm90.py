@@ -194,14 +194,15 @@ def _fused_calls():
                            slots=torch.empty(128, dtype=index_dtype, **meta), page_table=table, block_size=16,
                            cache_len=256, config=fused.FusedConfig(2, 8, 4, True, True), **paged)
         # NVFP4: the caches' bytes (two values a byte) and their block scales (one a 16 channels, written) over the
-        # global scales; NeoX with QK-norm by slot mapping, GPT-J partial rotary through the page table into HND
+        # global scales; NeoX with QK-norm by slot mapping (the block scales by the GPU's e4m3 conversion, as an sm_90
+        # plan takes them), GPT-J partial rotary through the page table into HND (by integer arithmetic)
         block_scales = torch.empty(16, 16, 2, 8, dtype=torch.uint8, **meta)
         nvfp4 = dict(k_cache=torch.empty(16, 16, 2, 64, dtype=torch.uint8, **meta),
                      v_cache=torch.empty(16, 16, 2, 64, dtype=torch.uint8, **meta), k_scale=block_scales,
                      v_scale=block_scales, k_global=scale, v_global=scale, quant=(tiles.NVFP4, tiles.PER_BLOCK))
         yield dict(q=q, k=k, cos=cos, sin=cos, positions=by_offsets, rotary_dim=128, out_q=torch.empty_like(q), v=v,
                    cache_mode=fused.CACHE_PAGED, slots=slots, block_size=16, cache_len=256, q_weight=weight,
-                   k_weight=weight, eps=1e-6, config=fused.FusedConfig(1, 8, 4), **nvfp4)
+                   k_weight=weight, eps=1e-6, config=fused.FusedConfig(1, 8, 4), native=True, **nvfp4)
         hnd = {name: c.transpose(1, 2).contiguous().transpose(1, 2) if name.endswith(("cache", "scale")) else c
                for name, c in nvfp4.items()}
         yield dict(q=q, k=k, cos=cos[:, :48], sin=cos[:, :48], positions=by_offsets, rotary_dim=96, interleaved=True,

@@ -59,7 +59,7 @@ from .. import device as _device
 from ..positions import PositionSpec
 from . import choice
 from .configs import FusedConfig, FusedShape, cdiv, next_pow2
-from .fused_tiles import BEFORE, E4M3, E5M2, NO_NORM, NVFP4, NO_QUANT, NORM_AFTER_C, NORM_BEFORE_C, NORM_NONE_C, \
+from .fused_tiles import BEFORE, E4M3, E5M2, NO_NORM, NO_QUANT, NVFP4, NORM_AFTER_C, NORM_BEFORE_C, NORM_NONE_C, \
     PER_HEAD, PER_TENSOR, PLAIN, STORE_PLAIN, cache_slot, channels_scale, group_sum, head_scale, load_head, \
     norm_switch, norm_weights, normed, rsqrt_mean_square, sequence_span, store_channels, store_head
 from .launch import KernelLaunch, _position_strides, launching_directly, plans
@@ -534,9 +534,10 @@ def _tuned_forward_config(shape: FusedShape, call: dict) -> FusedConfig:
 
 
 def native_fp8(device) -> bool:
-    """Whether the kernel converts to float8 (e4m3, e5m2) with the GPU's own instruction (compute capability 8.9 and
-    later: a saturating round-to-nearest-even conversion, two values an instruction) rather than with integer
-    arithmetic on the float32 bits (the interpreter, older GPUs). Both give the same bits."""
+    """Whether the kernel converts to float8 (e4m3, e5m2; NVFP4's e4m3 block scales too) with the GPU's own
+    instruction (compute capability 8.9 and later: a saturating round-to-nearest-even conversion, two values an
+    instruction) rather than with integer arithmetic on the float32 bits (the interpreter, older GPUs). Both give the
+    same bits."""
     device = torch.device(device)
     return not _device.INTERPRET and device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9)
 

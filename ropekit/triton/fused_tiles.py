@@ -301,7 +301,8 @@ def store_nvfp4(OUT, rows, channels, values, mask, stride_d, scale, NATIVE: tl.c
     block-scale pointer + the block's index. Each value stores ``e2m1(x / (block * global))`` (the product and the
     quotient rounded to fp32; a zero block scale stores zeros of the values' signs). ``scale``: (the global scale,
     [BLOCK_S, BLOCK_H] block-scale pointers), from :func:`cache_scale`; NATIVE: the block scale converted by the GPU's
-    float8 instruction."""
+    float8 instruction. ``channels`` are consecutive and ``mask`` is the same over each 16-channel block (the
+    validation keeps NVFP4's blocks whole): the stores' offsets and mask are declared so."""
     global_scale, BLOCK_SCALES = scale
     S: tl.constexpr = values.shape[0]
     H: tl.constexpr = values.shape[1]
