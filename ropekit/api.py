@@ -119,8 +119,7 @@ def _run(q, k, call: RopeCall, out_q, out_k) -> None:
     launch = _UNPLANNED if key is None else plans.get(key, _UNPLANNED)
     if launch is _UNPLANNED:
         _launcher("triton")  # (the interpreter's absence is reported before anything is planned)
-        launch = plan_rope(q4, k4, call.cos, call.sin, out_q=oq4, out_k=ok4, **_switches(call),
-                           copy_tail=not in_place, eager_rounding=call.eager_rounding)
+        launch = _plan(q4, k4, oq4, ok4, call, in_place)
         if key is not None:
             launch = plans.put(key, released(launch))
     if launch is not None:  # None: nothing to compute (empty tensors)
@@ -129,6 +128,12 @@ def _run(q, k, call: RopeCall, out_q, out_k) -> None:
 
 
 _UNPLANNED = object()
+
+
+def _plan(q4, k4, oq4, ok4, call: RopeCall, in_place: bool):
+    """The Triton launch for a validated call's kernel views (the eager plan's and the validated call's)."""
+    return plan_rope(q4, k4, call.cos, call.sin, out_q=oq4, out_k=ok4, **_switches(call), copy_tail=not in_place,
+                     eager_rounding=call.eager_rounding)
 
 
 def _rotate_new(q, k, call: RopeCall):
@@ -315,9 +320,7 @@ def _make_plan(key, q, k, call: RopeCall, inplace: bool, out_q, out_k) -> _Eager
     """The plan for a call that :func:`~ropekit.validate.prepare` has just validated; ``out_q``/``out_k`` are that
     call's outputs (their strides are the plan's)."""
     q4, k4, oq4, ok4 = _kernel_views(q, k, out_q, out_k, call.layout)
-    launch = plan_rope(q4, k4, call.cos, call.sin, out_q=oq4, out_k=ok4, **_switches(call), copy_tail=not inplace,
-                     eager_rounding=call.eager_rounding)
-    launch = released(launch)  # the cache must not keep this call's tensors alive
+    launch = released(_plan(q4, k4, oq4, ok4, call, inplace))  # the cache must not keep this call's tensors alive
     max_offset = None
     if call.spec.mode == SCALAR_OFFSET and (call.inv_freq is not None or call.nope_floor_scale):
         max_offset = 2**62  # no table to stay inside
