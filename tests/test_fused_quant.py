@@ -434,22 +434,30 @@ E2M1_ROUNDING = [6.0, 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, -0.0, float("nan"),
 E2M1_STORED = [6.0, 0.0, 1.0, 1.0, 2.0, 2.0, 4.0, 4.0, -0.0, 0.0, 0.0, 0.5, -6.0, 3.0, 1.0, 0.5]
 
 
+def nvfp4_v_round_trip(values: torch.Tensor) -> tuple[list, torch.Tensor]:
+    """``values`` ``(heads, 16)`` as one token's v (k zero) through ``rope_and_cache`` into an NVFP4 cache at global
+    scale 1 (the block-scale caches filled with 0x55 first, so an unwritten scale shows): (the heads' block scales as
+    e4m3 values, the v values read back in float64)."""
+    heads = values.shape[0]
+    v = values.view(1, 1, heads, 16).to(DEVICE)
+    k = torch.zeros_like(v)
+    caches = [torch.zeros(1, 1, heads, 8, device=DEVICE, dtype=torch.uint8) for _ in range(2)]
+    blocks = [torch.full((1, 1, heads, 1), 0x55, device=DEVICE, dtype=torch.uint8) for _ in range(2)]
+    one = torch.ones(1, device=DEVICE)
+    cos, sin = ropekit.cos_sin_table(1, 16, device=DEVICE)
+    ropekit.rope_and_cache(k, k, v, cos, sin, k_cache=caches[0], v_cache=caches[1], k_scale_cache=blocks[0],
+                           v_scale_cache=blocks[1], k_scale=one, v_scale=one, kv_cache_dtype="nvfp4",
+                           slot_mapping=torch.zeros(1, dtype=torch.int64, device=DEVICE), interleaved=True)
+    return blocks[1].view(E4M3).flatten().tolist(), ref.nvfp4_dequantise(caches[1][0, 0], blocks[1][0, 0], 1.0)
+
+
 def test_nvfp4_rounding_of_the_format(backend):
     """v passes through: a block whose amax is 6 at global scale 1 has block scale 1, so its stored values are e2m1's
     own rounding: to nearest, ties to the even code (0.25 -> 0, 0.75 -> 1, 2.5 -> 2, 5 -> 4), saturating at 6,
     signed zeros, NaN as zero (and not counted in amax); a block of zeros gets block scale 0 and stores zeros of its
     signs."""
-    values = torch.tensor([E2M1_ROUNDING, [0.0] * 8 + [-0.0] * 8], device=DEVICE).view(1, 1, 2, 16)
-    k = torch.zeros(1, 1, 2, 16, device=DEVICE)
-    caches = [torch.zeros(1, 1, 2, 8, device=DEVICE, dtype=torch.uint8) for _ in range(2)]
-    blocks = [torch.full((1, 1, 2, 1), 0x55, device=DEVICE, dtype=torch.uint8) for _ in range(2)]
-    one = torch.ones(1, device=DEVICE)
-    cos, sin = ropekit.cos_sin_table(1, 16, device=DEVICE)
-    ropekit.rope_and_cache(k, k, values, cos, sin, k_cache=caches[0], v_cache=caches[1], k_scale_cache=blocks[0],
-                           v_scale_cache=blocks[1], k_scale=one, v_scale=one, kv_cache_dtype="nvfp4",
-                           slot_mapping=torch.zeros(1, dtype=torch.int64, device=DEVICE), interleaved=True)
-    assert blocks[1].view(E4M3).flatten().tolist() == [1.0, 0.0]
-    read = ref.nvfp4_dequantise(caches[1][0, 0], blocks[1][0, 0], 1.0)
+    block_scales, read = nvfp4_v_round_trip(torch.tensor([E2M1_ROUNDING, [0.0] * 8 + [-0.0] * 8]))
+    assert block_scales == [1.0, 0.0]
     want = torch.tensor([E2M1_STORED, [0.0] * 8 + [-0.0] * 8], dtype=torch.float64)
     assert torch.equal(read, want) and torch.equal(torch.signbit(read), torch.signbit(want))
 
@@ -462,17 +470,8 @@ def test_nvfp4_rounding_next_to_every_midpoint(backend):
                       torch.nextafter(midpoints, torch.tensor(8.0))])
     sixes = torch.tensor([[6.0, -6.0]]).expand(3, 2)
     values = torch.cat([torch.cat([near, -near]).view(3, 14), sixes], 1)  # 3 blocks of 16, each with amax 6
-    v = values.view(1, 1, 3, 16).to(DEVICE)
-    k = torch.zeros(1, 1, 3, 16, device=DEVICE)
-    caches = [torch.zeros(1, 1, 3, 8, device=DEVICE, dtype=torch.uint8) for _ in range(2)]
-    blocks = [torch.zeros(1, 1, 3, 1, device=DEVICE, dtype=torch.uint8) for _ in range(2)]
-    one = torch.ones(1, device=DEVICE)
-    cos, sin = ropekit.cos_sin_table(1, 16, device=DEVICE)
-    ropekit.rope_and_cache(k, k, v, cos, sin, k_cache=caches[0], v_cache=caches[1], k_scale_cache=blocks[0],
-                           v_scale_cache=blocks[1], k_scale=one, v_scale=one, kv_cache_dtype="nvfp4",
-                           slot_mapping=torch.zeros(1, dtype=torch.int64, device=DEVICE), interleaved=True)
-    assert blocks[1].view(E4M3).flatten().tolist() == [1.0, 1.0, 1.0]
-    read = ref.nvfp4_dequantise(caches[1][0, 0], blocks[1][0, 0], 1.0)
+    block_scales, read = nvfp4_v_round_trip(values)
+    assert block_scales == [1.0, 1.0, 1.0]
     want = ref.e2m1(values.double())
     assert torch.equal(read, want) and torch.equal(torch.signbit(read), torch.signbit(want))
 
