@@ -64,12 +64,15 @@ FUSED_TABLE = {  # ropekit's fused launch table on the H100 (docs/tuning.md#fuse
     "prefill-norm": (FusedShape(16384, 32, 128, 2, norm=True), FusedConfig(4, 8, 4, True, True)),
     "prefill-fp8": (FusedShape(16384, 32, 128, 2, cache_format=E4M3), FusedConfig(2, 8, 4, True, True)),
     "prefill-wide": (FusedShape(16384, 16, 192, 2), FusedConfig(2, 8, 8)),
-    # a store with per-head arithmetic: 16 heads a program (measured on the H100 and the H200)
+    # a store with per-head arithmetic: 16 heads a program; where only the cache's scales are reduced, 32 (measured on
+    # the H100 and the H200)
     "prefill-int8-token-head": (FusedShape(16384, 32, 128, 2, cache_format=INT8, cache_scales=PER_TOKEN_HEAD),
-                                FusedConfig(2, 16, 4, True, True)),
+                                FusedConfig(2, 32, 4, True, True)),
+    "prefill-int8-token-head-norm": (FusedShape(16384, 32, 128, 2, norm=True, cache_format=INT8,
+                                                cache_scales=PER_TOKEN_HEAD), FusedConfig(2, 16, 4, True, True)),
     "prefill-fp8-q": (FusedShape(16384, 32, 128, 2, cache_format=E4M3, q_format=E4M3), FusedConfig(2, 16, 4, True, True)),
     "prefill-nvfp4": (FusedShape(16384, 32, 128, 2, cache_format=NVFP4, cache_scales=PER_BLOCK),
-                      FusedConfig(2, 16, 4, True, True)),
+                      FusedConfig(2, 32, 4, True, True)),
     # a norm over all heads (OLMo-2): 2 tokens x every head at 4 warps, faster than 4 tokens at 16 on the H100 and
     # the H200
     "prefill-norm-all-heads": (FusedShape(16384, 32, 128, 2, norm=True, norm_over_heads=True),
@@ -204,6 +207,73 @@ def test_fused_candidates_are_few_valid_and_start_with_the_models_choice(case, g
         assert shape.backward or (config.token_blocks, config.stages) == (1, 1)
 
 
+# A float8 store's prefill tile (2 tokens x 8 heads of 128 bf16 channels, 4 warps) at 72 registers a thread, as Triton
+# 3.6 compiles it for sm_90: 7 programs an SM, each with 4 KiB of q loaded over two round trips, 14336 bytes in flight
+# on average. Little's law asks 2950 / 132 x 600 = 13409 bytes of the H100's measured copy bandwidth, 4200 / 132 x 600
+# = 19091 of the H200's.
+FP8_PREFILL = FusedShape(16384, 32, 128, 2, cache_format=E4M3)
+H100_COPY, H200_COPY = (dataclasses.replace(gpu, ceiling_gbps=gbps) for gpu, gbps in ((H100, 2950.0), (H200, 4200.0)))
+
+
+def test_a_prefill_takes_twice_the_heads_while_its_registers_keep_too_little_in_flight():
+    registers = lambda config: 72  # noqa: E731
+    assert model.fused_bytes_in_flight_per_sm(H100_COPY, FP8_PREFILL, FusedConfig(2, 8, 4), 72) == 7 * 4096 / 2
+    assert model.model_fused(H100_COPY, FP8_PREFILL, registers) == model.model_fused(H100_COPY, FP8_PREFILL)
+    doubled = model.model_fused(H200_COPY, FP8_PREFILL, registers)
+    assert doubled == model.model_fused(H200_COPY, FP8_PREFILL)._replace(block_h=16)
+    assert model.fused_candidates(H200_COPY, FP8_PREFILL, registers)[0] == doubled
+    # more registers, fewer programs an SM: the H100 asks for twice the heads too
+    assert model.model_fused(H100_COPY, FP8_PREFILL, lambda config: 96).block_h == 16
+    # a kernel that holds an SM with one program doubles up to the call's heads, never past them
+    assert model.model_fused(H200_COPY, FP8_PREFILL, lambda config: 255).block_h == 32
+    assert model.model_fused(H200_COPY, FP8_PREFILL._replace(n_heads=8), lambda config: 255).block_h == 8
+    # unknown registers (None): the rule's tile
+    assert model.model_fused(H200_COPY, FP8_PREFILL, lambda config: None) == model.model_fused(H200_COPY, FP8_PREFILL)
+
+
+def test_a_prefill_whose_tile_keeps_enough_in_flight_takes_the_models_choice_untimed(gpu):
+    # the gpu fixture's memory asks more in flight than any tile keeps: the autotune decides; with the H200's
+    # measured bandwidth the doubled tile keeps enough, and the model's choice stands untimed
+    registers = lambda config: 72  # noqa: E731
+    assert not model.fused_meets_littles_law(gpu, FP8_PREFILL, registers)
+    bench = FakeBench({})
+    choice.choose_fused(FP8_PREFILL, gpu, bench, registers=registers)
+    assert bench.calls and bench.calls[0] == model.model_fused(gpu, FP8_PREFILL, registers)
+    sure = dataclasses.replace(H200_COPY, name=gpu.name + " (sure)")
+    assert model.fused_meets_littles_law(sure, FP8_PREFILL, registers)
+    assert not model.fused_meets_littles_law(sure, FP8_PREFILL, lambda config: None)
+    bench = FakeBench({})
+    assert choice.choose_fused(FP8_PREFILL, sure, bench, registers=registers) == \
+        model.model_fused(sure, FP8_PREFILL, registers) and bench.calls == []
+
+
+def test_a_choice_counted_from_one_calls_registers_is_not_kept_for_its_bucket():
+    # two calls of one bucket (a slot mapping and a page table: FusedShape does not tell them apart) compile to other
+    # registers, and each gets the tile its own kernel asks for
+    sure = dataclasses.replace(H200_COPY, name="H200 registers test")
+    few, many = (lambda config: 40), (lambda config: 255)
+    assert choice.choose_fused(FP8_PREFILL, sure, registers=few) == model.model_fused(sure, FP8_PREFILL, few)
+    assert choice.choose_fused(FP8_PREFILL, sure, registers=many) == model.model_fused(sure, FP8_PREFILL, many) != \
+        model.model_fused(sure, FP8_PREFILL, few)
+
+
+@pytest.mark.parametrize("shape", [FusedShape(64, 32, 128, 2, cache_format=E4M3), FusedShape(512, 32, 128, 2),
+                                   FP8_PREFILL._replace(backward=True)], ids=["decode", "in-l2", "backward"])
+def test_registers_are_asked_only_for_a_forward_prefill_past_the_l2(shape):
+    asked = []
+    assert model.model_fused(H200, shape, lambda config: asked.append(config) or 255) == model.model_fused(H200, shape)
+    assert asked == []
+
+
+def test_the_fused_choice_counts_registers_where_the_caller_can_compile(gpu):
+    registers = lambda config: 255  # noqa: E731
+    chosen = choice.choose_fused(FP8_PREFILL, gpu, registers=registers)
+    assert chosen == model.model_fused(gpu, FP8_PREFILL, registers) != model.model_fused(gpu, FP8_PREFILL)
+    bench = FakeBench({})
+    assert choice.choose_fused(FP8_PREFILL, gpu, bench, registers=registers) == chosen
+    assert bench.calls[0] == chosen  # the autotune times the model's choice first
+
+
 def test_a_tile_too_large_for_the_registers_is_refused():
     shape = SHAPES["many-heads-no-fused-tile"]  # 2 tokens x 256 heads x 256 channels: 131072 values
     assert not model.is_valid_rope(TileConfig(2, 128, 32, fused_qk=True), shape)
@@ -304,7 +374,7 @@ def test_a_bucket_the_clock_never_judges_is_decided_once_a_process(gpu, monkeypa
     backward = FusedShape(16384, 32, 128, 2, norm=True, backward=True)
     runs = []
     monkeypatch.setattr(choice, "model_fused",
-                        lambda facts, shape: runs.append(shape) or model.model_fused(facts, shape))
+                        lambda facts, shape, registers=None: runs.append(shape) or model.model_fused(facts, shape))
     for shape in (decode, backward):
         first = choice.choose_fused(shape, gpu)
         reads = []  # every look at the disk cache starts from its path

@@ -1,9 +1,10 @@
-"""The fused ops' autotune on a GPU: a prefill past the L2 is tuned on the call's own tensors, once a bucket, and the
-call's result is the same as the model's choice would give, also in place (where every candidate's launch rotates
-q and k again, so the autotune restores them before the call's own launch).
+"""The fused ops' autotune on a GPU: a prefill past the L2 where the model is unsure is tuned on the call's own
+tensors, once a bucket, and the call's result is the same as the model's choice would give, also in place (where every
+candidate's launch rotates q and k again, so the autotune restores them before the call's own launch).
 
 GPU only: under the interpreter the configurations are fixed and nothing is timed."""
 
+import dataclasses
 import json
 
 import pytest
@@ -43,6 +44,10 @@ def test_a_tuned_first_call_gives_what_the_models_choice_gives(tmp_path, monkeyp
     _, untuned = _call(inplace, heads_q)
     monkeypatch.setenv("ROPEKIT_CACHE_DIR", str(tmp_path / "on"))
     monkeypatch.delenv("ROPEKIT_AUTOTUNE")
+    # a memory that asks more in flight than any tile keeps: the model is unsure, and the autotune decides
+    facts = choice.device_facts("cuda")
+    unsure = dataclasses.replace(facts, name=f"{facts.name} (unsure)", ceiling_gbps=100 * facts.ceiling_gbps)
+    monkeypatch.setattr(choice, "device_facts", lambda device=None: unsure)
     (q_in, k_in), tuned = _call(inplace, heads_q)
     entries = json.loads(choice.cache_path().read_text())["entries"]
     assert any("|fused|" in key for key in entries), "the prefill bucket was not tuned"

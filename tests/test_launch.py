@@ -201,3 +201,20 @@ def test_a_kernel_launch_places_values_inside_tuple_arguments_and_keys_on_their_
         assert torch.equal(y, 2 * x), f"offset {offset}"
     launch()  # no values: the plan's own tensors
     assert torch.equal(out, 2 * aligned)
+
+
+def test_a_kernel_launch_reports_its_registers_without_running():
+    # the model counts the programs an SM holds from the compiled kernel's registers (docs/tuning.md): compiled and
+    # loaded for the call's tensors, nothing written; under the interpreter nothing is compiled
+    x = torch.randn(3, 8, device=DEVICE)
+    out = torch.full((3, 8), 7.0, device=DEVICE)
+    launch = KernelLaunch(_scale_rows, (3,), 1, ("X", "OUT"),
+                          dict(strides=x.stride(), X=x, OUT=out, scale=2.0, BLOCK=8))
+    count = launch.registers((x, out))
+    assert torch.equal(out, torch.full((3, 8), 7.0, device=DEVICE))
+    if ropekit.device.INTERPRET:
+        assert count is None
+    else:
+        assert isinstance(count, int) and 1 <= count <= 255 and launch.registers((x, out)) == count
+        launch(x, out)  # the launch runs the kernel it compiled
+        assert torch.equal(out, 2 * x)

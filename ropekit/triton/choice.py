@@ -34,7 +34,8 @@ import torch
 from .. import device as _device
 from .configs import FlatConfig, FusedConfig, FusedShape, RopeShape, TileConfig, next_pow2
 from .model import (DECODE_TOKENS, DeviceFacts, fits_in_l2, flat_meets_littles_law, fused_candidate_space,
-                    fused_candidates, model_fused, model_rope, rope_candidate_space, rope_candidates)
+                    fused_candidates, fused_meets_littles_law, model_fused, model_rope, rope_candidate_space,
+                    rope_candidates)
 
 __all__ = ["DeviceFacts", "device_facts", "measure_copy_gbps", "rope_bucket", "fused_bucket", "choose_rope",
            "choose_fused", "tuning_allowed", "time_launch", "cache_path", "ASSUMED_LATENCY_NS"]
@@ -263,7 +264,9 @@ def _decode(entry, space: list):
 _chosen: dict = {}
 
 
-def _choose(op: str, bucket, device, bench, model, candidates, space, worth_timing=None):
+def _choose(op: str, bucket, device, bench, model, candidates, space, worth_timing=None, per_call=None):
+    """``per_call(facts, bucket)``: whether the model's answer reads the call's own kernel (its registers), so it is
+    not the bucket's to keep."""
     facts = device if isinstance(device, DeviceFacts) else device_facts(device)
     never_timed = worth_timing is not None and not worth_timing(facts, bucket)
     if never_timed:
@@ -282,7 +285,9 @@ def _choose(op: str, bucket, device, bench, model, candidates, space, worth_timi
                 _store(key, {"type": type(config).__name__, "config": config._asdict()})
     if config is None:
         config = model(facts, bucket)
-        if not never_timed:  # the autotune may still decide this bucket later (outside a capture, say)
+        # the autotune may still decide this bucket later (outside a capture, say); another call of the bucket may
+        # compile to other registers (a page table's addressing, a norm's place)
+        if not never_timed or (per_call is not None and per_call(facts, bucket)):
             return config
     _chosen[memory_key] = config  # a bucket the clock never judges keeps its answer: no lookup on later plans
     return config
@@ -334,17 +339,31 @@ def _worth_timing(facts: DeviceFacts, bucket: RopeShape) -> bool:
     return bucket.flat_ok and not fits_in_l2(facts, bucket) and not flat_meets_littles_law(facts, bucket)
 
 
-def choose_fused(shape: FusedShape, device=None, bench=None) -> FusedConfig:
-    """The configuration of a fused launch of ``shape`` on ``device``; as :func:`choose_rope`. Under Triton's
-    interpreter: at most 16 tokens x 8 heads, 4 warps."""
+def choose_fused(shape: FusedShape, device=None, bench=None, registers=None) -> FusedConfig:
+    """The configuration of a fused launch of ``shape`` on ``device``; as :func:`choose_rope`. ``registers(config)``
+    gives the registers a thread of the compiled kernel holds for a configuration (compiling it, not running it):
+    given, outside CUDA-graph capture and a torch.compile trace, the model counts the programs an SM holds from it
+    (:func:`~ropekit.triton.model.model_fused`). Under Triton's interpreter: at most 16 tokens x 8 heads, 4 warps."""
     if _device.INTERPRET and not isinstance(device, DeviceFacts):
         return FusedConfig(min(next_pow2(shape.n_tokens), 16), min(next_pow2(shape.n_heads), 8), 4)
-    return _choose("fused", fused_bucket(shape), device, bench, model_fused, fused_candidates, fused_candidate_space,
-                   worth_timing=_fused_worth_timing)
+    if registers is not None and _inside_capture_or_compile():
+        registers = None
+
+    def worth_timing(facts: DeviceFacts, bucket: FusedShape) -> bool:
+        return _fused_worth_timing(facts, bucket) and not (
+            registers is not None and fused_meets_littles_law(facts, bucket, registers))
+    return _choose("fused", fused_bucket(shape), device, bench,
+                   lambda facts, bucket: model_fused(facts, bucket, registers),
+                   lambda facts, bucket: fused_candidates(facts, bucket, registers), fused_candidate_space,
+                   worth_timing=worth_timing,
+                   per_call=lambda facts, bucket: registers is not None and _fused_worth_timing(facts, bucket))
 
 
 def _fused_worth_timing(facts: DeviceFacts, bucket: FusedShape) -> bool:
-    """Whether the autotune's clock can improve on the model for a fused bucket: a forward prefill past the L2 only.
-    A decode step is its launch chain, which the event clock of one launch cannot tell apart; the backward keeps the
+    """Whether the autotune's clock can improve on the model for a fused bucket: a forward prefill past the L2 only,
+    and of those only where the model is unsure: its tile, counted from the compiled kernel's registers, keeps less in
+    flight than Little's law asks, or the registers are not known (:func:`choose_fused`). Where it keeps enough, the
+    candidates differ by a few per cent at most, the size of the single-launch clock's errors (docs/tuning.md). A
+    decode step is its launch chain, which the event clock of one launch cannot tell apart; the backward keeps the
     model's walk of token blocks."""
     return not bucket.backward and bucket.n_tokens > DECODE_TOKENS and not fits_in_l2(facts, bucket)

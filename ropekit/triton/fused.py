@@ -490,14 +490,14 @@ def forced_fused_config(config: FusedConfig | None):
         plans.clear()
 
 
-def fused_config_for(shape: FusedShape, device, bench=None) -> FusedConfig:
+def fused_config_for(shape: FusedShape, device, bench=None, registers=None) -> FusedConfig:
     """The launch choice for a fused call of this shape on ``device``: inside :func:`forced_fused_config` the forced
-    one; otherwise ``ropekit.triton.choice.choose_fused`` (the model's choice on this GPU's facts, refined by the
-    autotune where ``bench`` is given and the bucket is worth timing; fixed tiles under the interpreter, where every
-    program costs Python time)."""
+    one; otherwise ``ropekit.triton.choice.choose_fused`` (the model's choice on this GPU's facts and, where
+    ``registers`` is given, the compiled kernel's registers, refined by the autotune where ``bench`` is given and the
+    bucket is worth timing; fixed tiles under the interpreter, where every program costs Python time)."""
     if _forced_fused is not None:
         return _forced_fused
-    return choice.choose_fused(shape, device, bench=bench)
+    return choice.choose_fused(shape, device, bench=bench, registers=registers)
 
 
 def _forward_values(call: dict) -> tuple:
@@ -510,7 +510,8 @@ def _forward_values(call: dict) -> tuple:
 
 
 def _tuned_forward_config(shape: FusedShape, call: dict) -> FusedConfig:
-    """The choice for a forward call, where the autotune may time candidates on the call's own tensors.
+    """The choice for a forward call, where the model may count a candidate's registers (its launch compiled for the
+    call's own tensors) and the autotune may time candidates on them.
 
     Every write of a forward launch (outputs, cache rows, scales) is a function of its inputs alone, so launching a
     candidate again writes the same bytes, except where an output is its own input (in place): those inputs are
@@ -526,8 +527,12 @@ def _tuned_forward_config(shape: FusedShape, call: dict) -> FusedConfig:
         values = _forward_values(call)
         return choice.time_launch(lambda: launch(*values))
 
+    def registers(config: FusedConfig) -> int | None:
+        launch = plan_fused(**{**call, "config": config})
+        return None if launch is None else launch.registers(_forward_values(call))
+
     try:
-        return fused_config_for(shape, call["q"].device, bench)
+        return fused_config_for(shape, call["q"].device, bench, registers)
     finally:
         for x, copy in (saved[0] if saved else ()):
             x.copy_(copy)

@@ -214,6 +214,17 @@ class KernelLaunch:
         arguments = dict(zip(names, _with_values(names, self.arguments, paths, empty)))
         return KernelLaunch(self.kernel, self.grid, self.num_warps, self.per_call, arguments)
 
+    def registers(self, values) -> int | None:
+        """Registers a thread of the compiled kernel holds, for ``values`` as a call passes them: the kernel compiled
+        for this launch's specialisation and loaded on the device, not run (Triton caches it for the launch). None
+        under the interpreter, which compiles nothing."""
+        if _device.INTERPRET:
+            return None
+        compiled = self.kernel.warmup(**self.named(values), grid=self.grid, num_warps=self.num_warps)
+        compiled = compiled.result() if hasattr(compiled, "result") else compiled  # an asynchronous compile's future
+        compiled[self.grid]  # loads the binary on the device, which reports its register count
+        return compiled.n_regs
+
     def __call__(self, *values) -> None:
         _launch(self, values)
 

@@ -39,7 +39,7 @@ __all__ = ["DeviceFacts", "Launch", "WARPS", "resident_programs", "bytes_in_flig
            "fit_latency_ns", "register_budget", "THREAD_BYTES", "tile_values_max", "fits_in_l2", "model_rope",
            "model_fused", "rope_candidates", "fused_candidates", "rope_candidate_space", "fused_candidate_space",
            "is_valid_rope", "is_valid_fused", "DECODE_TOKENS", "flat_bytes_in_flight_per_sm",
-           "flat_meets_littles_law"]
+           "flat_meets_littles_law", "fused_bytes_in_flight_per_sm", "fused_meets_littles_law"]
 
 WARPS = (1, 2, 4, 8, 16, 32)  # the warp counts a Triton launch takes
 DECODE_TOKENS = 128  # at most this many tokens: a decode step, whose time is the launch chain, not its bytes
@@ -239,7 +239,7 @@ def model_rope(facts: DeviceFacts, shape: RopeShape) -> TileConfig | FlatConfig:
     return TileConfig(block_s, block_h, num_warps)
 
 
-def model_fused(facts: DeviceFacts, shape: FusedShape) -> FusedConfig:
+def model_fused(facts: DeviceFacts, shape: FusedShape, registers=None) -> FusedConfig:
     """The model's configuration for a fused launch (docs/tuning.md#how-the-library-chooses).
 
     * A decode step (at most :data:`DECODE_TOKENS` tokens) is bound by its launch chain, not its bytes: one token a
@@ -251,7 +251,11 @@ def model_fused(facts: DeviceFacts, shape: FusedShape) -> FusedConfig:
       reduction amortised over more rows; 32 values a thread at 4 warps); wider vectors: 8 warps, no hint. A store
       with per-head arithmetic (scales computed per (token, head) or per 16 channels, or q quantised:
       :attr:`FusedShape.heavy_store`) takes 16 heads a program: half the programs, each table row loaded once for
-      twice the heads.
+      twice the heads; where only the cache's scales are reduced (no QK-norm, q stored in its dtype), 32: a token
+      block's q programs (a plain rotation) are then as few as its k programs, which carry the reductions. Past the
+      L2, where the compiled kernel's registers are known (``registers(config)``: a thread's registers, or None),
+      the heads a program double while the programs an SM holds keep less of q's tile in flight than Little's law
+      asks (:func:`fused_bytes_in_flight_per_sm`).
     * The backward: 1 token x 8 heads a step, 16 token blocks a program walked three stages deep, the
       weight-gradient terms summed in registers.
 
@@ -271,7 +275,56 @@ def model_fused(facts: DeviceFacts, shape: FusedShape) -> FusedConfig:
             config = config._replace(block_h=config.block_h // 2)  # very wide vectors: within the register bound
         while config.block_s * config.block_h * next_pow2(shape.width) > _TILE_VALUES_LIMIT and config.block_s > 1:
             config = config._replace(block_s=config.block_s // 2)
+        if registers is not None and not shape.backward and shape.n_tokens > DECODE_TOKENS \
+                and not fits_in_l2(facts, shape):
+            config = _enough_in_flight(facts, shape, config, registers)
     return _within_shared_memory(config, shape)
+
+
+# Dependent memory round trips a forward program waits through: its position (or its sequence's offset), then its
+# table row; its tile's loads, issued at its start, return within the first.
+_ROUND_TRIPS = 2
+
+
+def fused_bytes_in_flight_per_sm(facts: DeviceFacts, shape: FusedShape, config: FusedConfig,
+                                 registers_per_thread: int) -> float:
+    """What an SM's resident programs of a forward launch keep in flight on average: each loads its tile of q
+    (``block_s x block_h`` head vectors, the least a program loads: a k program loads v's tile too) at its start, and
+    holds its slot for :data:`_ROUND_TRIPS` dependent round trips (its position, then its table row), so over its
+    life it keeps half its tile in flight; an SM holds as many programs as the compiled kernel's registers, the warp
+    slots and the program slots allow (:func:`resident_programs`)."""
+    tile_bytes = config.block_s * config.block_h * shape.width * shape.element_size
+    programs = cdiv(shape.n_tokens, config.block_s) * cdiv(shape.n_heads, config.block_h)
+    launch = Launch(programs, config.num_warps, tile_bytes, registers_per_thread)
+    return bytes_in_flight_per_sm(launch, facts) / _ROUND_TRIPS
+
+
+def _keeps_enough(facts: DeviceFacts, shape: FusedShape, config: FusedConfig, registers) -> bool | None:
+    """Whether ``config``'s resident programs keep what Little's law asks in flight; None where its registers are
+    not known."""
+    count = registers(config)
+    return None if not count else fused_bytes_in_flight_per_sm(facts, shape, config, count) \
+        >= facts.needed_bytes_in_flight_per_sm
+
+
+def _enough_in_flight(facts: DeviceFacts, shape: FusedShape, config: FusedConfig, registers) -> FusedConfig:
+    """The rule's tile, with twice the heads while its resident programs keep less in flight than Little's law asks
+    (:func:`fused_bytes_in_flight_per_sm`: a GPU with more bandwidth an SM asks more; a kernel holding more registers
+    a thread leaves an SM fewer programs), within the call's heads and the register bound."""
+    heads = next_pow2(shape.n_heads)
+    while config.block_h < heads and config.block_s * config.block_h * 2 * next_pow2(shape.width) <= _TILE_VALUES_LIMIT:
+        if _keeps_enough(facts, shape, config, registers) is not False:
+            break
+        config = config._replace(block_h=config.block_h * 2)
+    return config
+
+
+def fused_meets_littles_law(facts: DeviceFacts, shape: FusedShape, registers) -> bool:
+    """Whether the model's tile for a forward prefill past the L2 keeps what Little's law asks in flight, counted from
+    the compiled kernel's registers (``registers(config)``, as :func:`model_fused` takes it). Where it does, the
+    model's choice stands untimed; where the call's heads or the register bound stopped its doubling short, or the
+    registers are not known, the autotune decides (:mod:`ropekit.triton.choice`)."""
+    return bool(_keeps_enough(facts, shape, model_fused(facts, shape, registers), registers))
 
 
 # Shared memory one program may hold on Hopper (227 KiB), less what the backward keeps there besides its pipeline
@@ -331,8 +384,15 @@ def _fused_rule(facts: DeviceFacts, shape: FusedShape) -> FusedConfig:
         return FusedConfig(1, block_h, 4)
     if shape.width > 128:
         return FusedConfig(2, min(heads, 8), 8)
-    return FusedConfig(4 if shape.norm and not shape.quantised_cache else 2, min(heads, 16 if shape.heavy_store else 8),
-                       4, evict_first=True, heads_inner=True)
+    block_h = 16 if shape.heavy_store else 8
+    if shape.cache_scales in _REDUCED_SCALES and not shape.q_format and not shape.norm:
+        block_h = 32  # the k programs reduce the scales: a token block takes as few q programs beside them
+    return FusedConfig(4 if shape.norm and not shape.quantised_cache else 2, min(heads, block_h), 4, evict_first=True,
+                       heads_inner=True)
+
+
+# The cache's scales a k program reduces itself: per (token, head) and per 16 channels (NVFP4's blocks).
+_REDUCED_SCALES = (2, 3)
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -461,11 +521,12 @@ def rope_candidates(facts: DeviceFacts, shape: RopeShape) -> list[TileConfig | F
     return _keep([c for c in out if c is not None], rope_candidate_space(shape))
 
 
-def fused_candidates(facts: DeviceFacts, shape: FusedShape) -> list[FusedConfig]:
-    """At most 8 configurations for the fused autotune, the model's choice first, then its neighbours: twice and
-    half the heads and the tokens, twice the warps, the hint and launch order flipped; for the backward, half the
-    token blocks and no pipelining. Each is in :func:`fused_candidate_space`."""
-    chosen = model_fused(facts, shape)
+def fused_candidates(facts: DeviceFacts, shape: FusedShape, registers=None) -> list[FusedConfig]:
+    """At most 8 configurations for the fused autotune, the model's choice first (``registers`` as
+    :func:`model_fused` takes it), then its neighbours: twice and half the heads and the tokens, twice the warps, the
+    hint and launch order flipped; for the backward, half the token blocks and no pipelining. Each is in
+    :func:`fused_candidate_space`."""
+    chosen = model_fused(facts, shape, registers)
     s, h, w = chosen.block_s, chosen.block_h, chosen.num_warps
     out = [chosen, chosen._replace(block_h=h * 2), chosen._replace(block_h=max(1, h // 2)),
            chosen._replace(block_s=s * 2), chosen._replace(block_s=max(1, s // 2)),
