@@ -75,9 +75,9 @@ def test_the_tools_shape_is_the_one_the_library_asks_the_launch_choice_for(monke
     asked = []
     choose = triton_fused.fused_config_for
 
-    def spy(shape, device, bench=None):
+    def spy(shape, device, bench=None, registers=None):
         asked.append(shape)
-        return choose(shape, device, bench)
+        return choose(shape, device, bench, registers)
 
     monkeypatch.setattr(triton_fused, "fused_config_for", spy)  # where every fused plan gets its configuration
     plans.clear()  # a call signature planned before would not ask again
@@ -91,8 +91,8 @@ def test_every_configuration_is_checked_through_the_forced_config(monkeypatch):
     seen = []
     choose = triton_fused.fused_config_for
 
-    def spy(shape, device, bench=None):
-        config = choose(shape, device, bench)
+    def spy(shape, device, bench=None, registers=None):
+        config = choose(shape, device, bench, registers)
         if not seen or seen[-1] != config:  # (a plan is made once per configuration and call signature)
             seen.append(config)
         return config

@@ -133,7 +133,8 @@ def test_the_launch_choice_is_the_models_and_the_override_wins(monkeypatch):
         assert fused_config_for(shape(3, heads=4), DEVICE) == FusedConfig(4, 4, 4)
     facts = model.DeviceFacts("H100 SXM (published)", 132, 3350.0, 600.0, "assumed")
     monkeypatch.setattr(ropekit.device, "INTERPRET", False)
-    monkeypatch.setattr(choice, "choose_fused", lambda s, device=None, bench=None: model.model_fused(facts, s))
+    monkeypatch.setattr(choice, "choose_fused", lambda s, device=None, bench=None, registers=None:
+                        model.model_fused(facts, s))
     assert fused_config_for(shape(16384, heads=4), DEVICE).block_h <= 4
     forced = FusedConfig(block_s=3, block_h=5, num_warps=2)  # any value: the override is taken as given
     with forced_fused_config(forced):

@@ -40,8 +40,8 @@ SWEEP = {
                 (4, 8, 4, *_I), (2, 8, 4, *_I), (8, 8, 4, *_I), (8, 8, 8, *_I), (4, 4, 4, *_I), (4, 4, 2, *_I),
                 (8, 4, 4, *_I), (2, 4, 2, *_I), (4, 8, 2, *_I), (2, 4, 4, *_I), (16, 2, 4, *_I),
                 # more heads a program: the tile's cos/sin rows are read from L2 once for more heads
-                (1, 16, 4, *_I), (2, 16, 4, *_I), (2, 16, 8, *_I), (4, 16, 8, *_I), (1, 32, 4, *_I), (1, 32, 8, *_I),
-                (2, 32, 8, *_I)],
+                (1, 16, 4, *_I), (2, 16, 4, *_I), (2, 16, 8, *_I), (4, 16, 4, *_I), (4, 16, 8, *_I), (1, 32, 4, *_I),
+                (1, 32, 8, *_I), (2, 32, 4, *_I), (2, 32, 8, *_I)],
     "decode": [(1, 2, 2), (1, 4, 4), (1, 8, 2), (1, 8, 8), (1, 8, 4, *_I), (1, 16, 4), (1, 32, 4), (1, 32, 8),
                (1, 64, 8)],
     "backward": [(4, 8, 4, *_I, 1), (4, 8, 4, *_I, 4), (2, 8, 4, *_I, 8), (1, 8, 4, *_I, 8), (1, 8, 4, *_I, 32),
@@ -76,7 +76,9 @@ def case_shape(case) -> FusedShape:
 
 
 def _table_choice(case) -> FusedConfig:
-    """What the launch choice picks for ``case`` outside the interpreter's fixed tiles (on the current device)."""
+    """What the launch choice picks for ``case`` outside the interpreter's fixed tiles (on the current device), before
+    it counts registers: past the L2 the library compiles this tile for the call and may take twice its heads
+    (docs/tuning.md#how-the-library-chooses), which the sweep's neighbours include."""
     return fused_config_for(case_shape(case), None)
 
 

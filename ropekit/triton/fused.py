@@ -527,9 +527,13 @@ def _tuned_forward_config(shape: FusedShape, call: dict) -> FusedConfig:
         values = _forward_values(call)
         return choice.time_launch(lambda: launch(*values))
 
+    counted: dict = {}
+
     def registers(config: FusedConfig) -> int | None:
-        launch = plan_fused(**{**call, "config": config})
-        return None if launch is None else launch.registers(_forward_values(call))
+        if config not in counted:  # the model asks again for a tile it has counted
+            launch = plan_fused(**{**call, "config": config})
+            counted[config] = None if launch is None else launch.registers(_forward_values(call))
+        return counted[config]
 
     try:
         return fused_config_for(shape, call["q"].device, bench, registers)

@@ -386,7 +386,7 @@ def _fused_rule(facts: DeviceFacts, shape: FusedShape) -> FusedConfig:
         return FusedConfig(2, min(heads, 8), 8)
     block_h = 16 if shape.heavy_store else 8
     if shape.cache_scales in _REDUCED_SCALES and not shape.q_format and not shape.norm:
-        block_h = 32  # the k programs reduce the scales: a token block takes as few q programs beside them
+        block_h = 32  # the k programs reduce the scales; q's, a plain rotation, take every head: as few as k's
     return FusedConfig(4 if shape.norm and not shape.quantised_cache else 2, min(heads, block_h), 4, evict_first=True,
                        heads_inner=True)
 
