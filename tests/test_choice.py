@@ -247,14 +247,26 @@ def test_a_prefill_whose_tile_keeps_enough_in_flight_takes_the_models_choice_unt
         model.model_fused(sure, FP8_PREFILL, registers) and bench.calls == []
 
 
-def test_a_choice_counted_from_one_calls_registers_is_not_kept_for_its_bucket():
+def test_a_choice_counted_from_one_calls_registers_is_not_kept_for_its_bucket(tmp_path, monkeypatch):
     # two calls of one bucket (a slot mapping and a page table: FusedShape does not tell them apart) compile to other
-    # registers, and each gets the tile its own kernel asks for
+    # registers, and each gets the tile its own kernel asks for; a pick the autotune stored for the bucket, when a call
+    # whose tile kept too little in flight timed it, does not stand in for a call whose tile keeps enough
+    monkeypatch.setenv("ROPEKIT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("ROPEKIT_AUTOTUNE", raising=False)
+    monkeypatch.setattr(ropekit.device, "INTERPRET", False)  # choosing (and timing) as on a GPU
+    if not torch.cuda.is_available():
+        monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     sure = dataclasses.replace(H200_COPY, name="H200 registers test")
     few, many = (lambda config: 40), (lambda config: 255)
     assert choice.choose_fused(FP8_PREFILL, sure, registers=few) == model.model_fused(sure, FP8_PREFILL, few)
     assert choice.choose_fused(FP8_PREFILL, sure, registers=many) == model.model_fused(sure, FP8_PREFILL, many) != \
         model.model_fused(sure, FP8_PREFILL, few)
+    assert not model.fused_meets_littles_law(sure, FP8_PREFILL, many)  # 2 programs an SM even at 32 heads
+    timed = model.fused_candidates(sure, FP8_PREFILL, many)[-1]
+    assert choice.choose_fused(FP8_PREFILL, sure, FakeBench({timed: 0.5}), registers=many) == timed
+    assert choice.choose_fused(FP8_PREFILL, sure, FakeBench({}), registers=many) == timed  # kept for the bucket
+    assert choice.choose_fused(FP8_PREFILL, sure, FakeBench({}), registers=few) == \
+        model.model_fused(sure, FP8_PREFILL, few) != timed
 
 
 @pytest.mark.parametrize("shape", [FusedShape(64, 32, 128, 2, cache_format=E4M3), FusedShape(512, 32, 128, 2),

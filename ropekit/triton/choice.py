@@ -265,10 +265,14 @@ _chosen: dict = {}
 
 
 def _choose(op: str, bucket, device, bench, model, candidates, space, worth_timing=None, per_call=None):
-    """``per_call(facts, bucket)``: whether the model's answer reads the call's own kernel (its registers), so it is
-    not the bucket's to keep."""
+    """``per_call(facts, bucket)``: whether the model's answer reads the call's own kernel (its registers). Where it
+    does and the bucket is not worth timing, that answer is the call's: no answer kept for the bucket (in memory or
+    on disk) stands in for it, and it is not kept, since another call of the bucket may compile to other registers
+    (a page table's addressing, a norm's place)."""
     facts = device if isinstance(device, DeviceFacts) else device_facts(device)
     never_timed = worth_timing is not None and not worth_timing(facts, bucket)
+    if never_timed and per_call is not None and per_call(facts, bucket):
+        return model(facts, bucket)
     if never_timed:
         bench = None
     memory_key = (facts, op, bucket)
@@ -285,9 +289,7 @@ def _choose(op: str, bucket, device, bench, model, candidates, space, worth_timi
                 _store(key, {"type": type(config).__name__, "config": config._asdict()})
     if config is None:
         config = model(facts, bucket)
-        # the autotune may still decide this bucket later (outside a capture, say); another call of the bucket may
-        # compile to other registers (a page table's addressing, a norm's place)
-        if not never_timed or (per_call is not None and per_call(facts, bucket)):
+        if not never_timed:  # the autotune may still decide this bucket later (outside a capture, say)
             return config
     _chosen[memory_key] = config  # a bucket the clock never judges keeps its answer: no lookup on later plans
     return config
@@ -350,6 +352,9 @@ def choose_fused(shape: FusedShape, device=None, bench=None, registers=None) -> 
         registers = None
 
     def worth_timing(facts: DeviceFacts, bucket: FusedShape) -> bool:
+        # only where the model is unsure: its tile, counted from the compiled kernel's registers, keeps less in flight
+        # than Little's law asks, or the registers are not known. Where it keeps enough, the candidates differ by a
+        # few per cent at most, the size of the single-launch clock's errors (docs/tuning.md).
         return _fused_worth_timing(facts, bucket) and not (
             registers is not None and fused_meets_littles_law(facts, bucket, registers))
     return _choose("fused", fused_bucket(shape), device, bench,
@@ -360,10 +365,8 @@ def choose_fused(shape: FusedShape, device=None, bench=None, registers=None) -> 
 
 
 def _fused_worth_timing(facts: DeviceFacts, bucket: FusedShape) -> bool:
-    """Whether the autotune's clock can improve on the model for a fused bucket: a forward prefill past the L2 only,
-    and of those only where the model is unsure: its tile, counted from the compiled kernel's registers, keeps less in
-    flight than Little's law asks, or the registers are not known (:func:`choose_fused`). Where it keeps enough, the
-    candidates differ by a few per cent at most, the size of the single-launch clock's errors (docs/tuning.md). A
-    decode step is its launch chain, which the event clock of one launch cannot tell apart; the backward keeps the
-    model's walk of token blocks."""
+    """Whether the autotune's clock may improve on the model for a fused bucket: a forward prefill past the L2 only
+    (:func:`choose_fused` narrows it to those whose tile keeps too little in flight). A decode step is its launch
+    chain, which the event clock of one launch cannot tell apart; the backward keeps the model's walk of token
+    blocks."""
     return not bucket.backward and bucket.n_tokens > DECODE_TOKENS and not fits_in_l2(facts, bucket)

@@ -217,13 +217,21 @@ class KernelLaunch:
     def registers(self, values) -> int | None:
         """Registers a thread of the compiled kernel holds, for ``values`` as a call passes them: the kernel compiled
         for this launch's specialisation and loaded on the device, not run (Triton caches it for the launch). None
-        under the interpreter, which compiles nothing."""
+        under the interpreter, which compiles nothing, and where the kernel does not compile or load (too much
+        shared memory, say): its launch would fail the same way."""
         if _device.INTERPRET:
             return None
-        compiled = self.kernel.warmup(**self.named(values), grid=self.grid, num_warps=self.num_warps)
-        compiled = compiled.result() if hasattr(compiled, "result") else compiled  # an asynchronous compile's future
-        compiled[self.grid]  # loads the binary on the device, which reports its register count
-        return compiled.n_regs
+        key = (self.key, _specialisation(values))
+        if key not in _registers:
+            try:
+                compiled = self.kernel.warmup(**self.named(values), grid=self.grid, num_warps=self.num_warps)
+                compiled = compiled.result() if hasattr(compiled, "result") else compiled  # an asynchronous compile
+                compiled[self.grid]  # loads the binary on the device, which reports its register count
+                _registers[key] = compiled.n_regs or None
+            except Exception as error:  # noqa: BLE001 (a tile the model would only try: the rule's stands)
+                log.debug("ropekit: no register count for %s: %s", self.kernel.__name__, error)
+                _registers[key] = None
+        return _registers[key]
 
     def __call__(self, *values) -> None:
         _launch(self, values)
@@ -254,6 +262,7 @@ def _run_direct(launch: KernelLaunch, values: tuple) -> None:
 
 
 _runners: dict = {}  # compiled runners by (KernelLaunch.key, the per-call values' specialisation)
+_registers: dict = {}  # their registers a thread, by the same key
 
 
 _launch = _run_direct

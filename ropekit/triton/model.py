@@ -310,8 +310,8 @@ def _keeps_enough(facts: DeviceFacts, shape: FusedShape, config: FusedConfig, re
 def _enough_in_flight(facts: DeviceFacts, shape: FusedShape, config: FusedConfig, registers) -> FusedConfig:
     """The rule's tile, with twice the heads while its resident programs keep less in flight than Little's law asks
     (:func:`fused_bytes_in_flight_per_sm`: a GPU with more bandwidth an SM asks more; a kernel holding more registers
-    a thread leaves an SM fewer programs), within the call's heads and the register bound."""
-    heads = next_pow2(shape.n_heads)
+    a thread leaves an SM fewer programs), within the call's heads, the candidate space's and the register bound."""
+    heads = min(next_pow2(shape.n_heads), _FUSED_HEADS[-1])
     while config.block_h < heads and config.block_s * config.block_h * 2 * next_pow2(shape.width) <= _TILE_VALUES_LIMIT:
         if _keeps_enough(facts, shape, config, registers) is not False:
             break
