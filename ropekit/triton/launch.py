@@ -223,6 +223,8 @@ class KernelLaunch:
             return None
         key = (self.key, _specialisation(values))
         if key not in _registers:
+            if len(_registers) > 4096:
+                _registers.clear()
             try:
                 compiled = self.kernel.warmup(**self.named(values), grid=self.grid, num_warps=self.num_warps)
                 compiled = compiled.result() if hasattr(compiled, "result") else compiled  # an asynchronous compile
