@@ -11,11 +11,11 @@ import triton.language as tl
 from .v4 import _load_pairs
 
 __all__ = ["PLAIN", "E4M3", "E5M2", "INT8", "NVFP4", "PER_TENSOR", "PER_HEAD", "PER_TOKEN_HEAD", "PER_BLOCK",
-           "NO_QUANT", "STORE_PLAIN", "float8_bits", "e4m3_bits", "e4m3_value", "e2m1_codes", "int8_values", "divided",
-           "quantised", "head_amax", "channels_amax", "cache_scale", "head_scale", "channels_scale", "store_head",
-           "store_channels", "store_nvfp4", "load_head", "norm_weights", "group_sum", "rsqrt_mean_square", "normed",
-           "NO_NORM", "BEFORE", "AFTER", "NORM_OFF", "NORM_NONE_C", "NORM_BEFORE_C", "NORM_AFTER_C", "norm_switch",
-           "cache_slot", "sequence_span"]
+           "NO_QUANT", "STORE_PLAIN", "float8_bits", "e4m3_bits", "e4m3_of", "e4m3_value", "e2m1_codes", "int8_values",
+           "divided", "quantised", "head_amax", "channels_amax", "cache_scale", "head_scale", "channels_scale",
+           "store_head", "store_channels", "store_nvfp4", "load_head", "norm_weights", "group_sum", "rsqrt_mean_square",
+           "normed", "NO_NORM", "BEFORE", "AFTER", "NORM_OFF", "NORM_NONE_C", "NORM_BEFORE_C", "NORM_AFTER_C",
+           "norm_switch", "cache_slot", "sequence_span"]
 
 
 # A store (an output, or a cache) travels as one tuple: (tensor, its strides, the scale, the scale's strides, the
@@ -92,6 +92,17 @@ def e4m3_bits(x):
 
 
 @triton.jit
+def e4m3_of(x, NATIVE: tl.constexpr):
+    """The float8 e4m3fn bits (uint8) of fp32 ``x``: with NATIVE the GPU's saturating conversion, else
+    :func:`e4m3_bits` (the same bits)."""
+    if NATIVE:
+        bits = x.to(tl.float8e4nv, fp_downcast_rounding="rtne").to(tl.uint8, bitcast=True)
+    else:
+        bits = e4m3_bits(x)
+    return bits
+
+
+@triton.jit
 def e4m3_value(code):
     """The fp32 value of float8 e4m3fn bits (uint8, not NaN): ``2^(e-7) (1 + m/8)``, or ``2^-6 m/8`` for ``e = 0``."""
     code = code.to(tl.uint32)
@@ -165,10 +176,8 @@ def quantised(values, scale, QUANT: tl.constexpr):
             stored = tl.where(quotient != quotient, nan, converted)
         else:
             stored = float8_bits(quotient, 2, 15, 0x47600000)
-    elif QUANT[2]:
-        stored = quotient.to(tl.float8e4nv, fp_downcast_rounding="rtne").to(tl.uint8, bitcast=True)
     else:
-        stored = e4m3_bits(quotient)
+        stored = e4m3_of(quotient, QUANT[2])
     return stored
 
 
@@ -312,11 +321,7 @@ def store_nvfp4(OUT, rows, channels, values, mask, stride_d, scale, NATIVE: tl.c
     # one reduction gives each block's absolute maximum and whether the block is written (-1: masked)
     largest = tl.max(tl.where(in_block, tl.where(x == x, tl.abs(x), 0.0), -1.0), 3)
     amax = tl.maximum(largest, 0.0)
-    block = tl.div_rn(amax, 6.0 * global_scale)
-    if NATIVE:  # the GPU's saturating conversion: the same bits as e4m3_bits
-        block_bits = block.to(tl.float8e4nv, fp_downcast_rounding="rtne").to(tl.uint8, bitcast=True)
-    else:
-        block_bits = e4m3_bits(block)
+    block_bits = e4m3_of(tl.div_rn(amax, 6.0 * global_scale), NATIVE)
     dequant = (e4m3_value(block_bits) * global_scale)[:, :, :, None]
     quotient = divided(x, tl.where(dequant == 0.0, 1.0, dequant))
     quotient = tl.where(dequant == 0.0, x * 0.0, quotient)
