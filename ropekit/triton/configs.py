@@ -92,8 +92,13 @@ class FusedShape(NamedTuple):
         return self.cache_format != 0
 
     @property
+    def reduces_scales(self) -> bool:
+        """The cache's store reduces its scales itself: per (token, head) or per 16 channels (the cache's scales code
+        2 or 3, ``fused_tiles.PER_TOKEN_HEAD``, NVFP4's ``PER_BLOCK``)."""
+        return self.cache_scales in (2, 3)
+
+    @property
     def heavy_store(self) -> bool:
-        """The store does per-head arithmetic beyond a cast: a scale reduced per (token, head) or per 16 channels
-        (the cache's scales code 2 or 3, ``fused_tiles.PER_TOKEN_HEAD``, NVFP4's ``PER_BLOCK``), or q quantised
-        (every q head rounded)."""
-        return self.cache_scales in (2, 3) or self.q_format != 0
+        """The store does per-head arithmetic beyond a cast: the cache's scales reduced (:attr:`reduces_scales`), or
+        q quantised (every q head rounded)."""
+        return self.reduces_scales or self.q_format != 0

@@ -385,14 +385,11 @@ def _fused_rule(facts: DeviceFacts, shape: FusedShape) -> FusedConfig:
     if shape.width > 128:
         return FusedConfig(2, min(heads, 8), 8)
     block_h = 16 if shape.heavy_store else 8
-    if shape.cache_scales in _REDUCED_SCALES and not shape.q_format and not shape.norm:
+    if shape.reduces_scales and not shape.q_format and not shape.norm:
         block_h = 32  # the k programs reduce the scales; q's, a plain rotation, take every head: as few as k's
     return FusedConfig(4 if shape.norm and not shape.quantised_cache else 2, min(heads, block_h), 4, evict_first=True,
                        heads_inner=True)
 
-
-# The cache's scales a k program reduces itself: per (token, head) and per 16 channels (NVFP4's blocks).
-_REDUCED_SCALES = (2, 3)
 
 
 # --------------------------------------------------------------------------------------------------------------------
