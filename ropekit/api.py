@@ -372,8 +372,9 @@ def apply_rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, cos: Optional[
         eager_rounding: round like eager PyTorch's ``x * cos + rotate_half(x) * sin`` (each product and the sum
             rounded to q's dtype), bit-compatible with transformers in fp16/bf16; default: one rounding (more exact).
         backend: "triton" (v4; in Triton's interpreter without a GPU), "cuda" (the hand-written CUDA C++ kernel),
-            "native" (PyTorch ops, the same semantics), or None: ``ropekit.device.default_backend()`` ("triton" on a
-            GPU, "native" without one).
+            "native" (PyTorch ops, the same semantics), or None: ``ropekit.device.backend_for(q)`` ("triton" on a
+            GPU, "native" without one, and for CPU tensors on a machine with a GPU). "triton" and "cuda" need q on the
+            device their kernels run on.
         mrope_section: M-RoPE (Qwen2-VL, Qwen2.5-VL, Qwen3-VL): three host ints ``(t, h, w)``, the pairs that follow
             the temporal, height and width position (summing to rotary_dim/2). With ``(3, ...)`` positions each pair
             reads the table (or ``inv_freq``) at its own axis' position, inside the kernel; other position forms are
@@ -389,7 +390,7 @@ def apply_rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, cos: Optional[
     Raises ``TypeError``/``ValueError`` naming the argument, before anything is written.
     """
     if backend is None:
-        backend = _device.default_backend()
+        backend = _device.backend_for(q)
     nope = check_nope(nope_temperature, backend, per_token, mrope_section)
     if nope is not None:
         if cos is not None or sin is not None or table is not None or inv_freq is not None:

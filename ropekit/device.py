@@ -148,6 +148,15 @@ def default_backend() -> str:
     return _backend
 
 
+def backend_for(tensor) -> str:
+    """What a call on ``tensor`` computes with when it is not told: :func:`default_backend`, except that a CPU
+    tensor on a machine whose kernels run on the GPU (not in the interpreter) takes the native ops, which run
+    wherever torch does (anything but a tensor: the default, for validation to refuse)."""
+    if _backend == "triton" and not INTERPRET and isinstance(tensor, torch.Tensor) and tensor.device.type == "cpu":
+        return "native"
+    return _backend
+
+
 class set_backend:
     """Make ``backend`` (``"native"`` or ``"triton"``) the default for the process, or, used as a context manager,
     for the ``with`` block only (the previous default comes back on exit, as with ``torch.set_grad_enabled``)::

@@ -97,7 +97,7 @@ class RotaryEmbedding(torch.nn.Module):
             context length for the scaling rules (without it: ``max_positions``).
         max_positions: rows built up front (the table grows for longer host-known lengths, never inside a graph).
         interleaved: GPT-J pairing instead of NeoX. Default: ``scaling["interleaved"]``, else False.
-        backend: "triton", "cuda", "native" or None (``ropekit.device.default_backend()``), as for apply_rope.
+        backend: "triton", "cuda", "native" or None (``ropekit.device.backend_for``), as for apply_rope.
 
     A ``scaling`` dict with ``mrope_section`` (and ``mrope_interleaved``), as Qwen2-VL's, Qwen2.5-VL's and Qwen3-VL's
     configs give it, makes the module M-RoPE's: ``(3, batch, seq)`` positions (``(3, tokens)`` packed) are chosen per

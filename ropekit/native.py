@@ -1,9 +1,10 @@
 """The native backend: what the kernels compute, in plain PyTorch ops (vLLM's ``forward_native``).
 
-Without a GPU this is where ``apply_rope`` and the fused ops end (``ropekit.device.default_backend()``). It is the last
-step of the one path, not a path of its own: a call is validated and planned exactly as for a launch, then
-:func:`rope` takes the arguments of v4's launcher (:func:`ropekit.triton.launch.rope_v4`) and :func:`fused` those of
-the fused kernel's (:func:`ropekit.triton.fused.launch_fused`), and they write the same outputs.
+Without a GPU, and for CPU tensors on a machine with one, this is where ``apply_rope`` and the fused ops end
+(``ropekit.device.backend_for``). It is the last step of the one path, not a path of its own: a call is validated
+and planned exactly as for a launch, then :func:`rope` takes the arguments of v4's launcher
+(:func:`ropekit.triton.launch.rope_v4`) and :func:`fused` those of the fused kernel's
+(:func:`ropekit.triton.fused.launch_fused`), and they write the same outputs.
 
 The semantics are the kernels' (docs/api.md, docs/fused.md):
 

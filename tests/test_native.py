@@ -343,6 +343,46 @@ def test_set_backend_is_a_setting_and_a_context_manager():
         ropekit.apply_rope(torch.zeros(1, 1, 1, 2), None, torch.ones(1, 1), torch.zeros(1, 1), backend="numpy")
 
 
+def _cpu_calls():
+    """apply_rope, qk_norm_rope and rope_and_cache on CPU tensors with no backend named, each beside the reference."""
+    cos, sin = ropekit.cos_sin_table(64, 32)
+    q, k, v = torch.randn(2, 5, 4, 32), torch.randn(2, 5, 2, 32), torch.randn(2, 5, 2, 32)
+    want_q = ref.rope(q, ref.token_positions(2, 5, offsets=3))
+    out_q, _ = ropekit.apply_rope(q, k, cos, sin, positions=3)
+    assert_close_to_reference(out_q, want_q)
+    w = torch.rand(32) + 0.5
+    normed_q, _ = ropekit.qk_norm_rope(q, k, cos, sin, w, w, positions=3)
+    assert_close_to_reference(normed_q, ref.rope(ref.rms_norm(q, w, eps=1e-6), ref.token_positions(2, 5, offsets=3)))
+    k_cache, v_cache = torch.zeros(4, 4, 2, 32), torch.zeros(4, 4, 2, 32)
+    ropekit.rope_and_cache(q, k, v, cos, sin, k_cache=k_cache, v_cache=v_cache, slot_mapping=torch.arange(10),
+                           positions=3)
+    assert torch.equal(v_cache.flatten(0, 1)[:10], v.flatten(0, 1))
+    assert_close_to_reference(k_cache.flatten(0, 1)[:10].view(2, 5, 2, 32),
+                              ref.rope(k, ref.token_positions(2, 5, offsets=3)))
+
+
+@pytest.mark.skipif(not ON_GPU, reason="a machine whose kernels run on its GPU")
+def test_cpu_tensors_on_a_gpu_machine_take_the_native_ops_and_a_named_kernel_refuses_them():
+    """The default backend there is the kernels', which run on the GPU only: a call on CPU tensors takes the native
+    ops instead; naming a kernel backend for them is refused by q's name."""
+    assert ropekit.device.default_backend() == "triton"
+    _cpu_calls()
+    for backend in ("triton", "cuda"):
+        with pytest.raises(ValueError, match="q is on the CPU"):
+            ropekit.apply_rope(torch.randn(1, 2, 2, 8), None, *ropekit.cos_sin_table(4, 8), backend=backend)
+
+
+def test_cpu_tensors_take_the_native_ops_where_the_kernels_run_on_a_gpu(monkeypatch):
+    """The same rule on a machine without a GPU, which that machine's settings stand in for: the kernels' backend,
+    not interpreted, on a CUDA machine."""
+    with ropekit.device.set_backend("triton"):
+        monkeypatch.setattr(ropekit.device, "INTERPRET", False)
+        monkeypatch.setattr(ropekit.device, "DEVICE", "cuda")
+        _cpu_calls()
+        with pytest.raises(ValueError, match="q is on the CPU"):
+            ropekit.apply_rope(torch.randn(1, 2, 2, 8), None, *ropekit.cos_sin_table(4, 8), backend="triton")
+
+
 def _fresh_process(code: str, **env) -> subprocess.CompletedProcess:
     """``code`` in a new interpreter started as a user starts one (neither variable inherited from this process)."""
     base = {name: value for name, value in os.environ.items() if name not in ("TRITON_INTERPRET", "ROPEKIT_BACKEND")}

@@ -24,7 +24,7 @@ from ..triton.launch import released
 from ..triton.fused_tiles import E4M3, E5M2, INT8, NVFP4, PER_BLOCK, PER_HEAD, PER_TENSOR, PER_TOKEN_HEAD, PLAIN
 from . import validate
 from .plan import FusedPlan, planned, plans, reads_callers_memory, signature
-from .qk_norm_rope import _spec, fused_launcher
+from .qk_norm_rope import _spec, fused_launch
 
 __all__ = ["rope_and_cache", "launch_cache", "quant_codes"]
 
@@ -89,7 +89,7 @@ def launch_cache(q, k, v, out_q, out_k, k_cache, v_cache, *args) -> None:
     argument)."""
     q = out_q if q is None else q
     k = out_k if k is None else k
-    fused_launcher()(**_kernel_arguments(q, k, v, out_q, out_k, k_cache, v_cache, *args))
+    fused_launch(_kernel_arguments(q, k, v, out_q, out_k, k_cache, v_cache, *args))
 
 
 @torch.library.custom_op("ropekit::rope_and_cache", mutates_args=("out_q", "out_k", "k_cache", "v_cache",

@@ -23,9 +23,10 @@ __all__ = ["planned", "signature", "reads_callers_memory", "FusedPlan", "plans"]
 
 
 def planned(tensors: tuple) -> bool:
-    """Whether an eager call takes (and leaves) a plan: the Triton backend, not compiling, not in check mode (which
+    """Whether an eager call takes (and leaves) a plan: the Triton backend for its first tensor (``tensors[0]``,
+    q), not compiling, not in check mode (which
     reads device values on every call), and with grad enabled no tensor requiring grad (that call is autograd's)."""
-    if _device.default_backend() != "triton" or torch.compiler.is_compiling() or check_mode():
+    if _device.backend_for(tensors[0]) != "triton" or torch.compiler.is_compiling() or check_mode():
         return False
     if torch.is_grad_enabled():
         for t in tensors:

@@ -34,13 +34,14 @@ from ..triton.launch import released
 from . import validate
 from .plan import FusedPlan, planned, plans, reads_callers_memory, signature
 
-__all__ = ["qk_norm_rope", "fused_launcher"]
+__all__ = ["qk_norm_rope", "fused_launch"]
 
 
-def fused_launcher():
-    """The last step of every fused op: the fused Triton kernel's launcher, or on the native backend
-    (``ropekit.device.default_backend()``) :func:`ropekit.native.fused`, which takes the same arguments."""
-    return native.fused if _device.default_backend() == "native" else launch_fused
+def fused_launch(arguments: dict):
+    """The last step of every fused op: the fused Triton kernel's launcher, or on the native backend for the call's
+    q (``ropekit.device.backend_for``) :func:`ropekit.native.fused`, which takes the same arguments."""
+    launch = native.fused if _device.backend_for(arguments["q"]) == "native" else launch_fused
+    return launch(**arguments)
 
 
 def _spec(positions, pos_mode, cu_seqlens, position_offset, max_seqlen, layout) -> PositionSpec:
@@ -60,7 +61,7 @@ def _kernel_arguments(q, k, q_weight, k_weight, cos, sin, positions, pos_mode, c
 
 
 def _launch(*args):
-    return fused_launcher()(**_kernel_arguments(*args))
+    return fused_launch(_kernel_arguments(*args))
 
 
 def _forward_new(q, k, *args):

@@ -13,6 +13,7 @@ import numbers
 
 import torch
 
+from .. import device as _device
 from ..layouts import to_bshd
 from ..validate import FLOAT_DTYPES, OverlapError, check_mode, check_overlaps, prepare
 
@@ -46,7 +47,7 @@ def rotary_arguments(q, k, cos, sin, table, positions, layout, rotary_dim, cu_se
     if cos is None or sin is None:
         raise TypeError("cos and sin tables are required (or table=ropekit.RopeTable(...))")
     return prepare(q, k, cos, sin, positions, layout, rotary_dim, cu_seqlens, max_seqlen, per_token, False,
-                    "triton", table, interleaved)
+                    _device.backend_for(q), table, interleaved)
 
 
 def _on(t: torch.Tensor, device) -> bool:
