@@ -61,7 +61,7 @@ from . import choice
 from .configs import FusedConfig, FusedShape, cdiv, next_pow2
 from .fused_tiles import BEFORE, E4M3, E5M2, NO_NORM, NO_QUANT, NVFP4, NORM_AFTER_C, NORM_BEFORE_C, NORM_NONE_C, \
     PER_HEAD, PER_TENSOR, PLAIN, STORE_PLAIN, cache_slot, channels_scale, group_sum, head_scale, load_head, \
-    norm_switch, norm_weights, normed, rsqrt_mean_square, sequence_span, store_channels, store_head
+    norm_switch, norm_weights, normed, read_scale, rsqrt_mean_square, sequence_span, store_channels, store_head
 from .launch import KernelLaunch, _position_strides, launching_directly, plans
 from .groups import Head, PositionForm, Types
 from .v4 import _cos_sin, _rotate
@@ -196,12 +196,22 @@ def _forward_heads(
         v_values = tl.load(V + rows_v[:, :, None] + v_channels[None, None, :] * v_strides[3],
                            mask=mask[:, :, None] & (v_channels < CACHE.V_DIM)[None, None, :], other=0.0,
                            eviction_policy=EVICT)
+    # So are the loads whose address is fixed: the one-float scales the stores read (fused_tiles.read_scale), and a
+    # head vector's norm weights (one row; a norm over all heads loads them after the angles: its weights are a tile
+    # as large as x's, whose registers it would hold through the round trips).
+    out_read = read_scale(out, OUT_QUANT)
+    if CACHE_MODE != 0:
+        k_read = read_scale(k_cache, QUANT)
+        if HAS_V:
+            v_read = read_scale(v_cache, QUANT)
+    if NORM[0] != NORM_NONE_C and not NORM[2]:
+        w_a, w_b, w_t = norm_weights(weight, heads, head_mask, weight_offset, NORM, HEAD, MATH_DTYPE)
     cos_a, sin_a, cos_b, sin_b = _angles(angles, positions, pid_b, batch_index, s_local, token_rows, token_mask, HEAD,
                                          POSITION, False, MATH_DTYPE)
     if CACHE_MODE != 0:
         token = token_rows if POSITION.IS_VARLEN else pid_b.to(tl.int64) * seqlen + s_local
         cache_block, cache_row, cache_mask = cache_slot(cache_rows, token, s_local, pid_b, token_mask, CACHE_MODE)
-    if NORM[0] != NORM_NONE_C:
+    if NORM[0] != NORM_NONE_C and NORM[2]:
         w_a, w_b, w_t = norm_weights(weight, heads, head_mask, weight_offset, NORM, HEAD, MATH_DTYPE)
     if NORM[0] == NORM_BEFORE_C:
         x_a, x_b, x_t, r = normed(x_a, x_b, x_t, w_a, w_b, w_t, eps, n_heads, NORM, HEAD, MATH_DTYPE)
@@ -210,7 +220,7 @@ def _forward_heads(
         y_a, y_b, x_t, r = normed(y_a, y_b, x_t, w_a, w_b, w_t, eps, n_heads, NORM, HEAD, MATH_DTYPE)
     if WRITE_OUT:
         # the output in its dtype, or (OUT_QUANT: a float8 q for float8 attention) at one scale
-        out_scale = head_scale(out, None, None, heads, mask, y_a, y_b, x_t, HEAD, OUT_QUANT)
+        out_scale = head_scale(out, None, None, heads, mask, out_read, y_a, y_b, x_t, HEAD, OUT_QUANT)
         store_head(OUT, _rows(out_strides, batch_index, token_rows, heads), mask, y_a, y_b, x_t, out_strides[3],
                    out_scale, HEAD, BLOCK_S, BLOCK_H, WRITE_TAIL, OUT_QUANT, EVICT, False)
     if CACHE_MODE != 0:
@@ -219,7 +229,7 @@ def _forward_heads(
         # the quantising store's scale: read, or (PER_TOKEN_HEAD) the head vector's absolute maximum over the
         # format's largest value, from the rotated values already in registers, and written beside the cache (NVFP4:
         # the global scale, and where the block scales the store computes go)
-        k_scale = head_scale(k_cache, cache_block, cache_row, c_heads, c_mask, y_a, y_b, x_t, HEAD, QUANT)
+        k_scale = head_scale(k_cache, cache_block, cache_row, c_heads, c_mask, k_read, y_a, y_b, x_t, HEAD, QUANT)
         K_CACHE, k_cache_strides = k_cache[0], k_cache[1]
         store_head(K_CACHE, _rows(k_cache_strides, cache_block[:, None], cache_row, c_heads), c_mask, y_a, y_b, x_t,
                    k_cache_strides[3], k_scale, HEAD, BLOCK_S, BLOCK_H, True, QUANT, EVICT, False)
@@ -227,8 +237,8 @@ def _forward_heads(
             # v passes through: its head vectors as one "tail" of V_DIM channels
             v_channel_mask = (v_channels < CACHE.V_DIM)[None, None, :]
             v_mask = c_mask[:, :, None] & v_channel_mask
-            v_scale = channels_scale(v_cache, cache_block, cache_row, c_heads, c_mask, v_values, v_channel_mask,
-                                     QUANT)
+            v_scale = channels_scale(v_cache, cache_block, cache_row, c_heads, c_mask, v_read, v_values,
+                                     v_channel_mask, QUANT)
             V_CACHE, v_cache_strides = v_cache[0], v_cache[1]
             rows_vc = _rows(v_cache_strides, cache_block[:, None], cache_row, c_heads)
             store_channels(V_CACHE, rows_vc, v_channels, v_values, v_mask, v_cache_strides[3], v_scale, QUANT,

@@ -12,10 +12,10 @@ from .v4 import _load_pairs
 
 __all__ = ["PLAIN", "E4M3", "E5M2", "INT8", "NVFP4", "PER_TENSOR", "PER_HEAD", "PER_TOKEN_HEAD", "PER_BLOCK",
            "NO_QUANT", "STORE_PLAIN", "float8_bits", "e4m3_bits", "e4m3_of", "e4m3_value", "e2m1_codes", "int8_values",
-           "divided", "quantised", "head_amax", "channels_amax", "cache_scale", "head_scale", "channels_scale",
-           "store_head", "store_channels", "store_nvfp4", "load_head", "norm_weights", "group_sum", "rsqrt_mean_square",
-           "normed", "NO_NORM", "BEFORE", "AFTER", "NORM_OFF", "NORM_NONE_C", "NORM_BEFORE_C", "NORM_AFTER_C",
-           "norm_switch", "cache_slot", "sequence_span"]
+           "divided", "quantised", "head_amax", "channels_amax", "read_scale", "cache_scale", "head_scale",
+           "channels_scale", "store_head", "store_channels", "store_nvfp4", "load_head", "norm_weights", "group_sum",
+           "rsqrt_mean_square", "normed", "NO_NORM", "BEFORE", "AFTER", "NORM_OFF", "NORM_NONE_C", "NORM_BEFORE_C",
+           "NORM_AFTER_C", "norm_switch", "cache_slot", "sequence_span"]
 
 
 # A store (an output, or a cache) travels as one tuple: (tensor, its strides, the scale, the scale's strides, the
@@ -36,8 +36,8 @@ PLAIN, E4M3, E5M2, INT8, NVFP4 = 0, 1, 2, 3, 4
 PER_TENSOR, PER_HEAD, PER_TOKEN_HEAD, PER_BLOCK = 0, 1, 2, 3
 NO_QUANT = (PLAIN, PER_TENSOR, False)
 # the same, as device code reads globals (constexprs); STORE_PLAIN: an output stored in its own dtype
-_PLAIN, _E5M2, _INT8, _NVFP4, _PER_TENSOR, _PER_HEAD, _PER_TOKEN_HEAD = (tl.constexpr(c) for c in (
-    PLAIN, E5M2, INT8, NVFP4, PER_TENSOR, PER_HEAD, PER_TOKEN_HEAD))
+_PLAIN, _E5M2, _INT8, _NVFP4, _PER_TENSOR, _PER_HEAD, _PER_TOKEN_HEAD, _PER_BLOCK = (tl.constexpr(c) for c in (
+    PLAIN, E5M2, INT8, NVFP4, PER_TENSOR, PER_HEAD, PER_TOKEN_HEAD, PER_BLOCK))
 STORE_PLAIN = tl.constexpr(NO_QUANT)
 
 # The norm, one constexpr tuple NORM = (PLACE, WEIGHTED, OVER_HEADS):
@@ -212,18 +212,34 @@ def head_amax(y_a, y_b, y_t, HEAD: tl.constexpr):
 
 
 @triton.jit
-def cache_scale(store, block, row, heads, mask, amax, QUANT: tl.constexpr):
-    """The scale a tile of head vectors is stored at (one float, or [BLOCK_S, BLOCK_H, 1]): read (PER_TENSOR; PER_HEAD,
-    whose strides are (0, 0, head stride)), or ``max(amax / format max, smallest normal float32)`` written at the
-    tile's (block, row, head) where ``mask`` holds (PER_TOKEN_HEAD; the floor keeps an all-zero head's scale finite
-    and nonzero); for NVFP4 (PER_BLOCK) the global scale read and where the tile's block scales go ([BLOCK_S,
-    BLOCK_H] pointers), written by :func:`store_nvfp4`. ``store``: (tensor, strides, scale, the scale's (block, row,
-    head) strides, NVFP4's global scale); ``block``, ``row``: [BLOCK_S]; ``amax``: the head vectors' absolute maxima,
-    read only for PER_TOKEN_HEAD."""
-    SCALE, strides, GLOBAL = store[2], store[3], store[4]
+def read_scale(store, QUANT: tl.constexpr):
+    """The one float a store reads rather than computes (PER_TENSOR's scale, NVFP4's global scale), or 1.0. Its
+    address is known where the program starts: loaded there, it is in flight with the tile instead of a round trip
+    after the rotation. (A per-head scale stays with the store, :func:`cache_scale`: loaded early as a tile it held
+    registers that cost the float8 prefill more than the decode gained.) ``store``: (tensor, strides, scale, the
+    scale's (block, row, head) strides, NVFP4's global scale)."""
+    scale = 1.0
+    if QUANT[0] != _PLAIN:
+        if QUANT[1] == _PER_TENSOR:
+            scale = tl.load(store[2])
+        elif QUANT[1] == _PER_BLOCK:
+            scale = tl.load(store[4])
+    return scale
+
+
+@triton.jit
+def cache_scale(store, block, row, heads, mask, amax, read, QUANT: tl.constexpr):
+    """The scale a tile of head vectors is stored at (one float, or [BLOCK_S, BLOCK_H, 1]): the one
+    :func:`read_scale` loaded (``read``: PER_TENSOR), one read here (PER_HEAD, whose strides are (0, 0, head
+    stride)), or ``max(amax / format max, smallest normal float32)`` written at the tile's (block, row, head) where
+    ``mask`` holds (PER_TOKEN_HEAD; the floor keeps an all-zero head's scale finite and nonzero); for NVFP4
+    (PER_BLOCK) the global scale read and where the tile's block scales go ([BLOCK_S, BLOCK_H] pointers), written by
+    :func:`store_nvfp4`. ``store``: as :func:`read_scale`'s; ``block``, ``row``: [BLOCK_S]; ``amax``: the head
+    vectors' absolute maxima, read only for PER_TOKEN_HEAD."""
     if QUANT[1] == _PER_TENSOR:
-        scale = tl.load(SCALE)
+        scale = read
     else:
+        SCALE, strides = store[2], store[3]
         pointers = SCALE + block[:, None] * strides[0] + row[:, None] * strides[1] + heads[None, :] * strides[2]
         if QUANT[1] == _PER_HEAD:
             scale = tl.load(pointers, mask=mask, other=1.0)[:, :, None]
@@ -231,32 +247,33 @@ def cache_scale(store, block, row, heads, mask, amax, QUANT: tl.constexpr):
             scale = tl.maximum(tl.div_rn(amax, format_max(QUANT)), 1.1754943508222875e-38)
             tl.store(pointers[:, :, None], scale, mask=mask[:, :, None])
         else:
-            scale = (tl.load(GLOBAL), pointers)
+            scale = (read, pointers)
     return scale
 
 
 @triton.jit
-def head_scale(store, block, row, heads, mask, y_a, y_b, y_t, HEAD: tl.constexpr, QUANT: tl.constexpr):
+def head_scale(store, block, row, heads, mask, read, y_a, y_b, y_t, HEAD: tl.constexpr, QUANT: tl.constexpr):
     """The scale a tile of head vectors (pair halves and tail, rotated) is stored at: 1.0 for a store in the cache's
-    own dtype, else :func:`cache_scale` (per (token, head): from the vectors' absolute maxima, written)."""
+    own dtype, else :func:`cache_scale` (per (token, head): from the vectors' absolute maxima, written; ``read``: what
+    :func:`read_scale` loaded)."""
     scale = 1.0
     if QUANT[0] != _PLAIN:
         amax = 0.0
         if QUANT[1] == _PER_TOKEN_HEAD:
             amax = head_amax(y_a, y_b, y_t, HEAD).to(tl.float32)
-        scale = cache_scale(store, block, row, heads, mask, amax, QUANT)
+        scale = cache_scale(store, block, row, heads, mask, amax, read, QUANT)
     return scale
 
 
 @triton.jit
-def channels_scale(store, block, row, heads, mask, values, channel_mask, QUANT: tl.constexpr):
+def channels_scale(store, block, row, heads, mask, read, values, channel_mask, QUANT: tl.constexpr):
     """:func:`head_scale` for head vectors given as one run of channels (v's), ``channel_mask`` their extent."""
     scale = 1.0
     if QUANT[0] != _PLAIN:
         amax = 0.0
         if QUANT[1] == _PER_TOKEN_HEAD:
             amax = channels_amax(values.to(tl.float32), channel_mask)
-        scale = cache_scale(store, block, row, heads, mask, amax, QUANT)
+        scale = cache_scale(store, block, row, heads, mask, amax, read, QUANT)
     return scale
 
 
