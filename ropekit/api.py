@@ -116,12 +116,10 @@ def _run(q, k, call: RopeCall, out_q, out_k) -> None:
     key = signature("rope", (q4, k4, oq4, ok4, call.cos, call.sin, spec.tensor, spec.cu_seqlens, call.inv_freq),
                     (in_place, spec.mode, spec.max_seqlen, call.rotary_dim, call.interleaved, call.conjugate,
                      call.per_token, call.eager_rounding, call.scale, call.nope_floor_scale, call.nope_attn_scale))
-    launch = _UNPLANNED if key is None else plans.get(key, _UNPLANNED)
+    launch = plans.get(key, _UNPLANNED)
     if launch is _UNPLANNED:
         _launcher("triton")  # (the interpreter's absence is reported before anything is planned)
-        launch = _plan(q4, k4, oq4, ok4, call, in_place)
-        if key is not None:
-            launch = plans.put(key, released(launch))
+        launch = plans.put(key, released(_plan(q4, k4, oq4, ok4, call, in_place)))
     if launch is not None:  # None: nothing to compute (empty tensors)
         launch(q4, k4, oq4, ok4, call.cos if call.inv_freq is None else call.inv_freq, call.sin, spec.tensor,
                spec.cu_seqlens, spec.offset)
@@ -414,7 +412,7 @@ def apply_rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, cos: Optional[
         key = _signature(q, k, cos, sin, positions, layout, interleaved, rotary_dim, inplace, cu_seqlens, max_seqlen,
                          per_token, conjugate, eager_rounding, inv_freq, scale, mrope_section, mrope_interleaved,
                          nope)
-        plan = plans.get(key) if key is not None else None
+        plan = plans.get(key)
         if plan is not None and plan.accepts(positions):
             if inplace:
                 _check_in_place(q, k, cos, sin, positions, cu_seqlens, table, inv_freq, plan.checked)

@@ -152,7 +152,7 @@ def backend_for(tensor) -> str:
     """What a call on ``tensor`` computes with when it is not told: :func:`default_backend`, except that a CPU
     tensor on a machine whose kernels run on the GPU (not in the interpreter) takes the native ops, which run
     wherever torch does (anything but a tensor: the default, for validation to refuse)."""
-    if _backend == "triton" and not INTERPRET and isinstance(tensor, torch.Tensor) and tensor.device.type == "cpu":
+    if _backend == "triton" and not INTERPRET and isinstance(tensor, torch.Tensor) and tensor.is_cpu:
         return "native"
     return _backend
 

@@ -211,7 +211,7 @@ def rope_and_cache(q: torch.Tensor, k: torch.Tensor, v: Optional[torch.Tensor], 
         key = signature("rope_and_cache", user, (eps, weight_offset, norm, norm_over, layout, interleaved, rotary_dim,
                                                  inplace, max_seqlen, per_token, write_k, kv_layout, kv_cache_dtype,
                                                  q_dtype))
-        plan = plans.get(key) if key is not None else None
+        plan = plans.find(key)
         if plan is not None:  # a call signature validated before: where the tensors lie, then the launch
             plan.check(_read_scales(user, plan.fp8))
             return _run_plan(plan, user, inplace, write_k, q_dtype)

@@ -80,7 +80,7 @@ def mla_rope_and_cache(q_pe: torch.Tensor, k_pe: torch.Tensor, kv_c: torch.Tenso
     key = None
     if table is None and planned(user):
         key = signature("mla_rope_and_cache", user, (interleaved, inplace, kv_cache_dtype))
-        plan = plans.get(key) if key is not None else None
+        plan = plans.find(key)
         if plan is not None:  # a call signature validated before: where the tensors lie, then the launch
             return _run_plan(plan, user, inplace)
     if not isinstance(q_pe, torch.Tensor) or q_pe.ndim != 3:

@@ -197,7 +197,7 @@ def qk_norm_rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, cos: Optiona
         # (as rope_and_cache: calls whose validation reads more than the signature are not planned)
         key = signature("qk_norm_rope", user, (eps, weight_offset, norm, norm_over, layout, interleaved, rotary_dim,
                                                inplace, max_seqlen, per_token))
-        plan = plans.get(key) if key is not None else None
+        plan = plans.find(key)
         if plan is not None:
             return _run_plan(plan, user, inplace)
     user_tables = (cos, sin)

@@ -354,36 +354,43 @@ def recorded_launches():
 
 class PlanCache(dict):
     """Plans by call signature (bounded): the one plan cache every op's front door uses (docs/tuning.md#plan-cache).
-    ``get`` is ``dict.get`` (the eager hot path pays a dictionary lookup and nothing more); :meth:`put` forgets
-    everything once it is full. Each op keys its plans by a tuple that starts with the op's name (:func:`signature`)."""
+    ``get`` is ``dict.get``, for keys known to hash; :meth:`find` is the lookup of a key that may hold an unhashable
+    argument (one validation refuses), which has no plan. Either way the eager hot path pays one hash of the key and
+    a dictionary lookup. :meth:`put` forgets everything once it is full, and keeps no plan for an unhashable key.
+    Each op keys its plans by a tuple that starts with the op's name (:func:`signature`)."""
 
     def __init__(self, max_plans: int):
         super().__init__()
         self.max_plans = max_plans
 
+    def find(self, key):
+        try:
+            return self.get(key)
+        except TypeError:
+            return None
+
     def put(self, key, plan):
         if len(self) >= self.max_plans:
             self.clear()
-        self[key] = plan
+        try:
+            self[key] = plan
+        except TypeError:
+            pass
         return plan
 
 
 plans = PlanCache(1024)
 
 
-def signature(op: str, tensors: tuple, flags: tuple) -> tuple | None:
+def signature(op: str, tensors: tuple, flags: tuple) -> tuple:
     """A plan's key: the op's name, every tensor by shape, strides, dtype and device (None as itself, anything else
-    by type and value), every host argument by type and value (True == 1 as dict keys, but not as arguments); None
-    for a call with an unhashable argument (validation says what is wrong with it)."""
+    by type and value), every host argument by type and value (True == 1 as dict keys, but not as arguments). Not
+    hashed here: the plan cache's lookup (:meth:`PlanCache.find`) is the one hash a call pays (a key with an unhashable
+    argument finds no plan there, and validation says what is wrong with it)."""
     # (None first: most of a fused call's optional tensors are None, and isinstance against torch.Tensor is slow
     # for a non-tensor)
-    key = (op, *[None if t is None else (t.shape, t.stride(), t.dtype, t.device) if isinstance(t, torch.Tensor)
-                 else (type(t), t) for t in tensors], *[(type(f), f) for f in flags])
-    try:
-        hash(key)
-    except TypeError:
-        return None
-    return key
+    return (op, *[None if t is None else (t.shape, t.stride(), t.dtype, t.device) if isinstance(t, torch.Tensor)
+                  else (type(t), t) for t in tensors], *[(type(f), f) for f in flags])
 
 
 # --------------------------------------------------------------------------------------------------------------------
