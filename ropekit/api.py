@@ -3,8 +3,9 @@
 Data flows one way: the user's call -> :func:`ropekit.validate.prepare` (every check, before any write) -> a
 :class:`RopeCall` (the validated call: tables, one :class:`~ropekit.positions.PositionSpec`, switches) -> one launcher
 (Triton v4's :func:`~ropekit.triton.launch.rope_v4`, or CUDA) -> one kernel; or, as that last step, the same
-arguments to :func:`ropekit.native.rope` (PyTorch ops: the default without a GPU, ``ropekit.device``). Layouts become
-``(batch, seq, heads, head_dim)`` views here, once (:mod:`ropekit.layouts`).
+arguments to :func:`ropekit.native.rope` (PyTorch ops: the default without a GPU, and for CPU tensors with one,
+``ropekit.device.backend_for``). Layouts become ``(batch, seq, heads, head_dim)`` views here, once
+(:mod:`ropekit.layouts`).
 
 Four ways in, one launch function (``_run``):
 

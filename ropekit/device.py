@@ -7,10 +7,12 @@ Two decisions, both process-wide:
   ``TRITON_INTERPRET`` when ``@triton.jit`` decorates a function, i.e. when ropekit's kernel modules are imported.
   This module therefore has to run before any of them: ``ropekit/__init__.py`` imports it first, and the test
   suite's ``conftest.py`` imports ropekit before anything else.
-* :func:`default_backend`: what a call computes with when it is not told: ``"triton"`` (the kernels) or ``"native"``
-  (:mod:`ropekit.native`, the same semantics in PyTorch ops). It is ``"triton"`` on a GPU and ``"native"`` without
-  one, unless ``ROPEKIT_BACKEND`` says otherwise or ``TRITON_INTERPRET=1`` was set before ropekit was imported (a
-  request for the interpreter). :func:`set_backend` changes it, for the process or for a ``with`` block.
+* :func:`default_backend`: the process's backend, ``"triton"`` (the kernels) or ``"native"`` (:mod:`ropekit.native`,
+  the same semantics in PyTorch ops). It is ``"triton"`` on a GPU and ``"native"`` without one, unless
+  ``ROPEKIT_BACKEND`` says otherwise or ``TRITON_INTERPRET=1`` was set before ropekit was imported (a request for
+  the interpreter). :func:`set_backend` changes it, for the process or for a ``with`` block. A call that is not told
+  takes :func:`backend_for` its q: the process's backend, except that tensors the GPU's kernels cannot read (a CPU
+  tensor on a machine whose kernels run on its GPU) take the native ops.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import threading
 import torch
 
 __all__ = ["DEVICE", "INTERPRET", "INTERPRETER_LOCK", "INTERPRETER_MISSING", "BACKENDS", "describe", "default_device",
-           "default_backend", "set_backend"]
+           "default_backend", "backend_for", "kernels_on_gpu", "set_backend"]
 
 BACKENDS = ("native", "triton")
 
@@ -143,16 +145,24 @@ if INTERPRET and not _interpret_was_asked:
 
 
 def default_backend() -> str:
-    """What a call computes with when it is not told (``apply_rope``'s ``backend=None``, the fused ops and everything
-    built on them): ``"triton"`` (the kernels; in Triton's interpreter without a GPU) or ``"native"`` (PyTorch ops)."""
+    """The process's backend: ``"triton"`` (the kernels; in Triton's interpreter without a GPU) or ``"native"``
+    (PyTorch ops). A call that is not told (``apply_rope``'s ``backend=None``, the fused ops and everything built on
+    them) takes :func:`backend_for` its q."""
     return _backend
 
 
+def kernels_on_gpu() -> bool:
+    """Whether the kernels run compiled on a CUDA GPU (not in Triton's interpreter): then they read CUDA tensors
+    only."""
+    return DEVICE == "cuda" and not INTERPRET
+
+
 def backend_for(tensor) -> str:
-    """What a call on ``tensor`` computes with when it is not told: :func:`default_backend`, except that a CPU
-    tensor on a machine whose kernels run on the GPU (not in the interpreter) takes the native ops, which run
-    wherever torch does (anything but a tensor: the default, for validation to refuse)."""
-    if _backend == "triton" and not INTERPRET and isinstance(tensor, torch.Tensor) and tensor.is_cpu:
+    """What a call on ``tensor`` computes with when it is not told: :func:`default_backend`, except that where the
+    kernels run on the GPU (:func:`kernels_on_gpu`) a tensor on another device but meta (the CPU, say) takes the
+    native ops, which run wherever torch does (anything but a tensor: the default, for validation to refuse)."""
+    if _backend == "triton" and kernels_on_gpu() and isinstance(tensor, torch.Tensor) and not (
+            tensor.is_cuda or tensor.is_meta):
         return "native"
     return _backend
 

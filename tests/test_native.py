@@ -344,21 +344,36 @@ def test_set_backend_is_a_setting_and_a_context_manager():
 
 
 def _cpu_calls():
-    """apply_rope, qk_norm_rope and rope_and_cache on CPU tensors with no backend named, each beside the reference."""
+    """apply_rope, qk_norm_rope (and its backward), rope_and_cache and mla_rope_and_cache on CPU tensors with no
+    backend named, each beside the reference."""
     cos, sin = ropekit.cos_sin_table(64, 32)
     q, k, v = torch.randn(2, 5, 4, 32), torch.randn(2, 5, 2, 32), torch.randn(2, 5, 2, 32)
-    want_q = ref.rope(q, ref.token_positions(2, 5, offsets=3))
+    at = ref.token_positions(2, 5, offsets=3)
     out_q, _ = ropekit.apply_rope(q, k, cos, sin, positions=3)
-    assert_close_to_reference(out_q, want_q)
+    assert_close_to_reference(out_q, ref.rope(q, at))
     w = torch.rand(32) + 0.5
     normed_q, _ = ropekit.qk_norm_rope(q, k, cos, sin, w, w, positions=3)
-    assert_close_to_reference(normed_q, ref.rope(ref.rms_norm(q, w, eps=1e-6), ref.token_positions(2, 5, offsets=3)))
+    assert_close_to_reference(normed_q, ref.rope(ref.rms_norm(q, w, eps=1e-6), at))
+    leaf = q.double().requires_grad_()
+    grad, = torch.autograd.grad(ropekit.qk_norm_rope(leaf, None, cos.double(), sin.double(), w.double(), None,
+                                                     positions=3)[0].sum(), leaf)
+    want_leaf = q.double().requires_grad_()
+    want, = torch.autograd.grad(ref.rope(ref.rms_norm(want_leaf, w.double(), eps=1e-6), at).sum(), want_leaf)
+    torch.testing.assert_close(grad, want)
     k_cache, v_cache = torch.zeros(4, 4, 2, 32), torch.zeros(4, 4, 2, 32)
     ropekit.rope_and_cache(q, k, v, cos, sin, k_cache=k_cache, v_cache=v_cache, slot_mapping=torch.arange(10),
                            positions=3)
     assert torch.equal(v_cache.flatten(0, 1)[:10], v.flatten(0, 1))
-    assert_close_to_reference(k_cache.flatten(0, 1)[:10].view(2, 5, 2, 32),
-                              ref.rope(k, ref.token_positions(2, 5, offsets=3)))
+    assert_close_to_reference(k_cache.flatten(0, 1)[:10].view(2, 5, 2, 32), ref.rope(k, at))
+    q_pe, k_pe, latent = torch.randn(6, 4, 32), torch.randn(6, 32), torch.randn(6, 64)
+    cache, slots, positions = torch.zeros(2, 4, 96), torch.arange(6), torch.arange(6) + 3
+    q_out, _ = ropekit.mla_rope_and_cache(q_pe.clone(), k_pe.clone(), latent, cache, slots, positions, cos, sin)
+    assert_close_to_reference(q_out, ref.rope(q_pe[None], positions[None], interleaved=True)[0])
+    assert torch.equal(cache.flatten(0, 1)[:6, :64], latent)
+
+
+def _no_kernel(*args, **kwargs):
+    raise AssertionError("a call on CPU tensors reached the GPU's kernels")
 
 
 @pytest.mark.skipif(not ON_GPU, reason="a machine whose kernels run on its GPU")
@@ -368,20 +383,26 @@ def test_cpu_tensors_on_a_gpu_machine_take_the_native_ops_and_a_named_kernel_ref
     assert ropekit.device.default_backend() == "triton"
     _cpu_calls()
     for backend in ("triton", "cuda"):
-        with pytest.raises(ValueError, match="q is on the CPU"):
+        with pytest.raises(ValueError, match="q is on cpu"):
             ropekit.apply_rope(torch.randn(1, 2, 2, 8), None, *ropekit.cos_sin_table(4, 8), backend=backend)
 
 
 def test_cpu_tensors_take_the_native_ops_where_the_kernels_run_on_a_gpu(monkeypatch):
     """The same rule on a machine without a GPU, which that machine's settings stand in for: the kernels' backend,
-    not interpreted, on a CUDA machine."""
+    not interpreted, on a CUDA machine. The kernels' planners and launchers are replaced by a failure: every call
+    must end in the native ops."""
     with ropekit.device.set_backend("triton"):
         monkeypatch.setattr(ropekit.device, "INTERPRET", False)
         monkeypatch.setattr(ropekit.device, "DEVICE", "cuda")
+        for module, name in (("api", "rope_v4"), ("api", "plan_rope"), ("fused.qk_norm_rope", "launch_fused"),
+                             ("fused.qk_norm_rope", "plan_fused"), ("fused.kv_cache", "plan_fused"),
+                             ("fused.mla", "plan_fused")):
+            monkeypatch.setattr(sys.modules[f"ropekit.{module}"], name, _no_kernel)
+        assert ropekit.device.backend_for(torch.zeros(1)) == "native"
+        assert ropekit.device.backend_for(torch.zeros(1, device="meta")) == "triton"
         _cpu_calls()
-        with pytest.raises(ValueError, match="q is on the CPU"):
+        with pytest.raises(ValueError, match="q is on cpu"):
             ropekit.apply_rope(torch.randn(1, 2, 2, 8), None, *ropekit.cos_sin_table(4, 8), backend="triton")
-
 
 def _fresh_process(code: str, **env) -> subprocess.CompletedProcess:
     """``code`` in a new interpreter started as a user starts one (neither variable inherited from this process)."""

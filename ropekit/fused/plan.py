@@ -23,9 +23,9 @@ __all__ = ["planned", "signature", "reads_callers_memory", "FusedPlan", "plans"]
 
 
 def planned(tensors: tuple) -> bool:
-    """Whether an eager call takes (and leaves) a plan: the Triton backend for its first tensor (``tensors[0]``,
-    q), not compiling, not in check mode (which
-    reads device values on every call), and with grad enabled no tensor requiring grad (that call is autograd's)."""
+    """Whether an eager call takes (and leaves) a plan: the Triton backend for its first tensor (``tensors[0]``, q), not
+    compiling, not in check mode (which reads device values on every call), and with grad enabled no tensor requiring
+    grad (that call is autograd's)."""
     if _device.backend_for(tensors[0]) != "triton" or torch.compiler.is_compiling() or check_mode():
         return False
     if torch.is_grad_enabled():

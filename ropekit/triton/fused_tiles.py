@@ -215,9 +215,9 @@ def head_amax(y_a, y_b, y_t, HEAD: tl.constexpr):
 def read_scale(store, QUANT: tl.constexpr):
     """The one float a store reads rather than computes (PER_TENSOR's scale, NVFP4's global scale), or 1.0. Its
     address is known where the program starts: loaded there, it is in flight with the tile instead of a round trip
-    after the rotation. (A per-head scale stays with the store, :func:`cache_scale`: loaded early as a tile it held
-    registers that cost the float8 prefill more than the decode gained.) ``store``: (tensor, strides, scale, the
-    scale's (block, row, head) strides, NVFP4's global scale)."""
+    after the rotation. (A per-head scale stays with the store, :func:`cache_scale`: loaded early as a tile, it made
+    the float8 prefill slower, docs/tuning.md#fused-launch-table.) ``store``: (tensor, strides, scale, the scale's
+    (block, row, head) strides, NVFP4's global scale)."""
     scale = 1.0
     if QUANT[0] != _PLAIN:
         if QUANT[1] == _PER_TENSOR:
@@ -229,13 +229,13 @@ def read_scale(store, QUANT: tl.constexpr):
 
 @triton.jit
 def cache_scale(store, block, row, heads, mask, amax, read, QUANT: tl.constexpr):
-    """The scale a tile of head vectors is stored at (one float, or [BLOCK_S, BLOCK_H, 1]): the one
-    :func:`read_scale` loaded (``read``: PER_TENSOR), one read here (PER_HEAD, whose strides are (0, 0, head
+    """The scale a tile of head vectors is stored at (one float, or [BLOCK_S, BLOCK_H, 1]): the one :func:`read_scale`
+    loaded (``read``: PER_TENSOR's scale, NVFP4's global scale), one read here (PER_HEAD, whose strides are (0, 0, head
     stride)), or ``max(amax / format max, smallest normal float32)`` written at the tile's (block, row, head) where
-    ``mask`` holds (PER_TOKEN_HEAD; the floor keeps an all-zero head's scale finite and nonzero); for NVFP4
-    (PER_BLOCK) the global scale read and where the tile's block scales go ([BLOCK_S, BLOCK_H] pointers), written by
-    :func:`store_nvfp4`. ``store``: as :func:`read_scale`'s; ``block``, ``row``: [BLOCK_S]; ``amax``: the head
-    vectors' absolute maxima, read only for PER_TOKEN_HEAD."""
+    ``mask`` holds (PER_TOKEN_HEAD; the floor keeps an all-zero head's scale finite and nonzero); for NVFP4 (PER_BLOCK)
+    the global scale read and where the tile's block scales go ([BLOCK_S, BLOCK_H] pointers), written by
+    :func:`store_nvfp4`. ``store``: as :func:`read_scale`'s; ``block``, ``row``: [BLOCK_S]; ``amax``: the head vectors'
+    absolute maxima, read only for PER_TOKEN_HEAD."""
     if QUANT[1] == _PER_TENSOR:
         scale = read
     else:
