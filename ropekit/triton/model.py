@@ -391,7 +391,6 @@ def _fused_rule(facts: DeviceFacts, shape: FusedShape) -> FusedConfig:
                        heads_inner=True)
 
 
-
 # --------------------------------------------------------------------------------------------------------------------
 # Candidates: the model's choice and a few neighbours, every one a configuration the kernels accept.
 # --------------------------------------------------------------------------------------------------------------------
