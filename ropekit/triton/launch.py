@@ -167,7 +167,7 @@ class KernelLaunch:
     own order, which this class reads from the kernel's signature: no host code knows where a parameter sits.
     """
 
-    __slots__ = ("kernel", "grid", "num_warps", "arguments", "per_call", "runtime", "everything", "key")
+    __slots__ = ("kernel", "grid", "num_warps", "arguments", "per_call", "runtime", "everything", "key", "runners")
 
     def __init__(self, kernel, grid: tuple, num_warps: int, per_call: tuple, arguments: dict):
         # the grid as three extents: a compiled runner reads grid[0], grid[1] and grid[2] (the JIT entry pads them)
@@ -190,6 +190,9 @@ class KernelLaunch:
         self.key = (kernel, grid, num_warps) + _static(tuple(_with_values(
             names, arguments, paths,
             lambda i: defaults[i].dtype if isinstance(defaults[i], torch.Tensor) else None)))
+        # this launch's runners by the per-call values' specialisation: a call finds its runner without hashing the
+        # key, a tuple of every static argument
+        self.runners: dict = {}
 
     @property
     def constexprs(self) -> dict:
@@ -252,14 +255,18 @@ def _run_direct(launch: KernelLaunch, values: tuple) -> None:
         with _device.INTERPRETER_LOCK:
             launch.kernel[launch.grid](**launch.named(values), num_warps=launch.num_warps)
         return
-    key = (launch.key, _specialisation(values))
-    entry = _runners.get(key)
+    specialisation = _specialisation(values)
+    entry = launch.runners.get(specialisation)
     if entry is None:
-        compiled = launch.kernel[launch.grid](**launch.named(values), num_warps=launch.num_warps)
-        if len(_runners) > 4096:
-            _runners.clear()
-        _runners[key] = [compiled[launch.grid], None]  # the argument convention is learnt on the next call
-        return
+        key = (launch.key, specialisation)
+        entry = _runners.get(key)
+        if entry is None:
+            compiled = launch.kernel[launch.grid](**launch.named(values), num_warps=launch.num_warps)
+            if len(_runners) > 4096:
+                _runners.clear()
+            _runners[key] = [compiled[launch.grid], None]  # the argument convention is learnt on the next call
+            return
+        launch.runners[specialisation] = entry
     _call_compiled(launch, entry, values)
 
 
