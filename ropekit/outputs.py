@@ -13,7 +13,7 @@ __all__ = ["new_output", "bump_versions"]
 def new_output(x: torch.Tensor) -> torch.Tensor:
     # The output is contiguous in the caller's layout, whatever the input's strides (documented in docs/api.md).
     # empty_like, not torch.empty(x.shape, dtype=..., device=...): one call that reads no attribute in Python, the
-    # cheaper by far on a decode step's host path (docs/tuning.md#plan-cache)
+    # cheaper by far on a decode step's host path (docs/tuning.md#direct-launch)
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
