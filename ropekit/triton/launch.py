@@ -186,8 +186,10 @@ class KernelLaunch:
         # keys share compiled runners, so a launch planned afresh (autograd's backward, an uncached call) still takes
         # the direct path. A per-call tensor enters by its dtype: a launch is called with tensors of its plan's dtypes;
         # a per-call value that is not a tensor (the position offset) by nothing (its class is the call's
-        # specialisation).
-        self.key = (kernel, grid, num_warps) + _static(tuple(_with_values(
+        # specialisation). The device too (a launch's tensors share one, which validation checks): a runner is loaded
+        # on one device's context.
+        device = next((value.device for value in defaults if isinstance(value, torch.Tensor)), None)
+        self.key = (kernel, grid, num_warps, device) + _static(tuple(_with_values(
             names, arguments, paths,
             lambda i: defaults[i].dtype if isinstance(defaults[i], torch.Tensor) else None)))
         # this launch's runners by the per-call values' specialisation: a call finds its runner without hashing the
