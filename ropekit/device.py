@@ -23,7 +23,7 @@ import threading
 import torch
 
 __all__ = ["DEVICE", "INTERPRET", "INTERPRETER_LOCK", "INTERPRETER_MISSING", "BACKENDS", "describe", "default_device",
-           "default_backend", "backend_for", "kernels_on_gpu", "set_backend"]
+           "default_backend", "backend_for", "kernels_on_gpu", "kernels_read", "set_backend"]
 
 BACKENDS = ("native", "triton")
 
@@ -157,12 +157,17 @@ def kernels_on_gpu() -> bool:
     return DEVICE == "cuda" and not INTERPRET
 
 
+def kernels_read(tensor: torch.Tensor) -> bool:
+    """Whether the kernels can take ``tensor``: any tensor where they do not run on the GPU (:func:`kernels_on_gpu`);
+    there, a CUDA tensor, or a meta one (shape inference reads nothing)."""
+    return not kernels_on_gpu() or tensor.is_cuda or tensor.is_meta
+
+
 def backend_for(tensor) -> str:
-    """What a call on ``tensor`` computes with when it is not told: :func:`default_backend`, except that where the
-    kernels run on the GPU (:func:`kernels_on_gpu`) a tensor on another device but meta (the CPU, say) takes the
-    native ops, which run wherever torch does (anything but a tensor: the default, for validation to refuse)."""
-    if _backend == "triton" and kernels_on_gpu() and isinstance(tensor, torch.Tensor) and not (
-            tensor.is_cuda or tensor.is_meta):
+    """What a call on ``tensor`` computes with when it is not told: :func:`default_backend`, except that a tensor the
+    kernels cannot take (:func:`kernels_read`: a CPU tensor where they run on the GPU) takes the native ops, which run
+    wherever torch does (anything but a tensor: the default, for validation to refuse)."""
+    if _backend == "triton" and isinstance(tensor, torch.Tensor) and not kernels_read(tensor):
         return "native"
     return _backend
 

@@ -161,7 +161,7 @@ def prepare(q, k, cos, sin, positions, layout, rotary_dim, cu_seqlens, max_seqle
         raise ValueError("eager_rounding is implemented by backend='triton' and 'native' only")
     varlen = layout == "thd"
     _check_tensor("q", q, 3 if varlen else 4)
-    if backend != "native" and _device.kernels_on_gpu() and not (q.is_cuda or q.is_meta):
+    if backend != "native" and not _device.kernels_read(q):
         raise ValueError(f"q is on {q.device}, but backend={backend!r} runs its kernels on the GPU: move q and k to "
                          "the GPU, or pass backend='native' (or None, which takes it for tensors off the GPU)")
     if k is not None:

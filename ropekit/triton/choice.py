@@ -33,9 +33,9 @@ import torch
 
 from .. import device as _device
 from .configs import FlatConfig, FusedConfig, FusedShape, RopeShape, TileConfig, next_pow2
-from .model import (DECODE_TOKENS, DeviceFacts, fits_in_l2, flat_meets_littles_law, fused_candidate_space,
-                    fused_candidates, fused_meets_littles_law, model_fused, model_rope, rope_candidate_space,
-                    rope_candidates)
+from .model import (DeviceFacts, fits_in_l2, flat_meets_littles_law, fused_candidate_space,
+                    fused_candidates, fused_meets_littles_law, model_fused, model_rope, prefill_past_l2,
+                    rope_candidate_space, rope_candidates)
 
 __all__ = ["DeviceFacts", "device_facts", "measure_copy_gbps", "rope_bucket", "fused_bucket", "choose_rope",
            "choose_fused", "tuning_allowed", "time_launch", "cache_path", "ASSUMED_LATENCY_NS"]
@@ -369,4 +369,4 @@ def _fused_worth_timing(facts: DeviceFacts, bucket: FusedShape) -> bool:
     (:func:`choose_fused` narrows it to those whose tile keeps too little in flight). A decode step is its launch
     chain, which the event clock of one launch cannot tell apart; the backward keeps the model's walk of token
     blocks."""
-    return not bucket.backward and bucket.n_tokens > DECODE_TOKENS and not fits_in_l2(facts, bucket)
+    return prefill_past_l2(facts, bucket)

@@ -39,7 +39,7 @@ __all__ = ["DeviceFacts", "Launch", "WARPS", "resident_programs", "bytes_in_flig
            "fit_latency_ns", "register_budget", "THREAD_BYTES", "tile_values_max", "fits_in_l2", "model_rope",
            "model_fused", "rope_candidates", "fused_candidates", "rope_candidate_space", "fused_candidate_space",
            "is_valid_rope", "is_valid_fused", "DECODE_TOKENS", "flat_bytes_in_flight_per_sm",
-           "flat_meets_littles_law", "fused_bytes_in_flight_per_sm", "fused_meets_littles_law"]
+           "flat_meets_littles_law", "fused_bytes_in_flight_per_sm", "fused_meets_littles_law", "prefill_past_l2"]
 
 WARPS = (1, 2, 4, 8, 16, 32)  # the warp counts a Triton launch takes
 DECODE_TOKENS = 128  # at most this many tokens: a decode step, whose time is the launch chain, not its bytes
@@ -275,10 +275,15 @@ def model_fused(facts: DeviceFacts, shape: FusedShape, registers=None) -> FusedC
             config = config._replace(block_h=config.block_h // 2)  # very wide vectors: within the register bound
         while config.block_s * config.block_h * next_pow2(shape.width) > _TILE_VALUES_LIMIT and config.block_s > 1:
             config = config._replace(block_s=config.block_s // 2)
-        if registers is not None and not shape.backward and shape.n_tokens > DECODE_TOKENS \
-                and not fits_in_l2(facts, shape):
+        if registers is not None and prefill_past_l2(facts, shape):
             config = _enough_in_flight(facts, shape, config, registers)
     return _within_shared_memory(config, shape)
+
+
+def prefill_past_l2(facts: DeviceFacts, shape: FusedShape) -> bool:
+    """A forward launch of more tokens than a decode step whose bytes exceed the L2: it streams from DRAM, where what
+    a program keeps in flight decides its speed."""
+    return not shape.backward and shape.n_tokens > DECODE_TOKENS and not fits_in_l2(facts, shape)
 
 
 # Dependent memory round trips a forward program waits through: its position (or its sequence's offset), then its
