@@ -265,7 +265,7 @@ def model_fused(facts: DeviceFacts, shape: FusedShape, registers=None) -> FusedC
     A norm over all heads of a token (``norm_over_heads``) needs every head of the token in one program: the heads
     are the call's (rounded up), fewer tokens keep the tile within the bound (one token at least, whatever its
     size), and more warps share the larger tile at the rule's values a thread; a forward prefill of vectors of at
-    most 128 channels takes 2 tokens at 64 values a thread (:func:`_all_heads`).
+    most 128 channels takes 1 token at 32 values a thread (:func:`_all_heads`).
     """
     config = _fused_rule(facts, shape)
     if shape.norm_over_heads:
@@ -352,25 +352,26 @@ def _within_shared_memory(config: FusedConfig, shape: FusedShape) -> FusedConfig
     return config
 
 
-# Values a thread of a forward prefill's program that holds every head of its tokens (a norm over all heads): 2 tokens
-# x 32 heads x 128 channels at 4 warps took 8 % (H100) and 13 % (H200) less time than the 4 tokens at 16 warps that
-# the rule's 32 values a thread give, and than the same tile at 2 warps (OLMo-2's prefill, graph replay,
+# Values a thread of a forward prefill's program that holds every head of its tokens (a norm over all heads), one token
+# a program: 1 token x 32 heads x 128 channels at 4 warps took 4 % (H100) and 14 % (H200) less time than 2 tokens at
+# 64 values a thread, which had beaten 4 tokens at 16 warps (OLMo-2's prefill, graph replay,
 # docs/tuning.md#fused-launch-table); other head counts of at most 128 channels take the same values a thread
-_ALL_HEADS_PREFILL_VALUES = 64
+_ALL_HEADS_PREFILL_VALUES = 32
 
 
 def _all_heads(config: FusedConfig, shape: FusedShape) -> FusedConfig:
     """The rule's configuration with every head of a token in one program (the norm's reduction runs over them):
     fewer tokens while the tile passes the register bound, and the warps that keep the rule's own values a thread
     (at least 8: a 16-byte vector of bf16), up to 32. A forward prefill of head vectors of at most 128 channels takes
-    the plain prefill's 2 tokens and :data:`_ALL_HEADS_PREFILL_VALUES` a thread: its reduction already spans every
-    head of a token, so more tokens a program amortise nothing more, and fewer warps a program ran faster."""
+    one token a program at :data:`_ALL_HEADS_PREFILL_VALUES` a thread: its reduction already spans every head of a
+    token, so more tokens a program amortise nothing more and only hold the program's registers (and its place on the
+    SM) through more round trips."""
     heads, width = next_pow2(shape.n_heads), next_pow2(shape.width)
     if shape.backward or shape.n_tokens <= DECODE_TOKENS or shape.width > 128:
         density = max(config.block_s * config.block_h * width // (32 * config.num_warps), 8)
         block_s = config.block_s
     else:
-        density, block_s = _ALL_HEADS_PREFILL_VALUES, min(config.block_s, 2)
+        density, block_s = _ALL_HEADS_PREFILL_VALUES, 1
     while block_s > 1 and block_s * heads * width > _TILE_VALUES_LIMIT:
         block_s //= 2
     warps = next_pow2(cdiv(block_s * heads * width, 32 * density))
