@@ -265,7 +265,7 @@ def model_fused(facts: DeviceFacts, shape: FusedShape, registers=None) -> FusedC
     A norm over all heads of a token (``norm_over_heads``) needs every head of the token in one program: the heads
     are the call's (rounded up), fewer tokens keep the tile within the bound (one token at least, whatever its
     size), and more warps share the larger tile at the rule's values a thread; a forward prefill of vectors of at
-    most 128 channels takes 1 token at 32 values a thread (:func:`_all_heads`).
+    most 128 channels takes 1 token at up to 32 values a thread (:func:`_all_heads`).
     """
     config = _fused_rule(facts, shape)
     if shape.norm_over_heads:
@@ -352,10 +352,10 @@ def _within_shared_memory(config: FusedConfig, shape: FusedShape) -> FusedConfig
     return config
 
 
-# Values a thread of a forward prefill's program that holds every head of its tokens (a norm over all heads), one token
-# a program: 1 token x 32 heads x 128 channels at 4 warps took 4 % (H100) and 14 % (H200) less time than 2 tokens at
-# 64 values a thread, which had beaten 4 tokens at 16 warps (OLMo-2's prefill, graph replay,
-# docs/tuning.md#fused-launch-table); other head counts of at most 128 channels take the same values a thread
+# Values a thread, at most, of a forward prefill's program that holds every head of its token (a norm over all heads),
+# one token a program: fewer programs of more tokens keep as many bytes in flight in the model's count but compile to
+# more registers a thread, so an SM holds fewer of them; one token measured faster on the H100 and the H200 at 32 heads
+# of 128 channels (docs/tuning.md#fused-launch-table). Fewer heads keep the rule's 4 warps and fewer values a thread
 _ALL_HEADS_PREFILL_VALUES = 32
 
 
@@ -363,9 +363,9 @@ def _all_heads(config: FusedConfig, shape: FusedShape) -> FusedConfig:
     """The rule's configuration with every head of a token in one program (the norm's reduction runs over them):
     fewer tokens while the tile passes the register bound, and the warps that keep the rule's own values a thread
     (at least 8: a 16-byte vector of bf16), up to 32. A forward prefill of head vectors of at most 128 channels takes
-    one token a program at :data:`_ALL_HEADS_PREFILL_VALUES` a thread: its reduction already spans every head of a
-    token, so more tokens a program amortise nothing more and only hold the program's registers (and its place on the
-    SM) through more round trips."""
+    one token a program at :data:`_ALL_HEADS_PREFILL_VALUES` a thread at most: its reduction already spans every
+    head of a token, so more tokens a program amortise nothing more, and a program of one token compiles to fewer
+    registers a thread, so more programs fit an SM."""
     heads, width = next_pow2(shape.n_heads), next_pow2(shape.width)
     if shape.backward or shape.n_tokens <= DECODE_TOKENS or shape.width > 128:
         density = max(config.block_s * config.block_h * width // (32 * config.num_warps), 8)
