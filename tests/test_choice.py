@@ -73,8 +73,8 @@ FUSED_TABLE = {  # ropekit's fused launch table on the H100 (docs/tuning.md#fuse
     "prefill-fp8-q": (FusedShape(16384, 32, 128, 2, cache_format=E4M3, q_format=E4M3), FusedConfig(2, 16, 4, True, True)),
     "prefill-nvfp4": (FusedShape(16384, 32, 128, 2, cache_format=NVFP4, cache_scales=PER_BLOCK),
                       FusedConfig(2, 32, 4, True, True)),
-    # a norm over all heads (OLMo-2): 1 token x every head at 4 warps, the fastest tile measured on the H100 and the
-    # H200
+    # a norm over all heads (OLMo-2): 1 token x every head at 4 warps, the fastest of the tiles measured on the H100
+    # and the H200
     "prefill-norm-all-heads": (FusedShape(16384, 32, 128, 2, norm=True, norm_over_heads=True),
                                FusedConfig(1, 32, 4, True, True)),
     "backward": (FusedShape(16384, 32, 128, 2, norm=True, backward=True), FusedConfig(1, 8, 4, True, True, 16, 3)),
