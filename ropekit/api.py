@@ -413,7 +413,7 @@ def apply_rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, cos: Optional[
         key = _signature(q, k, cos, sin, positions, layout, interleaved, rotary_dim, inplace, cu_seqlens, max_seqlen,
                          per_token, conjugate, eager_rounding, inv_freq, scale, mrope_section, mrope_interleaved,
                          nope)
-        plan = plans.get(key)
+        plan = plans.find(key)
         if plan is not None and plan.accepts(positions):
             if inplace:
                 _check_in_place(q, k, cos, sin, positions, cu_seqlens, table, inv_freq, plan.checked)

@@ -582,3 +582,13 @@ def test_table_free_calls_hit_their_plan_and_each_other_signature_makes_another(
         pos = ref.token_positions(2, 3, offsets=9)
         assert_close_to_reference(out_q, kind.q(q, pos, signature))
         assert_close_to_reference(out_k, kind.k(k, pos, signature))
+
+
+@pytest.mark.parametrize("argument,value", [("layout", ["bshd"]), ("rotary_dim", [16]), ("scale", [1.0])])
+def test_an_unhashable_argument_is_refused_by_name_not_by_the_plan_cache(argument, value):
+    """The eager plan's key holds the call's host arguments; a list among them must reach validation, whose error
+    names the argument, rather than fail the plan cache's hash."""
+    q, k = make("bshd", 1, 4, 2, 16, torch.float32), make("bshd", 1, 4, 2, 16, torch.float32)
+    cos, sin = ropekit.cos_sin_table(8, 16, device=DEVICE)
+    with pytest.raises((TypeError, ValueError), match=argument):
+        ropekit.apply_rope(q, k, cos, sin, backend="triton", **{argument: value})
