@@ -389,3 +389,47 @@ def test_a_uint8_cache_holds_e4m3_bytes_and_a_scale_beside_a_model_dtype_cache_i
         if k_scale is None:
             first = caches[0].clone(), caches[1].clone()
     assert torch.equal(first[0], caches[0]) and torch.equal(first[1], caches[1])
+
+
+@pytest.mark.parametrize("layout", ["combined", "HND", "padded-scales"])
+def test_slot_mapping_into_caches_whose_blocks_are_not_their_rows(layout, backend):
+    """A slot is block * block_size + row, and a block's rows need not be block_size rows of one axis: the halves of
+    one (num_blocks, 2, block_size, heads, dim) tensor (FlashInfer's combined cache), the HND layout, and
+    per-(token, head) scale caches whose blocks are padded. Every written row holds the reference; every other byte is
+    unchanged."""
+    tokens, hq, hk, d, num_blocks, block_size = 7, 4, 2, 16, 5, 4
+    q, k, v, k_cache, v_cache, slots = paged_case(tokens, hq, hk, d, torch.bfloat16, num_blocks=num_blocks,
+                                                  block_size=block_size, skip=(3,))
+    cos, sin = ropekit.cos_sin_table(64, d, device=DEVICE)
+    positions = torch.randint(0, 64, (tokens,), device=DEVICE)
+    kwargs = dict(slot_mapping=slots, positions=positions, layout="thd", cu_seqlens=torch.tensor(
+        [0, tokens], device=DEVICE), max_seqlen=tokens)
+    want_k = ref.rope_table(k, cos, sin, positions.cpu())
+    if layout == "padded-scales":
+        k_cache = torch.zeros(num_blocks, block_size, hk, d, device=DEVICE, dtype=torch.int8)
+        v_cache = torch.zeros_like(k_cache)
+        padded = torch.full((num_blocks, block_size + 3, hk), 7.0, device=DEVICE)
+        k_scales, v_scales = padded[:, :block_size], padded.clone()[:, :block_size]
+        before = padded.clone()
+        ropekit.rope_and_cache(q, k, v, cos, sin, k_cache=k_cache, v_cache=v_cache, k_scale_cache=k_scales,
+                               v_scale_cache=v_scales, kv_cache_dtype="int8_per_token_head", **kwargs)
+        written = slots[slots >= 0].cpu()
+        got = (k_cache.view(-1, hk, d).cpu()[written].double() * k_scales.reshape(-1, hk).cpu()[written, :, None])
+        want = want_k[slots.cpu() >= 0]
+        assert float((got - want).abs().max()) <= float(want.abs().amax()) / 127
+        assert torch.equal(padded[:, block_size:].cpu(), before[:, block_size:].cpu())  # the padding untouched
+        return
+    if layout == "combined":
+        both = torch.randn(num_blocks, 2, block_size, hk, d, device=DEVICE).to(torch.bfloat16)
+        k_cache, v_cache = both[:, 0], both[:, 1]
+        flat = lambda c: c  # noqa: E731
+        extra = {}
+    else:
+        k_cache = torch.randn(num_blocks, hk, block_size, d, device=DEVICE).to(torch.bfloat16)
+        v_cache = torch.randn(num_blocks, hk, block_size, d, device=DEVICE).to(torch.bfloat16)
+        flat = lambda c: c.transpose(1, 2)  # noqa: E731
+        extra = dict(kv_layout="HND")
+    before = flat(k_cache).contiguous(), flat(v_cache).contiguous()
+    ropekit.rope_and_cache(q, k, v, cos, sin, k_cache=k_cache, v_cache=v_cache, **kwargs, **extra)
+    assert_paged(before[0], flat(k_cache).contiguous(), want_k, slots)
+    assert_paged(before[1], flat(v_cache).contiguous(), v.double().cpu(), slots)

@@ -103,10 +103,12 @@ CASES = {  # (seq_lens after the step, tokens appended this step)
 @pytest.mark.parametrize("kv_layout", ["NHD", "HND"])
 @pytest.mark.parametrize("step", list(CASES))
 @pytest.mark.parametrize("cache_dtype", ["bf16", "fp8"])
-def test_page_table_round_trip(backend, kv_layout, step, cache_dtype):
-    """rope_and_cache through FlashInfer's page table (packed tokens, thd), read back by FlashInfer's reader."""
+@pytest.mark.parametrize("page_size", [4, 3])
+def test_page_table_round_trip(backend, kv_layout, step, cache_dtype, page_size):
+    """rope_and_cache through FlashInfer's page table (packed tokens, thd), read back by FlashInfer's reader; pages
+    of a power of two and of another size (the kernel divides by a constant page size)."""
     seq_lens, append_lens = CASES[step]
-    hq, hk, d, page_size, num_pages = 4, 2, 16, 4, 24
+    hq, hk, d, num_pages = 4, 2, 16, 32
     table = page_table(seq_lens, append_lens, page_size, num_pages)
     tokens = sum(append_lens)
     q = torch.randn(tokens, hq, d, device=DEVICE).to(torch.bfloat16)

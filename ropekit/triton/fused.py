@@ -104,10 +104,13 @@ class Writes(NamedTuple):
 
 class CacheWrite(NamedTuple):
     """The forward's cache write: MODE, the address map (CACHE_NONE, CACHE_CONTIGUOUS, CACHE_PAGED,
-    CACHE_PAGE_TABLE; ``fused_tiles.cache_slot``); HAS_V, v's head vectors of V_DIM channels (BLOCK_V lanes) copied
-    untouched; QUANT, the quantising store (``fused_tiles``: (format, scales, native conversion))."""
+    CACHE_PAGE_TABLE; ``fused_tiles.cache_slot``) and, through a page table, the rows a page holds (PAGE_SIZE, a
+    constant: the page lookup's division and remainder are then a shift and a mask at the usual powers of two); HAS_V,
+    v's head vectors of V_DIM channels (BLOCK_V lanes) copied untouched; QUANT, the quantising store (``fused_tiles``:
+    (format, scales, native conversion))."""
 
     MODE: int
+    PAGE_SIZE: int
     HAS_V: bool
     V_DIM: int
     BLOCK_V: int
@@ -210,7 +213,8 @@ def _forward_heads(
                                          POSITION, False, MATH_DTYPE)
     if CACHE_MODE != 0:
         token = token_rows if POSITION.IS_VARLEN else pid_b.to(tl.int64) * seqlen + s_local
-        cache_block, cache_row, cache_mask = cache_slot(cache_rows, token, s_local, pid_b, token_mask, CACHE_MODE)
+        cache_block, cache_row, cache_mask = cache_slot(cache_rows, token, s_local, pid_b, token_mask, CACHE_MODE,
+                                                         CACHE.PAGE_SIZE)
     if NORM[0] != NORM_NONE_C and NORM[2]:
         w_a, w_b, w_t = norm_weights(weight, heads, head_mask, weight_offset, NORM, HEAD, MATH_DTYPE)
     if NORM[0] == NORM_BEFORE_C:
@@ -258,7 +262,8 @@ def fused_forward_kernel(
     # channels; the caches' stores (float8 ones as uint8 bits; strides (block or sequence, row, head, channel),
     # whichever of NHD and HND; scales float32 read or (per token and head) written, or NVFP4's e4m3 block scales
     # written beside the cache over a float32 global scale, their strides (block or sequence, row, head)); where each
-    # token's row is (fused_tiles.cache_slot: the slots or the page table, cache_len, block_size)
+    # token's row is (fused_tiles.cache_slot: the slots or the page table, cache_len, block_size (with a page table:
+    # CACHE.PAGE_SIZE))
     v, k_cache, v_cache, cache_rows,
     # the QK-norm (NORM = (place, weighted, over_heads), fused_tiles): the weights (tensor, stride), (HEAD_DIM,) or
     # over all heads (n_heads * HEAD_DIM,); (eps, weight offset)
@@ -722,10 +727,12 @@ def plan_fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, inte
         v_cache=_store(v_cache, v_scale, v_global, quant),
         cache_rows=(slots, slots.stride(0) if slots is not None else 1, batch_indices, kv_indices, kv_indptr,
                     (batch_indices.stride(0), kv_indices.stride(0), kv_indptr.stride(0), kv_indices.shape[0],
-                     kv_indptr.shape[0] - 1) if page_table is not None else (1, 1, 1, 0, 0), cache_len, block_size),
+                     kv_indptr.shape[0] - 1) if page_table is not None else (1, 1, 1, 0, 0), cache_len,
+                    block_size if cache_mode != CACHE_PAGE_TABLE else 1),
         TILE=Tile(config.block_s, config.block_h, block_hk, config.heads_inner),
         WRITE=Writes(write_q, write_k, norm or not in_place),
-        CACHE=CacheWrite(cache_mode, v is not None and cache_mode != CACHE_NONE, v_dim, next_pow2(v_dim), quant),
+        CACHE=CacheWrite(cache_mode, block_size if cache_mode == CACHE_PAGE_TABLE else 1,
+                         v is not None and cache_mode != CACHE_NONE, v_dim, next_pow2(v_dim), quant),
         OUT_QUANT=_quant((q_format, PER_TENSOR), out_q, q.device))
     return KernelLaunch(fused_forward_kernel, grid, config.num_warps, FORWARD_PER_CALL, arguments)
 

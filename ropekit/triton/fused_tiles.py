@@ -432,7 +432,7 @@ def normed(x_a, x_b, x_t, w_a, w_b, w_t, eps, n_heads, NORM: tl.constexpr, HEAD:
 
 
 @triton.jit
-def cache_slot(cache_rows, token, s_local, pid_b, mask, CACHE: tl.constexpr):
+def cache_slot(cache_rows, token, s_local, pid_b, mask, CACHE: tl.constexpr, PAGE_SIZE: tl.constexpr):
     """The address map: where each token of the tile goes in the cache, as (block or sequence, row inside it) and
     whether it is written at all. Where the head axis lies (NHD or HND) is the cache's strides, not this map's.
 
@@ -442,8 +442,10 @@ def cache_slot(cache_rows, token, s_local, pid_b, mask, CACHE: tl.constexpr):
       ``slot % block_size``; -1 (any slot outside the ``cache_len`` slots) writes nothing.
     * CACHE 3, a page table (FlashInfer's): request ``b = BATCH_INDICES[token]`` (-1 writes nothing), position
       ``p = SLOTS[token]`` in it; its pages are ``KV_INDICES[KV_INDPTR[b]:KV_INDPTR[b + 1]]``, so the block is
-      ``KV_INDICES[KV_INDPTR[b] + p // block_size]`` and the row ``p % block_size``. Only entries of the request's
-      own span of KV_INDICES are read and only blocks among the ``cache_len // block_size`` are written.
+      ``KV_INDICES[KV_INDPTR[b] + p // PAGE_SIZE]`` and the row ``p % PAGE_SIZE``. Only entries of the request's own
+      span of KV_INDICES are read and only blocks among the ``cache_len // PAGE_SIZE`` are written. ``PAGE_SIZE``,
+      the block size, is a constant here: a page table's lookup waits on the division (measured in
+      docs/tuning.md#fused-launch-table).
 
     ``cache_rows``: (SLOTS, its stride, BATCH_INDICES, KV_INDICES, KV_INDPTR, page_table, cache_len, block_size),
     ``page_table`` (BATCH_INDICES' stride, KV_INDICES' stride, KV_INDPTR's stride, KV_INDICES' length, the number
@@ -469,13 +471,13 @@ def cache_slot(cache_rows, token, s_local, pid_b, mask, CACHE: tl.constexpr):
         position = tl.where(written, position, 0)
         first = tl.load(KV_INDPTR + request * page_table[2], mask=written, other=0).to(tl.int64)
         end = tl.load(KV_INDPTR + (request + 1) * page_table[2], mask=written, other=0).to(tl.int64)
-        page_iter = first + position // block_size
+        page_iter = first + position // PAGE_SIZE
         written = written & (page_iter >= 0) & (page_iter < end) & (page_iter < page_table[3])
         page = tl.load(KV_INDICES + tl.where(written, page_iter, 0) * page_table[1], mask=written,
                        other=-1).to(tl.int64)
-        written = written & (page >= 0) & (page < cache_len // block_size)
+        written = written & (page >= 0) & (page < cache_len // PAGE_SIZE)
         block = tl.where(written, page, 0)
-        row = position % block_size
+        row = position % PAGE_SIZE
     return block, row, written
 
 
