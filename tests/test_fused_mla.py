@@ -47,7 +47,7 @@ def check_cache(before, after, kv_c, k_pe64, slots, scale=None):
 
 
 @pytest.mark.parametrize("form", ["cos_sin_cache", "tables-neox-out-of-place"])
-def test_matches_reference(form):
+def test_matches_reference(form, backend):
     tokens, heads, rope_dim, latent = 6, 3, 16, 32
     q_pe, k_pe, kv_c, kv_cache, slots = mla_case(tokens, heads, rope_dim, latent, torch.bfloat16, num_blocks=4,
                                                  block_size=4)
@@ -200,7 +200,7 @@ def test_errors_name_this_calls_arguments(change, error, words, monkeypatch):
         assert torch.equal(t.view(torch.uint8), b.view(torch.uint8))
 
 
-def test_engine_padding_a_longer_positions_a_shorter_slot_mapping_and_a_uint8_cache():
+def test_engine_padding_a_longer_positions_a_shorter_slot_mapping_and_a_uint8_cache(backend):
     """vLLM's fused MLA write reads positions and slots for the first tokens (a CUDA-graph batch pads them) and keeps a
     float8 cache as uint8 bytes."""
     q_pe, k_pe, kv_c, kv_cache, slots = mla_case(4, 2, 16, 32, torch.bfloat16, num_blocks=3, block_size=4,
