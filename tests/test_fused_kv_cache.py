@@ -406,18 +406,21 @@ def test_slot_mapping_into_caches_whose_blocks_are_not_their_rows(layout, backen
         [0, tokens], device=DEVICE), max_seqlen=tokens)
     want_k = ref.rope_table(k, cos, sin, positions.cpu())
     if layout == "padded-scales":
-        k_cache = torch.zeros(num_blocks, block_size, hk, d, device=DEVICE, dtype=torch.int8)
-        v_cache = torch.zeros_like(k_cache)
-        padded = torch.full((num_blocks, block_size + 3, hk), 7.0, device=DEVICE)
-        k_scales, v_scales = padded[:, :block_size], padded.clone()[:, :block_size]
-        before = padded.clone()
-        ropekit.rope_and_cache(q, k, v, cos, sin, k_cache=k_cache, v_cache=v_cache, k_scale_cache=k_scales,
-                               v_scale_cache=v_scales, kv_cache_dtype="int8_per_token_head", **kwargs)
+        caches = [torch.full((num_blocks, block_size, hk, d), 5, device=DEVICE, dtype=torch.int8) for _ in range(2)]
+        padded = [torch.full((num_blocks, block_size + 3, hk), 7.0, device=DEVICE) for _ in range(2)]
+        scales = [t[:, :block_size] for t in padded]  # each block's rows, then three rows of padding
+        ropekit.rope_and_cache(q, k, v, cos, sin, k_cache=caches[0], v_cache=caches[1], k_scale_cache=scales[0],
+                               v_scale_cache=scales[1], kv_cache_dtype="int8_per_token_head", **kwargs)
         written = slots[slots >= 0].cpu()
-        got = (k_cache.view(-1, hk, d).cpu()[written].double() * k_scales.reshape(-1, hk).cpu()[written, :, None])
-        want = want_k[slots.cpu() >= 0]
-        assert float((got - want).abs().max()) <= float(want.abs().amax()) / 127
-        assert torch.equal(padded[:, block_size:].cpu(), before[:, block_size:].cpu())  # the padding untouched
+        unwritten = torch.ones(num_blocks * block_size, dtype=torch.bool)
+        unwritten[written] = False
+        for cache, scale, base, want in zip(caches, scales, padded, (want_k, v.double().cpu())):
+            rows, row_scales = cache.view(-1, hk, d).cpu(), scale.reshape(-1, hk).cpu()
+            got = rows[written].double() * row_scales[written, :, None]
+            want = want[slots.cpu() >= 0]
+            assert float((got - want).abs().max()) <= float(want.abs().amax()) / 127  # within int8's step
+            assert bool((rows[unwritten] == 5).all()) and bool((row_scales[unwritten] == 7.0).all())
+            assert bool((base[:, block_size:] == 7.0).all())  # the padding untouched
         return
     if layout == "combined":
         both = torch.randn(num_blocks, 2, block_size, hk, d, device=DEVICE).to(torch.bfloat16)

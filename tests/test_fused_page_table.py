@@ -270,6 +270,9 @@ BAD = {  # change -> (error, the argument the message names)
     "k_cache-pair-and-v_cache": (lambda c: dict(k_cache=(c["k_cache"], c["v_cache"])), ValueError, "v_cache"),
     "k_cache-5d-not-2": (lambda c: dict(k_cache=torch.zeros(6, 3, 4, 2, 16, device=DEVICE), v_cache=None),
                          ValueError, "k_cache"),
+    "k_cache-pages-of-no-rows": (lambda c: dict(k_cache=torch.zeros(6, 0, 2, 16, device=DEVICE),
+                                                v_cache=torch.zeros(6, 0, 2, 16, device=DEVICE)), ValueError,
+                                 "k_cache"),
 }
 
 

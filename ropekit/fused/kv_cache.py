@@ -389,6 +389,9 @@ def _check_cache_arguments(q, k, v, k_cache, v_cache, slot_mapping, cache_offset
                          head_dim=head_dim // 2 if nvfp4 else head_dim, dtype=k.dtype, device=q.device,
                          kv_layout=kv_layout, quantised=formats)
     blocks = tuple(validate.nhd(k_cache, kv_layout).shape[:2])
+    if by_table and blocks[1] == 0:  # a token's page is its position divided by the rows a page holds
+        raise ValueError(f"k_cache's pages must hold at least one row (block_size), got shape {tuple(k_cache.shape)} "
+                         f"(kv_layout {kv_layout!r})")
     if v_cache is not None:
         validate.check_cache("v_cache", v_cache, leading=blocks, n_heads=n_heads,
                              head_dim=v.shape[-1] // 2 if nvfp4 else v.shape[-1], dtype=k.dtype, device=q.device,

@@ -728,7 +728,7 @@ def plan_fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, inte
         cache_rows=(slots, slots.stride(0) if slots is not None else 1, batch_indices, kv_indices, kv_indptr,
                     (batch_indices.stride(0), kv_indices.stride(0), kv_indptr.stride(0), kv_indices.shape[0],
                      kv_indptr.shape[0] - 1) if page_table is not None else (1, 1, 1, 0, 0), cache_len,
-                    block_size if cache_mode != CACHE_PAGE_TABLE else 1),
+                    block_size if cache_mode == CACHE_PAGED else 1),  # read by the slot map only (1: a constant)
         TILE=Tile(config.block_s, config.block_h, block_hk, config.heads_inner),
         WRITE=Writes(write_q, write_k, norm or not in_place),
         CACHE=CacheWrite(cache_mode, block_size if cache_mode == CACHE_PAGE_TABLE else 1,

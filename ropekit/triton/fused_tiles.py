@@ -447,7 +447,8 @@ def cache_slot(cache_rows, token, s_local, pid_b, mask, CACHE: tl.constexpr, PAG
       the block size, is a constant here: a page table's lookup waits on the division (measured in
       docs/tuning.md#fused-launch-table).
 
-    ``cache_rows``: (SLOTS, its stride, BATCH_INDICES, KV_INDICES, KV_INDPTR, page_table, cache_len, block_size),
+    ``cache_rows``: (SLOTS, its stride, BATCH_INDICES, KV_INDICES, KV_INDPTR, page_table, cache_len, block_size (the
+    slot map's; 1 and unread otherwise)),
     ``page_table`` (BATCH_INDICES' stride, KV_INDICES' stride, KV_INDPTR's stride, KV_INDICES' length, the number
     of requests).
     """
