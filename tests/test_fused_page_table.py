@@ -288,6 +288,22 @@ def test_errors_name_the_argument_and_write_nothing(bad):
         assert torch.equal(call[key], t), key
 
 
+@pytest.mark.parametrize("separate", [False, True])
+def test_mla_pages_of_no_rows_are_refused_by_the_caches_name(separate):
+    """A token's page is its position divided by the rows a page holds: MLA's caches through the page table with pages
+    of no rows are refused, naming the cache, and nothing is written."""
+    table = page_table([2], [2], 4, 3)
+    q_pe, kv = torch.randn(2, 2, 16, device=DEVICE), torch.randn(2, 32 + 16, device=DEVICE)
+    caches = (torch.zeros(3, 0, 32, device=DEVICE), torch.zeros(3, 0, 16, device=DEVICE)) if separate else \
+        torch.zeros(3, 0, 48, device=DEVICE)
+    cos, sin = ropekit.cos_sin_table(16, 16, device=DEVICE)
+    before = q_pe.clone()
+    with pytest.raises(ValueError, match="kpe_cache" if separate else "kv_cache"):
+        ropekit.mla_rope_and_cache(q_pe, kv[:, 32:], kv[:, :32], caches, None, table["cache_positions"], cos, sin,
+                                   **{n: table[n] for n in ("kv_indices", "kv_indptr", "batch_indices",
+                                                            "cache_positions")})
+    assert torch.equal(q_pe, before)
+
 CHECK_MODE_BAD = {
     "kv_indices-outside-the-pool": (lambda c: c["kv_indices"].__setitem__(0, 6), "kv_indices"),
     "kv_indptr-decreasing": (lambda c: c["kv_indptr"].__setitem__(2, 1), "kv_indptr"),

@@ -389,9 +389,6 @@ def _check_cache_arguments(q, k, v, k_cache, v_cache, slot_mapping, cache_offset
                          head_dim=head_dim // 2 if nvfp4 else head_dim, dtype=k.dtype, device=q.device,
                          kv_layout=kv_layout, quantised=formats)
     blocks = tuple(validate.nhd(k_cache, kv_layout).shape[:2])
-    if by_table and blocks[1] == 0:  # a token's page is its position divided by the rows a page holds
-        raise ValueError(f"k_cache's pages must hold at least one row (block_size), got shape {tuple(k_cache.shape)} "
-                         f"(kv_layout {kv_layout!r})")
     if v_cache is not None:
         validate.check_cache("v_cache", v_cache, leading=blocks, n_heads=n_heads,
                              head_dim=v.shape[-1] // 2 if nvfp4 else v.shape[-1], dtype=k.dtype, device=q.device,
@@ -427,7 +424,7 @@ def _check_cache_arguments(q, k, v, k_cache, v_cache, slot_mapping, cache_offset
     n_tokens = kv.shape[0] if spec.is_varlen else kv.shape[0] * kv.shape[1]
     if by_table:
         validate.check_page_table(kv_indices, kv_indptr, batch_indices, cache_positions, n_tokens, blocks[0],
-                                  blocks[1], q.device)
+                                  blocks[1], q.device, "k_cache")
         return cache_positions, CACHE_PAGE_TABLE
     if paged:
         return validate.check_slot_mapping(slot_mapping, n_tokens, blocks[0] * blocks[1], q.device), CACHE_PAGED

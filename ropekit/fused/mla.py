@@ -144,7 +144,8 @@ def mla_rope_and_cache(q_pe: torch.Tensor, k_pe: torch.Tensor, kv_c: torch.Tenso
             raise ValueError("pass exactly one of slot_mapping and the page table (kv_indices, kv_indptr, "
                              "batch_indices, cache_positions)")
         if by_table:
-            validate.check_page_table(*page_table, tokens, k_cache.shape[0], k_cache.shape[1], q.device)
+            validate.check_page_table(*page_table, tokens, k_cache.shape[0], k_cache.shape[1], q.device,
+                                      cache_names[-1])
             slots, cache_mode, user_slots = cache_positions, CACHE_PAGE_TABLE, cache_positions
         else:
             user_slots = slot_mapping

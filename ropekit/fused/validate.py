@@ -233,12 +233,15 @@ def check_slot_mapping(slot_mapping, n_tokens: int, n_slots: int, device) -> tor
 
 
 def check_page_table(kv_indices, kv_indptr, batch_indices, cache_positions, n_tokens: int, n_pages: int,
-                     page_size: int, device) -> None:
+                     page_size: int, device, cache: str) -> None:
     """FlashInfer's page table: request ``b``'s pages are ``kv_indices[kv_indptr[b]:kv_indptr[b + 1]]``, and token
     ``t`` goes to position ``cache_positions[t]`` of request ``batch_indices[t]`` (-1: nowhere). int32 or int64, 1-D,
-    ``batch_indices`` and ``cache_positions`` one a token. Check mode: ``kv_indptr`` starts at 0 or more, never
+    ``batch_indices`` and ``cache_positions`` one a token; the pages of ``cache`` (the caller's name for the cache)
+    hold ``page_size`` >= 1 rows, a token's page being its position divided by them. Check mode: ``kv_indptr`` starts at 0 or more, never
     decreases and ends inside ``kv_indices``; every page in ``[0, n_pages)``; every batch index in ``[-1,
     requests)``; every cached token's position ``>= 0`` and inside its request's pages; no (page, row) twice."""
+    if page_size < 1:
+        raise ValueError(f"{cache}'s pages must hold at least one row (block_size), got {page_size}")
     for name, t in (("kv_indices", kv_indices), ("kv_indptr", kv_indptr), ("batch_indices", batch_indices),
                     ("cache_positions", cache_positions)):
         _index_tensor(name, t, device, (torch.int32, torch.int64))
@@ -268,14 +271,14 @@ def check_page_table(kv_indices, kv_indptr, batch_indices, cache_positions, n_to
     request, position = requests[cached], positions[cached]
     if position.numel() and int(position.min()) < 0:
         raise ValueError(f"cache_positions of cached tokens must be >= 0, got {int(position.min())}")
-    page_iter = indptr[request] + position // max(page_size, 1)
+    page_iter = indptr[request] + position // page_size
     outside = page_iter >= indptr[request + 1]
     if bool(outside.any()):
         t = int(torch.nonzero(cached)[:, 0][outside][0])
         raise ValueError(f"cache_positions[{t}] = {int(positions[t])} lies past request {int(requests[t])}'s "
                          f"{int(indptr[requests[t] + 1] - indptr[requests[t]])} pages of {page_size} rows "
                          "(kv_indptr)")
-    slots = indices[page_iter] * page_size + position % max(page_size, 1)
+    slots = indices[page_iter] * page_size + position % page_size
     if slots.unique().numel() != slots.numel():
         raise ValueError("batch_indices and cache_positions name a cache row twice: two tokens would race for it")
 
