@@ -9,6 +9,12 @@ table at that position, and stores the row to ``out[i]``.
 The benchmarks time it in the same run and on the same clock as the rows it bounds (captured in a CUDA graph of as
 many calls as the case's rows, replayed in the same interleaved rounds, median), with its buffers reused every call
 (L2-resident, like the small cases' L2 rows), and divide the decode rows by it.
+
+On a GPU of compute capability 9.0 and later ropekit's small grids launch programmatically
+(``ropekit.triton.groups.Dependency``: each waits for the grid before it, then lets the grid after it launch), which
+takes part of the launch out of the chain. The same chain launched that way (``LaunchChain(..., dependent=True)``,
+:data:`NAME_DEPENDENT`) is timed beside it, so that a decode row can be read against either: the floor above stays
+the targets' floor.
 """
 
 from __future__ import annotations
@@ -17,17 +23,25 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["PROGRAMS", "ROW", "TABLE_ROWS", "METHOD", "NAME", "launch_chain_kernel", "LaunchChain", "launch_chain"]
+from ..triton.groups import Dependency
+from ..triton.v4 import after_grid_before
+
+__all__ = ["PROGRAMS", "ROW", "TABLE_ROWS", "METHOD", "NAME", "NAME_DEPENDENT", "METHOD_DEPENDENT",
+           "launch_chain_kernel", "LaunchChain", "launch_chain", "dependent_launch_available"]
 
 PROGRAMS, ROW, TABLE_ROWS = 64, 64, 8192
 NAME = "launch-chain floor"
+NAME_DEPENDENT = "launch-chain floor, PDL"
 METHOD = (f"{PROGRAMS}-program Triton kernel: program i loads positions[i] (int64), then the {ROW}-float row of a "
           f"{TABLE_ROWS}-row float32 table at that position, and stores it to out[i]; buffers reused every call "
           "(L2-resident); graph replay in the case's interleaved rounds, median")
+METHOD_DEPENDENT = (METHOD + "; launched programmatically, each program waiting for the grid before it, then "
+                    "releasing the grid after it, as ropekit's small grids launch (compute capability 9.0 and later)")
 
 
 @triton.jit
-def launch_chain_kernel(positions_ptr, table_ptr, out_ptr, ROW: tl.constexpr):
+def launch_chain_kernel(positions_ptr, table_ptr, out_ptr, ROW: tl.constexpr, DEPENDENCY: tl.constexpr = 0):
+    after_grid_before(DEPENDENCY)
     i = tl.program_id(0)
     position = tl.load(positions_ptr + i)  # the second load's address depends on this one: a chain
     columns = tl.arange(0, ROW)
@@ -35,17 +49,25 @@ def launch_chain_kernel(positions_ptr, table_ptr, out_ptr, ROW: tl.constexpr):
     tl.store(out_ptr + i * ROW + columns, row)
 
 
-class LaunchChain:
-    """One buffer set of the chain (random positions below TABLE_ROWS, a random table) and its launch as a call."""
+def dependent_launch_available(device) -> bool:
+    """Whether ``device`` launches grids programmatically (a CUDA GPU of compute capability 9.0 or later)."""
+    device = torch.device(device)
+    return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (9, 0)
 
-    def __init__(self, device, seed: int = 0):
+
+class LaunchChain:
+    """One buffer set of the chain (random positions below TABLE_ROWS, a random table) and its launch as a call;
+    ``dependent``: launched programmatically (:data:`NAME_DEPENDENT`)."""
+
+    def __init__(self, device, seed: int = 0, dependent: bool = False):
         generator = torch.Generator().manual_seed(seed)
         self.positions = torch.randint(0, TABLE_ROWS, (PROGRAMS,), generator=generator, dtype=torch.int64).to(device)
         self.table = torch.randn(TABLE_ROWS, ROW, generator=generator).to(device)
         self.out = torch.empty(PROGRAMS, ROW, device=device)
+        self.options = dict(DEPENDENCY=Dependency.RELEASE, launch_pdl=True) if dependent else {}
 
     def __call__(self) -> torch.Tensor:
-        launch_chain_kernel[(PROGRAMS,)](self.positions, self.table, self.out, ROW=ROW, num_warps=1)
+        launch_chain_kernel[(PROGRAMS,)](self.positions, self.table, self.out, ROW=ROW, num_warps=1, **self.options)
         return self.out
 
     def check(self) -> None:
@@ -56,8 +78,8 @@ class LaunchChain:
             raise RuntimeError("the launch-chain floor kernel wrote the wrong rows")
 
 
-def launch_chain(device, seed: int = 0) -> LaunchChain:
+def launch_chain(device, seed: int = 0, dependent: bool = False) -> LaunchChain:
     """The floor's call on ``device``, run once and checked."""
-    chain = LaunchChain(device, seed)
+    chain = LaunchChain(device, seed, dependent)
     chain.check()
     return chain

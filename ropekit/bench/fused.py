@@ -45,8 +45,8 @@ from . import floor
 from .fused_cases import (BLOCK_SIZE, CASES, EPS, FORMAT_MAX, FP8, Data, FusedCase, actual, check, expected,
                           floor_bytes, make_data, meta_bytes, scale_bytes, static_scale_bytes, tiny)
 
-__all__ = ["CASES", "IMPL_NAMES", "COPY_REFERENCE", "LAUNCH_FLOOR", "impls", "checked_call", "stream_for", "run_case",
-           "copy_of_floor", "torch_nvfp4", "run", "cli_parser", "main"]
+__all__ = ["CASES", "IMPL_NAMES", "COPY_REFERENCE", "LAUNCH_FLOOR", "LAUNCH_FLOOR_DEPENDENT", "impls", "checked_call",
+           "stream_for", "run_case", "copy_of_floor", "torch_nvfp4", "run", "cli_parser", "main"]
 
 
 # --- the implementations: each builds, from one case's data, a call that returns the rotated q (or the gradients) ---
@@ -299,6 +299,7 @@ IMPL_NAMES = ("ropekit-fused", "unfused (index_copy_)", "unfused (index_put_)", 
 COPY_REFERENCE = "copy of the floor's bytes"
 # not an implementation either: the decode cases' launch-chain floor (ropekit.bench.floor), timed with them
 LAUNCH_FLOOR = floor.NAME
+LAUNCH_FLOOR_DEPENDENT = floor.NAME_DEPENDENT
 
 
 def impls(compile_backend: str = "inductor") -> dict:
@@ -326,7 +327,8 @@ def run_case(case: FusedCase, builders: dict, timer, device, seed: int = 0, ceil
     ``timer``: :class:`ropekit.bench.timing.GpuTimer` (or a fake with ``capture``/``replay_rounds``), or None for a
     dry run (checked, not timed). A failing implementation gives an error row; the others go on. A timed run adds
     the row ``COPY_REFERENCE`` (status "reference"): a plain copy of the case's byte floor in the same rounds; and
-    for a decode case the row ``LAUNCH_FLOOR`` (status "reference"): the launch-chain floor, in the same rounds.
+    for a decode case the row ``LAUNCH_FLOOR`` (status "reference"): the launch-chain floor, in the same rounds, and
+    on a GPU that launches grids programmatically ``LAUNCH_FLOOR_DEPENDENT``, the same chain launched that way.
     """
     rows, pending = [], []
     floor_us = floor_bytes(case) / (ceiling_gbps * 1e3) if ceiling_gbps else 1.0
@@ -352,13 +354,17 @@ def run_case(case: FusedCase, builders: dict, timer, device, seed: int = 0, ceil
         copy = copy_of_floor(case, device)
         pending.append((row, timer.capture([copy], floor_us), copy))
         if case.decode:
-            row = {"case": case.name, "impl": LAUNCH_FLOOR, "status": "reference", "graph_us": None}
-            rows.append(row)
-            try:
-                chain = floor.launch_chain(device, seed)
-                pending.append((row, timer.capture([chain], floor_us), chain))
-            except Exception as error:  # noqa: BLE001  (a floor is context; its failure must not end the run)
-                row.update(status="error", reason=f"{type(error).__name__}: {error}"[:400])
+            # the floor, and where ropekit's small grids launch programmatically the same chain launched that way
+            for name, dependent in ((LAUNCH_FLOOR, False), (LAUNCH_FLOOR_DEPENDENT, True)):
+                if dependent and not floor.dependent_launch_available(device):
+                    continue
+                row = {"case": case.name, "impl": name, "status": "reference", "graph_us": None}
+                rows.append(row)
+                try:
+                    chain = floor.launch_chain(device, seed, dependent)
+                    pending.append((row, timer.capture([chain], floor_us), chain))
+                except Exception as error:  # noqa: BLE001  (a floor is context; its failure must not end the run)
+                    row.update(status="error", reason=f"{type(error).__name__}: {error}"[:400])
     if pending:
         results = timer.replay_rounds([captured for _, captured, _ in pending])
         for (row, _, _), (median, spread, calls) in zip(pending, results):

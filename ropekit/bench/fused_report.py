@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 from .floor import NAME as LAUNCH_FLOOR  # the row ropekit.bench.fused times beside a decode case's implementations
+from .floor import NAME_DEPENDENT as LAUNCH_FLOOR_DEPENDENT  # and the same chain launched programmatically
 
 __all__ = ["evaluate_targets", "write_outputs", "publish", "render_markdown", "write_plot", "best_unfused",
            "timed_rows"]
@@ -117,6 +118,11 @@ def render_markdown(doc: dict) -> str:
         chain_text = (f" Launch-chain floor {_fmt(chain['graph_us'])} µs"
                       + (f"; {FUSED} at {fused['graph_us'] / chain['graph_us']:.2f}x it." if fused else ".")
                       if chain else "")
+        dependent = timed.get(LAUNCH_FLOOR_DEPENDENT)
+        if chain and dependent:
+            chain_text += (f" The same chain launched programmatically, as ropekit's small grids are: "
+                           f"{_fmt(dependent['graph_us'])} µs"
+                           + (f"; {FUSED} at {fused['graph_us'] / dependent['graph_us']:.2f}x it." if fused else "."))
         which = "NVFP4's block scales" if case.get("kv_cache_dtype") == "nvfp4" else "per-(token, head) scales"
         scales = (f" Of the floor, {which} written: {case['scale_bytes'] / 1e3:.1f} kB."
                   if case.get("scale_bytes") else "")

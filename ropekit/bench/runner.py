@@ -229,21 +229,29 @@ class Runner:
         if case.group != "main" or case.name not in LAUNCH_FLOOR_CASES or (
                 budget and time.perf_counter() - start > budget):
             return
-        from .floor import METHOD, NAME, PROGRAMS, launch_chain
+        from .floor import METHOD, METHOD_DEPENDENT, NAME, NAME_DEPENDENT, PROGRAMS, dependent_launch_available, \
+            launch_chain
 
         floor = {"impl": NAME, "residency": "l2", "programs": PROGRAMS, "method": METHOD, "graph_us": None}
         self.launch_floors[case.name] = floor
-        try:
-            chain = launch_chain(self.device, seed_for(case.name, "launch-chain floor"))
-            captured = self.timer.capture([chain], self._device_estimate_us(case, False, 1.0))
-        except Exception as error:  # noqa: BLE001  (a floor is context; its failure must not end the run)
-            floor["error"] = f"{type(error).__name__}: {error}"[:300]
+        # where ropekit's small grids launch programmatically, the same chain launched that way too ("dependent")
+        chains = [(floor, False)]
+        if dependent_launch_available(self.device):
+            floor["dependent"] = {"impl": NAME_DEPENDENT, "residency": "l2", "method": METHOD_DEPENDENT,
+                                  "graph_us": None}
+            chains.append((floor["dependent"], True))
+        for record, dependent in chains:
             try:
-                self._after_graph_failure()
-            except Aborted as broken:
-                self.aborted = str(broken)
-            return
-        pending.append((floor, captured, [chain]))
+                chain = launch_chain(self.device, seed_for(case.name, "launch-chain floor"), dependent)
+                captured = self.timer.capture([chain], self._device_estimate_us(case, False, 1.0))
+            except Exception as error:  # noqa: BLE001  (a floor is context; its failure must not end the run)
+                record["error"] = f"{type(error).__name__}: {error}"[:300]
+                try:
+                    self._after_graph_failure()
+                except Aborted as broken:
+                    self.aborted = str(broken)
+                return
+            pending.append((record, captured, [chain]))
 
     def _item(self, case, tables, impl, direction, start, pending: list) -> list[dict]:
         reason = self.unavailable.get(impl.name) or impl.supports(case, direction)

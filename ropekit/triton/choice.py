@@ -33,12 +33,13 @@ import torch
 
 from .. import device as _device
 from .configs import FlatConfig, FusedConfig, FusedShape, RopeShape, TileConfig, next_pow2
+from .groups import Dependency
 from .model import (DeviceFacts, fits_in_l2, flat_meets_littles_law, fused_candidate_space,
-                    fused_candidates, fused_meets_littles_law, model_fused, model_rope, prefill_past_l2,
-                    rope_candidate_space, rope_candidates)
+                    fused_candidates, fused_meets_littles_law, grid_dependency, model_fused, model_rope,
+                    prefill_past_l2, rope_candidate_space, rope_candidates)
 
-__all__ = ["DeviceFacts", "device_facts", "measure_copy_gbps", "rope_bucket", "fused_bucket", "choose_rope",
-           "choose_fused", "tuning_allowed", "time_launch", "cache_path", "ASSUMED_LATENCY_NS"]
+__all__ = ["DeviceFacts", "device_facts", "launch_dependency", "measure_copy_gbps", "rope_bucket", "fused_bucket",
+           "choose_rope", "choose_fused", "tuning_allowed", "time_launch", "cache_path", "ASSUMED_LATENCY_NS"]
 
 log = logging.getLogger("ropekit")
 
@@ -311,6 +312,19 @@ def _tune(bench, candidates: list):
         if seconds < best_seconds * _MARGIN:
             best, best_seconds = config, seconds
     return best
+
+
+def launch_dependency(device, grid: tuple, num_warps: int) -> int:
+    """How a launch of ``grid`` on ``device`` follows the grid before it (:class:`~ropekit.triton.groups.Dependency`):
+    the model's :func:`~ropekit.triton.model.grid_dependency` on a CUDA device, NONE under the interpreter, on any
+    other device and with ``ROPEKIT_PDL=0``."""
+    if (_device.INTERPRET or torch.device(device).type != "cuda"
+            or os.environ.get("ROPEKIT_PDL", "1").strip().lower() in ("0", "false", "off", "no")):
+        return Dependency.NONE
+    programs = 1
+    for extent in grid:
+        programs *= extent
+    return grid_dependency(device_facts(device), programs, num_warps)
 
 
 def choose_rope(shape: RopeShape, device=None, bench=None) -> TileConfig | FlatConfig:

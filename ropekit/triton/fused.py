@@ -64,7 +64,7 @@ from .fused_tiles import BEFORE, E4M3, E5M2, NO_NORM, NO_QUANT, NVFP4, NORM_AFTE
     norm_switch, norm_weights, normed, read_scale, rsqrt_mean_square, sequence_span, store_channels, store_head
 from .launch import KernelLaunch, _position_strides, launching_directly, plans
 from .groups import Head, PositionForm, Types
-from .v4 import _cos_sin, _rotate
+from .v4 import _cos_sin, _rotate, after_grid_before
 
 __all__ = ["fused_forward_kernel", "fused_backward_kernel", "FusedConfig", "FusedShape", "fused_config_for",
            "forced_fused_config", "plan_fused", "FusedBackward",
@@ -280,11 +280,12 @@ def fused_forward_kernel(
     HEAD: tl.constexpr, TILE: tl.constexpr, POSITION: tl.constexpr,
     # what the call asks for: k's programs, the norm, the outputs (Writes), the cache write (CacheWrite), q's store
     HAS_K: tl.constexpr, NORM: tl.constexpr, WRITE: tl.constexpr, CACHE: tl.constexpr, OUT_QUANT: tl.constexpr,
-    # what the tensors allow (Types)
-    TYPES: tl.constexpr,
+    # what the tensors allow (Types); how the launch follows the grid before it (groups.Dependency)
+    TYPES: tl.constexpr, DEPENDENCY: tl.constexpr,
 ):
     """Grid: (token blocks, head blocks of q then of k, batch or sequence), or with TILE.HEADS_INNER (token blocks x
     head blocks, 1, batch or sequence). See the module docstring."""
+    after_grid_before(DEPENDENCY)
     # Each group holding a tuple is rebuilt from its items before any branch: Triton 3.6 keeps a stale type for a
     # tuple nested in a tuple argument, and a branch's copy of the group follows the type (a stride of 1 then reads
     # as None)
@@ -439,11 +440,12 @@ def fused_backward_kernel(
     HEAD: tl.constexpr, TILE: tl.constexpr, POSITION: tl.constexpr,
     # what the call asks for: k's programs, the norm, how the weight gradient is summed
     HAS_K: tl.constexpr, NORM: tl.constexpr, DW_ATOMIC: tl.constexpr,
-    # what the tensors allow (Types)
-    TYPES: tl.constexpr,
+    # what the tensors allow (Types); how the launch follows the grid before it (groups.Dependency)
+    TYPES: tl.constexpr, DEPENDENCY: tl.constexpr,
 ):
     """Grid: (token-block groups, head blocks of q then of k, batch or sequence), or with TILE.HEADS_INNER (groups x
     head blocks, 1, batch or sequence); a group is TILE.TOKEN_BLOCKS blocks of TILE.BLOCK_S tokens."""
+    after_grid_before(DEPENDENCY)
     # (rebuilt before any branch, as the forward's groups)
     q, k, grad_q, grad_k = (q[0], q[1]), (k[0], k[1]), (grad_q[0], grad_q[1]), (grad_k[0], grad_k[1])
     dq, dk = (dq[0], dq[1]), (dk[0], dk[1])
@@ -705,7 +707,8 @@ def plan_fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, inte
         POSITION=PositionForm(positions.mode, varlen, cos_per_token), HAS_K=k is not None, NORM=norm_flags,
         TYPES=Types(_MATH.get(q.dtype, tl.float32),
                     tl.int32 if _reach_fits_int32(q, k, v, out_q, out_k, grad_q, grad_k, cos, sin, pos) else tl.int64,
-                    "evict_first" if config.evict_first else ""))
+                    "evict_first" if config.evict_first else ""),
+        DEPENDENCY=choice.launch_dependency(q.device, grid, config.num_warps))
     if backward:
         arguments = dict(
             common, grad_q=(grad_q, _strides(grad_q)), grad_k=(grad_k, _strides(grad_k)),

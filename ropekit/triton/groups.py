@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-__all__ = ["Head", "PositionForm", "Types"]
+__all__ = ["Head", "PositionForm", "Types", "Dependency"]
 
 
 class Head(NamedTuple):
@@ -37,3 +37,15 @@ class Types(NamedTuple):
     MATH_DTYPE: object
     INDEX_DTYPE: object
     EVICT: str
+
+
+class Dependency:
+    """How a launch orders itself after the grid before it on its stream: the ``DEPENDENCY`` constexpr of every
+    kernel (programmatic dependent launch, compute capability 9.0 and later; docs/tuning.md#grid-dependency).
+
+    NONE: the stream's plain order (the interpreter, older GPUs, ``ROPEKIT_PDL=0``). WAIT: the launch may begin
+    while the grid before still runs, and every program waits for that grid to finish, its writes visible, before
+    its first load or store. RELEASE: WAIT, and each program first lets the grid after it launch early in turn,
+    which waits the same way. ``ropekit.triton.model.grid_dependency`` chooses."""
+
+    NONE, WAIT, RELEASE = 0, 1, 2

@@ -167,13 +167,19 @@ class KernelLaunch:
     own order, which this class reads from the kernel's signature: no host code knows where a parameter sits.
     """
 
-    __slots__ = ("kernel", "grid", "num_warps", "arguments", "per_call", "runtime", "everything", "key", "runners")
+    __slots__ = ("kernel", "grid", "num_warps", "arguments", "per_call", "runtime", "everything", "key", "runners",
+                 "options")
 
     def __init__(self, kernel, grid: tuple, num_warps: int, per_call: tuple, arguments: dict):
         # the grid as three extents: a compiled runner reads grid[0], grid[1] and grid[2] (the JIT entry pads them)
         self.grid = tuple(grid) + (1,) * (3 - len(grid))
         self.kernel, self.num_warps, self.per_call = kernel, num_warps, per_call
         self.arguments = arguments
+        # Triton's launch options: a kernel whose DEPENDENCY waits for the grid before it is launched programmatically
+        # (groups.Dependency), which the compiled runner then does by itself
+        self.options = {"num_warps": num_warps}
+        if arguments.get("DEPENDENCY"):
+            self.options["launch_pdl"] = True
         names, constexprs = _signature(kernel)
         paths = tuple(map(_path, per_call))
         defaults = tuple(_at(arguments, path) for path in paths)
@@ -231,7 +237,7 @@ class KernelLaunch:
             if len(_registers) > 4096:
                 _registers.clear()
             try:
-                compiled = self.kernel.warmup(**self.named(values), grid=self.grid, num_warps=self.num_warps)
+                compiled = self.kernel.warmup(**self.named(values), grid=self.grid, **self.options)
                 compiled = compiled.result() if hasattr(compiled, "result") else compiled  # an asynchronous compile
                 compiled[self.grid]  # loads the binary on the device, which reports its register count
                 _registers[key] = compiled.n_regs or None
@@ -255,7 +261,7 @@ def _run_direct(launch: KernelLaunch, values: tuple) -> None:
     """Launch through the direct-launch cache (the interpreter: through Triton's entry point, one launch at a time)."""
     if _device.INTERPRET:
         with _device.INTERPRETER_LOCK:
-            launch.kernel[launch.grid](**launch.named(values), num_warps=launch.num_warps)
+            launch.kernel[launch.grid](**launch.named(values), **launch.options)
         return
     specialisation = _specialisation(values)
     entry = launch.runners.get(specialisation)
@@ -263,7 +269,7 @@ def _run_direct(launch: KernelLaunch, values: tuple) -> None:
         key = (launch.key, specialisation)
         entry = _runners.get(key)
         if entry is None:
-            compiled = launch.kernel[launch.grid](**launch.named(values), num_warps=launch.num_warps)
+            compiled = launch.kernel[launch.grid](**launch.named(values), **launch.options)
             if len(_runners) > 4096:
                 _runners.clear()
             _runners[key] = [compiled[launch.grid], None]  # the argument convention is learnt on the next call
@@ -319,7 +325,7 @@ def _call_compiled(launch: KernelLaunch, entry: list, values: tuple) -> None:
             return
         entry[1] = with_constexprs = "jit"
     if with_constexprs == "jit":
-        launch.kernel[launch.grid](**launch.named(values), num_warps=launch.num_warps)
+        launch.kernel[launch.grid](**launch.named(values), **launch.options)
         return
     args = (launch.everything if with_constexprs else launch.runtime)(*values)
     if _current_stream is None:
@@ -668,7 +674,7 @@ def _plan_tile(shape, q, k, out_q, out_k, cos, sin, positions, config: TileConfi
         ROTATION=Rotation(conjugate, angles, float(scale) if angles else 1.0, 0 if nope is None else int(nope[0]),
                           0.0 if nope is None else float(nope[1]), eager_rounding),
         TYPES=Types(_MATH_DTYPE.get(q.dtype, tl.float32), index_dtype, "evict_first" if config.evict_first else ""),
-        DENSE=dense, IN_PLACE=in_place)
+        DENSE=dense, IN_PLACE=in_place, DEPENDENCY=choice.launch_dependency(q.device, grid, config.num_warps))
     per_call = ((("q", 0), ("k", 0)) + (() if in_place else (("out_q", 0), ("out_k", 0)))
                 + (("angles", 0), ("angles", 1), ("positions", 0), ("positions", 2), ("positions", 3)))
     return RopeLaunch(KernelLaunch(rope_v4_kernel, grid, config.num_warps, per_call, arguments), config, in_place,
@@ -696,7 +702,8 @@ def _plan_flat(shape, q, k, out_q, out_k, cos, sin, positions, config: FlatConfi
         position_offset=positions.offset + 1,
         sizes=(n_tokens, seqlen, n_heads_q, n_heads_k, cos.shape[0], n_q_blocks),
         HEAD_DIM=head_dim, BLOCK=config.block, PAIRED=paired, HAS_K=k is not None, POS_MODE=positions.mode,
-        CONJUGATE=conjugate, EVICT="evict_first" if config.streaming else "", INDEX_DTYPE=index_dtype)
+        CONJUGATE=conjugate, EVICT="evict_first" if config.streaming else "", INDEX_DTYPE=index_dtype,
+        DEPENDENCY=choice.launch_dependency(q.device, grid, config.num_warps))
     per_call = ("Q", "K", "OUT_Q", "OUT_K", "COS", "SIN", "POSITIONS", "position_offset")
     return RopeLaunch(KernelLaunch(rope_flat_kernel, grid, config.num_warps, per_call, arguments), config, False,
                       shape)

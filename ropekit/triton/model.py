@@ -11,6 +11,10 @@ questions decide it, each answered here from :class:`DeviceFacts`:
 * **Residency and registers.** A thread holding more values than the registers an SM gives each thread at full
   residency (``registers_per_sm / (32 x max_warps_per_sm)``) costs residency or spills; :func:`register_budget`.
 * **Waves.** A short call must still give every SM work: a grid of fewer than two programs an SM leaves SMs idle.
+* **The launch between calls.** A short call is mostly its launch. On compute capability 9.0 and later a launch
+  may begin while the grid before it still runs, its programs waiting for that grid's end before they touch memory
+  (programmatic dependent launch); a small grid also lets the grid after it begin early
+  (:func:`grid_dependency`).
 * **Where the bytes live.** A call whose bytes (read and written) fit in the L2 cache is served by the L2, where
   every request counts, so table rows fetched once a token (a tile) beat rows fetched once an element (the flat
   kernel). A call larger than the L2 streams from DRAM, where table rows are L2 hits and cost nothing; there the
@@ -34,17 +38,22 @@ import statistics
 from dataclasses import dataclass
 
 from .configs import FlatConfig, FusedConfig, FusedShape, RopeShape, TileConfig, cdiv, next_pow2
+from .groups import Dependency
 
 __all__ = ["DeviceFacts", "Launch", "WARPS", "resident_programs", "bytes_in_flight_per_sm", "predicted_pct",
            "fit_latency_ns", "register_budget", "THREAD_BYTES", "tile_values_max", "fits_in_l2", "model_rope",
            "model_fused", "rope_candidates", "fused_candidates", "rope_candidate_space", "fused_candidate_space",
            "is_valid_rope", "is_valid_fused", "DECODE_TOKENS", "flat_bytes_in_flight_per_sm",
-           "flat_meets_littles_law", "fused_bytes_in_flight_per_sm", "fused_meets_littles_law", "prefill_past_l2"]
+           "flat_meets_littles_law", "fused_bytes_in_flight_per_sm", "fused_meets_littles_law", "prefill_past_l2",
+           "grid_dependency", "RELEASE_SHARE"]
 
 WARPS = (1, 2, 4, 8, 16, 32)  # the warp counts a Triton launch takes
 DECODE_TOKENS = 128  # at most this many tokens: a decode step, whose time is the launch chain, not its bytes
 _VECTOR_BYTES = 16  # the widest load a thread issues in one instruction
 _MIN_PROGRAMS_PER_SM = 2  # fewer leaves SMs idle while others work
+# A grid that fills at most this share of the GPU's warp slots releases the grid after it at its start
+# (docs/tuning.md#grid-dependency)
+RELEASE_SHARE = 0.25
 # Bytes of a fused q+k tile one thread holds at most (three 16-byte vectors): beyond it, more warps share the tile.
 # The H100 measured the bound (docs/tuning.md#launch-table): at 16 warps 40 bytes a thread ran as fast as any tile,
 # 64 bytes ran slower than the same tile at 32 warps.
@@ -91,6 +100,23 @@ class Launch:
     @property
     def bytes_read(self) -> int:
         return self.read_bytes if self.read_bytes is not None else self.programs * self.bytes_in_flight_per_program
+
+
+def grid_dependency(facts: DeviceFacts, programs: int, num_warps: int) -> int:
+    """How a launch of ``programs`` programs of ``num_warps`` warps follows the grid before it
+    (:class:`~ropekit.triton.groups.Dependency`).
+
+    From compute capability 9.0 every launch WAITs: it is launched while the grid before it runs, and its programs wait
+    for that grid's end in place of the launch's own latency, about 0.25 µs a launch on an H200 whatever the grid's
+    size. A grid that fills at most :data:`RELEASE_SHARE` of the warp slots (a decode step) also RELEASEs the grid
+    after it at its start, which hides that grid's launch behind its own; a larger grid does not: the release cost
+    time that grew with the grid (a copy of 31 waves took 23 % longer), and at half a wave it bought nothing
+    (docs/tuning.md#grid-dependency)."""
+    if facts.capability < (9, 0):
+        return Dependency.NONE
+    if programs * num_warps <= facts.n_sms * facts.max_warps_per_sm * RELEASE_SHARE:
+        return Dependency.RELEASE
+    return Dependency.WAIT
 
 
 def resident_programs(launch: Launch, device: DeviceFacts) -> int:

@@ -35,11 +35,12 @@ from typing import NamedTuple
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from .. import device as _device  # noqa: F401  (interpreter switch before the kernels are decorated)
 from ..positions import MROPE_IDS, MROPE_SECTION_BASE
 
-__all__ = ["rope_v4_kernel", "QKTile", "Rotation"]
+__all__ = ["rope_v4_kernel", "QKTile", "Rotation", "after_grid_before"]
 
 
 # The tile kernel's own compile-time groups, each one constexpr the device code reads by field (the groups it shares
@@ -87,6 +88,18 @@ _TWO_PI_1, _TWO_PI_2, _TWO_PI_3 = (tl.constexpr(part) for part in _split_two_pi(
 _INV_TWO_PI = tl.constexpr(0.15915494309189535)  # 1/(2π) rounded: only picks the number of turns
 _MROPE_IDS = tl.constexpr(MROPE_IDS)
 _MROPE_BASE = tl.constexpr(MROPE_SECTION_BASE)
+
+
+@triton.jit
+def after_grid_before(DEPENDENCY: tl.constexpr):
+    """A kernel's first statement (groups.Dependency): with WAIT, no load or store of this program may run before
+    the grid before it on the stream has finished, so the program waits here; with RELEASE it then lets the grid
+    after it launch (that grid waits the same way before it touches memory). Released after the wait, not before:
+    otherwise each waiting grid would release the next, and a queue of waiting grids would build up."""
+    if DEPENDENCY != 0:
+        gdc_wait()
+    if DEPENDENCY == 2:
+        gdc_launch_dependents()
 
 
 @triton.jit
@@ -374,6 +387,8 @@ def rope_v4_kernel(
     # what the tensors allow (Types); DENSE: contiguous tensors and table, strides derived here; IN_PLACE: outputs
     # are the inputs
     TYPES: tl.constexpr, DENSE: tl.constexpr, IN_PLACE: tl.constexpr,
+    # how the launch follows the grid before it (groups.Dependency)
+    DEPENDENCY: tl.constexpr,
 ):
     """Grid: (token blocks, head blocks of q then of k, batch or sequence).
 
@@ -386,6 +401,7 @@ def rope_v4_kernel(
     the position strides without positions. In CUDA-graph replay every byte of arguments costs time
     (docs/tuning.md#lean-launch).
     """
+    after_grid_before(DEPENDENCY)
     # Each group is unpacked before any branch, its strides rebuilt from their items: Triton 3.6 keeps a stale type
     # for a tuple nested in a tuple argument, and a branch's copy follows the type (the position strides, only ever
     # read by index, are kept as passed)

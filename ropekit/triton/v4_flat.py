@@ -12,6 +12,7 @@ import triton
 import triton.language as tl
 
 from .. import device as _device  # noqa: F401  (interpreter switch before the kernels are decorated)
+from .v4 import after_grid_before
 
 __all__ = ["rope_flat_kernel"]
 
@@ -73,6 +74,8 @@ def rope_flat_kernel(
     sizes,
     HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr, PAIRED: tl.constexpr, HAS_K: tl.constexpr, POS_MODE: tl.constexpr,
     CONJUGATE: tl.constexpr, EVICT: tl.constexpr, INDEX_DTYPE: tl.constexpr,
+    # how the launch follows the grid before it (groups.Dependency)
+    DEPENDENCY: tl.constexpr,
 ):
     """Grid: (blocks,). A program takes BLOCK consecutive elements of q (the first ``n_q_blocks`` programs) or of k,
     or with PAIRED (q and k of the same shape) the same BLOCK elements of both, all four loads issued before either
@@ -82,6 +85,7 @@ def rope_flat_kernel(
     program loads, so the second load is served by the cache. GPT-J's partner (e +- 1) would turn both the partner
     and the cos/sin loads into per-element gathers, so GPT-J pairing keeps the tile (docs/tuning.md#flat-path).
     """
+    after_grid_before(DEPENDENCY)
     n_tokens, seqlen, n_heads_q, n_heads_k, table_len, n_q_blocks = (sizes[0], sizes[1], sizes[2], sizes[3],
                                                                      sizes[4], sizes[5])
     position_offset = position_offset - 1
