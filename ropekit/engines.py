@@ -16,9 +16,10 @@ contract, implemented here on top of :func:`ropekit.apply_rope` (one launch for 
 A position outside the cache is never read; its token's rotated channels come out as NaN (the engines leave that
 case undefined). Errors are ``TypeError``/``ValueError`` naming the argument, raised before anything is written.
 
-SGLang's form of the FlashInfer call adds ``fused_set_kv_buffer_arg`` (and ``enable_pdl``, a launch hint of its CUDA
-kernel that has no meaning here): besides rotating ``query`` and ``key`` in place, the same launch writes the rotated
-key into ``k_buffer[cache_loc]`` and ``value`` untouched into ``v_buffer[cache_loc]`` (token-indexed pools
+SGLang's form of the FlashInfer call adds ``fused_set_kv_buffer_arg`` (and ``enable_pdl``, a launch hint that
+ropekit takes from the device instead: docs/tuning.md#grid-dependency): besides rotating ``query`` and ``key`` in
+place, the same launch writes the rotated key into ``k_buffer[cache_loc]`` and ``value`` untouched into
+``v_buffer[cache_loc]`` (token-indexed pools
 ``(slots, heads * head_size)`` or ``(slots, heads, head_size)``; ``cache_loc`` int64, one slot a token; -1 skips, which
 is ropekit's extension: SGLang writes every slot). It is :func:`ropekit.rope_and_cache` on a paged cache of one slot
 a block.
@@ -176,7 +177,8 @@ def apply_rope_with_cos_sin_cache_inplace(positions: torch.Tensor, query: torch.
                                           fused_set_kv_buffer_arg=None, enable_pdl: Optional[bool] = None) -> None:
     """FlashInfer's name for the same contract as :func:`rotary_embedding` (in place, returns None); SGLang's
     ``fused_set_kv_buffer_arg`` (a :class:`FusedSetKVBufferArg`, or SGLang's own) also writes the rotated key and the
-    value into its pools in the same launch. ``enable_pdl`` is accepted and has no effect."""
+    value into its pools in the same launch. ``enable_pdl`` is accepted; ropekit launches programmatically by default
+    from compute capability 9.0 (``ROPEKIT_PDL=0`` turns it off: docs/tuning.md#grid-dependency)."""
     arg = fused_set_kv_buffer_arg
     if arg is None:
         _rotate(positions, query, key, head_size, cos_sin_cache, is_neox, None)
@@ -232,7 +234,8 @@ def rope_quantize_fp8(q_rope: torch.Tensor, k_rope: torch.Tensor, q_nope: Option
     else e4m3), saturating. Returns ``(q_rope_out, k_rope_out, q_nope_out, k_nope_out)`` (the given ones written, the
     others new; a missing nope part is an empty one). The rotary parts divide by ``1 / quant_scale`` in float32, which
     equals FlashInfer's product for power-of-two scales and may differ in the last place of the quotient otherwise.
-    ``enable_pdl`` is accepted and has no effect."""
+    ``enable_pdl`` is accepted; ropekit launches programmatically by default from
+    compute capability 9.0 (``ROPEKIT_PDL=0`` turns it off: docs/tuning.md#grid-dependency)."""
     quantize_dtype = _check_quantise(q_rope, k_rope, quantize_dtype, (q_rope_out, k_rope_out, q_nope_out, k_nope_out),
                                      quant_scale_q, quant_scale_kv)
     for name, out, like in (("q_rope_out", q_rope_out, q_rope), ("k_rope_out", k_rope_out, k_rope),
@@ -296,7 +299,8 @@ def rope_quantize_fp8_append_paged_kv_cache(
     the scale: the same float8 value for power-of-two scales, possibly one step apart at a rounding tie otherwise),
     q's rotary part likewise, q's non-rotary part by PyTorch's cast. One launch, or two when a GQA k has a non-rotary
     part (the second writes ``k_nope`` and the rotated ``k_rope`` again, the same bytes). ``page_size`` must be the
-    caches' page size; ``enable_pdl`` is accepted and has no effect."""
+    caches' page size; ``enable_pdl`` is accepted; ropekit launches programmatically by default from
+    compute capability 9.0 (``ROPEKIT_PDL=0`` turns it off: docs/tuning.md#grid-dependency)."""
     quantize_dtype = _check_quantise(q_rope, k_rope, quantize_dtype, (q_rope_out, q_nope_out), quant_scale_q,
                                      quant_scale_kv)
     mla = k_rope.ndim == 2
