@@ -55,6 +55,9 @@ def test_launch_dependency_follows_the_model_on_a_gpu_and_is_off_elsewhere_or_wh
         monkeypatch.setenv("ROPEKIT_PDL", off)
         assert choice.launch_dependency(torch.device("cuda", 0), (64, 5, 1), 4) == Dependency.NONE
     monkeypatch.setenv("ROPEKIT_PDL", "1")
+    monkeypatch.setattr(torch.version, "hip", "6.2")  # a ROCm build: its GPUs have no programmatic launch
+    assert choice.launch_dependency(torch.device("cuda", 0), (64, 5, 1), 4) == Dependency.NONE
+    monkeypatch.setattr(torch.version, "hip", None)
     monkeypatch.setattr(ropekit.device, "INTERPRET", True)
     assert choice.launch_dependency(torch.device("cuda", 0), (64, 5, 1), 4) == Dependency.NONE
 

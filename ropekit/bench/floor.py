@@ -50,9 +50,10 @@ def launch_chain_kernel(positions_ptr, table_ptr, out_ptr, ROW: tl.constexpr, DE
 
 
 def dependent_launch_available(device) -> bool:
-    """Whether ``device`` launches grids programmatically (a CUDA GPU of compute capability 9.0 or later)."""
+    """Whether ``device`` launches grids programmatically (an NVIDIA GPU of compute capability 9.0 or later)."""
     device = torch.device(device)
-    return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (9, 0)
+    return (device.type == "cuda" and torch.version.hip is None
+            and torch.cuda.get_device_capability(device) >= (9, 0))
 
 
 class LaunchChain:

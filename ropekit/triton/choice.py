@@ -316,9 +316,10 @@ def _tune(bench, candidates: list):
 
 def launch_dependency(device, grid: tuple, num_warps: int) -> int:
     """How a launch of ``grid`` on ``device`` follows the grid before it (:class:`~ropekit.triton.groups.Dependency`):
-    the model's :func:`~ropekit.triton.model.grid_dependency` on a CUDA device, NONE under the interpreter, on any
-    other device and with ``ROPEKIT_PDL=0``."""
-    if (_device.INTERPRET or torch.device(device).type != "cuda"
+    the model's :func:`~ropekit.triton.model.grid_dependency` on an NVIDIA GPU, NONE under the interpreter, on any
+    other device (a ROCm build's GPUs report compute capabilities of 9 too, without programmatic launches) and with
+    ``ROPEKIT_PDL=0``."""
+    if (_device.INTERPRET or torch.device(device).type != "cuda" or torch.version.hip is not None
             or os.environ.get("ROPEKIT_PDL", "1").strip().lower() in ("0", "false", "off", "no")):
         return Dependency.NONE
     programs = 1
