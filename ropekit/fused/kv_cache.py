@@ -132,10 +132,7 @@ def run_cache_op(q, k, v, out_q, out_k, k_cache, v_cache, *args, k_scale_cache=N
                            *args, *scale_caches, q_scale, norm, norm_over_heads)
         return
     launch_cache(q, k, v, out_q, out_k, k_cache, v_cache, *args, *scale_caches, q_scale, norm, norm_over_heads)
-    bump_versions(k_cache, v_cache)
-    bump_versions(*scale_caches)
-    if in_place:
-        bump_versions(q, out_k)
+    bump_versions(k_cache, v_cache, *scale_caches, *((q, out_k) if in_place else ()))
 
 
 def rope_and_cache(q: torch.Tensor, k: torch.Tensor, v: Optional[torch.Tensor], cos: Optional[torch.Tensor] = None,
@@ -346,10 +343,7 @@ def _run_plan(plan, user, inplace, write_k, q_dtype, out_q=None, out_k=None):
         plan.launch(q, k, plan.bytes_of(out_q), out_k, v, plan.bytes_of(k_cache), plan.bytes_of(v_cache), k_scale,
                     v_scale, _slots(slot_mapping, cache_offsets, cache_positions), batch_indices, kv_indices,
                     kv_indptr, q_weight, k_weight, cos, sin, positions, cu_seqlens, 0, q_scale, k_global, v_global)
-    bump_versions(k_cache, v_cache)
-    bump_versions(k_scale_cache, v_scale_cache)
-    if inplace:
-        bump_versions(q, out_k)
+    bump_versions(k_cache, v_cache, k_scale_cache, v_scale_cache, *((q, out_k) if inplace else ()))
     return out_q, out_k
 
 

@@ -225,7 +225,5 @@ def _run_plan(plan, user, inplace, out_q=None, out_k=None):
         plan.launch(q_pe, k_pe, out_q, out_k, kv_c, plan.bytes_of(k_cache), plan.bytes_of(ckv_cache), scale, scale,
                     slot_mapping if cache_positions is None else cache_positions, batch_indices, kv_indices,
                     kv_indptr, None, None, cos, sin, positions, None, 0)
-    bump_versions(ckv_cache, kpe_cache)
-    if inplace:
-        bump_versions(q_pe, k_pe)
+    bump_versions(ckv_cache, kpe_cache, *((q_pe, k_pe) if inplace else ()))
     return out_q, out_k
