@@ -12,14 +12,15 @@ import textwrap
 
 import pytest
 import torch
+import triton.language as tl
 
 import ropekit
 from ropekit.bench import floor
 from ropekit.triton import choice, model
 from ropekit.triton.fused import fused_backward_kernel, fused_forward_kernel
 from ropekit.triton.groups import Dependency
-from ropekit.triton.launch import plans
-from ropekit.triton.v4 import rope_v4_kernel
+from ropekit.triton.launch import KernelLaunch, plans, recorded_launches
+from ropekit.triton.v4 import after_grid_before, rope_v4_kernel
 from ropekit.triton.v4_flat import rope_flat_kernel
 
 H200 = model.DeviceFacts("H200 (published)", n_sms=132, ceiling_gbps=4800.0, latency_ns=600.0,
@@ -36,7 +37,7 @@ RELEASE_WARPS = 132 * 64 // 4
     (RELEASE_WARPS // 4, 4, Dependency.RELEASE),  # exactly a quarter of the warp slots
     (RELEASE_WARPS // 4 + 1, 4, Dependency.WAIT),
     (768, 4, Dependency.WAIT),  # small prefill b1 s512
-    (65536, 4, Dependency.WAIT),  # the Llama-3-8B prefill's flat blocks
+    (81920, 4, Dependency.WAIT),  # the Llama-3-8B prefill's flat blocks
     (1, 32, Dependency.RELEASE),
 ])
 def test_the_model_releases_only_small_grids_and_waits_from_compute_capability_9(programs, warps, expected):
@@ -81,6 +82,43 @@ def test_every_kernel_waits_for_the_grid_before_it_before_anything_else(kernel):
     assert "DEPENDENCY" in inspect.signature(kernel.fn).parameters
 
 
+def test_the_helper_waits_before_it_releases():
+    """Released before its own wait, a waiting grid would let the next launch, which would release the next: a queue
+    of waiting grids (docs/tuning.md#grid-dependency). The wait comes first, and only RELEASE releases."""
+    body = _body(after_grid_before)
+    assert [ast.unparse(statement) for statement in body] == [
+        "if DEPENDENCY != 0:\n    gdc_wait()", "if DEPENDENCY == 2:\n    gdc_launch_dependents()"]
+    assert (Dependency.NONE, Dependency.WAIT, Dependency.RELEASE) == (0, 1, 2)
+
+
+class _RecordingKernel:
+    """Stands in for a jitted kernel: ``kernel[grid](**arguments, **options)`` records the options it is given."""
+
+    def __init__(self):
+        self.options = []
+
+    @staticmethod
+    def fn(x, DEPENDENCY: tl.constexpr):  # the signature KernelLaunch reads
+        pass
+
+    def __getitem__(self, grid):
+        def launch(x, DEPENDENCY, **options):
+            self.options.append(options)
+        return launch
+
+
+@pytest.mark.parametrize("dependency", [Dependency.NONE, Dependency.WAIT, Dependency.RELEASE])
+def test_a_launch_is_programmatic_exactly_when_its_kernel_waits(monkeypatch, dependency):
+    """Triton launches a kernel programmatically when it is given ``launch_pdl``: a kernel that waits must be (else
+    its wait is a no-op and the release nothing), and one that does not wait must not be (it would read memory the
+    grid ahead may still write)."""
+    monkeypatch.setattr(ropekit.device, "INTERPRET", True)  # the launch through the kernel's entry point
+    kernel = _RecordingKernel()
+    x = torch.zeros(4)
+    KernelLaunch(kernel, (1,), 4, ("x",), {"x": x, "DEPENDENCY": dependency})(x)
+    assert kernel.options == [{"num_warps": 4, **({"launch_pdl": True} if dependency else {})}]
+
+
 needs_dependent_launch = pytest.mark.skipif(
     not torch.cuda.is_available() or ropekit.device.INTERPRET
     or not floor.dependent_launch_available("cuda"), reason="needs a GPU of compute capability 9.0 or later")
@@ -112,6 +150,19 @@ def _calls(device):
         return out, k_cache.clone(), v_cache.clone()
     calls["rope_and_cache"] = cache_call
     return calls
+
+
+@needs_dependent_launch
+def test_a_gpu_releases_from_decode_grids_and_waits_from_prefill_grids(monkeypatch):
+    monkeypatch.delenv("ROPEKIT_PDL", raising=False)
+    plans.clear()
+    calls = _calls("cuda")
+    for name, expected in (("decode", Dependency.RELEASE), ("prefill", Dependency.WAIT),
+                           ("rope_and_cache", Dependency.RELEASE)):
+        with recorded_launches() as records:
+            calls[name]()
+        assert records and all(r.arguments["DEPENDENCY"] == expected for r in records), name
+    plans.clear()
 
 
 @needs_dependent_launch

@@ -23,6 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..triton.choice import launch_dependency
 from ..triton.groups import Dependency
 from ..triton.v4 import after_grid_before
 
@@ -50,10 +51,10 @@ def launch_chain_kernel(positions_ptr, table_ptr, out_ptr, ROW: tl.constexpr, DE
 
 
 def dependent_launch_available(device) -> bool:
-    """Whether ``device`` launches grids programmatically (an NVIDIA GPU of compute capability 9.0 or later)."""
-    device = torch.device(device)
-    return (device.type == "cuda" and torch.version.hip is None
-            and torch.cuda.get_device_capability(device) >= (9, 0))
+    """Whether ropekit's small grids launch programmatically on ``device`` and release the grid after them (an NVIDIA
+    GPU of compute capability 9.0 or later, ``ROPEKIT_PDL`` not 0, not the interpreter): only then is the chain
+    launched that way a floor of ropekit's calls."""
+    return launch_dependency(torch.device(device), (PROGRAMS, 1, 1), 1) == Dependency.RELEASE
 
 
 class LaunchChain:

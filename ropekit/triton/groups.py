@@ -44,8 +44,8 @@ class Dependency:
     kernel (programmatic dependent launch, compute capability 9.0 and later; docs/tuning.md#grid-dependency).
 
     NONE: the stream's plain order (the interpreter, older GPUs, ``ROPEKIT_PDL=0``). WAIT: the launch may begin
-    while the grid before still runs, and every program waits for that grid to finish, its writes visible, before
-    its first load or store. RELEASE: WAIT, and each program first lets the grid after it launch early in turn,
-    which waits the same way. ``ropekit.triton.model.grid_dependency`` chooses."""
+    before the grid ahead of it has finished, and every program waits for that grid to finish, its writes visible,
+    before its first load or store. RELEASE: WAIT, and each program then lets the grid after it launch early in
+    turn, which waits the same way. ``ropekit.triton.model.grid_dependency`` chooses."""
 
     NONE, WAIT, RELEASE = 0, 1, 2
