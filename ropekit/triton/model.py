@@ -12,8 +12,8 @@ questions decide it, each answered here from :class:`DeviceFacts`:
   residency (``registers_per_sm / (32 x max_warps_per_sm)``) costs residency or spills; :func:`register_budget`.
 * **Waves.** A short call must still give every SM work: a grid of fewer than two programs an SM leaves SMs idle.
 * **The launch between calls.** A short call is mostly its launch. On compute capability 9.0 and later a launch
-  may begin while the grid before it still runs, its programs waiting for that grid's end before they touch memory
-  (programmatic dependent launch); a small grid also lets the grid after it begin early
+  may begin before the grid ahead of it has finished, its programs waiting for that grid's end before they touch
+  memory (programmatic dependent launch); a small grid also lets the grid after it begin early
   (:func:`grid_dependency`).
 * **Where the bytes live.** A call whose bytes (read and written) fit in the L2 cache is served by the L2, where
   every request counts, so table rows fetched once a token (a tile) beat rows fetched once an element (the flat
@@ -51,7 +51,7 @@ WARPS = (1, 2, 4, 8, 16, 32)  # the warp counts a Triton launch takes
 DECODE_TOKENS = 128  # at most this many tokens: a decode step, whose time is the launch chain, not its bytes
 _VECTOR_BYTES = 16  # the widest load a thread issues in one instruction
 _MIN_PROGRAMS_PER_SM = 2  # fewer leaves SMs idle while others work
-# A grid that fills at most this share of the GPU's warp slots releases the grid after it at its start
+# A grid that fills at most this share of the GPU's warp slots releases the grid after it once its own wait is over
 # (docs/tuning.md#grid-dependency)
 RELEASE_SHARE = 0.25
 # Bytes of a fused q+k tile one thread holds at most (three 16-byte vectors): beyond it, more warps share the tile.
