@@ -304,6 +304,7 @@ def test_mla_pages_of_no_rows_are_refused_by_the_caches_name(separate):
                                                             "cache_positions")})
     assert torch.equal(q_pe, before)
 
+
 CHECK_MODE_BAD = {
     "kv_indices-outside-the-pool": (lambda c: c["kv_indices"].__setitem__(0, 6), "kv_indices"),
     "kv_indptr-decreasing": (lambda c: c["kv_indptr"].__setitem__(2, 1), "kv_indptr"),

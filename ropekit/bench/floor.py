@@ -28,7 +28,7 @@ from ..triton.groups import Dependency
 from ..triton.v4 import after_grid_before
 
 __all__ = ["PROGRAMS", "ROW", "TABLE_ROWS", "METHOD", "NAME", "NAME_DEPENDENT", "METHOD_DEPENDENT",
-           "launch_chain_kernel", "LaunchChain", "launch_chain", "dependent_launch_available"]
+           "launch_chain_kernel", "LaunchChain", "launch_chain", "dependent_launch_available", "floors"]
 
 PROGRAMS, ROW, TABLE_ROWS = 64, 64, 8192
 NAME = "launch-chain floor"
@@ -55,6 +55,13 @@ def dependent_launch_available(device) -> bool:
     GPU of compute capability 9.0 or later, ``ROPEKIT_PDL`` not 0, not the interpreter): only then is the chain
     launched that way a floor of ropekit's calls."""
     return launch_dependency(torch.device(device), (PROGRAMS, 1, 1), 1) == Dependency.RELEASE
+
+
+def floors(device) -> tuple:
+    """The chains a benchmark times beside a decode case on ``device``, as (name, method, dependent): the plain
+    floor, then, where :func:`dependent_launch_available`, the same chain launched programmatically."""
+    plain = ((NAME, METHOD, False),)
+    return plain + ((NAME_DEPENDENT, METHOD_DEPENDENT, True),) if dependent_launch_available(device) else plain
 
 
 class LaunchChain:

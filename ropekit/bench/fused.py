@@ -355,9 +355,7 @@ def run_case(case: FusedCase, builders: dict, timer, device, seed: int = 0, ceil
         pending.append((row, timer.capture([copy], floor_us), copy))
         if case.decode:
             # the floor, and where ropekit's small grids launch programmatically the same chain launched that way
-            for name, dependent in ((LAUNCH_FLOOR, False), (LAUNCH_FLOOR_DEPENDENT, True)):
-                if dependent and not floor.dependent_launch_available(device):
-                    continue
+            for name, _, dependent in floor.floors(device):
                 row = {"case": case.name, "impl": name, "status": "reference", "graph_us": None}
                 rows.append(row)
                 try:

@@ -229,18 +229,17 @@ class Runner:
         if case.group != "main" or case.name not in LAUNCH_FLOOR_CASES or (
                 budget and time.perf_counter() - start > budget):
             return
-        from .floor import METHOD, METHOD_DEPENDENT, NAME, NAME_DEPENDENT, PROGRAMS, dependent_launch_available, \
-            launch_chain
+        from .floor import PROGRAMS, floors, launch_chain
 
-        floor = {"impl": NAME, "residency": "l2", "programs": PROGRAMS, "method": METHOD, "graph_us": None}
-        self.launch_floors[case.name] = floor
-        # where ropekit's small grids launch programmatically, the same chain launched that way too ("dependent")
-        chains = [(floor, False)]
-        if dependent_launch_available(self.device):
-            floor["dependent"] = {"impl": NAME_DEPENDENT, "residency": "l2", "method": METHOD_DEPENDENT,
-                                  "graph_us": None}
-            chains.append((floor["dependent"], True))
-        for record, dependent in chains:
+        # the floor, and where ropekit's small grids launch programmatically the same chain launched that way, kept
+        # inside it ("dependent")
+        for name, method, dependent in floors(self.device):
+            record = {"impl": name, "residency": "l2", **({} if dependent else {"programs": PROGRAMS}),
+                      "method": method, "graph_us": None}
+            if dependent:
+                self.launch_floors[case.name]["dependent"] = record
+            else:
+                self.launch_floors[case.name] = record
             try:
                 chain = launch_chain(self.device, seed_for(case.name, "launch-chain floor"), dependent)
                 captured = self.timer.capture([chain], self._device_estimate_us(case, False, 1.0))

@@ -237,8 +237,8 @@ def check_page_table(kv_indices, kv_indptr, batch_indices, cache_positions, n_to
     """FlashInfer's page table: request ``b``'s pages are ``kv_indices[kv_indptr[b]:kv_indptr[b + 1]]``, and token
     ``t`` goes to position ``cache_positions[t]`` of request ``batch_indices[t]`` (-1: nowhere). int32 or int64, 1-D,
     ``batch_indices`` and ``cache_positions`` one a token; the pages of ``cache`` (the caller's name for the cache)
-    hold ``page_size`` >= 1 rows, a token's page being its position divided by them. Check mode: ``kv_indptr`` starts at 0 or more, never
-    decreases and ends inside ``kv_indices``; every page in ``[0, n_pages)``; every batch index in ``[-1,
+    hold ``page_size`` >= 1 rows, a token's page being its position divided by them. Check mode: ``kv_indptr``
+    starts at 0 or more, never decreases and ends inside ``kv_indices``; every page in ``[0, n_pages)``; every batch index in ``[-1,
     requests)``; every cached token's position ``>= 0`` and inside its request's pages; no (page, row) twice."""
     if page_size < 1:
         raise ValueError(f"{cache}'s pages must hold at least one row (block_size), got {page_size}")

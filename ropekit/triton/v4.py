@@ -36,6 +36,9 @@ from typing import NamedTuple
 import triton
 import triton.language as tl
 
+from .. import device as _device  # noqa: F401  (interpreter switch before the kernels are decorated)
+from ..positions import MROPE_IDS, MROPE_SECTION_BASE
+
 try:
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 except ImportError:  # a Triton built without its CUDA backend: no launch there is programmatic (DEPENDENCY is NONE)
@@ -46,9 +49,6 @@ except ImportError:  # a Triton built without its CUDA backend: no launch there 
     @triton.jit
     def gdc_launch_dependents():
         pass
-
-from .. import device as _device  # noqa: F401  (interpreter switch before the kernels are decorated)
-from ..positions import MROPE_IDS, MROPE_SECTION_BASE
 
 __all__ = ["rope_v4_kernel", "QKTile", "Rotation", "after_grid_before"]
 
