@@ -21,6 +21,8 @@ V4_CONFIGS = [
     TileConfig(4, 2, 4),
     TileConfig(1, 1, 1, evict_first=True),
     TileConfig(2, 1, 32, fused_qk=True, evict_first=True),
+    TileConfig(1, 2, 4, evict_first=True, heads_inner=True),  # the streaming tile's launch order
+    TileConfig(2, 4, 2, heads_inner=True),
     FlatConfig(64, 4),
     FlatConfig(32, 1, paired=True),  # q and k in one program where shapes match
 ]
@@ -30,7 +32,7 @@ def _config_id(c):
     if type(c) is FlatConfig:
         return f"flat{c.block}w{c.num_warps}" + ("-paired" if c.paired else "")
     return f"s{c.block_s}h{c.block_h}w{c.num_warps}" + ("-fused" if c.fused_qk else "") + (
-        "-evict" if c.evict_first else "")
+        "-evict" if c.evict_first else "") + ("-heads-inner" if c.heads_inner else "")
 
 
 @pytest.mark.parametrize("config", V4_CONFIGS, ids=_config_id)

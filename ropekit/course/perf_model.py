@@ -149,7 +149,7 @@ def _v4_launches(case, device: DeviceModel) -> list[Launch]:
     flat_ok = (case.layout == "bshd" and case.rotary == case.head_dim and not case.interleaved
                and case.positions == "none" and not case.inplace)
     shape = RopeShape(tokens, case.heads_q, case.heads_k, case.head_dim, case.rotary, size, cos_per_token=False,
-                      flat_ok=flat_ok, same_shape=case.heads_q == case.heads_k)
+                      flat_ok=flat_ok, same_shape=case.heads_q == case.heads_k, varlen=case.layout == "thd")
     config = model_rope(device, shape)
     elements = tokens * (case.heads_q + case.heads_k) * case.head_dim
     if isinstance(config, FlatConfig):  # blocks of consecutive elements; paired: the same block of q and of k

@@ -31,6 +31,7 @@ class TileConfig(NamedTuple):
     num_warps: int
     fused_qk: bool = False  # one program takes every head of q and of k for its tokens (cos/sin fetched once)
     evict_first: bool = False  # the streaming cache hint on q/k loads and stores
+    heads_inner: bool = False  # launch order: the head blocks of one token block next to each other
 
 
 class FlatConfig(NamedTuple):
@@ -67,6 +68,7 @@ class RopeShape(NamedTuple):
     cos_per_token: bool  # full-width cos/sin rows per token instead of a table read at positions
     flat_ok: bool  # the flat kernel can run this call (contiguous, out of place, NeoX over the whole head, table)
     same_shape: bool = True  # k has q's shape (the flat kernel may pair them)
+    varlen: bool = False  # packed sequences: the grid covers the longest one for each
 
 
 class FusedShape(NamedTuple):

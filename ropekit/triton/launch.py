@@ -597,7 +597,7 @@ def plan_rope(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: t
     flat_ok = not angles and nope is None and _flat_applies(q, k, out_q, out_k, contiguous, positions, rotary_dim,
                                                             interleaved, cos_per_token, eager_rounding)
     shape = RopeShape(n_batch * seqlen, n_heads_q, n_heads_k, head_dim, rotary_dim, q.element_size(), cos_per_token,
-                      flat_ok, k is None or k.shape == q.shape)
+                      flat_ok, k is None or k.shape == q.shape, positions.is_varlen)
     if config is None:
         config = rope_config(shape, q.device)
     elif type(config) is FlatConfig and not flat_ok:
@@ -629,7 +629,10 @@ def _plan_tile(shape, q, k, out_q, out_k, cos, sin, positions, config: TileConfi
         n_head_blocks = 1
     else:
         n_head_blocks = cdiv(n_heads_q, block_h) + cdiv(n_heads_k, block_h)
-    grid = (cdiv(seqlen, config.block_s), n_head_blocks, n_batch)
+    if config.heads_inner:
+        grid = (cdiv(seqlen, config.block_s) * n_head_blocks, 1, n_batch)
+    else:
+        grid = (cdiv(seqlen, config.block_s), n_head_blocks, n_batch)
     # DENSE: contiguous q, k and outputs, and a contiguous table of rotary_dim / 2 columns (or contiguous
     # frequencies); the kernel derives their strides (docs/tuning.md#dense-strides)
     if nope is not None:
@@ -668,7 +671,8 @@ def _plan_tile(shape, q, k, out_q, out_k, cos, sin, positions, config: TileConfi
         sizes=(seqlen, n_heads_q, n_heads_k, table_len, q.shape[1] if positions.is_varlen else 1),
         HEAD=Head(rotary_dim, head_dim, next_pow2(rotary_dim // 2), next_pow2(max(head_dim - rotary_dim, 1)),
                   interleaved),
-        TILE=QKTile(config.block_s, block_h, next_pow2(n_heads_k) if config.fused_qk else 1, config.fused_qk),
+        TILE=QKTile(config.block_s, block_h, next_pow2(n_heads_k) if config.fused_qk else 1, config.fused_qk,
+                    config.heads_inner and not config.fused_qk),
         POSITION=PositionForm(positions.mode, positions.is_varlen, cos_per_token),
         HAS_K=k is not None,
         ROTATION=Rotation(conjugate, angles, float(scale) if angles else 1.0, 0 if nope is None else int(nope[0]),

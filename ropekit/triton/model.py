@@ -44,8 +44,8 @@ __all__ = ["DeviceFacts", "Launch", "WARPS", "resident_programs", "bytes_in_flig
            "fit_latency_ns", "register_budget", "THREAD_BYTES", "tile_values_max", "fits_in_l2", "model_rope",
            "model_fused", "rope_candidates", "fused_candidates", "rope_candidate_space", "fused_candidate_space",
            "is_valid_rope", "is_valid_fused", "DECODE_TOKENS", "flat_bytes_in_flight_per_sm",
-           "flat_meets_littles_law", "fused_bytes_in_flight_per_sm", "fused_meets_littles_law", "prefill_past_l2",
-           "grid_dependency", "RELEASE_SHARE"]
+           "flat_meets_littles_law", "streaming_tile", "tile_bytes_in_flight_per_sm", "fused_bytes_in_flight_per_sm",
+           "fused_meets_littles_law", "prefill_past_l2", "grid_dependency", "RELEASE_SHARE"]
 
 WARPS = (1, 2, 4, 8, 16, 32)  # the warp counts a Triton launch takes
 DECODE_TOKENS = 128  # at most this many tokens: a decode step, whose time is the launch chain, not its bytes
@@ -223,16 +223,50 @@ def _flat_config(facts: DeviceFacts, shape: RopeShape, num_warps: int = 4, paire
     return config
 
 
+def tile_bytes_in_flight_per_sm(facts: DeviceFacts, shape: RopeShape, config: TileConfig) -> int:
+    """What an SM's resident tile programs (its warp and program slots allow) keep in flight: each loads its head
+    vectors (``block_s x block_h``, the rotary channels and the tail alike) before it waits on any of them. Registers
+    are not counted (a small tile is far inside a thread's budget), nor the cos/sin rows (cache hits)."""
+    resident = min(facts.max_programs_per_sm, facts.max_warps_per_sm // config.num_warps)
+    return resident * config.block_s * config.block_h * shape.head_dim * shape.element_size
+
+
+def streaming_tile(facts: DeviceFacts, shape: RopeShape) -> TileConfig:
+    """The tile of a call larger than the L2, which streams q and k from DRAM.
+
+    4 warps, and as many head vectors of one token as make one 16-byte vector a thread (2 KiB a program: 8 heads of
+    128 16-bit channels; more tokens where a token's heads hold less), doubled, heads first, while the SM's resident
+    programs would keep fewer bytes in flight than Little's law asks, up to 8 vectors a thread. The streaming hint:
+    q and k are read once and should not push the table rows, which every head reuses, out of the L2. The tile
+    kernel's grid runs the head blocks of a token side by side, so the programs resident at any moment read one
+    stretch of memory. Small programs also leave fewer warp slots idle while a program's last warps finish
+    (docs/tuning.md#launch-table)."""
+    num_warps = 4
+    head_bytes = next_pow2(shape.head_dim) * shape.element_size
+    heads = next_pow2(max(shape.n_heads_q, shape.n_heads_k))
+    program_bytes = _VECTOR_BYTES * 32 * num_warps
+    block_h = max(1, min(heads, program_bytes // head_bytes))
+    config = TileConfig(max(1, program_bytes // (block_h * head_bytes)), block_h, num_warps, evict_first=True,
+                        heads_inner=True)
+    while tile_bytes_in_flight_per_sm(facts, shape, config) < facts.needed_bytes_in_flight_per_sm \
+            and config.block_s * config.block_h * head_bytes < 8 * program_bytes:
+        if config.block_h < heads:
+            config = config._replace(block_h=config.block_h * 2)
+        else:
+            config = config._replace(block_s=config.block_s * 2)
+    return config
+
+
 def model_rope(facts: DeviceFacts, shape: RopeShape) -> TileConfig | FlatConfig:
     """The model's configuration for a RoPE launch (docs/tuning.md#how-the-library-chooses).
 
     * Larger than the L2 (DRAM-bound):
       - the flat kernel where the call allows it (``shape.flat_ok``), 4 warps, one 16-byte vector a thread;
-      - else a fused q+k tile of 2 tokens x every head of q and of k (cos/sin fetched once a token, every load
-        issued before any store), 1 token when 2 would exceed :func:`tile_values_max`, with the fewest warps
-        (at least 4) at which a thread holds at most :data:`THREAD_BYTES` of it, and the streaming hint (q and k
-        are read once; the L2 keeps the table). Heads too many even for 1 token: 16 tokens (fewer for very
-        wide heads) x 1 head, 8 warps.
+      - else, for a rotation over the whole head of a batch of equal sequences, a small tile
+        (:func:`streaming_tile`);
+      - else a fused q+k tile (:func:`_fused_qk_tile`). A partial rotation's small tile loads narrow vectors and,
+        in place, half the bytes a program; a packed batch's grid covers its longest sequence for every sequence,
+        and the programs past a shorter one's end return at once: a one-token tile makes as many of them as tokens.
     * L2-resident: a tile of 4 warps, 2 tokens (1 with per-token cos/sin rows, whose rows no token shares) x as
       many heads as a thread's register budget allows; then tokens, then heads, halved while the grid would give
       an SM fewer than two programs.
@@ -240,16 +274,9 @@ def model_rope(facts: DeviceFacts, shape: RopeShape) -> TileConfig | FlatConfig:
     if not fits_in_l2(facts, shape):
         if shape.flat_ok:
             return _flat_config(facts, shape)
-        limit = tile_values_max(facts)
-        for block_s in (2, 1):
-            values = _fused_qk_values(shape, block_s)
-            if values <= limit:
-                return TileConfig(block_s, next_pow2(shape.n_heads_q),
-                                  _fewest_warps(values * shape.element_size), fused_qk=True, evict_first=True)
-        block_s = 16
-        while block_s > 1 and block_s * next_pow2(shape.head_dim) > limit:
-            block_s //= 2
-        return TileConfig(block_s, 1, 8, evict_first=True)
+        if shape.rotary_dim == shape.head_dim and not shape.varlen:
+            return streaming_tile(facts, shape)
+        return _fused_qk_tile(facts, shape)
     num_warps = 4
     block_s = 1 if shape.cos_per_token else 2
     heads = next_pow2(max(shape.n_heads_q, shape.n_heads_k))
@@ -475,16 +502,18 @@ _TILE_VALUES_LIMIT = 32768  # the H100's tile_values_max: the kernels' register 
 
 def rope_candidate_space(shape: RopeShape) -> list[TileConfig | FlatConfig]:
     """Every configuration the model and the autotune can reach for ``shape``, whatever the GPU: tiles of
-    1-16 tokens x 1-32 heads (2-8 warps, with and without the hint), fused q+k tiles of 1-4 tokens (4-32 warps),
-    and where the call allows the flat kernel, its blocks of one vector a thread at 4-16 warps (paired where k has
-    q's shape, with and without the hint). For compute-sanitizer runs over the whole space."""
+    1-16 tokens x 1-32 heads (2-8 warps, with and without the hint, in either launch order), fused q+k tiles of 1-4
+    tokens (4-32 warps), and where the call allows the flat kernel, its blocks of one vector a thread at 4-16 warps
+    (paired where k has q's shape, with and without the hint). For compute-sanitizer runs over the whole space."""
     heads = next_pow2(max(shape.n_heads_q, shape.n_heads_k))
     space: list = []
     for block_s in _TILE_TOKENS:
         for block_h in (h for h in _TILE_HEADS if h <= max(heads, 1)):
             for num_warps in (2, 4, 8):
                 for evict in (False, True):
-                    space.append(TileConfig(block_s, block_h, num_warps, evict_first=evict))
+                    for heads_inner in (False, True):
+                        space.append(TileConfig(block_s, block_h, num_warps, evict_first=evict,
+                                                heads_inner=heads_inner))
     for block_s in _FUSED_QK_TOKENS:
         for num_warps in (4, 8, 16, 32):
             for evict in (False, True):
@@ -525,8 +554,9 @@ def _keep(candidates: list, space: list, limit: int = 8) -> list:
 
 def rope_candidates(facts: DeviceFacts, shape: RopeShape) -> list[TileConfig | FlatConfig]:
     """At most 8 configurations for the autotune, the model's choice first: its neighbours (half and twice the
-    tokens, heads, warps or block), the other kernel where it may run (a flat call also tries the fused tile), and
-    the pairing and warp choices the H100 measured best. Each is in :func:`rope_candidate_space`."""
+    tokens, heads, warps or block), the other kernels where they may run (a flat call also tries the streaming tile,
+    a streaming tile the fused q+k tile), and the pairing and warp choices the H100 measured best. Each is in
+    :func:`rope_candidate_space`."""
     chosen = model_rope(facts, shape)
     out = [chosen]
     if isinstance(chosen, FlatConfig):
@@ -544,9 +574,29 @@ def rope_candidates(facts: DeviceFacts, shape: RopeShape) -> list[TileConfig | F
         s, h, w = chosen.block_s, chosen.block_h, chosen.num_warps
         out += [chosen._replace(block_h=h * 2), chosen._replace(block_h=max(1, h // 2)),
                 chosen._replace(block_s=s * 2), chosen._replace(block_s=max(1, s // 2)),
-                chosen._replace(num_warps=w * 2), chosen._replace(num_warps=max(2, w // 2)),
-                chosen._replace(evict_first=not chosen.evict_first)]
+                chosen._replace(num_warps=w * 2)]
+        if chosen.heads_inner:  # streaming: the launch order flipped, and the fused q+k tile
+            out += [chosen._replace(heads_inner=False), _fused_qk_tile(facts, shape)]
+        else:
+            out += [chosen._replace(num_warps=max(2, w // 2)), chosen._replace(evict_first=not chosen.evict_first)]
     return _keep([c for c in out if c is not None], rope_candidate_space(shape))
+
+
+def _fused_qk_tile(facts: DeviceFacts, shape: RopeShape) -> TileConfig:
+    """A fused q+k tile: 2 tokens x every head of q and of k (cos/sin fetched once a token, every load issued before
+    any store), 1 token when 2 would exceed :func:`tile_values_max`, with the fewest warps (at least 4) at which a
+    thread holds at most :data:`THREAD_BYTES` of it, and the streaming hint; heads too many even for 1 token: 16
+    tokens (fewer for very wide heads) x 1 head, 8 warps."""
+    limit = tile_values_max(facts)
+    for block_s in (2, 1):
+        values = _fused_qk_values(shape, block_s)
+        if values <= limit:
+            return TileConfig(block_s, next_pow2(shape.n_heads_q), _fewest_warps(values * shape.element_size),
+                              fused_qk=True, evict_first=True)
+    block_s = 16
+    while block_s > 1 and block_s * next_pow2(shape.head_dim) > limit:
+        block_s //= 2
+    return TileConfig(block_s, 1, 8, evict_first=True)
 
 
 def fused_candidates(facts: DeviceFacts, shape: FusedShape, registers=None) -> list[FusedConfig]:

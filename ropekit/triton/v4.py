@@ -58,12 +58,14 @@ __all__ = ["rope_v4_kernel", "QKTile", "Rotation", "after_grid_before"]
 
 class QKTile(NamedTuple):
     """The tile kernel's tile: BLOCK_S tokens by BLOCK_H heads a program; FUSED_QK: one program takes every head of q
-    (a BLOCK_H tile) and of k (a BLOCK_HK tile) and fetches cos/sin once for both (BLOCK_HK is 1 otherwise)."""
+    (a BLOCK_H tile) and of k (a BLOCK_HK tile) and fetches cos/sin once for both (BLOCK_HK is 1 otherwise);
+    HEADS_INNER: the grid's first axis runs the head blocks of one token block side by side."""
 
     BLOCK_S: int
     BLOCK_H: int
     BLOCK_HK: int
     FUSED_QK: bool
+    HEADS_INNER: bool
 
 
 class Rotation(NamedTuple):
@@ -400,7 +402,9 @@ def rope_v4_kernel(
     # how the launch follows the grid before it (groups.Dependency)
     DEPENDENCY: tl.constexpr,
 ):
-    """Grid: (token blocks, head blocks of q then of k, batch or sequence).
+    """Grid: (token blocks, head blocks of q then of k, batch or sequence), or with TILE.HEADS_INNER (token blocks x
+    head blocks, 1, batch or sequence): program ``p`` of the first axis then takes head block ``p % head blocks`` of
+    token block ``p // head blocks``, and the grid walks q and k in their memory order.
 
     A program takes BLOCK_S tokens x BLOCK_H heads of q or of k; with FUSED_QK the head axis has a single program,
     which takes every head of q (a BLOCK_H tile) and of k (a BLOCK_HK tile), issues all their loads first and fetches
@@ -456,8 +460,15 @@ def rope_v4_kernel(
     # plain integer arithmetic, not tl.cdiv: a jitted library function, decorated when triton was imported, i.e.
     # without the interpreter if triton came first
     n_head_blocks_q = (n_heads_q + BLOCK_H - 1) // BLOCK_H
-    pid_s = tl.program_id(0)
-    pid_h = tl.program_id(1)
+    if TILE.HEADS_INNER:
+        # consecutive programs take consecutive head blocks of one token block: the programs resident at any moment
+        # read one stretch of memory (docs/tuning.md#launch-table)
+        n_head_blocks = n_head_blocks_q + (n_heads_k + BLOCK_H - 1) // BLOCK_H  # n_heads_k is 0 without k
+        pid_s = tl.program_id(0) // n_head_blocks
+        pid_h = tl.program_id(0) % n_head_blocks
+    else:
+        pid_s = tl.program_id(0)
+        pid_h = tl.program_id(1)
     pid_b = tl.program_id(2)
 
     # --- which tokens: rows of the (batch, seq) view, or of the packed (tokens,) view for varlen -----------------

@@ -27,8 +27,9 @@ DATA_FILE = Path(__file__).resolve().parents[3] / "notebooks" / "data" / "ladder
 
 def step_configs(shape, facts) -> dict:
     """The launches of the speed steps on ``shape`` from the library's model for a GPU's ``facts``
-    (``ropekit.triton.model.model_rope``): step 7 the fused q+k tile it picks where the flat path may not run,
-    step 8 the flat block it picks. Steps 1-6 take v3's tile (the launcher's default)."""
+    (``ropekit.triton.model.model_rope``): step 7 the fused q+k tile it picks where neither the flat path nor its
+    small streaming tile may run (a packed batch), step 8 the flat block it picks. Steps 1-6 take v3's tile (the
+    launcher's default)."""
     from ...triton.configs import FlatConfig, RopeShape, TileConfig
     from ...triton.model import model_rope
 
@@ -36,7 +37,7 @@ def step_configs(shape, facts) -> dict:
     call = RopeShape(batch * seq, heads_q, heads_k, head_dim, head_dim, torch.empty((), dtype=dtype).element_size(),
                      cos_per_token=False, flat_ok=True, same_shape=heads_q == heads_k)
     configs = {}
-    tile = model_rope(facts, call._replace(flat_ok=False))
+    tile = model_rope(facts, call._replace(flat_ok=False, varlen=True))
     if isinstance(tile, TileConfig) and tile.fused_qk:
         configs["step7_fused_qk"] = LadderConfig(tile.block_s, tile.block_h, tile.num_warps)
     flat = model_rope(facts, call)
