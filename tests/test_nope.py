@@ -104,6 +104,21 @@ def test_varlen_thd(backend):
     assert torch.equal(out_k, k)
 
 
+@pytest.mark.parametrize("layout", ["bshd", "sbhd"])
+def test_q_with_no_heads_still_copies_k_out_of_place_and_leaves_it_in_place(backend, layout):
+    """An empty q decides nothing about in place: its data pointer may read 0, as an empty output's does (the
+    fuzzer's finding: k's output was left unwritten when q had no heads)."""
+    k = torch.randn(3, 3, 3, 16, device=DEVICE, dtype=torch.bfloat16)
+    q = torch.empty(3, 3, 0, 16, device=DEVICE, dtype=torch.bfloat16)  # its output has its strides and pointer
+    before = k.clone()
+    positions = torch.tensor([[8, 8, 8], [3, 3, 3], [7, 7, 7]], device=DEVICE)
+    out_q, out_k = ropekit.apply_rope(q, k, positions=positions, layout=layout, nope_temperature=(4, 0.5))
+    assert out_q.shape == q.shape and torch.equal(out_k, before)
+    out_q, out_k = ropekit.apply_rope(q, k, positions=positions, layout=layout, nope_temperature=(4, 0.5),
+                                      inplace=True)
+    assert out_k is k and torch.equal(k, before)
+
+
 def test_an_infinite_channel_stays_in_its_channel(backend):
     """A scale, not a rotation: an Inf or NaN in q reaches only its own channel."""
     q = torch.randn(1, 2, 1, 8, device=DEVICE)

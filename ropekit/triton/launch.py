@@ -532,8 +532,15 @@ _FLAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 def _same_view(x: torch.Tensor, out: torch.Tensor) -> bool:
-    """Whether ``out`` is ``x`` itself (an in-place call): same memory, shape and strides."""
+    """Whether ``out`` is ``x`` itself: same memory, shape and strides."""
     return out.data_ptr() == x.data_ptr() and out.stride() == x.stride() and out.shape == x.shape
+
+
+def _in_place(q: torch.Tensor, out_q: torch.Tensor, k: torch.Tensor | None, out_k: torch.Tensor | None) -> bool:
+    """Whether the call writes its inputs: each of q and k that holds elements is its own output. An empty tensor
+    decides nothing: its data pointer may read 0 whatever it views, as an empty output's does."""
+    held = [(x, out) for x, out in ((q, out_q), (k, out_k)) if x is not None and x.numel()]
+    return bool(held) and all(_same_view(x, out) for x, out in held)
 
 
 def _flat_applies(q, k, out_q, out_k, contiguous: bool, positions: PositionSpec, rotary_dim: int,
@@ -570,7 +577,7 @@ def plan_rope(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: t
               config: TileConfig | FlatConfig | None = None) -> RopeLaunch | None:
     """The :class:`RopeLaunch` for :func:`rope_v4`'s arguments (None when there is nothing to do)."""
     angles = inv_freq is not None
-    if nope is not None and _same_view(q, out_q):
+    if nope is not None and _in_place(q, out_q, k, out_k):
         k, out_k = None, None  # a NoPE layer leaves k as it is: in place nothing touches it
     if angles:
         cos, sin = inv_freq, None  # the kernel reads the frequencies where a table would be
@@ -592,7 +599,7 @@ def plan_rope(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: t
         # sequences sit on the grid's third axis, which CUDA caps at 65535
         raise ValueError(f"v4 handles at most 65535 sequences per launch (grid axis 2), got {n_batch}")
     contiguous = all(t.is_contiguous() for t in (q, k, out_q, out_k) if t is not None)
-    in_place = _same_view(q, out_q) and (k is None or _same_view(k, out_k))
+    in_place = _in_place(q, out_q, k, out_k)
     # the flat kernel reads tables only
     flat_ok = not angles and nope is None and _flat_applies(q, k, out_q, out_k, contiguous, positions, rotary_dim,
                                                             interleaved, cos_per_token, eager_rounding)
