@@ -75,8 +75,8 @@ def compile_record(record):
 
 
 def _rope_calls():
-    """A small matrix of apply_rope-shaped launches: tile (fused q+k or not), flat (paired or not), in place,
-    strided, varlen, per-token rows, GPT-J, partial rotary, fp64, the conjugate, table-free angles, M-RoPE, NoPE."""
+    """A small matrix of apply_rope-shaped launches: tile (fused q+k, heads inner or neither), flat (paired or not), in
+    place, strided, varlen, per-token rows, GPT-J, partial rotary, fp64, the conjugate, table-free angles, M-RoPE, NoPE."""
     meta = dict(device="cpu")
     for dtype in (torch.bfloat16, torch.float32, torch.float64):
         q = torch.empty(2, 64, 8, 128, dtype=dtype, **meta)
@@ -84,6 +84,7 @@ def _rope_calls():
         cos = torch.empty(4096, 64, **meta)
         spec = resolve_positions(batch=2, seqlen=64, positions=None)
         for config in (launch.TileConfig(2, 1, 16, fused_qk=True, evict_first=True), launch.TileConfig(1, 8, 4),
+                       launch.TileConfig(1, 8, 4, evict_first=True, heads_inner=True),
                        launch.FlatConfig(2048, 8), launch.FlatConfig(512, 8, paired=True)):
             if type(config) is launch.FlatConfig and dtype == torch.float64:
                 continue

@@ -64,7 +64,7 @@ from .fused_tiles import BEFORE, E4M3, E5M2, NO_NORM, NO_QUANT, NVFP4, NORM_AFTE
     norm_switch, norm_weights, normed, read_scale, rsqrt_mean_square, sequence_span, store_channels, store_head
 from .launch import KernelLaunch, _position_strides, launching_directly, plans
 from .groups import Head, PositionForm, Types
-from .v4 import _cos_sin, _rotate, after_grid_before
+from .v4 import _cos_sin, _rotate, after_grid_before, program_blocks
 
 __all__ = ["fused_forward_kernel", "fused_backward_kernel", "FusedConfig", "FusedShape", "fused_config_for",
            "forced_fused_config", "plan_fused", "FusedBackward",
@@ -303,13 +303,8 @@ def fused_forward_kernel(
     BLOCK_HK: tl.constexpr = TILE.BLOCK_HK
     seqlen, n_heads_q, n_heads_k = sizes[0], sizes[1], sizes[2]
     n_head_blocks_q = (n_heads_q + BLOCK_H - 1) // BLOCK_H
-    if TILE.HEADS_INNER:
-        n_head_blocks = n_head_blocks_q + (n_heads_k + BLOCK_HK - 1) // BLOCK_HK  # n_heads_k is 0 without k
-        pid_s = tl.program_id(0) // n_head_blocks
-        pid_h = tl.program_id(0) % n_head_blocks
-    else:
-        pid_s = tl.program_id(0)
-        pid_h = tl.program_id(1)
+    n_head_blocks = n_head_blocks_q + (n_heads_k + BLOCK_HK - 1) // BLOCK_HK  # n_heads_k is 0 without k
+    pid_s, pid_h = program_blocks(n_head_blocks, TILE.HEADS_INNER)
     pid_b = tl.program_id(2)
     first, seq_len, batch_index = sequence_span(positions[2], pid_b, seqlen, POSITION.IS_VARLEN, TYPES.INDEX_DTYPE)
     if pid_s * BLOCK_S >= seq_len:
@@ -459,12 +454,7 @@ def fused_backward_kernel(
     n_head_blocks_q = (n_heads_q + BLOCK_H - 1) // BLOCK_H
     n_head_blocks = n_head_blocks_q + (n_heads_k + BLOCK_HK - 1) // BLOCK_HK  # n_heads_k is 0 without k
     n_groups = ((seqlen + BLOCK_S - 1) // BLOCK_S + TOKEN_BLOCKS - 1) // TOKEN_BLOCKS
-    if TILE.HEADS_INNER:
-        pid_s = tl.program_id(0) // n_head_blocks
-        pid_h = tl.program_id(0) % n_head_blocks
-    else:
-        pid_s = tl.program_id(0)
-        pid_h = tl.program_id(1)
+    pid_s, pid_h = program_blocks(n_head_blocks, TILE.HEADS_INNER)
     pid_b = tl.program_id(2)
     first, seq_len, batch_index = sequence_span(positions[2], pid_b, seqlen, POSITION.IS_VARLEN, TYPES.INDEX_DTYPE)
     if pid_s * TOKEN_BLOCKS * BLOCK_S >= seq_len:

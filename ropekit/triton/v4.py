@@ -50,7 +50,7 @@ except ImportError:  # a Triton built without its CUDA backend: no launch there 
     def gdc_launch_dependents():
         pass
 
-__all__ = ["rope_v4_kernel", "QKTile", "Rotation", "after_grid_before"]
+__all__ = ["rope_v4_kernel", "QKTile", "Rotation", "after_grid_before", "program_blocks"]
 
 
 # The tile kernel's own compile-time groups, each one constexpr the device code reads by field (the groups it shares
@@ -112,6 +112,18 @@ def after_grid_before(DEPENDENCY: tl.constexpr):
         gdc_wait()
     if DEPENDENCY == 2:
         gdc_launch_dependents()
+
+
+@triton.jit
+def program_blocks(n_head_blocks, HEADS_INNER: tl.constexpr):
+    """This program's (token block, head block). With HEADS_INNER the grid's first axis runs the ``n_head_blocks``
+    head blocks of one token block side by side, so the programs resident at any moment read one stretch of memory
+    (docs/tuning.md#launch-table); else the token blocks run along the first axis and the head blocks along the
+    second (no division before the first address: the shorter chain a launch-bound call wants)."""
+    if HEADS_INNER:
+        return tl.program_id(0) // n_head_blocks, tl.program_id(0) % n_head_blocks
+    else:
+        return tl.program_id(0), tl.program_id(1)
 
 
 @triton.jit
@@ -460,15 +472,8 @@ def rope_v4_kernel(
     # plain integer arithmetic, not tl.cdiv: a jitted library function, decorated when triton was imported, i.e.
     # without the interpreter if triton came first
     n_head_blocks_q = (n_heads_q + BLOCK_H - 1) // BLOCK_H
-    if TILE.HEADS_INNER:
-        # consecutive programs take consecutive head blocks of one token block: the programs resident at any moment
-        # read one stretch of memory (docs/tuning.md#launch-table)
-        n_head_blocks = n_head_blocks_q + (n_heads_k + BLOCK_H - 1) // BLOCK_H  # n_heads_k is 0 without k
-        pid_s = tl.program_id(0) // n_head_blocks
-        pid_h = tl.program_id(0) % n_head_blocks
-    else:
-        pid_s = tl.program_id(0)
-        pid_h = tl.program_id(1)
+    n_head_blocks = n_head_blocks_q + (n_heads_k + BLOCK_H - 1) // BLOCK_H  # n_heads_k is 0 without k
+    pid_s, pid_h = program_blocks(n_head_blocks, TILE.HEADS_INNER)
     pid_b = tl.program_id(2)
 
     # --- which tokens: rows of the (batch, seq) view, or of the packed (tokens,) view for varlen -----------------
