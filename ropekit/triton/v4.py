@@ -472,7 +472,8 @@ def rope_v4_kernel(
     # plain integer arithmetic, not tl.cdiv: a jitted library function, decorated when triton was imported, i.e.
     # without the interpreter if triton came first
     n_head_blocks_q = (n_heads_q + BLOCK_H - 1) // BLOCK_H
-    n_head_blocks = n_head_blocks_q + (n_heads_k + BLOCK_H - 1) // BLOCK_H  # n_heads_k is 0 without k
+    # read with HEADS_INNER only, which a fused q+k tile never takes; n_heads_k is 0 without k
+    n_head_blocks = n_head_blocks_q + (n_heads_k + BLOCK_H - 1) // BLOCK_H
     pid_s, pid_h = program_blocks(n_head_blocks, TILE.HEADS_INNER)
     pid_b = tl.program_id(2)
 
