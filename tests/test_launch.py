@@ -98,6 +98,30 @@ def test_int64_addressing_covers_per_token_rows_and_position_ids():
     assert int64(plan_rope(q, k, tab, tab, positions=ids, rotary_dim=16, **outs))
 
 
+def test_the_shape_a_choice_sees_says_whether_sequences_are_packed_and_whether_the_kernel_makes_its_angles():
+    """The model keeps the small streaming tile from packed batches and from angles a program's heads would each
+    compute (table-free angles, a NoPE temperature, M-RoPE's position a pair): plan_rope tells it which."""
+    q, k = torch.randn(2, 4, 4, 16, device=DEVICE), torch.randn(2, 4, 2, 16, device=DEVICE)
+    tab = table(16, 16)[0]
+    plain = resolve_positions(batch=2, seqlen=4, positions=None)
+    ids = torch.zeros(3, 2, 4, dtype=torch.int64, device=DEVICE)
+    mrope = resolve_positions(batch=2, seqlen=4, positions=ids, mrope_section=(2, 3, 3))
+    inv_freq = torch.ones(8, dtype=torch.float64, device=DEVICE)
+    cu = torch.tensor([0, 3, 8], dtype=torch.int32, device=DEVICE)
+    packed = resolve_positions(batch=2, seqlen=8, positions=None, cu_seqlens=cu, max_seqlen=5)
+    q3, k3 = torch.randn(8, 4, 16, device=DEVICE), torch.randn(8, 2, 16, device=DEVICE)
+
+    def shape(q, k, cos, **kw):
+        out = dict(out_q=torch.empty_like(q), out_k=torch.empty_like(k))
+        return plan_rope(q, k, cos, cos, rotary_dim=16, **out, **kw).shape
+
+    assert not shape(q, k, tab, positions=plain).computed_angles and not shape(q, k, tab, positions=plain).varlen
+    assert shape(q, k, None, positions=plain, inv_freq=inv_freq).computed_angles
+    assert shape(q, k, None, positions=plain, nope=(4, 0.5)).computed_angles
+    assert shape(q, k, tab, positions=mrope).computed_angles
+    assert shape(q3, k3, tab, positions=packed).varlen and not shape(q3, k3, tab, positions=packed).computed_angles
+
+
 def test_a_forced_config_reaches_every_launch_and_leaves_no_plan_behind():
     # rope_v4(config=...) forces one launch; forced_config forces every launch however it is reached, and the plan
     # cache forgets what was planned on either side of it

@@ -69,6 +69,9 @@ class RopeShape(NamedTuple):
     flat_ok: bool  # the flat kernel can run this call (contiguous, out of place, NeoX over the whole head, table)
     same_shape: bool = True  # k has q's shape (the flat kernel may pair them)
     varlen: bool = False  # packed sequences: the grid covers the longest one for each
+    # cos/sin computed in the kernel (table-free angles, a NoPE layer's temperature) or read at a position a pair
+    # (M-RoPE): work a program's heads share
+    computed_angles: bool = False
 
 
 class FusedShape(NamedTuple):

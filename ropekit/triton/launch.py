@@ -604,7 +604,8 @@ def plan_rope(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: t
     flat_ok = not angles and nope is None and _flat_applies(q, k, out_q, out_k, contiguous, positions, rotary_dim,
                                                             interleaved, cos_per_token, eager_rounding)
     shape = RopeShape(n_batch * seqlen, n_heads_q, n_heads_k, head_dim, rotary_dim, q.element_size(), cos_per_token,
-                      flat_ok, k is None or k.shape == q.shape, positions.is_varlen)
+                      flat_ok, k is None or k.shape == q.shape, positions.is_varlen,
+                      angles or nope is not None or positions.is_mrope)
     if config is None:
         config = rope_config(shape, q.device)
     elif type(config) is FlatConfig and not flat_ok:

@@ -236,24 +236,29 @@ def streaming_tile(facts: DeviceFacts, shape: RopeShape) -> TileConfig:
 
     4 warps, and as many head vectors of one token as make one 16-byte vector a thread (2 KiB a program: 8 heads of
     128 16-bit channels; more tokens where a token's heads hold less), doubled, heads first, while the SM's resident
-    programs would keep fewer bytes in flight than Little's law asks, up to 8 vectors a thread. The streaming hint:
-    q and k are read once and should not push the table rows, which every head reuses, out of the L2. The tile
-    kernel's grid runs the head blocks of a token side by side, so the programs resident at any moment read one
-    stretch of memory. Small programs also leave fewer warp slots idle while a program's last warps finish
-    (docs/tuning.md#launch-table)."""
+    programs would keep fewer bytes in flight than Little's law asks, up to 8 vectors a thread; at most 32 heads and
+    16 tokens a program. The streaming hint: q and k are read once and should not push the table rows, which every
+    head reuses, out of the L2. The tile kernel's grid runs the head blocks of a token side by side, so the programs
+    resident at any moment read one stretch of memory. Small programs also leave fewer warp slots idle while a
+    program's last warps finish (docs/tuning.md#launch-table). A head wider than 8 vectors a thread takes the fused
+    q+k tile's rule instead, which gives wide tiles more warps."""
     num_warps = 4
     head_bytes = next_pow2(shape.head_dim) * shape.element_size
-    heads = next_pow2(max(shape.n_heads_q, shape.n_heads_k))
+    heads = min(next_pow2(max(shape.n_heads_q, shape.n_heads_k)), _TILE_HEADS[-1])
     program_bytes = _VECTOR_BYTES * 32 * num_warps
+    if head_bytes > 8 * program_bytes:
+        return _fused_qk_tile(facts, shape)
     block_h = max(1, min(heads, program_bytes // head_bytes))
-    config = TileConfig(max(1, program_bytes // (block_h * head_bytes)), block_h, num_warps, evict_first=True,
-                        heads_inner=True)
+    block_s = max(1, min(_TILE_TOKENS[-1], program_bytes // (block_h * head_bytes)))
+    config = TileConfig(block_s, block_h, num_warps, evict_first=True, heads_inner=True)
     while tile_bytes_in_flight_per_sm(facts, shape, config) < facts.needed_bytes_in_flight_per_sm \
             and config.block_s * config.block_h * head_bytes < 8 * program_bytes:
         if config.block_h < heads:
             config = config._replace(block_h=config.block_h * 2)
-        else:
+        elif config.block_s < _TILE_TOKENS[-1]:
             config = config._replace(block_s=config.block_s * 2)
+        else:
+            break
     return config
 
 
@@ -262,11 +267,13 @@ def model_rope(facts: DeviceFacts, shape: RopeShape) -> TileConfig | FlatConfig:
 
     * Larger than the L2 (DRAM-bound):
       - the flat kernel where the call allows it (``shape.flat_ok``), 4 warps, one 16-byte vector a thread;
-      - else, for a rotation over the whole head of a batch of equal sequences, a small tile
-        (:func:`streaming_tile`);
+      - else, for a rotation over the whole head of a batch of equal sequences with cos/sin read at one position a
+        token (a table or per-token rows), a small tile (:func:`streaming_tile`);
       - else a fused q+k tile (:func:`_fused_qk_tile`). A partial rotation's small tile loads narrow vectors and,
         in place, half the bytes a program; a packed batch's grid covers its longest sequence for every sequence,
         and the programs past a shorter one's end return at once: a one-token tile makes as many of them as tokens.
+        Angles computed in the kernel (or M-RoPE's position a pair) are work a program's heads share: a tile of
+        every head does it once a token. The small tile was not measured on those.
     * L2-resident: a tile of 4 warps, 2 tokens (1 with per-token cos/sin rows, whose rows no token shares) x as
       many heads as a thread's register budget allows; then tokens, then heads, halved while the grid would give
       an SM fewer than two programs.
@@ -274,7 +281,7 @@ def model_rope(facts: DeviceFacts, shape: RopeShape) -> TileConfig | FlatConfig:
     if not fits_in_l2(facts, shape):
         if shape.flat_ok:
             return _flat_config(facts, shape)
-        if shape.rotary_dim == shape.head_dim and not shape.varlen:
+        if shape.rotary_dim == shape.head_dim and not shape.varlen and not shape.computed_angles:
             return streaming_tile(facts, shape)
         return _fused_qk_tile(facts, shape)
     num_warps = 4
