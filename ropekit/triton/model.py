@@ -224,11 +224,13 @@ def _flat_config(facts: DeviceFacts, shape: RopeShape, num_warps: int = 4, paire
 
 
 def tile_bytes_in_flight_per_sm(facts: DeviceFacts, shape: RopeShape, config: TileConfig) -> int:
-    """What an SM's resident tile programs (its warp and program slots allow) keep in flight: each loads its head
-    vectors (``block_s x block_h``, the rotary channels and the tail alike) before it waits on any of them. Registers
-    are not counted (a small tile is far inside a thread's budget), nor the cos/sin rows (cache hits)."""
-    resident = min(facts.max_programs_per_sm, facts.max_warps_per_sm // config.num_warps)
-    return resident * config.block_s * config.block_h * shape.head_dim * shape.element_size
+    """What an SM's resident tile programs keep in flight (:func:`bytes_in_flight_per_sm` of the tile's launch): each
+    loads its head vectors (``block_s x block_h``, the rotary channels and the tail alike) before it waits on any of
+    them. Registers are not counted (a small tile is far inside a thread's budget), nor the cos/sin rows (cache
+    hits)."""
+    tile_bytes = config.block_s * config.block_h * shape.head_dim * shape.element_size
+    programs = _tile_programs(shape, config.block_s, config.block_h)
+    return bytes_in_flight_per_sm(Launch(programs, config.num_warps, tile_bytes), facts)
 
 
 def streaming_tile(facts: DeviceFacts, shape: RopeShape) -> TileConfig:
