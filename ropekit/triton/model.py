@@ -325,9 +325,9 @@ def model_fused(facts: DeviceFacts, shape: FusedShape, registers=None) -> FusedC
     register bound (at most 32768 values: fewer heads, then fewer tokens, for very wide vectors).
 
     A norm over all heads of a token (``norm_over_heads``) needs every head of the token in one program: the heads
-    are the call's (rounded up), fewer tokens keep the tile within the bound (one token at least, whatever its
-    size), and more warps share the larger tile at the rule's values a thread; a forward prefill of vectors of at
-    most 128 channels takes 1 token at up to 32 values a thread (:func:`_all_heads`).
+    are the call's (rounded up), one token a program at up to 32 values a thread, in as many warps as share them;
+    vectors wider than 128 channels keep the rule's tokens within the bound at the rule's values a thread
+    (:func:`_all_heads`).
     """
     config = _fused_rule(facts, shape)
     if shape.norm_over_heads:
@@ -414,26 +414,28 @@ def _within_shared_memory(config: FusedConfig, shape: FusedShape) -> FusedConfig
     return config
 
 
-# Values a thread, at most, of a forward prefill's program that holds every head of its token (a norm over all heads),
-# one token a program: fewer programs of more tokens keep as many bytes in flight in the model's count but compile to
-# more registers a thread, so an SM holds fewer of them; one token measured faster on the H100 and the H200 at 32 heads
-# of 128 channels (docs/tuning.md#fused-launch-table). Fewer heads keep the rule's 4 warps and fewer values a thread
-_ALL_HEADS_PREFILL_VALUES = 32
+# Values a thread, at most, of a program that holds every head of its token (a norm over all heads), one token a
+# program: the norm's two reductions a token (the mean square, and in the backward the gradient's dot product) span
+# the program, and each crosses its warps through shared memory behind a barrier, so fewer warps of more values wait
+# less a token. A forward prefill measured fastest at 4 warps for 32 heads of 128 channels on the H100 and the H200,
+# and a decode step and the backward at the same on the H200 (docs/tuning.md#fused-launch-table). Fewer heads keep the
+# rule's 4 warps and fewer values a thread
+_ALL_HEADS_VALUES = 32
 
 
 def _all_heads(config: FusedConfig, shape: FusedShape) -> FusedConfig:
-    """The rule's configuration with every head of a token in one program (the norm's reduction runs over them):
-    fewer tokens while the tile passes the register bound, and the warps that keep the rule's own values a thread
-    (at least 8: a 16-byte vector of bf16), up to 32. A forward prefill of head vectors of at most 128 channels takes
-    one token a program at :data:`_ALL_HEADS_PREFILL_VALUES` a thread at most: its reduction already spans every
-    head of a token, so more tokens a program amortise nothing more, and a program of one token compiles to fewer
-    registers a thread, so more programs fit an SM."""
+    """The rule's configuration with every head of a token in one program (the norm's reduction runs over them): one
+    token a program at :data:`_ALL_HEADS_VALUES` a thread at most, in the warps that share them (at least the rule's
+    4). More tokens a program amortise nothing more, since the reduction already spans every head of a token, and a
+    program of one token compiles to fewer registers a thread, so more programs fit an SM. Vectors wider than 128
+    channels keep the rule's tokens while the tile passes the register bound, at the rule's own values a thread (at
+    least 8: a 16-byte vector of bf16), up to 32 warps."""
     heads, width = next_pow2(shape.n_heads), next_pow2(shape.width)
-    if shape.backward or shape.n_tokens <= DECODE_TOKENS or shape.width > 128:
+    if shape.width > 128:
         density = max(config.block_s * config.block_h * width // (32 * config.num_warps), 8)
         block_s = config.block_s
     else:
-        density, block_s = _ALL_HEADS_PREFILL_VALUES, 1
+        density, block_s = _ALL_HEADS_VALUES, 1
     while block_s > 1 and block_s * heads * width > _TILE_VALUES_LIMIT:
         block_s //= 2
     warps = next_pow2(cdiv(block_s * heads * width, 32 * density))
@@ -541,11 +543,12 @@ def rope_candidate_space(shape: RopeShape) -> list[TileConfig | FlatConfig]:
 
 def fused_candidate_space(shape: FusedShape) -> list[FusedConfig]:
     """Every configuration the model and the autotune can reach for a fused ``shape``: 1-8 tokens x 1-64 heads
-    (capped at the call's), 2-8 warps, with and without the hint and the heads-inner order; for the backward, 1, 8
-    or 16 token blocks a program at 1 or 3 stages. A norm over all heads: the call's heads (rounded up) in every
-    program, 2-32 warps."""
+    (capped at the call's), 2-8 warps, with and without the hint and the heads-inner order; for the backward, one
+    token block a program, or 8 or 16 at 1-3 stages (fewer where shared memory bounds the pipeline). A norm over all
+    heads: the call's heads (rounded up) in every program, 2-32 warps."""
     heads = next_pow2(shape.n_heads)
-    walks = ((1, 1), (8, 3), (16, 3)) if shape.backward else ((1, 1),)
+    walks = ((1, 1),) + tuple((blocks, stages) for blocks in (8, 16) for stages in (3, 2, 1)) if shape.backward \
+        else ((1, 1),)
     # (a norm over all heads: every head of a token in a program, and the warps a large tile takes)
     head_blocks = (heads,) if shape.norm_over_heads else [h for h in _FUSED_HEADS if h <= heads]
     warps = WARPS[1:] if shape.norm_over_heads else (2, 4, 8)
