@@ -45,7 +45,8 @@ __all__ = ["DeviceFacts", "Launch", "WARPS", "resident_programs", "bytes_in_flig
            "model_fused", "rope_candidates", "fused_candidates", "rope_candidate_space", "fused_candidate_space",
            "is_valid_rope", "is_valid_fused", "DECODE_TOKENS", "flat_bytes_in_flight_per_sm",
            "flat_meets_littles_law", "streaming_tile", "tile_bytes_in_flight_per_sm", "fused_bytes_in_flight_per_sm",
-           "fused_meets_littles_law", "prefill_past_l2", "grid_dependency", "RELEASE_SHARE"]
+           "fused_meets_littles_law", "prefill_past_l2", "grid_dependency", "launched_programmatically",
+           "RELEASE_SHARE"]
 
 WARPS = (1, 2, 4, 8, 16, 32)  # the warp counts a Triton launch takes
 DECODE_TOKENS = 128  # at most this many tokens: a decode step, whose time is the launch chain, not its bytes
@@ -102,6 +103,12 @@ class Launch:
         return self.read_bytes if self.read_bytes is not None else self.programs * self.bytes_in_flight_per_program
 
 
+def launched_programmatically(facts: DeviceFacts) -> bool:
+    """Whether the library launches its kernels on this GPU programmatically (from compute capability 9.0; the
+    interpreter, other devices and ``ROPEKIT_PDL=0`` launch plainly, which :mod:`ropekit.triton.choice` decides)."""
+    return facts.capability >= (9, 0)
+
+
 def grid_dependency(facts: DeviceFacts, programs: int, num_warps: int) -> int:
     """How a launch of ``programs`` programs of ``num_warps`` warps follows the grid before it
     (:class:`~ropekit.triton.groups.Dependency`).
@@ -112,7 +119,7 @@ def grid_dependency(facts: DeviceFacts, programs: int, num_warps: int) -> int:
     after it, once its own wait is over, which hides that grid's launch behind its own; a larger grid does not: a
     release cost time that grew with the grid's waves (a copy of 31 waves took 23 % longer), and at half a wave it
     bought nothing (docs/tuning.md#grid-dependency)."""
-    if facts.capability < (9, 0):
+    if not launched_programmatically(facts):
         return Dependency.NONE
     if programs * num_warps <= facts.n_sms * facts.max_warps_per_sm * RELEASE_SHARE:
         return Dependency.RELEASE
@@ -305,9 +312,13 @@ def model_fused(facts: DeviceFacts, shape: FusedShape, registers=None) -> FusedC
     """The model's configuration for a fused launch (docs/tuning.md#how-the-library-chooses).
 
     * A decode step (at most :data:`DECODE_TOKENS` tokens) is bound by its launch chain, not its bytes: one token a
-      program, 4 warps, no hint; 8 heads a program (4 with a float8 cache, whose rounding is the program's cost;
-      32 for vectors wider than 128 channels, MLA's latent); then heads halved while the grid (q and k programs)
-      would give an SM fewer than two programs.
+      program, 4 warps, no hint. Launched programmatically (:func:`launched_programmatically`), a grid's programs
+      are placed while the grid ahead still runs, and the step is what they do after their wait (a position, a
+      table row, the tile, the store): every head of a token (up to 32) in one program, the fewest programs, each
+      loading its token's position and table row once, measured fastest on every decode format on the H200
+      (docs/tuning.md#fused-launch-table). Launched plainly, the programs' placement is part of the chain: 8 heads a
+      program (4 with a float8 cache, whose rounding is the program's cost; 32 for vectors wider than 128 channels,
+      MLA's latent), then heads halved while the grid (q and k programs) would give an SM fewer than two programs.
     * A prefill streams from DRAM: the streaming hint, and each token block's q and k programs launched side by side
       (the k programs' arithmetic under the q programs' traffic); 2 tokens x 8 heads, 4 tokens with QK-norm (its
       reduction amortised over more rows; 32 values a thread at 4 warps); wider vectors: 8 warps, no hint. A store
@@ -447,6 +458,8 @@ def _fused_rule(facts: DeviceFacts, shape: FusedShape) -> FusedConfig:
     if shape.backward:
         return FusedConfig(1, min(heads, 8), 4, evict_first=True, heads_inner=True, token_blocks=16, stages=3)
     if shape.n_tokens <= DECODE_TOKENS:
+        if launched_programmatically(facts):
+            return FusedConfig(1, min(heads, 32), 4)
         block_h = min(heads, 32 if shape.width > 128 else 4 if shape.quantised_cache else 8)
         target = _MIN_PROGRAMS_PER_SM * facts.n_sms
         while block_h > 1 and 2 * shape.n_tokens * cdiv(shape.n_heads, block_h) < target:
