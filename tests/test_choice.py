@@ -27,8 +27,8 @@ H200 = model.DeviceFacts("H200 (published)", n_sms=132, ceiling_gbps=4800.0, lat
 SMALL = model.DeviceFacts("a small GPU", n_sms=20, ceiling_gbps=400.0, latency_ns=600.0, latency_source="assumed",
                           l2_bytes=4 * 2**20, capability=(8, 6), max_warps_per_sm=48, max_programs_per_sm=16)
 GPUS = {"h100": H100, "h200": H200, "small": SMALL}
-# each GPU as it would be launched plainly (before compute capability 9.0's programmatic launches)
-PLAIN = {facts: dataclasses.replace(facts, capability=min(facts.capability, (8, 0))) for facts in GPUS.values()}
+# each GPU with its kernels launched plainly (ROPEKIT_PDL=0, or before compute capability 9.0)
+PLAIN = {facts: dataclasses.replace(facts, programmatic_launch=False) for facts in GPUS.values()}
 
 
 def rope(batch, seq, heads_q, heads_k, head_dim, element_size=2, flat_ok=True, cos_per_token=False):
@@ -131,23 +131,49 @@ def test_with_h100_facts_the_fused_model_picks_the_fused_table(case):
 
 @pytest.mark.parametrize("gpu", list(GPUS))
 @pytest.mark.parametrize("case", ["decode", "decode-fp8", "decode-norm", "mla-decode", "decode-int8-token-head",
-                                  "decode-nvfp4", "decode-fp8-q"])
+                                  "decode-nvfp4", "decode-fp8-q", "decode-wide"])
 def test_a_decode_step_launched_programmatically_takes_every_head_of_a_token(gpu, case):
     """Launched programmatically (compute capability 9.0 and later), a decode step's program holds every head of its
-    token, up to 32, at 4 warps: on the H200 every decode format measured fastest there (plain decode b64 1.44 us at
-    8 heads, 1.36 at 32; float8 per (token, head) 2.28 at 4 heads, 1.88). Launched plainly, the table's rule."""
+    token, up to 32, at 4 warps: on the H200 every head beat fewer heads a program on every decode format at 64
+    tokens (plain decode b64 1.44 us at 8 heads, 1.36 at 32; float8 per (token, head) 2.28 at 4 heads, 1.88).
+    Launched plainly, and for vectors wider than 128 channels (MLA's latent), the table's rule."""
     formats = {"decode-int8-token-head": dict(cache_format=INT8, cache_scales=PER_TOKEN_HEAD),
                "decode-nvfp4": dict(cache_format=NVFP4, cache_scales=PER_BLOCK),
                "decode-fp8-q": dict(cache_format=E4M3, q_format=E4M3)}
-    shape = FUSED_TABLE[case][0] if case in FUSED_TABLE else FusedShape(64, 32, 128, 2, **formats[case])
+    shape = (FUSED_TABLE[case][0] if case in FUSED_TABLE else FusedShape(64, 16, 192, 2) if case == "decode-wide"
+             else FusedShape(64, 32, 128, 2, **formats[case]))
     facts = GPUS[gpu]
     config = model.model_fused(facts, shape)
-    if model.launched_programmatically(facts):
-        assert config == FusedConfig(1, min(1 << (shape.n_heads - 1).bit_length(), 32), 4)
-        assert model.model_fused(PLAIN[facts], shape) != config or shape.width > 128
+    plain = model.model_fused(PLAIN[facts], shape)
+    if model.launched_programmatically(facts) and shape.width <= 128:
+        assert config == FusedConfig(1, 32, 4) and plain.block_h <= 8
     else:
-        assert config.block_h <= (32 if shape.width > 128 else 8)
+        assert config == plain and config.block_h <= (32 if shape.width > 128 else 8)
     assert config in model.fused_candidates(facts, shape)
+
+
+@pytest.mark.parametrize("tokens", [1, 4, 16, 32])
+def test_a_small_decode_keeps_spreading_its_heads_over_the_gpu(tokens):
+    """Every head of a token a program is taken only where a program a token's q heads and one its k heads give at
+    least half the SMs a program (measured at 64 tokens): fewer tokens keep the plain rule, which halves the heads a
+    program until the grid gives each SM two programs."""
+    shape = FusedShape(tokens, 32, 128, 2)
+    config = model.model_fused(H200, shape)
+    assert config == model.model_fused(PLAIN[H200], shape)
+    assert config.block_h < 32
+    assert model.model_fused(H200, shape._replace(n_tokens=64)).block_h == 32
+
+
+def test_pdl_off_makes_the_facts_say_kernels_are_launched_plainly(monkeypatch):
+    """``ROPEKIT_PDL=0`` launches plainly, and the device's facts say so, so that the decode rule follows the launch."""
+    monkeypatch.setitem(choice._facts, 0, H200)
+    cuda0 = torch.device("cuda", 0)
+    monkeypatch.delenv("ROPEKIT_PDL", raising=False)
+    assert choice.device_facts(cuda0) is H200 and model.launched_programmatically(H200)
+    monkeypatch.setenv("ROPEKIT_PDL", "0")
+    facts = choice.device_facts(cuda0)
+    assert not model.launched_programmatically(facts)
+    assert model.model_fused(facts, FUSED_TABLE["decode"][0]) == FUSED_TABLE["decode"][1]
 
 
 @pytest.mark.parametrize("gpu", list(GPUS))

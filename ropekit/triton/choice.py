@@ -20,6 +20,7 @@ A corrupt or read-only cache is ignored (the model's choice then), never an erro
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -83,7 +84,7 @@ def device_facts(device=None) -> DeviceFacts:
     index = _device_index(device)
     cached = _facts.get(index)
     if cached is not None:
-        return cached
+        return cached if _programmatic_launches() else dataclasses.replace(cached, programmatic_launch=False)
     props = torch.cuda.get_device_properties(index)
     name = getattr(props, "name", "unknown GPU")
     capability = (getattr(props, "major", 0), getattr(props, "minor", 0))
@@ -102,7 +103,7 @@ def device_facts(device=None) -> DeviceFacts:
                         bandwidth_source=source, memory_bytes=memory_bytes)
     if source.startswith("measured") or not _inside_capture_or_compile():
         _facts[index] = facts  # an estimate made inside capture or compile is measured again later
-    return facts
+    return facts if _programmatic_launches() else dataclasses.replace(facts, programmatic_launch=False)
 
 
 def _copy_bandwidth(index: int, key: str, props) -> tuple[float, str]:
@@ -314,13 +315,19 @@ def _tune(bench, candidates: list):
     return best
 
 
+def _programmatic_launches() -> bool:
+    """Whether CUDA launches may be programmatic: not on a ROCm build (its GPUs report compute capabilities of 9 too,
+    without programmatic launches), not with ``ROPEKIT_PDL=0``."""
+    return torch.version.hip is None and \
+        os.environ.get("ROPEKIT_PDL", "1").strip().lower() not in ("0", "false", "off", "no")
+
+
 def launch_dependency(device, grid: tuple, num_warps: int) -> int:
     """How a launch of ``grid`` on ``device`` follows the grid before it (:class:`~ropekit.triton.groups.Dependency`):
     the model's :func:`~ropekit.triton.model.grid_dependency` on an NVIDIA GPU, NONE under the interpreter, on any
     other device (a ROCm build's GPUs report compute capabilities of 9 too, without programmatic launches) and with
     ``ROPEKIT_PDL=0``."""
-    if (_device.INTERPRET or torch.device(device).type != "cuda" or torch.version.hip is not None
-            or os.environ.get("ROPEKIT_PDL", "1").strip().lower() in ("0", "false", "off", "no")):
+    if _device.INTERPRET or torch.device(device).type != "cuda" or not _programmatic_launches():
         return Dependency.NONE
     programs = 1
     for extent in grid:

@@ -81,6 +81,9 @@ class DeviceFacts:
     capability: tuple[int, int] = (9, 0)
     bandwidth_source: str = "assumed"  # "measured ..." when a device copy timed it
     memory_bytes: int = 0  # the device's memory (part of the autotune cache's key)
+    # whether the library launches this GPU's kernels programmatically where its capability allows (False with
+    # ROPEKIT_PDL=0 and on ROCm builds: ropekit.triton.choice.device_facts)
+    programmatic_launch: bool = True
 
     @property
     def needed_bytes_in_flight_per_sm(self) -> float:
@@ -104,9 +107,9 @@ class Launch:
 
 
 def launched_programmatically(facts: DeviceFacts) -> bool:
-    """Whether the library launches its kernels on this GPU programmatically (from compute capability 9.0; the
-    interpreter, other devices and ``ROPEKIT_PDL=0`` launch plainly, which :mod:`ropekit.triton.choice` decides)."""
-    return facts.capability >= (9, 0)
+    """Whether the library launches its kernels on this GPU programmatically: from compute capability 9.0, unless
+    the facts say it launches plainly (``ROPEKIT_PDL=0``, a ROCm build)."""
+    return facts.programmatic_launch and facts.capability >= (9, 0)
 
 
 def grid_dependency(facts: DeviceFacts, programs: int, num_warps: int) -> int:
@@ -315,10 +318,12 @@ def model_fused(facts: DeviceFacts, shape: FusedShape, registers=None) -> FusedC
       program, 4 warps, no hint. Launched programmatically (:func:`launched_programmatically`), a grid's programs
       are placed while the grid ahead still runs, and the step is what they do after their wait (a position, a
       table row, the tile, the store): every head of a token (up to 32) in one program, the fewest programs, each
-      loading its token's position and table row once, measured fastest on every decode format on the H200
-      (docs/tuning.md#fused-launch-table). Launched plainly, the programs' placement is part of the chain: 8 heads a
-      program (4 with a float8 cache, whose rounding is the program's cost; 32 for vectors wider than 128 channels,
-      MLA's latent), then heads halved while the grid (q and k programs) would give an SM fewer than two programs.
+      loading its token's position and table row once. On the H200 at 64 tokens that beat fewer heads a program on
+      every decode format (docs/tuning.md#fused-launch-table). It is taken for head vectors of at most 128 channels
+      where a program a token's q heads and one its k heads still give at least half the SMs a program; otherwise,
+      and launched plainly, the programs' placement is part of the chain: 8 heads a program (4 with a float8 cache,
+      whose rounding is the program's cost; 32 for vectors wider than 128 channels, MLA's latent), then heads halved
+      while the grid (q and k programs) would give an SM fewer than two programs.
     * A prefill streams from DRAM: the streaming hint, and each token block's q and k programs launched side by side
       (the k programs' arithmetic under the q programs' traffic); 2 tokens x 8 heads, 4 tokens with QK-norm (its
       reduction amortised over more rows; 32 values a thread at 4 warps); wider vectors: 8 warps, no hint. A store
@@ -458,8 +463,10 @@ def _fused_rule(facts: DeviceFacts, shape: FusedShape) -> FusedConfig:
     if shape.backward:
         return FusedConfig(1, min(heads, 8), 4, evict_first=True, heads_inner=True, token_blocks=16, stages=3)
     if shape.n_tokens <= DECODE_TOKENS:
-        if launched_programmatically(facts):
-            return FusedConfig(1, min(heads, 32), 4)
+        every_head = min(heads, 32)
+        programs = 2 * shape.n_tokens * cdiv(shape.n_heads, every_head)  # q's and k's
+        if launched_programmatically(facts) and shape.width <= 128 and 2 * programs >= facts.n_sms:
+            return FusedConfig(1, every_head, 4)
         block_h = min(heads, 32 if shape.width > 128 else 4 if shape.quantised_cache else 8)
         target = _MIN_PROGRAMS_PER_SM * facts.n_sms
         while block_h > 1 and 2 * shape.n_tokens * cdiv(shape.n_heads, block_h) < target:
