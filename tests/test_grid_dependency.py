@@ -47,7 +47,7 @@ def test_the_model_releases_only_small_grids_and_waits_from_compute_capability_9
 
 def test_launch_dependency_follows_the_model_on_a_gpu_and_is_off_elsewhere_or_when_asked(monkeypatch):
     monkeypatch.setattr(ropekit.device, "INTERPRET", False)  # choosing as on a GPU
-    monkeypatch.setattr(choice, "device_facts", lambda device=None: H200)
+    monkeypatch.setattr(choice, "_measured_facts", lambda index: H200)
     monkeypatch.delenv("ROPEKIT_PDL", raising=False)
     assert choice.launch_dependency(torch.device("cuda", 0), (64, 5, 1), 4) == Dependency.RELEASE
     assert choice.launch_dependency(torch.device("cuda", 0), (2048, 1, 1), 4) == Dependency.WAIT

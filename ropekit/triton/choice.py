@@ -79,12 +79,17 @@ def device_facts(device=None) -> DeviceFacts:
     SMs, L2 size, registers and threads come from ``torch.cuda.get_device_properties``. The copy bandwidth is
     measured once per GPU with a device copy (:func:`measure_copy_gbps`) and kept in the disk cache; where timing is
     not allowed (:func:`tuning_allowed`) it is the peak that the memory clock and bus width give, labelled so in
-    ``bandwidth_source``, and measured on a later call. The latency is :data:`ASSUMED_LATENCY_NS`.
+    ``bandwidth_source``, and measured on a later call. The latency is :data:`ASSUMED_LATENCY_NS`. Under
+    ``ROPEKIT_PDL=0`` and on ROCm builds the facts say kernels are launched plainly (``programmatic_launch``).
     """
-    index = _device_index(device)
+    facts = _measured_facts(_device_index(device))
+    return facts if _programmatic_launches() else dataclasses.replace(facts, programmatic_launch=False)
+
+
+def _measured_facts(index: int) -> DeviceFacts:
     cached = _facts.get(index)
     if cached is not None:
-        return cached if _programmatic_launches() else dataclasses.replace(cached, programmatic_launch=False)
+        return cached
     props = torch.cuda.get_device_properties(index)
     name = getattr(props, "name", "unknown GPU")
     capability = (getattr(props, "major", 0), getattr(props, "minor", 0))
@@ -103,7 +108,7 @@ def device_facts(device=None) -> DeviceFacts:
                         bandwidth_source=source, memory_bytes=memory_bytes)
     if source.startswith("measured") or not _inside_capture_or_compile():
         _facts[index] = facts  # an estimate made inside capture or compile is measured again later
-    return facts if _programmatic_launches() else dataclasses.replace(facts, programmatic_launch=False)
+    return facts
 
 
 def _copy_bandwidth(index: int, key: str, props) -> tuple[float, str]:
@@ -324,10 +329,9 @@ def _programmatic_launches() -> bool:
 
 def launch_dependency(device, grid: tuple, num_warps: int) -> int:
     """How a launch of ``grid`` on ``device`` follows the grid before it (:class:`~ropekit.triton.groups.Dependency`):
-    the model's :func:`~ropekit.triton.model.grid_dependency` on an NVIDIA GPU, NONE under the interpreter, on any
-    other device (a ROCm build's GPUs report compute capabilities of 9 too, without programmatic launches) and with
-    ``ROPEKIT_PDL=0``."""
-    if _device.INTERPRET or torch.device(device).type != "cuda" or not _programmatic_launches():
+    the model's :func:`~ropekit.triton.model.grid_dependency` on the device's facts (NONE where they say kernels are
+    launched plainly: ``ROPEKIT_PDL=0``, a ROCm build), NONE under the interpreter and on any other device."""
+    if _device.INTERPRET or torch.device(device).type != "cuda":
         return Dependency.NONE
     programs = 1
     for extent in grid:

@@ -463,13 +463,13 @@ def _fused_rule(facts: DeviceFacts, shape: FusedShape) -> FusedConfig:
     if shape.backward:
         return FusedConfig(1, min(heads, 8), 4, evict_first=True, heads_inner=True, token_blocks=16, stages=3)
     if shape.n_tokens <= DECODE_TOKENS:
+        def programs(block_h):  # q's and k's, one token a program
+            return 2 * shape.n_tokens * cdiv(shape.n_heads, block_h)
         every_head = min(heads, 32)
-        programs = 2 * shape.n_tokens * cdiv(shape.n_heads, every_head)  # q's and k's
-        if launched_programmatically(facts) and shape.width <= 128 and 2 * programs >= facts.n_sms:
+        if launched_programmatically(facts) and shape.width <= 128 and 2 * programs(every_head) >= facts.n_sms:
             return FusedConfig(1, every_head, 4)
         block_h = min(heads, 32 if shape.width > 128 else 4 if shape.quantised_cache else 8)
-        target = _MIN_PROGRAMS_PER_SM * facts.n_sms
-        while block_h > 1 and 2 * shape.n_tokens * cdiv(shape.n_heads, block_h) < target:
+        while block_h > 1 and programs(block_h) < _MIN_PROGRAMS_PER_SM * facts.n_sms:
             block_h //= 2
         return FusedConfig(1, block_h, 4)
     if shape.width > 128:
