@@ -202,6 +202,39 @@ def test_a_scale_divides_as_the_division_rounds(backend):
     assert torch.equal(stored, ref.quantise(values, scales[:, None], INT8).to(INT8))
 
 
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_a_quotient_past_float32_saturates(fmt, backend):
+    """A finite value whose quotient by a small static scale lies past float32's range (its product with the
+    reciprocal overflows) stores the format's saturated value of its sign, in the cache and in a float8 q; not NaN
+    (float8) or 0 (int8). Values of both signs up to float32's largest, at scales 1e-10 and 2**-120 (the one
+    rescaled before its reciprocal is taken)."""
+    cache_dtype = FORMATS[fmt][0]
+    magnitudes = torch.tensor([3.4e38, 1e38, 2e30, 1e29, 5.0, 0.0])
+    values = torch.cat([magnitudes, -magnitudes, torch.tensor([1e31, -1e31, 7e37, -7e37])])  # 16 values
+    v = values.view(1, 1, 1, 16).expand(1, 1, 2, 16).contiguous().to(DEVICE)
+    k = torch.zeros(1, 1, 2, 16, device=DEVICE)
+    scales = torch.tensor([1e-10, 2.0**-120])
+    k_cache, v_cache = (torch.zeros(1, 1, 2, 16, device=DEVICE, dtype=cache_dtype) for _ in range(2))
+    cos, sin = ropekit.cos_sin_table(1, 16, device=DEVICE)
+    q_dtype = cache_dtype if fmt != "int8" else None
+    q_scale = scales[1:].to(DEVICE) if q_dtype else None
+    out_q, _ = ropekit.rope_and_cache(v[:, :, :1], k, v, cos, sin, k_cache=k_cache, v_cache=v_cache,
+                                      slot_mapping=torch.zeros(1, dtype=torch.int64, device=DEVICE),
+                                      k_scale=torch.ones(1, device=DEVICE), v_scale=scales.to(DEVICE),
+                                      q_dtype=q_dtype, q_scale=q_scale)
+    want = ref.quantise(values[None], scales[:, None].double(), cache_dtype).to(cache_dtype)
+    assert torch.equal(v_cache.view(2, 16).cpu().view(torch.uint8), want.view(torch.uint8))
+    assert not torch.isnan(want.float()).any() and torch.equal(want[:, 0].float().abs(),
+                                                                torch.full((2,), REFERENCE_MAX[fmt]))
+    if q_dtype:
+        truth = ref.rope_table(v[0, :, :1].cpu(), cos.cpu(), sin.cpu(), torch.zeros(1, dtype=torch.int64))
+        want_q = ref.quantise(truth.flatten(), scales[1].double(), q_dtype).to(q_dtype)
+        assert torch.equal(out_q.view(16).cpu().view(torch.uint8), want_q.view(torch.uint8))
+
+
+REFERENCE_MAX = {"e4m3": 448.0, "e5m2": 57344.0, "int8": 127.0}
+
+
 def test_a_uint8_cache_holds_the_bytes_kv_cache_dtype_names():
     """vLLM allocates float8 caches as uint8: ``kv_cache_dtype`` says which float8 their bytes are."""
     q, k, v, _, _, slots = case(skip=())
@@ -434,10 +467,10 @@ E2M1_ROUNDING = [6.0, 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, -0.0, float("nan"),
 E2M1_STORED = [6.0, 0.0, 1.0, 1.0, 2.0, 2.0, 4.0, 4.0, -0.0, 0.0, 0.0, 0.5, -6.0, 3.0, 1.0, 0.5]
 
 
-def nvfp4_v_round_trip(values: torch.Tensor) -> tuple[list, torch.Tensor]:
-    """``values`` ``(heads, 16)`` as one token's v (k zero) through ``rope_and_cache`` into an NVFP4 cache at global
-    scale 1 (the block-scale caches filled with 0x55 first, so an unwritten scale shows): (the heads' block scales as
-    e4m3 values, the v values read back in float64)."""
+def nvfp4_v_round_trip(values: torch.Tensor, global_scale: float = 1.0) -> tuple[list, torch.Tensor]:
+    """``values`` ``(heads, 16)`` as one token's v (k zero) through ``rope_and_cache`` into an NVFP4 cache at
+    ``global_scale`` (the block-scale caches filled with 0x55 first, so an unwritten scale shows): (the heads' block
+    scales as e4m3 values, the v values read back in float64, over the global scale)."""
     heads = values.shape[0]
     v = values.view(1, 1, heads, 16).to(DEVICE)
     k = torch.zeros_like(v)
@@ -446,7 +479,7 @@ def nvfp4_v_round_trip(values: torch.Tensor) -> tuple[list, torch.Tensor]:
     one = torch.ones(1, device=DEVICE)
     cos, sin = ropekit.cos_sin_table(1, 16, device=DEVICE)
     ropekit.rope_and_cache(k, k, v, cos, sin, k_cache=caches[0], v_cache=caches[1], k_scale_cache=blocks[0],
-                           v_scale_cache=blocks[1], k_scale=one, v_scale=one, kv_cache_dtype="nvfp4",
+                           v_scale_cache=blocks[1], k_scale=one, v_scale=one * global_scale, kv_cache_dtype="nvfp4",
                            slot_mapping=torch.zeros(1, dtype=torch.int64, device=DEVICE), interleaved=True)
     return blocks[1].view(E4M3).flatten().tolist(), ref.nvfp4_dequantise(caches[1][0, 0], blocks[1][0, 0], 1.0)
 
@@ -474,6 +507,17 @@ def test_nvfp4_rounding_next_to_every_midpoint(backend):
     assert block_scales == [1.0, 1.0, 1.0]
     want = ref.e2m1(values.double())
     assert torch.equal(read, want) and torch.equal(torch.signbit(read), torch.signbit(want))
+
+
+def test_nvfp4_a_quotient_past_float32_saturates(backend):
+    """At a small global scale a block's e4m3 scale saturates at 448, and a value's quotient by 448 x the global
+    scale can lie past float32's range: it stores e2m1's largest magnitude, 6, of its sign (not NaN's zero)."""
+    values = torch.tensor([3.4e38, -3.4e38, 2e38, -2e38, 1e37, -1e37, 0.0, -0.0] * 2).view(1, 16)
+    block_scales, read = nvfp4_v_round_trip(values, global_scale=1e-10)
+    assert block_scales == [448.0]
+    want = ref.nvfp4_quantise(values, torch.tensor(1e-10, dtype=torch.float32).item())[0]
+    assert torch.equal(read, want * 448) and torch.equal(torch.signbit(read), torch.signbit(want))
+    assert want[0, :4].abs().tolist() == [6.0] * 4
 
 
 def test_nvfp4_under_torch_compile_fullgraph_writes_the_block_scales():

@@ -149,14 +149,17 @@ def divided(x, scale):
     (Markstein's theorem: the reciprocal correctly rounded, no underflow). A scale of magnitude below 2**-100 is
     first multiplied, with x, by 2**64 (exact: a power of two), so that its reciprocal does not overflow. Where the
     residual is not a finite nonzero number (x or the quotient infinite or NaN, a zero scale) the product already is
-    the quotient."""
+    the quotient: an infinite residual comes from a product that overflowed, whose sign is the quotient's and whose
+    magnitude is past every format's saturation (the correction would make it NaN), and a zero residual keeps the
+    product's signed zero."""
     factor = tl.where(tl.abs(scale) < 7.888609052210118e-31, 1.8446744073709552e19, 1.0)
     scale = scale * factor
     x = x * factor
     inverse = tl.div_rn(1.0, scale)
     guess = x * inverse
     residual = tl.fma(-guess, scale, x)
-    return tl.where((residual > 0) | (residual < 0), tl.fma(residual, inverse, guess), guess)
+    finite_nonzero = (residual != 0.0) & (tl.abs(residual) <= 3.4028234663852886e38)
+    return tl.where(finite_nonzero, tl.fma(residual, inverse, guess), guess)
 
 
 @triton.jit
