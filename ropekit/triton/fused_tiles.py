@@ -144,22 +144,22 @@ def int8_values(x):
 def divided(x, scale):
     """fp32 ``x / scale`` correctly rounded, as the division would give, without the division's per-element
     instruction sequence: the reciprocal once per scale (``scale`` one float or [..., 1]), then per element a product
-    and one correction. ``guess = x * (1 / scale)`` is within an ulp of the quotient, ``residual = x - guess *
-    scale`` is exact in one fma, and ``guess + residual * (1 / scale)`` rounds to the correctly rounded quotient
-    (Markstein's theorem: the reciprocal correctly rounded, no underflow). A scale of magnitude below 2**-100 is
-    first multiplied, with x, by 2**64 (exact: a power of two), so that its reciprocal does not overflow. Where the
-    residual is not a finite nonzero number (x or the quotient infinite or NaN, a zero scale) the product already is
-    the quotient: an infinite residual comes from a product that overflowed, whose sign is the quotient's and whose
-    magnitude is past every format's saturation (the correction would make it NaN), and a zero residual keeps the
-    product's signed zero."""
+    and one correction. ``guess = x * (1 / scale)`` is within an ulp of the quotient, ``excess = guess * scale - x``
+    is exact in one fma, and ``guess - excess * (1 / scale)`` rounds to the correctly rounded quotient (Markstein's
+    theorem: the reciprocal correctly rounded, no underflow). A scale of magnitude below 2**-100 is first multiplied,
+    with x, by 2**64 (exact: a power of two), so that its reciprocal does not overflow.
+
+    Where the excess is not finite the product already is the quotient: x infinite or NaN, a zero or infinite scale,
+    or a product that overflowed (its sign is the quotient's, its magnitude past every format's saturation). A zero
+    excess leaves the product's signed zero (for a positive scale: the quotient's). One comparison and one fma an
+    element: the quantising stores are issue-bound on an H200 (docs/tuning.md#fused-launch-table)."""
     factor = tl.where(tl.abs(scale) < 7.888609052210118e-31, 1.8446744073709552e19, 1.0)
     scale = scale * factor
     x = x * factor
     inverse = tl.div_rn(1.0, scale)
     guess = x * inverse
-    residual = tl.fma(-guess, scale, x)
-    finite_nonzero = (residual != 0.0) & (tl.abs(residual) <= 3.4028234663852886e38)
-    return tl.where(finite_nonzero, tl.fma(residual, inverse, guess), guess)
+    excess = tl.fma(guess, scale, -x)
+    return tl.where(tl.abs(excess) <= 3.4028234663852886e38, tl.fma(-excess, inverse, guess), guess)
 
 
 @triton.jit
