@@ -59,7 +59,7 @@ from .. import device as _device
 from ..positions import PositionSpec
 from . import choice
 from .configs import FusedConfig, FusedShape, cdiv, next_pow2
-from .fused_tiles import BEFORE, E4M3, E5M2, NO_NORM, NO_QUANT, NVFP4, NORM_AFTER_C, NORM_BEFORE_C, NORM_NONE_C, \
+from .fused_tiles import BEFORE, E4M3, E5M2, INT8, NO_NORM, NO_QUANT, NVFP4, NORM_AFTER_C, NORM_BEFORE_C, NORM_NONE_C, \
     PER_HEAD, PER_TENSOR, PLAIN, STORE_PLAIN, cache_slot, channels_scale, group_sum, head_scale, load_head, \
     norm_switch, norm_weights, normed, read_scale, rsqrt_mean_square, sequence_span, store_channels, store_head
 from .launch import KernelLaunch, _position_strides, launching_directly, plans
@@ -736,7 +736,7 @@ def _quant(quant: tuple, target, device) -> tuple:
     scales)."""
     if target is None or quant[0] == PLAIN:
         return NO_QUANT
-    return (quant[0], quant[1], quant[0] in (E4M3, E5M2, NVFP4) and native_fp8(device))
+    return (quant[0], quant[1], quant[0] in (E4M3, E5M2, INT8, NVFP4) and native_fp8(device))
 
 
 def _store(target, scale=None, global_scale=None, quant: tuple = NO_QUANT) -> tuple:
