@@ -552,8 +552,8 @@ def _tuned_forward_config(shape: FusedShape, call: dict) -> FusedConfig:
 def native_fp8(device) -> bool:
     """Whether the kernel converts to float8 (e4m3, e5m2; NVFP4's e4m3 block scales too) with the GPU's own
     instruction (compute capability 8.9 and later: a saturating round-to-nearest-even conversion, two values an
-    instruction) rather than with integer arithmetic on the float32 bits (the interpreter, older GPUs). Both give the
-    same bits."""
+    instruction), and to int8 with ``cvt.rni.sat.s8.f32``, rather than with integer arithmetic on the float32 bits
+    (the interpreter, older GPUs). Both give the same bits."""
     device = torch.device(device)
     return not _device.INTERPRET and device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9)
 
@@ -732,7 +732,7 @@ def plan_fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, inte
 
 def _quant(quant: tuple, target, device) -> tuple:
     """The kernel's QUANT (or OUT_QUANT) for a store into ``target`` (a cache, or q's output; None: no store): the
-    call's (format, scales) and whether the GPU converts to float8 itself (the values, or NVFP4's e4m3 block
+    call's (format, scales) and whether the GPU converts the values itself (float8 or int8; NVFP4's e4m3 block
     scales)."""
     if target is None or quant[0] == PLAIN:
         return NO_QUANT

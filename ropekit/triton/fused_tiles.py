@@ -27,8 +27,8 @@ __all__ = ["PLAIN", "E4M3", "E5M2", "INT8", "NVFP4", "PER_TENSOR", "PER_HEAD", "
 #   SCALES: PER_TENSOR (one float32), PER_HEAD (one a kv head), PER_TOKEN_HEAD (computed here from the head vector's
 #           absolute maximum and written beside the cache), PER_BLOCK (NVFP4's: an e4m3 scale computed for each 16
 #           consecutive channels and written beside the cache, over one float32 global scale read);
-#   NATIVE: float8 bits (the values, or NVFP4's e4m3 block scales) by the GPU's own conversion instruction rather
-#           than integer arithmetic (the same bits).
+#   NATIVE: float8 bits (the values, or NVFP4's e4m3 block scales) and int8 values by the GPU's own conversion
+#           instructions rather than integer arithmetic (the same bits).
 # A per-tensor scale is one float; the others are addressed alike, SCALE + block * strides[0] + row * strides[1] +
 # head * strides[2] (a per-head one with strides (0, 0, stride); NVFP4's block scales then + the 16-block's index):
 # the store's scale, its strides and its global scale serve every mode.
