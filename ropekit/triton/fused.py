@@ -551,11 +551,13 @@ def _tuned_forward_config(shape: FusedShape, call: dict) -> FusedConfig:
 
 def native_fp8(device) -> bool:
     """Whether the kernel converts to float8 (e4m3, e5m2; NVFP4's e4m3 block scales too) with the GPU's own
-    instruction (compute capability 8.9 and later: a saturating round-to-nearest-even conversion, two values an
-    instruction), and to int8 with ``cvt.rni.sat.s8.f32``, rather than with integer arithmetic on the float32 bits
-    (the interpreter, older GPUs). Both give the same bits."""
+    instruction (an NVIDIA GPU of compute capability 8.9 and later: a saturating round-to-nearest-even conversion, two
+    values an instruction), and to int8 there with the PTX instruction ``cvt.rni.sat.s8.f32``, rather than with integer
+    arithmetic on the float32 bits (the interpreter, older GPUs, ROCm builds, which report their GPUs as "cuda" but
+    compile no PTX). Both give the same bits."""
     device = torch.device(device)
-    return not _device.INTERPRET and device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9)
+    return (not _device.INTERPRET and device.type == "cuda" and torch.version.hip is None
+            and torch.cuda.get_device_capability(device) >= (8, 9))
 
 
 # --------------------------------------------------------------------------------------------------------------------

@@ -157,7 +157,7 @@ def divided(x, scale):
     residual is not a finite nonzero number (x or the quotient infinite or NaN, a zero scale) the product already is
     the quotient. A finite x whose product with the reciprocal overflows has an infinite residual, and the correction
     then gives NaN: a quotient past float32's range is stored as NaN (float8, NVFP4's zero), or 0 (int8), where the
-    division would saturate. Every guard of that case measured slower on the H200's float8 decode step (1.02-1.04x,
+    division would saturate. Every guard of that case measured slower on the H200's float8 decode step (1.036-1.046x,
     docs/tuning.md#fused-launch-table), and a cache is not quantised at scales that take activations past 3.4e38."""
     factor = tl.where(tl.abs(scale) < 7.888609052210118e-31, 1.8446744073709552e19, 1.0)
     scale = scale * factor
