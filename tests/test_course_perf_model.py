@@ -109,14 +109,13 @@ def test_the_peers_launch_shapes_predict_the_large_prefill_at_the_ceiling_and_de
     assert pm.predict_case(cases["llama3-8b-prefill"], "torch-compile", model) is None
 
 
-def test_issue_slots_a_byte_and_the_instruction_bound():
+def test_issue_slots_a_byte_and_the_share_a_kernel_needs():
     from ropekit.triton import model
 
     # 2000 GB/s over 100 SMs at 2 GHz: 10 bytes an SM-cycle; 128 thread instructions a cycle: 12.8 a byte
     assert model.issue_slots_per_byte(DEVICE, 2.0) == pytest.approx(12.8)
     twice_the_bus = pm.DeviceModel("test", 100, 4000.0, 500.0, "test")
     assert model.issue_slots_per_byte(twice_the_bus, 2.0) == pytest.approx(6.4)
-    # three quarters of 12.8 usable: 9.6 instructions a byte fit, 19.2 reach half the ceiling
-    assert model.issue_bound_pct(DEVICE, 2.0, 9.6) == pytest.approx(100.0)
-    assert model.issue_bound_pct(DEVICE, 2.0, 19.2) == pytest.approx(50.0)
-    assert model.issue_bound_pct(twice_the_bus, 2.0, 9.6) == pytest.approx(50.0)
+    # 9.6 instructions a byte keep three quarters of the slots busy at the ceiling, and all of them at twice the bus
+    assert model.issue_share_needed(DEVICE, 2.0, 9.6) == pytest.approx(0.75)
+    assert model.issue_share_needed(twice_the_bus, 2.0, 9.6) == pytest.approx(1.5)

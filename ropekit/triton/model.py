@@ -17,8 +17,9 @@ questions decide it, each answered here from :class:`DeviceFacts`:
   (:func:`grid_dependency`).
 * **Instructions a byte.** An SM issues at most :data:`ISSUE_PER_SM_CYCLE` thread instructions a cycle; at the copy
   ceiling it moves ``ceiling / SMs / clock`` bytes a cycle, so a kernel may spend :func:`issue_slots_per_byte`
-  instructions on each byte it moves, and one that spends more is bound by its instructions, not its bytes
-  (:func:`issue_bound_pct`). No tile changes that; fewer instructions an element do.
+  instructions on each byte it moves. A kernel whose instructions a byte need most of those slots
+  (:func:`issue_share_needed`) cannot reach the ceiling, since its warps also wait on their loads: it is bound by its
+  instructions, not its bytes. No tile changes that; fewer instructions an element do.
 * **Where the bytes live.** A call whose bytes (read and written) fit in the L2 cache is served by the L2, where
   every request counts, so table rows fetched once a token (a tile) beat rows fetched once an element (the flat
   kernel). A call larger than the L2 streams from DRAM, where table rows are L2 hits and cost nothing; there the
@@ -50,7 +51,7 @@ __all__ = ["DeviceFacts", "Launch", "WARPS", "resident_programs", "bytes_in_flig
            "is_valid_rope", "is_valid_fused", "DECODE_TOKENS", "flat_bytes_in_flight_per_sm",
            "flat_meets_littles_law", "streaming_tile", "tile_bytes_in_flight_per_sm", "fused_bytes_in_flight_per_sm",
            "fused_meets_littles_law", "prefill_past_l2", "grid_dependency", "launched_programmatically",
-           "RELEASE_SHARE", "ISSUE_PER_SM_CYCLE", "ISSUE_SHARE", "issue_slots_per_byte", "issue_bound_pct"]
+           "RELEASE_SHARE", "ISSUE_PER_SM_CYCLE", "issue_slots_per_byte", "issue_share_needed"]
 
 WARPS = (1, 2, 4, 8, 16, 32)  # the warp counts a Triton launch takes
 DECODE_TOKENS = 128  # at most this many tokens: a decode step, whose time is the launch chain, not its bytes
@@ -154,9 +155,6 @@ def predicted_pct(launch: Launch, device: DeviceFacts) -> float:
 
 # Thread instructions an SM issues a cycle at most: four schedulers, one warp instruction each (Volta to Hopper)
 ISSUE_PER_SM_CYCLE = 4 * 32
-# The share of its issue slots a kernel of this kind keeps busy at most: its warps wait on loads most of the time.
-# ncu measured 74.5 % on the fused prefill with a float8 q on an H200, the most of any fused store (docs/tuning.md).
-ISSUE_SHARE = 0.75
 
 
 def issue_slots_per_byte(facts: DeviceFacts, sm_clock_ghz: float) -> float:
@@ -165,12 +163,10 @@ def issue_slots_per_byte(facts: DeviceFacts, sm_clock_ghz: float) -> float:
     return ISSUE_PER_SM_CYCLE / (facts.ceiling_gbps / facts.n_sms / sm_clock_ghz)
 
 
-def issue_bound_pct(facts: DeviceFacts, sm_clock_ghz: float, instructions_per_byte: float,
-                    share: float = ISSUE_SHARE) -> float:
-    """The % of the copy ceiling a kernel that issues ``instructions_per_byte`` thread instructions for each byte it
-    moves can reach at most: min(100, 100 x the slots a byte it keeps busy (``share`` of them) / its instructions a
-    byte)."""
-    return 100.0 * min(1.0, share * issue_slots_per_byte(facts, sm_clock_ghz) / instructions_per_byte)
+def issue_share_needed(facts: DeviceFacts, sm_clock_ghz: float, instructions_per_byte: float) -> float:
+    """The share of an SM's issue slots a kernel that issues ``instructions_per_byte`` thread instructions for each
+    byte it moves must keep busy to move its bytes at the copy ceiling (above 1: it cannot)."""
+    return instructions_per_byte / issue_slots_per_byte(facts, sm_clock_ghz)
 
 
 def fit_latency_ns(points: list[tuple[float, float]], n_sms: int, ceiling_gbps: float,
