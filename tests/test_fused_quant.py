@@ -181,45 +181,44 @@ def test_rounding_of_the_format(fmt, backend):
 DIVISION_SCALES = (7.0, 3 * 2.0**-110, 5 * 2.0**-140)
 
 
-def test_a_scale_divides_as_the_division_rounds(backend):
-    """The stored int8 code of ``v / scale`` is the correctly rounded quotient's: quotients on the ties of the int8
-    grid, (k + 0.5) * scale / scale for every k, store the even neighbour at each of DIVISION_SCALES."""
+def int8_ties_stored(scales) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quotients on the ties of the int8 grid, ``(k + 0.5) * scale`` for every k, as one token's v (k zero) through
+    ``rope_and_cache`` into an int8 cache at ``v_scale=scales`` (float32: one a kv head, or one for the whole cache,
+    the kv heads then as many as DIVISION_SCALES): (the values, ``(heads, 255)`` float32; their stored codes)."""
+    heads = len(DIVISION_SCALES)
     ties = torch.arange(-128, 127, dtype=torch.float64) + 0.5
-    scales = torch.tensor(DIVISION_SCALES, dtype=torch.float64)
-    values = (ties[None, :] * scales[:, None]).float()
-    assert torch.equal(values.double() / scales[:, None], ties.expand(3, -1))  # each quotient is exactly a tie
-    v = torch.zeros(1, 1, 3, 256, device=DEVICE)
+    scale_of_head = scales.double().expand(heads)
+    values = (ties[None, :] * scale_of_head[:, None]).float()
+    assert torch.equal(values.double() / scale_of_head[:, None], ties.expand(heads, -1))  # each quotient is a tie
+    v = torch.zeros(1, 1, heads, 256, device=DEVICE)
     v[0, 0, :, :255] = values.to(DEVICE)
-    k = torch.zeros(1, 1, 3, 16, device=DEVICE)
-    k_cache = torch.zeros(1, 1, 3, 16, device=DEVICE, dtype=INT8)
-    v_cache = torch.zeros(1, 1, 3, 256, device=DEVICE, dtype=INT8)
+    k = torch.zeros(1, 1, heads, 16, device=DEVICE)
+    k_cache = torch.zeros(1, 1, heads, 16, device=DEVICE, dtype=INT8)
+    v_cache = torch.zeros(1, 1, heads, 256, device=DEVICE, dtype=INT8)
     cos, sin = ropekit.cos_sin_table(1, 16, device=DEVICE)
     ropekit.rope_and_cache(k, k, v, cos, sin, k_cache=k_cache, v_cache=v_cache,
                            slot_mapping=torch.zeros(1, dtype=torch.int64, device=DEVICE),
-                           k_scale=torch.ones(1, device=DEVICE), v_scale=scales.float().to(DEVICE))
-    stored = v_cache.view(3, 256)[:, :255].cpu()
-    assert torch.equal(stored, torch.round(ties).to(INT8).expand(3, -1))  # ties to even
-    assert torch.equal(stored, ref.quantise(values, scales[:, None], INT8).to(INT8))
+                           k_scale=torch.ones(1, device=DEVICE), v_scale=scales.to(DEVICE))
+    return values, v_cache.view(heads, 256)[:, :255].cpu()
+
+
+def test_a_scale_divides_as_the_division_rounds(backend):
+    """The stored int8 code of ``v / scale`` is the correctly rounded quotient's: quotients on the ties of the int8
+    grid store the even neighbour at each of DIVISION_SCALES, one a kv head."""
+    scales = torch.tensor(DIVISION_SCALES, dtype=torch.float32)
+    values, stored = int8_ties_stored(scales)
+    ties = torch.arange(-128, 127, dtype=torch.float64) + 0.5
+    assert torch.equal(stored, torch.round(ties).to(INT8).expand(len(DIVISION_SCALES), -1))  # ties to even
+    assert torch.equal(stored, ref.quantise(values, scales.double()[:, None], INT8).to(INT8))
 
 
 @pytest.mark.parametrize("scale", DIVISION_SCALES)
 def test_one_scale_a_tensor_divides_as_the_division_rounds(scale, backend):
-    """The same ties at one scale for the whole cache (the store's single float, whose smallness the kernel tests
-    once for the tile): each stores its even neighbour."""
+    """The same ties at one scale for the whole cache (the store's single float rather than a tile of them): each
+    stores its even neighbour."""
+    _, stored = int8_ties_stored(torch.tensor([scale], dtype=torch.float32))
     ties = torch.arange(-128, 127, dtype=torch.float64) + 0.5
-    values = (ties * scale).float()
-    assert torch.equal(values.double() / scale, ties)
-    v = torch.zeros(1, 1, 1, 256, device=DEVICE)
-    v[0, 0, 0, :255] = values.to(DEVICE)
-    k = torch.zeros(1, 1, 1, 16, device=DEVICE)
-    k_cache = torch.zeros(1, 1, 1, 16, device=DEVICE, dtype=INT8)
-    v_cache = torch.zeros(1, 1, 1, 256, device=DEVICE, dtype=INT8)
-    cos, sin = ropekit.cos_sin_table(1, 16, device=DEVICE)
-    one_scale = torch.tensor([scale], dtype=torch.float32, device=DEVICE)
-    ropekit.rope_and_cache(k, k, v, cos, sin, k_cache=k_cache, v_cache=v_cache,
-                           slot_mapping=torch.zeros(1, dtype=torch.int64, device=DEVICE), k_scale=one_scale,
-                           v_scale=one_scale)
-    assert torch.equal(v_cache.view(256)[:255].cpu(), torch.round(ties).to(INT8))
+    assert torch.equal(stored, torch.round(ties).to(INT8).expand(len(DIVISION_SCALES), -1))
 
 
 # the Triton kernels' division stores NaN (int8, NVFP4: 0) where a quotient passes float32's range: every guard
@@ -555,9 +554,10 @@ def test_nvfp4_a_quotient_past_float32_saturates(backend):
     values = torch.tensor([3.4e38, -3.4e38, 2e38, -2e38, 1e37, -1e37, 0.0, -0.0] * 2).view(1, 16)
     block_scales, read = nvfp4_v_round_trip(values, global_scale=1e-10)
     assert block_scales == [448.0]
-    want = ref.nvfp4_quantise(values, torch.tensor(1e-10, dtype=torch.float32).item())[0]
+    global_scale = torch.tensor(1e-10, dtype=torch.float32).double()  # as the kernel reads it
+    want = ref.nvfp4_quantise(values, global_scale.item())[0]
     assert want[0, :4].abs().tolist() == [6.0] * 4
-    past = (values.double() / (448 * torch.tensor(1e-10, dtype=torch.float32).double())).abs() > FLOAT32_MAX
+    past = (values.double() / (448 * global_scale)).abs() > FLOAT32_MAX
     assert_saturates_past_float32(read, want * 448, past, backend)
     assert torch.equal(torch.signbit(read), torch.signbit(want))
 
