@@ -70,16 +70,19 @@ FLAT = FlatConfig(64, 4)
 FLAT_PAIRED = FLAT._replace(paired=True)
 
 
+@pytest.mark.parametrize("head_dim", [16, 24, 48])
 @pytest.mark.parametrize("paired", [False, True], ids=["q-then-k", "paired"])
 @pytest.mark.parametrize("kind", ["none", "int", "offsets", "ids", "ids1d"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
-def test_v4_flat_path_matches_reference(kind, dtype, paired):
-    # The flat path (blocks of elements over contiguous q then k, or of both at once, partner element loaded
-    # separately): every position form, the conjugate, k absent / MQA / MHA, and element counts that do not fill
-    # the last block (2 x 5 tokens x 3 heads x 16 = 480 elements in blocks of 64). Paired blocks need k of q's
-    # shape; MQA then takes blocks of q, then of k.
+def test_v4_flat_path_matches_reference(kind, dtype, paired, head_dim):
+    # The flat path (runs of whole head vectors over contiguous q then k, or of both at once, each NeoX pair
+    # loaded once): every position form, the conjugate, k absent / MQA / MHA, and head-vector counts that do not
+    # fill the last block (2 x 5 tokens x 3 heads = 30 vectors). A block of 64 elements holds 4 vectors of 16
+    # channels; of 24, each half of 12 pads to 16 lanes (2 vectors a block, the pad masked); of 48, the halves pad
+    # to 32 and a vector is wider than the block, which then takes one. Paired blocks need k of q's shape; MQA then
+    # takes blocks of q, then of k.
     interleaved = False
-    batch, seqlen, heads, head_dim = 2, 5, 3, 16
+    batch, seqlen, heads = 2, 5, 3
     cos, sin = table(64, head_dim)
     arg, pos = positions_for(kind, batch, seqlen)
     spec = resolve_positions(batch=batch, seqlen=seqlen, positions=arg)
@@ -99,7 +102,7 @@ def test_v4_flat_path_matches_reference(kind, dtype, paired):
 
 
 def test_v4_flat_path_only_where_it_applies():
-    # in place (a partner may be overwritten before it is read), partial rotary, varlen, per-token rows and
+    # in place (measured level with the streaming tile, which keeps it), partial rotary, varlen, per-token rows and
     # non-contiguous tensors take the tile kernel: a FlatConfig given for them is refused by the launcher, and a
     # forced one leaves them to the usual choice; positions outside the table still give NaN on the flat kernel
     q = torch.randn(2, 4, 2, 16, device=DEVICE)

@@ -35,9 +35,10 @@ class TileConfig(NamedTuple):
 
 
 class FlatConfig(NamedTuple):
-    """The flat kernel (``ropekit.triton.v4_flat``): a program rotates ``block`` consecutive elements."""
+    """The flat kernel (``ropekit.triton.v4_flat``): a program rotates the consecutive head vectors ``block``
+    elements hold (at least one; each half of a vector padded to a power of two)."""
 
-    block: int  # elements a program (of q, then of k; with paired, of q and k together)
+    block: int  # elements a program (of q, then of k; with paired, of each of q and k)
     num_warps: int
     paired: bool = False  # the same block of q and of k in one program (q and k of one shape)
     streaming: bool = False  # the streaming cache hint on loads and stores

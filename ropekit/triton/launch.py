@@ -547,8 +547,9 @@ def _flat_applies(q, k, out_q, out_k, contiguous: bool, positions: PositionSpec,
                   interleaved: bool, cos_per_token: bool, eager_rounding: bool) -> bool:
     """Whether the flat kernel can run these tensors: contiguous (batch, seq, heads, head_dim) q, k and outputs
     (``contiguous``: the caller's check of all four), the whole head rotated with NeoX pairs, positions from the
-    table (not varlen, not M-RoPE, not per-token rows), one rounding in fp32 math, and out of place: in place, a lane
-    would overwrite an element another warp may still have to read as its partner."""
+    table (not varlen, not M-RoPE, not per-token rows), one rounding in fp32 math, and out of place. The kernel
+    would be correct in place (a pair is loaded and stored by one thread), but there it measured level with the
+    streaming tile, which keeps in-place calls (docs/tuning.md#flat-path)."""
     return (not positions.is_varlen and not positions.is_mrope and not cos_per_token and not eager_rounding
             and not interleaved and q.dtype in _FLAT_DTYPES
             and rotary_dim == q.shape[-1] and q.ndim == 4 and out_q.data_ptr() != q.data_ptr()
@@ -698,11 +699,15 @@ def _plan_flat(shape, q, k, out_q, out_k, cos, sin, positions, config: FlatConfi
     head_dim = q.shape[-1]
     n_tokens = n_batch * seqlen
     paired = config.paired and (k is None or k.shape == q.shape)
-    # one grid axis: the blocks of q, then of k (n_q_blocks tells the kernel where k begins), or of q and k together
-    n_q_blocks = cdiv(n_tokens * n_heads_q * head_dim, config.block)
-    grid = (n_q_blocks + (0 if paired else cdiv(n_tokens * n_heads_k * head_dim, config.block)), 1, 1)
-    if index_dtype == tl.int32 and max(q.numel(), k.numel() if k is not None else 0) + config.block >= 2**31:
-        index_dtype = tl.int64  # a block's last lane
+    # a program takes whole head vectors, as many as its block's elements hold (at least one), each half padded to
+    # a power of two; one grid axis: the blocks of q, then of k (n_q_blocks tells the kernel where k begins), or of
+    # q and k together
+    half_width = next_pow2(head_dim // 2)
+    rows = max(1, config.block // (2 * half_width))
+    n_q_blocks = cdiv(n_tokens * n_heads_q, rows)
+    grid = (n_q_blocks + (0 if paired else cdiv(n_tokens * n_heads_k, rows)), 1, 1)
+    if index_dtype == tl.int32 and max(q.numel(), k.numel() if k is not None else 0) + rows * head_dim >= 2**31:
+        index_dtype = tl.int64  # a block's last row
     if log.isEnabledFor(logging.DEBUG):
         log.debug("ropekit triton v4: flat kernel, grid=%s %s q=%s k=%s dtype=%s conjugate=%s pos_mode=%d", grid,
                   config, tuple(q.shape), None if k is None else tuple(k.shape), q.dtype, conjugate, positions.mode)
@@ -713,7 +718,7 @@ def _plan_flat(shape, q, k, out_q, out_k, cos, sin, positions, config: FlatConfi
         POSITIONS=positions.tensor, position_strides=_position_strides(positions),
         position_offset=positions.offset + 1,
         sizes=(n_tokens, seqlen, n_heads_q, n_heads_k, cos.shape[0], n_q_blocks),
-        HEAD_DIM=head_dim, BLOCK=config.block, PAIRED=paired, HAS_K=k is not None, POS_MODE=positions.mode,
+        HEAD_DIM=head_dim, HALF_WIDTH=half_width, ROWS=rows, PAIRED=paired, HAS_K=k is not None, POS_MODE=positions.mode,
         CONJUGATE=conjugate, EVICT="evict_first" if config.streaming else "", INDEX_DTYPE=index_dtype,
         DEPENDENCY=choice.launch_dependency(q.device, grid, config.num_warps))
     per_call = ("Q", "K", "OUT_Q", "OUT_K", "COS", "SIN", "POSITIONS", "position_offset")

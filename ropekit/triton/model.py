@@ -21,10 +21,10 @@ questions decide it, each answered here from :class:`DeviceFacts`:
   (:func:`issue_share_needed`) cannot reach the ceiling, since its warps also wait on their loads: it is bound by its
   instructions, not its bytes. No tile changes that; fewer instructions an element do.
 * **Where the bytes live.** A call whose bytes (read and written) fit in the L2 cache is served by the L2, where
-  every request counts, so table rows fetched once a token (a tile) beat rows fetched once an element (the flat
-  kernel). A call larger than the L2 streams from DRAM, where table rows are L2 hits and cost nothing; there the
-  flat kernel (torch.compile's structure: consecutive elements, one 16-byte vector a thread) keeps the most bytes in
-  flight for the fewest instructions.
+  every request counts, so table rows fetched once a token (a tile) beat rows fetched once a head vector (the
+  flat kernel). A call larger than the L2 streams from DRAM, where table rows are L2 hits and cost nothing; there
+  the flat kernel (runs of whole head vectors, each NeoX pair loaded once) keeps the most bytes in flight for the
+  fewest instructions.
 
 :func:`model_rope` and :func:`model_fused` turn these into a :class:`~ropekit.triton.configs.TileConfig`,
 :class:`~ropekit.triton.configs.FlatConfig` or :class:`~ropekit.triton.configs.FusedConfig`;
@@ -225,7 +225,7 @@ def _tile_programs(shape: RopeShape, block_s: int, block_h: int) -> int:
 def flat_bytes_in_flight_per_sm(facts: DeviceFacts, shape: RopeShape, config: FlatConfig) -> int:
     """What an SM's resident flat programs (its warp and program slots allow) keep in flight: each loads its block
     (paired: its block of q and of k) before it waits on any of it. Registers are not counted (Triton 3.6 compiles the flat
-    kernel to 32 a thread for sm_90: full residency), nor the partner and cos/sin loads (cache hits)."""
+    kernel to at most 32 a thread for sm_90: full residency), nor the cos/sin loads (cache hits)."""
     resident = min(facts.max_programs_per_sm, facts.max_warps_per_sm // config.num_warps)
     return resident * config.block * shape.element_size * (2 if config.paired else 1)
 

@@ -23,7 +23,7 @@ New since v3 (tiles of tokens x heads that share cos/sin rows):
   or more (int32 otherwise: fewer instructions), so huge tensors are correct (docs/tuning.md#index-dtype).
 * Positions outside the table are never read (masked loads); such tokens come out as NaN so the error is loud.
 * One algorithm: tiles. Prefill-sized, contiguous, out-of-place NeoX calls over the whole head may instead take the
-  flat kernel, blocks of consecutive elements (``ropekit.triton.v4_flat``, docs/tuning.md#flat-path).
+  flat kernel, runs of consecutive head vectors (``ropekit.triton.v4_flat``, docs/tuning.md#flat-path).
 
 This module is the kernel only. The launch choice lives in ``ropekit.triton.choice``; plans and launching in
 ``ropekit.triton.launch``, whose :func:`~ropekit.triton.launch.rope_v4` is the launcher.

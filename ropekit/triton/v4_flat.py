@@ -1,9 +1,11 @@
-"""v4's flat kernel: one program per block of consecutive elements, for contiguous NeoX calls over the whole head.
+"""v4's flat kernel: one program per run of consecutive head vectors, for contiguous NeoX calls over the whole head.
 
-A second algorithm beside the tile (``ropekit.triton.v4``), in a kernel of its own, behind the same launcher. It has
-the structure of the element-wise kernel torch.compile generates for the eager formula: no tile of heads, each
-element's partner (``e +- HEAD_DIM/2``) loaded separately and served by the cache, because it lies in a line the
-same program loads. On contiguous prefill-sized work this beats the tile on some GPUs; ``ropekit.triton.choice`` decides where it runs (docs/tuning.md#flat-path).
+A second algorithm beside the tile (``ropekit.triton.v4``), in a kernel of its own, behind the same launcher. It sees
+q and k as flat runs of head vectors, with no tile of tokens and heads: a program takes ``ROWS`` consecutive head
+vectors (a run that crosses from one token's heads into the next token's), loads each vector's two NeoX halves once,
+and reads cos/sin at each vector's token, one table row a vector that the heads of a token share in the cache. On
+contiguous prefill-sized work this beats the tile on some GPUs; ``ropekit.triton.choice`` decides where it runs
+(docs/tuning.md#flat-path).
 """
 
 from __future__ import annotations
@@ -18,48 +20,46 @@ __all__ = ["rope_flat_kernel"]
 
 
 @triton.jit
-def _flat_angles(COS, SIN, POSITIONS, e, mask, n_heads, seqlen, table_len, position_offset, cos_strides,
-                 position_strides, HEAD_DIM: tl.constexpr, POS_MODE: tl.constexpr,
-                 CONJUGATE: tl.constexpr):
-    """For elements ``e`` of a contiguous (batch, seq, n_heads, HEAD_DIM) tensor rotated with NeoX pairs: the offset
-    of each element's partner (e +- HEAD_DIM/2), its cos, and the signed sin that multiplies the partner
-    (``out[e] = x[e] cos + sin_signed x[partner]``)."""
+def _flat_cos_sin(COS, SIN, POSITIONS, row, row_mask, column, column_mask, n_heads, seqlen, table_len,
+                  position_offset, cos_strides, position_strides, POS_MODE: tl.constexpr, CONJUGATE: tl.constexpr):
+    """cos and sin, (rows, columns), of head vectors ``row`` of a contiguous (batch, seq, n_heads, head) tensor: the
+    table read at each vector's token's position, sin negated for the conjugate rotation."""
     stride_cos_s, stride_cos_d = cos_strides[0], cos_strides[1]
     stride_pos_b, stride_pos_s = position_strides[0], position_strides[1]
-    channel = e % HEAD_DIM
-    token = e // (n_heads * HEAD_DIM)
-    first = channel < HEAD_DIM // 2
-    pair = tl.where(first, channel, channel - HEAD_DIM // 2)
-    partner = tl.where(first, e + HEAD_DIM // 2, e - HEAD_DIM // 2)
+    token = row // n_heads
     s_local = token % seqlen
     batch_index = token // seqlen
     if POS_MODE == 0:
         position = s_local.to(tl.int64) + position_offset
     elif POS_MODE == 1:
-        position = s_local.to(tl.int64) + tl.load(POSITIONS + batch_index * stride_pos_b, mask=mask,
+        position = s_local.to(tl.int64) + tl.load(POSITIONS + batch_index * stride_pos_b, mask=row_mask,
                                                   other=0).to(tl.int64)
     else:
-        position = tl.load(POSITIONS + batch_index * stride_pos_b + s_local * stride_pos_s, mask=mask,
+        position = tl.load(POSITIONS + batch_index * stride_pos_b + s_local * stride_pos_s, mask=row_mask,
                            other=0).to(tl.int64)
     # as on the tile path: never read outside the table, and such tokens come out as NaN
-    cs_mask = mask & (position >= 0) & (position < table_len)
-    offs = position * stride_cos_s + pair * stride_cos_d
+    cs_mask = (row_mask & (position >= 0) & (position < table_len))[:, None] & column_mask
+    offs = position[:, None] * stride_cos_s + column[None, :] * stride_cos_d
     cos = tl.load(COS + offs, mask=cs_mask, other=float("nan"), eviction_policy="evict_last")
     sin = tl.load(SIN + offs, mask=cs_mask, other=float("nan"), eviction_policy="evict_last")
     if CONJUGATE:
         sin = -sin
-    return partner, cos, tl.where(first, -sin, sin)
+    return cos, sin
 
 
 @triton.jit
-def _flat_load(X, e, partner, mask, EVICT: tl.constexpr):
-    """Elements ``e`` of X and their partners, in fp32."""
-    x = tl.load(X + e, mask=mask, other=0.0, eviction_policy=EVICT).to(tl.float32)
-    # No cache hint on the partner: the first load of a line sets its policy, and the compiler chooses which of the
-    # two loads it issues first, so a hint here would decide the line's policy by accident
-    # (docs/tuning.md#eviction-hints).
-    x_partner = tl.load(X + partner, mask=mask, other=0.0).to(tl.float32)
-    return x, x_partner
+def _flat_load(X, first, mask, HALF: tl.constexpr, EVICT: tl.constexpr):
+    """The two NeoX halves (x1, x2) of the head vectors whose first halves sit at ``X + first``, in fp32."""
+    x1 = tl.load(X + first, mask=mask, other=0.0, eviction_policy=EVICT).to(tl.float32)
+    x2 = tl.load(X + first + HALF, mask=mask, other=0.0, eviction_policy=EVICT).to(tl.float32)
+    return x1, x2
+
+
+@triton.jit
+def _flat_store(OUT, first, mask, x1, x2, cos, sin, HALF: tl.constexpr, EVICT: tl.constexpr):
+    """(x1 cos - x2 sin, x2 cos + x1 sin) stored where (x1, x2) came from, in OUT's dtype."""
+    tl.store(OUT + first, (x1 * cos - x2 * sin).to(OUT.dtype.element_ty), mask=mask, eviction_policy=EVICT)
+    tl.store(OUT + first + HALF, (x2 * cos + x1 * sin).to(OUT.dtype.element_ty), mask=mask, eviction_policy=EVICT)
 
 
 @triton.jit
@@ -72,18 +72,19 @@ def rope_flat_kernel(
     POSITIONS, position_strides, position_offset,
     # (n_tokens, seqlen, n_heads_q, n_heads_k, table_len, n_q_blocks: the programs that take q)
     sizes,
-    HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr, PAIRED: tl.constexpr, HAS_K: tl.constexpr, POS_MODE: tl.constexpr,
-    CONJUGATE: tl.constexpr, EVICT: tl.constexpr, INDEX_DTYPE: tl.constexpr,
+    # HALF_WIDTH: HEAD_DIM / 2 rounded up to a power of two (a tensor's extent in Triton)
+    HEAD_DIM: tl.constexpr, HALF_WIDTH: tl.constexpr, ROWS: tl.constexpr, PAIRED: tl.constexpr,
+    HAS_K: tl.constexpr, POS_MODE: tl.constexpr, CONJUGATE: tl.constexpr, EVICT: tl.constexpr,
+    INDEX_DTYPE: tl.constexpr,
     # how the launch follows the grid before it (groups.Dependency)
     DEPENDENCY: tl.constexpr,
 ):
-    """Grid: (blocks,). A program takes BLOCK consecutive elements of q (the first ``n_q_blocks`` programs) or of k,
-    or with PAIRED (q and k of the same shape) the same BLOCK elements of both, all four loads issued before either
-    store.
+    """Grid: (blocks,). A program takes ROWS consecutive head vectors of q (the first ``n_q_blocks`` programs) or of
+    k, or with PAIRED (q and k of the same shape) the same ROWS vectors of both, all loads issued before any store.
 
-    Element e becomes ``x[e] cos -/+ x[partner] sin``; its partner (e +- HEAD_DIM/2) lies in a line the same
-    program loads, so the second load is served by the cache. GPT-J's partner (e +- 1) would turn both the partner
-    and the cos/sin loads into per-element gathers, so GPT-J pairing keeps the tile (docs/tuning.md#flat-path).
+    A vector's NeoX pair (x[i], x[i + HEAD_DIM/2]) is loaded once, by the thread that stores it, so nothing a program
+    reads is written by another thread first. GPT-J's pairs (x[2i], x[2i+1]) would split each half into every other
+    element, so GPT-J pairing keeps the tile (docs/tuning.md#flat-path).
     """
     after_grid_before(DEPENDENCY)
     n_tokens, seqlen, n_heads_q, n_heads_k, table_len, n_q_blocks = (sizes[0], sizes[1], sizes[2], sizes[3],
@@ -105,14 +106,17 @@ def rope_flat_kernel(
             OUT = OUT_K
         block = tl.where(is_q, pid, pid - n_q_blocks)
         n_heads = tl.where(is_q, n_heads_q, n_heads_k).to(INDEX_DTYPE)
-    e = block.to(INDEX_DTYPE) * BLOCK + tl.arange(0, BLOCK).to(INDEX_DTYPE)
-    mask = e < tl.cast(n_tokens, INDEX_DTYPE) * n_heads * HEAD_DIM
-    partner, cos, sin = _flat_angles(COS, SIN, POSITIONS, e, mask, n_heads, seqlen, table_len, position_offset,
-                                     cos_strides, position_strides, HEAD_DIM, POS_MODE, CONJUGATE)
-    x, x_partner = _flat_load(X, e, partner, mask, EVICT)
+    row = block.to(INDEX_DTYPE) * ROWS + tl.arange(0, ROWS).to(INDEX_DTYPE)
+    row_mask = row < tl.cast(n_tokens, INDEX_DTYPE) * n_heads
+    column = tl.arange(0, HALF_WIDTH)
+    column_mask = (column < HEAD_DIM // 2)[None, :]
+    mask = row_mask[:, None] & column_mask
+    cos, sin = _flat_cos_sin(COS, SIN, POSITIONS, row, row_mask, column, column_mask, n_heads, seqlen, table_len,
+                             position_offset, cos_strides, position_strides, POS_MODE, CONJUGATE)
+    first = row[:, None] * HEAD_DIM + column[None, :]
+    x1, x2 = _flat_load(X, first, mask, HEAD_DIM // 2, EVICT)
     if PAIRED and HAS_K:
-        k, k_partner = _flat_load(K, e, partner, mask, EVICT)  # issued before either store
-    tl.store(OUT + e, (x * cos + sin * x_partner).to(OUT.dtype.element_ty), mask=mask, eviction_policy=EVICT)
+        k1, k2 = _flat_load(K, first, mask, HEAD_DIM // 2, EVICT)  # issued before either store
+    _flat_store(OUT, first, mask, x1, x2, cos, sin, HEAD_DIM // 2, EVICT)
     if PAIRED and HAS_K:
-        tl.store(OUT_K + e, (k * cos + sin * k_partner).to(OUT_K.dtype.element_ty), mask=mask,
-                 eviction_policy=EVICT)
+        _flat_store(OUT_K, first, mask, k1, k2, cos, sin, HEAD_DIM // 2, EVICT)

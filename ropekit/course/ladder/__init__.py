@@ -16,8 +16,9 @@ and two steps that add speed, not features, each a copy of step 1 (what the time
 
 7. ``step7_fused_qk`` — one program takes a block of tokens x every head of q and of k, all loads before any store,
    cos/sin fetched once for both (the production tile's ``TILE.FUSED_QK``);
-8. ``step8_flat`` — blocks of consecutive elements, each element's NeoX partner loaded separately (the production
-   flat kernel, ``ropekit.triton.v4_flat``); contiguous NeoX over the whole head only.
+8. ``step8_flat`` — blocks of consecutive elements, each element's NeoX partner loaded separately (torch.compile's
+   structure; the production flat kernel, ``ropekit.triton.v4_flat``, takes whole head vectors instead and loads
+   each pair once); contiguous NeoX over the whole head only.
 
 ``FEATURE_STEPS`` and ``SPEED_STEPS`` name the two groups; a speed step's ``BASE`` names the step it copies.
 """

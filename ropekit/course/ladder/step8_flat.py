@@ -5,7 +5,8 @@ consecutive elements of q (the first programs) or of k (the rest). Element ``e``
 its NeoX partner is ``e + HEAD_DIM/2`` (first half) or ``e - HEAD_DIM/2`` (second half), loaded separately. That
 second load is served by the cache: the partner lies in a line the same program loads anyway. Every load of a warp
 is one long coalesced run and there is no per-tile bookkeeping — the structure of the kernel torch.compile generates
-for the eager formula, and of the package's ``rope_flat_kernel`` (``ropekit.triton.v4_flat``).
+for the eager formula. The package's ``rope_flat_kernel`` (``ropekit.triton.v4_flat``) keeps the flat grid and goes
+one step further: a program takes whole head vectors and loads each pair once (notebook 05 measures the step).
 
 It only works where an element's partner is a fixed distance away in memory: **contiguous q, k and outputs, NeoX
 pairs over the whole head, out of place** (in place, one program could overwrite a partner another still reads).
