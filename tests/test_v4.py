@@ -70,7 +70,7 @@ FLAT = FlatConfig(64, 4)
 FLAT_PAIRED = FLAT._replace(paired=True)
 
 
-@pytest.mark.parametrize("head_dim", [16, 24, 48])
+@pytest.mark.parametrize("head_dim", [16, 24, 48, 96])
 @pytest.mark.parametrize("paired", [False, True], ids=["q-then-k", "paired"])
 @pytest.mark.parametrize("kind", ["none", "int", "offsets", "ids", "ids1d"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
@@ -79,8 +79,8 @@ def test_v4_flat_path_matches_reference(kind, dtype, paired, head_dim):
     # loaded once): every position form, the conjugate, k absent / MQA / MHA, and head-vector counts that do not
     # fill the last block (2 x 5 tokens x 3 heads = 30 vectors). A block of 64 elements holds 4 vectors of 16
     # channels; of 24, each half of 12 pads to 16 lanes (2 vectors a block, the pad masked); of 48, the halves pad
-    # to 32 and a vector is wider than the block, which then takes one. Paired blocks need k of q's shape; MQA then
-    # takes blocks of q, then of k.
+    # to 32 (one vector a block, 16 lanes masked); of 96, to 64, a vector wider than the block, which then takes
+    # one. Paired blocks need k of q's shape; MQA then takes blocks of q, then of k.
     interleaved = False
     batch, seqlen, heads = 2, 5, 3
     cos, sin = table(64, head_dim)
@@ -99,6 +99,36 @@ def test_v4_flat_path_matches_reference(kind, dtype, paired, head_dim):
             if x is not None:
                 assert_close_to_reference(out, ref.rope(x, pos.to(x.device), interleaved=interleaved,
                                                         conjugate=conjugate))
+
+
+@pytest.mark.parametrize("index_dtype", ["int32", "int64"])
+@pytest.mark.parametrize("config", [FLAT, FLAT_PAIRED, FlatConfig(128, 4)], ids=["q-then-k", "paired", "block128"])
+def test_v4_flat_path_writes_only_its_outputs_and_gives_nan_outside_the_table(config, index_dtype, monkeypatch):
+    # Outputs are views at the start of sentinel-filled buffers: nothing past them changes. Position ids inside and
+    # outside an 8-row table (-1, 8, 40): those tokens come out NaN in every head of q and k, the others match the
+    # reference. int64: the launcher's 64-bit addressing (taken for views of 2**31 elements or more) forced on.
+    from ropekit.triton import launch
+
+    if index_dtype == "int64":
+        monkeypatch.setattr(launch, "_fits_int32", lambda *parts: False)
+    launch.plans.clear()
+    batch, seqlen, heads, head_dim = 2, 4, 3, 80
+    cos, sin = table(8, head_dim)
+    ids = torch.tensor([[0, -1, 7, 3], [8, 5, 40, 1]])
+    spec = resolve_positions(batch=batch, seqlen=seqlen, positions=ids.to(DEVICE))
+    q = torch.randn(batch, seqlen, heads, head_dim, device=DEVICE)
+    k = torch.randn(batch, seqlen, heads, head_dim, device=DEVICE)
+    n = q.numel()
+    buffers = [torch.full((n + 512,), 123.0, device=DEVICE) for _ in range(2)]
+    out_q, out_k = (b[:n].view(q.shape) for b in buffers)
+    rope_v4(q, k, cos, sin, out_q=out_q, out_k=out_k, positions=spec, rotary_dim=head_dim, config=config)
+    assert all(bool((b[n:] == 123.0).all()) for b in buffers)
+    outside = (ids < 0) | (ids >= 8)
+    for x, out in ((q, out_q), (k, out_k)):
+        assert torch.isnan(out[outside]).all() and not torch.isnan(out[~outside]).any()
+        want = ref.rope(x, ids.clamp(0, 7), interleaved=False)
+        assert_close_to_reference(out[~outside], want[~outside])
+    launch.plans.clear()
 
 
 def test_v4_flat_path_only_where_it_applies():

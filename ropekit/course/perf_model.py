@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from ..triton.configs import FlatConfig, RopeShape, next_pow2
+from ..triton.configs import FlatConfig, RopeShape, flat_rows, next_pow2
 from ..triton.model import (DeviceFacts, Launch, bytes_in_flight_per_sm, fit_latency_ns, model_rope, predicted_pct,
                             resident_programs)
 
@@ -152,8 +152,8 @@ def _v4_launches(case, device: DeviceModel) -> list[Launch]:
                       flat_ok=flat_ok, same_shape=case.heads_q == case.heads_k, varlen=case.layout == "thd")
     config = model_rope(device, shape)
     elements = tokens * (case.heads_q + case.heads_k) * case.head_dim
-    if isinstance(config, FlatConfig):  # blocks of consecutive elements; paired: the same block of q and of k
-        per_program = config.block * (2 if config.paired else 1)
+    if isinstance(config, FlatConfig):  # runs of whole head vectors; paired: the same vectors of q and of k
+        per_program = flat_rows(config.block, case.head_dim) * case.head_dim * (2 if config.paired else 1)
         return [Launch(math.ceil(elements / per_program), config.num_warps, per_program * size,
                        read_bytes=elements * size)]
     if config.fused_qk:  # block_s tokens x every head of q and of k, all loaded before any store

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-__all__ = ["TileConfig", "FlatConfig", "FusedConfig", "RopeShape", "FusedShape", "next_pow2", "cdiv"]
+__all__ = ["TileConfig", "FlatConfig", "FusedConfig", "RopeShape", "FusedShape", "next_pow2", "cdiv", "flat_rows"]
 
 
 def next_pow2(n: int) -> int:
@@ -42,6 +42,12 @@ class FlatConfig(NamedTuple):
     num_warps: int
     paired: bool = False  # the same block of q and of k in one program (q and k of one shape)
     streaming: bool = False  # the streaming cache hint on loads and stores
+
+
+def flat_rows(block: int, head_dim: int) -> int:
+    """Head vectors a flat program takes: as many as ``block`` elements hold with each half of a vector padded to a
+    power of two (the kernel's tile), at least one."""
+    return max(1, block // (2 * next_pow2(head_dim // 2)))
 
 
 class FusedConfig(NamedTuple):

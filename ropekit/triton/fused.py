@@ -140,13 +140,13 @@ def _rows(strides, outer, token_rows, heads):
 
 @triton.jit
 def _angles(angles, positions, pid_b, batch_index, s_local, token_rows, token_mask, HEAD: tl.constexpr,
-            POSITION: tl.constexpr, CONJUGATE: tl.constexpr, MATH_DTYPE: tl.constexpr):
+            POSITION: tl.constexpr, CONJUGATE: tl.constexpr, MATH_DTYPE: tl.constexpr, INDEX_DTYPE: tl.constexpr):
     """cos and sin of each token's pairs (v4's ``_cos_sin``), as [BLOCK_S, 1, BLOCK_HALF] tiles shared by the heads;
     CONJUGATE: of -θ."""
     cos_a, sin_a, cos_b, sin_b = _cos_sin(
         angles[0], angles[1], positions[0], pid_b, batch_index, s_local, token_rows, token_mask, angles[3],
         positions[3], angles[2], positions[1], HEAD.ROTARY_DIM, HEAD.BLOCK_HALF, HEAD.INTERLEAVED, POSITION.MODE,
-        POSITION.COS_PER_TOKEN, CONJUGATE, MATH_DTYPE)
+        POSITION.COS_PER_TOKEN, CONJUGATE, MATH_DTYPE, INDEX_DTYPE)
     return cos_a[:, None, :], sin_a[:, None, :], cos_b[:, None, :], sin_b[:, None, :]
 
 
@@ -210,7 +210,7 @@ def _forward_heads(
     if NORM[0] != NORM_NONE_C and not NORM[2]:
         w_a, w_b, w_t = norm_weights(weight, heads, head_mask, weight_offset, NORM, HEAD, MATH_DTYPE)
     cos_a, sin_a, cos_b, sin_b = _angles(angles, positions, pid_b, batch_index, s_local, token_rows, token_mask, HEAD,
-                                         POSITION, False, MATH_DTYPE)
+                                         POSITION, False, MATH_DTYPE, TYPES.INDEX_DTYPE)
     if CACHE_MODE != 0:
         token = token_rows if POSITION.IS_VARLEN else pid_b.to(tl.int64) * seqlen + s_local
         cache_block, cache_row, cache_mask = cache_slot(cache_rows, token, s_local, pid_b, token_mask, CACHE_MODE,
@@ -374,7 +374,7 @@ def _backward_heads(
         x_a, x_b, x_t = load_head(X, _rows(x_strides, batch_index, token_rows, heads), mask, x_strides[3], HEAD,
                                   BLOCK_S, BLOCK_H, MATH_DTYPE, EVICT)
         cos_a, sin_a, cos_b, sin_b = _angles(angles, positions, pid_b, batch_index, s_local, token_rows, token_mask,
-                                             HEAD, POSITION, True, MATH_DTYPE)  # conjugated: the rotation by -θ
+                                             HEAD, POSITION, True, MATH_DTYPE, TYPES.INDEX_DTYPE)  # the rotation by -θ
         g_a, g_b, g_t = load_head(G, _rows(g_strides, batch_index, token_rows, heads), mask, g_strides[3], HEAD,
                                   BLOCK_S, BLOCK_H, MATH_DTYPE, EVICT)
         # padding lanes (pairs past ROTARY_DIM / 2, rows past the block's tokens or heads) hold NaN from the table's

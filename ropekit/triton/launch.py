@@ -30,7 +30,7 @@ import triton.language as tl
 from .. import device as _device
 from ..positions import POSITION_IDS, PositionSpec
 from . import choice
-from .configs import FlatConfig, RopeShape, TileConfig, cdiv, next_pow2
+from .configs import FlatConfig, RopeShape, TileConfig, cdiv, flat_rows, next_pow2
 from .groups import Head, PositionForm, Types
 from .v4 import QKTile, Rotation, rope_v4_kernel
 from .v4_flat import rope_flat_kernel
@@ -702,8 +702,7 @@ def _plan_flat(shape, q, k, out_q, out_k, cos, sin, positions, config: FlatConfi
     # a program takes whole head vectors, as many as its block's elements hold (at least one), each half padded to
     # a power of two; one grid axis: the blocks of q, then of k (n_q_blocks tells the kernel where k begins), or of
     # q and k together
-    half_width = next_pow2(head_dim // 2)
-    rows = max(1, config.block // (2 * half_width))
+    rows = flat_rows(config.block, head_dim)
     n_q_blocks = cdiv(n_tokens * n_heads_q, rows)
     grid = (n_q_blocks + (0 if paired else cdiv(n_tokens * n_heads_k, rows)), 1, 1)
     if index_dtype == tl.int32 and max(q.numel(), k.numel() if k is not None else 0) + rows * head_dim >= 2**31:
@@ -718,7 +717,7 @@ def _plan_flat(shape, q, k, out_q, out_k, cos, sin, positions, config: FlatConfi
         POSITIONS=positions.tensor, position_strides=_position_strides(positions),
         position_offset=positions.offset + 1,
         sizes=(n_tokens, seqlen, n_heads_q, n_heads_k, cos.shape[0], n_q_blocks),
-        HEAD_DIM=head_dim, HALF_WIDTH=half_width, ROWS=rows, PAIRED=paired, HAS_K=k is not None, POS_MODE=positions.mode,
+        HEAD_DIM=head_dim, HALF_WIDTH=next_pow2(head_dim // 2), ROWS=rows, PAIRED=paired, HAS_K=k is not None, POS_MODE=positions.mode,
         CONJUGATE=conjugate, EVICT="evict_first" if config.streaming else "", INDEX_DTYPE=index_dtype,
         DEPENDENCY=choice.launch_dependency(q.device, grid, config.num_warps))
     per_call = ("Q", "K", "OUT_Q", "OUT_K", "COS", "SIN", "POSITIONS", "position_offset")

@@ -42,7 +42,7 @@ import math
 import statistics
 from dataclasses import dataclass
 
-from .configs import FlatConfig, FusedConfig, FusedShape, RopeShape, TileConfig, cdiv, next_pow2
+from .configs import FlatConfig, FusedConfig, FusedShape, RopeShape, TileConfig, cdiv, flat_rows, next_pow2
 from .groups import Dependency
 
 __all__ = ["DeviceFacts", "Launch", "WARPS", "resident_programs", "bytes_in_flight_per_sm", "predicted_pct",
@@ -223,11 +223,13 @@ def _tile_programs(shape: RopeShape, block_s: int, block_h: int) -> int:
 
 
 def flat_bytes_in_flight_per_sm(facts: DeviceFacts, shape: RopeShape, config: FlatConfig) -> int:
-    """What an SM's resident flat programs (its warp and program slots allow) keep in flight: each loads its block
-    (paired: its block of q and of k) before it waits on any of it. Registers are not counted (Triton 3.6 compiles the flat
-    kernel to at most 32 a thread for sm_90: full residency), nor the cos/sin loads (cache hits)."""
+    """What an SM's resident flat programs (its warp and program slots allow) keep in flight: each loads its head
+    vectors (:func:`~ropekit.triton.configs.flat_rows`; paired: of q and of k) before it waits on any of them.
+    Registers are not counted (Triton 3.6 compiles the flat kernel to at most 32 a thread for sm_90: full residency),
+    nor the cos/sin loads (cache hits)."""
     resident = min(facts.max_programs_per_sm, facts.max_warps_per_sm // config.num_warps)
-    return resident * config.block * shape.element_size * (2 if config.paired else 1)
+    program = flat_rows(config.block, shape.head_dim) * shape.head_dim
+    return resident * program * shape.element_size * (2 if config.paired else 1)
 
 
 def flat_meets_littles_law(facts: DeviceFacts, shape: RopeShape) -> bool:
@@ -299,7 +301,9 @@ def model_rope(facts: DeviceFacts, shape: RopeShape) -> TileConfig | FlatConfig:
     """The model's configuration for a RoPE launch (docs/tuning.md#how-the-library-chooses).
 
     * Larger than the L2 (DRAM-bound):
-      - the flat kernel where the call allows it (``shape.flat_ok``), 4 warps, one 16-byte vector a thread;
+      - the flat kernel where the call allows it (``shape.flat_ok``), 4 warps, one 16-byte vector a thread (a head
+        whose halves are not powers of two pads them, and its block holds fewer bytes: :func:`_flat_config` doubles
+        it while Little's law asks for more);
       - else, for a rotation over the whole head of a batch of equal sequences with cos/sin read at one position a
         token (a table or per-token rows), a small tile (:func:`streaming_tile`);
       - else a fused q+k tile (:func:`_fused_qk_tile`). A partial rotation's small tile loads narrow vectors and,

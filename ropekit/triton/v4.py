@@ -232,8 +232,8 @@ def _mrope_positions(POSITIONS, batch_index, token_rows, token_mask, position_st
 def _cos_sin(COS, SIN, POSITIONS, pid_b, batch_index, s_local, token_rows, token_mask, table_len, position_offset,
              cos_strides, position_strides, ROTARY_DIM: tl.constexpr, BLOCK_HALF: tl.constexpr,
              INTERLEAVED: tl.constexpr, POS_MODE: tl.constexpr, COS_PER_TOKEN: tl.constexpr, CONJUGATE: tl.constexpr,
-             MATH_DTYPE: tl.constexpr, ANGLES: tl.constexpr = False, ANGLE_SCALE: tl.constexpr = 1.0,
-             NOPE_FLOOR_SCALE: tl.constexpr = 0, NOPE_ATTN_SCALE: tl.constexpr = 0.0):
+             MATH_DTYPE: tl.constexpr, INDEX_DTYPE: tl.constexpr, ANGLES: tl.constexpr = False,
+             ANGLE_SCALE: tl.constexpr = 1.0, NOPE_FLOOR_SCALE: tl.constexpr = 0, NOPE_ATTN_SCALE: tl.constexpr = 0.0):
     """cos/sin of every pair of BLOCK_S tokens, as four [BLOCK_S, BLOCK_HALF] tiles (first / second channel of a pair).
 
     Called after the q/k tile is loaded, so those loads are already in flight while the dependent chain
@@ -246,7 +246,7 @@ def _cos_sin(COS, SIN, POSITIONS, pid_b, batch_index, s_local, token_rows, token
     """
     stride_cos_b, stride_cos_s, stride_cos_d = cos_strides[0], cos_strides[1], cos_strides[2]
     stride_pos_b, stride_pos_s = position_strides[0], position_strides[1]
-    pairs = tl.arange(0, BLOCK_HALF)
+    pairs = tl.arange(0, BLOCK_HALF).to(INDEX_DTYPE)  # times a column stride: a table's may be a large one
     pair_mask = pairs < ROTARY_DIM // 2
     if COS_PER_TOKEN:
         # Full-width rows (HF layout): channel j of x uses cos[..., j]; pair i of NeoX reads columns i and i + R/2,
@@ -512,7 +512,7 @@ def rope_v4_kernel(
         cos_a, sin_a, cos_b, sin_b = _cos_sin(
             COS, SIN, POSITIONS, pid_b, batch_index, s_local, token_rows, token_mask, table_len, position_offset,
             cos_strides, position_strides, ROTARY_DIM, BLOCK_HALF, INTERLEAVED, POS_MODE, COS_PER_TOKEN, CONJUGATE,
-            MATH_DTYPE, ANGLES, ANGLE_SCALE, NOPE_FLOOR_SCALE, NOPE_ATTN_SCALE)
+            MATH_DTYPE, INDEX_DTYPE, ANGLES, ANGLE_SCALE, NOPE_FLOOR_SCALE, NOPE_ATTN_SCALE)
         _rotate_store(Q, OUT_Q, q_a, q_b, cos_a, sin_a, cos_b, sin_b, q_in, q_out, q_mask, q_strides[3],
                       out_q_strides[3], ROTARY_DIM, HEAD_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_TAIL, INTERLEAVED,
                       ROTARY_DIM < HEAD_DIM and not IN_PLACE, EAGER_ROUNDING, EVICT, 1 if NOPE_FLOOR_SCALE > 0 else 0)
@@ -529,7 +529,7 @@ def rope_v4_kernel(
         cos_a, sin_a, cos_b, sin_b = _cos_sin(
             COS, SIN, POSITIONS, pid_b, batch_index, s_local, token_rows, token_mask, table_len, position_offset,
             cos_strides, position_strides, ROTARY_DIM, BLOCK_HALF, INTERLEAVED, POS_MODE, COS_PER_TOKEN, CONJUGATE,
-            MATH_DTYPE, ANGLES, ANGLE_SCALE, NOPE_FLOOR_SCALE, NOPE_ATTN_SCALE)
+            MATH_DTYPE, INDEX_DTYPE, ANGLES, ANGLE_SCALE, NOPE_FLOOR_SCALE, NOPE_ATTN_SCALE)
         _rotate_store(K, OUT_K, k_a, k_b, cos_a, sin_a, cos_b, sin_b, k_in, k_out, k_mask, k_strides[3],
                       out_k_strides[3], ROTARY_DIM, HEAD_DIM, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_TAIL, INTERLEAVED,
                       ROTARY_DIM < HEAD_DIM and not IN_PLACE, EAGER_ROUNDING, EVICT, 2 if NOPE_FLOOR_SCALE > 0 else 0)

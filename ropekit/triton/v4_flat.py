@@ -108,7 +108,7 @@ def rope_flat_kernel(
         n_heads = tl.where(is_q, n_heads_q, n_heads_k).to(INDEX_DTYPE)
     row = block.to(INDEX_DTYPE) * ROWS + tl.arange(0, ROWS).to(INDEX_DTYPE)
     row_mask = row < tl.cast(n_tokens, INDEX_DTYPE) * n_heads
-    column = tl.arange(0, HALF_WIDTH)
+    column = tl.arange(0, HALF_WIDTH).to(INDEX_DTYPE)  # times a column stride: a table's may be a large one
     column_mask = (column < HEAD_DIM // 2)[None, :]
     mask = row_mask[:, None] & column_mask
     cos, sin = _flat_cos_sin(COS, SIN, POSITIONS, row, row_mask, column, column_mask, n_heads, seqlen, table_len,
