@@ -9,7 +9,7 @@ from ropekit import reference as ref
 from ropekit.positions import resolve_positions
 from ropekit.testing import assert_close_to_reference
 from ropekit.triton.launch import FlatConfig, TileConfig, forced_config, plan_rope, rope_v4
-from conftest import DEVICE
+from conftest import DEVICE, gpu_only
 from rope_cases import CASES, expected, make, positions_for, table
 
 # Every configuration must give the same answer: tiles of the kinds the launch choice picks (including one program per
@@ -162,3 +162,27 @@ def test_v4_flat_path_only_where_it_applies():
     out = torch.empty_like(q)
     rope_v4(q, None, cos, sin, out_q=out, out_k=None, positions=far, rotary_dim=16, config=FLAT)
     assert torch.isfinite(out[:, :2]).all() and torch.isnan(out[:, 2:]).all()
+
+
+@gpu_only
+@pytest.mark.parametrize("config", [FlatConfig(256, 4), TileConfig(1, 2, 4)], ids=["flat", "tile"])
+def test_a_column_major_table_past_int32_offsets_reads_its_own_rows(config):
+    # A column-major (rows, 64) table of 2**25 + 2**20 rows: column 63 starts past 2**31 elements, so the launcher
+    # takes 64-bit addressing, and the column offset must be computed in it (in int32 it wraps and reads outside the
+    # table). 8.9 GB on the GPU, one tensor serving as cos and as sin.
+    rows, head_dim, p = 2**25 + 2**20, 128, 5
+    big = torch.empty(head_dim // 2, rows, device=DEVICE)
+    cos_row, sin_row = ropekit.cos_sin_table(8, head_dim, device=DEVICE)
+    big[:, p] = cos_row[p]
+    table = big.t()
+    assert table.stride(1) * (head_dim // 2 - 1) >= 2**31
+    q = torch.randn(1, 1, 2, head_dim, device=DEVICE)
+    out = torch.full_like(q, float("nan"))
+    spec = resolve_positions(batch=1, seqlen=1, positions=torch.tensor([[p]], device=DEVICE))
+    rope_v4(q, None, table, table, out_q=out, out_k=None, positions=spec, rotary_dim=head_dim, config=config)
+    c = cos_row[p].double()
+    x1, x2 = q.double()[..., :head_dim // 2], q.double()[..., head_dim // 2:]
+    want = torch.cat((x1 * c - x2 * c, x2 * c + x1 * c), -1)
+    assert_close_to_reference(out, want)
+    del big, table
+    torch.cuda.empty_cache()
