@@ -115,6 +115,9 @@ def _cases(torch, fused, launch, tiles, resolve_positions):
     yield "float8 e4m3 cache, per-tensor scales, the GPU's conversion", prefill(
         cache_dtype=torch.uint8, quant=(tiles.E4M3, tiles.PER_TENSOR), k_scale=scale,
         v_scale=torch.empty(1, **meta)), True
+    yield "float8 e4m3 cache, per-head scales (a large grid: loaded at the store)", prefill(
+        cache_dtype=torch.uint8, quant=(tiles.E4M3, tiles.PER_HEAD), k_scale=torch.empty(2, **meta),
+        v_scale=torch.empty(4, **meta)[::2]), True
     token_head = torch.empty(40, 16, 2, **meta)
     yield "int8 cache, per-(token, head) scales, QK-norm", prefill(
         cache_dtype=torch.int8, quant=(tiles.INT8, tiles.PER_TOKEN_HEAD), k_scale=token_head,

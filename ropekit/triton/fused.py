@@ -63,7 +63,7 @@ from .fused_tiles import BEFORE, E4M3, E5M2, INT8, NO_NORM, NO_QUANT, NVFP4, NOR
     PER_HEAD, PER_TENSOR, PLAIN, STORE_PLAIN, cache_slot, channels_scale, group_sum, head_scale, load_head, \
     norm_switch, norm_weights, normed, read_scale, rsqrt_mean_square, sequence_span, store_channels, store_head
 from .launch import KernelLaunch, _position_strides, launching_directly, plans
-from .groups import Head, PositionForm, Types
+from .groups import Dependency, Head, PositionForm, Types
 from .v4 import _cos_sin, _rotate, after_grid_before, program_blocks
 
 __all__ = ["fused_forward_kernel", "fused_backward_kernel", "FusedConfig", "FusedShape", "fused_config_for",
@@ -74,6 +74,9 @@ __all__ = ["fused_forward_kernel", "fused_backward_kernel", "FusedConfig", "Fuse
 # the cache address maps (fused_tiles.cache_slot): none, contiguous at per-sequence offsets, a slot per token, a page
 # table with a request and a position per token
 CACHE_NONE, CACHE_CONTIGUOUS, CACHE_PAGED, CACHE_PAGE_TABLE = 0, 1, 2, 3
+# (as device code reads it) a grid that releases the grid after it is a small one, a decode step, whose time is its
+# chain of round trips (ropekit.triton.model.grid_dependency)
+RELEASE_C = tl.constexpr(Dependency.RELEASE)
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -169,10 +172,11 @@ def _forward_heads(
     tokens, first_head, n_heads, sizes,
     HEAD: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, POSITION: tl.constexpr, NORM: tl.constexpr,
     WRITE_OUT: tl.constexpr, WRITE_TAIL: tl.constexpr, CACHE: tl.constexpr, TO_CACHE: tl.constexpr,
-    OUT_QUANT: tl.constexpr, TYPES: tl.constexpr,
+    OUT_QUANT: tl.constexpr, TYPES: tl.constexpr, SMALL_GRID: tl.constexpr,
 ):
     """BLOCK_S tokens x BLOCK_H heads of q, or of k with the same heads of v: normalise, rotate, store to the output
-    and/or (TO_CACHE: k's programs) write the cache as CACHE says (and v to the v cache)."""
+    and/or (TO_CACHE: k's programs) write the cache as CACHE says (and v to the v cache). SMALL_GRID: the grid is one
+    the model releases (groups.Dependency.RELEASE: a decode step), where per-head scales load with the tile."""
     X, x_strides = x
     OUT, out_strides = out[0], out[1]
     pid_s, pid_b, first, seq_len, batch_index = tokens
@@ -199,14 +203,14 @@ def _forward_heads(
         v_values = tl.load(V + rows_v[:, :, None] + v_channels[None, None, :] * v_strides[3],
                            mask=mask[:, :, None] & (v_channels < CACHE.V_DIM)[None, None, :], other=0.0,
                            eviction_policy=EVICT)
-    # So are the loads whose address is fixed: the one-float scales the stores read (fused_tiles.read_scale), and a
-    # head vector's norm weights (one row; a norm over all heads loads them after the angles: its weights are a tile
-    # as large as x's, whose registers it would hold through the round trips).
-    out_read = read_scale(out, OUT_QUANT)
+    # So are the loads whose address is fixed: the scales the stores read (one float, or one a head:
+    # fused_tiles.read_scale), and a head vector's norm weights (one row; a norm over all heads loads them after the
+    # angles: its weights are a tile as large as x's, whose registers it would hold through the round trips).
+    out_read = read_scale(out, heads, head_mask, OUT_QUANT, SMALL_GRID)
     if CACHE_MODE != 0:
-        k_read = read_scale(k_cache, QUANT)
+        k_read = read_scale(k_cache, heads, head_mask, QUANT, SMALL_GRID)
         if HAS_V:
-            v_read = read_scale(v_cache, QUANT)
+            v_read = read_scale(v_cache, heads, head_mask, QUANT, SMALL_GRID)
     if NORM[0] != NORM_NONE_C and not NORM[2]:
         w_a, w_b, w_t = norm_weights(weight, heads, head_mask, weight_offset, NORM, HEAD, MATH_DTYPE)
     cos_a, sin_a, cos_b, sin_b = _angles(angles, positions, pid_b, batch_index, s_local, token_rows, token_mask, HEAD,
@@ -313,11 +317,11 @@ def fused_forward_kernel(
     if pid_h < n_head_blocks_q:
         _forward_heads(q, out_q, v, k_cache, v_cache, cache_rows, q_weight, norm, angles, positions, tokens,
                        pid_h * BLOCK_H, n_heads_q, sizes, HEAD, BLOCK_S, BLOCK_H, POSITION, NORM, WRITE.Q, WRITE.TAIL,
-                       CACHE, False, OUT_QUANT, TYPES)
+                       CACHE, False, OUT_QUANT, TYPES, DEPENDENCY == RELEASE_C)
     elif HAS_K:
         _forward_heads(k, out_k, v, k_cache, v_cache, cache_rows, k_weight, norm, angles, positions, tokens,
                        (pid_h - n_head_blocks_q) * BLOCK_HK, n_heads_k, sizes, HEAD, BLOCK_S, BLOCK_HK, POSITION, NORM,
-                       WRITE.K, WRITE.TAIL, CACHE, True, STORE_PLAIN, TYPES)
+                       WRITE.K, WRITE.TAIL, CACHE, True, STORE_PLAIN, TYPES, DEPENDENCY == RELEASE_C)
 
 
 # --------------------------------------------------------------------------------------------------------------------

@@ -219,16 +219,23 @@ def head_amax(y_a, y_b, y_t, HEAD: tl.constexpr):
 
 
 @triton.jit
-def read_scale(store, QUANT: tl.constexpr):
-    """The one float a store reads rather than computes (PER_TENSOR's scale, NVFP4's global scale), or 1.0. Its
-    address is known where the program starts: loaded there, it is in flight with the tile instead of a round trip
-    after the rotation. (A per-head scale stays with the store, :func:`cache_scale`: loaded early as a tile, it made
-    the float8 prefill slower, docs/tuning.md#fused-launch-table.) ``store``: (tensor, strides, scale, the scale's
-    (block, row, head) strides, NVFP4's global scale)."""
+def read_scale(store, heads, head_mask, QUANT: tl.constexpr, SMALL_GRID: tl.constexpr):
+    """The scale a store reads rather than computes: PER_TENSOR's (one float), NVFP4's global scale (one float), and
+    in a SMALL_GRID PER_HEAD's (one a head of ``heads``, [1, BLOCK_H, 1]: its strides are (0, 0, head stride)); None
+    for PER_HEAD's elsewhere, which :func:`cache_scale` then loads at the store; else 1.0. Its address is known where
+    the program starts: loaded there, it is in flight with the tile instead of a round trip after the rotation. A
+    small grid's time is that chain of round trips; in a large one the per-head load made the prefill slower
+    (docs/tuning.md#fused-launch-table). ``store``: (tensor, strides, scale, the scale's (block, row, head) strides,
+    NVFP4's global scale)."""
     scale = 1.0
     if QUANT[0] != _PLAIN:
         if QUANT[1] == _PER_TENSOR:
             scale = tl.load(store[2])
+        elif QUANT[1] == _PER_HEAD:
+            if SMALL_GRID:
+                scale = tl.load(store[2] + heads * store[3][2], mask=head_mask, other=1.0)[None, :, None]
+            else:
+                scale = None
         elif QUANT[1] == _PER_BLOCK:
             scale = tl.load(store[4])
     return scale
@@ -237,13 +244,13 @@ def read_scale(store, QUANT: tl.constexpr):
 @triton.jit
 def cache_scale(store, block, row, heads, mask, amax, read, QUANT: tl.constexpr):
     """The scale a tile of head vectors is stored at (one float, or [BLOCK_S, BLOCK_H, 1]): the one :func:`read_scale`
-    loaded (``read``: PER_TENSOR's scale, NVFP4's global scale), one read here (PER_HEAD, whose strides are (0, 0, head
-    stride)), or ``max(amax / format max, smallest normal float32)`` written at the tile's (block, row, head) where
-    ``mask`` holds (PER_TOKEN_HEAD; the floor keeps an all-zero head's scale finite and nonzero); for NVFP4 (PER_BLOCK)
-    the global scale read and where the tile's block scales go ([BLOCK_S, BLOCK_H] pointers), written by
+    loaded (``read``: PER_TENSOR's scale, PER_HEAD's in a small grid, NVFP4's global scale), one read here (PER_HEAD
+    where ``read`` is None), or ``max(amax / format max, smallest normal float32)`` written at the tile's (block, row,
+    head) where ``mask`` holds (PER_TOKEN_HEAD; the floor keeps an all-zero head's scale finite and nonzero); for NVFP4
+    (PER_BLOCK) the global scale read and where the tile's block scales go ([BLOCK_S, BLOCK_H] pointers), written by
     :func:`store_nvfp4`. ``store``: as :func:`read_scale`'s; ``block``, ``row``: [BLOCK_S]; ``amax``: the head vectors'
     absolute maxima, read only for PER_TOKEN_HEAD."""
-    if QUANT[1] == _PER_TENSOR:
+    if QUANT[1] == _PER_TENSOR or (QUANT[1] == _PER_HEAD and read is not None):
         scale = read
     else:
         SCALE, strides = store[2], store[3]
