@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-__all__ = ["TileConfig", "FlatConfig", "FusedConfig", "RopeShape", "FusedShape", "next_pow2", "cdiv", "flat_rows"]
+__all__ = ["TileConfig", "FlatConfig", "FusedConfig", "RopeShape", "FusedShape", "next_pow2", "cdiv", "flat_half_width",
+           "flat_rows"]
 
 
 def next_pow2(n: int) -> int:
@@ -44,10 +45,16 @@ class FlatConfig(NamedTuple):
     streaming: bool = False  # the streaming cache hint on loads and stores
 
 
+def flat_half_width(head_dim: int) -> int:
+    """The flat kernel's lanes for one half of a head vector: ``head_dim / 2`` padded to a power of two (a tensor's
+    extent in Triton; the padding is masked)."""
+    return next_pow2(head_dim // 2)
+
+
 def flat_rows(block: int, head_dim: int) -> int:
-    """Head vectors a flat program takes: as many as ``block`` elements hold with each half of a vector padded to a
-    power of two (the kernel's tile), at least one."""
-    return max(1, block // (2 * next_pow2(head_dim // 2)))
+    """Head vectors a flat program takes: as many as ``block`` elements hold with each half of a vector padded to
+    :func:`flat_half_width` (the kernel's tile), at least one."""
+    return max(1, block // (2 * flat_half_width(head_dim)))
 
 
 class FusedConfig(NamedTuple):

@@ -30,7 +30,7 @@ import triton.language as tl
 from .. import device as _device
 from ..positions import POSITION_IDS, PositionSpec
 from . import choice
-from .configs import FlatConfig, RopeShape, TileConfig, cdiv, flat_rows, next_pow2
+from .configs import FlatConfig, RopeShape, TileConfig, cdiv, flat_half_width, flat_rows, next_pow2
 from .groups import Head, PositionForm, Types
 from .v4 import QKTile, Rotation, rope_v4_kernel
 from .v4_flat import rope_flat_kernel
@@ -717,7 +717,8 @@ def _plan_flat(shape, q, k, out_q, out_k, cos, sin, positions, config: FlatConfi
         POSITIONS=positions.tensor, position_strides=_position_strides(positions),
         position_offset=positions.offset + 1,
         sizes=(n_tokens, seqlen, n_heads_q, n_heads_k, cos.shape[0], n_q_blocks),
-        HEAD_DIM=head_dim, HALF_WIDTH=next_pow2(head_dim // 2), ROWS=rows, PAIRED=paired, HAS_K=k is not None, POS_MODE=positions.mode,
+        HEAD_DIM=head_dim, HALF_WIDTH=flat_half_width(head_dim), ROWS=rows, PAIRED=paired, HAS_K=k is not None,
+        POS_MODE=positions.mode,
         CONJUGATE=conjugate, EVICT="evict_first" if config.streaming else "", INDEX_DTYPE=index_dtype,
         DEPENDENCY=choice.launch_dependency(q.device, grid, config.num_warps))
     per_call = ("Q", "K", "OUT_Q", "OUT_K", "COS", "SIN", "POSITIONS", "position_offset")
