@@ -137,6 +137,42 @@ def test_both_backends_store_the_same_bytes(fmt, mode):
         assert torch.equal(native, kernel)
 
 
+EDGE_VALUES = [float("inf"), float("-inf"), float("nan"), 0.0, -0.0, 3.0, -3.0, 1e-30, -1e-30, 3e38, -3e38,
+               0.5, -0.5, 448.0, -2.0, 7.0]
+
+
+@pytest.mark.parametrize("mode", ["head", "token_head"])
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_both_backends_divide_edge_values_alike(fmt, mode):
+    """Infinities, NaN, signed zeros and values near float32's largest, divided by the scales at the division's edges:
+    static per-head scales of infinity (quotients 0 of x's sign, NaN for an infinite x) and 0 (infinities, NaN for a
+    zero x), or per-(token, head) scales of a head that holds an infinity (its scale infinite). The Triton kernels
+    (the interpreter) store the native backend's bytes, which are torch's float32 division's, saturated."""
+    cache_dtype, kv_cache_dtype = FORMATS[fmt]
+    q, k, v, (k_cache, v_cache), scale_caches, slots = case(hk=2, cache_dtype=cache_dtype, skip=())
+    k.zero_()  # (a rotated k's float32 roundings may differ between torch's ops and a GPU kernel's fused multiply-adds)
+    v[:, 0] = torch.tensor(EDGE_VALUES, device=DEVICE).to(v.dtype)
+    v[:, 1] = -v[:, 0]
+    kwargs = dict(kv_cache_dtype=kv_cache_dtype)
+    if mode == "token_head":
+        kwargs["kv_cache_dtype"] = {"e4m3": "fp8_per_token_head", "int8": "int8_per_token_head"}.get(fmt, "auto")
+    else:
+        kwargs.update(k_scale=torch.ones(2, device=DEVICE), v_scale=torch.tensor([float("inf"), 0.0], device=DEVICE))
+    written = {}
+    for backend in ropekit.device.BACKENDS:
+        outputs = [t.clone() for t in (k_cache, v_cache, *scale_caches)]
+        call = dict(kwargs, **({"k_scale_cache": outputs[2], "v_scale_cache": outputs[3]} if mode == "token_head"
+                               else {}))
+        with ropekit.device.set_backend(backend):
+            ropekit.rope_and_cache(q[None], k[None], v[None], *ropekit.cos_sin_table(8, 16, device=DEVICE),
+                                   k_cache=outputs[0], v_cache=outputs[1], slot_mapping=slots, **call)
+        written[backend] = [t.view(torch.uint8) for t in outputs]
+    if mode == "token_head":
+        assert torch.isinf(written["native"][3].view(torch.float32)).any()  # a head's scale is infinite
+    for native, kernel in zip(*written.values()):
+        assert torch.equal(native, kernel)
+
+
 @pytest.mark.parametrize("fmt", ["e4m3", "int8"])
 def test_an_all_zero_head_gets_a_finite_scale(fmt, backend):
     """amax == 0: the scale is the floor (the smallest normal float32), the stored values 0, the read-back 0."""

@@ -13,7 +13,7 @@ from ropekit.positions import resolve_positions
 from ropekit.testing import assert_close_to_reference
 from ropekit.triton.launch import (KernelLaunch, TileConfig, forced_config, plan_rope, plans, recorded_launches,
                                    rope_v4)
-from conftest import DEVICE
+from conftest import DEVICE, gpu_only
 from rope_cases import table
 
 
@@ -194,6 +194,39 @@ def test_a_kernel_launch_places_arguments_by_name_and_takes_new_tensors_each_cal
     launch(y, out2)  # a second call of the same specialisation: the direct launch on a GPU (a 1-D grid, padded)
     assert torch.equal(out2, 2 * y)
     assert launch.grid == (3, 1, 1)
+
+
+@gpu_only
+def test_launch_hooks_a_profiler_installs_see_every_direct_launch():
+    """With no launch hook installed, a repeated launch calls Triton's launcher itself (no hook metadata built);
+    a hook added to ``triton.knobs`` (as Proton adds its own) is called for each launch, the direct ones included,
+    and no longer once it is removed."""
+    hooks = getattr(getattr(triton, "knobs", None), "runtime", None)
+    if not hasattr(getattr(hooks, "launch_enter_hook", None), "add"):
+        pytest.skip("this Triton keeps no chain of launch hooks")
+    x = torch.randn(3, 8, device=DEVICE)
+    out = torch.empty(3, 8, device=DEVICE)
+    launch = KernelLaunch(_scale_rows, (3,), 1, ("X", "OUT"),
+                          dict(strides=x.stride(), X=x, OUT=out, scale=2.0, BLOCK=8))
+    for _ in range(3):
+        launch(x, out)  # compiled, then launched directly without hooks
+    assert torch.equal(out, 2 * x)
+    seen = []
+
+    def hook(metadata):
+        seen.append(metadata.get()["name"] if hasattr(metadata, "get") else metadata)
+
+    hooks.launch_enter_hook.add(hook)
+    try:
+        for _ in range(3):
+            y = torch.randn(3, 8, device=DEVICE)
+            launch(y, out)
+            assert torch.equal(out, 2 * y)
+    finally:
+        hooks.launch_enter_hook.remove(hook)
+    launch(x, out)
+    torch.cuda.synchronize()
+    assert seen == ["_scale_rows"] * 3
 
 
 @triton.jit

@@ -25,6 +25,7 @@ import logging
 from typing import NamedTuple
 
 import torch
+import triton
 import triton.language as tl
 
 from .. import device as _device
@@ -272,7 +273,7 @@ def _run_direct(launch: KernelLaunch, values: tuple) -> None:
             compiled = launch.kernel[launch.grid](**launch.named(values), **launch.options)
             if len(_runners) > 4096:
                 _runners.clear()
-            _runners[key] = [compiled[launch.grid], None]  # the argument convention is learnt on the next call
+            _runners[key] = _entry(compiled, launch.grid)
             return
         launch.runners[specialisation] = entry
     _call_compiled(launch, entry, values)
@@ -303,22 +304,53 @@ def _stream_getter():
 _current_stream = _stream_getter()
 
 
+def _entry(compiled, grid: tuple) -> list:
+    """A direct-launch cache entry for a compiled kernel: [its runner ``compiled[grid]``, the argument convention
+    (None until the first call learns it), its launcher as (``compiled.run``, the loaded function, the packed
+    metadata), or None where the compiled kernel lacks them]."""
+    runner = compiled[grid]  # loads the kernel, which sets the launcher's handles
+    try:
+        launcher = (compiled.run, compiled.function, compiled.packed_metadata)
+    except AttributeError:
+        launcher = None
+    return [runner, None, launcher]
+
+
+_KNOBS = getattr(triton, "knobs", None)
+_HOOK_CHAIN = getattr(_KNOBS, "HookChain", None)
+
+
+def _launch_hooks() -> bool:
+    """Whether launch hooks are installed (a profiler's, say): Triton's runner builds their metadata and calls them,
+    the launcher alone does not. Triton 3.6-3.9 keep them as ``HookChain`` lists; anything else counts as
+    installed."""
+    runtime = getattr(_KNOBS, "runtime", None)
+    for hook in (getattr(runtime, "launch_enter_hook", None), getattr(runtime, "launch_exit_hook", None)):
+        if hook is not None and (_HOOK_CHAIN is None or not isinstance(hook, _HOOK_CHAIN) or hook.calls):
+            return True
+    return False
+
+
 def _call_compiled(launch: KernelLaunch, entry: list, values: tuple) -> None:
-    """Call a compiled kernel's runner (``compiled[grid]``) directly: the one place that relies on surfaces Triton and
-    torch do not document.
+    """Call a compiled kernel's launcher, or its runner (``compiled[grid]``), directly: the one place that relies on
+    surfaces Triton and torch do not document.
 
     * The argument convention: Triton versions differ in whether the runner takes the constexpr arguments (3.6 does
-      not, later versions do). ``entry[1]`` remembers it once learnt: a wrong count is rejected by the runner's
+      not, later versions do). ``entry[1]`` remembers it once learnt: a wrong count is rejected by the launcher's
       argument parser before anything runs, so trying both is safe. Should neither work, the launch goes through
       the JIT entry point from then on (``"jit"``: correct, only slower).
-    * The stream: the runner is handed the current stream read through ``torch._C``, the way Triton reads it, which
-      skips the runner's own device and stream lookups (``_current_stream`` is None where torch lacks those).
+    * The stream: handed over as the current stream read through ``torch._C``, the way Triton reads it, which skips
+      the runner's own device and stream lookups (``_current_stream`` is None where torch lacks those).
+    * The launcher: with no launch hooks installed, ``compiled.run`` (Triton 3.6-3.9: grid, stream, function,
+      packed metadata, launch metadata, enter and exit hooks, then the arguments), given no metadata and no hooks.
+      The runner would build the hooks' metadata and pass the hook chains, which the launcher calls even when
+      empty: about 1 µs of Python a launch (docs/tuning.md#direct-launch).
     """
-    runner, with_constexprs = entry
+    runner, with_constexprs, launcher = entry
     if with_constexprs is None:
         for convention in (True, False):
             try:
-                _call_compiled(launch, [runner, convention], values)
+                _call_compiled(launch, [runner, convention, launcher], values)
             except TypeError:
                 continue
             entry[1] = convention
@@ -330,8 +362,12 @@ def _call_compiled(launch: KernelLaunch, entry: list, values: tuple) -> None:
     args = (launch.everything if with_constexprs else launch.runtime)(*values)
     if _current_stream is None:
         runner(*args)
-    else:
+    elif launcher is None or _launch_hooks():
         runner(*args, stream=_current_stream())
+    else:
+        run, function, metadata = launcher
+        grid = launch.grid
+        run(grid[0], grid[1], grid[2], _current_stream(), function, metadata, None, None, None, *args)
 
 
 class LaunchRecord(NamedTuple):
