@@ -106,6 +106,21 @@ def test_reader_round_trip(fmt, mode, backend):
             assert torch.equal(a, b)  # static scales: the scale caches are not touched (not passed)
 
 
+def written_by_each_backend(q, k, v, cos, sin, caches, scale_caches, slots, token_head: bool, **kwargs) -> dict:
+    """What each backend writes from one ``rope_and_cache`` call of one token batch, into its own copies of the caches
+    (and, per (token, head), of the scale caches): {backend: [out_q, k_cache, v_cache, k scales, v scales], each as
+    its bytes}."""
+    written = {}
+    for backend in ropekit.device.BACKENDS:
+        outputs = [t.clone() for t in (*caches, *scale_caches)]
+        call = dict(kwargs, **(dict(k_scale_cache=outputs[2], v_scale_cache=outputs[3]) if token_head else {}))
+        with ropekit.device.set_backend(backend):
+            out_q, _ = ropekit.rope_and_cache(q[None], k[None], v[None], cos, sin, k_cache=outputs[0],
+                                              v_cache=outputs[1], slot_mapping=slots, **call)
+        written[backend] = [t.view(torch.uint8) for t in (out_q, *outputs)]
+    return written
+
+
 @pytest.mark.parametrize("mode", ["tensor", "head", "token_head"])
 @pytest.mark.parametrize("fmt", list(FORMATS))
 def test_both_backends_store_the_same_bytes(fmt, mode):
@@ -115,24 +130,14 @@ def test_both_backends_store_the_same_bytes(fmt, mode):
     q, k, v, (k_cache, v_cache), scale_caches, slots = case(cache_dtype=cache_dtype)
     cos, sin = ropekit.cos_sin_table(16, 12, device=DEVICE)  # partial rotary
     kwargs = dict(kv_cache_dtype=kv_cache_dtype)
-    if mode == "token_head":
-        kwargs.update(k_scale_cache=scale_caches[0], v_scale_cache=scale_caches[1])
-    else:
+    if mode != "token_head":  # (per (token, head), the scale caches are each backend's own copies)
         size = 1 if mode == "tensor" else 2
         kwargs.update(k_scale=torch.full((size,), 0.03, device=DEVICE),
                       v_scale=torch.full((size,), 0.07, device=DEVICE))
     if cache_dtype != INT8:
         kwargs.update(q_dtype=cache_dtype, q_scale=torch.tensor([0.01], device=DEVICE))
-    written = {}
-    for backend in ropekit.device.BACKENDS:
-        outputs = [t.clone() for t in (k_cache, v_cache, *scale_caches)]
-        call = dict(kwargs, **({"k_scale_cache": outputs[2], "v_scale_cache": outputs[3]} if mode == "token_head"
-                               else {}))
-        with ropekit.device.set_backend(backend):
-            out_q, _ = ropekit.rope_and_cache(q[None], k[None], v[None], cos, sin, k_cache=outputs[0],
-                                              v_cache=outputs[1], slot_mapping=slots, positions=2, interleaved=True,
-                                              **call)
-        written[backend] = [t.view(torch.uint8) for t in (out_q, *outputs)]
+    written = written_by_each_backend(q, k, v, cos, sin, (k_cache, v_cache), scale_caches, slots,
+                                      mode == "token_head", positions=2, interleaved=True, **kwargs)
     for native, kernel in zip(*written.values()):
         assert torch.equal(native, kernel)
 
@@ -158,18 +163,11 @@ def test_both_backends_divide_edge_values_alike(fmt, mode):
         kwargs["kv_cache_dtype"] = {"e4m3": "fp8_per_token_head", "int8": "int8_per_token_head"}.get(fmt, "auto")
     else:
         kwargs.update(k_scale=torch.ones(2, device=DEVICE), v_scale=torch.tensor([float("inf"), 0.0], device=DEVICE))
-    written = {}
-    for backend in ropekit.device.BACKENDS:
-        outputs = [t.clone() for t in (k_cache, v_cache, *scale_caches)]
-        call = dict(kwargs, **({"k_scale_cache": outputs[2], "v_scale_cache": outputs[3]} if mode == "token_head"
-                               else {}))
-        with ropekit.device.set_backend(backend):
-            ropekit.rope_and_cache(q[None], k[None], v[None], *ropekit.cos_sin_table(8, 16, device=DEVICE),
-                                   k_cache=outputs[0], v_cache=outputs[1], slot_mapping=slots, **call)
-        written[backend] = [t.view(torch.uint8) for t in outputs]
+    written = written_by_each_backend(q, k, v, *ropekit.cos_sin_table(8, 16, device=DEVICE), (k_cache, v_cache),
+                                      scale_caches, slots, mode == "token_head", **kwargs)
     if mode == "token_head":
-        assert torch.isinf(written["native"][3].view(torch.float32)).any()  # a head's scale is infinite
-    for native, kernel in zip(*written.values()):
+        assert torch.isinf(written["native"][4].view(torch.float32)).any()  # a head's scale is infinite
+    for native, kernel in zip(*(caches[1:] for caches in written.values())):  # the caches and their scales
         assert torch.equal(native, kernel)
 
 
