@@ -344,7 +344,8 @@ def _call_compiled(launch: KernelLaunch, entry: list, values: tuple) -> None:
     * The launcher: with no launch hooks installed, ``compiled.run`` (Triton 3.6-3.9: grid, stream, function,
       packed metadata, launch metadata, enter and exit hooks, then the arguments), given no metadata and no hooks.
       The runner would build the hooks' metadata and pass the hook chains, which the launcher calls even when
-      empty: about 1 µs of Python a launch (docs/tuning.md#direct-launch).
+      empty: 1.2 µs of Python a launch on a development machine's CPU, more on a GPU machine's host
+      (docs/tuning.md#direct-launch).
     """
     runner, with_constexprs, launcher = entry
     if with_constexprs is None:
