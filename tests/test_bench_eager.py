@@ -97,6 +97,19 @@ def test_targets_are_the_issues_ratios_of_the_medians(target, value, met):
     assert judged[target]["value"] == (None if value is None else pytest.approx(value))
 
 
+def test_a_ratio_pairs_the_runs_of_one_round():
+    """The host sped up after two runs (Liger's rope 50 -> 35 µs) and apply_rope had two long runs of its own: run by
+    run apply_rope took 0.56x Liger's three times out of five, the target's verdict. The ratio of the medians, 28 /
+    35 = 0.8, would mix the host's two speeds."""
+    doc = _doc(MEASURED)
+    runs = {eager.APPLY_ROPE: [28.0, 28.0, 19.6, 40.0, 40.0], eager.LIGER: [50.0, 50.0, 35.0, 35.0, 35.0]}
+    for row in doc["rows"]:
+        if row["op"] in runs:
+            row.update(runs_us=runs[row["op"]], us=sorted(runs[row["op"]])[2])
+    judged = {t["target"]: t for t in eager.evaluate_targets(doc)}["apply_rope <= 0.6x Liger rope"]
+    assert judged["value"] == pytest.approx(0.56) and judged["met"] is True
+
+
 def test_a_dry_run_judges_nothing():
     assert all(t["met"] is None for t in eager.evaluate_targets(_doc(MEASURED, dry_run=True)))
 

@@ -274,15 +274,27 @@ def run(cases, device, *, calls: int, repeats: int, warmup: int, dry_run: bool, 
 
 # --- the targets and the page --------------------------------------------------------------------------------------
 
+def ratio(numerator: dict, denominator: dict) -> float:
+    """How many times as long one call took as another, two rows of one case: the median over the runs of each
+    run's ratio. The runs of every call are interleaved (:func:`run_case`), so run i of both ran on the host as it
+    was then; a host whose speed drifts from run to run moves both alike, where a ratio of the two medians would
+    mix its speeds. Rows without a run each (or with runs of other counts): the ratio of their medians."""
+    runs_a, runs_b = numerator.get("runs_us") or [], denominator.get("runs_us") or []
+    if runs_a and len(runs_a) == len(runs_b):
+        return statistics.median(a / b for a, b in zip(runs_a, runs_b))
+    return numerator["us"] / denominator["us"]
+
+
 def evaluate_targets(doc: dict) -> list[dict]:
-    """Each target on each case: the ratio of the medians and whether it holds (None: not measured, or a dry run,
-    whose numbers are no measurement). ``apply_rope`` is judged in both of its modes, one row each."""
+    """Each target on each case: the :func:`ratio` of the two calls and whether it holds (None: not measured, or a
+    dry run, whose numbers are no measurement). ``apply_rope`` is judged in both of its modes, one row each."""
     targets = []
     for case in doc["cases"]:
-        us = {r["op"]: r["us"] for r in doc["rows"] if r["case"] == case["name"] and r["us"]}
+        measured = {r["op"]: r for r in doc["rows"] if r["case"] == case["name"] and r["us"]}
 
         def add(target, numerator, denominator, limit):
-            value = us[numerator] / us[denominator] if numerator in us and denominator in us else None
+            value = ratio(measured[numerator], measured[denominator]) \
+                if numerator in measured and denominator in measured else None
             met = None if value is None or doc.get("dry_run") else value <= limit
             targets.append({"case": case["name"], "target": target, "op": numerator, "versus": denominator,
                             "value": value, "limit": limit, "met": met})
@@ -311,7 +323,9 @@ def render_markdown(doc: dict) -> str:
              f"Wall clock of {settings['calls']} back-to-back calls with one synchronisation at the end, divided by "
              f"the calls; the median of {settings['repeats']} such runs (the runs of every call interleaved), with "
              f"the runs' range. After {settings['warmup_calls']} warm-up calls each, under `torch.no_grad()`. Host "
-             "time included: no CUDA graph. Every call checked against a reference before it was timed.", ""]
+             "time included: no CUDA graph. Every call checked against a reference before it was timed. A ratio "
+             "of two calls is the median over the runs of each run's ratio: run i of every call ran on the host as "
+             "it was then, so a host whose speed drifts between runs moves both alike.", ""]
     if doc.get("dry_run"):
         lines += ["**Dry run**: tiny shapes and a few calls, to check the pipeline. These times measure nothing and "
                   "no target is judged.", ""]
@@ -320,14 +334,15 @@ def render_markdown(doc: dict) -> str:
               f"ropekit {env['ropekit']}, {doc['created']}", ""]
     for case in doc["cases"]:
         rows = [r for r in doc["rows"] if r["case"] == case["name"]]
-        us = {r["op"]: r["us"] for r in rows if r["us"]}
+        measured = {r["op"]: r for r in rows if r["us"]}
         lines += [f"## {case['title']}", "",
                   "| call | µs a call | runs' range | ÷ apply_rope | ÷ apply_rope in place | ÷ its unfused chain | "
                   "check |", "|---|---|---|---|---|---|---|"]
         for r in rows:
             value = r["us"]
-            ratios = [value / us[base] if value and base in us else None for base in (APPLY_ROPE, APPLY_ROPE_INPLACE)]
-            chain = value / us[r["chain"]] if value and r["chain"] in us else None
+            ratios = [ratio(r, measured[base]) if value and base in measured else None
+                      for base in (APPLY_ROPE, APPLY_ROPE_INPLACE)]
+            chain = ratio(r, measured[r["chain"]]) if value and r["chain"] in measured else None
             spread = f"{min(r['runs_us']):.1f}–{max(r['runs_us']):.1f}" if r["runs_us"] else "–"
             status = "ok" if r["status"] == "ok" else f"{r['status']}: {r['reason']}"
             name = f"{r['op']} (fused)" if r["kind"] == "fused" else r["op"]
