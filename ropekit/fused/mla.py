@@ -218,7 +218,8 @@ def _run_plan(plan, user, inplace, out_q=None, out_k=None):
             out_q, out_k = q_pe, (k_pe if k_pe.ndim == 2 else k_pe[:, 0])
         else:
             out_q, out_k = new_output(q_pe), k_pe.new_empty((tokens, rope_dim))
-    positions = positions[:tokens]
+    if positions.shape[0] != tokens:  # (a view is a microsecond of host time: taken only where it differs)
+        positions = positions[:tokens]
     if plan.launch is not None:
         scale = scale if plan.fp8 else None
         k_cache = ckv_cache[..., kv_c.shape[-1]:] if kpe_cache is None else kpe_cache
