@@ -198,9 +198,9 @@ def test_a_kernel_launch_places_arguments_by_name_and_takes_new_tensors_each_cal
 
 @gpu_only
 def test_launch_hooks_a_profiler_installs_see_every_direct_launch():
-    """With no launch hook installed, a repeated launch calls Triton's launcher itself (no hook metadata built);
-    a hook added to ``triton.knobs`` (as Proton adds its own) is called for each launch, the direct ones included,
-    and no longer once it is removed."""
+    """With no launch hook installed, a repeated launch calls Triton's launcher itself (no hook metadata built), and
+    its results are right; a hook added to ``triton.knobs`` (as Proton adds its own) sends each launch back through
+    Triton's runner, so it is called for every launch of a cached kernel, and no longer once it is removed."""
     hooks = getattr(getattr(triton, "knobs", None), "runtime", None)
     if not hasattr(getattr(hooks, "launch_enter_hook", None), "add"):
         pytest.skip("this Triton keeps no chain of launch hooks")
