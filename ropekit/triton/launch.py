@@ -317,6 +317,7 @@ def _entry(compiled, grid: tuple) -> list:
 
 
 _KNOBS = getattr(triton, "knobs", None)
+_RUNTIME = getattr(_KNOBS, "runtime", None)  # one object for the process (Triton 3.6-3.9); hooks are added to it
 _HOOK_CHAIN = getattr(_KNOBS, "HookChain", None)
 
 
@@ -324,8 +325,7 @@ def _launch_hooks() -> bool:
     """Whether launch hooks are installed (a profiler's, say): Triton's runner builds their metadata and calls them,
     the launcher alone does not. Triton 3.6-3.9 keep them as ``HookChain`` lists; anything else counts as
     installed."""
-    runtime = getattr(_KNOBS, "runtime", None)
-    for hook in (getattr(runtime, "launch_enter_hook", None), getattr(runtime, "launch_exit_hook", None)):
+    for hook in (getattr(_RUNTIME, "launch_enter_hook", None), getattr(_RUNTIME, "launch_exit_hook", None)):
         if hook is not None and (_HOOK_CHAIN is None or not isinstance(hook, _HOOK_CHAIN) or hook.calls):
             return True
     return False
