@@ -45,11 +45,7 @@ TOLERANCE = 1.01  # the floor: no published case more than 1% slower on the grap
 # --- the earlier version as a second package -------------------------------------------------------------------------
 
 def export(ref: str) -> None:
-    """``git archive`` of ``ref``'s ropekit/ into .ab/ropekit_base, its torch.library namespace renamed so that both
-    versions register their custom ops in one process."""
-    target = AB_DIR / BASE_PACKAGE
-    if target.exists():
-        shutil.rmtree(target)
+    """``git archive`` of ``ref``'s ropekit/ into .ab/ropekit_base, as :func:`as_package` makes it."""
     AB_DIR.mkdir(exist_ok=True)
     archive = subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar", ref, "ropekit"], check=True,
                              capture_output=True).stdout
@@ -58,15 +54,25 @@ def export(ref: str) -> None:
         tar_path.write_bytes(archive)
         with tarfile.open(tar_path) as tar:
             tar.extractall(tmp)
-        shutil.move(str(Path(tmp) / "ropekit"), target)
-    for source in target.rglob("*.py"):  # op names are global: "ropekit::rope" can be registered once
-        text = source.read_text()
-        if '"ropekit::' in text:
-            source.write_text(text.replace('"ropekit::', f'"{BASE_PACKAGE}::'))
+        as_package(Path(tmp) / "ropekit", AB_DIR / BASE_PACKAGE)
     commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", ref], check=True, capture_output=True,
                             text=True).stdout.strip()
     (AB_DIR / "REF").write_text(f"{ref} {commit}\n")
-    print(f"exported {ref} ({commit[:10]}) to {target}")
+    print(f"exported {ref} ({commit[:10]}) to {AB_DIR / BASE_PACKAGE}")
+
+
+def as_package(source: Path, target: Path) -> None:
+    """A copy of the package folder ``source`` as the package ``target.name`` (replacing ``target``), its
+    torch.library namespace renamed to that name, so that both versions register their custom ops in one process
+    (op names are global: "ropekit::rope" can be registered once). The core and the benchmarks import
+    relatively, so each version runs its own code."""
+    if target.exists():
+        shutil.rmtree(target)
+    shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__"))
+    for path in target.rglob("*.py"):
+        text = path.read_text()
+        if '"ropekit::' in text:
+            path.write_text(text.replace('"ropekit::', f'"{target.name}::'))
 
 
 def base_ref() -> str:

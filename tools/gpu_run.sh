@@ -6,6 +6,8 @@
 #   bash tools/gpu_run.sh verify                the reliability run and compute-sanitizer, rendered into docs/
 #   bash tools/gpu_run.sh notebooks [NB ...]    execute notebooks in place (default: all) and run nbval on them
 #   bash tools/gpu_run.sh ab COMMIT             this tree against COMMIT in one process (export .ab first, see below)
+#   bash tools/gpu_run.sh ab-fused COMMIT [ARG...]  the fused ops against COMMIT (tools/ab_fused.py ARG...: --eager,
+#                                               --cases, --also VARIANT)
 #   bash tools/gpu_run.sh course [NB ...]       the course's GPU data (reference tiles, tools), then notebooks NB
 #   bash tools/gpu_run.sh targets               the launch-chain floor (plain and fused decode) and the eager host costs
 #   bash tools/gpu_run.sh publish               one GPU's column of the side-by-side pages: main cases, every fused case, eager
@@ -106,16 +108,22 @@ case "$stage" in
     cp "$OUT/gpu.txt" "$OUT/publish/"
     tar -czf "$OUT/publish.tgz" -C "$OUT" publish && rm -rf "$OUT/publish"
     ;;
-  ab)
-    # this tree against COMMIT, both through their public API, every published case, one harness run with
-    # interleaved graph rounds: $OUT/ab/ab.json and ab.md
-    ref=${1:?usage: gpu_run.sh ab COMMIT}
+  ab|ab-fused)
+    # this tree against COMMIT, both through their public API, in one process: every published apply_rope case (ab),
+    # or the fused ops on the graph or the eager clock (ab-fused): $OUT/ab/ or $OUT/ab-fused/ (ab.json, ab.md)
+    ref=${1:?usage: gpu_run.sh $stage COMMIT}
+    shift
     if ! grep -qw -- "$ref" .ab/REF 2>/dev/null; then  # .ab/REF: "REF FULL_HASH"
       git rev-parse --verify -q "$ref" >/dev/null && python3 tools/ab_versions.py --export "$ref" \
         || { echo "ab: .ab/REF is not $ref and it cannot be exported here: run tools/ab_versions.py --export $ref"; exit 2; }
     fi
-    timeout 560 python3 tools/ab_versions.py --rounds "${AB_ROUNDS:-9}" --time-budget 480 --out "$OUT/ab" 2>&1 \
-      | tee "$OUT/ab.txt" | grep -v "^\[" | tail -60
+    if [ "$stage" = ab ]; then
+      timeout 560 python3 tools/ab_versions.py --rounds "${AB_ROUNDS:-9}" --time-budget 480 --out "$OUT/ab" 2>&1 \
+        | tee "$OUT/ab.txt" | grep -v "^\[" | tail -60
+    else
+      timeout 560 python3 tools/ab_fused.py --time-budget 420 "$@" --out "$OUT/ab-fused" 2>&1 | tee "$OUT/ab-fused.txt" \
+        | tail -60
+    fi
     ;;
   configs)
     # every launch configuration the tune tool reaches, once each on the real case shapes: plain (fills the compile

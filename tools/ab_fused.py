@@ -1,0 +1,219 @@
+"""A/B of the fused ops: this tree against exported versions, on the fused benchmark's graph clock or the eager
+benchmark's host clock, every version in one process and one run.
+
+The versions are packages in ``.ab/``: ``ropekit_base`` from ``tools/ab_versions.py --export REF``, and any other
+package named with ``--also`` (a variant: a copy of ``ropekit/`` with a change, its ``"ropekit::`` op namespace
+renamed to the package's name, as the export does). Each version is driven through its own public benchmark
+entries: ``ropekit.bench.fused.impls()["ropekit-fused"]`` on the current tree's cases and inputs, and
+``ropekit.bench.eager.OPS`` on its own eager cases.
+
+    python tools/ab_versions.py --export 5d00068          # .ab/ropekit_base
+    python tools/ab_fused.py --dry-run --out /tmp/ab      # CPU: tiny cases, every call checked (interpreted)
+    python tools/ab_fused.py --out $OUT/fused-ab          # GPU: the fused forward cases, graph replay
+    python tools/ab_fused.py --eager --out $OUT/eager-ab  # GPU: the eager ops, back-to-back calls
+
+Graph clock: every version's call is captured twice (rows ``base``, ``base#2``, ``new``, ``new#2``, ...) beside the
+copy of the byte floor and, for decode cases, the launch-chain floor; the harness replays all of them in interleaved
+rounds. A version's ratio is the sum of its two medians over the base's two; the two rows of one version show the
+clock's spread. Eager clock: each run times ``--calls`` back-to-back calls of every op of every version, runs
+interleaved; the ratio is the median over runs of each run's ratio (``ropekit.bench.eager.ratio``).
+
+Writes ``ab.json`` (every row, the ratios) and ``ab.md`` under ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import importlib
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # "this tree" is the checkout this file sits in, whatever ropekit pip installed
+BASE = "base"
+NEW = "new"
+
+
+def versions(ab_dir: Path, also: list[str]) -> dict:
+    """label -> package: ``base`` (.ab/ropekit_base), ``new`` (this tree's ropekit), then each of ``also``."""
+    if not (ab_dir / "ropekit_base").is_dir():
+        raise SystemExit(f"no {ab_dir / 'ropekit_base'}: run `python tools/ab_versions.py --export REF` first")
+    sys.path.insert(0, str(ab_dir))
+    found = {BASE: importlib.import_module("ropekit_base"), NEW: importlib.import_module("ropekit")}
+    for name in also:
+        found[name] = importlib.import_module(name)
+    return found
+
+
+# --- the fused forward on the graph clock ----------------------------------------------------------------------------
+
+def fused(found: dict, case_names, dry_run: bool, rounds: int, budget_s: float, log=print) -> dict:
+    """Each case's rows from the current tree's harness (``run_case``), every version's fused call twice."""
+    import torch
+
+    from ropekit.bench import fused as bench
+    from ropekit.bench.fused_cases import CASES, tiny
+    from ropekit.bench.timing import GpuTimer, Settings
+
+    cases = [c for c in CASES if (c.name in case_names if case_names else c.kind != "backward")]
+    unknown = set(case_names or ()) - {c.name for c in CASES}
+    if unknown:
+        raise SystemExit(f"unknown case(s) {sorted(unknown)}")
+    device = "cpu" if dry_run or not torch.cuda.is_available() else "cuda"
+    timer = None if device == "cpu" else GpuTimer(Settings(graph_ms=20.0, graph_rounds=rounds))
+    if timer is None:
+        cases = [tiny(c) for c in cases]
+    ceiling = timer.copy_ceiling()["gbps"] if timer else None
+    builders = {}
+    for label, package in found.items():
+        build = importlib.import_module(package.__name__ + ".bench.fused").impls()["ropekit-fused"]
+        builders.update({label: build, f"{label}#2": build})
+    rows, ratios, start = [], [], time.time()
+    for case in cases:
+        if time.time() - start > budget_s:
+            log(f"{case.name}: not run (time budget of {budget_s:g} s used up)")
+            continue
+        case_rows = bench.run_case(case, builders, timer, device, ceiling_gbps=ceiling, log=lambda *_: None)
+        rows += case_rows
+        timed = {r["impl"]: r["graph_us"] for r in case_rows if r["graph_us"]}
+        failed = [f"{r['impl']}: {r['status']}" for r in case_rows if r["status"] not in ("ok", "reference")]
+        line = f"{case.name:34s}" + "".join(f" {r['impl']} {r['status']}" for r in case_rows if r["impl"] in found)
+        if timer is not None and all(label in timed and f"{label}#2" in timed for label in found):
+            base = timed[BASE] + timed[f"{BASE}#2"]
+            chain = timed.get(bench.LAUNCH_FLOOR)
+            for label in found:
+                pair = timed[label] + timed[f"{label}#2"]
+                ratios.append(dict(case=case.name, version=label, us=(timed[label], timed[f"{label}#2"]),
+                                   over_base=pair / base, over_chain=pair / 2 / chain if chain else None))
+            line = f"{case.name:34s} copy {timed[bench.COPY_REFERENCE]:8.2f}" + "".join(
+                f"  {r['version']} {r['us'][0]:.2f} {r['us'][1]:.2f} ({r['over_base']:.4f}"
+                + (f", {r['over_chain']:.3f}x chain" if r["over_chain"] else "") + ")"
+                for r in ratios if r["case"] == case.name)
+        log(line + (f"  FAILED {failed}" if failed else ""))
+    return dict(clock="graph_us", device=device, ceiling_gbps=ceiling, rows=rows, ratios=ratios)
+
+
+# --- the eager ops on the host clock ---------------------------------------------------------------------------------
+
+def eager(found: dict, op_names, dry_run: bool, repeats: int, calls: int, peers_dir, log=print) -> dict:
+    """Each version's eager ops (their own checked calls), runs interleaved across versions and ops."""
+    import torch
+
+    from ropekit.bench.eager import ratio
+    from ropekit.bench.timing import back_to_back_us
+
+    device = "cpu" if dry_run or not torch.cuda.is_available() else "cuda"
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    if device == "cpu":
+        repeats, calls, warmup = min(repeats, 2), min(calls, 2), 1
+    else:
+        warmup = 50
+    modules = {label: importlib.import_module(package.__name__ + ".bench.eager") for label, package in found.items()}
+    rows, ratios = [], []
+    for index, case in enumerate(modules[NEW].CASES):
+        timed = {}
+        with torch.no_grad():
+            for label, module in modules.items():
+                version_case = module.CASES[index]
+                version_case = module.tiny(version_case) if device == "cpu" else version_case
+                for op in module.OPS:
+                    if (op_names and op.name not in op_names) or (op.kind == "peer" and label != NEW):
+                        continue  # a peer is timed once, beside this tree's ops
+                    row = dict(case=case.name, op=op.name, version=label, status="ok", runs_us=[])
+                    rows.append(row)
+                    try:
+                        prepared = op.make(peers_dir)(version_case, device)
+                    except Exception as error:  # noqa: BLE001  (a peer not installed, a version without the op)
+                        row.update(status="skipped", reason=f"{type(error).__name__}: {error}"[:200])
+                        continue
+                    if prepared.message:
+                        row.update(status="wrong result", reason=prepared.message[:200])
+                        continue
+                    timed[(op.name, label)] = (prepared.fn, row)
+            for fn, _ in timed.values():
+                for _ in range(warmup):
+                    fn()
+            sync()
+            gc.collect()
+            gc.disable()
+            try:
+                for _ in range(repeats):
+                    for fn, row in timed.values():
+                        row["runs_us"].append(back_to_back_us(fn, calls, sync))
+            finally:
+                gc.enable()
+        for (op, label), (_, row) in timed.items():
+            row["us"] = statistics.median(row["runs_us"])
+            base = timed.get((op, BASE))
+            if base is not None and device == "cuda":
+                ratios.append(dict(case=case.name, op=op, version=label, us=row["us"],
+                                   over_base=ratio(row, base[1])))
+        over = {(r["op"], r["version"]): r["over_base"] for r in ratios if r["case"] == case.name}
+        for (op, label), (_, row) in timed.items():
+            log(f"{case.name:14s} {op:44s} {label:10s} {row['us']:8.2f} µs"
+                + (f"  ÷ base {over[(op, label)]:.4f}" if (op, label) in over else ""))
+    return dict(clock="eager_us", device=device, rows=rows, ratios=ratios)
+
+
+def markdown(doc: dict) -> str:
+    lines = [f"# Fused A/B ({doc['clock']}): {', '.join(doc['versions'])} on {doc['gpu']}", ""]
+    if doc["device"] == "cpu":
+        lines += ["**Dry run: every version's call ran (its Triton kernels interpreted) and was checked; the CPU's "
+                  "numbers measure nothing.**", ""]
+    failed = [r for r in doc["rows"] if r["status"] not in ("ok", "reference")]
+    lines += [f"- {r['case']} {r.get('op', '')} {r.get('impl', r.get('version'))}: {r['status']} "
+              f"{r.get('reason', '')}" for r in failed]
+    if doc["ratios"]:
+        what = "op" if doc["clock"] == "eager_us" else "case"
+        lines += ["", f"| {what} | version | µs | ÷ base | ÷ launch-chain floor |", "|---|---|---|---:|---:|"]
+        for r in doc["ratios"]:
+            us = r["us"] if isinstance(r["us"], float) else ", ".join(f"{t:.2f}" for t in r["us"])
+            label = f"{r['case']} {r['op']}" if what == "op" else r["case"]
+            chain = f"{r['over_chain']:.3f}" if r.get("over_chain") else ""
+            lines.append(f"| {label} | {r['version']} | {us if isinstance(us, str) else f'{us:.2f}'} | "
+                         f"{r['over_base']:.4f} | {chain} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--eager", action="store_true", help="the eager ops' host clock (default: graph replay)")
+    parser.add_argument("--dry-run", action="store_true", help="CPU: tiny cases, every call checked, no clock")
+    parser.add_argument("--cases", nargs="*", default=None, help="fused case names (default: every forward case)")
+    parser.add_argument("--ops", nargs="*", default=None, help="eager op names (default: every op)")
+    parser.add_argument("--also", default="", help="more packages in the .ab folder, comma-separated")
+    parser.add_argument("--ab-dir", type=Path, default=ROOT / ".ab", help="where the exported versions are")
+    parser.add_argument("--rounds", type=int, default=7, help="interleaved graph-replay rounds")
+    parser.add_argument("--repeats", type=int, default=9, help="eager runs of every call")
+    parser.add_argument("--calls", type=int, default=1000, help="back-to-back calls an eager run")
+    parser.add_argument("--time-budget", type=float, default=300.0, help="seconds after which no fused case starts")
+    parser.add_argument("--peers", default=str(ROOT / ".peers") if (ROOT / ".peers").is_dir() else None)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+    found = versions(args.ab_dir, [name for name in args.also.split(",") if name])
+    with contextlib.ExitStack() as kernels:
+        if args.dry_run:  # every version's Triton kernels, interpreted (not the CPU's native path)
+            for package in found.values():
+                kernels.enter_context(importlib.import_module(package.__name__ + ".device").set_backend("triton"))
+        if args.eager:
+            doc = eager(found, args.ops, args.dry_run, args.repeats, args.calls, args.peers)
+        else:
+            doc = fused(found, args.cases, args.dry_run, args.rounds, args.time_budget)
+    import torch
+
+    doc.update(versions=list(found), argv=sys.argv if argv is None else argv,
+               gpu=torch.cuda.get_device_name() if doc["device"] == "cuda" else "cpu")
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "ab.json").write_text(json.dumps(doc, indent=1, default=str))
+    (args.out / "ab.md").write_text(markdown(doc))
+    failed = [r for r in doc["rows"] if r["status"] not in ("ok", "reference", "skipped")]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
