@@ -1,5 +1,5 @@
-"""tools/ab_fused.py on a CPU: every version's call is prepared and checked, and a version that computes a wrong
-result is reported, not timed."""
+"""tools/ab_fused.py's dry run (a CPU's interpreter, or a GPU): every version's call is prepared and checked, and a
+version that computes a wrong result is reported, not timed."""
 
 import importlib.util
 import json
@@ -44,7 +44,7 @@ def test_fused_dry_run_checks_every_version(ab_dir, tmp_path):
         for label in ("base", "base#2", "new", "new#2"):
             assert status[(case, label)] == "ok"
         assert status[(case, "ropekit_turned")] == "wrong result"
-    assert code == 1 and doc["versions"] == ["base", "new", "ropekit_turned"] and doc["device"] == "cpu"
+    assert code == 1 and doc["versions"] == ["base", "new", "ropekit_turned"] and doc["dry_run"]
     assert "ropekit_turned: wrong result" in (tmp_path / "ab.md").read_text().replace("#2", "")
 
 

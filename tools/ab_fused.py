@@ -8,7 +8,7 @@ entries: ``ropekit.bench.fused.impls()["ropekit-fused"]`` on the current tree's 
 ``ropekit.bench.eager.OPS`` on its own eager cases.
 
     python tools/ab_versions.py --export 5d00068          # .ab/ropekit_base
-    python tools/ab_fused.py --dry-run --out /tmp/ab      # CPU: tiny cases, every call checked (interpreted)
+    python tools/ab_fused.py --dry-run --out /tmp/ab      # anywhere: tiny cases, every call checked, no clock
     python tools/ab_fused.py --out $OUT/fused-ab          # GPU: the fused forward cases, graph replay
     python tools/ab_fused.py --eager --out $OUT/eager-ab  # GPU: the eager ops, back-to-back calls
 
@@ -64,9 +64,9 @@ def fused(found: dict, case_names, dry_run: bool, rounds: int, budget_s: float, 
     unknown = set(case_names or ()) - {c.name for c in CASES}
     if unknown:
         raise SystemExit(f"unknown case(s) {sorted(unknown)}")
-    device = "cpu" if dry_run or not torch.cuda.is_available() else "cuda"
-    timer = None if device == "cpu" else GpuTimer(Settings(graph_ms=20.0, graph_rounds=rounds))
-    if timer is None:
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    timer = None if dry_run else GpuTimer(Settings(graph_ms=20.0, graph_rounds=rounds))
+    if dry_run:
         cases = [tiny(c) for c in cases]
     ceiling = timer.copy_ceiling()["gbps"] if timer else None
     builders = {}
@@ -107,9 +107,9 @@ def eager(found: dict, op_names, dry_run: bool, repeats: int, calls: int, peers_
     from ropekit.bench.eager import ratio
     from ropekit.bench.timing import back_to_back_us
 
-    device = "cpu" if dry_run or not torch.cuda.is_available() else "cuda"
+    device = "cuda" if torch.cuda.is_available() else "cpu"
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    if device == "cpu":
+    if dry_run:
         repeats, calls, warmup = min(repeats, 2), min(calls, 2), 1
     else:
         warmup = 50
@@ -120,7 +120,7 @@ def eager(found: dict, op_names, dry_run: bool, repeats: int, calls: int, peers_
         with torch.no_grad():
             for label, module in modules.items():
                 version_case = module.CASES[index]
-                version_case = module.tiny(version_case) if device == "cpu" else version_case
+                version_case = module.tiny(version_case) if dry_run else version_case
                 for op in module.OPS:
                     if (op_names and op.name not in op_names) or (op.kind == "peer" and label != NEW):
                         continue  # a peer is timed once, beside this tree's ops
@@ -150,7 +150,7 @@ def eager(found: dict, op_names, dry_run: bool, repeats: int, calls: int, peers_
         for (op, label), (_, row) in timed.items():
             row["us"] = statistics.median(row["runs_us"])
             base = timed.get((op, BASE))
-            if base is not None and device == "cuda":
+            if base is not None and not dry_run:
                 ratios.append(dict(case=case.name, op=op, version=label, us=row["us"],
                                    over_base=ratio(row, base[1])))
         over = {(r["op"], r["version"]): r["over_base"] for r in ratios if r["case"] == case.name}
@@ -162,9 +162,9 @@ def eager(found: dict, op_names, dry_run: bool, repeats: int, calls: int, peers_
 
 def markdown(doc: dict) -> str:
     lines = [f"# Fused A/B ({doc['clock']}): {', '.join(doc['versions'])} on {doc['gpu']}", ""]
-    if doc["device"] == "cpu":
-        lines += ["**Dry run: every version's call ran (its Triton kernels interpreted) and was checked; the CPU's "
-                  "numbers measure nothing.**", ""]
+    if doc["dry_run"]:
+        lines += ["**Dry run: every version's call ran at tiny sizes and was checked; its numbers measure nothing.**",
+                  ""]
     failed = [r for r in doc["rows"] if r["status"] not in ("ok", "reference")]
     lines += [f"- {r['case']} {r.get('op', '')} {r.get('impl', r.get('version'))}: {r['status']} "
               f"{r.get('reason', '')}" for r in failed]
@@ -183,7 +183,7 @@ def markdown(doc: dict) -> str:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--eager", action="store_true", help="the eager ops' host clock (default: graph replay)")
-    parser.add_argument("--dry-run", action="store_true", help="CPU: tiny cases, every call checked, no clock")
+    parser.add_argument("--dry-run", action="store_true", help="tiny cases, every call checked, no clock (any machine)")
     parser.add_argument("--cases", nargs="*", default=None, help="fused case names (default: every forward case)")
     parser.add_argument("--ops", nargs="*", default=None, help="eager op names (default: every op)")
     parser.add_argument("--also", default="", help="more packages in the .ab folder, comma-separated")
@@ -197,7 +197,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     found = versions(args.ab_dir, [name for name in args.also.split(",") if name])
     with contextlib.ExitStack() as kernels:
-        if args.dry_run:  # every version's Triton kernels, interpreted (not the CPU's native path)
+        if args.dry_run:  # every version's Triton kernels (on a CPU interpreted, not the native path)
             for package in found.values():
                 kernels.enter_context(importlib.import_module(package.__name__ + ".device").set_backend("triton"))
         if args.eager:
@@ -206,7 +206,7 @@ def main(argv=None) -> int:
             doc = fused(found, args.cases, args.dry_run, args.rounds, args.time_budget)
     import torch
 
-    doc.update(versions=list(found), argv=sys.argv if argv is None else argv,
+    doc.update(versions=list(found), dry_run=args.dry_run, argv=sys.argv if argv is None else argv,
                gpu=torch.cuda.get_device_name() if doc["device"] == "cuda" else "cpu")
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "ab.json").write_text(json.dumps(doc, indent=1, default=str))

@@ -249,8 +249,7 @@ def _forward_heads(
                                      v_channel_mask, QUANT)
             V_CACHE, v_cache_strides = v_cache[0], v_cache[1]
             rows_vc = _rows(v_cache_strides, cache_block[:, None], cache_row, c_heads)
-            store_channels(V_CACHE, rows_vc, v_channels, v_values, v_mask, v_cache_strides[3], v_scale, QUANT,
-                           EVICT, False)
+            store_channels(V_CACHE, rows_vc, 0, v_values, v_mask, v_cache_strides[3], v_scale, QUANT, EVICT, False)
 
 
 @triton.jit

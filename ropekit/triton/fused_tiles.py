@@ -13,7 +13,7 @@ from .v4 import _load_pairs
 __all__ = ["PLAIN", "E4M3", "E5M2", "INT8", "NVFP4", "PER_TENSOR", "PER_HEAD", "PER_TOKEN_HEAD", "PER_BLOCK",
            "NO_QUANT", "STORE_PLAIN", "float8_bits", "e4m3_bits", "e4m3_of", "e4m3_value", "e2m1_codes", "int8_values",
            "divided", "quantised", "head_amax", "channels_amax", "read_scale", "cache_scale", "head_scale",
-           "channels_scale", "store_head", "store_channels", "store_nvfp4", "load_head", "norm_weights", "group_sum",
+           "channels_scale", "store_reduced", "store_head", "store_channels", "store_nvfp4", "load_head", "norm_weights", "group_sum",
            "rsqrt_mean_square", "normed", "NO_NORM", "BEFORE", "AFTER", "NORM_OFF", "NORM_NONE_C", "NORM_BEFORE_C",
            "NORM_AFTER_C", "norm_switch", "cache_slot", "sequence_span"]
 
@@ -242,6 +242,29 @@ def read_scale(store, heads, head_mask, QUANT: tl.constexpr, SMALL_GRID: tl.cons
 
 
 @triton.jit
+def store_reduced(pointers, values, mask, NATIVE: tl.constexpr):
+    """Store a reduction's result (a per-(token, head) scale, NVFP4's block scales: float32 or 8-bit values) from
+    the registers that hold it. Triton gives every ``tl.store`` a layout of its own, chosen for coalescing, and a
+    reduced tensor's layout is not one: the store then converts the values through shared memory, with barriers
+    across the program's warps, on a decode step's critical path. With NATIVE (a GPU) each thread holding a value
+    stores it with one ``st.global`` in the values' own layout (threads holding the same value store the same
+    bytes); the interpreter takes ``tl.store``."""
+    if NATIVE:
+        # (the address as an integer: inline assembly's operands are broadcast together, and a pointer does not
+        # combine with a float)
+        address, flag = pointers.to(tl.int64), mask.to(tl.int32)
+        if values.dtype == tl.float32:
+            asm: tl.constexpr = "{ .reg .pred p; setp.ne.s32 p, $3, 0; @p st.global.b32 [$1], $2; mov.u32 $0, 0; }"
+            tl.inline_asm_elementwise(asm, "=r,l,f,r", [address, values, flag], dtype=tl.int32, is_pure=False, pack=1)
+        else:
+            asm: tl.constexpr = "{ .reg .pred p; setp.ne.s32 p, $3, 0; @p st.global.b8 [$1], $2; mov.u32 $0, 0; }"
+            tl.inline_asm_elementwise(asm, "=r,l,r,r", [address, values.to(tl.int32), flag], dtype=tl.int32,
+                                      is_pure=False, pack=1)
+    else:
+        tl.store(pointers, values, mask=mask)
+
+
+@triton.jit
 def cache_scale(store, block, row, heads, mask, amax, read, QUANT: tl.constexpr):
     """The scale a tile of head vectors is stored at (one float, or [BLOCK_S, BLOCK_H, 1]): the one :func:`read_scale`
     loaded (``read``: PER_TENSOR's scale, PER_HEAD's in a small grid, NVFP4's global scale), one read here (PER_HEAD
@@ -259,7 +282,7 @@ def cache_scale(store, block, row, heads, mask, amax, read, QUANT: tl.constexpr)
             scale = tl.load(pointers, mask=mask, other=1.0)[:, :, None]
         elif QUANT[1] == _PER_TOKEN_HEAD:
             scale = tl.maximum(tl.div_rn(amax, format_max(QUANT)), 1.1754943508222875e-38)
-            tl.store(pointers[:, :, None], scale, mask=mask[:, :, None])
+            store_reduced(pointers[:, :, None], scale, mask[:, :, None], QUANT[2])
         else:
             scale = (read, pointers)
     return scale
@@ -302,28 +325,30 @@ def store_head(OUT, rows, mask, y_a, y_b, y_t, stride_d, scale, HEAD: tl.constex
         channels = tl.arange(0, 2 * HEAD.BLOCK_HALF)
         CHANNELS: tl.constexpr = 2 * HEAD.BLOCK_HALF  # (a shape's extents are constexprs, not fields)
         y = tl.reshape(tl.join(y_a, y_b), [BLOCK_S, BLOCK_H, CHANNELS])
-        store_channels(OUT, rows, channels, y, mask[:, :, None] & (channels < HEAD.ROTARY_DIM)[None, None, :],
-                       stride_d, scale, QUANT, EVICT, ATOMIC)
+        store_channels(OUT, rows, 0, y, mask[:, :, None] & (channels < HEAD.ROTARY_DIM)[None, None, :], stride_d,
+                       scale, QUANT, EVICT, ATOMIC)
     else:
         pairs = tl.arange(0, HEAD.BLOCK_HALF)
         pair_mask = mask[:, :, None] & (pairs < HEAD.ROTARY_DIM // 2)[None, None, :]
-        store_channels(OUT, rows, pairs, y_a, pair_mask, stride_d, scale, QUANT, EVICT, ATOMIC)
-        store_channels(OUT, rows, pairs + HEAD.ROTARY_DIM // 2, y_b, pair_mask, stride_d, scale, QUANT, EVICT, ATOMIC)
+        store_channels(OUT, rows, 0, y_a, pair_mask, stride_d, scale, QUANT, EVICT, ATOMIC)
+        store_channels(OUT, rows, HEAD.ROTARY_DIM // 2, y_b, pair_mask, stride_d, scale, QUANT, EVICT, ATOMIC)
     if WRITE_TAIL and HEAD.ROTARY_DIM < HEAD.HEAD_DIM:
         tail = HEAD.ROTARY_DIM + tl.arange(0, HEAD.BLOCK_TAIL)
         tail_mask = mask[:, :, None] & (tail < HEAD.HEAD_DIM)[None, None, :]
-        store_channels(OUT, rows, tail, y_t, tail_mask, stride_d, scale, QUANT, EVICT, ATOMIC)
+        store_channels(OUT, rows, HEAD.ROTARY_DIM, y_t, tail_mask, stride_d, scale, QUANT, EVICT, ATOMIC)
 
 
 @triton.jit
-def store_channels(OUT, rows, channels, values, mask, stride_d, scale, QUANT: tl.constexpr, EVICT: tl.constexpr,
-                   ATOMIC: tl.constexpr):
-    """Store values: cast to OUT's dtype, or with a quantising QUANT (:func:`quantised`) the format's bits of
-    ``values / scale`` (``scale`` one float or [BLOCK_S, BLOCK_H, 1]; NVFP4: :func:`store_nvfp4`); with ATOMIC, add
-    them to OUT's values (an unordered sum: its rounding depends on the order the adds arrive in)."""
+def store_channels(OUT, rows, FIRST: tl.constexpr, values, mask, stride_d, scale, QUANT: tl.constexpr,
+                   EVICT: tl.constexpr, ATOMIC: tl.constexpr):
+    """Store values ([BLOCK_S, BLOCK_H, C], the channels from FIRST on): cast to OUT's dtype, or with a quantising
+    QUANT (:func:`quantised`) the format's bits of ``values / scale`` (``scale`` one float or [BLOCK_S, BLOCK_H, 1];
+    NVFP4: :func:`store_nvfp4`); with ATOMIC, add them to OUT's values (an unordered sum: its rounding depends on
+    the order the adds arrive in)."""
     if QUANT[0] == _NVFP4:
-        store_nvfp4(OUT, rows, channels, values, mask, stride_d, scale, QUANT[2], EVICT)
+        store_nvfp4(OUT, rows, FIRST, values, mask, stride_d, scale, QUANT[2], EVICT)
     else:
+        channels = FIRST + tl.arange(0, values.shape[2])
         pointers = OUT + rows[:, :, None] + channels[None, None, :] * stride_d
         if ATOMIC:
             tl.atomic_add(pointers, values.to(OUT.dtype.element_ty), mask=mask, sem="relaxed")
@@ -334,15 +359,16 @@ def store_channels(OUT, rows, channels, values, mask, stride_d, scale, QUANT: tl
 
 
 @triton.jit
-def store_nvfp4(OUT, rows, channels, values, mask, stride_d, scale, NATIVE: tl.constexpr, EVICT: tl.constexpr):
-    """NVFP4: a run of channels (``channels``, a multiple of 16 of them from a multiple of 16) as e2m1 nibbles two a
+def store_nvfp4(OUT, rows, FIRST: tl.constexpr, values, mask, stride_d, scale, NATIVE: tl.constexpr,
+                EVICT: tl.constexpr):
+    """NVFP4: a run of channels (from FIRST, a multiple of 16 of them from a multiple of 16) as e2m1 nibbles two a
     byte (channel 2i in the low nibble of byte i of OUT's row) and one e4m3 block scale for each 16 channels,
     ``block = e4m3(amax / (6 * global))`` (amax over the 16 channels, NaN not counted), written at the row's
     block-scale pointer + the block's index. Each value stores ``e2m1(x / (block * global))`` (the product and the
     quotient rounded to fp32; a zero block scale stores zeros of the values' signs). ``scale``: (the global scale,
     [BLOCK_S, BLOCK_H] block-scale pointers), from :func:`cache_scale`; NATIVE: the block scale converted by the GPU's
-    float8 instruction. ``channels`` are consecutive and ``mask`` is the same over each 16-channel block (the
-    validation keeps NVFP4's blocks whole): the stores' offsets and mask are declared so."""
+    float8 instruction. ``mask`` is the same over each 16-channel block (the validation keeps NVFP4's blocks whole):
+    the stores' mask is declared so."""
     global_scale, BLOCK_SCALES = scale
     S: tl.constexpr = values.shape[0]
     H: tl.constexpr = values.shape[1]
@@ -359,12 +385,11 @@ def store_nvfp4(OUT, rows, channels, values, mask, stride_d, scale, NATIVE: tl.c
     low, high = tl.split(tl.reshape(e2m1_codes(quotient), [S, H, C // 2, 2]))
     byte_mask, _ = tl.split(tl.reshape(in_block, [S, H, C // 2, 2]))
     byte_mask = tl.max_constancy(byte_mask, [1, 1, 8])  # whole 16-channel blocks are masked (the validation's rule)
-    # the run starts at a multiple of 16 channels: its bytes are C // 2 consecutive ones from a multiple of 8
-    first_byte = tl.multiple_of(tl.min(channels, 0) // 2, 8)
+    first_byte: tl.constexpr = FIRST // 2
     tl.store(OUT + rows[:, :, None] + (first_byte + tl.arange(0, C // 2))[None, None, :] * stride_d, low | (high << 4),
              mask=byte_mask, eviction_policy=EVICT)
-    tl.store(BLOCK_SCALES[:, :, None] + (first_byte // 8 + tl.arange(0, C // 16))[None, None, :], block_bits,
-             mask=largest >= 0.0)
+    store_reduced(BLOCK_SCALES[:, :, None] + (first_byte // 8 + tl.arange(0, C // 16))[None, None, :], block_bits,
+                  largest >= 0.0, NATIVE)
 
 
 @triton.jit
