@@ -25,10 +25,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import gc
 import importlib
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -104,11 +102,9 @@ def eager(found: dict, op_names, dry_run: bool, repeats: int, calls: int, peers_
     """Each version's eager ops (their own checked calls), runs interleaved across versions and ops."""
     import torch
 
-    from ropekit.bench.eager import ratio
-    from ropekit.bench.timing import back_to_back_us
+    from ropekit.bench.eager import ratio, time_interleaved
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     if dry_run:
         repeats, calls, warmup = min(repeats, 2), min(calls, 2), 1
     else:
@@ -134,27 +130,15 @@ def eager(found: dict, op_names, dry_run: bool, repeats: int, calls: int, peers_
                     if prepared.message:
                         row.update(status="wrong result", reason=prepared.message[:200])
                         continue
-                    timed[(op.name, label)] = (prepared.fn, row)
-            for fn, _ in timed.values():
-                for _ in range(warmup):
-                    fn()
-            sync()
-            gc.collect()
-            gc.disable()
-            try:
-                for _ in range(repeats):
-                    for fn, row in timed.values():
-                        row["runs_us"].append(back_to_back_us(fn, calls, sync))
-            finally:
-                gc.enable()
-        for (op, label), (_, row) in timed.items():
-            row["us"] = statistics.median(row["runs_us"])
+                    timed[(op.name, label)] = (row, prepared.fn)
+        time_interleaved(list(timed.values()), device, calls=calls, repeats=repeats, warmup=warmup)
+        for (op, label), (row, _) in timed.items():
             base = timed.get((op, BASE))
             if base is not None and not dry_run:
                 ratios.append(dict(case=case.name, op=op, version=label, us=row["us"],
-                                   over_base=ratio(row, base[1])))
+                                   over_base=ratio(row, base[0])))
         over = {(r["op"], r["version"]): r["over_base"] for r in ratios if r["case"] == case.name}
-        for (op, label), (_, row) in timed.items():
+        for (op, label), (row, _) in timed.items():
             log(f"{case.name:14s} {op:44s} {label:10s} {row['us']:8.2f} µs"
                 + (f"  ÷ base {over[(op, label)]:.4f}" if (op, label) in over else ""))
     return dict(clock="eager_us", device=device, rows=rows, ratios=ratios)

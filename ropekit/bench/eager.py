@@ -50,7 +50,7 @@ from .inputs import check_outputs, expected_output, make_data, make_tables, seed
 from .timing import back_to_back_us
 
 __all__ = ["EagerCase", "CASES", "OPS", "Op", "CheckedCall", "Skip", "tiny", "run_case", "run", "evaluate_targets",
-           "render_markdown", "publish", "main", "TARGETS", "SCHEMA", "APPLY_ROPE", "APPLY_ROPE_INPLACE", "LIGER"]
+           "render_markdown", "publish", "main", "time_interleaved", "TARGETS", "SCHEMA", "APPLY_ROPE", "APPLY_ROPE_INPLACE", "LIGER"]
 
 SCHEMA = "ropekit-bench-eager/1"
 APPLY_ROPE, APPLY_ROPE_INPLACE, LIGER = "apply_rope", "apply_rope (in place)", "Liger rope"
@@ -226,9 +226,18 @@ def run_case(case: EagerCase, device, *, calls: int, repeats: int, warmup: int, 
         except Exception as error:  # noqa: BLE001  (one call's failure must not end the run)
             row.update(status="error", reason=f"{type(error).__name__}: {error}"[:400])
         log(f"{case.name:14s} {op.name:48s} {row['status']}")
+    time_interleaved(list(timed.values()), device, calls=calls, repeats=repeats, warmup=warmup)
+    return rows
+
+
+def time_interleaved(timed: list, device, *, calls: int, repeats: int, warmup: int) -> None:
+    """Time each ``(row, fn)`` of ``timed``: ``warmup`` calls each, then ``repeats`` runs, each timing ``calls``
+    back-to-back calls of every fn in turn (so run i of every call saw the host as it was then), appended to
+    ``row["runs_us"]``; ``row["us"]`` is their median. Under ``torch.no_grad()``, the garbage collector held off
+    while the runs last."""
     sync = _sync(device)
     with torch.no_grad():
-        for _, fn in timed.values():
+        for _, fn in timed:
             for _ in range(warmup):
                 fn()
         sync()
@@ -236,13 +245,12 @@ def run_case(case: EagerCase, device, *, calls: int, repeats: int, warmup: int, 
         gc.disable()  # as timeit does: a collection inside a run is not the call's cost
         try:
             for _ in range(repeats):
-                for row, fn in timed.values():
+                for row, fn in timed:
                     row["runs_us"].append(back_to_back_us(fn, calls, sync))
         finally:
             gc.enable()
-    for row, _ in timed.values():
+    for row, _ in timed:
         row["us"] = statistics.median(row["runs_us"])
-    return rows
 
 
 def run(cases, device, *, calls: int, repeats: int, warmup: int, dry_run: bool, peers_dir=None, log=print,
