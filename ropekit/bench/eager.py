@@ -50,7 +50,8 @@ from .inputs import check_outputs, expected_output, make_data, make_tables, seed
 from .timing import back_to_back_us
 
 __all__ = ["EagerCase", "CASES", "OPS", "Op", "CheckedCall", "Skip", "tiny", "run_case", "run", "evaluate_targets",
-           "render_markdown", "publish", "main", "time_interleaved", "TARGETS", "SCHEMA", "APPLY_ROPE", "APPLY_ROPE_INPLACE", "LIGER"]
+           "render_markdown", "publish", "main", "time_interleaved", "TARGETS", "SCHEMA", "APPLY_ROPE",
+           "APPLY_ROPE_INPLACE", "LIGER"]
 
 SCHEMA = "ropekit-bench-eager/1"
 APPLY_ROPE, APPLY_ROPE_INPLACE, LIGER = "apply_rope", "apply_rope (in place)", "Liger rope"

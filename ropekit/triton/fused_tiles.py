@@ -13,9 +13,9 @@ from .v4 import _load_pairs
 __all__ = ["PLAIN", "E4M3", "E5M2", "INT8", "NVFP4", "PER_TENSOR", "PER_HEAD", "PER_TOKEN_HEAD", "PER_BLOCK",
            "NO_QUANT", "STORE_PLAIN", "float8_bits", "e4m3_bits", "e4m3_of", "e4m3_value", "e2m1_codes", "int8_values",
            "divided", "quantised", "head_amax", "channels_amax", "read_scale", "cache_scale", "head_scale",
-           "channels_scale", "store_reduced", "store_head", "store_channels", "store_nvfp4", "load_head", "norm_weights", "group_sum",
-           "rsqrt_mean_square", "normed", "NO_NORM", "BEFORE", "AFTER", "NORM_OFF", "NORM_NONE_C", "NORM_BEFORE_C",
-           "NORM_AFTER_C", "norm_switch", "cache_slot", "sequence_span"]
+           "channels_scale", "store_reduced", "store_head", "store_channels", "store_nvfp4", "load_head",
+           "norm_weights", "group_sum", "rsqrt_mean_square", "normed", "NO_NORM", "BEFORE", "AFTER", "NORM_OFF",
+           "NORM_NONE_C", "NORM_BEFORE_C", "NORM_AFTER_C", "norm_switch", "cache_slot", "sequence_span"]
 
 
 # A store (an output, or a cache) travels as one tuple: (tensor, its strides, the scale, the scale's strides, the
@@ -246,9 +246,10 @@ def store_reduced(pointers, values, mask, NATIVE: tl.constexpr):
     """Store a reduction's result (a per-(token, head) scale, NVFP4's block scales: float32 or 8-bit values) from
     the registers that hold it. Triton gives every ``tl.store`` a layout of its own, chosen for coalescing, and a
     reduced tensor's layout is not one: the store then converts the values through shared memory, with barriers
-    across the program's warps, on a decode step's critical path. With NATIVE (a GPU) each thread holding a value
-    stores it with one ``st.global`` in the values' own layout (threads holding the same value store the same
-    bytes); the interpreter takes ``tl.store``."""
+    across the program's warps, on a decode step's critical path. With NATIVE (the store's QUANT[2]: a GPU that
+    converts to float8 itself, compute capability 8.9 on) each thread holding a value stores it with one
+    ``st.global`` in the values' own layout (threads holding the same value store the same bytes); elsewhere, the
+    interpreter (which runs no PTX) included, ``tl.store``."""
     if NATIVE:
         # (the address as an integer: inline assembly's operands are broadcast together, and a pointer does not
         # combine with a float)
@@ -385,7 +386,7 @@ def store_nvfp4(OUT, rows, FIRST: tl.constexpr, values, mask, stride_d, scale, N
     low, high = tl.split(tl.reshape(e2m1_codes(quotient), [S, H, C // 2, 2]))
     byte_mask, _ = tl.split(tl.reshape(in_block, [S, H, C // 2, 2]))
     byte_mask = tl.max_constancy(byte_mask, [1, 1, 8])  # whole 16-channel blocks are masked (the validation's rule)
-    first_byte: tl.constexpr = FIRST // 2
+    first_byte: tl.constexpr = FIRST // 2  # a run starts at a multiple of 16 channels: a multiple of 8 bytes
     tl.store(OUT + rows[:, :, None] + (first_byte + tl.arange(0, C // 2))[None, None, :] * stride_d, low | (high << 4),
              mask=byte_mask, eviction_policy=EVICT)
     store_reduced(BLOCK_SCALES[:, :, None] + (first_byte // 8 + tl.arange(0, C // 16))[None, None, :], block_bits,
