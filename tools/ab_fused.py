@@ -74,6 +74,8 @@ def fused(found: dict, case_names, dry_run: bool, rounds: int, budget_s: float, 
     rows, ratios, start = [], [], time.time()
     for case in cases:
         if time.time() - start > budget_s:
+            rows += [dict(case=case.name, impl=name, status="not run", graph_us=None,
+                          reason=f"time budget of {budget_s:g} s used up") for name in builders]
             log(f"{case.name}: not run (time budget of {budget_s:g} s used up)")
             continue
         case_rows = bench.run_case(case, builders, timer, device, ceiling_gbps=ceiling, log=lambda *_: None)
@@ -81,13 +83,13 @@ def fused(found: dict, case_names, dry_run: bool, rounds: int, budget_s: float, 
         timed = {r["impl"]: r["graph_us"] for r in case_rows if r["graph_us"]}
         failed = [f"{r['impl']}: {r['status']}" for r in case_rows if r["status"] not in ("ok", "reference")]
         line = f"{case.name:34s}" + "".join(f" {r['impl']} {r['status']}" for r in case_rows if r["impl"] in found)
-        if timer is not None and all(label in timed and f"{label}#2" in timed for label in found):
-            base = timed[BASE] + timed[f"{BASE}#2"]
+        pairs = {label: (timed[label], timed[f"{label}#2"]) for label in found
+                 if label in timed and f"{label}#2" in timed}
+        if timer is not None and BASE in pairs:  # every version timed twice beside the base's two
             chain = timed.get(bench.LAUNCH_FLOOR)
-            for label in found:
-                pair = timed[label] + timed[f"{label}#2"]
-                ratios.append(dict(case=case.name, version=label, us=(timed[label], timed[f"{label}#2"]),
-                                   over_base=pair / base, over_chain=pair / 2 / chain if chain else None))
+            for label, us in pairs.items():
+                ratios.append(dict(case=case.name, version=label, us=us, over_base=sum(us) / sum(pairs[BASE]),
+                                   over_chain=sum(us) / 2 / chain if chain else None))
             line = f"{case.name:34s} copy {timed[bench.COPY_REFERENCE]:8.2f}" + "".join(
                 f"  {r['version']} {r['us'][0]:.2f} {r['us'][1]:.2f} ({r['over_base']:.4f}"
                 + (f", {r['over_chain']:.3f}x chain" if r["over_chain"] else "") + ")"
@@ -111,11 +113,15 @@ def eager(found: dict, op_names, dry_run: bool, repeats: int, calls: int, peers_
         warmup = 50
     modules = {label: importlib.import_module(package.__name__ + ".bench.eager") for label, package in found.items()}
     rows, ratios = [], []
-    for index, case in enumerate(modules[NEW].CASES):
+    for case in modules[NEW].CASES:
         timed = {}
         with torch.no_grad():
             for label, module in modules.items():
-                version_case = module.CASES[index]
+                version_case = next((c for c in module.CASES if c.name == case.name), None)
+                if version_case is None:  # a version without this case
+                    rows.append(dict(case=case.name, op=None, version=label, status="skipped", runs_us=[],
+                                     reason="no such case in this version"))
+                    continue
                 version_case = module.tiny(version_case) if dry_run else version_case
                 for op in module.OPS:
                     if (op_names and op.name not in op_names) or (op.kind == "peer" and label != NEW):
@@ -124,8 +130,11 @@ def eager(found: dict, op_names, dry_run: bool, repeats: int, calls: int, peers_
                     rows.append(row)
                     try:
                         prepared = op.make(peers_dir)(version_case, device)
-                    except Exception as error:  # noqa: BLE001  (a peer not installed, a version without the op)
-                        row.update(status="skipped", reason=f"{type(error).__name__}: {error}"[:200])
+                    except module.Skip as reason:  # a peer not installed
+                        row.update(status="skipped", reason=str(reason)[:200])
+                        continue
+                    except Exception as error:  # noqa: BLE001  (one call's failure must not end the run)
+                        row.update(status="error", reason=f"{type(error).__name__}: {error}"[:200])
                         continue
                     if prepared.message:
                         row.update(status="wrong result", reason=prepared.message[:200])
@@ -195,7 +204,9 @@ def main(argv=None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "ab.json").write_text(json.dumps(doc, indent=1, default=str))
     (args.out / "ab.md").write_text(markdown(doc))
-    failed = [r for r in doc["rows"] if r["status"] not in ("ok", "reference", "skipped")]
+    # (a row of no version, a floor's or the copy's, is context: its failure does not fail the A/B)
+    failed = [r for r in doc["rows"] if r["status"] not in ("ok", "reference", "skipped", "not run")
+              and r.get("version", r.get("impl", "").split("#")[0]) in found]
     return 1 if failed else 0
 
 

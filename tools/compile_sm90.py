@@ -167,8 +167,9 @@ def _fused_calls():
         per_head, per_token_head = (tiles.PER_HEAD, head_scales), (tiles.PER_TOKEN_HEAD, token_head_scales)
         stores += [(torch.uint8, (fmt, scales), scale_tensor, native) for fmt in (tiles.E4M3, tiles.E5M2)
                    for scales, scale_tensor in (per_head, per_token_head) for native in (False, True)]
-        stores += [(torch.int8, (tiles.INT8, scales), scale_tensor, False)
-                   for scales, scale_tensor in ((tiles.PER_TENSOR, scale), per_token_head)]
+        stores += [(torch.int8, (tiles.INT8, scales), scale_tensor, native)
+                   for scales, scale_tensor, native in ((tiles.PER_TENSOR, scale, False), (*per_token_head, False),
+                                                        (*per_token_head, True))]
         for cache_dtype, quant, scales, native in stores:
             caches = dict(k_cache=torch.empty(16, 16, 2, 128, dtype=cache_dtype, **meta),
                           v_cache=torch.empty(16, 16, 2, 128, dtype=cache_dtype, **meta), quant=quant,

@@ -117,12 +117,13 @@ case "$stage" in
       git rev-parse --verify -q "$ref" >/dev/null && python3 tools/ab_versions.py --export "$ref" \
         || { echo "ab: .ab/REF is not $ref and it cannot be exported here: run tools/ab_versions.py --export $ref"; exit 2; }
     fi
+    set -o pipefail  # the stage's status is the tool's (1: a version slower, or failing its check), not tail's
     if [ "$stage" = ab ]; then
       timeout 560 python3 tools/ab_versions.py --rounds "${AB_ROUNDS:-9}" --time-budget 480 --out "$OUT/ab" 2>&1 \
         | tee "$OUT/ab.txt" | grep -v "^\[" | tail -60
     else
-      timeout 560 python3 tools/ab_fused.py --time-budget 420 "$@" --out "$OUT/ab-fused" 2>&1 | tee "$OUT/ab-fused.txt" \
-        | tail -60
+      timeout 560 python3 tools/ab_fused.py --time-budget 420 "$@" --out "$OUT/ab-fused" 2>&1 \
+        | tee "$OUT/ab-fused.txt" | tail -60
     fi
     ;;
   configs)
