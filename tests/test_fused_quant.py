@@ -535,6 +535,49 @@ def test_nvfp4_both_backends_store_the_same_bytes():
         assert torch.equal(native, kernel)
 
 
+@pytest.mark.parametrize("kv_cache_dtype", ["int8_per_token_head", "fp8_per_token_head", "nvfp4", "fp8", "auto"])
+@pytest.mark.parametrize("kv_layout", ["NHD", "HND"])
+def test_v_in_programs_of_its_own_stores_the_same_bytes(kv_cache_dtype, kv_layout):
+    """v's head vectors in programs of their own (``FusedConfig.v_apart``, the model's choice at decode where the
+    cache's scales are reduced) or in k's programs: the same caches, scale caches and q, byte for byte, through a
+    slot mapping with padding tokens (and, HND, a page table) into 3 kv heads, so that a head block is partial."""
+    from ropekit.triton.configs import FusedConfig
+    from ropekit.triton.fused import forced_fused_config
+
+    nvfp4 = kv_cache_dtype == "nvfp4"
+    if nvfp4:
+        q, k, v, caches, scale_caches, slots = nvfp4_case(tokens=5, hk=3, d=32, kv_layout=kv_layout)
+    else:
+        cache_dtype = {"int8_per_token_head": INT8, "auto": torch.bfloat16}.get(kv_cache_dtype, E4M3)
+        q, k, v, caches, scale_caches, slots = case(tokens=5, hk=3, d=16, cache_dtype=cache_dtype)
+        if kv_layout == "HND":
+            caches = [c.transpose(1, 2).contiguous() for c in caches]  # (blocks, heads, rows, channels)
+    per_token_head = kv_cache_dtype.endswith("per_token_head") or nvfp4
+    kwargs = dict(kv_cache_dtype=kv_cache_dtype)
+    if kv_cache_dtype in ("fp8", "nvfp4"):
+        kwargs.update(k_scale=torch.tensor([0.03], device=DEVICE), v_scale=torch.tensor([0.07], device=DEVICE))
+    if kv_layout == "HND":  # through FlashInfer's page table, the caches' heads second
+        kwargs.update(kv_layout="HND", kv_indices=torch.tensor([2, 0, 1], device=DEVICE),
+                      kv_indptr=torch.tensor([0, 1, 3], device=DEVICE),
+                      batch_indices=torch.tensor([0, 0, 1, -1, 1], device=DEVICE),
+                      cache_positions=torch.tensor([0, 3, 4, 0, 6], device=DEVICE))
+    else:
+        kwargs.update(slot_mapping=slots)
+    cos, sin = ropekit.cos_sin_table(16, q.shape[-1], device=DEVICE)
+    written = []
+    for v_apart in (False, True):
+        outputs = [t.clone() for t in (*caches, *scale_caches)]
+        call = dict(kwargs, **(dict(k_scale_cache=outputs[2], v_scale_cache=outputs[3]) if per_token_head else {}))
+        with ropekit.device.set_backend("triton"), forced_fused_config(FusedConfig(1, 2, 4, v_apart=v_apart)):
+            out_q, _ = ropekit.rope_and_cache(q[None], k[None], v[None], cos, sin, k_cache=outputs[0],
+                                              v_cache=outputs[1], positions=torch.arange(5, device=DEVICE)[None],
+                                              **call)
+        written.append([t.view(torch.uint8) for t in (out_q, *outputs)])
+    for apart, together in zip(*written):
+        assert torch.equal(apart, together)
+    assert not torch.equal(written[1][2], caches[1].view(torch.uint8))  # v was written at all
+
+
 E2M1_ROUNDING = [6.0, 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, -0.0, float("nan"), 0.2, 0.3, -5.1, 2.9, 1.0, 0.5]
 E2M1_STORED = [6.0, 0.0, 1.0, 1.0, 2.0, 2.0, 4.0, 4.0, -0.0, 0.0, 0.0, 0.5, -6.0, 3.0, 1.0, 0.5]
 

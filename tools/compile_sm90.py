@@ -177,8 +177,11 @@ def _fused_calls():
             if scales is not None:
                 caches.update(k_scale=scales, v_scale=scales)
             full = quant[1] == tiles.PER_TENSOR  # every norm and launch order for the stores already measured
+            # (v's head blocks in programs of their own: the model's decode choice where the scales are reduced)
+            configs = (fused.FusedConfig(1, 8, 4), fused.FusedConfig(2, 8, 4, True, True)) if full else \
+                (fused.FusedConfig(1, 8, 4, v_apart=quant[1] == tiles.PER_TOKEN_HEAD),)
             for norm in (dict(), dict(q_weight=weight, k_weight=weight, eps=1e-6))[0 if full else 1:]:
-                for config in (fused.FusedConfig(1, 8, 4), fused.FusedConfig(2, 8, 4, True, True))[:2 if full else 1]:
+                for config in configs:
                     yield dict(q=q, k=k, cos=cos, sin=cos, positions=by_offsets, rotary_dim=128,
                                out_q=torch.empty_like(q), v=v, cache_mode=fused.CACHE_PAGED, slots=slots,
                                block_size=16, cache_len=256, config=config, **caches, **norm)
@@ -204,7 +207,7 @@ def _fused_calls():
                      v_scale=block_scales, k_global=scale, v_global=scale, quant=(tiles.NVFP4, tiles.PER_BLOCK))
         yield dict(q=q, k=k, cos=cos, sin=cos, positions=by_offsets, rotary_dim=128, out_q=torch.empty_like(q), v=v,
                    cache_mode=fused.CACHE_PAGED, slots=slots, block_size=16, cache_len=256, q_weight=weight,
-                   k_weight=weight, eps=1e-6, config=fused.FusedConfig(1, 8, 4), native=True, **nvfp4)
+                   k_weight=weight, eps=1e-6, config=fused.FusedConfig(1, 8, 4, v_apart=True), native=True, **nvfp4)
         hnd = {name: c.transpose(1, 2).contiguous().transpose(1, 2) if name.endswith(("cache", "scale")) else c
                for name, c in nvfp4.items()}
         yield dict(q=q, k=k, cos=cos[:, :48], sin=cos[:, :48], positions=by_offsets, rotary_dim=96, interleaved=True,

@@ -59,7 +59,7 @@ def flat_rows(block: int, head_dim: int) -> int:
 
 class FusedConfig(NamedTuple):
     """The fused kernels (``ropekit.triton.fused``): a program takes ``block_s`` tokens x ``block_h`` heads of q, or
-    of k with the same heads of v."""
+    of k with the same heads of v (with ``v_apart``, of k, or of v)."""
 
     block_s: int
     block_h: int
@@ -68,6 +68,8 @@ class FusedConfig(NamedTuple):
     heads_inner: bool = False  # launch order: the head blocks of one token block next to each other
     token_blocks: int = 1  # backward: token blocks a program walks, its weight-gradient terms summed in registers
     stages: int = 1  # backward: software-pipeline stages of that walk
+    # forward with a cache write of v: v's head blocks in programs of their own, after k's, instead of in k's programs
+    v_apart: bool = False
 
 
 class RopeShape(NamedTuple):

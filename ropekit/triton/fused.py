@@ -109,8 +109,8 @@ class CacheWrite(NamedTuple):
     """The forward's cache write: MODE, the address map (CACHE_NONE, CACHE_CONTIGUOUS, CACHE_PAGED,
     CACHE_PAGE_TABLE; ``fused_tiles.cache_slot``) and, through a page table, the rows a page holds (PAGE_SIZE, a
     constant: the page lookup's division and remainder are then a shift and a mask at the usual powers of two); HAS_V,
-    v's head vectors of V_DIM channels (BLOCK_V lanes) copied untouched; QUANT, the quantising store (``fused_tiles``:
-    (format, scales, native conversion))."""
+    v's head vectors of V_DIM channels (BLOCK_V lanes) copied untouched, in k's programs or (V_APART) in programs of
+    their own after k's; QUANT, the quantising store (``fused_tiles``: (format, scales, native conversion))."""
 
     MODE: int
     PAGE_SIZE: int
@@ -118,6 +118,7 @@ class CacheWrite(NamedTuple):
     V_DIM: int
     BLOCK_V: int
     QUANT: tuple
+    V_APART: bool
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -158,6 +159,30 @@ def _angles(angles, positions, pid_b, batch_index, s_local, token_rows, token_ma
 # --------------------------------------------------------------------------------------------------------------------
 
 @triton.jit
+def _load_values(v, batch_index, token_rows, heads, mask, CACHE: tl.constexpr, EVICT: tl.constexpr):
+    """v's head vectors of a tile, each one run of V_DIM channels ([BLOCK_S, BLOCK_H, BLOCK_V]), and the channels'
+    mask ([1, 1, BLOCK_V]). v is read for every token of the tile, a skipped slot's too: the store, not the load,
+    honours -1."""
+    V, v_strides = v
+    channels = tl.arange(0, CACHE.BLOCK_V)
+    channel_mask = (channels < CACHE.V_DIM)[None, None, :]
+    values = tl.load(V + _rows(v_strides, batch_index, token_rows, heads)[:, :, None] + channels[None, None, :] *
+                     v_strides[3], mask=mask[:, :, None] & channel_mask, other=0.0, eviction_policy=EVICT)
+    return values, channel_mask
+
+
+@triton.jit
+def _store_values(v_cache, cache_block, cache_row, heads, mask, read, values, channel_mask, QUANT: tl.constexpr,
+                  EVICT: tl.constexpr):
+    """v's head vectors into the v cache at their slots, in the cache's format: at the scale ``read``
+    (fused_tiles.read_scale), or per (token, head) at one computed and written beside the cache, or NVFP4's."""
+    scale = channels_scale(v_cache, cache_block, cache_row, heads, mask, read, values, channel_mask, QUANT)
+    V_CACHE, strides = v_cache[0], v_cache[1]
+    store_channels(V_CACHE, _rows(strides, cache_block[:, None], cache_row, heads), 0, values,
+                   mask[:, :, None] & channel_mask, strides[3], scale, QUANT, EVICT, False)
+
+
+@triton.jit
 def _forward_heads(
     # the tensor (q, or k) as (tensor, strides), and its output store
     x, out,
@@ -175,8 +200,9 @@ def _forward_heads(
     OUT_QUANT: tl.constexpr, TYPES: tl.constexpr, SMALL_GRID: tl.constexpr,
 ):
     """BLOCK_S tokens x BLOCK_H heads of q, or of k with the same heads of v: normalise, rotate, store to the output
-    and/or (TO_CACHE: k's programs) write the cache as CACHE says (and v to the v cache). SMALL_GRID: the grid is one
-    the model releases (groups.Dependency.RELEASE: a decode step), where per-head scales load with the tile."""
+    and/or (TO_CACHE: k's programs) write the cache as CACHE says (and, unless CACHE.V_APART gives v programs of its
+    own, v to the v cache). SMALL_GRID: the grid is one the model releases (groups.Dependency.RELEASE: a decode
+    step), where per-head scales load with the tile."""
     X, x_strides = x
     OUT, out_strides = out[0], out[1]
     pid_s, pid_b, first, seq_len, batch_index = tokens
@@ -185,24 +211,18 @@ def _forward_heads(
     MATH_DTYPE: tl.constexpr = TYPES.MATH_DTYPE
     EVICT: tl.constexpr = TYPES.EVICT
     CACHE_MODE: tl.constexpr = CACHE.MODE if TO_CACHE else 0
-    HAS_V: tl.constexpr = CACHE.HAS_V if TO_CACHE else False
+    HAS_V: tl.constexpr = CACHE.HAS_V and not CACHE.V_APART if TO_CACHE else False
     QUANT: tl.constexpr = CACHE.QUANT
     s_local, token_rows, token_mask = _token_block(first, seq_len, pid_s, n_tokens, BLOCK_S, TYPES.INDEX_DTYPE)
     heads = (first_head + tl.arange(0, BLOCK_H)).to(TYPES.INDEX_DTYPE)
     head_mask = heads < n_heads
     mask = token_mask[:, None] & head_mask[None, :]
     # The tile's loads are issued first, v's with x's: they are in flight while the dependent chains position ->
-    # table row -> cos/sin and token -> slot resolve. (v is read for every token of the tile, a skipped slot's too:
-    # the store, not the load, honours -1.)
+    # table row -> cos/sin and token -> slot resolve.
     x_a, x_b, x_t = load_head(X, _rows(x_strides, batch_index, token_rows, heads), mask, x_strides[3], HEAD, BLOCK_S,
                               BLOCK_H, MATH_DTYPE, EVICT)
     if HAS_V:
-        V, v_strides = v
-        v_channels = tl.arange(0, CACHE.BLOCK_V)
-        rows_v = _rows(v_strides, batch_index, token_rows, heads)
-        v_values = tl.load(V + rows_v[:, :, None] + v_channels[None, None, :] * v_strides[3],
-                           mask=mask[:, :, None] & (v_channels < CACHE.V_DIM)[None, None, :], other=0.0,
-                           eviction_policy=EVICT)
+        v_values, v_channel_mask = _load_values(v, batch_index, token_rows, heads, mask, CACHE, EVICT)
     # So are the loads whose address is fixed: the scales the stores read (one float, or one a head:
     # fused_tiles.read_scale), and a head vector's norm weights (one row; a norm over all heads loads them after the
     # angles: its weights are a tile as large as x's, whose registers it would hold through the round trips).
@@ -241,15 +261,32 @@ def _forward_heads(
         K_CACHE, k_cache_strides = k_cache[0], k_cache[1]
         store_head(K_CACHE, _rows(k_cache_strides, cache_block[:, None], cache_row, c_heads), c_mask, y_a, y_b, x_t,
                    k_cache_strides[3], k_scale, HEAD, BLOCK_S, BLOCK_H, True, QUANT, EVICT, False)
-        if HAS_V:
-            # v passes through: its head vectors as one "tail" of V_DIM channels
-            v_channel_mask = (v_channels < CACHE.V_DIM)[None, None, :]
-            v_mask = c_mask[:, :, None] & v_channel_mask
-            v_scale = channels_scale(v_cache, cache_block, cache_row, c_heads, c_mask, v_read, v_values,
-                                     v_channel_mask, QUANT)
-            V_CACHE, v_cache_strides = v_cache[0], v_cache[1]
-            rows_vc = _rows(v_cache_strides, cache_block[:, None], cache_row, c_heads)
-            store_channels(V_CACHE, rows_vc, 0, v_values, v_mask, v_cache_strides[3], v_scale, QUANT, EVICT, False)
+        if HAS_V:  # v passes through
+            _store_values(v_cache, cache_block, cache_row, c_heads, c_mask, v_read, v_values, v_channel_mask, QUANT,
+                          EVICT)
+
+
+@triton.jit
+def _cache_values(v, v_cache, cache_rows, tokens, first_head, n_heads, sizes, BLOCK_S: tl.constexpr,
+                  BLOCK_H: tl.constexpr, POSITION: tl.constexpr, CACHE: tl.constexpr, TYPES: tl.constexpr,
+                  SMALL_GRID: tl.constexpr):
+    """v's own programs (CACHE.V_APART): BLOCK_S tokens x BLOCK_H heads of v into the v cache. v passes the
+    rotation untouched, so these programs wait for no position and no table row, only for the tokens' slots."""
+    pid_s, pid_b, first, seq_len, batch_index = tokens
+    EVICT: tl.constexpr = TYPES.EVICT
+    QUANT: tl.constexpr = CACHE.QUANT
+    CACHE_MODE: tl.constexpr = CACHE.MODE
+    s_local, token_rows, token_mask = _token_block(first, seq_len, pid_s, sizes[3], BLOCK_S, TYPES.INDEX_DTYPE)
+    heads = (first_head + tl.arange(0, BLOCK_H)).to(TYPES.INDEX_DTYPE)
+    head_mask = heads < n_heads
+    values, channel_mask = _load_values(v, batch_index, token_rows, heads, token_mask[:, None] & head_mask[None, :],
+                                        CACHE, EVICT)
+    read = read_scale(v_cache, heads, head_mask, QUANT, SMALL_GRID)
+    token = token_rows if POSITION.IS_VARLEN else pid_b.to(tl.int64) * sizes[0] + s_local
+    cache_block, cache_row, cache_mask = cache_slot(cache_rows, token, s_local, pid_b, token_mask, CACHE_MODE,
+                                                     CACHE.PAGE_SIZE)
+    _store_values(v_cache, cache_block, cache_row, heads.to(tl.int64), cache_mask[:, None] & head_mask[None, :], read,
+                  values, channel_mask, QUANT, EVICT)
 
 
 @triton.jit
@@ -306,7 +343,8 @@ def fused_forward_kernel(
     BLOCK_HK: tl.constexpr = TILE.BLOCK_HK
     seqlen, n_heads_q, n_heads_k = sizes[0], sizes[1], sizes[2]
     n_head_blocks_q = (n_heads_q + BLOCK_H - 1) // BLOCK_H
-    n_head_blocks = n_head_blocks_q + (n_heads_k + BLOCK_HK - 1) // BLOCK_HK  # n_heads_k is 0 without k
+    n_head_blocks_k = (n_heads_k + BLOCK_HK - 1) // BLOCK_HK  # n_heads_k is 0 without k
+    n_head_blocks = n_head_blocks_q + n_head_blocks_k * (2 if CACHE.V_APART else 1)  # v's own blocks last
     pid_s, pid_h = program_blocks(n_head_blocks, TILE.HEADS_INNER)
     pid_b = tl.program_id(2)
     first, seq_len, batch_index = sequence_span(positions[2], pid_b, seqlen, POSITION.IS_VARLEN, TYPES.INDEX_DTYPE)
@@ -317,6 +355,9 @@ def fused_forward_kernel(
         _forward_heads(q, out_q, v, k_cache, v_cache, cache_rows, q_weight, norm, angles, positions, tokens,
                        pid_h * BLOCK_H, n_heads_q, sizes, HEAD, BLOCK_S, BLOCK_H, POSITION, NORM, WRITE.Q, WRITE.TAIL,
                        CACHE, False, OUT_QUANT, TYPES, DEPENDENCY == RELEASE_C)
+    elif CACHE.V_APART and pid_h >= n_head_blocks_q + n_head_blocks_k:
+        _cache_values(v, v_cache, cache_rows, tokens, (pid_h - n_head_blocks_q - n_head_blocks_k) * BLOCK_HK,
+                      n_heads_k, sizes, BLOCK_S, BLOCK_HK, POSITION, CACHE, TYPES, DEPENDENCY == RELEASE_C)
     elif HAS_K:
         _forward_heads(k, out_k, v, k_cache, v_cache, cache_rows, k_weight, norm, angles, positions, tokens,
                        (pid_h - n_head_blocks_q) * BLOCK_HK, n_heads_k, sizes, HEAD, BLOCK_S, BLOCK_HK, POSITION, NORM,
@@ -670,7 +711,9 @@ def plan_fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, inte
     token_blocks = config.token_blocks if backward else 1
     n_blocks_q = cdiv(n_heads_q, config.block_h)
     n_blocks_s = cdiv(cdiv(seqlen, config.block_s), token_blocks)
-    n_blocks_h = n_blocks_q + cdiv(n_heads_k, block_hk)
+    has_v = v is not None and cache_mode != CACHE_NONE and not backward
+    v_apart = has_v and config.v_apart  # v's head blocks after k's (CacheWrite.V_APART)
+    n_blocks_h = n_blocks_q + cdiv(n_heads_k, block_hk) * (2 if v_apart else 1)
     grid = (n_blocks_s * n_blocks_h, 1, n_batch) if config.heads_inner else (n_blocks_s, n_blocks_h, n_batch)
     empty = grid[0] == 0 or n_batch == 0 or n_tokens == 0
     if backward:
@@ -729,8 +772,8 @@ def plan_fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, inte
                     block_size if cache_mode == CACHE_PAGED else 1),  # read by the slot map only (1: a constant)
         TILE=Tile(config.block_s, config.block_h, block_hk, config.heads_inner),
         WRITE=Writes(write_q, write_k, norm or not in_place),
-        CACHE=CacheWrite(cache_mode, block_size if cache_mode == CACHE_PAGE_TABLE else 1,
-                         v is not None and cache_mode != CACHE_NONE, v_dim, next_pow2(v_dim), quant),
+        CACHE=CacheWrite(cache_mode, block_size if cache_mode == CACHE_PAGE_TABLE else 1, has_v, v_dim,
+                         next_pow2(v_dim), quant, v_apart),
         OUT_QUANT=_quant((q_format, PER_TENSOR), out_q, q.device))
     return KernelLaunch(fused_forward_kernel, grid, config.num_warps, FORWARD_PER_CALL, arguments)
 

@@ -345,7 +345,11 @@ def model_fused(facts: DeviceFacts, shape: FusedShape, registers=None) -> FusedC
       table row, the tile, the store): every head of a token (up to 32) in one program, the fewest programs, each
       loading its token's position and table row once. On the H200 at 64 tokens that beat fewer heads a program on
       every decode format (docs/tuning.md#fused-launch-table). It is taken for head vectors of at most 128 channels
-      where a program a token's q heads and one its k heads still give at least half the SMs a program; otherwise,
+      where a program a token's q heads and one its k heads still give at least half the SMs a program. Where the
+      cache's scales are reduced (per (token, head), NVFP4's per 16 channels), v's heads then get programs of their
+      own (``v_apart``): a k program would otherwise reduce and store v's vectors after k's, on the step's longest
+      chain, while v's own programs wait for no position and no table row; a store that reduces nothing costs a k
+      program less than the extra programs cost the step (docs/tuning.md#fused-launch-table). Otherwise,
       and launched plainly, the programs' placement is part of the chain: 8 heads a program (4 with a float8 cache,
       whose rounding is the program's cost; 32 for vectors wider than 128 channels, MLA's latent), then heads halved
       while the grid (q and k programs) would give an SM fewer than two programs.
@@ -492,7 +496,7 @@ def _fused_rule(facts: DeviceFacts, shape: FusedShape) -> FusedConfig:
             return 2 * shape.n_tokens * cdiv(shape.n_heads, block_h)
         every_head = min(heads, 32)
         if launched_programmatically(facts) and shape.width <= 128 and 2 * programs(every_head) >= facts.n_sms:
-            return FusedConfig(1, every_head, 4)
+            return FusedConfig(1, every_head, 4, v_apart=shape.reduces_scales)
         block_h = min(heads, 32 if shape.width > 128 else 4 if shape.quantised_cache else 8)
         while block_h > 1 and programs(block_h) < _MIN_PROGRAMS_PER_SM * facts.n_sms:
             block_h //= 2
@@ -545,6 +549,8 @@ def is_valid_fused(config: FusedConfig, shape: FusedShape) -> bool:
         return False
     if not shape.backward and (config.token_blocks, config.stages) != (1, 1):
         return False
+    if shape.backward and config.v_apart:
+        return False
     if _pipeline_bytes(config, shape) > _SHARED_BYTES:
         return False
     values = config.block_s * config.block_h * next_pow2(shape.width)
@@ -590,17 +596,20 @@ def fused_candidate_space(shape: FusedShape) -> list[FusedConfig]:
     """Every configuration the model and the autotune can reach for a fused ``shape``: 1-8 tokens x 1-64 heads
     (capped at the call's), 2-8 warps, with and without the hint and the heads-inner order; for the backward, one
     token block a program, or 8 or 16 at 1-3 stages (fewer where shared memory bounds the pipeline). A norm over all
-    heads: the call's heads (rounded up) in every program, 2-32 warps."""
+    heads: the call's heads (rounded up) in every program, 2-32 warps. Where the cache's scales are reduced, each
+    of the forward's also with v's programs apart."""
     heads = next_pow2(shape.n_heads)
     walks = ((1, 1),) + tuple((blocks, stages) for blocks in (8, 16) for stages in (3, 2, 1)) if shape.backward \
         else ((1, 1),)
     # (a norm over all heads: every head of a token in a program, and the warps a large tile takes)
     head_blocks = (heads,) if shape.norm_over_heads else [h for h in _FUSED_HEADS if h <= heads]
     warps = WARPS[1:] if shape.norm_over_heads else (2, 4, 8)
-    space = [FusedConfig(block_s, block_h, num_warps, evict, inner, blocks, stages)
+    # (v's own programs: the model's at decode where the cache's scales are reduced)
+    apart = (False, True) if shape.reduces_scales and not shape.backward else (False,)
+    space = [FusedConfig(block_s, block_h, num_warps, evict, inner, blocks, stages, v_apart)
              for block_s in _FUSED_TOKENS for block_h in head_blocks
              for num_warps in warps for evict in (False, True) for inner in (False, True)
-             for blocks, stages in walks]
+             for blocks, stages in walks for v_apart in apart]
     return [c for c in space if is_valid_fused(c, shape)]
 
 
