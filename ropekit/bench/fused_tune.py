@@ -83,14 +83,17 @@ def _table_choice(case) -> FusedConfig:
 
 
 def candidates(case) -> list[FusedConfig]:
-    """The sweep's configurations for ``case`` (block_h capped at the case's heads), the launch choice's first."""
+    """The sweep's configurations for ``case`` (block_h capped at the case's heads), the launch choice's first; a
+    decode whose cache reduces its scales takes each also with v's programs apart (``v_apart``)."""
     heads = max(case.heads_q, case.heads_kv)
+    apart = (False, True) if _kind(case) == "decode" and case_shape(case).reduces_scales else (False,)
     out = [_table_choice(case)]
     for fields in SWEEP[_kind(case)]:
-        config = FusedConfig(*fields)
-        config = config._replace(block_h=min(config.block_h, 1 << (heads - 1).bit_length()))
-        if config not in out:
-            out.append(config)
+        for v_apart in apart:
+            config = FusedConfig(*fields)._replace(block_h=min(fields[1], 1 << (heads - 1).bit_length()),
+                                                   v_apart=v_apart)
+            if config not in out:
+                out.append(config)
     return out
 
 
@@ -127,7 +130,8 @@ def tune_case(case, timer, device, ceiling_gbps: Optional[float], seed: int = 0,
 def _line(row: dict) -> str:
     us = f"{row['graph_us']:9.2f}" if row.get("graph_us") is not None else " " * 9
     pct = f"{row['floor_pct']:6.1f}%" if row.get("floor_pct") is not None else " " * 7
-    flags = ("E" if row["evict_first"] else "-") + ("I" if row["heads_inner"] else "-") + ("*" if row["table"] else " ")
+    flags = ("E" if row["evict_first"] else "-") + ("I" if row["heads_inner"] else "-") + \
+        ("V" if row.get("v_apart") else "-") + ("*" if row["table"] else " ")
     return (f"{row['case']:26s} s={row['block_s']:<3d} h={row['block_h']:<2d} w={row['num_warps']:<2d} "
             f"g={row.get('token_blocks', 1):<2d} p={row.get('stages', 1)}{flags} "
             f"{us} us {pct}  {row['status']}")
