@@ -48,16 +48,17 @@ def test_the_sweep_is_bounded_and_starts_from_the_launch_choice():
 
 
 def test_a_decode_whose_cache_reduces_its_scales_also_sweeps_v_in_programs_of_its_own():
-    """v's own programs are a choice only where the cache's scales are reduced, and only at decode (the model's
-    candidate space): there each tile is swept with and without them, elsewhere never."""
+    """v's own programs are the model's choice only at decode where the cache's scales are reduced: the sweep
+    times each tile there with and without them (the launch choice's tile too), and never elsewhere."""
     for name, case in CASES.items():
         if case.kind == "backward":
             continue
-        configs = fused_tune.candidates(case)[1:]  # (after the launch choice)
+        configs = fused_tune.candidates(case)
         reduced = case.decode and fused_tune.case_shape(case).reduces_scales
         tiles = {config._replace(v_apart=False) for config in configs}
         if reduced:
             assert {config._replace(v_apart=False) for config in configs if config.v_apart} == tiles, name
+            assert {config for config in configs if not config.v_apart} == tiles, name
         else:
             assert not any(config.v_apart for config in configs), name
     assert any(CASES[name].decode and fused_tune.case_shape(CASES[name]).reduces_scales for name in CASES)

@@ -138,7 +138,8 @@ def test_a_decode_step_launched_programmatically_takes_every_head_of_a_token(gpu
     tokens (plain decode b64 1.44 us at 8 heads, 1.36 at 32; float8 per (token, head) 2.28 at 4 heads, 1.88).
     Launched plainly, and for vectors wider than 128 channels (MLA's latent), the table's rule. Where the cache's
     scales are reduced (per (token, head), NVFP4), v's heads then get programs of their own (on the H200: int8 per
-    (token, head) 1.77 -> 1.51 us, NVFP4 2.04 -> 1.89; every other decode format 1.05-1.16x slower with them)."""
+    (token, head) 1.78 -> 1.50 us, NVFP4 2.04 -> 1.83; seven of the nine other decode formats 1.05-1.16x slower with
+    them)."""
     formats = {"decode-int8-token-head": dict(cache_format=INT8, cache_scales=PER_TOKEN_HEAD),
                "decode-nvfp4": dict(cache_format=NVFP4, cache_scales=PER_BLOCK),
                "decode-fp8-q": dict(cache_format=E4M3, q_format=E4M3)}

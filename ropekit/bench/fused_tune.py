@@ -87,13 +87,13 @@ def candidates(case) -> list[FusedConfig]:
     decode whose cache reduces its scales takes each also with v's programs apart (``v_apart``)."""
     heads = max(case.heads_q, case.heads_kv)
     apart = (False, True) if _kind(case) == "decode" and case_shape(case).reduces_scales else (False,)
-    out = [_table_choice(case)]
-    for fields in SWEEP[_kind(case)]:
-        for v_apart in apart:
-            config = FusedConfig(*fields)._replace(block_h=min(fields[1], 1 << (heads - 1).bit_length()),
-                                                   v_apart=v_apart)
-            if config not in out:
-                out.append(config)
+    choice = _table_choice(case)
+    tiles = [choice] + [FusedConfig(*fields)._replace(block_h=min(fields[1], 1 << (heads - 1).bit_length()))
+                        for fields in SWEEP[_kind(case)]]
+    out = [choice]
+    for config in (tile._replace(v_apart=v_apart) for tile in tiles for v_apart in apart):
+        if config not in out:
+            out.append(config)
     return out
 
 

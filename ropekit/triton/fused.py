@@ -34,11 +34,12 @@ head vector (:class:`~ropekit.triton.groups.Head`), the tile (:class:`Tile`), th
 (:class:`CacheWrite`), the types (:class:`~ropekit.triton.groups.Types`; Head, PositionForm and Types are the tile
 kernel's too). A plan names a per-call tensor by its group and its place in it (:data:`FORWARD_PER_CALL`).
 
-Grid: (token groups, head blocks of q then of k, batch or sequence); with ``TILE.HEADS_INNER`` the first two axes are
-one, head blocks inner, so that the q programs and the (heavier) k + v programs of a token group run side by side. A
-group is one block of ``TILE.BLOCK_S`` tokens, or in the backward ``TILE.TOKEN_BLOCKS`` of them. q's head blocks hold
-``TILE.BLOCK_H`` heads and k's ``TILE.BLOCK_HK``, no more than k has. A program reads its rows of q (or of k and the
-same heads of v) once and writes each output once: the byte floor of the fused step. ``TYPES.EVICT`` is the cache
+Grid: (token groups, head blocks of q then of k (then of v, with ``CACHE.V_APART``), batch or sequence); with
+``TILE.HEADS_INNER`` the first two axes are one, head blocks inner, so that the q programs and the (heavier) k + v
+programs of a token group run side by side. A group is one block of ``TILE.BLOCK_S`` tokens, or in the backward
+``TILE.TOKEN_BLOCKS`` of them. q's head blocks hold ``TILE.BLOCK_H`` heads and k's (and v's) ``TILE.BLOCK_HK``, no
+more than k has. A program reads its rows of q (or of k and the same heads of v, or with ``CACHE.V_APART`` of k, or
+of v) once and writes each output once: the byte floor of the fused step. ``TYPES.EVICT`` is the cache
 hint on activation loads and on stores (streaming: each byte is touched once).
 
 The host side: :func:`fused_config_for` is the launch choice, :func:`plan_fused` makes a plan (a
@@ -298,12 +299,12 @@ def fused_forward_kernel(
     # WRITE.Q / WRITE.K (an output that is its input is written in place); q's at one float32 scale with OUT_QUANT
     # (a float8 q)
     out_q, out_k,
-    # the cache side, read and written by k's programs (CACHE): v (tensor, strides), k's tokens and heads, V_DIM
-    # channels; the caches' stores (float8 ones as uint8 bits; strides (block or sequence, row, head, channel),
-    # whichever of NHD and HND; scales float32 read or (per token and head) written, or NVFP4's e4m3 block scales
-    # written beside the cache over a float32 global scale, their strides (block or sequence, row, head)); where each
-    # token's row is (fused_tiles.cache_slot: the slots or the page table, cache_len, block_size (with a page table:
-    # CACHE.PAGE_SIZE))
+    # the cache side, read and written by k's programs (and by v's own, CACHE.V_APART; CACHE): v (tensor, strides),
+    # k's tokens and heads, V_DIM channels; the caches' stores (float8 ones as uint8 bits; strides (block or
+    # sequence, row, head, channel), whichever of NHD and HND; scales float32 read or (per token and head) written,
+    # or NVFP4's e4m3 block scales written beside the cache over a float32 global scale, their strides (block or
+    # sequence, row, head)); where each token's row is (fused_tiles.cache_slot: the slots or the page table,
+    # cache_len, block_size (with a page table: CACHE.PAGE_SIZE))
     v, k_cache, v_cache, cache_rows,
     # the QK-norm (NORM = (place, weighted, over_heads), fused_tiles): the weights (tensor, stride), (HEAD_DIM,) or
     # over all heads (n_heads * HEAD_DIM,); (eps, weight offset)
@@ -323,8 +324,8 @@ def fused_forward_kernel(
     # what the tensors allow (Types); how the launch follows the grid before it (groups.Dependency)
     TYPES: tl.constexpr, DEPENDENCY: tl.constexpr,
 ):
-    """Grid: (token blocks, head blocks of q then of k, batch or sequence), or with TILE.HEADS_INNER (token blocks x
-    head blocks, 1, batch or sequence). See the module docstring."""
+    """Grid: (token blocks, head blocks of q then of k (then of v: CACHE.V_APART), batch or sequence), or with
+    TILE.HEADS_INNER (token blocks x head blocks, 1, batch or sequence). See the module docstring."""
     after_grid_before(DEPENDENCY)
     # Each group holding a tuple is rebuilt from its items before any branch: Triton 3.6 keeps a stale type for a
     # tuple nested in a tuple argument, and a branch's copy of the group follows the type (a stride of 1 then reads

@@ -604,7 +604,7 @@ def fused_candidate_space(shape: FusedShape) -> list[FusedConfig]:
     # (a norm over all heads: every head of a token in a program, and the warps a large tile takes)
     head_blocks = (heads,) if shape.norm_over_heads else [h for h in _FUSED_HEADS if h <= heads]
     warps = WARPS[1:] if shape.norm_over_heads else (2, 4, 8)
-    # (v's own programs: the model's at decode where the cache's scales are reduced)
+    # (v's own programs: the model's choice at decode where the cache's scales are reduced; valid at any size)
     apart = (False, True) if shape.reduces_scales and not shape.backward else (False,)
     space = [FusedConfig(block_s, block_h, num_warps, evict, inner, blocks, stages, v_apart)
              for block_s in _FUSED_TOKENS for block_h in head_blocks
