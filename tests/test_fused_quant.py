@@ -171,6 +171,44 @@ def test_both_backends_divide_edge_values_alike(fmt, mode):
         assert torch.equal(native, kernel)
 
 
+def hard_maxima(largest: float, count: int = 96) -> torch.Tensor:
+    """float32 absolute maxima whose quotient by ``largest`` a bare product with the rounded reciprocal misrounds,
+    and the edges: 0, the smallest normal float32, the quotients around it (where a correction could be inexact),
+    float32's largest."""
+    generator = torch.Generator().manual_seed(3)
+    drawn = torch.exp2(torch.rand(200_000, generator=generator, dtype=torch.float64) * 200 - 100).float()
+    inverse = torch.tensor(1.0 / largest, dtype=torch.float64).float()
+    wrong = drawn[(drawn * inverse) != (drawn / largest)][:count]
+    assert wrong.numel() == count
+    tiny = torch.finfo(torch.float32).tiny
+    near_floor = (torch.tensor(largest * tiny, dtype=torch.float64).float() +
+                  torch.arange(-3, 4) * torch.tensor(largest * tiny).float().double().mul(2.0**-23)).float()
+    return torch.cat([wrong, near_floor, torch.tensor([0.0, tiny, torch.finfo(torch.float32).max])])
+
+
+@pytest.mark.parametrize("fmt", ["e4m3", "int8"])
+def test_a_per_token_head_scale_is_the_correctly_rounded_quotient(fmt, backend):
+    """Each head's scale is ``max(amax / format max, smallest normal)`` with the quotient correctly rounded to
+    float32, as torch's float32 division gives it: at maxima a product with the rounded reciprocal misrounds, and
+    around the floor."""
+    cache_dtype = FORMATS[fmt][0]
+    largest = {"e4m3": 448.0, "int8": 127.0}[fmt]
+    maxima = hard_maxima(largest)
+    heads = maxima.numel()
+    v = torch.zeros(1, 1, heads, 16, device=DEVICE)
+    v[0, 0, :, 3] = -maxima.to(DEVICE)  # each head's absolute maximum, the other channels zero
+    k = torch.zeros(1, 1, heads, 16, device=DEVICE)
+    caches = [torch.zeros(1, 1, heads, 16, device=DEVICE, dtype=cache_dtype) for _ in range(2)]
+    scales = [torch.zeros(1, 1, heads, device=DEVICE) for _ in range(2)]
+    cos, sin = ropekit.cos_sin_table(1, 16, device=DEVICE)
+    kv_cache_dtype = "int8_per_token_head" if fmt == "int8" else "fp8_per_token_head"
+    ropekit.rope_and_cache(k, k, v, cos, sin, k_cache=caches[0], v_cache=caches[1], kv_cache_dtype=kv_cache_dtype,
+                           slot_mapping=torch.zeros(1, dtype=torch.int64, device=DEVICE), k_scale_cache=scales[0],
+                           v_scale_cache=scales[1])
+    want = torch.clamp(maxima / largest, min=torch.finfo(torch.float32).tiny)
+    assert torch.equal(scales[1].flatten().cpu(), want)
+
+
 @pytest.mark.parametrize("fmt", ["e4m3", "int8"])
 def test_an_all_zero_head_gets_a_finite_scale(fmt, backend):
     """amax == 0: the scale is the floor (the smallest normal float32), the stored values 0, the read-back 0."""
