@@ -147,7 +147,7 @@ def int8_values(x, NATIVE: tl.constexpr):
 
 
 @triton.jit
-def divided(x, scale):
+def divided(x, scale, NATIVE_RECIPROCAL: tl.constexpr):
     """fp32 ``x / scale`` correctly rounded, as the division would give, without the division's per-element
     instruction sequence: the reciprocal once per scale (``scale`` one float or [..., 1]), then per element a product
     and one correction. ``guess = x * (1 / scale)`` is within an ulp of the quotient, ``residual = x - guess *
@@ -158,21 +158,46 @@ def divided(x, scale):
     the quotient. A finite x whose product with the reciprocal overflows has an infinite residual, and the correction
     then gives NaN: a quotient past float32's range is stored as NaN (float8, NVFP4's zero), or 0 (int8), where the
     division would saturate. Every guard of that case measured slower on the H200's float8 decode step (1.036-1.046x,
-    docs/tuning.md#fused-launch-table), and a cache is not quantised at scales that take activations past 3.4e38."""
-    factor = tl.where(tl.abs(scale) < 7.888609052210118e-31, 1.8446744073709552e19, 1.0)
+    docs/tuning.md#fused-launch-table), and a cache is not quantised at scales that take activations past 3.4e38.
+
+    NATIVE_RECIPROCAL (a GPU's code, for a store with a scale every few values: NVFP4's 16): the reciprocal is
+    :func:`reciprocal`'s, without the division's instruction sequence; a scale above 2**100 is then first multiplied,
+    with x, by 2**-64, so that its reciprocal stays in the normal range. Once a program, the division itself measured
+    faster (docs/tuning.md#fused-launch-table)."""
+    magnitude = tl.abs(scale)
+    factor = tl.where(magnitude < 7.888609052210118e-31, 1.8446744073709552e19, 1.0)
+    if NATIVE_RECIPROCAL:
+        factor = tl.where(magnitude > 1.2676506002282294e30, 5.421010862427522e-20, factor)
     scale = scale * factor
     x = x * factor
-    inverse = tl.div_rn(1.0, scale)
+    inverse = reciprocal(scale, NATIVE_RECIPROCAL)
     guess = x * inverse
     residual = tl.fma(-guess, scale, x)
     return tl.where((residual > 0) | (residual < 0), tl.fma(residual, inverse, guess), guess)
 
 
+
+@triton.jit
+def reciprocal(scale, NATIVE: tl.constexpr):
+    """``1 / scale`` correctly rounded to fp32. NATIVE (a GPU's code): the GPU's approximate reciprocal (within an
+    ulp; it flushes a result below the normal range to zero) refined by one Newton step, ``r + r * (1 - scale * r)``
+    in two fmas, which is correctly rounded for every scale of magnitude in [2**-126, 2**126) (each of them checked
+    against the division on the GPU: tests/test_fused_quant.py). A zero, infinite or NaN scale keeps the
+    approximate reciprocal (infinite, zero, NaN), which is the division's. Else the division."""
+    if NATIVE:
+        approximate = tl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=r,r", [scale], dtype=tl.float32,
+                                                is_pure=True, pack=1)
+        error = tl.fma(-scale, approximate, 1.0)
+        inverse = tl.where(error == error, tl.fma(approximate, error, approximate), approximate)
+    else:
+        inverse = tl.div_rn(1.0, scale)
+    return inverse
+
 @triton.jit
 def quantised(values, scale, QUANT: tl.constexpr):
     """``values / scale`` (the quotient correctly rounded to fp32: the one the float64 reference rounds) in QUANT's
     format: float8 bits, or int8 values."""
-    quotient = divided(values.to(tl.float32), scale)
+    quotient = divided(values.to(tl.float32), scale, False)
     if QUANT[0] == _INT8:
         stored = int8_values(quotient, QUANT[2])
     elif QUANT[0] == _E5M2:
@@ -381,7 +406,7 @@ def store_nvfp4(OUT, rows, FIRST: tl.constexpr, values, mask, stride_d, scale, N
     amax = tl.maximum(largest, 0.0)
     block_bits = e4m3_of(tl.div_rn(amax, 6.0 * global_scale), NATIVE)
     dequant = (e4m3_value(block_bits) * global_scale)[:, :, :, None]
-    quotient = divided(x, tl.where(dequant == 0.0, 1.0, dequant))
+    quotient = divided(x, tl.where(dequant == 0.0, 1.0, dequant), NATIVE)
     quotient = tl.where(dequant == 0.0, x * 0.0, quotient)
     low, high = tl.split(tl.reshape(e2m1_codes(quotient), [S, H, C // 2, 2]))
     byte_mask, _ = tl.split(tl.reshape(in_block, [S, H, C // 2, 2]))
