@@ -113,7 +113,8 @@ case "$stage" in
     # or the fused ops on the graph or the eager clock (ab-fused): $OUT/ab/ or $OUT/ab-fused/ (ab.json, ab.md)
     ref=${1:?usage: gpu_run.sh $stage COMMIT}
     shift
-    if ! grep -qw -- "$ref" .ab/REF 2>/dev/null; then  # .ab/REF: "REF FULL_HASH"
+    # .ab/REF: "REF FULL_HASH"; COMMIT names it as REF or as a prefix of the hash (the machine's git may not know it)
+    if ! awk -v r="$ref" '$1 == r || index($2, r) == 1 { found = 1 } END { exit !found }' .ab/REF 2>/dev/null; then
       git rev-parse --verify -q "$ref" >/dev/null && python3 tools/ab_versions.py --export "$ref" \
         || { echo "ab: .ab/REF is not $ref and it cannot be exported here: run tools/ab_versions.py --export $ref"; exit 2; }
     fi
