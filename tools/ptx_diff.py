@@ -122,6 +122,10 @@ def _cases(torch, fused, launch, tiles, resolve_positions):
     yield "int8 cache, per-(token, head) scales, QK-norm", prefill(
         cache_dtype=torch.int8, quant=(tiles.INT8, tiles.PER_TOKEN_HEAD), k_scale=token_head,
         v_scale=torch.empty(40, 16, 4, **meta)[..., :2], **weights), False
+    yield "float8 e4m3 cache, per-(token, head) scales, v's programs apart, the GPU's conversion", prefill(
+        cache_dtype=torch.uint8, quant=(tiles.E4M3, tiles.PER_TOKEN_HEAD), k_scale=torch.empty(40, 16, 2, **meta),
+        v_scale=torch.empty(40, 16, 6, **meta)[..., 1:3],
+        config=fused.FusedConfig(1, 8, 4, True, True, v_apart=True)), True
     yield "float8 e4m3 q output", prefill(out_q=torch.empty(2, 48, 8, 128, dtype=torch.uint8), q_format=tiles.E4M3,
                                           q_scale=scale), True
     table = tuple(torch.empty(n, dtype=torch.int32, **meta) for n in (96, 40, 3))

@@ -144,6 +144,13 @@ def _rows(strides, outer, token_rows, heads):
 
 
 @triton.jit
+def _head_block(first_head, n_heads, BLOCK_H: tl.constexpr, INDEX_DTYPE: tl.constexpr):
+    """The heads of a program's block, from ``first_head``, and whether each exists."""
+    heads = (first_head + tl.arange(0, BLOCK_H)).to(INDEX_DTYPE)
+    return heads, heads < n_heads
+
+
+@triton.jit
 def _angles(angles, positions, pid_b, batch_index, s_local, token_rows, token_mask, HEAD: tl.constexpr,
             POSITION: tl.constexpr, CONJUGATE: tl.constexpr, MATH_DTYPE: tl.constexpr, INDEX_DTYPE: tl.constexpr):
     """cos and sin of each token's pairs (v4's ``_cos_sin``), as [BLOCK_S, 1, BLOCK_HALF] tiles shared by the heads;
@@ -158,6 +165,14 @@ def _angles(angles, positions, pid_b, batch_index, s_local, token_rows, token_ma
 # --------------------------------------------------------------------------------------------------------------------
 # The forward.
 # --------------------------------------------------------------------------------------------------------------------
+
+@triton.jit
+def _slots(cache_rows, s_local, token_rows, token_mask, pid_b, seqlen, POSITION: tl.constexpr, CACHE: tl.constexpr):
+    """Each token's cache block, its row there and whether it is written (fused_tiles.cache_slot). The slots and the
+    page table number a token by its packed row (varlen), else by sequence * seqlen + its index."""
+    token = token_rows if POSITION.IS_VARLEN else pid_b.to(tl.int64) * seqlen + s_local
+    return cache_slot(cache_rows, token, s_local, pid_b, token_mask, CACHE.MODE, CACHE.PAGE_SIZE)
+
 
 @triton.jit
 def _load_values(v, batch_index, token_rows, heads, mask, CACHE: tl.constexpr, EVICT: tl.constexpr):
@@ -215,8 +230,7 @@ def _forward_heads(
     HAS_V: tl.constexpr = CACHE.HAS_V and not CACHE.V_APART if TO_CACHE else False
     QUANT: tl.constexpr = CACHE.QUANT
     s_local, token_rows, token_mask = _token_block(first, seq_len, pid_s, n_tokens, BLOCK_S, TYPES.INDEX_DTYPE)
-    heads = (first_head + tl.arange(0, BLOCK_H)).to(TYPES.INDEX_DTYPE)
-    head_mask = heads < n_heads
+    heads, head_mask = _head_block(first_head, n_heads, BLOCK_H, TYPES.INDEX_DTYPE)
     mask = token_mask[:, None] & head_mask[None, :]
     # The tile's loads are issued first, v's with x's: they are in flight while the dependent chains position ->
     # table row -> cos/sin and token -> slot resolve.
@@ -237,9 +251,8 @@ def _forward_heads(
     cos_a, sin_a, cos_b, sin_b = _angles(angles, positions, pid_b, batch_index, s_local, token_rows, token_mask, HEAD,
                                          POSITION, False, MATH_DTYPE, TYPES.INDEX_DTYPE)
     if CACHE_MODE != 0:
-        token = token_rows if POSITION.IS_VARLEN else pid_b.to(tl.int64) * seqlen + s_local
-        cache_block, cache_row, cache_mask = cache_slot(cache_rows, token, s_local, pid_b, token_mask, CACHE_MODE,
-                                                         CACHE.PAGE_SIZE)
+        cache_block, cache_row, cache_mask = _slots(cache_rows, s_local, token_rows, token_mask, pid_b, seqlen,
+                                                    POSITION, CACHE)
     if NORM[0] != NORM_NONE_C and NORM[2]:
         w_a, w_b, w_t = norm_weights(weight, heads, head_mask, weight_offset, NORM, HEAD, MATH_DTYPE)
     if NORM[0] == NORM_BEFORE_C:
@@ -276,16 +289,13 @@ def _cache_values(v, v_cache, cache_rows, tokens, first_head, n_heads, sizes, BL
     pid_s, pid_b, first, seq_len, batch_index = tokens
     EVICT: tl.constexpr = TYPES.EVICT
     QUANT: tl.constexpr = CACHE.QUANT
-    CACHE_MODE: tl.constexpr = CACHE.MODE
     s_local, token_rows, token_mask = _token_block(first, seq_len, pid_s, sizes[3], BLOCK_S, TYPES.INDEX_DTYPE)
-    heads = (first_head + tl.arange(0, BLOCK_H)).to(TYPES.INDEX_DTYPE)
-    head_mask = heads < n_heads
+    heads, head_mask = _head_block(first_head, n_heads, BLOCK_H, TYPES.INDEX_DTYPE)
     values, channel_mask = _load_values(v, batch_index, token_rows, heads, token_mask[:, None] & head_mask[None, :],
                                         CACHE, EVICT)
     read = read_scale(v_cache, heads, head_mask, QUANT, SMALL_GRID)
-    token = token_rows if POSITION.IS_VARLEN else pid_b.to(tl.int64) * sizes[0] + s_local
-    cache_block, cache_row, cache_mask = cache_slot(cache_rows, token, s_local, pid_b, token_mask, CACHE_MODE,
-                                                     CACHE.PAGE_SIZE)
+    cache_block, cache_row, cache_mask = _slots(cache_rows, s_local, token_rows, token_mask, pid_b, sizes[0], POSITION,
+                                                CACHE)
     _store_values(v_cache, cache_block, cache_row, heads.to(tl.int64), cache_mask[:, None] & head_mask[None, :], read,
                   values, channel_mask, QUANT, EVICT)
 
@@ -404,8 +414,7 @@ def _backward_heads(
     TOKEN_BLOCKS: tl.constexpr = TILE.TOKEN_BLOCKS
     n_tokens = sizes[3]
     eps, weight_offset = norm
-    heads = (first_head + tl.arange(0, BLOCK_H)).to(TYPES.INDEX_DTYPE)
-    head_mask = heads < n_heads
+    heads, head_mask = _head_block(first_head, n_heads, BLOCK_H, TYPES.INDEX_DTYPE)
     w_a, w_b, w_t = norm_weights(weight, heads, head_mask, weight_offset, NORM, HEAD, MATH_DTYPE)
     BLOCK_HALF: tl.constexpr = HEAD.BLOCK_HALF  # (a shape's extents are constexprs, not fields)
     BLOCK_TAIL: tl.constexpr = HEAD.BLOCK_TAIL
