@@ -12,7 +12,7 @@ from .v4 import _load_pairs
 
 __all__ = ["PLAIN", "E4M3", "E5M2", "INT8", "NVFP4", "PER_TENSOR", "PER_HEAD", "PER_TOKEN_HEAD", "PER_BLOCK",
            "NO_QUANT", "STORE_PLAIN", "float8_bits", "e4m3_bits", "e4m3_of", "e4m3_value", "e2m1_codes", "int8_values",
-           "divided", "quantised", "head_amax", "channels_amax", "read_scale", "cache_scale", "head_scale",
+           "divided", "reciprocal", "quantised", "head_amax", "channels_amax", "read_scale", "cache_scale", "head_scale",
            "channels_scale", "store_reduced", "store_head", "store_channels", "store_nvfp4", "load_head",
            "norm_weights", "group_sum", "rsqrt_mean_square", "normed", "NO_NORM", "BEFORE", "AFTER", "NORM_OFF",
            "NORM_NONE_C", "NORM_BEFORE_C", "NORM_AFTER_C", "norm_switch", "cache_slot", "sequence_span"]
@@ -176,14 +176,15 @@ def divided(x, scale, NATIVE_RECIPROCAL: tl.constexpr):
     return tl.where((residual > 0) | (residual < 0), tl.fma(residual, inverse, guess), guess)
 
 
-
 @triton.jit
 def reciprocal(scale, NATIVE: tl.constexpr):
-    """``1 / scale`` correctly rounded to fp32. NATIVE (a GPU's code): the GPU's approximate reciprocal (within an
-    ulp; it flushes a result below the normal range to zero) refined by one Newton step, ``r + r * (1 - scale * r)``
-    in two fmas, which is correctly rounded for every scale of magnitude in [2**-126, 2**126) (each of them checked
-    against the division on the GPU: tests/test_fused_quant.py). A zero, infinite or NaN scale keeps the
-    approximate reciprocal (infinite, zero, NaN), which is the division's. Else the division."""
+    """``1 / scale`` rounded to fp32. Without NATIVE, the division: correctly rounded for every scale. NATIVE (a
+    GPU's code): the GPU's approximate reciprocal (within an ulp) refined by one Newton step,
+    ``r + r * (1 - scale * r)`` in two fmas, correctly rounded for every scale of magnitude in [2**-126, 2**126)
+    (each of them checked against the division on the GPU: tests/test_fused_quant.py). A zero, infinite or NaN
+    scale keeps the approximate reciprocal (infinite, zero, NaN), the division's. Outside that range the
+    instruction flushes: a scale of magnitude from 2**126 gets 0 (the division: a subnormal), a subnormal scale NaN
+    (its input flushed to zero, the step's error infinite). :func:`divided` rescales both ranges first."""
     if NATIVE:
         approximate = tl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=r,r", [scale], dtype=tl.float32,
                                                 is_pure=True, pack=1)
@@ -192,6 +193,7 @@ def reciprocal(scale, NATIVE: tl.constexpr):
     else:
         inverse = tl.div_rn(1.0, scale)
     return inverse
+
 
 @triton.jit
 def quantised(values, scale, QUANT: tl.constexpr):
