@@ -12,8 +12,8 @@ from .v4 import _load_pairs
 
 __all__ = ["PLAIN", "E4M3", "E5M2", "INT8", "NVFP4", "PER_TENSOR", "PER_HEAD", "PER_TOKEN_HEAD", "PER_BLOCK",
            "NO_QUANT", "STORE_PLAIN", "float8_bits", "e4m3_bits", "e4m3_of", "e4m3_value", "e2m1_codes", "int8_values",
-           "divided", "reciprocal", "quantised", "head_amax", "channels_amax", "read_scale", "cache_scale", "head_scale",
-           "channels_scale", "store_reduced", "store_head", "store_channels", "store_nvfp4", "load_head",
+           "divided", "reciprocal", "quantised", "head_amax", "channels_amax", "read_scale", "cache_scale",
+           "head_scale", "channels_scale", "store_reduced", "store_head", "store_channels", "store_nvfp4", "load_head",
            "norm_weights", "group_sum", "rsqrt_mean_square", "normed", "NO_NORM", "BEFORE", "AFTER", "NORM_OFF",
            "NORM_NONE_C", "NORM_BEFORE_C", "NORM_AFTER_C", "norm_switch", "cache_slot", "sequence_span"]
 
