@@ -360,3 +360,39 @@ def test_a_head_whose_sum_of_squares_overflows_float32_comes_out_as_zeros(dtype)
     want = expected(q, w, cos, sin, ref.token_positions(1, 1, offsets=3))
     assert_close_to_reference(out[:, :, [0, 2]], want[:, :, [0, 2]])
     assert torch.equal(out[0, 0, 1], torch.zeros_like(out[0, 0, 1]))
+
+
+@gpu_only
+@pytest.mark.parametrize("tokens", [64, 4096])
+@pytest.mark.parametrize("norm_over", ["head", "heads"])
+def test_one_factor_scales_every_channel_of_a_norm_group(norm_over, tokens):
+    """The norm scales every channel of its group (a head vector, or all heads of a token) by one factor r. The
+    lanes that share a reduction must agree on it: a compiler that fuses a lane's own product into the cross-lane
+    sum, and not its partner's, leaves them with sums an ulp apart (fused_tiles.channel_dot; racecheck saw r's
+    replicated store as a race of different values). Probe channels hold ±1 and ±2, one in every four channels, so
+    every lane holds one. At position 0 the rotation leaves a channel as it is, and the weightless norm after it
+    multiplies it by r exactly: out / x at a probe is r itself, and must be one value across the group. The shape
+    is the sanitizer driver's: 80 channels, 48 of them rotated, 3 q heads and 1 k head."""
+    gen = torch.Generator(device="cuda").manual_seed(tokens)
+    cos, sin = ropekit.cos_sin_table(64, 48, device="cuda")
+    probes = torch.arange(80, device="cuda") % 4 == 0
+
+    def make(heads):
+        x = torch.randn(tokens, heads, 80, device="cuda", generator=gen)
+        signs = torch.randint(0, 2, (tokens, heads, int(probes.sum())), device="cuda", generator=gen) * 2 - 1
+        powers = torch.randint(0, 2, signs.shape, device="cuda", generator=gen)
+        x[..., probes] = (signs * 2.0 ** powers).float()
+        return x
+
+    q, k = make(3), make(1)
+    k_cache = torch.zeros(tokens // 8 + 1, 8, 1, 80, device="cuda")
+    out_q, out_k = ropekit.rope_and_cache(
+        q, k, None, cos, sin, k_cache=k_cache, slot_mapping=torch.randperm(tokens, device="cuda", generator=gen),
+        positions=torch.zeros(tokens, dtype=torch.int64, device="cuda"), layout="thd",
+        cu_seqlens=torch.tensor([0, tokens], dtype=torch.int32, device="cuda"), max_seqlen=tokens, norm="after",
+        norm_over=norm_over, eps=1e-5, write_k=True)
+    for name, x, out in (("q", q, out_q), ("k", k, out_k)):
+        factors = out[..., probes] / x[..., probes]  # (tokens, heads, probes): each an exact r
+        factors = factors.flatten(1) if norm_over == "heads" else factors
+        spread = (factors.amax(-1) != factors.amin(-1)).sum().item()
+        assert spread == 0, f"{name}: {spread} of {factors[..., 0].numel()} norm groups scaled by two factors"

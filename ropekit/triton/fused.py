@@ -61,8 +61,9 @@ from ..positions import PositionSpec
 from . import choice
 from .configs import FusedConfig, FusedShape, cdiv, next_pow2
 from .fused_tiles import BEFORE, E4M3, E5M2, INT8, NO_NORM, NO_QUANT, NVFP4, NORM_AFTER_C, NORM_BEFORE_C, NORM_NONE_C, \
-    PER_HEAD, PER_TENSOR, PLAIN, STORE_PLAIN, cache_slot, channels_scale, group_sum, head_scale, load_head, \
-    norm_switch, norm_weights, normed, read_scale, rsqrt_mean_square, sequence_span, store_channels, store_head
+    PER_HEAD, PER_TENSOR, PLAIN, STORE_PLAIN, cache_slot, channel_dot, channels_scale, group_sum, head_scale, \
+    load_head, norm_switch, norm_weights, normed, read_scale, rsqrt_mean_square, sequence_span, store_channels, \
+    store_head
 from .launch import KernelLaunch, _position_strides, launching_directly, plans
 from .groups import Dependency, Head, PositionForm, Types
 from .v4 import _cos_sin, _rotate, after_grid_before, program_blocks
@@ -441,7 +442,8 @@ def _backward_heads(
             g_a, g_b = _rotate(g_a, g_b, cos_a, sin_a, cos_b, sin_b, MATH_DTYPE, False)  # h = rotate(g, -θ)
             g_a, g_b = tl.where(pair_valid, g_a, 0.0), tl.where(pair_valid, g_b, 0.0)
         r = rsqrt_mean_square(x_a, x_b, x_t, eps, n_heads, NORM, HEAD.HEAD_DIM, MATH_DTYPE)
-        dot = group_sum(tl.sum(g_a * w_a * x_a, 2) + tl.sum(g_b * w_b * x_b, 2) + tl.sum(g_t * w_t * x_t, 2), NORM)
+        dot = group_sum(channel_dot(g_a * w_a, x_a) + channel_dot(g_b * w_b, x_b) + channel_dot(g_t * w_t, x_t),
+                        NORM)
         if NORM[2]:
             mean = dot / (n_heads * HEAD.HEAD_DIM)
         else:

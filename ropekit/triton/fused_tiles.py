@@ -14,8 +14,8 @@ __all__ = ["PLAIN", "E4M3", "E5M2", "INT8", "NVFP4", "PER_TENSOR", "PER_HEAD", "
            "NO_QUANT", "STORE_PLAIN", "float8_bits", "e4m3_bits", "e4m3_of", "e4m3_value", "e2m1_codes", "int8_values",
            "divided", "reciprocal", "quantised", "head_amax", "channels_amax", "read_scale", "cache_scale",
            "head_scale", "channels_scale", "store_reduced", "store_head", "store_channels", "store_nvfp4", "load_head",
-           "norm_weights", "group_sum", "rsqrt_mean_square", "normed", "NO_NORM", "BEFORE", "AFTER", "NORM_OFF",
-           "NORM_NONE_C", "NORM_BEFORE_C", "NORM_AFTER_C", "norm_switch", "cache_slot", "sequence_span"]
+           "norm_weights", "channel_dot", "group_sum", "rsqrt_mean_square", "normed", "NO_NORM", "BEFORE", "AFTER",
+           "NORM_OFF", "NORM_NONE_C", "NORM_BEFORE_C", "NORM_AFTER_C", "norm_switch", "cache_slot", "sequence_span"]
 
 
 # A store (an output, or a cache) travels as one tuple: (tensor, its strides, the scale, the scale's strides, the
@@ -470,12 +470,24 @@ def group_sum(per_head, NORM: tl.constexpr):
 
 
 @triton.jit
+def channel_dot(a, b):
+    """The sum over a tile's channels (axis 2) of ``a * b``, each product rounded before it is summed. Across a
+    warp's lanes the sum is a butterfly: each lane adds its partner's partial sum to its own. Left a plain product,
+    the compiler fuses a lane's own product into that addition (one rounding) while its partner adds the product
+    rounded (two), so lanes that hold one sum hold values an ulp apart: one head vector's channels are then scaled by
+    different factors, and a sum replicated across lanes, which each of them stores to shared memory, is a race of
+    different values (racecheck reports it). A product in an fma with a zero addend is rounded once and fuses with
+    nothing."""
+    return tl.sum(tl.fma(a, b, 0.0), 2)
+
+
+@triton.jit
 def rsqrt_mean_square(x_a, x_b, x_t, eps, n_heads, NORM: tl.constexpr, HEAD_DIM: tl.constexpr,
                       MATH_DTYPE: tl.constexpr):
     """``1 / sqrt(mean(x^2) + eps)`` over the norm's group: per head vector [BLOCK_S, BLOCK_H, 1], or over the
     token's ``n_heads`` heads together (NORM[2]) [BLOCK_S, 1, 1] (a correctly rounded square root: ``sqrt_rn`` in
     fp32; fp64's ``sqrt`` already is)."""
-    squares = group_sum(tl.sum(x_a * x_a, 2) + tl.sum(x_b * x_b, 2) + tl.sum(x_t * x_t, 2), NORM)
+    squares = group_sum(channel_dot(x_a, x_a) + channel_dot(x_b, x_b) + channel_dot(x_t, x_t), NORM)
     if NORM[2]:
         mean = squares / (n_heads * HEAD_DIM)
     else:
