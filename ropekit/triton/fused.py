@@ -442,8 +442,7 @@ def _backward_heads(
             g_a, g_b = _rotate(g_a, g_b, cos_a, sin_a, cos_b, sin_b, MATH_DTYPE, False)  # h = rotate(g, -θ)
             g_a, g_b = tl.where(pair_valid, g_a, 0.0), tl.where(pair_valid, g_b, 0.0)
         r = rsqrt_mean_square(x_a, x_b, x_t, eps, n_heads, NORM, HEAD.HEAD_DIM, MATH_DTYPE)
-        dot = group_sum(channel_dot(g_a * w_a, x_a) + channel_dot(g_b * w_b, x_b) + channel_dot(g_t * w_t, x_t),
-                        NORM)
+        dot = group_sum(channel_dot(g_a * w_a, x_a, g_b * w_b, x_b, g_t * w_t, x_t), NORM)
         if NORM[2]:
             mean = dot / (n_heads * HEAD.HEAD_DIM)
         else:

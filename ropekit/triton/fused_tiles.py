@@ -470,15 +470,16 @@ def group_sum(per_head, NORM: tl.constexpr):
 
 
 @triton.jit
-def channel_dot(a, b):
-    """The sum over a tile's channels (axis 2) of ``a * b``, each product rounded before it is summed. Across a
-    warp's lanes the sum is a butterfly: each lane adds its partner's partial sum to its own. Left a plain product,
-    the compiler fuses a lane's own product into that addition (one rounding) while its partner adds the product
-    rounded (two), so lanes that hold one sum hold values an ulp apart: one head vector's channels are then scaled by
-    different factors, and a sum replicated across lanes, which each of them stores to shared memory, is a race of
-    different values (racecheck reports it). A product in an fma with a zero addend is rounded once and fuses with
-    nothing."""
-    return tl.sum(tl.fma(a, b, 0.0), 2)
+def channel_dot(a_a, b_a, a_b, b_b, a_t, b_t):
+    """The sum of ``a * b`` over each head vector's channels (axis 2), given as pair halves and tail. Every lane that
+    holds part of one sum must end with the same value. Across a warp's lanes the sum is a butterfly: each lane adds
+    its partner's partial sum to its own. A partial that is a bare product, the compiler fuses into that addition
+    (one rounding) where the partner adds it rounded (two), and the two lanes' sums differ by an ulp: one head
+    vector's channels are then scaled by different factors, and a sum replicated across lanes, which each stores to
+    shared memory, is a race of different values (racecheck reports it). So no partial here is a bare product: the
+    halves' products are summed pair by pair first (one fma), and the tail's, summed alone, are rounded by an fma
+    with a zero addend."""
+    return tl.sum(a_a * b_a + a_b * b_b, 2) + tl.sum(tl.fma(a_t, b_t, 0.0), 2)
 
 
 @triton.jit
@@ -487,7 +488,7 @@ def rsqrt_mean_square(x_a, x_b, x_t, eps, n_heads, NORM: tl.constexpr, HEAD_DIM:
     """``1 / sqrt(mean(x^2) + eps)`` over the norm's group: per head vector [BLOCK_S, BLOCK_H, 1], or over the
     token's ``n_heads`` heads together (NORM[2]) [BLOCK_S, 1, 1] (a correctly rounded square root: ``sqrt_rn`` in
     fp32; fp64's ``sqrt`` already is)."""
-    squares = group_sum(channel_dot(x_a, x_a) + channel_dot(x_b, x_b) + channel_dot(x_t, x_t), NORM)
+    squares = group_sum(channel_dot(x_a, x_a, x_b, x_b, x_t, x_t), NORM)
     if NORM[2]:
         mean = squares / (n_heads * HEAD_DIM)
     else:
