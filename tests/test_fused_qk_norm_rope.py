@@ -369,11 +369,12 @@ def test_one_factor_scales_every_channel_of_a_norm_group(norm_over, tokens):
     """The norm scales every channel of its group (a head vector, or all heads of a token) by one factor r, so
     the lanes that share a reduction must agree on its sum (fused_tiles.channel_dot: a compiler that fuses a lane's
     own product into the cross-lane sum, and not its partner's, leaves them with sums an ulp apart). Probe channels
-    hold ±1 and ±2, one in every four channels, so that every lane holds one. At position 0 the rotation leaves a
-    channel as it is, and the weightless norm after it multiplies it by r exactly: out / x at a probe is r itself,
-    and must be one value across the group. The shape is the sanitizer driver's (80 channels, 48 of them rotated,
-    3 q heads and 1 k head). Where the lanes read r back from shared memory (a norm over all heads), they agree
-    whatever they stored, and the disagreement is what racecheck sees: the sanitize run covers that."""
+    hold ±1 and ±2, one in every four channels, so that lanes on both sides of the butterfly's first step (lanes 16
+    apart) hold probes. At position 0 the rotation leaves a channel as it is, and the weightless norm after it
+    multiplies it by r exactly: out / x at a probe is r itself, and must be one value across the group. The shape is
+    the sanitizer driver's (80 channels, 48 of them rotated, 3 q heads and 1 k head). Where the lanes read r back
+    from shared memory (a norm over all heads), they agree whatever they stored, and the disagreement is what
+    racecheck sees: the sanitize run covers that."""
     gen = torch.Generator(device="cuda").manual_seed(tokens)
     cos, sin = ropekit.cos_sin_table(64, 48, device="cuda")
     probes = torch.arange(80, device="cuda") % 4 == 0

@@ -473,12 +473,12 @@ def group_sum(per_head, NORM: tl.constexpr):
 def channel_dot(a_a, b_a, a_b, b_b, a_t, b_t):
     """The sum of ``a * b`` over each head vector's channels (axis 2), given as pair halves and tail. Every lane that
     holds part of one sum must end with the same value. Across a warp's lanes the sum is a butterfly: each lane adds
-    its partner's partial sum to its own. A partial that is a bare product, the compiler fuses into that addition
-    (one rounding) where the partner adds it rounded (two), and the two lanes' sums differ by an ulp: one head
-    vector's channels are then scaled by different factors, and a sum replicated across lanes, which each stores to
-    shared memory, is a race of different values (racecheck reports it). So no partial here is a bare product: the
-    halves' products are summed pair by pair first (one fma), and the tail's, summed alone, are rounded by an fma
-    with a zero addend."""
+    its partner's partial sum to its own. A partial that is a bare product, the compiler fuses into that addition, so
+    each lane rounds its own product once and its partner's twice, and the two lanes' sums differ by an ulp: one
+    head vector's channels are then scaled by different factors, and a factor computed from the sum and replicated
+    across lanes, which each stores to shared memory, is a race of different values (racecheck reports it). So no
+    partial here is a bare product: the halves' products are summed pair by pair first (one fma, whose result is
+    rounded: no multiply is left to fuse), and the tail's, summed alone, are rounded by an fma with a zero addend."""
     return tl.sum(a_a * b_a + a_b * b_b, 2) + tl.sum(tl.fma(a_t, b_t, 0.0), 2)
 
 
