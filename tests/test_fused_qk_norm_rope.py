@@ -401,22 +401,24 @@ def test_one_factor_scales_every_channel_of_a_norm_group(norm_over, tokens):
 
 
 @gpu_only
+@pytest.mark.parametrize("shape", ["qwen3", "driver"])
 @pytest.mark.parametrize("norm_over", ["head", "heads"])
-def test_the_backward_scales_every_channel_of_a_norm_group_by_one_factor(norm_over):
+def test_the_backward_scales_every_channel_of_a_norm_group_by_one_factor(norm_over, shape):
     """The backward of the norm before the rotation is dx = r * w * h - c * x, h the incoming gradient turned by -θ,
     c = r^3 * mean(h * w * x) over the group: one c a group, so the lanes that share its reductions (the mean square
     and the dot product, fused_tiles.channel_dot) must agree on them. The weights are 1; at probe channels, one in
-    every four (so that lanes on both sides of the butterfly's first step hold probes; a channel's NeoX partner, 64
-    apart, is a probe too), the gradient is 0 and x is ±1 or ±2: h is 0 there at any angle, dx = -c * x exactly,
-    and -dx / x is c itself, one value across the group. Qwen3's heads (128 channels, 8 q heads, 2 k heads),
-    float32."""
+    every four (so that lanes on both sides of the butterfly's first step hold probes; a channel's NeoX partner is a
+    probe too), the gradient is 0 and x is ±1 or ±2: h is 0 there at any angle, dx = -c * x exactly, and -dx / x is
+    c itself, one value across the group. Qwen3's heads (128 channels, 8 q heads, 2 k heads), and the sanitizer
+    driver's (80 channels, 48 of them rotated, 3 q heads, 1 k head); float32."""
     gen = torch.Generator(device="cuda").manual_seed(7)
     tokens = 4096
-    cos, sin = ropekit.cos_sin_table(tokens, 128, device="cuda")
-    probes = torch.arange(128, device="cuda") % 4 == 0
+    dim, rotary, hq, hk = (128, 128, 8, 2) if shape == "qwen3" else (80, 48, 3, 1)
+    cos, sin = ropekit.cos_sin_table(tokens, rotary, device="cuda")
+    probes = torch.arange(dim, device="cuda") % 4 == 0
 
     def make(heads):
-        x = torch.randn(1, tokens, heads, 128, device="cuda", generator=gen)
+        x = torch.randn(1, tokens, heads, dim, device="cuda", generator=gen)
         signs = torch.randint(0, 2, (1, tokens, heads, int(probes.sum())), device="cuda", generator=gen) * 2 - 1
         powers = torch.randint(0, 2, signs.shape, device="cuda", generator=gen)
         x[..., probes] = (signs * 2.0 ** powers).float()
@@ -424,9 +426,9 @@ def test_the_backward_scales_every_channel_of_a_norm_group_by_one_factor(norm_ov
         grad[..., probes] = 0.0
         return x.requires_grad_(), grad
 
-    (q, g_q), (k, g_k) = make(8), make(2)
-    heads_q, heads_k = (8 if norm_over == "heads" else 1), (2 if norm_over == "heads" else 1)
-    w_q, w_k = torch.ones(heads_q * 128, device="cuda"), torch.ones(heads_k * 128, device="cuda")
+    (q, g_q), (k, g_k) = make(hq), make(hk)
+    w_q = torch.ones((hq if norm_over == "heads" else 1) * dim, device="cuda")
+    w_k = torch.ones((hk if norm_over == "heads" else 1) * dim, device="cuda")
     out_q, out_k = ropekit.qk_norm_rope(q, k, cos, sin, w_q, w_k, positions=torch.zeros(1, dtype=torch.int64,
                                         device="cuda"), eps=1e-6, norm_over=norm_over)
     torch.autograd.backward((out_q, out_k), (g_q, g_k))
