@@ -17,9 +17,14 @@ def asymmetric(text):
             hits += 1
         dest = args[1] if op.startswith("SHFL") and len(args) > 1 else (args[0] if args else "")
         if re.fullmatch(r"R\d+", dest):
-            last[dest] = "SHFL" if op.startswith("SHFL") else op
+            # a 64- or 128-bit result (a float64, a wide load or multiply, a matrix load of 2 or 4) writes the
+            # registers after its first too
+            width = 4 if (".128" in op or (op.startswith("LDSM") and op.endswith(".4"))) else \
+                2 if (".64" in op or ".WIDE" in op or op[:4] in ("DADD", "DMUL", "DFMA")
+                      or (op.startswith("LDSM") and op.endswith(".2"))) else 1
+            for j in range(width):
+                last[f"R{int(dest[1:]) + j}"] = "SHFL" if op.startswith("SHFL") else op
     return hits, n
-
 
 
 for path in sys.argv[1:]:
