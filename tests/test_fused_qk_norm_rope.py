@@ -362,6 +362,16 @@ def test_a_head_whose_sum_of_squares_overflows_float32_comes_out_as_zeros(dtype)
     assert torch.equal(out[0, 0, 1], torch.zeros_like(out[0, 0, 1]))
 
 
+def with_probes(shape, probes, gen):
+    """Random float32 values of ``shape`` on the GPU whose channels at ``probes`` hold ±1 or ±2: a product with such a
+    value is exact, so a factor it meets shows in the result unrounded."""
+    x = torch.randn(shape, device="cuda", generator=gen)
+    signs = torch.randint(0, 2, (*shape[:-1], int(probes.sum())), device="cuda", generator=gen) * 2 - 1
+    powers = torch.randint(0, 2, signs.shape, device="cuda", generator=gen)
+    x[..., probes] = (signs * 2.0 ** powers).float()
+    return x
+
+
 @gpu_only
 @pytest.mark.parametrize("tokens", [64, 4096])
 @pytest.mark.parametrize("norm_over", ["head", "heads"])
@@ -379,14 +389,7 @@ def test_one_factor_scales_every_channel_of_a_norm_group(norm_over, tokens):
     cos, sin = ropekit.cos_sin_table(64, 48, device="cuda")
     probes = torch.arange(80, device="cuda") % 4 == 0
 
-    def make(heads):
-        x = torch.randn(tokens, heads, 80, device="cuda", generator=gen)
-        signs = torch.randint(0, 2, (tokens, heads, int(probes.sum())), device="cuda", generator=gen) * 2 - 1
-        powers = torch.randint(0, 2, signs.shape, device="cuda", generator=gen)
-        x[..., probes] = (signs * 2.0 ** powers).float()
-        return x
-
-    q, k = make(3), make(1)
+    q, k = with_probes((tokens, 3, 80), probes, gen), with_probes((tokens, 1, 80), probes, gen)
     k_cache = torch.zeros(tokens // 8 + 1, 8, 1, 80, device="cuda")
     out_q, out_k = ropekit.rope_and_cache(
         q, k, None, cos, sin, k_cache=k_cache, slot_mapping=torch.randperm(tokens, device="cuda", generator=gen),
@@ -418,10 +421,7 @@ def test_the_backward_scales_every_channel_of_a_norm_group_by_one_factor(norm_ov
     probes = torch.arange(dim, device="cuda") % 4 == 0
 
     def make(heads):
-        x = torch.randn(1, tokens, heads, dim, device="cuda", generator=gen)
-        signs = torch.randint(0, 2, (1, tokens, heads, int(probes.sum())), device="cuda", generator=gen) * 2 - 1
-        powers = torch.randint(0, 2, signs.shape, device="cuda", generator=gen)
-        x[..., probes] = (signs * 2.0 ** powers).float()
+        x = with_probes((1, tokens, heads, dim), probes, gen)
         grad = torch.randn(x.shape, device="cuda", generator=gen)
         grad[..., probes] = 0.0
         return x.requires_grad_(), grad

@@ -88,8 +88,8 @@ def candidates(case) -> list[FusedConfig]:
     heads = max(case.heads_q, case.heads_kv)
     apart = (False, True) if _kind(case) == "decode" and case_shape(case).reduces_scales else (False,)
     choice = _table_choice(case)
-    tiles = [choice] + [FusedConfig(*fields)._replace(block_h=min(fields[1], 1 << (heads - 1).bit_length()))
-                        for fields in SWEEP[_kind(case)]]
+    swept = (FusedConfig(*fields) for fields in SWEEP[_kind(case)])
+    tiles = [choice] + [c._replace(block_h=min(c.block_h, 1 << (heads - 1).bit_length())) for c in swept]
     out = [choice]
     for config in (tile._replace(v_apart=v_apart) for tile in tiles for v_apart in apart):
         if config not in out:
