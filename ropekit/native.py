@@ -23,6 +23,10 @@ The semantics are the kernels' (docs/api.md, docs/fused.md):
   slot or row outside the cache (-1 among them) writes nothing. A quantised cache receives ``x / scale`` (float32,
   correctly rounded) rounded to float8 e4m3 or e5m2 (saturating at +-448, +-57344) or int8 (saturating at
   [-128, 127]), at one scale, one a head, or one a (token, head) computed from the values and written beside.
+* A rotated tile that only one store at one scale reads (a float8 q; k into a float8 or int8 cache at a per-tensor
+  scale, k's own output not written; the norm, if any, before the rotation) is rotated by the angles times
+  ``1 / scale`` (float32, correctly rounded): its rotated channels store their format's rounding of that rotation,
+  the channels past ``rotary_dim`` ``x / scale``.
 
 The operations run in the kernels' order, so the bits are the interpreter's (and the GPU's, where it does not contract
 a product and a sum into one FMA), except the norm's sum of squares and the weight gradient's sums, whose order of
@@ -334,6 +338,17 @@ def _write_cache(cache, places, values, scale, quant: tuple, global_scale=None) 
     cache[block[written], row[written]] = quantised(values, scale, fmt)
 
 
+def _one_scale(i: int, out, q_format: int, q_scale, cache_mode: int, quant: tuple, k_scale, norm: int):
+    """The one scale that the only store of q (``i`` 0) or k (1) divides by, where the kernel folds its reciprocal
+    into the angles (ropekit.triton.fused_tiles.one_scale); else None."""
+    if norm == AFTER:
+        return None
+    if i == 0:
+        return q_scale if out is not None and q_format != PLAIN else None
+    one = cache_mode and quant[0] in (E4M3, E5M2, INT8) and quant[1] == PER_TENSOR and out is None
+    return k_scale if one else None
+
+
 def _group_mean(per_head: torch.Tensor, head_dim: int, over_heads: bool) -> torch.Tensor:
     """The mean of ``(..., heads)`` sums over each head vector's ``head_dim`` values, or over a token's heads
     together (``(..., 1)``): the norm's group."""
@@ -417,18 +432,24 @@ def fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, interleav
         if norm == BEFORE:
             r = _rsqrt_mean_square(x_a, x_b, x_t, eps, head_dim, over_heads)
             x_a, x_b, x_t = x_a * r * w_a, x_b * r * w_b, x_t * r * w_t
-        y_a, y_b = _rotate(x_a, x_b, *angles)
+        scale = _one_scale(i, out, q_format, q_scale, cache_mode, quant, k_scale, norm)
+        if scale is not None:  # the rotation's values are the quotients; the channels past rotary_dim are divided
+            inverse = torch.reciprocal(scale.reshape(()).to(math))
+            y_a, y_b = _rotate(x_a, x_b, *(angle * inverse for angle in angles))
+            x_t = x_t / scale.reshape(()).to(math)
+        else:
+            y_a, y_b = _rotate(x_a, x_b, *angles)
         if norm == AFTER:
             r = _rsqrt_mean_square(y_a, y_b, x_t, eps, head_dim, over_heads)
             y_a, y_b, x_t = y_a * r * w_a, y_b * r * w_b, x_t * r * w_t
         y = torch.cat((_joined(y_a, y_b, interleaved), x_t), -1)
         if i == 1 and cache_mode:
             places = _cache_places(tokens, seqlen, cache_mode, slots, page_table, block_size, cache_len)
-            _write_cache(k_cache, places, y, k_scale, quant, k_global)
+            _write_cache(k_cache, places, y, k_scale if scale is None else torch.ones_like(k_scale), quant, k_global)
             if v is not None:
                 _write_cache(v_cache, places, tokens.take(v), v_scale, quant, v_global)
         if out is not None:
             if i == 0 and q_format != PLAIN:  # a float8 q at one scale
-                y = quantised(y, q_scale.reshape(()), q_format)
+                y = quantised(y, q_scale.reshape(()) if scale is None else torch.ones((), device=y.device), q_format)
             tokens.put(out, slice(0, head_dim if write_tail else rotary_dim), y if write_tail else y[..., :rotary_dim])
     return dw

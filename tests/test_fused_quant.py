@@ -445,6 +445,65 @@ def test_a_float8_q_reads_back_within_half_a_spacing(fmt, backend):
     assert bool((error <= bound).all()), float((error / bound).max())
 
 
+def near_midpoints(dtype: torch.dtype, scale: float, count: int = 32) -> torch.Tensor:
+    """float32 values x whose product with the float32 reciprocal of ``scale`` and whose quotient by it (each rounded
+    to float32) round to different values of the format: x within a few float32 spacings of ``scale`` times a
+    midpoint between two of the format's values, kept where the two roundings part."""
+    if dtype == INT8:
+        grid = torch.arange(-100.0, 101.0, dtype=torch.float64)
+    else:
+        grid = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(dtype).double()
+        grid = grid[torch.isfinite(grid)].unique()
+        grid = grid[(grid.abs() >= 0.25) & (grid.abs() <= 256)]
+    middles = ((grid[1:] + grid[:-1]) / 2 * scale).float()
+    middles = middles[middles != 0]  # (0's neighbours in bits are NaNs and the smallest subnormals)
+    steps = torch.arange(-6, 7, dtype=torch.int32)
+    x = (middles.view(torch.int32)[:, None] + steps[None, :]).view(torch.float32).flatten()
+    inverse = torch.reciprocal(torch.tensor(scale, dtype=torch.float32))
+    parted = store_of(x * inverse, dtype) != store_of(x / scale, dtype)
+    return x[parted][:count]
+
+
+def store_of(quotients: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The format's stored value (float64) of float32 quotients: rounded to nearest even, saturating."""
+    if dtype == INT8:
+        return torch.round(quotients.double().clamp(-128, 127))
+    largest = torch.finfo(dtype).max
+    return quotients.clamp(-largest, largest).to(dtype).double()
+
+
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_a_tile_at_one_scale_turns_by_the_angles_over_the_scale(fmt, backend):
+    """A float8 q, and k into a cache at one per-tensor scale, are rotated by cos and sin times the scale's
+    reciprocal (float32, correctly rounded; each product rounded): at position 0 (cos 1, sin 0) a rotated channel
+    stores the format's rounding of x * (1 / scale), one float32 rounding. The values are chosen where that and the
+    quotient x / scale store different values; the channels past rotary_dim store the quotient's, as does k
+    written beside its own output (a second store of the rotated values)."""
+    dtype, kv_cache_dtype = FORMATS[fmt]
+    scale, rotary_dim = 7.0, 8
+    x = near_midpoints(dtype, scale)
+    assert x.numel() == 32
+    tokens = 4
+    values = torch.cat([x.view(tokens, 1, 8)] * 2, -1).to(DEVICE)  # each value rotated, and in the tail
+    inverse = torch.reciprocal(torch.tensor(scale, dtype=torch.float32))
+    turned, divided = store_of(values.cpu() * inverse, dtype), store_of(values.cpu() / scale, dtype)
+    want = torch.cat([turned[..., :rotary_dim], divided[..., rotary_dim:]], -1)
+    cos, sin = ropekit.cos_sin_table(1, rotary_dim, device=DEVICE)
+    one = torch.tensor([scale], device=DEVICE)
+    for write_k in (False, True):
+        k_cache = torch.zeros(tokens, 1, 1, 16, device=DEVICE, dtype=dtype)
+        out_q, out_k = ropekit.rope_and_cache(
+            values[None], values[None], None, cos, sin, k_cache=k_cache, slot_mapping=torch.arange(tokens,
+            device=DEVICE), k_scale=one, kv_cache_dtype=kv_cache_dtype, positions=torch.zeros(
+            1, tokens, dtype=torch.int64, device=DEVICE), rotary_dim=rotary_dim, write_k=write_k,
+            **({} if dtype == INT8 else dict(q_dtype=dtype, q_scale=one)))
+        stored = k_cache.view(tokens, 1, 16).cpu().double()
+        assert torch.equal(stored, divided if write_k else want), write_k
+        if dtype != INT8:
+            assert torch.equal(out_q[0].cpu().double(), want)
+    assert bool((turned[..., :rotary_dim] != divided[..., :rotary_dim]).all())
+
+
 @pytest.mark.parametrize("bad,error,name", [
     (dict(q_dtype=torch.int8, q_scale="one"), TypeError, "q_dtype"),
     (dict(q_dtype=E4M3, q_scale="one", inplace=True), ValueError, "q_dtype"),
@@ -596,6 +655,26 @@ def test_nvfp4_reader_round_trip(pairing, rotary_dim, kv_layout, backend):
                        values * blocks.repeat_interleave(16, -1) * 2.0**-7)
     for b, a in zip(before, (k_cache, v_cache, k_blocks, v_blocks)):
         assert_untouched(*(t.transpose(1, 2) if kv_layout == "HND" else t for t in (b, a)), slots)
+
+
+def test_nvfp4_a_zero_block_scale_stores_zeros_of_the_values_signs(backend):
+    """A block whose amax / (6 global) rounds to e4m3's zero (values up to 0.5 at a global scale of 100: 8.3e-4,
+    below half e4m3's smallest subnormal) stores the scale 0 and zeros of its values' signs (a NaN's too), where
+    e2m1 of the values themselves would not be zero; a block beside it at a normal scale stores its codes."""
+    v = torch.tensor([0.5, -0.5, 0.4, -0.3, float("nan"), -float("nan"), 0.0, -0.0] * 2 + [600.0, -300.0] * 8)
+    v = v.view(1, 1, 1, 32).to(DEVICE)
+    k = torch.zeros_like(v)
+    k_cache, v_cache = (torch.full((1, 1, 1, 16), 0x77, dtype=torch.uint8, device=DEVICE) for _ in range(2))
+    k_blocks, v_blocks = (torch.full((1, 1, 1, 2), 0x33, dtype=torch.uint8, device=DEVICE).view(E4M3)
+                          for _ in range(2))
+    g = torch.tensor([100.0], device=DEVICE)
+    ropekit.rope_and_cache(k, k, v, *ropekit.cos_sin_table(1, 32, device=DEVICE), k_cache=k_cache, v_cache=v_cache,
+                           slot_mapping=torch.zeros(1, dtype=torch.int64, device=DEVICE), k_scale=g, v_scale=g,
+                           k_scale_cache=k_blocks, v_scale_cache=v_blocks, kv_cache_dtype="nvfp4")
+    assert v_blocks.view(torch.uint8).flatten().tolist() == [0, 0x38]  # 0; e4m3(600 / 600) = 1.0
+    nibbles = [0x0, 0x8, 0x0, 0x8, 0x0, 0x8, 0x0, 0x8] * 2 + [0x7, 0xD] * 8  # -300 / 100 = -3: code 5, signed
+    want = [low | high << 4 for low, high in zip(nibbles[0::2], nibbles[1::2])]
+    assert v_cache.flatten().tolist() == want
 
 
 def test_nvfp4_both_backends_store_the_same_bytes():

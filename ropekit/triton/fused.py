@@ -62,8 +62,8 @@ from . import choice
 from .configs import FusedConfig, FusedShape, cdiv, next_pow2
 from .fused_tiles import BEFORE, E4M3, E5M2, INT8, NO_NORM, NO_QUANT, NVFP4, NORM_AFTER_C, NORM_BEFORE_C, NORM_NONE_C, \
     PER_HEAD, PER_TENSOR, PLAIN, STORE_PLAIN, cache_slot, channel_dot, channels_scale, group_sum, head_scale, \
-    load_head, norm_switch, norm_weights, normed, read_scale, rsqrt_mean_square, sequence_span, store_channels, \
-    store_head
+    load_head, norm_switch, norm_weights, normed, one_scale, read_scale, reciprocal, rsqrt_mean_square, \
+    sequence_span, store_channels, store_head
 from .launch import KernelLaunch, _position_strides, launching_directly, plans
 from .groups import Dependency, Head, PositionForm, Types
 from .v4 import _cos_sin, _rotate, after_grid_before, program_blocks
@@ -258,6 +258,18 @@ def _forward_heads(
         w_a, w_b, w_t = norm_weights(weight, heads, head_mask, weight_offset, NORM, HEAD, MATH_DTYPE)
     if NORM[0] == NORM_BEFORE_C:
         x_a, x_b, x_t, r = normed(x_a, x_b, x_t, w_a, w_b, w_t, eps, n_heads, NORM, HEAD, MATH_DTYPE)
+    # A rotated tile that only one store at one float scale reads (a float8 q; k into a float8 or int8 cache at a
+    # per-tensor scale, k's own output not written) turns by the angles times the scale's reciprocal: its values
+    # are then the quotients, stored without a division of their own. These stores are bound by the instructions
+    # each byte costs, not by the bytes (docs/tuning.md#fused-launch-table). A norm after the rotation needs the
+    # values themselves.
+    if TO_CACHE:
+        SCALED: tl.constexpr = one_scale(QUANT) and CACHE_MODE != 0 and not WRITE_OUT and NORM[0] != NORM_AFTER_C
+    else:
+        SCALED: tl.constexpr = one_scale(OUT_QUANT) and WRITE_OUT and NORM[0] != NORM_AFTER_C
+    if SCALED:
+        inverse = reciprocal(k_read if TO_CACHE else out_read, False)
+        cos_a, sin_a, cos_b, sin_b = cos_a * inverse, sin_a * inverse, cos_b * inverse, sin_b * inverse
     y_a, y_b = _rotate(x_a, x_b, cos_a, sin_a, cos_b, sin_b, MATH_DTYPE, False)
     if NORM[0] == NORM_AFTER_C:
         y_a, y_b, x_t, r = normed(y_a, y_b, x_t, w_a, w_b, w_t, eps, n_heads, NORM, HEAD, MATH_DTYPE)
@@ -265,7 +277,7 @@ def _forward_heads(
         # the output in its dtype, or (OUT_QUANT: a float8 q for float8 attention) at one scale
         out_scale = head_scale(out, None, None, heads, mask, out_read, y_a, y_b, x_t, HEAD, OUT_QUANT)
         store_head(OUT, _rows(out_strides, batch_index, token_rows, heads), mask, y_a, y_b, x_t, out_strides[3],
-                   out_scale, HEAD, BLOCK_S, BLOCK_H, WRITE_TAIL, OUT_QUANT, EVICT, False)
+                   out_scale, HEAD, BLOCK_S, BLOCK_H, WRITE_TAIL, OUT_QUANT, EVICT, False, SCALED)
     if CACHE_MODE != 0:
         c_mask = cache_mask[:, None] & head_mask[None, :]
         c_heads = heads.to(tl.int64)
@@ -275,7 +287,7 @@ def _forward_heads(
         k_scale = head_scale(k_cache, cache_block, cache_row, c_heads, c_mask, k_read, y_a, y_b, x_t, HEAD, QUANT)
         K_CACHE, k_cache_strides = k_cache[0], k_cache[1]
         store_head(K_CACHE, _rows(k_cache_strides, cache_block[:, None], cache_row, c_heads), c_mask, y_a, y_b, x_t,
-                   k_cache_strides[3], k_scale, HEAD, BLOCK_S, BLOCK_H, True, QUANT, EVICT, False)
+                   k_cache_strides[3], k_scale, HEAD, BLOCK_S, BLOCK_H, True, QUANT, EVICT, False, SCALED)
         if HAS_V:  # v passes through
             _store_values(v_cache, cache_block, cache_row, c_heads, c_mask, v_read, v_values, v_channel_mask, QUANT,
                           EVICT)
@@ -452,7 +464,7 @@ def _backward_heads(
         if NORM[0] == NORM_AFTER_C:
             dx_a, dx_b = _rotate(dx_a, dx_b, cos_a, sin_a, cos_b, sin_b, MATH_DTYPE, False)
         store_head(DX, _rows(dx_strides, batch_index, token_rows, heads), mask, dx_a, dx_b, dx_t, dx_strides[3], 1.0,
-                   HEAD, BLOCK_S, BLOCK_H, True, STORE_PLAIN, EVICT, False)
+                   HEAD, BLOCK_S, BLOCK_H, True, STORE_PLAIN, EVICT, False, False)
         acc_a += g_a * x_a * r
         acc_b += g_b * x_b * r
         acc_t += g_t * x_t * r
@@ -467,7 +479,7 @@ def _backward_heads(
         origin = tl.zeros([1, 1], dtype=tl.int64) + dw_offset
         where = origin >= 0
     store_head(dw[0], origin, where, dw_a, dw_b, dw_t, 1, 1.0, HEAD, 1, origin.shape[1], True, STORE_PLAIN, "",
-               DW_ATOMIC)
+               DW_ATOMIC, False)
 
 
 @triton.jit

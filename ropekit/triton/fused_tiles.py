@@ -12,7 +12,7 @@ from .v4 import _load_pairs
 
 __all__ = ["PLAIN", "E4M3", "E5M2", "INT8", "NVFP4", "PER_TENSOR", "PER_HEAD", "PER_TOKEN_HEAD", "PER_BLOCK",
            "NO_QUANT", "STORE_PLAIN", "float8_bits", "e4m3_bits", "e4m3_of", "e4m3_value", "e2m1_codes", "int8_values",
-           "divided", "reciprocal", "quantised", "head_amax", "channels_amax", "read_scale", "cache_scale",
+           "divided", "reciprocal", "quantised", "one_scale", "head_amax", "channels_amax", "read_scale", "cache_scale",
            "head_scale", "channels_scale", "store_reduced", "store_head", "store_channels", "store_nvfp4", "load_head",
            "norm_weights", "channel_dot", "group_sum", "rsqrt_mean_square", "normed", "NO_NORM", "BEFORE", "AFTER",
            "NORM_OFF", "NORM_NONE_C", "NORM_BEFORE_C", "NORM_AFTER_C", "norm_switch", "cache_slot", "sequence_span"]
@@ -117,14 +117,14 @@ def e4m3_value(code):
 def e2m1_codes(x):
     """The e2m1 nibbles (uint8, 0-15) of fp32 ``x``: sign in bit 3 (x's sign bit), magnitude code 0-7 for 0, 0.5, 1,
     1.5, 2, 3, 4, 6; to nearest, ties to the even code, saturating at 6 (infinities too); NaN gives a zero of its
-    sign. e2m1's magnitudes are a float format of one mantissa bit: spacing 0.5 below 2, 1 below 4, 2 from 4. Scaled
-    to spacing 1 (exact: a power of two), the magnitude added to 1.5 * 2**23 plus the codes below its range rounds,
-    ties to even, to the code in the sum's low mantissa bits: one rounding, the same on the GPU and the interpreter."""
+    sign. e2m1's magnitudes are a float format of one mantissa bit: spacing 0.5 below 2, 1 below 4, 2 from 4. The
+    magnitude added to 1.5 * 2**22, 2**23 or 2**24 (whose fp32 spacing is e2m1's there: 0.5, 1, 2) plus the codes
+    below its range (0, 2, 4, in units of that spacing) rounds, ties to even, to the code in the sum's low mantissa
+    bits: one rounding, the same on the GPU and the interpreter."""
     m = tl.abs(x)
     m = tl.where(m > 6.0, 6.0, m)
-    low, mid = m < 2.0, m < 4.0
-    scaled = tl.where(low, m * 2.0, tl.where(mid, m, m * 0.5))
-    code = (scaled + tl.where(low, 12582912.0, tl.where(mid, 12582914.0, 12582916.0))).to(tl.uint32, bitcast=True) & 7
+    base = tl.where(m < 2.0, 6291456.0, tl.where(m < 4.0, 12582912.0 + 2.0, 25165824.0 + 8.0))
+    code = (m + base).to(tl.uint32, bitcast=True) & 7
     code = tl.where(m == m, code, 0)  # NaN fails every comparison above
     sign = (x.to(tl.uint32, bitcast=True) >> 28) & 0x8
     return (code | sign).to(tl.uint8)
@@ -195,11 +195,22 @@ def reciprocal(scale, NATIVE: tl.constexpr):
     return inverse
 
 
+@triton.constexpr_function
+def one_scale(quant):
+    """Whether a store ``quant`` divides every value by one float: float8 or int8 at a per-tensor scale (a float8
+    q's, or a cache's). A rotated tile stored so turns by angles scaled by the reciprocal instead
+    (ropekit.triton.fused: each value is then stored without a division of its own)."""
+    return quant[0] in (E4M3, E5M2, INT8) and quant[1] == PER_TENSOR
+
+
 @triton.jit
 def quantised(values, scale, QUANT: tl.constexpr):
     """``values / scale`` (the quotient correctly rounded to fp32: the one the float64 reference rounds) in QUANT's
-    format: float8 bits, or int8 values."""
-    quotient = divided(values.to(tl.float32), scale, False)
+    format: float8 bits, or int8 values; ``scale`` None: the values are the quotients already."""
+    if scale is None:
+        quotient = values.to(tl.float32)
+    else:
+        quotient = divided(values.to(tl.float32), scale, False)
     if QUANT[0] == _INT8:
         stored = int8_values(quotient, QUANT[2])
     elif QUANT[0] == _E5M2:
@@ -345,21 +356,23 @@ def channels_scale(store, block, row, heads, mask, read, values, channel_mask, Q
 @triton.jit
 def store_head(OUT, rows, mask, y_a, y_b, y_t, stride_d, scale, HEAD: tl.constexpr, BLOCK_S: tl.constexpr,
                BLOCK_H: tl.constexpr, WRITE_TAIL: tl.constexpr, QUANT: tl.constexpr, EVICT: tl.constexpr,
-               ATOMIC: tl.constexpr):
+               ATOMIC: tl.constexpr, SCALED: tl.constexpr):
     """Store a [BLOCK_S, BLOCK_H] tile of head vectors given as pair halves (and the tail past ROTARY_DIM), cast to
     OUT's dtype, or quantised at ``scale`` as QUANT says (:func:`store_channels`); with ATOMIC, add them to what
-    OUT holds."""
+    OUT holds. SCALED: the pair halves are the quotients already (rotated by angles over the scale), the tail is
+    divided here."""
+    pairs_scale = None if SCALED else scale
     if HEAD.INTERLEAVED:
         channels = tl.arange(0, 2 * HEAD.BLOCK_HALF)
         CHANNELS: tl.constexpr = 2 * HEAD.BLOCK_HALF  # (a shape's extents are constexprs, not fields)
         y = tl.reshape(tl.join(y_a, y_b), [BLOCK_S, BLOCK_H, CHANNELS])
         store_channels(OUT, rows, 0, y, mask[:, :, None] & (channels < HEAD.ROTARY_DIM)[None, None, :], stride_d,
-                       scale, QUANT, EVICT, ATOMIC)
+                       pairs_scale, QUANT, EVICT, ATOMIC)
     else:
         pairs = tl.arange(0, HEAD.BLOCK_HALF)
         pair_mask = mask[:, :, None] & (pairs < HEAD.ROTARY_DIM // 2)[None, None, :]
-        store_channels(OUT, rows, 0, y_a, pair_mask, stride_d, scale, QUANT, EVICT, ATOMIC)
-        store_channels(OUT, rows, HEAD.ROTARY_DIM // 2, y_b, pair_mask, stride_d, scale, QUANT, EVICT, ATOMIC)
+        store_channels(OUT, rows, 0, y_a, pair_mask, stride_d, pairs_scale, QUANT, EVICT, ATOMIC)
+        store_channels(OUT, rows, HEAD.ROTARY_DIM // 2, y_b, pair_mask, stride_d, pairs_scale, QUANT, EVICT, ATOMIC)
     if WRITE_TAIL and HEAD.ROTARY_DIM < HEAD.HEAD_DIM:
         tail = HEAD.ROTARY_DIM + tl.arange(0, HEAD.BLOCK_TAIL)
         tail_mask = mask[:, :, None] & (tail < HEAD.HEAD_DIM)[None, None, :]
@@ -408,8 +421,8 @@ def store_nvfp4(OUT, rows, FIRST: tl.constexpr, values, mask, stride_d, scale, N
     amax = tl.maximum(largest, 0.0)
     block_bits = e4m3_of(tl.div_rn(amax, 6.0 * global_scale), NATIVE)
     dequant = (e4m3_value(block_bits) * global_scale)[:, :, :, None]
-    quotient = divided(x, tl.where(dequant == 0.0, 1.0, dequant), NATIVE)
-    quotient = tl.where(dequant == 0.0, x * 0.0, quotient)
+    # a zero block scale stores zeros of the values' signs: the quotients by an infinite scale
+    quotient = divided(x, tl.where(dequant == 0.0, float("inf"), dequant), NATIVE)
     low, high = tl.split(tl.reshape(e2m1_codes(quotient), [S, H, C // 2, 2]))
     byte_mask, _ = tl.split(tl.reshape(in_block, [S, H, C // 2, 2]))
     byte_mask = tl.max_constancy(byte_mask, [1, 1, 8])  # whole 16-channel blocks are masked (the validation's rule)
