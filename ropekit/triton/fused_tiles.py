@@ -421,8 +421,8 @@ def store_nvfp4(OUT, rows, FIRST: tl.constexpr, values, mask, stride_d, scale, N
     amax = tl.maximum(largest, 0.0)
     block_bits = e4m3_of(tl.div_rn(amax, 6.0 * global_scale), NATIVE)
     dequant = (e4m3_value(block_bits) * global_scale)[:, :, :, None]
-    # a zero block scale stores zeros of the values' signs: the quotients by an infinite scale
-    quotient = divided(x, tl.where(dequant == 0.0, float("inf"), dequant), NATIVE)
+    quotient = divided(x, tl.where(dequant == 0.0, 1.0, dequant), NATIVE)
+    quotient = tl.where(dequant == 0.0, x * 0.0, quotient)
     low, high = tl.split(tl.reshape(e2m1_codes(quotient), [S, H, C // 2, 2]))
     byte_mask, _ = tl.split(tl.reshape(in_block, [S, H, C // 2, 2]))
     byte_mask = tl.max_constancy(byte_mask, [1, 1, 8])  # whole 16-channel blocks are masked (the validation's rule)
