@@ -434,9 +434,10 @@ def fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, interleav
             x_a, x_b, x_t = x_a * r * w_a, x_b * r * w_b, x_t * r * w_t
         scale = _one_scale(i, out, q_format, q_scale, cache_mode, quant, k_scale, norm)
         if scale is not None:  # the rotation's values are the quotients; the channels past rotary_dim are divided
-            inverse = torch.reciprocal(scale.reshape(()).to(math))
-            y_a, y_b = _rotate(x_a, x_b, *(angle * inverse for angle in angles))
-            x_t = x_t / scale.reshape(()).to(math)
+            # (the reciprocal and the tail's quotient in float32, as the kernel's store takes them)
+            one = scale.reshape(()).to(torch.float32)
+            y_a, y_b = _rotate(x_a, x_b, *(angle * torch.reciprocal(one).to(math) for angle in angles))
+            x_t = (x_t.to(torch.float32) / one).to(math)
         else:
             y_a, y_b = _rotate(x_a, x_b, *angles)
         if norm == AFTER:

@@ -472,13 +472,15 @@ def store_of(quotients: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return quotients.clamp(-largest, largest).to(dtype).double()
 
 
+@pytest.mark.parametrize("x_dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("fmt", list(FORMATS))
-def test_a_tile_at_one_scale_turns_by_the_angles_over_the_scale(fmt, backend):
+def test_a_tile_at_one_scale_turns_by_the_angles_over_the_scale(fmt, x_dtype, backend):
     """A float8 q, and k into a cache at one per-tensor scale, are rotated by cos and sin times the scale's
-    reciprocal (float32, correctly rounded; each product rounded): at position 0 (cos 1, sin 0) a rotated channel
-    stores the format's rounding of x * (1 / scale), one float32 rounding. The values are chosen where that and the
-    quotient x / scale store different values; the channels past rotary_dim store the quotient's, as does k
-    written beside its own output (a second store of the rotated values)."""
+    reciprocal (float32, correctly rounded; the products in the math dtype): at position 0 (cos 1, sin 0) a rotated
+    channel stores the format's rounding of x * (1 / scale), one float32 rounding (float64 inputs of float32 values:
+    the product is exact, then rounded once). The values are chosen where that and the quotient x / scale store
+    different values; the channels past rotary_dim store the quotient's, as does k written beside its own output (a
+    second store of the rotated values)."""
     dtype, kv_cache_dtype = FORMATS[fmt]
     scale, rotary_dim = 7.0, 8
     x = near_midpoints(dtype, scale)
@@ -493,7 +495,7 @@ def test_a_tile_at_one_scale_turns_by_the_angles_over_the_scale(fmt, backend):
     for write_k in (False, True):
         k_cache = torch.zeros(tokens, 1, 1, 16, device=DEVICE, dtype=dtype)
         out_q, out_k = ropekit.rope_and_cache(
-            values[None], values[None], None, cos, sin, k_cache=k_cache, slot_mapping=torch.arange(tokens,
+            values[None].to(x_dtype), values[None].to(x_dtype), None, cos, sin, k_cache=k_cache, slot_mapping=torch.arange(tokens,
             device=DEVICE), k_scale=one, kv_cache_dtype=kv_cache_dtype, positions=torch.zeros(
             1, tokens, dtype=torch.int64, device=DEVICE), rotary_dim=rotary_dim, write_k=write_k,
             **({} if dtype == INT8 else dict(q_dtype=dtype, q_scale=one)))
