@@ -460,16 +460,8 @@ def near_midpoints(dtype: torch.dtype, scale: float, count: int = 32) -> torch.T
     steps = torch.arange(-6, 7, dtype=torch.int32)
     x = (middles.view(torch.int32)[:, None] + steps[None, :]).view(torch.float32).flatten()
     inverse = torch.reciprocal(torch.tensor(scale, dtype=torch.float32))
-    parted = store_of(x * inverse, dtype) != store_of(x / scale, dtype)
+    parted = ref.quantise(x * inverse, 1.0, dtype) != ref.quantise(x / scale, 1.0, dtype)  # (float32 quotients)
     return x[parted][:count]
-
-
-def store_of(quotients: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """The format's stored value (float64) of float32 quotients: rounded to nearest even, saturating."""
-    if dtype == INT8:
-        return torch.round(quotients.double().clamp(-128, 127))
-    largest = torch.finfo(dtype).max
-    return quotients.clamp(-largest, largest).to(dtype).double()
 
 
 @pytest.mark.parametrize("x_dtype", [torch.float32, torch.float64])
@@ -488,7 +480,8 @@ def test_a_tile_at_one_scale_turns_by_the_angles_over_the_scale(fmt, x_dtype, ba
     tokens = 4
     values = torch.cat([x.view(tokens, 1, 8)] * 2, -1).to(DEVICE)  # each value rotated, and in the tail
     inverse = torch.reciprocal(torch.tensor(scale, dtype=torch.float32))
-    turned, divided = store_of(values.cpu() * inverse, dtype), store_of(values.cpu() / scale, dtype)
+    turned, divided = (ref.quantise(quotients, 1.0, dtype) for quotients in (values.cpu() * inverse,
+                                                                             values.cpu() / scale))
     want = torch.cat([turned[..., :rotary_dim], divided[..., rotary_dim:]], -1)
     cos, sin = ropekit.cos_sin_table(1, rotary_dim, device=DEVICE)
     one = torch.tensor([scale], device=DEVICE)
