@@ -69,12 +69,13 @@ FUSED_TABLE = {  # ropekit's fused launch table on the H100 (docs/tuning.md#fuse
     "prefill-norm": (FusedShape(16384, 32, 128, 2, norm=True), FusedConfig(4, 8, 4, True, True)),
     "prefill-fp8": (FusedShape(16384, 32, 128, 2, cache_format=E4M3), FusedConfig(2, 8, 4, True, True)),
     "prefill-wide": (FusedShape(16384, 16, 192, 2), FusedConfig(2, 8, 8)),
-    # a store with per-head arithmetic: 16 heads a program; where only the cache's scales are reduced, 32 (measured on
-    # the H100 and the H200)
+    # a store with per-head arithmetic: 16 heads a program; a scale per (token, head) with v's heads in programs of
+    # their own (measured on the H200); NVFP4, whose k programs keep v's, 32 (measured on the H100 and the H200)
     "prefill-int8-token-head": (FusedShape(16384, 32, 128, 2, cache_format=INT8, cache_scales=PER_TOKEN_HEAD),
-                                FusedConfig(2, 32, 4, True, True)),
+                                FusedConfig(2, 16, 4, True, True, v_apart=True)),
     "prefill-int8-token-head-norm": (FusedShape(16384, 32, 128, 2, norm=True, cache_format=INT8,
-                                                cache_scales=PER_TOKEN_HEAD), FusedConfig(2, 16, 4, True, True)),
+                                                cache_scales=PER_TOKEN_HEAD), FusedConfig(2, 16, 4, True, True,
+                                                                                          v_apart=True)),
     "prefill-fp8-q": (FusedShape(16384, 32, 128, 2, cache_format=E4M3, q_format=E4M3), FusedConfig(2, 16, 4, True, True)),
     "prefill-nvfp4": (FusedShape(16384, 32, 128, 2, cache_format=NVFP4, cache_scales=PER_BLOCK),
                       FusedConfig(2, 32, 4, True, True)),

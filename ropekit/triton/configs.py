@@ -119,6 +119,12 @@ class FusedShape(NamedTuple):
         return self.cache_scales in (2, 3)
 
     @property
+    def per_token_head_scales(self) -> bool:
+        """The cache's scales are computed one a (token, head) from the head vector (``fused_tiles.PER_TOKEN_HEAD``):
+        a reduction over each head vector of k and of v."""
+        return self.cache_scales == 2
+
+    @property
     def heavy_store(self) -> bool:
         """The store does per-head arithmetic beyond a cast: the cache's scales reduced (:attr:`reduces_scales`), or
         q quantised (every q head rounded)."""

@@ -358,8 +358,11 @@ def model_fused(facts: DeviceFacts, shape: FusedShape, registers=None) -> FusedC
       reduction amortised over more rows; 32 values a thread at 4 warps); wider vectors: 8 warps, no hint. A store
       with per-head arithmetic (scales computed per (token, head) or per 16 channels, or q quantised:
       :attr:`FusedShape.heavy_store`) takes 16 heads a program: half the programs, each table row loaded once for
-      twice the heads; where only the cache's scales are reduced (no QK-norm, q stored in its dtype), 32: a token
-      block's q programs (a plain rotation) are then as few as its k programs, which carry the reductions. Past the
+      twice the heads. A scale per (token, head) gives v's heads programs of their own (``v_apart``): a k program
+      that also reduced v's would hold both tiles, and the kernel's registers are its heaviest program's, so every
+      program would hold k's and v's. NVFP4's k programs keep v's, and where only its scales are reduced (no
+      QK-norm, q stored in its dtype) the heads a program are 32: a token block's q programs (a plain rotation) are
+      then as few as its k programs, whose instructions bound the store. Past the
       L2, where the compiled kernel's registers are known (``registers(config)``: a thread's registers, or None),
       the heads a program double while the programs an SM holds keep less of q's tile in flight than Little's law
       asks (:func:`fused_bytes_in_flight_per_sm`).
@@ -504,10 +507,11 @@ def _fused_rule(facts: DeviceFacts, shape: FusedShape) -> FusedConfig:
     if shape.width > 128:
         return FusedConfig(2, min(heads, 8), 8)
     block_h = 16 if shape.heavy_store else 8
-    if shape.reduces_scales and not shape.q_format and not shape.norm:
-        block_h = 32  # the k programs reduce the scales; q's, a plain rotation, take every head: as few as k's
+    v_apart = shape.per_token_head_scales  # a k program reducing v's too would set every program's registers
+    if shape.reduces_scales and not v_apart and not shape.q_format and not shape.norm:
+        block_h = 32  # NVFP4: its q programs as few as its k programs, whose instructions bound the store
     return FusedConfig(4 if shape.norm and not shape.quantised_cache else 2, min(heads, block_h), 4, evict_first=True,
-                       heads_inner=True)
+                       heads_inner=True, v_apart=v_apart)
 
 
 # --------------------------------------------------------------------------------------------------------------------
