@@ -47,14 +47,15 @@ def test_the_sweep_is_bounded_and_starts_from_the_launch_choice():
     assert total <= 150  # every case of the sweep in one device call
 
 
-def test_a_decode_whose_cache_reduces_its_scales_also_sweeps_v_in_programs_of_its_own():
-    """v's own programs are the model's choice only at decode where the cache's scales are reduced: the sweep
-    times each tile there with and without them (the launch choice's tile too), and never elsewhere."""
+def test_a_case_whose_cache_reduces_its_scales_also_sweeps_v_in_programs_of_its_own():
+    """v's own programs are a choice of the model only where the cache's scales are reduced (at decode, and at a
+    prefill's scale per (token, head)): the sweep times each tile of such a forward case with and without them (the
+    launch choice's tile too), and never elsewhere."""
     for name, case in CASES.items():
         if case.kind == "backward":
             continue
         configs = fused_tune.candidates(case)
-        reduced = case.decode and fused_tune.case_shape(case).reduces_scales
+        reduced = fused_tune.case_shape(case).reduces_scales
         tiles = {config._replace(v_apart=False) for config in configs}
         if reduced:
             assert {config._replace(v_apart=False) for config in configs if config.v_apart} == tiles, name
@@ -62,6 +63,8 @@ def test_a_decode_whose_cache_reduces_its_scales_also_sweeps_v_in_programs_of_it
         else:
             assert not any(config.v_apart for config in configs), name
     assert any(CASES[name].decode and fused_tune.case_shape(CASES[name]).reduces_scales for name in CASES)
+    assert any(not CASES[name].decode and CASES[name].kind != "backward"
+               and fused_tune.case_shape(CASES[name]).reduces_scales for name in CASES)
 
 
 # a case -> the formats its call writes: the cache's format and scales, q's output format

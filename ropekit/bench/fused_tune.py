@@ -84,9 +84,9 @@ def _table_choice(case) -> FusedConfig:
 
 def candidates(case) -> list[FusedConfig]:
     """The sweep's configurations for ``case`` (block_h capped at the case's heads), the launch choice's first; a
-    decode whose cache reduces its scales takes each also with v's programs apart (``v_apart``)."""
+    forward case whose cache reduces its scales takes each also with v's programs apart (``v_apart``)."""
     heads = max(case.heads_q, case.heads_kv)
-    apart = (False, True) if _kind(case) == "decode" and case_shape(case).reduces_scales else (False,)
+    apart = (False, True) if _kind(case) != "backward" and case_shape(case).reduces_scales else (False,)
     choice = _table_choice(case)
     swept = (FusedConfig(*fields) for fields in SWEEP[_kind(case)])
     tiles = [choice] + [c._replace(block_h=min(c.block_h, 1 << (heads - 1).bit_length())) for c in swept]
