@@ -70,7 +70,8 @@ FUSED_TABLE = {  # ropekit's fused launch table on the H100 (docs/tuning.md#fuse
     "prefill-fp8": (FusedShape(16384, 32, 128, 2, cache_format=E4M3), FusedConfig(2, 8, 4, True, True)),
     "prefill-wide": (FusedShape(16384, 16, 192, 2), FusedConfig(2, 8, 8)),
     # a store with per-head arithmetic: 16 heads a program; a scale per (token, head) with v's heads in programs of
-    # their own (measured on the H200); NVFP4, whose k programs keep v's, 32 (measured on the H100 and the H200)
+    # their own (measured on the H200 without a norm; with one, the same rule); NVFP4, whose k programs keep v's, 32
+    # (measured on the H100 and the H200)
     "prefill-int8-token-head": (FusedShape(16384, 32, 128, 2, cache_format=INT8, cache_scales=PER_TOKEN_HEAD),
                                 FusedConfig(2, 16, 4, True, True, v_apart=True)),
     "prefill-int8-token-head-norm": (FusedShape(16384, 32, 128, 2, norm=True, cache_format=INT8,
@@ -83,6 +84,10 @@ FUSED_TABLE = {  # ropekit's fused launch table on the H100 (docs/tuning.md#fuse
     # and the H200
     "prefill-norm-all-heads": (FusedShape(16384, 32, 128, 2, norm=True, norm_over_heads=True),
                                FusedConfig(1, 32, 4, True, True)),
+    # ... which keeps v in the k programs with a scale per (token, head) too (v apart measured slower without scales)
+    "prefill-norm-all-heads-int8-token-head": (FusedShape(16384, 32, 128, 2, norm=True, norm_over_heads=True,
+                                                          cache_format=INT8, cache_scales=PER_TOKEN_HEAD),
+                                               FusedConfig(1, 32, 4, True, True)),
     "backward": (FusedShape(16384, 32, 128, 2, norm=True, backward=True), FusedConfig(1, 8, 4, True, True, 16, 3)),
 }
 
@@ -311,6 +316,9 @@ def test_fused_candidates_are_few_valid_and_start_with_the_models_choice(case, g
         assert model.is_valid_fused(config, shape) and config.num_warps in model.WARPS
         assert config.block_h <= 1 << (shape.n_heads - 1).bit_length()
         assert shape.backward or (config.token_blocks, config.stages) == (1, 1)
+    # where the cache's scales are reduced, the autotune may also take the model's tile with v's programs apart or not
+    apart = {config.v_apart for config in candidates if config[:5] == candidates[0][:5]}
+    assert apart == ({False, True} if shape.reduces_scales and not shape.backward else {False})
 
 
 # A float8 store's prefill tile (2 tokens x 8 heads of 128 bf16 channels, 4 warps) at 72 registers a thread, as Triton

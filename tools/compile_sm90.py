@@ -177,9 +177,11 @@ def _fused_calls():
             if scales is not None:
                 caches.update(k_scale=scales, v_scale=scales)
             full = quant[1] == tiles.PER_TENSOR  # every norm and launch order for the stores already measured
-            # (per (token, head), v's head blocks also in programs of their own: the model's decode choice there)
+            # (per (token, head), v's head blocks also in programs of their own: the model's decode choice there, and
+            # at a prefill's tile)
             configs = (fused.FusedConfig(1, 8, 4), fused.FusedConfig(2, 8, 4, True, True)) if full else \
-                (fused.FusedConfig(1, 8, 4),) + ((fused.FusedConfig(1, 8, 4, v_apart=True),)
+                (fused.FusedConfig(1, 8, 4),) + ((fused.FusedConfig(1, 8, 4, v_apart=True),
+                                                  fused.FusedConfig(2, 16, 4, True, True, v_apart=True))
                                                  if quant[1] == tiles.PER_TOKEN_HEAD else ())
             for norm in (dict(), dict(q_weight=weight, k_weight=weight, eps=1e-6))[0 if full else 1:]:
                 for config in configs:

@@ -360,7 +360,8 @@ def model_fused(facts: DeviceFacts, shape: FusedShape, registers=None) -> FusedC
       :attr:`FusedShape.heavy_store`) takes 16 heads a program: half the programs, each table row loaded once for
       twice the heads. A scale per (token, head) gives v's heads programs of their own (``v_apart``): a k program
       that also reduced v's would hold both tiles, and the kernel's registers are its heaviest program's, so every
-      program would hold k's and v's. NVFP4's k programs keep v's, and where only its scales are reduced (no
+      program would hold k's and v's (measured without a norm; a norm over all heads, whose k programs hold every
+      head of k and of v, keeps v in them, as it measured faster without scales). NVFP4's k programs keep v's, and where only its scales are reduced (no
       QK-norm, q stored in its dtype) the heads a program are 32: a token block's q programs (a plain rotation) are
       then as few as its k programs, whose instructions bound the store. Past the
       L2, where the compiled kernel's registers are known (``registers(config)``: a thread's registers, or None),
@@ -404,7 +405,8 @@ _ROUND_TRIPS = 2
 def fused_bytes_in_flight_per_sm(facts: DeviceFacts, shape: FusedShape, config: FusedConfig,
                                  registers_per_thread: int) -> float:
     """What an SM's resident programs of a forward launch keep in flight on average: each loads its tile of q
-    (``block_s x block_h`` head vectors, the least a program loads: a k program loads v's tile too) at its start, and
+    (``block_s x block_h`` head vectors, the least a program loads: a k program loads v's tile too, or with v apart
+    k's alone, as a v program v's) at its start, and
     holds its slot for :data:`_ROUND_TRIPS` dependent round trips (its position, then its table row), so over its
     life it keeps half its tile in flight; an SM holds as many programs as the compiled kernel's registers, the warp
     slots and the program slots allow (:func:`resident_programs`)."""
@@ -507,7 +509,8 @@ def _fused_rule(facts: DeviceFacts, shape: FusedShape) -> FusedConfig:
     if shape.width > 128:
         return FusedConfig(2, min(heads, 8), 8)
     block_h = 16 if shape.heavy_store else 8
-    v_apart = shape.per_token_head_scales  # a k program reducing v's too would set every program's registers
+    # (a k program reducing v's too would set every program's registers; a norm over all heads keeps v in k's)
+    v_apart = shape.per_token_head_scales and not shape.norm_over_heads
     if shape.reduces_scales and not v_apart and not shape.q_format and not shape.norm:
         block_h = 32  # NVFP4: its q programs as few as its k programs, whose instructions bound the store
     return FusedConfig(4 if shape.norm and not shape.quantised_cache else 2, min(heads, block_h), 4, evict_first=True,
@@ -608,7 +611,8 @@ def fused_candidate_space(shape: FusedShape) -> list[FusedConfig]:
     # (a norm over all heads: every head of a token in a program, and the warps a large tile takes)
     head_blocks = (heads,) if shape.norm_over_heads else [h for h in _FUSED_HEADS if h <= heads]
     warps = WARPS[1:] if shape.norm_over_heads else (2, 4, 8)
-    # (v's own programs: the model's choice at decode where the cache's scales are reduced; valid at any size)
+    # (v's own programs: the model's choice at decode where the cache's scales are reduced, and at a prefill with a
+    # scale per (token, head); valid at any size)
     apart = (False, True) if shape.reduces_scales and not shape.backward else (False,)
     space = [FusedConfig(block_s, block_h, num_warps, evict, inner, blocks, stages, v_apart)
              for block_s in _FUSED_TOKENS for block_h in head_blocks
@@ -672,8 +676,8 @@ def _fused_qk_tile(facts: DeviceFacts, shape: RopeShape) -> TileConfig:
 def fused_candidates(facts: DeviceFacts, shape: FusedShape, registers=None) -> list[FusedConfig]:
     """At most 8 configurations for the fused autotune, the model's choice first (``registers`` as
     :func:`model_fused` takes it), then its neighbours: twice and half the heads and the tokens, twice the warps, the
-    hint and launch order flipped; for the backward, half the token blocks and no pipelining. Each is in
-    :func:`fused_candidate_space`."""
+    hint and launch order flipped, v's programs apart or not where the cache's scales are reduced; for the backward,
+    half the token blocks and no pipelining. Each is in :func:`fused_candidate_space`."""
     chosen = model_fused(facts, shape, registers)
     s, h, w = chosen.block_s, chosen.block_h, chosen.num_warps
     out = [chosen, chosen._replace(block_h=h * 2), chosen._replace(block_h=max(1, h // 2)),
@@ -682,5 +686,6 @@ def fused_candidates(facts: DeviceFacts, shape: FusedShape, registers=None) -> l
     if shape.backward:
         out += [chosen._replace(token_blocks=8), chosen._replace(stages=1, token_blocks=1)]
     else:
-        out += [chosen._replace(evict_first=not chosen.evict_first, heads_inner=not chosen.heads_inner)]
+        out += [chosen._replace(evict_first=not chosen.evict_first, heads_inner=not chosen.heads_inner),
+                chosen._replace(v_apart=not chosen.v_apart)]
     return _keep(out, fused_candidate_space(shape))
