@@ -69,22 +69,23 @@ FUSED_TABLE = {  # ropekit's fused launch table on the H100 (docs/tuning.md#fuse
     "prefill-norm": (FusedShape(16384, 32, 128, 2, norm=True), FusedConfig(4, 8, 4, True, True)),
     "prefill-fp8": (FusedShape(16384, 32, 128, 2, cache_format=E4M3), FusedConfig(2, 8, 4, True, True)),
     "prefill-wide": (FusedShape(16384, 16, 192, 2), FusedConfig(2, 8, 8)),
-    # a store with per-head arithmetic: 16 heads a program; a scale per (token, head) with v's heads in programs of
-    # their own (measured on the H200 without a norm; with one, the same rule); NVFP4, whose k programs keep v's, 32
-    # (measured on the H100 and the H200)
+    # a store with per-head arithmetic: 16 heads a program; where only the cache's scales are reduced, a scale per
+    # (token, head) with v's heads in programs of their own (measured on the H200; with a norm, v apart measured
+    # slower), NVFP4, whose k programs keep v's, 32 (measured on the H100 and the H200)
     "prefill-int8-token-head": (FusedShape(16384, 32, 128, 2, cache_format=INT8, cache_scales=PER_TOKEN_HEAD),
                                 FusedConfig(2, 16, 4, True, True, v_apart=True)),
     "prefill-int8-token-head-norm": (FusedShape(16384, 32, 128, 2, norm=True, cache_format=INT8,
-                                                cache_scales=PER_TOKEN_HEAD), FusedConfig(2, 16, 4, True, True,
-                                                                                          v_apart=True)),
+                                                cache_scales=PER_TOKEN_HEAD), FusedConfig(2, 16, 4, True, True)),
     "prefill-fp8-q": (FusedShape(16384, 32, 128, 2, cache_format=E4M3, q_format=E4M3), FusedConfig(2, 16, 4, True, True)),
+    "prefill-int8-token-head-fp8-q": (FusedShape(16384, 32, 128, 2, cache_format=INT8, cache_scales=PER_TOKEN_HEAD,
+                                                 q_format=E4M3), FusedConfig(2, 16, 4, True, True)),
     "prefill-nvfp4": (FusedShape(16384, 32, 128, 2, cache_format=NVFP4, cache_scales=PER_BLOCK),
                       FusedConfig(2, 32, 4, True, True)),
     # a norm over all heads (OLMo-2): 1 token x every head at 4 warps, the fastest of the tiles measured on the H100
     # and the H200
     "prefill-norm-all-heads": (FusedShape(16384, 32, 128, 2, norm=True, norm_over_heads=True),
                                FusedConfig(1, 32, 4, True, True)),
-    # ... which keeps v in the k programs with a scale per (token, head) too (v apart measured slower without scales)
+    # ... which keeps v in the k programs with a scale per (token, head) too, as any norm does
     "prefill-norm-all-heads-int8-token-head": (FusedShape(16384, 32, 128, 2, norm=True, norm_over_heads=True,
                                                           cache_format=INT8, cache_scales=PER_TOKEN_HEAD),
                                                FusedConfig(1, 32, 4, True, True)),

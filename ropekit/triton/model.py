@@ -358,10 +358,11 @@ def model_fused(facts: DeviceFacts, shape: FusedShape, registers=None) -> FusedC
       reduction amortised over more rows; 32 values a thread at 4 warps); wider vectors: 8 warps, no hint. A store
       with per-head arithmetic (scales computed per (token, head) or per 16 channels, or q quantised:
       :attr:`FusedShape.heavy_store`) takes 16 heads a program: half the programs, each table row loaded once for
-      twice the heads. A scale per (token, head) gives v's heads programs of their own (``v_apart``): a k program
-      that also reduced v's would hold both tiles, and the kernel's registers are its heaviest program's, so every
-      program would hold k's and v's (measured without a norm; a norm over all heads, whose k programs hold every
-      head of k and of v, keeps v in them, as it measured faster without scales). NVFP4's k programs keep v's, and where only its scales are reduced (no
+      twice the heads. Where only the cache's scales are reduced (no QK-norm, q stored in its dtype), the k programs
+      are the heavy ones: a scale per (token, head) then gives v's heads programs of their own (``v_apart``), since a
+      k program that also reduced v's would hold both tiles, and the kernel's registers are its heaviest program's,
+      so every program would hold k's and v's (with a norm or a float8 q the q programs are as heavy, and v apart
+      measured slower). NVFP4's k programs keep v's, and where only its scales are reduced (no
       QK-norm, q stored in its dtype) the heads a program are 32: a token block's q programs (a plain rotation) are
       then as few as its k programs, whose instructions bound the store. Past the
       L2, where the compiled kernel's registers are known (``registers(config)``: a thread's registers, or None),
@@ -509,10 +510,12 @@ def _fused_rule(facts: DeviceFacts, shape: FusedShape) -> FusedConfig:
     if shape.width > 128:
         return FusedConfig(2, min(heads, 8), 8)
     block_h = 16 if shape.heavy_store else 8
-    # (a k program reducing v's too would set every program's registers; a norm over all heads keeps v in k's)
-    v_apart = shape.per_token_head_scales and not shape.norm_over_heads
-    if shape.reduces_scales and not v_apart and not shape.q_format and not shape.norm:
-        block_h = 32  # NVFP4: its q programs as few as its k programs, whose instructions bound the store
+    v_apart = False
+    if shape.reduces_scales and not shape.q_format and not shape.norm:  # the k programs are the heavy ones
+        if shape.per_token_head_scales:
+            v_apart = True  # a k program reducing v's too would set every program's registers
+        else:
+            block_h = 32  # NVFP4: its q programs as few as its k programs, whose instructions bound the store
     return FusedConfig(4 if shape.norm and not shape.quantised_cache else 2, min(heads, block_h), 4, evict_first=True,
                        heads_inner=True, v_apart=v_apart)
 
@@ -612,7 +615,7 @@ def fused_candidate_space(shape: FusedShape) -> list[FusedConfig]:
     head_blocks = (heads,) if shape.norm_over_heads else [h for h in _FUSED_HEADS if h <= heads]
     warps = WARPS[1:] if shape.norm_over_heads else (2, 4, 8)
     # (v's own programs: the model's choice at decode where the cache's scales are reduced, and at a prefill with a
-    # scale per (token, head); valid at any size)
+    # scale per (token, head), no norm and q in its dtype; valid at any size)
     apart = (False, True) if shape.reduces_scales and not shape.backward else (False,)
     space = [FusedConfig(block_s, block_h, num_warps, evict, inner, blocks, stages, v_apart)
              for block_s in _FUSED_TOKENS for block_h in head_blocks
