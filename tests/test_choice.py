@@ -70,8 +70,8 @@ FUSED_TABLE = {  # ropekit's fused launch table on the H100 (docs/tuning.md#fuse
     "prefill-fp8": (FusedShape(16384, 32, 128, 2, cache_format=E4M3), FusedConfig(2, 8, 4, True, True)),
     "prefill-wide": (FusedShape(16384, 16, 192, 2), FusedConfig(2, 8, 8)),
     # a store with per-head arithmetic: 16 heads a program; where only the cache's scales are reduced, a scale per
-    # (token, head) with v's heads in programs of their own (measured on the H200; with a norm, v apart measured
-    # slower), NVFP4, whose k programs keep v's, 32 (measured on the H100 and the H200)
+    # (token, head) with v's heads in programs of their own (measured on the H200; with a norm or a float8 q,
+    # v apart measured slower), NVFP4, whose k programs keep v's, 32 (measured on the H100 and the H200)
     "prefill-int8-token-head": (FusedShape(16384, 32, 128, 2, cache_format=INT8, cache_scales=PER_TOKEN_HEAD),
                                 FusedConfig(2, 16, 4, True, True, v_apart=True)),
     "prefill-int8-token-head-norm": (FusedShape(16384, 32, 128, 2, norm=True, cache_format=INT8,

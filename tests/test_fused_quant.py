@@ -703,8 +703,9 @@ def test_nvfp4_both_backends_store_the_same_bytes():
 @pytest.mark.parametrize("kv_layout", ["NHD", "HND"])
 def test_v_in_programs_of_its_own_stores_the_same_bytes(kv_cache_dtype, kv_layout):
     """v's head vectors in programs of their own (``FusedConfig.v_apart``, the model's choice at decode where the
-    cache's scales are reduced, and at a plain prefill with a scale per (token, head)) or in k's programs: the same caches, scale caches and q, byte for byte, through a
-    slot mapping with padding tokens (and, HND, a page table) into 3 kv heads, so that a head block is partial."""
+    cache's scales are reduced, and at a plain prefill with a scale per (token, head)) or in k's programs: the same
+    caches, scale caches and q, byte for byte, through a slot mapping with padding tokens (and, HND, a page table)
+    into 3 kv heads, so that a head block is partial."""
     from ropekit.triton.configs import FusedConfig
     from ropekit.triton.fused import forced_fused_config
 

@@ -362,12 +362,11 @@ def model_fused(facts: DeviceFacts, shape: FusedShape, registers=None) -> FusedC
       are the heavy ones: a scale per (token, head) then gives v's heads programs of their own (``v_apart``), since a
       k program that also reduced v's would hold both tiles, and the kernel's registers are its heaviest program's,
       so every program would hold k's and v's (with a norm or a float8 q the q programs are as heavy, and v apart
-      measured slower). NVFP4's k programs keep v's, and where only its scales are reduced (no
-      QK-norm, q stored in its dtype) the heads a program are 32: a token block's q programs (a plain rotation) are
-      then as few as its k programs, whose instructions bound the store. Past the
-      L2, where the compiled kernel's registers are known (``registers(config)``: a thread's registers, or None),
-      the heads a program double while the programs an SM holds keep less of q's tile in flight than Little's law
-      asks (:func:`fused_bytes_in_flight_per_sm`).
+      measured slower). NVFP4's k programs keep v's, at 32 heads a program: a token block's q programs (a plain
+      rotation) are then as few as its k programs, whose instructions bound the store. Past the L2, where the
+      compiled kernel's registers are known (``registers(config)``: a thread's registers, or None), the heads a
+      program double while the programs an SM holds keep less of q's tile in flight than Little's law asks
+      (:func:`fused_bytes_in_flight_per_sm`).
     * The backward: 1 token x 8 heads a step, 16 token blocks a program walked three stages deep, the
       weight-gradient terms summed in registers.
 
@@ -407,10 +406,10 @@ def fused_bytes_in_flight_per_sm(facts: DeviceFacts, shape: FusedShape, config: 
                                  registers_per_thread: int) -> float:
     """What an SM's resident programs of a forward launch keep in flight on average: each loads its tile of q
     (``block_s x block_h`` head vectors, the least a program loads: a k program loads v's tile too, or with v apart
-    k's alone, as a v program v's) at its start, and
-    holds its slot for :data:`_ROUND_TRIPS` dependent round trips (its position, then its table row), so over its
-    life it keeps half its tile in flight; an SM holds as many programs as the compiled kernel's registers, the warp
-    slots and the program slots allow (:func:`resident_programs`)."""
+    k's alone, as a v program v's) at its start, and holds its slot for :data:`_ROUND_TRIPS` dependent round trips
+    (its position, then its table row), so over its life it keeps half its tile in flight; an SM holds as many
+    programs as the compiled kernel's registers, the warp slots and the program slots allow
+    (:func:`resident_programs`)."""
     tile_bytes = config.block_s * config.block_h * shape.width * shape.element_size
     programs = cdiv(shape.n_tokens, config.block_s) * cdiv(shape.n_heads, config.block_h)
     launch = Launch(programs, config.num_warps, tile_bytes, registers_per_thread)
