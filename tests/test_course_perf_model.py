@@ -19,6 +19,9 @@ def test_residency_is_the_tightest_limit():
     assert pm.resident_programs(pm.Launch(10**6, 1, 256), DEVICE) == 32  # the program-slot limit
     # 128 registers x 32 threads x 8 warps = 32768 registers a program: two fit in 65536
     assert pm.resident_programs(pm.Launch(10**6, 8, 256, registers_per_thread=128), DEVICE) == 2
+    # a warp's registers come in blocks of 256: 85 a thread take 88, 11264 a program of 4 warps, so 5 fit, not 6
+    assert pm.resident_programs(pm.Launch(10**6, 4, 256, registers_per_thread=85), DEVICE) == 5
+    assert pm.resident_programs(pm.Launch(10**6, 4, 256, registers_per_thread=80), DEVICE) == 6
 
 
 def test_prediction_grows_with_bytes_in_flight_and_saturates():

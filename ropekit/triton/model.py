@@ -134,11 +134,18 @@ def grid_dependency(facts: DeviceFacts, programs: int, num_warps: int) -> int:
     return Dependency.WAIT
 
 
+# A warp's registers are allocated in blocks of 256 (compute capability 7.0 to 9.0): a thread's count rounds up to a
+# multiple of 8, as the GPU (and ncu's theoretical occupancy) counts it
+REGISTER_UNIT = 8
+
+
 def resident_programs(launch: Launch, device: DeviceFacts) -> int:
-    """Programs one SM holds at once: the smallest of its program slots, warp slots and registers allow."""
+    """Programs one SM holds at once: the smallest of its program slots, warp slots and registers allow (a thread's
+    registers rounded up to :data:`REGISTER_UNIT`)."""
     limits = [device.max_programs_per_sm, device.max_warps_per_sm // launch.num_warps]
     if launch.registers_per_thread:
-        limits.append(device.registers_per_sm // (launch.registers_per_thread * 32 * launch.num_warps))
+        registers = -(-launch.registers_per_thread // REGISTER_UNIT) * REGISTER_UNIT
+        limits.append(device.registers_per_sm // (registers * 32 * launch.num_warps))
     return max(1, min(limits))
 
 
