@@ -235,11 +235,12 @@ _FLOAT8 = {E4M3: (torch.float8_e4m3fn, 448.0), E5M2: (torch.float8_e5m2, 57344.0
 _FORMAT_MAX = {E4M3: 448.0, E5M2: 57344.0, INT8: 127.0}
 
 
-def quantised(x: torch.Tensor, scale: torch.Tensor, fmt: int) -> torch.Tensor:
+def quantised(x: torch.Tensor, scale: Optional[torch.Tensor], fmt: int) -> torch.Tensor:
     """``x / scale`` (the quotient correctly rounded in float32) in format ``fmt``: float8 bits (uint8), rounded to
     nearest even and saturating at the format's largest value (infinities too; PyTorch's own cast gives NaN or
-    infinity past it), NaN kept; or int8 values, rounded to nearest even, saturating at [-128, 127], NaN as 0."""
-    quotient = x.to(torch.float32) / scale
+    infinity past it), NaN kept; or int8 values, rounded to nearest even, saturating at [-128, 127], NaN as 0.
+    ``scale`` None: ``x`` holds the quotients already (as ropekit.triton.fused_tiles.quantised takes it)."""
+    quotient = x.to(torch.float32) if scale is None else x.to(torch.float32) / scale
     if fmt == INT8:
         return torch.round(torch.nan_to_num(quotient, nan=0.0).clamp(-128.0, 127.0)).to(torch.int8)
     dtype, largest = _FLOAT8[fmt]
@@ -313,9 +314,9 @@ def _cache_places(tokens: _Tokens, seqlen: int, cache_mode: int, slots, page_tab
 
 def _write_cache(cache, places, values, scale, quant: tuple, global_scale=None) -> None:
     """Store the covered tokens' ``values`` (token-major, heads, channels) at their places in ``cache``: its dtype,
-    or quantised as ``quant`` = (format, scales) says at ``scale`` (one float, one a head, or, per (token, head), a
-    scale cache the computed scales are written to at the same places; NVFP4: the block-scale cache, written, over
-    ``global_scale``)."""
+    or quantised as ``quant`` = (format, scales) says at ``scale`` (one float, or None where the values are the
+    quotients already; one a head; or, per (token, head), a scale cache the computed scales are written to at the
+    same places; NVFP4: the block-scale cache, written, over ``global_scale``)."""
     block, row, written = places
     values = values.reshape(written.shape[0], *values.shape[-2:])[written]
     fmt, scales = quant
@@ -333,7 +334,7 @@ def _write_cache(cache, places, values, scale, quant: tuple, global_scale=None) 
         scale = computed
     elif scales == PER_HEAD:
         scale = scale.reshape(-1)[:, None]  # a one-element scale broadcasts over the heads
-    else:
+    elif scale is not None:  # (None: the values are the quotients already)
         scale = scale.reshape(())
     cache[block[written], row[written]] = quantised(values, scale, fmt)
 
@@ -446,11 +447,11 @@ def fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, interleav
         y = torch.cat((_joined(y_a, y_b, interleaved), x_t), -1)
         if i == 1 and cache_mode:
             places = _cache_places(tokens, seqlen, cache_mode, slots, page_table, block_size, cache_len)
-            _write_cache(k_cache, places, y, k_scale if scale is None else torch.ones_like(k_scale), quant, k_global)
+            _write_cache(k_cache, places, y, k_scale if scale is None else None, quant, k_global)
             if v is not None:
                 _write_cache(v_cache, places, tokens.take(v), v_scale, quant, v_global)
         if out is not None:
             if i == 0 and q_format != PLAIN:  # a float8 q at one scale
-                y = quantised(y, q_scale.reshape(()) if scale is None else torch.ones((), device=y.device), q_format)
+                y = quantised(y, q_scale.reshape(()) if scale is None else None, q_format)
             tokens.put(out, slice(0, head_dim if write_tail else rotary_dim), y if write_tail else y[..., :rotary_dim])
     return dw
