@@ -64,12 +64,22 @@ def _constexprs(kernel) -> frozenset:
     return _signature(kernel)[1]
 
 
-def _specialisation(values: tuple) -> tuple:
-    """What Triton specialises a launch on among the values that change from call to call: a tensor's 16-byte
-    alignment, an integer's being 1, divisible by 16, within 32 bits (dtypes and everything else are the plan's).
-    One comprehension, no call a value: a decode step's host time is in such loops."""
+def _addresses(values) -> tuple:
+    """The per-call values as the compiled launcher takes them: a tensor as its data pointer (an int), None and ints
+    as they are. Triton's launcher takes a pointer argument's int as the address; given the tensor, it calls
+    ``data_ptr()`` and asks the driver about the pointer (``cuPointerGetAttribute``), per tensor and call
+    (docs/tuning.md#direct-launch)."""
+    return tuple([value if value is None or type(value) is int else value.data_ptr() for value in values])
+
+
+def _specialisation(addresses: tuple) -> tuple:
+    """What Triton specialises a launch on among the values that change from call to call (:func:`_addresses`): a
+    pointer's 16-byte alignment, an integer's being 1, divisible by 16, within 32 bits (dtypes and everything else
+    are the plan's). One form for both: a per-call slot holds a pointer or an integer in every call of a plan, so
+    equal keys mean equal specialisations. One comprehension, no call a value: a decode step's host time is in such
+    loops."""
     return tuple([None if value is None else (value == 1, value % 16 == 0, -2**31 <= value < 2**31)
-                  if type(value) is int else value.data_ptr() % 16 == 0 for value in values])
+                  for value in addresses])
 
 
 def _static(value):
@@ -169,7 +179,7 @@ class KernelLaunch:
     """
 
     __slots__ = ("kernel", "grid", "num_warps", "arguments", "per_call", "runtime", "everything", "key", "runners",
-                 "options")
+                 "options", "prepared")
 
     def __init__(self, kernel, grid: tuple, num_warps: int, per_call: tuple, arguments: dict):
         # the grid as three extents: a compiled runner reads grid[0], grid[1] and grid[2] (the JIT entry pads them)
@@ -202,6 +212,8 @@ class KernelLaunch:
         # this launch's runners by the per-call values' specialisation: a call finds its runner without hashing the
         # key, a tuple of every static argument
         self.runners: dict = {}
+        # the launcher's arguments by the per-call values' addresses (:func:`_run_direct`)
+        self.prepared: dict = {}
 
     @property
     def constexprs(self) -> dict:
@@ -233,7 +245,7 @@ class KernelLaunch:
         shared memory, say): its launch would fail the same way."""
         if _device.INTERPRET:
             return None
-        key = (self.key, _specialisation(values))
+        key = (self.key, _specialisation(_addresses(values)))
         if key not in _registers:
             if len(_registers) > 4096:
                 _registers.clear()
@@ -259,12 +271,24 @@ def _at(arguments: dict, path: tuple):
 
 
 def _run_direct(launch: KernelLaunch, values: tuple) -> None:
-    """Launch through the direct-launch cache (the interpreter: through Triton's entry point, one launch at a time)."""
+    """Launch through the direct-launch cache (the interpreter: through Triton's entry point, one launch at a time).
+
+    The launcher's arguments are a function of the plan and the per-call values' addresses alone (a tensor enters
+    by its data pointer, its dtype and strides are the plan's), so a call at addresses this launch has seen (a decode
+    step's tensors, which the caching allocator hands out again) takes them as they were built: no specialisation,
+    no assembly. A call at new addresses finds its runner by their specialisation."""
     if _device.INTERPRET:
         with _device.INTERPRETER_LOCK:
             launch.kernel[launch.grid](**launch.named(values), **launch.options)
         return
-    specialisation = _specialisation(values)
+    addresses = _addresses(values)
+    prepared = launch.prepared.get(addresses)
+    if prepared is not None and _current_stream is not None and not _launch_hooks():
+        run, function, metadata, args = prepared
+        grid = launch.grid
+        run(grid[0], grid[1], grid[2], _current_stream(), function, metadata, None, None, None, *args)
+        return
+    specialisation = _specialisation(addresses)
     entry = launch.runners.get(specialisation)
     if entry is None:
         key = (launch.key, specialisation)
@@ -276,9 +300,16 @@ def _run_direct(launch: KernelLaunch, values: tuple) -> None:
             _runners[key] = _entry(compiled, launch.grid)
             return
         launch.runners[specialisation] = entry
-    _call_compiled(launch, entry, values)
+    _call_compiled(launch, entry, values, addresses)
+    runner, with_constexprs, launcher = entry
+    if launcher is not None and with_constexprs in (True, False):
+        if len(launch.prepared) >= _PREPARED_MAX:
+            launch.prepared.clear()
+        launch.prepared[addresses] = (*launcher, (launch.everything if with_constexprs else launch.runtime)(
+            *addresses))
 
 
+_PREPARED_MAX = 64  # address sets a launch keeps (a decode loop cycles through a few)
 _runners: dict = {}  # compiled runners by (KernelLaunch.key, the per-call values' specialisation)
 _registers: dict = {}  # their registers a thread, by the same key
 
@@ -331,7 +362,7 @@ def _launch_hooks() -> bool:
     return False
 
 
-def _call_compiled(launch: KernelLaunch, entry: list, values: tuple) -> None:
+def _call_compiled(launch: KernelLaunch, entry: list, values: tuple, addresses: list) -> None:
     """Call a compiled kernel's launcher, or its runner (``compiled[grid]``), directly: the one place that relies on
     surfaces Triton and torch do not document.
 
@@ -345,13 +376,14 @@ def _call_compiled(launch: KernelLaunch, entry: list, values: tuple) -> None:
       packed metadata, launch metadata, enter and exit hooks, then the arguments), given no metadata and no hooks.
       The runner would build the hooks' metadata and pass the hook chains, which the launcher calls even when
       empty: 1.2 µs of Python a launch on a development machine's CPU, more on a GPU machine's host
-      (docs/tuning.md#direct-launch).
+      (docs/tuning.md#direct-launch). The launcher takes the tensors as ``addresses``, their data pointers, read
+      once for the specialisation; the runner, which hands its arguments to the hooks, takes the tensors.
     """
     runner, with_constexprs, launcher = entry
     if with_constexprs is None:
         for convention in (True, False):
             try:
-                _call_compiled(launch, [runner, convention, launcher], values)
+                _call_compiled(launch, [runner, convention, launcher], values, addresses)
             except TypeError:
                 continue
             entry[1] = convention
@@ -360,15 +392,15 @@ def _call_compiled(launch: KernelLaunch, entry: list, values: tuple) -> None:
     if with_constexprs == "jit":
         launch.kernel[launch.grid](**launch.named(values), **launch.options)
         return
-    args = (launch.everything if with_constexprs else launch.runtime)(*values)
+    assemble = launch.everything if with_constexprs else launch.runtime
     if _current_stream is None:
-        runner(*args)
+        runner(*assemble(*values))
     elif launcher is None or _launch_hooks():
-        runner(*args, stream=_current_stream())
+        runner(*assemble(*values), stream=_current_stream())
     else:
         run, function, metadata = launcher
         grid = launch.grid
-        run(grid[0], grid[1], grid[2], _current_stream(), function, metadata, None, None, None, *args)
+        run(grid[0], grid[1], grid[2], _current_stream(), function, metadata, None, None, None, *assemble(*addresses))
 
 
 class LaunchRecord(NamedTuple):
@@ -442,7 +474,7 @@ def signature(op: str, tensors: tuple, flags: tuple) -> tuple:
     # (None first: most of a fused call's optional tensors are None, and isinstance against torch.Tensor is slow
     # for a non-tensor)
     return (op, *[None if t is None else (t.shape, t.stride(), t.dtype, t.device) if isinstance(t, torch.Tensor)
-                  else (type(t), t) for t in tensors], *[(type(f), f) for f in flags])
+                  else (type(t), t) for t in tensors], *flags, *map(type, flags))
 
 
 # --------------------------------------------------------------------------------------------------------------------
