@@ -19,7 +19,7 @@ from . import device as _device
 from .layouts import LAYOUTS, batch_and_seq_axes
 from .positions import SCALAR_OFFSET, SEQ_OFFSETS, PositionSpec, longest_sequence, resolve_positions
 
-__all__ = ["BACKENDS", "prepare", "check_nope", "check_mode", "check_overlaps", "OverlapError", "as_integer",
+__all__ = ["BACKENDS", "prepare", "check_nope", "check_mode", "check_overlaps", "addresses", "OverlapError", "as_integer",
            "pair_copies", "in_callers_names"]
 
 BACKENDS = ("triton", "cuda", "native")
@@ -396,7 +396,14 @@ def _bytes_meet(a: tuple, b: tuple) -> bool:
 _MEMO_MAX = 64
 
 
-def check_overlaps(names: tuple, tensors: tuple, written: tuple, memo: set | None = None) -> None:
+def addresses(tensors: tuple) -> tuple:
+    """The data pointers of the tensors among ``tensors`` (None and non-tensors skipped), in order: what a call's
+    memory placement is, beside its signature (the overlap memo's key, and the fused plans' launches by address)."""
+    # (None first: isinstance against torch.Tensor is slow for a non-tensor, and most optional arguments are None)
+    return tuple([t.data_ptr() for t in tensors if t is not None and isinstance(t, torch.Tensor)])
+
+
+def check_overlaps(names: tuple, tensors: tuple, written: tuple, memo: set | None = None) -> tuple | None:
     """The overlap rule of every op, checked before anything is written. ``tensors`` (None and non-tensors are
     skipped) are the call's, under the caller's ``names``; those named in ``written`` are written, the others read.
     A written tensor must not overlap itself (two of its elements at one address) nor share a byte with any other
@@ -404,15 +411,15 @@ def check_overlaps(names: tuple, tensors: tuple, written: tuple, memo: set | Non
     qkv projection pass (see ``_bytes_meet``). Raises :class:`OverlapError` naming both.
 
     ``memo``: the addresses already checked for one call signature (shapes, strides, dtypes: a plan's key), which
-    decide the answer; a call at the same addresses skips the check. Skipped while torch.compile traces: fake tensors
-    have no addresses, so inside a compiled graph overlapping arguments are not detected."""
+    decide the answer; a call at the same addresses skips the check. Returns those addresses (:func:`addresses`),
+    or None without a memo. Skipped while torch.compile traces: fake tensors have no addresses, so inside a compiled
+    graph overlapping arguments are not detected."""
     if torch.compiler.is_compiling():
-        return
+        return None
     if memo is not None:
-        # (None first: isinstance against torch.Tensor is slow for a non-tensor, and most optional arguments are None)
-        addresses = tuple([t.data_ptr() for t in tensors if t is not None and isinstance(t, torch.Tensor)])
-        if addresses in memo:
-            return
+        at = addresses(tensors)
+        if at in memo:
+            return at
     views = [(name, _bytes(t), name in written) for name, t in zip(names, tensors)
              if isinstance(t, torch.Tensor) and not t.is_meta and t.numel()]
     for i, (name, view, writes) in enumerate(views):
@@ -424,10 +431,12 @@ def check_overlaps(names: tuple, tensors: tuple, written: tuple, memo: set | Non
                 what = "writes both" if writes and other_writes else f"writes {a} and reads {b}"
                 raise OverlapError(f"unsupported operation: {a} and {b} share memory (some of their bytes are a "
                                    f"single memory location), and the call {what}. Please clone() one of them.")
-    if memo is not None:
-        if len(memo) >= _MEMO_MAX:
-            memo.clear()
-        memo.add(addresses)
+    if memo is None:
+        return None
+    if len(memo) >= _MEMO_MAX:
+        memo.clear()
+    memo.add(at)
+    return at
 
 
 _OVERLAP = ("unsupported operation: more than one element of the written-to tensor {name} refers to a single "

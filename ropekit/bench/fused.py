@@ -59,9 +59,10 @@ def _fused(data: Data) -> Callable:
     if c.kind == "mla":
         latent, positions = data.extra, data.token_positions
         scale = data.scales[0] if data.scales else None
-        return lambda: mla_rope_and_cache(data.qkv, latent[:, c.latent:], latent[:, :c.latent], data.k_cache,
-                                          data.slots, positions, cos, sin, interleaved=True, inplace=True,
-                                          kv_cache_scale=scale)[0]
+        # k_pe and kv_c split from the projection once, as q, k and v below: the model splits it, whatever RoPE does
+        k_pe, kv_c = latent[:, c.latent:], latent[:, :c.latent]
+        return lambda: mla_rope_and_cache(data.qkv, k_pe, kv_c, data.k_cache, data.slots, positions, cos, sin,
+                                          interleaved=True, inplace=True, kv_cache_scale=scale)[0]
     q, k, v = data.split()
     # a float8 q output is a new tensor: q is rotated in place otherwise
     kwargs = dict(k_cache=data.k_cache, v_cache=data.v_cache, positions=data.offsets, inplace=c.q_dtype is None,
@@ -191,10 +192,10 @@ def _unfused(write: str) -> Callable:
         if c.kind == "mla":
             latent, positions = data.extra, data.token_positions[None]
             flat = _flat(data.k_cache)
+            q_pe, k_pe = data.qkv[None], latent[None, :, None, c.latent:]  # (split once, as the fused call's)
 
             def mla():
-                apply_rope(data.qkv[None], latent[None, :, None, c.latent:], cos, sin, positions=positions,
-                           interleaved=True, inplace=True)
+                apply_rope(q_pe, k_pe, cos, sin, positions=positions, interleaved=True, inplace=True)
                 store(flat, data.slots, latent, k_scale, c)  # [kv_c | k_pe] are adjacent in the projection
                 return data.qkv
             return mla

@@ -210,8 +210,7 @@ def rope_and_cache(q: torch.Tensor, k: torch.Tensor, v: Optional[torch.Tensor], 
                                                  q_dtype))
         plan = plans.find(key)
         if plan is not None:  # a call signature validated before: where the tensors lie, then the launch
-            plan.check(_read_scales(user, plan.fp8))
-            return _run_plan(plan, user, inplace, write_k, q_dtype)
+            return _run_plan(plan, user, inplace, write_k, q_dtype, at=plan.check(_read_scales(user, plan.fp8)))
     nvfp4 = kv_cache_dtype == "nvfp4"
     k_cache = validate.fp8_bytes(k_cache, kv_cache_dtype)
     v_cache = validate.fp8_bytes(v_cache, kv_cache_dtype)
@@ -312,37 +311,40 @@ def _read_scales(tensors: tuple, fp8: bool) -> tuple:
     """The call's tensors (``_NAMES``) as the overlap rule sees them: ``k_scale`` and ``v_scale`` are read with a
     quantised cache and no scale caches only, and blanked otherwise (found by name: a cached call pays no more than a
     slice)."""
-    if fp8:
+    if fp8 or (tensors[_K_SCALE_AT] is None and tensors[_V_SCALE_AT] is None):
         return tensors
     seen = list(tensors)
-    for at in _STATIC_SCALES_AT:
-        seen[at] = None
+    seen[_K_SCALE_AT] = seen[_V_SCALE_AT] = None
     return tuple(seen)
 
 
-_STATIC_SCALES_AT = tuple(_NAMES.index(name) for name in ("k_scale", "v_scale"))
+_K_SCALE_AT, _V_SCALE_AT = _NAMES.index("k_scale"), _NAMES.index("v_scale")
 
 
-def _run_plan(plan, user, inplace, write_k, q_dtype, out_q=None, out_k=None):
+def _run_plan(plan, user, inplace, write_k, q_dtype, out_q=None, out_k=None, at=None):
     """A planned call: its outputs and its launch, on the caller's own tensors (the kernel's views of them have the
-    same data pointers)."""
+    same data pointers). ``at``: the addresses of the call's tensors (``FusedPlan.check``), under which the plan
+    keeps its launch (``FusedPlan.relaunch``); None: not kept."""
     q, k, v, cos, sin, positions, cu_seqlens, k_cache, v_cache, slot_mapping, cache_offsets, k_scale, v_scale, \
         q_weight, k_weight, kv_indices, kv_indptr, batch_indices, cache_positions, k_scale_cache, v_scale_cache, \
         q_scale = user
-    k_global = v_global = None
-    if k_scale_cache is not None:  # the scale caches in the scales' place, written (NVFP4: the scales are global)
-        if plan.fp8:
-            k_global, v_global = k_scale, v_scale
-        k_scale, v_scale = plan.bytes_of(k_scale_cache), plan.bytes_of(v_scale_cache)
-    elif not plan.fp8:
-        k_scale = v_scale = None
     if out_q is None:
         out_q = q if inplace else _new_q(q, q_dtype)
         out_k = (k if inplace else new_output(k)) if write_k else None
-    if plan.launch is not None:
-        plan.launch(q, k, plan.bytes_of(out_q), out_k, v, plan.bytes_of(k_cache), plan.bytes_of(v_cache), k_scale,
-                    v_scale, _slots(slot_mapping, cache_offsets, cache_positions), batch_indices, kv_indices,
-                    kv_indptr, q_weight, k_weight, cos, sin, positions, cu_seqlens, 0, q_scale, k_global, v_global)
+    if at is not None and not inplace:  # the fresh outputs' addresses too
+        at = (at, out_q.data_ptr(), None if out_k is None else out_k.data_ptr())
+    if plan.launch is not None and not plan.relaunch(at):
+        k_global = v_global = None
+        if k_scale_cache is not None:  # the scale caches in the scales' place, written (NVFP4: the scales are global)
+            if plan.fp8:
+                k_global, v_global = k_scale, v_scale
+            k_scale, v_scale = k_scale_cache, v_scale_cache
+        elif not plan.fp8:
+            k_scale = v_scale = None
+        # (a float8 cache or q output as it is: the launch reads its address, and its plan reads it as bytes)
+        plan.launch_at(at, q, k, out_q, out_k, v, k_cache, v_cache, k_scale, v_scale,
+                       _slots(slot_mapping, cache_offsets, cache_positions), batch_indices, kv_indices, kv_indptr,
+                       q_weight, k_weight, cos, sin, positions, cu_seqlens, 0, q_scale, k_global, v_global)
     bump_versions(k_cache, v_cache, k_scale_cache, v_scale_cache, *((q, out_k) if inplace else ()))
     return out_q, out_k
 

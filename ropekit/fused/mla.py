@@ -203,28 +203,32 @@ def _latent_caches(ckv_cache, kpe_cache, latent: int, rope_dim: int) -> tuple:
 def _run_plan(plan, user, inplace, out_q=None, out_k=None):
     """A planned call: the overlap rule at the tensors' addresses, the outputs and the launch, on the caller's own
     tensors (the kernel's views of q_pe, k_pe, kv_c, positions, ckv_cache, kpe_cache and v's part of kv_cache have
-    their data pointers; k's part of kv_cache and sin's half of cos_sin_cache are the two views taken here)."""
+    their data pointers; k's part of kv_cache and sin's half of cos_sin_cache are the two views taken here, at
+    offsets the plan fixes, so the call's addresses decide the launch's: ``FusedPlan.relaunch``)."""
     q_pe, k_pe, kv_c, ckv_cache, kpe_cache, slot_mapping, positions, cos, sin, cos_sin_cache, scale, kv_indices, \
         kv_indptr, batch_indices, cache_positions = user
-    tokens, rope_dim = q_pe.shape[0], q_pe.shape[2]
-    if cos_sin_cache is not None:
-        cos, sin = cos_sin_cache, cos_sin_cache[:, rope_dim // 2:]
+    at = None
     if out_q is None:
         caches = (ckv_cache,) if kpe_cache is None else (ckv_cache, kpe_cache)
-        plan.check((q_pe, k_pe, kv_c) + caches + (slot_mapping, positions, scale if plan.fp8 else None, kv_indices,
-                                                  kv_indptr, batch_indices, cache_positions) + (
+        at = plan.check((q_pe, k_pe, kv_c) + caches + (slot_mapping, positions, scale if plan.fp8 else None,
+                                                       kv_indices, kv_indptr, batch_indices, cache_positions) + (
             (cos_sin_cache,) if cos_sin_cache is not None else (cos, sin)))
         if inplace:
             out_q, out_k = q_pe, (k_pe if k_pe.ndim == 2 else k_pe[:, 0])
         else:
-            out_q, out_k = new_output(q_pe), k_pe.new_empty((tokens, rope_dim))
-    if positions.shape[0] != tokens:  # (a view is a microsecond of host time: taken only where it differs)
-        positions = positions[:tokens]
-    if plan.launch is not None:
+            out_q, out_k = new_output(q_pe), k_pe.new_empty((q_pe.shape[0], q_pe.shape[2]))
+            if at is not None:
+                at = (at, out_q.data_ptr(), out_k.data_ptr())
+    if plan.launch is not None and not plan.relaunch(at):
+        tokens, rope_dim = q_pe.shape[0], q_pe.shape[2]
+        if cos_sin_cache is not None:
+            cos, sin = cos_sin_cache, cos_sin_cache[:, rope_dim // 2:]
+        if positions.shape[0] != tokens:  # (a view is a microsecond of host time: taken only where it differs)
+            positions = positions[:tokens]
         scale = scale if plan.fp8 else None
         k_cache = ckv_cache[..., kv_c.shape[-1]:] if kpe_cache is None else kpe_cache
-        plan.launch(q_pe, k_pe, out_q, out_k, kv_c, plan.bytes_of(k_cache), plan.bytes_of(ckv_cache), scale, scale,
-                    slot_mapping if cache_positions is None else cache_positions, batch_indices, kv_indices,
-                    kv_indptr, None, None, cos, sin, positions, None, 0)
+        plan.launch_at(at, q_pe, k_pe, out_q, out_k, kv_c, k_cache, ckv_cache, scale, scale,
+                       slot_mapping if cache_positions is None else cache_positions, batch_indices, kv_indices,
+                       kv_indptr, None, None, cos, sin, positions, None, 0)
     bump_versions(ckv_cache, kpe_cache, *((q_pe, k_pe) if inplace else ()))
     return out_q, out_k

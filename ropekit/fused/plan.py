@@ -45,21 +45,46 @@ def reads_callers_memory(derived: tuple, given: tuple) -> bool:
     return True
 
 
+_CALLS_MAX = 64  # address sets a plan keeps (a decode loop cycles through a few)
+
+
 class FusedPlan:
     """A validated fused call: the kernel's launch (None: nothing to compute) and the overlap facts it recorded.
 
     ``names``/``written``: the call's tensors as :func:`~ropekit.validate.check_overlaps` takes them; ``checked``:
-    the addresses already checked for this signature. ``fp8``: the caches hold e4m3 (their scales are read)."""
+    the addresses already checked for this signature. ``fp8``: the caches hold e4m3 (their scales are read).
+    ``calls``: the launches already made, by the addresses of the call's tensors and outputs (:meth:`relaunch`)."""
 
-    __slots__ = ("launch", "names", "written", "checked", "fp8")
+    __slots__ = ("launch", "names", "written", "checked", "fp8", "calls")
 
     def __init__(self, launch, names: tuple, written: tuple, fp8: bool = False):
         self.launch, self.names, self.written, self.fp8 = launch, names, written, fp8
         self.checked: set = set()
+        self.calls: dict = {}
 
-    def check(self, tensors: tuple) -> None:
-        """The overlap rule on this call's tensors (in ``names``' order), at their addresses."""
-        check_overlaps(self.names, tensors, self.written, self.checked)
+    def check(self, tensors: tuple) -> tuple | None:
+        """The overlap rule on this call's tensors (in ``names``' order), at their addresses; returns those addresses
+        (None while torch.compile traces)."""
+        return check_overlaps(self.names, tensors, self.written, self.checked)
+
+    def relaunch(self, at) -> bool:
+        """Launch this plan's kernel for a call at ``at`` (the addresses of the call's tensors, then of its
+        outputs) if a call at those addresses was launched through :meth:`launch_at` before: True, and nothing
+        else to do but the outputs. The kernel's arguments are a function of the signature (the plan's) and these
+        addresses alone, so the launcher's arguments are taken as they were: the call derives none of its values.
+        False otherwise (launch with :meth:`launch_at`)."""
+        relaunch = self.calls.get(at)
+        return relaunch is not None and relaunch()
+
+    def launch_at(self, at, *values) -> None:
+        """The launch with ``values``, remembered under ``at`` for :meth:`relaunch` (``at`` None: not remembered)."""
+        self.launch(*values)
+        if at is not None:
+            relaunch = self.launch.bound(values)
+            if relaunch is not None:
+                if len(self.calls) >= _CALLS_MAX:
+                    self.calls.clear()
+                self.calls[at] = relaunch
 
     @staticmethod
     def bytes_of(cache):

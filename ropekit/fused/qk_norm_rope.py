@@ -255,13 +255,17 @@ def _run_plan(plan, user, inplace, out_q=None, out_k=None):
     """A planned call: the overlap rule in place, the outputs and the launch, on the caller's own tensors (the
     kernel's views of them have the same data pointers)."""
     q, k, q_weight, k_weight, cos, sin, positions, cu_seqlens = user
+    at = None
     if out_q is None:
         if inplace:
-            plan.check(user)
-        out_q, out_k = (q, k) if inplace else (new_output(q), None if k is None else new_output(k))
-    if plan.launch is not None:
-        plan.launch(q, k, out_q, out_k, None, None, None, None, None, None, None, None, None, q_weight, k_weight,
-                    cos, sin, positions, cu_seqlens, 0)
+            at = plan.check(user)
+            out_q, out_k = q, k
+        else:  # (fresh outputs: nothing to check, but where the call lies keeps its launch)
+            out_q, out_k = new_output(q), None if k is None else new_output(k)
+            at = (validate.addresses(user), out_q.data_ptr(), None if out_k is None else out_k.data_ptr())
+    if plan.launch is not None and not plan.relaunch(at):
+        plan.launch_at(at, q, k, out_q, out_k, None, None, None, None, None, None, None, None, None, q_weight,
+                       k_weight, cos, sin, positions, cu_seqlens, 0)
     if inplace:
         bump_versions(q, k)
     return out_q, out_k

@@ -15,13 +15,14 @@ import torch
 
 from .. import device as _device
 from ..layouts import to_bshd
-from ..validate import FLOAT_DTYPES, OverlapError, check_mode, check_overlaps, prepare
+from ..validate import FLOAT_DTYPES, OverlapError, addresses, check_mode, check_overlaps, prepare
 
 __all__ = ["FP8_DTYPE", "FLOAT8_DTYPES", "QUANT_DTYPES", "MLA_KV_CACHE_DTYPES", "check_mla_kv_cache_dtype",
            "KV_CACHE_DTYPES", "KV_LAYOUTS", "fp8_bytes", "rotary_arguments", "check_norm", "check_norm_place",
            "check_norm_over", "check_kv_layout", "nhd", "check_cache", "check_kv_cache_dtype", "check_slot_mapping",
            "check_page_table", "check_cache_offsets", "check_scale", "check_scale_cache", "check_nvfp4_channels",
-           "check_block_scales", "check_q_output", "check_no_grad", "check_overlaps", "OverlapError", "check_mode"]
+           "check_block_scales", "check_q_output", "check_no_grad", "check_overlaps", "addresses", "OverlapError",
+           "check_mode"]
 
 FP8_DTYPE = torch.float8_e4m3fn
 FLOAT8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)

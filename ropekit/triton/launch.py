@@ -179,7 +179,7 @@ class KernelLaunch:
     """
 
     __slots__ = ("kernel", "grid", "num_warps", "arguments", "per_call", "runtime", "everything", "key", "runners",
-                 "options", "prepared")
+                 "options", "prepared", "dtypes")
 
     def __init__(self, kernel, grid: tuple, num_warps: int, per_call: tuple, arguments: dict):
         # the grid as three extents: a compiled runner reads grid[0], grid[1] and grid[2] (the JIT entry pads them)
@@ -194,6 +194,8 @@ class KernelLaunch:
         names, constexprs = _signature(kernel)
         paths = tuple(map(_path, per_call))
         defaults = tuple(_at(arguments, path) for path in paths)
+        # the dtype the kernel reads each per-call tensor as (None: not a tensor)
+        self.dtypes = tuple(value.dtype if isinstance(value, torch.Tensor) else None for value in defaults)
         marked = _with_values(names, arguments, paths, _PerCall)
         # The compiled runner takes the non-constexpr arguments (Triton 3.6), or every argument (later versions): an
         # assembler for each
@@ -204,7 +206,8 @@ class KernelLaunch:
         # the direct path. A per-call tensor enters by its dtype: a launch is called with tensors of its plan's dtypes;
         # a per-call value that is not a tensor (the position offset) by nothing (its class is the call's
         # specialisation). The device too (a launch's tensors share one, which validation checks): a runner is loaded
-        # on one device's context.
+        # on one device's context. A call may pass a tensor of another dtype of the same element size (a float8
+        # cache the plan reads as bytes): the launcher takes its address, and :meth:`named` views it as the plan's.
         device = next((value.device for value in defaults if isinstance(value, torch.Tensor)), None)
         self.key = (kernel, grid, num_warps, device) + _static(tuple(_with_values(
             names, arguments, paths,
@@ -221,7 +224,10 @@ class KernelLaunch:
         return {n: v for n, v in self.arguments.items() if n in constexprs}
 
     def named(self, values) -> dict:
-        """The launch's arguments by name, with ``values`` for the per-call ones."""
+        """The launch's arguments by name, with ``values`` for the per-call ones, each tensor as the dtype the plan
+        reads it as (what Triton's entry point and the interpreter specialise on; the launcher reads addresses)."""
+        values = [value.view(dtype) if dtype is not None and value is not None and value.dtype != dtype else value
+                  for value, dtype in zip(values, self.dtypes)]
         return dict(zip(_signature(self.kernel)[0], self.everything(*values)))
 
     def released(self) -> "KernelLaunch":
@@ -261,6 +267,25 @@ class KernelLaunch:
 
     def __call__(self, *values) -> None:
         _launch(self, values)
+
+    def bound(self, values):
+        """This launch with ``values``, as a function of no arguments that launches it again at the same addresses
+        and returns True, or returns False having launched nothing (a launch hook is installed, or the interpreter
+        runs the kernels: call the launch instead). None where this launch has no direct launcher's arguments for
+        ``values`` yet (before its first direct launch at their addresses; through Triton's entry point). For a
+        plan that keeps its calls by address (``ropekit.fused.plan.FusedPlan``): it holds addresses, no tensor."""
+        prepared = None if _device.INTERPRET or _current_stream is None else self.prepared.get(_addresses(values))
+        if prepared is None:
+            return None
+        run, function, metadata, args = prepared
+        grid = self.grid
+
+        def relaunch() -> bool:
+            if _device.INTERPRET or _launch_hooks() or _launch is not _run_direct:
+                return False
+            run(grid[0], grid[1], grid[2], _current_stream(), function, metadata, None, None, None, *args)
+            return True
+        return relaunch
 
 
 def _at(arguments: dict, path: tuple):
