@@ -277,13 +277,12 @@ class KernelLaunch:
         prepared = None if _device.INTERPRET or _current_stream is None else self.prepared.get(_addresses(values))
         if prepared is None:
             return None
-        run, function, metadata, args = prepared
         grid = self.grid
 
         def relaunch() -> bool:
             if _device.INTERPRET or _launch_hooks() or _launch is not _run_direct:
                 return False
-            run(grid[0], grid[1], grid[2], _current_stream(), function, metadata, None, None, None, *args)
+            _run_prepared(grid, prepared)
             return True
         return relaunch
 
@@ -309,9 +308,7 @@ def _run_direct(launch: KernelLaunch, values: tuple) -> None:
     addresses = _addresses(values)
     prepared = launch.prepared.get(addresses)
     if prepared is not None and _current_stream is not None and not _launch_hooks():
-        run, function, metadata, args = prepared
-        grid = launch.grid
-        run(grid[0], grid[1], grid[2], _current_stream(), function, metadata, None, None, None, *args)
+        _run_prepared(launch.grid, prepared)
         return
     specialisation = _specialisation(addresses)
     entry = launch.runners.get(specialisation)
@@ -326,7 +323,7 @@ def _run_direct(launch: KernelLaunch, values: tuple) -> None:
             return
         launch.runners[specialisation] = entry
     _call_compiled(launch, entry, values, addresses)
-    runner, with_constexprs, launcher = entry
+    _, with_constexprs, launcher = entry
     if launcher is not None and with_constexprs in (True, False):
         if len(launch.prepared) >= _PREPARED_MAX:
             launch.prepared.clear()
@@ -335,6 +332,13 @@ def _run_direct(launch: KernelLaunch, values: tuple) -> None:
 
 
 _PREPARED_MAX = 64  # address sets a launch keeps (a decode loop cycles through a few)
+
+
+def _run_prepared(grid: tuple, prepared: tuple) -> None:
+    """Call the launcher with arguments kept by address (``KernelLaunch.prepared``: the launcher, the loaded
+    function, the packed metadata, the arguments) on the current stream, no hooks (:func:`_call_compiled`)."""
+    run, function, metadata, args = prepared
+    run(grid[0], grid[1], grid[2], _current_stream(), function, metadata, None, None, None, *args)
 _runners: dict = {}  # compiled runners by (KernelLaunch.key, the per-call values' specialisation)
 _registers: dict = {}  # their registers a thread, by the same key
 
