@@ -19,8 +19,8 @@ from . import device as _device
 from .layouts import LAYOUTS, batch_and_seq_axes
 from .positions import SCALAR_OFFSET, SEQ_OFFSETS, PositionSpec, longest_sequence, resolve_positions
 
-__all__ = ["BACKENDS", "prepare", "check_nope", "check_mode", "check_overlaps", "addresses", "OverlapError", "as_integer",
-           "pair_copies", "in_callers_names"]
+__all__ = ["BACKENDS", "prepare", "check_nope", "check_mode", "check_overlaps", "addresses", "OverlapError",
+           "as_integer", "pair_copies", "in_callers_names"]
 
 BACKENDS = ("triton", "cuda", "native")
 

@@ -1,8 +1,12 @@
 """A planned fused call at the addresses of an earlier call of its signature launches with the launcher's arguments
-as they were (docs/tuning.md#direct-launch): what it reads and writes must still be this call's. Each call here
-changes the contents of tensors that stay where they are, or lands its fresh outputs somewhere new, and is checked
-against the same call on the native backend (PyTorch ops). On a GPU the third call onwards is such a relaunch; under
-the interpreter every call takes the full path, and the checks hold the same."""
+as they were (docs/tuning.md#direct-launch): what it reads and writes must still be this call's. The calls here run
+in a sequence that repeats a base call and, between repeats, swaps one tensor the launch reads for another of the
+same signature (a second slot mapping, table, cache, scale or weight), while the inputs change their contents where
+they lie; out of place, the outputs are dropped (the caching allocator hands their memory out again) or kept (each
+call lands somewhere new). Every call is checked against the same call on the native backend (PyTorch ops). On a
+GPU a repeat of the base call is a relaunch, and a swap must not be: a plan that left one tensor's address out of
+the key it keeps its launches by would relaunch the base call there. Under the interpreter every call takes the full
+path, and the checks hold the same."""
 
 import pytest
 import torch
@@ -17,15 +21,14 @@ FP8 = torch.float8_e4m3fn
 TOKENS, HQ, HK, D = 5, 4, 2, 16
 
 
-def _decode_inputs(cache_dtype=torch.bfloat16):
-    qkv = torch.randn(TOKENS, (HQ + 2 * HK) * D, device=DEVICE, dtype=torch.bfloat16)
-    q = qkv[:, :HQ * D].view(TOKENS, 1, HQ, D)
-    k = qkv[:, HQ * D:(HQ + HK) * D].view(TOKENS, 1, HK, D)
-    v = qkv[:, (HQ + HK) * D:].view(TOKENS, 1, HK, D)
-    caches = [torch.randn(6, 4, HK, D, device=DEVICE).to(cache_dtype) for _ in range(2)]
-    slots = torch.randperm(24, device=DEVICE)[:TOKENS]
-    positions = torch.randint(0, 60, (TOKENS,), device=DEVICE)
-    return qkv, q, k, v, caches, slots, positions
+def _sequence(names) -> list:
+    """The base call twice, then each swap followed by the base call again: [None, None, a, None, b, None, ...]."""
+    return [None, None] + [step for name in names for step in (name, None)]
+
+
+def _pick(tensors: dict, swapped) -> dict:
+    """Each input's first tensor, but the swapped one's second."""
+    return {name: pair[1] if name == swapped else pair[0] for name, pair in tensors.items()}
 
 
 def _refill(*tensors):
@@ -34,74 +37,98 @@ def _refill(*tensors):
         t.copy_(torch.randn(t.shape, device=t.device).to(t.dtype))
 
 
-def _same_bytes(a, b):
+def _same(a, b) -> bool:
     return torch.equal(a.cpu().view(torch.uint8), b.cpu().view(torch.uint8)) if a.dtype == FP8 else \
         torch.allclose(a.cpu().double(), b.cpu().double(), rtol=2e-2, atol=2e-2)
 
 
-@pytest.mark.parametrize("form", ["in place", "out of place", "float8 cache", "QK-norm"])
-def test_rope_and_cache_called_again_where_its_tensors_lie_reads_their_new_contents(form):
-    cos, sin = ropekit.cos_sin_table(64, D, device=DEVICE)
-    qkv, q, k, v, caches, slots, positions = _decode_inputs(FP8 if form == "float8 cache" else torch.bfloat16)
-    scales = dict(k_scale=torch.tensor([0.5], device=DEVICE), v_scale=torch.tensor([2.0], device=DEVICE)) \
-        if form == "float8 cache" else {}
-    weights = dict(q_weight=torch.randn(D, device=DEVICE), k_weight=torch.randn(D, device=DEVICE)) \
-        if form == "QK-norm" else {}
-    kept = []  # out of place: each call's output stays alive, so the next one lands elsewhere
-    for _ in range(4):
+def _tables(base):
+    return ropekit.cos_sin_table(64, D, base=base, device=DEVICE)
+
+
+@pytest.mark.parametrize("form", ["in place", "out of place", "out of place, outputs kept", "float8 cache",
+                                  "QK-norm"])
+def test_rope_and_cache_at_known_addresses_reads_this_calls_tensors(form):
+    cache_dtype = FP8 if form == "float8 cache" else torch.bfloat16
+    qkv = torch.randn(TOKENS, (HQ + 2 * HK) * D, device=DEVICE, dtype=torch.bfloat16)
+    q = qkv[:, :HQ * D].view(TOKENS, 1, HQ, D)
+    k = qkv[:, HQ * D:(HQ + HK) * D].view(TOKENS, 1, HK, D)
+    v = qkv[:, (HQ + HK) * D:].view(TOKENS, 1, HK, D)
+    (cos, sin), (cos2, sin2) = _tables(10000.0), _tables(500000.0)
+
+    def two(make):
+        return make(), make()
+    tensors = dict(cos=(cos, cos2), sin=(sin, sin2),
+                   k_cache=two(lambda: torch.randn(6, 4, HK, D, device=DEVICE).to(cache_dtype)),
+                   v_cache=two(lambda: torch.randn(6, 4, HK, D, device=DEVICE).to(cache_dtype)),
+                   slot_mapping=two(lambda: torch.randperm(24, device=DEVICE)[:TOKENS]),
+                   positions=two(lambda: torch.randint(0, 60, (TOKENS,), device=DEVICE)))
+    if form == "float8 cache":
+        tensors.update(k_scale=(torch.tensor([0.5], device=DEVICE), torch.tensor([0.25], device=DEVICE)),
+                       v_scale=(torch.tensor([2.0], device=DEVICE), torch.tensor([1.5], device=DEVICE)))
+    if form == "QK-norm":
+        tensors.update(q_weight=two(lambda: torch.randn(D, device=DEVICE)),
+                       k_weight=two(lambda: torch.randn(D, device=DEVICE)))
+    inplace = not form.startswith("out of place")
+    kept = []
+    for swapped in _sequence(tensors):
         _refill(qkv)  # q, k and v change where they lie
-        slots.copy_(torch.randperm(24, device=DEVICE)[:TOKENS])
-        positions.copy_(torch.randint(0, 60, (TOKENS,), device=DEVICE))
-        want_caches = [c.clone() for c in caches]
-        want_q = q.clone()
+        chosen = _pick(tensors, swapped)
+        want = dict(chosen, k_cache=chosen["k_cache"].clone(), v_cache=chosen["v_cache"].clone())
         with ropekit.device.set_backend("native"):
-            want_out, _ = ropekit.rope_and_cache(want_q, k.clone(), v.clone(), cos, sin, k_cache=want_caches[0],
-                                                 v_cache=want_caches[1], slot_mapping=slots, positions=positions,
-                                                 inplace=form != "out of place", **scales, **weights)
-        out, _ = ropekit.rope_and_cache(q, k, v, cos, sin, k_cache=caches[0], v_cache=caches[1],
-                                        slot_mapping=slots, positions=positions, inplace=form != "out of place",
-                                        **scales, **weights)
-        kept.append(out)
-        assert _same_bytes(out, want_out)
-        assert all(_same_bytes(c, w) for c, w in zip(caches, want_caches))
-    if form == "out of place":
-        assert len({o.data_ptr() for o in kept}) == len(kept)
+            want_q, _ = ropekit.rope_and_cache(q.clone(), k.clone(), v.clone(), inplace=inplace, **want)
+        out, _ = ropekit.rope_and_cache(q, k, v, inplace=inplace, **chosen)
+        assert _same(out, want_q), swapped
+        assert _same(chosen["k_cache"], want["k_cache"]) and _same(chosen["v_cache"], want["v_cache"]), swapped
+        if form == "out of place, outputs kept":
+            kept.append(out)
+    assert len({o.data_ptr() for o in kept}) == len(kept)
 
 
 @pytest.mark.parametrize("inplace", [True, False])
-def test_qk_norm_rope_called_again_where_its_tensors_lie_reads_their_new_contents(inplace):
-    cos, sin = ropekit.cos_sin_table(64, D, device=DEVICE)
-    qkv, q, k, _, _, _, positions = _decode_inputs()
-    q_weight, k_weight = torch.randn(D, device=DEVICE), torch.randn(D, device=DEVICE)
-    kept = []
-    for _ in range(4):
-        _refill(qkv, q_weight)
-        positions.copy_(torch.randint(0, 60, (TOKENS,), device=DEVICE))
+def test_qk_norm_rope_at_known_addresses_reads_this_calls_tensors(inplace):
+    qkv = torch.randn(TOKENS, (HQ + HK) * D, device=DEVICE, dtype=torch.bfloat16)
+    q = qkv[:, :HQ * D].view(TOKENS, 1, HQ, D)
+    k = qkv[:, HQ * D:].view(TOKENS, 1, HK, D)
+    (cos, sin), (cos2, sin2) = _tables(10000.0), _tables(500000.0)
+    tensors = dict(cos=(cos, cos2), sin=(sin, sin2),
+                   q_weight=(torch.randn(D, device=DEVICE), torch.randn(D, device=DEVICE)),
+                   k_weight=(torch.randn(D, device=DEVICE), torch.randn(D, device=DEVICE)),
+                   positions=(torch.randint(0, 60, (TOKENS,), device=DEVICE),
+                              torch.randint(0, 60, (TOKENS,), device=DEVICE)))
+    for swapped in _sequence(tensors):
+        _refill(qkv)
+        chosen = _pick(tensors, swapped)
         with ropekit.device.set_backend("native"):
-            want_q, want_k = ropekit.qk_norm_rope(q.clone(), k.clone(), cos, sin, q_weight, k_weight,
-                                                  positions=positions, inplace=inplace)
-        out_q, out_k = ropekit.qk_norm_rope(q, k, cos, sin, q_weight, k_weight, positions=positions, inplace=inplace)
-        kept.append(out_q)
-        assert _same_bytes(out_q, want_q) and _same_bytes(out_k, want_k)
+            want_q, want_k = ropekit.qk_norm_rope(q.clone(), k.clone(), inplace=inplace, **chosen)
+        out_q, out_k = ropekit.qk_norm_rope(q, k, inplace=inplace, **chosen)
+        assert _same(out_q, want_q) and _same(out_k, want_k), swapped
 
 
-def test_mla_rope_and_cache_called_again_where_its_tensors_lie_reads_their_new_contents():
-    rope_dim, latent, heads = 16, 32, 4
-    cos, sin = ropekit.cos_sin_table(64, rope_dim, device=DEVICE)
+@pytest.mark.parametrize("tables", ["cos/sin", "cos_sin_cache"])
+def test_mla_rope_and_cache_at_known_addresses_reads_this_calls_tensors(tables):
+    rope_dim, latent, heads = D, 32, 4
     q_pe = torch.randn(TOKENS, heads, rope_dim, device=DEVICE, dtype=torch.bfloat16)
     projection = torch.randn(TOKENS, latent + rope_dim, device=DEVICE, dtype=torch.bfloat16)
     kv_c, k_pe = projection[:, :latent], projection[:, latent:]
-    cache = torch.randn(6, 4, latent + rope_dim, device=DEVICE, dtype=torch.bfloat16)
-    slots = torch.randperm(24, device=DEVICE)[:TOKENS]
-    positions = torch.randint(0, 60, (TOKENS,), device=DEVICE)
-    for _ in range(4):
+    (cos, sin), (cos2, sin2) = _tables(10000.0), _tables(500000.0)
+    tensors = dict(kv_cache=tuple(torch.randn(6, 4, latent + rope_dim, device=DEVICE, dtype=torch.bfloat16)
+                                  for _ in range(2)),
+                   slot_mapping=tuple(torch.randperm(24, device=DEVICE)[:TOKENS] for _ in range(2)),
+                   positions=tuple(torch.randint(0, 60, (TOKENS,), device=DEVICE) for _ in range(2)))
+    if tables == "cos/sin":
+        tensors.update(cos=(cos, cos2), sin=(sin, sin2))
+    else:
+        tensors.update(cos_sin_cache=(torch.cat((cos, sin), -1), torch.cat((cos2, sin2), -1)))
+    for swapped in _sequence(tensors):
         _refill(q_pe, projection)
-        slots.copy_(torch.randperm(24, device=DEVICE)[:TOKENS])
-        want_cache, want_q = cache.clone(), q_pe.clone()
+        chosen = _pick(tensors, swapped)
+        want = dict(chosen, kv_cache=chosen["kv_cache"].clone())
+        want_q = q_pe.clone()
         with ropekit.device.set_backend("native"):
-            ropekit.mla_rope_and_cache(want_q, k_pe.clone(), kv_c.clone(), want_cache, slots, positions, cos, sin)
-        ropekit.mla_rope_and_cache(q_pe, k_pe, kv_c, cache, slots, positions, cos, sin)
-        assert _same_bytes(q_pe, want_q) and _same_bytes(cache, want_cache)
+            ropekit.mla_rope_and_cache(want_q, k_pe.clone(), kv_c.clone(), **want)
+        ropekit.mla_rope_and_cache(q_pe, k_pe, kv_c, **chosen)
+        assert _same(q_pe, want_q) and _same(chosen["kv_cache"], want["kv_cache"]), swapped
 
 
 @gpu_only
@@ -111,8 +138,14 @@ def test_a_launch_hook_sees_every_relaunch_of_a_fused_call():
     hooks = getattr(getattr(triton, "knobs", None), "runtime", None)
     if not hasattr(getattr(hooks, "launch_enter_hook", None), "add"):
         pytest.skip("this Triton keeps no chain of launch hooks")
-    cos, sin = ropekit.cos_sin_table(64, D, device=DEVICE)
-    _, q, k, v, caches, slots, positions = _decode_inputs()
+    cos, sin = _tables(10000.0)
+    qkv = torch.randn(TOKENS, (HQ + 2 * HK) * D, device=DEVICE, dtype=torch.bfloat16)
+    q = qkv[:, :HQ * D].view(TOKENS, 1, HQ, D)
+    k = qkv[:, HQ * D:(HQ + HK) * D].view(TOKENS, 1, HK, D)
+    v = qkv[:, (HQ + HK) * D:].view(TOKENS, 1, HK, D)
+    caches = [torch.randn(6, 4, HK, D, device=DEVICE, dtype=torch.bfloat16) for _ in range(2)]
+    slots = torch.randperm(24, device=DEVICE)[:TOKENS]
+    positions = torch.randint(0, 60, (TOKENS,), device=DEVICE)
 
     def call():
         ropekit.rope_and_cache(q, k, v, cos, sin, k_cache=caches[0], v_cache=caches[1], slot_mapping=slots,

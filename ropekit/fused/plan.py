@@ -69,22 +69,21 @@ class FusedPlan:
 
     def relaunch(self, at) -> bool:
         """Launch this plan's kernel for a call at ``at`` (the addresses of the call's tensors, then of its
-        outputs) if a call at those addresses was launched through :meth:`launch_at` before: True, and nothing
-        else to do but the outputs. The kernel's arguments are a function of the signature (the plan's) and these
+        outputs) if a call at those addresses went through :meth:`launch_at` and Triton's launcher before: True,
+        and nothing else to do but the outputs. The kernel's arguments are a function of the signature (the plan's) and these
         addresses alone, so the launcher's arguments are taken as they were: the call derives none of its values.
         False otherwise (launch with :meth:`launch_at`)."""
         relaunch = self.calls.get(at)
         return relaunch is not None and relaunch()
 
     def launch_at(self, at, *values) -> None:
-        """The launch with ``values``, remembered under ``at`` for :meth:`relaunch` (``at`` None: not remembered)."""
-        self.launch(*values)
-        if at is not None:
-            relaunch = self.launch.bound(values)
-            if relaunch is not None:
-                if len(self.calls) >= _CALLS_MAX:
-                    self.calls.clear()
-                self.calls[at] = relaunch
+        """The launch with ``values``, remembered under ``at`` for :meth:`relaunch` where the direct launcher took
+        it (``at`` None: not remembered)."""
+        relaunch = self.launch.bound(*values)
+        if at is not None and relaunch is not None:
+            if len(self.calls) >= _CALLS_MAX:
+                self.calls.clear()
+            self.calls[at] = relaunch
 
     @staticmethod
     def bytes_of(cache):

@@ -68,16 +68,18 @@ def _addresses(values) -> tuple:
     """The per-call values as the compiled launcher takes them: a tensor as its data pointer (an int), None and ints
     as they are. Triton's launcher takes a pointer argument's int as the address; given the tensor, it calls
     ``data_ptr()`` and asks the driver about the pointer (``cuPointerGetAttribute``), per tensor and call
-    (docs/tuning.md#direct-launch)."""
+    (docs/tuning.md#direct-launch). Given an int it checks nothing: that every tensor lies on the launch's GPU is
+    validation's check (a plan's key holds each tensor's device)."""
     return tuple([value if value is None or type(value) is int else value.data_ptr() for value in values])
 
 
 def _specialisation(addresses: tuple) -> tuple:
     """What Triton specialises a launch on among the values that change from call to call (:func:`_addresses`): a
     pointer's 16-byte alignment, an integer's being 1, divisible by 16, within 32 bits (dtypes and everything else
-    are the plan's). One form for both: a per-call slot holds a pointer or an integer in every call of a plan, so
-    equal keys mean equal specialisations. One comprehension, no call a value: a decode step's host time is in such
-    loops."""
+    are the plan's). One form for both: a launch's key (:attr:`KernelLaunch.key`, which the shared runner cache
+    adds) marks each per-call slot as a tensor's (by its dtype) or an integer's (None), so equal keys beside equal
+    forms mean equal specialisations; a pointer is never 1 nor within 32 bits (but null, which only splits a key).
+    One comprehension, no call a value: a decode step's host time is in such loops."""
     return tuple([None if value is None else (value == 1, value % 16 == 0, -2**31 <= value < 2**31)
                   for value in addresses])
 
@@ -268,14 +270,15 @@ class KernelLaunch:
     def __call__(self, *values) -> None:
         _launch(self, values)
 
-    def bound(self, values):
-        """This launch with ``values``, as a function of no arguments that launches it again at the same addresses
-        and returns True, or returns False having launched nothing (a launch hook is installed, or the interpreter
-        runs the kernels: call the launch instead). None where this launch has no direct launcher's arguments for
-        ``values`` yet (before its first direct launch at their addresses; through Triton's entry point). For a
+    def bound(self, *values):
+        """Launch with ``values``, and return this launch bound to their addresses: a function of no arguments that
+        launches it again there and returns True, or returns False having launched nothing (a launch hook is
+        installed, the interpreter runs the kernels, or :func:`recorded_launches` holds the launches back: launch
+        the full way instead). None where the launch kept no launcher's arguments for these addresses (the first
+        launch of a specialisation, which compiles; the interpreter; a launch without Triton's launcher). For a
         plan that keeps its calls by address (``ropekit.fused.plan.FusedPlan``): it holds addresses, no tensor."""
-        prepared = None if _device.INTERPRET or _current_stream is None else self.prepared.get(_addresses(values))
-        if prepared is None:
+        prepared = _launch(self, values)
+        if prepared is None or _current_stream is None:
             return None
         grid = self.grid
 
@@ -294,22 +297,24 @@ def _at(arguments: dict, path: tuple):
     return value
 
 
-def _run_direct(launch: KernelLaunch, values: tuple) -> None:
+def _run_direct(launch: KernelLaunch, values: tuple) -> tuple | None:
     """Launch through the direct-launch cache (the interpreter: through Triton's entry point, one launch at a time).
 
     The launcher's arguments are a function of the plan and the per-call values' addresses alone (a tensor enters
     by its data pointer, its dtype and strides are the plan's), so a call at addresses this launch has seen (a decode
     step's tensors, which the caching allocator hands out again) takes them as they were built: no specialisation,
-    no assembly. A call at new addresses finds its runner by their specialisation."""
+    no assembly. A call at new addresses finds its runner by their specialisation. Returns the arguments kept for
+    these addresses (what :meth:`KernelLaunch.bound` binds), or None where none are (the interpreter, the first
+    launch of a specialisation, which compiles through the JIT entry point, a launch without Triton's launcher)."""
     if _device.INTERPRET:
         with _device.INTERPRETER_LOCK:
             launch.kernel[launch.grid](**launch.named(values), **launch.options)
-        return
+        return None
     addresses = _addresses(values)
     prepared = launch.prepared.get(addresses)
     if prepared is not None and _current_stream is not None and not _launch_hooks():
         _run_prepared(launch.grid, prepared)
-        return
+        return prepared
     specialisation = _specialisation(addresses)
     entry = launch.runners.get(specialisation)
     if entry is None:
@@ -320,15 +325,14 @@ def _run_direct(launch: KernelLaunch, values: tuple) -> None:
             if len(_runners) > 4096:
                 _runners.clear()
             _runners[key] = _entry(compiled, launch.grid)
-            return
+            return None
         launch.runners[specialisation] = entry
-    _call_compiled(launch, entry, values, addresses)
-    _, with_constexprs, launcher = entry
-    if launcher is not None and with_constexprs in (True, False):
+    prepared = _call_compiled(launch, entry, values, addresses)
+    if prepared is not None:
         if len(launch.prepared) >= _PREPARED_MAX:
             launch.prepared.clear()
-        launch.prepared[addresses] = (*launcher, (launch.everything if with_constexprs else launch.runtime)(
-            *addresses))
+        launch.prepared[addresses] = prepared
+    return prepared
 
 
 _PREPARED_MAX = 64  # address sets a launch keeps (a decode loop cycles through a few)
@@ -339,6 +343,8 @@ def _run_prepared(grid: tuple, prepared: tuple) -> None:
     function, the packed metadata, the arguments) on the current stream, no hooks (:func:`_call_compiled`)."""
     run, function, metadata, args = prepared
     run(grid[0], grid[1], grid[2], _current_stream(), function, metadata, None, None, None, *args)
+
+
 _runners: dict = {}  # compiled runners by (KernelLaunch.key, the per-call values' specialisation)
 _registers: dict = {}  # their registers a thread, by the same key
 
@@ -391,7 +397,7 @@ def _launch_hooks() -> bool:
     return False
 
 
-def _call_compiled(launch: KernelLaunch, entry: list, values: tuple, addresses: list) -> None:
+def _call_compiled(launch: KernelLaunch, entry: list, values: tuple, addresses: tuple) -> tuple | None:
     """Call a compiled kernel's launcher, or its runner (``compiled[grid]``), directly: the one place that relies on
     surfaces Triton and torch do not document.
 
@@ -407,29 +413,37 @@ def _call_compiled(launch: KernelLaunch, entry: list, values: tuple, addresses: 
       empty: 1.2 µs of Python a launch on a development machine's CPU, more on a GPU machine's host
       (docs/tuning.md#direct-launch). The launcher takes the tensors as ``addresses``, their data pointers, read
       once for the specialisation; the runner, which hands its arguments to the hooks, takes the tensors.
+
+    Returns the launcher's arguments as :attr:`KernelLaunch.prepared` keeps them (the launcher, the loaded function,
+    the packed metadata, the arguments), or None where the launch went through the runner without a launcher or
+    through the JIT entry point.
     """
     runner, with_constexprs, launcher = entry
     if with_constexprs is None:
         for convention in (True, False):
             try:
-                _call_compiled(launch, [runner, convention, launcher], values, addresses)
+                prepared = _call_compiled(launch, [runner, convention, launcher], values, addresses)
             except TypeError:
                 continue
             entry[1] = convention
-            return
+            return prepared
         entry[1] = with_constexprs = "jit"
     if with_constexprs == "jit":
         launch.kernel[launch.grid](**launch.named(values), **launch.options)
-        return
+        return None
     assemble = launch.everything if with_constexprs else launch.runtime
     if _current_stream is None:
         runner(*assemble(*values))
-    elif launcher is None or _launch_hooks():
+        return None
+    if launcher is None:
+        runner(*assemble(*values), stream=_current_stream())
+        return None
+    prepared = (*launcher, assemble(*addresses))
+    if _launch_hooks():
         runner(*assemble(*values), stream=_current_stream())
     else:
-        run, function, metadata = launcher
-        grid = launch.grid
-        run(grid[0], grid[1], grid[2], _current_stream(), function, metadata, None, None, None, *assemble(*addresses))
+        _run_prepared(launch.grid, prepared)
+    return prepared
 
 
 class LaunchRecord(NamedTuple):
