@@ -70,9 +70,9 @@ class FusedPlan:
     def relaunch(self, at) -> bool:
         """Launch this plan's kernel for a call at ``at`` (the addresses of the call's tensors, then of its
         outputs) if a call at those addresses went through :meth:`launch_at` and Triton's launcher before: True,
-        and nothing else to do but the outputs. The kernel's arguments are a function of the signature (the plan's) and these
-        addresses alone, so the launcher's arguments are taken as they were: the call derives none of its values.
-        False otherwise (launch with :meth:`launch_at`)."""
+        and nothing else to do but the outputs. The kernel's arguments are a function of the signature (the plan's)
+        and these addresses alone, so the launcher's arguments are taken as they were: the call derives none of its
+        values. False otherwise (launch with :meth:`launch_at`)."""
         relaunch = self.calls.get(at)
         return relaunch is not None and relaunch()
 
