@@ -23,7 +23,7 @@ from ..triton.fused import CACHE_CONTIGUOUS, CACHE_PAGE_TABLE, CACHE_PAGED, plan
 from ..triton.launch import released
 from ..triton.fused_tiles import E4M3, E5M2, INT8, NVFP4, PER_BLOCK, PER_HEAD, PER_TENSOR, PER_TOKEN_HEAD, PLAIN
 from . import validate
-from .plan import FusedPlan, planned, plans, reads_callers_memory, signature
+from .plan import FusedPlan, planned, plans, reads_callers_memory, signature, with_outputs
 from .qk_norm_rope import _spec, fused_launch
 
 __all__ = ["rope_and_cache", "launch_cache", "quant_codes"]
@@ -331,8 +331,8 @@ def _run_plan(plan, user, inplace, write_k, q_dtype, out_q=None, out_k=None, at=
     if out_q is None:
         out_q = q if inplace else _new_q(q, q_dtype)
         out_k = (k if inplace else new_output(k)) if write_k else None
-    if at is not None and not inplace:  # the fresh outputs' addresses too
-        at = (at, out_q.data_ptr(), None if out_k is None else out_k.data_ptr())
+    if not inplace:  # the fresh outputs' addresses too
+        at = with_outputs(at, out_q, out_k)
     if plan.launch is not None and not plan.relaunch(at):
         k_global = v_global = None
         if k_scale_cache is not None:  # the scale caches in the scales' place, written (NVFP4: the scales are global)

@@ -21,7 +21,7 @@ from ..triton.launch import released
 from ..validate import in_callers_names
 from . import validate
 from .kv_cache import _kernel_arguments, run_cache_op
-from .plan import FusedPlan, planned, plans, reads_callers_memory, signature
+from .plan import FusedPlan, planned, plans, reads_callers_memory, signature, with_outputs
 
 __all__ = ["mla_rope_and_cache"]
 
@@ -217,8 +217,7 @@ def _run_plan(plan, user, inplace, out_q=None, out_k=None):
             out_q, out_k = q_pe, (k_pe if k_pe.ndim == 2 else k_pe[:, 0])
         else:
             out_q, out_k = new_output(q_pe), k_pe.new_empty((q_pe.shape[0], q_pe.shape[2]))
-            if at is not None:
-                at = (at, out_q.data_ptr(), out_k.data_ptr())
+            at = with_outputs(at, out_q, out_k)
     if plan.launch is not None and not plan.relaunch(at):
         tokens, rope_dim = q_pe.shape[0], q_pe.shape[2]
         if cos_sin_cache is not None:

@@ -14,12 +14,12 @@ from __future__ import annotations
 import torch
 
 from .. import device as _device
-from ..triton.launch import plans, signature
+from ..triton.launch import PlanCache, plans, signature
 from .validate import check_mode, check_overlaps
 
 FLOAT8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 
-__all__ = ["planned", "signature", "reads_callers_memory", "FusedPlan", "plans"]
+__all__ = ["planned", "signature", "reads_callers_memory", "with_outputs", "FusedPlan", "plans"]
 
 
 def planned(tensors: tuple) -> bool:
@@ -48,6 +48,12 @@ def reads_callers_memory(derived: tuple, given: tuple) -> bool:
 _CALLS_MAX = 64  # address sets a plan keeps (a decode loop cycles through a few)
 
 
+def with_outputs(at, *outputs):
+    """The key a plan keeps a call's launch by (:meth:`FusedPlan.relaunch`): ``at``, the addresses of the call's
+    tensors (:meth:`FusedPlan.check`), then its fresh outputs' (None for an absent one); None stays None."""
+    return None if at is None else (at, *[None if out is None else out.data_ptr() for out in outputs])
+
+
 class FusedPlan:
     """A validated fused call: the kernel's launch (None: nothing to compute) and the overlap facts it recorded.
 
@@ -60,7 +66,7 @@ class FusedPlan:
     def __init__(self, launch, names: tuple, written: tuple, fp8: bool = False):
         self.launch, self.names, self.written, self.fp8 = launch, names, written, fp8
         self.checked: set = set()
-        self.calls: dict = {}
+        self.calls = PlanCache(_CALLS_MAX)
 
     def check(self, tensors: tuple) -> tuple | None:
         """The overlap rule on this call's tensors (in ``names``' order), at their addresses; returns those addresses
@@ -81,9 +87,7 @@ class FusedPlan:
         it (``at`` None: not remembered)."""
         relaunch = self.launch.bound(*values)
         if at is not None and relaunch is not None:
-            if len(self.calls) >= _CALLS_MAX:
-                self.calls.clear()
-            self.calls[at] = relaunch
+            self.calls.put(at, relaunch)
 
     @staticmethod
     def bytes_of(cache):

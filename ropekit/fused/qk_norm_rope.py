@@ -32,7 +32,7 @@ from ..positions import PositionSpec
 from ..triton.fused import launch_fused, plan_fused
 from ..triton.launch import released
 from . import validate
-from .plan import FusedPlan, planned, plans, reads_callers_memory, signature
+from .plan import FusedPlan, planned, plans, reads_callers_memory, signature, with_outputs
 
 __all__ = ["qk_norm_rope", "fused_launch"]
 
@@ -262,7 +262,7 @@ def _run_plan(plan, user, inplace, out_q=None, out_k=None):
             out_q, out_k = q, k
         else:  # (fresh outputs: nothing to check, but where the call lies keeps its launch)
             out_q, out_k = new_output(q), None if k is None else new_output(k)
-            at = (validate.addresses(user), out_q.data_ptr(), None if out_k is None else out_k.data_ptr())
+            at = with_outputs(validate.addresses(user), out_q, out_k)
     if plan.launch is not None and not plan.relaunch(at):
         plan.launch_at(at, q, k, out_q, out_k, None, None, None, None, None, None, None, None, None, q_weight,
                        k_weight, cos, sin, positions, cu_seqlens, 0)

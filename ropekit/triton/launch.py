@@ -218,7 +218,7 @@ class KernelLaunch:
         # key, a tuple of every static argument
         self.runners: dict = {}
         # the launcher's arguments by the per-call values' addresses (:func:`_run_direct`)
-        self.prepared: dict = {}
+        self.prepared = PlanCache(_PREPARED_MAX)
 
     @property
     def constexprs(self) -> dict:
@@ -329,9 +329,7 @@ def _run_direct(launch: KernelLaunch, values: tuple) -> tuple | None:
         launch.runners[specialisation] = entry
     prepared = _call_compiled(launch, entry, values, addresses)
     if prepared is not None:
-        if len(launch.prepared) >= _PREPARED_MAX:
-            launch.prepared.clear()
-        launch.prepared[addresses] = prepared
+        launch.prepared.put(addresses, prepared)
     return prepared
 
 
@@ -484,7 +482,8 @@ class PlanCache(dict):
     ``get`` is ``dict.get``, for keys known to hash; :meth:`find` is the lookup of a key that may hold an unhashable
     argument (one validation refuses), which has no plan. Either way the eager hot path pays one hash of the key and
     a dictionary lookup. :meth:`put` forgets everything once it is full, and keeps no plan for an unhashable key.
-    Each op keys its plans by a tuple that starts with the op's name (:func:`signature`)."""
+    Each op keys its plans by a tuple that starts with the op's name (:func:`signature`). The launches kept by
+    address (:attr:`KernelLaunch.prepared`, ``FusedPlan.calls``) are the same bounded dictionary, smaller."""
 
     def __init__(self, max_plans: int):
         super().__init__()
