@@ -17,13 +17,14 @@ Two decisions, both process-wide:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 
 import torch
 
 __all__ = ["DEVICE", "INTERPRET", "INTERPRETER_LOCK", "INTERPRETER_MISSING", "BACKENDS", "describe", "default_device",
-           "default_backend", "backend_for", "kernels_on_gpu", "kernels_read", "set_backend"]
+           "default_backend", "backend_for", "kernels_on_gpu", "kernels_read", "set_backend", "on_device"]
 
 BACKENDS = ("native", "triton")
 
@@ -170,6 +171,21 @@ def backend_for(tensor) -> str:
     if _backend == "triton" and isinstance(tensor, torch.Tensor) and not kernels_read(tensor):
         return "native"
     return _backend
+
+
+def on_device(device) -> contextlib.AbstractContextManager:
+    """A context under which ``device`` (a CUDA device or its index) is the current CUDA device; nothing to do where it
+    is already, or for a CPU, meta or no device. Triton compiles, loads and launches a kernel on the current device,
+    whatever device the kernel's tensors lie on: in a process whose model spreads over GPUs (transformers'
+    ``device_map="auto"``), a layer's tensors lie on ``cuda:1`` while ``cuda:0`` stays current. Planning (the
+    device's facts, the autotune's clock, a kernel's registers) and launching therefore run under the call's device
+    (:mod:`ropekit.triton.launch`)."""
+    if device is None:
+        return contextlib.nullcontext()
+    device = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+    if device.type != "cuda" or device.index is None or device.index == torch.cuda.current_device():
+        return contextlib.nullcontext()
+    return torch.cuda.device(device.index)
 
 
 class set_backend:

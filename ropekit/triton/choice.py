@@ -131,7 +131,7 @@ def measure_copy_gbps(device=None, n_bytes: int = 256 * 2**20) -> float:
     device = torch.device("cuda", _device_index(device))
     src = torch.empty(n_bytes, dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
-    seconds = time_launch(lambda: dst.copy_(src), warmup=3, reps=10)
+    seconds = time_launch(lambda: dst.copy_(src), warmup=3, reps=10, device=device)
     return 2 * n_bytes / seconds / 1e9
 
 
@@ -168,9 +168,15 @@ def _inside_capture_or_compile() -> bool:
         return False
 
 
-def time_launch(fn, *, warmup: int = 2, reps: int = 5) -> float:
+def time_launch(fn, *, warmup: int = 2, reps: int = 5, device=None) -> float:
     """Seconds one call of ``fn`` takes on the device: ``warmup`` calls, then the median of ``reps`` calls each timed
-    with CUDA events on the current stream (without CUDA, ``time.perf_counter``)."""
+    with CUDA events on the current stream (without CUDA, ``time.perf_counter``). ``device``: the CUDA device ``fn``
+    launches on, made current meanwhile (:func:`ropekit.device.on_device`; default: the current one)."""
+    with _device.on_device(device):
+        return _time_launch(fn, warmup, reps)
+
+
+def _time_launch(fn, warmup: int, reps: int) -> float:
     for _ in range(warmup):
         fn()
     times = []

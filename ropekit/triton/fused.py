@@ -599,7 +599,7 @@ def _tuned_forward_config(shape: FusedShape, call: dict) -> FusedConfig:
                           if x is not None and out is not None and out.numel() and out.data_ptr() == x.data_ptr()])
         launch = plan_fused(**{**call, "config": config})
         values = _forward_values(call)
-        return choice.time_launch(lambda: launch(*values))
+        return choice.time_launch(lambda: launch(*values), device=call["q"].device)
 
     counted: dict = {}
 

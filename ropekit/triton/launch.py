@@ -181,7 +181,7 @@ class KernelLaunch:
     """
 
     __slots__ = ("kernel", "grid", "num_warps", "arguments", "per_call", "runtime", "everything", "key", "runners",
-                 "options", "prepared", "dtypes")
+                 "options", "prepared", "dtypes", "device")
 
     def __init__(self, kernel, grid: tuple, num_warps: int, per_call: tuple, arguments: dict):
         # the grid as three extents: a compiled runner reads grid[0], grid[1] and grid[2] (the JIT entry pads them)
@@ -211,6 +211,8 @@ class KernelLaunch:
         # on one device's context. A call may pass a tensor of another dtype of the same element size (a float8
         # cache the plan reads as bytes): the launcher takes its address, and :meth:`named` views it as the plan's.
         device = next((value.device for value in defaults if isinstance(value, torch.Tensor)), None)
+        # the GPU the launch runs on (None: not a CUDA launch): made current while it launches, if it is not
+        self.device = device.index if device is not None and device.type == "cuda" else None
         self.key = (kernel, grid, num_warps, device) + _static(tuple(_with_values(
             names, arguments, paths,
             lambda i: defaults[i].dtype if isinstance(defaults[i], torch.Tensor) else None)))
@@ -258,9 +260,10 @@ class KernelLaunch:
             if len(_registers) > 4096:
                 _registers.clear()
             try:
-                compiled = self.kernel.warmup(**self.named(values), grid=self.grid, **self.options)
-                compiled = compiled.result() if hasattr(compiled, "result") else compiled  # an asynchronous compile
-                compiled[self.grid]  # loads the binary on the device, which reports its register count
+                with _device.on_device(self.device):  # compiled for, and loaded on, the launch's own GPU
+                    compiled = self.kernel.warmup(**self.named(values), grid=self.grid, **self.options)
+                    compiled = compiled.result() if hasattr(compiled, "result") else compiled  # asynchronous
+                    compiled[self.grid]  # loads the binary on the device, which reports its register count
                 _registers[key] = compiled.n_regs or None
             except Exception as error:  # noqa: BLE001 (a tile the model would only try: the rule's stands)
                 log.debug("ropekit: no register count for %s: %s", self.kernel.__name__, error)
@@ -280,12 +283,12 @@ class KernelLaunch:
         prepared = _launch(self, values)
         if prepared is None or _current_stream is None:
             return None
-        grid = self.grid
+        grid, device = self.grid, self.device
 
         def relaunch() -> bool:
             if _device.INTERPRET or _launch_hooks() or _launch is not _run_direct:
                 return False
-            _run_prepared(grid, prepared)
+            _run_prepared(grid, prepared, device)
             return True
         return relaunch
 
@@ -313,8 +316,12 @@ def _run_direct(launch: KernelLaunch, values: tuple) -> tuple | None:
     addresses = _addresses(values)
     prepared = launch.prepared.get(addresses)
     if prepared is not None and _current_stream is not None and not _launch_hooks():
-        _run_prepared(launch.grid, prepared)
+        _run_prepared(launch.grid, prepared, launch.device)
         return prepared
+    if launch.device is not None and launch.device != torch.cuda.current_device():
+        # Triton compiles, loads and launches on the current device: the launch's own GPU is made current
+        with torch.cuda.device(launch.device):
+            return _run_direct(launch, values)
     specialisation = _specialisation(addresses)
     entry = launch.runners.get(specialisation)
     if entry is None:
@@ -336,11 +343,17 @@ def _run_direct(launch: KernelLaunch, values: tuple) -> tuple | None:
 _PREPARED_MAX = 64  # address sets a launch keeps (a decode loop cycles through a few)
 
 
-def _run_prepared(grid: tuple, prepared: tuple) -> None:
-    """Call the launcher with arguments kept by address (``KernelLaunch.prepared``: the launcher, the loaded
-    function, the packed metadata, the arguments) on the current stream, no hooks (:func:`_call_compiled`)."""
+def _run_prepared(grid: tuple, prepared: tuple, device: int) -> None:
+    """Call the launcher with arguments kept by address (``KernelLaunch.prepared``: the launcher, the function loaded
+    on ``device``, the packed metadata, the arguments) on ``device``'s current stream, no hooks
+    (:func:`_call_compiled`). The driver launches a function in the current device's context: ``device`` is made
+    current first where another is (a model spread over GPUs, :func:`ropekit.device.on_device`)."""
     run, function, metadata, args = prepared
-    run(grid[0], grid[1], grid[2], _current_stream(), function, metadata, None, None, None, *args)
+    if device != _get_device():
+        with torch.cuda.device(device):
+            run(grid[0], grid[1], grid[2], _stream_of(device), function, metadata, None, None, None, *args)
+        return
+    run(grid[0], grid[1], grid[2], _stream_of(device), function, metadata, None, None, None, *args)
 
 
 _runners: dict = {}  # compiled runners by (KernelLaunch.key, the per-call values' specialisation)
@@ -358,13 +371,15 @@ def launching_directly() -> bool:
 
 def _stream_getter():
     """The current CUDA stream as Triton's launcher takes it, read the way Triton reads it (None: let Triton do it)."""
-    raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    get_device = getattr(torch._C, "_cuda_getDevice", None)
-    if raw_stream is None or get_device is None:
+    if _stream_of is None or _get_device is None:
         return None
-    return lambda: raw_stream(get_device())
+    return lambda: _stream_of(_get_device())
 
 
+# a device's current stream and the current device's index, as Triton's launcher reads them (None in a torch build
+# without CUDA)
+_stream_of = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+_get_device = getattr(torch._C, "_cuda_getDevice", None)
 _current_stream = _stream_getter()
 
 
@@ -440,7 +455,7 @@ def _call_compiled(launch: KernelLaunch, entry: list, values: tuple, addresses: 
     if _launch_hooks():
         runner(*assemble(*values), stream=_current_stream())
     else:
-        _run_prepared(launch.grid, prepared)
+        _run_prepared(launch.grid, prepared, launch.device)
     return prepared
 
 
@@ -569,7 +584,7 @@ def _bench_rope(shape: RopeShape, device, config) -> float:
     out_q, out_k = torch.empty_like(q), (torch.empty_like(k) if k is not None else None)
     launch = plan_rope(q, k, cos, sin, out_q=out_q, out_k=out_k, positions=PositionSpec(0, 0, None, None, None),
                        rotary_dim=shape.rotary_dim, config=config)
-    return choice.time_launch(lambda: launch(q, k, out_q, out_k, cos, sin, None, None, 0))
+    return choice.time_launch(lambda: launch(q, k, out_q, out_k, cos, sin, None, None, 0), device=device)
 
 
 def released(launch):
