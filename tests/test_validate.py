@@ -42,6 +42,25 @@ def test_invalid_input_raises_before_any_write(name, change, error, words, inpla
         assert torch.equal(b, a) or (b.is_complex() and torch.equal(torch.view_as_real(b), torch.view_as_real(a)))
 
 
+@pytest.mark.parametrize("value, on", [(None, False), ("", False), ("0", False), ("1", True), ("yes", True)])
+def test_check_mode_follows_the_environment_on_every_call(monkeypatch, value, on):
+    """A planned call (the second of a signature) still reads ROPEKIT_CHECK as it is at the call."""
+    q, k, cos, sin = valid_call()
+    far = torch.tensor([3, 14], device=DEVICE)  # beyond the table: refused in check mode only
+    monkeypatch.delenv("ROPEKIT_CHECK", raising=False)
+    for _ in range(2):
+        ropekit.apply_rope(q, k, cos, sin, positions=far)
+    if value is None:
+        monkeypatch.delenv("ROPEKIT_CHECK", raising=False)
+    else:
+        monkeypatch.setenv("ROPEKIT_CHECK", value)
+    if on:
+        with pytest.raises(ValueError, match="table"):
+            ropekit.apply_rope(q, k, cos, sin, positions=far)
+    else:
+        ropekit.apply_rope(q, k, cos, sin, positions=far)
+
+
 def test_check_mode_catches_device_values(monkeypatch):
     monkeypatch.setenv("ROPEKIT_CHECK", "1")
     q, k, cos, sin = valid_call()
