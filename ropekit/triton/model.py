@@ -382,8 +382,8 @@ def model_fused(facts: DeviceFacts, shape: FusedShape, registers=None) -> FusedC
 
     A norm over all heads of a token (``norm_over_heads``) needs every head of the token in one program: the heads
     are the call's (rounded up), one token a program at up to 32 values a thread, in as many warps as share them;
-    vectors wider than 128 channels keep the rule's tokens within the bound at the rule's values a thread
-    (:func:`_all_heads`).
+    vectors wider than 128 channels keep the rule's tokens within the bound at the rule's values a thread; the
+    backward walks them four stages deep (:func:`_all_heads`).
     """
     config = _fused_rule(facts, shape)
     if shape.norm_over_heads:
@@ -496,7 +496,18 @@ def _all_heads(config: FusedConfig, shape: FusedShape) -> FusedConfig:
     while block_s > 1 and block_s * heads * width > _TILE_VALUES_LIMIT:
         block_s //= 2
     warps = next_pow2(cdiv(block_s * heads * width, 32 * density))
-    return config._replace(block_s=block_s, block_h=heads, num_warps=min(max(warps, config.num_warps), WARPS[-1]))
+    config = config._replace(block_s=block_s, block_h=heads, num_warps=min(max(warps, config.num_warps), WARPS[-1]))
+    return config._replace(stages=_ALL_HEADS_STAGES) if shape.backward else config
+
+
+# Pipeline stages of the backward's walk where a program holds every head of its token: one more than the rule's
+# three. Such a program holds every head's tile, its weight-gradient terms and its pipeline's copies (compiled for
+# sm_90 by Triton 3.6 and 3.9: 206-221 registers a thread at 32 heads of 128 channels, against 64 at the rule's 8
+# heads), so an SM holds two of them, 8 warps, where it holds eight of the rule's. A token's two reductions cross a
+# program's warps behind barriers; with two programs an SM, what stays in flight meanwhile is what their pipelines
+# issued before, and a fourth stage issues one more token's copies ahead. The per-head backward, eight programs an
+# SM, measured a fourth stage within the clock's spread and keeps three (docs/tuning.md#fused-launch-table)
+_ALL_HEADS_STAGES = 4
 
 
 def _fused_rule(facts: DeviceFacts, shape: FusedShape) -> FusedConfig:
@@ -611,11 +622,11 @@ def rope_candidate_space(shape: RopeShape) -> list[TileConfig | FlatConfig]:
 def fused_candidate_space(shape: FusedShape) -> list[FusedConfig]:
     """Every configuration the model and the autotune can reach for a fused ``shape``: 1-8 tokens x 1-64 heads
     (capped at the call's), 2-8 warps, with and without the hint and the heads-inner order; for the backward, one
-    token block a program, or 8 or 16 at 1-3 stages (fewer where shared memory bounds the pipeline). A norm over all
+    token block a program, or 8 or 16 at 1-4 stages (fewer where shared memory bounds the pipeline). A norm over all
     heads: the call's heads (rounded up) in every program, 2-32 warps. Where the cache's scales are reduced, each
     of the forward's also with v's programs apart."""
     heads = next_pow2(shape.n_heads)
-    walks = ((1, 1),) + tuple((blocks, stages) for blocks in (8, 16) for stages in (3, 2, 1)) if shape.backward \
+    walks = ((1, 1),) + tuple((blocks, stages) for blocks in (8, 16) for stages in (4, 3, 2, 1)) if shape.backward \
         else ((1, 1),)
     # (a norm over all heads: every head of a token in a program, and the warps a large tile takes)
     head_blocks = (heads,) if shape.norm_over_heads else [h for h in _FUSED_HEADS if h <= heads]
