@@ -421,7 +421,8 @@ def addresses(tensors: tuple) -> tuple:
     return tuple([t.data_ptr() for t in tensors if t is not None and isinstance(t, torch.Tensor)])
 
 
-def check_overlaps(names: tuple, tensors: tuple, written: tuple, memo: set | None = None) -> tuple | None:
+def check_overlaps(names: tuple, tensors: tuple, written: tuple, memo: set | None = None,
+                   at: tuple | None = None) -> tuple | None:
     """The overlap rule of every op, checked before anything is written. ``tensors`` (None and non-tensors are
     skipped) are the call's, under the caller's ``names``; those named in ``written`` are written, the others read.
     A written tensor must not overlap itself (two of its elements at one address) nor share a byte with any other
@@ -430,12 +431,14 @@ def check_overlaps(names: tuple, tensors: tuple, written: tuple, memo: set | Non
 
     ``memo``: the addresses already checked for one call signature (shapes, strides, dtypes: a plan's key), which
     decide the answer; a call at the same addresses skips the check. Returns those addresses (:func:`addresses`),
-    or None without a memo. Skipped while torch.compile traces: fake tensors have no addresses, so inside a compiled
-    graph overlapping arguments are not detected."""
+    or None without a memo. ``at``: the memo's key when the caller has it (the addresses of every tensor of the call,
+    a superset of these), instead of :func:`addresses` of ``tensors``. Skipped while torch.compile traces: fake
+    tensors have no addresses, so inside a compiled graph overlapping arguments are not detected."""
     if torch.compiler.is_compiling():
         return None
     if memo is not None:
-        at = addresses(tensors)
+        if at is None:
+            at = addresses(tensors)
         if at in memo:
             return at
     views = [(name, _bytes(t), name in written) for name, t in zip(names, tensors)

@@ -131,6 +131,19 @@ def test_mla_rope_and_cache_at_known_addresses_reads_this_calls_tensors(tables):
         assert _same(q_pe, want_q) and _same(chosen["kv_cache"], want["kv_cache"]), swapped
 
 
+def test_a_fused_key_is_the_signature_and_the_addresses_of_its_tensors():
+    """The one pass a planned fused call makes over its tensors gives what the plan key and the overlap rule's
+    addresses give apart."""
+    from ropekit.fused.plan import keyed
+    from ropekit.triton.launch import signature
+    from ropekit.validate import addresses
+    base = torch.randn(4, 6, device=DEVICE)
+    tensors = (base, None, base[:, 2:], base.t(), None, torch.arange(3, device=DEVICE), 7, None)
+    flags = (1e-6, "bshd", True, None, 3)
+    assert keyed("op", tensors, flags) == (signature("op", tensors, flags), addresses(tensors))
+    assert keyed("op", tensors, flags)[0] != keyed("op", tensors[:-1] + (base,), flags)[0]
+
+
 @gpu_only
 def test_a_launch_hook_sees_every_relaunch_of_a_fused_call():
     """A planned call at known addresses skips Triton's runner; a hook added to ``triton.knobs`` (a profiler's)

@@ -23,7 +23,7 @@ from ..triton.fused import CACHE_CONTIGUOUS, CACHE_PAGE_TABLE, CACHE_PAGED, plan
 from ..triton.launch import released
 from ..triton.fused_tiles import E4M3, E5M2, INT8, NVFP4, PER_BLOCK, PER_HEAD, PER_TENSOR, PER_TOKEN_HEAD, PLAIN
 from . import validate
-from .plan import FusedPlan, planned, plans, reads_callers_memory, signature, with_outputs
+from .plan import FusedPlan, keyed, planned, plans, reads_callers_memory, with_outputs
 from .qk_norm_rope import _spec, fused_launch
 
 __all__ = ["rope_and_cache", "launch_cache", "quant_codes"]
@@ -200,17 +200,17 @@ def rope_and_cache(q: torch.Tensor, k: torch.Tensor, v: Optional[torch.Tensor], 
     user = (q, k, v, cos, sin, positions, cu_seqlens, k_cache, v_cache, slot_mapping, cache_offsets, k_scale,
             v_scale, q_weight, k_weight, kv_indices, kv_indptr, batch_indices, cache_positions, k_scale_cache,
             v_scale_cache, q_scale)
-    key = None
+    key = at = None
     if table is None and (positions is None or isinstance(positions, torch.Tensor)) and \
             not isinstance(cache_offsets, int) and (layout != "thd" or max_seqlen is not None) and planned(user):
         # (a table may grow, an int offset is checked against it and cu_seqlens without max_seqlen are read: calls
         # whose validation reads more than the signature are not planned)
-        key = signature("rope_and_cache", user, (eps, weight_offset, norm, norm_over, layout, interleaved, rotary_dim,
+        key, at = keyed("rope_and_cache", user, (eps, weight_offset, norm, norm_over, layout, interleaved, rotary_dim,
                                                  inplace, max_seqlen, per_token, write_k, kv_layout, kv_cache_dtype,
                                                  q_dtype))
         plan = plans.find(key)
         if plan is not None:  # a call signature validated before: where the tensors lie, then the launch
-            return _run_plan(plan, user, inplace, write_k, q_dtype, at=plan.check(_read_scales(user, plan.fp8)))
+            return _run_plan(plan, user, inplace, write_k, q_dtype, at=plan.check(_read_scales(user, plan.fp8), at))
     nvfp4 = kv_cache_dtype == "nvfp4"
     k_cache = validate.fp8_bytes(k_cache, kv_cache_dtype)
     v_cache = validate.fp8_bytes(v_cache, kv_cache_dtype)
@@ -244,7 +244,7 @@ def rope_and_cache(q: torch.Tensor, k: torch.Tensor, v: Optional[torch.Tensor], 
     # the caller's tensors, as a planned call checks them (a table the validation derived from cos/sin is a view of
     # them or a fresh copy); with table= the table's own cos/sin
     if table is None:
-        plan.check(_read_scales(user, fp8))
+        plan.check(_read_scales(user, fp8), at)
     else:
         validate.check_overlaps(tuple("table" if name in ("cos", "sin") else name for name in _NAMES),
                                 _read_scales(_replaced(user, cos=cos, sin=sin), fp8), written)

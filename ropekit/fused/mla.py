@@ -21,7 +21,7 @@ from ..triton.launch import released
 from ..validate import in_callers_names
 from . import validate
 from .kv_cache import _kernel_arguments, run_cache_op
-from .plan import FusedPlan, planned, plans, reads_callers_memory, signature, with_outputs
+from .plan import FusedPlan, keyed, planned, plans, reads_callers_memory, with_outputs
 
 __all__ = ["mla_rope_and_cache"]
 
@@ -77,12 +77,12 @@ def mla_rope_and_cache(q_pe: torch.Tensor, k_pe: torch.Tensor, kv_c: torch.Tenso
     page_table = (kv_indices, kv_indptr, batch_indices, cache_positions)
     user = (q_pe, k_pe, kv_c, ckv_cache, kpe_cache, slot_mapping, positions, cos, sin, cos_sin_cache, kv_cache_scale,
             *page_table)
-    key = None
+    key = at = None
     if table is None and planned(user):
-        key = signature("mla_rope_and_cache", user, (interleaved, inplace, kv_cache_dtype))
+        key, at = keyed("mla_rope_and_cache", user, (interleaved, inplace, kv_cache_dtype))
         plan = plans.find(key)
         if plan is not None:  # a call signature validated before: where the tensors lie, then the launch
-            return _run_plan(plan, user, inplace)
+            return _run_plan(plan, user, inplace, at=at)
     if not isinstance(q_pe, torch.Tensor) or q_pe.ndim != 3:
         raise ValueError(f"q_pe must be a (tokens, heads, rope_dim) tensor, got "
                          f"{getattr(q_pe, 'shape', type(q_pe).__name__)}")
@@ -162,7 +162,7 @@ def mla_rope_and_cache(q_pe: torch.Tensor, k_pe: torch.Tensor, kv_c: torch.Tenso
         (cos_sin_cache,) if cos_sin_cache is not None else (cos, sin) if table is not None else user_tables)
     validate.check_no_grad("mla_rope_and_cache", names, tensors)
     plan = FusedPlan(None, names, cache_names + (("q_pe", "k_pe") if inplace else ()), fp8)
-    plan.check(tensors)
+    plan.check(tensors, at)
     out_q, out_k = (q, k) if inplace else (new_output(q), new_output(k))
     launch = (slots, cache_mode, batch_indices, kv_indices, kv_indptr, "NHD", cos, sin, spec.tensor, spec.mode,
               spec.cu_seqlens, spec.offset, spec.max_seqlen or 0, rotary_dim, "bshd", interleaved, False,
@@ -200,19 +200,19 @@ def _latent_caches(ckv_cache, kpe_cache, latent: int, rope_dim: int) -> tuple:
     return ckv_cache[..., None, :], kpe_cache[..., None, :]
 
 
-def _run_plan(plan, user, inplace, out_q=None, out_k=None):
+def _run_plan(plan, user, inplace, out_q=None, out_k=None, at=None):
     """A planned call: the overlap rule at the tensors' addresses, the outputs and the launch, on the caller's own
     tensors (the kernel's views of q_pe, k_pe, kv_c, positions, ckv_cache, kpe_cache and v's part of kv_cache have
     their data pointers; k's part of kv_cache and sin's half of cos_sin_cache are the two views taken here, at
-    offsets the plan fixes, so the call's addresses decide the launch's: ``FusedPlan.relaunch``)."""
+    offsets the plan fixes, so the call's addresses decide the launch's: ``FusedPlan.relaunch``). ``at``: where the
+    call's tensors lie (:func:`~ropekit.fused.plan.keyed`); None: the launch is not kept (the plan's first call)."""
     q_pe, k_pe, kv_c, ckv_cache, kpe_cache, slot_mapping, positions, cos, sin, cos_sin_cache, scale, kv_indices, \
         kv_indptr, batch_indices, cache_positions = user
-    at = None
     if out_q is None:
         caches = (ckv_cache,) if kpe_cache is None else (ckv_cache, kpe_cache)
         at = plan.check((q_pe, k_pe, kv_c) + caches + (slot_mapping, positions, scale if plan.fp8 else None,
                                                        kv_indices, kv_indptr, batch_indices, cache_positions) + (
-            (cos_sin_cache,) if cos_sin_cache is not None else (cos, sin)))
+            (cos_sin_cache,) if cos_sin_cache is not None else (cos, sin)), at)
         if inplace:
             out_q, out_k = q_pe, (k_pe if k_pe.ndim == 2 else k_pe[:, 0])
         else:

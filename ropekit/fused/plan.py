@@ -19,7 +19,7 @@ from .validate import check_mode, check_overlaps
 
 FLOAT8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 
-__all__ = ["planned", "signature", "reads_callers_memory", "with_outputs", "FusedPlan", "plans"]
+__all__ = ["planned", "signature", "keyed", "reads_callers_memory", "with_outputs", "FusedPlan", "plans"]
 
 
 def planned(tensors: tuple) -> bool:
@@ -33,6 +33,24 @@ def planned(tensors: tuple) -> bool:
             if t is not None and isinstance(t, torch.Tensor) and t.requires_grad:
                 return False
     return True
+
+
+def keyed(op: str, tensors: tuple, flags: tuple) -> tuple[tuple, tuple]:
+    """A fused call's plan key (:func:`~ropekit.triton.launch.signature`) and where its tensors lie (their data
+    pointers, :func:`ropekit.validate.addresses`), in one pass over its tensors: a planned call needs both, and its
+    host time is mostly this pass (most of a fused call's optional tensors are None)."""
+    key, at = [op], []
+    for t in tensors:
+        if t is None:
+            key.append(None)
+        elif isinstance(t, torch.Tensor):
+            key.append((t.shape, t.stride(), t.dtype, t.device))
+            at.append(t.data_ptr())
+        else:
+            key.append((type(t), t))
+    key += flags
+    key += map(type, flags)
+    return tuple(key), tuple(at)
 
 
 def reads_callers_memory(derived: tuple, given: tuple) -> bool:
@@ -68,10 +86,11 @@ class FusedPlan:
         self.checked: set = set()
         self.calls = PlanCache(_CALLS_MAX)
 
-    def check(self, tensors: tuple) -> tuple | None:
+    def check(self, tensors: tuple, at: tuple | None = None) -> tuple | None:
         """The overlap rule on this call's tensors (in ``names``' order), at their addresses; returns those addresses
-        (None while torch.compile traces)."""
-        return check_overlaps(self.names, tensors, self.written, self.checked)
+        (None while torch.compile traces). ``at``: the addresses of the call's tensors as :func:`keyed` gave them (all
+        of the call's, which decide where those checked lie), used instead of reading them again."""
+        return check_overlaps(self.names, tensors, self.written, self.checked, at)
 
     def relaunch(self, at) -> bool:
         """Launch this plan's kernel for a call at ``at`` (the addresses of the call's tensors, then of its

@@ -32,7 +32,7 @@ from ..positions import PositionSpec
 from ..triton.fused import launch_fused, plan_fused
 from ..triton.launch import released
 from . import validate
-from .plan import FusedPlan, planned, plans, reads_callers_memory, signature, with_outputs
+from .plan import FusedPlan, keyed, planned, plans, reads_callers_memory, with_outputs
 
 __all__ = ["qk_norm_rope", "fused_launch"]
 
@@ -191,15 +191,15 @@ def qk_norm_rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, cos: Optiona
     Raises ``TypeError``/``ValueError`` naming the argument, before anything is written.
     """
     user = (q, k, q_weight, k_weight, cos, sin, positions, cu_seqlens)
-    key = None
+    key = at = None
     if table is None and (positions is None or isinstance(positions, torch.Tensor)) and \
             (layout != "thd" or max_seqlen is not None) and planned(user):
         # (as rope_and_cache: calls whose validation reads more than the signature are not planned)
-        key = signature("qk_norm_rope", user, (eps, weight_offset, norm, norm_over, layout, interleaved, rotary_dim,
+        key, at = keyed("qk_norm_rope", user, (eps, weight_offset, norm, norm_over, layout, interleaved, rotary_dim,
                                                inplace, max_seqlen, per_token))
         plan = plans.find(key)
         if plan is not None:
-            return _run_plan(plan, user, inplace)
+            return _run_plan(plan, user, inplace, at=at)
     user_tables = (cos, sin)
     cos, sin, spec, rotary_dim = validate.rotary_arguments(q, k, cos, sin, table, positions, layout, rotary_dim,
                                                            cu_seqlens, max_seqlen, per_token, interleaved)
@@ -220,7 +220,7 @@ def qk_norm_rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, cos: Optiona
         # the caller's own tensors (what validation derived from them is a view of them or a fresh copy); with
         # table= the table's cos/sin
         if table is None:
-            plan.check(user)
+            plan.check(user, at)
         else:
             validate.check_overlaps(_NAMES[:4] + ("table", "table") + _NAMES[6:],
                                     (q, k, q_weight, k_weight, cos, sin, positions, cu_seqlens), ("q", "k"))
@@ -251,18 +251,20 @@ def qk_norm_rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, cos: Optiona
 _NAMES = ("q", "k", "q_weight", "k_weight", "cos", "sin", "positions", "cu_seqlens")
 
 
-def _run_plan(plan, user, inplace, out_q=None, out_k=None):
+def _run_plan(plan, user, inplace, out_q=None, out_k=None, at=None):
     """A planned call: the overlap rule in place, the outputs and the launch, on the caller's own tensors (the
-    kernel's views of them have the same data pointers)."""
+    kernel's views of them have the same data pointers). ``at``: where the call's tensors lie (:func:`keyed`), under
+    which the plan keeps its launch; None: not kept (a call that brings its outputs, the plan's first)."""
     q, k, q_weight, k_weight, cos, sin, positions, cu_seqlens = user
-    at = None
     if out_q is None:
         if inplace:
-            at = plan.check(user)
+            at = plan.check(user, at)
             out_q, out_k = q, k
         else:  # (fresh outputs: nothing to check, but where the call lies keeps its launch)
             out_q, out_k = new_output(q), None if k is None else new_output(k)
-            at = with_outputs(validate.addresses(user), out_q, out_k)
+            at = with_outputs(at, out_q, out_k)
+    else:
+        at = None
     if plan.launch is not None and not plan.relaunch(at):
         plan.launch_at(at, q, k, out_q, out_k, None, None, None, None, None, None, None, None, None, q_weight,
                        k_weight, cos, sin, positions, cu_seqlens, 0)
