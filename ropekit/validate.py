@@ -30,7 +30,7 @@ FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 def check_mode() -> bool:
     """Opt-in checks of values inside device tensors (they cost a host sync, which CUDA graphs forbid):
     ``ROPEKIT_CHECK`` set, and neither empty nor ``0``, read on every call."""
-    if _ENVIRON is None:
+    if _ENVIRON is None or os.environ is not _ENVIRONMENT:
         return os.environ.get("ROPEKIT_CHECK", "") not in ("", "0")
     value = _ENVIRON.get(_CHECK_KEY)
     return value is not None and value not in _CHECK_OFF
@@ -40,13 +40,15 @@ def _environ_dict() -> tuple:
     """``os.environ``'s own dictionary, its key for ``ROPEKIT_CHECK`` and the values that leave check mode off, as it
     stores them (bytes on POSIX); ``(None, None, None)`` where ``os.environ`` keeps no such dictionary. Every planned
     call reads check mode, and ``os.environ.get`` encodes the name and decodes the value on each read; writes through
-    ``os.environ`` (``monkeypatch.setenv`` too) update this dictionary, so a direct read sees them."""
+    ``os.environ`` (``monkeypatch.setenv`` too) update this dictionary, so a direct read sees them. Read only while
+    ``os.environ`` is the mapping it belongs to (a test may replace the mapping)."""
     data, encode_key, encode_value = (getattr(os.environ, name, None) for name in ("_data", "encodekey", "encodevalue"))
     if not isinstance(data, dict) or encode_key is None or encode_value is None:
         return None, None, None
     return data, encode_key("ROPEKIT_CHECK"), frozenset((encode_value(""), encode_value("0")))
 
 
+_ENVIRONMENT = os.environ
 _ENVIRON, _CHECK_KEY, _CHECK_OFF = _environ_dict()
 
 

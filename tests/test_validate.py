@@ -1,6 +1,8 @@
 """ropekit.validate through the public API: every invalid call raises before anything is written, with an error
 that names its argument; device values are checked in check mode only."""
 
+import os
+
 import pytest
 import torch
 
@@ -58,6 +60,18 @@ def test_check_mode_follows_the_environment_on_every_call(monkeypatch, value, on
         with pytest.raises(ValueError, match="table"):
             ropekit.apply_rope(q, k, cos, sin, positions=far)
     else:
+        ropekit.apply_rope(q, k, cos, sin, positions=far)
+
+
+def test_check_mode_follows_a_replaced_environment(monkeypatch):
+    """A test may put another mapping in os.environ's place: check mode reads that one."""
+    q, k, cos, sin = valid_call()
+    far = torch.tensor([3, 14], device=DEVICE)
+    monkeypatch.delenv("ROPEKIT_CHECK", raising=False)
+    for _ in range(2):
+        ropekit.apply_rope(q, k, cos, sin, positions=far)
+    monkeypatch.setattr(os, "environ", {**os.environ, "ROPEKIT_CHECK": "1"})
+    with pytest.raises(ValueError, match="table"):
         ropekit.apply_rope(q, k, cos, sin, positions=far)
 
 

@@ -105,7 +105,9 @@ def _measured_facts(index: int) -> DeviceFacts:
                         max_programs_per_sm=_PROGRAMS_PER_SM.get(capability, 32),
                         registers_per_sm=registers or 65536, l2_bytes=l2_bytes or DeviceFacts.l2_bytes,
                         capability=capability,
-                        bandwidth_source=source, memory_bytes=memory_bytes)
+                        bandwidth_source=source, memory_bytes=memory_bytes,
+                        shared_bytes_per_program=getattr(props, "shared_memory_per_block_optin", 0)
+                        or DeviceFacts.shared_bytes_per_program)
     if source.startswith("measured") or not _inside_capture_or_compile():
         _facts[index] = facts  # an estimate made inside capture or compile is measured again later
     return facts

@@ -318,7 +318,7 @@ def _run_direct(launch: KernelLaunch, values: tuple) -> tuple | None:
     if prepared is not None and _current_stream is not None and not _launch_hooks():
         _run_prepared(launch.grid, prepared, launch.device)
         return prepared
-    if launch.device is not None and launch.device != torch.cuda.current_device():
+    if launch.device is not None and launch.device != _get_device():
         # Triton compiles, loads and launches on the current device: the launch's own GPU is made current
         with torch.cuda.device(launch.device):
             return _run_direct(launch, values)

@@ -86,6 +86,7 @@ class DeviceFacts:
     capability: tuple[int, int] = (9, 0)
     bandwidth_source: str = "assumed"  # "measured ..." when a device copy timed it
     memory_bytes: int = 0  # the device's memory (part of the autotune cache's key)
+    shared_bytes_per_program: int = 227 * 1024  # shared memory one program may hold (opt-in): Hopper's 227 KiB
     # whether the library launches this GPU's kernels programmatically where its capability allows (False with
     # ROPEKIT_PDL=0 and on ROCm builds: ropekit.triton.choice.device_facts)
     programmatic_launch: bool = True
@@ -395,7 +396,7 @@ def model_fused(facts: DeviceFacts, shape: FusedShape, registers=None) -> FusedC
             config = config._replace(block_s=config.block_s // 2)
         if registers is not None and prefill_past_l2(facts, shape):
             config = _enough_in_flight(facts, shape, config, registers)
-    return _within_shared_memory(config, shape)
+    return _within_shared_memory(facts, config, shape)
 
 
 def prefill_past_l2(facts: DeviceFacts, shape: FusedShape) -> bool:
@@ -451,9 +452,11 @@ def fused_meets_littles_law(facts: DeviceFacts, shape: FusedShape, registers) ->
     return bool(_keeps_enough(facts, shape, model_fused(facts, shape, registers), registers))
 
 
-# Shared memory one program may hold on Hopper (227 KiB), less what the backward keeps there besides its pipeline
-# (its cos/sin rows and reductions: about 1 KiB for 128 channels).
-_SHARED_BYTES = 227 * 1024 - 8 * 1024
+# What the backward keeps in shared memory besides its pipeline (its cos/sin rows and reductions: about 1 KiB for 128
+# channels), with room to spare
+_SHARED_RESERVED = 8 * 1024
+# The pipeline's bound on Hopper (227 KiB a program): the candidate space's, whatever the GPU
+_SHARED_BYTES = 227 * 1024 - _SHARED_RESERVED
 
 
 def _pipeline_bytes(config: FusedConfig, shape: FusedShape) -> int:
@@ -463,10 +466,12 @@ def _pipeline_bytes(config: FusedConfig, shape: FusedShape) -> int:
     return (config.stages - 1) * 2 * tile
 
 
-def _within_shared_memory(config: FusedConfig, shape: FusedShape) -> FusedConfig:
-    """Fewer pipeline stages while the backward's walk would need more shared memory than a program has (a norm
-    over 128 heads of 128 float32 channels: 64 KiB a tensor a stage)."""
-    while config.stages > 1 and _pipeline_bytes(config, shape) > _SHARED_BYTES:
+def _within_shared_memory(facts: DeviceFacts, config: FusedConfig, shape: FusedShape) -> FusedConfig:
+    """Fewer pipeline stages while the backward's walk would need more shared memory than a program has on this GPU
+    (a norm over 128 heads of 128 float32 channels: 64 KiB a tensor a stage; 99 KiB a program on compute capability
+    8.6 and 8.9, 163 KiB on 8.0, 227 KiB on 9.0)."""
+    limit = min(facts.shared_bytes_per_program - _SHARED_RESERVED, _SHARED_BYTES)
+    while config.stages > 1 and _pipeline_bytes(config, shape) > limit:
         config = config._replace(stages=config.stages - 1)
     return config
 
@@ -501,12 +506,11 @@ def _all_heads(config: FusedConfig, shape: FusedShape) -> FusedConfig:
 
 
 # Pipeline stages of the backward's walk where a program holds every head of its token: one more than the rule's
-# three. Such a program holds every head's tile, its weight-gradient terms and its pipeline's copies (compiled for
-# sm_90 by Triton 3.6 and 3.9: 206-221 registers a thread at 32 heads of 128 channels, against 64 at the rule's 8
-# heads), so an SM holds two of them, 8 warps, where it holds eight of the rule's. A token's two reductions cross a
-# program's warps behind barriers; with two programs an SM, what stays in flight meanwhile is what their pipelines
-# issued before, and a fourth stage issues one more token's copies ahead. The per-head backward, eight programs an
-# SM, measured a fourth stage within the clock's spread and keeps three (docs/tuning.md#fused-launch-table)
+# three. Such a program holds every head's tile, its weight-gradient terms and its pipeline's copies, so its
+# registers leave an SM two programs where it holds eight of the rule's (compiled for sm_90). A token's two
+# reductions cross a program's warps behind barriers; with two programs an SM, what stays in flight meanwhile is what
+# their pipelines issued before, and a fourth stage issues one more token's copies ahead. The per-head backward
+# measured a fourth stage within the clock's spread and keeps three (docs/tuning.md#fused-launch-table)
 _ALL_HEADS_STAGES = 4
 
 
