@@ -691,7 +691,7 @@ def test_device_facts_read_the_properties_torch_has_and_fall_back_on_the_rest(mo
 
     props = SimpleNamespace(name="Some GPU", major=9, minor=0, multi_processor_count=100, total_memory=2**34,
                             max_threads_per_multi_processor=1536, L2_cache_size=2**25, memory_clock_rate=2_000_000,
-                            memory_bus_width=4096)
+                            memory_bus_width=4096, shared_memory_per_block=65536)  # (no opt-in limit: ROCm's)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: props)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 10**6)  # an index no real GPU has
     monkeypatch.setenv("ROPEKIT_CACHE_DIR", str(tmp_path))
@@ -699,7 +699,7 @@ def test_device_facts_read_the_properties_torch_has_and_fall_back_on_the_rest(mo
     facts = choice.device_facts()
     assert (facts.n_sms, facts.max_warps_per_sm, facts.l2_bytes, facts.registers_per_sm) == (100, 48, 2**25, 65536)
     assert facts.ceiling_gbps == pytest.approx(2e9 * 2 * 512 / 1e9) and facts.bandwidth_source.startswith("estimated")
-    assert facts.latency_source.startswith("assumed")
+    assert facts.latency_source.startswith("assumed") and facts.shared_bytes_per_program == 65536
     assert isinstance(model.model_rope(facts, SMALL_PREFILL), (TileConfig, FlatConfig))
 
 
@@ -716,5 +716,7 @@ def test_on_a_gpu_the_facts_come_from_the_device_and_its_copy_is_measured_once(m
     facts = choice.device_facts(torch.cuda.current_device())
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
     assert facts.n_sms == props.multi_processor_count and facts.name == props.name
+    assert facts.shared_bytes_per_program == getattr(props, "shared_memory_per_block_optin",
+                                                     props.shared_memory_per_block)
     assert facts.bandwidth_source.startswith("measured") and facts.ceiling_gbps > 100
     assert isinstance(choice.choose_rope(SMALL_PREFILL, torch.cuda.current_device()), (TileConfig, FlatConfig))

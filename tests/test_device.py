@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import ropekit
-from conftest import ON_GPU
+from conftest import DEVICE, ON_GPU
 
 TOKENS, HQ, HK, D = 6, 4, 2, 64
 
@@ -136,9 +136,16 @@ def _side_stream(stream):
     @contextlib.contextmanager
     def on_the_side():
         with torch.cuda.stream(stream):
-            torch.cuda._sleep(2_000_000)
+            torch.cuda._sleep(50_000_000)  # (tens of milliseconds: longer than any call's host path)
             yield
     return on_the_side
+
+
+@pytest.mark.backend("triton")
+@pytest.mark.parametrize("op", OPS)
+def test_every_op_matches_the_native_ops_on_the_same_tensors_call_after_call(op):
+    """The helper the GPU tests below run, on this machine's device with nothing around the calls."""
+    _calls(op, torch.device(DEVICE), contextlib.nullcontext, lambda: None)
 
 
 @pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")

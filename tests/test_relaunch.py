@@ -138,10 +138,12 @@ def test_a_fused_key_is_the_signature_and_the_addresses_of_its_tensors():
     from ropekit.triton.launch import signature
     from ropekit.validate import addresses
     base = torch.randn(4, 6, device=DEVICE)
-    tensors = (base, None, base[:, 2:], base.t(), None, torch.arange(3, device=DEVICE), 7, None)
+    weight = torch.nn.Parameter(torch.randn(6, device=DEVICE))
+    tensors = (base, None, base[:, 2:], base.t(), None, torch.arange(3, device=DEVICE), 7, weight, None)
     flags = (1e-6, "bshd", True, None, 3)
     assert keyed("op", tensors, flags) == (signature("op", tensors, flags), addresses(tensors))
     assert keyed("op", tensors, flags)[0] != keyed("op", tensors[:-1] + (base,), flags)[0]
+    assert keyed("op", tensors, (True,))[0] != keyed("op", tensors, (1,))[0]
 
 
 @gpu_only

@@ -38,7 +38,9 @@ def planned(tensors: tuple) -> bool:
 def keyed(op: str, tensors: tuple, flags: tuple) -> tuple[tuple, tuple]:
     """A fused call's plan key (:func:`~ropekit.triton.launch.signature`) and where its tensors lie (their data
     pointers, :func:`ropekit.validate.addresses`), in one pass over its tensors: a planned call needs both, and its
-    host time is mostly this pass (most of a fused call's optional tensors are None)."""
+    host time is mostly this pass (most of a fused call's optional tensors are None). The addresses are those of every
+    tensor the call passes, read or not (a scale the call's format does not read): a call that brings a fresh unread
+    tensor each time finds neither its overlap check nor its launch kept, and takes the full path."""
     key, at = [op], []
     for t in tensors:
         if t is None:

@@ -106,11 +106,17 @@ def _measured_facts(index: int) -> DeviceFacts:
                         registers_per_sm=registers or 65536, l2_bytes=l2_bytes or DeviceFacts.l2_bytes,
                         capability=capability,
                         bandwidth_source=source, memory_bytes=memory_bytes,
-                        shared_bytes_per_program=getattr(props, "shared_memory_per_block_optin", 0)
-                        or DeviceFacts.shared_bytes_per_program)
+                        shared_bytes_per_program=_shared_bytes_per_program(props))
     if source.startswith("measured") or not _inside_capture_or_compile():
         _facts[index] = facts  # an estimate made inside capture or compile is measured again later
     return facts
+
+
+def _shared_bytes_per_program(props) -> int:
+    """Shared memory one program may hold: the opt-in limit where torch reports it (CUDA), else the plain per-block
+    one (ROCm reports no opt-in), else the model's default."""
+    return getattr(props, "shared_memory_per_block_optin", 0) or getattr(props, "shared_memory_per_block", 0) or \
+        DeviceFacts.shared_bytes_per_program
 
 
 def _copy_bandwidth(index: int, key: str, props) -> tuple[float, str]:

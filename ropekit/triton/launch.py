@@ -371,15 +371,15 @@ def launching_directly() -> bool:
 
 def _stream_getter():
     """The current CUDA stream as Triton's launcher takes it, read the way Triton reads it (None: let Triton do it)."""
-    if _stream_of is None or _get_device is None:
+    if _stream_of is None:
         return None
     return lambda: _stream_of(_get_device())
 
 
-# a device's current stream and the current device's index, as Triton's launcher reads them (None in a torch build
-# without CUDA)
+# a device's current stream (None in a torch build without CUDA) and the current device's index, as Triton's launcher
+# reads them
 _stream_of = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-_get_device = getattr(torch._C, "_cuda_getDevice", None)
+_get_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device
 _current_stream = _stream_getter()
 
 

@@ -468,8 +468,8 @@ def _pipeline_bytes(config: FusedConfig, shape: FusedShape) -> int:
 
 def _within_shared_memory(facts: DeviceFacts, config: FusedConfig, shape: FusedShape) -> FusedConfig:
     """Fewer pipeline stages while the backward's walk would need more shared memory than a program has on this GPU
-    (a norm over 128 heads of 128 float32 channels: 64 KiB a tensor a stage; 99 KiB a program on compute capability
-    8.6 and 8.9, 163 KiB on 8.0, 227 KiB on 9.0)."""
+    (:attr:`DeviceFacts.shared_bytes_per_program`; a norm over 128 heads of 128 float32 channels takes 64 KiB a tensor
+    a stage)."""
     limit = min(facts.shared_bytes_per_program - _SHARED_RESERVED, _SHARED_BYTES)
     while config.stages > 1 and _pipeline_bytes(config, shape) > limit:
         config = config._replace(stages=config.stages - 1)
