@@ -263,8 +263,6 @@ def _run_plan(plan, user, inplace, out_q=None, out_k=None, at=None):
         else:  # (fresh outputs: nothing to check, but where the call lies keeps its launch)
             out_q, out_k = new_output(q), None if k is None else new_output(k)
             at = with_outputs(at, out_q, out_k)
-    else:
-        at = None
     if plan.launch is not None and not plan.relaunch(at):
         plan.launch_at(at, q, k, out_q, out_k, None, None, None, None, None, None, None, None, None, q_weight,
                        k_weight, cos, sin, positions, cu_seqlens, 0)

@@ -348,11 +348,11 @@ def _run_prepared(grid: tuple, prepared: tuple, device: int) -> None:
     on ``device``, the packed metadata, the arguments) on ``device``'s current stream, no hooks
     (:func:`_call_compiled`). The driver launches a function in the current device's context: ``device`` is made
     current first where another is (a model spread over GPUs, :func:`ropekit.device.on_device`)."""
-    run, function, metadata, args = prepared
     if device != _get_device():
         with torch.cuda.device(device):
-            run(grid[0], grid[1], grid[2], _stream_of(device), function, metadata, None, None, None, *args)
+            _run_prepared(grid, prepared, device)
         return
+    run, function, metadata, args = prepared
     run(grid[0], grid[1], grid[2], _stream_of(device), function, metadata, None, None, None, *args)
 
 
