@@ -90,7 +90,8 @@ FUSED_TABLE = {  # ropekit's fused launch table on the H100 (docs/tuning.md#fuse
     "prefill-norm-all-heads-int8-token-head": (FusedShape(16384, 32, 128, 2, norm=True, norm_over_heads=True,
                                                           cache_format=INT8, cache_scales=PER_TOKEN_HEAD),
                                                FusedConfig(1, 32, 4, True, True)),
-    "backward": (FusedShape(16384, 32, 128, 2, norm=True, backward=True), FusedConfig(1, 8, 4, True, True, 16, 3)),
+    # the backward: 16 heads of 128 bf16 channels a step give a thread 16 bytes of each half (16-byte copies)
+    "backward": (FusedShape(16384, 32, 128, 2, norm=True, backward=True), FusedConfig(1, 16, 4, True, True, 16, 4)),
 }
 
 SHAPES = {**{name: shape for name, (shape, _) in TABLE.items()},
@@ -202,21 +203,28 @@ def test_a_norm_over_all_heads_takes_one_token_at_32_values_a_thread(gpu, kind, 
 
 
 @pytest.mark.parametrize("gpu", list(GPUS))
-@pytest.mark.parametrize("heads, element_size", [(8, 2), (32, 2), (32, 4), (128, 2), (128, 4)])
-def test_the_backward_over_all_heads_walks_one_stage_deeper_within_the_gpus_shared_memory(gpu, heads, element_size):
-    """Per head the backward walks three stages deep; a norm over all heads (two programs an SM) four: as deep as the
-    GPU's shared memory a program allows, up to that (docs/tuning.md#fused-launch-table)."""
+@pytest.mark.parametrize("heads, width, element_size", [(8, 128, 2), (32, 128, 2), (32, 128, 4), (32, 64, 2),
+                                                        (128, 128, 2), (128, 128, 4), (4, 512, 2)])
+def test_the_backward_copies_16_bytes_a_thread_and_walks_four_stages_within_the_gpus_shared_memory(
+        gpu, heads, width, element_size):
+    """A backward step gives each thread 16 bytes of each half of its head vectors where the call has the heads (a
+    norm over all heads: every head, so more), and walks four stages deep, as deep as the GPU's shared memory a
+    program allows, up to that (docs/tuning.md#fused-launch-table)."""
     facts = GPUS[gpu]
-    for over_heads, deepest in ((False, 3), (True, 4)):
-        shape = FusedShape(16384, heads, 128, element_size, norm=True, backward=True, norm_over_heads=over_heads)
+    for over_heads in (False, True):
+        shape = FusedShape(16384, heads, width, element_size, norm=True, backward=True, norm_over_heads=over_heads)
         config = model.model_fused(facts, shape)
         assert config.token_blocks == 16 and config in model.fused_candidate_space(shape)
+        threads = 32 * config.num_warps
+        half_bytes = config.block_s * config.block_h * width // 2 * element_size // threads  # a thread's, a half
+        assert half_bytes >= 16 or config.block_h == heads
+        assert over_heads or half_bytes <= 16
 
         def held(stages):  # the pipeline's copies: stages - 1 token blocks of the input and the gradient
-            return (stages - 1) * 2 * config.block_s * config.block_h * 128 * element_size
+            return (stages - 1) * 2 * config.block_s * config.block_h * width * element_size
         room = facts.shared_bytes_per_program - 8 * 1024
-        assert config.stages <= deepest and (config.stages == 1 or held(config.stages) <= room)
-        assert config.stages == deepest or held(config.stages + 1) > room
+        assert config.stages <= 4 and (config.stages == 1 or held(config.stages) <= room)
+        assert config.stages == 4 or held(config.stages + 1) > room
 
 
 @pytest.mark.parametrize("gpu", list(GPUS))

@@ -166,6 +166,29 @@ def test_gradients_match_the_reference(dtype):
                                    atol=2e-2 if dtype == torch.bfloat16 else 1e-4, msg=name)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gradients_match_the_reference_at_qwen3s_heads(dtype):
+    """Qwen3-8B's heads (32 q, 8 k, 128 channels), 40 tokens of two sequences at table positions: on a GPU the
+    model's backward step takes 16 heads of q (16 bytes of each half a thread; 8 where the math is float32) and k's
+    8 in programs of their own, its walk 16 token blocks long and four stages deep (without a GPU, the native
+    backward). The gradients of q, k and both weights against float64 autograd of the reference."""
+    gen = torch.Generator(device="cpu").manual_seed(3)
+    q, k = (torch.randn(2, 20, heads, 128, generator=gen).to(DEVICE, dtype).requires_grad_() for heads in (32, 8))
+    qw, kw = ((1 + 0.1 * torch.randn(128, generator=gen)).to(DEVICE).requires_grad_() for _ in range(2))
+    cos, sin = ropekit.cos_sin_table(4096, 128, device=DEVICE)
+    ids = torch.randint(0, 4096, (2, 20), generator=gen)
+    out_q, out_k = ropekit.qk_norm_rope(q, k, cos, sin, qw, kw, positions=ids.to(DEVICE))
+    gq, gk = (torch.randn(out.shape, generator=gen).to(DEVICE, dtype) for out in (out_q, out_k))
+    got = torch.autograd.grad((out_q * gq).float().sum() + (out_k * gk).float().sum(), (q, k, qw, kw))
+    leaves = [t.detach().double().cpu().requires_grad_() for t in (q, k, qw, kw)]
+    want_q, want_k = (expected(x, w, cos, sin, ids) for x, w in ((leaves[0], leaves[2]), (leaves[1], leaves[3])))
+    want = torch.autograd.grad((want_q * gq.double().cpu()).sum() + (want_k * gk.double().cpu()).sum(), leaves)
+    for name, g, w in zip(("q", "k", "q_weight", "k_weight"), got, want):
+        scale = w.abs().amax().item()  # the weights' gradients sum 40 tokens (and the heads): relative to their size
+        tolerance = (2e-2 if dtype == torch.bfloat16 else 1e-4) * max(1.0, scale if name.endswith("weight") else 1.0)
+        torch.testing.assert_close(g.double().cpu(), w, rtol=tolerance, atol=tolerance, msg=name)
+
+
 def test_inplace_refuses_autograd():
     q = torch.randn(1, 2, 1, 8, device=DEVICE, requires_grad=True)
     cos, sin = ropekit.cos_sin_table(8, 8, device=DEVICE)

@@ -53,7 +53,7 @@ def test_backward_sums_weight_gradients_over_every_program(interleaved, config, 
     assert_close_to_reference(dw, want_dw)
 
 
-@pytest.mark.parametrize("token_blocks,stages", [(1, 1), (2, 1), (4, 1), (4, 3)])
+@pytest.mark.parametrize("token_blocks,stages", [(1, 1), (2, 1), (4, 1), (4, 3), (4, 4)])
 def test_backward_of_q_and_k_with_fewer_k_heads_in_token_groups(token_blocks, stages, deterministic):
     """Batch form, 7 tokens (a partial tile and a partial group), 5 q heads in blocks of 4 and one k head in a
     block of its own (k's head blocks are sized to k): every gradient against the float64 reference."""

@@ -281,7 +281,7 @@ def _fused_calls():
                    out_k=torch.empty_like(k), grad_q=torch.empty_like(q), grad_k=torch.empty_like(k),
                    norm=tiles.AFTER, config=fused.FusedConfig(1, 8, 4, token_blocks=4), **across)
         for deterministic in (False, True):
-            for config in (fused.FusedConfig(1, 8, 4, evict_first=True, heads_inner=True, token_blocks=16, stages=3),
+            for config in (fused.FusedConfig(1, 8, 4, evict_first=True, heads_inner=True, token_blocks=16, stages=4),
                            fused.FusedConfig(2, 4, 4, token_blocks=4)):
                 yield dict(q=q, k=k, cos=cos, sin=cos, positions=by_offsets, rotary_dim=128,
                            out_q=torch.empty_like(q), out_k=torch.empty_like(k), q_weight=weight, k_weight=weight,

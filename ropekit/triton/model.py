@@ -375,16 +375,17 @@ def model_fused(facts: DeviceFacts, shape: FusedShape, registers=None) -> FusedC
       compiled kernel's registers are known (``registers(config)``: a thread's registers, or None), the heads a
       program double while the programs an SM holds keep less of q's tile in flight than Little's law asks
       (:func:`fused_bytes_in_flight_per_sm`).
-    * The backward: 1 token x 8 heads a step, 16 token blocks a program walked three stages deep, the
-      weight-gradient terms summed in registers.
+    * The backward: 1 token a step, as many heads as give each thread 16 bytes of each half of a head vector (one
+      copy of the widest kind: 16 heads of 128 bf16 channels at 4 warps), 16 token blocks a program walked four
+      stages deep, the weight-gradient terms summed in registers (:func:`_backward_rule`).
 
     Heads a program never exceed the call's (rounded up to a power of two), and a program's tile stays within the
     register bound (at most 32768 values: fewer heads, then fewer tokens, for very wide vectors).
 
     A norm over all heads of a token (``norm_over_heads``) needs every head of the token in one program: the heads
     are the call's (rounded up), one token a program at up to 32 values a thread, in as many warps as share them;
-    vectors wider than 128 channels keep the rule's tokens within the bound at the rule's values a thread; the
-    backward walks them four stages deep (:func:`_all_heads`).
+    vectors wider than 128 channels keep the rule's tokens within the bound at the rule's values a thread
+    (:func:`_all_heads`).
     """
     config = _fused_rule(facts, shape)
     if shape.norm_over_heads:
@@ -501,23 +502,34 @@ def _all_heads(config: FusedConfig, shape: FusedShape) -> FusedConfig:
     while block_s > 1 and block_s * heads * width > _TILE_VALUES_LIMIT:
         block_s //= 2
     warps = next_pow2(cdiv(block_s * heads * width, 32 * density))
-    config = config._replace(block_s=block_s, block_h=heads, num_warps=min(max(warps, config.num_warps), WARPS[-1]))
-    return config._replace(stages=_ALL_HEADS_STAGES) if shape.backward else config
+    return config._replace(block_s=block_s, block_h=heads, num_warps=min(max(warps, config.num_warps), WARPS[-1]))
 
 
-# Pipeline stages of the backward's walk where a program holds every head of its token: one more than the rule's
-# three. Such a program holds every head's tile, its weight-gradient terms and its pipeline's copies, so its
-# registers leave an SM two programs where it holds eight of the rule's (compiled for sm_90). A token's two
-# reductions cross a program's warps behind barriers; with two programs an SM, what stays in flight meanwhile is what
-# their pipelines issued before, and a fourth stage issues one more token's copies ahead. The per-head backward
-# measured a fourth stage within the clock's spread and keeps three (docs/tuning.md#fused-launch-table)
-_ALL_HEADS_STAGES = 4
+# The backward's copies: a thread's share of each half of a head vector, in bytes, for which the compiler issues one
+# copy of the widest kind (16 bytes: cp.async.cg, LDGSTS.BYPASS.128 in the sm_90 SASS). A step of fewer heads spreads
+# the halves thinner, 8 bytes a copy: twice the copies and the stores for the same bytes
+_BACKWARD_COPY_BYTES = 16
+# Pipeline stages of the backward's walk. A program of wide copies holds about 125 registers a thread (1 x 16 heads
+# of 128 channels; every head of OLMo-2's 32, over 200), so an SM holds two to four of them. A token's reductions
+# and the pipeline's own barriers stop a program's warps; what stays in flight meanwhile is what the few programs'
+# pipelines issued before, and a fourth stage issues one more token's copies ahead (docs/tuning.md#fused-launch-table)
+_BACKWARD_STAGES = 4
+
+
+def _backward_rule(shape: FusedShape) -> FusedConfig:
+    """The backward: one token a step, as many heads (up to the call's) as give each of 4 warps' threads
+    :data:`_BACKWARD_COPY_BYTES` of each half of a head vector, 16 token blocks a program walked
+    :data:`_BACKWARD_STAGES` deep, the streaming hint and the heads-inner order."""
+    threads = 4 * 32
+    block_h = max(1, threads * 2 * _BACKWARD_COPY_BYTES // (next_pow2(shape.width) * shape.element_size))
+    return FusedConfig(1, min(next_pow2(shape.n_heads), block_h), 4, evict_first=True, heads_inner=True,
+                       token_blocks=16, stages=_BACKWARD_STAGES)
 
 
 def _fused_rule(facts: DeviceFacts, shape: FusedShape) -> FusedConfig:
     heads = next_pow2(shape.n_heads)
     if shape.backward:
-        return FusedConfig(1, min(heads, 8), 4, evict_first=True, heads_inner=True, token_blocks=16, stages=3)
+        return _backward_rule(shape)
     if shape.n_tokens <= DECODE_TOKENS:
         def programs(block_h):  # q's and k's, one token a program
             return 2 * shape.n_tokens * cdiv(shape.n_heads, block_h)
