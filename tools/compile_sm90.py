@@ -59,10 +59,22 @@ def _leaf(value, path, constants):
     raise TypeError(f"no signature type for {value!r}")
 
 
-def compile_record(record):
-    """Triton's compiler on one recorded launch, for sm_90; returns the compiled kernel."""
+def _divisible(value, path, attrs):
+    """The JIT's divisibility hints for one argument: a tensor's pointer (allocations are aligned) and an int that is
+    a multiple of 16 (other than 1), as Triton specialises them on a GPU."""
+    if isinstance(value, torch.Tensor) or (type(value) is int and value != 1 and value % 16 == 0):
+        attrs[path] = [["tt.divisibility", 16]]
+    elif isinstance(value, tuple):
+        for i, v in enumerate(value):
+            _divisible(v, path + (i,), attrs)
+
+
+def compile_record(record, hints: bool = False):
+    """Triton's compiler on one recorded launch, for sm_90; returns the compiled kernel. ``hints``: with the JIT's
+    divisibility hints (the code a GPU runs: its loads as wide as the alignment allows); without them, the most
+    general code, which compiles whatever the addresses."""
     names = list(inspect.signature(record.kernel.fn).parameters)  # the kernel's order, whatever the plan's
-    signature, constants = {}, {}
+    signature, constants, attrs = {}, {}, {}
     for i, name in enumerate(names):
         value = record.arguments[name]
         if name in record.constexprs:
@@ -70,7 +82,9 @@ def compile_record(record):
             constants[(i,)] = value
         else:
             signature[name] = _leaf(value, (i,), constants)
-    source = ASTSource(fn=record.kernel, signature=signature, constexprs=constants)
+            if hints:
+                _divisible(value, (i,), attrs)
+    source = ASTSource(fn=record.kernel, signature=signature, constexprs=constants, attrs=attrs)
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": record.num_warps})
 
 

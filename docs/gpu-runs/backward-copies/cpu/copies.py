@@ -2,41 +2,20 @@
 registers and the widths of the copies (LDGSTS: the pipeline's cp.async) and stores (STG) in its SASS. Qwen3's
 per-head norm (32 q heads, 8 k heads, 128 bf16 channels) and OLMo-2's norm over all heads (32 and 32).
 Run from the repository root: python docs/gpu-runs/backward-copies/cpu/copies.py"""
-import collections, inspect, os, re, subprocess, sys, tempfile
+import collections, os, re, subprocess, sys, tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[4]
 sys.path.insert(0, str(ROOT / "tools")); sys.path.insert(0, str(ROOT))
 import compile_sm90 as c  # noqa: E402  (answers torch.cuda.is_available while ropekit imports)
 import torch, triton  # noqa: E402
-from triton.backends.compiler import GPUTarget  # noqa: E402
-from triton.compiler import ASTSource  # noqa: E402
 from ropekit.positions import resolve_positions  # noqa: E402
 from ropekit.triton import fused, launch  # noqa: E402
 from ropekit.triton.configs import FusedConfig  # noqa: E402
 
 
-def attrs(value, path, out):
-    if isinstance(value, torch.Tensor) or (type(value) is int and value != 1 and value % 16 == 0):
-        out[path] = [["tt.divisibility", 16]]
-    elif isinstance(value, tuple):
-        for i, v in enumerate(value):
-            attrs(v, path + (i,), out)
-
-
 def sass(record):
-    names = list(inspect.signature(record.kernel.fn).parameters)
-    signature, constants, hints = {}, {}, {}
-    for i, name in enumerate(names):
-        value = record.arguments[name]
-        if name in record.constexprs:
-            signature[name] = "constexpr"
-            constants[(i,)] = value
-        else:
-            signature[name] = c._leaf(value, (i,), constants)
-            attrs(value, (i,), hints)
-    compiled = triton.compile(ASTSource(fn=record.kernel, signature=signature, constexprs=constants, attrs=hints),
-                              target=GPUTarget("cuda", 90, 32), options={"num_warps": record.num_warps})
+    compiled = c.compile_record(record, hints=True)
     tools = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin")
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "k.cubin")
