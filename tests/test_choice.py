@@ -207,9 +207,10 @@ def test_a_norm_over_all_heads_takes_one_token_at_32_values_a_thread(gpu, kind, 
                                                         (128, 128, 2), (128, 128, 4), (4, 512, 2)])
 def test_the_backward_copies_16_bytes_a_thread_and_walks_four_stages_within_the_gpus_shared_memory(
         gpu, heads, width, element_size):
-    """A backward step gives each thread 16 bytes of each half of its head vectors where the call has the heads (a
-    norm over all heads: every head, so more), and walks four stages deep, as deep as the GPU's shared memory a
-    program allows, up to that (docs/tuning.md#fused-launch-table)."""
+    """A backward step gives each thread 16 bytes of each half of its head vectors where the call has the heads
+    (fewer heads: all of them, and fewer bytes; a norm over all heads takes every head, whatever that gives), and
+    walks four stages deep, as deep as the GPU's shared memory a program allows, up to that
+    (docs/tuning.md#fused-launch-table)."""
     facts = GPUS[gpu]
     for over_heads in (False, True):
         shape = FusedShape(16384, heads, width, element_size, norm=True, backward=True, norm_over_heads=over_heads)

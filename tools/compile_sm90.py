@@ -60,9 +60,10 @@ def _leaf(value, path, constants):
 
 
 def _divisible(value, path, attrs):
-    """The JIT's divisibility hints for one argument: a tensor's pointer (allocations are aligned) and an int that is
-    a multiple of 16 (other than 1), as Triton specialises them on a GPU."""
-    if isinstance(value, torch.Tensor) or (type(value) is int and value != 1 and value % 16 == 0):
+    """The JIT's divisibility hints for one argument, as Triton specialises them on a GPU: a tensor whose data pointer
+    is a multiple of 16 bytes, an int that is a multiple of 16 (other than 1)."""
+    if (value.data_ptr() % 16 == 0 if isinstance(value, torch.Tensor) else
+            type(value) is int and value != 1 and value % 16 == 0):
         attrs[path] = [["tt.divisibility", 16]]
     elif isinstance(value, tuple):
         for i, v in enumerate(value):

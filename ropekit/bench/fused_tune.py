@@ -49,7 +49,9 @@ SWEEP = {
                  (1, 8, 4, *_I, 16, 1), (1, 8, 4, *_I, 16, 2), (1, 8, 4, *_I, 16, 4), (1, 8, 4, *_I, 4, 3),
                  (1, 8, 4, *_I, 8, 3), (1, 8, 4, *_I, 32, 3), (1, 4, 1, *_I, 16, 3), (1, 4, 2, *_I, 16, 3),
                  (1, 8, 2, *_I, 16, 3), (2, 8, 4, *_I, 8, 3), (1, 16, 4, *_I, 16, 3), (1, 8, 8, *_I, 16, 3),
-                 (1, 8, 4, *_E, 16, 3), (1, 8, 4, False, False, 16, 3)],
+                 (1, 8, 4, *_E, 16, 3), (1, 8, 4, False, False, 16, 3),
+                 # around the rule's step of 16-byte copies (1 x 16 heads of 128 bf16 channels, four stages)
+                 (1, 16, 4, *_I, 16, 3), (1, 16, 4, *_I, 16, 5), (1, 16, 4, *_I, 32, 4), (1, 32, 4, *_I, 16, 4)],
 }
 # most telling first: a sweep cut short by its time budget has measured these
 TUNED_CASES = ("qknorm-backward-b4-s4096", "mla-decode-b64", "prefill-b4-s4096", "prefill-b4-s4096-fp8",

@@ -506,8 +506,9 @@ def _all_heads(config: FusedConfig, shape: FusedShape) -> FusedConfig:
 
 
 # The backward's copies: a thread's share of each half of a head vector, in bytes, for which the compiler issues one
-# copy of the widest kind (16 bytes: cp.async.cg, LDGSTS.BYPASS.128 in the sm_90 SASS). A step of fewer heads spreads
-# the halves thinner, 8 bytes a copy: twice the copies and the stores for the same bytes
+# copy of the widest kind (16 bytes: cp.async.cg, LDGSTS.E.BYPASS.128 in the sm_90 SASS). A step of fewer heads
+# spreads the halves thinner (8 heads of 128 bf16 channels at 4 warps: 8 bytes a copy), so each copy and each store
+# moves fewer bytes
 _BACKWARD_COPY_BYTES = 16
 # Pipeline stages of the backward's walk. A program of wide copies holds about 125 registers a thread (1 x 16 heads
 # of 128 channels; every head of OLMo-2's 32, over 200), so an SM holds two to four of them. A token's reductions
