@@ -14,7 +14,10 @@ from __future__ import annotations
 import contextlib
 import inspect
 import os
+import re
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import torch
@@ -87,6 +90,18 @@ def compile_record(record, hints: bool = False):
                 _divisible(value, (i,), attrs)
     source = ASTSource(fn=record.kernel, signature=signature, constexprs=constants, attrs=attrs)
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": record.num_warps})
+
+
+def sass(compiled) -> tuple[int, str]:
+    """A compiled kernel's registers a thread and its SASS, by the ``cuobjdump`` that ships with Triton (no GPU)."""
+    tools = Path(triton.__file__).parent / "backends/nvidia/bin"
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin = Path(tmp) / "kernel.cubin"
+        cubin.write_bytes(compiled.asm["cubin"])
+        text = subprocess.run([tools / "cuobjdump", "-sass", cubin], capture_output=True, text=True, check=True).stdout
+        usage = subprocess.run([tools / "cuobjdump", "-res-usage", cubin], capture_output=True, text=True,
+                               check=True).stdout
+    return int(re.search(r"REG:(\d+)", usage).group(1)), text
 
 
 def _rope_calls():

@@ -521,9 +521,9 @@ def _backward_rule(shape: FusedShape) -> FusedConfig:
     """The backward: one token a step, as many heads (up to the call's) as give each of 4 warps' threads
     :data:`_BACKWARD_COPY_BYTES` of each half of a head vector, 16 token blocks a program walked
     :data:`_BACKWARD_STAGES` deep, the streaming hint and the heads-inner order."""
-    threads = 4 * 32
-    block_h = max(1, threads * 2 * _BACKWARD_COPY_BYTES // (next_pow2(shape.width) * shape.element_size))
-    return FusedConfig(1, min(next_pow2(shape.n_heads), block_h), 4, evict_first=True, heads_inner=True,
+    warps = 4
+    block_h = max(1, 32 * warps * 2 * _BACKWARD_COPY_BYTES // (next_pow2(shape.width) * shape.element_size))
+    return FusedConfig(1, min(next_pow2(shape.n_heads), block_h), warps, evict_first=True, heads_inner=True,
                        token_blocks=16, stages=_BACKWARD_STAGES)
 
 

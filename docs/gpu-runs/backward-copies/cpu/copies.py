@@ -2,7 +2,7 @@
 registers and the widths of the copies (LDGSTS: the pipeline's cp.async) and stores (STG) in its SASS. Qwen3's
 per-head norm (32 q heads, 8 k heads, 128 bf16 channels) and OLMo-2's norm over all heads (32 and 32).
 Run from the repository root: python docs/gpu-runs/backward-copies/cpu/copies.py"""
-import collections, os, re, subprocess, sys, tempfile
+import collections, re, sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[4]
@@ -12,17 +12,6 @@ import torch, triton  # noqa: E402
 from ropekit.positions import resolve_positions  # noqa: E402
 from ropekit.triton import fused, launch  # noqa: E402
 from ropekit.triton.configs import FusedConfig  # noqa: E402
-
-
-def sass(record):
-    compiled = c.compile_record(record, hints=True)
-    tools = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin")
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "k.cubin")
-        open(path, "wb").write(compiled.asm["cubin"])
-        text = subprocess.run([f"{tools}/cuobjdump", "-sass", path], capture_output=True, text=True).stdout
-        usage = subprocess.run([f"{tools}/cuobjdump", "-res-usage", path], capture_output=True, text=True).stdout
-    return int(re.search(r"REG:(\d+)", usage).group(1)), text
 
 
 print(f"Triton {triton.__version__}, sm_90")
@@ -38,7 +27,7 @@ for name, hq, hk, over in (("qwen3", 32, 8, False), ("olmo2", 32, 32, True)):
             fused.launch_fused(q, k, cos, cos, positions=resolve_positions(batch=1, seqlen=64, positions=None),
                                rotary_dim=128, out_q=dq, out_k=dk, q_weight=w_q, k_weight=w_k, eps=1e-6,
                                norm_over_heads=over, grad_q=gq, grad_k=gk, config=config)
-        registers, text = sass(records[0])
+        registers, text = c.sass(c.compile_record(records[0], hints=True))
         widths = collections.Counter(re.findall(r"\b((?:LDGSTS|STG)[.A-Z0-9]*)", text))
         print(f"{name} 1 x {heads} heads, 4 warps, {stages} stages: {registers} registers a thread; "
               + ", ".join(f"{op} {n}" for op, n in sorted(widths.items())))

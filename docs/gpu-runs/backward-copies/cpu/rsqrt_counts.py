@@ -4,7 +4,7 @@ tree it was measured on (14a051d), compiled for sm_90 on a CPU: the instructions
 of two forwards (the fused benchmark's QK-norm prefill, rope_and_cache on a packed qkv and a paged bf16 cache, at
 4 x 16; OLMo-2's norm over all heads without a cache write at 1 x 32).
 Run from the repository root: python docs/gpu-runs/backward-copies/cpu/rsqrt_counts.py"""
-import re, subprocess, sys, tempfile
+import re, shutil, subprocess, sys, tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -13,42 +13,14 @@ ROOT = HERE.parents[3]
 
 def counts(tree):
     sys.path[:0] = [str(tree / "tools"), str(tree)]
-    import compile_sm90 as c  # noqa: F401  (answers torch.cuda.is_available while ropekit imports)
+    import compile_sm90 as c  # (answers torch.cuda.is_available while ropekit imports)
     import torch, triton
     from ropekit.positions import resolve_positions
     from ropekit.triton import fused, launch
     from ropekit.triton.configs import FusedConfig
 
-    def compile_hinted(record):  # the JIT's divisibility hints, which the tree's compile_sm90 does not add
-        import inspect
-        from triton.backends.compiler import GPUTarget
-        from triton.compiler import ASTSource
-        names = list(inspect.signature(record.kernel.fn).parameters)
-        signature, constants, attrs = {}, {}, {}
-
-        def hint(value, path):
-            if isinstance(value, torch.Tensor) or (type(value) is int and value != 1 and value % 16 == 0):
-                attrs[path] = [["tt.divisibility", 16]]
-            elif isinstance(value, tuple):
-                for i, v in enumerate(value):
-                    hint(v, path + (i,))
-        for i, name in enumerate(names):
-            value = record.arguments[name]
-            if name in record.constexprs:
-                signature[name] = "constexpr"
-                constants[(i,)] = value
-            else:
-                signature[name] = c._leaf(value, (i,), constants)
-                hint(value, (i,))
-        compiled = triton.compile(ASTSource(fn=record.kernel, signature=signature, constexprs=constants, attrs=attrs),
-                                  target=GPUTarget("cuda", 90, 32), options={"num_warps": record.num_warps})
-        tools = Path(triton.__file__).parent / "backends/nvidia/bin"
-        with tempfile.TemporaryDirectory() as tmp:
-            cubin = Path(tmp) / "k.cubin"
-            cubin.write_bytes(compiled.asm["cubin"])
-            text = subprocess.run([tools / "cuobjdump", "-sass", cubin], capture_output=True, text=True).stdout
-            usage = subprocess.run([tools / "cuobjdump", "-res-usage", cubin], capture_output=True, text=True).stdout
-        return int(re.search(r"REG:(\d+)", usage).group(1)), text
+    def compile_hinted(record):  # the JIT's divisibility hints, as a GPU compiles the launch
+        return c.sass(c.compile_record(record, hints=True))
 
     def loop(text):  # the longest backward branch's body: the walk's steady-state step
         ins = [(int(a, 16), t) for a, t in re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", text)]
@@ -99,9 +71,11 @@ if __name__ == "__main__":
         for label, patch in (("14a051d", None), ("14a051d + change.patch", patched)):
             tree = Path(tmp) / label.split()[0 if patch is None else -1].replace(".", "_")
             tree.mkdir()
-            archive = subprocess.run(["git", "-C", str(ROOT), "archive", "14a051d", "ropekit", "tools"],
+            archive = subprocess.run(["git", "-C", str(ROOT), "archive", "14a051d", "ropekit"],
                                      capture_output=True, check=True).stdout
             subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
+            (tree / "tools").mkdir()  # this tree's compile tool (its hints), over the archived package
+            shutil.copy(ROOT / "tools/compile_sm90.py", tree / "tools")
             if patch is not None:
                 subprocess.run(["git", "apply", str(patch)], cwd=tree, check=True)
             print(f"== {label}")

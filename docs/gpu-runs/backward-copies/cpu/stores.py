@@ -1,7 +1,7 @@
 """The fused prefill's load and store widths in its sm_90 SASS (compiled on a CPU) at 2 and 4 tokens x 16 heads:
 Llama-3-8B's heads on a packed qkv, a paged cache of bf16 or float8 e4m3 (one scale a tensor), and a float8 q.
 Run from the repository root: python docs/gpu-runs/backward-copies/cpu/stores.py"""
-import collections, re, subprocess, sys, tempfile
+import collections, re, sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[4]
@@ -33,11 +33,6 @@ for case in ("bf16", "float8 cache", "float8 cache + float8 q"):
                                k_cache=torch.empty(16, 16, 8, 128, dtype=cache),
                                v_cache=torch.empty(16, 16, 8, 128, dtype=cache),
                                config=FusedConfig(tokens, 16, 4, True, True), **store, **q_out)
-        compiled = c.compile_record(records[0], hints=True)
-        tools = Path(triton.__file__).parent / "backends/nvidia/bin"
-        with tempfile.TemporaryDirectory() as tmp:
-            cubin = Path(tmp) / "k.cubin"
-            cubin.write_bytes(compiled.asm["cubin"])
-            text = subprocess.run([tools / "cuobjdump", "-sass", cubin], capture_output=True, text=True).stdout
+        _, text = c.sass(c.compile_record(records[0], hints=True))
         widths = collections.Counter(re.findall(r"\b((?:LDG|STG)[.A-Z0-9]*)", text))
         print(f"{case}, {tokens} x 16: " + ", ".join(f"{op} {n}" for op, n in sorted(widths.items())))
