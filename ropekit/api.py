@@ -31,7 +31,7 @@ from . import native
 from .layouts import LAYOUTS, TO_BSHD, batch_and_seq_axes
 from .outputs import bump_versions, new_output
 from .positions import SCALAR_OFFSET, PositionSpec
-from .triton.launch import plan_rope, plans, released, rope_v4, signature
+from .triton.launch import plan_rope, plans, released, rope_v4, signature, tensor_key
 from .validate import BACKENDS, check_mode, check_nope, check_overlaps, prepare
 
 __all__ = ["apply_rope", "LAYOUTS", "BACKENDS"]
@@ -252,10 +252,6 @@ class _RopeFunction(torch.autograd.Function):
 # The eager fast path: a repeated call skips validation and launch derivation.
 # --------------------------------------------------------------------------------------------------------------------
 
-def _tensor_key(t):
-    return None if t is None else (t.shape, t.stride(), t.dtype, t.device)
-
-
 def _signature(q, k, cos, sin, positions, layout, interleaved, rotary_dim, inplace, cu_seqlens, max_seqlen, per_token,
                conjugate, eager_rounding, inv_freq, scale, mrope_section, mrope_interleaved, nope) -> tuple | None:
     """Everything that validation and the launch derive from, or None for a call that is not cached.
@@ -267,7 +263,7 @@ def _signature(q, k, cos, sin, positions, layout, interleaved, rotary_dim, inpla
     if positions is None or type(positions) is int:
         pos_key = type(positions)
     elif isinstance(positions, torch.Tensor):
-        pos_key = _tensor_key(positions)
+        pos_key = tensor_key(positions)
     else:
         return None
     if layout == "thd" and max_seqlen is None:
@@ -280,9 +276,9 @@ def _signature(q, k, cos, sin, positions, layout, interleaved, rotary_dim, inpla
             return None  # validation says what is wrong (and an int-valued float is no int)
         mrope_section = tuple(mrope_section)
     # types beside values: True == 1 as dict keys, but not as arguments
-    return (_tensor_key(q), _tensor_key(k), _tensor_key(cos), _tensor_key(sin), pos_key, layout, type(interleaved),
-            interleaved, type(rotary_dim), rotary_dim, inplace, _tensor_key(cu_seqlens), type(max_seqlen), max_seqlen,
-            per_token, type(conjugate), conjugate, eager_rounding, _tensor_key(inv_freq), type(scale), scale,
+    return (tensor_key(q), tensor_key(k), tensor_key(cos), tensor_key(sin), pos_key, layout, type(interleaved),
+            interleaved, type(rotary_dim), rotary_dim, inplace, tensor_key(cu_seqlens), type(max_seqlen), max_seqlen,
+            per_token, type(conjugate), conjugate, eager_rounding, tensor_key(inv_freq), type(scale), scale,
             mrope_section, type(mrope_interleaved), mrope_interleaved, nope)
 
 

@@ -144,6 +144,26 @@ def test_a_fused_key_is_the_signature_and_the_addresses_of_its_tensors():
     assert keyed("op", tensors, flags) == (signature("op", tensors, flags), addresses(tensors))
     assert keyed("op", tensors, flags)[0] != keyed("op", tensors[:-1] + (base,), flags)[0]
     assert keyed("op", tensors, (True,))[0] != keyed("op", tensors, (1,))[0]
+    # a tensor on another device is another key, a device without an index (CPU, meta) included
+    for other in ("meta", "cpu") + (("cuda:0",) if torch.cuda.is_available() else ()):
+        moved = tensors[:5] + (tensors[5].to(other),) + tensors[6:]
+        assert (keyed("op", moved, flags)[0] == keyed("op", tensors, flags)[0]) == (other == str(tensors[5].device))
+
+
+def test_a_planned_call_with_a_tensor_on_another_device_is_validated():
+    """A call that repeats a planned one but for a tensor's device (the meta device, which has no index, as a CPU
+    tensor has none) does not reach that plan: validation refuses it, naming the tensor, before anything is
+    written."""
+    q, k = torch.randn(1, 4, 2, 16, device=DEVICE), torch.randn(1, 4, 1, 16, device=DEVICE)
+    w = torch.randn(16, device=DEVICE)
+    cos, sin = ropekit.cos_sin_table(8, 16, device=DEVICE)
+    with ropekit.device.set_backend("triton"), torch.no_grad():
+        for _ in range(2):  # the second call takes the plan
+            ropekit.qk_norm_rope(q, k, cos, sin, w, w, inplace=True)
+        before = q.clone(), k.clone()
+        with pytest.raises((ValueError, TypeError), match="k_weight"):
+            ropekit.qk_norm_rope(q, k, cos, sin, w, w.to("meta"), inplace=True)
+    assert torch.equal(q, before[0]) and torch.equal(k, before[1])
 
 
 @gpu_only

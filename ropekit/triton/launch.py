@@ -37,7 +37,8 @@ from .v4 import QKTile, Rotation, rope_v4_kernel
 from .v4_flat import rope_flat_kernel
 
 __all__ = ["KernelLaunch", "PlanCache", "plans", "LaunchRecord", "recorded_launches", "rope_config", "plan_rope",
-           "RopeLaunch", "rope_v4", "forced_config", "TileConfig", "FlatConfig", "released", "signature"]
+           "RopeLaunch", "rope_v4", "forced_config", "TileConfig", "FlatConfig", "released", "signature",
+           "tensor_key"]
 
 log = logging.getLogger("ropekit")
 
@@ -523,15 +524,26 @@ class PlanCache(dict):
 plans = PlanCache(1024)
 
 
+def tensor_key(t: torch.Tensor | None) -> tuple | None:
+    """A tensor as a plan's key holds it (None as None): shape, strides, dtype and device. The device as its index
+    where it has one (a GPU's: a CUDA machine's tensors have no other indexed device), else as itself (a CPU tensor
+    and a meta one both have index -1): an int hashes and compares for a fraction of a ``torch.device``'s cost, and
+    a call's key holds one a tensor."""
+    if t is None:
+        return None
+    index = t.get_device()
+    return t.shape, t.stride(), t.dtype, index if index >= 0 else t.device
+
+
 def signature(op: str, tensors: tuple, flags: tuple) -> tuple:
-    """A plan's key: the op's name, every tensor by shape, strides, dtype and device (None as itself, anything else
-    by type and value), every host argument by type and value (True == 1 as dict keys, but not as arguments). Not
-    hashed here: the plan cache's lookup (:meth:`PlanCache.find`) is the one hash a call pays (a key with an unhashable
-    argument finds no plan there, and validation says what is wrong with it)."""
+    """A plan's key: the op's name, every tensor by :func:`tensor_key` (None as itself, anything else by type and
+    value), every host argument by type and value (True == 1 as dict keys, but not as arguments). Not hashed here:
+    the plan cache's lookup (:meth:`PlanCache.find`) is the one hash a call pays (a key with an unhashable argument
+    finds no plan there, and validation says what is wrong with it)."""
     # (None first: most of a fused call's optional tensors are None, and isinstance against torch.Tensor is slow
     # for a non-tensor)
-    return (op, *[None if t is None else (t.shape, t.stride(), t.dtype, t.device) if isinstance(t, torch.Tensor)
-                  else (type(t), t) for t in tensors], *flags, *map(type, flags))
+    return (op, *[None if t is None else tensor_key(t) if isinstance(t, torch.Tensor) else (type(t), t)
+                  for t in tensors], *flags, *map(type, flags))
 
 
 # --------------------------------------------------------------------------------------------------------------------
