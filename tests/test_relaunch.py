@@ -135,7 +135,7 @@ def test_a_fused_key_is_the_signature_and_the_addresses_of_its_tensors():
     """The one pass a planned fused call makes over its tensors gives what the plan key and the overlap rule's
     addresses give apart."""
     from ropekit.fused.plan import keyed
-    from ropekit.triton.launch import signature
+    from ropekit.triton.launch import signature, tensor_key
     from ropekit.validate import addresses
     base = torch.randn(4, 6, device=DEVICE)
     weight = torch.nn.Parameter(torch.randn(6, device=DEVICE))
@@ -144,16 +144,23 @@ def test_a_fused_key_is_the_signature_and_the_addresses_of_its_tensors():
     assert keyed("op", tensors, flags) == (signature("op", tensors, flags), addresses(tensors))
     assert keyed("op", tensors, flags)[0] != keyed("op", tensors[:-1] + (base,), flags)[0]
     assert keyed("op", tensors, (True,))[0] != keyed("op", tensors, (1,))[0]
-    # a tensor on another device is another key, a device without an index (CPU, meta) included
+    # a tensor on another device is another key, a device without an index (CPU, meta) included, and the three
+    # places that write a tensor's key agree
     for other in ("meta", "cpu") + (("cuda:0",) if torch.cuda.is_available() else ()):
         moved = tensors[:5] + (tensors[5].to(other),) + tensors[6:]
         assert (keyed("op", moved, flags)[0] == keyed("op", tensors, flags)[0]) == (other == str(tensors[5].device))
+        assert keyed("op", moved, flags)[0] == signature("op", moved, flags)
+        assert signature("op", moved, flags)[6] == tensor_key(moved[5])
+    on_cpu, on_meta = base.to("cpu"), base.to("meta")
+    assert tensor_key(on_cpu) != tensor_key(on_meta)
+    assert keyed("op", (on_cpu,), ())[0] != keyed("op", (on_meta,), ())[0]
+    assert signature("op", (on_cpu,), ()) != signature("op", (on_meta,), ())
 
 
 def test_a_planned_call_with_a_tensor_on_another_device_is_validated():
-    """A call that repeats a planned one but for a tensor's device (the meta device, which has no index, as a CPU
-    tensor has none) does not reach that plan: validation refuses it, naming the tensor, before anything is
-    written."""
+    """A call that repeats a planned one but for a tensor's device (a meta weight: where the plan's tensors are on
+    the CPU, both devices have index -1) does not reach that plan: validation refuses it, naming the tensor, before
+    anything is written."""
     q, k = torch.randn(1, 4, 2, 16, device=DEVICE), torch.randn(1, 4, 1, 16, device=DEVICE)
     w = torch.randn(16, device=DEVICE)
     cos, sin = ropekit.cos_sin_table(8, 16, device=DEVICE)

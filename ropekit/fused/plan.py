@@ -36,7 +36,7 @@ def planned(tensors: tuple) -> bool:
 
 
 def keyed(op: str, tensors: tuple, flags: tuple) -> tuple[tuple, tuple]:
-    """A fused call's plan key (:func:`~ropekit.triton.launch.signature`'s) and where its tensors lie (their data
+    """A fused call's plan key (:func:`~ropekit.triton.launch.signature`) and where its tensors lie (their data
     pointers, :func:`ropekit.validate.addresses`), in one pass over its tensors: a planned call needs both, and its
     host time is mostly this pass (most of a fused call's optional tensors are None). The addresses are those of every
     tensor the call passes, read or not (a scale the call's format does not read): a call that brings a fresh unread
@@ -45,7 +45,7 @@ def keyed(op: str, tensors: tuple, flags: tuple) -> tuple[tuple, tuple]:
     for t in tensors:
         if t is None:
             key.append(None)
-        elif isinstance(t, torch.Tensor):  # (tensor_key, written out: a call a tensor costs more than it saves)
+        elif isinstance(t, torch.Tensor):  # (tensor_key inline: a call per tensor costs more than it saves)
             index = t.get_device()
             key.append((t.shape, t.stride(), t.dtype, index if index >= 0 else t.device))
             at.append(t.data_ptr())

@@ -526,9 +526,11 @@ plans = PlanCache(1024)
 
 def tensor_key(t: torch.Tensor | None) -> tuple | None:
     """A tensor as a plan's key holds it (None as None): shape, strides, dtype and device. The device as its index
-    where it has one (a GPU's: a CUDA machine's tensors have no other indexed device), else as itself (a CPU tensor
-    and a meta one both have index -1): an int hashes and compares for a fraction of a ``torch.device``'s cost, and
-    a call's key holds one a tensor."""
+    where it has one, else as itself (a CPU tensor and a meta one both have index -1): an int hashes and compares for
+    about half a ``torch.device``'s cost, and a call's key holds one per tensor. Keys assume one indexed device type
+    in a process (CUDA's: an XPU's or an MPS device's index would read as the GPU's of the same number).
+    :func:`signature` and ``fused.plan.keyed`` write this tuple out inline (a call per tensor costs more than it
+    saves there); ``tests/test_relaunch.py`` holds the three equal."""
     if t is None:
         return None
     index = t.get_device()
@@ -541,9 +543,10 @@ def signature(op: str, tensors: tuple, flags: tuple) -> tuple:
     the plan cache's lookup (:meth:`PlanCache.find`) is the one hash a call pays (a key with an unhashable argument
     finds no plan there, and validation says what is wrong with it)."""
     # (None first: most of a fused call's optional tensors are None, and isinstance against torch.Tensor is slow
-    # for a non-tensor)
-    return (op, *[None if t is None else tensor_key(t) if isinstance(t, torch.Tensor) else (type(t), t)
-                  for t in tensors], *flags, *map(type, flags))
+    # for a non-tensor; tensor_key inline)
+    return (op, *[None if t is None else
+                  (t.shape, t.stride(), t.dtype, index if (index := t.get_device()) >= 0 else t.device)
+                  if isinstance(t, torch.Tensor) else (type(t), t) for t in tensors], *flags, *map(type, flags))
 
 
 # --------------------------------------------------------------------------------------------------------------------
