@@ -57,14 +57,15 @@ def _fake_ops(log, broken=False):
             eager.Op("its chain", "chain", make("its chain")))
 
 
-def test_the_runs_of_every_call_are_interleaved_and_a_wrong_call_is_never_timed(monkeypatch):
+def test_the_runs_of_every_call_are_interleaved_every_other_one_reversed_and_a_wrong_call_is_never_timed(monkeypatch):
     log = []
     monkeypatch.setattr(eager, "OPS", _fake_ops(log))
-    rows = eager.run_case(DECODE, "cpu", calls=3, repeats=2, warmup=1, log=lambda line: None)
+    rows = eager.run_case(DECODE, "cpu", calls=3, repeats=3, warmup=1, log=lambda line: None)
     warmup, timed = log[:3], log[3:]
     assert warmup == [eager.APPLY_ROPE, "fused op", "its chain"]
-    assert timed == ([eager.APPLY_ROPE] * 3 + ["fused op"] * 3 + ["its chain"] * 3) * 2
-    assert all(len(r["runs_us"]) == 2 and r["us"] > 0 for r in rows)
+    in_order = [eager.APPLY_ROPE] * 3 + ["fused op"] * 3 + ["its chain"] * 3
+    assert timed == in_order + in_order[::-1] + in_order
+    assert all(len(r["runs_us"]) == 3 and r["us"] > 0 for r in rows)
 
     log.clear()
     monkeypatch.setattr(eager, "OPS", _fake_ops(log, broken=True))

@@ -48,8 +48,20 @@ def test_fused_dry_run_checks_every_version(ab_dir, tmp_path):
     assert "ropekit_turned: wrong result" in (tmp_path / "ab.md").read_text().replace("#2", "")
 
 
-def test_eager_dry_run_checks_every_version(ab_dir, tmp_path):
+def test_eager_dry_run_checks_every_version(ab_dir, tmp_path, monkeypatch):
+    from ropekit.bench import eager
+    order = []
+    real = eager.time_interleaved
+
+    def recorded(timed, *args, **kwargs):  # the order the runs time the calls in
+        order.append([(row["op"], row["version"]) for row, _ in timed])
+        return real(timed, *args, **kwargs)
+
+    monkeypatch.setattr(eager, "time_interleaved", recorded)
     code, doc = _run(ab_dir, tmp_path, "--eager", "--ops", "rope_and_cache", "qk_norm_rope")
+    # one op's versions side by side
+    assert order and all(pairs == [(op, version) for op in dict.fromkeys(op for op, _ in pairs)
+                                   for version in ("base", "new")] for pairs in order)
     rows = {(r["case"], r["op"], r["version"]): r for r in doc["rows"]}
     assert code == 0
     for case in ("decode", "small-prefill"):

@@ -15,8 +15,9 @@ entries: ``ropekit.bench.fused.impls()["ropekit-fused"]`` on the current tree's 
 Graph clock: every version's call is captured twice (rows ``base``, ``base#2``, ``new``, ``new#2``, ...) beside the
 copy of the byte floor and, for decode cases, the launch-chain floor; the harness replays all of them in interleaved
 rounds. A version's ratio is the sum of its two medians over the base's two; the two rows of one version show the
-clock's spread. Eager clock: each run times ``--calls`` back-to-back calls of every op of every version, runs
-interleaved; the ratio is the median over runs of each run's ratio (``ropekit.bench.eager.ratio``).
+clock's spread. Eager clock: each run times ``--calls`` back-to-back calls of every op of every version, one op's
+versions next to each other, the order reversed every other run; the ratio is the median over runs of each run's
+ratio (``ropekit.bench.eager.ratio``).
 
 Writes ``ab.json`` (every row, the ratios) and ``ab.md`` under ``--out``.
 """
@@ -136,6 +137,10 @@ def eager(found: dict, op_names, dry_run: bool, repeats: int, calls: int, peers_
                         row.update(status="wrong result", reason=prepared.message[:200])
                         continue
                     timed[(op.name, label)] = (row, prepared.fn)
+        # one op's versions side by side, in the versions' order: each run times them next to each other, first one
+        # way then (time_interleaved) the other, so the host's speed at that moment is the same for the pair
+        ops = list(dict.fromkeys(op for op, _ in timed))
+        timed = dict(sorted(timed.items(), key=lambda item: (ops.index(item[0][0]), list(found).index(item[0][1]))))
         time_interleaved(list(timed.values()), device, calls=calls, repeats=repeats, warmup=warmup)
         for (op, label), (row, _) in timed.items():
             base = timed.get((op, BASE))

@@ -6,9 +6,10 @@
 A CUDA graph hides the host: its replays launch without Python. Eager calls are what HF generation and a training
 step pay, so this clock runs every call from Python. For each call: a warm-up (plans built, kernels compiled), then
 ``--repeats`` runs of ``--calls`` back-to-back calls with one synchronisation at the end (the clarifications' eager
-time, :func:`ropekit.bench.timing.back_to_back_us`), the runs of every call interleaved so that a drift of the host
-reaches them alike; the median of the runs is reported with their range. Calls run under ``torch.no_grad()``, as
-generation does. Every call is checked against a reference before it is timed (a wrong call is reported, never timed).
+time, :func:`ropekit.bench.timing.back_to_back_us`), the runs of every call interleaved (every other run in reverse
+order) so that a drift of the host reaches them alike; the median of the runs is reported with their range. Calls
+run under ``torch.no_grad()``, as generation does. Every call is checked against a reference before it is timed (a
+wrong call is reported, never timed).
 
 The calls, on each case (decode b64 and small prefill b1 s512, Llama-3-8B heads; MLA with DeepSeek's):
 
@@ -233,7 +234,8 @@ def run_case(case: EagerCase, device, *, calls: int, repeats: int, warmup: int, 
 
 def time_interleaved(timed: list, device, *, calls: int, repeats: int, warmup: int) -> None:
     """Time each ``(row, fn)`` of ``timed``: ``warmup`` calls each, then ``repeats`` runs, each timing ``calls``
-    back-to-back calls of every fn in turn (so run i of every call saw the host as it was then), appended to
+    back-to-back calls of every fn in turn (so run i of every call saw the host as it was then), in ``timed``'s order
+    and, every other run, in reverse (a host that drifts within a run favours neither of two neighbours), appended to
     ``row["runs_us"]``; ``row["us"]`` is their median. Under ``torch.no_grad()``, the garbage collector held off
     while the runs last."""
     sync = _sync(device)
@@ -245,8 +247,8 @@ def time_interleaved(timed: list, device, *, calls: int, repeats: int, warmup: i
         gc.collect()
         gc.disable()  # as timeit does: a collection inside a run is not the call's cost
         try:
-            for _ in range(repeats):
-                for row, fn in timed:
+            for run in range(repeats):
+                for row, fn in (timed if run % 2 == 0 else timed[::-1]):
                     row["runs_us"].append(back_to_back_us(fn, calls, sync))
         finally:
             gc.enable()
