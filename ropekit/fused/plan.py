@@ -14,12 +14,12 @@ from __future__ import annotations
 import torch
 
 from .. import device as _device
-from ..triton.launch import PlanCache, plans, signature
+from ..triton.launch import PlanCache, plans
 from .validate import check_mode, check_overlaps
 
 FLOAT8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 
-__all__ = ["planned", "signature", "keyed", "reads_callers_memory", "with_outputs", "FusedPlan", "plans"]
+__all__ = ["planned", "keyed", "reads_callers_memory", "with_outputs", "FusedPlan", "plans"]
 
 
 def planned(tensors: tuple) -> bool:
