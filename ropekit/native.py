@@ -370,11 +370,12 @@ def fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, interleav
           cache_mode: int = 0, slots=None, page_table=None, block_size: int = 1, cache_len: int = 0, k_scale=None,
           v_scale=None, quant: tuple = (PLAIN, PER_TENSOR), q_format: int = PLAIN, q_scale=None, k_global=None,
           v_global=None, q_weight=None, k_weight=None, eps: float = 0.0, weight_offset: float = 0.0,
-          norm: int | None = None, norm_over_heads: bool = False, grad_q=None, grad_k=None):
+          norm: int | None = None, norm_over_heads: bool = False, grad_q=None, grad_k=None, inv_freq=None,
+          angle_scale: float = 1.0):
     """:func:`ropekit.triton.fused.launch_fused`'s arguments and outputs, computed in PyTorch ops: RMSNorm per head
-    or over all heads of a token (``norm_over_heads``; with weights), RoPE, the outputs (None: not written) and, for
-    k, the caches; with ``grad_q`` the backward of norm + rotation, returning the weight gradients ``(dw_q, dw_k)`` in
-    the math dtype."""
+    or over all heads of a token (``norm_over_heads``; with weights), RoPE (from the table, or from ``inv_freq``
+    times ``angle_scale``), the outputs (None: not written) and, for k, the caches; with ``grad_q`` the backward of
+    norm + rotation, returning the weight gradients ``(dw_q, dw_k)`` in the math dtype."""
     backward = grad_q is not None
     varlen = positions.is_varlen
     n_batch = positions.cu_seqlens.shape[0] - 1 if varlen else q.shape[0]
@@ -390,7 +391,8 @@ def fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, interleav
     if n_batch == 0 or seqlen == 0 or q.shape[0] == 0:
         return dw
     tokens = _tokens(positions, n_batch, seqlen, q.shape[0], q.device)
-    angles = _angles(cos, sin, positions, tokens, rotary_dim, interleaved, cos_per_token, backward, math)
+    angles = _angles(cos, sin, positions, tokens, rotary_dim, interleaved, cos_per_token, backward, math, inv_freq,
+                     angle_scale)
     # (an empty tensor's data pointer says nothing: q without heads is not "in place")
     in_place = (out_q is not None and out_q.numel() > 0 and out_q.data_ptr() == q.data_ptr()) or (
         out_k is not None and out_k.numel() > 0 and out_k.data_ptr() == k.data_ptr())

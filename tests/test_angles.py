@@ -225,7 +225,7 @@ def test_a_table_free_call_never_takes_the_flat_kernel():
         ropekit.apply_rope(q, k, inv_freq=freqs(32))
     kernels = [record.kernel.__name__ for record in records]
     assert kernels == ["rope_flat_kernel", "rope_v4_kernel"]
-    assert records[1].arguments["ROTATION"].ANGLES
+    assert records[1].arguments["POSITION"].ANGLES
 
 
 # --- the measurement command runs its whole path (on a CPU: no clock, nothing measured) -----------------------------

@@ -435,8 +435,7 @@ def test_rotary_embedding_takes_mrope_from_the_config(backend, parameters):
 @pytest.mark.parametrize("variant, section, interleaved", VARIANTS, ids=VARIANT_IDS)
 def test_the_fused_kernel_reads_mrope_positions_through_the_same_helper(variant, section, interleaved):
     """The sections travel in the position mode, so the fused pre-processing kernel (which shares the angle lookup)
-    takes an M-RoPE position spec with no argument of its own; its front doors (``ropekit.fused``) do not offer
-    ``mrope_section`` yet."""
+    takes an M-RoPE position spec with no argument of its own (its front doors: tests/test_fused_angles.py)."""
     from ropekit.positions import resolve_positions
     from ropekit.triton.fused import launch_fused
 

@@ -33,13 +33,14 @@ def _kernel_arguments(q, k, v, out_q, out_k, k_cache, v_cache, slots, cache_mode
                       kv_indptr, kv_layout: str, cos, sin, positions, pos_mode: int, cu_seqlens, position_offset: int,
                       max_seqlen: int, rotary_dim: int, layout: str, interleaved: bool, per_token: bool, k_scale,
                       v_scale, q_weight, k_weight, eps: float, weight_offset: float, k_scale_cache=None,
-                      v_scale_cache=None, q_scale=None, norm=None, norm_over_heads=False) -> dict:
+                      v_scale_cache=None, q_scale=None, norm=None, norm_over_heads=False, inv_freq=None,
+                      angle_scale=1.0) -> dict:
     """A validated call as the fused launcher (:func:`~ropekit.triton.fused.plan_fused`, or the native
     :func:`ropekit.native.fused`) takes it: the kernels' views (the caches as ``(blocks, rows, heads, dim)``), the
     cache's geometry and address map, and the store the cache's dtype and the scales make (the scales only with a
     quantised cache: the kernel never sees others; with scale caches, those in their place, written; NVFP4: the
     block-scale caches as bytes in their place and the scales given as the global ones; a float8 ``out_q`` as its
-    bytes, at ``q_scale``)."""
+    bytes, at ``q_scale``; ``inv_freq``: the angles without a table, cos and sin None)."""
     # per head when either scale has one a head (a one-element one is then read at stride 0)
     per_head = any(s is not None and s.numel() > 1 for s in (k_scale, v_scale))
     quant = quant_codes(k_cache.dtype, per_head=per_head, per_token_head=k_scale_cache is not None)
@@ -63,7 +64,7 @@ def _kernel_arguments(q, k, v, out_q, out_k, k_cache, v_cache, slots, cache_mode
                 v_scale=v_scale, quant=quant, k_global=k_global, v_global=v_global,
                 q_format=quant_codes(out_q.dtype if out_q is not None else None)[0], q_scale=q_scale,
                 q_weight=q_weight, k_weight=k_weight, eps=eps, weight_offset=weight_offset, norm=norm,
-                norm_over_heads=norm_over_heads)
+                norm_over_heads=norm_over_heads, inv_freq=inv_freq, angle_scale=angle_scale)
 
 
 _FORMATS = {torch.float8_e4m3fn: E4M3, torch.float8_e5m2: E5M2, torch.int8: INT8, torch.uint8: NVFP4}
@@ -98,20 +99,21 @@ def _rope_and_cache_op(q: Optional[torch.Tensor], k: Optional[torch.Tensor], v: 
                        out_q: Optional[torch.Tensor], out_k: Optional[torch.Tensor], k_cache: torch.Tensor,
                        v_cache: Optional[torch.Tensor], slots: torch.Tensor, cache_mode: int,
                        batch_indices: Optional[torch.Tensor], kv_indices: Optional[torch.Tensor],
-                       kv_indptr: Optional[torch.Tensor], kv_layout: str, cos: torch.Tensor,
-                       sin: torch.Tensor, positions: Optional[torch.Tensor], pos_mode: int,
+                       kv_indptr: Optional[torch.Tensor], kv_layout: str, cos: Optional[torch.Tensor],
+                       sin: Optional[torch.Tensor], positions: Optional[torch.Tensor], pos_mode: int,
                        cu_seqlens: Optional[torch.Tensor], position_offset: int, max_seqlen: int, rotary_dim: int,
                        layout: str, interleaved: bool, per_token: bool, k_scale: Optional[torch.Tensor],
                        v_scale: Optional[torch.Tensor], q_weight: Optional[torch.Tensor],
                        k_weight: Optional[torch.Tensor], eps: float, weight_offset: float,
                        k_scale_cache: Optional[torch.Tensor], v_scale_cache: Optional[torch.Tensor],
-                       q_scale: Optional[torch.Tensor], norm: Optional[int], norm_over_heads: bool) -> None:
+                       q_scale: Optional[torch.Tensor], norm: Optional[int], norm_over_heads: bool,
+                       inv_freq: Optional[torch.Tensor], angle_scale: float) -> None:
     # (no defaults: a mutated argument left at its default is dropped from the boxed call, and torch 2.11's
     # in-place bookkeeping then indexes past the arguments)
     launch_cache(q, k, v, out_q, out_k, k_cache, v_cache, slots, cache_mode, batch_indices, kv_indices, kv_indptr,
                  kv_layout, cos, sin, positions, pos_mode, cu_seqlens, position_offset, max_seqlen, rotary_dim,
                  layout, interleaved, per_token, k_scale, v_scale, q_weight, k_weight, eps, weight_offset,
-                 k_scale_cache, v_scale_cache, q_scale, norm, norm_over_heads)
+                 k_scale_cache, v_scale_cache, q_scale, norm, norm_over_heads, inv_freq, angle_scale)
 
 
 @_rope_and_cache_op.register_fake
@@ -120,18 +122,20 @@ def _rope_and_cache_fake(*args):
 
 
 def run_cache_op(q, k, v, out_q, out_k, k_cache, v_cache, *args, k_scale_cache=None, v_scale_cache=None,
-                 q_scale=None, norm=None, norm_over_heads=False) -> None:
+                 q_scale=None, norm=None, norm_over_heads=False, inv_freq=None, angle_scale=1.0) -> None:
     """The launch through the custom op when compiling, directly otherwise (no dispatcher on a decode step's host
     path); in place (``out_q is q``) the rotary inputs are passed only as the written outputs. ``k_scale_cache``,
     ``v_scale_cache``: per-(token, head) scales, written; ``q_scale``: a float8 ``out_q``'s scale; ``norm``: the
-    norm's place (None: before the rotation when weights are given); ``norm_over_heads``: its extent."""
+    norm's place (None: before the rotation when weights are given); ``norm_over_heads``: its extent; ``inv_freq``,
+    ``angle_scale``: the angles without a table."""
     in_place = out_q is q
     scale_caches = (k_scale_cache, v_scale_cache)
     if torch.compiler.is_compiling():
         _rope_and_cache_op(None if in_place else q, None if in_place else k, v, out_q, out_k, k_cache, v_cache,
-                           *args, *scale_caches, q_scale, norm, norm_over_heads)
+                           *args, *scale_caches, q_scale, norm, norm_over_heads, inv_freq, float(angle_scale))
         return
-    launch_cache(q, k, v, out_q, out_k, k_cache, v_cache, *args, *scale_caches, q_scale, norm, norm_over_heads)
+    launch_cache(q, k, v, out_q, out_k, k_cache, v_cache, *args, *scale_caches, q_scale, norm, norm_over_heads,
+                 inv_freq, angle_scale)
     bump_versions(k_cache, v_cache, *scale_caches, *((q, out_k) if in_place else ()))
 
 
@@ -148,12 +152,17 @@ def rope_and_cache(q: torch.Tensor, k: torch.Tensor, v: Optional[torch.Tensor], 
                    inplace: bool = False, cu_seqlens: Optional[torch.Tensor] = None, max_seqlen: Optional[int] = None,
                    per_token: bool = False, write_k: bool = False, kv_cache_dtype: str = "auto",
                    k_scale_cache: Optional[torch.Tensor] = None, v_scale_cache: Optional[torch.Tensor] = None,
-                   q_dtype: Optional[torch.dtype] = None, q_scale: Optional[torch.Tensor] = None):
+                   q_dtype: Optional[torch.dtype] = None, q_scale: Optional[torch.Tensor] = None,
+                   inv_freq: Optional[torch.Tensor] = None, scale: float = 1.0, mrope_section=None,
+                   mrope_interleaved: bool = False):
     """Rotate q and k and write rotated k and v into a KV cache, in one launch. Returns ``(q_out, k_out)``.
 
     Args:
         q, k, cos, sin, table, positions, layout, interleaved, rotary_dim, cu_seqlens, max_seqlen, per_token: as
             :func:`ropekit.apply_rope` (q, k and v may be strided slices of a packed qkv projection).
+        inv_freq, scale, mrope_section, mrope_interleaved: as :func:`ropekit.apply_rope`: the angles computed in the
+            kernel from the inverse frequencies (no table: cos, sin and table None), and M-RoPE's sections, each
+            pair turned at its own axis' position from ``(3, batch, seq)`` (``(3, tokens)`` for thd) positions.
         v: k-shaped values (their head size may differ from k's), copied into ``v_cache`` untouched; or None.
         k_cache, v_cache: paged ``(num_blocks, block_size, Hkv, D)`` with ``slot_mapping`` or the page table, or
             contiguous ``(batch, max_seq, Hkv, D)`` (``(n_seqs, ...)`` for thd) with ``cache_offsets``; with
@@ -199,15 +208,18 @@ def rope_and_cache(q: torch.Tensor, k: torch.Tensor, v: Optional[torch.Tensor], 
         k_cache, v_cache = _paged_kv_cache(k_cache, v_cache)
     user = (q, k, v, cos, sin, positions, cu_seqlens, k_cache, v_cache, slot_mapping, cache_offsets, k_scale,
             v_scale, q_weight, k_weight, kv_indices, kv_indptr, batch_indices, cache_positions, k_scale_cache,
-            v_scale_cache, q_scale)
+            v_scale_cache, q_scale, inv_freq)
     key = at = None
+    if isinstance(mrope_section, list):
+        mrope_section = tuple(mrope_section)  # (a key holds it: validation checks it on the first call)
     if table is None and (positions is None or isinstance(positions, torch.Tensor)) and \
-            not isinstance(cache_offsets, int) and (layout != "thd" or max_seqlen is not None) and planned(user):
+            not isinstance(cache_offsets, int) and (layout != "thd" or max_seqlen is not None) and \
+            (mrope_section is None or isinstance(mrope_section, tuple)) and planned(user):
         # (a table may grow, an int offset is checked against it and cu_seqlens without max_seqlen are read: calls
         # whose validation reads more than the signature are not planned)
         key, at = keyed("rope_and_cache", user, (eps, weight_offset, norm, norm_over, layout, interleaved, rotary_dim,
                                                  inplace, max_seqlen, per_token, write_k, kv_layout, kv_cache_dtype,
-                                                 q_dtype))
+                                                 q_dtype, scale, mrope_section, mrope_interleaved))
         plan = plans.find(key)
         if plan is not None:  # a call signature validated before: where the tensors lie, then the launch
             return _run_plan(plan, user, inplace, write_k, q_dtype, at=plan.check(_read_scales(user, plan.fp8), at))
@@ -218,7 +230,8 @@ def rope_and_cache(q: torch.Tensor, k: torch.Tensor, v: Optional[torch.Tensor], 
         raise TypeError(f"k must be a torch.Tensor (it is written to the cache), got {type(k).__name__}")
     user_cos, user_sin = cos, sin
     cos, sin, spec, rotary_dim = validate.rotary_arguments(q, k, cos, sin, table, positions, layout, rotary_dim,
-                                                           cu_seqlens, max_seqlen, per_token, interleaved)
+                                                           cu_seqlens, max_seqlen, per_token, interleaved, inv_freq,
+                                                           scale, mrope_section, mrope_interleaved)
     # the norm: before the rotation with weights (norm=None), or where ``norm`` says, with weights or without
     place = validate.check_norm_place(norm) if norm is not None else None
     normed = place is not None or q_weight is not None or k_weight is not None
@@ -259,12 +272,13 @@ def rope_and_cache(q: torch.Tensor, k: torch.Tensor, v: Optional[torch.Tensor], 
         # planned only when the launch reads the caller's own tensors (not grown tables, copies or derived views)
         plan.launch = released(plan_fused(**_kernel_arguments(q, k, v, out_q, out_k, k_cache, v_cache, *launch,
                                                               k_scale_cache, v_scale_cache, q_scale, place,
-                                                              over_heads)))
+                                                              over_heads, inv_freq, scale)))
         plans.put(key, plan)
         return _run_plan(plan, user, inplace, write_k, q_dtype, out_q, out_k)
     if not q.is_meta:
         run_cache_op(q, k, v, out_q, out_k, k_cache, v_cache, *launch, k_scale_cache=k_scale_cache,
-                     v_scale_cache=v_scale_cache, q_scale=q_scale, norm=place, norm_over_heads=over_heads)
+                     v_scale_cache=v_scale_cache, q_scale=q_scale, norm=place, norm_over_heads=over_heads,
+                     inv_freq=inv_freq, angle_scale=scale)
     return out_q, out_k
 
 
@@ -274,10 +288,10 @@ def _new_q(q, q_dtype):
 
 
 # the names of rope_and_cache's tensors, in the order the call lists them (the page table, then the quantised
-# stores' scale caches and q's scale)
+# stores' scale caches and q's scale, and the inverse frequencies)
 _NAMES = ("q", "k", "v", "cos", "sin", "positions", "cu_seqlens", "k_cache", "v_cache", "slot_mapping",
           "cache_offsets", "k_scale", "v_scale", "q_weight", "k_weight", "kv_indices", "kv_indptr", "batch_indices",
-          "cache_positions", "k_scale_cache", "v_scale_cache", "q_scale")
+          "cache_positions", "k_scale_cache", "v_scale_cache", "q_scale", "inv_freq")
 
 
 def _paged_kv_cache(paged_kv_cache, v_cache):
@@ -327,7 +341,7 @@ def _run_plan(plan, user, inplace, write_k, q_dtype, out_q=None, out_k=None, at=
     keeps its launch (``FusedPlan.relaunch``); None: not kept."""
     q, k, v, cos, sin, positions, cu_seqlens, k_cache, v_cache, slot_mapping, cache_offsets, k_scale, v_scale, \
         q_weight, k_weight, kv_indices, kv_indptr, batch_indices, cache_positions, k_scale_cache, v_scale_cache, \
-        q_scale = user
+        q_scale, inv_freq = user
     if out_q is None:
         out_q = q if inplace else _new_q(q, q_dtype)
         out_k = (k if inplace else new_output(k)) if write_k else None
@@ -344,7 +358,8 @@ def _run_plan(plan, user, inplace, write_k, q_dtype, out_q=None, out_k=None, at=
         # (a float8 cache or q output as it is: the launch reads its address, and its plan reads it as bytes)
         plan.launch_at(at, q, k, out_q, out_k, v, k_cache, v_cache, k_scale, v_scale,
                        _slots(slot_mapping, cache_offsets, cache_positions), batch_indices, kv_indices, kv_indptr,
-                       q_weight, k_weight, cos, sin, positions, cu_seqlens, 0, q_scale, k_global, v_global)
+                       q_weight, k_weight, *((cos, sin) if inv_freq is None else (inv_freq, None)), positions,
+                       cu_seqlens, 0, q_scale, k_global, v_global)
     bump_versions(k_cache, v_cache, k_scale_cache, v_scale_cache, *((q, out_k) if inplace else ()))
     return out_q, out_k
 

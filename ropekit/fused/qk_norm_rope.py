@@ -50,14 +50,16 @@ def _spec(positions, pos_mode, cu_seqlens, position_offset, max_seqlen, layout) 
 
 def _kernel_arguments(q, k, q_weight, k_weight, cos, sin, positions, pos_mode, cu_seqlens, position_offset,
                       max_seqlen, rotary_dim, layout, interleaved, per_token, eps, weight_offset, norm,
-                      norm_over_heads, out_q, out_k, grad_q=None, grad_k=None) -> dict:
-    """A validated call as the fused launcher takes it: the kernels' ``(batch, seq, heads, dim)`` views."""
+                      norm_over_heads, inv_freq, angle_scale, out_q, out_k, grad_q=None, grad_k=None) -> dict:
+    """A validated call as the fused launcher takes it: the kernels' ``(batch, seq, heads, dim)`` views (with
+    ``inv_freq`` the angles without a table, cos and sin None)."""
     return dict(q=to_bshd(q, layout), k=to_bshd(k, layout), cos=cos, sin=sin,
                 positions=_spec(positions, pos_mode, cu_seqlens, position_offset, max_seqlen, layout),
                 rotary_dim=rotary_dim, interleaved=interleaved, cos_per_token=per_token, out_q=to_bshd(out_q, layout),
                 out_k=to_bshd(out_k, layout), q_weight=q_weight, k_weight=k_weight, eps=eps,
                 weight_offset=weight_offset, norm=norm, norm_over_heads=norm_over_heads,
-                grad_q=to_bshd(grad_q, layout), grad_k=to_bshd(grad_k, layout))
+                grad_q=to_bshd(grad_q, layout), grad_k=to_bshd(grad_k, layout), inv_freq=inv_freq,
+                angle_scale=angle_scale)
 
 
 def _launch(*args):
@@ -72,14 +74,14 @@ def _forward_new(q, k, *args):
 
 @torch.library.custom_op("ropekit::qk_norm_rope", mutates_args=())
 def _norm_rope_op(q: torch.Tensor, k: Optional[torch.Tensor], q_weight: Optional[torch.Tensor],
-                  k_weight: Optional[torch.Tensor], cos: torch.Tensor, sin: torch.Tensor,
+                  k_weight: Optional[torch.Tensor], cos: Optional[torch.Tensor], sin: Optional[torch.Tensor],
                   positions: Optional[torch.Tensor], pos_mode: int, cu_seqlens: Optional[torch.Tensor],
                   position_offset: int, max_seqlen: int, rotary_dim: int, layout: str, interleaved: bool,
-                  per_token: bool, eps: float, weight_offset: float, norm: int,
-                  norm_over_heads: bool) -> tuple[torch.Tensor, torch.Tensor]:
+                  per_token: bool, eps: float, weight_offset: float, norm: int, norm_over_heads: bool,
+                  inv_freq: Optional[torch.Tensor], angle_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     out_q, out_k = _forward_new(q, k, q_weight, k_weight, cos, sin, positions, pos_mode, cu_seqlens,
                                 position_offset, max_seqlen, rotary_dim, layout, interleaved, per_token, eps,
-                                weight_offset, norm, norm_over_heads)
+                                weight_offset, norm, norm_over_heads, inv_freq, angle_scale)
     return out_q, (out_k if out_k is not None else q.new_empty(0))  # a custom op returns tensors only
 
 
@@ -91,16 +93,16 @@ def _norm_rope_fake(q, k, *args):
 @torch.library.custom_op("ropekit::qk_norm_rope_backward", mutates_args=())
 def _norm_rope_backward_op(grad_q: torch.Tensor, grad_k: Optional[torch.Tensor], q: torch.Tensor,
                            k: Optional[torch.Tensor], q_weight: Optional[torch.Tensor],
-                           k_weight: Optional[torch.Tensor],
-                           cos: torch.Tensor, sin: torch.Tensor, positions: Optional[torch.Tensor], pos_mode: int,
+                           k_weight: Optional[torch.Tensor], cos: Optional[torch.Tensor],
+                           sin: Optional[torch.Tensor], positions: Optional[torch.Tensor], pos_mode: int,
                            cu_seqlens: Optional[torch.Tensor], position_offset: int, max_seqlen: int,
                            rotary_dim: int, layout: str, interleaved: bool, per_token: bool, eps: float,
-                           weight_offset: float, norm: int, norm_over_heads: bool
-                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                           weight_offset: float, norm: int, norm_over_heads: bool, inv_freq: Optional[torch.Tensor],
+                           angle_scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     dq, dk = new_output(q), (None if k is None else new_output(k))
     dw_q, dw_k = _launch(q, k, q_weight, k_weight, cos, sin, positions, pos_mode, cu_seqlens, position_offset,
                          max_seqlen, rotary_dim, layout, interleaved, per_token, eps, weight_offset, norm,
-                         norm_over_heads, dq, dk, grad_q, grad_k)
+                         norm_over_heads, inv_freq, angle_scale, dq, dk, grad_q, grad_k)
     # a custom op's outputs may not alias each other: the weight gradients are copies (the kernel may leave both in
     # one buffer), and an absent one (no k, or a weightless norm) is its own empty tensor
     return (dq, dk if dk is not None else q.new_empty(0),
@@ -116,24 +118,24 @@ def _norm_rope_backward_fake(grad_q, grad_k, q, k, q_weight, k_weight, *args):
 
 
 def _setup_context(ctx, inputs, output) -> None:
-    q, k, q_weight, k_weight, cos, sin, positions, _, cu_seqlens, *_ = inputs
-    ctx.save_for_backward(q, k, q_weight, k_weight, cos, sin, positions, cu_seqlens)
-    ctx.args = inputs[7], *inputs[9:]
+    q, k, q_weight, k_weight, cos, sin, positions, _, cu_seqlens, *_, inv_freq, _ = inputs
+    ctx.save_for_backward(q, k, q_weight, k_weight, cos, sin, positions, cu_seqlens, inv_freq)
+    ctx.args = inputs[7], *inputs[9:-2], inputs[-1]
 
 
 def _backward(ctx, grad_q, grad_k):
-    q, k, q_weight, k_weight, cos, sin, positions, cu_seqlens = ctx.saved_tensors
-    pos_mode, position_offset, *rest = ctx.args
+    q, k, q_weight, k_weight, cos, sin, positions, cu_seqlens, inv_freq = ctx.saved_tensors
+    pos_mode, position_offset, *rest, angle_scale = ctx.args
     if grad_q is None:
         grad_q = torch.zeros_like(q)
     if k is not None and (grad_k is None or grad_k.shape != k.shape):
         grad_k = torch.zeros_like(k)
     dq, dk, dw_q, dw_k = _norm_rope_backward_op(grad_q, grad_k if k is not None else None, q, k, q_weight,
                                                 k_weight, cos, sin, positions, pos_mode, cu_seqlens,
-                                                position_offset, *rest)
+                                                position_offset, *rest, inv_freq, angle_scale)
     has_k = k is not None
     return (dq, dk if has_k else None, dw_q if q_weight is not None else None,
-            dw_k if k_weight is not None else None) + (None,) * 15
+            dw_k if k_weight is not None else None) + (None,) * 17
 
 
 _norm_rope_op.register_autograd(_backward, setup_context=_setup_context)
@@ -141,12 +143,15 @@ _norm_rope_op.register_autograd(_backward, setup_context=_setup_context)
 
 @torch.library.custom_op("ropekit::qk_norm_rope_", mutates_args=("q", "k"))
 def _norm_rope_inplace_op(q: torch.Tensor, k: Optional[torch.Tensor], q_weight: Optional[torch.Tensor],
-                          k_weight: Optional[torch.Tensor], cos: torch.Tensor, sin: torch.Tensor,
-                          positions: Optional[torch.Tensor], pos_mode: int, cu_seqlens: Optional[torch.Tensor],
-                          position_offset: int, max_seqlen: int, rotary_dim: int, layout: str, interleaved: bool,
-                          per_token: bool, eps: float, weight_offset: float, norm: int, norm_over_heads: bool) -> None:
+                          k_weight: Optional[torch.Tensor], cos: Optional[torch.Tensor],
+                          sin: Optional[torch.Tensor], positions: Optional[torch.Tensor], pos_mode: int,
+                          cu_seqlens: Optional[torch.Tensor], position_offset: int, max_seqlen: int, rotary_dim: int,
+                          layout: str, interleaved: bool, per_token: bool, eps: float, weight_offset: float,
+                          norm: int, norm_over_heads: bool, inv_freq: Optional[torch.Tensor],
+                          angle_scale: float) -> None:
     _launch(q, k, q_weight, k_weight, cos, sin, positions, pos_mode, cu_seqlens, position_offset, max_seqlen,
-            rotary_dim, layout, interleaved, per_token, eps, weight_offset, norm, norm_over_heads, q, k)
+            rotary_dim, layout, interleaved, per_token, eps, weight_offset, norm, norm_over_heads, inv_freq,
+            angle_scale, q, k)
 
 
 @_norm_rope_inplace_op.register_fake
@@ -160,7 +165,8 @@ def qk_norm_rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, cos: Optiona
                  norm: str = "before", norm_over: str = "head", table=None, positions=None, layout: str = "bshd",
                  interleaved: bool = False, rotary_dim: Optional[int] = None, inplace: bool = False,
                  cu_seqlens: Optional[torch.Tensor] = None, max_seqlen: Optional[int] = None,
-                 per_token: bool = False):
+                 per_token: bool = False, inv_freq: Optional[torch.Tensor] = None, scale: float = 1.0,
+                 mrope_section=None, mrope_interleaved: bool = False):
     """RMSNorm of q and k and RoPE in one launch: the norm before the rotation (Qwen3 / Gemma 3 QK-norm) or after
     it (``norm="after"``: Llama 4's weightless norm of the rotated q and k), over each head vector or across all
     heads of q and of k (``norm_over="heads"``: OLMo-2's QK-norm).
@@ -169,8 +175,9 @@ def qk_norm_rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, cos: Optiona
 
     Args:
         q, k: as :func:`ropekit.apply_rope`; they may be strided slices of a packed qkv projection.
-        cos, sin, table, positions, layout, interleaved, rotary_dim, inplace, cu_seqlens, max_seqlen, per_token: as
-            :func:`ropekit.apply_rope`.
+        cos, sin, table, positions, layout, interleaved, rotary_dim, inplace, cu_seqlens, max_seqlen, per_token,
+            inv_freq, scale, mrope_section, mrope_interleaved: as :func:`ropekit.apply_rope` (``inv_freq``: the
+            angles computed in the kernel, no table; M-RoPE's sections: each pair at its own axis' position).
         q_weight, k_weight: the norms' weights (k_weight exactly when k is given): ``(head_dim,)``, or with
             ``norm_over="heads"`` ``(q_heads * head_dim,)`` and ``(k_heads * head_dim,)`` (head h's channels at
             ``h * head_dim``, as the projection's output is laid out); or both None: a norm without weights,
@@ -190,25 +197,31 @@ def qk_norm_rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, cos: Optiona
     launch.
     Raises ``TypeError``/``ValueError`` naming the argument, before anything is written.
     """
-    user = (q, k, q_weight, k_weight, cos, sin, positions, cu_seqlens)
+    user = (q, k, q_weight, k_weight, cos, sin, positions, cu_seqlens, inv_freq)
     key = at = None
+    if isinstance(mrope_section, list):
+        mrope_section = tuple(mrope_section)  # (a key holds it: validation checks it on the first call)
     if table is None and (positions is None or isinstance(positions, torch.Tensor)) and \
-            (layout != "thd" or max_seqlen is not None) and planned(user):
+            (layout != "thd" or max_seqlen is not None) and \
+            (mrope_section is None or isinstance(mrope_section, tuple)) and planned(user):
         # (as rope_and_cache: calls whose validation reads more than the signature are not planned)
         key, at = keyed("qk_norm_rope", user, (eps, weight_offset, norm, norm_over, layout, interleaved, rotary_dim,
-                                               inplace, max_seqlen, per_token))
+                                               inplace, max_seqlen, per_token, scale, mrope_section,
+                                               mrope_interleaved))
         plan = plans.find(key)
         if plan is not None:
             return _run_plan(plan, user, inplace, at=at)
     user_tables = (cos, sin)
     cos, sin, spec, rotary_dim = validate.rotary_arguments(q, k, cos, sin, table, positions, layout, rotary_dim,
-                                                           cu_seqlens, max_seqlen, per_token, interleaved)
+                                                           cu_seqlens, max_seqlen, per_token, interleaved, inv_freq,
+                                                           scale, mrope_section, mrope_interleaved)
     place = validate.check_norm_place(norm)
     over_heads = validate.check_norm_over(norm_over)
     eps, weight_offset = validate.check_norm(q, k, q_weight, k_weight, eps, weight_offset, weightless=True,
                                              over_heads=over_heads, layout=layout)
     args = (q_weight, k_weight, cos, sin, spec.tensor, spec.mode, spec.cu_seqlens, spec.offset,
-            spec.max_seqlen or 0, rotary_dim, layout, interleaved, per_token, eps, weight_offset, place, over_heads)
+            spec.max_seqlen or 0, rotary_dim, layout, interleaved, per_token, eps, weight_offset, place, over_heads,
+            inv_freq, float(scale))
     compiling = torch.compiler.is_compiling()
     needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad
                                                  for t in (q, k, q_weight, k_weight))
@@ -223,7 +236,7 @@ def qk_norm_rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, cos: Optiona
             plan.check(user, at)
         else:
             validate.check_overlaps(_NAMES[:4] + ("table", "table") + _NAMES[6:],
-                                    (q, k, q_weight, k_weight, cos, sin, positions, cu_seqlens), ("q", "k"))
+                                    (q, k, q_weight, k_weight, cos, sin, positions, cu_seqlens, inv_freq), ("q", "k"))
         if q.is_meta:
             return q, k
     if q.is_meta:
@@ -248,14 +261,14 @@ def qk_norm_rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, cos: Optiona
 
 
 # the names of qk_norm_rope's tensors, in the order a plan checks them
-_NAMES = ("q", "k", "q_weight", "k_weight", "cos", "sin", "positions", "cu_seqlens")
+_NAMES = ("q", "k", "q_weight", "k_weight", "cos", "sin", "positions", "cu_seqlens", "inv_freq")
 
 
 def _run_plan(plan, user, inplace, out_q=None, out_k=None, at=None):
     """A planned call: the overlap rule in place, the outputs and the launch, on the caller's own tensors (the
     kernel's views of them have the same data pointers). ``at``: where the call's tensors lie (:func:`keyed`), under
     which the plan keeps its launch; None: not kept (a call that brings its outputs, the plan's first)."""
-    q, k, q_weight, k_weight, cos, sin, positions, cu_seqlens = user
+    q, k, q_weight, k_weight, cos, sin, positions, cu_seqlens, inv_freq = user
     if out_q is None:
         if inplace:
             at = plan.check(user, at)
@@ -265,7 +278,8 @@ def _run_plan(plan, user, inplace, out_q=None, out_k=None, at=None):
             at = with_outputs(at, out_q, out_k)
     if plan.launch is not None and not plan.relaunch(at):
         plan.launch_at(at, q, k, out_q, out_k, None, None, None, None, None, None, None, None, None, q_weight,
-                       k_weight, cos, sin, positions, cu_seqlens, 0)
+                       k_weight, *((cos, sin) if inv_freq is None else (inv_freq, None)), positions, cu_seqlens,
+                       0)
     if inplace:
         bump_versions(q, k)
     return out_q, out_k

@@ -39,16 +39,21 @@ KV_CACHE_DTYPES = {
 
 
 def rotary_arguments(q, k, cos, sin, table, positions, layout, rotary_dim, cu_seqlens, max_seqlen, per_token,
-                     interleaved):
+                     interleaved, inv_freq=None, scale=1.0, mrope_section=None, mrope_interleaved=False):
     """apply_rope's validation of the rotary arguments: ``(cos, sin, PositionSpec, rotary_dim)`` as the kernel reads
-    them (a :class:`ropekit.RopeTable` given as ``table`` may grow for host-known positions)."""
-    if table is not None and (cos is not None or sin is not None):
-        raise ValueError("pass either cos/sin or table=, not both")
-    cos, sin = (table.cos, table.sin) if table is not None else (cos, sin)
-    if cos is None or sin is None:
-        raise TypeError("cos and sin tables are required (or table=ropekit.RopeTable(...))")
+    them (a :class:`ropekit.RopeTable` given as ``table`` may grow for host-known positions; with ``inv_freq`` cos
+    and sin are None; M-RoPE's sections travel in the positions' mode)."""
+    if inv_freq is not None:
+        if cos is not None or sin is not None or table is not None:
+            raise ValueError("pass either inv_freq= or cos/sin or table=, not more than one")
+    else:
+        if table is not None and (cos is not None or sin is not None):
+            raise ValueError("pass either cos/sin or table=, not both")
+        cos, sin = (table.cos, table.sin) if table is not None else (cos, sin)
+        if cos is None or sin is None:
+            raise TypeError("cos and sin tables are required (or table=ropekit.RopeTable(...), or inv_freq=)")
     return prepare(q, k, cos, sin, positions, layout, rotary_dim, cu_seqlens, max_seqlen, per_token, False,
-                    _device.backend_for(q), table, interleaved)
+                   _device.backend_for(q), table, interleaved, inv_freq, scale, mrope_section, mrope_interleaved)
 
 
 def _on(t: torch.Tensor, device) -> bool:

@@ -154,12 +154,13 @@ def _head_block(first_head, n_heads, BLOCK_H: tl.constexpr, INDEX_DTYPE: tl.cons
 @triton.jit
 def _angles(angles, positions, pid_b, batch_index, s_local, token_rows, token_mask, HEAD: tl.constexpr,
             POSITION: tl.constexpr, CONJUGATE: tl.constexpr, MATH_DTYPE: tl.constexpr, INDEX_DTYPE: tl.constexpr):
-    """cos and sin of each token's pairs (v4's ``_cos_sin``), as [BLOCK_S, 1, BLOCK_HALF] tiles shared by the heads;
-    CONJUGATE: of -θ."""
+    """cos and sin of each token's pairs (v4's ``_cos_sin``: from the table, per-token rows or, POSITION.ANGLES, the
+    inverse frequencies; M-RoPE's pairs each at its axis' position), as [BLOCK_S, 1, BLOCK_HALF] tiles shared by the
+    heads; CONJUGATE: of -θ."""
     cos_a, sin_a, cos_b, sin_b = _cos_sin(
         angles[0], angles[1], positions[0], pid_b, batch_index, s_local, token_rows, token_mask, angles[3],
         positions[3], angles[2], positions[1], HEAD.ROTARY_DIM, HEAD.BLOCK_HALF, HEAD.INTERLEAVED, POSITION.MODE,
-        POSITION.COS_PER_TOKEN, CONJUGATE, MATH_DTYPE, INDEX_DTYPE)
+        POSITION.COS_PER_TOKEN, CONJUGATE, MATH_DTYPE, INDEX_DTYPE, POSITION.ANGLES, POSITION.ANGLE_SCALE)
     return cos_a[:, None, :], sin_a[:, None, :], cos_b[:, None, :], sin_b[:, None, :]
 
 
@@ -579,8 +580,13 @@ def _forward_values(call: dict) -> tuple:
     positions = call["positions"]
     return (call["q"], call["k"], call["out_q"], call["out_k"], call["v"], call["k_cache"], call["v_cache"],
             call["k_scale"], call["v_scale"], call["slots"], *(call["page_table"] or (None,) * 3), call["q_weight"],
-            call["k_weight"], call["cos"], call["sin"], positions.tensor, positions.cu_seqlens, positions.offset,
+            call["k_weight"], *_angle_tensors(call), positions.tensor, positions.cu_seqlens, positions.offset,
             call["q_scale"], call["k_global"], call["v_global"])
+
+
+def _angle_tensors(call: dict) -> tuple:
+    """What a launch reads as its angles: the table's (or the rows') cos and sin, or the inverse frequencies."""
+    return (call["cos"], call["sin"]) if call["inv_freq"] is None else (call["inv_freq"], None)
 
 
 def _tuned_forward_config(shape: FusedShape, call: dict) -> FusedConfig:
@@ -695,7 +701,7 @@ def plan_fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, inte
                k_scale=None, v_scale=None, quant: tuple = NO_QUANT[:2], q_format: int = PLAIN, q_scale=None,
                k_global=None, v_global=None, q_weight=None, k_weight=None, eps: float = 0.0,
                weight_offset: float = 0.0, norm: int | None = None, norm_over_heads: bool = False, grad_q=None,
-               grad_k=None, config: FusedConfig | None = None):
+               grad_k=None, inv_freq=None, angle_scale: float = 1.0, config: FusedConfig | None = None):
     """The plan for :func:`launch_fused`'s arguments: for the forward a :class:`~ropekit.triton.launch.KernelLaunch`
     called with :data:`FORWARD_PER_CALL`'s tensors (None when there is nothing to do), for the backward (``grad_q``
     given) a :class:`FusedBackward`. Later calls pass tensors of the same shapes, strides and dtypes (or views of
@@ -751,7 +757,10 @@ def plan_fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, inte
         dw_zeroed = dw_atomic or varlen
     if empty:
         return FusedBackward(None, (dw_width,), dw_dtype, True, True, 0, dw_lengths) if backward else None
-    if cos_per_token:
+    angles = inv_freq is not None
+    if angles:  # the kernel reads the frequencies where a table would be: columns only
+        cos, sin, cos_strides, table_len = inv_freq, None, (1, 1, inv_freq.stride(0)), 1
+    elif cos_per_token:
         cos_strides, table_len = (0 if varlen else cos.stride(0), cos.stride(1), cos.stride(2)), 1
     else:
         cos_strides, table_len = (1, cos.stride(0), cos.stride(1)), cos.shape[0]
@@ -765,7 +774,8 @@ def plan_fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, inte
         sizes=(seqlen, n_heads_q, n_heads_k, n_tokens),
         HEAD=Head(rotary_dim, head_dim, next_pow2(rotary_dim // 2), next_pow2(max(head_dim - rotary_dim, 1)),
                   interleaved),
-        POSITION=PositionForm(positions.mode, varlen, cos_per_token), HAS_K=k is not None, NORM=norm_flags,
+        POSITION=PositionForm(positions.mode, varlen, cos_per_token, angles, float(angle_scale) if angles else 1.0),
+        HAS_K=k is not None, NORM=norm_flags,
         TYPES=Types(_MATH.get(q.dtype, tl.float32),
                     tl.int32 if _reach_fits_int32(q, k, v, out_q, out_k, grad_q, grad_k, cos, sin, pos) else tl.int64,
                     "evict_first" if config.evict_first else ""),
@@ -833,7 +843,7 @@ def launch_fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, in
                  cache_len: int = 0, k_scale=None, v_scale=None, quant: tuple = NO_QUANT[:2], q_format: int = PLAIN,
                  q_scale=None, k_global=None, v_global=None, q_weight=None, k_weight=None, eps: float = 0.0,
                  weight_offset: float = 0.0, norm: int | None = None, norm_over_heads: bool = False, grad_q=None,
-                 grad_k=None, config: FusedConfig | None = None):
+                 grad_k=None, inv_freq=None, angle_scale: float = 1.0, config: FusedConfig | None = None):
     """Plan and launch the fused kernels on validated arguments (``ropekit.fused`` validates; this trusts its caller).
 
     q, k, v, the outputs and the incoming gradients are ``(batch, seq, heads, dim)`` views with any strides, or
@@ -854,7 +864,9 @@ def launch_fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, in
     ``norm``: where the norm lies, :mod:`ropekit.triton.fused_tiles`' NO_NORM, BEFORE or AFTER the rotation (None:
     BEFORE when ``q_weight`` is given, else none); without weights a norm is weightless. ``norm_over_heads``: the
     norm's mean square runs over all heads of a token's q (or k) together, with ``(heads * dim,)`` weights, instead
-    of over each head vector.
+    of over each head vector. ``inv_freq``: no table (cos and sin None): the angles are computed at each position
+    from these ``(>= rotary_dim / 2,)`` inverse frequencies, cos and sin times ``angle_scale``. ``positions`` may be
+    M-RoPE's (its sections in its mode): each pair then turns at its own axis' position.
     """
     plan = plan_fused(q, k, cos, sin, positions=positions, rotary_dim=rotary_dim, interleaved=interleaved,
                       cos_per_token=cos_per_token, out_q=out_q, out_k=out_k, v=v, k_cache=k_cache, v_cache=v_cache,
@@ -862,10 +874,10 @@ def launch_fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, in
                       cache_len=cache_len, k_scale=k_scale, v_scale=v_scale, quant=quant, q_format=q_format,
                       q_scale=q_scale, k_global=k_global, v_global=v_global, q_weight=q_weight, k_weight=k_weight,
                       eps=eps, weight_offset=weight_offset, norm=norm, norm_over_heads=norm_over_heads,
-                      grad_q=grad_q, grad_k=grad_k, config=config)
+                      grad_q=grad_q, grad_k=grad_k, inv_freq=inv_freq, angle_scale=angle_scale, config=config)
     if grad_q is not None:
-        return plan(q, k, grad_q, grad_k, out_q, out_k, q_weight, k_weight, cos, sin, positions.tensor,
-                    positions.cu_seqlens, positions.offset)
+        return plan(q, k, grad_q, grad_k, out_q, out_k, q_weight, k_weight, *_angle_tensors(locals()),
+                    positions.tensor, positions.cu_seqlens, positions.offset)
     if plan is not None:
         plan(*_forward_values(locals()))
     return None

@@ -22,12 +22,16 @@ class Head(NamedTuple):
 
 
 class PositionForm(NamedTuple):
-    """Where a token's angles come from: MODE, what the positions tensor holds (``ropekit.positions``); IS_VARLEN,
-    packed sequences (CU_SEQLENS); COS_PER_TOKEN, cos/sin rows per token instead of a table."""
+    """Where a token's angles come from: MODE, what the positions tensor holds (``ropekit.positions``; M-RoPE's
+    sections too); IS_VARLEN, packed sequences (CU_SEQLENS); COS_PER_TOKEN, cos/sin rows per token instead of a
+    table; ANGLES, no table: cos/sin computed from the inverse frequencies at each position, times ANGLE_SCALE (a
+    float64 constant: the rope type's attention scaling)."""
 
     MODE: int
     IS_VARLEN: bool
     COS_PER_TOKEN: bool
+    ANGLES: bool = False
+    ANGLE_SCALE: float = 1.0
 
 
 class Types(NamedTuple):

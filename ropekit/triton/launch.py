@@ -823,10 +823,11 @@ def _plan_tile(shape, q, k, out_q, out_k, cos, sin, positions, config: TileConfi
                   interleaved),
         TILE=QKTile(config.block_s, block_h, next_pow2(n_heads_k) if config.fused_qk else 1, config.fused_qk,
                     config.heads_inner and not config.fused_qk),
-        POSITION=PositionForm(positions.mode, positions.is_varlen, cos_per_token),
+        POSITION=PositionForm(positions.mode, positions.is_varlen, cos_per_token, angles,
+                              float(scale) if angles else 1.0),
         HAS_K=k is not None,
-        ROTATION=Rotation(conjugate, angles, float(scale) if angles else 1.0, 0 if nope is None else int(nope[0]),
-                          0.0 if nope is None else float(nope[1]), eager_rounding),
+        ROTATION=Rotation(conjugate, 0 if nope is None else int(nope[0]), 0.0 if nope is None else float(nope[1]),
+                          eager_rounding),
         TYPES=Types(_MATH_DTYPE.get(q.dtype, tl.float32), index_dtype, "evict_first" if config.evict_first else ""),
         DENSE=dense, IN_PLACE=in_place, DEPENDENCY=choice.launch_dependency(q.device, grid, config.num_warps))
     per_call = ((("q", 0), ("k", 0)) + (() if in_place else (("out_q", 0), ("out_k", 0)))

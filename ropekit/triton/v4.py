@@ -13,7 +13,7 @@ New since v3 (tiles of tokens x heads that share cos/sin rows):
   on the device: no host sync, graph-capturable. M-RoPE picks each pair's position from its axis
   (:func:`_mrope_positions`) and reads the same table (or frequencies) at it.
 * **cos/sin** from the half-width float32 table indexed by position, or (``POSITION.COS_PER_TOKEN``) full-width rows
-  given per token in any float dtype, the way transformers passes them (the HF drop-in), or (``ROTATION.ANGLES``)
+  given per token in any float dtype, the way transformers passes them (the HF drop-in), or (``POSITION.ANGLES``)
   computed from the position and the inverse frequencies: no table (see :func:`_angle_cos_sin`).
 * ``ROTATION.CONJUGATE`` rotates by -θ: the backward pass is the same kernel.
 * **NoPE layers** (Llama 4, ``ROTATION.NOPE_FLOOR_SCALE`` > 0): nothing rotates; q is multiplied by its token's
@@ -69,14 +69,12 @@ class QKTile(NamedTuple):
 
 
 class Rotation(NamedTuple):
-    """What the tile kernel does to a head vector: CONJUGATE, rotate by -θ (the backward); ANGLES, cos/sin computed
-    from the inverse frequencies at the position times ANGLE_SCALE (no table); NOPE_FLOOR_SCALE > 0, a NoPE layer:
-    q scaled by its token's attention temperature (with NOPE_ATTN_SCALE), nothing rotated; EAGER_ROUNDING, round
-    the products as eager PyTorch does in the input dtype."""
+    """What the tile kernel does to a head vector: CONJUGATE, rotate by -θ (the backward); NOPE_FLOOR_SCALE > 0, a
+    NoPE layer: q scaled by its token's attention temperature (with NOPE_ATTN_SCALE), nothing rotated;
+    EAGER_ROUNDING, round the products as eager PyTorch does in the input dtype. (Angles without a table are a
+    position form: ``POSITION.ANGLES``.)"""
 
     CONJUGATE: bool
-    ANGLES: bool
-    ANGLE_SCALE: float
     NOPE_FLOOR_SCALE: int
     NOPE_ATTN_SCALE: float
     EAGER_ROUNDING: bool
@@ -395,7 +393,7 @@ def rope_v4_kernel(
     # kernel writes through q's and k's pointers)
     q, k, out_q, out_k,
     # the angles: (COS, SIN, (sequence, row, column) strides), a (table_len, ROTARY_DIM / 2) float32 table read at
-    # each token's position, or with POSITION.COS_PER_TOKEN full-width rows given per token, or with ROTATION.ANGLES
+    # each token's position, or with POSITION.COS_PER_TOKEN full-width rows given per token, or with POSITION.ANGLES
     # the (ROTARY_DIM / 2,) inverse frequencies in COS (SIN unread)
     angles,
     # the positions: (POSITIONS, strides, CU_SEQLENS, position offset + 1); POSITION.MODE says what POSITIONS holds
@@ -450,8 +448,8 @@ def rope_v4_kernel(
     IS_VARLEN: tl.constexpr = POSITION.IS_VARLEN
     COS_PER_TOKEN: tl.constexpr = POSITION.COS_PER_TOKEN
     CONJUGATE: tl.constexpr = ROTATION.CONJUGATE
-    ANGLES: tl.constexpr = ROTATION.ANGLES
-    ANGLE_SCALE: tl.constexpr = ROTATION.ANGLE_SCALE
+    ANGLES: tl.constexpr = POSITION.ANGLES
+    ANGLE_SCALE: tl.constexpr = POSITION.ANGLE_SCALE
     NOPE_FLOOR_SCALE: tl.constexpr = ROTATION.NOPE_FLOOR_SCALE
     NOPE_ATTN_SCALE: tl.constexpr = ROTATION.NOPE_ATTN_SCALE
     EAGER_ROUNDING: tl.constexpr = ROTATION.EAGER_ROUNDING
