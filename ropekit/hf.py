@@ -10,13 +10,13 @@ from __future__ import annotations
 import contextlib
 import importlib
 import inspect
+import itertools
 import operator
 from typing import Sequence
 
 import torch
 
 from .api import apply_rope
-from .positions import mrope_axis_of_pair
 
 __all__ = ["apply_rotary_pos_emb", "mrope_cos_sin", "patched", "rope_config"]
 
@@ -68,14 +68,9 @@ def mrope_cos_sin(cos_table: torch.Tensor, sin_table: torch.Tensor, position_ids
     if position_ids.ndim != 3 or position_ids.shape[0] != 3:
         raise ValueError(f"position_ids must be (3, batch, seq) or (batch, seq), got {tuple(position_ids.shape)}")
     _check_positions_in_table(position_ids, cos_table.shape[0])
-    if interleaved:
-        if len(mrope_section) != 3:
-            raise ValueError(f"an interleaved mrope_section has three entries (t, h, w), got {list(mrope_section)}")
-        axis_of_pair = torch.tensor(mrope_axis_of_pair([int(n) for n in mrope_section], True))
-    else:
-        axis_of_pair = torch.repeat_interleave(torch.arange(len(mrope_section)) % 3,
-                                               torch.tensor(list(mrope_section)))
-    axis_of_pair = axis_of_pair.to(position_ids.device)
+    if interleaved and len(mrope_section) != 3:
+        raise ValueError(f"an interleaved mrope_section has three entries (t, h, w), got {list(mrope_section)}")
+    axis_of_pair = _axis_of_pair([int(n) for n in mrope_section], interleaved, half, position_ids.device)
     # (batch, seq, half): the position each pair of each token uses
     pos = position_ids.permute(1, 2, 0)[..., axis_of_pair]
     pair_index = torch.arange(half, device=position_ids.device).expand_as(pos)
@@ -85,6 +80,19 @@ def mrope_cos_sin(cos_table: torch.Tensor, sin_table: torch.Tensor, position_ids
     cos = cos_table[pos, pair_index].masked_fill(outside, float("nan"))
     sin = sin_table[pos, pair_index].masked_fill(outside, float("nan"))
     return torch.cat((cos, cos), dim=-1), torch.cat((sin, sin), dim=-1)
+
+
+def _axis_of_pair(mrope_section: list, interleaved: bool, half: int, device) -> torch.Tensor:
+    """Each pair's axis (0 temporal, 1 height, 2 width; ``ropekit.positions.mrope_axis_of_pair``'s), computed on
+    ``device`` from the pair index: no host data is copied to the device, so a CUDA graph can capture the build."""
+    pairs = torch.arange(half, device=device)
+    if interleaved:
+        _, h, w = mrope_section
+        return ((pairs % 3 == 1) & (pairs < 3 * h)).long() + 2 * ((pairs % 3 == 2) & (pairs < 3 * w)).long()
+    axis = torch.zeros_like(pairs)
+    for start in itertools.accumulate(mrope_section[:-1]):  # section j's pairs have passed j section starts
+        axis += pairs >= start
+    return axis % 3
 
 
 def _check_mrope_arguments(cos_table, sin_table, position_ids, mrope_section) -> None:

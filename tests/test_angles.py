@@ -237,8 +237,10 @@ def test_the_angles_benchmark_runs_dry(tmp_path, capsys):
     rows = angles.accuracy(DEVICE, "native", rotary_dim=16, window=8)
     assert {r["path"] for r in rows} == {"table", "table-free", "fp32-reduced-angle"}
     assert all(r["values_unlike_the_table"] == 0 for r in rows if r["path"] == "table-free")
-    tiny = (dict(angles.CASES[0], batch=2, offsets_below=64), dict(angles.CASES[2], seqlen=4))
+    cache_case = next(c for c in angles.CASES if c["op"] == "rope_and_cache")
+    tiny = (dict(angles.CASES[0], batch=2, offsets_below=64), dict(angles.CASES[2], seqlen=4),
+            dict(cache_case, batch=3, offsets_below=64, offsets_from=32))
     speed = angles.speed(DEVICE, DryRunTimer(), tiny)
-    assert [r["max_abs_difference"] <= 2**-3 for r in speed] == [True, True]  # bf16 outputs: an ulp at most
+    assert [r["max_abs_difference"] <= 2**-3 for r in speed] == [True] * 3  # bf16 outputs: an ulp at most
     assert angles.main(["--out", str(tmp_path), "--no-speed", "--window", "4"]) == 0
     assert (tmp_path / "angles.json").exists() and "no worse than the table" in capsys.readouterr().out

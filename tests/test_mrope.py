@@ -287,6 +287,29 @@ def test_cuda_graph_replays_with_new_positions():
         assert_close_to_reference(out["k"], ref.mrope(k, ids.cpu(), [24, 20, 20], mrope_interleaved=True))
 
 
+@gpu_only
+@pytest.mark.parametrize("variant, section, interleaved", VARIANTS, ids=VARIANT_IDS)
+def test_the_rows_build_is_captured_in_a_cuda_graph(variant, section, interleaved):
+    """``mrope_cos_sin`` copies no host data to the device (each pair's axis is device arithmetic), so a CUDA graph
+    captures the build; replayed with new ids it gives the eager call's rows."""
+    cos, sin = table(64, 32)
+    ids = mrope_ids(2, 5).to(DEVICE)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        ropekit.mrope_cos_sin(cos, sin, ids, section, interleaved=interleaved)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        rows = ropekit.mrope_cos_sin(cos, sin, ids, section, interleaved=interleaved)
+    for seed in range(2):
+        ids.copy_(torch.randint(0, 64, ids.shape, generator=torch.Generator().manual_seed(seed)).to(DEVICE))
+        graph.replay()
+        torch.cuda.synchronize()
+        for got, want in zip(rows, ropekit.mrope_cos_sin(cos, sin, ids, section, interleaved=interleaved)):
+            assert torch.equal(got, want)
+
+
 # --- validation: every error names the argument, before anything is written -----------------------------------------
 
 def _ids(*shape):

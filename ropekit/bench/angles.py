@@ -15,7 +15,8 @@ the kernel's float64 cos/sin are numpy's (on a GPU: libdevice's ``__nv_cos``/``_
 
 **Speed** (CUDA only). Llama-3-8B attention shapes (32 q / 8 kv heads x 128, bf16, out of place): decode b64 with
 per-sequence offsets below 8192 and near 1e6 (a table of 8192 or 1,048,576 rows), small prefill b1 s512, prefill b4
-s4096. Each call is captured back to back in a CUDA graph and replayed (``ropekit.bench.timing.GpuTimer``); the
+s4096; and ``rope_and_cache`` (q rotated, k rotated and v copied into a paged bf16 cache by slot mapping, one
+launch) at the two decode steps. Each call is captured back to back in a CUDA graph and replayed (``ropekit.bench.timing.GpuTimer``); the
 table and the table-free graphs of a case replay in interleaved rounds. The table is built once, outside the timing.
 Prints one line a case saying which wins, and writes ``angles.json`` to ``--out``.
 """
@@ -81,9 +82,10 @@ def accuracy(device, backend: str | None = None, rotary_dim: int = 128, window: 
     return rows
 
 
-def _llama_case(name: str, batch: int, seqlen: int, *, offsets_below: int | None = None, offsets_from: int = 0):
+def _llama_case(name: str, batch: int, seqlen: int, *, offsets_below: int | None = None, offsets_from: int = 0,
+                op: str = "apply_rope"):
     return {"name": name, "batch": batch, "seqlen": seqlen, "offsets_below": offsets_below,
-            "offsets_from": offsets_from}
+            "offsets_from": offsets_from, "op": op}
 
 
 CASES = (
@@ -91,7 +93,26 @@ CASES = (
     _llama_case("decode-b64-pos~1e6", 64, 1, offsets_below=1 << 20, offsets_from=(1 << 20) - 8192),
     _llama_case("small-prefill-b1-s512", 1, 512),
     _llama_case("llama3-8b-prefill-b4-s4096", 4, 4096),
+    _llama_case("cache-decode-b64-pos<8192", 64, 1, offsets_below=8192, op="rope_and_cache"),
+    _llama_case("cache-decode-b64-pos~1e6", 64, 1, offsets_below=1 << 20, offsets_from=(1 << 20) - 8192,
+                op="rope_and_cache"),
 )
+
+
+def _calls(case: dict, q, k, cos, sin, inv_freq, positions) -> dict:
+    """The table and the table-free call of a case: ``apply_rope``, or ``rope_and_cache`` into a paged cache (16-row
+    blocks, a slot a token) whose v is k-shaped."""
+    if case["op"] == "apply_rope":
+        return {"table": lambda: ropekit.apply_rope(q, k, cos, sin, positions=positions),
+                "table-free": lambda: ropekit.apply_rope(q, k, inv_freq=inv_freq, positions=positions)}
+    v = torch.randn_like(k)
+    tokens = k.shape[0] * k.shape[1]
+    k_cache, v_cache = (torch.zeros(-(-tokens // 16) + 1, 16, *k.shape[2:], device=k.device, dtype=k.dtype)
+                        for _ in range(2))
+    cache = dict(k_cache=k_cache, v_cache=v_cache, positions=positions, write_k=True,
+                 slot_mapping=torch.randperm(tokens, device=k.device))
+    return {"table": lambda: ropekit.rope_and_cache(q, k, v, cos, sin, **cache),
+            "table-free": lambda: ropekit.rope_and_cache(q, k, v, inv_freq=inv_freq, **cache)}
 
 
 def speed(device, timer=None, cases=CASES) -> list[dict]:
@@ -113,8 +134,7 @@ def speed(device, timer=None, cases=CASES) -> list[dict]:
         else:
             table_rows, positions = s, None
         cos, sin = ropekit.cos_sin_table(table_rows, rotary_dim, inv_freq=inv_freq, device=device)
-        calls = {"table": lambda: ropekit.apply_rope(q, k, cos, sin, positions=positions),
-                 "table-free": lambda: ropekit.apply_rope(q, k, inv_freq=inv_freq, positions=positions)}
+        calls = _calls(case, q, k, cos, sin, inv_freq, positions)
         want, got = calls["table"](), calls["table-free"]()
         agree = max(float((w.float() - g.float()).abs().max()) for w, g in zip(want, got))
         moved = 2 * (q.numel() + k.numel()) * q.element_size()
