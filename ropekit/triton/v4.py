@@ -94,8 +94,55 @@ def _split_two_pi() -> tuple:
     return (*parts, float(rest))
 
 
+def _split_half_pi() -> tuple:
+    """π/2 as two float64 parts: the float64 nearest to it and the float64 nearest to the rest."""
+    from fractions import Fraction
+    half_pi = Fraction("3.14159265358979323846264338327950288419716939937510582097494459230781640628620899863") / 2
+    return float(half_pi), float(half_pi - Fraction(float(half_pi)))
+
+
 _TWO_PI_1, _TWO_PI_2, _TWO_PI_3 = (tl.constexpr(part) for part in _split_two_pi())
 _INV_TWO_PI = tl.constexpr(0.15915494309189535)  # 1/(2π) rounded: only picks the number of turns
+_HALF_PI_1, _HALF_PI_2 = (tl.constexpr(part) for part in _split_half_pi())
+_TWO_OVER_PI = tl.constexpr(0.6366197723675814)  # 2/π rounded: only picks the quadrant
+# sin x = x + x³ (S1 + x² S2 + ... + x¹⁰ S6) and cos x = 1 - x²/2 + x⁴ (C1 + x² C2 + ... + x¹⁰ C6) on [-π/4, π/4]:
+# fdlibm's kernel coefficients (k_sin.c, k_cos.c), within 2e-16 of sin and cos there
+_S1, _S2, _S3, _S4, _S5, _S6 = (tl.constexpr(c) for c in (
+    -1.66666666666666324348e-01, 8.33333333332248946124e-03, -1.98412698298579493134e-04, 2.75573137070700676789e-06,
+    -2.50507602534068634195e-08, 1.58969099521155010221e-10))
+_C1, _C2, _C3, _C4, _C5, _C6 = (tl.constexpr(c) for c in (
+    4.16666666666666019037e-02, -1.38888888888741095749e-03, 2.48015872894767294178e-05, -2.75573143513906633035e-07,
+    2.08757232129817482790e-09, -1.13596475577881948265e-11))
+
+
+@triton.jit
+def _f64(value: tl.constexpr):
+    return tl.full([], value, tl.float64)  # a bare Python float in a jitted function is a float32 constant
+
+
+@triton.jit
+def _sin_cos(reduced):
+    """sin and cos of float64 angles in [-π, π]: the quadrant's multiple of π/2 taken away (exactly: the difference
+    of two numbers within a factor of two, Sterbenz), then one polynomial each on [-π/4, π/4] in Horner's form, and
+    the quadrant's sign and swap. No branch and no call: the same instructions for every lane."""
+    quarter = tl.floor(reduced * _f64(_TWO_OVER_PI) + 0.5)
+    x = reduced - quarter * _f64(_HALF_PI_1)
+    x = x - quarter * _f64(_HALF_PI_2)
+    z = x * x
+    s = _f64(_S5) + z * _f64(_S6)
+    s = _f64(_S4) + z * s
+    s = _f64(_S3) + z * s
+    s = _f64(_S2) + z * s
+    s = x + x * z * (_f64(_S1) + z * s)
+    c = _f64(_C5) + z * _f64(_C6)
+    c = _f64(_C4) + z * c
+    c = _f64(_C3) + z * c
+    c = _f64(_C2) + z * c
+    c = _f64(1.0) - _f64(0.5) * z + z * z * (_f64(_C1) + z * c)
+    n = (quarter.to(tl.int32) + 4) % 4  # -2 .. 2 -> 2, 3, 0, 1, 2
+    sin = tl.where(n % 2 == 0, s, c)
+    cos = tl.where(n % 2 == 0, c, s)
+    return tl.where(n >= 2, -sin, sin), tl.where((n == 1) | (n == 2), -cos, cos)
 _MROPE_IDS = tl.constexpr(MROPE_IDS)
 _MROPE_BASE = tl.constexpr(MROPE_SECTION_BASE)
 
@@ -166,7 +213,8 @@ def _angle_cos_sin(INV_FREQ, position, pairs, pair_mask, stride, ANGLE_SCALE: tl
 
     θ is formed in float64 (a position below 2**53 and the frequency are exact there), reduced to [-π, π] by
     subtracting whole turns of 2π in three parts (Cody–Waite: ``turns * part`` is exact for the first two parts while
-    turns < 2**29, i.e. |θ| below about 3.4e9), and its cos/sin taken in float64 and rounded once to the math dtype.
+    turns < 2**29, i.e. |θ| below about 3.4e9), and its cos/sin taken in float64 (:func:`_sin_cos`) and rounded once
+    to the math dtype.
     float32 sin/cos of the reduced angle would not do: rounding the reduced angle to float32 alone moves it by up to
     1.2e-7 near ±π, and sin by as much, four times the float64-angle table's largest error (half a float32 ulp of
     values near 1). ANGLE_SCALE is a compile-time float64 constant: a float argument would arrive rounded to
@@ -179,10 +227,9 @@ def _angle_cos_sin(INV_FREQ, position, pairs, pair_mask, stride, ANGLE_SCALE: tl
     reduced = angle - turns * tl.full([], _TWO_PI_1, tl.float64)
     reduced = reduced - turns * tl.full([], _TWO_PI_2, tl.float64)
     reduced = reduced - turns * tl.full([], _TWO_PI_3, tl.float64)
+    sin, cos = _sin_cos(reduced)
     scale = tl.full([], ANGLE_SCALE, tl.float64)
-    cos = (tl.cos(reduced) * scale).to(MATH_DTYPE)
-    sin = (tl.sin(reduced) * scale).to(MATH_DTYPE)
-    return cos, sin
+    return (cos * scale).to(MATH_DTYPE), (sin * scale).to(MATH_DTYPE)
 
 
 @triton.jit
