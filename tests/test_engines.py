@@ -8,7 +8,7 @@ import torch
 
 import ropekit
 from ropekit.testing import assert_close_to_reference
-from conftest import DEVICE
+from conftest import DEVICE, gpu_only
 
 
 def engine_reference(positions, x, head_size, cos_sin_cache, is_neox):
@@ -419,3 +419,248 @@ def test_rope_quantize_fp8_append_paged_kv_cache_errors_name_the_argument_and_wr
         ropekit.rope_quantize_fp8_append_paged_kv_cache(**call)
     for b, c in zip(before, caches):
         assert torch.equal(b.view(torch.uint8), c.view(torch.uint8))
+
+
+# --- the float8 calls under torch.compile and in CUDA graphs ----------------------------------------------------------
+
+def assert_within_half_a_spacing(got, truth, quantize_dtype):
+    """float8 ``got`` (any device) against float64 ``truth`` (already times its scale): within half a spacing of the
+    format, plus the float32 math's error."""
+    from ropekit.testing import ulp
+
+    error = (got.double().cpu() - truth).abs()
+    bound = ulp(truth, quantize_dtype) / 2 + 1e-5 * truth.abs().max()
+    assert bool((error <= bound).all()), float((error - bound).max())
+
+
+def assert_saturating_cast(got, x, scale, quantize_dtype):
+    """A non-rotary part: the float32 product with its scale, saturating, cast (bit for bit)."""
+    largest = torch.finfo(quantize_dtype).max
+    want = (x.float() * scale).clamp(-largest, largest).to(quantize_dtype)
+    assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+
+
+def assert_quantised_rope(outputs, parts, cos_sin_cache, pos_ids, is_neox, quantize_dtype, scales=(4.0, 8.0)):
+    """rope_quantize_fp8's four outputs against the float64 reference: the rotary parts rotated times their scale
+    (within half a spacing), the non-rotary ones the saturating cast."""
+    q_out, k_out, q_nope_out, k_nope_out = outputs
+    rope_dim = parts["q_rope"].shape[-1]
+    for got, x, scale in ((q_out, parts["q_rope"], scales[0]), (k_out, parts["k_rope"], scales[1])):
+        truth = engine_reference(pos_ids, x, rope_dim, cos_sin_cache, is_neox).reshape(got.shape) * scale
+        assert_within_half_a_spacing(got, truth, quantize_dtype)
+    assert_saturating_cast(q_nope_out, parts["q_nope"], scales[0], quantize_dtype)
+    assert_saturating_cast(k_nope_out, parts["k_nope"], scales[1], quantize_dtype)
+
+
+def quantise_parts(tokens, hq, hk, rope_dim, nope_dim, mla):
+    """bf16 rotary and non-rotary parts of q and k (MLA: k 2-D, one shared head)."""
+    k_heads = (tokens,) if mla else (tokens, hk)
+    return dict(q_rope=torch.randn(tokens, hq, rope_dim, device=DEVICE, dtype=torch.bfloat16),
+                k_rope=torch.randn(*k_heads, rope_dim, device=DEVICE, dtype=torch.bfloat16),
+                q_nope=torch.randn(tokens, hq, nope_dim, device=DEVICE, dtype=torch.bfloat16) * 40,
+                k_nope=torch.randn(*k_heads, nope_dim, device=DEVICE, dtype=torch.bfloat16) * 40)
+
+
+@pytest.mark.parametrize("quantize_dtype,mla", [(torch.float8_e4m3fn, False), (torch.float8_e5m2, True)],
+                         ids=["e4m3-gqa", "e5m2-mla"])
+def test_rope_quantize_fp8_compiles_without_a_graph_break(quantize_dtype, mla):
+    """FlashInfer's rope_quantize_fp8 under torch.compile(fullgraph=True), pos_ids a graph input and k_rope_out a given
+    output the graph writes: its four outputs are the eager call's bytes and the float64 reference's values."""
+    parts = quantise_parts(5, 4, 2, 16, 24, mla)
+    cos_sin_cache = cache_like_vllm(32, 16, torch.float32)
+    pos_ids = torch.tensor([0, 7, 3, 31, 12], device=DEVICE)
+    k_outs = [torch.zeros(parts["k_rope"].shape, device=DEVICE, dtype=quantize_dtype) for _ in range(2)]
+
+    def step(q_rope, k_rope, q_nope, k_nope, pos_ids, k_rope_out):
+        return ropekit.rope_quantize_fp8(q_rope, k_rope, q_nope, k_nope, cos_sin_cache, pos_ids, not mla,
+                                         quantize_dtype, quant_scale_q=4.0, quant_scale_kv=8.0, k_rope_out=k_rope_out)
+
+    want = step(*parts.values(), pos_ids, k_outs[0])
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager" if DEVICE == "cpu" else "inductor")
+    got = compiled(*parts.values(), pos_ids, k_outs[1])
+    for a, b in zip(got, want):
+        assert a.dtype == quantize_dtype and torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+    assert torch.equal(k_outs[1].view(torch.uint8), want[1].view(torch.uint8))  # written where it was given
+    assert_quantised_rope(got, parts, cos_sin_cache, pos_ids, not mla, quantize_dtype)
+
+
+def appended_rows(table, page_size) -> list:
+    """The (page, row) each token's page-table entry names (FlashInfer's ``kv_indices[kv_indptr[b] + p // page_size]``,
+    ``p % page_size``), None for a padding token (-1)."""
+    indices, indptr = table["kv_indices"].tolist(), table["kv_indptr"].tolist()
+    return [None if b < 0 else (indices[indptr[b] + p // page_size], p % page_size)
+            for b, p in zip(table["batch_indices"].tolist(), table["positions"].tolist())]
+
+
+def assert_appended(q_outputs, parts, caches, before, table, cos_sin_cache, pos_ids, *, mla, kv_layout, page_size,
+                    quantize_dtype, scales=(2.0, 4.0)):
+    """rope_quantize_fp8_append_paged_kv_cache's results against the float64 reference: q's rotary part (times its
+    scale) within half a spacing and its non-rotary part the saturating cast; FlashInfer's reader (each token's row
+    through the page table, stored / quant_scale_kv) gives the rotated k_rope, k_nope and v within half a spacing;
+    every row no token names keeps its bytes."""
+    is_neox = not mla
+    rope_dim = parts["q_rope"].shape[-1]
+    truth_q = engine_reference(pos_ids, parts["q_rope"], rope_dim, cos_sin_cache, is_neox)
+    assert_within_half_a_spacing(q_outputs[0], truth_q.reshape(q_outputs[0].shape) * scales[0], quantize_dtype)
+    assert_saturating_cast(q_outputs[1], parts["q_nope"], scales[0], quantize_dtype)
+    rows = appended_rows(table, page_size)
+    named = [r for r in rows if r is not None]
+    keep = torch.tensor([r is not None for r in rows])
+    table = dict(table, batch_indices=table["batch_indices"][keep.to(DEVICE)],
+                 positions=table["positions"][keep.to(DEVICE)])
+    read = [flashinfer_reader(c, page_size=page_size, kv_layout=kv_layout, **table) for c in caches]
+    k_rot = engine_reference(pos_ids, parts["k_rope"], rope_dim, cos_sin_cache, is_neox).reshape(
+        parts["k_rope"].shape)[keep]
+    k_nope = parts["k_nope"].double().cpu()[keep]
+    k_part, nope_part = (read[1], read[0]) if mla else (read[0][..., :rope_dim], read[0][..., rope_dim:])
+    assert_within_half_a_spacing(k_part, k_rot * scales[1], quantize_dtype)
+    assert_within_half_a_spacing(nope_part, k_nope * scales[1], quantize_dtype)
+    if not mla:
+        assert_within_half_a_spacing(read[1], parts["v"].double().cpu()[keep] * scales[1], quantize_dtype)
+    for b, c in zip(before, caches):
+        heads_second = kv_layout == "HND" and c.ndim == 4
+        untouched = torch.ones(c.shape[0], c.shape[2 if heads_second else 1], dtype=torch.bool)
+        for page, row in named:
+            untouched[page, row] = False
+        after_rows, before_rows = ((t.transpose(1, 2) if heads_second else t).cpu() for t in (c, b))
+        assert torch.equal(after_rows[untouched].view(torch.uint8), before_rows[untouched].view(torch.uint8))
+
+
+@pytest.mark.parametrize("form", ["gqa-HND", "mla"])
+def test_rope_quantize_fp8_append_paged_kv_cache_compiles_without_a_graph_break(form):
+    """FlashInfer's fused float8 append under torch.compile(fullgraph=True), the page table and pos_ids graph inputs
+    and the float8 paged cache (an HND pair, or MLA's (ckv_cache, kpe_cache)) written by the graph: q's outputs and
+    the caches are the eager call's bytes, and FlashInfer's reader gives the float64 reference's values."""
+    mla, kv_layout = form == "mla", "HND" if "HND" in form else "NHD"
+    parts, caches, table = append_case(mla, kv_layout, 32, torch.float8_e4m3fn)
+    before, eager = [c.clone() for c in caches], tuple(c.clone() for c in caches)
+    cos_sin_cache = cache_like_vllm(32, 16, torch.float32)
+    pos_ids = torch.tensor([2, 3, 4, 5, 6], device=DEVICE)
+
+    def step(q_rope, k_rope, q_nope, k_nope, v, pos_ids, caches, kv_indices, kv_indptr, batch_indices, positions):
+        return ropekit.rope_quantize_fp8_append_paged_kv_cache(
+            q_rope, k_rope, q_nope, k_nope, v, cos_sin_cache, pos_ids, caches, kv_indices, kv_indptr, batch_indices,
+            positions, is_neox=not mla, quantize_dtype=torch.float8_e4m3fn, quant_scale_q=2.0, quant_scale_kv=4.0,
+            page_size=4, kv_layout=kv_layout)
+
+    want = step(*parts.values(), pos_ids, eager, *table.values())
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager" if DEVICE == "cpu" else "inductor")
+    got = compiled(*parts.values(), pos_ids, caches, *table.values())
+    for a, b in zip(got + caches, want + eager):
+        assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+    assert_appended(got, parts, caches, before, table, cos_sin_cache, pos_ids, mla=mla, kv_layout=kv_layout,
+                    page_size=4, quantize_dtype=torch.float8_e4m3fn)
+
+
+def cuda_graph_of(step):
+    """``step`` captured in a CUDA graph, after two calls on a side stream (the kernels compile outside the
+    capture)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            step()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    return graph
+
+
+@gpu_only
+@pytest.mark.parametrize("quantize_dtype", [torch.float8_e4m3fn, torch.float8_e5m2], ids=["e4m3", "e5m2"])
+@pytest.mark.parametrize("mla", [False, True], ids=["gqa", "mla"])
+def test_rope_quantize_fp8_replays_in_a_cuda_graph_with_new_positions(mla, quantize_dtype):
+    """rope_quantize_fp8 at decode (Llama-3-8B's heads, or DeepSeek's 128 heads of 64 rope + 512 non-rotary
+    channels) captured once into preallocated outputs, as an engine's graph holds them: between replays pos_ids and
+    the inputs change in place (device-resident); each replay writes the eager call's bytes and the float64
+    reference's values."""
+    tokens = 64
+    hq, hk, rope_dim, nope_dim = (128, 1, 64, 512) if mla else (32, 8, 64, 64)
+    parts = quantise_parts(tokens, hq, hk, rope_dim, nope_dim, mla)
+    cos_sin_cache = cache_like_vllm(8192, rope_dim, torch.float32)
+    pos_ids = torch.randint(0, 8192, (tokens,), device=DEVICE)
+
+    def outputs():
+        return [torch.empty(x.shape, device=DEVICE, dtype=quantize_dtype) for x in parts.values()]
+
+    graphed = outputs()
+
+    def step(outs=graphed):
+        return ropekit.rope_quantize_fp8(*parts.values(), cos_sin_cache, pos_ids, not mla, quantize_dtype,
+                                         quant_scale_q=4.0, quant_scale_kv=8.0, q_rope_out=outs[0],
+                                         k_rope_out=outs[1], q_nope_out=outs[2], k_nope_out=outs[3])
+
+    graph = cuda_graph_of(step)
+    for _ in range(3):
+        pos_ids.copy_(torch.randint(0, 8192, (tokens,), device=DEVICE))
+        for x in parts.values():
+            x.copy_(torch.randn_like(x) * 4)
+        eager = step(outputs())
+        graph.replay()
+        torch.cuda.synchronize()
+        for a, b in zip(graphed, eager):
+            assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+        assert_quantised_rope(graphed, parts, cos_sin_cache, pos_ids, not mla, quantize_dtype)
+
+
+def decode_page_table(tokens, pages_per_request, page_size, num_pages) -> dict:
+    """FlashInfer's page table for a decode step (int32): request ``t`` owns ``pages_per_request`` scattered pages
+    and appends token ``t`` at a position among them; token 1 is padding (-1)."""
+    table = dict(kv_indices=torch.randperm(num_pages, device=DEVICE)[:tokens * pages_per_request],
+                 kv_indptr=torch.arange(tokens + 1, device=DEVICE) * pages_per_request,
+                 batch_indices=torch.arange(tokens, device=DEVICE),
+                 positions=torch.randint(0, pages_per_request * page_size, (tokens,), device=DEVICE))
+    table["batch_indices"][1] = -1
+    return {name: t.to(torch.int32) for name, t in table.items()}
+
+
+@gpu_only
+@pytest.mark.parametrize("form", ["gqa-NHD", "gqa-HND", "mla"])
+def test_rope_quantize_fp8_append_paged_kv_cache_replays_in_a_cuda_graph_with_new_page_tables(form):
+    """FlashInfer's fused float8 append at decode (Llama-3-8B's heads with 64 rotary + 64 other channels, or
+    DeepSeek's MLA: 128 heads, 64 rope + 512 latent), page size 16, captured once: between replays pos_ids, the page
+    table and the inputs change in place (device-resident); each replay writes the eager call's bytes (q's outputs,
+    the caches) and FlashInfer's reader gives the float64 reference's values."""
+    mla, kv_layout = form == "mla", "HND" if "HND" in form else "NHD"
+    tokens, page_size, num_pages, quantize_dtype = 64, 16, 256, torch.float8_e4m3fn
+    hq, hk, rope_dim, nope_dim = (128, 1, 64, 512) if mla else (32, 8, 64, 64)
+    parts = dict(quantise_parts(tokens, hq, hk, rope_dim, nope_dim, mla),
+                 v=None if mla else torch.randn(tokens, hk, rope_dim + nope_dim, device=DEVICE, dtype=torch.bfloat16))
+
+    def pool(*shape):
+        return torch.randint(0, 100, shape, device=DEVICE, dtype=torch.uint8).view(quantize_dtype)
+
+    if mla:
+        caches = (pool(num_pages, page_size, nope_dim), pool(num_pages, page_size, rope_dim))
+    else:
+        shape = (num_pages, hk, page_size, rope_dim + nope_dim) if kv_layout == "HND" else \
+            (num_pages, page_size, hk, rope_dim + nope_dim)
+        caches = (pool(*shape), pool(*shape))
+    cos_sin_cache = cache_like_vllm(8192, rope_dim, torch.float32)
+    pos_ids = torch.randint(0, 8192, (tokens,), device=DEVICE)
+    table = decode_page_table(tokens, 2, page_size, num_pages)
+    q_outs = [torch.empty(x.shape, device=DEVICE, dtype=quantize_dtype) for x in (parts["q_rope"], parts["q_nope"])]
+
+    def step(caches=caches, q_outs=q_outs):
+        return ropekit.rope_quantize_fp8_append_paged_kv_cache(
+            *parts.values(), cos_sin_cache, pos_ids, caches, *table.values(), is_neox=not mla,
+            quantize_dtype=quantize_dtype, quant_scale_q=2.0, quant_scale_kv=4.0, page_size=page_size,
+            kv_layout=kv_layout, q_rope_out=q_outs[0], q_nope_out=q_outs[1])
+
+    graph = cuda_graph_of(step)
+    for _ in range(3):
+        pos_ids.copy_(torch.randint(0, 8192, (tokens,), device=DEVICE))
+        for name, t in decode_page_table(tokens, 2, page_size, num_pages).items():
+            table[name].copy_(t)
+        for x in parts.values():
+            if x is not None:
+                x.copy_(torch.randn_like(x) * 4)
+        before, eager = [c.clone() for c in caches], tuple(c.clone() for c in caches)
+        eager_q = step(eager, [torch.empty_like(t) for t in q_outs])
+        graph.replay()
+        torch.cuda.synchronize()
+        for a, b in zip(tuple(q_outs) + caches, eager_q + eager):
+            assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+        assert_appended(q_outs, parts, caches, before, table, cos_sin_cache, pos_ids, mla=mla, kv_layout=kv_layout,
+                        page_size=page_size, quantize_dtype=quantize_dtype)

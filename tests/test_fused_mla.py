@@ -1,5 +1,6 @@
 """ropekit.mla_rope_and_cache: DeepSeek MLA's decoupled RoPE (GPT-J pairs, YaRN tables) on q_pe and the shared k_pe,
-and ``[kv_c | rotated k_pe]`` written into the paged latent cache, in one launch; against the float64 reference."""
+and ``[kv_c | rotated k_pe]`` written into the paged latent cache, in one launch; against the float64 reference, eager,
+under torch.compile and replayed in CUDA graphs."""
 
 import pytest
 import torch
@@ -251,3 +252,149 @@ def test_a_cache_on_the_padding_of_positions_is_refused(form):
     with pytest.raises(ValueError, match=f"{form}.*positions|positions.*{form}"):
         ropekit.mla_rope_and_cache(q_pe, k_pe, kv_c, caches, torch.arange(tokens, device=DEVICE), positions, cos, sin)
     assert torch.equal(pool, before)
+
+
+# --- torch.compile and CUDA graphs: every cache form (one kv_cache, FlashInfer's pair) and address map -------------
+
+def decode_page_table(tokens, pages_per_request, block_size, num_blocks, device=DEVICE):
+    """FlashInfer's page table for a decode step: request ``t`` owns ``pages_per_request`` scattered pages and appends
+    token ``t`` at a position among them (int32, as FlashInfer's planner gives it); request 1 is padding (-1)."""
+    table = dict(kv_indices=torch.randperm(num_blocks, device=device)[:tokens * pages_per_request],
+                 kv_indptr=torch.arange(tokens + 1, device=device) * pages_per_request,
+                 batch_indices=torch.arange(tokens, device=device),
+                 cache_positions=torch.randint(0, pages_per_request * block_size, (tokens,), device=device))
+    table["batch_indices"][1] = -1
+    return {name: t.to(torch.int32) for name, t in table.items()}
+
+
+def slots_of(table, block_size):
+    """The flat slot (``block * block_size + row``) each token of the page table names, int64, -1 where it writes
+    nothing: what :func:`check_cache` reads."""
+    b, p = table["batch_indices"].long(), table["cache_positions"].long()
+    page = table["kv_indices"].long()[table["kv_indptr"].long()[b.clamp(min=0)] + p // block_size]
+    return torch.where(b >= 0, page * block_size + p % block_size, -1)
+
+
+# (the caches: vLLM's one kv_cache or FlashInfer's (ckv_cache, kpe_cache); the address map; the cache dtype)
+MLA_CAPTURED = {"kv_cache-slot_mapping-bf16": ("one", "slots", torch.bfloat16),
+                "ckv_kpe-slot_mapping-fp8": ("pair", "slots", FP8),
+                "ckv_kpe-page_table-fp8": ("pair", "page_table", FP8),
+                "kv_cache-page_table-bf16": ("one", "page_table", torch.bfloat16)}
+
+
+def mla_captured_case(name, tokens, heads, rope_dim, latent, num_blocks, block_size, max_position):
+    """One of MLA_CAPTURED's calls, all its indices and its scale device-resident: the inputs (k_pe and kv_c views
+    of one projection), the caches (sentinel values), the address map (keyword arguments) and the positions (int64,
+    two padding entries past the tokens, as an engine's CUDA-graph batch pads them)."""
+    form, address, dtype = MLA_CAPTURED[name]
+    q_pe, k_pe, kv_c, kv_cache, slots = mla_case(tokens, heads, rope_dim, latent, torch.bfloat16,
+                                                 num_blocks=num_blocks, block_size=block_size, cache_dtype=dtype)
+    slots[1] = -1
+    caches = (kv_cache[..., :latent].contiguous(), kv_cache[..., latent:].contiguous()) if form == "pair" else kv_cache
+    by = dict(slot_mapping=slots) if address == "slots" else dict(slot_mapping=None, **decode_page_table(
+        tokens, 2, block_size, num_blocks))
+    positions = torch.randint(0, max_position, (tokens + 2,), device=DEVICE)
+    scale = torch.tensor([0.05], device=DEVICE) if dtype == FP8 else None
+    return q_pe, k_pe, kv_c, caches, by, positions, scale
+
+
+def mla_slots(by, block_size):
+    return by["slot_mapping"] if by["slot_mapping"] is not None else slots_of(by, block_size)
+
+
+def joined(caches):
+    """The latent cache as one ``(num_blocks, block_size, latent + rope_dim)`` tensor (a copy for the pair)."""
+    return torch.cat(caches, -1) if isinstance(caches, tuple) else caches
+
+
+def assert_mla_step(got, want, before, q0, k0, kv_c, cos, sin, positions, slots, scale):
+    """A captured or compiled step against the eager step (``want``: its q_pe, k_pe and caches, bit for bit) and
+    the float64 reference (q_pe, k_pe, and the cache through :func:`check_cache`)."""
+    for a, b in zip(got[:2] + (joined(got[2]),), want[:2] + (joined(want[2]),)):
+        assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+    pos = positions[:q0.shape[0]].cpu()
+    want_k = ref.rope_table(k0[:, None], cos, sin, pos, interleaved=True)[:, 0]
+    assert_close_to_reference(got[0], ref.rope_table(q0, cos, sin, pos, interleaved=True))
+    assert_close_to_reference(got[1], want_k)
+    check_cache(before, joined(got[2]), kv_c, want_k, slots, scale=None if scale is None else scale.cpu())
+
+
+@pytest.mark.parametrize("name", list(MLA_CAPTURED))
+def test_torch_compile_fullgraph(name):
+    """mla_rope_and_cache under torch.compile(fullgraph=True), in place (q_pe, k_pe: graph inputs the custom op
+    mutates, k_pe a view of the projection kv_c is read from) into each cache form through each address map, the
+    indices, positions and scale graph inputs: q_pe, k_pe and the caches are the eager call's bit for bit and the
+    float64 reference's."""
+    block_size = 4
+    q_pe, k_pe, kv_c, caches, by, positions, scale = mla_captured_case(name, 5, 2, 16, 32, 12, block_size, 32)
+    cos, sin = yarn_tables(16, 32, DEVICE)
+    q0, k0 = q_pe.clone(), k_pe.clone()
+    pair = isinstance(caches, tuple)
+    before = joined(caches).clone()
+    eager = (q_pe.clone(), k_pe.clone(), tuple(c.clone() for c in caches) if pair else caches.clone())
+
+    def step(q_pe, k_pe, kv_c, caches, by, positions, scale):
+        out_q, out_k = ropekit.mla_rope_and_cache(q_pe, k_pe, kv_c, caches, positions=positions, cos=cos, sin=sin,
+                                                  kv_cache_scale=scale, **by)
+        return out_q.float() * 2
+
+    want = step(eager[0], eager[1], kv_c, eager[2], by, positions, scale)
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager" if DEVICE == "cpu" else "inductor")
+    got = compiled(q_pe, k_pe, kv_c, caches, by, positions, scale)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert_mla_step((q_pe, k_pe, caches), eager, before, q0, k0, kv_c, cos, sin, positions,
+                    mla_slots(by, block_size), scale)
+
+
+def cuda_graph_of(step):
+    """``step`` captured in a CUDA graph, after two calls on a side stream (the kernels compile outside the
+    capture)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            step()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    return graph
+
+
+@gpu_only
+@pytest.mark.parametrize("name", list(MLA_CAPTURED))
+def test_cuda_graph_decode_step_replays_with_new_positions_slots_and_scale(name):
+    """DeepSeek's MLA decode step (64 tokens, 128 heads, 64 rope + 512 latent, block size 64, YaRN) captured once
+    into each cache form through each address map: between replays the positions, the slot mapping or page table,
+    the float8 scale and the inputs change in place (device-resident); each replay writes what an eager call with
+    the same values writes, bit for bit, and the float64 reference's values."""
+    tokens, block_size = 64, 64
+    q_pe, k_pe, kv_c, caches, by, positions, scale = mla_captured_case(name, tokens, 128, 64, 512, 256, block_size,
+                                                                      8192)
+    cos, sin = yarn_tables(64, 8192, DEVICE)
+    pair = isinstance(caches, tuple)
+
+    def step(q_pe=q_pe, k_pe=k_pe, caches=caches):
+        ropekit.mla_rope_and_cache(q_pe, k_pe, kv_c, caches, positions=positions, cos=cos, sin=sin,
+                                   kv_cache_scale=scale, **by)
+
+    graph = cuda_graph_of(step)
+    for replay in range(3):
+        positions.copy_(torch.randint(0, 8192, positions.shape, device=DEVICE))
+        if by["slot_mapping"] is not None:
+            by["slot_mapping"].copy_(torch.randperm(256 * block_size, device=DEVICE)[:tokens])
+            by["slot_mapping"][replay] = -1
+        else:
+            for n, t in decode_page_table(tokens, 2, block_size, 256).items():
+                by[n].copy_(t)
+        if scale is not None:
+            scale.fill_((0.02, 0.1, 0.03)[replay])  # |x| / scale stays inside e4m3's range
+        for x in (q_pe, k_pe, kv_c):
+            x.copy_(torch.randn_like(x))
+        q0, k0, before = q_pe.clone(), k_pe.clone(), joined(caches).clone()
+        eager = (q_pe.clone(), k_pe.clone(), tuple(c.clone() for c in caches) if pair else caches.clone())
+        step(*eager)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_mla_step((q_pe, k_pe, caches), eager, before, q0, k0, kv_c, cos, sin, positions,
+                        mla_slots(by, block_size), scale)

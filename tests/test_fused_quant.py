@@ -2,7 +2,8 @@
 head, or one a (token, head) computed from the rotated head vector and written beside the cache (vLLM's
 ``fp8_per_token_head`` / ``int8_per_token_head``). Each format is checked by a reader round trip: written by ropekit,
 read back by the reference dequantiser (stored value times its scale, found at the token's slot) and compared with
-the float64 truth within half a spacing of the format; v, which passes through, bit for bit. Both backends."""
+the float64 truth within half a spacing of the format; v, which passes through, bit for bit. Both backends; scale
+caches allocated heads first (their transposed views), a float8 q, under torch.compile and in CUDA graphs."""
 
 import pytest
 import torch
@@ -11,7 +12,7 @@ import triton.language as tl
 
 import ropekit
 from ropekit import reference as ref
-from ropekit.testing import ulp
+from ropekit.testing import assert_close_to_reference, ulp
 from ropekit.triton import fused_tiles
 from conftest import DEVICE, gpu_only
 
@@ -536,6 +537,299 @@ def test_torch_compile_fullgraph_writes_the_scales():
     torch.testing.assert_close(got, want)
     for a, b in zip((k_cache, v_cache, *scale_caches), eager):
         assert torch.equal(a, b)
+
+
+# --- a per-(token, head) scale cache allocated heads first, seen through its transposed view ----------------------
+
+# a per-(token, head) scale in each format: vLLM's names, and the e5m2 cache ("auto": its dtype says) with scale caches
+PER_TOKEN_HEAD = {"fp8_per_token_head": E4M3, "int8_per_token_head": INT8, "auto": E5M2}
+# FlashInfer's page table over 3 blocks of 4 rows for 5 tokens (token 3 padding), and the flat slot
+# (block * 4 + row) each token's row is: request 0 owns block 2, request 1 blocks 0 and 1
+PAGE_TABLE = dict(kv_indices=[2, 0, 1], kv_indptr=[0, 1, 3], batch_indices=[0, 0, 1, -1, 1],
+                  cache_positions=[0, 3, 4, 0, 6])
+PAGE_TABLE_SLOTS = [8, 11, 4, -1, 6]
+
+
+def page_table_on(device=DEVICE) -> dict:
+    return {name: torch.tensor(values, device=device, dtype=torch.int32) for name, values in PAGE_TABLE.items()}
+
+
+def float32_quotient(x, scale) -> torch.Tensor:
+    """``x / scale`` as the quantising store divides: float32 operands, the quotient correctly rounded to float32
+    (float64 values of it)."""
+    return (x.float().cpu() / torch.as_tensor(scale).float().cpu()).double()
+
+
+def heads_first(scale_caches):
+    """Scale caches allocated ``(num_blocks, Hkv, block_size)`` with ``scale_caches``' values, as the
+    ``.transpose(1, 2)`` views the call takes (``(num_blocks, block_size, Hkv)``, not contiguous)."""
+    views = [s.transpose(1, 2).contiguous().transpose(1, 2) for s in scale_caches]
+    assert all(not s.is_contiguous() and s.stride(1) == 1 for s in views)
+    return views
+
+
+def in_layout(cache, kv_layout):
+    """An NHD cache's values allocated in ``kv_layout`` (HND: ``(num_blocks, Hkv, block_size, D)``)."""
+    return cache.transpose(1, 2).contiguous() if kv_layout == "HND" else cache.clone()
+
+
+def as_nhd(cache, kv_layout):
+    return cache.transpose(1, 2) if kv_layout == "HND" else cache
+
+
+def assert_per_token_head_reads_back(k_cache, v_cache, k_scales, v_scales, truth_k, truth_v, slots, cache_dtype):
+    """The reference reader at each written token's slot (``(num_blocks, block_size, Hkv, D)`` caches and
+    ``(num_blocks, block_size, Hkv)`` scales, any strides): k within half a spacing (plus float32 math) of the float64
+    truth at its scale, v the format's rounding of the float32 quotient v / its scale (as the store divides: a
+    quotient within float32's rounding of a tie of the format rounds from the float32 value), the scales max|x| / the
+    format's largest."""
+    hk, d = k_cache.shape[2:]
+    written = slots[slots >= 0]
+    k_scale, v_scale = (s.reshape(-1, hk)[written].double().cpu()[..., None] for s in (k_scales, v_scales))
+    got_k = ref.dequantise(k_cache.reshape(-1, hk, d)[written], k_scale)
+    quotient = truth_k / k_scale
+    bound = spacing(quotient, cache_dtype) / 2 + 1e-5 * quotient.abs().amax(-1, keepdim=True)
+    assert bool(((got_k - truth_k).abs() / k_scale <= bound).all())
+    torch.testing.assert_close(k_scale, ref.token_head_scale(truth_k, cache_dtype), rtol=1e-6, atol=0)
+    assert torch.equal(v_scale, ref.token_head_scale(truth_v, cache_dtype))
+    got_v = v_cache.reshape(-1, hk, v_cache.shape[-1])[written].double().cpu()
+    assert torch.equal(got_v, ref.quantise(float32_quotient(truth_v, v_scale), 1.0, cache_dtype))
+
+
+@pytest.mark.parametrize("kv_layout,address", [("NHD", "slot_mapping"), ("HND", "slot_mapping"),
+                                               ("HND", "page_table")])
+@pytest.mark.parametrize("kv_cache_dtype", list(PER_TOKEN_HEAD))
+def test_a_scale_cache_allocated_heads_first_is_written_through_its_transposed_view(kv_cache_dtype, kv_layout,
+                                                                                    address, backend):
+    """docs/fused.md: a ``(num_blocks, Hkv, block_size)`` scale-cache allocation is passed as its ``.transpose(1, 2)``
+    view. Written so (beside an NHD or an HND cache, through a slot mapping or FlashInfer's page table), the caches
+    hold the bytes and the scales the values that the same call into NHD-allocated caches and scale caches writes;
+    the reference reader finds each token's scale at ``[block, row, head]`` of the view (``[block, head, row]`` of
+    the allocation) and reads back the float64 truth; every other slot keeps its bytes."""
+    cache_dtype = PER_TOKEN_HEAD[kv_cache_dtype]
+    hk = 3  # (3 heads: the allocation's strides differ from an NHD one's in every axis but the blocks')
+    q, k, v, nhd_caches, nhd_scales, slots = case(tokens=5, hk=hk, cache_dtype=cache_dtype, skip=(3,))
+    if address == "page_table":
+        at = page_table_on()
+        slots = torch.tensor(PAGE_TABLE_SLOTS, device=DEVICE)
+    else:
+        at = dict(slot_mapping=slots)
+    caches = [in_layout(c, kv_layout) for c in nhd_caches]
+    scales = heads_first(nhd_scales)
+    before = [t.clone() for t in (*nhd_caches, *nhd_scales)]
+    cos, sin = ropekit.cos_sin_table(16, 16, device=DEVICE)
+    positions = torch.tensor([[0, 3, 1, 15, 7]], device=DEVICE)
+
+    def call(caches, scales, kv_layout):
+        return ropekit.rope_and_cache(q[None], k[None], v[None], cos, sin, k_cache=caches[0], v_cache=caches[1],
+                                      k_scale_cache=scales[0], v_scale_cache=scales[1], positions=positions,
+                                      kv_cache_dtype=kv_cache_dtype, kv_layout=kv_layout, **at)[0]
+
+    want_q = call(nhd_caches, nhd_scales, "NHD")
+    got_q = call(caches, scales, kv_layout)
+    assert torch.equal(got_q, want_q)
+    for got, want in zip(caches, nhd_caches):
+        assert torch.equal(as_nhd(got, kv_layout).view(torch.uint8), want.view(torch.uint8))
+    for got, want in zip(scales, nhd_scales):
+        assert torch.equal(got, want)
+    keep = (slots >= 0).cpu()
+    assert_per_token_head_reads_back(*(as_nhd(c, kv_layout) for c in caches), *scales,
+                                     ref.rope_table(k, cos, sin, positions[0].cpu())[keep], v.double().cpu()[keep],
+                                     slots, cache_dtype)
+    for b, a in zip(before, (*(as_nhd(c, kv_layout) for c in caches), *scales)):
+        assert_untouched(b, a, slots)
+
+
+def assert_float8_q_reads_back(out_q, truth, q_scale: float, q_dtype):
+    """A float8 q read back as stored x q_scale: within half a spacing (plus float32 math) of the float64 truth."""
+    quotient = truth / q_scale
+    error = (ref.dequantise(out_q, q_scale) - truth).abs() / q_scale
+    bound = spacing(quotient, q_dtype) / 2 + 1e-5 * quotient.abs().amax(-1, keepdim=True)
+    assert bool((error <= bound).all()), float((error / bound).max())
+
+
+def test_torch_compile_fullgraph_writes_a_heads_first_scale_cache_and_a_float8_q():
+    """torch.compile(fullgraph=True) of FlashInfer's form beside vLLM's per-(token, head) scales: an HND float8 cache
+    through the page table, the scales written through the transposed views of ``(num_blocks, Hkv, block_size)``
+    allocations (graph inputs the custom op mutates, not contiguous), and a float8 q at a device-resident q_scale:
+    the eager call's bytes, and the reference reader's values."""
+    hk = 3
+    q, k, v, nhd_caches, nhd_scales, _ = case(tokens=5, hk=hk, cache_dtype=E4M3)
+    table, slots = page_table_on(), torch.tensor(PAGE_TABLE_SLOTS, device=DEVICE)
+    caches, scales = [in_layout(c, "HND") for c in nhd_caches], heads_first(nhd_scales)
+    eager_caches, eager_scales = [c.clone() for c in caches], heads_first(nhd_scales)
+    before = [t.clone() for t in (*nhd_caches, *nhd_scales)]
+    cos, sin = ropekit.cos_sin_table(16, 16, device=DEVICE)
+    positions = torch.tensor([[0, 3, 1, 15, 7]], device=DEVICE)
+    q_scale = torch.tensor([0.02], device=DEVICE)
+
+    def step(q, k, v, k_cache, v_cache, k_scales, v_scales, positions, q_scale, kv_indices, kv_indptr, batch_indices,
+             cache_positions):
+        out_q, _ = ropekit.rope_and_cache(q, k, v, cos, sin, k_cache=k_cache, v_cache=v_cache, kv_layout="HND",
+                                          k_scale_cache=k_scales, v_scale_cache=v_scales, positions=positions,
+                                          kv_cache_dtype="fp8_per_token_head", q_dtype=E4M3, q_scale=q_scale,
+                                          kv_indices=kv_indices, kv_indptr=kv_indptr, batch_indices=batch_indices,
+                                          cache_positions=cache_positions)
+        return out_q
+
+    want_q = step(q[None], k[None], v[None], *eager_caches, *eager_scales, positions, q_scale, *table.values())
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager" if DEVICE == "cpu" else "inductor")
+    got_q = compiled(q[None], k[None], v[None], *caches, *scales, positions, q_scale, *table.values())
+    assert got_q.dtype == E4M3 and torch.equal(got_q.view(torch.uint8), want_q.view(torch.uint8))
+    for a, b in zip(caches, eager_caches):
+        assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+    for a, b in zip(scales, eager_scales):
+        assert torch.equal(a, b)
+    pos = positions[0].cpu()
+    assert_float8_q_reads_back(got_q[0], ref.rope_table(q, cos, sin, pos), 0.02, E4M3)
+    keep = (slots >= 0).cpu()
+    nhd_views = [as_nhd(c, "HND") for c in caches]
+    assert_per_token_head_reads_back(*nhd_views, *scales, ref.rope_table(k, cos, sin, pos)[keep],
+                                     v.double().cpu()[keep], slots, E4M3)
+    for b, a in zip(before, (*nhd_views, *scales)):
+        assert_untouched(b, a, slots)
+
+
+@pytest.mark.backend("triton")
+def test_a_repeated_call_reads_new_scales_and_indices_through_its_plan(monkeypatch):
+    """What a CUDA graph replays is the planned launch: a repeated call signature goes straight to it (validation not
+    run), and it reads q_scale, the static k and v scales, the positions and the slot mapping where they lie, so new
+    values written into them in place are the ones used: the float8 q and the float8 caches hold the bytes the native
+    backend writes from the new values, and read back to the float64 truth."""
+    from ropekit.fused import validate
+
+    q, k, v, (k_cache, v_cache), _, slots = case(tokens=5, cache_dtype=E4M3, skip=(1,))
+    cos, sin = ropekit.cos_sin_table(32, 16, device=DEVICE)
+    positions = torch.tensor([[0, 3, 1, 15, 7]], device=DEVICE)
+    q_scale, k_scale, v_scale = (torch.tensor([s], device=DEVICE) for s in (0.05, 0.04, 0.1))
+
+    def call(k_cache, v_cache):
+        return ropekit.rope_and_cache(q[None], k[None], v[None], cos, sin, k_cache=k_cache, v_cache=v_cache,
+                                      slot_mapping=slots, positions=positions, k_scale=k_scale, v_scale=v_scale,
+                                      q_dtype=E5M2, q_scale=q_scale)[0]
+
+    call(k_cache, v_cache)  # validated, planned
+    monkeypatch.setattr(validate, "rotary_arguments", lambda *a: (_ for _ in ()).throw(AssertionError("validated")))
+    positions.copy_(torch.tensor([[30, 2, 9, 0, 21]]))
+    slots.copy_(torch.tensor([11, -1, 0, 5, 7]))
+    for scale, value in ((q_scale, 0.02), (k_scale, 0.015), (v_scale, 0.03)):
+        scale.fill_(value)
+    before = [c.clone() for c in (k_cache, v_cache)]
+    native = [c.clone() for c in before]
+    got_q = call(k_cache, v_cache)
+    monkeypatch.undo()
+    with ropekit.device.set_backend("native"):
+        want_q = call(*native)
+    assert torch.equal(got_q.view(torch.uint8), want_q.view(torch.uint8))
+    for a, b in zip((k_cache, v_cache), native):
+        assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+    pos = positions[0].cpu()
+    assert_float8_q_reads_back(got_q[0], ref.rope_table(q, cos, sin, pos), 0.02, E5M2)
+    keep, written = (slots >= 0).cpu(), slots[slots >= 0]
+    truth_k = ref.rope_table(k, cos, sin, pos)[keep]
+    quotient = truth_k / 0.015
+    bound = spacing(quotient, E4M3) / 2 + 1e-5 * quotient.abs().amax(-1, keepdim=True)
+    assert bool(((ref.dequantise(k_cache.view(-1, 2, 16)[written], 1.0) - quotient).abs() <= bound).all())
+    assert torch.equal(v_cache.view(-1, 2, 16)[written].double().cpu(),
+                       ref.quantise(float32_quotient(v.double().cpu()[keep], v_scale), 1.0, E4M3))
+    for b, a in zip(before, (k_cache, v_cache)):
+        assert_untouched(b, a, slots)
+
+
+def cuda_graph_of(step):
+    """``step`` captured in a CUDA graph, after two calls on a side stream (the kernels compile outside the
+    capture)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            step()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    return graph
+
+
+@gpu_only
+@pytest.mark.parametrize("kv_cache_dtype,kv_layout", [("auto", "NHD"), ("fp8_e4m3", "HND"),
+                                                      ("fp8_per_token_head", "HND"), ("int8_per_token_head", "NHD")])
+@pytest.mark.parametrize("q_fmt", ["e4m3", "e5m2"])
+def test_cuda_graph_float8_q_replays_with_new_positions_slots_and_scales(q_fmt, kv_cache_dtype, kv_layout):
+    """A decode step writing a float8 q (``q_dtype``, ``q_scale``) beside a bf16, float8 or int8 cache, captured once:
+    between replays q_scale, the static k and v scales, the positions, the slots and the inputs change in place
+    (device-resident; per (token, head), the scales are written through transposed views of ``(num_blocks, Hkv,
+    block_size)`` allocations). Each replay writes the eager call's bytes (q, caches, scales) and q and k read back
+    to the float64 truth."""
+    batch, hq, hk, d, block, num_blocks = 64, 32, 8, 128, 16, 64
+    q_dtype = FORMATS[q_fmt][0]
+    cache_dtype = {"auto": torch.bfloat16, "fp8_e4m3": E4M3, "fp8_per_token_head": E4M3,
+                   "int8_per_token_head": INT8}[kv_cache_dtype]
+    per_token_head = kv_cache_dtype.endswith("per_token_head")
+    q, k, v = (torch.randn(batch, 1, h, d, device=DEVICE, dtype=torch.bfloat16) for h in (hq, hk, hk))
+    caches = [in_layout(torch.zeros(num_blocks, block, hk, d, device=DEVICE, dtype=cache_dtype), kv_layout)
+              for _ in range(2)]
+    if per_token_head:
+        scale_caches = heads_first([torch.zeros(num_blocks, block, hk, device=DEVICE) for _ in range(2)])
+        scales = dict(k_scale_cache=scale_caches[0], v_scale_cache=scale_caches[1])
+    else:
+        scales = dict(k_scale=torch.tensor([0.02], device=DEVICE), v_scale=torch.tensor([0.05], device=DEVICE))
+    q_scale = torch.tensor([0.02], device=DEVICE)
+    cos, sin = ropekit.cos_sin_table(8192, d, base=500000.0, device=DEVICE)
+    positions = torch.randint(0, 8192, (batch,), device=DEVICE)
+    slots = torch.randperm(num_blocks * block, device=DEVICE)[:batch]
+    out = {}
+
+    def step(k_cache=caches[0], v_cache=caches[1], scales=scales):
+        return ropekit.rope_and_cache(q, k, v, cos, sin, k_cache=k_cache, v_cache=v_cache, slot_mapping=slots,
+                                      positions=positions, kv_layout=kv_layout, kv_cache_dtype=kv_cache_dtype,
+                                      q_dtype=q_dtype, q_scale=q_scale, **scales)[0]
+
+    graph = cuda_graph_of(lambda: out.__setitem__("q", step()))
+    for replay in range(3):
+        positions.copy_(torch.randint(0, 8192, (batch,), device=DEVICE))
+        slots.copy_(torch.randperm(num_blocks * block, device=DEVICE)[:batch])
+        slots[replay] = -1
+        q_scale.fill_((0.03, 0.05, 0.5)[replay])  # |q| < 6 stays inside e4m3's range
+        if not per_token_head:
+            scales["k_scale"].fill_((0.03, 0.1, 1.0)[replay])
+            scales["v_scale"].fill_((0.02, 0.04, 0.2)[replay])
+        for x in (q, k, v):
+            x.copy_(torch.randn_like(x))
+        before = [as_nhd(c, kv_layout).clone() for c in caches]
+        eager_caches = [c.clone() for c in caches]
+        eager_scales = dict(zip(scales, heads_first(list(scales.values())))) if per_token_head else scales
+        want_q = step(*eager_caches, eager_scales)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert out["q"].dtype == q_dtype and torch.equal(out["q"].view(torch.uint8), want_q.view(torch.uint8))
+        for a, b in zip(caches, eager_caches):
+            assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+        if per_token_head:
+            for name in scales:
+                assert torch.equal(scales[name], eager_scales[name])
+        pos = ref.token_positions(batch, 1, offsets=positions.cpu())
+        assert_float8_q_reads_back(out["q"], ref.rope_table(q, cos, sin, pos), float(q_scale), q_dtype)
+        keep, written = (slots >= 0).cpu(), slots[slots >= 0]
+        truth_k = ref.rope_table(k, cos, sin, pos)[:, 0][keep]
+        k_cache, v_cache = (as_nhd(c, kv_layout) for c in caches)
+        if per_token_head:
+            assert_per_token_head_reads_back(k_cache, v_cache, *scale_caches, truth_k,
+                                             v[:, 0].double().cpu()[keep], slots, cache_dtype)
+        else:
+            stored_k, stored_v = (c.reshape(-1, hk, d)[written] for c in (k_cache, v_cache))
+            truth_v = v[:, 0].double().cpu()[keep]
+            if cache_dtype == torch.bfloat16:
+                assert_close_to_reference(stored_k, truth_k)
+                assert torch.equal(stored_v.double().cpu(), truth_v)
+            else:
+                quotient = truth_k / float(scales["k_scale"])
+                bound = spacing(quotient, cache_dtype) / 2 + 1e-5 * quotient.abs().amax(-1, keepdim=True)
+                assert bool(((ref.dequantise(stored_k, 1.0) - quotient).abs() <= bound).all())
+                assert torch.equal(stored_v.double().cpu(),
+                                   ref.quantise(float32_quotient(truth_v, scales["v_scale"]), 1.0, cache_dtype))
+        for b, a in zip(before, (k_cache, v_cache)):
+            assert_untouched(b, a, slots)
 
 
 # --- validation -------------------------------------------------------------------------------------------------------
