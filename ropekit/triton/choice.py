@@ -375,8 +375,8 @@ def _worth_timing(facts: DeviceFacts, bucket: RopeShape) -> bool:
     apart), only where the fresh tensors ``bench`` times make the same kind of call: contiguous, out of place, NeoX
     pairs, a table (``flat_ok``), and only where the model is unsure: its flat block, even at 8 vectors a thread,
     keeps less in flight than Little's law asks (:func:`~ropekit.triton.model.flat_meets_littles_law`). Where it
-    keeps enough (the H100 and the H200), the candidates differ by a few per cent at most, the size of the clock's
-    own errors, and graph replay measured the model's block the fastest flat block swept or within 1 % of it. A
+    keeps enough (the H100 and the H200), the candidates differ by no more than the clock's own errors, and graph
+    replay measured the model's block among the fastest flat blocks swept (docs/tuning.md#flat-path). A
     bucket not worth timing takes what the disk cache holds, else the model's choice."""
     return bucket.flat_ok and not fits_in_l2(facts, bucket) and not flat_meets_littles_law(facts, bucket)
 

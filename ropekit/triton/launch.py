@@ -424,8 +424,7 @@ def _call_compiled(launch: KernelLaunch, entry: list, values: tuple, addresses: 
     * The launcher: with no launch hooks installed, ``compiled.run`` (Triton 3.6-3.9: grid, stream, function,
       packed metadata, launch metadata, enter and exit hooks, then the arguments), given no metadata and no hooks.
       The runner would build the hooks' metadata and pass the hook chains, which the launcher calls even when
-      empty: 1.2 µs of Python a launch on a development machine's CPU, more on a GPU machine's host
-      (docs/tuning.md#direct-launch). The launcher takes the tensors as ``addresses``, their data pointers, read
+      empty: Python time on every launch (measured: docs/tuning.md#direct-launch). The launcher takes the tensors as ``addresses``, their data pointers, read
       once for the specialisation; the runner, which hands its arguments to the hooks, takes the tensors.
 
     Returns the launcher's arguments as :attr:`KernelLaunch.prepared` keeps them (the launcher, the loaded function,

@@ -123,11 +123,10 @@ def grid_dependency(facts: DeviceFacts, programs: int, num_warps: int) -> int:
     (:class:`~ropekit.triton.groups.Dependency`).
 
     From compute capability 9.0 every launch WAITs: it may be launched before the grid ahead of it has finished, and
-    its programs wait for that grid's end, which took 0.15-0.40 µs a launch off a copy on an H200 whatever the grid's
-    size. A grid that fills at most :data:`RELEASE_SHARE` of the warp slots (a decode step) also RELEASEs the grid
-    after it, once its own wait is over, which hides that grid's launch behind its own; a larger grid does not: a
-    release cost time that grew with the grid's waves (a copy of 31 waves took 23 % longer), and at half a wave it
-    bought nothing (docs/tuning.md#grid-dependency)."""
+    its programs wait for that grid's end, which shortens a launch whatever the grid's size. A grid that fills at
+    most :data:`RELEASE_SHARE` of the warp slots (a decode step) also RELEASEs the grid after it, once its own wait is
+    over, which hides that grid's launch behind its own; a larger grid does not: a release cost time that grew with
+    the grid's waves, and at half a wave it bought nothing (the measurements: docs/tuning.md#grid-dependency)."""
     if not launched_programmatically(facts):
         return Dependency.NONE
     if programs * num_warps <= facts.n_sms * facts.max_warps_per_sm * RELEASE_SHARE:
