@@ -289,9 +289,12 @@ def token_head_scale(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def quantise(x: torch.Tensor, scale, dtype: torch.dtype) -> torch.Tensor:
-    """What a quantised cache of ``dtype`` stores for ``x`` at ``scale`` (broadcast against x): ``x / scale``
-    rounded to the format (saturating), as float64 values of that format."""
-    return CACHE_FORMATS[dtype][0](x.to(torch.float64) / torch.as_tensor(scale, dtype=torch.float64))
+    """What a quantised cache of ``dtype`` stores for ``x`` at ``scale`` (broadcast against x): the float32 quotient
+    ``x / scale`` (x and the scale in float32, the division correctly rounded, as docs/fused.md states) rounded to
+    the format (saturating), as float64 values of that format. (The float64 quotient would round differently where
+    it lies within a float32 rounding of one of int8's midpoints.)"""
+    quotient = x.to(torch.float32) / torch.as_tensor(scale, dtype=torch.float32, device=x.device)
+    return CACHE_FORMATS[dtype][0](quotient.to(torch.float64))
 
 
 def dequantise(stored: torch.Tensor, scale) -> torch.Tensor:
