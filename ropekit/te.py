@@ -22,11 +22,15 @@ every argument (the argument order of TE 2.4 and later; ``start_positions`` with
   the two differ by an ulp or so.
 
 It is :func:`ropekit.apply_rope` on tables from :func:`ropekit.cos_sin_from_freqs` and the positions of
-:mod:`ropekit.positions`' context-parallel helpers. Reading ``cu_seqlens`` for ``"thd"`` is a host sync.
+:mod:`ropekit.positions`' context-parallel helpers. Reading ``cu_seqlens`` for ``"thd"`` is a host sync. The tables
+are derived once per ``freqs`` tensor and its version (a model passes one ``freqs`` to every layer of a step) and
+kept while that tensor lives; a ``freqs`` changed in place is derived again (a change through ``.data`` does not
+count as one: it does not move the tensor's version).
 """
 
 from __future__ import annotations
 
+import weakref
 from typing import Optional
 
 import torch
@@ -34,6 +38,7 @@ import torch
 from .api import apply_rope
 from .frequencies import cos_sin_from_freqs
 from .positions import context_parallel_positions, context_parallel_varlen_positions
+from .triton.launch import PlanCache
 from .validate import as_integer, check_mode, in_callers_names, pair_copies
 
 __all__ = ["apply_rotary_pos_emb"]
@@ -106,6 +111,25 @@ def _check_cu_seqlens(cu_seqlens, tokens: int, cp_size: int) -> None:
                          f"({cp_size}) = {tokens * cp_size}, got {bounds[-1]}")
 
 
+# freqs' tables by the tensor (its id, checked against a weak reference: an id is reused once a tensor dies) and its
+# version; an entry leaves with its tensor
+_TABLES = PlanCache(16)
+
+
+def _tables(freqs: torch.Tensor, interleaved: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`ropekit.cos_sin_from_freqs` of ``freqs``, derived once per tensor and version (outside torch.compile,
+    which traces the derivation into its graph)."""
+    if torch.compiler.is_compiling():
+        return cos_sin_from_freqs(freqs, interleaved=interleaved)
+    key = (id(freqs), freqs._version, interleaved)
+    entry = _TABLES.get(key)
+    if entry is not None and entry[0]() is freqs:
+        return entry[1]
+    tables = cos_sin_from_freqs(freqs, interleaved=interleaved)
+    _TABLES.put(key, (weakref.ref(freqs, lambda _, key=key: _TABLES.pop(key, None)), tables))
+    return tables
+
+
 def _rotate(t, cos, sin, layout, interleaved, reach, **kwargs) -> torch.Tensor:
     """apply_rope, its errors told in TE's names. ``reach``: a 0-d tensor, one past the largest position, checked
     against freqs' rows (TE asserts it too) where a host read is allowed, rather than rotating by a NaN row."""
@@ -123,7 +147,7 @@ def apply_rotary_pos_emb(t: torch.Tensor, freqs: torch.Tensor, tensor_format: st
                          cp_rank: int = 0) -> torch.Tensor:
     """``t`` rotated by ``freqs`` (Transformer Engine's contract; see the module docstring)."""
     cp_size, cp_rank = _check(t, freqs, tensor_format, start_positions, cu_seqlens, cp_size, cp_rank, interleaved)
-    cos, sin = cos_sin_from_freqs(freqs, interleaved=interleaved)
+    cos, sin = _tables(freqs, interleaved)
     starts = None if start_positions is None else start_positions.to(torch.int64)
     if tensor_format == "thd":
         local = cu_seqlens // cp_size

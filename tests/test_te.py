@@ -163,3 +163,19 @@ def test_check_mode_refuses_freqs_whose_two_copies_of_an_angle_differ(monkeypatc
     different[..., -1] += 0.5
     with pytest.raises(ValueError, match="freqs must hold each pair's angle twice"):
         ropekit.te.apply_rotary_pos_emb(t, different, interleaved=interleaved)
+
+
+def test_a_freqs_changed_in_place_or_replaced_rotates_by_its_new_angles():
+    """The tables derived from freqs are reused while the tensor and its version stay: changed in place, or a new
+    tensor in its place (an id may be reused once a tensor dies), the rotation follows the angles it is given."""
+    t = torch.randn(6, 2, 3, 16, device=DEVICE)
+    positions = torch.arange(6)[:, None].expand(6, 2)
+    freqs = te_freqs(16, 8).to(DEVICE)
+    for _ in range(2):  # the same tensor twice
+        assert_close_to_reference(apply_rotary_pos_emb(t, freqs), reference(t, freqs.cpu(), positions, False))
+    freqs.mul_(3.0)  # in place: a new version
+    assert_close_to_reference(apply_rotary_pos_emb(t, freqs), reference(t, freqs.cpu(), positions, False))
+    for scale in (0.5, 2.0, 0.25):  # fresh tensors, the previous one dropped first (its id is then often reused)
+        del freqs
+        freqs = te_freqs(16, 8).to(DEVICE) * scale
+        assert_close_to_reference(apply_rotary_pos_emb(t, freqs), reference(t, freqs.cpu(), positions, False))
