@@ -19,7 +19,7 @@ import torch
 
 from ..layouts import to_bshd
 from ..outputs import bump_versions, new_output
-from ..triton.fused import CACHE_CONTIGUOUS, CACHE_PAGE_TABLE, CACHE_PAGED, plan_fused
+from ..triton.fused import CACHE_CONTIGUOUS, CACHE_PAGE_TABLE, plan_fused
 from ..triton.launch import released
 from ..triton.fused_tiles import E4M3, E5M2, INT8, NVFP4, PER_BLOCK, PER_HEAD, PER_TENSOR, PER_TOKEN_HEAD, PLAIN
 from . import validate
@@ -205,7 +205,7 @@ def rope_and_cache(q: torch.Tensor, k: torch.Tensor, v: Optional[torch.Tensor], 
     Raises ``TypeError``/``ValueError`` naming the argument before anything is written (cache and inputs unchanged).
     """
     if not isinstance(k_cache, torch.Tensor) or k_cache.ndim == 5:
-        k_cache, v_cache = _paged_kv_cache(k_cache, v_cache)
+        k_cache, v_cache = validate.paged_kv_cache(k_cache, v_cache)
     user = (q, k, v, cos, sin, positions, cu_seqlens, k_cache, v_cache, slot_mapping, cache_offsets, k_scale,
             v_scale, q_weight, k_weight, kv_indices, kv_indptr, batch_indices, cache_positions, k_scale_cache,
             v_scale_cache, q_scale, inv_freq)
@@ -241,11 +241,11 @@ def rope_and_cache(q: torch.Tensor, k: torch.Tensor, v: Optional[torch.Tensor], 
                          "k_weight, or norm='before' or 'after'")
     eps, weight_offset = validate.check_norm(q, k, q_weight, k_weight, eps, weight_offset, weightless=True,
                                              over_heads=over_heads, layout=layout) if normed else (0.0, 0.0)
-    slots, cache_mode = _check_cache_arguments(q, k, v, k_cache, v_cache, slot_mapping, cache_offsets,
-                                               (kv_indices, kv_indptr, batch_indices, cache_positions),
-                                               validate.check_kv_layout(kv_layout), k_scale, v_scale, spec, layout,
-                                               kv_cache_dtype, k_scale_cache, v_scale_cache, rotary_dim,
-                                               interleaved)
+    slots, cache_mode = validate.cache_arguments(q, k, v, k_cache, v_cache, slot_mapping, cache_offsets,
+                                                 (kv_indices, kv_indptr, batch_indices, cache_positions),
+                                                 validate.check_kv_layout(kv_layout), k_scale, v_scale, spec, layout,
+                                                 kv_cache_dtype, k_scale_cache, v_scale_cache, rotary_dim,
+                                                 interleaved)
     q_dtype = validate.check_q_output(q, q_dtype, q_scale, inplace)
     validate.check_no_grad("rope_and_cache", _NAMES, user)
     # the scales are read with a quantised cache and no scale caches, and with NVFP4 (the global ones); the scale
@@ -292,21 +292,6 @@ def _new_q(q, q_dtype):
 _NAMES = ("q", "k", "v", "cos", "sin", "positions", "cu_seqlens", "k_cache", "v_cache", "slot_mapping",
           "cache_offsets", "k_scale", "v_scale", "q_weight", "k_weight", "kv_indices", "kv_indptr", "batch_indices",
           "cache_positions", "k_scale_cache", "v_scale_cache", "q_scale", "inv_freq")
-
-
-def _paged_kv_cache(paged_kv_cache, v_cache):
-    """FlashInfer's ``paged_kv_cache`` given as ``k_cache``: a ``(k_cache, v_cache)`` pair or a 5-D tensor whose
-    ``[:, 0]`` and ``[:, 1]`` are the k and v caches (views)."""
-    pair = isinstance(paged_kv_cache, (tuple, list)) and len(paged_kv_cache) == 2
-    five_d = isinstance(paged_kv_cache, torch.Tensor) and paged_kv_cache.shape[1] == 2
-    if not pair and not five_d:
-        error = ValueError if isinstance(paged_kv_cache, (torch.Tensor, tuple, list)) else TypeError
-        raise error("k_cache must be a 4-D tensor, a (k_cache, v_cache) pair or a 5-D (num_blocks, 2, ...) tensor "
-                    f"(FlashInfer's paged_kv_cache), got {getattr(paged_kv_cache, 'shape', type(paged_kv_cache))}")
-    if v_cache is not None:
-        raise ValueError("k_cache given as a (k_cache, v_cache) pair or a 5-D (num_blocks, 2, ...) tensor holds the v "
-                         "cache too: pass v_cache=None")
-    return tuple(paged_kv_cache) if pair else (paged_kv_cache[:, 0], paged_kv_cache[:, 1])
 
 
 def _replaced(tensors: tuple, **by_name) -> tuple:
@@ -362,87 +347,3 @@ def _run_plan(plan, user, inplace, write_k, q_dtype, out_q=None, out_k=None, at=
                        cu_seqlens, 0, q_scale, k_global, v_global)
     bump_versions(k_cache, v_cache, k_scale_cache, v_scale_cache, *((q, out_k) if inplace else ()))
     return out_q, out_k
-
-
-def _check_cache_arguments(q, k, v, k_cache, v_cache, slot_mapping, cache_offsets, page_table, kv_layout, k_scale,
-                           v_scale, spec, layout, kv_cache_dtype, k_scale_cache, v_scale_cache, rotary_dim,
-                           interleaved):
-    """The cache side of the call: v, the caches, the address map, the format and its scales. Returns (the tensor
-    the kernel reads as slots, cache mode)."""
-    kv = to_bshd(k, layout)
-    if v is not None:
-        if not isinstance(v, torch.Tensor):
-            raise TypeError(f"v must be a torch.Tensor or None, got {type(v).__name__}")
-        if v.dtype != k.dtype or v.device != k.device:
-            raise TypeError(f"v must have k's dtype and device ({k.dtype} on {k.device}), got {v.dtype} on {v.device}")
-        if v.ndim != k.ndim or tuple(to_bshd(v, layout).shape[:-1]) != tuple(kv.shape[:-1]):
-            raise ValueError(f"v must have k's tokens and heads (shape {tuple(k.shape[:-1])} in every dimension but "
-                             f"the last, in layout {layout!r}), got {tuple(v.shape)}")
-    if (v is None) != (v_cache is None):
-        raise ValueError("v and v_cache go together: pass both or neither")
-    kv_indices, kv_indptr, batch_indices, cache_positions = page_table
-    by_table = any(t is not None for t in page_table)
-    if by_table and any(t is None for t in page_table):
-        raise ValueError("the page table is kv_indices, kv_indptr, batch_indices and cache_positions: pass all four "
-                         "or none")
-    if (slot_mapping is not None) + (cache_offsets is not None) + by_table != 1:
-        raise ValueError("pass exactly one of slot_mapping (a paged cache), the page table (kv_indices, kv_indptr, "
-                         "batch_indices, cache_positions: a paged cache) and cache_offsets (a contiguous cache)")
-    paged = cache_offsets is None
-    n_seqs = spec.cu_seqlens.shape[0] - 1 if spec.is_varlen else kv.shape[0]
-    n_heads, head_dim = kv.shape[-2], kv.shape[-1]
-    per_token_head = validate.check_kv_cache_dtype(kv_cache_dtype, k_cache)
-    nvfp4 = kv_cache_dtype == "nvfp4"
-    if nvfp4:  # two values a byte: the caches hold half the channels' bytes
-        validate.check_nvfp4_channels(head_dim, v.shape[-1] if v is not None else None, rotary_dim, interleaved)
-    formats = (torch.uint8,) if nvfp4 else validate.QUANT_DTYPES
-    validate.check_cache("k_cache", k_cache, leading=None if paged else (n_seqs,), n_heads=n_heads,
-                         head_dim=head_dim // 2 if nvfp4 else head_dim, dtype=k.dtype, device=q.device,
-                         kv_layout=kv_layout, quantised=formats)
-    blocks = tuple(validate.nhd(k_cache, kv_layout).shape[:2])
-    if v_cache is not None:
-        validate.check_cache("v_cache", v_cache, leading=blocks, n_heads=n_heads,
-                             head_dim=v.shape[-1] // 2 if nvfp4 else v.shape[-1], dtype=k.dtype, device=q.device,
-                             kv_layout=kv_layout, quantised=formats)
-        if v_cache.dtype != k_cache.dtype:
-            raise TypeError(f"v_cache must have k_cache's dtype ({k_cache.dtype}), got {v_cache.dtype}")
-    quantised = k_cache.dtype in validate.QUANT_DTYPES or nvfp4
-    if (per_token_head or nvfp4) and k_scale_cache is None:
-        what = "a block scale per 16 channels" if nvfp4 else "a scale per token and head"
-        raise ValueError(f"kv_cache_dtype {kv_cache_dtype!r} computes {what}: pass k_scale_cache (and v_scale_cache "
-                         "with v) to receive them")
-    if k_scale_cache is not None or v_scale_cache is not None:
-        if not quantised:
-            raise ValueError(f"k_scale_cache/v_scale_cache are given but k_cache holds {k_cache.dtype}, which has "
-                             "no scales (a quantised cache: float8 e4m3 or e5m2, int8, or NVFP4)")
-        if nvfp4:
-            validate.check_block_scales("k_scale_cache", k_scale_cache, "k_cache", k_cache, q.device)
-        else:
-            validate.check_scale_cache("k_scale_cache", k_scale_cache, "k_cache", validate.nhd(k_cache, kv_layout),
-                                       q.device)
-        if (v_cache is None) != (v_scale_cache is None):
-            raise ValueError("v_scale_cache goes with v_cache: pass both or neither (with k_scale_cache)")
-        if v_cache is not None and nvfp4:
-            validate.check_block_scales("v_scale_cache", v_scale_cache, "v_cache", v_cache, q.device)
-        elif v_cache is not None:
-            validate.check_scale_cache("v_scale_cache", v_scale_cache, "v_cache", validate.nhd(v_cache, kv_layout),
-                                       q.device)
-    # with scale caches the per-tensor scales are accepted and unread, as with a cache in the model's dtype; NVFP4
-    # reads them as its global scales (one element each)
-    read = (quantised and k_scale_cache is None) or nvfp4
-    validate.check_scale("k_scale", k_scale, read, q.device, None if nvfp4 else n_heads)
-    validate.check_scale("v_scale", v_scale, read and v_cache is not None, q.device, None if nvfp4 else n_heads)
-    n_tokens = kv.shape[0] if spec.is_varlen else kv.shape[0] * kv.shape[1]
-    if by_table:
-        validate.check_page_table(kv_indices, kv_indptr, batch_indices, cache_positions, n_tokens, blocks[0],
-                                  blocks[1], q.device, "k_cache")
-        return cache_positions, CACHE_PAGE_TABLE
-    if paged:
-        return validate.check_slot_mapping(slot_mapping, n_tokens, blocks[0] * blocks[1], q.device), CACHE_PAGED
-
-    def lengths():
-        cu = spec.cu_seqlens
-        return (cu[1:] - cu[:-1]).cpu() if spec.is_varlen else [kv.shape[1]] * n_seqs
-
-    offsets = validate.check_cache_offsets(cache_offsets, n_seqs, lengths, blocks[1], q.device)
-    return offsets, CACHE_CONTIGUOUS

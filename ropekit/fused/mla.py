@@ -26,18 +26,6 @@ from .plan import FusedPlan, keyed, planned, plans, reads_callers_memory, with_o
 __all__ = ["mla_rope_and_cache"]
 
 
-def _tokens_view(name: str, x, tokens: int, width: Optional[int] = None) -> torch.Tensor:
-    """``(tokens, width)`` or ``(tokens, 1, width)`` as the kernel's ``(1, tokens, 1, width)`` view."""
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-    if x.ndim == 3 and x.shape[1] == 1:
-        x = x[:, 0]
-    if x.ndim != 2 or x.shape[0] != tokens or (width is not None and x.shape[1] != width):
-        want = f"({tokens}, {width if width is not None else 'width'})"
-        raise ValueError(f"{name} must have shape {want} (one row per token of q_pe), got {tuple(x.shape)}")
-    return x[None, :, None, :]
-
-
 def mla_rope_and_cache(q_pe: torch.Tensor, k_pe: torch.Tensor, kv_c: torch.Tensor, kv_cache,
                        slot_mapping: Optional[torch.Tensor], positions: torch.Tensor,
                        cos: Optional[torch.Tensor] = None, sin: Optional[torch.Tensor] = None, *, cos_sin_cache: Optional[torch.Tensor] = None,
@@ -112,8 +100,8 @@ def mla_rope_and_cache(q_pe: torch.Tensor, k_pe: torch.Tensor, kv_c: torch.Tenso
     ckv_cache = validate.fp8_bytes(ckv_cache, kv_cache_dtype)
     kpe_cache = validate.fp8_bytes(kpe_cache, kv_cache_dtype)
     q = q_pe[None]
-    k = _tokens_view("k_pe", k_pe, tokens, rope_dim)
-    v = _tokens_view("kv_c", kv_c, tokens)
+    k = validate.tokens_view("k_pe", k_pe, tokens, rope_dim)
+    v = validate.tokens_view("kv_c", kv_c, tokens)
     cache_names = ("ckv_cache", "kpe_cache") if separate else ("kv_cache",)
     # the rotation's checks name its own arguments; the message adds which of this call's they are
     with in_callers_names("mla_rope_and_cache", "q is q_pe, k is k_pe, v is kv_c, rotary_dim and head_dim are "
@@ -124,7 +112,7 @@ def mla_rope_and_cache(q_pe: torch.Tensor, k_pe: torch.Tensor, kv_c: torch.Tenso
         cos, sin, spec, rotary_dim = validate.rotary_arguments(q, k, cos, sin, table, user_positions, "bshd",
                                                                rope_dim, None, None, False, interleaved)
         latent = v.shape[-1]
-        v_cache, k_cache = _latent_caches(ckv_cache, kpe_cache, latent, rope_dim)
+        v_cache, k_cache = validate.latent_caches(ckv_cache, kpe_cache, latent, rope_dim)
         validate.check_cache(cache_names[-1], k_cache, leading=None, n_heads=1, head_dim=rope_dim, dtype=q.dtype,
                              device=q.device, quantised=validate.FLOAT8_DTYPES)
         if separate:
@@ -179,25 +167,6 @@ def mla_rope_and_cache(q_pe: torch.Tensor, k_pe: torch.Tensor, kv_c: torch.Tenso
 
 
 _PAGE_TABLE = ("kv_indices", "kv_indptr", "batch_indices", "cache_positions")
-
-
-def _latent_caches(ckv_cache, kpe_cache, latent: int, rope_dim: int) -> tuple:
-    """The v (latent) and k (rope) caches as the kernel's ``(num_blocks, block_size, 1, width)`` views: the two
-    column ranges of one ``kv_cache``, or ``ckv_cache`` and ``kpe_cache``."""
-    if kpe_cache is None:
-        if not isinstance(ckv_cache, torch.Tensor) or ckv_cache.ndim != 3:
-            raise ValueError(f"kv_cache must be (num_blocks, block_size, {latent + rope_dim}) or a pair (ckv_cache, "
-                             f"kpe_cache), got {getattr(ckv_cache, 'shape', type(ckv_cache).__name__)}")
-        if ckv_cache.shape[2] != latent + rope_dim:
-            raise ValueError(f"kv_cache's last dimension must be kv_lora_rank + rope_dim = {latent + rope_dim}, got "
-                             f"shape {tuple(ckv_cache.shape)}")
-        return ckv_cache[..., None, :latent], ckv_cache[..., None, latent:]
-    for name, cache, width, what in (("ckv_cache", ckv_cache, latent, "kv_lora_rank"),
-                                     ("kpe_cache", kpe_cache, rope_dim, "rope_dim")):
-        if not isinstance(cache, torch.Tensor) or cache.ndim != 3 or cache.shape[2] != width:
-            raise ValueError(f"{name} must be (num_blocks, block_size, {width}) ({what}), got "
-                             f"{getattr(cache, 'shape', type(cache).__name__)}")
-    return ckv_cache[..., None, :], kpe_cache[..., None, :]
 
 
 def _run_plan(plan, user, inplace, out_q=None, out_k=None, at=None):

@@ -15,9 +15,10 @@ import torch
 
 from .. import device as _device
 from ..layouts import to_bshd
+from ..triton.fused import CACHE_CONTIGUOUS, CACHE_PAGE_TABLE, CACHE_PAGED
 from ..validate import FLOAT_DTYPES, OverlapError, addresses, check_mode, check_overlaps, prepare
 
-__all__ = ["FP8_DTYPE", "FLOAT8_DTYPES", "QUANT_DTYPES", "MLA_KV_CACHE_DTYPES", "check_mla_kv_cache_dtype",
+__all__ = ["paged_kv_cache", "cache_arguments", "tokens_view", "latent_caches", "FP8_DTYPE", "FLOAT8_DTYPES", "QUANT_DTYPES", "MLA_KV_CACHE_DTYPES", "check_mla_kv_cache_dtype",
            "KV_CACHE_DTYPES", "KV_LAYOUTS", "fp8_bytes", "rotary_arguments", "check_norm", "check_norm_place",
            "check_norm_over", "check_kv_layout", "nhd", "check_cache", "check_kv_cache_dtype", "check_slot_mapping",
            "check_page_table", "check_cache_offsets", "check_scale", "check_scale_cache", "check_nvfp4_channels",
@@ -421,3 +422,133 @@ def check_no_grad(op: str, names: tuple, tensors: tuple) -> None:
         if isinstance(t, torch.Tensor) and t.requires_grad:
             raise ValueError(f"{name} requires grad, but {op} has no autograd (a cache write is inference): call it "
                              "under torch.no_grad() or with tensors that do not require grad")
+
+
+def paged_kv_cache(paged_kv_cache, v_cache):
+    """FlashInfer's ``paged_kv_cache`` given as ``k_cache``: a ``(k_cache, v_cache)`` pair or a 5-D tensor whose
+    ``[:, 0]`` and ``[:, 1]`` are the k and v caches (views)."""
+    pair = isinstance(paged_kv_cache, (tuple, list)) and len(paged_kv_cache) == 2
+    five_d = isinstance(paged_kv_cache, torch.Tensor) and paged_kv_cache.shape[1] == 2
+    if not pair and not five_d:
+        error = ValueError if isinstance(paged_kv_cache, (torch.Tensor, tuple, list)) else TypeError
+        raise error("k_cache must be a 4-D tensor, a (k_cache, v_cache) pair or a 5-D (num_blocks, 2, ...) tensor "
+                    f"(FlashInfer's paged_kv_cache), got {getattr(paged_kv_cache, 'shape', type(paged_kv_cache))}")
+    if v_cache is not None:
+        raise ValueError("k_cache given as a (k_cache, v_cache) pair or a 5-D (num_blocks, 2, ...) tensor holds the v "
+                         "cache too: pass v_cache=None")
+    return tuple(paged_kv_cache) if pair else (paged_kv_cache[:, 0], paged_kv_cache[:, 1])
+
+
+def cache_arguments(q, k, v, k_cache, v_cache, slot_mapping, cache_offsets, page_table, kv_layout, k_scale,
+                           v_scale, spec, layout, kv_cache_dtype, k_scale_cache, v_scale_cache, rotary_dim,
+                           interleaved):
+    """The cache side of the call: v, the caches, the address map, the format and its scales. Returns (the tensor
+    the kernel reads as slots, cache mode)."""
+    kv = to_bshd(k, layout)
+    if v is not None:
+        if not isinstance(v, torch.Tensor):
+            raise TypeError(f"v must be a torch.Tensor or None, got {type(v).__name__}")
+        if v.dtype != k.dtype or v.device != k.device:
+            raise TypeError(f"v must have k's dtype and device ({k.dtype} on {k.device}), got {v.dtype} on {v.device}")
+        if v.ndim != k.ndim or tuple(to_bshd(v, layout).shape[:-1]) != tuple(kv.shape[:-1]):
+            raise ValueError(f"v must have k's tokens and heads (shape {tuple(k.shape[:-1])} in every dimension but "
+                             f"the last, in layout {layout!r}), got {tuple(v.shape)}")
+    if (v is None) != (v_cache is None):
+        raise ValueError("v and v_cache go together: pass both or neither")
+    kv_indices, kv_indptr, batch_indices, cache_positions = page_table
+    by_table = any(t is not None for t in page_table)
+    if by_table and any(t is None for t in page_table):
+        raise ValueError("the page table is kv_indices, kv_indptr, batch_indices and cache_positions: pass all four "
+                         "or none")
+    if (slot_mapping is not None) + (cache_offsets is not None) + by_table != 1:
+        raise ValueError("pass exactly one of slot_mapping (a paged cache), the page table (kv_indices, kv_indptr, "
+                         "batch_indices, cache_positions: a paged cache) and cache_offsets (a contiguous cache)")
+    paged = cache_offsets is None
+    n_seqs = spec.cu_seqlens.shape[0] - 1 if spec.is_varlen else kv.shape[0]
+    n_heads, head_dim = kv.shape[-2], kv.shape[-1]
+    per_token_head = check_kv_cache_dtype(kv_cache_dtype, k_cache)
+    nvfp4 = kv_cache_dtype == "nvfp4"
+    if nvfp4:  # two values a byte: the caches hold half the channels' bytes
+        check_nvfp4_channels(head_dim, v.shape[-1] if v is not None else None, rotary_dim, interleaved)
+    formats = (torch.uint8,) if nvfp4 else QUANT_DTYPES
+    check_cache("k_cache", k_cache, leading=None if paged else (n_seqs,), n_heads=n_heads,
+                         head_dim=head_dim // 2 if nvfp4 else head_dim, dtype=k.dtype, device=q.device,
+                         kv_layout=kv_layout, quantised=formats)
+    blocks = tuple(nhd(k_cache, kv_layout).shape[:2])
+    if v_cache is not None:
+        check_cache("v_cache", v_cache, leading=blocks, n_heads=n_heads,
+                             head_dim=v.shape[-1] // 2 if nvfp4 else v.shape[-1], dtype=k.dtype, device=q.device,
+                             kv_layout=kv_layout, quantised=formats)
+        if v_cache.dtype != k_cache.dtype:
+            raise TypeError(f"v_cache must have k_cache's dtype ({k_cache.dtype}), got {v_cache.dtype}")
+    quantised = k_cache.dtype in QUANT_DTYPES or nvfp4
+    if (per_token_head or nvfp4) and k_scale_cache is None:
+        what = "a block scale per 16 channels" if nvfp4 else "a scale per token and head"
+        raise ValueError(f"kv_cache_dtype {kv_cache_dtype!r} computes {what}: pass k_scale_cache (and v_scale_cache "
+                         "with v) to receive them")
+    if k_scale_cache is not None or v_scale_cache is not None:
+        if not quantised:
+            raise ValueError(f"k_scale_cache/v_scale_cache are given but k_cache holds {k_cache.dtype}, which has "
+                             "no scales (a quantised cache: float8 e4m3 or e5m2, int8, or NVFP4)")
+        if nvfp4:
+            check_block_scales("k_scale_cache", k_scale_cache, "k_cache", k_cache, q.device)
+        else:
+            check_scale_cache("k_scale_cache", k_scale_cache, "k_cache", nhd(k_cache, kv_layout),
+                                       q.device)
+        if (v_cache is None) != (v_scale_cache is None):
+            raise ValueError("v_scale_cache goes with v_cache: pass both or neither (with k_scale_cache)")
+        if v_cache is not None and nvfp4:
+            check_block_scales("v_scale_cache", v_scale_cache, "v_cache", v_cache, q.device)
+        elif v_cache is not None:
+            check_scale_cache("v_scale_cache", v_scale_cache, "v_cache", nhd(v_cache, kv_layout),
+                                       q.device)
+    # with scale caches the per-tensor scales are accepted and unread, as with a cache in the model's dtype; NVFP4
+    # reads them as its global scales (one element each)
+    read = (quantised and k_scale_cache is None) or nvfp4
+    check_scale("k_scale", k_scale, read, q.device, None if nvfp4 else n_heads)
+    check_scale("v_scale", v_scale, read and v_cache is not None, q.device, None if nvfp4 else n_heads)
+    n_tokens = kv.shape[0] if spec.is_varlen else kv.shape[0] * kv.shape[1]
+    if by_table:
+        check_page_table(kv_indices, kv_indptr, batch_indices, cache_positions, n_tokens, blocks[0],
+                                  blocks[1], q.device, "k_cache")
+        return cache_positions, CACHE_PAGE_TABLE
+    if paged:
+        return check_slot_mapping(slot_mapping, n_tokens, blocks[0] * blocks[1], q.device), CACHE_PAGED
+
+    def lengths():
+        cu = spec.cu_seqlens
+        return (cu[1:] - cu[:-1]).cpu() if spec.is_varlen else [kv.shape[1]] * n_seqs
+
+    offsets = check_cache_offsets(cache_offsets, n_seqs, lengths, blocks[1], q.device)
+    return offsets, CACHE_CONTIGUOUS
+
+
+def tokens_view(name: str, x, tokens: int, width: int | None = None) -> torch.Tensor:
+    """``(tokens, width)`` or ``(tokens, 1, width)`` as the kernel's ``(1, tokens, 1, width)`` view."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.ndim == 3 and x.shape[1] == 1:
+        x = x[:, 0]
+    if x.ndim != 2 or x.shape[0] != tokens or (width is not None and x.shape[1] != width):
+        want = f"({tokens}, {width if width is not None else 'width'})"
+        raise ValueError(f"{name} must have shape {want} (one row per token of q_pe), got {tuple(x.shape)}")
+    return x[None, :, None, :]
+
+
+def latent_caches(ckv_cache, kpe_cache, latent: int, rope_dim: int) -> tuple:
+    """The v (latent) and k (rope) caches as the kernel's ``(num_blocks, block_size, 1, width)`` views: the two
+    column ranges of one ``kv_cache``, or ``ckv_cache`` and ``kpe_cache``."""
+    if kpe_cache is None:
+        if not isinstance(ckv_cache, torch.Tensor) or ckv_cache.ndim != 3:
+            raise ValueError(f"kv_cache must be (num_blocks, block_size, {latent + rope_dim}) or a pair (ckv_cache, "
+                             f"kpe_cache), got {getattr(ckv_cache, 'shape', type(ckv_cache).__name__)}")
+        if ckv_cache.shape[2] != latent + rope_dim:
+            raise ValueError(f"kv_cache's last dimension must be kv_lora_rank + rope_dim = {latent + rope_dim}, got "
+                             f"shape {tuple(ckv_cache.shape)}")
+        return ckv_cache[..., None, :latent], ckv_cache[..., None, latent:]
+    for name, cache, width, what in (("ckv_cache", ckv_cache, latent, "kv_lora_rank"),
+                                     ("kpe_cache", kpe_cache, rope_dim, "rope_dim")):
+        if not isinstance(cache, torch.Tensor) or cache.ndim != 3 or cache.shape[2] != width:
+            raise ValueError(f"{name} must be (num_blocks, block_size, {width}) ({what}), got "
+                             f"{getattr(cache, 'shape', type(cache).__name__)}")
+    return ckv_cache[..., None, :], kpe_cache[..., None, :]
