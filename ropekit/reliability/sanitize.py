@@ -26,8 +26,8 @@ from .kernels import FlatConfig, TileConfig, plan_rope, rope_v4
 from ropekit.triton import choice
 from ropekit.triton.model import DeviceFacts, rope_candidates
 from .properties import run_config
-from .sanitize_fused import (CACHE_ADDRESS_MAPS, NORM_PLACES, QUANTISED_CACHES, check_cache_address_map, check_norm,
-                             check_quantised_cache)
+from .sanitize_fused import (CACHE_ADDRESS_MAPS, FUSED_ANGLES, NORM_PLACES, QUANTISED_CACHES, check_cache_address_map,
+                             check_fused_angles, check_norm, check_quantised_cache)
 
 __all__ = ["sanitize_configs", "reachable_configs", "run_with_launch_config", "sanitize_driver", "CACHE_ADDRESS_MAPS",
            "check_cache_address_map", "QUANTISED_CACHES", "NORM_PLACES"]
@@ -351,6 +351,10 @@ def sanitize_driver(device=None, verbose: bool = True, candidates: int | None = 
             log.check(f"triton fused norm across all heads {place} the rotation with weights (thd, head_dim 80, "
                       f"partial rotary, GQA, paged cache, backward)",
                       lambda place=place: check_norm(device, place, True, "heads"), device)
+        for name, section, interleaved in FUSED_ANGLES:
+            log.check(f"triton fused {name} (thd, head_dim 80, partial rotary, GQA, paged k and v cache, "
+                      f"qk_norm_rope backward)", lambda section=section, interleaved=interleaved:
+                      check_fused_angles(device, section, interleaved), device)
     if "cuda" in backends:
         for fast in (False, True):  # the table kernel (fast=True: the course's float32-angle variant)
             log.check(f"cuda table kernel fast={fast} (1003 rows, rotary_dim 80)", lambda fast=fast:

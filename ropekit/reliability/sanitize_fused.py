@@ -9,12 +9,12 @@ import torch
 
 from ropekit import device as _device
 from ropekit import reference as ref
-from ropekit.frequencies import cos_sin_table
+from ropekit.frequencies import cos_sin_table, inverse_frequencies
 from ropekit.fused import mla_rope_and_cache, qk_norm_rope, rope_and_cache
 from ropekit.testing import check_close_to_reference, ulp
 
 __all__ = ["CACHE_ADDRESS_MAPS", "check_cache_address_map", "QUANTISED_CACHES", "check_quantised_cache",
-           "check_norm", "NORM_PLACES"]
+           "check_norm", "NORM_PLACES", "FUSED_ANGLES", "check_fused_angles"]
 
 
 # the fused forward's cache address maps (ropekit.triton.fused_tiles.cache_slot), each with a head layout
@@ -156,6 +156,61 @@ def check_norm(device, place: str, weighted: bool, norm_over: str = "head") -> s
 
 # where a norm across all heads lies, each run once by the driver
 NORM_PLACES = ("before", "after")
+
+# the fused ops' angles without a table: (name, mrope_section, mrope_interleaved), each run once by the driver
+FUSED_ANGLES = (("table-free", None, False), ("table-free M-RoPE interleaved", (8, 8, 8), True),
+                ("table M-RoPE contiguous", (8, 8, 8), False))
+
+
+def check_fused_angles(device, mrope_section, mrope_interleaved: bool) -> str:
+    """The fused ops' angles computed in the kernel (``inv_freq``, positions up to 10^7) or read at M-RoPE's axis
+    positions (from a table of the rows they reach): packed sequences with an empty one, head_dim 80 (partial
+    rotary), GQA, a paged k and v cache by slot mapping; then qk_norm_rope forward and backward on the same angles."""
+    with _device.set_backend("triton"):
+        cu = torch.tensor([0, 5, 5, 12], dtype=torch.int32, device=device)
+        q, k, v = torch.randn(12, 3, 80, device=device), torch.randn(12, 1, 80, device=device), \
+            torch.randn(12, 1, 80, device=device)
+        inv_freq = inverse_frequencies(48).to(device)
+        if mrope_section is None:
+            positions = torch.randint(0, 10_000_000, (12,), device=device)
+            angles = dict(inv_freq=inv_freq, scale=0.9)
+            pair_positions = positions.cpu()[:, None].expand(12, 24)
+            scale = 0.9
+        else:
+            positions = torch.randint(0, 64, (3, 12), device=device)
+            angles = dict(mrope_section=mrope_section, mrope_interleaved=mrope_interleaved)
+            if mrope_interleaved:
+                angles.update(inv_freq=inv_freq)
+            else:
+                angles.update(cos=cos_sin_table(64, 48, device=device)[0], sin=cos_sin_table(64, 48, device=device)[1])
+            pair_positions = ref.mrope_pair_positions(positions.cpu(), mrope_section,
+                                                      mrope_interleaved=mrope_interleaved)
+            scale = 1.0
+        theta = pair_positions.double() * inv_freq.double().cpu()
+
+        def rotated(x):
+            c, s = (torch.cos(theta) * scale)[:, None, :], (torch.sin(theta) * scale)[:, None, :]
+            x64 = x.double().cpu()
+            return torch.cat((ref.rotate_pairs(x64[..., :48], c, s), x64[..., 48:]), -1)
+
+        caches = tuple(torch.zeros(3, 8, 1, 80, device=device) for _ in range(2))
+        slots = torch.randperm(24, device=device)[:12]
+        kw = dict(positions=positions, layout="thd", cu_seqlens=cu, max_seqlen=7, rotary_dim=48, **angles)
+        out_q, out_k = rope_and_cache(q, k, v, k_cache=caches[0], v_cache=caches[1], slot_mapping=slots,
+                                      write_k=True, **kw)
+        want_k = rotated(k)
+        problem = check_close_to_reference(out_q, rotated(q)) or check_close_to_reference(out_k, want_k) or \
+            check_close_to_reference(caches[0].reshape(-1, 1, 80)[slots.cpu()], want_k) or \
+            check_close_to_reference(caches[1].reshape(-1, 1, 80)[slots.cpu()], v.double().cpu())
+        if problem:
+            return problem
+        leaf = q.clone().requires_grad_()
+        weight = torch.rand(80, device=device) + 0.5
+        grad = torch.randn_like(q)
+        torch.autograd.backward(qk_norm_rope(leaf, None, q_weight=weight, eps=1e-5, **kw)[0], grad)
+        leaf64 = q.detach().double().cpu().requires_grad_()
+        torch.autograd.backward(rotated(ref.rms_norm(leaf64, weight, eps=1e-5)), grad.double().cpu())
+        return check_close_to_reference(leaf.grad, leaf64.grad) or ""
 
 # the fused kernel's quantising stores: (cache dtype, scales), each run once by the driver; NVFP4 ("nvfp4", its
 # e4m3 scale per 16 channels over a global scale)
