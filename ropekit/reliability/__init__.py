@@ -17,9 +17,10 @@ Modules, one job each:
 - ``run``         outcome tallies and jobs spread over worker processes
 - ``kernels``     the one door to the Triton launcher (forced launch configurations, dry runs)
 - ``common``      dtype names, layout permutations, backends
-- ``fuzz``, ``fuzz_rope``, ``fuzz_fused``, ``fuzz_cache``, ``rope_args``, ``arena``: the fuzzer, its targets and
-  its guarded tensors; ``cache_args`` (caches, slot mappings and page tables drawn as engines lay them out) and
-  ``cache_readback`` (what a written cache must hold) serve the cache targets
+- ``fuzz``, ``fuzz_rope``, ``fuzz_fused``, ``fuzz_cache``, ``fuzz_fp8``, ``rope_args``, ``arena``: the fuzzer, its
+  targets (``fuzz_fp8``: FlashInfer's float8 calls) and its guarded tensors; ``cache_args`` (caches, slot mappings
+  and page tables drawn as engines lay them out) and ``cache_readback`` (what a written cache must hold) serve the
+  cache targets
 
 Nothing here is imported by ``import ropekit``.
 """

@@ -44,12 +44,14 @@ def refusals(check_mode: bool, positions: torch.Tensor, rows: int, slots: list[i
     return reasons
 
 
-def table_rows(logical: dict, pos: torch.Tensor, rows: int) -> list[torch.Tensor]:
+def table_rows(logical: dict, pos: torch.Tensor, rows: int, per_pair: bool = False) -> list[torch.Tensor]:
     """The float64 cos and sin rows at ``pos`` (shape ``pos.shape + (half,)``), NaN where a position is outside the
-    table's ``rows`` (the kernel's documented result there)."""
+    table's ``rows`` (the kernel's documented result there); ``per_pair`` (M-RoPE): ``pos`` holds a position a pair,
+    ``(..., half)``, and pair ``i`` reads column ``i`` of its own row."""
     valid = (pos >= 0) & (pos < rows)
-    return [torch.where(valid[..., None], logical[t].to(torch.float64)[pos.clamp(0, rows - 1)],
-                     torch.tensor(float("nan"), dtype=torch.float64)) for t in ("cos", "sin")]
+    at = (pos.clamp(0, rows - 1), torch.arange(pos.shape[-1])) if per_pair else (pos.clamp(0, rows - 1),)
+    return [torch.where(valid if per_pair else valid[..., None], logical[t].to(torch.float64)[at],
+                        torch.tensor(float("nan"), dtype=torch.float64)) for t in ("cos", "sin")]
 
 
 def cache_problems(name: str, after: torch.Tensor, before: torch.Tensor, want: torch.Tensor, slots: list[int],

@@ -1,10 +1,11 @@
 """A fuzzer for hostile-but-plausible inputs: ``python -m ropekit.reliability.fuzz --cases N --seed S``.
 
-Each case draws, independently for *every* tensor argument of an op (q, k, cos, sin, positions, cu_seqlens; for the
-fused ops also their caches, slot mappings and scales), its dtype, its view (contiguous, padded rows, stepped
-channels, permuted dimensions, expanded stride-0 dimensions, self-overlapping ``as_strided``) and its values (positions
-inside and outside the table, negative, ``cu_seqlens`` valid or not, ending past the tokens), plus the switches
-(layout, pairing, ``rotary_dim``, per-token rows, in place, autograd, check mode) and aliasing between tensors:
+Each case draws, independently for *every* tensor argument of an op (q, k, cos and sin or the inverse frequencies,
+positions, cu_seqlens; for the fused ops also their norm weights, caches, slot mappings, page tables, scales and float8
+outputs), its dtype, its view (contiguous, padded rows, stepped channels, permuted dimensions, expanded stride-0
+dimensions, self-overlapping ``as_strided``) and its values (positions inside and outside the table, negative,
+``cu_seqlens`` valid or not, ending past the tokens), plus the switches (layout, pairing, ``rotary_dim``, per-token
+rows, M-RoPE's sections, the angles' scale, in place, autograd, check mode) and aliasing between tensors:
 a tensor the call writes carved from one byte pool with another tensor of the call, on its bytes (an overlap kind
 that must be refused: counted by kind in ``by_overlap_kind``) or apart.
 
@@ -49,13 +50,17 @@ from .arena import VIEW_KINDS, Arena, footprint, same_bits, self_overlapping  # 
 __all__ = ["Arena", "VIEW_KINDS", "Case", "footprint", "self_overlapping", "same_bits", "judge", "run", "run_case",
            "draw_case", "targets", "main"]
 
-# An error message must name the argument it is about.
+# An error message must name the argument it is about: one of the fuzzed ops' arguments (apply_rope's, the fused
+# ops' and the engines' signatures', FlashInfer's float8 calls among them).
 _ARGUMENT = re.compile(r"\b(q|k|v|cos|sin|positions|position_ids|cu_seqlens|max_seqlen|rotary_dim|layout|inplace|"
                        r"per_token|interleaved|table|backend|head_size|query|key|cos_sin_cache|k_cache|v_cache|"
                        r"kv_cache|slot_mapping|cache_offsets|k_scale_cache|v_scale_cache|kv_cache_dtype|k_scale|"
                        r"v_scale|scale|q_weight|k_weight|kv_c|q_pe|k_pe|eps|weight_offset|kv_indices|kv_indptr|"
                        r"batch_indices|cache_positions|kv_layout|ckv_cache|kpe_cache|mrope_section|mrope_interleaved|"
-                       r"nope_temperature)\b")
+                       r"nope_temperature|inv_freq|q_dtype|q_scale|norm|norm_over|write_k|kv_cache_scale|"
+                       r"rope_dim_offset|fused_set_kv_buffer_arg|q_rope|k_rope|q_nope|k_nope|pos_ids|is_neox|"
+                       r"quantize_dtype|quant_scale_q|quant_scale_kv|q_rope_out|k_rope_out|q_nope_out|k_nope_out|"
+                       r"paged_kv_cache|page_size)\b")
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -147,9 +152,11 @@ def judge(case: Case) -> tuple[str, list[str]]:
 # Targets a run leaves out unless named (--target): the CUDA backend builds its extension with nvcc first.
 OPT_IN = frozenset({"apply_rope_cuda"})
 # apply_rope has the most arguments to draw; the engines' two names share one contract; the cache writers draw
-# layouts, cache addressing, engines' cache views and overlaps of their own
+# layouts, cache addressing, engines' cache views and overlaps of their own; FlashInfer's float8 calls are
+# rope_and_cache underneath
 _WEIGHT = {"apply_rope": 6, "apply_rope_cuda": 6, "apply_rope_with_cos_sin_cache_inplace": 1, "rotary_embedding": 2,
-           "rope_and_cache": 3, "mla_rope_and_cache": 2, "qk_norm_rope": 2}
+           "rope_and_cache": 3, "mla_rope_and_cache": 2, "qk_norm_rope": 2, "rope_quantize_fp8": 1,
+           "rope_quantize_fp8_append_paged_kv_cache": 1}
 
 
 def _targets() -> dict:
@@ -164,6 +171,10 @@ def _targets() -> dict:
         from . import fuzz_cache
 
         targets.update(fuzz_cache.TARGETS)
+    with contextlib.suppress(ImportError):
+        from . import fuzz_fp8
+
+        targets.update(fuzz_fp8.TARGETS)
     return targets
 
 

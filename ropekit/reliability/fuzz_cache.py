@@ -27,7 +27,8 @@ from .cache_args import CACHE_KINDS, E5M2, FP8, INT8, PAGE_TABLE, draw_page_tabl
 from .cache_readback import as_fp8, cache_problems, nvfp4_problems, refusals, scale_problems, table_rows
 from .common import layout_shape
 from .fuzz import EITHER, MATCH, RAISE, Arena, Case, self_overlapping
-from .rope_args import DTYPES, INDEX_KINDS, INPUT_KINDS, from_tokens, pick, position_values, to_tokens
+from .rope_args import (DTYPES, INDEX_KINDS, INPUT_KINDS, angle_rows, draw_angles, draw_mrope_section, from_tokens,
+                        pick, position_values, to_tokens)
 
 __all__ = ["TARGETS", "OVERLAP_KINDS", "overlap_kind", "pool_overlaps", "draw_rope_and_cache",
            "draw_mla_rope_and_cache"]
@@ -41,10 +42,13 @@ _KV_CACHE_DTYPES = {FP8: (("auto", "fp8", "fp8_e4m3"), ("auto", "fp8_per_token_h
 _NVFP4_SHARE = 0.25
 # the share of cases whose written tensor is carved from one byte pool with another tensor of the call
 _POOL_PROBABILITY = 0.35
+# the shares of cases whose angles are computed from inv_freq (no table), and whose positions are M-RoPE's
+_ANGLES_SHARE, _MROPE_SHARE = 0.2, 0.2
 
 # The tensors of a call, grouped for the overlap kinds' names (docs/fuzzing.md).
-_GROUPS = {"q, k or v": ("q", "k", "v", "q_pe", "k_pe", "kv_c"), "cos/sin": ("cos", "sin", "cos_sin_cache"),
-           "norm weights": ("q_weight", "k_weight"), "scales": ("k_scale", "v_scale", "kv_cache_scale"),
+_GROUPS = {"q, k or v": ("q", "k", "v", "q_pe", "k_pe", "kv_c"),
+           "cos/sin": ("cos", "sin", "cos_sin_cache", "inv_freq"), "norm weights": ("q_weight", "k_weight"),
+           "scales": ("k_scale", "v_scale", "kv_cache_scale", "q_scale"),
            "index tensors": ("positions", "slot_mapping", "cu_seqlens", "cache_offsets", "kv_indices", "kv_indptr",
                              "batch_indices", "cache_positions"),
            "a cache": ("k_cache", "v_cache", "kv_cache", "ckv_cache", "kpe_cache", "k_scale_cache", "v_scale_cache")}
@@ -80,7 +84,9 @@ def pool_overlaps(arena: Arena, spec: dict, written: dict, others: dict) -> tupl
 
 def draw_rope_and_cache(rng: random.Random, gen: torch.Generator, device) -> Case:
     """``rope_and_cache`` in every layout (``thd`` with ``cu_seqlens``), q, k, v with any view kind (q without heads
-    at times), positions as ids or none, QK-norm or not, in place or not, ``write_k`` or not; a paged cache (a slot
+    at times), positions as ids, M-RoPE's ``(3, ...)`` ids with ``mrope_section`` or none, a cos/sin table or the
+    angles computed from ``inv_freq`` (times ``scale``), QK-norm or not (``norm``, ``norm_over``), in place or not,
+    ``write_k`` or not, q's output in its dtype or float8 (``q_dtype``, ``q_scale``); a paged cache (a slot
     mapping, shorter than the tokens at times) or a contiguous one with ``cache_offsets``, in the activations' dtype or
     quantised (float8 e4m3 or e5m2, as bytes at times, or int8; one scale, one a kv head, or one a (token, head) written
     to scale caches; vLLM's ``kv_cache_dtype`` names at times; NVFP4 with its block-scale caches, in the caches'
@@ -127,9 +133,17 @@ def draw_rope_and_cache(rng: random.Random, gen: torch.Generator, device) -> Cas
     positions_given = rng.random() < 0.7 and not (layout == "thd" and batch == tokens > 1)  # (tokens,) == (n_seqs,)
     short = address == "slot_mapping" and tokens and rng.random() < 0.2
     table_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+    # the angles: a table, or computed in the kernel from inverse frequencies; the positions: M-RoPE's (3, ...) ids
+    # at times; q's output: its dtype, or float8 at q_scale (a new tensor: in place it is refused)
+    by_angles, mrope = rng.random() < _ANGLES_SHARE, rng.random() < _MROPE_SHARE
+    positions_given = positions_given or mrope
+    q_output = rng.choices(("own", "float8", "explicit", "hostile"), weights=(79, 16, 3, 2))[0]
+    if q_output == "float8" and inplace and rng.random() < 0.9:
+        inplace = False
     written = ["k_cache", "v_cache"] + (["k_scale_cache", "v_scale_cache"] if dynamic else []) + (
         ["q"] + (["k"] if write_k else []) if inplace else [])
-    read = ["q", "k", "v", "cos", "sin"] + (list(PAGE_TABLE) if address == "page table" else [address])
+    read = ["q", "k", "v"] + (["inv_freq"] if by_angles else ["cos", "sin"]) + (
+        list(PAGE_TABLE) if address == "page table" else [address]) + (["q_scale"] if q_output == "float8" else [])
     read += (["positions"] if positions_given else []) + (["cu_seqlens"] if layout == "thd" else [])
     read += (["q_weight", "k_weight"] if weighted else []) + (["k_scale", "v_scale"] if quantised and (
         nvfp4 or not dynamic) else [])
@@ -152,13 +166,32 @@ def draw_rope_and_cache(rng: random.Random, gen: torch.Generator, device) -> Cas
     q = arena.place("q", layout_shape(layout, batch, seq, hq, head_dim, tokens), dtype, pick(rng, INPUT_KINDS))
     k = arena.place("k", layout_shape(layout, batch, seq, hk, head_dim, tokens), dtype, pick(rng, INPUT_KINDS))
     v = arena.place("v", layout_shape(layout, batch, seq, hk, v_dim, tokens), dtype, pick(rng, INPUT_KINDS))
-    cos = arena.place("cos", (rows, rotary_dim // 2), table_dtype, pick(rng, INPUT_KINDS))
-    sin = arena.place("sin", (rows, rotary_dim // 2), table_dtype, pick(rng, INPUT_KINDS))
+    angle_why, angle_kwargs, with_tables = [], {}, True
+    if by_angles:  # (rarely a table as well: refused)
+        inv_freq, angle_scale, angle_why = draw_angles(rng, arena, rotary_dim // 2)
+        angle_kwargs, with_tables = dict(inv_freq=inv_freq, scale=angle_scale), rng.random() < 0.04
+        angle_why += ["inv_freq together with cos/sin"] if with_tables else []
+    elif rng.random() < 0.01:  # a scale without inv_freq: refused
+        angle_kwargs, angle_why = dict(scale=rng.choice((0.5, 2.0))), ["scale other than 1 without inv_freq"]
+    cos = sin = None
+    if with_tables:
+        cos = arena.place("cos", (rows, rotary_dim // 2), table_dtype, pick(rng, INPUT_KINDS))
+        sin = arena.place("sin", (rows, rotary_dim // 2), table_dtype, pick(rng, INPUT_KINDS))
     positions = None
+    if mrope:  # three ids a token (temporal, height, width), each pair at its section's axis
+        section = draw_mrope_section(rng, rotary_dim // 2)
+        if rng.random() < 0.05:
+            section[rng.randrange(3)] += 1
+            angle_why.append("an mrope_section that does not sum to rotary_dim/2")
+        angle_kwargs.update(mrope_section=section, mrope_interleaved=rng.random() < 0.5)
     if positions_given:
-        positions = arena.place("positions", token_shape, rng.choice((torch.int64, torch.int32)),
-                                pick(rng, INDEX_KINDS), position_values(gen, 0, rows - 1, hostile, rows))
-    pos = local if positions is None else positions.detach().cpu().to(torch.int64)
+        positions = arena.place("positions", ((3,) if mrope else ()) + token_shape,
+                                rng.choice((torch.int64, torch.int32)), pick(rng, INDEX_KINDS),
+                                position_values(gen, 0, rows - 1, hostile, rows))
+    raw = local if positions is None else positions.detach().cpu().to(torch.int64)
+    # each token's position, or with M-RoPE each pair's: (*tokens, rotary_dim / 2)
+    pos = ref.mrope_pair_positions(raw, angle_kwargs["mrope_section"], mrope_interleaved=angle_kwargs[
+        "mrope_interleaved"])[..., :rotary_dim // 2] if mrope else raw
     if paged:
         shape = (num_blocks, block_size)
     else:
@@ -240,6 +273,8 @@ def draw_rope_and_cache(rng: random.Random, gen: torch.Generator, device) -> Cas
         widths = (hq * head_dim, hk * head_dim) if norm_over == "heads" else (head_dim, head_dim)
         kwargs.update(q_weight=arena.place("q_weight", (widths[0],), dtype), weight_offset=weight_offset,
                       k_weight=arena.place("k_weight", (widths[1],), dtype))
+    kwargs.update(angle_kwargs)
+    q_why, q_float8 = _draw_q_output(rng, arena, kwargs, q_output, dtype, inplace)
     grad_cache = not pooled and not five_d and kv_layout == "NHD" and cache_dtype == dtype and rng.random() < 0.05
     if grad_cache:
         k_cache.requires_grad_()
@@ -252,18 +287,28 @@ def draw_rope_and_cache(rng: random.Random, gen: torch.Generator, device) -> Cas
                 cache_shape=tuple(k_cache.shape), engine_cache=engine, kv_layout=kv_layout, five_d=five_d,
                 address=address, page_table={n: addressing[n].tolist() for n in PAGE_TABLE if n in addressing},
                 slots=slots, slot_mapping=mapped,
-                cache_offsets=None if paged else offsets, positions=None if positions is None else pos.tolist(),
-                check_mode=check_mode, cache_requires_grad=grad_cache)
+                cache_offsets=None if paged else offsets, positions=None if positions is None else raw.tolist(),
+                check_mode=check_mode, cache_requires_grad=grad_cache, angles=by_angles,
+                scale=angle_kwargs.get("scale"), mrope_section=angle_kwargs.get("mrope_section"),
+                mrope_interleaved=angle_kwargs.get("mrope_interleaved"),
+                q_dtype=None if "q_dtype" not in kwargs else str(kwargs["q_dtype"]),
+                q_scale=None if kwargs.get("q_scale") is None else kwargs["q_scale"].detach().cpu().tolist())
     tensors = dict(q=q, k=k, v=v, cos=cos, sin=sin, positions=positions, cu_seqlens=cu, k_cache=k_cache,
                    v_cache=v_cache, **{n: kwargs.get(n) for n in ("slot_mapping", "cache_offsets", "k_scale",
                                                                   "v_scale", "q_weight", "k_weight", "k_scale_cache",
-                                                                  "v_scale_cache") + PAGE_TABLE})
+                                                                  "v_scale_cache", "inv_freq", "q_scale") + PAGE_TABLE})
     tensors = {n: t for n, t in tensors.items() if isinstance(t, torch.Tensor)}
     writes = {n: tensors[n] for n in written}
     aliased, spans = pool_overlaps(arena, spec, writes, {n: t for n, t in tensors.items() if n not in writes})
     overlap = inplace and (self_overlapping(q) or (write_k and self_overlapping(k)))
-    why_raise = refusals(check_mode, pos, rows, mapped, n_slots, overlap, outside) + aliased
-    why_raise += table_refusals if check_mode else []
+    # (table-free angles: check mode refuses negative positions only)
+    why_raise = refusals(check_mode, pos, 2**62 if by_angles else rows, mapped, n_slots, overlap, outside) + aliased
+    why_raise += (table_refusals if check_mode else []) + angle_why + q_why
+    if check_mode and mrope and not by_angles and bool(((raw < 0) | (raw >= rows)).any()) and \
+            not any(why.startswith("check mode: positions") for why in why_raise):
+        either.append("check mode: an M-RoPE id outside the table on an axis no pair reads")
+    elif check_mode and mrope and by_angles and bool((raw < 0).any()) and not bool((pos < 0).any()):
+        either.append("check mode: a negative M-RoPE id on an axis no pair reads")
     if grad_cache:
         why_raise.append("a cache that requires grad")
     expect = RAISE if why_raise else MATCH
@@ -291,7 +336,8 @@ def draw_rope_and_cache(rng: random.Random, gen: torch.Generator, device) -> Cas
                                 over_heads=norm_over == "heads") if norm else x
 
         x = normed(x) if placement != "after" else x
-        table = table_rows(logical, pos, rows)
+        table = (angle_rows(kwargs["inv_freq"], pos, rotary_dim // 2, kwargs["scale"], per_pair=mrope) if by_angles
+                 else table_rows(logical, pos, rows, per_pair=mrope))
         turned = ref.rotate_pairs(x[..., :rotary_dim], table[0][..., None, :], table[1][..., None, :],
                                   interleaved=interleaved)
         x = torch.cat((turned, x[..., rotary_dim:]), -1)
@@ -306,6 +352,15 @@ def draw_rope_and_cache(rng: random.Random, gen: torch.Generator, device) -> Cas
                 continue
             if inplace and out is not x:
                 problems.append(f"in place, but the returned {name} is not {name}")
+            if name == "q" and q_float8:  # within one float8 spacing of the reference / q_scale, saturating
+                if out.dtype != kwargs["q_dtype"] or out.shape != q.shape:
+                    problems.append(f"q: a {out.dtype} {tuple(out.shape)} output, not {kwargs['q_dtype']} "
+                                    f"{tuple(q.shape)}")
+                    continue
+                got = out.detach().cpu().reshape(-1, head_dim)
+                problems += cache_problems("q (float8)", got, got, from_tokens(rotated("q"), layout).reshape(
+                    -1, head_dim), list(range(got.shape[0])), float(kwargs["q_scale"]), False)
+                continue
             message = check_close_to_reference(out, from_tokens(rotated(name), layout))
             if message is not None:
                 problems.append(f"{name}: {message}")
@@ -340,6 +395,41 @@ def draw_rope_and_cache(rng: random.Random, gen: torch.Generator, device) -> Cas
                 overlap=overlap or {"q", "k"} <= set(spec.get("overlap", "").split(" over ")),
                 inplace_targets=[t for t in ((q, k) if write_k else (q,)) if inplace and t.numel()],
                 env={"ROPEKIT_CHECK": "1" if check_mode else "0"}, tensors=tensors)
+
+
+def _draw_q_output(rng: random.Random, arena: Arena, kwargs: dict, how: str, dtype: torch.dtype,
+                   inplace: bool) -> tuple[list, bool]:
+    """rope_and_cache's q output (``q_dtype``, ``q_scale`` into ``kwargs``): q's own dtype (``"own"``: not passed;
+    ``"explicit"``: passed), a float8 one at a one-element float32 ``q_scale`` (``"float8"``; in place refused), or
+    (``"hostile"``) one of: no ``q_scale``, a ``q_scale`` without a float8 ``q_dtype``, an int8 ``q_dtype``, a
+    ``q_scale`` of another dtype or of two elements. Returns why the call must raise, and whether q is float8."""
+    why = []
+    if how == "explicit":
+        kwargs["q_dtype"] = dtype
+        return why, False
+    if how == "own":
+        return why, False
+    kwargs["q_dtype"] = rng.choice((FP8, E5M2))
+    size, scale_dtype = 1, torch.float32
+    if how == "hostile":
+        wrong = rng.choice(("no q_scale", "q_scale without q_dtype", "an int8 q_dtype", "a float16 q_scale",
+                            "a q_scale of two elements"))
+        why.append(wrong)
+        if wrong == "no q_scale":
+            return why, True
+        if wrong == "q_scale without q_dtype":
+            del kwargs["q_dtype"]
+        elif wrong == "an int8 q_dtype":
+            kwargs["q_dtype"] = INT8
+        elif wrong == "a float16 q_scale":
+            scale_dtype = torch.float16
+        else:
+            size = 2
+    elif inplace:
+        why.append("a float8 q output in place")
+    value = rng.choice((0.05, 1.0, 2.0))
+    kwargs["q_scale"] = arena.place("q_scale", (size,), scale_dtype, values=lambda s: torch.full(s, value))
+    return why, "q_dtype" in kwargs
 
 
 def draw_mla_rope_and_cache(rng: random.Random, gen: torch.Generator, device) -> Case:

@@ -14,6 +14,8 @@ from ropekit import reference as ref
 from ropekit.layouts import to_bshd
 from ropekit.testing import check_close_to_reference
 
+from .cache_args import CACHE_KINDS, draw_slots
+from .cache_readback import cache_problems, refusals
 from .fuzz import EITHER, MATCH, RAISE, Arena, Case, footprint, same_bits, self_overlapping
 from .fuzz_cache import pool_overlaps
 from .fuzz_rope import rope_case
@@ -33,19 +35,21 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, weight_o
 
 
 def draw_qk_norm_rope(rng: random.Random, gen: torch.Generator, device) -> Case:
-    """``qk_norm_rope`` with apply_rope's hostile arguments and its own weights (or none), the norm before or after
-    the rotation, over each head or across all heads (``norm_over``); in a share of the cases q and one tensor it
-    reads (a weight, a table, positions or cu_seqlens) carved from one byte pool: apart, or on each other's bytes in
-    place (to be refused; out of place both are only read)."""
+    """``qk_norm_rope`` with apply_rope's hostile arguments (M-RoPE positions, and table-free angles: ``inv_freq``
+    and ``scale``, among them) and its own weights (or none), the norm before or after the rotation, over each head
+    or across all heads (``norm_over``); in a share of the cases q and one tensor it reads (a weight, a table, the
+    inverse frequencies, positions or cu_seqlens) carved from one byte pool: apart, or on each other's bytes in place
+    (to be refused; out of place both are only read)."""
     arena, inplace = Arena(rng, gen, device), None
     placement, weighted = rng.choice(("before", "after")), rng.random() < 0.7
     norm_over = rng.choice(("head", "heads"))
     if rng.random() < 0.3:
         apart = rng.random() < 0.25
-        partners = (("q_weight", "k_weight") if weighted else ()) + ("cos", "sin", "positions", "cu_seqlens")
+        partners = (("q_weight", "k_weight") if weighted else ()) + ("cos", "sin", "inv_freq", "positions",
+                                                                     "cu_seqlens")
         arena.share("q", rng.choice(partners), apart=apart)
         inplace = None if apart else True
-    args = draw_rope_args(rng, gen, device, conjugate=False, arena=arena, inplace=inplace)
+    args = draw_rope_args(rng, gen, device, conjugate=False, arena=arena, inplace=inplace, mrope=True, angles=True)
     del args.kwargs["conjugate"], args.kwargs["backend"]
     head_dim = args.spec["head_dim"]
     weights, logical = [], {}
@@ -65,7 +69,7 @@ def draw_qk_norm_rope(rng: random.Random, gen: torch.Generator, device) -> Case:
         if x is not None:
             args.logical[name] = x.detach().cpu().clone()
     reads = dict(cos=args.cos, sin=args.sin, positions=args.kwargs["positions"], cu_seqlens=args.kwargs["cu_seqlens"],
-                 q_weight=weights[0], k_weight=weights[1])
+                 q_weight=weights[0], k_weight=weights[1], inv_freq=args.kwargs.get("inv_freq"))
     aliased, spans = pool_overlaps(args.arena, args.spec, {"q": args.q, "k": args.k} if args.kwargs["inplace"] else {},
                                    {n: t for n, t in reads.items() if isinstance(t, torch.Tensor)})
     for why in aliased:
@@ -96,7 +100,10 @@ def _shape(t):
 def draw_rotary_embedding(rng: random.Random, gen: torch.Generator, device,
                           op_name: str = "rotary_embedding") -> Case:
     """The engines' in-place ``op(positions, query, key, head_size, cos_sin_cache, is_neox)`` (vLLM's
-    ``rotary_embedding``, FlashInfer's ``apply_rope_with_cos_sin_cache_inplace``)."""
+    ``rotary_embedding``, FlashInfer's ``apply_rope_with_cos_sin_cache_inplace``); for vLLM's, ``rope_dim_offset``
+    (the last channels rotated at times; rarely negative or past the head: refused) and ``inverse``; for
+    FlashInfer's, ``enable_pdl`` and in a share of the cases SGLang's ``fused_set_kv_buffer_arg``
+    (:func:`_draw_kv_buffer`)."""
     arena = Arena(rng, gen, device)
     expect, why_raise, either = MATCH, [], []
     tokens, hq, hk = rng.randint(0, 6), rng.randint(1, 3), rng.choice((None, 1, 2))
@@ -119,6 +126,25 @@ def draw_rotary_embedding(rng: random.Random, gen: torch.Generator, device,
     else:
         query = arena.place("query", heads(hq), dtype, pick(rng, INPUT_KINDS))
         key = None if hk is None else arena.place("key", heads(hk), dtype, pick(rng, INPUT_KINDS))
+    kv_write = None
+    if op_name == "apply_rope_with_cos_sin_cache_inplace" and rng.random() < (0.3 if hk is not None else 0.02):
+        v_slice = qkv[:, (hq + hk) * head_size:] if packed and hv == hk else None
+        kv_write, kv_why = _draw_kv_buffer(rng, arena, tokens, hk, head_size, dtype, flat, v_slice, hostile,
+                                           check_mode)
+        if kv_why:
+            expect, why_raise = RAISE, why_raise + kv_why
+        if flat and kv_write["arg"].value.stride(-1) != 1 and kv_write["arg"].value.shape[-1] > 1:
+            either.append("a flat value whose channels are strided (split into heads or refused)")
+    # the op's own switches: vLLM's rotated channels' offset and inverse rotation, FlashInfer's launch hint
+    offset, inverse, extra = 0, False, {}
+    if op_name == "rotary_embedding":
+        offset, inverse = rng.choice((0, 0, head_size - rotary_dim)), rng.random() < 0.2
+        if rng.random() < 0.015:
+            offset = rng.choice((-1, head_size - rotary_dim + 1))
+            expect, why_raise = RAISE, why_raise + ["a rope_dim_offset outside the head"]
+        extra = dict(rope_dim_offset=offset, inverse=inverse) if offset or inverse or rng.random() < 0.3 else {}
+    elif rng.random() < 0.3:
+        extra = dict(enable_pdl=rng.random() < 0.5)
     cache_dtype = rng.choice((torch.float32, dtype))
     cache = arena.place("cos_sin_cache", (rows, rotary_dim), cache_dtype, pick(rng, INPUT_KINDS))
     positions = arena.place("positions", (tokens,), rng.choice((torch.int64, torch.int32)),
@@ -126,6 +152,8 @@ def draw_rotary_embedding(rng: random.Random, gen: torch.Generator, device,
     pos = positions.detach().cpu().to(torch.int64)
     if bool(((pos < 0) | (pos >= rows)).any()) and check_mode:
         expect, why_raise = RAISE, why_raise + ["check mode: positions outside the cache"]
+    # (query and key are written in place, whatever channels rope_dim_offset rotates: neither may overlap itself or
+    # the other, PyTorch's in-place rule)
     overlap = any(t is not None and self_overlapping(t) for t in (query, key))
     if key is not None and arena.buffer_of(key) is arena.buffer_of(query):
         base = arena.buffer_of(query).base
@@ -144,7 +172,9 @@ def draw_rotary_embedding(rng: random.Random, gen: torch.Generator, device,
     spec = dict(op=op_name, tokens=tokens, hq=hq, hk=hk, head_size=head_size, rotary_dim=rotary_dim, is_neox=is_neox,
                 flat=flat, packed=packed, dtype=str(dtype), cache_dtype=str(cache_dtype), rows=rows,
                 positions=pos.tolist(), check_mode=check_mode, query=_shape(query), key=_shape(key),
-                cos_sin_cache=_shape(cache))
+                cos_sin_cache=_shape(cache), fused_set_kv_buffer_arg=None if kv_write is None else kv_write["spec"],
+                **extra)
+    channels = slice(offset, offset + rotary_dim)  # (the rotated ones; the others pass through)
 
     def check(result) -> list[str]:
         problems = [] if result is None else ["returned something other than None"]
@@ -158,22 +188,73 @@ def draw_rotary_embedding(rng: random.Random, gen: torch.Generator, device,
             if t is None:
                 continue
             x = logical[name].to(torch.float64).reshape(tokens, n_heads, head_size)
-            rotated = ref.rotate_pairs(x[..., :rotary_dim], cos, sin, interleaved=not is_neox)
-            want = torch.cat((rotated, x[..., rotary_dim:]), -1).reshape(t.shape)
+            rotated = ref.rotate_pairs(x[..., channels], cos, sin, interleaved=not is_neox, conjugate=inverse)
+            want = torch.cat((x[..., :offset], rotated, x[..., offset + rotary_dim:]), -1).reshape(t.shape)
             message = check_close_to_reference(t, want)
             if message is not None:
                 problems.append(f"{name}: {message}")
-            if not same_bits(t[..., rotary_dim:] if not flat else t.unflatten(-1, (n_heads, head_size))[..., rotary_dim:],
-                             logical[name][..., rotary_dim:] if not flat else
-                             logical[name].unflatten(-1, (n_heads, head_size))[..., rotary_dim:]):
-                problems.append(f"{name}: the channels past rotary_dim changed")
+            by_head = [u.reshape(tokens, n_heads, head_size) for u in (t.detach().cpu(), logical[name])]
+            if not all(same_bits(*(u[..., part] for u in by_head)) for part in (slice(0, offset),
+                                                                                slice(offset + rotary_dim, None))):
+                problems.append(f"{name}: the channels outside the rotated ones changed")
+            if name == "key" and kv_write is not None:  # the pools' rows at cache_loc: the rotated key, the value
+                problems += kv_write["check"](want.reshape(tokens, hk, head_size))
         return problems
 
     op = getattr(ropekit, op_name)
-    return Case(op_name, spec, arena, lambda: op(positions, query, key, head_size, cache, is_neox), check,
+    if kv_write is not None:
+        extra["fused_set_kv_buffer_arg"] = kv_write["arg"]
+    return Case(op_name, spec, arena, lambda: op(positions, query, key, head_size, cache, is_neox, **extra), check,
                 expect=EITHER if expect == MATCH and either else expect, why_raise="; ".join(why_raise),
                 overlap=overlap, inplace_targets=[t for t in (query, key) if t is not None and t.numel()],
-                env={"ROPEKIT_CHECK": "1" if check_mode else "0"})
+                env={"ROPEKIT_CHECK": "1" if check_mode else "0"}, tensors={} if kv_write is None else dict(
+                    k_buffer=kv_write["arg"].k_buffer, v_buffer=kv_write["arg"].v_buffer))
+
+
+def _draw_kv_buffer(rng: random.Random, arena: Arena, tokens: int, hk, head_size: int, dtype: torch.dtype,
+                    flat: bool, v_slice, hostile: bool, check_mode: bool) -> tuple[dict, list[str]]:
+    """SGLang's ``fused_set_kv_buffer_arg``: ``value`` (the v slice of the packed projection when it has k's heads,
+    else its own tensor, flat or by head), token-indexed ``k_buffer`` and ``v_buffer`` pools in the model's dtype
+    (flat or by head, padded rows at times), ``cache_loc`` int64 (distinct slots and -1; ``hostile``: past either
+    end; in check mode a slot named twice at times), the scales None or 1.0 (rarely another value, or no key:
+    refused). Returns ``{"arg", "spec", "check"}`` (``check(rotated_key)``: the pools' problems) and why the call
+    must raise."""
+    why = []
+    heads = 1 if hk is None else hk
+    if hk is None:
+        why.append("fused_set_kv_buffer_arg without a key")
+    if v_slice is not None and rng.random() < 0.7:
+        value = v_slice if flat else v_slice.unflatten(-1, (heads, head_size))
+    else:
+        value = arena.place("value", (tokens, heads * head_size) if flat else (tokens, heads, head_size), dtype,
+                            pick(rng, INPUT_KINDS))
+    n_slots = rng.randint(max(tokens, 1), tokens + 4)
+    pools = {}
+    for name in ("k_buffer", "v_buffer"):
+        pools[name] = arena.place(name, (n_slots, heads * head_size) if rng.random() < 0.5 else
+                                  (n_slots, heads, head_size), dtype, pick(rng, CACHE_KINDS))
+        arena.allow_writes(pools[name])
+    slots = draw_slots(rng, tokens, n_slots, hostile, repeat=check_mode and rng.random() < 0.3)
+    cache_loc = arena.place("cache_loc", (tokens,), torch.int64, pick(rng, INDEX_KINDS),
+                            lambda shape: torch.tensor(slots, dtype=torch.int64).reshape(shape))
+    scales = dict(k_scale=rng.choice((None, None, 1.0)), v_scale=rng.choice((None, None, 1.0)))
+    if rng.random() < 0.03:
+        scales[rng.choice(("k_scale", "v_scale"))] = 2.0
+        why.append("a scale other than None or 1.0 (the pools hold the model's dtype)")
+    why += refusals(check_mode, torch.zeros(0, dtype=torch.int64), 1, slots, n_slots, False)
+    arg = ropekit.engines.FusedSetKVBufferArg(value=value, k_buffer=pools["k_buffer"], v_buffer=pools["v_buffer"],
+                                              cache_loc=cache_loc, **scales)
+    before = {name: t.detach().cpu().clone().reshape(n_slots, heads, head_size) for name, t in pools.items()}
+    logical_v = value.detach().cpu().to(torch.float64).reshape(tokens, heads, head_size)
+
+    def check(rotated_key: torch.Tensor) -> list[str]:
+        after = {name: t.detach().cpu().reshape(n_slots, heads, head_size) for name, t in pools.items()}
+        return (cache_problems("k_buffer", after["k_buffer"], before["k_buffer"], rotated_key, slots, None, False)
+                + cache_problems("v_buffer", after["v_buffer"], before["v_buffer"], logical_v, slots, None, True))
+
+    spec = dict(value=_shape(value), k_buffer=_shape(pools["k_buffer"]), v_buffer=_shape(pools["v_buffer"]),
+                cache_loc=slots, **scales)
+    return dict(arg=arg, spec=spec, check=check), why
 
 
 def draw_flashinfer(rng: random.Random, gen: torch.Generator, device) -> Case:

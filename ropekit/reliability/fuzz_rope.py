@@ -106,7 +106,7 @@ def rope_case(target: str, args: RopeArgs, op: Callable, gen: torch.Generator, *
 
 def draw(rng: random.Random, gen: torch.Generator, device, backend: str = "triton") -> Case:
     """One ``apply_rope`` case on ``backend`` (the CUDA backend on a GPU machine: ``draw_cuda``)."""
-    args = draw_rope_args(rng, gen, device, backend=backend, switches=True)
+    args = draw_rope_args(rng, gen, device, backend=backend, switches=True, angles=True)
     meta = not args.spec["check_mode"] and not args.overlap and not args.grad and rng.random() < 0.04
     return rope_case("apply_rope", args, apply_rope, gen, meta=meta)
 

@@ -3,16 +3,19 @@ documentation says the call must do with them, and the float64 reference of its 
 
 Drawn independently: q's and k's dtype and view, k's aliasing with q (a slice of q's heads, q itself), the tables'
 dtypes and views (cos and sin each their own), half-width tables or per-token rows (halves equal), the position form
-(none, host int, 0-d / per-sequence offsets, position ids, broadcast ids, and for ``apply_rope`` M-RoPE's three ids per
-token with ``mrope_section`` and ``mrope_interleaved``) with its dtype, view and values (in and out of the table,
-negative), for ``apply_rope`` a Llama 4 NoPE layer instead of a table (``nope_temperature``: no rotation, q scaled, k
-passed through), for ``thd`` the ``cu_seqlens`` dtype, view and values (valid, ending past or before the
-tokens, decreasing, not starting at 0, negative) and ``max_seqlen``; layout, pairing, ``rotary_dim``, conjugate, in
-place, autograd and check mode. What the documentation says about each combination decides what the oracle expects.
+(none, host int, 0-d / per-sequence offsets, position ids, broadcast ids, and for ``apply_rope`` and ``qk_norm_rope``
+M-RoPE's three ids per token with ``mrope_section`` and ``mrope_interleaved``) with its dtype, view and values (in and
+out of the table, negative), for them too the inverse frequencies the kernel computes the angles from instead of the
+tables (``inv_freq``: its dtype, view and length; ``scale``), for ``apply_rope`` a Llama 4 NoPE layer instead of a
+table (``nope_temperature``: no rotation, q scaled, k passed through), for ``thd`` the ``cu_seqlens`` dtype, view and
+values (valid, ending past or before the tokens, decreasing, not starting at 0, negative) and ``max_seqlen``; layout,
+pairing, ``rotary_dim``, conjugate, in place, autograd and check mode. What the documentation says about each
+combination decides what the oracle expects.
 """
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass
 from typing import Callable
@@ -20,12 +23,13 @@ from typing import Callable
 import torch
 
 from ropekit import reference as ref
+from ropekit.frequencies import inverse_frequencies
 from ropekit.layouts import TO_BSHD, to_bshd
 
 from .fuzz import EITHER, MATCH, RAISE, Arena, footprint, self_overlapping
 
-__all__ = ["RopeArgs", "draw_rope_args", "DTYPES", "INPUT_KINDS", "INDEX_KINDS", "pick", "position_values",
-           "to_tokens", "from_tokens"]
+__all__ = ["RopeArgs", "draw_rope_args", "DTYPES", "INPUT_KINDS", "INDEX_KINDS", "ANGLE_SCALES", "pick",
+           "position_values", "draw_angles", "angle_rows", "draw_mrope_section", "to_tokens", "from_tokens"]
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 _HEAD_AXIS = {"bshd": 2, "sbhd": 2, "bhsd": 1, "thd": 1}
@@ -36,6 +40,8 @@ INDEX_KINDS = (("contiguous", 3), ("padded", 1), ("stepped", 2), ("permuted", 1)
 _EXOTIC = ("expanded", "overlapping")
 # int32's limits (a position tensor may be int32): an index computed from them must not wrap into the table
 _EXTREME_POSITIONS = (2**31 - 1, -2**31, 2**31 - 2, -(2**31 - 1))
+# the scales of table-free angles: a compile-time constant of the kernel, so a few values (1: no scaling)
+ANGLE_SCALES = (1.0, 1.0, 0.875, 1.25)
 
 
 def pick(rng: random.Random, weighted) -> str:
@@ -166,7 +172,40 @@ class RopeArgs:
         return EITHER if self.expect == MATCH and self.either else self.expect
 
 
-def _mrope_section(rng: random.Random, pairs: int) -> list[int]:
+def draw_angles(rng: random.Random, arena: Arena, columns: int) -> tuple[torch.Tensor, float, list[str]]:
+    """Table-free angles: ``inv_freq`` of ``columns`` pairs (a rope type's frequencies, all <= 1: the kernel reduces
+    the angle exactly for positions below 2**31 then), float32 or float64 (rarely a half dtype or 2-D: refused), in
+    any view, and ``scale`` from :data:`ANGLE_SCALES` (rarely not finite: refused). Returns the tensor, the scale and
+    why the call must raise."""
+    why = []
+    freqs = inverse_frequencies(2 * columns, rng.choice((10000.0, 500000.0))) / rng.choice((1.0, 1.0, 4.0))
+    dtype = rng.choice((torch.float32, torch.float64))
+    if rng.random() < 0.03:
+        dtype = rng.choice((torch.float16, torch.bfloat16))
+        why.append("inv_freq of a half dtype")
+    shape = (columns,)
+    if rng.random() < 0.03:
+        shape = (1, columns)
+        why.append("a 2-D inv_freq")
+    inv_freq = arena.place("inv_freq", shape, dtype, pick(rng, INPUT_KINDS),
+                           lambda core: freqs[:math.prod(core)].reshape(core))
+    scale = rng.choice(ANGLE_SCALES)
+    if rng.random() < 0.03:
+        scale = rng.choice((float("nan"), float("inf")))
+        why.append("a scale that is not finite")
+    return inv_freq, scale, why
+
+
+def angle_rows(inv_freq: torch.Tensor, positions: torch.Tensor, pairs: int, scale: float,
+               per_pair: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin (times ``scale``) of ``position * inv_freq[i]`` for the first ``pairs`` frequencies, in float64:
+    ``positions.shape + (pairs,)``, or with ``per_pair`` (M-RoPE: a position a pair) ``positions.shape``."""
+    freqs = inv_freq.detach().cpu().to(torch.float64).reshape(-1)[:pairs]
+    theta = positions.to(torch.float64) * freqs if per_pair else positions.to(torch.float64)[..., None] * freqs
+    return torch.cos(theta) * scale, torch.sin(theta) * scale
+
+
+def draw_mrope_section(rng: random.Random, pairs: int) -> list[int]:
     """Three sections (temporal, height, width) of ``pairs`` pairs, any of them possibly empty."""
     first, second = sorted(rng.randint(0, pairs) for _ in range(2))
     return [first, second - first, pairs - second]
@@ -174,10 +213,12 @@ def _mrope_section(rng: random.Random, pairs: int) -> list[int]:
 
 def draw_rope_args(rng: random.Random, gen: torch.Generator, device, *, backend: str = "triton",
                    conjugate: bool = True, arena: Arena | None = None, inplace: bool | None = None,
-                   switches: bool = False) -> RopeArgs:
+                   switches: bool = False, mrope: bool | None = None, angles: bool = False) -> RopeArgs:
     """Draw every argument of a rotary call (see the module docstring); ``conjugate``: may the call take one;
     ``arena``: where to place the tensors (a fresh one by default); ``inplace``: given rather than drawn;
-    ``switches``: may the call take ``apply_rope``'s own switches (M-RoPE positions, a NoPE layer)."""
+    ``switches``: may the call take ``apply_rope``'s own switches (M-RoPE positions, a NoPE layer); ``mrope``: may it
+    take M-RoPE's (default: ``switches``); ``angles``: may it take ``inv_freq`` and ``scale`` instead of tables."""
+    mrope = switches if mrope is None else mrope
     arena = arena or Arena(rng, gen, device)
     expect, why_raise, either = MATCH, [], []
     layout = rng.choice(("bshd", "sbhd", "bhsd", "thd"))
@@ -319,9 +360,9 @@ def draw_rope_args(rng: random.Random, gen: torch.Generator, device, *, backend:
     else:
         form = rng.choice(("none", "int", "t0d", "offsets", "ids") + (() if layout == "thd" else
                                                                        ("offsets2d", "ids1d", "ids_bcast")))
-        if switches and rng.random() < 0.2:
+        if mrope and rng.random() < 0.2:
             form = "mrope"
-            section = _mrope_section(rng, rotary_dim // 2)
+            section = draw_mrope_section(rng, rotary_dim // 2)
             if rng.random() < 0.05:
                 section[rng.randrange(3)] += 1
                 expect, why_raise = RAISE, why_raise + ["an mrope_section that does not sum to rotary_dim/2"]
@@ -329,9 +370,11 @@ def draw_rope_args(rng: random.Random, gen: torch.Generator, device, *, backend:
             if backend == "cuda":
                 expect, why_raise = RAISE, why_raise + ["M-RoPE on the CUDA backend"]
             spec.update(switch_kwargs)
+        # the angles computed in the kernel from inverse frequencies, no table (rows: the positions' range)
+        by_angles = angles and rng.random() < 0.25
         span = seq
         rows = rng.randint(max(span, 1), max(span, 1) + 6) if rng.random() > 0.02 else 0
-        if rows == 0:
+        if rows == 0 and not by_angles:
             either.append("a table of zero rows")
         hostile = rng.random() < 0.2
         pos_dtype = rng.choice((torch.int32, torch.int64)) if rng.random() > 0.02 else torch.float32
@@ -346,7 +389,13 @@ def draw_rope_args(rng: random.Random, gen: torch.Generator, device, *, backend:
         if form == "int":
             positions = rng.randint(0, max(rows - span, 0)) if not hostile else rng.choice((-rng.randint(1, 3),
                                                                                     rows - span + rng.randint(1, 3)))
-            if tokens and positions >= 0 and layout == "thd" and max_seqlen is not None and max_seqlen < span \
+            if by_angles:  # no table to leave: only a negative offset is refused
+                if positions < 0:
+                    if tokens:
+                        expect, why_raise = RAISE, why_raise + ["a negative host-int offset"]
+                    else:
+                        either.append("a negative host-int offset of no tokens")
+            elif tokens and positions >= 0 and layout == "thd" and max_seqlen is not None and max_seqlen < span \
                     and positions + span > rows:
                 either.append("a host-int offset past the table only through a sequence longer than max_seqlen")
             elif tokens and (positions < 0 or positions + span > rows):
@@ -356,7 +405,7 @@ def draw_rope_args(rng: random.Random, gen: torch.Generator, device, *, backend:
             token_pos = None if local is None else local + positions
         elif form == "none":
             token_pos = local
-            if layout == "thd" and max_seqlen is not None and max_seqlen > rows:
+            if layout == "thd" and max_seqlen is not None and max_seqlen > rows and not by_angles:
                 either.append("max_seqlen (not the sequences) reaches past the table")
         else:
             shape = {"t0d": (), "offsets": (batch,), "offsets2d": (batch, 1), "ids": token_shape,
@@ -396,15 +445,43 @@ def draw_rope_args(rng: random.Random, gen: torch.Generator, device, *, backend:
         spec.update(positions_form=form, positions_kind=pos_kind, positions_dtype=str(pos_dtype), table_rows=rows,
                     hostile_positions=hostile)
         columns = rotary_dim // 2 + (rng.randint(1, 2) if rng.random() < 0.25 else 0)
-        kinds = [pick(rng, TABLE_KINDS) for _ in range(2)]
-        cos_dtype = torch.float32 if rng.random() < 0.6 else rng.choice(DTYPES)
-        sin_dtype = cos_dtype if rng.random() < 0.85 else rng.choice(DTYPES)
-        cos = arena.place("cos", (rows, columns), cos_dtype, kinds[0])
-        sin = arena.place("sin", (rows, columns), sin_dtype, kinds[1])
-        spec.update(cos_kind=kinds[0], sin_kind=kinds[1], table_columns=columns)
-        if any(kind in _EXOTIC for kind in kinds):
-            either.append("an exotic table view")
-        if token_pos is not None:
+        with_tables = not by_angles or rng.random() < 0.04  # (inv_freq and tables together: refused)
+        if by_angles:
+            inv_freq, angle_scale, why = draw_angles(rng, arena, columns)
+            why += ["inv_freq together with cos/sin"] if with_tables else []
+            if backend == "cuda":
+                why.append("table-free angles on the CUDA backend")
+            if why:
+                expect, why_raise = RAISE, why_raise + why
+            switch_kwargs.update(inv_freq=inv_freq, scale=angle_scale)
+            spec.update(angles=True, inv_freq=_describe(inv_freq), scale=angle_scale)
+        elif rng.random() < 0.01:  # a scale without inv_freq: refused (a table is scaled in itself)
+            switch_kwargs["scale"] = rng.choice((0.5, 2.0))
+            expect, why_raise = RAISE, why_raise + ["scale other than 1 without inv_freq"]
+            spec.update(scale=switch_kwargs["scale"])
+        cos = sin = None
+        if with_tables:
+            kinds = [pick(rng, TABLE_KINDS) for _ in range(2)]
+            cos_dtype = torch.float32 if rng.random() < 0.6 else rng.choice(DTYPES)
+            sin_dtype = cos_dtype if rng.random() < 0.85 else rng.choice(DTYPES)
+            cos = arena.place("cos", (rows, columns), cos_dtype, kinds[0])
+            sin = arena.place("sin", (rows, columns), sin_dtype, kinds[1])
+            spec.update(cos_kind=kinds[0], sin_kind=kinds[1], table_columns=columns)
+            if any(kind in _EXOTIC for kind in kinds):
+                either.append("an exotic table view")
+        if by_angles and token_pos is not None:
+            negative = bool((token_pos < 0).any()) if token_pos.numel() else False
+            if raw is not None and check_mode:  # no table: check mode refuses negative positions only
+                if negative:
+                    expect, why_raise = RAISE, why_raise + ["check mode: negative positions"]
+                elif bool((raw < 0).any()):
+                    either.append("check mode: a negative offset that no token uses")
+
+            def rotate_ref(x, c, s, token_pos=token_pos, per_pair=form == "mrope", inv_freq=inv_freq,
+                           scale=angle_scale):
+                cos_half, sin_half = angle_rows(inv_freq, token_pos, rotary_dim // 2, scale, per_pair)
+                return _rotate(x, cos_half, sin_half, rotary_dim, interleaved, conjugate)
+        elif token_pos is not None:
             valid_tokens = (token_pos >= 0) & (token_pos < rows)
             out_of_table = not bool(valid_tokens.all()) if token_pos.numel() else False
             if raw is not None and check_mode:
