@@ -43,7 +43,7 @@ import torch
 
 from .api import apply_rope
 from .fused.kv_cache import rope_and_cache
-from .validate import as_integer, in_callers_names
+from .validate import as_integer, check_overlaps, in_callers_names
 
 __all__ = ["rotary_embedding", "apply_rope_with_cos_sin_cache_inplace", "FusedSetKVBufferArg", "rope_quantize_fp8",
            "rope_quantize_fp8_append_paged_kv_cache"]
@@ -99,7 +99,8 @@ def rotary_embedding(positions: torch.Tensor, query: torch.Tensor, key: Optional
     (vLLM passes ``head_size - rotary_dim`` to rotate the last channels); the others are left as they are.
     ``inverse``: rotate by -θ, undoing a rotation at the same positions.
     """
-    _rotate(positions, query, key, head_size, cos_sin_cache, is_neox, None, rope_dim_offset, inverse)
+    _rotate("rotary_embedding", positions, query, key, head_size, cos_sin_cache, is_neox, None, rope_dim_offset,
+            inverse)
 
 
 def _head_size(head_size) -> int:
@@ -109,7 +110,7 @@ def _head_size(head_size) -> int:
     return size
 
 
-def _rotate(positions, query, key, head_size, cos_sin_cache, is_neox, kv_write, rope_dim_offset=0,
+def _rotate(caller: str, positions, query, key, head_size, cos_sin_cache, is_neox, kv_write, rope_dim_offset=0,
             inverse=False) -> None:
     head_size = _head_size(head_size)
     if not isinstance(positions, torch.Tensor) or positions.dtype not in (torch.int32, torch.int64):
@@ -134,8 +135,11 @@ def _rotate(positions, query, key, head_size, cos_sin_cache, is_neox, kv_write, 
                          f"<= head_size ({head_size})")
     token_dims = tuple(positions.shape)
     tokens = positions.numel()
-    q = _heads_view("query", query, tokens, head_size, token_dims)[..., rope_dim_offset:]
-    k = None if key is None else _heads_view("key", key, tokens, head_size, token_dims)[..., rope_dim_offset:]
+    q = _heads_view("query", query, tokens, head_size, token_dims)
+    k = None if key is None else _heads_view("key", key, tokens, head_size, token_dims)
+    if rope_dim_offset:  # the rotation sees only the channels from the offset: the whole heads are checked here
+        check_overlaps(("query", "key"), (q, k), ("query", "key"))
+    q, k = q[..., rope_dim_offset:], (None if k is None else k[..., rope_dim_offset:])
     # cos and sin: the two column halves of one buffer (same strides, so the kernel reads them without a copy)
     cos, sin = cos_sin_cache[:, :rotary_dim // 2], cos_sin_cache[:, rotary_dim // 2:]
     rotary = dict(positions=positions.reshape(1, tokens), layout="bshd", interleaved=not is_neox,
@@ -147,7 +151,7 @@ def _rotate(positions, query, key, head_size, cos_sin_cache, is_neox, kv_write, 
     # the rotation names its own arguments; the message adds which of this call's they are
     cache_words = ("" if kv_write is None else "; v, k_cache, v_cache and slot_mapping are "
                    "fused_set_kv_buffer_arg's value, k_buffer, v_buffer and cache_loc")
-    with in_callers_names("rotary_embedding", "q is query, k is key, cos/sin (the table) are the two halves of "
+    with in_callers_names(caller, "q is query, k is key, cos/sin (the table) are the two halves of "
                           f"cos_sin_cache{cache_words}"):
         if kv_write is None:
             apply_rope(q, k, cos, sin, **rotary)
@@ -181,7 +185,8 @@ def apply_rope_with_cos_sin_cache_inplace(positions: torch.Tensor, query: torch.
     from compute capability 9.0 (``ROPEKIT_PDL=0`` turns it off: docs/tuning.md#grid-dependency)."""
     arg = fused_set_kv_buffer_arg
     if arg is None:
-        _rotate(positions, query, key, head_size, cos_sin_cache, is_neox, None)
+        _rotate("apply_rope_with_cos_sin_cache_inplace", positions, query, key, head_size, cos_sin_cache, is_neox,
+                None)
         return
     for name in ("k_scale", "v_scale"):
         scale = getattr(arg, name, None)
@@ -189,7 +194,7 @@ def apply_rope_with_cos_sin_cache_inplace(positions: torch.Tensor, query: torch.
             raise ValueError(f"fused_set_kv_buffer_arg.{name} must be None (or 1.0: the pools hold the model's "
                              f"dtype), got {type(scale).__name__} {scale!r}"[:300])
     size = _head_size(head_size)
-    _rotate(positions, query, key, size, cos_sin_cache, is_neox,
+    _rotate("apply_rope_with_cos_sin_cache_inplace", positions, query, key, size, cos_sin_cache, is_neox,
             (arg.value, _pool_view("k_buffer", arg.k_buffer, size), _pool_view("v_buffer", arg.v_buffer, size),
              arg.cache_loc))
 
@@ -343,6 +348,14 @@ def rope_quantize_fp8_append_paged_kv_cache(
             raise ValueError(f"paged_kv_cache's k_cache must have head_dim rope_dim + no_rope_dim = {rope_dim} + "
                              f"{no_rope}, got shape {tuple(k_cache.shape)}")
         k_heads, nope = k_rope, k_nope if no_rope else None
+        if nope is not None:  # (read by the second launch: checked before the first writes)
+            if nope.ndim != 3 or nope.shape[:2] != k_rope.shape[:2] or nope.dtype != k_rope.dtype or \
+                    nope.device != k_rope.device:
+                raise ValueError(f"k_nope must be (tokens, heads, no_rope_dim) with k_rope's tokens and heads "
+                                 f"{tuple(k_rope.shape[:2])}, dtype {k_rope.dtype} and device {k_rope.device}, got "
+                                 f"{tuple(nope.shape)} {nope.dtype} on {nope.device}")
+            check_overlaps(("k_nope", "paged_kv_cache", "paged_kv_cache"), (nope, *paged_kv_cache),
+                           ("paged_kv_cache",))
         k_cache, nope_cache = k_cache[..., :rope_dim], k_cache[..., rope_dim:]
     if as_integer(page_size) != rows:
         raise ValueError(f"page_size must be the caches' page size {rows}, got {page_size}")

@@ -141,18 +141,24 @@ def _angles(cos, sin, spec: PositionSpec, tokens: _Tokens, rotary_dim: int, inte
         position = _pair_positions(spec, tokens)  # (..., rotary_dim / 2): a row per pair
         inside = (position >= 0) & (position < cos.shape[0])
         row, column = torch.where(inside, position, 0), torch.arange(rotary_dim // 2, device=position.device)
-        cos_a = cos_b = torch.where(inside, cos[row, column].to(math), float("nan"))
-        sin_a = sin_b = torch.where(inside, sin[row, column].to(math), float("nan"))
+        cos_a = cos_b = torch.where(inside, _padded(cos)[row, column].to(math), float("nan"))
+        sin_a = sin_b = torch.where(inside, _padded(sin)[row, column].to(math), float("nan"))
     else:
         position = _positions(spec, tokens)
         inside = ((position >= 0) & (position < cos.shape[0]))[..., None]
         row = torch.where(inside[..., 0], position, 0)
         half = rotary_dim // 2
-        cos_a = cos_b = torch.where(inside, cos[:, :half][row].to(math), float("nan"))
-        sin_a = sin_b = torch.where(inside, sin[:, :half][row].to(math), float("nan"))
+        cos_a = cos_b = torch.where(inside, _padded(cos)[:, :half][row].to(math), float("nan"))
+        sin_a = sin_b = torch.where(inside, _padded(sin)[:, :half][row].to(math), float("nan"))
     if conjugate:
         sin_a, sin_b = -sin_b, -sin_a
     return tuple(t.unsqueeze(-2) for t in (cos_a, sin_a, cos_b, sin_b))
+
+
+def _padded(table: torch.Tensor) -> torch.Tensor:
+    """A table with at least one row, so that row 0 can be gathered where no position lies inside it (the gathered
+    values are then replaced by NaN, as the kernel's masked loads give)."""
+    return table if table.shape[0] else table.new_zeros(1, *table.shape[1:])
 
 
 def _round(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -418,8 +424,8 @@ def fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, interleav
             g_a, g_b = _pairs(tokens.take(grad).to(math), rotary_dim, interleaved)
             g_t = tokens.take(grad[..., rotary_dim:]).to(math)
             if norm == AFTER:
-                cos_a, sin_a, cos_b, sin_b = angles
-                x_a, x_b = _rotate(x_a, x_b, cos_a, -sin_a, cos_b, -sin_b)
+                cos_a, sin_a, cos_b, sin_b = angles  # the transpose's: the forward's sines are -sin_b, -sin_a
+                x_a, x_b = _rotate(x_a, x_b, cos_a, -sin_b, cos_b, -sin_a)
             else:
                 g_a, g_b = _rotate(g_a, g_b, *angles)
             r = _rsqrt_mean_square(x_a, x_b, x_t, eps, head_dim, over_heads)

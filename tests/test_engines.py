@@ -664,3 +664,27 @@ def test_rope_quantize_fp8_append_paged_kv_cache_replays_in_a_cuda_graph_with_ne
             assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
         assert_appended(q_outs, parts, caches, before, table, cos_sin_cache, pos_ids, mla=mla, kv_layout=kv_layout,
                         page_size=page_size, quantize_dtype=quantize_dtype)
+
+
+def test_a_key_that_overlaps_itself_is_refused_whatever_the_rotated_channels():
+    """With ``rope_dim_offset`` the rotation reads and writes only the channels from the offset, but the heads are
+    the caller's: a key whose rotated channels of one token are another token's untouched ones is refused by name,
+    as at offset 0, with nothing written."""
+    key = torch.randn(64, device=DEVICE).as_strided((3, 1, 16), (15, 16, 1))  # key[t, 0, 15] is key[t + 1, 0, 0]
+    query = torch.randn(3, 1, 16, device=DEVICE)
+    cache = torch.cat(ropekit.cos_sin_table(8, 8, device=DEVICE), -1)
+    before = (query.clone(), key.clone())
+    for offset in (0, 8):
+        with pytest.raises(ValueError, match="key"):
+            ropekit.rotary_embedding(torch.tensor([1, 2, 3], device=DEVICE), query, key, 16, cache, True,
+                                     rope_dim_offset=offset)
+        assert torch.equal(query, before[0]) and torch.equal(key, before[1])
+
+
+def test_errors_name_the_engine_call_that_was_made():
+    """A refusal of FlashInfer's entry point names it, not vLLM's, which shares its checks."""
+    query = torch.randn(3, 1, 16, device=DEVICE)
+    cache = torch.cat(ropekit.cos_sin_table(8, 8, device=DEVICE), -1)
+    with pytest.raises(TypeError, match="apply_rope_with_cos_sin_cache_inplace"):
+        ropekit.apply_rope_with_cos_sin_cache_inplace(torch.tensor([1, 2, 3], device=DEVICE), query,
+                                                      query.double(), 16, cache)  # (key: another dtype)

@@ -468,3 +468,18 @@ def test_the_backward_scales_every_channel_of_a_norm_group_by_one_factor(norm_ov
         assert (factors != 0).all(), f"{name}: a probe's gradient is 0: c is not seen"
         spread = (factors.amax(-1) != factors.amin(-1)).sum().item()
         assert spread == 0, f"{name}: {spread} of {factors[..., 0].numel()} norm groups with two factors in dx"
+
+
+def test_a_table_of_no_rows_gives_nan_on_every_backend(backend):
+    """Positions in a device tensor are not read on the host; with a table of no rows every one of them lies outside
+    it, and the rotated channels come out NaN (docs/api.md#tokens-outside-the-table) on the native backend as in the
+    kernel, for apply_rope, qk_norm_rope and rope_and_cache alike."""
+    q, k = torch.randn(1, 2, 2, 16, device=DEVICE), torch.randn(1, 2, 1, 16, device=DEVICE)
+    cos = sin = torch.zeros(0, 8, device=DEVICE)
+    positions = torch.zeros(1, 2, dtype=torch.long, device=DEVICE)
+    outs = [ropekit.apply_rope(q, k, cos, sin, positions=positions)[0],
+            ropekit.qk_norm_rope(q, k, cos, sin, positions=positions)[0],
+            ropekit.rope_and_cache(q, k, None, cos, sin, positions=positions, cache_offsets=0,
+                                   k_cache=torch.zeros(1, 4, 1, 16, device=DEVICE))[0]]
+    for out in outs:
+        assert bool(out.isnan().all())

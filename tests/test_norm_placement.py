@@ -161,6 +161,32 @@ def test_gradients_match_the_reference_after_the_rotation(backend):
         torch.testing.assert_close(g.double().cpu(), wg, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("norm", ["before", "after"])
+@pytest.mark.parametrize("interleaved", [False, True], ids=["neox", "gptj"])
+def test_gradients_with_per_token_rows_whose_halves_differ(backend, norm, interleaved):
+    """Per-token rows are any full-width cos/sin (HF's layout), their two halves free to differ: the forward map is
+    then no rotation, and the backward must take its transpose; with the norm after it, the backward's own forward
+    step must turn by the rows as given (float64 against the reference's autograd)."""
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(1, 2, 2, 8, dtype=torch.float64, generator=g)
+    cos, sin = ((torch.rand(1, 2, 8, dtype=torch.float64, generator=g) * 2 - 1).to(DEVICE) for _ in range(2))
+    w = torch.rand(8, dtype=torch.float64, generator=g) + 0.5
+    grad = torch.randn(1, 2, 2, 8, dtype=torch.float64, generator=g)
+    leaves = [t.to(DEVICE).requires_grad_() for t in (x, w)]
+    out = ropekit.qk_norm_rope(leaves[0], None, cos, sin, leaves[1], norm=norm, per_token=True,
+                               interleaved=interleaved)[0]
+    got = torch.autograd.grad(out, leaves, grad.to(DEVICE))
+    x64, w64 = x.clone().requires_grad_(), w.clone().requires_grad_()
+
+    def rows(t):
+        return ref.rope_from_cos_sin(t, cos.cpu()[:, :, None, :], sin.cpu()[:, :, None, :], interleaved=interleaved)
+
+    want_out = ref.rms_norm(rows(x64), w64, eps=1e-6) if norm == "after" else rows(ref.rms_norm(x64, w64, eps=1e-6))
+    want = torch.autograd.grad(want_out, (x64, w64), grad)
+    for a, b in zip(got, want):
+        assert_close_to_reference(a, b)
+
+
 def test_torch_compile_fullgraph_forward_and_backward_after_the_rotation():
     cos, sin = ropekit.cos_sin_table(32, 16, device=DEVICE)
     q = torch.randn(2, 3, 4, 16, device=DEVICE, requires_grad=True)

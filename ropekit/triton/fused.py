@@ -449,7 +449,9 @@ def _backward_heads(
         # masked loads: keep them out of the sums
         pair_valid = mask[:, :, None] & (tl.arange(0, HEAD.BLOCK_HALF) < HEAD.ROTARY_DIM // 2)[None, None, :]
         if NORM[0] == NORM_AFTER_C:
-            x_a, x_b = _rotate(x_a, x_b, cos_a, -sin_a, cos_b, -sin_b, MATH_DTYPE, False)  # u = rotate(x, θ)
+            # u = rotate(x, θ): the forward's sines from the transpose's (sin_a = -θ's sin_b, sin_b = -θ's sin_a,
+            # which differ where per-token rows' halves do)
+            x_a, x_b = _rotate(x_a, x_b, cos_a, -sin_b, cos_b, -sin_a, MATH_DTYPE, False)
             x_a, x_b = tl.where(pair_valid, x_a, 0.0), tl.where(pair_valid, x_b, 0.0)
         else:
             g_a, g_b = _rotate(g_a, g_b, cos_a, sin_a, cos_b, sin_b, MATH_DTYPE, False)  # h = rotate(g, -θ)
