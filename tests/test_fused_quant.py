@@ -727,7 +727,7 @@ def test_a_repeated_call_reads_new_scales_and_indices_through_its_plan(monkeypat
     assert_float8_q_reads_back(got_q[0], ref.rope_table(q, cos, sin, pos), 0.02, E5M2)
     keep, written = (slots >= 0).cpu(), slots[slots >= 0]
     truth_k = ref.rope_table(k, cos, sin, pos)[keep]
-    quotient = truth_k / 0.015
+    quotient = (truth_k / 0.015).clamp(-448.0, 448.0)  # (the store saturates at e4m3's largest value)
     bound = spacing(quotient, E4M3) / 2 + 1e-5 * quotient.abs().amax(-1, keepdim=True)
     assert bool(((ref.dequantise(k_cache.view(-1, 2, 16)[written], 1.0) - quotient).abs() <= bound).all())
     assert torch.equal(v_cache.view(-1, 2, 16)[written].double().cpu(),

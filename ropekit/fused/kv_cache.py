@@ -24,7 +24,7 @@ from ..triton.launch import released
 from ..triton.fused_tiles import E4M3, E5M2, INT8, NVFP4, PER_BLOCK, PER_HEAD, PER_TENSOR, PER_TOKEN_HEAD, PLAIN
 from . import validate
 from .plan import FusedPlan, keyed, planned, plans, reads_callers_memory, with_outputs
-from .qk_norm_rope import _spec, fused_launch
+from .qk_norm_rope import _spec, angle_flags, fused_launch
 
 __all__ = ["rope_and_cache", "launch_cache", "quant_codes"]
 
@@ -124,15 +124,26 @@ def _rope_and_cache_fake(*args):
 def run_cache_op(q, k, v, out_q, out_k, k_cache, v_cache, *args, k_scale_cache=None, v_scale_cache=None,
                  q_scale=None, norm=None, norm_over_heads=False, inv_freq=None, angle_scale=1.0) -> None:
     """The launch through the custom op when compiling, directly otherwise (no dispatcher on a decode step's host
-    path); in place (``out_q is q``) the rotary inputs are passed only as the written outputs. ``k_scale_cache``,
+    path); in place (``out_q is q``) under torch.compile the op writes fresh outputs that the graph copies back.
+    ``k_scale_cache``,
     ``v_scale_cache``: per-(token, head) scales, written; ``q_scale``: a float8 ``out_q``'s scale; ``norm``: the
     norm's place (None: before the rotation when weights are given); ``norm_over_heads``: its extent; ``inv_freq``,
     ``angle_scale``: the angles without a table."""
     in_place = out_q is q
     scale_caches = (k_scale_cache, v_scale_cache)
     if torch.compiler.is_compiling():
-        _rope_and_cache_op(None if in_place else q, None if in_place else k, v, out_q, out_k, k_cache, v_cache,
-                           *args, *scale_caches, q_scale, norm, norm_over_heads, inv_freq, float(angle_scale))
+        if in_place:
+            # in place in a compiled graph: the op writes fresh outputs and the graph copies them back (inductor on a
+            # GPU lost the op's own writes into views of the graph's inputs taken inside it, mla_rope_and_cache's)
+            fresh_q, fresh_k = new_output(q), (None if out_k is None else new_output(out_k))
+            _rope_and_cache_op(q, k, v, fresh_q, fresh_k, k_cache, v_cache, *args, *scale_caches, q_scale, norm,
+                               norm_over_heads, inv_freq, float(angle_scale))
+            out_q.copy_(fresh_q)
+            if out_k is not None:
+                out_k.copy_(fresh_k)
+            return
+        _rope_and_cache_op(q, k, v, out_q, out_k, k_cache, v_cache, *args, *scale_caches, q_scale, norm,
+                           norm_over_heads, inv_freq, float(angle_scale))
         return
     launch_cache(q, k, v, out_q, out_k, k_cache, v_cache, *args, *scale_caches, q_scale, norm, norm_over_heads,
                  inv_freq, angle_scale)
@@ -210,16 +221,17 @@ def rope_and_cache(q: torch.Tensor, k: torch.Tensor, v: Optional[torch.Tensor], 
             v_scale, q_weight, k_weight, kv_indices, kv_indptr, batch_indices, cache_positions, k_scale_cache,
             v_scale_cache, q_scale, inv_freq)
     key = at = None
-    if isinstance(mrope_section, list):
-        mrope_section = tuple(mrope_section)  # (a key holds it: validation checks it on the first call)
+    # (the angles' host arguments at their defaults add nothing to the key: the common call pays no more for them)
+    angles = () if mrope_section is None and not mrope_interleaved and scale == 1.0 else \
+        angle_flags(scale, mrope_section, mrope_interleaved)
     if table is None and (positions is None or isinstance(positions, torch.Tensor)) and \
             not isinstance(cache_offsets, int) and (layout != "thd" or max_seqlen is not None) and \
-            (mrope_section is None or isinstance(mrope_section, tuple)) and planned(user):
+            angles is not None and planned(user):
         # (a table may grow, an int offset is checked against it and cu_seqlens without max_seqlen are read: calls
         # whose validation reads more than the signature are not planned)
         key, at = keyed("rope_and_cache", user, (eps, weight_offset, norm, norm_over, layout, interleaved, rotary_dim,
                                                  inplace, max_seqlen, per_token, write_k, kv_layout, kv_cache_dtype,
-                                                 q_dtype, scale, mrope_section, mrope_interleaved))
+                                                 q_dtype) + angles)
         plan = plans.find(key)
         if plan is not None:  # a call signature validated before: where the tensors lie, then the launch
             return _run_plan(plan, user, inplace, write_k, q_dtype, at=plan.check(_read_scales(user, plan.fp8), at))
@@ -343,7 +355,7 @@ def _run_plan(plan, user, inplace, write_k, q_dtype, out_q=None, out_k=None, at=
         # (a float8 cache or q output as it is: the launch reads its address, and its plan reads it as bytes)
         plan.launch_at(at, q, k, out_q, out_k, v, k_cache, v_cache, k_scale, v_scale,
                        _slots(slot_mapping, cache_offsets, cache_positions), batch_indices, kv_indices, kv_indptr,
-                       q_weight, k_weight, *((cos, sin) if inv_freq is None else (inv_freq, None)), positions,
+                       q_weight, k_weight, cos if inv_freq is None else inv_freq, sin, positions,
                        cu_seqlens, 0, q_scale, k_global, v_global)
     bump_versions(k_cache, v_cache, k_scale_cache, v_scale_cache, *((q, out_k) if inplace else ()))
     return out_q, out_k

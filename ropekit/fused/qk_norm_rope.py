@@ -34,7 +34,7 @@ from ..triton.launch import released
 from . import validate
 from .plan import FusedPlan, keyed, planned, plans, reads_callers_memory, with_outputs
 
-__all__ = ["qk_norm_rope", "fused_launch"]
+__all__ = ["qk_norm_rope", "fused_launch", "angle_flags"]
 
 
 def fused_launch(arguments: dict):
@@ -42,6 +42,16 @@ def fused_launch(arguments: dict):
     q (``ropekit.device.backend_for``) :func:`ropekit.native.fused`, which takes the same arguments."""
     launch = native.fused if _device.backend_for(arguments["q"]) == "native" else launch_fused
     return launch(**arguments)
+
+
+def angle_flags(scale, mrope_section, mrope_interleaved) -> tuple | None:
+    """What a plan key adds for the angles' host arguments away from their defaults: ``(scale, mrope_section,
+    mrope_interleaved)`` with a list of sections as a tuple; None where the sections are neither (validation refuses
+    them; such a call is not planned)."""
+    if isinstance(mrope_section, list):
+        mrope_section = tuple(mrope_section)
+    return (scale, mrope_section, mrope_interleaved) if mrope_section is None or type(mrope_section) is tuple \
+        else None
 
 
 def _spec(positions, pos_mode, cu_seqlens, position_offset, max_seqlen, layout) -> PositionSpec:
@@ -199,15 +209,14 @@ def qk_norm_rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, cos: Optiona
     """
     user = (q, k, q_weight, k_weight, cos, sin, positions, cu_seqlens, inv_freq)
     key = at = None
-    if isinstance(mrope_section, list):
-        mrope_section = tuple(mrope_section)  # (a key holds it: validation checks it on the first call)
+    # (the angles' host arguments at their defaults add nothing to the key: the common call pays no more for them)
+    angles = () if mrope_section is None and not mrope_interleaved and scale == 1.0 else \
+        angle_flags(scale, mrope_section, mrope_interleaved)
     if table is None and (positions is None or isinstance(positions, torch.Tensor)) and \
-            (layout != "thd" or max_seqlen is not None) and \
-            (mrope_section is None or isinstance(mrope_section, tuple)) and planned(user):
+            (layout != "thd" or max_seqlen is not None) and angles is not None and planned(user):
         # (as rope_and_cache: calls whose validation reads more than the signature are not planned)
         key, at = keyed("qk_norm_rope", user, (eps, weight_offset, norm, norm_over, layout, interleaved, rotary_dim,
-                                               inplace, max_seqlen, per_token, scale, mrope_section,
-                                               mrope_interleaved))
+                                               inplace, max_seqlen, per_token) + angles)
         plan = plans.find(key)
         if plan is not None:
             return _run_plan(plan, user, inplace, at=at)
@@ -278,7 +287,7 @@ def _run_plan(plan, user, inplace, out_q=None, out_k=None, at=None):
             at = with_outputs(at, out_q, out_k)
     if plan.launch is not None and not plan.relaunch(at):
         plan.launch_at(at, q, k, out_q, out_k, None, None, None, None, None, None, None, None, None, q_weight,
-                       k_weight, *((cos, sin) if inv_freq is None else (inv_freq, None)), positions, cu_seqlens,
+                       k_weight, cos if inv_freq is None else inv_freq, sin, positions, cu_seqlens,
                        0)
     if inplace:
         bump_versions(q, k)
