@@ -8,6 +8,7 @@ import torch
 
 import ropekit
 from ropekit.testing import assert_close_to_reference
+from capture import cuda_graph_of
 from conftest import DEVICE, gpu_only
 
 
@@ -550,21 +551,6 @@ def test_rope_quantize_fp8_append_paged_kv_cache_compiles_without_a_graph_break(
         assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
     assert_appended(got, parts, caches, before, table, cos_sin_cache, pos_ids, mla=mla, kv_layout=kv_layout,
                     page_size=4, quantize_dtype=torch.float8_e4m3fn)
-
-
-def cuda_graph_of(step):
-    """``step`` captured in a CUDA graph, after two calls on a side stream (the kernels compile outside the
-    capture)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(2):
-            step()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
-    return graph
 
 
 # An open bug, found by this test on an H200: with a GQA k and e5m2, the replayed graph and the eager call (both on

@@ -8,6 +8,7 @@ import torch
 import ropekit
 from ropekit import reference as ref
 from ropekit.testing import assert_close_to_reference, ulp
+from capture import cuda_graph_of
 from conftest import DEVICE, gpu_only
 
 FP8 = torch.float8_e4m3fn
@@ -344,21 +345,6 @@ def test_torch_compile_fullgraph(name):
     torch.testing.assert_close(got, want, rtol=0, atol=0)
     assert_mla_step((q_pe, k_pe, caches), eager, before, q0, k0, kv_c, cos, sin, positions,
                     mla_slots(by, block_size), scale)
-
-
-def cuda_graph_of(step):
-    """``step`` captured in a CUDA graph, after two calls on a side stream (the kernels compile outside the
-    capture)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(2):
-            step()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
-    return graph
 
 
 @gpu_only

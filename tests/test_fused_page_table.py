@@ -11,6 +11,7 @@ import torch
 import ropekit
 from ropekit import reference as ref
 from ropekit.testing import assert_close_to_reference, ulp
+from capture import cuda_graph_of
 from conftest import DEVICE, gpu_only
 
 FP8 = torch.float8_e4m3fn
@@ -429,15 +430,7 @@ def test_cuda_graph_decode_step_replays_with_new_page_tables(kv_layout):
         out["q"], _ = ropekit.rope_and_cache(q, k, v, cos, sin, k_cache=k_cache, v_cache=v_cache,
                                              kv_layout=kv_layout, positions=address["cache_positions"], **address)
 
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(2):
-            step()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
+    graph = cuda_graph_of(step)
     for _ in range(3):
         table = fresh_table()
         for n in ("kv_indptr", "batch_indices", "cache_positions"):

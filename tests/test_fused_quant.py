@@ -14,6 +14,7 @@ import ropekit
 from ropekit import reference as ref
 from ropekit.testing import assert_close_to_reference, ulp
 from ropekit.triton import fused_tiles
+from capture import cuda_graph_of
 from conftest import DEVICE, gpu_only
 
 E4M3, E5M2, INT8 = torch.float8_e4m3fn, torch.float8_e5m2, torch.int8
@@ -734,21 +735,6 @@ def test_a_repeated_call_reads_new_scales_and_indices_through_its_plan(monkeypat
                        ref.quantise(float32_quotient(v.double().cpu()[keep], v_scale), 1.0, E4M3))
     for b, a in zip(before, (k_cache, v_cache)):
         assert_untouched(b, a, slots)
-
-
-def cuda_graph_of(step):
-    """``step`` captured in a CUDA graph, after two calls on a side stream (the kernels compile outside the
-    capture)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(2):
-            step()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
-    return graph
 
 
 @gpu_only

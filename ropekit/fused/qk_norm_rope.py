@@ -185,9 +185,11 @@ def qk_norm_rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, cos: Optiona
 
     Args:
         q, k: as :func:`ropekit.apply_rope`; they may be strided slices of a packed qkv projection.
-        cos, sin, table, positions, layout, interleaved, rotary_dim, inplace, cu_seqlens, max_seqlen, per_token,
-            inv_freq, scale, mrope_section, mrope_interleaved: as :func:`ropekit.apply_rope` (``inv_freq``: the
-            angles computed in the kernel, no table; M-RoPE's sections: each pair at its own axis' position).
+        cos, sin, table, positions, layout, interleaved, rotary_dim, inplace, cu_seqlens, max_seqlen, per_token: as
+            :func:`ropekit.apply_rope`.
+        inv_freq, scale, mrope_section, mrope_interleaved: as :func:`ropekit.apply_rope`: the angles computed in
+            the kernel from the inverse frequencies (no table), and M-RoPE's sections, each pair at its own axis'
+            position.
         q_weight, k_weight: the norms' weights (k_weight exactly when k is given): ``(head_dim,)``, or with
             ``norm_over="heads"`` ``(q_heads * head_dim,)`` and ``(k_heads * head_dim,)`` (head h's channels at
             ``h * head_dim``, as the projection's output is laid out); or both None: a norm without weights,
