@@ -125,10 +125,9 @@ def run_cache_op(q, k, v, out_q, out_k, k_cache, v_cache, *args, k_scale_cache=N
                  q_scale=None, norm=None, norm_over_heads=False, inv_freq=None, angle_scale=1.0) -> None:
     """The launch through the custom op when compiling, directly otherwise (no dispatcher on a decode step's host
     path); in place (``out_q is q``) under torch.compile the op writes fresh outputs that the graph copies back.
-    ``k_scale_cache``,
-    ``v_scale_cache``: per-(token, head) scales, written; ``q_scale``: a float8 ``out_q``'s scale; ``norm``: the
-    norm's place (None: before the rotation when weights are given); ``norm_over_heads``: its extent; ``inv_freq``,
-    ``angle_scale``: the angles without a table."""
+    ``k_scale_cache``, ``v_scale_cache``: per-(token, head) scales, written; ``q_scale``: a float8 ``out_q``'s scale;
+    ``norm``: the norm's place (None: before the rotation when weights are given); ``norm_over_heads``: its extent;
+    ``inv_freq``, ``angle_scale``: the angles without a table."""
     in_place = out_q is q
     scale_caches = (k_scale_cache, v_scale_cache)
     if torch.compiler.is_compiling():
