@@ -8,7 +8,7 @@ import torch
 
 import ropekit
 from ropekit.testing import assert_close_to_reference
-from capture import cuda_graph_of
+from capture import cuda_graph_of, decode_page_table
 from conftest import DEVICE, gpu_only
 
 
@@ -600,17 +600,6 @@ def test_rope_quantize_fp8_replays_in_a_cuda_graph_with_new_positions(mla, quant
         assert_quantised_rope(graphed, parts, cos_sin_cache, pos_ids, not mla, quantize_dtype)
 
 
-def decode_page_table(tokens, pages_per_request, page_size, num_pages) -> dict:
-    """FlashInfer's page table for a decode step (int32): request ``t`` owns ``pages_per_request`` scattered pages
-    and appends token ``t`` at a position among them; token 1 is padding (-1)."""
-    table = dict(kv_indices=torch.randperm(num_pages, device=DEVICE)[:tokens * pages_per_request],
-                 kv_indptr=torch.arange(tokens + 1, device=DEVICE) * pages_per_request,
-                 batch_indices=torch.arange(tokens, device=DEVICE),
-                 positions=torch.randint(0, pages_per_request * page_size, (tokens,), device=DEVICE))
-    table["batch_indices"][1] = -1
-    return {name: t.to(torch.int32) for name, t in table.items()}
-
-
 @gpu_only
 @pytest.mark.parametrize("form", ["gqa-NHD", "gqa-HND", "mla"])
 def test_rope_quantize_fp8_append_paged_kv_cache_replays_in_a_cuda_graph_with_new_page_tables(form):
@@ -635,7 +624,7 @@ def test_rope_quantize_fp8_append_paged_kv_cache_replays_in_a_cuda_graph_with_ne
         caches = (pool(*shape), pool(*shape))
     cos_sin_cache = cache_like_vllm(8192, rope_dim, torch.float32)
     pos_ids = torch.randint(0, 8192, (tokens,), device=DEVICE)
-    table = decode_page_table(tokens, 2, page_size, num_pages)
+    table = decode_page_table(tokens, 2, page_size, num_pages, DEVICE, "positions")
     q_outs = [torch.empty(x.shape, device=DEVICE, dtype=quantize_dtype) for x in (parts["q_rope"], parts["q_nope"])]
 
     def step(caches=caches, q_outs=q_outs):
@@ -647,7 +636,7 @@ def test_rope_quantize_fp8_append_paged_kv_cache_replays_in_a_cuda_graph_with_ne
     graph = cuda_graph_of(step)
     for _ in range(3):
         pos_ids.copy_(torch.randint(0, 8192, (tokens,), device=DEVICE))
-        for name, t in decode_page_table(tokens, 2, page_size, num_pages).items():
+        for name, t in decode_page_table(tokens, 2, page_size, num_pages, DEVICE, "positions").items():
             table[name].copy_(t)
         for x in parts.values():
             if x is not None:

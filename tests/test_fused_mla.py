@@ -8,7 +8,7 @@ import torch
 import ropekit
 from ropekit import reference as ref
 from ropekit.testing import assert_close_to_reference, ulp
-from capture import cuda_graph_of
+from capture import cuda_graph_of, decode_page_table
 from conftest import DEVICE, gpu_only
 
 FP8 = torch.float8_e4m3fn
@@ -257,17 +257,6 @@ def test_a_cache_on_the_padding_of_positions_is_refused(form):
 
 # --- torch.compile and CUDA graphs: every cache form (one kv_cache, FlashInfer's pair) and address map -------------
 
-def decode_page_table(tokens, pages_per_request, block_size, num_blocks, device=DEVICE):
-    """FlashInfer's page table for a decode step: request ``t`` owns ``pages_per_request`` scattered pages and appends
-    token ``t`` at a position among them (int32, as FlashInfer's planner gives it); request 1 is padding (-1)."""
-    table = dict(kv_indices=torch.randperm(num_blocks, device=device)[:tokens * pages_per_request],
-                 kv_indptr=torch.arange(tokens + 1, device=device) * pages_per_request,
-                 batch_indices=torch.arange(tokens, device=device),
-                 cache_positions=torch.randint(0, pages_per_request * block_size, (tokens,), device=device))
-    table["batch_indices"][1] = -1
-    return {name: t.to(torch.int32) for name, t in table.items()}
-
-
 def slots_of(table, block_size):
     """The flat slot (``block * block_size + row``) each token of the page table names, int64, -1 where it writes
     nothing: what :func:`check_cache` reads."""
@@ -293,7 +282,7 @@ def mla_captured_case(name, tokens, heads, rope_dim, latent, num_blocks, block_s
     slots[1] = -1
     caches = (kv_cache[..., :latent].contiguous(), kv_cache[..., latent:].contiguous()) if form == "pair" else kv_cache
     by = dict(slot_mapping=slots) if address == "slots" else dict(slot_mapping=None, **decode_page_table(
-        tokens, 2, block_size, num_blocks))
+        tokens, 2, block_size, num_blocks, DEVICE))
     positions = torch.randint(0, max_position, (tokens + 2,), device=DEVICE)
     scale = torch.tensor([0.05], device=DEVICE) if dtype == FP8 else None
     return q_pe, k_pe, kv_c, caches, by, positions, scale
@@ -371,7 +360,7 @@ def test_cuda_graph_decode_step_replays_with_new_positions_slots_and_scale(name)
             by["slot_mapping"].copy_(torch.randperm(256 * block_size, device=DEVICE)[:tokens])
             by["slot_mapping"][replay] = -1
         else:
-            for n, t in decode_page_table(tokens, 2, block_size, 256).items():
+            for n, t in decode_page_table(tokens, 2, block_size, 256, DEVICE).items():
                 by[n].copy_(t)
         if scale is not None:
             scale.fill_((0.02, 0.1, 0.03)[replay])  # |x| / scale stays inside e4m3's range
