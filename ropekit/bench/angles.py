@@ -15,10 +15,11 @@ the kernel's float64 cos/sin are numpy's (on a GPU: libdevice's ``__nv_cos``/``_
 
 **Speed** (CUDA only). Llama-3-8B attention shapes (32 q / 8 kv heads x 128, bf16, out of place): decode b64 with
 per-sequence offsets below 8192 and near 1e6 (a table of 8192 or 1,048,576 rows), small prefill b1 s512, prefill b4
-s4096; and ``rope_and_cache`` (q rotated, k rotated and v copied into a paged bf16 cache by slot mapping, one
-launch) at the two decode steps. Each call is captured back to back in a CUDA graph and replayed (``ropekit.bench.timing.GpuTimer``); the
-table and the table-free graphs of a case replay in interleaved rounds. The table is built once, outside the timing.
-Prints one line a case saying which wins, and writes ``angles.json`` to ``--out``.
+s4096; and ``rope_and_cache`` (q rotated, k rotated and v copied into a paged bf16 cache by slot mapping, one launch) at
+the two decode steps. Each call is captured back to back in a CUDA graph and replayed
+(``ropekit.bench.timing.GpuTimer``); the table and the table-free graphs of a case replay in interleaved rounds. The
+table is built once, outside the timing. Prints one line a case saying which wins, and writes ``angles.json`` to
+``--out``.
 """
 
 from __future__ import annotations

@@ -18,7 +18,8 @@ from ..layouts import to_bshd
 from ..triton.fused import CACHE_CONTIGUOUS, CACHE_PAGE_TABLE, CACHE_PAGED
 from ..validate import FLOAT_DTYPES, OverlapError, addresses, check_mode, check_overlaps, prepare
 
-__all__ = ["paged_kv_cache", "cache_arguments", "tokens_view", "latent_caches", "FP8_DTYPE", "FLOAT8_DTYPES", "QUANT_DTYPES", "MLA_KV_CACHE_DTYPES", "check_mla_kv_cache_dtype",
+__all__ = ["paged_kv_cache", "cache_arguments", "tokens_view", "latent_caches",
+           "FP8_DTYPE", "FLOAT8_DTYPES", "QUANT_DTYPES", "MLA_KV_CACHE_DTYPES", "check_mla_kv_cache_dtype",
            "KV_CACHE_DTYPES", "KV_LAYOUTS", "fp8_bytes", "rotary_arguments", "check_norm", "check_norm_place",
            "check_norm_over", "check_kv_layout", "nhd", "check_cache", "check_kv_cache_dtype", "check_slot_mapping",
            "check_page_table", "check_cache_offsets", "check_scale", "check_scale_cache", "check_nvfp4_channels",

@@ -423,9 +423,10 @@ def _call_compiled(launch: KernelLaunch, entry: list, values: tuple, addresses: 
       the runner's own device and stream lookups (``_current_stream`` is None where torch lacks those).
     * The launcher: with no launch hooks installed, ``compiled.run`` (Triton 3.6-3.9: grid, stream, function,
       packed metadata, launch metadata, enter and exit hooks, then the arguments), given no metadata and no hooks.
-      The runner would build the hooks' metadata and pass the hook chains, which the launcher calls even when
-      empty: Python time on every launch (measured: docs/tuning.md#direct-launch). The launcher takes the tensors as ``addresses``, their data pointers, read
-      once for the specialisation; the runner, which hands its arguments to the hooks, takes the tensors.
+      The runner would build the hooks' metadata and pass the hook chains, which the launcher calls even when empty:
+      Python time on every launch (measured: docs/tuning.md#direct-launch). The launcher takes the tensors as
+      ``addresses``, their data pointers, read once for the specialisation; the runner, which hands its arguments to the
+      hooks, takes the tensors.
 
     Returns the launcher's arguments as :attr:`KernelLaunch.prepared` keeps them (the launcher, the loaded function,
     the packed metadata, the arguments), or None where the launch went through the runner without a launcher or

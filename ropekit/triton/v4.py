@@ -80,12 +80,15 @@ class Rotation(NamedTuple):
     EAGER_ROUNDING: bool
 
 
+_PI = "3.14159265358979323846264338327950288419716939937510582097494459230781640628620899863"  # (as a Fraction)
+
+
 def _split_two_pi() -> tuple:
     """2π as three float64 parts (Cody–Waite): the first two of 24 significant bits, so that ``turns * part`` is
     exact for every ``turns < 2**29``; the third the float64 nearest to the rest."""
     import math
     from fractions import Fraction
-    rest = 2 * Fraction("3.14159265358979323846264338327950288419716939937510582097494459230781640628620899863")
+    rest = 2 * Fraction(_PI)
     parts = []
     for _ in range(2):
         step = Fraction(2) ** (math.frexp(float(rest))[1] - 24)  # rest < 2**exponent: 24 bits above the step
@@ -97,7 +100,7 @@ def _split_two_pi() -> tuple:
 def _split_half_pi() -> tuple:
     """π/2 as two float64 parts: the float64 nearest to it and the float64 nearest to the rest."""
     from fractions import Fraction
-    half_pi = Fraction("3.14159265358979323846264338327950288419716939937510582097494459230781640628620899863") / 2
+    half_pi = Fraction(_PI) / 2
     return float(half_pi), float(half_pi - Fraction(float(half_pi)))
 
 
@@ -117,7 +120,8 @@ _C1, _C2, _C3, _C4, _C5, _C6 = (tl.constexpr(c) for c in (
 
 @triton.jit
 def _f64(value: tl.constexpr):
-    return tl.full([], value, tl.float64)  # a bare Python float in a jitted function is a float32 constant
+    """A float64 constant (a bare Python float in a jitted function is a float32 constant)."""
+    return tl.full([], value, tl.float64)
 
 
 @triton.jit
@@ -143,6 +147,8 @@ def _sin_cos(reduced):
     sin = tl.where(n % 2 == 0, s, c)
     cos = tl.where(n % 2 == 0, c, s)
     return tl.where(n >= 2, -sin, sin), tl.where((n == 1) | (n == 2), -cos, cos)
+
+
 _MROPE_IDS = tl.constexpr(MROPE_IDS)
 _MROPE_BASE = tl.constexpr(MROPE_SECTION_BASE)
 
@@ -211,24 +217,21 @@ def _angle_cos_sin(INV_FREQ, position, pairs, pair_mask, stride, ANGLE_SCALE: tl
     """cos and sin (times ``ANGLE_SCALE``) of θ = position × inv_freq for [BLOCK_S, 1] positions (M-RoPE: [BLOCK_S,
     BLOCK_HALF], one per pair) and [BLOCK_HALF] pairs.
 
-    θ is formed in float64 (a position below 2**53 and the frequency are exact there), reduced to [-π, π] by
-    subtracting whole turns of 2π in three parts (Cody–Waite: ``turns * part`` is exact for the first two parts while
-    turns < 2**29, i.e. |θ| below about 3.4e9), and its cos/sin taken in float64 (:func:`_sin_cos`) and rounded once
-    to the math dtype.
+    θ is formed in float64 (a position below 2**53 and the frequency are exact there), reduced to [-π, π] by subtracting
+    whole turns of 2π in three parts (Cody–Waite: ``turns * part`` is exact for the first two parts while turns < 2**29,
+    i.e. |θ| below about 3.4e9), and its cos/sin taken in float64 (:func:`_sin_cos`) and rounded once to the math dtype.
     float32 sin/cos of the reduced angle would not do: rounding the reduced angle to float32 alone moves it by up to
-    1.2e-7 near ±π, and sin by as much, four times the float64-angle table's largest error (half a float32 ulp of
-    values near 1). ANGLE_SCALE is a compile-time float64 constant: a float argument would arrive rounded to
-    float32.
+    1.2e-7 near ±π, and sin by as much, four times the float64-angle table's largest error (half a float32 ulp of values
+    near 1). ANGLE_SCALE is a compile-time float64 constant: a float argument would arrive rounded to float32.
     """
     inv_freq = tl.load(INV_FREQ + pairs * stride, mask=pair_mask, other=0.0).to(tl.float64)
     angle = position.to(tl.float64) * inv_freq[None, :]
-    # constants as float64 tensors: a bare Python float in a jitted function is a float32 constant
-    turns = tl.floor(angle * tl.full([], _INV_TWO_PI, tl.float64) + 0.5)
-    reduced = angle - turns * tl.full([], _TWO_PI_1, tl.float64)
-    reduced = reduced - turns * tl.full([], _TWO_PI_2, tl.float64)
-    reduced = reduced - turns * tl.full([], _TWO_PI_3, tl.float64)
+    turns = tl.floor(angle * _f64(_INV_TWO_PI) + 0.5)
+    reduced = angle - turns * _f64(_TWO_PI_1)
+    reduced = reduced - turns * _f64(_TWO_PI_2)
+    reduced = reduced - turns * _f64(_TWO_PI_3)
     sin, cos = _sin_cos(reduced)
-    scale = tl.full([], ANGLE_SCALE, tl.float64)
+    scale = _f64(ANGLE_SCALE)
     return (cos * scale).to(MATH_DTYPE), (sin * scale).to(MATH_DTYPE)
 
 
@@ -241,7 +244,7 @@ def _nope_temperature(position, pairs, FLOOR_SCALE: tl.constexpr, ATTN_SCALE: tl
     is a compile-time float64 constant (a float argument would arrive rounded to float32)."""
     after = position + 1
     turns = tl.where(after >= 0, after // FLOOR_SCALE, -((FLOOR_SCALE - 1 - after) // FLOOR_SCALE))
-    scale = tl.log(turns.to(tl.float64) + 1.0) * tl.full([], ATTN_SCALE, tl.float64) + 1.0
+    scale = tl.log(turns.to(tl.float64) + 1.0) * _f64(ATTN_SCALE) + 1.0
     return (scale + tl.zeros([1, pairs.shape[0]], tl.float64)).to(MATH_DTYPE)
 
 
