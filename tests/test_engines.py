@@ -553,24 +553,14 @@ def test_rope_quantize_fp8_append_paged_kv_cache_compiles_without_a_graph_break(
                     page_size=4, quantize_dtype=torch.float8_e4m3fn)
 
 
-# An open bug, found by this test on an H200: with a GQA k and e5m2, the replayed graph and the eager call (both on
-# the planned path, into given outputs) return -inf in every other channel of q's float8 output where the reference
-# is finite; a first, unplanned call without given outputs matched the native backend bit for bit
-# (docs/gpu-runs/table-free-and-mrope/h200/4-diag-ab/diag.txt). strict: the test fails once the bug is fixed.
-_E5M2_GQA_REPLAY = pytest.mark.xfail(strict=True, reason="open bug: -inf in every other channel of an e5m2 q on the "
-                                                         "GPU's planned path (see the comment above the test)")
-
-
 @gpu_only
 @pytest.mark.parametrize("quantize_dtype", [torch.float8_e4m3fn, torch.float8_e5m2], ids=["e4m3", "e5m2"])
 @pytest.mark.parametrize("mla", [False, True], ids=["gqa", "mla"])
-def test_rope_quantize_fp8_replays_in_a_cuda_graph_with_new_positions(mla, quantize_dtype, request):
+def test_rope_quantize_fp8_replays_in_a_cuda_graph_with_new_positions(mla, quantize_dtype):
     """rope_quantize_fp8 at decode (Llama-3-8B's heads, or DeepSeek's 128 heads of 64 rope + 512 non-rotary
     channels) captured once into preallocated outputs, as an engine's graph holds them: between replays pos_ids and
     the inputs change in place (device-resident); each replay writes the eager call's bytes and the float64
     reference's values."""
-    if not mla and quantize_dtype == torch.float8_e5m2:
-        request.applymarker(_E5M2_GQA_REPLAY)
     tokens = 64
     hq, hk, rope_dim, nope_dim = (128, 1, 64, 512) if mla else (32, 8, 64, 64)
     parts = quantise_parts(tokens, hq, hk, rope_dim, nope_dim, mla)

@@ -1195,6 +1195,49 @@ def test_native_conversion_gives_the_integer_rounding_bits(fmt, monkeypatch):
     assert torch.equal(stored[0], stored[1])
 
 
+# Tiles that give a thread 1, 2, 4 and more values of a store (k's 8 heads, q's 32, head_dim 64): the GPU's float8
+# conversion packs values in pairs, and what the compiler makes of a pair depends on how many a thread holds.
+_STORE_TILES = [(1, 32, 4), (1, 16, 4), (1, 8, 1), (1, 8, 2), (4, 8, 4), (1, 4, 4), (2, 1, 2), (1, 1, 4), (8, 2, 8),
+                (1, 2, 8)]
+
+
+@gpu_only
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_quantised_stores_give_the_native_backends_bytes_at_every_tile(fmt):
+    """A decode step (64 tokens, Llama-3-8B's 32 q and 8 kv heads at head_dim 64) writing a float8 q (e4m3, or the
+    cache's float8 format) and k into a quantised cache at one scale each, at tiles that give a thread from one to
+    many values: every tile stores the native backend's bytes, saturated values of both signs included. (With
+    e5m2, ptxas once turned every other byte of a 2-value-a-thread tile into the stack pointer's: -inf.)"""
+    from ropekit.triton.configs import FusedConfig
+    from ropekit.triton.fused import forced_fused_config
+
+    cache_dtype, kv_cache_dtype = FORMATS[fmt]
+    q_dtype = cache_dtype if cache_dtype != INT8 else E4M3
+    tokens, hq, hk, d = 64, 32, 8, 64
+    q = torch.randn(1, tokens, hq, d, device=DEVICE, dtype=torch.bfloat16) * 4
+    k = torch.randn(1, tokens, hk, d, device=DEVICE, dtype=torch.bfloat16) * 4
+    k[:, ::7] *= 1e4  # past every format's largest value once scaled
+    cos, sin = ropekit.cos_sin_table(8192, d, device=DEVICE)
+    positions = torch.randint(0, 8192, (1, tokens), device=DEVICE)
+    slots = torch.randperm(4 * tokens, device=DEVICE)[:tokens]
+    scales = [torch.full((1,), s, device=DEVICE) for s in (0.25, 0.125)]
+
+    def step():
+        cache = torch.zeros(4 * tokens, 1, hk, d, device=DEVICE, dtype=cache_dtype)
+        out_q, _ = ropekit.rope_and_cache(q, k, None, cos, sin, positions=positions, k_cache=cache,
+                                          slot_mapping=slots, k_scale=scales[1], q_dtype=q_dtype, q_scale=scales[0],
+                                          kv_cache_dtype=kv_cache_dtype)
+        return out_q.view(torch.uint8), cache.view(torch.uint8)
+
+    with ropekit.device.set_backend("native"):
+        want = step()
+    for tile in _STORE_TILES:
+        with forced_fused_config(FusedConfig(*tile)):
+            got = step()
+        for name, a, b in zip(("q", "k cache"), got, want):
+            assert torch.equal(a, b), (tile, name, int((a != b).sum()))
+
+
 @gpu_only
 @pytest.mark.parametrize("kv_cache_dtype", ["fp8_per_token_head", "int8_per_token_head", "fp8_e5m2", "nvfp4"])
 def test_cuda_graph_decode_step_replays_with_new_slots_and_scales(kv_cache_dtype):

@@ -6,7 +6,9 @@ cannot (type errors of the compiler, unsupported constructs) before device time 
 
 The kernels are decorated for a GPU (``torch.cuda.is_available`` is answered True while ropekit is imported),
 planned on empty CPU tensors through the public launcher (the ladder's launcher calls Triton's entry point, which is
-intercepted instead), and each planned launch is compiled by Triton's own compiler for an H100 target. Prints one line a variant; exits 1 on the first failure.
+intercepted instead), and each planned launch is compiled by Triton's own compiler for an H100 target, with the
+16-byte alignment hints a GPU launch specialises on. Its SASS is checked for reads of the stack pointer as a value
+(:func:`stack_pointer_reads`: a ptxas miscompile). Prints one line a variant; exits 1 on the first failure.
 """
 
 from __future__ import annotations
@@ -102,6 +104,24 @@ def sass(compiled) -> tuple[int, str]:
         usage = subprocess.run([tools / "cuobjdump", "-res-usage", cubin], capture_output=True, text=True,
                                check=True).stdout
     return int(re.search(r"REG:(\d+)", usage).group(1)), text
+
+
+def stack_pointer_reads(compiled) -> list[str]:
+    """The SASS lines of a compiled kernel that read ``R1`` as a value. ``R1`` is the stack pointer (the kernel's first
+    instruction loads it); a kernel without local memory (no ``STL``/``LDL``) has no use for it, so reading it means
+    ptxas took the register for a value it had not computed: how Triton 3.6's ptxas once miscompiled a float8 e5m2
+    store (docs/tuning.md#fused-launch-table). An ``F2FP`` conversion may name it as the unused half of a padded
+    pair, an undefined operand that ptxas gives any register."""
+    tools = Path(triton.__file__).parent / "backends/nvidia/bin"
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin = Path(tmp) / "kernel.cubin"
+        cubin.write_bytes(compiled.asm["cubin"])
+        text = subprocess.run([tools / "cuobjdump", "-sass", cubin], capture_output=True, text=True, check=True).stdout
+    if re.search(r"\b(STL|LDL)\b", text):
+        return []
+    return [line.strip() for line in text.splitlines()
+            if re.search(r"\bR1\b", line) and not re.search(r"\bLDC R1, c\[0x0\]\[0x28\]", line)
+            and not re.search(r"F2FP\.\S+ R\d+, R1\b", line)]
 
 
 def _rope_calls():
@@ -248,6 +268,17 @@ def _fused_calls():
                    slots=torch.empty(128, dtype=torch.int32, **meta),
                    page_table=tuple(torch.empty(n, dtype=torch.int32, **meta) for n in (128, 40, 3)), block_size=16,
                    cache_len=256, config=fused.FusedConfig(2, 8, 4, True, True), **hnd)
+        # the GPU's float8 conversion at one scale a tensor where a thread holds four, two and one of k's values (2
+        # heads x 64 pairs over 32, 64 and 128 threads), and a float8 e5m2 q at two values a thread: what ptxas makes
+        # of a converted pair depends on how many a thread holds (the SASS check in main)
+        for fmt in (tiles.E4M3, tiles.E5M2):
+            for warps in (1, 2, 4):
+                yield dict(q=q, k=k, cos=cos, sin=cos, positions=by_offsets, rotary_dim=128, v=v,
+                           out_q=torch.empty(q.shape, dtype=torch.uint8, **meta), cache_mode=fused.CACHE_PAGED,
+                           slots=slots, block_size=16, cache_len=256, config=fused.FusedConfig(1, 2, warps),
+                           k_cache=torch.empty(16, 16, 2, 128, dtype=torch.uint8, **meta),
+                           v_cache=torch.empty(16, 16, 2, 128, dtype=torch.uint8, **meta), quant=(fmt, tiles.PER_TENSOR),
+                           k_scale=scale, v_scale=scale, q_format=fmt, q_scale=scale, native=True)
         for q_format, native in ((tiles.E4M3, True), (tiles.E5M2, False)):  # a float8 q output
             yield dict(q=q, k=k, cos=cos, sin=cos, positions=by_offsets, rotary_dim=128,
                        out_q=torch.empty(q.shape, dtype=torch.uint8, **meta), v=v, cache_mode=fused.CACHE_PAGED,
@@ -386,9 +417,14 @@ def main() -> int:
                 plan.launch()
         for record in records:
             try:
-                compiled = compile_record(record)
+                compiled = compile_record(record, hints=True)  # the alignment a GPU launch specialises on
             except Exception as error:  # noqa: BLE001
                 print(f"FAIL {record.kernel.__name__} {config}: {type(error).__name__}: {error}")
+                return 1
+            misread = stack_pointer_reads(compiled)
+            if misread:
+                print(f"FAIL {record.kernel.__name__} {config}: the SASS reads the stack pointer R1 as a value: "
+                      f"{misread[0]}")
                 return 1
             count += 1
             print(f"ok   {record.kernel.__name__:21s} {config}  ({len(compiled.asm['ptx'])} bytes of PTX)")

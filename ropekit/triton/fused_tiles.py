@@ -103,6 +103,21 @@ def e4m3_of(x, NATIVE: tl.constexpr):
 
 
 @triton.jit
+def e5m2_native(x):
+    """The float8 e5m2 bits (uint8) of fp32 ``x`` by the GPU's saturating conversion: the bits :func:`float8_bits`
+    gives. The conversion gives a NaN 0x7F whatever its sign; the value's sign bit, which every other code already
+    carries, makes it the integer rounding's (all ones but the sign). One value a conversion, its code widened to 32
+    bits in the same assembly block: Triton's own conversion packs two codes into 16 bits, and the sign's OR then
+    takes the pair apart again, which ptxas (Triton 3.6's, sm_90) miscompiles where a thread holds two values: it
+    shifted the stack pointer's bits into every other byte (tools/compile_sm90.py checks the SASS for that). A
+    block of two or four values, which packs as the hardware converts, waits for all of them, and a decode step,
+    which is its chain of latencies, was slower so (docs/tuning.md#fused-launch-table)."""
+    code = tl.inline_asm_elementwise("{ .reg .b16 t; cvt.rn.satfinite.e5m2x2.f32 t, 0f00000000, $1; "
+                                     "cvt.u32.u16 $0, t; }", "=r,r", [x], dtype=tl.uint32, is_pure=True, pack=1)
+    return (code | ((x.to(tl.uint32, bitcast=True) >> 24) & 0x80)).to(tl.uint8)
+
+
+@triton.jit
 def e4m3_value(code):
     """The fp32 value of float8 e4m3fn bits (uint8, not NaN): ``2^(e-7) (1 + m/8)``, or ``2^-6 m/8`` for ``e = 0``."""
     code = code.to(tl.uint32)
@@ -215,10 +230,7 @@ def quantised(values, scale, QUANT: tl.constexpr):
         stored = int8_values(quotient, QUANT[2])
     elif QUANT[0] == _E5M2:
         if QUANT[2]:
-            # the GPU's saturating conversion gives a NaN 0x7F whatever its sign; the quotient's sign bit, which
-            # every other code already carries, makes it the integer rounding's (all ones but the sign)
-            converted = quotient.to(tl.float8e5, fp_downcast_rounding="rtne").to(tl.uint8, bitcast=True)
-            stored = converted | ((quotient.to(tl.uint32, bitcast=True) >> 24) & 0x80).to(tl.uint8)
+            stored = e5m2_native(quotient)
         else:
             stored = float8_bits(quotient, 2, 15, 0x47600000)
     else:
