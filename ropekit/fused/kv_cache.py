@@ -13,7 +13,8 @@ calls go through a plan (:mod:`ropekit.fused.plan`), made once per call signatur
 
 from __future__ import annotations
 
-from typing import Optional
+import inspect
+from typing import NamedTuple, Optional
 
 import torch
 
@@ -24,9 +25,41 @@ from ..triton.launch import released
 from ..triton.fused_tiles import E4M3, E5M2, INT8, NVFP4, PER_BLOCK, PER_HEAD, PER_TENSOR, PER_TOKEN_HEAD, PLAIN
 from . import validate
 from .plan import FusedPlan, keyed, planned, plans, reads_callers_memory, with_outputs
-from .qk_norm_rope import _spec, angle_flags, fused_launch
+from .qk_norm_rope import _spec, angle_flags, fused_launch, position_fields, schema_names
 
-__all__ = ["rope_and_cache", "launch_cache", "quant_codes"]
+__all__ = ["rope_and_cache", "launch_cache", "quant_codes", "CacheLaunch"]
+
+
+class CacheLaunch(NamedTuple):
+    """A validated cache write's launch arguments after its seven tensors (``q, k, v, out_q, out_k, k_cache,
+    v_cache``), by name: what :func:`_kernel_arguments`, :func:`run_cache_op` and the ``ropekit::rope_and_cache``
+    custom op take next, in this order (a custom op's schema is positional: the module checks both against these
+    fields when it is imported). The front doors (``rope_and_cache``, ``mla_rope_and_cache``) build it by keyword;
+    the defaults are a call without a norm, in ``bshd``, one scale or none."""
+
+    slots: torch.Tensor  # the slot mapping, the contiguous cache's offsets or the page table's positions
+    cache_mode: int
+    batch_indices: Optional[torch.Tensor]
+    kv_indices: Optional[torch.Tensor]
+    kv_indptr: Optional[torch.Tensor]
+    kv_layout: str
+    cos: Optional[torch.Tensor]
+    sin: Optional[torch.Tensor]
+    positions: Optional[torch.Tensor]  # the position spec's tensor, mode, sequence starts, offset and longest sequence
+    pos_mode: int
+    cu_seqlens: Optional[torch.Tensor]
+    position_offset: int
+    max_seqlen: int
+    rotary_dim: int
+    layout: str = "bshd"
+    interleaved: bool = False
+    per_token: bool = False
+    k_scale: Optional[torch.Tensor] = None
+    v_scale: Optional[torch.Tensor] = None
+    q_weight: Optional[torch.Tensor] = None
+    k_weight: Optional[torch.Tensor] = None
+    eps: float = 1e-6
+    weight_offset: float = 0.0
 
 
 def _kernel_arguments(q, k, v, out_q, out_k, k_cache, v_cache, slots, cache_mode: int, batch_indices, kv_indices,
@@ -67,6 +100,7 @@ def _kernel_arguments(q, k, v, out_q, out_k, k_cache, v_cache, slots, cache_mode
                 norm_over_heads=norm_over_heads, inv_freq=inv_freq, angle_scale=angle_scale)
 
 
+
 _FORMATS = {torch.float8_e4m3fn: E4M3, torch.float8_e5m2: E5M2, torch.int8: INT8, torch.uint8: NVFP4}
 
 
@@ -93,8 +127,10 @@ def launch_cache(q, k, v, out_q, out_k, k_cache, v_cache, *args) -> None:
     fused_launch(_kernel_arguments(q, k, v, out_q, out_k, k_cache, v_cache, *args))
 
 
-@torch.library.custom_op("ropekit::rope_and_cache", mutates_args=("out_q", "out_k", "k_cache", "v_cache",
-                                                                  "k_scale_cache", "v_scale_cache"))
+_OP = "ropekit::rope_and_cache"
+
+
+@torch.library.custom_op(_OP, mutates_args=("out_q", "out_k", "k_cache", "v_cache", "k_scale_cache", "v_scale_cache"))
 def _rope_and_cache_op(q: Optional[torch.Tensor], k: Optional[torch.Tensor], v: Optional[torch.Tensor],
                        out_q: Optional[torch.Tensor], out_k: Optional[torch.Tensor], k_cache: torch.Tensor,
                        v_cache: Optional[torch.Tensor], slots: torch.Tensor, cache_mode: int,
@@ -119,6 +155,11 @@ def _rope_and_cache_op(q: Optional[torch.Tensor], k: Optional[torch.Tensor], v: 
 @_rope_and_cache_op.register_fake
 def _rope_and_cache_fake(*args):
     return None
+
+
+# the launcher and the custom op take the launch's fields in CacheLaunch's order, after the seven tensors
+for _parameters in (tuple(inspect.signature(_kernel_arguments).parameters), schema_names(_OP)):
+    assert _parameters[7:7 + len(CacheLaunch._fields)] == CacheLaunch._fields, _parameters
 
 
 def run_cache_op(q, k, v, out_q, out_k, k_cache, v_cache, *args, k_scale_cache=None, v_scale_cache=None,
@@ -272,9 +313,11 @@ def rope_and_cache(q: torch.Tensor, k: torch.Tensor, v: Optional[torch.Tensor], 
     else:
         validate.check_overlaps(tuple("table" if name in ("cos", "sin") else name for name in _NAMES),
                                 _read_scales(_replaced(user, cos=cos, sin=sin), fp8), written)
-    launch = (slots, cache_mode, batch_indices, kv_indices, kv_indptr, kv_layout, cos, sin, spec.tensor, spec.mode,
-              spec.cu_seqlens, spec.offset, spec.max_seqlen or 0, rotary_dim, layout, interleaved, per_token, k_scale,
-              v_scale, q_weight, k_weight, eps, weight_offset)
+    launch = CacheLaunch(slots=slots, cache_mode=cache_mode, batch_indices=batch_indices, kv_indices=kv_indices,
+                         kv_indptr=kv_indptr, kv_layout=kv_layout, cos=cos, sin=sin, **position_fields(spec),
+                         rotary_dim=rotary_dim, layout=layout, interleaved=interleaved, per_token=per_token,
+                         k_scale=k_scale, v_scale=v_scale, q_weight=q_weight, k_weight=k_weight, eps=eps,
+                         weight_offset=weight_offset)
     out_q = q if inplace else _new_q(q, q_dtype)
     out_k = (k if inplace else new_output(k)) if write_k else None
     derived = (cos, sin, spec.tensor, spec.cu_seqlens, slots)

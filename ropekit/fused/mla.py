@@ -20,7 +20,8 @@ from ..triton.fused import CACHE_PAGE_TABLE, CACHE_PAGED, plan_fused
 from ..triton.launch import released
 from ..validate import in_callers_names
 from . import validate
-from .kv_cache import _kernel_arguments, run_cache_op
+from .kv_cache import CacheLaunch, _kernel_arguments, run_cache_op
+from .qk_norm_rope import position_fields
 from .plan import FusedPlan, keyed, planned, plans, reads_callers_memory, with_outputs
 
 __all__ = ["mla_rope_and_cache"]
@@ -152,9 +153,10 @@ def mla_rope_and_cache(q_pe: torch.Tensor, k_pe: torch.Tensor, kv_c: torch.Tenso
     plan = FusedPlan(None, names, cache_names + (("q_pe", "k_pe") if inplace else ()), fp8)
     plan.check(tensors, at)
     out_q, out_k = (q, k) if inplace else (new_output(q), new_output(k))
-    launch = (slots, cache_mode, batch_indices, kv_indices, kv_indptr, "NHD", cos, sin, spec.tensor, spec.mode,
-              spec.cu_seqlens, spec.offset, spec.max_seqlen or 0, rotary_dim, "bshd", interleaved, False,
-              kv_cache_scale, kv_cache_scale, None, None, 1e-6, 0.0)
+    launch = CacheLaunch(slots=slots, cache_mode=cache_mode, batch_indices=batch_indices, kv_indices=kv_indices,
+                         kv_indptr=kv_indptr, kv_layout="NHD", cos=cos, sin=sin, **position_fields(spec),
+                         rotary_dim=rotary_dim, interleaved=interleaved, k_scale=kv_cache_scale,
+                         v_scale=kv_cache_scale)
     if key is not None and not q.is_meta and reads_callers_memory((slots, spec.tensor, cos, sin),
                                                                   (user_slots, user_positions, *user_tables)):
         # planned only when the launch reads the caller's own tensors (not a padded slot mapping or copies)

@@ -20,7 +20,8 @@ end.
 
 from __future__ import annotations
 
-from typing import Optional
+import inspect
+from typing import NamedTuple, Optional
 
 import torch
 
@@ -34,7 +35,51 @@ from ..triton.launch import released
 from . import validate
 from .plan import FusedPlan, keyed, planned, plans, reads_callers_memory, with_outputs
 
-__all__ = ["qk_norm_rope", "fused_launch", "angle_flags"]
+__all__ = ["qk_norm_rope", "fused_launch", "angle_flags", "NormLaunch", "position_fields", "schema_names"]
+
+
+class NormLaunch(NamedTuple):
+    """A validated ``qk_norm_rope`` call's launch arguments after q and k (and, for the backward, after the incoming
+    gradients and q and k), by name: what :func:`_kernel_arguments` and the ``ropekit::qk_norm_rope`` custom ops take,
+    in this order (a custom op's schema is positional: the module checks them against these fields when it is
+    imported). The front door builds it by keyword; autograd saves its tensors and keeps the rest by name."""
+
+    q_weight: Optional[torch.Tensor]
+    k_weight: Optional[torch.Tensor]
+    cos: Optional[torch.Tensor]
+    sin: Optional[torch.Tensor]
+    positions: Optional[torch.Tensor]  # the position spec's tensor, mode, sequence starts, offset and longest sequence
+    pos_mode: int
+    cu_seqlens: Optional[torch.Tensor]
+    position_offset: int
+    max_seqlen: int
+    rotary_dim: int
+    layout: str
+    interleaved: bool
+    per_token: bool
+    eps: float
+    weight_offset: float
+    norm: int
+    norm_over_heads: bool
+    inv_freq: Optional[torch.Tensor]
+    angle_scale: float
+
+
+# where the fields autograd saves as tensors sit in a NormLaunch (it keeps the rest as they are)
+_SAVED_AT = tuple(NormLaunch._fields.index(name) for name in ("q_weight", "k_weight", "cos", "sin", "positions",
+                                                              "cu_seqlens", "inv_freq"))
+
+
+def position_fields(spec: PositionSpec) -> dict:
+    """A validated :class:`~ropekit.positions.PositionSpec` as the launches name its fields."""
+    return dict(positions=spec.tensor, pos_mode=spec.mode, cu_seqlens=spec.cu_seqlens, position_offset=spec.offset,
+                max_seqlen=spec.max_seqlen or 0)
+
+
+def schema_names(op: str) -> tuple:
+    """The parameter names of the custom op ``op`` (``"namespace::name"``), in its schema's order."""
+    namespace, name = op.split("::")
+    return tuple(a.name for a in getattr(getattr(torch.ops, namespace), name).default._schema.arguments)
 
 
 def fused_launch(arguments: dict):
@@ -82,7 +127,11 @@ def _forward_new(q, k, *args):
     return out_q, out_k
 
 
-@torch.library.custom_op("ropekit::qk_norm_rope", mutates_args=())
+_FORWARD_OP, _BACKWARD_OP = "ropekit::qk_norm_rope", "ropekit::qk_norm_rope_backward"
+_INPLACE_OP = "ropekit::qk_norm_rope_"
+
+
+@torch.library.custom_op(_FORWARD_OP, mutates_args=())
 def _norm_rope_op(q: torch.Tensor, k: Optional[torch.Tensor], q_weight: Optional[torch.Tensor],
                   k_weight: Optional[torch.Tensor], cos: Optional[torch.Tensor], sin: Optional[torch.Tensor],
                   positions: Optional[torch.Tensor], pos_mode: int, cu_seqlens: Optional[torch.Tensor],
@@ -100,7 +149,7 @@ def _norm_rope_fake(q, k, *args):
     return new_output(q), (new_output(k) if k is not None else q.new_empty(0))
 
 
-@torch.library.custom_op("ropekit::qk_norm_rope_backward", mutates_args=())
+@torch.library.custom_op(_BACKWARD_OP, mutates_args=())
 def _norm_rope_backward_op(grad_q: torch.Tensor, grad_k: Optional[torch.Tensor], q: torch.Tensor,
                            k: Optional[torch.Tensor], q_weight: Optional[torch.Tensor],
                            k_weight: Optional[torch.Tensor], cos: Optional[torch.Tensor],
@@ -128,30 +177,34 @@ def _norm_rope_backward_fake(grad_q, grad_k, q, k, q_weight, k_weight, *args):
 
 
 def _setup_context(ctx, inputs, output) -> None:
-    q, k, q_weight, k_weight, cos, sin, positions, _, cu_seqlens, *_, inv_freq, _ = inputs
-    ctx.save_for_backward(q, k, q_weight, k_weight, cos, sin, positions, cu_seqlens, inv_freq)
-    ctx.args = inputs[7], *inputs[9:-2], inputs[-1]
+    call = list(inputs[2:])  # a NormLaunch's fields
+    ctx.save_for_backward(*inputs[:2], *[call[i] for i in _SAVED_AT])
+    for i in _SAVED_AT:
+        call[i] = None
+    ctx.call = call
 
 
 def _backward(ctx, grad_q, grad_k):
-    q, k, q_weight, k_weight, cos, sin, positions, cu_seqlens, inv_freq = ctx.saved_tensors
-    pos_mode, position_offset, *rest, angle_scale = ctx.args
+    q, k, *saved = ctx.saved_tensors
+    call = list(ctx.call)
+    for i, tensor in zip(_SAVED_AT, saved):
+        call[i] = tensor
+    call = NormLaunch._make(call)
     if grad_q is None:
         grad_q = torch.zeros_like(q)
     if k is not None and (grad_k is None or grad_k.shape != k.shape):
         grad_k = torch.zeros_like(k)
-    dq, dk, dw_q, dw_k = _norm_rope_backward_op(grad_q, grad_k if k is not None else None, q, k, q_weight,
-                                                k_weight, cos, sin, positions, pos_mode, cu_seqlens,
-                                                position_offset, *rest, inv_freq, angle_scale)
+    dq, dk, dw_q, dw_k = _norm_rope_backward_op(grad_q, grad_k if k is not None else None, q, k, *call)
     has_k = k is not None
-    return (dq, dk if has_k else None, dw_q if q_weight is not None else None,
-            dw_k if k_weight is not None else None) + (None,) * 17
+    # q_weight's and k_weight's gradients, then None for the launch's other fields
+    return (dq, dk if has_k else None, dw_q if call.q_weight is not None else None,
+            dw_k if call.k_weight is not None else None) + (None,) * (len(NormLaunch._fields) - 2)
 
 
 _norm_rope_op.register_autograd(_backward, setup_context=_setup_context)
 
 
-@torch.library.custom_op("ropekit::qk_norm_rope_", mutates_args=("q", "k"))
+@torch.library.custom_op(_INPLACE_OP, mutates_args=("q", "k"))
 def _norm_rope_inplace_op(q: torch.Tensor, k: Optional[torch.Tensor], q_weight: Optional[torch.Tensor],
                           k_weight: Optional[torch.Tensor], cos: Optional[torch.Tensor],
                           sin: Optional[torch.Tensor], positions: Optional[torch.Tensor], pos_mode: int,
@@ -167,6 +220,14 @@ def _norm_rope_inplace_op(q: torch.Tensor, k: Optional[torch.Tensor], q_weight: 
 @_norm_rope_inplace_op.register_fake
 def _norm_rope_inplace_fake(*args):
     return None
+
+
+# the launcher and the custom ops take the launch's fields in NormLaunch's order, after q and k (the backward: after
+# the incoming gradients and q and k)
+for _parameters, _first in ((tuple(inspect.signature(_kernel_arguments).parameters), 2),
+                            (schema_names(_FORWARD_OP), 2), (schema_names(_INPLACE_OP), 2),
+                            (schema_names(_BACKWARD_OP), 4)):
+    assert _parameters[_first:_first + len(NormLaunch._fields)] == NormLaunch._fields, _parameters
 
 
 def qk_norm_rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, cos: Optional[torch.Tensor] = None,
@@ -230,9 +291,10 @@ def qk_norm_rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, cos: Optiona
     over_heads = validate.check_norm_over(norm_over)
     eps, weight_offset = validate.check_norm(q, k, q_weight, k_weight, eps, weight_offset, weightless=True,
                                              over_heads=over_heads, layout=layout)
-    args = (q_weight, k_weight, cos, sin, spec.tensor, spec.mode, spec.cu_seqlens, spec.offset,
-            spec.max_seqlen or 0, rotary_dim, layout, interleaved, per_token, eps, weight_offset, place, over_heads,
-            inv_freq, float(scale))
+    args = NormLaunch(q_weight=q_weight, k_weight=k_weight, cos=cos, sin=sin, **position_fields(spec),
+                      rotary_dim=rotary_dim, layout=layout, interleaved=interleaved, per_token=per_token, eps=eps,
+                      weight_offset=weight_offset, norm=place, norm_over_heads=over_heads, inv_freq=inv_freq,
+                      angle_scale=float(scale))
     compiling = torch.compiler.is_compiling()
     needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad
                                                  for t in (q, k, q_weight, k_weight))
