@@ -94,15 +94,19 @@ def compile_record(record, hints: bool = False):
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": record.num_warps})
 
 
-def sass(compiled) -> tuple[int, str]:
-    """A compiled kernel's registers a thread and its SASS, by the ``cuobjdump`` that ships with Triton (no GPU)."""
+def _cuobjdump(compiled, *flags: str) -> list[str]:
+    """What the ``cuobjdump`` that ships with Triton (no GPU) prints of a compiled kernel's cubin, once a flag."""
     tools = Path(triton.__file__).parent / "backends/nvidia/bin"
     with tempfile.TemporaryDirectory() as tmp:
         cubin = Path(tmp) / "kernel.cubin"
         cubin.write_bytes(compiled.asm["cubin"])
-        text = subprocess.run([tools / "cuobjdump", "-sass", cubin], capture_output=True, text=True, check=True).stdout
-        usage = subprocess.run([tools / "cuobjdump", "-res-usage", cubin], capture_output=True, text=True,
-                               check=True).stdout
+        return [subprocess.run([tools / "cuobjdump", flag, cubin], capture_output=True, text=True, check=True).stdout
+                for flag in flags]
+
+
+def sass(compiled) -> tuple[int, str]:
+    """A compiled kernel's registers a thread and its SASS."""
+    text, usage = _cuobjdump(compiled, "-sass", "-res-usage")
     return int(re.search(r"REG:(\d+)", usage).group(1)), text
 
 
@@ -112,11 +116,7 @@ def stack_pointer_reads(compiled) -> list[str]:
     ptxas took the register for a value it had not computed: how Triton 3.6's ptxas once miscompiled a float8 e5m2
     store (docs/tuning.md#fused-launch-table). An ``F2FP`` conversion may name it as the unused half of a padded
     pair, an undefined operand that ptxas gives any register."""
-    tools = Path(triton.__file__).parent / "backends/nvidia/bin"
-    with tempfile.TemporaryDirectory() as tmp:
-        cubin = Path(tmp) / "kernel.cubin"
-        cubin.write_bytes(compiled.asm["cubin"])
-        text = subprocess.run([tools / "cuobjdump", "-sass", cubin], capture_output=True, text=True, check=True).stdout
+    (text,) = _cuobjdump(compiled, "-sass")
     if re.search(r"\b(STL|LDL)\b", text):
         return []
     return [line.strip() for line in text.splitlines()
@@ -277,8 +277,9 @@ def _fused_calls():
                            out_q=torch.empty(q.shape, dtype=torch.uint8, **meta), cache_mode=fused.CACHE_PAGED,
                            slots=slots, block_size=16, cache_len=256, config=fused.FusedConfig(1, 2, warps),
                            k_cache=torch.empty(16, 16, 2, 128, dtype=torch.uint8, **meta),
-                           v_cache=torch.empty(16, 16, 2, 128, dtype=torch.uint8, **meta), quant=(fmt, tiles.PER_TENSOR),
-                           k_scale=scale, v_scale=scale, q_format=fmt, q_scale=scale, native=True)
+                           v_cache=torch.empty(16, 16, 2, 128, dtype=torch.uint8, **meta),
+                           quant=(fmt, tiles.PER_TENSOR), k_scale=scale, v_scale=scale, q_format=fmt, q_scale=scale,
+                           native=True)
         for q_format, native in ((tiles.E4M3, True), (tiles.E5M2, False)):  # a float8 q output
             yield dict(q=q, k=k, cos=cos, sin=cos, positions=by_offsets, rotary_dim=128,
                        out_q=torch.empty(q.shape, dtype=torch.uint8, **meta), v=v, cache_mode=fused.CACHE_PAGED,

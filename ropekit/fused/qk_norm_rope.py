@@ -42,7 +42,7 @@ class NormLaunch(NamedTuple):
     """A validated ``qk_norm_rope`` call's launch arguments after q and k (and, for the backward, after the incoming
     gradients and q and k), by name: what :func:`_kernel_arguments` and the ``ropekit::qk_norm_rope`` custom ops take,
     in this order (a custom op's schema is positional: the module checks them against these fields when it is
-    imported). The front door builds it by keyword; autograd saves its tensors and keeps the rest by name."""
+    imported). The front door builds it by keyword; autograd saves its tensors and keeps the rest as they are."""
 
     q_weight: Optional[torch.Tensor]
     k_weight: Optional[torch.Tensor]
