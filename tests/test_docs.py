@@ -205,6 +205,29 @@ def test_the_tuning_record_has_a_section_for_every_choice_the_code_links_to():
     assert not {(name, a) for name, a in linked if a not in anchors}, "links to sections tuning.md does not have"
 
 
+# a commit as the docs write one, bare or in backticks: 7-40 lowercase hex digits with a digit and a letter among them
+# (all digits is a number, all letters a word such as "deadbeef" or "faded"); a constant written 0x7F is not one
+COMMIT = re.compile(r"(?<!0x)\b(?=[0-9a-f]*[0-9])(?=[0-9a-f]*[a-f])[0-9a-f]{7,40}\b")
+
+
+def run_provenance_in(text: str) -> list[str]:
+    """What a reader's page must leave to provenance.md: raw-output folders (gpu-runs/...) and commits."""
+    return re.findall(r"gpu-runs/[^\s`)]*", text) + COMMIT.findall(text)
+
+
+def test_run_provenance_in_finds_run_folders_and_commits_and_nothing_else():
+    text = ("see `docs/gpu-runs/v-programs/h200/5-sweep/` against `2f1c897`, and 75470f8 bare; not 0x7F, 0x7f3a9c1e, "
+            "deadbeef, a hash's 1234567 or 163840, nor `ROPEKIT_AUTOTUNE=0`")
+    assert run_provenance_in(text) == ["gpu-runs/v-programs/h200/5-sweep/", "2f1c897", "75470f8"]
+
+
+def test_the_tuning_record_names_no_run_folder_and_no_commit():
+    """docs/tuning.md is a reader's page (issue #32, item 6): what each choice buys and why, with the measurement
+    beside it. Run folders and commits stay in provenance.md, which tuning.md links to."""
+    found = run_provenance_in(TUNING.read_text())
+    assert not found, f"docs/tuning.md names run folders or commits (provenance.md's rows keep them): {found}"
+
+
 def test_every_run_folder_in_docs_is_named_on_the_provenance_page():
     provenance = (ROOT / "docs" / "provenance.md").read_text()
     folders = sorted(p.name for p in (ROOT / "docs" / "gpu-runs").iterdir() if p.is_dir())
