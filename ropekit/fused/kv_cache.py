@@ -100,7 +100,6 @@ def _kernel_arguments(q, k, v, out_q, out_k, k_cache, v_cache, slots, cache_mode
                 norm_over_heads=norm_over_heads, inv_freq=inv_freq, angle_scale=angle_scale)
 
 
-
 _FORMATS = {torch.float8_e4m3fn: E4M3, torch.float8_e5m2: E5M2, torch.int8: INT8, torch.uint8: NVFP4}
 
 
@@ -172,18 +171,15 @@ def run_cache_op(q, k, v, out_q, out_k, k_cache, v_cache, *args, k_scale_cache=N
     in_place = out_q is q
     scale_caches = (k_scale_cache, v_scale_cache)
     if torch.compiler.is_compiling():
+        # in place in a compiled graph the op writes fresh outputs and the graph copies them back (inductor on a GPU
+        # lost the op's own writes into views of the graph's inputs taken inside it, mla_rope_and_cache's)
+        written = (new_output(q), None if out_k is None else new_output(out_k)) if in_place else (out_q, out_k)
+        _rope_and_cache_op(q, k, v, *written, k_cache, v_cache, *args, *scale_caches, q_scale, norm, norm_over_heads,
+                           inv_freq, float(angle_scale))
         if in_place:
-            # in place in a compiled graph: the op writes fresh outputs and the graph copies them back (inductor on a
-            # GPU lost the op's own writes into views of the graph's inputs taken inside it, mla_rope_and_cache's)
-            fresh_q, fresh_k = new_output(q), (None if out_k is None else new_output(out_k))
-            _rope_and_cache_op(q, k, v, fresh_q, fresh_k, k_cache, v_cache, *args, *scale_caches, q_scale, norm,
-                               norm_over_heads, inv_freq, float(angle_scale))
-            out_q.copy_(fresh_q)
-            if out_k is not None:
-                out_k.copy_(fresh_k)
-            return
-        _rope_and_cache_op(q, k, v, out_q, out_k, k_cache, v_cache, *args, *scale_caches, q_scale, norm,
-                           norm_over_heads, inv_freq, float(angle_scale))
+            for out, fresh in zip((out_q, out_k), written):
+                if out is not None:
+                    out.copy_(fresh)
         return
     launch_cache(q, k, v, out_q, out_k, k_cache, v_cache, *args, *scale_caches, q_scale, norm, norm_over_heads,
                  inv_freq, angle_scale)
@@ -261,9 +257,7 @@ def rope_and_cache(q: torch.Tensor, k: torch.Tensor, v: Optional[torch.Tensor], 
             v_scale, q_weight, k_weight, kv_indices, kv_indptr, batch_indices, cache_positions, k_scale_cache,
             v_scale_cache, q_scale, inv_freq)
     key = at = None
-    # (the angles' host arguments at their defaults add nothing to the key: the common call pays no more for them)
-    angles = () if mrope_section is None and not mrope_interleaved and scale == 1.0 else \
-        angle_flags(scale, mrope_section, mrope_interleaved)
+    angles = angle_flags(scale, mrope_section, mrope_interleaved)
     if table is None and (positions is None or isinstance(positions, torch.Tensor)) and \
             not isinstance(cache_offsets, int) and (layout != "thd" or max_seqlen is not None) and \
             angles is not None and planned(user):

@@ -90,9 +90,11 @@ def fused_launch(arguments: dict):
 
 
 def angle_flags(scale, mrope_section, mrope_interleaved) -> tuple | None:
-    """What a plan key adds for the angles' host arguments away from their defaults: ``(scale, mrope_section,
-    mrope_interleaved)`` with a list of sections as a tuple; None where the sections are neither (validation refuses
-    them; such a call is not planned)."""
+    """What a plan key adds for the angles' host arguments: nothing at their defaults (the common call's key is no
+    longer for them), else ``(scale, mrope_section, mrope_interleaved)`` with a list of sections as a tuple; None
+    where the sections are neither (validation refuses them; such a call is not planned)."""
+    if mrope_section is None and not mrope_interleaved and scale == 1.0:
+        return ()
     if isinstance(mrope_section, list):
         mrope_section = tuple(mrope_section)
     return (scale, mrope_section, mrope_interleaved) if mrope_section is None or type(mrope_section) is tuple \
@@ -272,9 +274,7 @@ def qk_norm_rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, cos: Optiona
     """
     user = (q, k, q_weight, k_weight, cos, sin, positions, cu_seqlens, inv_freq)
     key = at = None
-    # (the angles' host arguments at their defaults add nothing to the key: the common call pays no more for them)
-    angles = () if mrope_section is None and not mrope_interleaved and scale == 1.0 else \
-        angle_flags(scale, mrope_section, mrope_interleaved)
+    angles = angle_flags(scale, mrope_section, mrope_interleaved)
     if table is None and (positions is None or isinstance(positions, torch.Tensor)) and \
             (layout != "thd" or max_seqlen is not None) and angles is not None and planned(user):
         # (as rope_and_cache: calls whose validation reads more than the signature are not planned)

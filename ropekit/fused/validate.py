@@ -441,8 +441,7 @@ def paged_kv_cache(paged_kv_cache, v_cache):
 
 
 def cache_arguments(q, k, v, k_cache, v_cache, slot_mapping, cache_offsets, page_table, kv_layout, k_scale,
-                           v_scale, spec, layout, kv_cache_dtype, k_scale_cache, v_scale_cache, rotary_dim,
-                           interleaved):
+                    v_scale, spec, layout, kv_cache_dtype, k_scale_cache, v_scale_cache, rotary_dim, interleaved):
     """The cache side of the call: v, the caches, the address map, the format and its scales. Returns (the tensor
     the kernel reads as slots, cache mode)."""
     kv = to_bshd(k, layout)
@@ -473,13 +472,13 @@ def cache_arguments(q, k, v, k_cache, v_cache, slot_mapping, cache_offsets, page
         check_nvfp4_channels(head_dim, v.shape[-1] if v is not None else None, rotary_dim, interleaved)
     formats = (torch.uint8,) if nvfp4 else QUANT_DTYPES
     check_cache("k_cache", k_cache, leading=None if paged else (n_seqs,), n_heads=n_heads,
-                         head_dim=head_dim // 2 if nvfp4 else head_dim, dtype=k.dtype, device=q.device,
-                         kv_layout=kv_layout, quantised=formats)
+                head_dim=head_dim // 2 if nvfp4 else head_dim, dtype=k.dtype, device=q.device, kv_layout=kv_layout,
+                quantised=formats)
     blocks = tuple(nhd(k_cache, kv_layout).shape[:2])
     if v_cache is not None:
         check_cache("v_cache", v_cache, leading=blocks, n_heads=n_heads,
-                             head_dim=v.shape[-1] // 2 if nvfp4 else v.shape[-1], dtype=k.dtype, device=q.device,
-                             kv_layout=kv_layout, quantised=formats)
+                    head_dim=v.shape[-1] // 2 if nvfp4 else v.shape[-1], dtype=k.dtype, device=q.device,
+                    kv_layout=kv_layout, quantised=formats)
         if v_cache.dtype != k_cache.dtype:
             raise TypeError(f"v_cache must have k_cache's dtype ({k_cache.dtype}), got {v_cache.dtype}")
     quantised = k_cache.dtype in QUANT_DTYPES or nvfp4
@@ -494,15 +493,13 @@ def cache_arguments(q, k, v, k_cache, v_cache, slot_mapping, cache_offsets, page
         if nvfp4:
             check_block_scales("k_scale_cache", k_scale_cache, "k_cache", k_cache, q.device)
         else:
-            check_scale_cache("k_scale_cache", k_scale_cache, "k_cache", nhd(k_cache, kv_layout),
-                                       q.device)
+            check_scale_cache("k_scale_cache", k_scale_cache, "k_cache", nhd(k_cache, kv_layout), q.device)
         if (v_cache is None) != (v_scale_cache is None):
             raise ValueError("v_scale_cache goes with v_cache: pass both or neither (with k_scale_cache)")
         if v_cache is not None and nvfp4:
             check_block_scales("v_scale_cache", v_scale_cache, "v_cache", v_cache, q.device)
         elif v_cache is not None:
-            check_scale_cache("v_scale_cache", v_scale_cache, "v_cache", nhd(v_cache, kv_layout),
-                                       q.device)
+            check_scale_cache("v_scale_cache", v_scale_cache, "v_cache", nhd(v_cache, kv_layout), q.device)
     # with scale caches the per-tensor scales are accepted and unread, as with a cache in the model's dtype; NVFP4
     # reads them as its global scales (one element each)
     read = (quantised and k_scale_cache is None) or nvfp4
@@ -510,8 +507,8 @@ def cache_arguments(q, k, v, k_cache, v_cache, slot_mapping, cache_offsets, page
     check_scale("v_scale", v_scale, read and v_cache is not None, q.device, None if nvfp4 else n_heads)
     n_tokens = kv.shape[0] if spec.is_varlen else kv.shape[0] * kv.shape[1]
     if by_table:
-        check_page_table(kv_indices, kv_indptr, batch_indices, cache_positions, n_tokens, blocks[0],
-                                  blocks[1], q.device, "k_cache")
+        check_page_table(kv_indices, kv_indptr, batch_indices, cache_positions, n_tokens, blocks[0], blocks[1],
+                         q.device, "k_cache")
         return cache_positions, CACHE_PAGE_TABLE
     if paged:
         return check_slot_mapping(slot_mapping, n_tokens, blocks[0] * blocks[1], q.device), CACHE_PAGED
