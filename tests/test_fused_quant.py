@@ -18,6 +18,7 @@ from capture import cuda_graph_of
 from conftest import DEVICE, gpu_only
 
 E4M3, E5M2, INT8 = torch.float8_e4m3fn, torch.float8_e5m2, torch.int8
+RANGES = {E4M3: (-448.0, 448.0), INT8: (-128.0, 127.0)}
 FORMATS = {"e4m3": (E4M3, "fp8_e4m3"), "e5m2": (E5M2, "fp8_e5m2"), "int8": (INT8, "auto")}
 
 
@@ -415,15 +416,30 @@ def test_a_uint8_cache_holds_the_bytes_kv_cache_dtype_names():
     assert not torch.equal(stored["fp8"], stored["fp8_e5m2"])
 
 
-def test_per_head_and_per_tensor_scales_mix():
-    """A one-element k_scale beside a per-head v_scale: each is read as given."""
-    q, k, v, (k_cache, v_cache), _, slots = case(cache_dtype=E4M3, skip=())
+@pytest.mark.parametrize("cache_dtype", [E4M3, INT8])
+@pytest.mark.parametrize("one_element", [(1,), (), (1, 1)], ids=["1", "0d", "1x1"])
+@pytest.mark.parametrize("per_head", ["v", "k"])
+def test_per_head_and_per_tensor_scales_mix(per_head, one_element, cache_dtype):
+    """A one-element scale beside a per-head one (either way round, of any one-element shape): each is read as
+    given, so each head of each cache holds its values over its own scale (the one-element one read for every
+    head: a stride of 0, not the element after it, which a larger buffer holds here)."""
+    q, k, v, (k_cache, v_cache), _, slots = case(cache_dtype=cache_dtype, skip=())
     cos, sin = ropekit.cos_sin_table(8, 16, device=DEVICE)
-    k_scale, v_scale = torch.tensor([0.05], device=DEVICE), torch.tensor([0.02, 0.5], device=DEVICE)
+    one = torch.tensor([0.05, 1e-30], device=DEVICE)[:1].view(one_element)  # a trap beyond its one element
+    heads = torch.tensor([0.02, 0.5], device=DEVICE)
+    k_scale, v_scale = (one, heads) if per_head == "v" else (heads, one)
     ropekit.rope_and_cache(q[None], k[None], v[None], cos, sin, k_cache=k_cache, v_cache=v_cache, slot_mapping=slots,
                            k_scale=k_scale, v_scale=v_scale)
-    got_v = v_cache.view(-1, 2, 16)[slots].double().cpu()
-    assert torch.equal(got_v, ref.quantise(v.double().cpu(), v_scale.cpu()[:, None].double(), E4M3))
+    k_rotated = ref.rope_table(k.double().cpu(), cos.cpu(), sin.cpu(), torch.arange(k.shape[0]))
+    for stored, values, scale in ((k_cache, k_rotated, k_scale), (v_cache, v.double().cpu(), v_scale)):
+        got = stored.view(-1, 2, 16)[slots].cpu()
+        quotient = (values / scale.cpu().double().reshape(-1)[:, None]).clamp(*RANGES[cache_dtype])  # saturating
+        if stored is k_cache:  # rotated in float32: its quotient may round to the format's neighbour
+            error = (got.double() - quotient).abs()
+            assert bool((error <= spacing(quotient, cache_dtype) / 2 + 1e-3 * (1 + quotient.abs())).all())
+        else:
+            assert torch.equal(got.double(), ref.quantise(v.double().cpu(), scale.cpu().reshape(-1)[:, None].double(),
+                                                          cache_dtype).double())
 
 
 @pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])

@@ -831,11 +831,12 @@ def _store(target, scale=None, global_scale=None, quant: tuple = NO_QUANT) -> tu
 def _scale_strides(scale, quant: tuple) -> tuple:
     """A scale's (block or sequence, row, head) strides: a per-head ``(heads,)`` tensor's, or a per-(token, head)
     scale cache's, or NVFP4's block-scale cache's (whose last axis, the 16-blocks, is contiguous); a one-element
-    scale's are not read."""
+    scale's are not read, or (beside a per-head one: one store's scales are per head when either's are) read at
+    stride 0, whatever its shape."""
     if scale is None or quant[0] == PLAIN or quant[1] == PER_TENSOR:
         return _ONE_SCALE
     if quant[1] == PER_HEAD:
-        return (0, 0, scale.stride(0))
+        return (0, 0, scale.stride(0) if scale.numel() > 1 else 0)
     return tuple(scale.stride()[:3])
 
 
