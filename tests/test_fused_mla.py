@@ -220,6 +220,22 @@ def test_engine_padding_a_longer_positions_a_shorter_slot_mapping_and_a_uint8_ca
     check_cache(before, kv_cache, kv_c, want_k, covered, scale=scale.cpu())
 
 
+@pytest.mark.parametrize("k_pe_rank", [2, 3])
+def test_in_place_returns_q_pe_and_k_pe_themselves_on_every_call(k_pe_rank, backend):
+    """In place the call returns the caller's q_pe and k_pe (k_pe as given, (tokens, 1, rope_dim) too), on the first
+    call, which validates and plans, and on the planned calls after it; out of place, new tensors and k's
+    (tokens, rope_dim)."""
+    q_pe, k_pe, kv_c, kv_cache, slots = mla_case(3, 2, 16, 32, torch.bfloat16, num_blocks=2, block_size=4)
+    k_pe = k_pe if k_pe_rank == 2 else k_pe[:, None]
+    cos, sin = yarn_tables(16, 32, DEVICE)
+    positions = torch.tensor([1, 2, 3], device=DEVICE)
+    for _ in range(3):
+        q_out, k_out = ropekit.mla_rope_and_cache(q_pe, k_pe, kv_c, kv_cache, slots, positions, cos, sin)
+        assert q_out is q_pe and k_out is k_pe
+    q_out, k_out = ropekit.mla_rope_and_cache(q_pe, k_pe, kv_c, kv_cache, slots, positions, cos, sin, inplace=False)
+    assert q_out.data_ptr() != q_pe.data_ptr() and q_out.shape == q_pe.shape and k_out.shape == (3, 16)
+
+
 @gpu_only
 @pytest.mark.parametrize("cache_dtype", [torch.bfloat16, FP8])
 def test_deepseek_decode_shapes_on_gpu(cache_dtype):

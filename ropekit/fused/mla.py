@@ -35,7 +35,8 @@ def mla_rope_and_cache(q_pe: torch.Tensor, k_pe: torch.Tensor, kv_c: torch.Tenso
                        kv_indptr: Optional[torch.Tensor] = None, batch_indices: Optional[torch.Tensor] = None,
                        cache_positions: Optional[torch.Tensor] = None, kv_cache_dtype: str = "auto"):
     """Rotate q_pe and k_pe, write kv_c and the rotated k_pe to the paged latent cache. Returns ``(q_pe_out,
-    k_pe_out)``: q_pe and k_pe themselves in place (the engines' contract), new tensors otherwise.
+    k_pe_out)``: in place q_pe and k_pe themselves, as given (the engines' contract), on every call; new tensors
+    otherwise (k_pe_out ``(tokens, rope_dim)``).
 
     Args:
         q_pe: ``(tokens, heads, rope_dim)``; k_pe: ``(tokens, rope_dim)`` (or ``(tokens, 1, rope_dim)``);
@@ -165,7 +166,7 @@ def mla_rope_and_cache(q_pe: torch.Tensor, k_pe: torch.Tensor, kv_c: torch.Tenso
         return _run_plan(plan, user, inplace, out_q[0], out_k[0, :, 0])
     if not q.is_meta:
         run_cache_op(q, k, v, out_q, out_k, k_cache, v_cache, *launch)
-    return out_q[0], out_k[0, :, 0]
+    return (q_pe, k_pe) if inplace else (out_q[0], out_k[0, :, 0])
 
 
 _PAGE_TABLE = ("kv_indices", "kv_indptr", "batch_indices", "cache_positions")
@@ -200,5 +201,8 @@ def _run_plan(plan, user, inplace, out_q=None, out_k=None, at=None):
         plan.launch_at(at, q_pe, k_pe, out_q, out_k, kv_c, k_cache, ckv_cache, scale, scale,
                        slot_mapping if cache_positions is None else cache_positions, batch_indices, kv_indices,
                        kv_indptr, None, None, cos, sin, positions, None, 0)
-    bump_versions(ckv_cache, kpe_cache, *((q_pe, k_pe) if inplace else ()))
+    if inplace:
+        bump_versions(ckv_cache, kpe_cache, q_pe, k_pe)
+        return q_pe, k_pe
+    bump_versions(ckv_cache, kpe_cache)
     return out_q, out_k
