@@ -210,12 +210,15 @@ def _float8_of(x: torch.Tensor, quant_scale: float, dtype: torch.dtype) -> torch
 
 def _check_quantise(q_rope, k_rope, quantize_dtype, outputs: tuple, quant_scale_q, quant_scale_kv) -> torch.dtype:
     """FlashInfer's float8 calls' shared arguments: ``quantize_dtype`` (None: the first given output's dtype, else
-    e4m3), the two scales (finite floats > 0), ``q_rope`` 3-D and ``k_rope`` 3-D or MLA's 2-D. Returns the dtype."""
+    e4m3; ``outputs`` as (name, tensor or None) pairs), the two scales (finite floats > 0), ``q_rope`` 3-D and ``k_rope`` 3-D or MLA's 2-D. Returns the dtype."""
+    name = "quantize_dtype"
     if quantize_dtype is None:
-        given = [t.dtype for t in outputs if isinstance(t, torch.Tensor)]
-        quantize_dtype = given[0] if given else torch.float8_e4m3fn
+        given = [(out_name, t.dtype) for out_name, t in outputs if isinstance(t, torch.Tensor)]
+        name, quantize_dtype = given[0] if given else (name, torch.float8_e4m3fn)
+        if name != "quantize_dtype":
+            name = f"{name} (whose dtype is quantize_dtype's when quantize_dtype is None)"
     if quantize_dtype not in _FLOAT8:
-        raise TypeError(f"quantize_dtype must be torch.float8_e4m3fn or torch.float8_e5m2, got {quantize_dtype!r}")
+        raise TypeError(f"{name} must be torch.float8_e4m3fn or torch.float8_e5m2, got {quantize_dtype!r}")
     for name, scale in (("quant_scale_q", quant_scale_q), ("quant_scale_kv", quant_scale_kv)):
         if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
             raise ValueError(f"{name} must be a finite float > 0, got {scale!r}"[:200])
@@ -225,6 +228,21 @@ def _check_quantise(q_rope, k_rope, quantize_dtype, outputs: tuple, quant_scale_
         raise ValueError(f"k_rope must be (tokens, heads, rope_dim) or (tokens, rope_dim) (MLA), got "
                          f"{getattr(k_rope, 'shape', k_rope)}")
     return quantize_dtype
+
+
+def _check_nope(name: str, nope, like: torch.Tensor) -> None:
+    """A non-rotary part (``q_nope``, ``k_nope``): None, or ``like``'s tokens (and heads, for a 3-D ``like``) with
+    channels of its own, in ``like``'s dtype and on its device. Checked before the launch: it is read after it."""
+    if nope is None:
+        return
+    if not isinstance(nope, torch.Tensor):
+        raise TypeError(f"{name} must be a tensor or None, got {type(nope).__name__}")
+    if nope.ndim != like.ndim or nope.shape[:-1] != like.shape[:-1] or nope.dtype != like.dtype or \
+            nope.device != like.device:
+        want = "(tokens, heads, no_rope_dim)" if like.ndim == 3 else "(tokens, no_rope_dim)"
+        raise ValueError(f"{name} must be {want} with the rotary part's tokens{' and heads' * (like.ndim == 3)} "
+                         f"{tuple(like.shape[:-1])}, its dtype {like.dtype} and device {like.device}, got "
+                         f"{tuple(nope.shape)} {nope.dtype} on {nope.device}")
 
 
 def rope_quantize_fp8(q_rope: torch.Tensor, k_rope: torch.Tensor, q_nope: Optional[torch.Tensor],
@@ -242,8 +260,17 @@ def rope_quantize_fp8(q_rope: torch.Tensor, k_rope: torch.Tensor, q_nope: Option
     for power-of-two scales and may differ in the last place of the float32 value otherwise. ``enable_pdl`` is
     accepted; ropekit launches programmatically by default from compute capability 9.0 (``ROPEKIT_PDL=0`` turns it
     off: docs/tuning.md#grid-dependency)."""
-    quantize_dtype = _check_quantise(q_rope, k_rope, quantize_dtype, (q_rope_out, k_rope_out, q_nope_out, k_nope_out),
+    quantize_dtype = _check_quantise(q_rope, k_rope, quantize_dtype, (("q_rope_out", q_rope_out), ("k_rope_out",
+                                     k_rope_out), ("q_nope_out", q_nope_out), ("k_nope_out", k_nope_out)),
                                      quant_scale_q, quant_scale_kv)
+    _check_nope("q_nope", q_nope, q_rope)
+    _check_nope("k_nope", k_nope, k_rope)
+    # the given outputs are written after the launch (copies of its results): none may share memory with another
+    # or with what the call reads
+    check_overlaps(("q_rope", "k_rope", "q_nope", "k_nope", "cos_sin_cache", "pos_ids", "q_rope_out", "k_rope_out",
+                    "q_nope_out", "k_nope_out"), (q_rope, k_rope, q_nope, k_nope, cos_sin_cache, pos_ids, q_rope_out,
+                                                  k_rope_out, q_nope_out, k_nope_out),
+                   ("q_rope_out", "k_rope_out", "q_nope_out", "k_nope_out"))
     for name, out, like in (("q_rope_out", q_rope_out, q_rope), ("k_rope_out", k_rope_out, k_rope),
                             ("q_nope_out", q_nope_out, q_nope), ("k_nope_out", k_nope_out, k_nope)):
         if out is not None and (not isinstance(out, torch.Tensor) or out.dtype != quantize_dtype
@@ -307,9 +334,20 @@ def rope_quantize_fp8_append_paged_kv_cache(
     part (the second writes ``k_nope`` and the rotated ``k_rope`` again, the same bytes). ``page_size`` must be the
     caches' page size; ``enable_pdl`` is accepted; ropekit launches programmatically by default from
     compute capability 9.0 (``ROPEKIT_PDL=0`` turns it off: docs/tuning.md#grid-dependency)."""
-    quantize_dtype = _check_quantise(q_rope, k_rope, quantize_dtype, (q_rope_out, q_nope_out), quant_scale_q,
-                                     quant_scale_kv)
+    quantize_dtype = _check_quantise(q_rope, k_rope, quantize_dtype, (("q_rope_out", q_rope_out), ("q_nope_out",
+                                     q_nope_out)), quant_scale_q, quant_scale_kv)
     mla = k_rope.ndim == 2
+    _check_nope("q_nope", q_nope, q_rope)
+    if mla:  # (a GQA k_nope is checked with the caches, below)
+        _check_nope("k_nope", k_nope, k_rope)
+    # q's outputs are written after the launch: neither may share memory with the other, the caches or what the call
+    # reads
+    if isinstance(paged_kv_cache, (tuple, list)):
+        check_overlaps(("q_rope", "k_rope", "q_nope", "k_nope", "v", "cos_sin_cache", "pos_ids", "kv_indices",
+                        "kv_indptr", "batch_indices", "positions", "paged_kv_cache", "paged_kv_cache", "q_rope_out",
+                        "q_nope_out"), (q_rope, k_rope, q_nope, k_nope, v, cos_sin_cache, pos_ids, kv_indices,
+                                        kv_indptr, batch_indices, positions, *paged_kv_cache[:2], q_rope_out,
+                                        q_nope_out), ("q_rope_out", "q_nope_out"))
     tokens, rope_dim = q_rope.shape[0], q_rope.shape[-1]
     if not isinstance(paged_kv_cache, (tuple, list)) or len(paged_kv_cache) != 2 or not all(
             isinstance(c, torch.Tensor) for c in paged_kv_cache):

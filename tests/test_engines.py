@@ -300,6 +300,40 @@ def test_rope_quantize_fp8_errors_name_the_argument(change, error, name):
         ropekit.rope_quantize_fp8(**call)
 
 
+@pytest.mark.parametrize("change,error,name", [
+    (dict(q_nope=[[0.0]]), TypeError, "q_nope"),
+    (dict(k_nope=3.0), TypeError, "k_nope"),
+    (dict(q_nope="long"), ValueError, "q_nope"),
+    (dict(k_nope="heads"), ValueError, "k_nope"),
+    (dict(q_nope="bf16"), ValueError, "q_nope"),
+    (dict(k_rope_out="q_rope_out"), ValueError, "k_rope_out"),
+    (dict(q_nope_out="inside-k"), ValueError, "q_nope_out"),
+    (dict(q_rope_out="fp32", quantize_dtype=None), TypeError, "q_rope_out"),
+], ids=["q-nope-list", "k-nope-float", "q-nope-tokens", "k-nope-heads", "q-nope-dtype", "outs-shared", "out-in-input",
+        "fp32-out"])
+def test_rope_quantize_fp8_checks_every_part_and_output_before_writing(change, error, name):
+    """The non-rotary parts and the given outputs are written after the launch: each is checked before it (type,
+    tokens and heads, dtype, overlaps), and a refused call leaves every given output as it was."""
+    q_rope, k_rope = torch.randn(3, 2, 16, device=DEVICE), torch.randn(3, 1, 16, device=DEVICE)
+    outs = dict(q_rope_out=torch.zeros(3, 2, 16, device=DEVICE, dtype=torch.float8_e4m3fn),
+                k_rope_out=torch.zeros(3, 1, 16, device=DEVICE, dtype=torch.float8_e4m3fn),
+                q_nope_out=torch.zeros(3, 2, 8, device=DEVICE, dtype=torch.float8_e4m3fn))
+    call = dict(q_rope=q_rope, k_rope=k_rope, q_nope=torch.randn(3, 2, 8, device=DEVICE), k_nope=None,
+                cos_sin_cache=cache_like_vllm(8, 16, torch.float32), pos_ids=torch.tensor([0, 1, 2], device=DEVICE),
+                quantize_dtype=torch.float8_e4m3fn, **outs)
+    swaps = {"long": lambda: torch.randn(5, 2, 8, device=DEVICE), "heads": lambda: torch.randn(3, 2, 8, device=DEVICE),
+             "bf16": lambda: torch.randn(3, 2, 8, device=DEVICE, dtype=torch.bfloat16),
+             "q_rope_out": lambda: outs["q_rope_out"][:, :1],
+             "inside-k": lambda: k_rope.view(-1).view(torch.float8_e4m3fn)[:48].view(3, 2, 8),
+             "fp32": lambda: torch.zeros(3, 2, 16, device=DEVICE)}
+    call.update({key: swaps[value]() if isinstance(value, str) else value for key, value in change.items()})
+    before = {key: out.clone() for key, out in (*outs.items(), ("k_rope", k_rope))}
+    with pytest.raises(error, match=name):
+        ropekit.rope_quantize_fp8(**call)
+    for key, out in (*outs.items(), ("k_rope", k_rope)):
+        assert torch.equal(out.view(torch.uint8), before[key].view(torch.uint8)), key
+
+
 # --- FlashInfer's rope_quantize_fp8_append_paged_kv_cache -------------------------------------------------------------
 
 def flashinfer_reader(cache, kv_indices, kv_indptr, batch_indices, positions, page_size, kv_layout="NHD"):
@@ -405,7 +439,11 @@ def test_rope_quantize_fp8_append_paged_kv_cache_reads_back_through_the_page_tab
     (dict(paged_kv_cache="one"), ValueError, "paged_kv_cache"),
     (dict(cos_sin_cache="wide"), ValueError, "cos_sin_cache"),
     (dict(batch_indices="int16"), TypeError, "batch_indices"),
-], ids=["dtype", "page-size", "no-v", "negative-scale", "one-cache", "wide-table", "int16-batch"])
+    (dict(q_nope=[[0.0]]), TypeError, "q_nope"),
+    (dict(q_nope="long"), ValueError, "q_nope"),
+    (dict(q_rope_out="in-cache"), ValueError, "q_rope_out"),
+], ids=["dtype", "page-size", "no-v", "negative-scale", "one-cache", "wide-table", "int16-batch", "q-nope-list",
+        "q-nope-tokens", "out-in-cache"])
 def test_rope_quantize_fp8_append_paged_kv_cache_errors_name_the_argument_and_write_nothing(change, error, name):
     parts, caches, table = append_case(False, "NHD", 32, torch.float8_e4m3fn)
     call = dict(parts, cos_sin_cache=cache_like_vllm(32, 16, torch.float32),
@@ -413,7 +451,9 @@ def test_rope_quantize_fp8_append_paged_kv_cache_errors_name_the_argument_and_wr
                 kv_indices=table["kv_indices"], kv_indptr=table["kv_indptr"], batch_indices=table["batch_indices"],
                 positions=table["positions"])
     swaps = {"one": lambda: caches[:1], "wide": lambda: cache_like_vllm(32, 32, torch.float32),
-             "int16": lambda: table["batch_indices"].to(torch.int16)}
+             "int16": lambda: table["batch_indices"].to(torch.int16),
+             "long": lambda: torch.randn(7, 4, 32, device=DEVICE, dtype=torch.bfloat16),
+             "in-cache": lambda: caches[0].view(-1)[:320].view(5, 4, 16)}
     call.update({key: swaps[value]() if isinstance(value, str) else value for key, value in change.items()})
     before = [c.clone() for c in caches]
     with pytest.raises(error, match=name):
