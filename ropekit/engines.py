@@ -210,7 +210,8 @@ def _float8_of(x: torch.Tensor, quant_scale: float, dtype: torch.dtype) -> torch
 
 def _check_quantise(q_rope, k_rope, quantize_dtype, outputs: tuple, quant_scale_q, quant_scale_kv) -> torch.dtype:
     """FlashInfer's float8 calls' shared arguments: ``quantize_dtype`` (None: the first given output's dtype, else
-    e4m3; ``outputs`` as (name, tensor or None) pairs), the two scales (finite floats > 0), ``q_rope`` 3-D and ``k_rope`` 3-D or MLA's 2-D. Returns the dtype."""
+    e4m3; ``outputs`` as (name, tensor or None) pairs), the two scales (finite floats > 0), ``q_rope`` 3-D and
+    ``k_rope`` 3-D or MLA's 2-D. Returns the dtype."""
     name = "quantize_dtype"
     if quantize_dtype is None:
         given = [(out_name, t.dtype) for out_name, t in outputs if isinstance(t, torch.Tensor)]

@@ -190,6 +190,39 @@ def test_the_angles_arguments_are_validated_by_name(backend):
     assert not k_cache.any()
 
 
+@pytest.mark.parametrize("op", ["qk_norm_rope", "rope_and_cache"])
+@pytest.mark.parametrize("bad,name", [
+    (dict(scale=True), "scale"), (dict(scale=torch.tensor(1.0)), "scale"),
+    (dict(scale=torch.tensor([1.0, 2.0])), "scale"),
+    (dict(mrope_interleaved=0), "mrope_interleaved"), (dict(mrope_interleaved=None), "mrope_interleaved"),
+    (dict(mrope_section=[2.0, 3.0, 3.0]), "mrope_section"), (dict(mrope_section=[2, True, 5]), "mrope_section"),
+], ids=["scale-bool", "scale-tensor", "scale-two", "interleaved-0", "interleaved-none", "sections-floats",
+        "sections-bool"])
+def test_an_angle_argument_equal_to_a_planned_calls_is_still_validated(op, bad, name, backend):
+    """A plan is found by the call's signature, every host argument with its type: a value equal to a planned call's
+    (True == 1.0, 0 == False, (2.0, 3, 3) == (2, 3, 3)) but of a type validation refuses is refused, after that call
+    as before it, naming the argument (and a tensor scale never reaches a comparison that would ask its truth)."""
+    q, k, _ = _inputs(batch=1, seqlen=2, heads_q=2, heads_k=1, head_dim=16)
+    cos, sin = ropekit.cos_sin_table(64, 16, device=DEVICE)
+    weight = torch.ones(16, device=DEVICE)
+    k_cache = torch.zeros(2, 2, 1, 16, device=DEVICE)
+    legal = dict(positions=torch.zeros(3, 1, 2, dtype=torch.long, device=DEVICE), mrope_section=[2, 3, 3]) \
+        if "mrope_section" in bad else {}
+    positions = dict(positions=legal["positions"]) if legal else {}
+
+    def call(**kwargs):
+        if op == "qk_norm_rope":
+            return ropekit.qk_norm_rope(q, k, cos, sin, weight, weight, **kwargs)
+        return ropekit.rope_and_cache(q, k, k, cos, sin, k_cache=k_cache, v_cache=k_cache.clone(),
+                                      slot_mapping=torch.arange(2, device=DEVICE), **kwargs)
+    for _ in range(2):  # the first validates and plans, the second takes the plan
+        call(**legal)
+    before = (q.clone(), k.clone(), k_cache.clone())
+    with pytest.raises((TypeError, ValueError), match=name):
+        call(**positions, **bad)
+    assert all(torch.equal(a, b) for a, b in zip(before, (q, k, k_cache)))
+
+
 def test_compiled_rope_and_cache_without_a_table_has_no_graph_break(backend):
     """torch.compile(fullgraph=True) keeps the mutating custom op, the frequencies and the M-RoPE ids in one graph."""
     q, k, v = _inputs()

@@ -90,15 +90,18 @@ def fused_launch(arguments: dict):
 
 
 def angle_flags(scale, mrope_section, mrope_interleaved) -> tuple | None:
-    """What a plan key adds for the angles' host arguments: nothing at their defaults (the common call's key is no
-    longer for them), else ``(scale, mrope_section, mrope_interleaved)`` with a list of sections as a tuple; None
-    where the sections are neither (validation refuses them; such a call is not planned)."""
-    if mrope_section is None and not mrope_interleaved and scale == 1.0:
+    """What a plan key adds for the angles' host arguments: nothing at their defaults, exactly (the float 1.0, None,
+    False: the common call's key is no longer for them), else ``(scale, mrope_section, mrope_interleaved)`` with a
+    list of sections as a tuple (the key holds each flag's type beside it); None where the sections are not a list
+    or tuple of ints (``(2.0, 3, 3)`` equals ``(2, 3, 3)`` as a key: validation says what is wrong, and such a call
+    is not planned)."""
+    if mrope_section is None and mrope_interleaved is False and type(scale) is float and scale == 1.0:
         return ()
-    if isinstance(mrope_section, list):
+    if mrope_section is not None:
+        if type(mrope_section) not in (list, tuple) or any(type(n) is not int for n in mrope_section):
+            return None
         mrope_section = tuple(mrope_section)
-    return (scale, mrope_section, mrope_interleaved) if mrope_section is None or type(mrope_section) is tuple \
-        else None
+    return scale, mrope_section, mrope_interleaved
 
 
 def _spec(positions, pos_mode, cu_seqlens, position_offset, max_seqlen, layout) -> PositionSpec:
