@@ -241,6 +241,11 @@ def prepare(q, k, cos, sin, positions, layout, rotary_dim, cu_seqlens, max_seqle
         if k is not None and (k.shape[batch_axis], k.shape[seq_axis]) != (n_batch, seqlen):
             raise ValueError(f"q and k must share (batch, seq) = {(n_batch, seqlen)} in layout {layout!r}, "
                              f"got k with {(k.shape[batch_axis], k.shape[seq_axis])}")
+    if n_batch > 65535 and backend != "native":
+        # the kernels (apply_rope's and the fused ops') put the sequences on the grid's third axis: CUDA caps it
+        where = "cu_seqlens holds" if varlen else "q's batch holds"
+        raise ValueError(f"{where} {n_batch} sequences; the kernels take at most 65535 in one call (the launch "
+                         "grid's limit): split the batch, or pass backend='native'")
 
     head_dim = q.shape[-1]
     if nope is not None:

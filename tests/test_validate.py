@@ -83,3 +83,46 @@ def test_check_mode_catches_device_values(monkeypatch):
     cu = torch.tensor([0, 4, 2, 6], dtype=torch.int32, device=DEVICE)
     with pytest.raises(ValueError, match="cu_seqlens"):
         ropekit.apply_rope(q.reshape(6, 4, 32), None, cos, sin, layout="thd", cu_seqlens=cu, max_seqlen=4)
+
+
+@pytest.mark.parametrize("op", ["apply_rope", "qk_norm_rope", "rope_and_cache"])
+@pytest.mark.parametrize("layout", ["bshd", "thd"])
+def test_more_sequences_than_the_launch_grid_holds_are_refused_before_anything_is_written(op, layout):
+    """The kernels put a call's sequences on the grid's third axis, which CUDA caps at 65535: every op that launches
+    them refuses a 65536th sequence in validation (naming where the count comes from), writing nothing; the native
+    backend, which launches no such grid, takes it."""
+    n = 65536
+    q = torch.randn(n, 1, 2, 8, device=DEVICE) if layout == "bshd" else torch.randn(n, 2, 8, device=DEVICE)
+    k = q[..., :1, :].clone()
+    extra = dict(cu_seqlens=torch.arange(n + 1, device=DEVICE), max_seqlen=1) if layout == "thd" else {}
+    cos, sin = ropekit.cos_sin_table(4, 8, device=DEVICE)
+    cache = torch.zeros(1, 4, 1, 8, device=DEVICE)
+    calls = {"apply_rope": lambda **kw: ropekit.apply_rope(q, k, cos, sin, layout=layout, inplace=True, **extra, **kw),
+             "qk_norm_rope": lambda **kw: ropekit.qk_norm_rope(q, k, cos, sin, layout=layout, inplace=True, **extra,
+                                                               **kw),
+             "rope_and_cache": lambda **kw: ropekit.rope_and_cache(q, k, k, cos, sin, k_cache=cache,
+                                                                   v_cache=cache.clone(),
+                                                                   slot_mapping=torch.full((n,), -1, device=DEVICE),
+                                                                   layout=layout, inplace=True, **extra, **kw)}
+    before = q.clone(), k.clone()
+    with ropekit.device.set_backend("triton"), pytest.raises(ValueError, match="65535"):
+        calls[op]()
+    assert torch.equal(q, before[0]) and torch.equal(k, before[1])
+    if op == "apply_rope":
+        calls[op](backend="native")
+
+
+@pytest.mark.parametrize("bad,error,name", [
+    (dict(eps="1e-6"), TypeError, "eps"), (dict(eps=float("nan")), TypeError, "eps"), (dict(eps=0.0), ValueError, "eps"),
+    (dict(eps=True), TypeError, "eps"), (dict(weight_offset=float("inf")), TypeError, "weight_offset"),
+], ids=["str", "nan", "zero", "bool", "inf-offset"])
+def test_rope_and_cache_checks_eps_and_weight_offset_without_a_norm(bad, error, name):
+    """An argument is valid or refused whatever the others are: eps and weight_offset, not read without a norm, are
+    still checked."""
+    q, k = torch.randn(1, 2, 2, 8, device=DEVICE), torch.randn(1, 2, 1, 8, device=DEVICE)
+    cos, sin = ropekit.cos_sin_table(4, 8, device=DEVICE)
+    cache = torch.zeros(1, 4, 1, 8, device=DEVICE)
+    with pytest.raises(error, match=name):
+        ropekit.rope_and_cache(q, k, k, cos, sin, k_cache=cache, v_cache=cache.clone(),
+                               slot_mapping=torch.arange(2, device=DEVICE), **bad)
+    assert not cache.any()

@@ -285,8 +285,12 @@ def rope_and_cache(q: torch.Tensor, k: torch.Tensor, v: Optional[torch.Tensor], 
     if over_heads and not normed:
         raise ValueError("norm_over='heads' is the QK-norm's extent, but this call has no norm: pass q_weight and "
                          "k_weight, or norm='before' or 'after'")
+    # (without a norm, eps and weight_offset are checked and not read: an argument is valid or refused whatever
+    # the others are)
     eps, weight_offset = validate.check_norm(q, k, q_weight, k_weight, eps, weight_offset, weightless=True,
-                                             over_heads=over_heads, layout=layout) if normed else (0.0, 0.0)
+                                             over_heads=over_heads, layout=layout)
+    if not normed:
+        eps, weight_offset = 0.0, 0.0
     slots, cache_mode = validate.cache_arguments(q, k, v, k_cache, v_cache, slot_mapping, cache_offsets,
                                                  (kv_indices, kv_indptr, batch_indices, cache_positions),
                                                  validate.check_kv_layout(kv_layout), k_scale, v_scale, spec, layout,
