@@ -216,12 +216,18 @@ def rope(q: torch.Tensor, k: Optional[torch.Tensor], cos: Optional[torch.Tensor]
             tokens.put(out, slice(rotary_dim, head_dim), tail)
 
 
+def _temperature(positions: PositionSpec, tokens: _Tokens, math: torch.dtype, floor_scale: int,
+                 attn_scale: float) -> torch.Tensor:
+    """A Llama 4 NoPE layer's temperature of each covered token, ``log(floor((p + 1) / floor_scale) + 1) *
+    attn_scale + 1``: the floor in integers, the rest in float64, rounded once to the math dtype."""
+    turns = torch.div(_positions(positions, tokens) + 1, floor_scale, rounding_mode="floor")
+    return (torch.log(turns.to(torch.float64) + 1) * attn_scale + 1).to(math)
+
+
 def _nope(q, k, out_q, out_k, positions: PositionSpec, tokens: _Tokens, math: torch.dtype, floor_scale: int,
           attn_scale: float) -> None:
-    """A Llama 4 NoPE layer: q times its token's temperature ``log(floor((p + 1) / floor_scale) + 1) * attn_scale +
-    1`` (the floor in integers, the rest in float64, rounded once to the math dtype), k copied out of place."""
-    turns = torch.div(_positions(positions, tokens) + 1, floor_scale, rounding_mode="floor")
-    temperature = (torch.log(turns.to(torch.float64) + 1) * attn_scale + 1).to(math)[..., None, None]
+    """A Llama 4 NoPE layer: q times its token's temperature (:func:`_temperature`), k copied out of place."""
+    temperature = _temperature(positions, tokens, math, floor_scale, attn_scale)[..., None, None]
     if q.numel():
         tokens.put(out_q, slice(None), tokens.take(q).to(math) * temperature)
     if k is not None and k.numel() and not _same_view(k, out_k):
@@ -377,11 +383,12 @@ def fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, interleav
           v_scale=None, quant: tuple = (PLAIN, PER_TENSOR), q_format: int = PLAIN, q_scale=None, k_global=None,
           v_global=None, q_weight=None, k_weight=None, eps: float = 0.0, weight_offset: float = 0.0,
           norm: int | None = None, norm_over_heads: bool = False, grad_q=None, grad_k=None, inv_freq=None,
-          angle_scale: float = 1.0):
+          angle_scale: float = 1.0, nope: tuple | None = None):
     """:func:`ropekit.triton.fused.launch_fused`'s arguments and outputs, computed in PyTorch ops: RMSNorm per head
     or over all heads of a token (``norm_over_heads``; with weights), RoPE (from the table, or from ``inv_freq``
-    times ``angle_scale``), the outputs (None: not written) and, for k, the caches; with ``grad_q`` the backward of
-    norm + rotation, returning the weight gradients ``(dw_q, dw_k)`` in the math dtype."""
+    times ``angle_scale``; ``nope``: a NoPE layer, q times its temperature and k as it is), the outputs (None: not
+    written) and, for k, the caches; with ``grad_q`` the backward of norm + rotation, returning the weight gradients
+    ``(dw_q, dw_k)`` in the math dtype."""
     backward = grad_q is not None
     varlen = positions.is_varlen
     n_batch = positions.cu_seqlens.shape[0] - 1 if varlen else q.shape[0]
@@ -397,8 +404,12 @@ def fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, interleav
     if n_batch == 0 or seqlen == 0 or q.shape[0] == 0:
         return dw
     tokens = _tokens(positions, n_batch, seqlen, q.shape[0], q.device)
-    angles = _angles(cos, sin, positions, tokens, rotary_dim, interleaved, cos_per_token, backward, math, inv_freq,
-                     angle_scale)
+    if nope is not None:  # cos the temperature of each token (sin unused), as the kernel's NoPE position form
+        temperature = _temperature(positions, tokens, math, *nope)[..., None, None]
+        angles = (temperature, None, temperature, None)
+    else:
+        angles = _angles(cos, sin, positions, tokens, rotary_dim, interleaved, cos_per_token, backward, math,
+                         inv_freq, angle_scale)
     # (an empty tensor's data pointer says nothing: q without heads is not "in place")
     in_place = (out_q is not None and out_q.numel() > 0 and out_q.data_ptr() == q.data_ptr()) or (
         out_k is not None and out_k.numel() > 0 and out_k.data_ptr() == k.data_ptr())
@@ -441,8 +452,13 @@ def fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, interleav
         if norm == BEFORE:
             r = _rsqrt_mean_square(x_a, x_b, x_t, eps, head_dim, over_heads)
             x_a, x_b, x_t = x_a * r * w_a, x_b * r * w_b, x_t * r * w_t
-        scale = _one_scale(i, out, q_format, q_scale, cache_mode, quant, k_scale, norm)
-        if scale is not None:  # the rotation's values are the quotients; the channels past rotary_dim are divided
+        scale = _one_scale(i, out, q_format, q_scale, cache_mode, quant, k_scale, norm) \
+            if nope is None or i == 0 else None
+        if nope is not None:  # a NoPE layer: q times its temperature (times the reciprocal of its one scale), k as is
+            one = None if scale is None else scale.reshape(()).to(torch.float32)
+            temperature = angles[0] if one is None else angles[0] * torch.reciprocal(one).to(math)
+            y_a, y_b = (x_a * temperature, x_b * temperature) if i == 0 else (x_a, x_b)
+        elif scale is not None:  # the rotation's values are the quotients; the channels past rotary_dim are divided
             # (the reciprocal and the tail's quotient in float32, as the kernel's store takes them)
             one = scale.reshape(()).to(torch.float32)
             y_a, y_b = _rotate(x_a, x_b, *(angle * torch.reciprocal(one).to(math) for angle in angles))

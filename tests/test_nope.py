@@ -13,7 +13,7 @@ import torch
 import ropekit
 from ropekit import reference as ref
 from ropekit.layouts import TO_BSHD
-from ropekit.testing import assert_close_to_reference
+from ropekit.testing import assert_close_to_reference, ulp
 from ropekit.triton.launch import TileConfig, forced_config, recorded_launches
 from conftest import DEVICE
 from rope_cases import make, positions_for, table
@@ -215,3 +215,103 @@ def test_one_launch_that_reads_no_table_and_in_place_never_touches_k():
     assert out_of_place["angles"][0] is None and out_of_place["ROTATION"].NOPE_FLOOR_SCALE == 8192
     assert out_of_place["HAS_K"]
     assert not in_place["HAS_K"]
+
+
+# --- the fused cache write: rope_and_cache(..., nope_temperature=...) -----------------------------------------------
+
+FUSED_CASES = [  # (id, layout, position kind, cache dtype, q's output dtype)
+    ("bshd-none-bf16", "bshd", "none", torch.bfloat16, None),
+    ("sbhd-int-bf16", "sbhd", "int", torch.bfloat16, None),
+    ("bhsd-offsets-e4m3", "bhsd", "offsets", torch.float8_e4m3fn, None),
+    ("bshd-ids-e4m3-float8-q", "bshd", "ids", torch.float8_e4m3fn, torch.float8_e4m3fn),
+    ("bshd-ids1d-int8", "bshd", "ids1d", torch.int8, None),
+]
+
+
+@pytest.mark.parametrize("inplace", [False, True], ids=["out-of-place", "in-place"])
+@pytest.mark.parametrize("case", FUSED_CASES, ids=[c[0] for c in FUSED_CASES])
+def test_rope_and_cache_of_a_nope_layer_scales_q_and_caches_k_and_v_as_they_are(backend, case, inplace):
+    """Llama 4's NoPE layer in one launch: q times its token's temperature (a small floor_scale, 4, so that a few
+    tokens reach several temperatures), k and v into the cache unrotated (a quantised cache: their quotients by its
+    scale, rounded; a float8 q: q's scaled values over q_scale), k's output (``write_k``) its own values."""
+    if inplace and case[4] is not None:
+        pytest.skip("a float8 q is written out of place")
+    _, layout, kind, cache_dtype, q_dtype = case
+    batch, seqlen, hq, hk, head_dim = 2, 5, 4, 2, 32
+    q, k, v = (make(layout, batch, seqlen, h, head_dim, torch.bfloat16) for h in (hq, hk, hk))
+    q_before, k_before = q.clone(), k.clone()
+    arg, pos = positions_for(kind, batch, seqlen)
+    caches = [torch.zeros(3, 4, hk, head_dim, device=DEVICE).to(cache_dtype) for _ in range(2)]
+    slots = torch.randperm(12, device=DEVICE)[:batch * seqlen]
+    slots[3] = -1
+    scale = torch.tensor([0.05], device=DEVICE)
+    quantised = dict(k_scale=scale, v_scale=scale) if cache_dtype != torch.bfloat16 else {}
+    write_k = cache_dtype == torch.bfloat16  # (without k's output a quantised k's store is its only one)
+    float8_q = dict(q_dtype=q_dtype, q_scale=torch.tensor([0.25], device=DEVICE)) if q_dtype is not None else {}
+    for _ in range(2):  # the second call takes the plan the first made
+        q = q_before.clone()  # (in place, each call scales its own copy)
+        out_q, out_k = ropekit.rope_and_cache(q, k, v, k_cache=caches[0],
+                                              v_cache=caches[1], slot_mapping=slots, positions=arg, layout=layout,
+                                              inplace=inplace, write_k=write_k, nope_temperature=(4, 0.5),
+                                              **quantised, **float8_q)
+    want_q = expected(q_before, layout, pos, 4, 0.5)
+    if q_dtype is not None:
+        quotient = want_q / 0.25
+        error = (out_q.double().cpu() - quotient).abs()
+        assert bool((error <= ulp(quotient, q_dtype) / 2 + 1e-5 * quotient.abs()).all())
+    else:
+        assert_close_to_reference(out_q, want_q)
+    assert torch.equal(out_k, k_before) if write_k else out_k is None
+    order = TO_BSHD[layout]
+    written = slots >= 0
+    for cache, x in zip(caches, (k_before, v)):
+        rows = x.permute(order).reshape(-1, hk, head_dim)[written.cpu()].double().cpu()
+        got = cache.view(-1, hk, head_dim)[slots[written]].double().cpu()
+        want = rows if cache_dtype == torch.bfloat16 else ref.quantise(rows, 0.05, cache_dtype)
+        assert torch.equal(got, want)
+
+
+@triton_backend
+def test_rope_and_cache_of_a_nope_layer_is_one_launch_that_reads_no_table():
+    q, k = make("bshd", 2, 3, 4, 32, torch.float32), make("bshd", 2, 3, 2, 32, torch.float32)
+    cache = torch.zeros(2, 4, 2, 32, device=DEVICE)
+    with recorded_launches() as records:
+        ropekit.rope_and_cache(q, k, k, k_cache=cache, v_cache=cache.clone(), cache_offsets=0, positions=3,
+                               nope_temperature=LLAMA4)
+    assert [r.kernel.__name__ for r in records] == ["fused_forward_kernel"]
+    arguments = records[0].arguments
+    assert arguments["angles"][0] is None and arguments["angles"][1] is None
+    assert (arguments["POSITION"].NOPE_FLOOR_SCALE, arguments["POSITION"].NOPE_ATTN_SCALE) == LLAMA4
+
+
+FUSED_BAD_CALLS = [
+    ("with-cos-sin", ValueError, "nope_temperature", lambda: dict(cos=table()[0], sin=table()[1])),
+    ("with-inv-freq", ValueError, "nope_temperature",
+     lambda: dict(inv_freq=ropekit.inverse_frequencies(32).to(DEVICE))),
+    ("with-a-norm", ValueError, "nope_temperature", lambda: dict(norm="after")),
+    ("with-weights", ValueError, "nope_temperature",
+     lambda: dict(q_weight=torch.ones(32, device=DEVICE), k_weight=torch.ones(32, device=DEVICE))),
+    ("not-a-pair", TypeError, "nope_temperature", lambda: dict(nope_temperature=8192)),
+    ("attn-scale-bool", ValueError, "attn_scale", lambda: dict(nope_temperature=(8192, True))),
+    ("floor-scale-fraction", ValueError, "floor_scale", lambda: dict(nope_temperature=(2.5, 0.1))),
+    ("partial-rotary", ValueError, "nope_temperature", lambda: dict(rotary_dim=16)),
+    ("mrope", ValueError, "nope_temperature", lambda: dict(mrope_section=[4, 6, 6])),
+]
+
+
+@pytest.mark.parametrize("name, error, argument, spoil", FUSED_BAD_CALLS, ids=[c[0] for c in FUSED_BAD_CALLS])
+def test_rope_and_cache_nope_errors_name_the_argument_before_any_write(backend, name, error, argument, spoil):
+    """Each refused call comes after a legal NoPE call of the same tensors was planned (a value equal to the
+    planned one's, (8192, True) == (8192, 1), is still validated), and writes nothing."""
+    q, k = make("bshd", 2, 3, 4, 32, torch.float32), make("bshd", 2, 3, 2, 32, torch.float32)
+    cache = torch.zeros(2, 4, 2, 32, device=DEVICE)
+    call = dict(k_cache=cache, v_cache=cache.clone(), cache_offsets=torch.zeros(2, dtype=torch.long, device=DEVICE))
+    for _ in range(2):
+        ropekit.rope_and_cache(q, k, k, **call, nope_temperature=(8192, 1))
+    before = q.clone(), k.clone(), cache.clone()
+    kwargs = dict(nope_temperature=LLAMA4)
+    kwargs.update(spoil())
+    cos, sin = kwargs.pop("cos", None), kwargs.pop("sin", None)
+    with pytest.raises(error, match=argument):
+        ropekit.rope_and_cache(q, k, k, cos, sin, **call, **kwargs)
+    assert all(torch.equal(a, b) for a, b in zip(before, (q, k, cache)))

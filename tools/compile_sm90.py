@@ -280,6 +280,13 @@ def _fused_calls():
                            v_cache=torch.empty(16, 16, 2, 128, dtype=torch.uint8, **meta),
                            quant=(fmt, tiles.PER_TENSOR), k_scale=scale, v_scale=scale, q_format=fmt, q_scale=scale,
                            native=True)
+        # a Llama 4 NoPE layer: q times its temperature, k and v into the cache as they are (a float8 cache: k's
+        # store its only one, divided by its scale)
+        yield dict(q=q, k=k, cos=None, sin=None, positions=by_offsets, rotary_dim=128, out_q=torch.empty_like(q), v=v,
+                   cache_mode=fused.CACHE_PAGED, slots=slots, block_size=16, cache_len=256,
+                   config=fused.FusedConfig(2, 8, 4), k_cache=torch.empty(16, 16, 2, 128, dtype=torch.uint8, **meta),
+                   v_cache=torch.empty(16, 16, 2, 128, dtype=torch.uint8, **meta), quant=(tiles.E4M3, tiles.PER_TENSOR),
+                   k_scale=scale, v_scale=scale, native=True, nope=(8192, 0.1))
         for q_format, native in ((tiles.E4M3, True), (tiles.E5M2, False)):  # a float8 q output
             yield dict(q=q, k=k, cos=cos, sin=cos, positions=by_offsets, rotary_dim=128,
                        out_q=torch.empty(q.shape, dtype=torch.uint8, **meta), v=v, cache_mode=fused.CACHE_PAGED,

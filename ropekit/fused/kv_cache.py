@@ -67,13 +67,14 @@ def _kernel_arguments(q, k, v, out_q, out_k, k_cache, v_cache, slots, cache_mode
                       max_seqlen: int, rotary_dim: int, layout: str, interleaved: bool, per_token: bool, k_scale,
                       v_scale, q_weight, k_weight, eps: float, weight_offset: float, k_scale_cache=None,
                       v_scale_cache=None, q_scale=None, norm=None, norm_over_heads=False, inv_freq=None,
-                      angle_scale=1.0) -> dict:
+                      angle_scale=1.0, nope_floor_scale: int = 0, nope_attn_scale: float = 0.0) -> dict:
     """A validated call as the fused launcher (:func:`~ropekit.triton.fused.plan_fused`, or the native
     :func:`ropekit.native.fused`) takes it: the kernels' views (the caches as ``(blocks, rows, heads, dim)``), the
     cache's geometry and address map, and the store the cache's dtype and the scales make (the scales only with a
     quantised cache: the kernel never sees others; with scale caches, those in their place, written; NVFP4: the
     block-scale caches as bytes in their place and the scales given as the global ones; a float8 ``out_q`` as its
-    bytes, at ``q_scale``; ``inv_freq``: the angles without a table, cos and sin None)."""
+    bytes, at ``q_scale``; ``inv_freq``: the angles without a table, cos and sin None; ``nope_floor_scale`` > 0: a
+    NoPE layer at ``(nope_floor_scale, nope_attn_scale)``, cos and sin None)."""
     # per head when either scale has one a head (a one-element one is then read at stride 0)
     per_head = any(s is not None and s.numel() > 1 for s in (k_scale, v_scale))
     quant = quant_codes(k_cache.dtype, per_head=per_head, per_token_head=k_scale_cache is not None)
@@ -97,7 +98,8 @@ def _kernel_arguments(q, k, v, out_q, out_k, k_cache, v_cache, slots, cache_mode
                 v_scale=v_scale, quant=quant, k_global=k_global, v_global=v_global,
                 q_format=quant_codes(out_q.dtype if out_q is not None else None)[0], q_scale=q_scale,
                 q_weight=q_weight, k_weight=k_weight, eps=eps, weight_offset=weight_offset, norm=norm,
-                norm_over_heads=norm_over_heads, inv_freq=inv_freq, angle_scale=angle_scale)
+                norm_over_heads=norm_over_heads, inv_freq=inv_freq, angle_scale=angle_scale,
+                nope=(nope_floor_scale, nope_attn_scale) if nope_floor_scale > 0 else None)
 
 
 _FORMATS = {torch.float8_e4m3fn: E4M3, torch.float8_e5m2: E5M2, torch.int8: INT8, torch.uint8: NVFP4}
@@ -142,13 +144,15 @@ def _rope_and_cache_op(q: Optional[torch.Tensor], k: Optional[torch.Tensor], v: 
                        k_weight: Optional[torch.Tensor], eps: float, weight_offset: float,
                        k_scale_cache: Optional[torch.Tensor], v_scale_cache: Optional[torch.Tensor],
                        q_scale: Optional[torch.Tensor], norm: Optional[int], norm_over_heads: bool,
-                       inv_freq: Optional[torch.Tensor], angle_scale: float) -> None:
+                       inv_freq: Optional[torch.Tensor], angle_scale: float, nope_floor_scale: int,
+                       nope_attn_scale: float) -> None:
     # (no defaults: a mutated argument left at its default is dropped from the boxed call, and torch 2.11's
     # in-place bookkeeping then indexes past the arguments)
     launch_cache(q, k, v, out_q, out_k, k_cache, v_cache, slots, cache_mode, batch_indices, kv_indices, kv_indptr,
                  kv_layout, cos, sin, positions, pos_mode, cu_seqlens, position_offset, max_seqlen, rotary_dim,
                  layout, interleaved, per_token, k_scale, v_scale, q_weight, k_weight, eps, weight_offset,
-                 k_scale_cache, v_scale_cache, q_scale, norm, norm_over_heads, inv_freq, angle_scale)
+                 k_scale_cache, v_scale_cache, q_scale, norm, norm_over_heads, inv_freq, angle_scale, nope_floor_scale,
+                 nope_attn_scale)
 
 
 @_rope_and_cache_op.register_fake
@@ -162,27 +166,29 @@ for _parameters in (tuple(inspect.signature(_kernel_arguments).parameters), sche
 
 
 def run_cache_op(q, k, v, out_q, out_k, k_cache, v_cache, *args, k_scale_cache=None, v_scale_cache=None,
-                 q_scale=None, norm=None, norm_over_heads=False, inv_freq=None, angle_scale=1.0) -> None:
+                 q_scale=None, norm=None, norm_over_heads=False, inv_freq=None, angle_scale=1.0, nope=None) -> None:
     """The launch through the custom op when compiling, directly otherwise (no dispatcher on a decode step's host
     path); in place (``out_q is q``) under torch.compile the op writes fresh outputs that the graph copies back.
     ``k_scale_cache``, ``v_scale_cache``: per-(token, head) scales, written; ``q_scale``: a float8 ``out_q``'s scale;
     ``norm``: the norm's place (None: before the rotation when weights are given); ``norm_over_heads``: its extent;
-    ``inv_freq``, ``angle_scale``: the angles without a table."""
+    ``inv_freq``, ``angle_scale``: the angles without a table; ``nope``: a NoPE layer's ``(floor_scale,
+    attn_scale)``."""
     in_place = out_q is q
     scale_caches = (k_scale_cache, v_scale_cache)
+    nope = nope or (0, 0.0)
     if torch.compiler.is_compiling():
         # in place in a compiled graph the op writes fresh outputs and the graph copies them back (inductor on a GPU
         # lost the op's own writes into views of the graph's inputs taken inside it, mla_rope_and_cache's)
         written = (new_output(q), None if out_k is None else new_output(out_k)) if in_place else (out_q, out_k)
         _rope_and_cache_op(q, k, v, *written, k_cache, v_cache, *args, *scale_caches, q_scale, norm, norm_over_heads,
-                           inv_freq, float(angle_scale))
+                           inv_freq, float(angle_scale), nope[0], float(nope[1]))
         if in_place:
             for out, fresh in zip((out_q, out_k), written):
                 if out is not None:
                     out.copy_(fresh)
         return
     launch_cache(q, k, v, out_q, out_k, k_cache, v_cache, *args, *scale_caches, q_scale, norm, norm_over_heads,
-                 inv_freq, angle_scale)
+                 inv_freq, angle_scale, *nope)
     bump_versions(k_cache, v_cache, *scale_caches, *((q, out_k) if in_place else ()))
 
 
@@ -201,7 +207,7 @@ def rope_and_cache(q: torch.Tensor, k: torch.Tensor, v: Optional[torch.Tensor], 
                    k_scale_cache: Optional[torch.Tensor] = None, v_scale_cache: Optional[torch.Tensor] = None,
                    q_dtype: Optional[torch.dtype] = None, q_scale: Optional[torch.Tensor] = None,
                    inv_freq: Optional[torch.Tensor] = None, scale: float = 1.0, mrope_section=None,
-                   mrope_interleaved: bool = False):
+                   mrope_interleaved: bool = False, nope_temperature=None):
     """Rotate q and k and write rotated k and v into a KV cache, in one launch. Returns ``(q_out, k_out)``.
 
     Args:
@@ -210,6 +216,10 @@ def rope_and_cache(q: torch.Tensor, k: torch.Tensor, v: Optional[torch.Tensor], 
         inv_freq, scale, mrope_section, mrope_interleaved: as :func:`ropekit.apply_rope`: the angles computed in the
             kernel from the inverse frequencies (no table: cos, sin and table None), and M-RoPE's sections, each
             pair turned at its own axis' position from ``(3, batch, seq)`` (``(3, tokens)`` for thd) positions.
+        nope_temperature: ``(floor_scale, attn_scale)``: a Llama 4 NoPE layer, as :func:`ropekit.apply_rope` takes
+            it (no cos/sin, table= or inv_freq=; no norm): nothing rotates, every channel of q is multiplied by its
+            token's temperature ``log(floor((position + 1) / floor_scale) + 1) * attn_scale + 1``, and k and v go
+            into the cache as they are (k's output, with ``write_k``, is k's values).
         v: k-shaped values (their head size may differ from k's), copied into ``v_cache`` untouched; or None.
         k_cache, v_cache: paged ``(num_blocks, block_size, Hkv, D)`` with ``slot_mapping`` or the page table, or
             contiguous ``(batch, max_seq, Hkv, D)`` (``(n_seqs, ...)`` for thd) with ``cache_offsets``; with
@@ -258,14 +268,15 @@ def rope_and_cache(q: torch.Tensor, k: torch.Tensor, v: Optional[torch.Tensor], 
             v_scale_cache, q_scale, inv_freq)
     key = at = None
     angles = angle_flags(scale, mrope_section, mrope_interleaved)
+    nope_key = validate.nope_flags(nope_temperature)
     if table is None and (positions is None or isinstance(positions, torch.Tensor)) and \
             not isinstance(cache_offsets, int) and (layout != "thd" or max_seqlen is not None) and \
-            angles is not None and planned(user):
+            angles is not None and nope_key is not None and planned(user):
         # (a table may grow, an int offset is checked against it and cu_seqlens without max_seqlen are read: calls
         # whose validation reads more than the signature are not planned)
         key, at = keyed("rope_and_cache", user, (eps, weight_offset, norm, norm_over, layout, interleaved, rotary_dim,
                                                  inplace, max_seqlen, per_token, write_k, kv_layout, kv_cache_dtype,
-                                                 q_dtype) + angles)
+                                                 q_dtype) + angles + nope_key)
         plan = plans.find(key)
         if plan is not None:  # a call signature validated before: where the tensors lie, then the launch
             return _run_plan(plan, user, inplace, write_k, q_dtype, at=plan.check(_read_scales(user, plan.fp8), at))
@@ -275,12 +286,16 @@ def rope_and_cache(q: torch.Tensor, k: torch.Tensor, v: Optional[torch.Tensor], 
     if not isinstance(k, torch.Tensor):
         raise TypeError(f"k must be a torch.Tensor (it is written to the cache), got {type(k).__name__}")
     user_cos, user_sin = cos, sin
+    nope = validate.nope_switch(q, nope_temperature, per_token, mrope_section)
     cos, sin, spec, rotary_dim = validate.rotary_arguments(q, k, cos, sin, table, positions, layout, rotary_dim,
                                                            cu_seqlens, max_seqlen, per_token, interleaved, inv_freq,
-                                                           scale, mrope_section, mrope_interleaved)
+                                                           scale, mrope_section, mrope_interleaved, nope)
     # the norm: before the rotation with weights (norm=None), or where ``norm`` says, with weights or without
     place = validate.check_norm_place(norm) if norm is not None else None
     normed = place is not None or q_weight is not None or k_weight is not None
+    if nope is not None and normed:
+        raise ValueError("nope_temperature: a NoPE layer has no QK-norm (Llama 4 normalises its RoPE layers' q and "
+                         "k only); pass no q_weight, k_weight or norm")
     over_heads = validate.check_norm_over(norm_over)
     if over_heads and not normed:
         raise ValueError("norm_over='heads' is the QK-norm's extent, but this call has no norm: pass q_weight and "
@@ -324,13 +339,13 @@ def rope_and_cache(q: torch.Tensor, k: torch.Tensor, v: Optional[torch.Tensor], 
         # planned only when the launch reads the caller's own tensors (not grown tables, copies or derived views)
         plan.launch = released(plan_fused(**_kernel_arguments(q, k, v, out_q, out_k, k_cache, v_cache, *launch,
                                                               k_scale_cache, v_scale_cache, q_scale, place,
-                                                              over_heads, inv_freq, scale)))
+                                                              over_heads, inv_freq, scale, *(nope or (0, 0.0)))))
         plans.put(key, plan)
         return _run_plan(plan, user, inplace, write_k, q_dtype, out_q, out_k)
     if not q.is_meta:
         run_cache_op(q, k, v, out_q, out_k, k_cache, v_cache, *launch, k_scale_cache=k_scale_cache,
                      v_scale_cache=v_scale_cache, q_scale=q_scale, norm=place, norm_over_heads=over_heads,
-                     inv_freq=inv_freq, angle_scale=scale)
+                     inv_freq=inv_freq, angle_scale=scale, nope=nope)
     return out_q, out_k
 
 

@@ -16,7 +16,7 @@ import torch
 from .. import device as _device
 from ..layouts import to_bshd
 from ..triton.fused import CACHE_CONTIGUOUS, CACHE_PAGE_TABLE, CACHE_PAGED
-from ..validate import FLOAT_DTYPES, OverlapError, addresses, check_mode, check_overlaps, prepare
+from ..validate import FLOAT_DTYPES, OverlapError, addresses, check_mode, check_nope, check_overlaps, prepare
 
 __all__ = ["paged_kv_cache", "cache_arguments", "tokens_view", "latent_caches",
            "FP8_DTYPE", "FLOAT8_DTYPES", "QUANT_DTYPES", "MLA_KV_CACHE_DTYPES", "check_mla_kv_cache_dtype",
@@ -24,7 +24,7 @@ __all__ = ["paged_kv_cache", "cache_arguments", "tokens_view", "latent_caches",
            "check_norm_over", "check_kv_layout", "nhd", "check_cache", "check_kv_cache_dtype", "check_slot_mapping",
            "check_page_table", "check_cache_offsets", "check_scale", "check_scale_cache", "check_nvfp4_channels",
            "check_block_scales", "check_q_output", "check_no_grad", "check_overlaps", "addresses", "OverlapError",
-           "check_mode"]
+           "check_mode", "nope_switch", "nope_flags"]
 
 FP8_DTYPE = torch.float8_e4m3fn
 FLOAT8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
@@ -41,11 +41,15 @@ KV_CACHE_DTYPES = {
 
 
 def rotary_arguments(q, k, cos, sin, table, positions, layout, rotary_dim, cu_seqlens, max_seqlen, per_token,
-                     interleaved, inv_freq=None, scale=1.0, mrope_section=None, mrope_interleaved=False):
+                     interleaved, inv_freq=None, scale=1.0, mrope_section=None, mrope_interleaved=False, nope=None):
     """apply_rope's validation of the rotary arguments: ``(cos, sin, PositionSpec, rotary_dim)`` as the kernel reads
     them (a :class:`ropekit.RopeTable` given as ``table`` may grow for host-known positions; with ``inv_freq`` cos
-    and sin are None; M-RoPE's sections travel in the positions' mode)."""
-    if inv_freq is not None:
+    and sin are None; M-RoPE's sections travel in the positions' mode). ``nope``: a NoPE layer's switch as
+    :func:`nope_switch` returned it, which takes no angles at all."""
+    if nope is not None:
+        if cos is not None or sin is not None or table is not None or inv_freq is not None:
+            raise ValueError("nope_temperature: a NoPE layer rotates nothing; pass no cos/sin, table= or inv_freq=")
+    elif inv_freq is not None:
         if cos is not None or sin is not None or table is not None:
             raise ValueError("pass either inv_freq= or cos/sin or table=, not more than one")
     else:
@@ -55,7 +59,24 @@ def rotary_arguments(q, k, cos, sin, table, positions, layout, rotary_dim, cu_se
         if cos is None or sin is None:
             raise TypeError("cos and sin tables are required (or table=ropekit.RopeTable(...), or inv_freq=)")
     return prepare(q, k, cos, sin, positions, layout, rotary_dim, cu_seqlens, max_seqlen, per_token, False,
-                   _device.backend_for(q), table, interleaved, inv_freq, scale, mrope_section, mrope_interleaved)
+                   _device.backend_for(q), table, interleaved, inv_freq, scale, mrope_section, mrope_interleaved, nope)
+
+
+def nope_switch(q, nope_temperature, per_token: bool, mrope_section) -> tuple | None:
+    """A Llama 4 NoPE layer's ``nope_temperature``, checked as :func:`ropekit.apply_rope` checks it, for the backend
+    q's call takes: ``(floor_scale, attn_scale)`` or None."""
+    return check_nope(nope_temperature, _device.backend_for(q), per_token, mrope_section)
+
+
+def nope_flags(nope_temperature) -> tuple | None:
+    """What a plan key adds for ``nope_temperature``: nothing without it, else its two values beside their types
+    (``(8192, True)`` equals ``(8192, 1)`` as a key); None where it is no pair (validation says what is wrong, and
+    such a call is not planned)."""
+    if nope_temperature is None:
+        return ()
+    if type(nope_temperature) not in (tuple, list) or len(nope_temperature) != 2:
+        return None
+    return tuple(nope_temperature), tuple(map(type, nope_temperature))
 
 
 def _on(t: torch.Tensor, device) -> bool:

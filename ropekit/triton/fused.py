@@ -155,12 +155,13 @@ def _head_block(first_head, n_heads, BLOCK_H: tl.constexpr, INDEX_DTYPE: tl.cons
 def _angles(angles, positions, pid_b, batch_index, s_local, token_rows, token_mask, HEAD: tl.constexpr,
             POSITION: tl.constexpr, CONJUGATE: tl.constexpr, MATH_DTYPE: tl.constexpr, INDEX_DTYPE: tl.constexpr):
     """cos and sin of each token's pairs (v4's ``_cos_sin``: from the table, per-token rows or, POSITION.ANGLES, the
-    inverse frequencies; M-RoPE's pairs each at its axis' position), as [BLOCK_S, 1, BLOCK_HALF] tiles shared by the
-    heads; CONJUGATE: of -θ."""
+    inverse frequencies; M-RoPE's pairs each at its axis' position; a NoPE layer's temperature as cos, sin 0), as
+    [BLOCK_S, 1, BLOCK_HALF] tiles shared by the heads; CONJUGATE: of -θ."""
     cos_a, sin_a, cos_b, sin_b = _cos_sin(
         angles[0], angles[1], positions[0], pid_b, batch_index, s_local, token_rows, token_mask, angles[3],
         positions[3], angles[2], positions[1], HEAD.ROTARY_DIM, HEAD.BLOCK_HALF, HEAD.INTERLEAVED, POSITION.MODE,
-        POSITION.COS_PER_TOKEN, CONJUGATE, MATH_DTYPE, INDEX_DTYPE, POSITION.ANGLES, POSITION.ANGLE_SCALE)
+        POSITION.COS_PER_TOKEN, CONJUGATE, MATH_DTYPE, INDEX_DTYPE, POSITION.ANGLES, POSITION.ANGLE_SCALE,
+        POSITION.NOPE_FLOOR_SCALE, POSITION.NOPE_ATTN_SCALE)
     return cos_a[:, None, :], sin_a[:, None, :], cos_b[:, None, :], sin_b[:, None, :]
 
 
@@ -264,14 +265,23 @@ def _forward_heads(
     # are then the quotients, stored without a division of their own. These stores are bound by the instructions
     # each byte costs, not by the bytes (docs/tuning.md#fused-launch-table). A norm after the rotation needs the
     # values themselves.
+    # A NoPE layer (POSITION.NOPE_FLOOR_SCALE > 0) rotates nothing: q is multiplied by its temperature (cos, with no
+    # sin term: an infinite partner must not spoil its neighbour), k passes as it is, into the cache's store.
+    NOPE: tl.constexpr = POSITION.NOPE_FLOOR_SCALE > 0
     if TO_CACHE:
-        SCALED: tl.constexpr = one_scale(QUANT) and CACHE_MODE != 0 and not WRITE_OUT and NORM[0] != NORM_AFTER_C
+        SCALED: tl.constexpr = one_scale(QUANT) and CACHE_MODE != 0 and not WRITE_OUT and NORM[0] != NORM_AFTER_C \
+            and not NOPE
     else:
         SCALED: tl.constexpr = one_scale(OUT_QUANT) and WRITE_OUT and NORM[0] != NORM_AFTER_C
     if SCALED:
         inverse = reciprocal(k_read if TO_CACHE else out_read, False)
         cos_a, sin_a, cos_b, sin_b = cos_a * inverse, sin_a * inverse, cos_b * inverse, sin_b * inverse
-    y_a, y_b = _rotate(x_a, x_b, cos_a, sin_a, cos_b, sin_b, MATH_DTYPE, False)
+    if NOPE and TO_CACHE:
+        y_a, y_b = x_a, x_b
+    elif NOPE:
+        y_a, y_b = x_a * cos_a, x_b * cos_b
+    else:
+        y_a, y_b = _rotate(x_a, x_b, cos_a, sin_a, cos_b, sin_b, MATH_DTYPE, False)
     if NORM[0] == NORM_AFTER_C:
         y_a, y_b, x_t, r = normed(y_a, y_b, x_t, w_a, w_b, w_t, eps, n_heads, NORM, HEAD, MATH_DTYPE)
     if WRITE_OUT:
@@ -703,7 +713,8 @@ def plan_fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, inte
                k_scale=None, v_scale=None, quant: tuple = NO_QUANT[:2], q_format: int = PLAIN, q_scale=None,
                k_global=None, v_global=None, q_weight=None, k_weight=None, eps: float = 0.0,
                weight_offset: float = 0.0, norm: int | None = None, norm_over_heads: bool = False, grad_q=None,
-               grad_k=None, inv_freq=None, angle_scale: float = 1.0, config: FusedConfig | None = None):
+               grad_k=None, inv_freq=None, angle_scale: float = 1.0, nope: tuple | None = None,
+               config: FusedConfig | None = None):
     """The plan for :func:`launch_fused`'s arguments: for the forward a :class:`~ropekit.triton.launch.KernelLaunch`
     called with :data:`FORWARD_PER_CALL`'s tensors (None when there is nothing to do), for the backward (``grad_q``
     given) a :class:`FusedBackward`. Later calls pass tensors of the same shapes, strides and dtypes (or views of
@@ -762,6 +773,8 @@ def plan_fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, inte
     angles = inv_freq is not None
     if angles:  # the kernel reads the frequencies where a table would be: columns only
         cos, sin, cos_strides, table_len = inv_freq, None, (1, 1, inv_freq.stride(0)), 1
+    elif nope is not None:  # a NoPE layer reads no angles
+        cos, sin, cos_strides, table_len = None, None, (1, 1, 1), 1
     elif cos_per_token:
         cos_strides, table_len = (0 if varlen else cos.stride(0), cos.stride(1), cos.stride(2)), 1
     else:
@@ -776,7 +789,8 @@ def plan_fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, inte
         sizes=(seqlen, n_heads_q, n_heads_k, n_tokens),
         HEAD=Head(rotary_dim, head_dim, next_pow2(rotary_dim // 2), next_pow2(max(head_dim - rotary_dim, 1)),
                   interleaved),
-        POSITION=PositionForm(positions.mode, varlen, cos_per_token, angles, float(angle_scale) if angles else 1.0),
+        POSITION=PositionForm(positions.mode, varlen, cos_per_token, angles, float(angle_scale) if angles else 1.0,
+                              *((nope[0], float(nope[1])) if nope is not None else ())),
         HAS_K=k is not None, NORM=norm_flags,
         TYPES=Types(_MATH.get(q.dtype, tl.float32),
                     tl.int32 if _reach_fits_int32(q, k, v, out_q, out_k, grad_q, grad_k, cos, sin, pos) else tl.int64,
@@ -846,7 +860,8 @@ def launch_fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, in
                  cache_len: int = 0, k_scale=None, v_scale=None, quant: tuple = NO_QUANT[:2], q_format: int = PLAIN,
                  q_scale=None, k_global=None, v_global=None, q_weight=None, k_weight=None, eps: float = 0.0,
                  weight_offset: float = 0.0, norm: int | None = None, norm_over_heads: bool = False, grad_q=None,
-                 grad_k=None, inv_freq=None, angle_scale: float = 1.0, config: FusedConfig | None = None):
+                 grad_k=None, inv_freq=None, angle_scale: float = 1.0, nope: tuple | None = None,
+                 config: FusedConfig | None = None):
     """Plan and launch the fused kernels on validated arguments (``ropekit.fused`` validates; this trusts its caller).
 
     q, k, v, the outputs and the incoming gradients are ``(batch, seq, heads, dim)`` views with any strides, or
@@ -869,7 +884,9 @@ def launch_fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, in
     norm's mean square runs over all heads of a token's q (or k) together, with ``(heads * dim,)`` weights, instead
     of over each head vector. ``inv_freq``: no table (cos and sin None): the angles are computed at each position
     from these ``(>= rotary_dim / 2,)`` inverse frequencies, cos and sin times ``angle_scale``. ``positions`` may be
-    M-RoPE's (its sections in its mode): each pair then turns at its own axis' position.
+    M-RoPE's (its sections in its mode): each pair then turns at its own axis' position. ``nope``: ``(floor_scale,
+    attn_scale)``, a Llama 4 NoPE layer (no table, cos and sin None; forward only): nothing rotates, q is multiplied
+    by its token's attention temperature and k reaches the cache (and its output) as it is.
     """
     plan = plan_fused(q, k, cos, sin, positions=positions, rotary_dim=rotary_dim, interleaved=interleaved,
                       cos_per_token=cos_per_token, out_q=out_q, out_k=out_k, v=v, k_cache=k_cache, v_cache=v_cache,
@@ -877,7 +894,8 @@ def launch_fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, in
                       cache_len=cache_len, k_scale=k_scale, v_scale=v_scale, quant=quant, q_format=q_format,
                       q_scale=q_scale, k_global=k_global, v_global=v_global, q_weight=q_weight, k_weight=k_weight,
                       eps=eps, weight_offset=weight_offset, norm=norm, norm_over_heads=norm_over_heads,
-                      grad_q=grad_q, grad_k=grad_k, inv_freq=inv_freq, angle_scale=angle_scale, config=config)
+                      grad_q=grad_q, grad_k=grad_k, inv_freq=inv_freq, angle_scale=angle_scale, nope=nope,
+                      config=config)
     if grad_q is not None:
         return plan(q, k, grad_q, grad_k, out_q, out_k, q_weight, k_weight, *_angle_tensors(locals()),
                     positions.tensor, positions.cu_seqlens, positions.offset)

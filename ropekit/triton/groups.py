@@ -25,13 +25,16 @@ class PositionForm(NamedTuple):
     """Where a token's angles come from: MODE, what the positions tensor holds (``ropekit.positions``; M-RoPE's
     sections too); IS_VARLEN, packed sequences (CU_SEQLENS); COS_PER_TOKEN, cos/sin rows per token instead of a
     table; ANGLES, no table: cos/sin computed from the inverse frequencies at each position, times ANGLE_SCALE (a
-    float64 constant: the rope type's attention scaling)."""
+    float64 constant: the rope type's attention scaling); NOPE_FLOOR_SCALE > 0, a NoPE layer (Llama 4): no angles,
+    cos the token's attention temperature at NOPE_ATTN_SCALE (``v4._nope_temperature``), sin 0."""
 
     MODE: int
     IS_VARLEN: bool
     COS_PER_TOKEN: bool
     ANGLES: bool = False
     ANGLE_SCALE: float = 1.0
+    NOPE_FLOOR_SCALE: int = 0
+    NOPE_ATTN_SCALE: float = 0.0
 
 
 class Types(NamedTuple):
