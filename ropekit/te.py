@@ -74,13 +74,22 @@ def _check(t, freqs, tensor_format, start_positions, cu_seqlens, cp_size, cp_ran
                          f"{getattr(start_positions, 'shape', type(start_positions).__name__)}")
     if freqs.shape[-1] % 2:
         raise ValueError(f"freqs' last dimension (the rotary width) must be even, got {freqs.shape[-1]}")
-    # TE reads start_positions and cu_seqlens on the host, and so does this: their values are checked always
+    # TE reads start_positions and cu_seqlens on the host, and so does this: their values are checked always (a meta
+    # tensor has none to read)
+    for name, x in (("start_positions", start_positions), ("cu_seqlens", cu_seqlens)):
+        if isinstance(x, torch.Tensor) and x.is_meta and not t.is_meta:
+            raise ValueError(f"{name} is a meta tensor, but its values are read (t is on {t.device})")
+    if tensor_format == "thd":
+        _check_cu_seqlens(cu_seqlens, t.shape[0], cp_size)
+    if start_positions is not None:
+        batch = cu_seqlens.shape[0] - 1 if tensor_format == "thd" else t.shape[1 if tensor_format == "sbhd" else 0]
+        if start_positions.shape[0] != batch:
+            raise ValueError(f"start_positions must hold one position a sequence, {batch}, got "
+                             f"{start_positions.shape[0]}")
     if start_positions is not None and not torch.compiler.is_compiling() and start_positions.numel() \
             and int(start_positions.min()) < 0:
         raise ValueError(f"start_positions must be >= 0 (each sequence's first position), got "
                          f"{start_positions.tolist()}"[:300])
-    if tensor_format == "thd":
-        _check_cu_seqlens(cu_seqlens, t.shape[0], cp_size)
     if check_mode() and not torch.compiler.is_compiling():
         # one angle per pair is read: a freqs whose two copies differ would be rotated by the first copy only
         if not torch.equal(*pair_copies(freqs[:, 0, 0], interleaved)):

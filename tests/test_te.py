@@ -126,16 +126,23 @@ def test_errors_name_the_argument(change, error, words):
     ("thd", None, [0, 4, 6], 1, "cu_seqlens must end at"),       # 6 tokens, t holds 8
     ("thd", None, [0, 8, 14, 16], 2, "divisible by 2 \\* cp_size"),  # 6 tokens on 2 ranks: no 4 equal chunks
     ("thd", None, [0.0, 8.0], 1, "cu_seqlens must be"),
+    ("thd", [0, 0, 0], [0, 8, 16], 2, "start_positions must hold one position a sequence"),
+    ("bshd", [0, 0, 0], None, 1, "start_positions must hold one position a sequence"),
+    ("bshd", "meta", None, 1, "start_positions is a meta tensor"),
+    ("thd", None, "meta", 1, "cu_seqlens is a meta tensor"),
 ], ids=["negative-start", "negative-start-thd", "decreasing", "not-from-0", "past-the-tokens", "short-of-the-tokens",
-        "not-divisible", "float"])
+        "not-divisible", "float", "starts-per-sequence-cp", "starts-per-sequence", "meta-starts", "meta-cu-seqlens"])
 def test_start_positions_and_cu_seqlens_values_are_refused_outside_check_mode(fmt, start_positions, cu_seqlens,
                                                                               cp_size, words, monkeypatch):
     """TE reads both on the host; so does ropekit, and refuses what would rotate by a NaN row or past the tokens."""
     monkeypatch.delenv("ROPEKIT_CHECK", raising=False)
     freqs = te_freqs(16, 32).to(DEVICE)
     t = torch.randn(*((8,) if fmt == "thd" else (2, 4)), 2, 16, device=DEVICE)
-    starts = None if start_positions is None else torch.tensor(start_positions, device=DEVICE)
-    cu = None if cu_seqlens is None else torch.tensor(cu_seqlens, device=DEVICE)
+    meta = torch.zeros(2, dtype=torch.int64, device="meta")
+    starts = meta if start_positions == "meta" else None if start_positions is None else \
+        torch.tensor(start_positions, device=DEVICE)
+    cu = torch.zeros(3, dtype=torch.int64, device="meta") if cu_seqlens == "meta" else None if cu_seqlens is None else \
+        torch.tensor(cu_seqlens, device=DEVICE)
     before = t.clone()
     with pytest.raises(ValueError, match=words):
         apply_rotary_pos_emb(t, freqs, fmt, starts, cu_seqlens=cu, cp_size=cp_size)

@@ -26,7 +26,7 @@ from .arena import overlaps
 from .cache_args import CACHE_KINDS, E5M2, FP8, INT8, PAGE_TABLE, draw_page_table, draw_slots, engine_caches
 from .cache_readback import as_fp8, cache_problems, nvfp4_problems, refusals, scale_problems, table_rows
 from .common import layout_shape
-from .fuzz import EITHER, MATCH, RAISE, Arena, Case, self_overlapping
+from .fuzz import EITHER, MATCH, RAISE, Arena, Case, same_bits, self_overlapping
 from .rope_args import (DTYPES, INDEX_KINDS, INPUT_KINDS, angle_rows, draw_angles, draw_mrope_section, from_tokens,
                         pick, position_values, to_tokens)
 
@@ -44,6 +44,20 @@ _NVFP4_SHARE = 0.25
 _POOL_PROBABILITY = 0.35
 # the shares of cases whose angles are computed from inv_freq (no table), and whose positions are M-RoPE's
 _ANGLES_SHARE, _MROPE_SHARE = 0.2, 0.2
+# the share of cases that are a Llama 4 NoPE layer (nope_temperature: no angles, q times its token's temperature, k
+# and v cached as they are); floor_scale small (several temperatures among a few positions), Llama 4's 8192, or an
+# integer-valued float (accepted)
+_NOPE_SHARE = 0.08
+_NOPE_FLOOR_SCALES, _NOPE_ATTN_SCALES = (1, 2, 3, 4, 7, 8192, 4.0), (0.1, 0.5, 1.0)
+# a NoPE case as drawn: valid, or with one thing a NoPE layer does not take (each refused, naming nope_temperature,
+# floor_scale or attn_scale), and why it must raise then
+_NOPE_MISUSES = (("valid", 80), ("cos/sin", 3), ("inv_freq", 3), ("norm", 3), ("rotary_dim", 3), ("floor_scale", 3),
+                 ("attn_scale", 3), ("mrope_section", 2))
+_NOPE_WHY = {"cos/sin": "nope_temperature with cos/sin tables", "inv_freq": "nope_temperature with inv_freq",
+             "norm": "nope_temperature with a QK-norm", "rotary_dim": "nope_temperature with rotary_dim < head_dim",
+             "floor_scale": "nope_temperature with an invalid floor_scale",
+             "attn_scale": "nope_temperature with an invalid attn_scale",
+             "mrope_section": "nope_temperature with mrope_section"}
 
 # The tensors of a call, grouped for the overlap kinds' names (docs/fuzzing.md).
 _GROUPS = {"q, k or v": ("q", "k", "v", "q_pe", "k_pe", "kv_c"),
@@ -135,14 +149,34 @@ def draw_rope_and_cache(rng: random.Random, gen: torch.Generator, device) -> Cas
     table_dtype = torch.float64 if dtype == torch.float64 else torch.float32
     # the angles: a table, or computed in the kernel from inverse frequencies; the positions: M-RoPE's (3, ...) ids
     # at times; q's output: its dtype, or float8 at q_scale (a new tensor: in place it is refused)
-    by_angles, mrope = rng.random() < _ANGLES_SHARE, rng.random() < _MROPE_SHARE
+    # (one draw says where the angles come from, so that a table case's draws after it stay each seed's: a NoPE layer
+    # takes a share of the table cases)
+    source, mrope = rng.random(), rng.random() < _MROPE_SHARE
+    by_angles, nope = source < _ANGLES_SHARE, _ANGLES_SHARE <= source < _ANGLES_SHARE + _NOPE_SHARE
+    misuse, nope_why = None, []
+    if nope:  # the whole head, no angles, no norm, no M-RoPE: rarely one of them anyway, or an invalid pair (refused)
+        misuse = pick(rng, _NOPE_MISUSES)
+        floor_scale, attn_scale = rng.choice(_NOPE_FLOOR_SCALES), rng.choice(_NOPE_ATTN_SCALES)
+        if misuse == "floor_scale":
+            floor_scale = rng.choice((0, 2.5, True))
+        elif misuse == "attn_scale":
+            attn_scale = rng.choice((float("nan"), True))
+        rotary_dim, by_angles, mrope = head_dim, misuse == "inv_freq", misuse == "mrope_section"
+        if misuse != "norm":
+            norm, placement, weighted = False, None, False
+        elif not norm:
+            norm, norm_over, placement, weighted = True, "head", None, True
+        # rotary_dim: not passed, passed as head_dim (accepted), or fewer channels (refused)
+        nope_rotary = head_dim // 2 if misuse == "rotary_dim" else rng.choice((None, head_dim))
+        nope_why = [_NOPE_WHY[misuse]] if misuse != "valid" else []
+    table_given = not by_angles and (not nope or misuse == "cos/sin")
     positions_given = positions_given or mrope
     q_output = rng.choices(("own", "float8", "explicit", "hostile"), weights=(79, 16, 3, 2))[0]
     if q_output == "float8" and inplace and rng.random() < 0.9:
         inplace = False
     written = ["k_cache", "v_cache"] + (["k_scale_cache", "v_scale_cache"] if dynamic else []) + (
         ["q"] + (["k"] if write_k else []) if inplace else [])
-    read = ["q", "k", "v"] + (["inv_freq"] if by_angles else ["cos", "sin"]) + (
+    read = ["q", "k", "v"] + (["inv_freq"] if by_angles else ["cos", "sin"] if table_given else []) + (
         list(PAGE_TABLE) if address == "page table" else [address]) + (["q_scale"] if q_output == "float8" else [])
     read += (["positions"] if positions_given else []) + (["cu_seqlens"] if layout == "thd" else [])
     read += (["q_weight", "k_weight"] if weighted else []) + (["k_scale", "v_scale"] if quantised and (
@@ -166,12 +200,12 @@ def draw_rope_and_cache(rng: random.Random, gen: torch.Generator, device) -> Cas
     q = arena.place("q", layout_shape(layout, batch, seq, hq, head_dim, tokens), dtype, pick(rng, INPUT_KINDS))
     k = arena.place("k", layout_shape(layout, batch, seq, hk, head_dim, tokens), dtype, pick(rng, INPUT_KINDS))
     v = arena.place("v", layout_shape(layout, batch, seq, hk, v_dim, tokens), dtype, pick(rng, INPUT_KINDS))
-    angle_why, angle_kwargs, with_tables = [], {}, True
+    angle_why, angle_kwargs, with_tables = [], {}, table_given
     if by_angles:  # (rarely a table as well: refused)
         inv_freq, angle_scale, angle_why = draw_angles(rng, arena, rotary_dim // 2)
         angle_kwargs, with_tables = dict(inv_freq=inv_freq, scale=angle_scale), rng.random() < 0.04
         angle_why += ["inv_freq together with cos/sin"] if with_tables else []
-    elif rng.random() < 0.01:  # a scale without inv_freq: refused
+    elif not nope and rng.random() < 0.01:  # a scale without inv_freq: refused
         angle_kwargs, angle_why = dict(scale=rng.choice((0.5, 2.0))), ["scale other than 1 without inv_freq"]
     cos = sin = None
     if with_tables:
@@ -184,6 +218,9 @@ def draw_rope_and_cache(rng: random.Random, gen: torch.Generator, device) -> Cas
             section[rng.randrange(3)] += 1
             angle_why.append("an mrope_section that does not sum to rotary_dim/2")
         angle_kwargs.update(mrope_section=section, mrope_interleaved=rng.random() < 0.5)
+    if nope:
+        angle_kwargs.update(nope_temperature=(floor_scale, attn_scale),
+                            **({} if nope_rotary is None else dict(rotary_dim=nope_rotary)))
     if positions_given:
         positions = arena.place("positions", ((3,) if mrope else ()) + token_shape,
                                 rng.choice((torch.int64, torch.int32)), pick(rng, INDEX_KINDS),
@@ -289,6 +326,7 @@ def draw_rope_and_cache(rng: random.Random, gen: torch.Generator, device) -> Cas
                 slots=slots, slot_mapping=mapped,
                 cache_offsets=None if paged else offsets, positions=None if positions is None else raw.tolist(),
                 check_mode=check_mode, cache_requires_grad=grad_cache, angles=by_angles,
+                nope_temperature=list(angle_kwargs["nope_temperature"]) if nope else None, nope_misuse=misuse,
                 scale=angle_kwargs.get("scale"), mrope_section=angle_kwargs.get("mrope_section"),
                 mrope_interleaved=angle_kwargs.get("mrope_interleaved"),
                 q_dtype=None if "q_dtype" not in kwargs else str(kwargs["q_dtype"]),
@@ -301,9 +339,10 @@ def draw_rope_and_cache(rng: random.Random, gen: torch.Generator, device) -> Cas
     writes = {n: tensors[n] for n in written}
     aliased, spans = pool_overlaps(arena, spec, writes, {n: t for n, t in tensors.items() if n not in writes})
     overlap = inplace and (self_overlapping(q) or (write_k and self_overlapping(k)))
-    # (table-free angles: check mode refuses negative positions only)
-    why_raise = refusals(check_mode, pos, 2**62 if by_angles else rows, mapped, n_slots, overlap, outside) + aliased
-    why_raise += (table_refusals if check_mode else []) + angle_why + q_why
+    # (table-free angles and a NoPE layer, which reads no table: check mode refuses negative positions only)
+    why_raise = refusals(check_mode, pos, 2**62 if by_angles or nope else rows, mapped, n_slots, overlap,
+                         outside) + aliased
+    why_raise += (table_refusals if check_mode else []) + angle_why + q_why + nope_why
     if check_mode and mrope and not by_angles and bool(((raw < 0) | (raw >= rows)).any()) and \
             not any(why.startswith("check mode: positions") for why in why_raise):
         either.append("check mode: an M-RoPE id outside the table on an axis no pair reads")
@@ -330,6 +369,8 @@ def draw_rope_and_cache(rng: random.Random, gen: torch.Generator, device) -> Cas
 
     def rotated(name: str) -> torch.Tensor:  # in the tokens' layout: (batch, seq, heads, dim) or (tokens, ...)
         x = to_tokens(logical[name], layout)
+        if nope:  # nothing rotates: q times its token's temperature, k as it is
+            return ref.nope_temperature(x, pos, floor_scale, attn_scale) if name == "q" else x
 
         def normed(x):
             return ref.rms_norm(x, weights.get(name + "_weight"), eps=eps, weight_offset=weight_offset,
@@ -361,11 +402,15 @@ def draw_rope_and_cache(rng: random.Random, gen: torch.Generator, device) -> Cas
                 problems += cache_problems("q (float8)", got, got, from_tokens(rotated("q"), layout).reshape(
                     -1, head_dim), list(range(got.shape[0])), float(kwargs["q_scale"]), False)
                 continue
+            if name == "k" and nope:  # a NoPE layer passes k through: its output holds k's own bits
+                if not same_bits(out, logical["k"]):
+                    problems.append("k: not k's own values (a NoPE layer passes k through)")
+                continue
             message = check_close_to_reference(out, from_tokens(rotated(name), layout))
             if message is not None:
                 problems.append(f"{name}: {message}")
         for i, (name, cache, before, want, exact) in enumerate((
-                ("k_cache", k_cache, caches_before[0], rotated("k"), False),
+                ("k_cache", k_cache, caches_before[0], rotated("k"), nope),  # (NoPE: k stored as v is)
                 ("v_cache", v_cache, caches_before[1], to_tokens(logical["v"], layout), True))):
             want = want.reshape(tokens, *cache.shape[2:-1], want.shape[-1])
             scale = static[i]

@@ -27,7 +27,7 @@ from ropekit.triton import choice
 from ropekit.triton.model import DeviceFacts, rope_candidates
 from .properties import run_config
 from .sanitize_fused import (CACHE_ADDRESS_MAPS, FUSED_ANGLES, NORM_PLACES, QUANTISED_CACHES, check_cache_address_map,
-                             check_fused_angles, check_norm, check_quantised_cache)
+                             check_fused_angles, check_fused_nope, check_norm, check_quantised_cache)
 
 __all__ = ["sanitize_configs", "reachable_configs", "run_with_launch_config", "sanitize_driver", "CACHE_ADDRESS_MAPS",
            "check_cache_address_map", "QUANTISED_CACHES", "NORM_PLACES"]
@@ -355,6 +355,8 @@ def sanitize_driver(device=None, verbose: bool = True, candidates: int | None = 
             log.check(f"triton fused {name} (thd, head_dim 80, partial rotary, GQA, paged k and v cache, "
                       f"qk_norm_rope backward)", lambda section=section, interleaved=interleaved:
                       check_fused_angles(device, section, interleaved), device)
+        log.check("triton fused NoPE layer (thd, head_dim 80, GQA, paged float8 cache, float8 q)",
+                  lambda: check_fused_nope(device), device)
     if "cuda" in backends:
         for fast in (False, True):  # the table kernel (fast=True: the course's float32-angle variant)
             log.check(f"cuda table kernel fast={fast} (1003 rows, rotary_dim 80)", lambda fast=fast:

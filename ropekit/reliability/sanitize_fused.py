@@ -14,7 +14,7 @@ from ropekit.fused import mla_rope_and_cache, qk_norm_rope, rope_and_cache
 from ropekit.testing import check_close_to_reference, ulp
 
 __all__ = ["CACHE_ADDRESS_MAPS", "check_cache_address_map", "QUANTISED_CACHES", "check_quantised_cache",
-           "check_norm", "NORM_PLACES", "FUSED_ANGLES", "check_fused_angles"]
+           "check_norm", "NORM_PLACES", "FUSED_ANGLES", "check_fused_angles", "check_fused_nope"]
 
 
 # the fused forward's cache address maps (ropekit.triton.fused_tiles.cache_slot), each with a head layout
@@ -211,6 +211,31 @@ def check_fused_angles(device, mrope_section, mrope_interleaved: bool) -> str:
         leaf64 = q.detach().double().cpu().requires_grad_()
         torch.autograd.backward(rotated(ref.rms_norm(leaf64, weight, eps=1e-5)), grad.double().cpu())
         return check_close_to_reference(leaf.grad, leaf64.grad) or ""
+
+def check_fused_nope(device) -> str:
+    """A Llama 4 NoPE layer's cache write (``rope_and_cache(..., nope_temperature=...)``): packed sequences with an
+    empty one, head_dim 80, GQA, a paged float8 cache by slot mapping (k's store its only one, divided by its scale)
+    and a float8 q; q times its temperature, k and v cached unrotated."""
+    with _device.set_backend("triton"):
+        cu = torch.tensor([0, 5, 5, 12], dtype=torch.int32, device=device)
+        q, k, v = torch.randn(12, 3, 80, device=device), torch.randn(12, 1, 80, device=device), \
+            torch.randn(12, 1, 80, device=device)
+        offsets = torch.tensor([3, 7, 20], device=device)
+        caches = tuple(torch.zeros(3, 8, 1, 80, device=device, dtype=torch.float8_e4m3fn) for _ in range(2))
+        slots = torch.randperm(24, device=device)[:12]
+        scale, q_scale = torch.tensor([0.02], device=device), torch.tensor([0.05], device=device)
+        out_q, _ = rope_and_cache(q, k, v, k_cache=caches[0], v_cache=caches[1], slot_mapping=slots, k_scale=scale,
+                                  v_scale=scale, positions=offsets, layout="thd", cu_seqlens=cu, max_seqlen=7,
+                                  q_dtype=torch.float8_e4m3fn, q_scale=q_scale, nope_temperature=(4, 0.1))
+        quotient = ref.nope_temperature(q, ref.varlen_positions(cu, offsets=offsets), 4, 0.1) / 0.05
+        if bool(((out_q.double().cpu() - quotient).abs() > ulp(quotient, torch.float8_e4m3fn) / 2 + 1e-5).any()):
+            return "q is not its temperature times q over q_scale, rounded to e4m3"
+        for cache, x in zip(caches, (k, v)):
+            got = cache.reshape(-1, 1, 80)[slots.cpu()].double().cpu()
+            if not torch.equal(got, ref.quantise(x.double().cpu(), 0.02, torch.float8_e4m3fn)):
+                return "a cache does not hold its unrotated values over the scale, rounded to e4m3"
+        return ""
+
 
 # the fused kernel's quantising stores: (cache dtype, scales), each run once by the driver; NVFP4 ("nvfp4", its
 # e4m3 scale per 16 channels over a global scale)
