@@ -26,7 +26,9 @@ def test_a_seeded_run_of_the_cache_ops_finds_no_violation(name):
     assert counts["violations"] == 0, json.dumps(counts["findings"], indent=1, default=str)
 
 
-DRAWS = 400  # drawn, not run: a draw places the tensors and states what the call must do
+# drawn, not run: a draw places the tensors and states what the call must do (a cache over norm weights, the rarest
+# overlap kind, comes about once in 400 draws)
+DRAWS = 1000
 
 
 @pytest.fixture(scope="module")
@@ -74,6 +76,9 @@ CALLERS = {
                                            and spec["kv_layout"] == "HND"),
     "an NVFP4 cache with NeoX pairing": ("rope_and_cache", lambda spec: spec["kv_cache_dtype"] == "nvfp4"
                                          and not spec["interleaved"]),
+    "a NoPE layer": ("rope_and_cache", lambda spec: spec["nope_misuse"] == "valid"),
+    "a NoPE layer given what it does not take": ("rope_and_cache", lambda spec: spec["nope_misuse"] not in (
+        None, "valid")),
     "MLA out of place": ("mla_rope_and_cache", lambda spec: not spec["inplace"]),
     "MLA's uint8 cache": ("mla_rope_and_cache", lambda spec: spec["cache_dtype"] == "torch.uint8"),
     "MLA's float8 e5m2 cache": ("mla_rope_and_cache", lambda spec: spec["cache_dtype"] == "torch.float8_e5m2"),
@@ -240,6 +245,73 @@ def test_v_must_reach_its_cache_bit_for_bit():
     row = _row(case.tensors["v_cache"], next(s for s in case.spec["slots"] if s >= 0))
     outcome, problems = fuzz.judge(_then(case, lambda: row.copy_(torch.nextafter(row, torch.full_like(row, 1e9)))))
     assert outcome == "violation" and any("v_cache" in p for p in problems), problems
+
+
+def _nope_cases(seed: int, want=lambda case: True):
+    """The drawn NoPE layers (``nope_temperature``) of a seed's rope_and_cache cases that satisfy ``want``."""
+    for index in range(4000):
+        case = fuzz.draw_case(seed, index, DEVICE, {"rope_and_cache": fuzz_cache.TARGETS["rope_and_cache"]})
+        if case.spec["nope_misuse"] is not None and want(case):
+            yield case
+
+
+def test_nope_layers_valid_and_refused_find_no_violation(monkeypatch):
+    """The drawn NoPE layers, until 12 that must succeed and 6 given one thing a NoPE layer does not take (tables,
+    inv_freq, a norm, fewer channels, M-RoPE, an invalid pair): each valid one matches the reference (q times its
+    temperature; k's output and cache k's bits, v's), each misuse is refused before anything is written, and a
+    misuse alone is refused by an error that names nope_temperature."""
+    valid, misused, outcomes = 0, collections.Counter(), collections.Counter()
+    for case in _nope_cases(31):
+        misuse = case.spec["nope_misuse"]
+        outcome, problems = fuzz.judge(case)
+        assert outcome != "violation", (problems, case.spec)
+        outcomes[misuse, outcome] += 1
+        if misuse == "valid" and case.expect == fuzz.MATCH:
+            valid += 1
+        elif misuse != "valid":
+            assert case.expect == fuzz.RAISE and outcome == "documented_error"
+            if ";" not in case.why_raise:  # refused for the misuse alone: the error says so
+                for name, value in case.env.items():
+                    monkeypatch.setenv(name, value)
+                with pytest.raises((TypeError, ValueError), match="nope_temperature"):
+                    case.call()
+                misused[misuse] += 1
+        if valid >= 12 and sum(misused.values()) >= 6 and len(misused) >= 3:
+            break
+    else:
+        raise AssertionError(f"too few NoPE cases drawn: {outcomes}")
+
+
+def _valid_nope_case(want):
+    return next(_nope_cases(37, lambda case: case.expect == fuzz.MATCH and case.spec["nope_misuse"] == "valid"
+                            and case.spec["tokens"] > 0 and want(case.spec)))
+
+
+def test_a_nope_layers_k_output_off_by_one_bit_is_a_violation():
+    def want(spec):
+        return spec["write_k"] and not spec["inplace"]
+
+    assert fuzz.judge(_valid_nope_case(want))[0] == "matched"
+    case = _valid_nope_case(want)
+    call = case.call
+
+    def nudged():
+        q_out, k_out = call()
+        first = (0,) * k_out.ndim
+        k_out[first] = torch.nextafter(k_out[first], torch.full_like(k_out[first], 1e9))
+        return q_out, k_out
+
+    case.call = nudged
+    outcome, problems = fuzz.judge(case)
+    assert outcome == "violation" and any("a NoPE layer passes k through" in p for p in problems), problems
+
+
+def test_a_nope_layers_k_cache_off_by_one_bit_is_a_violation():
+    """k reaches a cache of its own dtype bit for bit (a rotation's tolerance would let a one-bit change pass)."""
+    case = _valid_nope_case(lambda spec: spec["cache_dtype"] == spec["dtype"] and any(s >= 0 for s in spec["slots"]))
+    row = _row(case.tensors["k_cache"], next(s for s in case.spec["slots"] if s >= 0))
+    outcome, problems = fuzz.judge(_then(case, lambda: row.copy_(torch.nextafter(row, torch.full_like(row, 1e9)))))
+    assert outcome == "violation" and any(p.startswith("k_cache:") for p in problems), problems
 
 
 def test_a_pool_grown_for_its_second_tensor_keeps_the_first_ones_writable_bytes():

@@ -268,7 +268,7 @@ def rope_and_cache(q: torch.Tensor, k: torch.Tensor, v: Optional[torch.Tensor], 
             v_scale_cache, q_scale, inv_freq)
     key = at = None
     angles = angle_flags(scale, mrope_section, mrope_interleaved)
-    nope_key = validate.nope_flags(nope_temperature)
+    nope_key = () if nope_temperature is None else validate.nope_flags(nope_temperature)
     if table is None and (positions is None or isinstance(positions, torch.Tensor)) and \
             not isinstance(cache_offsets, int) and (layout != "thd" or max_seqlen is not None) and \
             angles is not None and nope_key is not None and planned(user):

@@ -49,8 +49,8 @@ _ANGLES_SHARE, _MROPE_SHARE = 0.2, 0.2
 # integer-valued float (accepted)
 _NOPE_SHARE = 0.08
 _NOPE_FLOOR_SCALES, _NOPE_ATTN_SCALES = (1, 2, 3, 4, 7, 8192, 4.0), (0.1, 0.5, 1.0)
-# a NoPE case as drawn: valid, or with one thing a NoPE layer does not take (each refused, naming nope_temperature,
-# floor_scale or attn_scale), and why it must raise then
+# a NoPE case as drawn: valid, or with one thing a NoPE layer does not take (each refused by an error naming
+# nope_temperature), and why it must raise then
 _NOPE_MISUSES = (("valid", 80), ("cos/sin", 3), ("inv_freq", 3), ("norm", 3), ("rotary_dim", 3), ("floor_scale", 3),
                  ("attn_scale", 3), ("mrope_section", 2))
 _NOPE_WHY = {"cos/sin": "nope_temperature with cos/sin tables", "inv_freq": "nope_temperature with inv_freq",
@@ -99,7 +99,9 @@ def pool_overlaps(arena: Arena, spec: dict, written: dict, others: dict) -> tupl
 def draw_rope_and_cache(rng: random.Random, gen: torch.Generator, device) -> Case:
     """``rope_and_cache`` in every layout (``thd`` with ``cu_seqlens``), q, k, v with any view kind (q without heads
     at times), positions as ids, M-RoPE's ``(3, ...)`` ids with ``mrope_section`` or none, a cos/sin table or the
-    angles computed from ``inv_freq`` (times ``scale``), QK-norm or not (``norm``, ``norm_over``), in place or not,
+    angles computed from ``inv_freq`` (times ``scale``) or a Llama 4 NoPE layer (``nope_temperature``: no angles, q
+    times its token's temperature, k and v cached as they are; rarely given a table, ``inv_freq``, a norm, fewer
+    channels, M-RoPE or an invalid pair, each refused), QK-norm or not (``norm``, ``norm_over``), in place or not,
     ``write_k`` or not, q's output in its dtype or float8 (``q_dtype``, ``q_scale``); a paged cache (a slot
     mapping, shorter than the tokens at times) or a contiguous one with ``cache_offsets``, in the activations' dtype or
     quantised (float8 e4m3 or e5m2, as bytes at times, or int8; one scale, one a kv head, or one a (token, head) written
