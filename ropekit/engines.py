@@ -341,19 +341,17 @@ def rope_quantize_fp8_append_paged_kv_cache(
     _check_nope("q_nope", q_nope, q_rope)
     if mla:  # (a GQA k_nope is checked with the caches, below)
         _check_nope("k_nope", k_nope, k_rope)
-    # q's outputs are written after the launch: neither may share memory with the other, the caches or what the call
-    # reads
-    if isinstance(paged_kv_cache, (tuple, list)):
-        check_overlaps(("q_rope", "k_rope", "q_nope", "k_nope", "v", "cos_sin_cache", "pos_ids", "kv_indices",
-                        "kv_indptr", "batch_indices", "positions", "paged_kv_cache", "paged_kv_cache", "q_rope_out",
-                        "q_nope_out"), (q_rope, k_rope, q_nope, k_nope, v, cos_sin_cache, pos_ids, kv_indices,
-                                        kv_indptr, batch_indices, positions, *paged_kv_cache[:2], q_rope_out,
-                                        q_nope_out), ("q_rope_out", "q_nope_out"))
     tokens, rope_dim = q_rope.shape[0], q_rope.shape[-1]
     if not isinstance(paged_kv_cache, (tuple, list)) or len(paged_kv_cache) != 2 or not all(
             isinstance(c, torch.Tensor) for c in paged_kv_cache):
         raise ValueError("paged_kv_cache must be a pair of tensors: (k_cache, v_cache), or (ckv_cache, kpe_cache) "
                          "for MLA")
+    # q's outputs are written after the launch: neither may share memory with the other, the caches or what the call
+    # reads
+    check_overlaps(("q_rope", "k_rope", "q_nope", "k_nope", "v", "cos_sin_cache", "pos_ids", "kv_indices", "kv_indptr",
+                    "batch_indices", "positions", "paged_kv_cache", "paged_kv_cache", "q_rope_out", "q_nope_out"),
+                   (q_rope, k_rope, q_nope, k_nope, v, cos_sin_cache, pos_ids, kv_indices, kv_indptr, batch_indices,
+                    positions, *paged_kv_cache, q_rope_out, q_nope_out), ("q_rope_out", "q_nope_out"))
     if any(c.dtype != quantize_dtype for c in paged_kv_cache):
         raise ValueError(f"paged_kv_cache must hold quantize_dtype {quantize_dtype}, got "
                          f"{[str(c.dtype) for c in paged_kv_cache]}")
