@@ -185,6 +185,9 @@ class RotaryEmbedding(torch.nn.Module):
         _refuse_in_capture(f"rope_type {self.rope_type!r} needs the sequence length (pass seq_len=...); reading it "
                            "from the positions tensor is a host sync")
         if spec.mode == SEQ_OFFSETS:
+            if layout == "thd":  # each packed sequence ends at its own offset + its own length
+                lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).to(spec.tensor.device, torch.int64)
+                return int((spec.tensor.reshape(-1).to(torch.int64) + lengths).max())
             return int(spec.tensor.max()) + length
         assert spec.mode == POSITION_IDS or spec.is_mrope
         return int(spec.tensor.max()) + 1

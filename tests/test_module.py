@@ -98,6 +98,24 @@ def test_rotary_embedding_dynamic_and_longrope_follow_the_sequence_length(how):
             assert len(rope.table) > last  # grown from the length it read (or was told)
 
 
+@pytest.mark.parametrize("rope_type", ["dynamic", "longrope"])
+def test_packed_sequences_reach_their_own_offset_plus_their_own_length(rope_type):
+    """thd with per-sequence offsets: the call's longest reach is each sequence's offset plus its own length (20 + 2
+    here, within the trained 25), not the largest offset plus the longest sequence (20 + 10): the frequencies stay
+    the original ones, as transformers' module keeps them for these positions."""
+    scaling = {"rope_type": "dynamic", "factor": 2.0, "max_position_embeddings": 25} if rope_type == "dynamic" else \
+        {"rope_type": "longrope", "short_factor": [1.0] * 8, "long_factor": [3.0] * 8,
+         "original_max_position_embeddings": 25, "max_position_embeddings": 100}
+    rope = ropekit.RotaryEmbedding(16, scaling=scaling, max_positions=64, device=DEVICE)
+    cu = torch.tensor([0, 2, 12], device=DEVICE)  # two sequences: 2 tokens at 20, 21 and 10 tokens at 0..9
+    q = torch.randn(12, 2, 16, device=DEVICE)
+    out_q, _ = rope(q, positions=torch.tensor([20, 0], device=DEVICE), layout="thd", cu_seqlens=cu, max_seqlen=10)
+    positions = torch.cat((torch.arange(20, 22), torch.arange(10)))
+    inv_freq, attention = ropekit.rope_init(scaling, 16)
+    want = ref.rope(q[None], positions[None], inv_freq=inv_freq, attention_scaling=attention)[0]
+    assert_close_to_reference(out_q, want)
+
+
 def _tiny_model():
     """A transformers-style block: a weight that FSDP2 shards, and the rotary module beside it."""
     model = torch.nn.Module()
