@@ -75,7 +75,7 @@ def cache_problems(name: str, after: torch.Tensor, before: torch.Tensor, want: t
         if exact:  # v (exact in float32): one float32 division, then the format's rounding (saturating)
             quotient32 = (expected.to(torch.float32) / scale.to(torch.float32)).to(torch.float64)
             if not same_bits(got, ref.quantise(quotient32, 1.0, fmt).to(fmt)):
-                problems.append(f"{name}: {fmt} values differ from the format's rounding of v / scale")
+                problems.append(f"{name}: {fmt} values differ from the format's rounding of values / scale")
         else:
             largest = ref.CACHE_FORMATS[fmt][1]
             target = (expected / scale).clamp(-largest, largest)
@@ -86,7 +86,7 @@ def cache_problems(name: str, after: torch.Tensor, before: torch.Tensor, want: t
                 problems.append(f"{name}: {fmt} values more than one spacing from the reference / scale")
     elif exact:
         if not same_bits(got, expected.to(after.dtype)):
-            problems.append(f"{name}: not v bit for bit")
+            problems.append(f"{name}: not its values bit for bit")
     else:
         message = check_close_to_reference(got, expected)
         if message is not None:
