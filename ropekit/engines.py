@@ -215,9 +215,11 @@ def _check_quantise(q_rope, k_rope, quantize_dtype, outputs: tuple, quant_scale_
     name = "quantize_dtype"
     if quantize_dtype is None:
         given = [(out_name, t.dtype) for out_name, t in outputs if isinstance(t, torch.Tensor)]
-        name, quantize_dtype = given[0] if given else (name, torch.float8_e4m3fn)
-        if name != "quantize_dtype":
-            name = f"{name} (whose dtype is quantize_dtype's when quantize_dtype is None)"
+        if given:
+            out_name, quantize_dtype = given[0]
+            name = f"{out_name} (whose dtype is quantize_dtype's when quantize_dtype is None)"
+        else:
+            quantize_dtype = torch.float8_e4m3fn
     if quantize_dtype not in _FLOAT8:
         raise TypeError(f"{name} must be torch.float8_e4m3fn or torch.float8_e5m2, got {quantize_dtype!r}")
     for name, scale in (("quant_scale_q", quant_scale_q), ("quant_scale_kv", quant_scale_kv)):
@@ -339,8 +341,7 @@ def rope_quantize_fp8_append_paged_kv_cache(
                                      q_nope_out)), quant_scale_q, quant_scale_kv)
     mla = k_rope.ndim == 2
     _check_nope("q_nope", q_nope, q_rope)
-    if mla:  # (a GQA k_nope is checked with the caches, below)
-        _check_nope("k_nope", k_nope, k_rope)
+    _check_nope("k_nope", k_nope, k_rope)  # (a GQA k_nope is read by a second launch: checked before the first)
     tokens, rope_dim = q_rope.shape[0], q_rope.shape[-1]
     if not isinstance(paged_kv_cache, (tuple, list)) or len(paged_kv_cache) != 2 or not all(
             isinstance(c, torch.Tensor) for c in paged_kv_cache):
@@ -386,11 +387,6 @@ def rope_quantize_fp8_append_paged_kv_cache(
                              f"{no_rope}, got shape {tuple(k_cache.shape)}")
         k_heads, nope = k_rope, k_nope if no_rope else None
         if nope is not None:  # (read by the second launch: checked before the first writes)
-            if nope.ndim != 3 or nope.shape[:2] != k_rope.shape[:2] or nope.dtype != k_rope.dtype or \
-                    nope.device != k_rope.device:
-                raise ValueError(f"k_nope must be (tokens, heads, no_rope_dim) with k_rope's tokens and heads "
-                                 f"{tuple(k_rope.shape[:2])}, dtype {k_rope.dtype} and device {k_rope.device}, got "
-                                 f"{tuple(nope.shape)} {nope.dtype} on {nope.device}")
             check_overlaps(("k_nope", "paged_kv_cache", "paged_kv_cache"), (nope, *paged_kv_cache),
                            ("paged_kv_cache",))
         k_cache, nope_cache = k_cache[..., :rope_dim], k_cache[..., rope_dim:]

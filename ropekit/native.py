@@ -454,17 +454,17 @@ def fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, interleav
             x_a, x_b, x_t = x_a * r * w_a, x_b * r * w_b, x_t * r * w_t
         scale = _one_scale(i, out, q_format, q_scale, cache_mode, quant, k_scale, norm) \
             if nope is None or i == 0 else None
-        if nope is not None:  # a NoPE layer: q times its temperature (times the reciprocal of its one scale), k as is
-            one = None if scale is None else scale.reshape(()).to(torch.float32)
-            temperature = angles[0] if one is None else angles[0] * torch.reciprocal(one).to(math)
-            y_a, y_b = (x_a * temperature, x_b * temperature) if i == 0 else (x_a, x_b)
-        elif scale is not None:  # the rotation's values are the quotients; the channels past rotary_dim are divided
-            # (the reciprocal and the tail's quotient in float32, as the kernel's store takes them)
+        turn = angles
+        if scale is not None:  # the rotation's values (NoPE's: the scaled q's) are the quotients; the channels
+            # past rotary_dim are divided (the reciprocal and the tail's quotient in float32, as the kernel's store
+            # takes them)
             one = scale.reshape(()).to(torch.float32)
-            y_a, y_b = _rotate(x_a, x_b, *(angle * torch.reciprocal(one).to(math) for angle in angles))
+            turn = tuple(None if angle is None else angle * torch.reciprocal(one).to(math) for angle in angles)
             x_t = (x_t.to(torch.float32) / one).to(math)
-        else:
-            y_a, y_b = _rotate(x_a, x_b, *angles)
+        if nope is None:
+            y_a, y_b = _rotate(x_a, x_b, *turn)
+        else:  # a NoPE layer: q times its temperature (cos), k as it is
+            y_a, y_b = (x_a * turn[0], x_b * turn[2]) if i == 0 else (x_a, x_b)
         if norm == AFTER:
             r = _rsqrt_mean_square(y_a, y_b, x_t, eps, head_dim, over_heads)
             y_a, y_b, x_t = y_a * r * w_a, y_b * r * w_b, x_t * r * w_t

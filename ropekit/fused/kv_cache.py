@@ -267,16 +267,15 @@ def rope_and_cache(q: torch.Tensor, k: torch.Tensor, v: Optional[torch.Tensor], 
             v_scale, q_weight, k_weight, kv_indices, kv_indptr, batch_indices, cache_positions, k_scale_cache,
             v_scale_cache, q_scale, inv_freq)
     key = at = None
-    angles = angle_flags(scale, mrope_section, mrope_interleaved)
-    nope_key = () if nope_temperature is None else validate.nope_flags(nope_temperature)
+    angles = angle_flags(scale, mrope_section, mrope_interleaved, nope_temperature)
     if table is None and (positions is None or isinstance(positions, torch.Tensor)) and \
             not isinstance(cache_offsets, int) and (layout != "thd" or max_seqlen is not None) and \
-            angles is not None and nope_key is not None and planned(user):
+            angles is not None and planned(user):
         # (a table may grow, an int offset is checked against it and cu_seqlens without max_seqlen are read: calls
         # whose validation reads more than the signature are not planned)
         key, at = keyed("rope_and_cache", user, (eps, weight_offset, norm, norm_over, layout, interleaved, rotary_dim,
                                                  inplace, max_seqlen, per_token, write_k, kv_layout, kv_cache_dtype,
-                                                 q_dtype) + angles + nope_key)
+                                                 q_dtype) + angles)
         plan = plans.find(key)
         if plan is not None:  # a call signature validated before: where the tensors lie, then the launch
             return _run_plan(plan, user, inplace, write_k, q_dtype, at=plan.check(_read_scales(user, plan.fp8), at))

@@ -89,19 +89,25 @@ def fused_launch(arguments: dict):
     return launch(**arguments)
 
 
-def angle_flags(scale, mrope_section, mrope_interleaved) -> tuple | None:
+def angle_flags(scale, mrope_section, mrope_interleaved, nope_temperature=None) -> tuple | None:
     """What a plan key adds for the angles' host arguments: nothing at their defaults, exactly (the float 1.0, None,
-    False: the common call's key is no longer for them), else ``(scale, mrope_section, mrope_interleaved)`` with a
-    list of sections as a tuple (the key holds each flag's type beside it); None where the sections are not a list
-    or tuple of ints (``(2.0, 3, 3)`` equals ``(2, 3, 3)`` as a key: validation says what is wrong, and such a call
-    is not planned)."""
-    if mrope_section is None and mrope_interleaved is False and type(scale) is float and scale == 1.0:
+    False, no NoPE layer: the common call's key is no longer for them), else ``(scale, mrope_section,
+    mrope_interleaved, nope_temperature)`` with a list of sections and the NoPE pair as tuples, the pair's values
+    beside their types (the key holds each flag's type beside it, not a tuple's items'); None where the sections are
+    not a list or tuple of ints or ``nope_temperature`` is no pair (``(2.0, 3, 3)`` equals ``(2, 3, 3)`` as a key:
+    validation says what is wrong, and such a call is not planned)."""
+    if mrope_section is None and mrope_interleaved is False and type(scale) is float and scale == 1.0 and \
+            nope_temperature is None:
         return ()
     if mrope_section is not None:
         if type(mrope_section) not in (list, tuple) or any(type(n) is not int for n in mrope_section):
             return None
         mrope_section = tuple(mrope_section)
-    return scale, mrope_section, mrope_interleaved
+    if nope_temperature is not None:
+        if type(nope_temperature) not in (list, tuple) or len(nope_temperature) != 2:
+            return None
+        nope_temperature = tuple(nope_temperature), tuple(map(type, nope_temperature))
+    return scale, mrope_section, mrope_interleaved, nope_temperature
 
 
 def _spec(positions, pos_mode, cu_seqlens, position_offset, max_seqlen, layout) -> PositionSpec:

@@ -24,7 +24,7 @@ __all__ = ["paged_kv_cache", "cache_arguments", "tokens_view", "latent_caches",
            "check_norm_over", "check_kv_layout", "nhd", "check_cache", "check_kv_cache_dtype", "check_slot_mapping",
            "check_page_table", "check_cache_offsets", "check_scale", "check_scale_cache", "check_nvfp4_channels",
            "check_block_scales", "check_q_output", "check_no_grad", "check_overlaps", "addresses", "OverlapError",
-           "check_mode", "nope_switch", "nope_flags"]
+           "check_mode", "nope_switch"]
 
 FP8_DTYPE = torch.float8_e4m3fn
 FLOAT8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
@@ -66,17 +66,6 @@ def nope_switch(q, nope_temperature, per_token: bool, mrope_section) -> tuple | 
     """A Llama 4 NoPE layer's ``nope_temperature``, checked as :func:`ropekit.apply_rope` checks it, for the backend
     q's call takes: ``(floor_scale, attn_scale)`` or None."""
     return check_nope(nope_temperature, _device.backend_for(q), per_token, mrope_section)
-
-
-def nope_flags(nope_temperature) -> tuple | None:
-    """What a plan key adds for ``nope_temperature``: nothing without it, else its two values beside their types
-    (``(8192, True)`` equals ``(8192, 1)`` as a key); None where it is no pair (validation says what is wrong, and
-    such a call is not planned)."""
-    if nope_temperature is None:
-        return ()
-    if type(nope_temperature) not in (tuple, list) or len(nope_temperature) != 2:
-        return None
-    return tuple(nope_temperature), tuple(map(type, nope_temperature))
 
 
 def _on(t: torch.Tensor, device) -> bool:
