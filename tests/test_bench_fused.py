@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from conftest import DEVICE, gpu_only
+import ropekit
 from ropekit.bench import fused, fused_cases, fused_report
 
 CASES = {c.name: c for c in fused_cases.CASES}
@@ -480,3 +481,34 @@ def test_the_nvfp4_cases_are_judged_by_the_formats_targets(tmp_path):
             ("prefill", ">= 1.5x faster than the best unfused pipeline"), ("prefill", rounding)} <= targets
     page = (tmp_path / "benchmarks_fused.md").read_text()
     assert "NVFP4's block scales written: 0.1 kB" in page  # 16 tokens, 2 kv heads, 2 blocks, k and v
+
+
+TABLE_FREE = ("mla-decode-b64-no-table", "decode-b64-nope", "prefill-b4-s4096-nope")
+
+
+@pytest.mark.parametrize("name", TABLE_FREE)
+def test_cases_without_a_table_are_checked_far_out_against_their_own_angles(name):
+    """MLA's angles from inv_freq and Llama 4's NoPE layer: every implementation (the fused call, the unfused chains,
+    torch.compile of the chain) matches the float64 reference of the case's own angles at positions no table of the
+    benchmark reaches, and the floor leaves out no cos/sin rows."""
+    case = fused_cases.tiny(CASES[name])
+    assert case.angles in ("inv_freq", "nope")
+    data = fused_cases.make_data(case, DEVICE, seed=1)
+    assert int(data.token_positions.min()) >= 0 and int(data.token_positions.max()) < fused_cases.FAR_POSITIONS
+    assert fused_cases.meta_bytes(case) == case.tokens * 16
+    for impl, build in fused.impls("aot_eager").items():
+        result, _, _ = fused.checked_call(case, build, DEVICE, seed=1)
+        assert result["ok"], (impl, result)
+
+
+def test_a_nope_case_is_judged_by_its_temperature_not_a_rotation():
+    """The check can fail: a NoPE case's q rotated by the table instead of scaled is refused."""
+    case = fused_cases.tiny(CASES["decode-b64-nope"])
+    data = fused_cases.make_data(case, DEVICE, seed=2)
+    want = fused_cases.expected(data)
+    q, k, v = data.split()
+    ropekit.apply_rope(q, k, data.cos, data.sin, positions=data.offsets % fused_cases.TABLE_POSITIONS,
+                       inplace=True)
+    got = fused_cases.actual(data, q)
+    got["k_cache"], got["v_cache"] = (want["k_cache"], want["v_cache"])
+    assert not fused_cases.check(data, want, got)["ok"]

@@ -389,3 +389,151 @@ def test_cuda_graph_decode_step_replays_with_new_positions_slots_and_scale(name)
         torch.cuda.synchronize()
         assert_mla_step((q_pe, k_pe, caches), eager, before, q0, k0, kv_c, cos, sin, positions,
                         mla_slots(by, block_size), scale)
+
+
+def yarn_frequencies(rope_dim, device):
+    inv_freq, attention_factor = ropekit.rope_init(YARN, rope_dim, max_position_embeddings=163840)
+    return inv_freq.to(device), float(attention_factor)
+
+
+def rotated64(x, positions, inv_freq, scale):
+    """``x (tokens, heads, dim)`` turned by GPT-J pairs at ``positions * inv_freq``, cos and sin times ``scale``:
+    the float64 angles, on the CPU."""
+    theta = positions.cpu().double()[:, None, None] * inv_freq.cpu().double()
+    return ref.rotate_pairs(x.cpu(), torch.cos(theta) * scale, torch.sin(theta) * scale, interleaved=True)
+
+
+@pytest.mark.parametrize("inplace", [True, False], ids=["in-place", "out-of-place"])
+@pytest.mark.parametrize("form", ["one-bf16", "pair-bf16", "one-fp8", "pair-fp8"])
+def test_angles_without_a_table_at_long_positions(form, inplace, backend):
+    """inv_freq= and scale=: cos and sin of ``position * inv_freq`` computed in the kernel (YaRN's frequencies; the
+    scale is its attention factor, 1.0 in DeepSeek's config, so another value here), no table read, at positions up
+    to 10^7; q_pe, k_pe and each cache form (bf16, or
+    float8 e4m3 at kv_cache_scale through the reader) against the float64 angles; the planned second call writes the
+    same bytes."""
+    cache_dtype = FP8 if form.endswith("fp8") else torch.bfloat16
+    q_pe, k_pe, kv_c, kv_cache, slots = mla_case(6, 3, 16, 32, torch.bfloat16, num_blocks=4, block_size=4,
+                                                 cache_dtype=cache_dtype)
+    slots[3] = -1
+    caches = (kv_cache[..., :32].contiguous(), kv_cache[..., 32:].contiguous()) if form.startswith("pair") \
+        else kv_cache
+    scale = torch.tensor([0.02], device=DEVICE) if cache_dtype == FP8 else None
+    inv_freq, attention_factor = yarn_frequencies(16, DEVICE)[0], 0.875
+    positions = torch.tensor([0, 1_000, 163_839, 1_000_000, 5, 9_999_990], device=DEVICE)
+    q0, k0, before = q_pe.clone(), k_pe.clone(), joined(caches).clone()
+    call = dict(inv_freq=inv_freq, scale=attention_factor, inplace=inplace, kv_cache_scale=scale)
+    out_q, out_k = ropekit.mla_rope_and_cache(q_pe, k_pe, kv_c, caches, slots, positions, **call)
+    if inplace:
+        assert out_q is q_pe and out_k is k_pe
+    else:
+        assert torch.equal(q_pe, q0) and torch.equal(k_pe, k0)
+    want_q = rotated64(q0, positions, inv_freq, attention_factor)
+    want_k = rotated64(k0[:, None], positions, inv_freq, attention_factor)[:, 0]
+    assert_close_to_reference(out_q, want_q)
+    assert_close_to_reference(out_k, want_k)
+    written = joined(caches).clone()
+    check_cache(before, written, kv_c, want_k, slots, scale=None if scale is None else scale.cpu())
+    # the planned call, from the same inputs: the same bytes
+    q_pe.copy_(q0), k_pe.copy_(k0)
+    again = ropekit.mla_rope_and_cache(q_pe, k_pe, kv_c, caches, slots, positions, **call)
+    for a, b in zip(again, (out_q, out_k)):
+        assert torch.equal(a, b)
+    assert torch.equal(joined(caches).view(torch.uint8), written.view(torch.uint8))
+
+
+def test_angles_without_a_table_by_page_table_and_their_scale_in_the_plan(backend):
+    """The table-free angles through FlashInfer's page table into (ckv_cache, kpe_cache); a planned call signature
+    at another scale is planned anew (the scale is no tensor: the plan's key holds it), and a scale of 1.0 is the
+    plain rotation."""
+    tokens, block_size = 5, 4
+    q_pe, k_pe, kv_c, kv_cache, _ = mla_case(tokens, 2, 16, 32, torch.float32, num_blocks=12,
+                                             block_size=block_size)
+    caches = (kv_cache[..., :32].contiguous(), kv_cache[..., 32:].contiguous())
+    by = decode_page_table(tokens, 2, block_size, 12, DEVICE)
+    inv_freq, _ = yarn_frequencies(16, DEVICE)
+    positions = torch.tensor([7, 70_000, 3, 1_048_575, 12], device=DEVICE)
+    q0, k0 = q_pe.clone(), k_pe.clone()
+    for scale in (1.0, 1.25, 1.0):
+        q_pe.copy_(q0), k_pe.copy_(k0)
+        before = joined(caches).clone()
+        ropekit.mla_rope_and_cache(q_pe, k_pe, kv_c, caches, None, positions, inv_freq=inv_freq, scale=scale,
+                                   **by)
+        want_k = rotated64(k0[:, None], positions, inv_freq, scale)[:, 0]
+        assert_close_to_reference(q_pe, rotated64(q0, positions, inv_freq, scale))
+        assert_close_to_reference(k_pe, want_k)
+        check_cache(before, joined(caches), kv_c, want_k, slots_of(by, block_size))
+
+
+@pytest.mark.parametrize("change,error,words", [
+    ("inv_freq and cos_sin_cache", ValueError, ["inv_freq", "cos_sin_cache"]),
+    ("inv_freq and cos/sin", ValueError, ["inv_freq", "cos/sin"]),
+    ("inv_freq narrower than rope_dim / 2", ValueError, ["inv_freq", "rotary_dim and head_dim are rope_dim"]),
+    ("inv_freq 2-D", ValueError, ["inv_freq"]),
+    ("inv_freq float16", TypeError, ["inv_freq"]),
+    ("scale a string", TypeError, ["scale"]),
+    ("scale without inv_freq", ValueError, ["scale"]),
+])
+def test_angles_without_a_table_refused_by_name_writing_nothing(change, error, words, backend):
+    """Each refusal names the argument and writes nothing, also after a planned legal call of the same shapes."""
+    q_pe, k_pe, kv_c, kv_cache, slots = mla_case(4, 2, 16, 32, torch.float32, num_blocks=2, block_size=4)
+    positions = torch.arange(4, device=DEVICE)
+    inv_freq, factor = yarn_frequencies(16, DEVICE)
+    ropekit.mla_rope_and_cache(q_pe, k_pe, kv_c, kv_cache, slots, positions, inv_freq=inv_freq, scale=factor)
+    call = dict(inv_freq=inv_freq, scale=factor)
+    if change == "inv_freq and cos_sin_cache":
+        call["cos_sin_cache"] = torch.cat(ropekit.cos_sin_table(8, 16, device=DEVICE), -1)
+    elif change == "inv_freq and cos/sin":
+        call.update(zip(("cos", "sin"), ropekit.cos_sin_table(8, 16, device=DEVICE)))
+    elif change == "inv_freq narrower than rope_dim / 2":
+        call["inv_freq"] = inv_freq[:4]
+    elif change == "inv_freq 2-D":
+        call["inv_freq"] = inv_freq[None]
+    elif change == "inv_freq float16":
+        call["inv_freq"] = inv_freq.half()
+    elif change == "scale a string":
+        call["scale"] = "1.0"
+    else:
+        call = dict(zip(("cos", "sin"), ropekit.cos_sin_table(8, 16, device=DEVICE)), scale=1.5)
+    before = [t.clone() for t in (q_pe, k_pe, kv_c, kv_cache)]
+    with pytest.raises(error) as raised:
+        ropekit.mla_rope_and_cache(q_pe, k_pe, kv_c, kv_cache, slots, positions, **call)
+    assert all(word in str(raised.value) for word in words), str(raised.value)
+    for t, b in zip((q_pe, k_pe, kv_c, kv_cache), before):
+        assert torch.equal(t.view(torch.uint8), b.view(torch.uint8))
+
+
+def test_angles_without_a_table_under_torch_compile_and_in_a_cuda_graph():
+    """The table-free call under torch.compile(fullgraph=True) writes the eager call's bytes; on a GPU, captured
+    once, each replay at new device-resident positions and slots writes what an eager call writes."""
+    q_pe, k_pe, kv_c, kv_cache, slots = mla_case(8, 4, 64, 512, torch.bfloat16, num_blocks=16, block_size=16,
+                                                 cache_dtype=FP8)
+    inv_freq, factor = yarn_frequencies(64, DEVICE)
+    positions = torch.randint(0, 10_000_000, (8,), device=DEVICE)
+    scale = torch.tensor([0.05], device=DEVICE)
+
+    def step(q_pe, k_pe, kv_cache):
+        ropekit.mla_rope_and_cache(q_pe, k_pe, kv_c, kv_cache, slots, positions, inv_freq=inv_freq, scale=factor,
+                                   kv_cache_scale=scale)
+        return q_pe.float() * 2
+
+    eager = (q_pe.clone(), k_pe.clone(), kv_cache.clone())
+    want = step(*eager)
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager" if DEVICE == "cpu" else "inductor")
+    got = (q_pe.clone(), k_pe.clone(), kv_cache.clone())
+    torch.testing.assert_close(compiled(*got), want, rtol=0, atol=0)
+    for a, b in zip(got, eager):
+        assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+    if DEVICE == "cpu":
+        return
+    graph = cuda_graph_of(lambda: step(q_pe, k_pe, kv_cache))
+    for _ in range(2):
+        positions.copy_(torch.randint(0, 10_000_000, (8,), device=DEVICE))
+        slots.copy_(torch.randperm(16 * 16, device=DEVICE)[:8])
+        for x in (q_pe, k_pe, kv_c):
+            x.copy_(torch.randn_like(x))
+        eager = (q_pe.clone(), k_pe.clone(), kv_cache.clone())
+        step(*eager)
+        graph.replay()
+        torch.cuda.synchronize()
+        for a, b in zip((q_pe, k_pe, kv_cache), eager):
+            assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))

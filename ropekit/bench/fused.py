@@ -42,8 +42,8 @@ from ..api import apply_rope
 from ..reference import E2M1_VALUES, NVFP4_BLOCK
 from ..fused import mla_rope_and_cache, qk_norm_rope, rope_and_cache
 from . import floor
-from .fused_cases import (BLOCK_SIZE, CASES, EPS, FORMAT_MAX, FP8, Data, FusedCase, actual, check, expected,
-                          floor_bytes, make_data, meta_bytes, scale_bytes, static_scale_bytes, tiny)
+from .fused_cases import (BLOCK_SIZE, CASES, EPS, FORMAT_MAX, FP8, NOPE_TEMPERATURE, Data, FusedCase, actual, check,
+                          expected, floor_bytes, make_data, meta_bytes, scale_bytes, static_scale_bytes, tiny)
 
 __all__ = ["CASES", "IMPL_NAMES", "COPY_REFERENCE", "LAUNCH_FLOOR", "LAUNCH_FLOOR_DEPENDENT", "impls", "checked_call",
            "stream_for", "run_case", "copy_of_floor", "torch_nvfp4", "run", "cli_parser", "main"]
@@ -61,7 +61,8 @@ def _fused(data: Data) -> Callable:
         scale = data.scales[0] if data.scales else None
         # k_pe and kv_c split from the projection once, as q, k and v below: the model splits it, whatever RoPE does
         k_pe, kv_c = latent[:, c.latent:], latent[:, :c.latent]
-        return lambda: mla_rope_and_cache(data.qkv, k_pe, kv_c, data.k_cache, data.slots, positions, cos, sin,
+        angles = dict(inv_freq=data.inv_freq) if c.angles == "inv_freq" else dict(cos=cos, sin=sin)
+        return lambda: mla_rope_and_cache(data.qkv, k_pe, kv_c, data.k_cache, data.slots, positions, **angles,
                                           interleaved=True, inplace=True, kv_cache_scale=scale)[0]
     q, k, v = data.split()
     # a float8 q output is a new tensor: q is rotated in place otherwise
@@ -75,7 +76,18 @@ def _fused(data: Data) -> Callable:
         kwargs.update(k_scale_cache=data.scale_caches[0], v_scale_cache=data.scale_caches[1])
     if c.q_dtype is not None:
         kwargs.update(q_dtype=c.q_dtype, q_scale=data.q_scale)
-    return lambda: rope_and_cache(q, k, v, cos, sin, **kwargs)[0]
+    kwargs.update(_angles(data))
+    return lambda: rope_and_cache(q, k, v, **kwargs)[0]
+
+
+def _angles(data: Data) -> dict:
+    """The case's angle arguments, as ropekit's calls take them: the table's rows, the inverse frequencies, or the
+    NoPE layer's temperature."""
+    if data.case.angles == "nope":
+        return dict(nope_temperature=NOPE_TEMPERATURE)
+    if data.case.angles == "inv_freq":
+        return dict(inv_freq=data.inv_freq)
+    return dict(cos=data.cos, sin=data.sin)
 
 
 def _autograd(forward: Callable, data: Data) -> Callable:
@@ -195,7 +207,7 @@ def _unfused(write: str) -> Callable:
             q_pe, k_pe = data.qkv[None], latent[None, :, None, c.latent:]  # (split once, as the fused call's)
 
             def mla():
-                apply_rope(q_pe, k_pe, cos, sin, positions=positions, interleaved=True, inplace=True)
+                apply_rope(q_pe, k_pe, positions=positions, interleaved=True, inplace=True, **_angles(data))
                 store(flat, data.slots, latent, k_scale, c)  # [kv_c | k_pe] are adjacent in the projection
                 return data.qkv
             return mla
@@ -208,7 +220,10 @@ def _unfused(write: str) -> Callable:
             q_, k_ = q, k
             if data.weights:
                 q_, k_ = _rms_norm(q, data.weights[0], c), _rms_norm(k, data.weights[1], c)
-            apply_rope(q_, k_, cos, sin, positions=data.offsets, inplace=True)
+            if c.angles == "nope":  # (k is not rotated: only q is scaled)
+                apply_rope(q_, None, positions=data.offsets, inplace=True, **_angles(data))
+            else:
+                apply_rope(q_, k_, positions=data.offsets, inplace=True, **_angles(data))
             store(k_flat, data.slots, k_.reshape(heads), k_scale, c, k_scales)
             store(v_flat, data.slots, v.reshape(heads), v_scale, c, v_scales)
             if c.q_dtype is not None:
@@ -216,6 +231,21 @@ def _unfused(write: str) -> Callable:
             return q_
         return chain
     return build
+
+
+def _rows_at(data: Data, positions: torch.Tensor) -> tuple:
+    """The compiled chain's angles at ``positions``, in PyTorch: ``(cos, sin, None)`` rows from the table, or
+    computed from the inverse frequencies (in float64: the positions lie near a million, where a float32 product
+    is off by a hundredth of a radian); ``(None, None, temperature)`` for a NoPE layer, in float32."""
+    c = data.case
+    if c.angles == "nope":
+        floor_scale, attn_scale = NOPE_TEMPERATURE
+        turns = torch.div(positions + 1, floor_scale, rounding_mode="floor").float()
+        return None, None, torch.log(turns + 1) * attn_scale + 1
+    if c.angles == "inv_freq":
+        theta = positions.double()[..., None] * data.inv_freq.double()
+        return torch.cos(theta).float(), torch.sin(theta).float(), None
+    return data.cos[positions], data.sin[positions], None
 
 
 def _rotate(x, cos, sin, interleaved: bool):
@@ -258,7 +288,8 @@ def _compiled(backend: str) -> Callable:
             flat = _flat(data.k_cache)
 
             def mla(q_pe, latent, positions, slots):
-                rows = (cos[positions][:, None, :], sin[positions][:, None, :])
+                rows = _rows_at(data, positions)[:2]
+                rows = (rows[0][:, None, :], rows[1][:, None, :])
                 q_pe.copy_(_rotate(q_pe.float(), *rows, True).to(q_pe.dtype))
                 k_pe = _rotate(latent[:, None, c.latent:].float(), *rows, True)[:, 0].to(latent.dtype)
                 flat.index_copy_(0, slots, _cache_rows(torch.cat((latent[:, :c.latent], k_pe), -1), k_scale, c)[0])
@@ -280,9 +311,14 @@ def _compiled(backend: str) -> Callable:
 
         def chain(qkv, positions, slots):
             q, k, v = qkv.split([c.heads_q, c.heads_kv, c.heads_kv], dim=2)
-            rows = (cos[positions][..., None, :], sin[positions][..., None, :])
-            q_rot = _rotate(_norm(q, w_q, over_heads) if w_q is not None else q.float(), *rows, False)
-            k_rot = _rotate(_norm(k, w_k, over_heads) if w_k is not None else k.float(), *rows, False).to(k.dtype)
+            cos_rows, sin_rows, temperature = _rows_at(data, positions)
+            q_in = _norm(q, w_q, over_heads) if w_q is not None else q.float()
+            k_in = _norm(k, w_k, over_heads) if w_k is not None else k.float()
+            if temperature is not None:  # a NoPE layer: q scaled, k as it is
+                q_rot, k_rot = q_in * temperature[..., None, None], k
+            else:
+                rows = (cos_rows[..., None, :], sin_rows[..., None, :])
+                q_rot, k_rot = _rotate(q_in, *rows, False), _rotate(k_in, *rows, False).to(k.dtype)
             store(k_flat, slots, k_rot.reshape(-1, c.heads_kv, c.head_dim), k_scale, k_scales)
             store(v_flat, slots, v.reshape(-1, c.heads_kv, c.head_dim), v_scale, v_scales)
             if c.q_dtype is not None:  # float8 attention's q: quantised from the float32 rotation

@@ -29,14 +29,18 @@ from typing import Optional
 import torch
 
 from .. import reference
-from ..frequencies import cos_sin_table
+from ..frequencies import cos_sin_table, inverse_frequencies
 from ..fused.validate import KV_CACHE_DTYPES
 
 __all__ = ["FusedCase", "CASES", "tiny", "floor_bytes", "scale_bytes", "static_scale_bytes", "meta_bytes", "Data",
            "Stored", "StoredNvfp4", "make_data", "expected", "actual", "check", "spacing", "TABLE_POSITIONS",
-           "BLOCK_SIZE", "EPS", "FP8", "FORMAT_MAX", "NVFP4_GLOBAL_SCALE"]
+           "BLOCK_SIZE", "EPS", "FP8", "FORMAT_MAX", "NVFP4_GLOBAL_SCALE", "FAR_POSITIONS", "NOPE_TEMPERATURE"]
 
 TABLE_POSITIONS, BLOCK_SIZE, EPS = 8192, 16, 1e-6
+# the table-free cases' positions: a sequence starts anywhere below a million (a long context), where no table reaches
+FAR_POSITIONS = 1_000_000
+# Llama 4's NoPE layer (floor_scale, attn_scale): transformers' floor_scale 8192 and attn_scale 0.1
+NOPE_TEMPERATURE = (8192, 0.1)
 # static scales: the normalised, rotated keys, unit-variance values and queries use the format's range
 K_SCALE, V_SCALE, Q_SCALE = 0.05, 0.02, 0.05
 # NVFP4's global scale, k's and v's (both unit-variance): over a prefill cache's million blocks, a block's amax over
@@ -59,7 +63,10 @@ class FusedCase:
     ``kv_cache_dtype``: the cache's format, vLLM's name (``"auto"``: the model's dtype); ``per_head_scales``: its
     static scales one a kv head instead of one a tensor; ``q_dtype``: a float8 q output (out of place, at
     ``Q_SCALE``) instead of q rotated in place; ``norm_over``: the QK-norm's extent, ``"heads"`` all heads of q and of k
-    together (OLMo-2's, weights ``(heads * head_dim,)``)."""
+    together (OLMo-2's, weights ``(heads * head_dim,)``). ``angles``: ``"table"`` (cos/sin rows read from a table),
+    ``"inv_freq"`` (computed in the kernel from the inverse frequencies, no table) or ``"nope"`` (a Llama 4 NoPE layer
+    at ``NOPE_TEMPERATURE``: q times its token's temperature, nothing rotated); without a table the positions lie
+    anywhere below ``FAR_POSITIONS``."""
 
     name: str
     title: str
@@ -77,6 +84,7 @@ class FusedCase:
     per_head_scales: bool = False
     q_dtype: Optional[torch.dtype] = None
     norm_over: str = "head"
+    angles: str = "table"
 
     @property
     def tokens(self) -> int:
@@ -129,6 +137,7 @@ class FusedCase:
 
 
 _LLAMA = dict(heads_q=32, heads_kv=8, head_dim=128)
+_SCOUT_NOPE = dict(heads_q=40, heads_kv=8, head_dim=128, angles="nope")  # Llama-4-Scout's NoPE layers
 _OLMO2 = dict(heads_q=32, heads_kv=32, head_dim=128, qk_norm=True, norm_over="heads")  # OLMo-2-7B: MHA
 
 
@@ -171,6 +180,12 @@ CASES = (
     *_formats("fp8-q", "float8 e4m3 + a float8 e4m3 q output (FlashInfer's rope_quantize_fp8)",
               kv_cache_dtype="fp8", q_dtype=FP8),
     *_formats("nvfp4", "NVFP4 (e2m1, e4m3 scales per 16 channels, a global scale)", kv_cache_dtype="nvfp4"),
+    # no table: MLA's angles from its inverse frequencies, and Llama 4's NoPE layer
+    FusedCase("mla-decode-b64-no-table", "DeepSeek MLA decode b64, angles computed from inv_freq (no table)", "mla",
+              64, 1, 128, 1, 64, latent=512, angles="inv_freq"),
+    FusedCase("decode-b64-nope", "Llama-4-Scout NoPE layer decode b64, paged bf16", "cache", 64, 1, **_SCOUT_NOPE),
+    FusedCase("prefill-b4-s4096-nope", "Llama-4-Scout NoPE layer prefill b4 s4096, paged bf16", "cache", 4, 4096,
+              **_SCOUT_NOPE),
 )
 
 
@@ -215,8 +230,10 @@ def static_scale_bytes(case: FusedCase) -> int:
 
 
 def meta_bytes(case: FusedCase) -> int:
-    """Per-token metadata the floor leaves out: positions and slots (int64), the cos/sin rows (float32)."""
-    per_token = 8 + (8 if case.kind != "backward" else 0) + 2 * (case.head_dim // 2) * 4
+    """Per-token metadata the floor leaves out: positions and slots (int64), the cos/sin rows (float32; none
+    without a table)."""
+    per_token = 8 + (8 if case.kind != "backward" else 0) + (2 * (case.head_dim // 2) * 4 if case.angles == "table"
+                                                            else 0)
     return case.tokens * per_token
 
 
@@ -241,6 +258,7 @@ class Data:
     # e4m3 block scales (num_blocks, block_size, Hkv, D / 16)
     scale_caches: tuple = ()
     q_scale: Optional[torch.Tensor] = None  # a float8 q output's scale, (1,) float32
+    inv_freq: Optional[torch.Tensor] = None  # angles="inv_freq": float32 (head_dim / 2,), the table's frequencies
 
     @property
     def token_positions(self) -> torch.Tensor:
@@ -339,8 +357,12 @@ def make_data(case: FusedCase, device, seed: int) -> Data:
         spread = (0.5 + torch.arange(case.heads_kv) / case.heads_kv) if case.per_head_scales else torch.ones(1)
         scales = tuple((s * spread).to(device=device, dtype=torch.float32) for s in (K_SCALE, V_SCALE))
     q_scale = torch.tensor([Q_SCALE], device=device) if case.q_dtype is not None else None
+    inv_freq = None
+    if case.angles != "table":  # the cache's rows as above; the positions far out, where no table reaches
+        offsets = offsets + torch.randint(0, FAR_POSITIONS - TABLE_POSITIONS, (case.batch,), generator=g).to(device)
+        inv_freq = inverse_frequencies(d).to(device) if case.angles == "inv_freq" else None
     return Data(case, qkv, extra, grads, offsets, slots, k_cache, v_cache, weights, scales, cos, sin, page_table,
-                scale_caches, q_scale)
+                scale_caches, q_scale, inv_freq)
 
 
 def _sample(case: FusedCase) -> torch.Tensor:
@@ -358,6 +380,12 @@ def expected(data: Data) -> dict:
     def rope(x, w=None, interleaved=False):
         x = x.reshape(c.tokens, -1, x.shape[-1])[rows.to(x.device)]
         x = reference.rms_norm(x, w, eps=EPS, over_heads=over_heads) if w is not None else x.double().cpu()
+        if c.angles == "nope":
+            return x
+        if c.angles == "inv_freq":  # the float64 angles at the sampled tokens' own positions
+            theta = pos.double()[:, None] * data.inv_freq.double().cpu()
+            return reference.rope_table(x, torch.cos(theta), torch.sin(theta), torch.arange(len(pos)),
+                                        interleaved=interleaved)
         return reference.rope_table(x, data.cos, data.sin, pos, interleaved=interleaved)
 
     w_q, w_k = data.weights or (None, None)
@@ -376,7 +404,10 @@ def expected(data: Data) -> dict:
         k_pe = rope(data.extra[:, None, c.latent:], interleaved=True)
         return dict(q=rope(data.qkv, interleaved=True), cache=torch.cat([latent, k_pe], -1)[:, 0])
     q, k, v = data.split()
-    want = dict(q=rope(q, w_q), k_cache=rope(k, w_k),
+    want_q = rope(q, w_q)
+    if c.angles == "nope":
+        want_q = reference.nope_temperature(want_q, pos, *NOPE_TEMPERATURE)
+    want = dict(q=want_q, k_cache=rope(k, w_k),
                 v_cache=v.reshape(c.tokens, c.heads_kv, -1)[rows.to(v.device)].double().cpu())
     if c.token_head_scales:
         for name in ("k", "v"):

@@ -21,7 +21,7 @@ from ..triton.launch import released
 from ..validate import in_callers_names
 from . import validate
 from .kv_cache import CacheLaunch, _kernel_arguments, run_cache_op
-from .qk_norm_rope import position_fields
+from .qk_norm_rope import angle_flags, position_fields
 from .plan import FusedPlan, keyed, planned, plans, reads_callers_memory, with_outputs
 
 __all__ = ["mla_rope_and_cache"]
@@ -33,7 +33,8 @@ def mla_rope_and_cache(q_pe: torch.Tensor, k_pe: torch.Tensor, kv_c: torch.Tenso
                        table=None, interleaved: bool = True, inplace: bool = True,
                        kv_cache_scale: Optional[torch.Tensor] = None, kv_indices: Optional[torch.Tensor] = None,
                        kv_indptr: Optional[torch.Tensor] = None, batch_indices: Optional[torch.Tensor] = None,
-                       cache_positions: Optional[torch.Tensor] = None, kv_cache_dtype: str = "auto"):
+                       cache_positions: Optional[torch.Tensor] = None, kv_cache_dtype: str = "auto",
+                       inv_freq: Optional[torch.Tensor] = None, scale: float = 1.0):
     """Rotate q_pe and k_pe, write kv_c and the rotated k_pe to the paged latent cache. Returns ``(q_pe_out,
     k_pe_out)``: in place q_pe and k_pe themselves, as given (the engines' contract), on every call; new tensors
     otherwise (k_pe_out ``(tokens, rope_dim)``).
@@ -57,6 +58,10 @@ def mla_rope_and_cache(q_pe: torch.Tensor, k_pe: torch.Tensor, kv_c: torch.Tenso
         cos, sin / cos_sin_cache / table: half-width tables ``(max_positions, rope_dim/2)``, or the engines'
             ``(max_positions, rope_dim)`` buffer with cos in the first half of the columns and sin in the second
             (exactly rope_dim wide: q_pe's last dimension).
+        inv_freq, scale: the angles computed in the kernel from the inverse frequencies ``(rope_dim/2,)`` (YaRN's,
+            from :func:`ropekit.rope_init`), each cos and sin times ``scale`` (YaRN's attention factor), as
+            :func:`ropekit.apply_rope` takes them: no table (cos, sin, cos_sin_cache and table None), so a
+            million-token context reads no table.
         interleaved: GPT-J pairing (DeepSeek's default); False pairs NeoX halves.
     """
     separate = isinstance(kv_cache, (tuple, list))
@@ -66,10 +71,11 @@ def mla_rope_and_cache(q_pe: torch.Tensor, k_pe: torch.Tensor, kv_c: torch.Tenso
     ckv_cache, kpe_cache = kv_cache if separate else (kv_cache, None)
     page_table = (kv_indices, kv_indptr, batch_indices, cache_positions)
     user = (q_pe, k_pe, kv_c, ckv_cache, kpe_cache, slot_mapping, positions, cos, sin, cos_sin_cache, kv_cache_scale,
-            *page_table)
+            *page_table, inv_freq)
     key = at = None
-    if table is None and planned(user):
-        key, at = keyed("mla_rope_and_cache", user, (interleaved, inplace, kv_cache_dtype))
+    angles = angle_flags(scale, None, False)
+    if table is None and angles is not None and planned(user):
+        key, at = keyed("mla_rope_and_cache", user, (interleaved, inplace, kv_cache_dtype) + angles)
         plan = plans.find(key)
         if plan is not None:  # a call signature validated before: where the tensors lie, then the launch
             return _run_plan(plan, user, inplace, at=at)
@@ -79,8 +85,8 @@ def mla_rope_and_cache(q_pe: torch.Tensor, k_pe: torch.Tensor, kv_c: torch.Tenso
     tokens, rope_dim = q_pe.shape[0], q_pe.shape[2]
     tables = ""
     if cos_sin_cache is not None:
-        if cos is not None or sin is not None or table is not None:
-            raise ValueError("pass one of cos/sin, cos_sin_cache and table")
+        if cos is not None or sin is not None or table is not None or inv_freq is not None:
+            raise ValueError("pass one of cos/sin, cos_sin_cache, table and inv_freq")
         # one width: a wider buffer would be split at the wrong column, its frequencies those of another rope_dim
         if not isinstance(cos_sin_cache, torch.Tensor) or cos_sin_cache.ndim != 2 or \
                 cos_sin_cache.shape[1] != rope_dim:
@@ -112,7 +118,8 @@ def mla_rope_and_cache(q_pe: torch.Tensor, k_pe: torch.Tensor, kv_c: torch.Tenso
             raise TypeError(f"kv_c must have q_pe's dtype and device ({q.dtype} on {q.device}), got {v.dtype} on "
                             f"{v.device}")
         cos, sin, spec, rotary_dim = validate.rotary_arguments(q, k, cos, sin, table, user_positions, "bshd",
-                                                               rope_dim, None, None, False, interleaved)
+                                                               rope_dim, None, None, False, interleaved, inv_freq,
+                                                               scale)
         latent = v.shape[-1]
         v_cache, k_cache = validate.latent_caches(ckv_cache, kpe_cache, latent, rope_dim)
         validate.check_cache(cache_names[-1], k_cache, leading=None, n_heads=1, head_dim=rope_dim, dtype=q.dtype,
@@ -142,14 +149,15 @@ def mla_rope_and_cache(q_pe: torch.Tensor, k_pe: torch.Tensor, kv_c: torch.Tenso
             slots = validate.check_slot_mapping(slot_mapping, tokens, k_cache.shape[0] * k_cache.shape[1], q.device)
             cache_mode = CACHE_PAGED
     table_names = (("cos_sin_cache",) if cos_sin_cache is not None else ("table", "table") if table is not None
-                   else ("cos", "sin"))
+                   else ("inv_freq",) if inv_freq is not None else ("cos", "sin"))
     names = ("q_pe", "k_pe", "kv_c") + cache_names + ("slot_mapping", "positions", "kv_cache_scale") + \
         _PAGE_TABLE + table_names
     # the caller's own slot mapping and tables (what validation derived from them is a view of them or a fresh
     # copy)
     tensors = (q, k, v, ckv_cache) + ((kpe_cache,) if separate else ()) + (
         slot_mapping, given_positions, kv_cache_scale if fp8 else None, *page_table) + (
-        (cos_sin_cache,) if cos_sin_cache is not None else (cos, sin) if table is not None else user_tables)
+        (cos_sin_cache,) if cos_sin_cache is not None else (cos, sin) if table is not None else
+        (inv_freq,) if inv_freq is not None else user_tables)
     validate.check_no_grad("mla_rope_and_cache", names, tensors)
     plan = FusedPlan(None, names, cache_names + (("q_pe", "k_pe") if inplace else ()), fp8)
     plan.check(tensors, at)
@@ -158,14 +166,16 @@ def mla_rope_and_cache(q_pe: torch.Tensor, k_pe: torch.Tensor, kv_c: torch.Tenso
                          kv_indptr=kv_indptr, kv_layout="NHD", cos=cos, sin=sin, **position_fields(spec),
                          rotary_dim=rotary_dim, interleaved=interleaved, k_scale=kv_cache_scale,
                          v_scale=kv_cache_scale)
+    angle_args = dict(inv_freq=inv_freq, angle_scale=scale)
     if key is not None and not q.is_meta and reads_callers_memory((slots, spec.tensor, cos, sin),
                                                                   (user_slots, user_positions, *user_tables)):
         # planned only when the launch reads the caller's own tensors (not a padded slot mapping or copies)
-        plan.launch = released(plan_fused(**_kernel_arguments(q, k, v, out_q, out_k, k_cache, v_cache, *launch)))
+        plan.launch = released(plan_fused(**_kernel_arguments(q, k, v, out_q, out_k, k_cache, v_cache, *launch,
+                                                              **angle_args)))
         plans.put(key, plan)
         return _run_plan(plan, user, inplace, out_q[0], out_k[0, :, 0])
     if not q.is_meta:
-        run_cache_op(q, k, v, out_q, out_k, k_cache, v_cache, *launch)
+        run_cache_op(q, k, v, out_q, out_k, k_cache, v_cache, *launch, **angle_args)
     return (q_pe, k_pe) if inplace else (out_q[0], out_k[0, :, 0])
 
 
@@ -179,12 +189,13 @@ def _run_plan(plan, user, inplace, out_q=None, out_k=None, at=None):
     offsets the plan fixes, so the call's addresses decide the launch's: ``FusedPlan.relaunch``). ``at``: where the
     call's tensors lie (:func:`~ropekit.fused.plan.keyed`); None: the launch is not kept (the plan's first call)."""
     q_pe, k_pe, kv_c, ckv_cache, kpe_cache, slot_mapping, positions, cos, sin, cos_sin_cache, scale, kv_indices, \
-        kv_indptr, batch_indices, cache_positions = user
+        kv_indptr, batch_indices, cache_positions, inv_freq = user
     if out_q is None:
         caches = (ckv_cache,) if kpe_cache is None else (ckv_cache, kpe_cache)
         at = plan.check((q_pe, k_pe, kv_c) + caches + (slot_mapping, positions, scale if plan.fp8 else None,
                                                        kv_indices, kv_indptr, batch_indices, cache_positions) + (
-            (cos_sin_cache,) if cos_sin_cache is not None else (cos, sin)), at)
+            (cos_sin_cache,) if cos_sin_cache is not None else (inv_freq,) if inv_freq is not None else (cos, sin)),
+            at)
         if inplace:
             out_q, out_k = q_pe, (k_pe if k_pe.ndim == 2 else k_pe[:, 0])
         else:
@@ -200,7 +211,7 @@ def _run_plan(plan, user, inplace, out_q=None, out_k=None, at=None):
         k_cache = ckv_cache[..., kv_c.shape[-1]:] if kpe_cache is None else kpe_cache
         plan.launch_at(at, q_pe, k_pe, out_q, out_k, kv_c, k_cache, ckv_cache, scale, scale,
                        slot_mapping if cache_positions is None else cache_positions, batch_indices, kv_indices,
-                       kv_indptr, None, None, cos, sin, positions, None, 0)
+                       kv_indptr, None, None, cos if inv_freq is None else inv_freq, sin, positions, None, 0)
     if inplace:
         bump_versions(ckv_cache, kpe_cache, q_pe, k_pe)
         return q_pe, k_pe
