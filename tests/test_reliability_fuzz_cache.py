@@ -10,6 +10,7 @@ import random
 import pytest
 import torch
 
+import ropekit
 from ropekit.reliability import fuzz, fuzz_cache
 from conftest import DEVICE
 
@@ -322,3 +323,157 @@ def test_a_pool_grown_for_its_second_tensor_keeps_the_first_ones_writable_bytes(
     arena.place("sin", (1024, 8), torch.float32)  # more bytes than the pool has room for past q
     q.mul_(2)
     assert arena.changed(allow=True) == [] and arena.changed(allow=False)
+
+
+# mla_rope_and_cache's table-free angles (inv_freq, scale), drawn in a share of its cases: drawn, not run
+MLA_DRAWS = 1000
+
+
+@pytest.fixture(scope="module")
+def mla_drawn():
+    target = {"mla_rope_and_cache": fuzz_cache.TARGETS["mla_rope_and_cache"]}
+    return [fuzz.draw_case(0, index, DEVICE, target).spec for index in range(MLA_DRAWS)]
+
+
+def _table_free(spec) -> bool:
+    return spec["angle_misuse"] == "valid"
+
+
+MLA_ANGLES = {
+    "inv_freq without a table": _table_free,
+    "YaRN's frequencies": lambda spec: _table_free(spec) and spec["frequencies"] == "yarn",
+    "plain frequencies": lambda spec: _table_free(spec) and spec["frequencies"] == "plain",
+    "a float64 inv_freq": lambda spec: _table_free(spec) and spec["inv_freq"]["dtype"] == "torch.float64",
+    "an inv_freq longer than rope_dim / 2": lambda spec: _table_free(spec) and spec["inv_freq"]["shape"][-1]
+    > spec["rope_dim"] // 2,
+    "a scale of 1": lambda spec: _table_free(spec) and spec["angle_scale"] == 1.0,
+    "a scale other than 1": lambda spec: _table_free(spec) and spec["angle_scale"] != 1.0,
+    "positions past 10^6": lambda spec: _table_free(spec) and max(spec["positions"], default=0) > 10**6,
+    "into (ckv_cache, kpe_cache) by page table": lambda spec: _table_free(spec) and spec["separate"]
+    and spec["page_table"],
+    "inv_freq with cos_sin_cache (refused)": lambda spec: spec["angle_misuse"] == "cos_sin_cache",
+    "inv_freq with cos/sin (refused)": lambda spec: spec["angle_misuse"] == "cos/sin",
+    "an inv_freq too short (refused)": lambda spec: spec["angle_misuse"] == "short",
+    "a scale with a table (refused)": lambda spec: spec["angle_misuse"] == "scale with a table",
+}
+
+
+@pytest.mark.parametrize("what", MLA_ANGLES)
+def test_the_fuzzer_draws_mlas_table_free_angles(mla_drawn, what):
+    assert any(MLA_ANGLES[what](spec) for spec in mla_drawn)
+
+
+def test_mlas_table_free_angles_are_a_share_of_its_cases(mla_drawn):
+    """About 15 % of the cases; the engines' cos_sin_cache keeps its 30 % (one draw decides both), and a table case
+    draws no inv_freq or scale."""
+    angles = sum(spec["angles"] for spec in mla_drawn)
+    assert 0.1 * MLA_DRAWS < angles < 0.2 * MLA_DRAWS
+    engines = sum(spec["engines_table"] and not spec["angles"] for spec in mla_drawn)
+    assert 0.25 * MLA_DRAWS < engines < 0.35 * MLA_DRAWS
+    assert all(spec["inv_freq"] is None and spec["angle_scale"] is None for spec in mla_drawn
+               if not spec["angles"])
+
+
+def _mla_angle_cases(seed: int, want=lambda case: True):
+    """The drawn table-free cases of a seed's mla_rope_and_cache cases (misused ones among them) that satisfy
+    ``want``."""
+    target = {"mla_rope_and_cache": fuzz_cache.TARGETS["mla_rope_and_cache"]}
+    for index in range(4000):
+        case = fuzz.draw_case(seed, index, DEVICE, target)
+        if case.spec["angles"] and want(case):
+            yield case
+
+
+# what a misuse alone must be refused by: the argument its error names
+MISUSE_NAMES = {"inv_freq together with cos_sin_cache": "inv_freq", "inv_freq together with cos/sin": "inv_freq",
+                "an inv_freq shorter than rope_dim / 2": "inv_freq", "inv_freq of a half dtype": "inv_freq",
+                "a 2-D inv_freq": "inv_freq", "scale other than 1 without inv_freq": "scale",
+                "a scale that is not finite": "scale"}
+
+
+def test_mlas_table_free_angles_valid_and_refused_find_no_violation(monkeypatch):
+    """The drawn table-free cases, until 16 that must succeed (YaRN's frequencies and plain ones, a scale other
+    than 1 among them) and 6 misuses refused for the misuse alone: each valid one matches the float64 angles, each
+    misuse is refused before anything is written, by an error that names the argument."""
+    valid, misused, outcomes = collections.Counter(), collections.Counter(), collections.Counter()
+    for case in _mla_angle_cases(43):
+        outcome, problems = fuzz.judge(case)
+        assert outcome != "violation", (problems, case.spec)
+        outcomes[case.spec["angle_misuse"], outcome] += 1
+        if case.expect == fuzz.MATCH:
+            valid[case.spec["frequencies"]] += 1
+            valid["scaled"] += case.spec["angle_scale"] != 1.0
+        elif case.why_raise in MISUSE_NAMES:  # refused for the misuse alone: the error names the argument
+            assert outcome == "documented_error"
+            for name, value in case.env.items():
+                monkeypatch.setenv(name, value)
+            with pytest.raises((TypeError, ValueError), match=rf"\b{MISUSE_NAMES[case.why_raise]}\b"):
+                case.call()
+            misused[case.why_raise] += 1
+        if valid["plain"] + valid["yarn"] >= 16 and min(valid.values()) >= 3 and sum(misused.values()) >= 6 and \
+                len(misused) >= 3:
+            break
+    else:
+        raise AssertionError(f"too few table-free cases drawn: {outcomes}")
+
+
+def _mla_angle_case(want):
+    """A table-free case that must match, writes q_pe and k_pe at some position and at least one cache slot."""
+    return next(_mla_angle_cases(47, lambda case: case.expect == fuzz.MATCH and case.spec["tokens"] > 0
+                                 and any(s >= 0 for s in case.spec["slots"]) and want(case.spec)))
+
+
+def _recalled(case, **changes):
+    """The case's call made again from its drawn tensors and spec, with ``changes`` to its arguments."""
+    t, spec = case.tensors, case.spec
+    kwargs = dict(interleaved=spec["interleaved"], inplace=spec["inplace"], kv_cache_scale=t.get("kv_cache_scale"),
+                  inv_freq=t["inv_freq"], scale=spec["angle_scale"], positions=t["positions"],
+                  **{n: t[n] for n in ("kv_indices", "kv_indptr", "batch_indices", "cache_positions") if n in t},
+                  **({} if spec["kv_cache_dtype"] is None else dict(kv_cache_dtype=spec["kv_cache_dtype"])))
+    kwargs.update(changes)
+    caches = (t["ckv_cache"], t["kpe_cache"]) if spec["separate"] else t["kv_cache"]
+    case.call = lambda: ropekit.mla_rope_and_cache(t["q_pe"], t["k_pe"], t["kv_c"], caches, t.get("slot_mapping"),
+                                                   **kwargs)
+    return case
+
+
+def _far(spec) -> bool:  # positions past 10^6, none of them negative or at int32's limits
+    return 10**6 < max(spec["positions"]) <= 10**7 and min(spec["positions"]) >= 0
+
+
+def test_a_table_free_case_made_again_from_its_spec_matches():
+    """(what the corrupted calls below start from)"""
+    case = _mla_angle_case(lambda spec: spec["angle_scale"] != 1.0 and _far(spec))
+    assert fuzz.judge(_recalled(case))[0] == "matched"
+
+
+def test_a_table_free_call_at_another_scale_is_a_violation():
+    case = _recalled(_mla_angle_case(lambda spec: spec["angle_scale"] != 1.0), scale=1.0)
+    outcome, problems = fuzz.judge(case)
+    assert outcome == "violation" and any(p.startswith("q_pe:") for p in problems), problems
+
+
+def test_a_table_free_call_one_position_off_at_long_positions_is_a_violation():
+    """At positions past 10^6 the check still tells one position from the next (the float64 angles, no table)."""
+    case = _mla_angle_case(_far)
+    outcome, problems = fuzz.judge(_recalled(case, positions=case.tensors["positions"] + 1))
+    assert outcome == "violation" and any(p.startswith("k_pe:") for p in problems), problems
+
+
+def test_a_table_free_call_reading_the_frequencies_one_pair_on_is_a_violation():
+    """An inv_freq longer than rope_dim / 2: the first rope_dim / 2 entries are the frequencies."""
+    def want(spec):
+        pairs, values = spec["rope_dim"] // 2, spec["inv_freq"]["values"]
+        return len(values) > pairs and values[1:pairs + 1] != values[:pairs]  # (not an expanded view: one value)
+
+    case = _mla_angle_case(want)
+    outcome, problems = fuzz.judge(_recalled(case, inv_freq=case.tensors["inv_freq"][1:]))
+    assert outcome == "violation" and any(p.startswith("q_pe:") for p in problems), problems
+
+
+def test_a_wrong_rotated_k_pe_in_a_table_free_case_is_a_violation():
+    case = _mla_angle_case(lambda spec: "float8" not in spec["cache_dtype"] and spec["cache_dtype"] != "torch.uint8")
+    cache = case.tensors["kpe_cache" if case.spec["separate"] else "kv_cache"]
+    slot = next(s for s in case.spec["slots"] if s >= 0)
+    outcome, problems = fuzz.judge(_then(case, lambda: _row(cache, slot)[..., -1].add_(1.0)))
+    assert outcome == "violation" and any("rope part" in p or p.startswith("kpe_cache") for p in problems), problems

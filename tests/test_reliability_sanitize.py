@@ -4,6 +4,7 @@ sanitizer; here it runs under the interpreter, where every result is still check
 import pytest
 
 import ropekit
+from ropekit.frequencies import inverse_frequencies
 from ropekit.reliability import sanitize, sanitize_fused
 from ropekit.triton.configs import FlatConfig
 from ropekit.reliability.configs import Config, Family
@@ -15,7 +16,8 @@ def test_sanitize_driver_runs_every_kernel_cleanly(capsys):
     assert sanitize.sanitize_driver(verbose=True, candidates=2) == 0
     lines = capsys.readouterr().out.splitlines()
     for kernel in ("triton v1", "triton v2", "triton v3", "out-of-table", "fused cache write",
-                   "triton M-RoPE contiguous", "triton M-RoPE interleaved", "triton NoPE temperature"):
+                   "triton M-RoPE contiguous", "triton M-RoPE interleaved", "triton NoPE temperature",
+                   "fused cache write: MLA table-free one cache", "fused cache write: MLA table-free (ckv_cache"):
         assert any(line.startswith("ok") and kernel in line for line in lines), kernel
     # the fused kernel's every quantising store (float8 e4m3/e5m2, int8 at each kind of scale)
     assert sum(line.startswith("ok    triton fused quantising store") for line in lines) == len(
@@ -63,3 +65,33 @@ def test_the_driver_writes_through_every_cache_address_map_and_reads_it_back(add
 
         monkeypatch.setattr(sanitize_fused, name, shifted)  # the module whose check makes the call
         assert "is not its reference" in sanitize.check_cache_address_map(address, kv_layout, fp8, DEVICE)
+
+
+MLA_TABLE_FREE = [entry for entry in sanitize.CACHE_ADDRESS_MAPS if entry[0].startswith("MLA table-free")]
+
+
+def test_the_driver_runs_mlas_table_free_angles_into_each_cache_form():
+    """vLLM's one latent cache by slot mapping (float8) and FlashInfer's two caches by page table."""
+    assert sorted(("kpe_cache" in address, "slot_mapping" in address, fp8)
+                  for address, _, fp8 in MLA_TABLE_FREE) == [(False, True, True), (True, False, False)]
+
+
+@pytest.mark.parametrize("wrong", ["scale 1", "plain frequencies", "one position on"])
+@pytest.mark.parametrize("address,kv_layout,fp8", MLA_TABLE_FREE, ids=[a for a, _, _ in MLA_TABLE_FREE])
+def test_the_table_free_mla_launch_checks_its_angles(address, kv_layout, fp8, wrong, monkeypatch):
+    """The table-free launch is checked against YaRN's angles times its attention factor: a call without the scale,
+    with the plain frequencies, or one position further fails the check."""
+    real = ropekit.mla_rope_and_cache
+
+    def changed(*args, **kwargs):
+        if wrong == "scale 1":
+            kwargs["scale"] = 1.0
+        elif wrong == "plain frequencies":
+            kwargs["inv_freq"] = inverse_frequencies(64).float().to(kwargs["inv_freq"].device)
+        else:
+            kwargs["positions"] = kwargs["positions"] + 1
+        return real(*args, **kwargs)
+
+    with ropekit.device.set_backend("triton"):
+        monkeypatch.setattr(sanitize_fused, "mla_rope_and_cache", changed)
+        assert sanitize.check_cache_address_map(address, kv_layout, fp8, DEVICE) != ""

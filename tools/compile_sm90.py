@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import math
 import os
 import re
 import subprocess
@@ -320,6 +321,18 @@ def _fused_calls():
                    v_cache=torch.empty(8, 16, 1, 512, dtype=torch.uint8), block_size=16, cache_len=128,
                    quant=(tiles.E5M2, tiles.PER_TENSOR), k_scale=scale, v_scale=scale, native=True,
                    cache_mode=fused.CACHE_PAGED, slots=torch.empty(64, dtype=torch.int64, **meta),
+                   config=fused.FusedConfig(1, 32, 4))
+        # MLA's angles without a table (mla_rope_and_cache(inv_freq=, scale=)): YaRN's float32 inverse frequencies
+        # times its attention factor, computed at each position, in place into the float8 e4m3 latent cache by slot
+        # mapping (DeepSeek's decode step at a long context)
+        mla_q, mla_k = torch.empty(1, 64, 16, 64, dtype=dtype, **meta), torch.empty(1, 64, 1, 64, dtype=dtype, **meta)
+        yield dict(q=mla_q, k=mla_k, cos=None, sin=None, out_q=mla_q, out_k=mla_k,
+                   positions=resolve_positions(batch=1, seqlen=64, positions=torch.empty(1, 64, dtype=torch.int64)),
+                   rotary_dim=64, interleaved=True, v=latent, k_cache=torch.empty(8, 16, 1, 64, dtype=torch.uint8),
+                   v_cache=torch.empty(8, 16, 1, 512, dtype=torch.uint8), block_size=16, cache_len=128,
+                   quant=(tiles.E4M3, tiles.PER_TENSOR), k_scale=scale, v_scale=scale, native=True,
+                   cache_mode=fused.CACHE_PAGED, slots=torch.empty(64, dtype=torch.int64, **meta),
+                   inv_freq=torch.empty(32, **meta), angle_scale=0.1 * math.log(40.0) + 1.0,
                    config=fused.FusedConfig(1, 32, 4))
         cu = torch.empty(3, dtype=torch.int32, **meta)
         varlen = resolve_positions(batch=2, seqlen=100, positions=None, cu_seqlens=cu, max_seqlen=64)

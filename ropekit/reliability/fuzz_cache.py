@@ -14,6 +14,7 @@ every input is bitwise unchanged (the arena's check), and in check mode a bad sl
 
 from __future__ import annotations
 
+import math
 import random
 
 import torch
@@ -27,8 +28,8 @@ from .cache_args import CACHE_KINDS, E5M2, FP8, INT8, PAGE_TABLE, draw_page_tabl
 from .cache_readback import as_fp8, cache_problems, nvfp4_problems, refusals, scale_problems, table_rows
 from .common import layout_shape
 from .fuzz import EITHER, MATCH, RAISE, Arena, Case, same_bits, self_overlapping
-from .rope_args import (DTYPES, INDEX_KINDS, INPUT_KINDS, angle_rows, draw_angles, draw_mrope_section, from_tokens,
-                        pick, position_values, to_tokens)
+from .rope_args import (ANGLE_SCALES, DTYPES, INDEX_KINDS, INPUT_KINDS, angle_rows, draw_angles, draw_mrope_section,
+                        from_tokens, pick, position_values, to_tokens)
 
 __all__ = ["TARGETS", "OVERLAP_KINDS", "overlap_kind", "pool_overlaps", "draw_rope_and_cache",
            "draw_mla_rope_and_cache"]
@@ -58,6 +59,25 @@ _NOPE_WHY = {"cos/sin": "nope_temperature with cos/sin tables", "inv_freq": "nop
              "floor_scale": "nope_temperature with an invalid floor_scale",
              "attn_scale": "nope_temperature with an invalid attn_scale",
              "mrope_section": "nope_temperature with mrope_section"}
+# mla_rope_and_cache's table-free angles (inv_freq, scale): their share of the cases, and a case as drawn: valid, or
+# with one thing the angles do not take, each refused by an error naming the argument, and why it must raise then
+# (draw_angles adds its own refusals: a half-dtype or 2-D inv_freq, a scale that is not finite)
+_MLA_ANGLES_SHARE = 0.15
+_MLA_ANGLE_MISUSES = (("valid", 84), ("cos_sin_cache", 4), ("cos/sin", 4), ("short", 4), ("scale with a table", 4))
+_MLA_ANGLE_WHY = {"cos_sin_cache": "inv_freq together with cos_sin_cache", "cos/sin": "inv_freq together with cos/sin",
+                  "short": "an inv_freq shorter than rope_dim / 2",
+                  "scale with a table": "scale other than 1 without inv_freq"}
+# the table-free angles' frequencies: in _YARN_SHARE of the cases YaRN's (fast pairs kept, slow ones interpolated by
+# its factor) as DeepSeek configures it (attention factor 1.0) or without mscale (attention factor 0.1 ln(40) + 1),
+# plain ones otherwise
+_YARN_CONFIGS = ({"rope_type": "yarn", "factor": 40.0, "original_max_position_embeddings": 4096, "beta_fast": 32,
+                  "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0, "rope_theta": 10000.0},
+                 {"rope_type": "yarn", "factor": 40.0, "original_max_position_embeddings": 4096,
+                  "rope_theta": 10000.0})
+_YARN_SHARE = 0.4
+# the largest positions the table-free angles are drawn up to, besides the table's rows (no table bounds them):
+# DeepSeek's trained context, a ten-million-token one
+_ANGLE_POSITION_TOPS = (163_839, 10_000_000)
 
 # The tensors of a call, grouped for the overlap kinds' names (docs/fuzzing.md).
 _GROUPS = {"q, k or v": ("q", "k", "v", "q_pe", "k_pe", "kv_c"),
@@ -487,7 +507,10 @@ def draw_mla_rope_and_cache(rng: random.Random, gen: torch.Generator, device) ->
     tokens and slot mappings shorter at times; GPT-J or NeoX pairing;
     in place (the engines' contract) or not; the two caches ``(ckv_cache, kpe_cache)`` instead of one at times, and
     FlashInfer's page table instead of the slot mapping; a cache that requires grad; and, in a share of the cases, a
-    written tensor and another of the call carved from one byte pool (on each other's bytes, or apart)."""
+    written tensor and another of the call carved from one byte pool (on each other's bytes, or apart). In
+    :data:`_MLA_ANGLES_SHARE` of the cases no table: the angles computed from ``inv_freq`` (float32 or float64, any
+    view, plain or YaRN's frequencies, longer than rope_dim / 2 at times) times ``scale``, at positions up to 10^7;
+    rarely with a table as well, too short, or a scale with a table and no inv_freq (each refused by name)."""
     arena = Arena(rng, gen, device)
     either = []
     tokens, heads, rope_dim, latent = rng.randint(0, 6), rng.randint(1, 4), rng.choice((8, 16)), rng.choice((8, 32))
@@ -499,14 +522,25 @@ def draw_mla_rope_and_cache(rng: random.Random, gen: torch.Generator, device) ->
     float8 = cache_dtype in (FP8, E5M2)
     hostile, check_mode = not pooled and rng.random() < 0.25, not pooled and rng.random() < 0.2
     rows, block_size, num_blocks = rng.randint(1, 12), rng.choice((1, 2, 4)), rng.randint(1, 4)
-    engines_table, extra_positions = rng.random() < 0.3, rng.choice((0, 0, 0, 2))
+    # where the angles come from (the engines' cos_sin_cache, half-width cos/sin, or inv_freq: no table): one draw,
+    # so that a table case's draws after it stay each seed's
+    source, extra_positions = rng.random(), rng.choice((0, 0, 0, 2))
+    engines_table, by_angles = source < 0.3, source >= 1 - _MLA_ANGLES_SHARE
     short = tokens and rng.random() < 0.2
     table_dtype = torch.float64 if dtype == torch.float64 else torch.float32
     separate, by_table = rng.random() < 0.4, rng.random() < 0.4
+    misuse = pick(rng, _MLA_ANGLE_MISUSES) if by_angles else None
+    if misuse == "cos_sin_cache":
+        engines_table = True
+    elif misuse == "scale with a table":
+        engines_table = rng.random() < 0.3
+    with_inv_freq = by_angles and misuse != "scale with a table"
+    with_tables = not by_angles or misuse in ("cos_sin_cache", "cos/sin", "scale with a table")
     caches_named = ["ckv_cache", "kpe_cache"] if separate else ["kv_cache"]
     written = caches_named + (["q_pe", "k_pe"] if inplace else [])
     read = ["q_pe", "k_pe", "kv_c", "positions"] + (list(PAGE_TABLE) if by_table else ["slot_mapping"]) + (
-        ["cos_sin_cache"] if engines_table else ["cos", "sin"])
+        (["cos_sin_cache"] if engines_table else ["cos", "sin"]) if with_tables else []) + (
+        ["inv_freq"] if with_inv_freq else [])
     read += ["kv_cache_scale"] if float8 else []
     if pooled:  # (q_pe, k_pe and kv_c drawn twice as often)
         writer = rng.choice(written)
@@ -514,17 +548,26 @@ def draw_mla_rope_and_cache(rng: random.Random, gen: torch.Generator, device) ->
     q_pe = arena.place("q_pe", (tokens, heads, rope_dim), dtype, pick(rng, INPUT_KINDS))
     k_pe = arena.place("k_pe", (tokens, rope_dim), dtype, pick(rng, INPUT_KINDS))
     kv_c = arena.place("kv_c", (tokens, latent), dtype, pick(rng, INPUT_KINDS))
-    if engines_table:
+    cos = sin = None
+    tables = {}
+    if with_tables and engines_table:
         cos_sin_cache = arena.place("cos_sin_cache", (rows, rope_dim), rng.choice((table_dtype, dtype)),
                                     pick(rng, INPUT_KINDS))
         cos, sin = cos_sin_cache[:, :rope_dim // 2], cos_sin_cache[:, rope_dim // 2:]
         tables = dict(cos_sin_cache=cos_sin_cache)
-    else:
+    elif with_tables:
         cos = arena.place("cos", (rows, rope_dim // 2), table_dtype, pick(rng, INPUT_KINDS))
         sin = arena.place("sin", (rows, rope_dim // 2), table_dtype, pick(rng, INPUT_KINDS))
         tables = dict(cos=cos, sin=sin)
+    angle_kwargs, angle_why, frequencies = {}, [_MLA_ANGLE_WHY[misuse]] if misuse not in (None, "valid") else [], None
+    if with_inv_freq:
+        angle_kwargs, frequencies = _draw_mla_angles(rng, arena, rope_dim // 2, misuse == "short", angle_why)
+    elif misuse == "scale with a table":
+        angle_kwargs = dict(scale=rng.choice((0.5, 2.0)))
+    # the table-free angles read no table: their positions reach past any table's rows
+    top = rng.choice((rows - 1,) + _ANGLE_POSITION_TOPS) if by_angles else rows - 1
     positions = arena.place("positions", (tokens + extra_positions,), rng.choice((torch.int64, torch.int32)),
-                            pick(rng, INDEX_KINDS), position_values(gen, 0, rows - 1, hostile, rows))
+                            pick(rng, INDEX_KINDS), position_values(gen, 0, top, hostile, rows))
     if separate:  # FlashInfer's: kv_c's and k_pe's caches apart
         (ckv_cache,), engine, _ = engine_caches(arena, "ckv_cache", (num_blocks, block_size, latent), cache_dtype)
         (kpe_cache,), _, _ = engine_caches(arena, "kpe_cache", (num_blocks, block_size, rope_dim), cache_dtype)
@@ -565,15 +608,22 @@ def draw_mla_rope_and_cache(rng: random.Random, gen: torch.Generator, device) ->
                 rows=rows, cache_shape=tuple(latent_cache.shape[:2]), engine_cache=engine, separate=separate,
                 page_table={n: address[n].tolist() for n in PAGE_TABLE if n in address}, slots=slots,
                 slot_mapping=mapped, positions=positions.detach().cpu().tolist(), engines_table=engines_table,
-                check_mode=check_mode, cache_requires_grad=grad_cache, kv_cache_dtype=kv_cache_dtype)
+                check_mode=check_mode, cache_requires_grad=grad_cache, kv_cache_dtype=kv_cache_dtype,
+                angles=by_angles, angle_misuse=misuse, frequencies=frequencies,
+                inv_freq=None if not with_inv_freq else dict(
+                    dtype=str(angle_kwargs["inv_freq"].dtype), shape=tuple(angle_kwargs["inv_freq"].shape),
+                    values=angle_kwargs["inv_freq"].detach().cpu().to(torch.float64).reshape(-1).tolist()),
+                angle_scale=angle_kwargs.get("scale"))
     tensors = dict(q_pe=q_pe, k_pe=k_pe, kv_c=kv_c, positions=positions, **dict(zip(caches_named, (
         (ckv_cache, kpe_cache) if separate else (kv_cache,)))), **address, **tables,
-        **({} if scale is None else dict(kv_cache_scale=scale)))
+        **({} if scale is None else dict(kv_cache_scale=scale)),
+        **({"inv_freq": angle_kwargs["inv_freq"]} if with_inv_freq else {}))
     writes = {n: tensors[n] for n in written}
     aliased, spans = pool_overlaps(arena, spec, writes, {n: t for n, t in tensors.items() if n not in writes})
     overlap = inplace and (self_overlapping(q_pe) or self_overlapping(k_pe))
-    why_raise = refusals(check_mode, pos, rows, mapped, n_slots, overlap) + aliased
-    why_raise += table_refusals if check_mode else []
+    # (table-free angles: check mode refuses negative positions only)
+    why_raise = refusals(check_mode, pos, 2**62 if with_inv_freq else rows, mapped, n_slots, overlap) + aliased
+    why_raise += (table_refusals if check_mode else []) + angle_why
     if grad_cache:
         why_raise.append("a cache that requires grad")
     expect = RAISE if why_raise else MATCH
@@ -584,7 +634,7 @@ def draw_mla_rope_and_cache(rng: random.Random, gen: torch.Generator, device) ->
     if spans:
         either.append("byte spans that meet, elements apart")
     logical = {name: t.detach().cpu().clone() for name, t in (("q_pe", q_pe), ("k_pe", k_pe), ("kv_c", kv_c),
-                                                               ("cos", cos), ("sin", sin))}
+                                                               ("cos", cos), ("sin", sin)) if t is not None}
     before = [as_fp8(c.detach().cpu().clone(), cache_dtype).reshape(n_slots, -1)
               for c in (latent_cache, rope_cache)]
     scale_value = None if scale is None else float(scale)
@@ -592,7 +642,8 @@ def draw_mla_rope_and_cache(rng: random.Random, gen: torch.Generator, device) ->
 
     def rotated(name: str) -> torch.Tensor:  # (tokens, ..., rope_dim) rotated at each token's position
         x = logical[name].to(torch.float64)
-        table = table_rows(logical, pos, rows)
+        table = (angle_rows(angle_kwargs["inv_freq"], pos, rope_dim // 2, angle_kwargs["scale"]) if with_inv_freq
+                 else table_rows(logical, pos, rows))
         shape = (tokens,) + (1,) * (x.ndim - 2) + (rope_dim // 2,)
         return ref.rotate_pairs(x, table[0].reshape(shape), table[1].reshape(shape), interleaved=interleaved)
 
@@ -616,12 +667,31 @@ def draw_mla_rope_and_cache(rng: random.Random, gen: torch.Generator, device) ->
                 lambda: ropekit.mla_rope_and_cache(q_pe, k_pe, kv_c, kv_cache, slot_mapping, positions,
                                                    interleaved=interleaved, inplace=inplace, kv_cache_scale=scale,
                                                    **{n: t for n, t in address.items() if n != "slot_mapping"},
-                                                   **tables, **({} if kv_cache_dtype is None else dict(
-                                                       kv_cache_dtype=kv_cache_dtype))),
+                                                   **tables, **angle_kwargs, **({} if kv_cache_dtype is None else
+                                                                                dict(kv_cache_dtype=kv_cache_dtype))),
                 check, expect=EITHER if expect == MATCH and either else expect, why_raise="; ".join(why_raise),
                 overlap=overlap or {"q_pe", "k_pe"} <= set(spec.get("overlap", "").split(" over ")),
                 inplace_targets=[t for t in ((q_pe, k_pe) if inplace else ()) if t.numel()],
                 env={"ROPEKIT_CHECK": "1" if check_mode else "0"}, tensors=tensors)
+
+
+def _draw_mla_angles(rng: random.Random, arena: Arena, pairs: int, short: bool, why: list) -> tuple[dict, str]:
+    """mla_rope_and_cache's table-free angles: ``inv_freq`` of ``pairs`` frequencies (a few more at times: the kernel
+    reads the first ``pairs``; fewer when ``short``: refused) and ``scale``. Plain frequencies come from
+    :func:`~ropekit.reliability.rope_args.draw_angles` (with its refusals, appended to ``why``); YaRN's
+    (:data:`_YARN_CONFIGS`, from :func:`ropekit.rope_init`) are float32 or float64 in any view, scaled by YaRN's
+    attention factor or one of :data:`ANGLE_SCALES`. Returns the keyword arguments and which frequencies."""
+    columns = rng.randint(1, pairs - 1) if short else pairs + (rng.randint(1, 3) if rng.random() < 0.3 else 0)
+    if rng.random() >= _YARN_SHARE:
+        inv_freq, scale, drawn_why = draw_angles(rng, arena, columns)
+        why += drawn_why
+        return dict(inv_freq=inv_freq, scale=scale), "plain"
+    # (rope_init computes them for 2 * columns channels: all <= 1, as the kernel's exact angle reduction needs)
+    freqs, attention_factor = ropekit.rope_init(rng.choice(_YARN_CONFIGS), 2 * columns)
+    inv_freq = arena.place("inv_freq", (columns,), rng.choice((torch.float32, torch.float64)), pick(rng, INPUT_KINDS),
+                           lambda core: freqs[:math.prod(core)].reshape(core))
+    scale = float(attention_factor) if rng.random() < 0.5 else rng.choice(ANGLE_SCALES)
+    return dict(inv_freq=inv_freq, scale=scale), "yarn"
 
 
 TARGETS = {name: draw for name, draw in (("rope_and_cache", draw_rope_and_cache),

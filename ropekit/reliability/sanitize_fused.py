@@ -9,7 +9,7 @@ import torch
 
 from ropekit import device as _device
 from ropekit import reference as ref
-from ropekit.frequencies import cos_sin_table, inverse_frequencies
+from ropekit.frequencies import cos_sin_table, inverse_frequencies, rope_init
 from ropekit.fused import mla_rope_and_cache, qk_norm_rope, rope_and_cache
 from ropekit.testing import check_close_to_reference, ulp
 
@@ -17,19 +17,26 @@ __all__ = ["CACHE_ADDRESS_MAPS", "check_cache_address_map", "QUANTISED_CACHES", 
            "check_norm", "NORM_PLACES", "FUSED_ANGLES", "check_fused_angles", "check_fused_nope"]
 
 
-# the fused forward's cache address maps (ropekit.triton.fused_tiles.cache_slot), each with a head layout
+# the fused forward's cache address maps (ropekit.triton.fused_tiles.cache_slot), each with a head layout; MLA's
+# angles from a table, or computed in the kernel from inv_freq times a scale (its latent cache by slot mapping in
+# float8, FlashInfer's two caches by page table)
 CACHE_ADDRESS_MAPS = (("slot_mapping", "HND", False), ("page table prefill", "NHD", False),
                       ("page table prefill", "HND", True), ("page table decode", "HND", False),
                       ("page table paged_kv_cache 5-D", "NHD", True), ("MLA (ckv_cache, kpe_cache) page table", "NHD",
-                                                                      False))
+                                                                      False),
+                      ("MLA table-free one cache slot_mapping", "NHD", True),
+                      ("MLA table-free (ckv_cache, kpe_cache) page table", "NHD", False))
+# YaRN as a long-context model without mscale configures it: its cos and sin times 0.1 ln(40) + 1, not 1
+_YARN = {"rope_type": "yarn", "factor": 40.0, "original_max_position_embeddings": 4096, "rope_theta": 10000.0}
 
 
 def check_cache_address_map(address: str, kv_layout: str, fp8: bool, device) -> str:
-    """``rope_and_cache`` (or MLA's write into two caches) through one address map into caches of exactly the pages
-    the requests hold (a write past them is outside the allocation): head_dim 80 and 3 kv heads (masked channels and
-    heads), token blocks with remainders, a padding token (-1); every written row is read back through the map (the
-    engine's reader: NHD ``cache[page, row]``, HND ``cache[page, :, row]``) and compared with the float64
-    reference, and every other row must be unchanged."""
+    """``rope_and_cache`` (or MLA's write into its two caches, or into its one latent cache) through one address map
+    into caches of exactly the pages the requests hold (a write past them is outside the allocation): head_dim 80 and
+    3 kv heads (masked channels and heads), token blocks with remainders, a padding token (-1); every written row is
+    read back through the map (the engine's reader: NHD ``cache[page, row]``, HND ``cache[page, :, row]``) and
+    compared with the float64 reference, and every other row must be unchanged. MLA ``table-free``: YaRN's inv_freq
+    (float32) times its attention factor at positions up to 10^7, no table; q_pe checked too."""
     gpu = device == "cuda"
     decode = "decode" in address
     seq_lens, append = (([40, 9, 23, 70], [1] * 4) if decode else ([23, 9, 40], [20, 9, 8])) if gpu else \
@@ -53,17 +60,8 @@ def check_cache_address_map(address: str, kv_layout: str, fp8: bool, device) -> 
     scale = torch.tensor([0.05], device=device) if fp8 else None
     positions = cache_positions[None]
     if address.startswith("MLA"):
-        q_pe, k_pe = torch.randn(tokens, 5, 64, device=device), torch.randn(tokens, 64, device=device)
-        kv_c = torch.randn(tokens, 96, device=device)
-        q_pe, k_pe, kv_c = (x.to(torch.bfloat16) for x in (q_pe, k_pe, kv_c))
-        k_pe64 = k_pe.double().cpu()
-        caches = [torch.randn(n_pages, page_size, 1, width, device=device).to(cache_dtype) for width in (96, 64)]
-        before = [c.clone() for c in caches]
-        mla_rope_and_cache(q_pe, k_pe, kv_c, (caches[0][:, :, 0], caches[1][:, :, 0]), None, cache_positions,
-                           cos[:, :32], sin[:, :32], kv_cache_scale=scale, **table)
-        want = [kv_c.double().cpu()[:, None], ref.rope_table(k_pe64[:, None], cos[:, :32], sin[:, :32],
-                                                              local, interleaved=True)]
-        return _read_back(caches, before, want, (True, False), places, "NHD", scale)
+        return _check_mla_address_map(address, tokens, n_pages, page_size, page_of, local, places, table, cos, sin,
+                                      cache_dtype, scale, device)
     q, k, v = (torch.randn(tokens, h, 80, device=device).to(torch.bfloat16) for h in (5, 3, 3))
     shape = (n_pages, 3, page_size, 80) if kv_layout == "HND" else (n_pages, page_size, 3, 80)
     if "5-D" in address:
@@ -85,6 +83,51 @@ def check_cache_address_map(address: str, kv_layout: str, fp8: bool, device) -> 
     problem = check_close_to_reference(out_q, ref.rope_table(q, cos, sin, local))
     want = [ref.rope_table(k, cos, sin, local), v.double().cpu()]
     return problem or _read_back(caches, before, want, (False, True), places, kv_layout, scale)
+
+
+def _check_mla_address_map(address, tokens, n_pages, page_size, page_of, local, places, table, cos, sin,
+                           cache_dtype, scale, device) -> str:
+    """:func:`check_cache_address_map` for MLA: 5 heads, rope 64, latent 96, q_pe and k_pe rotated in place (GPT-J
+    pairs), ``[kv_c | k_pe]`` into FlashInfer's two caches or vLLM's one latent cache (read back as its two parts),
+    by slot mapping or page table; the angles from the table's first 32 columns at the cache positions, or
+    (``table-free``) computed from YaRN's inv_freq times its attention factor at positions up to 10^7."""
+    q_pe, k_pe = torch.randn(tokens, 5, 64, device=device), torch.randn(tokens, 64, device=device)
+    kv_c = torch.randn(tokens, 96, device=device)
+    q_pe, k_pe, kv_c = (x.to(torch.bfloat16) for x in (q_pe, k_pe, kv_c))
+    q64, k_pe64 = q_pe.double().cpu(), k_pe.double().cpu()
+    if "kpe_cache" in address:
+        caches = [torch.randn(n_pages, page_size, 1, width, device=device).to(cache_dtype) for width in (96, 64)]
+        given = (caches[0][:, :, 0], caches[1][:, :, 0])
+    else:  # one latent cache of [kv_c | k_pe] rows, exactly the pages the requests hold
+        joined = torch.randn(n_pages, page_size, 1, 96 + 64, device=device).to(cache_dtype)
+        caches, given = [joined[..., :96], joined[..., 96:]], joined[:, :, 0]
+    before = [c.clone() for c in caches]
+    if "slot_mapping" in address:
+        slots = torch.tensor([page * page_size + row if page >= 0 else -1
+                              for page, row in zip(page_of, (local % page_size).tolist())], device=device)
+        addressing = dict(slot_mapping=slots)
+    else:
+        addressing = dict(slot_mapping=None, **table)
+    if "table-free" in address:
+        inv_freq, factor = rope_init(_YARN, 64)
+        inv_freq = inv_freq.float().to(device)  # (the float64 angles below read its float32 values)
+        positions = torch.randint(0, 10_000_000, (tokens,), device=device)
+        theta = positions.cpu().double()[:, None, None] * inv_freq.double().cpu()
+
+        def rotated(x):
+            return ref.rotate_pairs(x, torch.cos(theta) * factor, torch.sin(theta) * factor, interleaved=True)
+
+        angles = dict(inv_freq=inv_freq, scale=factor)
+    else:
+        def rotated(x):
+            return ref.rope_table(x, cos[:, :32], sin[:, :32], local, interleaved=True)
+
+        positions, angles = local.to(device), dict(cos=cos[:, :32], sin=sin[:, :32])
+    out_q, _ = mla_rope_and_cache(q_pe, k_pe, kv_c, given, positions=positions, kv_cache_scale=scale, **addressing,
+                                  **angles)
+    want = [kv_c.double().cpu()[:, None], rotated(k_pe64[:, None])]
+    return check_close_to_reference(out_q, rotated(q64)) or _read_back(caches, before, want, (True, False), places,
+                                                                       "NHD", scale)
 
 
 def _read_back(caches, before, want, exact, places, kv_layout, scale) -> str:
