@@ -240,7 +240,8 @@ def _nope(q, k, out_q, out_k, positions: PositionSpec, tokens: _Tokens, math: to
 
 # the fused kernel's quantising store (ropekit.triton.fused_tiles): formats and scales
 PLAIN, E4M3, E5M2, INT8, NVFP4 = 0, 1, 2, 3, 4
-PER_TENSOR, PER_HEAD, PER_TOKEN_HEAD, PER_BLOCK = 0, 1, 2, 3
+PER_TENSOR, PER_HEAD, PER_TOKEN_HEAD, PER_BLOCK, PER_TILE = 0, 1, 2, 3, 4
+TILE_CHANNELS = 128
 # and its norm's place
 NO_NORM, BEFORE, AFTER = 0, 1, 2
 _FLOAT8 = {E4M3: (torch.float8_e4m3fn, 448.0), E5M2: (torch.float8_e5m2, 57344.0)}
@@ -328,7 +329,8 @@ def _write_cache(cache, places, values, scale, quant: tuple, global_scale=None) 
     """Store the covered tokens' ``values`` (token-major, heads, channels) at their places in ``cache``: its dtype,
     or quantised as ``quant`` = (format, scales) says at ``scale`` (one float, or None where the values are the
     quotients already; one a head; or, per (token, head), a scale cache the computed scales are written to at the
-    same places; NVFP4: the block-scale cache, written, over ``global_scale``)."""
+    same places; per tile of TILE_CHANNELS channels likewise; NVFP4: the block-scale cache, written, over
+    ``global_scale``)."""
     block, row, written = places
     values = values.reshape(written.shape[0], *values.shape[-2:])[written]
     fmt, scales = quant
@@ -339,6 +341,12 @@ def _write_cache(cache, places, values, scale, quant: tuple, global_scale=None) 
         packed, block_scales = nvfp4(values, global_scale)
         cache[block[written], row[written]] = packed
         scale[block[written], row[written]] = block_scales
+        return
+    if scales == PER_TILE:  # each tile a head vector of its own
+        tiles = values.to(torch.float32).unflatten(-1, (-1, TILE_CHANNELS))
+        computed = token_head_scales(tiles, fmt)
+        scale[block[written], row[written]] = computed[..., 0]
+        cache[block[written], row[written]] = quantised(tiles, computed, fmt).flatten(-2)
         return
     if scales == PER_TOKEN_HEAD:
         computed = token_head_scales(values.to(torch.float32), fmt)
@@ -383,7 +391,7 @@ def fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, interleav
           v_scale=None, quant: tuple = (PLAIN, PER_TENSOR), q_format: int = PLAIN, q_scale=None, k_global=None,
           v_global=None, q_weight=None, k_weight=None, eps: float = 0.0, weight_offset: float = 0.0,
           norm: int | None = None, norm_over_heads: bool = False, grad_q=None, grad_k=None, inv_freq=None,
-          angle_scale: float = 1.0, nope: tuple | None = None):
+          angle_scale: float = 1.0, nope: tuple | None = None, v_quant: tuple | None = None):
     """:func:`ropekit.triton.fused.launch_fused`'s arguments and outputs, computed in PyTorch ops: RMSNorm per head
     or over all heads of a token (``norm_over_heads``; with weights), RoPE (from the table, or from ``inv_freq``
     times ``angle_scale``; ``nope``: a NoPE layer, q times its temperature and k as it is), the outputs (None: not
@@ -473,7 +481,8 @@ def fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, interleav
             places = _cache_places(tokens, seqlen, cache_mode, slots, page_table, block_size, cache_len)
             _write_cache(k_cache, places, y, k_scale if scale is None else None, quant, k_global)
             if v is not None:
-                _write_cache(v_cache, places, tokens.take(v), v_scale, quant, v_global)
+                _write_cache(v_cache, places, tokens.take(v), v_scale, quant if v_quant is None else v_quant,
+                             v_global)
         if out is not None:
             if i == 0 and q_format != PLAIN:  # a float8 q at one scale
                 y = quantised(y, q_scale.reshape(()) if scale is None else None, q_format)

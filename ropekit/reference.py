@@ -302,6 +302,35 @@ def dequantise(stored: torch.Tensor, scale) -> torch.Tensor:
     return stored.to(torch.float64).cpu() * torch.as_tensor(scale, dtype=torch.float64).cpu()
 
 
+# DeepSeek's fp8_ds_mla latent-cache entry (vLLM's kv_cache_dtype="fp8_ds_mla", what FlashMLA's sparse attention
+# reads): one token's bytes are [kv_c in e4m3, one float32 scale a tile of DS_MLA_TILE channels | k_pe in the model's
+# dtype], the scale a tile's max|x| / 448 as per (token, head) (token_head_scale, a tile for the head vector).
+DS_MLA_TILE = 128
+
+
+def ds_mla_entry(kv_c: torch.Tensor, k_pe: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The fp8_ds_mla entries ``(..., latent + 4 * latent / DS_MLA_TILE + rope_dim * itemsize)`` bytes (uint8, on
+    the CPU) that a writer stores for latent vectors ``kv_c (..., latent)`` and the rotated ``k_pe (..., rope_dim)``
+    (float64 truths): each tile's scale (:func:`token_head_scale` of the tile, float32), its values
+    :func:`quantise`'d to e4m3 at it, and k_pe rounded to ``dtype``."""
+    tiles = kv_c.to(torch.float64).cpu().unflatten(-1, (-1, DS_MLA_TILE))
+    scales = token_head_scale(tiles, torch.float8_e4m3fn)
+    values = quantise(tiles, scales, torch.float8_e4m3fn).to(torch.float8_e4m3fn).flatten(-2)
+    return torch.cat((values.view(torch.uint8), scales[..., 0].to(torch.float32).contiguous().view(torch.uint8),
+                      k_pe.cpu().to(dtype).contiguous().view(torch.uint8)), -1)
+
+
+def ds_mla_read(entries: torch.Tensor, latent: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """The attention's reader of fp8_ds_mla entries (uint8 ``(..., entry)``): ``(kv_c, k_pe)`` in float64, kv_c as
+    each e4m3 value times its tile's float32 scale, k_pe the stored ``dtype`` values."""
+    entries = entries.cpu().contiguous()
+    tiles = latent // DS_MLA_TILE
+    values = entries[..., :latent].view(torch.float8_e4m3fn).to(torch.float64).unflatten(-1, (tiles, DS_MLA_TILE))
+    scales = entries[..., latent:latent + 4 * tiles].view(torch.float32).to(torch.float64)
+    kv_c = (values * scales[..., None]).flatten(-2)
+    return kv_c, entries[..., latent + 4 * tiles:].view(dtype).to(torch.float64)
+
+
 # NVFP4 (NVIDIA's 4-bit float, as FlashInfer's and vLLM's NVFP4 KV caches store it): e2m1 values (sign bit 3, two
 # exponent bits, one mantissa bit; magnitude code i of the nibble's bits 0-2 is E2M1_VALUES[i]), two a byte with
 # element 2i in the low nibble, one e4m3 block scale per 16 consecutive elements, one float32 global scale a tensor:
@@ -377,4 +406,5 @@ def contiguous_cache_write(cache: torch.Tensor, values: torch.Tensor, offsets) -
 
 
 __all__ += ["rms_norm", "rope_table", "e4m3", "e5m2", "int8", "token_head_scale", "quantise", "dequantise", "e2m1",
-            "nvfp4_quantise", "nvfp4_dequantise", "e2m1_spacing", "paged_cache_write", "contiguous_cache_write"]
+            "nvfp4_quantise", "nvfp4_dequantise", "e2m1_spacing", "paged_cache_write", "contiguous_cache_write",
+            "DS_MLA_TILE", "ds_mla_entry", "ds_mla_read"]

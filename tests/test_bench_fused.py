@@ -512,3 +512,34 @@ def test_a_nope_case_is_judged_by_its_temperature_not_a_rotation():
     got = fused_cases.actual(data, q)
     got["k_cache"], got["v_cache"] = (want["k_cache"], want["v_cache"])
     assert not fused_cases.check(data, want, got)["ok"]
+
+
+DS_MLA = ("mla-decode-b64-ds-mla", "mla-prefill-b4-s4096-ds-mla")
+
+
+@pytest.mark.parametrize("name", DS_MLA)
+def test_fp8_ds_mla_cases_are_checked_through_the_entry_reader(name):
+    """DeepSeek's fp8_ds_mla entry: every implementation (the fused call, torch's writer after ropekit's rotation,
+    torch.compile of the chain) is read back through the entry's reader within its format's rounding, and the floor
+    counts the 656-byte entry."""
+    case = CASES[name]
+    assert case.ds_mla and case.entry_bytes == 656 and case.format.startswith("fp8_ds_mla")
+    assert fused_cases.floor_bytes(case) == case.tokens * ((2 * 128 * 64 + 2 * 64 + 512) * 2 + 656)
+    assert fused_cases.static_scale_bytes(case) == 0
+    tiny = fused_cases.tiny(case)
+    for impl, build in fused.impls("aot_eager").items():
+        result, _, _ = fused.checked_call(tiny, build, DEVICE, seed=3)
+        assert result["ok"] and result["quant_ulps"] is not None, (impl, result)
+        if impl == "ropekit-fused":
+            assert result["quant_ulps"] <= 0.5 + 1e-3
+
+
+def test_fp8_ds_mla_check_fails_for_a_wrong_tile_scale():
+    """The check can fail: an entry whose first tile's scale is doubled reads kv_c back a factor of two off."""
+    case = fused_cases.tiny(CASES["mla-decode-b64-ds-mla"])
+    data = fused_cases.make_data(case, DEVICE, seed=4)
+    want = fused_cases.expected(data)
+    result = fused.impls("aot_eager")["ropekit-fused"](data)()
+    scales = data.k_cache.reshape(-1, case.entry_bytes)[:, 128:132].view(torch.float32)
+    scales.mul_(2.0)
+    assert not fused_cases.check(data, want, fused_cases.actual(data, result))["ok"]

@@ -39,14 +39,14 @@ import torch
 import torch.nn.functional as F
 
 from ..api import apply_rope
-from ..reference import E2M1_VALUES, NVFP4_BLOCK
+from ..reference import DS_MLA_TILE, E2M1_VALUES, NVFP4_BLOCK
 from ..fused import mla_rope_and_cache, qk_norm_rope, rope_and_cache
 from . import floor
 from .fused_cases import (BLOCK_SIZE, CASES, EPS, FORMAT_MAX, FP8, NOPE_TEMPERATURE, Data, FusedCase, actual, check,
                           expected, floor_bytes, make_data, meta_bytes, scale_bytes, static_scale_bytes, tiny)
 
 __all__ = ["CASES", "IMPL_NAMES", "COPY_REFERENCE", "LAUNCH_FLOOR", "LAUNCH_FLOOR_DEPENDENT", "impls", "checked_call",
-           "stream_for", "run_case", "copy_of_floor", "torch_nvfp4", "run", "cli_parser", "main"]
+           "stream_for", "run_case", "copy_of_floor", "torch_nvfp4", "torch_ds_mla", "run", "cli_parser", "main"]
 
 
 # --- the implementations: each builds, from one case's data, a call that returns the rotated q (or the gradients) ---
@@ -63,7 +63,8 @@ def _fused(data: Data) -> Callable:
         k_pe, kv_c = latent[:, c.latent:], latent[:, :c.latent]
         angles = dict(inv_freq=data.inv_freq) if c.angles == "inv_freq" else dict(cos=cos, sin=sin)
         return lambda: mla_rope_and_cache(data.qkv, k_pe, kv_c, data.k_cache, data.slots, positions, **angles,
-                                          interleaved=True, inplace=True, kv_cache_scale=scale)[0]
+                                          interleaved=True, inplace=True, kv_cache_scale=scale,
+                                          kv_cache_dtype=c.kv_cache_dtype)[0]
     q, k, v = data.split()
     # a float8 q output is a new tensor: q is rotated in place otherwise
     kwargs = dict(k_cache=data.k_cache, v_cache=data.v_cache, positions=data.offsets, inplace=c.q_dtype is None,
@@ -151,12 +152,26 @@ def torch_nvfp4(x: torch.Tensor, global_scale: torch.Tensor) -> tuple[torch.Tens
     return nibble[..., 0::2] | (nibble[..., 1::2] << 4), block_scale[..., 0].view(torch.uint8)
 
 
+def torch_ds_mla(rows: torch.Tensor, latent: int) -> torch.Tensor:
+    """torch's fp8_ds_mla writer: projection rows ``(tokens, latent + rope_dim)`` ``[kv_c | rotated k_pe]`` in the
+    model's dtype -> the entries' bytes ``(tokens, latent + 4 * tiles + rope_dim * itemsize)``: each 128-channel tile
+    of kv_c at the scale ``max|x| / 448`` (floored at the smallest normal float32) in e4m3, the tiles' float32
+    scales, k_pe's bytes."""
+    tiles = rows[:, :latent].float().unflatten(-1, (-1, DS_MLA_TILE))
+    scale = (tiles.abs().amax(-1, keepdim=True) / FORMAT_MAX[FP8]).clamp_min(torch.finfo(torch.float32).tiny)
+    values = _rows(tiles, scale, FP8).flatten(-2)
+    return torch.cat((values, scale[..., 0].contiguous().view(torch.uint8),
+                      rows[:, latent:].contiguous().view(torch.uint8)), -1)
+
+
 def _cache_rows(rows: torch.Tensor, scale: Optional[torch.Tensor], c: FusedCase):
     """torch's quantise of cache rows ``(tokens, ..., D)`` in the model's dtype for case ``c``'s cache: (the rows as
     the flat cache holds them, the scale cache's rows or None). ``scale``: the static scale (NVFP4: the global one),
     or None."""
     if c.nvfp4:
         return torch_nvfp4(rows, scale)
+    if c.ds_mla:
+        return torch_ds_mla(rows, c.latent), None
     fmt = c.cache_dtype
     if c.token_head_scales:
         computed = _token_head_scale(rows, fmt)

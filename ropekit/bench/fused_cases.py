@@ -30,10 +30,10 @@ import torch
 
 from .. import reference
 from ..frequencies import cos_sin_table, inverse_frequencies
-from ..fused.validate import KV_CACHE_DTYPES
+from ..fused.validate import KV_CACHE_DTYPES, ds_mla_entry_bytes
 
 __all__ = ["FusedCase", "CASES", "tiny", "floor_bytes", "scale_bytes", "static_scale_bytes", "meta_bytes", "Data",
-           "Stored", "StoredNvfp4", "make_data", "expected", "actual", "check", "spacing", "TABLE_POSITIONS",
+           "Stored", "StoredNvfp4", "StoredDsMla", "make_data", "expected", "actual", "check", "spacing", "TABLE_POSITIONS",
            "BLOCK_SIZE", "EPS", "FP8", "FORMAT_MAX", "NVFP4_GLOBAL_SCALE", "FAR_POSITIONS", "NOPE_TEMPERATURE"]
 
 TABLE_POSITIONS, BLOCK_SIZE, EPS = 8192, 16, 1e-6
@@ -96,7 +96,9 @@ class FusedCase:
 
     @property
     def cache_dtype(self) -> torch.dtype:
-        """What the cache holds: the format's dtype, or the model's."""
+        """What the cache holds: the format's dtype, or the model's (fp8_ds_mla: the entry's bytes)."""
+        if self.ds_mla:
+            return torch.uint8
         return KV_CACHE_DTYPES[self.kv_cache_dtype][0] or self.dtype
 
     @property
@@ -108,7 +110,20 @@ class FusedCase:
     @property
     def token_head_scales(self) -> bool:
         """Scales computed on write, one a token and kv head, stored in scale caches beside the caches."""
-        return KV_CACHE_DTYPES[self.kv_cache_dtype][1]
+        return not self.ds_mla and KV_CACHE_DTYPES[self.kv_cache_dtype][1]
+
+    @property
+    def ds_mla(self) -> bool:
+        """MLA's cache is DeepSeek's fp8_ds_mla entry: kv_c in e4m3 at a scale a 128-channel tile, computed and
+        written in the entry, and the rotated k_pe in the model's dtype."""
+        return self.kv_cache_dtype == "fp8_ds_mla"
+
+    @property
+    def entry_bytes(self) -> int:
+        """MLA: one token's cache entry, in bytes."""
+        if self.ds_mla:
+            return ds_mla_entry_bytes(self.latent, self.head_dim, self.dtype)
+        return (self.latent + self.head_dim) * self.cache_dtype.itemsize
 
     @property
     def nvfp4(self) -> bool:
@@ -127,6 +142,8 @@ class FusedCase:
         parts = []
         if self.nvfp4:
             parts.append("NVFP4 cache (e2m1, an e4m3 scale per 16 channels, a global scale)")
+        elif self.ds_mla:
+            parts.append("fp8_ds_mla cache (kv_c float8 e4m3 per 128-channel tile, k_pe in the model's dtype)")
         elif self.fp8:
             scales = ("per (token, head)" if self.token_head_scales else "per kv head" if self.per_head_scales
                       else "per tensor")
@@ -162,6 +179,8 @@ CASES = (
               "cache", 4, 4096, page_table=True, **_LLAMA),
     FusedCase("mla-decode-b64", "DeepSeek MLA decode b64 (128 heads, rope 64, latent 512)", "mla", 64, 1, 128, 1,
               64, latent=512),
+    FusedCase("mla-prefill-b4-s4096", "DeepSeek MLA prefill b4 s4096 (128 heads, rope 64, latent 512)", "mla", 4,
+              4096, 128, 1, 64, latent=512),
     FusedCase("qknorm-backward-b4-s4096", "Qwen3-8B QK-norm + RoPE backward b4 s4096", "backward", 4, 4096,
               qk_norm=True, **_LLAMA),
     # the QK-norm across all heads (OLMo-2's: one program holds a token's 32 heads)
@@ -180,6 +199,11 @@ CASES = (
     *_formats("fp8-q", "float8 e4m3 + a float8 e4m3 q output (FlashInfer's rope_quantize_fp8)",
               kv_cache_dtype="fp8", q_dtype=FP8),
     *_formats("nvfp4", "NVFP4 (e2m1, e4m3 scales per 16 channels, a global scale)", kv_cache_dtype="nvfp4"),
+    # DeepSeek's fp8_ds_mla entry (V3.2's sparse attention reads it)
+    FusedCase("mla-decode-b64-ds-mla", "DeepSeek MLA decode b64, fp8_ds_mla cache (kv_c e4m3 per 128-channel tile)",
+              "mla", 64, 1, 128, 1, 64, latent=512, kv_cache_dtype="fp8_ds_mla"),
+    FusedCase("mla-prefill-b4-s4096-ds-mla", "DeepSeek MLA prefill b4 s4096, fp8_ds_mla cache", "mla", 4, 4096, 128,
+              1, 64, latent=512, kv_cache_dtype="fp8_ds_mla"),
     # no table: MLA's angles from its inverse frequencies, and Llama 4's NoPE layer
     FusedCase("mla-decode-b64-no-table", "DeepSeek MLA decode b64, angles computed from inv_freq (no table)", "mla",
               64, 1, 128, 1, 64, latent=512, angles="inv_freq"),
@@ -191,11 +215,11 @@ CASES = (
 
 def tiny(case: FusedCase) -> FusedCase:
     """The same case at interpreter sizes (dry runs and tests): 2 sequences, 4/2 heads of 32 (MLA: 4 heads, latent
-    32, rope 16), prefill 8 tokens."""
+    32, or one 128-channel tile for fp8_ds_mla, rope 16), prefill 8 tokens."""
     mla = case.kind == "mla"
     return dataclasses.replace(case, title=case.title + " (tiny shapes)", batch=2, seqlen=1 if case.decode else 8,
                                heads_q=4, heads_kv=1 if mla else 2, head_dim=16 if mla else 32,
-                               latent=32 if mla else 0)
+                               latent=(128 if case.ds_mla else 32) if mla else 0)
 
 
 def floor_bytes(case: FusedCase) -> int:
@@ -208,8 +232,8 @@ def floor_bytes(case: FusedCase) -> int:
         q_out = case.q_dtype.itemsize if case.q_dtype is not None else act
         cached = kv // 2 if case.nvfp4 else kv * cache  # NVFP4: two e2m1 values a byte
         return (q + 2 * kv) * act + q * q_out + 2 * cached + scale_bytes(case)
-    if case.kind == "mla":  # read q_pe, k_pe, kv_c; write q_pe, k_pe (in place) and the cache row [kv_c | k_pe]
-        return (2 * q + 2 * t * d + t * case.latent) * act + t * (case.latent + d) * cache
+    if case.kind == "mla":  # read q_pe, k_pe, kv_c; write q_pe, k_pe (in place) and the cache entry
+        return (2 * q + 2 * t * d + t * case.latent) * act + t * case.entry_bytes
     return 3 * (q + kv) * act  # backward: read q, k and the gradients of their outputs; write dq, dk
 
 
@@ -224,7 +248,7 @@ def scale_bytes(case: FusedCase) -> int:
 def static_scale_bytes(case: FusedCase) -> int:
     """The static scales a call reads (one float32 a tensor or a kv head, for each cache and a float8 q; NVFP4's
     global scales), a few bytes the floor leaves out as it leaves out the metadata."""
-    caches = 0 if not case.fp8 or case.token_head_scales else 1 if case.kind == "mla" else 2
+    caches = 0 if not case.fp8 or case.token_head_scales or case.ds_mla else 1 if case.kind == "mla" else 2
     per_cache = case.heads_kv if case.per_head_scales else 1
     return 4 * (caches * per_cache + (case.q_dtype is not None))
 
@@ -307,6 +331,29 @@ class StoredNvfp4:
         return scale * reference.e2m1_spacing(truth / scale)
 
 
+@dataclass
+class StoredDsMla:
+    """fp8_ds_mla entries (uint8 ``(tokens, entry)``) as their reader sees them: kv_c's e4m3 values times their
+    tile's float32 scale, then k_pe in the model's dtype."""
+
+    entries: torch.Tensor
+    latent: int
+    dtype: torch.dtype
+
+    def read(self) -> torch.Tensor:
+        """The attention's reader: ``[kv_c | k_pe]``, float64."""
+        return torch.cat(reference.ds_mla_read(self.entries, self.latent, self.dtype), -1)
+
+    def step(self, truth: torch.Tensor) -> torch.Tensor:
+        """Each value's spacing at its float64 ``truth``: e4m3's at the tile's scale, the model dtype's for k_pe."""
+        tiles = self.latent // reference.DS_MLA_TILE
+        entries = self.entries.cpu().contiguous()
+        scale = entries[:, self.latent:self.latent + 4 * tiles].view(torch.float32).double()
+        scale = scale.repeat_interleave(reference.DS_MLA_TILE, -1)
+        latent, k_pe = truth[:, :self.latent], truth[:, self.latent:]
+        return torch.cat((scale * spacing(latent / scale, FP8), spacing(k_pe, self.dtype)), -1)
+
+
 def make_data(case: FusedCase, device, seed: int) -> Data:
     """Fresh random inputs: positions spread over the table (decode) or from 0 (prefill), a shuffled block table,
     the format's scales (static ones, or zeroed scale caches the call fills; NVFP4: both, the global scales and
@@ -337,7 +384,8 @@ def make_data(case: FusedCase, device, seed: int) -> Data:
                 ("batch_indices", seq), ("cache_positions", pos))}
         if case.kind == "mla":
             qkv, extra = randn(t, case.heads_q, d), randn(t, case.latent + d)
-            k_cache = torch.zeros(table.numel(), BLOCK_SIZE, case.latent + d, dtype=case.cache_dtype, device=device)
+            k_cache = torch.zeros(table.numel(), BLOCK_SIZE, case.entry_bytes // case.cache_dtype.itemsize,
+                                  dtype=case.cache_dtype, device=device)
         else:
             qkv = randn(case.batch, case.seqlen, case.heads_q + 2 * case.heads_kv, d)
             shape = (table.numel(), BLOCK_SIZE, case.heads_kv, d // 2 if case.nvfp4 else d)
@@ -352,7 +400,7 @@ def make_data(case: FusedCase, device, seed: int) -> Data:
     weights = tuple(1 + 0.2 * randn(width) for width in widths) if case.qk_norm else ()
     if case.nvfp4:
         scales = tuple(torch.tensor([NVFP4_GLOBAL_SCALE], device=device) for _ in range(2))
-    elif case.fp8 and not case.token_head_scales:
+    elif case.fp8 and not case.token_head_scales and not case.ds_mla:
         # per kv head: scales from half to one and a half times the tensor's, so that each head reads its own
         spread = (0.5 + torch.arange(case.heads_kv) / case.heads_kv) if case.per_head_scales else torch.ones(1)
         scales = tuple((s * spread).to(device=device, dtype=torch.float32) for s in (K_SCALE, V_SCALE))
@@ -430,7 +478,10 @@ def actual(data: Data, result) -> dict:
     q = _take(result.reshape(c.tokens, -1, c.head_dim), rows)
     out = {"q": Stored(q, data.q_scale) if c.q_dtype is not None else q}
     if c.kind == "mla":
-        caches = {"cache": (_take(data.k_cache.reshape(-1, c.latent + c.head_dim), slots), 0)}
+        entries = _take(data.k_cache.reshape(-1, data.k_cache.shape[-1]), slots)
+        if c.ds_mla:
+            return {**out, "cache": StoredDsMla(entries, c.latent, c.dtype)}
+        caches = {"cache": (entries, 0)}
     else:
         caches = {name: (_take(getattr(data, name).flatten(0, 1), slots), i)
                   for i, name in enumerate(("k_cache", "v_cache"))}
@@ -476,7 +527,7 @@ def check(data: Data, want: dict, got: dict) -> dict:
     worst, ulps, quantised = 0.0, 0.0, False
     for name, ref in want.items():
         out = got[name]
-        if isinstance(out, (Stored, StoredNvfp4)):
+        if isinstance(out, (Stored, StoredNvfp4, StoredDsMla)):
             quantised = True
             read = out.read()  # the attention's reader
             ulps = max(ulps, _largest(torch.where(read == ref, 0.0, (read - ref).abs() / out.step(ref))))

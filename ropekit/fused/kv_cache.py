@@ -22,7 +22,8 @@ from ..layouts import to_bshd
 from ..outputs import bump_versions, new_output
 from ..triton.fused import CACHE_CONTIGUOUS, CACHE_PAGE_TABLE, plan_fused
 from ..triton.launch import released
-from ..triton.fused_tiles import E4M3, E5M2, INT8, NVFP4, PER_BLOCK, PER_HEAD, PER_TENSOR, PER_TOKEN_HEAD, PLAIN
+from ..triton.fused_tiles import E4M3, E5M2, INT8, NVFP4, PER_BLOCK, PER_HEAD, PER_TENSOR, PER_TILE, PER_TOKEN_HEAD, \
+    PLAIN, TILE_CHANNELS
 from . import validate
 from .plan import FusedPlan, keyed, planned, plans, reads_callers_memory, with_outputs
 from .qk_norm_rope import _spec, angle_flags, fused_launch, position_fields, schema_names
@@ -74,12 +75,16 @@ def _kernel_arguments(q, k, v, out_q, out_k, k_cache, v_cache, slots, cache_mode
     quantised cache: the kernel never sees others; with scale caches, those in their place, written; NVFP4: the
     block-scale caches as bytes in their place and the scales given as the global ones; a float8 ``out_q`` as its
     bytes, at ``q_scale``; ``inv_freq``: the angles without a table, cos and sin None; ``nope_floor_scale`` > 0: a
-    NoPE layer at ``(nope_floor_scale, nope_attn_scale)``, cos and sin None)."""
+    NoPE layer at ``(nope_floor_scale, nope_attn_scale)``, cos and sin None). A ``v_scale_cache`` without a
+    ``k_scale_cache`` is DeepSeek's fp8_ds_mla entry: k in its cache's own dtype, v in float8 at a scale per tile of
+    TILE_CHANNELS channels, ``(..., V_DIM / TILE_CHANNELS)`` float32, written (:func:`ds_mla_views`)."""
     # per head when either scale has one a head (a one-element one is then read at stride 0)
     per_head = any(s is not None and s.numel() > 1 for s in (k_scale, v_scale))
     quant = quant_codes(k_cache.dtype, per_head=per_head, per_token_head=k_scale_cache is not None)
-    k_global = v_global = None
-    if quant[0] == PLAIN:
+    k_global = v_global = v_quant = None
+    if v_scale_cache is not None and k_scale_cache is None:
+        v_quant, k_scale, v_scale = (_FORMATS[v_cache.dtype], PER_TILE), None, v_scale_cache
+    elif quant[0] == PLAIN:
         k_scale = v_scale = None
     elif quant[1] == PER_BLOCK:
         k_global, v_global = k_scale, v_scale
@@ -99,7 +104,21 @@ def _kernel_arguments(q, k, v, out_q, out_k, k_cache, v_cache, slots, cache_mode
                 q_format=quant_codes(out_q.dtype if out_q is not None else None)[0], q_scale=q_scale,
                 q_weight=q_weight, k_weight=k_weight, eps=eps, weight_offset=weight_offset, norm=norm,
                 norm_over_heads=norm_over_heads, inv_freq=inv_freq, angle_scale=angle_scale,
-                nope=(nope_floor_scale, nope_attn_scale) if nope_floor_scale > 0 else None)
+                nope=(nope_floor_scale, nope_attn_scale) if nope_floor_scale > 0 else None, v_quant=v_quant)
+
+
+def ds_mla_views(kv_cache: torch.Tensor, latent: int, rope_dim: int, dtype: torch.dtype) -> tuple:
+    """DeepSeek's fp8_ds_mla entry (vLLM's, what FlashMLA's sparse attention reads), a ``torch.uint8`` cache
+    ``(num_blocks, block_size, entry)``, as the fused kernel writes it: ``(k_cache, v_cache, v_scale_cache)``, the
+    rotated k_pe's ``rope_dim`` values in ``dtype`` at byte ``latent + 4 * tiles``, the latent's e4m3 bytes at byte 0
+    and its ``tiles = latent / TILE_CHANNELS`` float32 scales at byte ``latent``, each ``(num_blocks, block_size, 1,
+    width)`` (one head). The validation has checked the entry's size and its alignment."""
+    tiles = latent // TILE_CHANNELS
+    at = latent + 4 * tiles
+    k_cache = kv_cache[..., at:at + rope_dim * dtype.itemsize].view(dtype)
+    v_cache = kv_cache[..., :latent].view(torch.float8_e4m3fn)
+    v_scale_cache = kv_cache[..., latent:at].view(torch.float32)
+    return tuple(c[:, :, None] for c in (k_cache, v_cache, v_scale_cache))
 
 
 _FORMATS = {torch.float8_e4m3fn: E4M3, torch.float8_e5m2: E5M2, torch.int8: INT8, torch.uint8: NVFP4}

@@ -20,7 +20,7 @@ from ..triton.fused import CACHE_PAGE_TABLE, CACHE_PAGED, plan_fused
 from ..triton.launch import released
 from ..validate import in_callers_names
 from . import validate
-from .kv_cache import CacheLaunch, _kernel_arguments, run_cache_op
+from .kv_cache import CacheLaunch, _kernel_arguments, ds_mla_views, run_cache_op
 from .qk_norm_rope import angle_flags, position_fields
 from .plan import FusedPlan, keyed, planned, plans, reads_callers_memory, with_outputs
 
@@ -78,7 +78,7 @@ def mla_rope_and_cache(q_pe: torch.Tensor, k_pe: torch.Tensor, kv_c: torch.Tenso
         key, at = keyed("mla_rope_and_cache", user, (interleaved, inplace, kv_cache_dtype) + angles)
         plan = plans.find(key)
         if plan is not None:  # a call signature validated before: where the tensors lie, then the launch
-            return _run_plan(plan, user, inplace, at=at)
+            return _run_plan(plan, user, inplace, kv_cache_dtype == "fp8_ds_mla", at=at)
     if not isinstance(q_pe, torch.Tensor) or q_pe.ndim != 3:
         raise ValueError(f"q_pe must be a (tokens, heads, rope_dim) tensor, got "
                          f"{getattr(q_pe, 'shape', type(q_pe).__name__)}")
@@ -105,8 +105,10 @@ def mla_rope_and_cache(q_pe: torch.Tensor, k_pe: torch.Tensor, kv_c: torch.Tenso
     user_tables = (cos, sin)
     user_positions = positions[None]
     validate.check_mla_kv_cache_dtype(kv_cache_dtype)
-    ckv_cache = validate.fp8_bytes(ckv_cache, kv_cache_dtype)
-    kpe_cache = validate.fp8_bytes(kpe_cache, kv_cache_dtype)
+    ds = kv_cache_dtype == "fp8_ds_mla"
+    if not ds:
+        ckv_cache = validate.fp8_bytes(ckv_cache, kv_cache_dtype)
+        kpe_cache = validate.fp8_bytes(kpe_cache, kv_cache_dtype)
     q = q_pe[None]
     k = validate.tokens_view("k_pe", k_pe, tokens, rope_dim)
     v = validate.tokens_view("kv_c", kv_c, tokens)
@@ -121,16 +123,25 @@ def mla_rope_and_cache(q_pe: torch.Tensor, k_pe: torch.Tensor, kv_c: torch.Tenso
                                                                rope_dim, None, None, False, interleaved, inv_freq,
                                                                scale)
         latent = v.shape[-1]
-        v_cache, k_cache = validate.latent_caches(ckv_cache, kpe_cache, latent, rope_dim)
-        validate.check_cache(cache_names[-1], k_cache, leading=None, n_heads=1, head_dim=rope_dim, dtype=q.dtype,
-                             device=q.device, quantised=validate.FLOAT8_DTYPES)
+        v_scale_cache = None
+        if ds:  # one entry a token: kv_c in e4m3 tiles, a float32 scale a tile, the rotated k_pe in q_pe's dtype
+            if separate:
+                raise ValueError("kv_cache_dtype='fp8_ds_mla' is one kv_cache whose entry holds kv_c, its scales and "
+                                 "k_pe (vLLM's layout), not a pair (ckv_cache, kpe_cache)")
+            validate.check_ds_mla_cache(ckv_cache, latent, rope_dim, q.dtype, q.device)
+            k_cache, v_cache, v_scale_cache = ds_mla_views(ckv_cache, latent, rope_dim, q.dtype)
+        else:
+            v_cache, k_cache = validate.latent_caches(ckv_cache, kpe_cache, latent, rope_dim)
+            validate.check_cache(cache_names[-1], k_cache, leading=None, n_heads=1, head_dim=rope_dim, dtype=q.dtype,
+                                 device=q.device, quantised=validate.FLOAT8_DTYPES)
         if separate:
             validate.check_cache("ckv_cache", v_cache, leading=tuple(k_cache.shape[:2]), n_heads=1,
                                  head_dim=latent, dtype=q.dtype, device=q.device, quantised=validate.FLOAT8_DTYPES)
             if ckv_cache.dtype != kpe_cache.dtype:
                 raise TypeError(f"ckv_cache and kpe_cache must have one dtype, got {ckv_cache.dtype} and "
                                 f"{kpe_cache.dtype}")
-        validate.check_kv_cache_dtype(kv_cache_dtype, ckv_cache, cache_names[0])
+        if not ds:
+            validate.check_kv_cache_dtype(kv_cache_dtype, ckv_cache, cache_names[0])
         fp8 = ckv_cache.dtype in validate.FLOAT8_DTYPES
         validate.check_scale("kv_cache_scale", kv_cache_scale, fp8, q.device)
         by_table = any(t is not None for t in page_table)
@@ -166,14 +177,14 @@ def mla_rope_and_cache(q_pe: torch.Tensor, k_pe: torch.Tensor, kv_c: torch.Tenso
                          kv_indptr=kv_indptr, kv_layout="NHD", cos=cos, sin=sin, **position_fields(spec),
                          rotary_dim=rotary_dim, interleaved=interleaved, k_scale=kv_cache_scale,
                          v_scale=kv_cache_scale)
-    angle_args = dict(inv_freq=inv_freq, angle_scale=scale)
+    angle_args = dict(inv_freq=inv_freq, angle_scale=scale, v_scale_cache=v_scale_cache)
     if key is not None and not q.is_meta and reads_callers_memory((slots, spec.tensor, cos, sin),
                                                                   (user_slots, user_positions, *user_tables)):
         # planned only when the launch reads the caller's own tensors (not a padded slot mapping or copies)
         plan.launch = released(plan_fused(**_kernel_arguments(q, k, v, out_q, out_k, k_cache, v_cache, *launch,
                                                               **angle_args)))
         plans.put(key, plan)
-        return _run_plan(plan, user, inplace, out_q[0], out_k[0, :, 0])
+        return _run_plan(plan, user, inplace, ds, out_q[0], out_k[0, :, 0])
     if not q.is_meta:
         run_cache_op(q, k, v, out_q, out_k, k_cache, v_cache, *launch, **angle_args)
     return (q_pe, k_pe) if inplace else (out_q[0], out_k[0, :, 0])
@@ -182,12 +193,13 @@ def mla_rope_and_cache(q_pe: torch.Tensor, k_pe: torch.Tensor, kv_c: torch.Tenso
 _PAGE_TABLE = ("kv_indices", "kv_indptr", "batch_indices", "cache_positions")
 
 
-def _run_plan(plan, user, inplace, out_q=None, out_k=None, at=None):
+def _run_plan(plan, user, inplace, ds, out_q=None, out_k=None, at=None):
     """A planned call: the overlap rule at the tensors' addresses, the outputs and the launch, on the caller's own
     tensors (the kernel's views of q_pe, k_pe, kv_c, positions, ckv_cache, kpe_cache and v's part of kv_cache have
     their data pointers; k's part of kv_cache and sin's half of cos_sin_cache are the two views taken here, at
-    offsets the plan fixes, so the call's addresses decide the launch's: ``FusedPlan.relaunch``). ``at``: where the
-    call's tensors lie (:func:`~ropekit.fused.plan.keyed`); None: the launch is not kept (the plan's first call)."""
+    offsets the plan fixes, so the call's addresses decide the launch's: ``FusedPlan.relaunch``; ``ds``: the fp8_ds_mla
+    entry's three views of kv_cache). ``at``: where the call's tensors lie (:func:`~ropekit.fused.plan.keyed`); None:
+    the launch is not kept (the plan's first call)."""
     q_pe, k_pe, kv_c, ckv_cache, kpe_cache, slot_mapping, positions, cos, sin, cos_sin_cache, scale, kv_indices, \
         kv_indptr, batch_indices, cache_positions, inv_freq = user
     if out_q is None:
@@ -207,9 +219,12 @@ def _run_plan(plan, user, inplace, out_q=None, out_k=None, at=None):
             cos, sin = cos_sin_cache, cos_sin_cache[:, rope_dim // 2:]
         if positions.shape[0] != tokens:  # (a view is a microsecond of host time: taken only where it differs)
             positions = positions[:tokens]
-        scale = scale if plan.fp8 else None
-        k_cache = ckv_cache[..., kv_c.shape[-1]:] if kpe_cache is None else kpe_cache
-        plan.launch_at(at, q_pe, k_pe, out_q, out_k, kv_c, k_cache, ckv_cache, scale, scale,
+        k_scale = v_scale = scale if plan.fp8 else None
+        if ds:
+            k_cache, v_cache, v_scale = ds_mla_views(ckv_cache, kv_c.shape[-1], rope_dim, q_pe.dtype)
+        else:
+            k_cache, v_cache = (ckv_cache[..., kv_c.shape[-1]:] if kpe_cache is None else kpe_cache), ckv_cache
+        plan.launch_at(at, q_pe, k_pe, out_q, out_k, kv_c, k_cache, v_cache, k_scale, v_scale,
                        slot_mapping if cache_positions is None else cache_positions, batch_indices, kv_indices,
                        kv_indptr, None, None, cos if inv_freq is None else inv_freq, sin, positions, None, 0)
     if inplace:

@@ -16,10 +16,12 @@ import torch
 from .. import device as _device
 from ..layouts import to_bshd
 from ..triton.fused import CACHE_CONTIGUOUS, CACHE_PAGE_TABLE, CACHE_PAGED
+from ..triton.fused_tiles import TILE_CHANNELS as DS_MLA_TILE
 from ..validate import FLOAT_DTYPES, OverlapError, addresses, check_mode, check_nope, check_overlaps, prepare
 
 __all__ = ["paged_kv_cache", "cache_arguments", "tokens_view", "latent_caches",
            "FP8_DTYPE", "FLOAT8_DTYPES", "QUANT_DTYPES", "MLA_KV_CACHE_DTYPES", "check_mla_kv_cache_dtype",
+           "DS_MLA_TILE", "ds_mla_entry_bytes", "check_ds_mla_cache",
            "KV_CACHE_DTYPES", "KV_LAYOUTS", "fp8_bytes", "rotary_arguments", "check_norm", "check_norm_place",
            "check_norm_over", "check_kv_layout", "nhd", "check_cache", "check_kv_cache_dtype", "check_slot_mapping",
            "check_page_table", "check_cache_offsets", "check_scale", "check_scale_cache", "check_nvfp4_channels",
@@ -196,14 +198,45 @@ def check_cache(name: str, cache, *, leading: tuple | None, n_heads: int, head_d
 
 
 # the names mla_rope_and_cache takes: its latent cache at one scale (vLLM's concat_and_cache_mla_rope_fused)
-MLA_KV_CACHE_DTYPES = ("auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2")
+MLA_KV_CACHE_DTYPES = ("auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_ds_mla")
 
 
 def check_mla_kv_cache_dtype(kv_cache_dtype) -> None:
-    """The latent cache's format names: :data:`MLA_KV_CACHE_DTYPES` (one scale for the whole cache)."""
+    """The latent cache's format names: :data:`MLA_KV_CACHE_DTYPES` (one scale for the whole cache, or
+    ``"fp8_ds_mla"``'s scale a tile, computed)."""
     if not isinstance(kv_cache_dtype, str) or kv_cache_dtype not in MLA_KV_CACHE_DTYPES:
         raise ValueError(f"kv_cache_dtype must be one of {', '.join(map(repr, MLA_KV_CACHE_DTYPES))} for the latent "
-                         f"cache (vLLM's names, one scale), got {kv_cache_dtype!r}"[:300])
+                         f"cache (vLLM's names), got {kv_cache_dtype!r}"[:300])
+
+
+def ds_mla_entry_bytes(latent: int, rope_dim: int, dtype: torch.dtype) -> int:
+    """The bytes of one token's fp8_ds_mla entry: the latent's e4m3 values, a float32 scale a tile of
+    ``DS_MLA_TILE`` (the fused kernel's ``TILE_CHANNELS``, 128) channels, the rotated k_pe in the model's dtype (656 for DeepSeek's 512 + 64 in bf16)."""
+    return latent + 4 * (latent // DS_MLA_TILE) + rope_dim * dtype.itemsize
+
+
+def check_ds_mla_cache(kv_cache, latent: int, rope_dim: int, dtype: torch.dtype, device) -> None:
+    """An fp8_ds_mla ``kv_cache``: one ``torch.uint8`` tensor ``(num_blocks, block_size, entry)`` on q's device,
+    each entry's bytes contiguous and every entry, the scales' and k_pe's parts aligned to 4 bytes (they are read as
+    float32 and as the model's dtype); kv_c's width ``latent`` a multiple of the tile."""
+    if latent % DS_MLA_TILE or latent == 0:
+        raise ValueError(f"kv_cache_dtype='fp8_ds_mla' stores kv_c in tiles of {DS_MLA_TILE} channels: kv_c's width "
+                         f"(kv_lora_rank) must be a positive multiple of {DS_MLA_TILE}, got {latent}")
+    entry = ds_mla_entry_bytes(latent, rope_dim, dtype)
+    if not isinstance(kv_cache, torch.Tensor) or kv_cache.dtype != torch.uint8 or kv_cache.ndim != 3 or \
+            kv_cache.shape[2] != entry:
+        raise ValueError(f"kv_cache_dtype='fp8_ds_mla' writes one torch.uint8 kv_cache (num_blocks, block_size, "
+                         f"{entry}) ({latent} e4m3 bytes of kv_c, {latent // DS_MLA_TILE} float32 scales, {rope_dim} "
+                         f"{dtype} values of k_pe), got "
+                         f"{getattr(kv_cache, 'dtype', '')} {getattr(kv_cache, 'shape', type(kv_cache).__name__)}")
+    if not _on(kv_cache, device):
+        raise ValueError(f"kv_cache is on {kv_cache.device} but q_pe is on {device}")
+    # (a trace reads no storage offset: there the views of the entry, which need the same alignment, refuse it)
+    offset = 0 if torch.compiler.is_compiling() else kv_cache.storage_offset()
+    if kv_cache.stride(2) != 1 or kv_cache.stride(0) % 4 or kv_cache.stride(1) % 4 or offset % 4:
+        raise ValueError(f"kv_cache (fp8_ds_mla) must hold each entry's bytes contiguous and every entry at a multiple "
+                         f"of 4 bytes (its scales are float32), got strides {kv_cache.stride()} at storage offset "
+                         f"{kv_cache.storage_offset()}")
 
 
 def check_kv_cache_dtype(kv_cache_dtype, cache, cache_name: str = "k_cache") -> bool:

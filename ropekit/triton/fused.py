@@ -112,7 +112,9 @@ class CacheWrite(NamedTuple):
     CACHE_PAGE_TABLE; ``fused_tiles.cache_slot``) and, through a page table, the rows a page holds (PAGE_SIZE, a
     constant: the page lookup's division and remainder are then a shift and a mask at the usual powers of two); HAS_V,
     v's head vectors of V_DIM channels (BLOCK_V lanes) copied untouched, in k's programs or (V_APART) in programs of
-    their own after k's; QUANT, the quantising store (``fused_tiles``: (format, scales, native conversion))."""
+    their own after k's; QUANT, k's quantising store (``fused_tiles``: (format, scales, native conversion)), and
+    V_QUANT v's: the same but where one cache entry holds both in formats of their own (DeepSeek's fp8_ds_mla: the
+    latent in float8 tiles, the rotated part in the model's dtype)."""
 
     MODE: int
     PAGE_SIZE: int
@@ -121,6 +123,7 @@ class CacheWrite(NamedTuple):
     BLOCK_V: int
     QUANT: tuple
     V_APART: bool
+    V_QUANT: tuple
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -194,7 +197,8 @@ def _load_values(v, batch_index, token_rows, heads, mask, CACHE: tl.constexpr, E
 def _store_values(v_cache, cache_block, cache_row, heads, mask, read, values, channel_mask, QUANT: tl.constexpr,
                   EVICT: tl.constexpr):
     """v's head vectors into the v cache at their slots, in the cache's format: at the scale ``read``
-    (fused_tiles.read_scale), or per (token, head) at one computed and written beside the cache, or NVFP4's."""
+    (fused_tiles.read_scale), or per (token, head) (or per tile of its channels) at one computed and written beside
+    the cache, or NVFP4's."""
     scale = channels_scale(v_cache, cache_block, cache_row, heads, mask, read, values, channel_mask, QUANT)
     V_CACHE, strides = v_cache[0], v_cache[1]
     store_channels(V_CACHE, _rows(strides, cache_block[:, None], cache_row, heads), 0, values,
@@ -248,7 +252,7 @@ def _forward_heads(
     if CACHE_MODE != 0:
         k_read = read_scale(k_cache, heads, head_mask, QUANT, SMALL_GRID)
         if HAS_V:
-            v_read = read_scale(v_cache, heads, head_mask, QUANT, SMALL_GRID)
+            v_read = read_scale(v_cache, heads, head_mask, CACHE.V_QUANT, SMALL_GRID)
     if NORM[0] != NORM_NONE_C and not NORM[2]:
         w_a, w_b, w_t = norm_weights(weight, heads, head_mask, weight_offset, NORM, HEAD, MATH_DTYPE)
     cos_a, sin_a, cos_b, sin_b = _angles(angles, positions, pid_b, batch_index, s_local, token_rows, token_mask, HEAD,
@@ -300,8 +304,8 @@ def _forward_heads(
         store_head(K_CACHE, _rows(k_cache_strides, cache_block[:, None], cache_row, c_heads), c_mask, y_a, y_b, x_t,
                    k_cache_strides[3], k_scale, HEAD, BLOCK_S, BLOCK_H, True, QUANT, EVICT, False, SCALED)
         if HAS_V:  # v passes through
-            _store_values(v_cache, cache_block, cache_row, c_heads, c_mask, v_read, v_values, v_channel_mask, QUANT,
-                          EVICT)
+            _store_values(v_cache, cache_block, cache_row, c_heads, c_mask, v_read, v_values, v_channel_mask,
+                          CACHE.V_QUANT, EVICT)
 
 
 @triton.jit
@@ -312,7 +316,7 @@ def _cache_values(v, v_cache, cache_rows, tokens, first_head, n_heads, sizes, BL
     rotation untouched, so these programs wait for no position and no table row, only for the tokens' slots."""
     pid_s, pid_b, first, seq_len, batch_index = tokens
     EVICT: tl.constexpr = TYPES.EVICT
-    QUANT: tl.constexpr = CACHE.QUANT
+    QUANT: tl.constexpr = CACHE.V_QUANT
     s_local, token_rows, token_mask = _token_block(first, seq_len, pid_s, sizes[3], BLOCK_S, TYPES.INDEX_DTYPE)
     heads, head_mask = _head_block(first_head, n_heads, BLOCK_H, TYPES.INDEX_DTYPE)
     values, channel_mask = _load_values(v, batch_index, token_rows, heads, token_mask[:, None] & head_mask[None, :],
@@ -714,7 +718,7 @@ def plan_fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, inte
                k_global=None, v_global=None, q_weight=None, k_weight=None, eps: float = 0.0,
                weight_offset: float = 0.0, norm: int | None = None, norm_over_heads: bool = False, grad_q=None,
                grad_k=None, inv_freq=None, angle_scale: float = 1.0, nope: tuple | None = None,
-               config: FusedConfig | None = None):
+               config: FusedConfig | None = None, v_quant: tuple | None = None):
     """The plan for :func:`launch_fused`'s arguments: for the forward a :class:`~ropekit.triton.launch.KernelLaunch`
     called with :data:`FORWARD_PER_CALL`'s tensors (None when there is nothing to do), for the backward (``grad_q``
     given) a :class:`FusedBackward`. Later calls pass tensors of the same shapes, strides and dtypes (or views of
@@ -810,11 +814,12 @@ def plan_fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, inte
     in_place = any(out is not None and out.numel() > 0 and out.data_ptr() == x.data_ptr()
                    for x, out in ((q, out_q), (k, out_k)))
     v_dim = v.shape[-1] if v is not None else 1
+    v_quant = _quant(quant if v_quant is None else v_quant, v_cache, q.device)
     quant = _quant(quant, k_cache, q.device)
     arguments = dict(
         common, out_q=_store(out_q, q_scale), out_k=_store(out_k),
         v=(v, _strides(v)), k_cache=_store(k_cache, k_scale, k_global, quant),
-        v_cache=_store(v_cache, v_scale, v_global, quant),
+        v_cache=_store(v_cache, v_scale, v_global, v_quant),
         cache_rows=(slots, slots.stride(0) if slots is not None else 1, batch_indices, kv_indices, kv_indptr,
                     (batch_indices.stride(0), kv_indices.stride(0), kv_indptr.stride(0), kv_indices.shape[0],
                      kv_indptr.shape[0] - 1) if page_table is not None else (1, 1, 1, 0, 0), cache_len,
@@ -822,7 +827,7 @@ def plan_fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, inte
         TILE=Tile(config.block_s, config.block_h, block_hk, config.heads_inner),
         WRITE=Writes(write_q, write_k, norm or not in_place),
         CACHE=CacheWrite(cache_mode, block_size if cache_mode == CACHE_PAGE_TABLE else 1, has_v, v_dim,
-                         next_pow2(v_dim), quant, v_apart),
+                         next_pow2(v_dim), quant, v_apart, v_quant),
         OUT_QUANT=_quant((q_format, PER_TENSOR), out_q, q.device))
     return KernelLaunch(fused_forward_kernel, grid, config.num_warps, FORWARD_PER_CALL, arguments)
 
@@ -844,7 +849,8 @@ def _store(target, scale=None, global_scale=None, quant: tuple = NO_QUANT) -> tu
 
 def _scale_strides(scale, quant: tuple) -> tuple:
     """A scale's (block or sequence, row, head) strides: a per-head ``(heads,)`` tensor's, or a per-(token, head)
-    scale cache's, or NVFP4's block-scale cache's (whose last axis, the 16-blocks, is contiguous); a one-element
+    scale cache's, or NVFP4's block-scale cache's or the tiles' scale cache's (whose last axis, the 16-blocks or the
+    tiles, is contiguous); a one-element
     scale's are not read, or (beside a per-head one: one store's scales are per head when either's are) read at
     stride 0, whatever its shape."""
     if scale is None or quant[0] == PLAIN or quant[1] == PER_TENSOR:
@@ -861,7 +867,7 @@ def launch_fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, in
                  q_scale=None, k_global=None, v_global=None, q_weight=None, k_weight=None, eps: float = 0.0,
                  weight_offset: float = 0.0, norm: int | None = None, norm_over_heads: bool = False, grad_q=None,
                  grad_k=None, inv_freq=None, angle_scale: float = 1.0, nope: tuple | None = None,
-                 config: FusedConfig | None = None):
+                 config: FusedConfig | None = None, v_quant: tuple | None = None):
     """Plan and launch the fused kernels on validated arguments (``ropekit.fused`` validates; this trusts its caller).
 
     q, k, v, the outputs and the incoming gradients are ``(batch, seq, heads, dim)`` views with any strides, or
@@ -886,7 +892,9 @@ def launch_fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, in
     from these ``(>= rotary_dim / 2,)`` inverse frequencies, cos and sin times ``angle_scale``. ``positions`` may be
     M-RoPE's (its sections in its mode): each pair then turns at its own axis' position. ``nope``: ``(floor_scale,
     attn_scale)``, a Llama 4 NoPE layer (no table, cos and sin None; forward only): nothing rotates, q is multiplied
-    by its token's attention temperature and k reaches the cache (and its output) as it is.
+    by its token's attention temperature and k reaches the cache (and its output) as it is. ``v_quant``: v's store
+    where it differs from k's (None: ``quant``), e.g. ``(E4M3, PER_TILE)`` with ``v_scale`` the tiles' scale cache
+    ``(..., V_DIM / TILE_CHANNELS)`` float32, written.
     """
     plan = plan_fused(q, k, cos, sin, positions=positions, rotary_dim=rotary_dim, interleaved=interleaved,
                       cos_per_token=cos_per_token, out_q=out_q, out_k=out_k, v=v, k_cache=k_cache, v_cache=v_cache,
@@ -895,7 +903,7 @@ def launch_fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, in
                       q_scale=q_scale, k_global=k_global, v_global=v_global, q_weight=q_weight, k_weight=k_weight,
                       eps=eps, weight_offset=weight_offset, norm=norm, norm_over_heads=norm_over_heads,
                       grad_q=grad_q, grad_k=grad_k, inv_freq=inv_freq, angle_scale=angle_scale, nope=nope,
-                      config=config)
+                      config=config, v_quant=v_quant)
     if grad_q is not None:
         return plan(q, k, grad_q, grad_k, out_q, out_k, q_weight, k_weight, *_angle_tensors(locals()),
                     positions.tensor, positions.cu_seqlens, positions.offset)

@@ -11,6 +11,7 @@ import triton.language as tl
 from .v4 import _load_pairs
 
 __all__ = ["PLAIN", "E4M3", "E5M2", "INT8", "NVFP4", "PER_TENSOR", "PER_HEAD", "PER_TOKEN_HEAD", "PER_BLOCK",
+           "PER_TILE", "TILE_CHANNELS", "store_tiles",
            "NO_QUANT", "STORE_PLAIN", "float8_bits", "e4m3_bits", "e4m3_of", "e4m3_value", "e2m1_codes", "int8_values",
            "divided", "reciprocal", "quantised", "one_scale", "head_amax", "channels_amax", "read_scale", "cache_scale",
            "head_scale", "channels_scale", "store_reduced", "store_head", "store_channels", "store_nvfp4", "load_head",
@@ -26,18 +27,22 @@ __all__ = ["PLAIN", "E4M3", "E5M2", "INT8", "NVFP4", "PER_TENSOR", "PER_HEAD", "
 #           values, two a byte, element 2i in the low nibble);
 #   SCALES: PER_TENSOR (one float32), PER_HEAD (one a kv head), PER_TOKEN_HEAD (computed here from the head vector's
 #           absolute maximum and written beside the cache), PER_BLOCK (NVFP4's: an e4m3 scale computed for each 16
-#           consecutive channels and written beside the cache, over one float32 global scale read);
+#           consecutive channels and written beside the cache, over one float32 global scale read), PER_TILE
+#           (DeepSeek's fp8_ds_mla: a float32 scale computed for each TILE_CHANNELS consecutive channels of a head
+#           vector, as PER_TOKEN_HEAD computes one for the whole vector, and written beside the cache);
 #   NATIVE: float8 bits (the values, or NVFP4's e4m3 block scales) and int8 values by the GPU's own conversion
 #           instructions rather than integer arithmetic (the same bits).
 # A per-tensor scale is one float; the others are addressed alike, SCALE + block * strides[0] + row * strides[1] +
-# head * strides[2] (a per-head one with strides (0, 0, stride); NVFP4's block scales then + the 16-block's index):
-# the store's scale, its strides and its global scale serve every mode.
+# head * strides[2] (a per-head one with strides (0, 0, stride); NVFP4's block scales and the tiles' scales then + the
+# block's or tile's index): the store's scale, its strides and its global scale serve every mode.
 PLAIN, E4M3, E5M2, INT8, NVFP4 = 0, 1, 2, 3, 4
-PER_TENSOR, PER_HEAD, PER_TOKEN_HEAD, PER_BLOCK = 0, 1, 2, 3
+PER_TENSOR, PER_HEAD, PER_TOKEN_HEAD, PER_BLOCK, PER_TILE = 0, 1, 2, 3, 4
+TILE_CHANNELS = 128
 NO_QUANT = (PLAIN, PER_TENSOR, False)
 # the same, as device code reads globals (constexprs); STORE_PLAIN: an output stored in its own dtype
-_PLAIN, _E5M2, _INT8, _NVFP4, _PER_TENSOR, _PER_HEAD, _PER_TOKEN_HEAD, _PER_BLOCK = (tl.constexpr(c) for c in (
-    PLAIN, E5M2, INT8, NVFP4, PER_TENSOR, PER_HEAD, PER_TOKEN_HEAD, PER_BLOCK))
+_PLAIN, _E5M2, _INT8, _NVFP4, _PER_TENSOR, _PER_HEAD, _PER_TOKEN_HEAD, _PER_BLOCK, _PER_TILE = (
+    tl.constexpr(c) for c in (PLAIN, E5M2, INT8, NVFP4, PER_TENSOR, PER_HEAD, PER_TOKEN_HEAD, PER_BLOCK, PER_TILE))
+_TILE_C = tl.constexpr(TILE_CHANNELS)
 STORE_PLAIN = tl.constexpr(NO_QUANT)
 
 # The norm, one constexpr tuple NORM = (PLACE, WEIGHTED, OVER_HEADS):
@@ -400,6 +405,8 @@ def store_channels(OUT, rows, FIRST: tl.constexpr, values, mask, stride_d, scale
     the order the adds arrive in)."""
     if QUANT[0] == _NVFP4:
         store_nvfp4(OUT, rows, FIRST, values, mask, stride_d, scale, QUANT[2], EVICT)
+    elif QUANT[1] == _PER_TILE:
+        store_tiles(OUT, rows, FIRST, values, mask, stride_d, scale[1], QUANT, EVICT)
     else:
         channels = FIRST + tl.arange(0, values.shape[2])
         pointers = OUT + rows[:, :, None] + channels[None, None, :] * stride_d
@@ -443,6 +450,30 @@ def store_nvfp4(OUT, rows, FIRST: tl.constexpr, values, mask, stride_d, scale, N
              mask=byte_mask, eviction_policy=EVICT)
     store_reduced(BLOCK_SCALES[:, :, None] + (first_byte // 8 + tl.arange(0, C // 16))[None, None, :], block_bits,
                   largest >= 0.0, NATIVE)
+
+
+@triton.jit
+def store_tiles(OUT, rows, FIRST: tl.constexpr, values, mask, stride_d, SCALES, QUANT: tl.constexpr,
+                EVICT: tl.constexpr):
+    """PER_TILE: a run of channels (from FIRST, whole tiles of TILE_CHANNELS from a multiple of it) in QUANT's format,
+    each tile at its own scale ``max(amax / format max, smallest normal float32)`` (amax over the tile, NaN not
+    counted: :func:`cache_scale`'s per-(token, head) rule, a tile for the head vector), written as float32 at the
+    row's scale pointer (``SCALES``, [BLOCK_S, BLOCK_H]) + the tile's index; each value stores the format's bits of
+    ``x / scale`` (:func:`quantised`). ``mask`` is the same over each tile (the validation keeps the tiles whole)."""
+    S: tl.constexpr = values.shape[0]
+    H: tl.constexpr = values.shape[1]
+    C: tl.constexpr = values.shape[2]
+    T: tl.constexpr = C // _TILE_C
+    x = tl.reshape(values.to(tl.float32), [S, H, T, _TILE_C])
+    in_tile = tl.reshape(mask, [S, H, T, _TILE_C])
+    # one reduction gives each tile's absolute maximum and whether the tile is written (-1: masked)
+    largest = tl.max(tl.where(in_tile, tl.where(x == x, tl.abs(x), 0.0), -1.0), 3)
+    scale = tl.maximum(tl.div_rn(tl.maximum(largest, 0.0), format_max(QUANT)), 1.1754943508222875e-38)
+    stored = tl.reshape(quantised(x, scale[:, :, :, None], QUANT), [S, H, C])
+    channels = FIRST + tl.arange(0, C)
+    tl.store(OUT + rows[:, :, None] + channels[None, None, :] * stride_d, stored, mask=mask, eviction_policy=EVICT)
+    first_tile: tl.constexpr = FIRST // _TILE_C
+    store_reduced(SCALES[:, :, None] + tl.arange(0, T)[None, None, :] + first_tile, scale, largest >= 0.0, QUANT[2])
 
 
 @triton.jit
