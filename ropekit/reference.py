@@ -407,4 +407,4 @@ def contiguous_cache_write(cache: torch.Tensor, values: torch.Tensor, offsets) -
 
 __all__ += ["rms_norm", "rope_table", "e4m3", "e5m2", "int8", "token_head_scale", "quantise", "dequantise", "e2m1",
             "nvfp4_quantise", "nvfp4_dequantise", "e2m1_spacing", "paged_cache_write", "contiguous_cache_write",
-            "DS_MLA_TILE", "ds_mla_entry", "ds_mla_read"]
+            "ds_mla_entry", "ds_mla_read"]

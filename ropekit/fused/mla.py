@@ -4,7 +4,8 @@ Rotates ``q_pe (tokens, heads, rope_dim)`` and the shared ``k_pe (tokens, rope_d
 tables of any rope type, YaRN's included), and writes ``[kv_c | rotated k_pe]`` into ``kv_cache (num_blocks,
 block_size, kv_lora_rank + rope_dim)`` at ``slot_mapping`` (-1: skip), the contract of vLLM's
 ``concat_and_cache_mla_rope_fused``; or kv_c into ``ckv_cache`` and the rotated k_pe into ``kpe_cache``, two separate
-caches, as FlashInfer's ``append_paged_mla_kv_cache`` does, addressed by a slot mapping or by FlashInfer's page table.
+caches, as FlashInfer's ``append_paged_mla_kv_cache`` does, addressed by a slot mapping or by FlashInfer's page table;
+or DeepSeek-V3.2's fp8_ds_mla entry, kv_c in float8 tiles at scales computed on write beside the rotated k_pe.
 It is :func:`ropekit.rope_and_cache` with one k head and kv_c as v; the v and k caches are the column ranges of one
 buffer, or the two caches.
 """
@@ -54,7 +55,11 @@ def mla_rope_and_cache(q_pe: torch.Tensor, k_pe: torch.Tensor, kv_c: torch.Tenso
             bytes otherwise; with a cache in q_pe's dtype ``kv_cache_scale`` is accepted and unread.
         kv_cache_dtype: vLLM's name of the cache's format, as :func:`ropekit.rope_and_cache` takes it:
             ``"auto"`` (the cache's dtype says), ``"float16"``, ``"bfloat16"``, ``"fp8"``/``"fp8_e4m3"``,
-            ``"fp8_e5m2"``; the cache must be of the dtype it names (or ``torch.uint8``).
+            ``"fp8_e5m2"``; the cache must be of the dtype it names (or ``torch.uint8``). Or ``"fp8_ds_mla"``,
+            DeepSeek-V3.2's entry: one ``torch.uint8`` kv_cache ``(num_blocks, block_size, kv_lora_rank + 4 *
+            kv_lora_rank / 128 + rope_dim * itemsize)`` (656 bytes for 512 + 64 in bf16) holding kv_c in e4m3 at a
+            float32 scale per 128-channel tile, ``max|x| / 448`` computed on write, the scales, then the rotated
+            k_pe in q_pe's dtype (docs/fused.md states it byte for byte).
         cos, sin / cos_sin_cache / table: half-width tables ``(max_positions, rope_dim/2)``, or the engines'
             ``(max_positions, rope_dim)`` buffer with cos in the first half of the columns and sin in the second
             (exactly rope_dim wide: q_pe's last dimension).
