@@ -95,3 +95,15 @@ def test_the_table_free_mla_launch_checks_its_angles(address, kv_layout, fp8, wr
     with ropekit.device.set_backend("triton"):
         monkeypatch.setattr(sanitize_fused, "mla_rope_and_cache", changed)
         assert sanitize.check_cache_address_map(address, kv_layout, fp8, DEVICE) != ""
+
+
+def test_the_driver_reads_fp8_ds_mla_entries_back_byte_for_byte(monkeypatch):
+    """DeepSeek's fp8_ds_mla entry through the page table: three 128-channel tiles (the kernel's fourth lane tile
+    masked); a writer whose tiles are scaled otherwise (kv_c doubled, so every scale doubles) fails the check."""
+    entry = next(e for e in sanitize.CACHE_ADDRESS_MAPS if "fp8_ds_mla" in e[0])
+    with ropekit.device.set_backend("triton"):
+        assert sanitize.check_cache_address_map(*entry, DEVICE) == ""
+        real = ropekit.mla_rope_and_cache
+        monkeypatch.setattr(sanitize_fused, "mla_rope_and_cache",
+                            lambda q_pe, k_pe, kv_c, *args, **kwargs: real(q_pe, k_pe, kv_c * 2, *args, **kwargs))
+        assert "is not its reference" in sanitize.check_cache_address_map(*entry, DEVICE)

@@ -334,6 +334,16 @@ def _fused_calls():
                    cache_mode=fused.CACHE_PAGED, slots=torch.empty(64, dtype=torch.int64, **meta),
                    inv_freq=torch.empty(32, **meta), angle_scale=0.1 * math.log(40.0) + 1.0,
                    config=fused.FusedConfig(1, 32, 4))
+        # DeepSeek's fp8_ds_mla entry (kv_cache_dtype="fp8_ds_mla"): k_pe in the model's dtype, kv_c in e4m3 at a
+        # scale per 128-channel tile computed on write (v's own store, PER_TILE), by slot mapping
+        yield dict(q=torch.empty(1, 64, 16, 64, dtype=dtype, **meta), k=torch.empty(1, 64, 1, 64, dtype=dtype, **meta),
+                   cos=torch.empty(4096, 32, **meta), sin=torch.empty(4096, 32, **meta),
+                   positions=resolve_positions(batch=1, seqlen=64, positions=torch.empty(1, 64, dtype=torch.int64)),
+                   rotary_dim=64, interleaved=True, v=latent, k_cache=torch.empty(8, 16, 1, 64, dtype=dtype, **meta),
+                   v_cache=torch.empty(8, 16, 1, 512, dtype=torch.uint8), block_size=16, cache_len=128,
+                   v_quant=(tiles.E4M3, tiles.PER_TILE), v_scale=torch.empty(8, 16, 1, 4, **meta), native=True,
+                   cache_mode=fused.CACHE_PAGED, slots=torch.empty(64, dtype=torch.int64, **meta),
+                   config=fused.FusedConfig(1, 32, 4))
         cu = torch.empty(3, dtype=torch.int32, **meta)
         varlen = resolve_positions(batch=2, seqlen=100, positions=None, cu_seqlens=cu, max_seqlen=64)
         packed = torch.empty(100, 8, 128, dtype=dtype, **meta)

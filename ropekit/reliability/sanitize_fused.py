@@ -11,6 +11,7 @@ from ropekit import device as _device
 from ropekit import reference as ref
 from ropekit.frequencies import cos_sin_table, inverse_frequencies, rope_init
 from ropekit.fused import mla_rope_and_cache, qk_norm_rope, rope_and_cache
+from ropekit.fused.validate import ds_mla_entry_bytes
 from ropekit.testing import check_close_to_reference, ulp
 
 __all__ = ["CACHE_ADDRESS_MAPS", "check_cache_address_map", "QUANTISED_CACHES", "check_quantised_cache",
@@ -25,7 +26,8 @@ CACHE_ADDRESS_MAPS = (("slot_mapping", "HND", False), ("page table prefill", "NH
                       ("page table paged_kv_cache 5-D", "NHD", True), ("MLA (ckv_cache, kpe_cache) page table", "NHD",
                                                                       False),
                       ("MLA table-free one cache slot_mapping", "NHD", True),
-                      ("MLA table-free (ckv_cache, kpe_cache) page table", "NHD", False))
+                      ("MLA table-free (ckv_cache, kpe_cache) page table", "NHD", False),
+                      ("MLA fp8_ds_mla page table", "NHD", False))
 # YaRN as a long-context model without mscale configures it: its cos and sin times 0.1 ln(40) + 1, not 1
 _YARN = {"rope_type": "yarn", "factor": 40.0, "original_max_position_embeddings": 4096, "rope_theta": 10000.0}
 
@@ -36,7 +38,9 @@ def check_cache_address_map(address: str, kv_layout: str, fp8: bool, device) -> 
     3 kv heads (masked channels and heads), token blocks with remainders, a padding token (-1); every written row is
     read back through the map (the engine's reader: NHD ``cache[page, row]``, HND ``cache[page, :, row]``) and
     compared with the float64 reference, and every other row must be unchanged. MLA ``table-free``: YaRN's inv_freq
-    (float32) times its attention factor at positions up to 10^7, no table; q_pe checked too."""
+    (float32) times its attention factor at positions up to 10^7, no table; q_pe checked too. MLA ``fp8_ds_mla``:
+    DeepSeek's entry (kv_c in e4m3 tiles of 128 at scales computed on write, then k_pe), three tiles in the
+    kernel's four-tile lanes (a masked tile)."""
     gpu = device == "cuda"
     decode = "decode" in address
     seq_lens, append = (([40, 9, 23, 70], [1] * 4) if decode else ([23, 9, 40], [20, 9, 8])) if gpu else \
@@ -91,11 +95,17 @@ def _check_mla_address_map(address, tokens, n_pages, page_size, page_of, local, 
     pairs), ``[kv_c | k_pe]`` into FlashInfer's two caches or vLLM's one latent cache (read back as its two parts),
     by slot mapping or page table; the angles from the table's first 32 columns at the cache positions, or
     (``table-free``) computed from YaRN's inv_freq times its attention factor at positions up to 10^7."""
+    ds = "fp8_ds_mla" in address
+    latent = 384 if ds else 96
     q_pe, k_pe = torch.randn(tokens, 5, 64, device=device), torch.randn(tokens, 64, device=device)
-    kv_c = torch.randn(tokens, 96, device=device)
+    kv_c = torch.randn(tokens, latent, device=device) * torch.logspace(-2, 2, latent, device=device)
     q_pe, k_pe, kv_c = (x.to(torch.bfloat16) for x in (q_pe, k_pe, kv_c))
     q64, k_pe64 = q_pe.double().cpu(), k_pe.double().cpu()
-    if "kpe_cache" in address:
+    if ds:
+        entry = ds_mla_entry_bytes(latent, 64, torch.bfloat16)
+        caches = [torch.randint(0, 256, (n_pages, page_size, entry), dtype=torch.uint8, device=device)]
+        given = caches[0]
+    elif "kpe_cache" in address:
         caches = [torch.randn(n_pages, page_size, 1, width, device=device).to(cache_dtype) for width in (96, 64)]
         given = (caches[0][:, :, 0], caches[1][:, :, 0])
     else:  # one latent cache of [kv_c | k_pe] rows, exactly the pages the requests hold
@@ -124,10 +134,33 @@ def _check_mla_address_map(address, tokens, n_pages, page_size, page_of, local, 
 
         positions, angles = local.to(device), dict(cos=cos[:, :32], sin=sin[:, :32])
     out_q, _ = mla_rope_and_cache(q_pe, k_pe, kv_c, given, positions=positions, kv_cache_scale=scale, **addressing,
-                                  **angles)
+                                  **angles, kv_cache_dtype="fp8_ds_mla" if ds else "auto")
+    if ds:
+        return check_close_to_reference(out_q, rotated(q64)) or _read_back_entries(
+            caches[0], before[0], ref.ds_mla_entry(kv_c.double().cpu(), rotated(k_pe64[:, None])[:, 0],
+                                                   torch.bfloat16), latent, places)
     want = [kv_c.double().cpu()[:, None], rotated(k_pe64[:, None])]
     return check_close_to_reference(out_q, rotated(q64)) or _read_back(caches, before, want, (True, False), places,
                                                                        "NHD", scale)
+
+
+def _read_back_entries(cache, before, want, latent: int, places) -> str:
+    """fp8_ds_mla entries read back at ``places``: the e4m3 values and tile scales as ``want`` (the reference's
+    entries, one a token) bit for bit, k_pe within bf16's rounding of the float64 rotation; every other row bitwise
+    as ``before``."""
+    rows, old_rows = cache.cpu(), before.cpu()
+    at = latent + 4 * (latent // ref.DS_MLA_TILE)
+    kept = torch.ones(rows.shape[:2], dtype=torch.bool)
+    for t, page, row in places:
+        kept[page, row] = False
+        got = rows[page, row]
+        k_pe = ref.ds_mla_read(want[t], latent, torch.bfloat16)[1]
+        if not torch.equal(got[:at], want[t, :at]) or \
+                check_close_to_reference(got[at:].view(torch.bfloat16), k_pe) is not None:
+            return f"token {t}'s entry (page {page}, row {row}) is not its reference"
+    if not torch.equal(rows[kept], old_rows[kept]):
+        return "a row no token names changed"
+    return ""
 
 
 def _read_back(caches, before, want, exact, places, kv_layout, scale) -> str:
