@@ -1,16 +1,19 @@
 """ropekit.reliability.fuzz_cache: the cache-writing ops under hostile inputs find no violation; the fuzzer draws
-what callers do (every layout, both cache addressings, engines' cache views, every overlap kind); and the targets'
-checks fail when a written slot is wrong, when a slot no token names changes, when v's bits change, and when an
-aliased call is accepted or writes before it is refused."""
+what callers do (every layout, both cache addressings, engines' cache views, every overlap kind, DeepSeek's fp8_ds_mla
+entry and its misuses); and the targets' checks fail when a written slot is wrong (an fp8_ds_mla entry's tile scale,
+e4m3 values or k_pe bytes too), when a slot no token names changes, when v's bits change, and when an aliased call is
+accepted or writes before it is refused."""
 
 import collections
 import json
 import random
+import re
 
 import pytest
 import torch
 
 import ropekit
+from ropekit import reference as ref
 from ropekit.reliability import fuzz, fuzz_cache
 from conftest import DEVICE
 
@@ -477,3 +480,169 @@ def test_a_wrong_rotated_k_pe_in_a_table_free_case_is_a_violation():
     slot = next(s for s in case.spec["slots"] if s >= 0)
     outcome, problems = fuzz.judge(_then(case, lambda: _row(cache, slot)[..., -1].add_(1.0)))
     assert outcome == "violation" and any("rope part" in p or p.startswith("kpe_cache") for p in problems), problems
+
+
+# DeepSeek's fp8_ds_mla entry (kv_cache_dtype="fp8_ds_mla"), drawn in a share of mla_rope_and_cache's cases: drawn,
+# not run (mla_drawn above)
+def _ds(spec) -> bool:
+    return spec["ds_misuse"] == "valid"
+
+
+def _tiles(spec, kind) -> bool:
+    return _ds(spec) and any(kind in row for row in spec["ds"]["tiles"])
+
+
+# the argument a misuse alone must be refused by (its error's own words, before the call's argument names)
+DS_MISUSES = {"pair": "kv_cache", "entry size": "kv_cache", "not whole tiles": "kv_c", "float8 cache": "kv_cache",
+              "unaligned": "kv_cache", "misspelt": "kv_cache_dtype"}
+
+MLA_DS = {
+    "the fp8_ds_mla entry": _ds,
+    **{f"{dtype} inputs": lambda spec, dtype=dtype: _ds(spec) and spec["dtype"] == f"torch.{dtype}"
+       for dtype in ("bfloat16", "float16", "float32")},
+    **{f"a latent of {latent}": lambda spec, latent=latent: _ds(spec) and spec["latent"] == latent
+       for latent in (128, 256, 512)},
+    "DeepSeek's rope_dim 64": lambda spec: _ds(spec) and spec["rope_dim"] == 64,
+    "an all-zero tile": lambda spec: _tiles(spec, "zero"),
+    "a tile past 448": lambda spec: _tiles(spec, "past 448"),
+    "a tile below 448 x 2^-126": lambda spec: _tiles(spec, "tiny"),
+    "by the page table": lambda spec: _ds(spec) and bool(spec["page_table"]),
+    "a short slot mapping": lambda spec: _ds(spec) and not spec["page_table"]
+    and len(spec["slot_mapping"]) < spec["tokens"],
+    "angles without a table": lambda spec: _ds(spec) and spec["angle_misuse"] == "valid",
+    "the engines' cos_sin_cache": lambda spec: _ds(spec) and spec["engines_table"] and not spec["angles"],
+    "out of place": lambda spec: _ds(spec) and not spec["inplace"],
+    "a kv_cache_scale beside it (unread)": lambda spec: _ds(spec) and spec["scale"] is not None,
+    "padded rows": lambda spec: _ds(spec) and spec["engine_cache"]["pad"] > 0,
+    "blocks a step apart": lambda spec: _ds(spec) and spec["engine_cache"]["step"] > 1,
+    "apart from another tensor in one byte pool": lambda spec: _ds(spec) and spec.get("overlap") == "apart in one pool",
+    "on another tensor's bytes (refused)": lambda spec: _ds(spec) and "overlap_kind" in spec,
+    **{f"{misuse} (refused)": lambda spec, misuse=misuse: spec["ds_misuse"] == misuse for misuse in DS_MISUSES},
+}
+
+
+@pytest.mark.parametrize("what", MLA_DS)
+def test_the_fuzzer_draws_the_fp8_ds_mla_entry(mla_drawn, what):
+    assert any(MLA_DS[what](spec) for spec in mla_drawn)
+
+
+def test_the_fp8_ds_mla_entry_is_a_share_of_mlas_cases(mla_drawn):
+    """About 12 %, in the model's 16-bit dtypes or float32, its latent whole tiles unless that is the misuse; every
+    other case draws no entry."""
+    entries = [spec for spec in mla_drawn if spec["ds_misuse"] is not None]
+    assert 0.08 * MLA_DRAWS < len(entries) < 0.16 * MLA_DRAWS
+    assert all(spec["dtype"] != "torch.float64" and not spec["separate"] for spec in entries)
+    assert all((spec["latent"] % 128 == 0) == (spec["ds_misuse"] != "not whole tiles") for spec in entries)
+    assert all(spec["kv_cache_dtype"] == "fp8_ds_mla" for spec in entries if spec["ds_misuse"] != "misspelt")
+    assert all(spec["ds"] is None and spec["kv_cache_dtype"] != "fp8_ds_mla" for spec in mla_drawn
+               if spec["ds_misuse"] is None)
+
+
+def _ds_cases(seed: int, want=lambda case: True):
+    """The drawn fp8_ds_mla cases of a seed's mla_rope_and_cache cases (misused ones among them) that satisfy
+    ``want``."""
+    target = {"mla_rope_and_cache": fuzz_cache.TARGETS["mla_rope_and_cache"]}
+    for index in range(4000):
+        case = fuzz.draw_case(seed, index, DEVICE, target)
+        if case.spec["ds_misuse"] is not None and want(case):
+            yield case
+
+
+def test_fp8_ds_mla_entries_valid_and_refused_find_no_violation(monkeypatch):
+    """The drawn entry cases, until 16 that must succeed and write (bf16 and fp16 among them, tiles all zeros and
+    past 448) and 6 misuses refused for the misuse alone (4 kinds): each valid one writes the reference's bytes,
+    each misuse is refused before anything is written, by an error that names the argument."""
+    valid, misused, outcomes = collections.Counter(), collections.Counter(), collections.Counter()
+    for case in _ds_cases(59):
+        spec = case.spec
+        outcome, problems = fuzz.judge(case)
+        assert outcome != "violation", (problems, spec)
+        outcomes[spec["ds_misuse"], outcome] += 1
+        if case.expect == fuzz.MATCH and any(s >= 0 for s in spec["slots"]):
+            valid[spec["dtype"]] += 1
+            valid["zero"] += _tiles(spec, "zero")
+            valid["past 448"] += _tiles(spec, "past 448")
+        elif spec["ds_misuse"] in DS_MISUSES and ";" not in case.why_raise:  # refused for the misuse alone
+            assert outcome == "documented_error"
+            for name, value in case.env.items():
+                monkeypatch.setenv(name, value)
+            with pytest.raises((TypeError, ValueError)) as raised:
+                case.call()
+            own = str(raised.value).split(" [in mla_rope_and_cache")[0]  # (the suffix names every argument)
+            assert re.search(rf"\b{DS_MISUSES[spec['ds_misuse']]}\b", own), own
+            misused[spec["ds_misuse"]] += 1
+        if valid["torch.bfloat16"] + valid["torch.float16"] + valid["torch.float32"] >= 16 and \
+                min(valid["torch.bfloat16"], valid["torch.float16"], valid["zero"], valid["past 448"]) >= 2 and \
+                sum(misused.values()) >= 6 and len(misused) >= 4:
+            break
+    else:
+        raise AssertionError(f"too few fp8_ds_mla cases drawn: {outcomes}")
+
+
+def _ds_case(want=lambda spec: True):
+    """An entry case that must match and writes a slot, its positions in the table (k_pe's rotation finite), with
+    its first written token and slot."""
+    def fits(case):
+        spec = case.spec
+        n_slots = spec["cache_shape"][0] * spec["cache_shape"][1]
+        inside = spec["angles"] or all(0 <= p < spec["rows"] for p in spec["positions"][:spec["tokens"]])
+        return case.expect == fuzz.MATCH and _ds(spec) and inside and any(
+            0 <= s < n_slots for s in spec["slots"]) and want(spec)
+
+    case = next(_ds_cases(61, fits))
+    n_slots = case.spec["cache_shape"][0] * case.spec["cache_shape"][1]
+    token, slot = next((t, s) for t, s in enumerate(case.spec["slots"]) if 0 <= s < n_slots)
+    return case, token, slot
+
+
+def test_the_drawn_fp8_ds_mla_case_matches_before_it_is_corrupted():
+    assert fuzz.judge(_ds_case()[0])[0] == "matched"
+
+
+def _two_tiles(spec) -> bool:  # two tiles, the first written token's not both zeros
+    return spec["latent"] >= 256 and all(row[:2] != ["zero", "zero"] for row in spec["ds"]["tiles"])
+
+
+def _free(spec) -> bool:  # a slot no token names
+    return len({s for s in spec["slots"] if s >= 0}) < spec["cache_shape"][0] * spec["cache_shape"][1]
+
+
+@pytest.mark.parametrize("wrong,want,words", [
+    ("a doubled tile scale", lambda spec: True, "tile scales"),
+    ("a k_pe byte changed", lambda spec: True, "k_pe"),
+    ("a tile's values at another tile's scale", _two_tiles, "e4m3 values"),
+    ("a byte of a slot no token names", _free, "no token names"),
+])
+def test_a_wrong_fp8_ds_mla_entry_is_a_violation(wrong, want, words):
+    """Corrupted after the call: the first tile's float32 scale doubled, the exponent byte of k_pe's first value, the
+    second tile's e4m3 bytes rounded at the first tile's scale, or a byte of an entry no token names."""
+    case, token, slot = _ds_case(want)
+    spec, cache = case.spec, case.tensors["kv_cache"]
+    latent, dtype = spec["latent"], getattr(torch, spec["dtype"].split(".")[1])
+    row = _row(cache, slot)
+    if wrong == "a doubled tile scale":
+        def corrupt():
+            row[latent:latent + 4].view(torch.float32).mul_(2)
+    elif wrong == "a k_pe byte changed":
+        at = latent + 4 * (latent // 128) + dtype.itemsize - 1  # (little-endian: the first value's sign and exponent)
+
+        def corrupt():
+            row[at] ^= 0x40
+    elif wrong == "a tile's values at another tile's scale":
+        kv_c = case.tensors["kv_c"][token].detach().cpu().to(torch.float64)
+        scales = ref.token_head_scale(kv_c.view(-1, 128), torch.float8_e4m3fn)
+        stored = ref.quantise(kv_c[128:256], scales[0], torch.float8_e4m3fn).to(torch.float8_e4m3fn).view(torch.uint8)
+        right = ref.quantise(kv_c[128:256], scales[1], torch.float8_e4m3fn).to(torch.float8_e4m3fn).view(torch.uint8)
+        assert not torch.equal(stored, right)
+
+        def corrupt():
+            row[128:256].copy_(stored.to(row.device))
+    else:
+        named = {s for s in spec["slots"] if s >= 0}
+        free = _row(cache, next(s for s in range(cache.shape[0] * cache.shape[1]) if s not in named))
+
+        def corrupt():
+            free[0] ^= 1
+    outcome, problems = fuzz.judge(_then(case, corrupt))
+    assert outcome == "violation" and any(p.startswith("kv_cache (fp8_ds_mla)") and words in p for p in problems), \
+        problems

@@ -1,21 +1,23 @@
 """The fuzzer's targets for the fused ops that write a KV cache: ``ropekit.rope_and_cache`` (every layout, every
 address map: a paged cache by slot mapping or by FlashInfer's page table, or a contiguous one with ``cache_offsets``;
 QK-norm optional, ``write_k``, float8 caches with their scales) and ``ropekit.mla_rope_and_cache`` (MLA's latent
-cache, or FlashInfer's two caches ``(ckv_cache, kpe_cache)``, by slot mapping or page table, in place or not). Caches
-are drawn as engines allocate them (vLLM's ``kv[:, 0]``, FlashInfer's HND passed as it lies with ``kv_layout="HND"``
-or seen transposed, its 5-D ``paged_kv_cache``, padded channels, strided blocks, uint8 bytes); caches, slot mappings,
-page tables and scales like the activations: views with guard elements around them, slots and batch indices that are
--1, out of range or (in check mode) repeated, positions past a request's pages, pages outside the pool, positions past
-the table. In a share of the cases a written tensor and another tensor of the call are
-carved from one byte pool (``Arena.share``): on each other's bytes, an overlap of one of :data:`OVERLAP_KINDS` that
-must be refused before anything is written, or apart. The check: every written slot holds the float64 reference
-(within the dtype's bound, or one e4m3 spacing of value / scale; v's bits exactly), every other cache element and
-every input is bitwise unchanged (the arena's check), and in check mode a bad slot, offset or position raises."""
+cache, FlashInfer's two caches ``(ckv_cache, kpe_cache)`` or DeepSeek's fp8_ds_mla entry, by slot mapping or page
+table, in place or not). Caches are drawn as engines allocate them (vLLM's ``kv[:, 0]``, FlashInfer's HND passed as
+it lies with ``kv_layout="HND"`` or seen transposed, its 5-D ``paged_kv_cache``, padded channels, strided blocks,
+uint8 bytes); caches, slot mappings, page tables and scales like the activations: views with guard elements around
+them, slots and batch indices that are -1, out of range or (in check mode) repeated, positions past a request's pages,
+pages outside the pool, positions past the table. In a share of the cases a written tensor and another tensor of the
+call are carved from one byte pool (``Arena.share``): on each other's bytes, an overlap of one of
+:data:`OVERLAP_KINDS` that must be refused before anything is written, or apart. The check: every written slot holds
+the float64 reference (within the dtype's bound, or one e4m3 spacing of value / scale; v's bits exactly; an
+fp8_ds_mla entry's e4m3 bytes and tile scales the reference's bit for bit), every other cache element and every input
+is bitwise unchanged (the arena's check), and in check mode a bad slot, offset or position raises."""
 
 from __future__ import annotations
 
 import math
 import random
+from typing import Callable
 
 import torch
 
@@ -78,6 +80,29 @@ _YARN_SHARE = 0.4
 # the largest positions the table-free angles are drawn up to, besides the table's rows (no table bounds them):
 # DeepSeek's trained context, a ten-million-token one
 _ANGLE_POSITION_TOPS = (163_839, 10_000_000)
+# DeepSeek-V3.2's fp8_ds_mla entry (kv_cache_dtype="fp8_ds_mla": kv_c in e4m3 at a float32 scale a 128-channel tile
+# computed on write, the scales, the rotated k_pe in the model's dtype): about 12 % of the MLA cases, the band just
+# above the quantised share of the one draw that decides it (float64 never: the entry holds k_pe in the model's
+# dtype), so that every other case draws what it drew before. Inputs bf16, fp16 or float32; latent whole tiles.
+_DS_SHARE = 0.12 / 0.9  # (of the cases not in float64, nine in ten)
+_DS_DTYPES = ((torch.bfloat16, 4), (torch.float16, 3), (torch.float32, 1))
+_DS_LATENTS, _DS_ROPE_DIMS = (128, 256, 512), (8, 16, 64)
+# a tile of a token's kv_c as drawn: values spread over 10^-4..10^3; past e4m3's 448 (scaled into it); all zeros
+# (the scale's floor, 2^-126); or tiny, normal values below 448 x 2^-126 (the floor with values; not fp16: none
+# there). (No bf16 subnormals: Triton's interpreter converts them to float32 wrongly, TRITON_INTERPRET=1 only.)
+_DS_TILES = (("spread", 70), ("past 448", 18), ("zero", 7), ("tiny", 5))
+# an entry case as drawn: valid, or with one thing the entry does not take, each refused (by an error naming the
+# argument) before anything is written, and why it must raise then
+_DS_MISUSES = (("valid", 80), ("pair", 4), ("entry size", 4), ("not whole tiles", 4), ("float8 cache", 3),
+               ("unaligned", 3), ("misspelt", 2))
+_DS_WHY = {"pair": "fp8_ds_mla with the pair (ckv_cache, kpe_cache)",
+           "entry size": "an fp8_ds_mla kv_cache whose entry is not latent + 4 * tiles + rope_dim * itemsize bytes",
+           "not whole tiles": "fp8_ds_mla with a kv_c that is not whole 128-channel tiles",
+           "float8 cache": "fp8_ds_mla with a float8 (not uint8) kv_cache",
+           "unaligned": "fp8_ds_mla entries not at multiples of 4 bytes",
+           "misspelt": "a kv_cache_dtype that is none of the names"}
+_DS_NOT_TILES = (64, 96, 160, 192, 320)  # latents that are not whole tiles (each a multiple of 32: entries aligned)
+_DS_MISSPELT = ("fp8_ds-mla", "FP8_DS_MLA", "fp8_ds")
 
 # The tensors of a call, grouped for the overlap kinds' names (docs/fuzzing.md).
 _GROUPS = {"q, k or v": ("q", "k", "v", "q_pe", "k_pe", "kv_c"),
@@ -510,15 +535,26 @@ def draw_mla_rope_and_cache(rng: random.Random, gen: torch.Generator, device) ->
     written tensor and another of the call carved from one byte pool (on each other's bytes, or apart). In
     :data:`_MLA_ANGLES_SHARE` of the cases no table: the angles computed from ``inv_freq`` (float32 or float64, any
     view, plain or YaRN's frequencies, longer than rope_dim / 2 at times) times ``scale``, at positions up to 10^7;
-    rarely with a table as well, too short, or a scale with a table and no inv_freq (each refused by name)."""
+    rarely with a table as well, too short, or a scale with a table and no inv_freq (each refused by name). In about
+    12 % DeepSeek-V3.2's fp8_ds_mla entry (``kv_cache_dtype="fp8_ds_mla"``; :func:`_ds_tiles`,
+    :func:`_ds_mla_cache`): one uint8 cache of random bytes, kv_c in e4m3 tiles at scales computed on write (tiles of
+    unlike magnitudes, past 448, all zeros or tiny), the rotated k_pe in the model's dtype; rarely the pair form, an
+    entry of another size, a latent that is not whole tiles, a float8 cache, unaligned entries or a misspelt name (each
+    refused by name)."""
     arena = Arena(rng, gen, device)
     either = []
     tokens, heads, rope_dim, latent = rng.randint(0, 6), rng.randint(1, 4), rng.choice((8, 16)), rng.choice((8, 32))
     interleaved, inplace = rng.random() < 0.7, rng.random() < 0.6
     pooled = rng.random() < _POOL_PROBABILITY
     dtype = rng.choices(DTYPES, weights=(4, 3, 2, 1))[0]
-    quantised = dtype != torch.float64 and rng.random() < (0.5 if pooled else 0.3)
-    cache_dtype = rng.choice((FP8, FP8, E5M2)) if quantised else dtype
+    # one draw: a float8 cache below the quantised share, the fp8_ds_mla entry in the band above it
+    cache_draw, quantised_share = rng.random() if dtype != torch.float64 else 1.0, 0.5 if pooled else 0.3
+    quantised, ds = cache_draw < quantised_share, quantised_share <= cache_draw < quantised_share + _DS_SHARE
+    ds_misuse = pick(rng, _DS_MISUSES) if ds else None
+    if ds:  # (the model's dtype, the entry's widths: drawn again, past what every other case draws)
+        dtype, rope_dim = pick(rng, _DS_DTYPES), rng.choice(_DS_ROPE_DIMS)
+        latent = rng.choice(_DS_NOT_TILES if ds_misuse == "not whole tiles" else _DS_LATENTS)
+    cache_dtype = torch.uint8 if ds else rng.choice((FP8, FP8, E5M2)) if quantised else dtype
     float8 = cache_dtype in (FP8, E5M2)
     hostile, check_mode = not pooled and rng.random() < 0.25, not pooled and rng.random() < 0.2
     rows, block_size, num_blocks = rng.randint(1, 12), rng.choice((1, 2, 4)), rng.randint(1, 4)
@@ -529,6 +565,7 @@ def draw_mla_rope_and_cache(rng: random.Random, gen: torch.Generator, device) ->
     short = tokens and rng.random() < 0.2
     table_dtype = torch.float64 if dtype == torch.float64 else torch.float32
     separate, by_table = rng.random() < 0.4, rng.random() < 0.4
+    separate = separate and not ds  # (the entry is one cache: the pair form is one of its misuses)
     misuse = pick(rng, _MLA_ANGLE_MISUSES) if by_angles else None
     if misuse == "cos_sin_cache":
         engines_table = True
@@ -542,12 +579,15 @@ def draw_mla_rope_and_cache(rng: random.Random, gen: torch.Generator, device) ->
         (["cos_sin_cache"] if engines_table else ["cos", "sin"]) if with_tables else []) + (
         ["inv_freq"] if with_inv_freq else [])
     read += ["kv_cache_scale"] if float8 else []
+    pool = ()
     if pooled:  # (q_pe, k_pe and kv_c drawn twice as often)
         writer = rng.choice(written)
-        arena.share(writer, rng.choice([n for n in read + read[:3] if n != writer]), apart=rng.random() < 0.25)
+        pool = (writer, rng.choice([n for n in read + read[:3] if n != writer]))
+        arena.share(*pool, apart=rng.random() < 0.25)
     q_pe = arena.place("q_pe", (tokens, heads, rope_dim), dtype, pick(rng, INPUT_KINDS))
     k_pe = arena.place("k_pe", (tokens, rope_dim), dtype, pick(rng, INPUT_KINDS))
-    kv_c = arena.place("kv_c", (tokens, latent), dtype, pick(rng, INPUT_KINDS))
+    tile_kinds, latent_values = _ds_tiles(rng, gen, tokens, latent, dtype) if ds else ([], None)
+    kv_c = arena.place("kv_c", (tokens, latent), dtype, pick(rng, INPUT_KINDS), latent_values)
     cos = sin = None
     tables = {}
     if with_tables and engines_table:
@@ -568,7 +608,11 @@ def draw_mla_rope_and_cache(rng: random.Random, gen: torch.Generator, device) ->
     top = rng.choice((rows - 1,) + _ANGLE_POSITION_TOPS) if by_angles else rows - 1
     positions = arena.place("positions", (tokens + extra_positions,), rng.choice((torch.int64, torch.int32)),
                             pick(rng, INDEX_KINDS), position_values(gen, 0, top, hostile, rows))
-    if separate:  # FlashInfer's: kv_c's and k_pe's caches apart
+    if ds:  # one uint8 entry a slot (a misuse: a float8 view of it, unaligned, of another size)
+        kv_cache, engine, entry = _ds_mla_cache(arena, rng, gen, num_blocks, block_size, latent, rope_dim, dtype,
+                                                ds_misuse, "kv_cache" in pool)
+        latent_cache = rope_cache = kv_cache
+    elif separate:  # FlashInfer's: kv_c's and k_pe's caches apart
         (ckv_cache,), engine, _ = engine_caches(arena, "ckv_cache", (num_blocks, block_size, latent), cache_dtype)
         (kpe_cache,), _, _ = engine_caches(arena, "kpe_cache", (num_blocks, block_size, rope_dim), cache_dtype)
         kv_cache, latent_cache, rope_cache = (ckv_cache, kpe_cache), ckv_cache, kpe_cache
@@ -589,10 +633,13 @@ def draw_mla_rope_and_cache(rng: random.Random, gen: torch.Generator, device) ->
         slot_mapping = arena.place("slot_mapping", (len(mapped),), torch.int64, pick(rng, INDEX_KINDS),
                                    lambda shape: torch.tensor(mapped, dtype=torch.int64).reshape(shape))
         address, table_refusals = dict(slot_mapping=slot_mapping), []
+    # (the entry's scales are its own: a kv_cache_scale given beside it, at times, is accepted and not read)
     scale = (arena.place("kv_cache_scale", (1,), torch.float32, values=lambda s: torch.full(s, rng.choice(
-        (0.05, 1.0, 2.0)))) if float8 else None)
+        (0.05, 1.0, 2.0)))) if float8 or (ds and rng.random() < 0.3) else None)
     # vLLM's kv_cache_dtype names at times (a uint8 cache of e5m2 bytes is named by it)
-    if torch.uint8 in (latent_cache.dtype, rope_cache.dtype) and cache_dtype == E5M2:
+    if ds:
+        kv_cache_dtype = rng.choice(_DS_MISSPELT) if ds_misuse == "misspelt" else "fp8_ds_mla"
+    elif torch.uint8 in (latent_cache.dtype, rope_cache.dtype) and cache_dtype == E5M2:
         kv_cache_dtype = "fp8_e5m2"
     else:
         kv_cache_dtype = rng.choice({FP8: (None, "auto", "fp8", "fp8_e4m3"), E5M2: (None, "auto", "fp8_e5m2"),
@@ -613,7 +660,11 @@ def draw_mla_rope_and_cache(rng: random.Random, gen: torch.Generator, device) ->
                 inv_freq=None if not with_inv_freq else dict(
                     dtype=str(angle_kwargs["inv_freq"].dtype), shape=tuple(angle_kwargs["inv_freq"].shape),
                     values=angle_kwargs["inv_freq"].detach().cpu().to(torch.float64).reshape(-1).tolist()),
-                angle_scale=angle_kwargs.get("scale"))
+                angle_scale=angle_kwargs.get("scale"), ds_misuse=ds_misuse,
+                ds=None if not ds else dict(entry=entry, tiles=tile_kinds, cache_strides=tuple(kv_cache.stride()),
+                                            cache_storage_offset=kv_cache.storage_offset()))
+    # the entry's pair form: the one cache's bytes split where kv_c's end
+    cache_arg = (kv_cache[..., :latent], kv_cache[..., latent:]) if ds_misuse == "pair" else kv_cache
     tensors = dict(q_pe=q_pe, k_pe=k_pe, kv_c=kv_c, positions=positions, **dict(zip(caches_named, (
         (ckv_cache, kpe_cache) if separate else (kv_cache,)))), **address, **tables,
         **({} if scale is None else dict(kv_cache_scale=scale)),
@@ -624,6 +675,7 @@ def draw_mla_rope_and_cache(rng: random.Random, gen: torch.Generator, device) ->
     # (table-free angles: check mode refuses negative positions only)
     why_raise = refusals(check_mode, pos, 2**62 if with_inv_freq else rows, mapped, n_slots, overlap) + aliased
     why_raise += (table_refusals if check_mode else []) + angle_why
+    why_raise += [_DS_WHY[ds_misuse]] if ds_misuse not in (None, "valid") else []
     if grad_cache:
         why_raise.append("a cache that requires grad")
     expect = RAISE if why_raise else MATCH
@@ -635,8 +687,11 @@ def draw_mla_rope_and_cache(rng: random.Random, gen: torch.Generator, device) ->
         either.append("byte spans that meet, elements apart")
     logical = {name: t.detach().cpu().clone() for name, t in (("q_pe", q_pe), ("k_pe", k_pe), ("kv_c", kv_c),
                                                                ("cos", cos), ("sin", sin)) if t is not None}
-    before = [as_fp8(c.detach().cpu().clone(), cache_dtype).reshape(n_slots, -1)
-              for c in (latent_cache, rope_cache)]
+    if ds:  # the entries' bytes, one row a slot
+        before = [kv_cache.detach().cpu().view(torch.uint8).clone().reshape(n_slots, -1)]
+    else:
+        before = [as_fp8(c.detach().cpu().clone(), cache_dtype).reshape(n_slots, -1)
+                  for c in (latent_cache, rope_cache)]
     scale_value = None if scale is None else float(scale)
     spec["scale"] = scale_value
 
@@ -656,6 +711,9 @@ def draw_mla_rope_and_cache(rng: random.Random, gen: torch.Generator, device) ->
             message = check_close_to_reference(got, rotated(name))
             if message is not None:
                 problems.append(f"{name}: {message}")
+        if ds:
+            return problems + _ds_mla_problems(kv_cache.detach().cpu().reshape(n_slots, -1), before[0],
+                                               logical["kv_c"], rotated("k_pe"), slots, dtype)
         after = [as_fp8(c.detach().cpu(), cache_dtype).reshape(n_slots, -1) for c in (latent_cache, rope_cache)]
         names = ("ckv_cache", "kpe_cache") if separate else ("kv_cache (latent part)", "kv_cache (rope part)")
         problems += cache_problems(names[0], after[0], before[0], logical["kv_c"].to(torch.float64), slots,
@@ -664,7 +722,7 @@ def draw_mla_rope_and_cache(rng: random.Random, gen: torch.Generator, device) ->
         return problems
 
     return Case("mla_rope_and_cache", spec, arena,
-                lambda: ropekit.mla_rope_and_cache(q_pe, k_pe, kv_c, kv_cache, slot_mapping, positions,
+                lambda: ropekit.mla_rope_and_cache(q_pe, k_pe, kv_c, cache_arg, slot_mapping, positions,
                                                    interleaved=interleaved, inplace=inplace, kv_cache_scale=scale,
                                                    **{n: t for n, t in address.items() if n != "slot_mapping"},
                                                    **tables, **angle_kwargs, **({} if kv_cache_dtype is None else
@@ -692,6 +750,98 @@ def _draw_mla_angles(rng: random.Random, arena: Arena, pairs: int, short: bool, 
                            lambda core: freqs[:math.prod(core)].reshape(core))
     scale = float(attention_factor) if rng.random() < 0.5 else rng.choice(ANGLE_SCALES)
     return dict(inv_freq=inv_freq, scale=scale), "yarn"
+
+
+def _ds_tiles(rng: random.Random, gen: torch.Generator, tokens: int, latent: int,
+              dtype: torch.dtype) -> tuple[list, Callable]:
+    """kv_c for the fp8_ds_mla entry: each token's tiles of 128 channels of one of :data:`_DS_TILES` (fp16 holds no
+    tiny values), uniform in ``[-m, m]`` at a magnitude ``m`` log-uniform in the kind's range (past 448: up to 6e4
+    in fp16, 10^6 else); a tiny tile's values log-uniform in ``[2^-126, 447 x 2^-126)``, either sign. Returns the
+    kinds (a list a token) and the values for the placed view's distinct elements."""
+    tiles = -(-latent // ref.DS_MLA_TILE)
+    kinds = [[pick(rng, _DS_TILES if dtype != torch.float16 else _DS_TILES[:-1]) for _ in range(tiles)]
+             for _ in range(tokens)]
+    # log10 of the magnitudes' range (a zero tile: magnitude 0; a tiny one: its own values below)
+    exponents = {"spread": (-4.0, 3.0), "past 448": (math.log10(500), math.log10(6e4 if dtype == torch.float16
+                                                                                else 1e6))}
+
+    def values(core: tuple) -> torch.Tensor:  # core: (tokens, latent), 1 where the view is expanded
+        n, width = core
+        where = torch.rand(n, tiles, generator=gen, dtype=torch.float64)
+        magnitude = torch.zeros(n, tiles, dtype=torch.float64)
+        for i, row in enumerate(kinds[:n]):
+            for j, kind in enumerate(row):
+                if kind in exponents:
+                    low, high = exponents[kind]
+                    magnitude[i, j] = 10.0 ** (low + (high - low) * float(where[i, j]))
+        magnitude = magnitude.repeat_interleave(ref.DS_MLA_TILE, 1)
+        spread = torch.rand(n, width, generator=gen, dtype=torch.float64).mul(2).sub(1)
+        tiny = torch.tensor([[kind == "tiny" for kind in row] for row in kinds[:n]]).repeat_interleave(
+            ref.DS_MLA_TILE, 1)[:, :width]
+        small = spread.sign() * 2.0**-126 * 447.0 ** spread.abs()  # (normal in bf16 and float32)
+        return torch.where(tiny, small, spread * magnitude[:, :width])
+
+    return kinds, values
+
+
+def _ds_mla_cache(arena: Arena, rng: random.Random, gen: torch.Generator, num_blocks: int, block_size: int,
+                  latent: int, rope_dim: int, dtype: torch.dtype, misuse: str, pooled: bool) -> tuple:
+    """The fp8_ds_mla ``kv_cache (num_blocks, block_size, entry)`` of random bytes: the uint8 view of 4-byte words
+    (every entry, and the scales in it, at a multiple of 4 bytes), as engines allocate it (padded rows, blocks a step
+    apart; in a byte pool when ``pooled``, whose bytes are random already). For a misuse: an entry of another size,
+    entries off 4-byte alignment (the storage offset, or rows a stride apart that is no multiple of 4), or a float8
+    view of the bytes. Returns the cache, what was drawn, and the entry's right size in bytes."""
+    tile = ref.DS_MLA_TILE
+    entry = latent + 4 * (latent // tile) + rope_dim * dtype.itemsize
+    how = dict(pad=rng.choice((0, 0, 0, 4)), step=rng.choice((1, 1, 1, 2)), kind=pick(rng, CACHE_KINDS), entry=entry)
+    if misuse == "entry size":  # (each a multiple of 4: only the size is wrong) the model-dtype latent cache's
+        # row, a word more or less, k_pe in the other width of float
+        how["entry"] = rng.choice(sorted({(latent + rope_dim) * dtype.itemsize, entry + 4, entry - 4,
+                                          entry + rope_dim * (6 - 2 * dtype.itemsize)} - {entry}))
+    elif misuse == "unaligned":
+        how.update(unaligned=rng.choice(("storage offset", "row stride")), shift=rng.randint(1, 3))
+    blocks, size = num_blocks * how["step"], how["entry"]
+    if how.get("unaligned") == "row stride":  # contiguous uint8 rows size + shift bytes apart
+        cache = arena.place("kv_cache", (blocks, block_size, size + how["shift"]), torch.uint8)[::how["step"], :, :size]
+    else:
+        words = size // 4 + (how.get("unaligned") == "storage offset")
+        random_words = None if pooled else (lambda core: torch.randint(
+            0, 256, (*core[:-1], 4 * core[-1]), generator=gen, dtype=torch.uint8).view(torch.int32))
+        whole = arena.place("kv_cache", (blocks, block_size, words + how["pad"]), torch.int32, how["kind"],
+                            random_words)
+        cache = whole[::how["step"], :, :words].view(torch.uint8)
+        if how.get("unaligned") == "storage offset":
+            cache = cache[..., how["shift"]:how["shift"] + size]
+    if misuse == "float8 cache":
+        cache = cache.view(rng.choice((FP8, E5M2)))
+    return cache, how, entry
+
+
+def _ds_mla_problems(after: torch.Tensor, before: torch.Tensor, kv_c: torch.Tensor, k_pe: torch.Tensor,
+                     slots: list[int], dtype: torch.dtype) -> list[str]:
+    """DeepSeek's fp8_ds_mla entries, one row of bytes a slot (CPU uint8): every slot no token names bitwise
+    unchanged; each written one's e4m3 values and float32 tile scales those of :func:`ropekit.reference.ds_mla_entry`
+    bit for bit (``kv_c``: the tokens' values in the model's dtype, as float64), its k_pe within ``dtype``'s bound of
+    the float64 rotation ``k_pe`` (one row a token)."""
+    name, latent = "kv_cache (fp8_ds_mla)", kv_c.shape[-1]
+    at = latent + 4 * (latent // ref.DS_MLA_TILE)
+    valid = [(t, s) for t, s in enumerate(slots) if 0 <= s < after.shape[0]]
+    untouched = torch.ones(after.shape[0], dtype=torch.bool)
+    untouched[[s for _, s in valid]] = False
+    problems = [] if same_bits(after[untouched], before[untouched]) else [f"{name}: a slot no token names changed"]
+    if not valid:
+        return problems
+    tokens = [t for t, _ in valid]
+    got = after[[s for _, s in valid]]
+    want = ref.ds_mla_entry(kv_c[tokens].to(torch.float64), k_pe[tokens], dtype)
+    if not torch.equal(got[:, latent:at], want[:, latent:at]):
+        problems.append(f"{name}: tile scales not max|kv_c| / 448 of their 128-channel tile (floored at 2^-126)")
+    if not torch.equal(got[:, :latent], want[:, :latent]):
+        problems.append(f"{name}: e4m3 values not the format's rounding of kv_c / their tile's scale")
+    message = check_close_to_reference(got[:, at:].contiguous().view(dtype), k_pe[tokens])
+    if message is not None:
+        problems.append(f"{name}, k_pe: {message}")
+    return problems
 
 
 TARGETS = {name: draw for name, draw in (("rope_and_cache", draw_rope_and_cache),
