@@ -209,3 +209,21 @@ def test_torch_compile_and_a_cuda_graph_write_the_eager_bytes():
         torch.cuda.synchronize()
         for a, b in zip((q_pe, k_pe, cache), eager):
             assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+
+
+def test_a_misaligned_cache_after_a_planned_call_of_the_same_shapes_is_refused_by_name(backend):
+    """The plan of a legal call does not carry a cache whose entries start 2 bytes later (the same shapes and
+    strides): validation refuses it by name, and nothing is written."""
+    q_pe, k_pe, kv_c, _, slots = ds_case(2, 1, 8, 128, torch.bfloat16, num_blocks=1, block_size=2)
+    entry = entry_bytes(128, 8, torch.bfloat16)
+    pool = torch.zeros(2 * entry + 8, dtype=torch.uint8, device=DEVICE)
+    cos, sin = ropekit.cos_sin_table(8, 8, device=DEVICE)
+    positions, slots = torch.tensor([1, 2], device=DEVICE), torch.tensor([0, 1], device=DEVICE)
+    call = dict(kv_cache_dtype="fp8_ds_mla", inplace=False)
+    ropekit.mla_rope_and_cache(q_pe, k_pe, kv_c, pool[4:4 + 2 * entry].view(1, 2, entry), slots, positions, cos, sin,
+                               **call)
+    before = pool.clone()
+    with pytest.raises(ValueError, match="kv_cache"):
+        ropekit.mla_rope_and_cache(q_pe, k_pe, kv_c, pool[2:2 + 2 * entry].view(1, 2, entry), slots, positions, cos,
+                                   sin, **call)
+    assert torch.equal(pool, before)

@@ -33,7 +33,8 @@ from ..frequencies import cos_sin_table, inverse_frequencies
 from ..fused.validate import KV_CACHE_DTYPES, ds_mla_entry_bytes
 
 __all__ = ["FusedCase", "CASES", "tiny", "floor_bytes", "scale_bytes", "static_scale_bytes", "meta_bytes", "Data",
-           "Stored", "StoredNvfp4", "StoredDsMla", "make_data", "expected", "actual", "check", "spacing", "TABLE_POSITIONS",
+           "Stored", "StoredNvfp4", "StoredDsMla", "make_data", "expected", "actual", "check", "spacing",
+           "TABLE_POSITIONS",
            "BLOCK_SIZE", "EPS", "FP8", "FORMAT_MAX", "NVFP4_GLOBAL_SCALE", "FAR_POSITIONS", "NOPE_TEMPERATURE"]
 
 TABLE_POSITIONS, BLOCK_SIZE, EPS = 8192, 16, 1e-6

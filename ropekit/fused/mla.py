@@ -30,8 +30,8 @@ __all__ = ["mla_rope_and_cache"]
 
 def mla_rope_and_cache(q_pe: torch.Tensor, k_pe: torch.Tensor, kv_c: torch.Tensor, kv_cache,
                        slot_mapping: Optional[torch.Tensor], positions: torch.Tensor,
-                       cos: Optional[torch.Tensor] = None, sin: Optional[torch.Tensor] = None, *, cos_sin_cache: Optional[torch.Tensor] = None,
-                       table=None, interleaved: bool = True, inplace: bool = True,
+                       cos: Optional[torch.Tensor] = None, sin: Optional[torch.Tensor] = None, *,
+                       cos_sin_cache: Optional[torch.Tensor] = None, table=None, interleaved: bool = True, inplace: bool = True,
                        kv_cache_scale: Optional[torch.Tensor] = None, kv_indices: Optional[torch.Tensor] = None,
                        kv_indptr: Optional[torch.Tensor] = None, batch_indices: Optional[torch.Tensor] = None,
                        cache_positions: Optional[torch.Tensor] = None, kv_cache_dtype: str = "auto",
@@ -80,7 +80,10 @@ def mla_rope_and_cache(q_pe: torch.Tensor, k_pe: torch.Tensor, kv_c: torch.Tenso
     key = at = None
     angles = angle_flags(scale, None, False)
     if table is None and angles is not None and planned(user):
-        key, at = keyed("mla_rope_and_cache", user, (interleaved, inplace, kv_cache_dtype) + angles)
+        # (an fp8_ds_mla entry is read as float32 too: where the cache starts, to 4 bytes, is part of the signature)
+        aligned = ckv_cache.storage_offset() % 4 if kv_cache_dtype == "fp8_ds_mla" and not separate and \
+            isinstance(ckv_cache, torch.Tensor) else None
+        key, at = keyed("mla_rope_and_cache", user, (interleaved, inplace, kv_cache_dtype, aligned) + angles)
         plan = plans.find(key)
         if plan is not None:  # a call signature validated before: where the tensors lie, then the launch
             return _run_plan(plan, user, inplace, kv_cache_dtype == "fp8_ds_mla", at=at)

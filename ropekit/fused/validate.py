@@ -211,7 +211,8 @@ def check_mla_kv_cache_dtype(kv_cache_dtype) -> None:
 
 def ds_mla_entry_bytes(latent: int, rope_dim: int, dtype: torch.dtype) -> int:
     """The bytes of one token's fp8_ds_mla entry: the latent's e4m3 values, a float32 scale a tile of
-    ``DS_MLA_TILE`` (the fused kernel's ``TILE_CHANNELS``, 128) channels, the rotated k_pe in the model's dtype (656 for DeepSeek's 512 + 64 in bf16)."""
+    ``DS_MLA_TILE`` (the fused kernel's ``TILE_CHANNELS``, 128) channels, the rotated k_pe in the model's dtype (656
+    for DeepSeek's 512 + 64 in bf16)."""
     return latent + 4 * (latent // DS_MLA_TILE) + rope_dim * dtype.itemsize
 
 
