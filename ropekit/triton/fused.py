@@ -236,6 +236,7 @@ def _forward_heads(
     CACHE_MODE: tl.constexpr = CACHE.MODE if TO_CACHE else 0
     HAS_V: tl.constexpr = CACHE.HAS_V and not CACHE.V_APART if TO_CACHE else False
     QUANT: tl.constexpr = CACHE.QUANT
+    V_QUANT: tl.constexpr = CACHE.V_QUANT
     s_local, token_rows, token_mask = _token_block(first, seq_len, pid_s, n_tokens, BLOCK_S, TYPES.INDEX_DTYPE)
     heads, head_mask = _head_block(first_head, n_heads, BLOCK_H, TYPES.INDEX_DTYPE)
     mask = token_mask[:, None] & head_mask[None, :]
@@ -252,7 +253,7 @@ def _forward_heads(
     if CACHE_MODE != 0:
         k_read = read_scale(k_cache, heads, head_mask, QUANT, SMALL_GRID)
         if HAS_V:
-            v_read = read_scale(v_cache, heads, head_mask, CACHE.V_QUANT, SMALL_GRID)
+            v_read = read_scale(v_cache, heads, head_mask, V_QUANT, SMALL_GRID)
     if NORM[0] != NORM_NONE_C and not NORM[2]:
         w_a, w_b, w_t = norm_weights(weight, heads, head_mask, weight_offset, NORM, HEAD, MATH_DTYPE)
     cos_a, sin_a, cos_b, sin_b = _angles(angles, positions, pid_b, batch_index, s_local, token_rows, token_mask, HEAD,
@@ -305,7 +306,7 @@ def _forward_heads(
                    k_cache_strides[3], k_scale, HEAD, BLOCK_S, BLOCK_H, True, QUANT, EVICT, False, SCALED)
         if HAS_V:  # v passes through
             _store_values(v_cache, cache_block, cache_row, c_heads, c_mask, v_read, v_values, v_channel_mask,
-                          CACHE.V_QUANT, EVICT)
+                          V_QUANT, EVICT)
 
 
 @triton.jit
