@@ -68,9 +68,10 @@ def _width(case) -> int:
 
 
 def case_shape(case) -> FusedShape:
-    """The shape the library's plan asks the launch choice for on ``case``'s call, the formats written included."""
-    cache_format, cache_scales = quant_codes(case.cache_dtype, per_head=case.per_head_scales,
-                                             per_token_head=case.token_head_scales)
+    """The shape the library's plan asks the launch choice for on ``case``'s call, the formats written included (k's:
+    an fp8_ds_mla entry's k_pe is in the model's dtype)."""
+    cache_format, cache_scales = quant_codes(case.dtype if case.ds_mla else case.cache_dtype,
+                                             per_head=case.per_head_scales, per_token_head=case.token_head_scales)
     return FusedShape(case.tokens, max(case.heads_q, case.heads_kv), _width(case), case.dtype.itemsize,
                       norm=case.qk_norm, backward=case.kind == "backward",
                       norm_over_heads=case.qk_norm and case.norm_over == "heads", cache_format=cache_format,
