@@ -227,3 +227,24 @@ def test_a_misaligned_cache_after_a_planned_call_of_the_same_shapes_is_refused_b
         ropekit.mla_rope_and_cache(q_pe, k_pe, kv_c, pool[2:2 + 2 * entry].view(1, 2, entry), slots, positions, cos,
                                    sin, **call)
     assert torch.equal(pool, before)
+
+
+def test_inductor_keeps_every_part_of_the_entry():
+    """Under inductor (on any device) the entry's three parts are one written tensor: the custom op is given the entry
+    cache itself and takes its views inside (views of one cache as three dtypes, written by the op, lost the rotated
+    k_pe's bytes under inductor)."""
+    q_pe, k_pe, kv_c, cache, slots = ds_case(4, 2, 64, 512, torch.bfloat16, num_blocks=4, block_size=4)
+    cos, sin = ropekit.cos_sin_table(64, 64, device=DEVICE)
+    positions = torch.randint(0, 64, (4,), device=DEVICE)
+
+    def step(q_pe, k_pe, kv_cache):
+        ropekit.mla_rope_and_cache(q_pe, k_pe, kv_c, kv_cache, slots, positions, cos, sin,
+                                   kv_cache_dtype="fp8_ds_mla")
+        return q_pe.float() * 2
+
+    eager = (q_pe.clone(), k_pe.clone(), cache.clone())
+    want = step(*eager)
+    got = (q_pe.clone(), k_pe.clone(), cache.clone())
+    torch.testing.assert_close(torch.compile(step, fullgraph=True, backend="inductor")(*got), want, rtol=0, atol=0)
+    for a, b in zip(got, eager):
+        assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))

@@ -61,10 +61,16 @@ def _fused(data: Data) -> Callable:
         scale = data.scales[0] if data.scales else None
         # k_pe and kv_c split from the projection once, as q, k and v below: the model splits it, whatever RoPE does
         k_pe, kv_c = latent[:, c.latent:], latent[:, :c.latent]
-        angles = dict(inv_freq=data.inv_freq) if c.angles == "inv_freq" else dict(cos=cos, sin=sin)
-        return lambda: mla_rope_and_cache(data.qkv, k_pe, kv_c, data.k_cache, data.slots, positions, **angles,
-                                          interleaved=True, inplace=True, kv_cache_scale=scale,
-                                          kv_cache_dtype=c.kv_cache_dtype)[0]
+        # (each form its own call, the common one as an engine writes it: the eager benchmark times these calls)
+        if c.angles == "inv_freq":
+            return lambda: mla_rope_and_cache(data.qkv, k_pe, kv_c, data.k_cache, data.slots, positions,
+                                              inv_freq=data.inv_freq, interleaved=True, inplace=True,
+                                              kv_cache_scale=scale)[0]
+        if c.ds_mla:
+            return lambda: mla_rope_and_cache(data.qkv, k_pe, kv_c, data.k_cache, data.slots, positions, cos, sin,
+                                              interleaved=True, inplace=True, kv_cache_dtype="fp8_ds_mla")[0]
+        return lambda: mla_rope_and_cache(data.qkv, k_pe, kv_c, data.k_cache, data.slots, positions, cos, sin,
+                                          interleaved=True, inplace=True, kv_cache_scale=scale)[0]
     q, k, v = data.split()
     # a float8 q output is a new tensor: q is rotated in place otherwise
     kwargs = dict(k_cache=data.k_cache, v_cache=data.v_cache, positions=data.offsets, inplace=c.q_dtype is None,

@@ -75,9 +75,12 @@ def _kernel_arguments(q, k, v, out_q, out_k, k_cache, v_cache, slots, cache_mode
     quantised cache: the kernel never sees others; with scale caches, those in their place, written; NVFP4: the
     block-scale caches as bytes in their place and the scales given as the global ones; a float8 ``out_q`` as its
     bytes, at ``q_scale``; ``inv_freq``: the angles without a table, cos and sin None; ``nope_floor_scale`` > 0: a
-    NoPE layer at ``(nope_floor_scale, nope_attn_scale)``, cos and sin None). A ``v_scale_cache`` without a
-    ``k_scale_cache`` is DeepSeek's fp8_ds_mla entry: k in its cache's own dtype, v in float8 at a scale per tile of
-    TILE_CHANNELS channels, ``(..., V_DIM / TILE_CHANNELS)`` float32, written (:func:`ds_mla_views`)."""
+    NoPE layer at ``(nope_floor_scale, nope_attn_scale)``, cos and sin None). A 3-D ``torch.uint8`` ``k_cache`` with
+    v and no ``v_cache`` is DeepSeek's fp8_ds_mla entry cache (:func:`ds_mla_views`): k into it in q's dtype, v in
+    float8 at a scale per tile of TILE_CHANNELS channels written beside v (one tensor: what the custom op mutates,
+    whose views are taken here, inside the op)."""
+    if v is not None and v_cache is None and k_cache.dtype == torch.uint8 and k_cache.ndim == 3:
+        k_cache, v_cache, v_scale_cache = ds_mla_views(k_cache, v.shape[-1], k.shape[-1], q.dtype)
     # per head when either scale has one a head (a one-element one is then read at stride 0)
     per_head = any(s is not None and s.numel() > 1 for s in (k_scale, v_scale))
     quant = quant_codes(k_cache.dtype, per_head=per_head, per_token_head=k_scale_cache is not None)

@@ -131,13 +131,13 @@ def mla_rope_and_cache(q_pe: torch.Tensor, k_pe: torch.Tensor, kv_c: torch.Tenso
                                                                rope_dim, None, None, False, interleaved, inv_freq,
                                                                scale)
         latent = v.shape[-1]
-        v_scale_cache = None
         if ds:  # one entry a token: kv_c in e4m3 tiles, a float32 scale a tile, the rotated k_pe in q_pe's dtype
             if separate:
                 raise ValueError("kv_cache_dtype='fp8_ds_mla' is one kv_cache whose entry holds kv_c, its scales and "
                                  "k_pe (vLLM's layout), not a pair (ckv_cache, kpe_cache)")
             validate.check_ds_mla_cache(ckv_cache, latent, rope_dim, q.dtype, q.device)
-            k_cache, v_cache, v_scale_cache = ds_mla_views(ckv_cache, latent, rope_dim, q.dtype)
+            # the entry cache itself, one tensor written (kv_cache._kernel_arguments takes its three views)
+            k_cache, v_cache = ckv_cache, None
         else:
             v_cache, k_cache = validate.latent_caches(ckv_cache, kpe_cache, latent, rope_dim)
             validate.check_cache(cache_names[-1], k_cache, leading=None, n_heads=1, head_dim=rope_dim, dtype=q.dtype,
@@ -185,7 +185,7 @@ def mla_rope_and_cache(q_pe: torch.Tensor, k_pe: torch.Tensor, kv_c: torch.Tenso
                          kv_indptr=kv_indptr, kv_layout="NHD", cos=cos, sin=sin, **position_fields(spec),
                          rotary_dim=rotary_dim, interleaved=interleaved, k_scale=kv_cache_scale,
                          v_scale=kv_cache_scale)
-    angle_args = dict(inv_freq=inv_freq, angle_scale=scale, v_scale_cache=v_scale_cache)
+    angle_args = dict(inv_freq=inv_freq, angle_scale=scale)
     if key is not None and not q.is_meta and reads_callers_memory((slots, spec.tensor, cos, sin),
                                                                   (user_slots, user_positions, *user_tables)):
         # planned only when the launch reads the caller's own tensors (not a padded slot mapping or copies)
