@@ -70,6 +70,10 @@ FUSED_TABLE = {  # ropekit's fused launch table on the H100 (docs/tuning.md#fuse
     "prefill-norm": (FusedShape(16384, 32, 128, 2, norm=True), FusedConfig(4, 8, 4, True, True)),
     "prefill-fp8": (FusedShape(16384, 32, 128, 2, cache_format=E4M3), FusedConfig(2, 8, 4, True, True)),
     "prefill-wide": (FusedShape(16384, 16, 192, 2), FusedConfig(2, 8, 8)),
+    # MLA: q's heads of 64 channels, v's latent row of 512 in the k programs: the tile of a prefill that streams q's
+    # heads, not the wide rule (2 x 8 at 8 warps without the streaming hint measured 223.7 us on the H200, this
+    # tile's neighbours 140-143 us)
+    "mla-prefill": (FusedShape(16384, 128, 512, 2, head_dim=64), FusedConfig(2, 8, 4, True, True)),
     # a store with per-head arithmetic: 16 heads a program; where only the cache's scales are reduced, a scale per
     # (token, head) with v's heads in programs of their own (measured on the H200; with a norm or a float8 q,
     # v apart measured slower), NVFP4, whose k programs keep v's, 32 (measured on the H100 and the H200)
@@ -729,3 +733,17 @@ def test_on_a_gpu_the_facts_come_from_the_device_and_its_copy_is_measured_once(m
                                                      props.shared_memory_per_block)
     assert facts.bandwidth_source.startswith("measured") and facts.ceiling_gbps > 100
     assert isinstance(choice.choose_rope(SMALL_PREFILL, torch.cuda.current_device()), (TileConfig, FlatConfig))
+
+
+@pytest.mark.parametrize("gpu", ["h100", "h200"])
+def test_mlas_prefill_doubles_the_heads_of_its_narrow_q_tile_for_bytes_in_flight(gpu):
+    """A prefill's bytes in flight are counted from the q tile a program streams (MLA's heads of 64 channels), not
+    from the widest vector a k program holds (its 512-channel latent row): past the L2 the tile takes more heads."""
+    facts = GPUS[gpu]
+    shape = FusedShape(16384, 128, 512, 2, head_dim=64)
+    assert shape.rotated_width == 64 and FusedShape(16384, 32, 128, 2).rotated_width == 128
+    config = model.model_fused(facts, shape, lambda c: 64)
+    assert (config.block_s, config.num_warps, config.evict_first, config.heads_inner) == (2, 4, True, True)
+    assert config.block_h >= 16
+    wide = model.model_fused(facts, shape._replace(head_dim=0), lambda c: 64)
+    assert (wide.block_h, wide.num_warps, wide.evict_first) == (8, 8, False)  # the wide rule, as before

@@ -75,7 +75,8 @@ def case_shape(case) -> FusedShape:
     return FusedShape(case.tokens, max(case.heads_q, case.heads_kv), _width(case), case.dtype.itemsize,
                       norm=case.qk_norm, backward=case.kind == "backward",
                       norm_over_heads=case.qk_norm and case.norm_over == "heads", cache_format=cache_format,
-                      cache_scales=cache_scales, q_format=quant_codes(case.q_dtype)[0])
+                      cache_scales=cache_scales, q_format=quant_codes(case.q_dtype)[0],
+                      head_dim=case.head_dim if _width(case) > case.head_dim else 0)
 
 
 def _table_choice(case) -> FusedConfig:

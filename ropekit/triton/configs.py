@@ -106,6 +106,15 @@ class FusedShape(NamedTuple):
     cache_format: int = 0
     cache_scales: int = 0
     q_format: int = 0
+    # the rotated head vectors' width (q's, k's) where v is wider and sets ``width`` (MLA's latent beside its rope
+    # part); 0: ``width`` itself
+    head_dim: int = 0
+
+    @property
+    def rotated_width(self) -> int:
+        """The width of the head vectors q's programs hold: what a prefill program's tile streams (q is most of the
+        bytes), where ``width`` bounds the registers of the widest program."""
+        return self.head_dim or self.width
 
     @property
     def quantised_cache(self) -> bool:

@@ -749,7 +749,7 @@ def plan_fused(q, k, cos, sin, *, positions: PositionSpec, rotary_dim: int, inte
         cache_format, cache_scales = quant[:2] if k_cache is not None and quant[0] != PLAIN else (PLAIN, PER_TENSOR)
         shape = FusedShape(n_batch * seqlen, max(n_heads_q, n_heads_k), width, q.element_size(), norm=norm,
                            backward=backward, norm_over_heads=over_heads, cache_format=cache_format,
-                           cache_scales=cache_scales, q_format=q_format)
+                           cache_scales=cache_scales, q_format=q_format, head_dim=head_dim if width > head_dim else 0)
         timed = not backward and q.device.type == "cuda" and launching_directly()
         config = _tuned_forward_config(shape, call) if timed else fused_config_for(shape, q.device)
     if over_heads:  # the norm's group, a token's heads, lies in one program (whatever configuration was forced)

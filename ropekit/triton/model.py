@@ -418,7 +418,7 @@ def fused_bytes_in_flight_per_sm(facts: DeviceFacts, shape: FusedShape, config: 
     (its position, then its table row), so over its life it keeps half its tile in flight; an SM holds as many
     programs as the compiled kernel's registers, the warp slots and the program slots allow
     (:func:`resident_programs`)."""
-    tile_bytes = config.block_s * config.block_h * shape.width * shape.element_size
+    tile_bytes = config.block_s * config.block_h * shape.rotated_width * shape.element_size
     programs = cdiv(shape.n_tokens, config.block_s) * cdiv(shape.n_heads, config.block_h)
     launch = Launch(programs, config.num_warps, tile_bytes, registers_per_thread)
     return bytes_in_flight_per_sm(launch, facts) / _ROUND_TRIPS
@@ -540,7 +540,7 @@ def _fused_rule(facts: DeviceFacts, shape: FusedShape) -> FusedConfig:
         while block_h > 1 and programs(block_h) < _MIN_PROGRAMS_PER_SM * facts.n_sms:
             block_h //= 2
         return FusedConfig(1, block_h, 4)
-    if shape.width > 128:
+    if shape.rotated_width > 128:
         return FusedConfig(2, min(heads, 8), 8)
     block_h = 16 if shape.heavy_store else 8
     v_apart = False
