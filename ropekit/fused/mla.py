@@ -7,7 +7,7 @@ block_size, kv_lora_rank + rope_dim)`` at ``slot_mapping`` (-1: skip), the contr
 caches, as FlashInfer's ``append_paged_mla_kv_cache`` does, addressed by a slot mapping or by FlashInfer's page table;
 or DeepSeek-V3.2's fp8_ds_mla entry, kv_c in float8 tiles at scales computed on write beside the rotated k_pe.
 It is :func:`ropekit.rope_and_cache` with one k head and kv_c as v; the v and k caches are the column ranges of one
-buffer, or the two caches.
+buffer, or the two caches, or the fp8_ds_mla entry's parts (kv_cache._kernel_arguments' views).
 """
 
 from __future__ import annotations
@@ -31,8 +31,9 @@ __all__ = ["mla_rope_and_cache"]
 def mla_rope_and_cache(q_pe: torch.Tensor, k_pe: torch.Tensor, kv_c: torch.Tensor, kv_cache,
                        slot_mapping: Optional[torch.Tensor], positions: torch.Tensor,
                        cos: Optional[torch.Tensor] = None, sin: Optional[torch.Tensor] = None, *,
-                       cos_sin_cache: Optional[torch.Tensor] = None, table=None, interleaved: bool = True, inplace: bool = True,
-                       kv_cache_scale: Optional[torch.Tensor] = None, kv_indices: Optional[torch.Tensor] = None,
+                       cos_sin_cache: Optional[torch.Tensor] = None, table=None, interleaved: bool = True,
+                       inplace: bool = True, kv_cache_scale: Optional[torch.Tensor] = None,
+                       kv_indices: Optional[torch.Tensor] = None,
                        kv_indptr: Optional[torch.Tensor] = None, batch_indices: Optional[torch.Tensor] = None,
                        cache_positions: Optional[torch.Tensor] = None, kv_cache_dtype: str = "auto",
                        inv_freq: Optional[torch.Tensor] = None, scale: float = 1.0):
