@@ -228,3 +228,34 @@ def test_a_misaligned_cache_after_a_planned_call_of_the_same_shapes_is_refused_b
         ropekit.mla_rope_and_cache(q_pe, k_pe, kv_c, pool[2:2 + 2 * entry].view(1, 2, entry), slots, positions, cos,
                                    sin, **call)
     assert torch.equal(pool, before)
+
+
+@pytest.mark.parametrize("latent", [128, 384])
+def test_float64_inputs_whose_k_pe_would_sit_off_its_8_byte_alignment_are_refused_by_name(latent, backend):
+    """float64 q_pe/k_pe/kv_c: with an odd number of tiles k_pe's values would start 4 bytes off their alignment (and
+    an 8-byte-aligned cache is required): refused by name before any write; 512 channels work."""
+    q_pe, k_pe, kv_c, _, slots = ds_case(2, 1, 8, latent, torch.float64, num_blocks=1, block_size=2)
+    cache = torch.zeros(1, 2, entry_bytes(latent, 8, torch.float64), dtype=torch.uint8, device=DEVICE)
+    cos, sin = ropekit.cos_sin_table(8, 8, device=DEVICE, dtype=torch.float64)
+    positions, slots = torch.tensor([1, 2], device=DEVICE), torch.tensor([0, 1], device=DEVICE)
+    with pytest.raises(ValueError, match="fp8_ds_mla.*kv_lora_rank"):
+        ropekit.mla_rope_and_cache(q_pe, k_pe, kv_c, cache, slots, positions, cos, sin, kv_cache_dtype="fp8_ds_mla")
+    assert not cache.any()
+
+
+def test_a_misaligned_cache_under_torch_compile_is_refused_by_name():
+    """A trace reads no storage offset: the op refuses the misaligned entry cache where it runs, by name, before it
+    writes."""
+    q_pe, k_pe, kv_c, _, slots = ds_case(2, 1, 8, 128, torch.bfloat16, num_blocks=1, block_size=2)
+    entry = entry_bytes(128, 8, torch.bfloat16)
+    pool = torch.zeros(2 * entry + 8, dtype=torch.uint8, device=DEVICE)
+    cos, sin = ropekit.cos_sin_table(8, 8, device=DEVICE)
+    positions, slots = torch.tensor([1, 2], device=DEVICE), torch.tensor([0, 1], device=DEVICE)
+
+    def step(kv_cache):
+        ropekit.mla_rope_and_cache(q_pe, k_pe, kv_c, kv_cache, slots, positions, cos, sin,
+                                   kv_cache_dtype="fp8_ds_mla", inplace=False)
+
+    with pytest.raises(Exception, match="kv_cache \\(fp8_ds_mla\\)"):
+        torch.compile(step, fullgraph=True, backend="aot_eager")(pool[2:2 + 2 * entry].view(1, 2, entry))
+    assert not pool.any()

@@ -80,6 +80,7 @@ def _kernel_arguments(q, k, v, out_q, out_k, k_cache, v_cache, slots, cache_mode
     float8 at a scale per tile of TILE_CHANNELS channels written beside v (one tensor: what the custom op mutates,
     whose views are taken here, inside the op)."""
     if v is not None and v_cache is None and k_cache.dtype == torch.uint8 and k_cache.ndim == 3:
+        validate.check_ds_mla_alignment(k_cache, q.dtype)  # (a compiled call's validation could not read it)
         k_cache, v_cache, v_scale_cache = ds_mla_views(k_cache, v.shape[-1], k.shape[-1], q.dtype)
     # per head when either scale has one a head (a one-element one is then read at stride 0)
     per_head = any(s is not None and s.numel() > 1 for s in (k_scale, v_scale))

@@ -21,7 +21,7 @@ from ..validate import FLOAT_DTYPES, OverlapError, addresses, check_mode, check_
 
 __all__ = ["paged_kv_cache", "cache_arguments", "tokens_view", "latent_caches",
            "FP8_DTYPE", "FLOAT8_DTYPES", "QUANT_DTYPES", "MLA_KV_CACHE_DTYPES", "check_mla_kv_cache_dtype",
-           "DS_MLA_TILE", "ds_mla_entry_bytes", "check_ds_mla_cache",
+           "DS_MLA_TILE", "ds_mla_entry_bytes", "check_ds_mla_cache", "check_ds_mla_alignment",
            "KV_CACHE_DTYPES", "KV_LAYOUTS", "fp8_bytes", "rotary_arguments", "check_norm", "check_norm_place",
            "check_norm_over", "check_kv_layout", "nhd", "check_cache", "check_kv_cache_dtype", "check_slot_mapping",
            "check_page_table", "check_cache_offsets", "check_scale", "check_scale_cache", "check_nvfp4_channels",
@@ -232,12 +232,25 @@ def check_ds_mla_cache(kv_cache, latent: int, rope_dim: int, dtype: torch.dtype,
                          f"{getattr(kv_cache, 'dtype', '')} {getattr(kv_cache, 'shape', type(kv_cache).__name__)}")
     if not _on(kv_cache, device):
         raise ValueError(f"kv_cache is on {kv_cache.device} but q_pe is on {device}")
-    # (a trace reads no storage offset: there the views of the entry, which need the same alignment, refuse it)
-    offset = 0 if torch.compiler.is_compiling() else kv_cache.storage_offset()
-    if kv_cache.stride(2) != 1 or kv_cache.stride(0) % 4 or kv_cache.stride(1) % 4 or offset % 4:
+    unit = max(4, dtype.itemsize)
+    if (latent + 4 * (latent // DS_MLA_TILE)) % unit:
+        raise ValueError(f"kv_cache_dtype='fp8_ds_mla' with {dtype} inputs puts k_pe at byte "
+                         f"{latent + 4 * (latent // DS_MLA_TILE)} of the entry, not a multiple of its {unit}-byte "
+                         "values: kv_c's width (kv_lora_rank) must make it one, or the inputs 16-bit")
+    # (a trace reads no storage offset: the op checks it where it runs, check_ds_mla_alignment)
+    if not torch.compiler.is_compiling():
+        check_ds_mla_alignment(kv_cache, dtype)
+
+
+def check_ds_mla_alignment(kv_cache, dtype: torch.dtype) -> None:
+    """An fp8_ds_mla ``kv_cache``'s entries: each one's bytes contiguous, every entry (and so its float32 scales and
+    its k_pe values in ``dtype``) at a multiple of 4 bytes and of ``dtype``'s size."""
+    unit = max(4, dtype.itemsize)
+    if kv_cache.stride(2) != 1 or kv_cache.stride(0) % unit or kv_cache.stride(1) % unit or \
+            kv_cache.storage_offset() % unit:
         raise ValueError(f"kv_cache (fp8_ds_mla) must hold each entry's bytes contiguous and every entry at a multiple "
-                         f"of 4 bytes (its scales are float32), got strides {kv_cache.stride()} at storage offset "
-                         f"{kv_cache.storage_offset()}")
+                         f"of {unit} bytes (its scales are float32, k_pe {dtype}), got strides {kv_cache.stride()} at "
+                         f"storage offset {kv_cache.storage_offset()}")
 
 
 def check_kv_cache_dtype(kv_cache_dtype, cache, cache_name: str = "k_cache") -> bool:
