@@ -259,3 +259,21 @@ def test_a_misaligned_cache_under_torch_compile_is_refused_by_name():
     with pytest.raises(Exception, match="kv_cache \\(fp8_ds_mla\\)"):
         torch.compile(step, fullgraph=True, backend="aot_eager")(pool[2:2 + 2 * entry].view(1, 2, entry))
     assert not pool.any()
+
+
+def test_float64_cache_4_bytes_off_after_a_planned_call_is_refused_by_name(backend):
+    """float64 inputs read k_pe as 8-byte values: a cache 4 bytes off (4-byte aligned, not 8) after a planned legal
+    call of the same shapes is not the plan's, and is refused by name before any write."""
+    q_pe, k_pe, kv_c, _, _ = ds_case(2, 1, 8, 512, torch.float64, num_blocks=1, block_size=2)
+    entry = entry_bytes(512, 8, torch.float64)
+    pool = torch.zeros(2 * entry + 16, dtype=torch.uint8, device=DEVICE)
+    cos, sin = ropekit.cos_sin_table(8, 8, device=DEVICE, dtype=torch.float64)
+    positions, slots = torch.tensor([1, 2], device=DEVICE), torch.tensor([0, 1], device=DEVICE)
+    call = dict(kv_cache_dtype="fp8_ds_mla", inplace=False)
+    ropekit.mla_rope_and_cache(q_pe, k_pe, kv_c, pool[8:8 + 2 * entry].view(1, 2, entry), slots, positions, cos, sin,
+                               **call)
+    before = pool.clone()
+    with pytest.raises(ValueError, match="kv_cache"):
+        ropekit.mla_rope_and_cache(q_pe, k_pe, kv_c, pool[4:4 + 2 * entry].view(1, 2, entry), slots, positions, cos,
+                                   sin, **call)
+    assert torch.equal(pool, before)

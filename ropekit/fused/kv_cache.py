@@ -79,15 +79,16 @@ def _kernel_arguments(q, k, v, out_q, out_k, k_cache, v_cache, slots, cache_mode
     v and no ``v_cache`` is DeepSeek's fp8_ds_mla entry cache (:func:`ds_mla_views`): k into it in q's dtype, v in
     float8 at a scale per tile of TILE_CHANNELS channels written beside v (one tensor: what the custom op mutates,
     whose views are taken here, inside the op)."""
-    if v is not None and v_cache is None and k_cache.dtype == torch.uint8 and k_cache.ndim == 3:
+    ds = v is not None and v_cache is None and k_cache.dtype == torch.uint8 and k_cache.ndim == 3
+    if ds:
         validate.check_ds_mla_alignment(k_cache, q.dtype)  # (a compiled call's validation could not read it)
         k_cache, v_cache, v_scale_cache = ds_mla_views(k_cache, v.shape[-1], k.shape[-1], q.dtype)
     # per head when either scale has one a head (a one-element one is then read at stride 0)
     per_head = any(s is not None and s.numel() > 1 for s in (k_scale, v_scale))
     quant = quant_codes(k_cache.dtype, per_head=per_head, per_token_head=k_scale_cache is not None)
     k_global = v_global = v_quant = None
-    if v_scale_cache is not None and k_scale_cache is None:
-        v_quant, k_scale, v_scale = (_FORMATS[v_cache.dtype], PER_TILE), None, v_scale_cache
+    if ds:  # k in the model's dtype; v in e4m3 at the tiles' scales, written
+        v_quant, k_scale, v_scale = (E4M3, PER_TILE), None, v_scale_cache
     elif quant[0] == PLAIN:
         k_scale = v_scale = None
     elif quant[1] == PER_BLOCK:

@@ -81,8 +81,9 @@ def mla_rope_and_cache(q_pe: torch.Tensor, k_pe: torch.Tensor, kv_c: torch.Tenso
     key = at = None
     angles = angle_flags(scale, None, False)
     if table is None and angles is not None and planned(user):
-        # (an fp8_ds_mla entry is read as float32 too: where the cache starts, to 4 bytes, is part of the signature)
-        aligned = ckv_cache.storage_offset() % 4 if kv_cache_dtype == "fp8_ds_mla" and not separate and \
+        # (an fp8_ds_mla entry is read as float32 and as the inputs' dtype too: where the cache starts, to the 8 bytes
+        # of the widest, is part of the signature)
+        aligned = ckv_cache.storage_offset() % 8 if kv_cache_dtype == "fp8_ds_mla" and not separate and \
             isinstance(ckv_cache, torch.Tensor) else None
         key, at = keyed("mla_rope_and_cache", user, (interleaved, inplace, kv_cache_dtype, aligned) + angles)
         plan = plans.find(key)

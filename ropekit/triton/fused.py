@@ -851,9 +851,8 @@ def _store(target, scale=None, global_scale=None, quant: tuple = NO_QUANT) -> tu
 def _scale_strides(scale, quant: tuple) -> tuple:
     """A scale's (block or sequence, row, head) strides: a per-head ``(heads,)`` tensor's, or a per-(token, head)
     scale cache's, or NVFP4's block-scale cache's or the tiles' scale cache's (whose last axis, the 16-blocks or the
-    tiles, is contiguous); a one-element
-    scale's are not read, or (beside a per-head one: one store's scales are per head when either's are) read at
-    stride 0, whatever its shape."""
+    tiles, is contiguous); a one-element scale's are not read, or (beside a per-head one: one store's scales are per
+    head when either's are) read at stride 0, whatever its shape."""
     if scale is None or quant[0] == PLAIN or quant[1] == PER_TENSOR:
         return _ONE_SCALE
     if quant[1] == PER_HEAD:
