@@ -163,8 +163,8 @@ def torch_ds_mla(rows: torch.Tensor, latent: int) -> torch.Tensor:
     model's dtype -> the entries' bytes ``(tokens, latent + 4 * tiles + rope_dim * itemsize)``: each 128-channel tile
     of kv_c at the scale ``max|x| / 448`` (floored at the smallest normal float32) in e4m3, the tiles' float32
     scales, k_pe's bytes."""
-    tiles = rows[:, :latent].float().unflatten(-1, (-1, DS_MLA_TILE))
-    scale = (tiles.abs().amax(-1, keepdim=True) / FORMAT_MAX[FP8]).clamp_min(torch.finfo(torch.float32).tiny)
+    tiles = rows[:, :latent].unflatten(-1, (-1, DS_MLA_TILE))
+    scale = _token_head_scale(tiles, FP8)  # (a tile for the head vector)
     values = _rows(tiles, scale, FP8).flatten(-2)
     return torch.cat((values, scale[..., 0].contiguous().view(torch.uint8),
                       rows[:, latent:].contiguous().view(torch.uint8)), -1)
@@ -241,10 +241,8 @@ def _unfused(write: str) -> Callable:
             q_, k_ = q, k
             if data.weights:
                 q_, k_ = _rms_norm(q, data.weights[0], c), _rms_norm(k, data.weights[1], c)
-            if c.angles == "nope":  # (k is not rotated: only q is scaled)
-                apply_rope(q_, None, positions=data.offsets, inplace=True, **_angles(data))
-            else:
-                apply_rope(q_, k_, positions=data.offsets, inplace=True, **_angles(data))
+            # (a NoPE layer scales q and leaves k as it is)
+            apply_rope(q_, None if c.angles == "nope" else k_, positions=data.offsets, inplace=True, **_angles(data))
             store(k_flat, data.slots, k_.reshape(heads), k_scale, c, k_scales)
             store(v_flat, data.slots, v.reshape(heads), v_scale, c, v_scales)
             if c.q_dtype is not None:
@@ -293,8 +291,11 @@ def _norm(x, w, over_heads: bool = False):  # transformers' RMSNorm: float32 mat
 
 
 def _compiled(backend: str) -> Callable:
-    """``torch.compile`` of the whole chain written in PyTorch (norm, rotation, quantise, cache write)."""
+    """``torch.compile`` of the whole chain written in PyTorch (norm, rotation, quantise, cache write), compiled for
+    each case's shapes: dynamo is reset as a case's chain is built (as ``bench.impls``' compiled formula does), else
+    past its recompile limit a later case's chain would run uncompiled under this row's name."""
     def build(data: Data) -> Callable:
+        torch._dynamo.reset()
         c, cos, sin = data.case, data.cos, data.sin
         over_heads = c.norm_over == "heads"
         if c.kind == "backward":
@@ -309,8 +310,8 @@ def _compiled(backend: str) -> Callable:
             flat = _flat(data.k_cache)
 
             def mla(q_pe, latent, positions, slots):
-                rows = _rows_at(data, positions)[:2]
-                rows = (rows[0][:, None, :], rows[1][:, None, :])
+                cos_rows, sin_rows, _ = _rows_at(data, positions)
+                rows = (cos_rows[:, None, :], sin_rows[:, None, :])
                 q_pe.copy_(_rotate(q_pe.float(), *rows, True).to(q_pe.dtype))
                 k_pe = _rotate(latent[:, None, c.latent:].float(), *rows, True)[:, 0].to(latent.dtype)
                 flat.index_copy_(0, slots, _cache_rows(torch.cat((latent[:, :c.latent], k_pe), -1), k_scale, c)[0])

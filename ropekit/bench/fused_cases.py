@@ -34,8 +34,8 @@ from ..fused.validate import KV_CACHE_DTYPES, ds_mla_entry_bytes
 
 __all__ = ["FusedCase", "CASES", "tiny", "floor_bytes", "scale_bytes", "static_scale_bytes", "meta_bytes", "Data",
            "Stored", "StoredNvfp4", "StoredDsMla", "make_data", "expected", "actual", "check", "spacing",
-           "TABLE_POSITIONS",
-           "BLOCK_SIZE", "EPS", "FP8", "FORMAT_MAX", "NVFP4_GLOBAL_SCALE", "FAR_POSITIONS", "NOPE_TEMPERATURE"]
+           "TABLE_POSITIONS", "BLOCK_SIZE", "EPS", "FP8", "FORMAT_MAX", "NVFP4_GLOBAL_SCALE", "FAR_POSITIONS",
+           "NOPE_TEMPERATURE"]
 
 TABLE_POSITIONS, BLOCK_SIZE, EPS = 8192, 16, 1e-6
 # the table-free cases' positions: a sequence starts anywhere below a million (a long context), where no table reaches
@@ -257,8 +257,8 @@ def static_scale_bytes(case: FusedCase) -> int:
 def meta_bytes(case: FusedCase) -> int:
     """Per-token metadata the floor leaves out: positions and slots (int64), the cos/sin rows (float32; none
     without a table)."""
-    per_token = 8 + (8 if case.kind != "backward" else 0) + (2 * (case.head_dim // 2) * 4 if case.angles == "table"
-                                                            else 0)
+    table_rows = 2 * (case.head_dim // 2) * 4 if case.angles == "table" else 0
+    per_token = 8 + (8 if case.kind != "backward" else 0) + table_rows
     return case.tokens * per_token
 
 
