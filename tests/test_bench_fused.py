@@ -543,3 +543,20 @@ def test_fp8_ds_mla_check_fails_for_a_wrong_tile_scale():
     scales = data.k_cache.reshape(-1, case.entry_bytes)[:, 128:132].view(torch.float32)
     scales.mul_(2.0)
     assert not fused_cases.check(data, want, fused_cases.actual(data, result))["ok"]
+
+
+def test_each_cases_compiled_chain_is_compiled_past_dynamos_recompile_limit():
+    """torch.compile's row compiles every case's chain: twelve cache cases in a row (past dynamo's recompile limit of
+    8, where a chain would run uncompiled under the row's name) each reach the compiler."""
+    compiled = []
+
+    def counting(gm, example_inputs):  # a backend that records each graph it is given and runs it as traced
+        compiled.append(gm)
+        return gm.forward
+
+    build = fused.impls(counting)["torch.compile"]
+    names = [c.name for c in fused_cases.CASES if c.kind == "cache"][:12]
+    for i, name in enumerate(names):
+        before = len(compiled)
+        result, _, _ = fused.checked_call(fused_cases.tiny(CASES[name]), build, DEVICE, seed=0)
+        assert result["ok"] and len(compiled) > before, (i, name)
